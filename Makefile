@@ -1,0 +1,44 @@
+# The two commands: `make demo` runs the tiny example, `make test` runs the test suite.
+# Both set themselves up on a fresh machine (venv, pinned installs, qwen-code from npm).
+PY_BOOT ?= python3.11
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+NODE_DIR := .tools/qwen-code
+QWEN_VERSION := 0.15.10
+
+.PHONY: setup demo test bench schemas check-codegen images clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
+	# torch first: the pin resolves to the local CPU wheel here, to a CUDA build on GPU hosts.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+$(NODE_DIR)/node_modules/.bin/qwen:
+	mkdir -p $(NODE_DIR)
+	cd $(NODE_DIR) && npm install --silent --no-audit --no-fund @qwen-code/qwen-code@$(QWEN_VERSION)
+
+setup: $(STAMP) $(NODE_DIR)/node_modules/.bin/qwen
+
+demo: setup
+	$(VENV)/bin/mass demo examples/tiny.yaml
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m mass_jobs.bench --out bench/
+
+schemas: $(STAMP)
+	$(VENV)/bin/mass schema --write schemas/
+
+# Regenerate every checked-in generated file and fail when git sees a difference.
+check-codegen: $(STAMP)
+	$(VENV)/bin/mass schema --write schemas/
+	$(VENV)/bin/mass render argo --out argo/
+	git diff --exit-code -- schemas/ argo/
+
+clean:
+	rm -rf $(VENV) .tools build .pytest_cache

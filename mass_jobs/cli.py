@@ -1,0 +1,40 @@
+"""The `mass` command line: a thin dispatcher over one module per command.
+
+Each command lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`.
+Modules are imported only when their command runs, so `mass validate` never pays for torch.
+Containers in the Argo templates call exactly these entries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). The single list of entries; tests check each `--help` runs.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("mass_jobs.commands.validate", "validate a run spec (YAML or JSON); exit 2 lists every error"),
+    "schema": ("mass_jobs.commands.schema", "write the JSON Schemas generated from the typed models"),
+    "model": ("mass_jobs.commands.model", "model utilities: `mass model tiny --out DIR` builds the tiny test model"),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mass", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    return int(importlib.import_module(COMMANDS[args.command][0]).main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

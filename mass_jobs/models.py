@@ -1,0 +1,280 @@
+"""Typed models of the run spec, a task and a workflow.
+
+These classes are the single source of the JSON Schemas in `schemas/` (`mass schema --write`
+regenerates them; a test fails when they drift). Defaults are the paper's numbers
+(Lee et al. 2026, see docs of the method): a spec that only names a model, tasks and a store
+runs "the paper's settings". Never build these from user input directly: `mass_jobs.spec.load_spec`
+is the one entry point that validates against the schema and applies the cross-field rules.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ID_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # DNS-label shaped: ids become k8s labels and S3 keys
+
+
+class Closed(BaseModel):
+    """Unknown keys are errors everywhere (a typo must never silently fall back to a default)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+# ---------------------------------------------------------------- workflow
+
+
+class Agent(Closed):
+    id: str = Field(pattern=ID_PATTERN, max_length=40, description="Agent id; the first agent is the orchestrator.")
+    role: str = Field(min_length=1, description="Short role name, e.g. 'data engineer'.")
+    instruction: str = Field(min_length=1, description="What this agent does.")
+    contract: str = Field(
+        default="",
+        description="Output contract: what the agent must return (files, metrics, errors, checks).",
+    )
+
+
+class Hop(Closed):
+    caller: str = Field(description="Agent id that makes the call.")
+    callee: str = Field(description="Agent id that is called.")
+    returns: str = Field(default="", description="What the callee hands back.")
+    on_failure: str | None = Field(
+        default=None,
+        description="Agent id a failed artifact goes back to for narrowed re-work (default: nobody).",
+    )
+
+
+class Workflow(Closed):
+    """A workflow is text appended to the task prompt: agents plus the call order (hops)."""
+
+    agents: list[Agent] = Field(min_length=1)
+    hops: list[Hop] = Field(default_factory=list, description="Ordered steps: who calls whom.")
+
+
+# ---------------------------------------------------------------- task
+
+
+class MetricRange(Closed):
+    file: str = Field(description="Workspace-relative JSON file, e.g. results/metrics.json.")
+    key: str = Field(description="Dotted path of the number inside the file, e.g. 'backtest.sharpe'.")
+    min: float | None = Field(default=None, description="Inclusive lower bound.")
+    max: float | None = Field(default=None, description="Inclusive upper bound.")
+
+
+class CheckCommand(Closed):
+    name: str = Field(pattern=ID_PATTERN)
+    command: str = Field(min_length=1, description="Shell command run sandboxed in the workspace; must exit 0.")
+    timeout_s: float = Field(default=120, gt=0)
+
+
+class Guards(Closed):
+    """Deterministic checks beyond the paper; a failing episode is vetoed from ranking and SFT."""
+
+    required_outputs: list[str] = Field(default_factory=list, description="Workspace-relative paths that must exist.")
+    protected_paths: list[str] = Field(
+        default_factory=list, description="Paths that must be byte-identical after the episode."
+    )
+    metrics: list[MetricRange] = Field(default_factory=list, description="Named numbers: finite and in range.")
+    checks: list[CheckCommand] = Field(default_factory=list)
+
+
+class Task(Closed):
+    id: str = Field(pattern=ID_PATTERN, max_length=40)
+    split: Literal["train", "test"]
+    prompt: str = Field(min_length=1, description="The bare task prompt (no workflow, no directive).")
+    deliverables: list[str] = Field(default_factory=list, description="Workspace-relative paths the task asks for.")
+    workflow: Workflow | None = Field(default=None, description="Initial workflow; the default team when absent.")
+    guards: Guards = Field(default_factory=Guards)
+    files: dict[str, str] = Field(
+        default_factory=dict, description="Seed files written into every workspace (path -> text)."
+    )
+
+
+class TaskFile(Closed):
+    file: str = Field(min_length=1, description="Path relative to the spec (or an s3:// URI) of a task file.")
+    format: Literal["mass", "upstream"] = Field(
+        default="mass",
+        description="'mass': a task document (YAML/JSON); 'upstream': MASS task text with an agent list.",
+    )
+    id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=40, description="Overrides the file's id.")
+    split: Literal["train", "test"] | None = Field(default=None, description="Overrides the file's split.")
+
+
+# ---------------------------------------------------------------- run spec sections
+
+
+class Sampling(Closed):
+    temperature: float = Field(default=0.6, ge=0, le=2)
+    top_p: float = Field(default=0.95, gt=0, le=1)
+    top_k: int = Field(default=20, ge=0)
+    max_output_tokens: int = Field(default=32768, ge=1)
+    context_length: int = Field(default=262144, ge=256)
+
+
+class ModelSpec(Closed):
+    base: str = Field(min_length=1, description="Local model dir, hub id or s3:// URI of the generation-0 model.")
+    tokenizer: str | None = Field(default=None, description="Tokenizer location when not the model's own.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    sampling: Sampling = Field(default_factory=Sampling)
+
+
+class SearchSpec(Closed):
+    iterations: int = Field(default=11, ge=0, le=100, description="K: optimizer proposals per task.")
+    seed: int = Field(default=0, ge=0)
+    proposal_retries: int = Field(default=3, ge=0, description="Retries of a malformed workflow proposal.")
+    evidence_bytes: int = Field(default=16384, ge=1024, description="Cap on the workspace bundle shown to roles.")
+
+
+class CollectionSpec(Closed):
+    episodes: int = Field(default=18, ge=2, description="Teacher episodes per training task.")
+    train_ranks: int = Field(default=15, ge=1, description="Top-ranked episodes kept for training.")
+    validation_rank: int = Field(default=16, ge=2, description="The rank kept for validation (train_ranks + 1).")
+    directive: str | None = Field(default=None, description="Teacher execution directive; the built-in one when null.")
+
+
+class RankingSpec(Closed):
+    pairing: Literal["reference", "round_robin"] = Field(
+        default="reference", description="'reference': each episode in `comparisons_per_episode` pairs."
+    )
+    comparisons_per_episode: int = Field(default=6, ge=1)
+    verdicts_per_pair: int = Field(default=1, ge=1)
+    both_orders: bool = Field(default=False, description="Ask every pair in both orders.")
+    verdict_retries: int = Field(default=2, ge=0)
+    prior: float = Field(default=0.1, gt=0, description="Weak prior (virtual ties) so undefeated episodes stay finite.")
+    fallback: Literal["error", "use_available"] = Field(
+        default="error",
+        description="Too few eligible episodes: 'error' stops; 'use_available' keeps all but the last for training.",
+    )
+
+
+class LoraSpec(Closed):
+    r: int = Field(default=64, ge=1)
+    alpha: float = Field(default=128, gt=0)
+    dropout: float = Field(default=0.05, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+    )
+
+
+class OptimizerSpec(Closed):
+    lr: float = Field(default=3e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    warmup_steps: int = Field(default=5, ge=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine decays to lr * min_lr_ratio.")
+    grad_clip: float = Field(default=1.0, gt=0)
+
+
+class SftSpec(Closed):
+    window: int = Field(default=49152, ge=64, description="Max tokens per training window.")
+    context: int = Field(default=8192, ge=0, description="Max masked earlier-context tokens prepended.")
+    orchestrator_share: float = Field(default=1 / 3, ge=0, le=1)
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    steps: int = Field(default=1624, ge=1)
+    val_every: int = Field(default=100, ge=1)
+    save_every: int = Field(default=100, ge=1)
+    replicas: int = Field(default=3, ge=1, description="Data-parallel replicas (torchrun nodes / PyTorchJob pods).")
+    gpus_per_replica: int = Field(default=2, ge=0)
+    grad_accum: int = Field(default=1, ge=1)
+    seed: int = Field(default=0, ge=0)
+    gradient_checkpointing: bool = True
+    strict: bool = Field(default=False, description="Fail the render step when a block cannot fit a window.")
+    fp8_export: bool = Field(default=False, description="Also export a block-FP8 copy of the merged model.")
+
+
+class Judge(Closed):
+    name: str = Field(pattern=ID_PATTERN)
+    endpoint: str = Field(description="OpenAI-compatible base URL (…/v1), or 'local' to serve `model` here.")
+    model: str = Field(min_length=1)
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
+
+
+class EvaluationSpec(Closed):
+    rollouts_per_task: int = Field(default=10, ge=1, description="Bare-prompt runs per task and generation.")
+    verdict_retries: int = Field(default=2, ge=0)
+    bootstrap: int = Field(default=2000, ge=0, description="Bootstrap resamples over tasks for the CI.")
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+
+
+class StoreSpec(Closed):
+    uri: str = Field(pattern=r"^(file|s3)://.+", description="file:///abs/dir, file://rel/dir or s3://bucket/prefix")
+    endpoint_url: str | None = Field(default=None, description="S3 endpoint (MinIO, Ceph, …); AWS when null.")
+    region: str | None = None
+
+
+class EpisodeLimits(Closed):
+    turns_per_agent: int = Field(default=40, ge=1)
+    tool_calls: int = Field(default=200, ge=1, description="Tool calls per episode, all agents together.")
+    delegation_depth: int = Field(default=1, ge=0)
+    wall_s: float = Field(default=3600, gt=0, description="Wall-clock limit per episode.")
+    loop_repeats: int = Field(default=4, ge=2, description="The same call this many times in a row ends the episode.")
+    shell_timeout_s: float = Field(default=120, gt=0)
+    cpu_s: int = Field(default=120, ge=1, description="rlimit CPU seconds per shell call.")
+    memory_mb: int = Field(default=2048, ge=16)
+    file_size_mb: int = Field(default=256, ge=1)
+    processes: int = Field(default=64, ge=1)
+    request_timeout_s: float = Field(default=600, gt=0)
+    request_retries: int = Field(default=4, ge=0)
+
+
+class PodResources(Closed):
+    cpu: str = Field(default="1", pattern=r"^[0-9]+(\.[0-9]+)?m?$")
+    memory: str = Field(default="2Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)?$")
+    gpu: int = Field(default=0, ge=0)
+
+
+class Resources(Closed):
+    agent: PodResources = Field(default_factory=PodResources)
+    step: PodResources = Field(default_factory=lambda: PodResources(cpu="1", memory="4Gi"))
+    trainer: PodResources = Field(default_factory=lambda: PodResources(cpu="8", memory="64Gi", gpu=2))
+    server: PodResources = Field(default_factory=lambda: PodResources(cpu="8", memory="64Gi", gpu=1))
+
+
+class ExecutionSpec(Closed):
+    mode: Literal["local", "argo"] = "local"
+    harness: Literal["builtin", "qwen-code"] = "builtin"
+    concurrency: int = Field(default=4, ge=1, description="Episodes run at once.")
+    limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
+    resources: Resources = Field(default_factory=Resources)
+
+
+class RunSpec(Closed):
+    """One MASS run: L0 -> L_N on the given tasks."""
+
+    name: str = Field(pattern=ID_PATTERN, max_length=40, description="Run id: the store prefix and a pod label.")
+    model: ModelSpec
+    generations: int = Field(default=2, ge=1, le=50, description="N: cycles run, L0 -> L_N.")
+    tasks: list[Task | TaskFile] = Field(min_length=1)
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    collection: CollectionSpec = Field(default_factory=CollectionSpec)
+    ranking: RankingSpec = Field(default_factory=RankingSpec)
+    sft: SftSpec = Field(default_factory=SftSpec)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    judges: list[Judge] = Field(
+        default_factory=list, description="External judge panel (reporting only; paper: 2 judges x 3 seeds)."
+    )
+    store: StoreSpec
+    execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+
+    def resolved_tasks(self) -> list[Task]:
+        """Tasks after loading; `load_spec` replaces every TaskFile by its Task."""
+        assert all(isinstance(t, Task) for t in self.tasks), "use mass_jobs.spec.load_spec"
+        return list(self.tasks)  # type: ignore[arg-type]
+
+    def task(self, task_id: str) -> Task:
+        for t in self.resolved_tasks():
+            if t.id == task_id:
+                return t
+        raise KeyError(f"no task {task_id!r} in spec {self.name!r}")
+
+
+SCHEMA_MODELS: dict[str, type[BaseModel]] = {
+    "run-spec": RunSpec,
+    "task": Task,
+    "workflow": Workflow,
+}
