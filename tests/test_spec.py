@@ -1,0 +1,111 @@
+"""Run spec validation: every invalid spec gives exit 2 and exactly its expected messages;
+defaults are the paper's numbers; the checked-in schemas match the models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mass_jobs.cli import main as cli_main
+from mass_jobs.spec import SpecError, generated_schema, load_spec, validate_document
+
+ROOT = Path(__file__).resolve().parent.parent
+INVALID = sorted((ROOT / "tests/specs/invalid").glob("*.yaml"))
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def expected_messages(path: Path) -> list[str]:
+    return [line.removeprefix("# expect: ").rstrip("\n") for line in path.read_text().splitlines(True) if line.startswith("# expect: ")]
+
+
+def test_invalid_folder_is_not_empty():
+    assert len(INVALID) >= 10
+
+
+@pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
+def test_invalid_spec_exits_2_with_exactly_its_messages(path, capsys):
+    expected = expected_messages(path)
+    assert expected, f"{path.name} declares no '# expect:' line"
+    assert cli_main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    reported = [line.strip() for line in err.splitlines()[1:]]
+    assert sorted(reported) == sorted(expected)
+    assert f"{len(expected)} error(s)" in err.splitlines()[0]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_examples_validate(path, capsys):
+    assert cli_main(["validate", str(path)]) == 0
+    assert "valid run spec" in capsys.readouterr().out
+
+
+def test_validate_cli_as_a_process_reports_every_error_at_once(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: Bad_Name\nmodel: {base: x, sampling: {temperature: 3, top_kk: 2}}\n"
+        "tasks: [{id: a, split: train, prompt: hi}]\ncollection: {episodes: '18'}\nstore: {uri: 'gs://x'}\n"
+    )
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "validate", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    for fragment in ("$.name:", "$.model.sampling.temperature: expected a number <= 2, found 3",
+                     "$.model.sampling.top_kk: unknown key", "$.collection.episodes: expected integer",
+                     "$.store.uri: expected a string matching"):
+        assert fragment in proc.stderr
+    assert "5 error(s)" in proc.stderr
+
+
+def test_paper_defaults():
+    spec = validate_document({"name": "p", "model": {"base": "Qwen/Qwen3.6-27B"},
+                              "tasks": [{"id": "t", "split": "train", "prompt": "p"}],
+                              "store": {"uri": "s3://b/p"}})
+    s = spec.model.sampling
+    assert (s.temperature, s.top_p, s.top_k, s.max_output_tokens, s.context_length) == (0.6, 0.95, 20, 32768, 262144)
+    c = spec.collection
+    assert (c.episodes, c.train_ranks, c.validation_rank) == (18, 15, 16)
+    assert spec.ranking.comparisons_per_episode == 6 and spec.ranking.verdicts_per_pair == 1
+    f = spec.sft
+    assert (f.window, f.context) == (49152, 8192)
+    assert f.orchestrator_share == pytest.approx(1 / 3)
+    assert (f.lora.r, f.lora.alpha, f.lora.dropout) == (64, 128, 0.05)
+    assert set(f.lora.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    o = f.optimizer
+    assert (o.lr, o.betas, o.warmup_steps, o.min_lr_ratio, o.grad_clip) == (3e-5, (0.9, 0.95), 5, 0.1, 1.0)
+    assert (f.steps, f.replicas, f.gpus_per_replica) == (1624, 3, 2)
+    assert spec.search.iterations == 11
+    assert spec.evaluation.rollouts_per_task == 10
+    assert spec.generations == 2
+
+
+def test_task_files_resolve_relative_to_spec():
+    spec = load_spec(ROOT / "examples/paper.yaml")
+    tasks = {t.id: t for t in spec.resolved_tasks()}
+    assert set(tasks) == {"finance-momentum", "robotics-push", "pharmacy-dose"}
+    assert tasks["pharmacy-dose"].split == "test"
+    assert tasks["robotics-push"].guards.protected_paths == ["sim/push.py"]
+    assert len(spec.judges) == 2 and sum(len(j.seeds) for j in spec.judges) == 6
+
+
+def test_spec_error_lists_issues_programmatically():
+    with pytest.raises(SpecError) as info:
+        validate_document({"name": "x", "model": {"base": "b"}, "tasks": [], "store": {"uri": "file://r"}, "extra": 1})
+    paths = [i.path for i in info.value.issues]
+    assert paths == ["$.extra", "$.tasks"]
+
+
+@pytest.mark.parametrize("name", ["run-spec", "task", "workflow"])
+def test_checked_in_schemas_match_models(name):
+    checked_in = json.loads((ROOT / "schemas" / f"{name}.schema.json").read_text())
+    assert checked_in == generated_schema(name), "schemas drifted: run `mass schema --write schemas/`"
+
+
+@pytest.mark.parametrize("name", ["run-spec", "task", "workflow"])
+def test_schemas_are_closed(name):
+    schema = json.loads((ROOT / "schemas" / f"{name}.schema.json").read_text())
+    objects = [schema] + list(schema.get("$defs", {}).values())
+    for obj in objects:
+        if obj.get("type") == "object" and "properties" in obj:
+            assert obj.get("additionalProperties") is False, obj.get("title")
