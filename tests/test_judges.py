@@ -1,0 +1,137 @@
+"""Judge panel: blind labels, position balance, validation with retries, invalid (never tie) verdicts,
+and resume. Judges answer through the test-only ScriptedEndpoint over real loopback HTTP."""
+
+import json
+
+import pytest
+
+from mass_jobs import judges, metrics
+from mass_jobs.llm import ModelClient
+from mass_jobs.models import Sampling
+from mass_jobs.store import FileStore
+from mass_jobs.testing.scripted_endpoint import Reply
+
+
+def verdict(winner, rationale="the left one has the results file"):
+    return Reply.text(json.dumps({"winner": winner, "rationale": rationale}))
+
+
+def jobs(n=2):
+    return [judges.PairJob(task="fib", replicate=r, candidate=2, baseline=0, task_prompt="write fib.py",
+                           candidate_bundle=f"CANDIDATE-{r}", baseline_bundle=f"BASELINE-{r}") for r in range(n)]
+
+
+def member(ep, name, seeds=(1, 2, 3)):
+    client = ModelClient(ep.endpoint, Sampling(), timeout_s=5, retries=0, backoff_s=0)
+    return judges.PanelMember(name=name, model="m", seeds=tuple(seeds), client=client)
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [('{"winner": "A", "rationale": "x"}', ("A", "x")),
+     ('<think>B looks odd</think>```json\n{"winner": "b", "rationale": " y "}\n```', ("B", "y")),
+     ('Verdict: {"winner": "Tie", "rationale": "same"} done', ("tie", "same"))],
+    ids=["plain", "think-and-fence", "embedded-tie"],
+)
+def test_parse_verdict_accepts(text, expected):
+    assert judges.parse_verdict(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text,error",
+    [("", "empty"), ("A is better", "no JSON"), ('{"winner": "A"', "no JSON"), ('{"winner": "C", "rationale": "x"}',
+     "'winner'"), ('{"winner": "A", "rationale": ""}', "'rationale'")],
+    ids=["empty", "prose", "truncated", "bad-winner", "no-rationale"],
+)
+def test_parse_verdict_rejects(text, error):
+    with pytest.raises(judges.InvalidVerdict, match=error):
+        judges.parse_verdict(text)
+
+
+def test_panel_is_blind_balanced_and_stored(tmp_path, scripted_endpoint):
+    # Judge x always picks A, judge y always picks B: un-swapping must turn position into outcomes.
+    ep_x = scripted_endpoint({"*": [verdict("A")] * 6})
+    ep_y = scripted_endpoint({"*": [verdict("B")] * 6})
+    store = FileStore(tmp_path / "store")
+    members = [member(ep_x, "x"), member(ep_y, "y")]
+    records = judges.run_panel(store, "run/eval/verdicts", jobs(), members, retries=1)
+
+    assert len(records) == 12 and all(r["valid"] for r in records)
+    for r in range(2):
+        pair = [x for x in records if x["replicate"] == r]
+        orders = [x["order"] for x in pair]
+        # 6 verdicts per pair, both orders for each judge, 3 + 3 in total
+        assert orders.count("candidate_first") == 3 and orders.count("baseline_first") == 3
+        for name in ("x", "y"):
+            assert {x["order"] for x in pair if x["judge"] == name} == {"candidate_first", "baseline_first"}
+    # un-swapping: "always A" is a win exactly when the candidate was shown first, "always B" the reverse
+    for x in records:
+        shown_first = x["order"] == "candidate_first"
+        assert metrics.outcome(x) == ("win" if shown_first == (x["judge"] == "x") else "loss")
+
+    # blind: the judge sees labels A/B and the bundles, never generation names
+    for req in ep_x.requests + ep_y.requests:
+        user = req["body"]["messages"][1]["content"]
+        assert "Workspace A" in user and "Workspace B" in user and "gen-" not in user
+        first, second = user.index("=== Workspace A ==="), user.index("=== Workspace B ===")
+        assert first < second
+    seeds = sorted(req["body"]["seed"] for req in ep_x.requests)
+    assert seeds == [1, 1, 2, 2, 3, 3]
+
+    keys = store.list("run/eval/verdicts/")
+    assert len(keys) == 12 and "run/eval/verdicts/gen-2-vs-gen-0/fib/rep-1/panel-y-seed-3.json" in keys
+    assert judges.load_verdicts(store, "run/eval/verdicts") == sorted(records, key=lambda x: (
+        x["replicate"], x["judge"], x["seed"]))
+
+
+def test_garbage_and_failures_are_invalid_not_ties(tmp_path, scripted_endpoint):
+    ep = scripted_endpoint({"*": [
+        Reply.text("I think A"), verdict("tie"),            # seed 1: fixed on retry -> valid tie
+        Reply.text("{}"), Reply.text('{"winner": "maybe"}'),  # seed 2: garbage twice -> invalid
+        Reply.fail(500), Reply.fail(500),                   # seed 3: endpoint errors -> invalid
+    ]})
+    store = FileStore(tmp_path / "store")
+    records = judges.run_panel(store, "p", jobs(1), [member(ep, "j")], retries=1)
+    by_seed = {r["seed"]: r for r in records}
+    assert by_seed[1]["valid"] and by_seed[1]["winner"] == "tie" and by_seed[1]["attempts"] == 2
+    assert by_seed[1]["errors"] == ["format: no JSON object in the answer"]
+    # the retry showed the model its own answer and what was wrong
+    retry_msgs = ep.requests[1]["body"]["messages"]
+    assert retry_msgs[-2] == {"role": "assistant", "content": "I think A"} and "not a valid verdict" in retry_msgs[-1][
+        "content"]
+    assert not by_seed[2]["valid"] and by_seed[2]["winner"] is None and len(by_seed[2]["errors"]) == 2
+    assert not by_seed[3]["valid"] and all(e.startswith("endpoint: ModelError") for e in by_seed[3]["errors"])
+    assert [metrics.outcome(r) for r in records] == ["tie", "invalid", "invalid"]
+
+    # a dead endpoint (nothing listening) is an invalid verdict too, never an exception
+    gone = member(ep, "dead", seeds=(7,))
+    ep.stop()
+    dead = judges.run_panel(store, "q", jobs(1), [gone], retries=2)
+    assert not dead[0]["valid"] and len(dead[0]["errors"]) == 3
+
+
+def test_rerun_skips_stored_verdicts(tmp_path, scripted_endpoint):
+    ep = scripted_endpoint({"*": [verdict("A")] * 3})
+    store = FileStore(tmp_path / "store")
+    first = judges.run_panel(store, "p", jobs(1), [member(ep, "j")], retries=0)
+    assert len(ep.requests) == 3
+    again = judges.run_panel(store, "p", jobs(1), [member(ep, "j")], retries=0)  # the script is empty now
+    assert again == first and len(ep.requests) == 3
+
+
+def test_workspace_bundle_is_deterministic_and_capped(tmp_path):
+    ws = tmp_path / "ws"
+    (ws / "results").mkdir(parents=True)
+    (ws / "fib.py").write_text("print(1)\n")
+    (ws / "results" / "fib.json").write_text("[1, 1, 2]")
+    (ws / "blob.bin").write_bytes(b"\xff\x00\xfe")
+    text = judges.workspace_bundle(ws)
+    assert text.splitlines()[0] == "Files:"
+    assert "- blob.bin (3 bytes" in text and "### fib.py\nprint(1)" in text and "### results/fib.json" in text
+    assert "### blob.bin" not in text
+    assert judges.workspace_bundle(ws) == text
+    capped = judges.workspace_bundle(ws, cap_bytes=40)
+    assert capped.endswith("[... truncated]") and len(capped.encode()) <= 40 + len("\n[... truncated]")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert judges.workspace_bundle(empty) == "Files:\n(empty workspace)"
