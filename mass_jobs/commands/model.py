@@ -1,0 +1,18 @@
+"""`mass model tiny --out DIR [--seed N]`: build the tiny random-weight Qwen3 test model (no download)."""
+
+from __future__ import annotations
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
+    tiny = sub.add_parser("tiny", help="write the tiny Qwen3 model + tokenizer + chat template to a directory")
+    tiny.add_argument("--out", required=True, help="output directory (created if missing)")
+    tiny.add_argument("--seed", type=int, default=0, help="weight init seed; the same seed gives identical files")
+
+
+def main(args) -> int:
+    from mass_jobs.tiny import build_tiny_model
+
+    out = build_tiny_model(args.out, seed=args.seed)
+    print(f"tiny model (seed {args.seed}) written to {out}")
+    return 0

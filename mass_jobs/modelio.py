@@ -1,0 +1,111 @@
+"""Model locations -> local directories, and loading models and tokenizers from them.
+
+A location is one of:
+- a local directory (or `file:///abs/dir`): used as is;
+- `s3://bucket/key`: either a directory of objects under `key/` or one `put_dir` archive at `key`
+  (how steps store model dirs), downloaded once into a cache dir keyed by the URI;
+- a Hugging Face Hub id (`org/name`, optionally `org/name@revision`): `huggingface_hub.snapshot_download`.
+
+Used by every step that needs weights (`mass serve`, train, merge, evaluate).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+DEFAULT_CACHE = Path(os.environ.get("MASS_MODEL_CACHE", Path.home() / ".cache" / "mass-jobs" / "models"))
+COMPLETE_MARKER = ".mass-complete"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+
+
+class ModelLocationError(ValueError):
+    """A model location that is neither an existing directory, an s3:// URI nor a hub id."""
+
+
+def cache_path(location: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The cache directory for a remote location: readable tail + hash of the full URI."""
+    digest = hashlib.sha256(location.encode("utf-8")).hexdigest()[:16]
+    tail = re.sub(r"[^\w.-]+", "_", location.rstrip("/").rsplit("/", 1)[-1])[:40] or "model"
+    return Path(cache_dir or DEFAULT_CACHE) / f"{tail}-{digest}"
+
+
+def resolve_model(location, cache_dir=None, store_options: dict | None = None) -> Path:
+    """Return a local directory holding the model at `location` (see the module docstring).
+
+    `store_options` go to `mass_jobs.store.open_store` for s3:// (endpoint_url, region, ...).
+    Cached s3 copies are reused by URI: store keys of a run are written once and never change.
+    """
+    loc = str(location)
+    if loc.startswith("file://"):
+        loc = loc[len("file://") :]
+    if loc.startswith("s3://"):
+        return _download_s3(loc, cache_path(loc, cache_dir), store_options or {})
+    path = Path(loc).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelLocationError(f"model location {loc!r}: expected a directory, found a file")
+    if loc.startswith(("/", ".", "~")) or not _HUB_ID.match(loc):
+        raise ModelLocationError(
+            f"model location {loc!r}: no such directory, and not an s3:// URI or a hub id like 'org/name[@rev]'"
+        )
+    from huggingface_hub import snapshot_download
+
+    repo_id, _, revision = loc.partition("@")
+    return Path(snapshot_download(repo_id, revision=revision or None, cache_dir=cache_dir))
+
+
+def _download_s3(uri: str, dest: Path, store_options: dict) -> Path:
+    from mass_jobs.store import open_store
+
+    if (dest / COMPLETE_MARKER).exists():
+        return dest
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    key = key.strip("/")
+    if not bucket or not key:
+        raise ModelLocationError(f"model location {uri!r}: expected s3://bucket/key")
+    store = open_store(f"s3://{bucket}", **store_options)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # Download beside the final place, then rename: a crash never leaves a half model behind the marker.
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    try:
+        keys = store.list(key + "/")
+        if keys:
+            for k in keys:
+                store.get_file(k, tmp / k[len(key) + 1 :])
+        elif store.exists(key):
+            store.get_dir(key, tmp)
+        else:
+            raise ModelLocationError(f"model location {uri!r}: no objects under {key + '/'!r} and no archive at {key!r}")
+        (tmp / COMPLETE_MARKER).write_text(uri + "\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def load_tokenizer(location, **resolve_kwargs):
+    """AutoTokenizer for the model at `location`."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model(location, **resolve_kwargs))
+
+
+def load_model(location, dtype="auto", **resolve_kwargs):
+    """AutoModelForCausalLM at `location`; `dtype` is a torch.dtype, its name ('bfloat16') or 'auto'."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if isinstance(dtype, str) and dtype != "auto":
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"dtype {dtype!r}: expected 'auto' or a torch dtype name like 'bfloat16'")
+        dtype = getattr(torch, dtype)
+    return AutoModelForCausalLM.from_pretrained(resolve_model(location, **resolve_kwargs), dtype=dtype)

@@ -1,0 +1,205 @@
+"""The tiny model: architecture, determinism, tokenizer, chat template and loss masks; model locations."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from mass_jobs.cli import main as cli_main
+from mass_jobs.tiny import SPECIAL_TOKENS
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    }
+]
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is in a.txt?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "Read it first.",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": {"path": "a.txt"}}}],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "hello"},
+    {"role": "assistant", "content": "It says hello."},
+]
+EXPECTED_RENDER = (
+    "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    + json.dumps(TOOLS[0])
+    + "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\nWhat is in a.txt?<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\nRead it first.\n</think>\n\n"
+    "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a.txt\"}}\n</tool_call><|im_end|>\n"
+    "<|im_start|>user\n<tool_response>\nhello\n</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\nIt says hello.<|im_end|>\n"
+)
+
+
+def file_hashes(directory) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_loads_as_qwen3_with_the_requested_shape(tiny_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    cfg = model.config
+    assert (cfg.model_type, type(model).__name__) == ("qwen3", "Qwen3ForCausalLM")
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (2, 128, 4, 2)
+    assert cfg.max_position_embeddings >= 65536 and cfg.rope_parameters["rope_theta"] == 1_000_000.0
+    assert 4000 <= cfg.vocab_size <= 8000
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    logits = model(torch.tensor([[1, 2, 3]])).logits
+    assert tuple(logits.shape) == (1, 3, cfg.vocab_size)
+
+
+def test_same_seed_gives_identical_files_and_other_seed_other_weights(tiny_model_dir, tmp_path):
+    assert cli_main(["model", "tiny", "--out", str(tmp_path / "again"), "--seed", "0"]) == 0
+    assert cli_main(["model", "tiny", "--out", str(tmp_path / "seed1"), "--seed", "1"]) == 0
+    first, again, other = (file_hashes(d) for d in (tiny_model_dir, tmp_path / "again", tmp_path / "seed1"))
+    assert set(first) >= {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    assert first == again
+    assert other["model.safetensors"] != first["model.safetensors"]
+    assert {k: v for k, v in other.items() if k != "model.safetensors"} == {
+        k: v for k, v in first.items() if k != "model.safetensors"
+    }
+
+
+def test_special_tokens_are_single_ids_and_eos_pad_are_set(tokenizer):
+    for token in SPECIAL_TOKENS:
+        assert len(tokenizer(token, add_special_tokens=False)["input_ids"]) == 1, token
+    assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_end|>", "<|endoftext|>")
+    # Decoding keeps the text byte-exact (byte-level BPE, no normalisation).
+    text = 'def f(x):\n    return {"ok": x}  # café ✓\n'
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+
+
+def test_tool_calls_tokenize_compactly(tokenizer):
+    call = '<tool_call>\n{"name": "read_file", "arguments": {"path": "src/main.py"}}\n</tool_call>'
+    n = len(tokenizer(call, add_special_tokens=False)["input_ids"])
+    assert n <= 26, n  # vs 80 bytes: the BPE learned the JSON/tool-call glue
+
+
+def test_chat_template_renders_qwen3_layout(tokenizer):
+    text = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
+    assert text == EXPECTED_RENDER
+
+
+def test_generation_prompt_and_thinking_switch(tokenizer):
+    msgs = [{"role": "user", "content": "hi"}]
+    assert tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    off = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_reasoning_of_turns_before_the_last_user_message_is_dropped(tokenizer):
+    msgs = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a1", "reasoning_content": "old thought"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "a2", "reasoning_content": "new thought"},
+    ]
+    text = tokenizer.apply_chat_template(msgs, tokenize=False)
+    assert "old thought" not in text
+    assert "<|im_start|>assistant\n<think>\nnew thought\n</think>\n\na2<|im_end|>" in text
+
+
+def test_assistant_mask_covers_exactly_the_generated_parts(tokenizer):
+    out = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, return_assistant_tokens_mask=True, return_dict=True)
+    ids, mask = out["input_ids"], out["assistant_masks"]
+    assert len(ids) == len(mask)
+    first = (
+        "<think>\nRead it first.\n</think>\n\n"
+        '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tool_call><|im_end|>'
+    )
+    second = "It says hello.<|im_end|>"
+    expected = len(tokenizer(first, add_special_tokens=False)["input_ids"]) + len(
+        tokenizer(second, add_special_tokens=False)["input_ids"]
+    )
+    assert sum(mask) == expected
+    assert tokenizer.decode([i for i, m in zip(ids, mask) if m]) == first + second
+    # Prompt-side tokens (system, user, tool results, role headers) are never trained on.
+    assert tokenizer.decode(ids[: mask.index(1)]).endswith("<|im_start|>assistant\n")
+
+
+# ---- model locations (mass_jobs.modelio) ----
+
+
+def test_resolve_local_dir_and_file_uri(tiny_model_dir):
+    from mass_jobs.modelio import resolve_model
+
+    assert resolve_model(tiny_model_dir) == tiny_model_dir
+    assert resolve_model(f"file://{tiny_model_dir}") == tiny_model_dir
+
+
+@pytest.mark.parametrize("bad", ["/no/such/model/dir", "./missing", "not a hub id!"])
+def test_resolve_rejects_what_is_not_a_model_location(bad):
+    from mass_jobs.modelio import ModelLocationError, resolve_model
+
+    with pytest.raises(ModelLocationError, match="no such directory"):
+        resolve_model(bad)
+
+
+@pytest.mark.parametrize("layout", ["objects", "archive"])
+def test_resolve_s3_downloads_once_and_loads(layout, tiny_model_dir, s3_env, tmp_path):
+    import torch
+
+    from mass_jobs.modelio import load_model, load_tokenizer, resolve_model
+    from mass_jobs.store import open_store
+
+    options = {"endpoint_url": s3_env["endpoint_url"], "region": s3_env["region"]}
+    store = open_store(f"s3://{s3_env['bucket']}", **options)
+    key = f"runs/{layout}/gen-1/model"
+    if layout == "objects":
+        for p in sorted(tiny_model_dir.iterdir()):
+            store.put_file(f"{key}/{p.name}", p)
+    else:
+        store.put_dir(key, tiny_model_dir)
+    uri = f"s3://{s3_env['bucket']}/{key}"
+    cache = tmp_path / "cache"
+
+    local = resolve_model(uri, cache_dir=cache, store_options=options)
+    assert local.parent == cache
+    assert {k: v for k, v in file_hashes(local).items() if not k.startswith(".")} == file_hashes(tiny_model_dir)
+
+    # Cached by URI: with the objects gone, the same location still resolves to the same copy.
+    for k in store.list(key):
+        store.delete(k)
+    assert resolve_model(uri, cache_dir=cache, store_options=options) == local
+
+    model = load_model(uri, dtype="float32", cache_dir=cache, store_options=options)
+    reference = load_model(tiny_model_dir, dtype="float32")
+    assert torch.equal(model.model.embed_tokens.weight, reference.model.embed_tokens.weight)
+    assert load_tokenizer(uri, cache_dir=cache, store_options=options).eos_token == "<|im_end|>"
+
+
+def test_resolve_s3_missing_key_names_it(s3_env, tmp_path):
+    from mass_jobs.modelio import ModelLocationError, resolve_model
+
+    options = {"endpoint_url": s3_env["endpoint_url"], "region": s3_env["region"]}
+    uri = f"s3://{s3_env['bucket']}/nothing/here"
+    with pytest.raises(ModelLocationError, match="no objects under 'nothing/here/'"):
+        resolve_model(uri, cache_dir=tmp_path, store_options=options)
+    assert list(tmp_path.iterdir()) == []  # no half-written cache entry left behind
