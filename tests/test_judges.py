@@ -18,34 +18,12 @@ def verdict(winner, rationale="the left one has the results file"):
 
 def jobs(n=2):
     return [judges.PairJob(task="fib", replicate=r, candidate=2, baseline=0, task_prompt="write fib.py",
-                           candidate_bundle=f"CANDIDATE-{r}", baseline_bundle=f"BASELINE-{r}") for r in range(n)]
+                           candidate_bundle=f"NEWER-{r}", baseline_bundle=f"OLDER-{r}") for r in range(n)]
 
 
 def member(ep, name, seeds=(1, 2, 3)):
     client = ModelClient(ep.endpoint, Sampling(), timeout_s=5, retries=0, backoff_s=0)
     return judges.PanelMember(name=name, model="m", seeds=tuple(seeds), client=client)
-
-
-@pytest.mark.parametrize(
-    "text,expected",
-    [('{"winner": "A", "rationale": "x"}', ("A", "x")),
-     ('<think>B looks odd</think>```json\n{"winner": "b", "rationale": " y "}\n```', ("B", "y")),
-     ('Verdict: {"winner": "Tie", "rationale": "same"} done', ("tie", "same"))],
-    ids=["plain", "think-and-fence", "embedded-tie"],
-)
-def test_parse_verdict_accepts(text, expected):
-    assert judges.parse_verdict(text) == expected
-
-
-@pytest.mark.parametrize(
-    "text,error",
-    [("", "empty"), ("A is better", "no JSON"), ('{"winner": "A"', "no JSON"), ('{"winner": "C", "rationale": "x"}',
-     "'winner'"), ('{"winner": "A", "rationale": ""}', "'rationale'")],
-    ids=["empty", "prose", "truncated", "bad-winner", "no-rationale"],
-)
-def test_parse_verdict_rejects(text, error):
-    with pytest.raises(judges.InvalidVerdict, match=error):
-        judges.parse_verdict(text)
 
 
 def test_panel_is_blind_balanced_and_stored(tmp_path, scripted_endpoint):
@@ -72,9 +50,14 @@ def test_panel_is_blind_balanced_and_stored(tmp_path, scripted_endpoint):
     # blind: the judge sees labels A/B and the bundles, never generation names
     for req in ep_x.requests + ep_y.requests:
         user = req["body"]["messages"][1]["content"]
-        assert "Workspace A" in user and "Workspace B" in user and "gen-" not in user
-        first, second = user.index("=== Workspace A ==="), user.index("=== Workspace B ===")
-        assert first < second
+        assert "gen-" not in user and "candidate" not in user.lower() and "baseline" not in user.lower()
+        a, b = user.index("=== WORKSPACE A ==="), user.index("=== WORKSPACE B ===")
+        assert a < b and ("NEWER" in user[a:b]) != ("OLDER" in user[a:b])
+    # what was shown as A is what the record says was shown first
+    for req, rec in zip(ep_x.requests, [x for x in records if x["judge"] == "x"]):
+        user = req["body"]["messages"][1]["content"]
+        newer_first = user.index("NEWER-") < user.index("OLDER-")
+        assert newer_first == (rec["order"] == "candidate_first")
     seeds = sorted(req["body"]["seed"] for req in ep_x.requests)
     assert seeds == [1, 1, 2, 2, 3, 3]
 
@@ -94,13 +77,14 @@ def test_garbage_and_failures_are_invalid_not_ties(tmp_path, scripted_endpoint):
     records = judges.run_panel(store, "p", jobs(1), [member(ep, "j")], retries=1)
     by_seed = {r["seed"]: r for r in records}
     assert by_seed[1]["valid"] and by_seed[1]["winner"] == "tie" and by_seed[1]["attempts"] == 2
-    assert by_seed[1]["errors"] == ["format: no JSON object in the answer"]
+    assert len(by_seed[1]["errors"]) == 1 and by_seed[1]["errors"][0].startswith("attempt 1:")
     # the retry showed the model its own answer and what was wrong
     retry_msgs = ep.requests[1]["body"]["messages"]
-    assert retry_msgs[-2] == {"role": "assistant", "content": "I think A"} and "not a valid verdict" in retry_msgs[-1][
+    assert retry_msgs[-2] == {"role": "assistant", "content": "I think A"} and "could not be read" in retry_msgs[-1][
         "content"]
     assert not by_seed[2]["valid"] and by_seed[2]["winner"] is None and len(by_seed[2]["errors"]) == 2
-    assert not by_seed[3]["valid"] and all(e.startswith("endpoint: ModelError") for e in by_seed[3]["errors"])
+    assert not by_seed[3]["valid"] and by_seed[3]["errors"] == [
+        "endpoint: ModelError: " + by_seed[3]["errors"][0].split(": ", 2)[2]] * 2
     assert [metrics.outcome(r) for r in records] == ["tie", "invalid", "invalid"]
 
     # a dead endpoint (nothing listening) is an invalid verdict too, never an exception
@@ -117,21 +101,3 @@ def test_rerun_skips_stored_verdicts(tmp_path, scripted_endpoint):
     assert len(ep.requests) == 3
     again = judges.run_panel(store, "p", jobs(1), [member(ep, "j")], retries=0)  # the script is empty now
     assert again == first and len(ep.requests) == 3
-
-
-def test_workspace_bundle_is_deterministic_and_capped(tmp_path):
-    ws = tmp_path / "ws"
-    (ws / "results").mkdir(parents=True)
-    (ws / "fib.py").write_text("print(1)\n")
-    (ws / "results" / "fib.json").write_text("[1, 1, 2]")
-    (ws / "blob.bin").write_bytes(b"\xff\x00\xfe")
-    text = judges.workspace_bundle(ws)
-    assert text.splitlines()[0] == "Files:"
-    assert "- blob.bin (3 bytes" in text and "### fib.py\nprint(1)" in text and "### results/fib.json" in text
-    assert "### blob.bin" not in text
-    assert judges.workspace_bundle(ws) == text
-    capped = judges.workspace_bundle(ws, cap_bytes=40)
-    assert capped.endswith("[... truncated]") and len(capped.encode()) <= 40 + len("\n[... truncated]")
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    assert judges.workspace_bundle(empty) == "Files:\n(empty workspace)"
