@@ -1,0 +1,84 @@
+"""The file:// backend: a local directory; keys are relative paths under it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import BinaryIO
+
+from mass_jobs.models import StoreSpec
+from mass_jobs.store.base import CHUNK, TMP_PREFIX, MissingKey, Store, check_key, check_prefix, replace_atomically
+
+
+class FileStore(Store):
+    """A local directory; keys are relative paths. Writes go to a temp file then os.replace."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).resolve()
+        self.uri = f"file://{self.root}"
+
+    @property
+    def spec(self) -> StoreSpec:
+        return StoreSpec(uri=self.uri)
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def _existing(self, key: str) -> Path:
+        path = self._path(key)
+        if not path.is_file():
+            raise MissingKey(f"{self.uri}: no object at key {key!r}")
+        return path
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        replace_atomically(self._path(key), lambda tmp: tmp.write_bytes(data))
+        return hashlib.sha256(data).hexdigest()
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._existing(key).read_bytes()
+
+    def put_file(self, key: str, path: str | os.PathLike) -> str:
+        digest = hashlib.sha256()
+
+        def copy(tmp: Path) -> None:
+            with open(path, "rb") as src, open(tmp, "wb") as dst:
+                while chunk := src.read(CHUNK):
+                    digest.update(chunk)
+                    dst.write(chunk)
+
+        replace_atomically(self._path(key), copy)
+        return digest.hexdigest()
+
+    def get_file(self, key: str, path: str | os.PathLike) -> Path:
+        src = self._existing(key)
+        replace_atomically(Path(path), lambda tmp: shutil.copyfile(src, tmp))
+        return Path(path)
+
+    def open_read(self, key: str) -> BinaryIO:
+        return open(self._existing(key), "rb")
+
+    def list(self, prefix: str = "") -> list[str]:
+        check_prefix(prefix)
+        # Walk only the deepest folder the prefix names, then filter by the string prefix.
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = self.root / base if base else self.root
+        if not start.is_dir():
+            return []
+        keys = []
+        for dirpath, dirnames, filenames in os.walk(start):
+            dirnames[:] = [d for d in dirnames if not d.startswith(TMP_PREFIX)]
+            rel = Path(dirpath).relative_to(self.root).as_posix()
+            for name in filenames:
+                key = name if rel == "." else f"{rel}/{name}"
+                if not name.startswith(TMP_PREFIX) and key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
