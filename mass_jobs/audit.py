@@ -1,0 +1,353 @@
+"""Behaviour audit of one episode from its trace.jsonl alone (method notes, "Behaviour audit").
+
+Per episode:
+- delegation D: a sub-agent tool call (`delegate` in the built-in harness, `agent`/`task` in
+  qwen-code) whose result came back without error;
+- code handoff H: a worker wrote a `.py` file with a file tool (`write_file`/`edit`), its
+  conversation ended (it made no later model call), and afterwards a different worker read the same
+  file with a file tool (`read_file`/`read_many_files`); reading it through the shell does not count;
+- worker revisions, two kinds, both counted:
+  * re-delegation: after a sub-agent call failed, the same caller delegated again naming the same
+    agent id or role, or with an assignment that repeats at least half of the failed assignment's
+    distinct words (the same or a narrowed assignment);
+  * rewrite: one worker wrote the same file more than once (each extra write counts one).
+
+Threads (one agent conversation each) come from the `agent` field the harness headers put in each
+record; within one agent id, and for harnesses that send no headers (qwen-code), a record continues
+the thread whose last request messages are a prefix of its own. Without headers the first thread is
+the orchestrator, a thread whose first user message carries a delegated assignment is a worker, and
+any other thread (side calls of a harness) is auxiliary.
+
+Run: `mass audit EPISODE_DIR... [--json]`
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+DELEGATE_TOOLS = frozenset({"delegate", "agent", "task"})
+WRITE_TOOLS = frozenset({"write_file", "edit", "replace"})
+READ_TOOLS = frozenset({"read_file", "read_many_files"})
+PATH_KEYS = ("path", "file_path", "absolute_path")
+ERROR_START = re.compile(r"^\s*(error\b|\[error\]|failed\b|tool execution failed)", re.IGNORECASE)
+WORD = re.compile(r"[a-z0-9_.]+")
+
+
+@dataclass
+class ToolUse:
+    seq: int
+    thread: str
+    name: str
+    arguments: dict[str, Any]
+    call_id: str | None
+    result: str | None = None  # None: no later request of the thread carries the result
+
+    @property
+    def returned_ok(self) -> bool:
+        return self.result is not None and not is_error_result(self.result)
+
+
+@dataclass
+class Thread:
+    id: str
+    role: str  # orchestrator | worker | auxiliary
+    agent_id: str | None
+    records: list[dict] = field(default_factory=list)
+
+    @property
+    def first_seq(self) -> int:
+        return self.records[0]["seq"]
+
+    @property
+    def last_seq(self) -> int:
+        return self.records[-1]["seq"]
+
+
+@dataclass
+class EpisodeAudit:
+    episode: str
+    calls: int
+    threads: int
+    workers: int
+    delegation: bool
+    delegations_ok: int
+    delegations_failed: int
+    code_handoff: bool
+    handoffs: list[dict[str, Any]]
+    revisions: int
+    redelegations: int
+    rewrites: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def load_trace(path: Path) -> list[dict]:
+    """Records of a trace.jsonl in call order; a torn last line (a killed episode) is skipped."""
+    records = []
+    lines = Path(path).read_text().splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):
+                continue
+            raise ValueError(f"{path}:{n}: not a JSON trace record") from None
+    return sorted(records, key=lambda r: r.get("seq", 0))
+
+
+def text_of(content: Any) -> str:
+    """Message content as text: strings as-is, OpenAI content parts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return json.dumps(content, sort_keys=True)
+
+
+def _message_key(m: dict) -> str:
+    # Compare what a harness resends, not how it serialises it (content parts vs strings, extra keys).
+    calls = [((c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")) for c in m.get("tool_calls") or []]
+    return json.dumps([m.get("role"), text_of(m.get("content")), m.get("tool_call_id"), calls])
+
+
+def _keys(record: dict) -> list[str]:
+    return [_message_key(m) for m in ((record.get("request") or {}).get("messages") or []) if isinstance(m, dict)]
+
+
+def is_error_result(text: str) -> bool:
+    if ERROR_START.match(text):
+        return True
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return False
+    return isinstance(value, dict) and (bool(value.get("error")) or value.get("status") in ("failure", "error"))
+
+
+# ---------------------------------------------------------------- threads
+
+
+def split_threads(records: list[dict]) -> list[Thread]:
+    threads: list[Thread] = []
+    last_keys: list[list[str]] = []
+    for rec in records:
+        agent = rec.get("agent") or {}
+        agent_id = agent.get("id")
+        keys = _keys(rec)
+        best, best_len = None, -1
+        for i, t in enumerate(threads):
+            prev = last_keys[i]
+            if t.agent_id != agent_id or len(prev) >= len(keys) or keys[: len(prev)] != prev:
+                continue
+            if len(prev) >= best_len:  # the longest prefix; among equals the most recent thread
+                best, best_len = i, len(prev)
+        if best is None:
+            threads.append(Thread(id="", role=agent.get("role") or "", agent_id=agent_id, records=[rec]))
+            last_keys.append(keys)
+        else:
+            threads[best].records.append(rec)
+            last_keys[best] = keys
+    _name_threads(threads)
+    return threads
+
+
+def _first_user_text(t: Thread) -> str:
+    msgs = (t.records[0].get("request") or {}).get("messages") or []
+    return "\n".join(text_of(m.get("content")) for m in msgs if isinstance(m, dict) and m.get("role") == "user")
+
+
+def _name_threads(threads: list[Thread]) -> None:
+    assignments = []
+    for t in threads:
+        for use in _calls_of(t):
+            if use.name in DELEGATE_TOOLS:
+                text = str(use.arguments.get("assignment") or use.arguments.get("prompt") or "").strip()
+                if text:
+                    assignments.append((use.seq, text))
+    used: dict[str, int] = {}
+    for i, t in enumerate(threads):
+        if not t.role:
+            if i == 0:
+                t.role = "orchestrator"
+            elif any(seq < t.first_seq and text in _first_user_text(t) for seq, text in assignments):
+                t.role = "worker"
+            else:
+                t.role = "auxiliary"
+        base = t.agent_id or (t.role if t.role == "orchestrator" else None)
+        if base is None:
+            base = "worker" if t.role == "worker" else "aux"
+            used[base] = used.get(base, 0) + 1
+            t.id = f"{base}-{used[base]}"
+            continue
+        used[base] = used.get(base, 0) + 1
+        t.id = base if used[base] == 1 else f"{base}#{used[base]}"
+
+
+def _calls_of(t: Thread) -> list[ToolUse]:
+    uses = []
+    for rec in t.records:
+        msg = (rec.get("response") or {}).get("message") or {}
+        for call in msg.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            raw = fn.get("arguments")
+            try:
+                args = raw if isinstance(raw, dict) else json.loads(raw or "{}")
+            except (json.JSONDecodeError, TypeError):
+                args = {}
+            uses.append(
+                ToolUse(
+                    seq=rec.get("seq", 0),
+                    thread=t.id,
+                    name=str(fn.get("name") or ""),
+                    arguments=args if isinstance(args, dict) else {},
+                    call_id=call.get("id"),
+                )
+            )
+    return uses
+
+
+def tool_uses(t: Thread) -> list[ToolUse]:
+    """The thread's tool calls with their results (from the thread's later requests)."""
+    results: dict[str, str] = {}
+    for rec in t.records:
+        for m in (rec.get("request") or {}).get("messages") or []:
+            if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id"):
+                results[m["tool_call_id"]] = text_of(m.get("content"))
+    uses = _calls_of(t)
+    for u in uses:
+        if u.call_id:
+            u.result = results.get(u.call_id)
+    return uses
+
+
+# ---------------------------------------------------------------- the audit
+
+
+def _paths(use: ToolUse) -> list[str]:
+    out = [use.arguments[k] for k in PATH_KEYS if isinstance(use.arguments.get(k), str)]
+    many = use.arguments.get("paths")
+    if isinstance(many, list):
+        out += [p for p in many if isinstance(p, str)]
+    return [posixpath.normpath(p.replace("\\", "/")) for p in out]
+
+
+def same_file(a: str, b: str) -> bool:
+    """Workspace-relative and absolute spellings of one file match (qwen-code sends absolute paths)."""
+    return a == b or a.endswith("/" + b.lstrip("./")) or b.endswith("/" + a.lstrip("./"))
+
+
+def _words(text: str) -> set[str]:
+    return set(WORD.findall(text.lower()))
+
+
+def audit_records(records: list[dict], episode: str = "") -> EpisodeAudit:
+    threads = split_threads(records)
+    uses_by_thread = {t.id: tool_uses(t) for t in threads}
+    role = {t.id: t.role for t in threads}
+    last_seq = {t.id: t.last_seq for t in threads}
+
+    delegations = [u for uses in uses_by_thread.values() for u in uses if u.name in DELEGATE_TOOLS]
+    ok = sum(u.returned_ok for u in delegations)
+    failed = sum(u.result is not None and not u.returned_ok for u in delegations)
+
+    writes = [
+        (u, p)
+        for tid, uses in uses_by_thread.items()
+        if role[tid] == "worker"
+        for u in uses
+        if u.name in WRITE_TOOLS and u.returned_ok
+        for p in _paths(u)
+    ]
+    reads = [
+        (u, p)
+        for tid, uses in uses_by_thread.items()
+        if role[tid] == "worker"
+        for u in uses
+        if u.name in READ_TOOLS and u.returned_ok
+        for p in _paths(u)
+    ]
+    handoffs = []
+    seen = set()
+    for w, wp in writes:
+        if not wp.endswith(".py"):
+            continue
+        for r, rp in reads:
+            if r.thread == w.thread or not same_file(wp, rp) or r.seq <= last_seq[w.thread]:
+                continue
+            key = (wp, w.thread, r.thread)
+            if key not in seen:
+                seen.add(key)
+                handoffs.append({"file": wp, "writer": w.thread, "reader": r.thread, "read_seq": r.seq})
+
+    redelegations = 0
+    for tid, uses in uses_by_thread.items():
+        calls = [u for u in uses if u.name in DELEGATE_TOOLS]
+        for i, later in enumerate(calls):
+            if any(_redelegates(failed_call, later) for failed_call in calls[:i] if _failed(failed_call)):
+                redelegations += 1
+
+    rewrites = 0
+    for tid, uses in uses_by_thread.items():
+        if role[tid] != "worker":
+            continue
+        counts: dict[str, int] = {}
+        for u in uses:
+            if u.name in WRITE_TOOLS and u.returned_ok:
+                for p in _paths(u):
+                    counts[p] = counts.get(p, 0) + 1
+        rewrites += sum(n - 1 for n in counts.values() if n > 1)
+
+    return EpisodeAudit(
+        episode=episode,
+        calls=len(records),
+        threads=len(threads),
+        workers=sum(t.role == "worker" for t in threads),
+        delegation=ok > 0,
+        delegations_ok=ok,
+        delegations_failed=failed,
+        code_handoff=bool(handoffs),
+        handoffs=handoffs,
+        revisions=redelegations + rewrites,
+        redelegations=redelegations,
+        rewrites=rewrites,
+    )
+
+
+def _failed(use: ToolUse) -> bool:
+    return use.result is not None and not use.returned_ok
+
+
+def _assignment(use: ToolUse) -> str:
+    return str(use.arguments.get("assignment") or use.arguments.get("prompt") or "")
+
+
+def _redelegates(failed: ToolUse, later: ToolUse) -> bool:
+    for key in ("agent_id", "role", "subagent_type"):
+        a, b = failed.arguments.get(key), later.arguments.get(key)
+        # qwen-code's subagent_type is the same generic type for every call: it names no agent.
+        if key != "subagent_type" and a and a == b:
+            return True
+    before = _words(_assignment(failed))
+    return bool(before) and len(before & _words(_assignment(later))) * 2 >= len(before)
+
+
+def audit_episode(episode_dir: Path) -> EpisodeAudit:
+    """Audit `episode_dir/trace.jsonl` (a trace file path works too)."""
+    path = Path(episode_dir)
+    trace = path if path.is_file() else path / "trace.jsonl"
+    if not trace.exists():
+        raise FileNotFoundError(f"{episode_dir}: no trace.jsonl")
+    return audit_records(load_trace(trace), episode=str(episode_dir))
