@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("mass_jobs.commands.validate", "validate a run spec (YAML or JSON); exit 2 lists every error"),
     "schema": ("mass_jobs.commands.schema", "write the JSON Schemas generated from the typed models"),
     "model": ("mass_jobs.commands.model", "model utilities: `mass model tiny --out DIR` builds the tiny test model"),
+    "proxy": ("mass_jobs.commands.proxy", "recording proxy for an OpenAI-compatible server: one trace line per call"),
     "audit": ("mass_jobs.commands.audit", "behaviour audit per episode: delegation D, code handoff H, revisions"),
 }
 

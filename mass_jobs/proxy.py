@@ -1,0 +1,446 @@
+"""Recording proxy: an OpenAI-compatible pass-through that writes one JSON line per model call.
+
+Any harness (the built-in one, qwen-code, ...) talks to the proxy as if it were the model server;
+the proxy forwards `/v1/chat/completions` to the upstream endpoint (any API root, e.g. KServe's
+`/openai/v1`) and `/v1/models` and other `/v1/*` routes unrecorded. Streams are forwarded byte for
+byte as they arrive and reassembled on the side into one message (content, reasoning, tool calls by
+index) for the record. Each line follows schemas/trace-record.schema.json; authorization headers are
+never written. Upstream errors, connection failures (answered 502) and client disconnects are
+recorded too. `X-Mass-Agent` / `X-Mass-Role` / `X-Mass-Parent` request headers label the call.
+
+    with RecordingProxy(upstream=endpoint, trace_path=path) as px:
+        ModelClient(px.endpoint, sampling).chat(...)
+
+Command: `mass proxy --upstream URL --model NAME --trace FILE [--port P]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from mass_jobs.llm import Endpoint, normalize_message
+
+BODY_EXCERPT = 2000
+# Hop-by-hop and framing headers are the proxy's own business on each side; accept-encoding is
+# dropped so the upstream answers uncompressed and the recorded stream is readable text.
+REQUEST_DROP = {
+    "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+    "proxy-authorization", "proxy-connection", "accept-encoding",
+}  # fmt: skip
+RESPONSE_DROP = {"content-length", "connection", "keep-alive", "transfer-encoding", "trailer", "upgrade"}
+AGENT_HEADERS = {"x-mass-agent": "id", "x-mass-role": "role", "x-mass-parent": "parent"}
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def agent_from_headers(headers: dict[str, str]) -> dict | None:
+    """`{"id", "role", "parent"}` from our harness's X-Mass-* headers; None for harnesses that send none."""
+    found = {field: headers.get(name) or None for name, field in AGENT_HEADERS.items()}
+    return found if any(found.values()) else None
+
+
+def request_record(body: Any) -> dict:
+    body = body if isinstance(body, dict) else {}
+    messages = body.get("messages")
+    return {
+        "model": body.get("model") if isinstance(body.get("model"), str) else None,
+        "messages": messages if isinstance(messages, list) else None,
+        "tools": body.get("tools") if isinstance(body.get("tools"), list) else None,
+        "stream": bool(body.get("stream")),
+        "sampling": {
+            "temperature": body.get("temperature"),
+            "top_p": body.get("top_p"),
+            "top_k": body.get("top_k"),
+            "max_tokens": body.get("max_tokens", body.get("max_completion_tokens")),
+            "seed": body.get("seed"),
+        },
+    }
+
+
+def response_record(data: Any) -> dict:
+    """The record of a non-streamed completion; raises ValueError when it is not one."""
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+        raise ValueError("no choices in the response")
+    choice = data["choices"][0]
+    return {
+        "message": normalize_message(choice.get("message")),
+        "finish_reason": choice.get("finish_reason"),
+        "usage": data.get("usage"),
+    }
+
+
+class StreamAssembler:
+    """Rebuilds one completion from SSE bytes fed in arbitrary pieces (only choice 0 is kept)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict | None = None
+        self.saw_done = False
+        self.bad_events = 0
+        self.errors: list[Any] = []
+
+    def feed(self, data: bytes) -> None:
+        self._buf = (self._buf + data).replace(b"\r\n", b"\n")  # a CR LF may straddle two pieces
+        while b"\n\n" in self._buf:
+            event, self._buf = self._buf.split(b"\n\n", 1)
+            self._event(event)
+
+    def _event(self, event: bytes) -> None:
+        lines = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
+        if not lines:
+            return
+        payload = b"\n".join(lines)
+        if payload == b"[DONE]":
+            self.saw_done = True
+            return
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            self.bad_events += 1
+            return
+        if not isinstance(chunk, dict):
+            self.bad_events += 1
+            return
+        if chunk.get("error"):
+            self.errors.append(chunk["error"])
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.content.append(delta["content"])
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                self.reasoning.append(reasoning)
+            for frag in delta.get("tool_calls") or []:
+                call = self.calls.setdefault(
+                    frag.get("index", 0), {"id": None, "type": "function", "function": {"name": None, "arguments": ""}}
+                )
+                if frag.get("id"):
+                    call["id"] = frag["id"]
+                if frag.get("type"):
+                    call["type"] = frag["type"]
+                fn = frag.get("function") or {}
+                if fn.get("name") and not call["function"]["name"]:
+                    call["function"]["name"] = fn["name"]
+                if fn.get("arguments"):
+                    call["function"]["arguments"] += fn["arguments"]
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def record(self) -> dict:
+        message = {
+            "content": "".join(self.content),
+            "reasoning_content": "".join(self.reasoning),
+            "tool_calls": [self.calls[i] for i in sorted(self.calls)],
+        }
+        return {"message": normalize_message(message), "finish_reason": self.finish_reason, "usage": self.usage}
+
+
+def read_trace(path: str | Path) -> list[dict]:
+    """All records of a trace file, in file order."""
+    text = Path(path).read_text() if Path(path).exists() else ""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class RecordingProxy:
+    """Serves on 127.0.0.1 (a free port unless `port` is given) in a background thread until stopped."""
+
+    def __init__(
+        self,
+        upstream: Endpoint,
+        trace_path: str | Path,
+        api_key: str | None = None,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        timeout_s: float = 600,
+    ):
+        self.upstream = upstream
+        self.trace_path = Path(trace_path)
+        self._api_key = api_key
+        self.host, self._port = host, port
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._file = None
+        self._server = None
+        self._thread: threading.Thread | None = None
+        self._http = None  # httpx.AsyncClient, created inside the server's event loop
+
+    # ------------------------------------------------------------ lifecycle
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self._port}/v1"
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(base_url=self.base_url, model=self.upstream.model)
+
+    def start(self) -> RecordingProxy:
+        import uvicorn
+
+        # The upstream key is read once, up front, so a missing variable fails here and not per call.
+        self._auth = self._api_key or self.upstream.api_key()
+        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+        self._seq = len(read_trace(self.trace_path))  # appending to an existing trace continues its numbering
+        self._file = self.trace_path.open("a", encoding="utf-8")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self._port))
+        self._port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app, interface="asgi3", lifespan="off", log_level="warning", access_log=False, proxy_headers=False,
+            server_header=False, date_header=False, timeout_graceful_shutdown=2,
+        )  # fmt: skip
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, args=(sock,), name="recording-proxy", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"recording proxy did not start on {self.host}:{self._port}")
+            time.sleep(0.01)
+        return self
+
+    def _run(self, sock: socket.socket) -> None:
+        asyncio.run(self._serve(sock))
+
+    async def _serve(self, sock: socket.socket) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s)) as http:
+            self._http = http
+            await self._server.serve(sockets=[sock])
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+            self._server = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> RecordingProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def records(self) -> list[dict]:
+        return read_trace(self.trace_path)
+
+    # ------------------------------------------------------------ recording
+    def _write(self, record: dict) -> None:
+        with self._lock:
+            line = json.dumps({"seq": self._seq, **record}, ensure_ascii=False)
+            self._seq += 1
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    # ------------------------------------------------------------ ASGI
+    async def app(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if not path.startswith("/v1/"):
+            await _send_json(send, 404, {"error": {"message": f"no route {path}; the proxy serves /v1/*"}})
+            return
+        raw = b""
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            raw += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        sub = path[len("/v1/") :]
+        url = self.upstream.url(sub)
+        if scope.get("query_string"):
+            url += "?" + scope["query_string"].decode("latin-1")
+        fwd = {k: v for k, v in headers.items() if k not in REQUEST_DROP and k != "authorization"}
+        if self._auth:
+            fwd["authorization"] = f"Bearer {self._auth}"
+        elif "authorization" in headers:
+            fwd["authorization"] = headers["authorization"]  # transparent when the proxy holds no key
+        if scope["method"] == "POST" and sub.rstrip("/") == "chat/completions":
+            await self._chat(scope, receive, send, raw, headers, url, fwd)
+        else:
+            await self._passthrough(scope, send, raw, url, fwd)
+
+    async def _passthrough(self, scope: dict, send: Any, raw: bytes, url: str, fwd: dict) -> None:
+        import httpx
+
+        try:
+            resp = await self._http.request(scope["method"], url, content=raw, headers=fwd)
+        except httpx.HTTPError as e:
+            await _send_json(send, 502, _error_body(f"upstream unreachable: {e!r}", "upstream_connection_error", 502))
+            return
+        await _send_full(send, resp.status_code, _response_headers(resp), resp.content)
+
+    async def _chat(self, scope, receive, send, raw: bytes, headers: dict, url: str, fwd: dict) -> None:
+        t0 = time.perf_counter()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        rec: dict[str, Any] = {
+            "started_at": utc_now(),
+            "duration_s": 0.0,
+            "path": scope["path"],
+            "status": None,
+            "agent": agent_from_headers(headers),
+            "request": request_record(body),
+            "response": None,
+            "error": None,
+        }
+        disconnected = asyncio.Event()
+        watcher = asyncio.create_task(_watch_disconnect(receive, disconnected))
+        try:
+            await self._forward_chat(send, raw, url, fwd, rec, disconnected)
+        finally:
+            watcher.cancel()
+            rec["duration_s"] = round(time.perf_counter() - t0, 6)
+            self._write(rec)
+
+    async def _forward_chat(self, send, raw: bytes, url: str, fwd: dict, rec: dict, disconnected) -> None:
+        import httpx
+
+        request = self._http.build_request("POST", url, content=raw, headers=fwd)
+        sending = asyncio.create_task(self._http.send(request, stream=True))
+        if not await _first_or_disconnect(sending, disconnected):
+            rec["error"] = {"kind": "client_disconnect", "message": "client went away before the upstream answered"}
+            return
+        try:
+            resp = sending.result()
+        except httpx.TimeoutException as e:
+            rec["error"] = {"kind": "timeout", "message": f"upstream {url} timed out: {e!r}"}
+            await _send_json(send, 504, _error_body(rec["error"]["message"], "upstream_timeout", 504))
+            return
+        except httpx.HTTPError as e:
+            rec["error"] = {"kind": "connection", "message": f"upstream {url} unreachable: {e!r}"}
+            await _send_json(send, 502, _error_body(rec["error"]["message"], "upstream_connection_error", 502))
+            return
+        rec["status"] = resp.status_code
+        try:
+            is_stream = resp.headers.get("content-type", "").startswith("text/event-stream")
+            if resp.status_code < 300 and is_stream:
+                await self._relay_stream(send, resp, rec, disconnected)
+                return
+            try:
+                data = await resp.aread()
+            except httpx.HTTPError as e:
+                rec["error"] = {"kind": "connection", "message": f"upstream body broke off: {e!r}"}
+                await _send_json(send, 502, _error_body(rec["error"]["message"], "upstream_connection_error", 502))
+                return
+            if resp.status_code >= 300:
+                excerpt = data[:BODY_EXCERPT].decode("utf-8", "replace")
+                rec["error"] = {"kind": "upstream_status", "message": f"HTTP {resp.status_code}: {excerpt}"}
+            else:
+                try:
+                    rec["response"] = response_record(json.loads(data))
+                except ValueError as e:
+                    excerpt = data[:BODY_EXCERPT].decode("utf-8", "replace")
+                    rec["error"] = {"kind": "invalid_response", "message": f"{e}: {excerpt}"}
+            try:
+                await _send_full(send, resp.status_code, _response_headers(resp), data)
+            except OSError:
+                rec["error"] = rec["error"] or {"kind": "client_disconnect", "message": "client went away"}
+        finally:
+            await resp.aclose()
+
+    async def _relay_stream(self, send, resp, rec: dict, disconnected) -> None:
+        import httpx
+
+        asm = StreamAssembler()
+        state = {"complete": False}
+
+        async def pump() -> None:
+            await send({"type": "http.response.start", "status": resp.status_code, "headers": _response_headers(resp)})
+            async for piece in resp.aiter_raw():
+                asm.feed(piece)
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            state["complete"] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        task = asyncio.create_task(pump())
+        finished = await _first_or_disconnect(task, disconnected)
+        rec["response"] = asm.record()
+        if not finished and not state["complete"]:
+            rec["error"] = {"kind": "client_disconnect", "message": "client closed the stream before it ended"}
+            return
+        exc = task.exception() if finished else None
+        if isinstance(exc, httpx.TimeoutException):
+            rec["error"] = {"kind": "timeout", "message": f"upstream stream stalled: {exc!r}"}
+        elif isinstance(exc, httpx.HTTPError):
+            rec["error"] = {"kind": "connection", "message": f"upstream stream broke off: {exc!r}"}
+        elif exc is not None and not state["complete"]:
+            rec["error"] = {"kind": "client_disconnect", "message": f"sending to the client failed: {exc!r}"}
+        elif exc is not None:
+            raise exc
+        elif asm.errors:
+            rec["error"] = {"kind": "invalid_response", "message": f"error event in stream: {json.dumps(asm.errors[0])}"}
+        elif not asm.saw_done and asm.finish_reason is None:
+            rec["error"] = {"kind": "invalid_response", "message": "stream ended without finish_reason or [DONE]"}
+
+
+async def _watch_disconnect(receive: Any, flag: asyncio.Event) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            flag.set()
+            return
+
+
+async def _first_or_disconnect(task: asyncio.Task, disconnected: asyncio.Event) -> bool:
+    """Wait for `task`; on a client disconnect first, cancel it and return False."""
+    waiter = asyncio.create_task(disconnected.wait())
+    done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task in done:
+        return True
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return task.done() and not task.cancelled() and task.exception() is None
+
+
+def _response_headers(resp: Any) -> list[tuple[bytes, bytes]]:
+    return [
+        (k.encode("latin-1"), v.encode("latin-1"))
+        for k, v in resp.headers.multi_items()
+        if k.lower() not in RESPONSE_DROP
+    ]
+
+
+def _error_body(message: str, kind: str, code: int) -> dict:
+    return {"error": {"message": message, "type": kind, "code": code}}
+
+
+async def _send_full(send: Any, status: int, headers: list, data: bytes) -> None:
+    headers = [*headers, (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+async def _send_json(send: Any, status: int, obj: Any) -> None:
+    await _send_full(send, status, [(b"content-type", b"application/json")], json.dumps(obj).encode())
