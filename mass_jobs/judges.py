@@ -95,11 +95,14 @@ def verdict_key(prefix: str, job: PairJob, member: PanelMember, seed: int) -> st
 
 
 def run_panel(store, prefix: str, jobs: Iterable[PairJob], members: list[PanelMember], retries: int,
-              on_verdict: Callable[[dict], None] | None = None) -> list[dict]:
-    """Every member's verdicts on every job, stored under `prefix`; stored ones are reused."""
+              on_verdict: Callable[[dict], None] | None = None, first_index: int = 0) -> list[dict]:
+    """Every member's verdicts on every job, stored under `prefix`; stored ones are reused.
+
+    `first_index` is the panel position of `members[0]`, for callers that run one judge at a time
+    (each local judge needs its own server) but want the panel's order balance."""
     records = []
     for job in jobs:
-        for ji, member in enumerate(members):
+        for ji, member in enumerate(members, start=first_index):
             for si, seed in enumerate(member.seeds):
                 key = verdict_key(prefix, job, member, seed)
                 if store.exists(key):
