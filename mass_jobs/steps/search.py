@@ -1,0 +1,382 @@
+"""Workflow search per task (the inner loop, weights frozen, elite of size 1).
+
+    mass search --spec S --gen G --task T [--iteration K]
+
+Iteration 0 runs two rollouts: the bare task prompt (the *reference*, stored under
+`search/<task>/reference/`) and the initial workflow (the task's, or DEFAULT_WORKFLOW), whose
+workspace is the first elite. The elite is then compared with the reference.
+Iterations k = 1..K: the optimizer (current model) sees the task, the previous workflow, the elite
+workflow, the whole feedback history (rationales, what changed between versions) and evidence from
+the last workspace, and proposes W_k as JSON (malformed: retried `search.proposal_retries` times,
+then a failed iteration; the loop goes on). W_k is rolled out; the evaluator compares its workspace
+with the elite's under blind labels in a seeded random order. W_k becomes the elite only when it is
+preferred; feedback is appended either way. Each time the elite changes, the new elite is compared
+with the reference: `beats_reference` says whether the CURRENT elite (the one collection would use)
+was preferred over the bare reference run. A tie or an invalid verdict does not beat it.
+
+Every piece is persisted as soon as it exists (proposal, rollout, verdicts), and an iteration is
+done when its step manifest is written, so a killed search resumes inside the iteration it was in
+without asking the model again for what is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from mass_jobs.compare import Verdict, blind_judge, bundle
+from mass_jobs.context import RunContext
+from mass_jobs.models import Closed, Task, Workflow
+from mass_jobs.workflow import (
+    DEFAULT_WORKFLOW,
+    WorkflowError,
+    diff_workflows,
+    parse_proposal,
+    workflow_json,
+    workflow_prompt_parts,
+)
+
+OPTIMIZER_ROLE = "optimizer"
+
+# execute(prompt, seed files, workspace, out_dir, seed) -> status.json content (out_dir gets trace.jsonl, status.json)
+Execute = Callable[[str, dict, Path, Path, int], dict]
+
+OPTIMIZER_SYSTEM = """You are the workflow optimizer. A team of agents (one orchestrator that delegates to workers,
+all the same model) solves a task by following a workflow appended to the task prompt. Propose the next
+workflow: agents with a role, an instruction and an output contract (what the agent must return: files,
+metrics, errors, checks), and hops (who calls whom, in order, what comes back, and where a failed artifact
+goes for narrowed re-work). Learn from the feedback history and the evidence of the last workspace.
+Reply with one JSON object and nothing else:
+{"agents": [{"id": "orchestrator", "role": "...", "instruction": "...", "contract": "..."}, ...],
+ "hops": [{"caller": "orchestrator", "callee": "...", "returns": "...", "on_failure": "<agent id or null>"}]}
+Agent ids are lowercase letters, digits and dashes; the first agent is the orchestrator."""
+
+
+# ---------------------------------------------------------------- persisted state
+
+
+class Feedback(Closed):
+    iteration: int
+    result: Literal["initial", "new_elite", "elite_kept", "invalid_verdict", "proposal_failed"]
+    changes: list[str] = Field(default_factory=list, description="What changed against the previous workflow.")
+    rationale: str = ""
+    outcome: str | None = Field(default=None, description="Episode outcome of the rollout.")
+
+
+class IterationRecord(Closed):
+    k: int = Field(ge=0)
+    workflow: dict | None = Field(description="The workflow rolled out; null when the proposal failed.")
+    proposal_attempts: int = 0
+    proposal_errors: list[str] = Field(default_factory=list)
+    outcome: str | None = None
+    verdict: Verdict | None = Field(default=None, description="This rollout against the elite it challenged.")
+    preferred: bool = False
+    elite_after: int = Field(description="Iteration whose workflow is the elite after this one.")
+    reference_verdict: Verdict | None = Field(default=None, description="The elite against the bare reference.")
+
+
+class SearchState(Closed):
+    """`search/<task>/state.json`: elite, feedback history, beats_reference."""
+
+    task: str
+    gen: int
+    iterations_planned: int = Field(description="K of the spec when the state was written.")
+    reference_outcome: str | None = None
+    elite: int = Field(description="Iteration whose workflow and workspace are the elite.")
+    elite_workflow: dict
+    beats_reference: bool
+    feedback: list[Feedback]
+    iterations: list[IterationRecord]
+    done: bool = Field(description="True when iteration K is finished.")
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def derived_seed(*parts: Any) -> int:
+    """A stable 31-bit seed from the run seed and names (same on every machine and rerun)."""
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def episode_executor(spec, endpoint) -> Execute:
+    """The real rollout: `mass_jobs.harness.run_episode` with the spec's limits, sampling and harness."""
+
+    def execute(prompt: str, files: dict, workspace: Path, out_dir: Path, seed: int) -> dict:
+        from mass_jobs.harness import EpisodeInput, run_episode
+
+        inp = EpisodeInput(
+            prompt=prompt, endpoint=endpoint, limits=spec.execution.limits, sampling=spec.model.sampling,
+            harness=spec.execution.harness, seed=seed, files=dict(files),
+        )
+        return run_episode(inp, workspace, out_dir).status
+
+    return execute
+
+
+def rollout(store, prefix: str, execute: Execute, prompt: str, files: dict, seed: int) -> dict:
+    """Run one episode and persist prompt, workspace, trace and status under `prefix`; return status."""
+    with tempfile.TemporaryDirectory(prefix="mass-rollout-") as tmp:
+        workspace, out = Path(tmp) / "workspace", Path(tmp) / "out"
+        workspace.mkdir()
+        out.mkdir()
+        status = execute(prompt, files, workspace, out, seed)
+        store.put_bytes(f"{prefix}/prompt.txt", prompt.encode())
+        store.put_dir(f"{prefix}/workspace.tar.gz", workspace)
+        trace = out / "trace.jsonl"
+        store.put_bytes(f"{prefix}/trace.jsonl", trace.read_bytes() if trace.exists() else b"")
+        store.put_json(f"{prefix}/status.json", status)
+    return status
+
+
+def rollout_outputs(prefix: str) -> list[str]:
+    return [f"{prefix}/{n}" for n in ("prompt.txt", "workspace.tar.gz", "trace.jsonl", "status.json")]
+
+
+def stored_bundle(store, prefix: str, task: Task, max_bytes: int) -> str:
+    """The bounded view of a stored rollout's workspace (with its run notice)."""
+    status = store.get_json(f"{prefix}/status.json")
+    with tempfile.TemporaryDirectory(prefix="mass-bundle-") as tmp:
+        store.get_dir(f"{prefix}/workspace.tar.gz", tmp)
+        return bundle(Path(tmp), max_bytes, task.deliverables, status)
+
+
+def _get_json(store, key: str):
+    return store.get_json(key) if store.exists(key) else None
+
+
+# ---------------------------------------------------------------- the search
+
+
+class SearchError(RuntimeError):
+    pass
+
+
+class Search:
+    """The inner loop for one task of one generation; `run()` or `iteration(k)`."""
+
+    def __init__(self, ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute):
+        self.ctx, self.gen, self.client, self.execute = ctx, gen, client, execute
+        self.store = ctx.store
+        self.spec = ctx.spec
+        self.task = ctx.spec.task(task_id)
+        self.cfg = ctx.spec.search
+
+    # ------------------------------------------------------------ keys and state
+    def _iter(self, k: int) -> str:
+        return self.ctx.search_iter(self.gen, self.task.id, k)
+
+    def _step(self, k: int):
+        from mass_jobs.store import Step
+
+        inputs = {
+            "task": self.task.model_dump(mode="json"),
+            "k": k,
+            "search": self.cfg.model_dump(mode="json", exclude={"iterations"}),
+        }
+        return Step(self.store, self._iter(k), inputs, name=f"search/{self.task.id}/iter-{k}")
+
+    def state(self) -> SearchState | None:
+        doc = _get_json(self.store, self.ctx.search_state(self.gen, self.task.id))
+        return SearchState.model_validate(doc) if doc else None
+
+    def done_through(self) -> int:
+        """Highest k such that iterations 0..k are all finished (-1 when none)."""
+        k = -1
+        while k + 1 <= self.cfg.iterations and self._step(k + 1).done:
+            k += 1
+        return k
+
+    # ------------------------------------------------------------ entry points
+    def run(self) -> SearchState:
+        for k in range(self.cfg.iterations + 1):
+            self.iteration(k)
+        state = self.state()
+        assert state is not None
+        return state
+
+    def iteration(self, k: int) -> bool:
+        """Run iteration k (skipped when done); return whether another iteration follows."""
+        if not 0 <= k <= self.cfg.iterations:
+            raise SearchError(f"--iteration must be in 0..{self.cfg.iterations} (search.iterations), got {k}")
+        if self._step(k).done:
+            return k < self.cfg.iterations
+        if k > 0 and self.done_through() < k - 1:
+            raise SearchError(f"task {self.task.id}: iteration {k - 1} is not finished; run it first")
+        self._step(k).start()
+        record, outputs = self._initial() if k == 0 else self._propose_and_try(k)
+        self._save(k, record, outputs)
+        return k < self.cfg.iterations
+
+    # ------------------------------------------------------------ iteration 0
+    def _initial(self) -> tuple[IterationRecord, list[str]]:
+        ref = self.ctx.search_reference(self.gen, self.task.id)
+        it0 = self._iter(0)
+        if not self.store.exists(f"{ref}/status.json"):
+            bare = workflow_prompt_parts(self.task.prompt, None).text
+            rollout(self.store, ref, self.execute, bare, self.task.files, derived_seed(self.cfg.seed, self.task.id, "reference"))
+        wf = self.task.workflow or DEFAULT_WORKFLOW
+        status = self._rollout_once(0, wf)
+        record = IterationRecord(k=0, workflow=workflow_json(wf), outcome=status.get("outcome"), preferred=True,
+                                 elite_after=0, reference_verdict=self._versus_reference(0))
+        return record, rollout_outputs(ref) + rollout_outputs(it0) + [f"{it0}/workflow.json", f"{it0}/reference_verdict.json"]
+
+    def _rollout_once(self, k: int, wf: Workflow) -> dict:
+        prefix = self._iter(k)
+        self.store.put_json(f"{prefix}/workflow.json", workflow_json(wf))
+        if self.store.exists(f"{prefix}/status.json"):  # resumed after the rollout was stored
+            return self.store.get_json(f"{prefix}/status.json")
+        prompt = workflow_prompt_parts(self.task.prompt, wf).text
+        return rollout(self.store, prefix, self.execute, prompt, self.task.files, derived_seed(self.cfg.seed, self.task.id, k))
+
+    def _judge(self, key: str, k: int, x: tuple[str, str], y: tuple[str, str], salt: str) -> Verdict:
+        stored = _get_json(self.store, key)
+        if stored:
+            return Verdict.model_validate(stored)
+        rng = random.Random(derived_seed(self.cfg.seed, self.task.id, k, salt, "order"))
+        v = blind_judge(self.client, self.task.prompt, x, y, rng, retries=self.spec.ranking.verdict_retries,
+                        seed=derived_seed(self.cfg.seed, self.task.id, k, salt))
+        self.store.put_json(key, v.model_dump(mode="json"))
+        return v
+
+    def _versus_reference(self, k: int) -> Verdict:
+        ref = self.ctx.search_reference(self.gen, self.task.id)
+        cap = self.cfg.evidence_bytes
+        elite = (f"iter-{k}", stored_bundle(self.store, self._iter(k), self.task, cap))
+        reference = ("reference", stored_bundle(self.store, ref, self.task, cap))
+        return self._judge(f"{self._iter(k)}/reference_verdict.json", k, elite, reference, "reference")
+
+    # ------------------------------------------------------------ iterations 1..K
+    def _propose_and_try(self, k: int) -> tuple[IterationRecord, list[str]]:
+        state = self.state()
+        if state is None:
+            raise SearchError(f"task {self.task.id}: no search state; run iteration 0 first")
+        prefix = self._iter(k)
+        history = [r for r in state.iterations if r.k < k]
+        proposal = _get_json(self.store, f"{prefix}/proposal.json") or self._propose(k, state, history)
+        self.store.put_json(f"{prefix}/proposal.json", proposal)
+        outputs = [f"{prefix}/proposal.json"]
+        if proposal["workflow"] is None:
+            record = IterationRecord(k=k, workflow=None, proposal_attempts=proposal["attempts"],
+                                     proposal_errors=proposal["errors"], elite_after=state.elite)
+            return record, outputs
+        wf = Workflow.model_validate(proposal["workflow"])
+        status = self._rollout_once(k, wf)
+        outputs += rollout_outputs(prefix) + [f"{prefix}/workflow.json", f"{prefix}/verdict.json"]
+        cap = self.cfg.evidence_bytes
+        candidate = (f"iter-{k}", stored_bundle(self.store, prefix, self.task, cap))
+        elite = (f"iter-{state.elite}", stored_bundle(self.store, self._iter(state.elite), self.task, cap))
+        verdict = self._judge(f"{prefix}/verdict.json", k, candidate, elite, "elite")
+        preferred = verdict.valid and verdict.winner == f"iter-{k}"
+        ref_verdict = None
+        if preferred:
+            ref_verdict = self._versus_reference(k)
+            outputs.append(f"{prefix}/reference_verdict.json")
+        record = IterationRecord(
+            k=k, workflow=proposal["workflow"], proposal_attempts=proposal["attempts"],
+            proposal_errors=proposal["errors"], outcome=status.get("outcome"), verdict=verdict,
+            preferred=preferred, elite_after=k if preferred else state.elite, reference_verdict=ref_verdict,
+        )
+        return record, outputs
+
+    def _propose(self, k: int, state: SearchState, history: list[IterationRecord]) -> dict:
+        messages = [{"role": "system", "content": OPTIMIZER_SYSTEM},
+                    {"role": "user", "content": self._optimizer_brief(state, history)}]
+        errors: list[str] = []
+        for attempt in range(self.cfg.proposal_retries + 1):
+            reply = self.client.chat(messages, seed=derived_seed(self.cfg.seed, self.task.id, k, "proposal", attempt),
+                                     headers={"X-Mass-Role": OPTIMIZER_ROLE, "X-Mass-Agent": OPTIMIZER_ROLE})
+            content = reply.get("content") or ""
+            try:
+                wf = parse_proposal(content)
+            except WorkflowError as e:
+                errors.append(f"attempt {attempt + 1}: " + "; ".join(e.errors))
+                messages = messages[:2] + [
+                    {"role": "assistant", "content": content},
+                    {"role": "user", "content": "That proposal could not be used:\n" + "\n".join(e.errors)
+                     + "\nReply with the corrected workflow JSON object only."},
+                ]
+                continue
+            return {"workflow": workflow_json(wf), "attempts": attempt + 1, "errors": errors}
+        return {"workflow": None, "attempts": self.cfg.proposal_retries + 1, "errors": errors}
+
+    def _optimizer_brief(self, state: SearchState, history: list[IterationRecord]) -> str:
+        tried = [r for r in history if r.workflow is not None]
+        previous = tried[-1]
+        last_run = next(r for r in reversed(history) if r.outcome is not None)
+        lines = [f"TASK:\n{self.task.prompt}", "",
+                 f"PREVIOUS WORKFLOW (iteration {previous.k}):\n{json.dumps(previous.workflow, indent=1)}", "",
+                 f"ELITE WORKFLOW (iteration {state.elite}, best so far):\n{json.dumps(state.elite_workflow, indent=1)}",
+                 "", "FEEDBACK HISTORY (oldest first):"]
+        for f in state.feedback:
+            item = f"- iteration {f.iteration}: {f.result}"
+            if f.outcome:
+                item += f"; episode outcome {f.outcome}"
+            if f.changes:
+                item += f"; changes: {', '.join(f.changes)}"
+            if f.rationale:
+                item += f"; evaluator: {f.rationale}"
+            lines.append(item)
+        evidence = stored_bundle(self.store, self._iter(last_run.k), self.task, self.cfg.evidence_bytes)
+        lines += ["", f"EVIDENCE FROM THE LAST WORKSPACE (iteration {last_run.k}):", evidence, "",
+                  "Propose the next workflow as the JSON object."]
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------ state
+    def _save(self, k: int, record: IterationRecord, outputs: list[str]) -> None:
+        prev = self.state() if k > 0 else None
+        records = ([r for r in prev.iterations if r.k < k] if prev else []) + [record]
+        state = fold(self.task.id, self.gen, self.cfg.iterations, records,
+                     reference_outcome=_get_json(self.store, f"{self.ctx.search_reference(self.gen, self.task.id)}/status.json"))
+        key = self.ctx.search_state(self.gen, self.task.id)
+        self.store.put_json(key, state.model_dump(mode="json"))
+        self._step(k).finish(outputs, extra={"elite": state.elite, "beats_reference": state.beats_reference})
+
+
+def fold(task: str, gen: int, planned: int, records: list[IterationRecord], reference_outcome: dict | None) -> SearchState:
+    """The search state as a pure function of the iteration records (so a rerun rebuilds it exactly)."""
+    elite = records[0]
+    beats = bool(elite.reference_verdict and elite.reference_verdict.winner == "iter-0")
+    feedback = [Feedback(iteration=0, result="initial", changes=["initial version"], outcome=elite.outcome,
+                         rationale=elite.reference_verdict.rationale if elite.reference_verdict else "")]
+    last_wf = Workflow.model_validate(elite.workflow)
+    for r in records[1:]:
+        if r.workflow is None:
+            feedback.append(Feedback(iteration=r.k, result="proposal_failed", rationale="; ".join(r.proposal_errors)))
+            continue
+        wf = Workflow.model_validate(r.workflow)
+        changes = diff_workflows(last_wf, wf)
+        last_wf = wf
+        assert r.verdict is not None
+        result = "new_elite" if r.preferred else ("elite_kept" if r.verdict.valid else "invalid_verdict")
+        feedback.append(Feedback(iteration=r.k, result=result, changes=changes, rationale=r.verdict.rationale,
+                                 outcome=r.outcome))
+        if r.preferred:
+            elite = r
+            beats = bool(r.reference_verdict and r.reference_verdict.winner == f"iter-{r.k}")
+    assert elite.workflow is not None
+    return SearchState(
+        task=task, gen=gen, iterations_planned=planned,
+        reference_outcome=(reference_outcome or {}).get("outcome"), elite=elite.k, elite_workflow=elite.workflow,
+        beats_reference=beats, feedback=feedback, iterations=records, done=records[-1].k >= planned,
+    )
+
+
+def run_search(ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute,
+               iteration: int | None = None) -> dict:
+    """Library core used by `mass search` and the local runner: the whole loop, or one iteration."""
+    search = Search(ctx, gen, task_id, client, execute)
+    if iteration is None:
+        state = search.run()
+        return {"continue": False, "elite": state.elite, "beats_reference": state.beats_reference}
+    more = search.iteration(iteration)
+    state = search.state()
+    return {"continue": more, "next": iteration + 1 if more else None, "elite": state.elite if state else None,
+            "beats_reference": state.beats_reference if state else False}
