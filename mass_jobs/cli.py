@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("mass_jobs.commands.model", "model utilities: `mass model tiny --out DIR` builds the tiny test model"),
     "proxy": ("mass_jobs.commands.proxy", "recording proxy for an OpenAI-compatible server: one trace line per call"),
     "audit": ("mass_jobs.commands.audit", "behaviour audit per episode: delegation D, code handoff H, revisions"),
+    "render": ("mass_jobs.commands.render", "render SFT windows (`render sft`) or the Kubernetes YAML (`render argo`)"),
 }
 
 

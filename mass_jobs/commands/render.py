@@ -1,0 +1,70 @@
+"""`mass render <what>`: render artifacts from stored inputs; one sub-command per artifact.
+
+    mass render sft --spec examples/tiny.yaml --gen 0     SFT windows of generation 0
+Sub-commands are listed in SUBCOMMANDS as "module" or "module:attribute"; the target exposes
+`add_arguments(parser)` and `main(args) -> int`, and heavy imports stay inside `main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "sft": ("mass_jobs.commands.render:SftCommand", "masked SFT windows: <run>/gen-<g>/sft/{train,val}.jsonl"),
+}
+
+
+def _target(name: str):
+    module, _, attr = SUBCOMMANDS[name][0].partition(":")
+    mod = importlib.import_module(module)
+    return getattr(mod, attr) if attr else mod
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="render_what", metavar="WHAT", required=True)
+    for name, (_, help_text) in SUBCOMMANDS.items():
+        _target(name).add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+
+
+def main(args: argparse.Namespace) -> int:
+    return int(_target(args.render_what).main(args) or 0)
+
+
+class SftCommand:
+    """`mass render sft --spec S --gen G`"""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--spec", required=True, help="run spec: local path or s3:// URI")
+        parser.add_argument("--gen", type=int, required=True, help="generation whose collected episodes are rendered")
+        parser.add_argument("--work-dir", default=".mass-work", help="local cache for the model's tokenizer")
+
+    @staticmethod
+    def main(args: argparse.Namespace) -> int:
+        from pathlib import Path
+
+        from transformers import AutoTokenizer
+
+        from mass_jobs.context import RunContext
+        from mass_jobs.spec import SpecError, load_spec
+        from mass_jobs.steps.render_sft import RenderError, run_render
+        from mass_jobs.steps.train import parent_model_dir
+        from mass_jobs.store import open_store
+
+        try:
+            spec = load_spec(args.spec)
+        except SpecError as err:
+            print(err, file=sys.stderr)
+            return 2
+        ctx = RunContext(spec, open_store(spec.store))
+        where = spec.model.tokenizer or parent_model_dir(ctx, args.gen, Path(args.work_dir) / spec.name / "models")
+        try:
+            extra = run_render(ctx, args.gen, AutoTokenizer.from_pretrained(where))
+        except RenderError as err:
+            print(f"render sft: {err}", file=sys.stderr)
+            return 1
+        print(f"{extra['windows']} train windows {extra['windows_by_role']}, {extra['val_windows']} val windows, "
+              f"{extra['stored_supervised_tokens']} stored supervised tokens")
+        return 0

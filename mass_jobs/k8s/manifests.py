@@ -1,0 +1,161 @@
+"""Plain Kubernetes objects mass-jobs needs next to its WorkflowTemplates.
+
+ServiceAccounts, RBAC, the agent NetworkPolicy, the artifact-repository and semaphore
+ConfigMaps and Secret templates (keys only, never values). Written to `manifests/` and, with
+Helm placeholders, into the chart (`mass render argo --manifests DIR --chart DIR`).
+"""
+
+from __future__ import annotations
+
+from mass_jobs.k8s import labels as L
+from mass_jobs.k8s.settings import ClusterSettings
+
+EXECUTOR_SA = "mass-executor"  # Argo's wait/init containers and resource templates
+WORKFLOW_SA = "mass-workflow"  # main containers: no API rights, token not mounted
+MODEL_SA = "mass-model"  # KServe storage initializer: reads the model from S3
+ARTIFACT_REPOSITORIES = "artifact-repositories"
+ARTIFACT_KEY = "default-v1"
+SEMAPHORES = "mass-semaphores"
+GPU_SEMAPHORE_KEY = "gpu-jobs"
+AGENT_POLICY = "mass-agent-egress"
+S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+# The agent pods' step label: the NetworkPolicy selects on it.
+AGENT_STEP = "episode"
+MODEL_STEP = "serve"
+PREDICTOR_PORT = 8080  # container port behind the `<isvc>-predictor` Service (80)
+
+
+def _meta(name: str, settings: ClusterSettings, component: str, **extra) -> dict:
+    meta = {"name": name, "labels": L.object_labels(component, settings.chart), **extra}
+    if settings.namespace:
+        meta["namespace"] = settings.namespace
+    return meta
+
+
+def service_accounts(s: ClusterSettings) -> list[dict]:
+    def sa(name, component, **extra):
+        return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, s, component), **extra}
+
+    return [
+        sa(EXECUTOR_SA, "executor"),
+        # Workflow pods never see a token; Argo mounts the executor's into its own containers.
+        sa(WORKFLOW_SA, "workflow", automountServiceAccountToken=False),
+        sa(MODEL_SA, "model", automountServiceAccountToken=False, secrets=[{"name": s.s3_secret}]),
+        # With automountServiceAccountToken false Argo reads the executor token from this Secret.
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/service-account-token",
+            "metadata": _meta(f"{EXECUTOR_SA}.service-account-token", s, "executor",
+                              annotations={"kubernetes.io/service-account.name": EXECUTOR_SA}),
+        },
+    ]
+
+
+def rbac(s: ClusterSettings) -> list[dict]:
+    verbs = ["create", "get", "list", "watch", "patch", "delete"]
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(EXECUTOR_SA, s, "executor"),
+        "rules": [
+            {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
+            {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": verbs},
+            {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": verbs},
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(EXECUTOR_SA, s, "executor"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": EXECUTOR_SA},
+        "subjects": [{"kind": "ServiceAccount", "name": EXECUTOR_SA}],
+    }
+    return [role, binding]
+
+
+def agent_network_policy(s: ClusterSettings) -> dict:
+    """Agent pods: no ingress; egress to DNS, the model predictor, and what Argo's wait/init
+    containers need (kube-apiserver for task results, the S3 endpoint for artifacts)."""
+    dns_ports = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(AGENT_POLICY, s, "agent"),
+        "spec": {
+            "podSelector": {"matchLabels": {L.STEP: AGENT_STEP}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": [
+                {"to": [dict(p) for p in _dns_peers()], "ports": dns_ports},
+                {"to": [{"podSelector": {"matchLabels": {L.STEP: MODEL_STEP}}}],
+                 "ports": [{"port": PREDICTOR_PORT, "protocol": "TCP"}]},
+                {"to": _listish(s.api_server_peers), "ports": _listish(s.api_server_ports)},
+                {"to": _listish(s.s3_peers), "ports": _listish(s.s3_ports)},
+            ],
+        },
+    }
+
+
+def _dns_peers() -> list[dict]:
+    return [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
+
+
+def _listish(v):
+    return v if isinstance(v, str) else [dict(x) for x in v]
+
+
+def artifact_repositories(s: ClusterSettings) -> dict:
+    """The S3 artifact repository Argo uses for agent inputs/outputs (Argo reads its `data`)."""
+    import yaml
+
+    repo = {
+        "archiveLogs": True,
+        "s3": {
+            "bucket": s.bucket,
+            "endpoint": s.s3_endpoint,
+            "insecure": s.s3_insecure,
+            "region": s.s3_region,
+            "keyFormat": "argo-artifacts/{{workflow.name}}/{{pod.name}}",
+            "accessKeySecret": {"name": s.s3_secret, "key": S3_KEYS[0]},
+            "secretKeySecret": {"name": s.s3_secret, "key": S3_KEYS[1]},
+        },
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(ARTIFACT_REPOSITORIES, s, "artifacts",
+                          annotations={"workflows.argoproj.io/default-artifact-repository": ARTIFACT_KEY}),
+        "data": {ARTIFACT_KEY: yaml.safe_dump(repo, sort_keys=True, width=10**9)},
+    }
+
+
+def semaphores(s: ClusterSettings) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(SEMAPHORES, s, "semaphores"),
+            "data": {GPU_SEMAPHORE_KEY: s.gpu_jobs}}
+
+
+def secret_templates(s: ClusterSettings) -> list[dict]:
+    """Secrets with their keys and empty values: fill them out of band (kubectl, external-secrets)."""
+    s3 = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _meta(s.s3_secret, s, "credentials", annotations={
+            # KServe's storage initializer reads these from the Secret of the model's ServiceAccount.
+            "serving.kserve.io/s3-endpoint": s.s3_endpoint,
+            "serving.kserve.io/s3-usehttps": "0" if s.s3_insecure is True else "1" if s.s3_insecure is False
+            else '@helm(ternary "0" "1" .Values.s3.insecure | quote)@',
+            "serving.kserve.io/s3-region": s.s3_region,
+        }),
+        "stringData": {k: "" for k in S3_KEYS},
+    }
+    judges = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _meta(s.judge_secret, s, "credentials"),
+        "stringData": {s.judge_keys: ""} if isinstance(s.judge_keys, str) else {k: "" for k in s.judge_keys},
+    }
+    return [s3, judges]

@@ -1,0 +1,71 @@
+"""The InferenceService that serves one generation's model (KServe HuggingFace runtime, vLLM).
+
+Created by the `serve-model` resource template of `mass-cycle` and deleted by its exit handler;
+`manifests/inferenceservice-base.yaml` is the same object with example values.
+"""
+
+from __future__ import annotations
+
+from mass_jobs.k8s import labels as L
+from mass_jobs.k8s import pods
+from mass_jobs.k8s.manifests import MODEL_SA, MODEL_STEP
+from mass_jobs.k8s.settings import ClusterSettings
+
+# KServe webhook: InferenceService names must be DNS-1035 labels.
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+READY = "status.modelStatus.states.targetModelState == Loaded"
+# transitionStatus is UpToDate by default before loading, so only terminal failures count.
+FAILED = "status.modelStatus.transitionStatus in (BlockedByFailedLoad, InvalidSpec)"
+
+
+def isvc_name(run: str, gen: str) -> str:
+    return f"mass-{run}-g{gen}"
+
+
+def openai_base_url(name: str, namespace: str) -> str:
+    """KServe's OpenAI routes on the predictor Service (port 80, prefix /openai)."""
+    return f"http://{name}-predictor.{namespace}.svc.cluster.local/openai/v1"
+
+
+def inference_service(s: ClusterSettings, name: str, storage_uri: str, labels: dict[str, str]) -> dict:
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {
+            "name": name,
+            "labels": dict(labels),
+            "annotations": {
+                # Standard (raw Deployment) mode: no Knative needed, no scale-to-zero mid-run.
+                "serving.kserve.io/deploymentMode": "Standard",
+            },
+        },
+        "spec": {
+            "predictor": {
+                "minReplicas": 1,
+                "maxReplicas": 1,
+                "serviceAccountName": MODEL_SA,
+                "labels": dict(labels),
+                "securityContext": pods.pod_security_context(),
+                "model": {
+                    "modelFormat": {"name": "huggingface"},
+                    "runtime": "kserve-huggingfaceserver",
+                    "storageUri": storage_uri,
+                    "image": s.images.server,
+                    "args": [
+                        f"--model_name={name}",
+                        "--backend=vllm",
+                        "--enable-auto-tool-choice",
+                        f"--tool-call-parser={s.tool_call_parser}",
+                        "--reasoning-parser=qwen3",
+                        f"--max-model-len={s.max_model_len}",
+                    ],
+                    "resources": pods.resources(s.server, s),
+                    "securityContext": {**pods.container_security_context(), "readOnlyRootFilesystem": False},
+                },
+            }
+        },
+    }
+
+
+def example_labels() -> dict[str, str]:
+    return {L.RUN: "demo", L.GENERATION: "0", L.TASK: "", L.STEP: MODEL_STEP, L.EPISODE: "", **L.PART_OF}

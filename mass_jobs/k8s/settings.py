@@ -1,0 +1,150 @@
+"""Cluster settings the generated objects depend on, and their Helm counterparts.
+
+`ClusterSettings()` holds the defaults written to `argo/` and `manifests/`. `helm_settings()`
+returns the same structure whose leaves are Helm placeholders (`helm(...)`), so the chart
+templates come from the very same builders; `yamlio.helmify` turns the placeholders into
+`{{ ... }}` actions after the YAML is dumped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+def helm(expr: str) -> str:
+    """A scalar that becomes the Helm action `{{ expr }}` in chart templates."""
+    return f"@helm({expr})@"
+
+
+def helm_yaml(expr: str) -> str:
+    """A value that becomes `{{- toYaml expr | nindent N }}` (lists and maps from values)."""
+    return f"@helm-yaml({expr})@"
+
+
+def helm_block(expr: str) -> str:
+    """A mapping key whose line becomes `{{- expr | nindent N }}` (merged label blocks)."""
+    return f"@helm-block({expr})@"
+
+
+@dataclass(frozen=True)
+class Images:
+    jobs: str = "ghcr.io/mass-jobs/jobs:0.1.0"
+    sandbox: str = "ghcr.io/mass-jobs/sandbox:0.1.0"
+    trainer: str = "ghcr.io/mass-jobs/trainer:0.1.0"
+    server: str = "kserve/huggingfaceserver:v0.20.0-gpu"
+    pull_policy: str = "IfNotPresent"
+
+
+@dataclass(frozen=True)
+class Pod:
+    cpu: str
+    memory: str
+    gpu: str = "0"
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    # Object names are fixed (one install per namespace) so `argo submit --from
+    # workflowtemplate/mass-cycle` and the RBAC below never depend on a release name.
+    namespace: str | None = None
+    images: Images = field(default_factory=Images)
+    bucket: str = "mass-jobs"
+    s3_endpoint: str = "s3.amazonaws.com"
+    s3_insecure: bool = False
+    s3_region: str = "us-east-1"
+    s3_secret: str = "mass-s3-credentials"
+    judge_secret: str = "mass-judge-keys"
+    judge_keys: tuple | str = ("JUDGE_API_KEY",)  # env names the spec's judges read (api_key_env)
+    gpu_resource: str = "nvidia.com/gpu"
+    gpu_jobs: str = "2"  # semaphore: GPU jobs (PyTorchJobs) running at once
+    agent: Pod = Pod(cpu="1", memory="2Gi")
+    step: Pod = Pod(cpu="1", memory="4Gi")
+    merge: Pod = Pod(cpu="4", memory="64Gi")
+    server: Pod = Pod(cpu="8", memory="64Gi", gpu="1")
+    trainer: Pod = Pod(cpu="8", memory="64Gi", gpu="2")
+    trainer_workers: int | str = 2  # Worker replicas besides the one Master
+    max_model_len: str = "32768"
+    tool_call_parser: str = "hermes"
+    agent_deadline_s: str = "4200"  # > the default episode wall_s (3600): the harness times out first
+    schedules: tuple[str, ...] = ("0 3 * * 1",)
+    cron_timezone: str = "UTC"
+    cron_suspend: bool = True
+    cron_spec: str = "s3://mass-jobs/specs/nightly.yaml"
+    cron_run: str = "nightly"
+    api_server_peers: tuple | str = ()
+    api_server_ports: tuple | str = ()
+    s3_peers: tuple | str = ()
+    s3_ports: tuple | str = ()
+    chart: bool = False  # True only for helm_settings(): builders add the chart's labels block
+
+    def __post_init__(self):
+        for name, default in (("api_server_peers", API_SERVER_PEERS), ("api_server_ports", API_SERVER_PORTS),
+                              ("s3_peers", S3_PEERS), ("s3_ports", S3_PORTS)):
+            if getattr(self, name) == ():
+                object.__setattr__(self, name, default)
+
+
+DNS_PEERS = (
+    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+     "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},
+)
+# The wait/init containers of an agent pod talk to the kube-apiserver (task results) and to S3
+# (artifacts); NetworkPolicies see endpoint IPs after Service NAT, so these are CIDRs to set
+# per cluster (`kubectl get endpoints kubernetes`, the S3/MinIO endpoint address).
+API_SERVER_PEERS = ({"ipBlock": {"cidr": "10.96.0.1/32"}},)
+API_SERVER_PORTS = ({"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"})
+S3_PEERS = ({"ipBlock": {"cidr": "10.0.0.0/8"}},)
+S3_PORTS = ({"port": 443, "protocol": "TCP"}, {"port": 9000, "protocol": "TCP"})
+
+
+def helm_settings() -> ClusterSettings:
+    """Settings whose leaves read `.Values` (see charts/mass-jobs/values.yaml)."""
+    v = ".Values"
+    return replace(
+        ClusterSettings(),
+        namespace=helm('include "mass-jobs.namespace" . | quote'),
+        images=Images(
+            jobs=helm(f"{v}.images.jobs | quote"),
+            sandbox=helm(f"{v}.images.sandbox | quote"),
+            trainer=helm(f"{v}.images.trainer | quote"),
+            server=helm(f"{v}.images.server | quote"),
+            pull_policy=helm(f"{v}.images.pullPolicy | quote"),
+        ),
+        bucket=helm(f"{v}.s3.bucket | quote"),
+        s3_endpoint=helm(f"{v}.s3.endpoint | quote"),
+        s3_insecure=helm(f"{v}.s3.insecure"),
+        s3_region=helm(f"{v}.s3.region | quote"),
+        s3_secret=helm(f"{v}.s3.secretName | quote"),
+        judge_secret=helm(f"{v}.judges.secretName | quote"),
+        judge_keys=helm_block('include "mass-jobs.judgeKeys" .'),
+        gpu_resource=helm(f"{v}.gpu.resourceName | quote"),
+        gpu_jobs=helm(f"{v}.gpu.concurrentJobs | quote"),
+        agent=_helm_pod("agent"),
+        step=_helm_pod("step"),
+        merge=_helm_pod("merge"),
+        server=_helm_pod("server", gpu=True),
+        trainer=_helm_pod("trainer", gpu=True),
+        trainer_workers=helm(f"{v}.resources.trainer.workers"),
+        max_model_len=helm(f"{v}.model.maxModelLen | quote"),
+        tool_call_parser=helm(f"{v}.model.toolCallParser | quote"),
+        agent_deadline_s=helm(f"{v}.agent.activeDeadlineSeconds | quote"),
+        schedules=helm_yaml(f"{v}.cron.schedules"),
+        cron_timezone=helm(f"{v}.cron.timezone | quote"),
+        cron_suspend=helm(f"{v}.cron.suspend"),
+        cron_spec=helm(f"{v}.cron.spec | quote"),
+        cron_run=helm(f"{v}.cron.run | quote"),
+        api_server_peers=helm_yaml(f"{v}.network.apiServer.to"),
+        api_server_ports=helm_yaml(f"{v}.network.apiServer.ports"),
+        s3_peers=helm_yaml(f"{v}.network.s3.to"),
+        s3_ports=helm_yaml(f"{v}.network.s3.ports"),
+        chart=True,
+    )
+
+
+def _helm_pod(name: str, gpu: bool = False) -> Pod:
+    r = f".Values.resources.{name}"
+    return Pod(
+        cpu=helm(f"{r}.cpu | quote"),
+        memory=helm(f"{r}.memory | quote"),
+        gpu=helm(f"{r}.gpu | quote") if gpu else "0",
+    )
