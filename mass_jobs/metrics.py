@@ -247,8 +247,13 @@ def processed_tokens(log: Iterable[Mapping], selected_step: int | None) -> dict:
     return {"to_selected": upto if selected_step is not None else None, "to_end": end}
 
 
-def search_coverage(first_beat: Mapping[str, int | None], iterations: int) -> list[int]:
-    """Tasks whose elite beat the bare reference by iteration k, for k = 0..iterations.
+def search_coverage(beats_by_iteration: Mapping[str, list[bool]], iterations: int) -> list[int]:
+    """Tasks whose elite beat the bare reference after iteration k, for k = 0..iterations.
 
-    `first_beat[task]` is the first iteration whose elite beat the reference (None: never)."""
-    return [sum(1 for it in first_beat.values() if it is not None and it <= k) for k in range(iterations + 1)]
+    `beats_by_iteration[task][k]` says whether the elite held after iteration k beat the reference
+    (runs are not monotone: a new elite may lose to the reference); a task that stopped early keeps
+    its last value."""
+    counts = []
+    for k in range(iterations + 1):
+        counts.append(sum(1 for flags in beats_by_iteration.values() if flags and flags[min(k, len(flags) - 1)]))
+    return counts

@@ -103,4 +103,6 @@ def test_audit_rates_tokens_and_coverage():
            {"step": 3, "processed_tokens": 370}]
     assert metrics.processed_tokens(log, selected_step=2) == {"to_selected": 230, "to_end": 370}
     assert metrics.processed_tokens(log, selected_step=None) == {"to_selected": None, "to_end": 370}
-    assert metrics.search_coverage({"a": 0, "b": 2, "c": None, "d": 5}, iterations=3) == [1, 1, 2, 2]
+    beats = {"a": [True, True, True, True], "b": [False, False, True, False], "c": [False] * 4, "d": [False, True]}
+    assert metrics.search_coverage(beats, iterations=3) == [1, 2, 3, 2]
+    assert metrics.search_coverage({}, iterations=1) == [0, 0]

@@ -1,0 +1,272 @@
+"""The embedded OpenAI-compatible model server: `transformers serve`, plus the few things it lacks.
+
+`ModelServer(model_dir)` runs `mass serve` as a child process on 127.0.0.1 (a free port), waits for
+`/health`, exposes `.endpoint` (a `mass_jobs.llm.Endpoint`), and stops the process group on exit:
+
+    with ModelServer(model_dir, served_name="tiny") as srv:
+        client = ModelClient(srv.endpoint, sampling)
+
+The app is transformers' own (`transformers.cli.serving`): chat completions streaming and not,
+`<think>` -> `reasoning_content` and `<tool_call>` -> `tool_calls` through its response parser
+(picked by `model_type`, so any Qwen3 checkpoint and the tiny model parse the same way), and
+`GET /health`. `MassChatHandler` adds only what it lacks; see its docstring.
+
+Run: `mass serve --model DIR [--port P] [--host 127.0.0.1] [--served-name NAME]`
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# Sampling knobs our clients send that transformers' chat route rejects as "Unexpected fields".
+EXTRA_SAMPLING = {"top_k": int, "min_p": float, "repetition_penalty": float}
+
+
+def invalid_request_reason(body) -> str | None:
+    """Why a chat-completions body is unusable, or None. transformers serve answers these with a
+    500 (KeyError/TypeError deep in message conversion); clients must get a 400 they can act on."""
+    if not isinstance(body, dict):
+        return "request body must be a JSON object"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty list of message objects"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            return f"messages[{i}] must be an object, got {type(m).__name__}"
+        if m.get("role") not in ROLES:
+            return f"messages[{i}].role must be one of {sorted(ROLES)}, got {m.get('role')!r}"
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            return f"messages[{i}].content must be a string, a list of parts or null"
+        if isinstance(content, list) and not all(isinstance(p, dict) and "type" in p for p in content):
+            return f"messages[{i}].content parts must be objects with a 'type'"
+        calls = m.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            return f"messages[{i}].tool_calls must be a list"
+        for j, call in enumerate(calls or []):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                return f"messages[{i}].tool_calls[{j}].function.name must be a string"
+            args = fn.get("arguments", "{}")
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    return f"messages[{i}].tool_calls[{j}].function.arguments is not valid JSON"
+            if not isinstance(args, dict):
+                return f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON object"
+    tools = body.get("tools")
+    if tools is not None and (
+        not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools)
+    ):
+        return "'tools' must be a list of {'type': 'function', 'function': {...}} objects"
+    bias = body.get("logit_bias")
+    if bias is not None and not (
+        isinstance(bias, dict)
+        and all(str(k).isdigit() and isinstance(v, (int, float)) and -100 <= v <= 100 for k, v in bias.items())
+    ):
+        return "'logit_bias' must map token ids to numbers in [-100, 100]"
+    for key in EXTRA_SAMPLING:
+        if body.get(key) is not None and not isinstance(body[key], (int, float)):
+            return f"'{key}' must be a number"
+    return None
+
+
+def make_chat_handler_class():
+    from fastapi import HTTPException
+    from transformers.cli.serving.chat_completion import ChatCompletionHandler
+
+    class MassChatHandler(ChatCompletionHandler):
+        """transformers' chat handler with five additions, each missing upstream (5.24):
+
+        - malformed bodies get a 400 naming the field (upstream: 500 from a KeyError/TypeError);
+        - integer `logit_bias` values work (upstream: 500, its processor accepts only floats);
+        - the model answers to `served_name` (upstream only accepts the path it was started with);
+        - `top_k`, `min_p`, `repetition_penalty` are honoured (upstream rejects them with 422);
+        - assistant `reasoning_content` in the history reaches the chat template (upstream drops
+          it), so the prompt matches how training renders multi-step tool use.
+        """
+
+        served_name: str = ""
+
+        def _validate_request(self, body: dict) -> None:
+            reason = invalid_request_reason(body)
+            if reason:
+                raise HTTPException(status_code=400, detail=reason)
+            super()._validate_request({k: v for k, v in body.items() if k not in EXTRA_SAMPLING})
+
+        def _resolve_model(self, body: dict):
+            requested = body.get("model")
+            if requested not in (None, "", self.served_name, self.model_manager.force_model):
+                raise HTTPException(status_code=404, detail=f"model {requested!r} not served here; use {self.served_name!r}")
+            body["model"] = None
+            _model_id, model, processor = super()._resolve_model(body)
+            return self.served_name, model, processor
+
+        def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
+            if body.get("logit_bias"):  # upstream passes JSON ints on; its logits processor demands floats (500)
+                body["logit_bias"] = {k: float(v) for k, v in body["logit_bias"].items()}
+            config = super()._build_generation_config(body, model_generation_config, use_cb=use_cb)
+            for key, kind in EXTRA_SAMPLING.items():
+                if body.get(key) is not None:
+                    setattr(config, key, kind(body[key]))
+            return config
+
+        def get_processor_inputs_from_messages(self, messages: list[dict], modality) -> list[dict]:
+            converted = ChatCompletionHandler.get_processor_inputs_from_messages(messages, modality)
+            for original, out in zip(messages, converted):
+                if original.get("role") == "assistant" and isinstance(original.get("reasoning_content"), str):
+                    out["reasoning_content"] = original["reasoning_content"]
+            return converted
+
+        async def handle_request(self, body: dict, request_id: str):
+            import jinja2
+
+            try:
+                return await super().handle_request(body, request_id)
+            except jinja2.TemplateError as exc:  # e.g. the template's raise_exception on a bad turn order
+                raise HTTPException(status_code=400, detail=f"chat template rejected the messages: {exc}") from exc
+
+    return MassChatHandler
+
+
+def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "auto"):
+    """The FastAPI app: transformers' server wired as `transformers serve MODEL` wires it, with our
+    chat handler. Loads the model before returning, so `/health` is only up once it can answer."""
+    from fastapi.responses import JSONResponse
+    from transformers.cli.serving.completion import CompletionHandler
+    from transformers.cli.serving.model_manager import ModelManager
+    from transformers.cli.serving.response import ResponseHandler
+    from transformers.cli.serving.server import build_server
+    from transformers.cli.serving.systemone import SystemOneHandler
+    from transformers.cli.serving.transcription import TranscriptionHandler
+    from transformers.cli.serving.utils import GenerationState
+
+    manager = ModelManager(device=device, dtype=dtype, force_model=str(model_dir))
+    state = GenerationState()
+    chat = make_chat_handler_class()(model_manager=manager, generation_state=state)
+    chat.served_name = served_name
+    app = build_server(
+        manager,
+        chat,
+        completion_handler=CompletionHandler(model_manager=manager, generation_state=state),
+        response_handler=ResponseHandler(model_manager=manager, generation_state=state),
+        transcription_handler=TranscriptionHandler(manager, state),
+        systemone_handler=SystemOneHandler(model_manager=manager, generation_state=state),
+        generation_state=state,
+    )
+    # Upstream lists the model under its load path; clients should see the name they must send.
+    app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) != "/v1/models"]
+
+    @app.get("/v1/models")
+    def list_models():
+        return JSONResponse({"object": "list", "data": [{"id": served_name, "object": "model", "owned_by": "local", "created": 0}]})
+
+    return app
+
+
+def default_served_name(location) -> str:
+    return Path(str(location).rstrip("/")).name or "model"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ModelServer:
+    """`mass serve` as a child process for the duration of a `with` block."""
+
+    def __init__(
+        self,
+        model_dir,
+        port: int | None = None,
+        served_name: str | None = None,
+        *,
+        host: str = "127.0.0.1",
+        device: str = "auto",
+        dtype: str = "auto",
+        startup_timeout_s: float = 180.0,
+        log_path: str | os.PathLike | None = None,
+    ):
+        self.model_dir = str(model_dir)
+        self.host = host
+        self.port = port
+        self.served_name = served_name or default_served_name(model_dir)
+        self.device, self.dtype = device, dtype
+        self.startup_timeout_s = startup_timeout_s
+        self.log_path = Path(log_path) if log_path else None
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def endpoint(self):
+        from mass_jobs.llm import Endpoint
+
+        return Endpoint(base_url=f"{self.base_url}/v1", model=self.served_name)
+
+    def start(self) -> ModelServer:
+        import httpx
+
+        if self.port is None:
+            self.port = free_port(self.host)
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="mass-serve-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        cmd = [
+            sys.executable, "-m", "mass_jobs.cli", "serve", "--model", self.model_dir, "--host", self.host,
+            "--port", str(self.port), "--served-name", self.served_name, "--device", self.device, "--dtype", self.dtype,
+        ]  # fmt: skip
+        with open(self.log_path, "ab") as log:
+            # Own process group: stop() can end uvicorn and any worker threads' children together.
+            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"model server exited with code {self.process.returncode} before it was healthy:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(f"model server not healthy after {self.startup_timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            proc.wait()
+
+    def log_tail(self, n_bytes: int = 4000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_bytes()[-n_bytes:].decode("utf-8", "replace")
+
+    def __enter__(self) -> ModelServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,151 @@
+"""The report from a hand-built store: every number checked against hand computation, the schema
+checked in matches the models, and a rebuild gives identical bytes."""
+
+import json
+
+import pytest
+
+from mass_jobs.context import RunContext
+from mass_jobs.spec import validate_document
+from mass_jobs.steps import report as rp
+from mass_jobs.store import FileStore, read_manifest
+
+RUN = "rep"
+
+
+def spec(store_dir):
+    task = lambda i, split: {"id": i, "split": split, "prompt": f"do {i}"}  # noqa: E731
+    return validate_document({
+        "name": RUN, "model": {"base": "m"}, "generations": 2,
+        "tasks": [task("a", "train"), task("b", "train"), task("t", "test")],
+        "search": {"iterations": 2},
+        "evaluation": {"rollouts_per_task": 2, "bootstrap": 200},
+        "judges": [{"name": "j1", "endpoint": "http://127.0.0.1:9/v1", "model": "judge", "seeds": [1, 2]}],
+        "store": {"uri": f"file://{store_dir}"},
+    })
+
+
+def put_verdict(store, cand, base, task, rep, judge, seed, result, kind="panel"):
+    # result from the candidate's side; stored as a blind label + order like the panel writes it
+    order = "candidate_first" if seed % 2 else "baseline_first"
+    cand_label, base_label = ("A", "B") if order == "candidate_first" else ("B", "A")
+    winner = {"win": cand_label, "loss": base_label, "tie": "tie", "invalid": None}[result]
+    rec = {"task": task, "replicate": rep, "candidate": cand, "baseline": base, "judge": judge, "kind": kind,
+           "model": judge, "seed": seed, "order": order, "winner": winner, "valid": result != "invalid",
+           "rationale": None if result == "invalid" else "because", "attempts": 1,
+           "errors": ["format: no JSON"] if result == "invalid" else []}
+    store.put_json(f"{RUN}/eval/verdicts/gen-{cand}-vs-gen-{base}/{task}/rep-{rep}/{kind}-{judge}-seed-{seed}.json", rec)
+
+
+@pytest.fixture
+def built(tmp_path):
+    store = FileStore(tmp_path / "s")
+    ctx = RunContext(spec(tmp_path / "s"), store)
+    V = lambda *a, **k: put_verdict(store, *a, **k)  # noqa: E731
+    # L1 vs L0 -- a: rep0 win,win  rep1 loss,tie | b: rep0 win,invalid | t: rep0 loss,loss
+    V(1, 0, "a", 0, "j1", 1, "win"); V(1, 0, "a", 0, "j1", 2, "win")  # noqa: E702
+    V(1, 0, "a", 1, "j1", 1, "loss"); V(1, 0, "a", 1, "j1", 2, "tie")  # noqa: E702
+    V(1, 0, "b", 0, "j1", 1, "win"); V(1, 0, "b", 0, "j1", 2, "invalid")  # noqa: E702
+    V(1, 0, "t", 0, "j1", 1, "loss"); V(1, 0, "t", 0, "j1", 2, "loss")  # noqa: E702
+    # L2 vs L0 -- a: win, win | t: win
+    V(2, 0, "a", 0, "j1", 1, "win"); V(2, 0, "a", 0, "j1", 2, "win"); V(2, 0, "t", 0, "j1", 1, "win")  # noqa: E702
+    # self verdicts: L1 agrees on (a,0) and (b,0), disagrees on (a,1), invalid on (t,0); L0 disagrees on (a,0)
+    for task, rep, res in (("a", 0, "win"), ("a", 1, "win"), ("b", 0, "win"), ("t", 0, "invalid")):
+        V(1, 0, task, rep, "gen-1", 0, res, kind="self")
+    V(1, 0, "a", 0, "gen-0", 0, "loss", kind="self")
+    for g in (1, 2):
+        store.put_json(f"{RUN}/eval/gen-{g}/_manifest.json", {"step": "e", "input_hash": "x", "outputs": {}, "extra": {}})
+    # bare-prompt rollouts: audits and token counts
+    for g, task, d, h, tok in ((0, "a", False, False, 10), (0, "t", True, False, 20),
+                               (1, "a", True, True, 30), (1, "t", True, False, 40)):
+        store.put_json(f"{RUN}/eval/gen-{g}/{task}/rep-0/audit.json", {"delegation": d, "code_handoff": h})
+        store.put_json(f"{RUN}/eval/gen-{g}/{task}/rep-0/status.json", {"tokens": {"completion": tok, "prompt": 1}})
+    store.put_json(f"{RUN}/gen-0/collect/a/ep-0/status.json", {"tokens": {"completion": 7}})
+    store.put_json(f"{RUN}/gen-0/search/a/iter-0/status.json", {"tokens": {"completion": 5}})
+    # search: a's elite beats the reference at 0, then a new elite that does not; b's beats at 1
+    ref = lambda w: {"valid": True, "winner": w}  # noqa: E731
+    store.put_json(f"{RUN}/gen-0/search/a/state.json", {"beats_reference": False, "iterations": [
+        {"k": 0, "preferred": False, "reference_verdict": ref("iter-0")},
+        {"k": 1, "preferred": True, "reference_verdict": ref("reference")},
+        {"k": 2, "preferred": False, "reference_verdict": None}]})
+    store.put_json(f"{RUN}/gen-0/search/b/state.json", {"beats_reference": True, "iterations": [
+        {"k": 0, "preferred": False, "reference_verdict": ref("reference")},
+        {"k": 1, "preferred": True, "reference_verdict": ref("iter-1")}]})
+    store.put_json(f"{RUN}/gen-0/guard/a.json", {"episodes": [{"episode": 0, "pass": True, "reasons": []},
+                                                             {"episode": 1, "pass": False, "reasons": ["missing fib.py"]}]})
+    store.put_json(f"{RUN}/gen-0/sft/stats.json", {"stored_supervised_tokens": 555})
+    log = [{"kind": "train", "step": s, "loss": 2.0 - 0.1 * s, "processed_tokens": 100 * s} for s in (1, 2, 3)]
+    log += [{"kind": "val", "step": 2, "val_loss": 1.5}, {"kind": "train", "step": 3, "loss": 1.7, "processed_tokens": 300},
+            {"kind": "train", "step": 4, "loss": 1.6, "processed_tokens": 400}, {"kind": "val", "step": 4, "val_loss": 1.7}]
+    store.put_bytes(f"{RUN}/gen-0/train/log.jsonl", "".join(json.dumps(x) + "\n" for x in log).encode() + b'{"torn')
+    store.put_json(f"{RUN}/gen-0/select.json", {"step": 2})
+    return ctx
+
+
+def test_report_numbers_by_hand(built):
+    doc = rp.write_report(built)
+    ws = {(w["candidate"], w["baseline"], w["split"]): w for w in doc["win_share"]}
+    assert set(ws) == {(1, 0, "train"), (1, 0, "test"), (1, 0, "all"), (2, 0, "train"), (2, 0, "test"), (2, 0, "all")}
+    tr = ws[(1, 0, "train")]
+    assert (tr["wins"], tr["losses"], tr["ties"], tr["invalid"]) == (3, 1, 1, 1) and tr["win_share"] == 0.75
+    assert tr["per_task"]["a"]["win_share"] == pytest.approx(2 / 3) and tr["per_task"]["b"]["win_share"] == 1.0
+    assert tr["per_task"]["a"]["ci"] == pytest.approx([0.207658, 0.938510], abs=1e-5)  # Wilson 2 of 3
+    assert ws[(1, 0, "test")]["win_share"] == 0.0 and ws[(1, 0, "all")]["win_share"] == 0.5
+    assert ws[(2, 0, "all")]["win_share"] == 1.0 and ws[(2, 0, "all")]["ci"] == [1.0, 1.0]
+    lo, hi = ws[(1, 0, "all")]["ci"]
+    assert 0.0 <= lo < 0.5 < hi <= 1.0
+    assert doc["verdicts"] == {"panel": {"total": 11, "valid": 10, "invalid": 1},
+                               "self": {"total": 5, "valid": 4, "invalid": 1}}
+    assert doc["invalid_verdicts"] == [{"candidate": 1, "baseline": 0, "task": "b", "replicate": 0, "judge": "j1",
+                                        "seed": 2, "errors": ["format: no JSON"]}]
+    agree = {a["evaluator"]: a for a in doc["agreement"]}
+    assert agree[1] == {"evaluator": 1, "agree": 2, "pairs": 3, "rate": pytest.approx(2 / 3)}
+    assert agree[0] == {"evaluator": 0, "agree": 0, "pairs": 1, "rate": 0.0}
+    audit = {(a["generation"], a["split"]): a for a in doc["audit"]}
+    assert audit[(0, "all")]["delegation"] == 1 and audit[(0, "all")]["code_handoff"] == 0
+    assert audit[(1, "all")]["delegation_rate"] == 1.0 and audit[(1, "all")]["code_handoff_rate"] == 0.5
+    assert audit[(1, "test")]["episodes"] == 1 and audit[(1, "test")]["code_handoff"] == 0
+    tokens = {t["generation"]: t for t in doc["tokens"]}
+    assert tokens[0] == {"generation": 0, "generated_search": 5, "generated_collect": 7, "generated_eval": 30,
+                         "generated_total": 42, "stored_supervised": 555, "processed_to_selected": 200,
+                         "processed_to_end": 400}
+    assert tokens[1]["generated_eval"] == 70 and tokens[1]["stored_supervised"] is None
+    assert doc["search"] == [{"generation": 0, "iterations": 2, "tasks": 2, "coverage": [1, 1, 1],
+                              "beats_reference": {"a": False, "b": True}}]
+    assert doc["guard_vetoes"] == [{"generation": 0, "task": "a", "episode": "1", "reasons": ["missing fib.py"]}]
+    t0 = doc["training"][0]
+    assert t0["selected_step"] == 2 and t0["val_loss"] == [[2, 1.5], [4, 1.7]]
+    assert t0["train_loss"] == [[1, 1.9], [2, 1.8], [3, 1.7], [4, 1.6]]  # step 3 logged twice: the later line wins
+    assert doc["evaluated"] == [1, 2] and doc["tasks"] == {"train": ["a", "b"], "test": ["t"]}
+
+
+def test_report_files_schema_and_rebuild(built):
+    store = built.store
+    doc = rp.write_report(built)
+    files = store.list(f"{RUN}/report/")
+    assert sorted(k.rsplit("/", 1)[1] for k in files) == sorted(doc["files"] + ["_manifest.json"])
+    for png in rp.PLOTS:
+        assert store.get_bytes(f"{RUN}/report/{png}")[:8] == b"\x89PNG\r\n\x1a\n"
+    md = store.get_bytes(f"{RUN}/report/report.md").decode()
+    assert "| L1 vs L0 | train | 3 | 1 | 1 | 1 | 75.0% |" in md and "missing fib.py" in md
+    assert json.loads(store.get_bytes(f"{RUN}/report/report.json")) == doc
+    assert set(read_manifest(store, f"{RUN}/report")["outputs"]) == {f"{RUN}/report/{f}" for f in doc["files"]}
+    before = {k: store.get_bytes(k) for k in files}
+    rp.write_report(built)
+    assert {k: store.get_bytes(k) for k in files} == before  # identical bytes, plots included
+
+
+def test_schema_file_is_generated_and_rejects_unknown_keys(built):
+    assert json.loads(rp.SCHEMA_PATH.read_text()) == rp.report_schema()
+    doc = rp.build_report(built)
+    rp.validate_report(doc)
+    with pytest.raises(ValueError, match="win_sharee"):
+        rp.validate_report({**doc, "win_sharee": []})
+    with pytest.raises(ValueError, match=r"\$\.win_share\.0\.wins"):
+        rp.validate_report({**doc, "win_share": [{**doc["win_share"][0], "wins": "3"}]})
+
+
+def test_empty_store_still_reports(tmp_path):
+    ctx = RunContext(spec(tmp_path / "s"), FileStore(tmp_path / "s"))
+    doc = rp.write_report(ctx)
+    assert doc["win_share"] == [] and doc["evaluated"] == [] and doc["verdicts"]["panel"]["total"] == 0

@@ -1,0 +1,212 @@
+"""The embedded server (`transformers serve` + MassChatHandler) with the tiny model, via the official openai client.
+
+The tiny model's weights are random, so output text is only checked for shape and determinism. Tool-call
+and reasoning parsing is proven end to end by forcing the generation: a `sequence_bias` (sent through the
+server's `generation_config` request field) makes greedy decoding emit one known assistant turn, which the
+server must split into reasoning_content, content and tool_calls, streaming and not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+import pytest
+
+from mass_jobs.llm import Endpoint
+from mass_jobs.serve import ModelServer
+from mass_jobs.tiny import SPECIAL_TOKENS
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    }
+]
+ASK = [{"role": "user", "content": "What is in a.txt?"}]
+FORCED = (
+    "<think>\nI will read it.\n</think>\n\nLet me look.\n"
+    '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tool_call><|im_end|>'
+)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    with ModelServer(tiny_model_dir, served_name="tiny", device="cpu") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.endpoint.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def no_special_tokens(tokenizer) -> dict:
+    """logit_bias that keeps random output to plain text of a fixed length (no eos, no markup)."""
+    return {str(tokenizer.convert_tokens_to_ids(t)): -100 for t in SPECIAL_TOKENS}
+
+
+def forcing_config(tokenizer, messages, tools, text: str) -> str:
+    """A generation_config making greedy decoding emit exactly `text` after the prompt: each target
+    token gets +100 when everything before it (from the 'assistant\\n' header on) is already there."""
+    prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, return_dict=True)
+    anchor = prompt["input_ids"][-3:]  # <|im_start|> assistant \n
+    target = tokenizer(text, add_special_tokens=False)["input_ids"]
+    bias = [[anchor + target[: k + 1], 100.0] for k in range(len(target))]
+    return json.dumps(
+        {
+            "sequence_bias": bias,
+            "do_sample": False,
+            "eos_token_id": [tokenizer.eos_token_id],
+            "pad_token_id": tokenizer.pad_token_id,
+        }
+    )
+
+
+def test_health_models_and_endpoint(server):
+    assert httpx.get(f"{server.base_url}/health").json() == {"status": "ok"}
+    assert [m["id"] for m in httpx.get(f"{server.base_url}/v1/models").json()["data"]] == ["tiny"]
+    assert server.endpoint == Endpoint(base_url=f"http://127.0.0.1:{server.port}/v1", model="tiny")
+
+
+def sampled(tokenizer, seed: int) -> dict:
+    return dict(
+        model="tiny", messages=ASK, max_tokens=6, temperature=1.0, seed=seed,
+        logit_bias=no_special_tokens(tokenizer), extra_body={"top_k": 50},
+    )  # fmt: skip
+
+
+def test_non_streaming_chat_is_seeded_with_exact_usage(client, tokenizer):
+    first, again, other = (client.chat.completions.create(**sampled(tokenizer, s)) for s in (7, 7, 8))
+    prompt_len = len(tokenizer.apply_chat_template(ASK, add_generation_prompt=True, return_dict=True)["input_ids"])
+    assert (first.usage.prompt_tokens, first.usage.completion_tokens) == (prompt_len, 6)
+    assert first.choices[0].finish_reason == "length"
+    assert first.choices[0].message.role == "assistant" and first.model == "tiny"
+    assert first.choices[0].message.content.strip()
+    assert first.choices[0].message.content == again.choices[0].message.content
+    assert first.choices[0].message.content != other.choices[0].message.content
+    # top_k (not an OpenAI field, added by MassChatHandler) is applied: top_k=1 ignores the seed.
+    top1 = [
+        client.chat.completions.create(**{**sampled(tokenizer, s), "extra_body": {"top_k": 1}}).choices[0].message.content
+        for s in (7, 8)
+    ]
+    assert top1[0] == top1[1]
+
+
+def test_streaming_chunks_reassemble_to_the_non_streaming_answer(client, tokenizer):
+    whole = client.chat.completions.create(**sampled(tokenizer, 7)).choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, **sampled(tokenizer, 7)))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert streamed.strip() == whole.strip() and len(chunks) >= 4
+    assert chunks[-1].usage.completion_tokens == 6
+
+
+def test_forced_tool_call_is_parsed_into_reasoning_content_and_tool_calls(client, tokenizer):
+    config = forcing_config(tokenizer, ASK, TOOLS, FORCED)
+    resp = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=TOOLS, max_tokens=64, extra_body={"generation_config": config}
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me look."
+    assert choice.message.model_extra["reasoning_content"] == "I will read it."
+    [call] = choice.message.tool_calls
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == ("function", "read_file", {"path": "a.txt"})
+    assert resp.usage.completion_tokens == len(tokenizer(FORCED, add_special_tokens=False)["input_ids"])
+
+
+def test_forced_tool_call_streams_as_deltas(client, tokenizer):
+    config = forcing_config(tokenizer, ASK, TOOLS, FORCED)
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=ASK, tools=TOOLS, max_tokens=64, stream=True, extra_body={"generation_config": config}
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks]
+    reasoning = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+    content = "".join(d.content or "" for d in deltas)
+    calls = [tc for d in deltas for tc in (d.tool_calls or [])]
+    # Upstream streams the whitespace around </think> that the non-streaming parser strips.
+    assert (reasoning.strip(), content.strip()) == ("I will read it.", "Let me look.")
+    assert [(tc.index, tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [
+        (0, "read_file", {"path": "a.txt"})
+    ]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tools_and_history_reasoning_reach_the_prompt(client, tokenizer):
+    history = ASK + [
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "The file may be long so I read it whole.",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "hello"},
+    ]
+    resp = client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, max_tokens=1)
+    local = tokenizer.apply_chat_template(history, tools=TOOLS, add_generation_prompt=True, return_dict=True)
+    without_reasoning = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in history]
+    shorter = tokenizer.apply_chat_template(without_reasoning, tools=TOOLS, add_generation_prompt=True, return_dict=True)
+    assert resp.usage.prompt_tokens == len(local["input_ids"])
+    assert len(shorter["input_ids"]) < resp.usage.prompt_tokens
+
+
+@pytest.mark.parametrize(
+    "body, status, needle",
+    [
+        pytest.param("{not json", 422, "JSON decode error", id="bad-json"),
+        pytest.param({"model": "tiny"}, 400, "'messages' must be a non-empty list", id="missing-messages"),
+        pytest.param({"messages": "hi"}, 400, "'messages' must be a non-empty list", id="messages-not-list"),
+        pytest.param({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role", id="bad-role"),
+        pytest.param({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", id="bad-content"),
+        pytest.param(
+            {"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{x"}}]}]},
+            400, "arguments is not valid JSON", id="bad-tool-arguments",
+        ),  # fmt: skip
+        pytest.param({"messages": ASK, "tools": [{"type": "function"}]}, 400, "'tools' must be", id="bad-tools"),
+        pytest.param({"messages": ASK, "logit_bias": {"x": 1}}, 400, "'logit_bias' must map", id="bad-logit-bias"),
+        pytest.param({"model": "other", "messages": ASK}, 404, "not served here", id="unknown-model"),
+        pytest.param({"messages": ASK, "bogus": 1}, 422, "Unexpected fields", id="unknown-field"),
+    ],
+)
+def test_malformed_requests_get_4xx_and_the_server_survives(server, body, status, needle):
+    content = body if isinstance(body, str) else json.dumps(body)
+    resp = httpx.post(
+        f"{server.base_url}/v1/chat/completions", content=content, headers={"content-type": "application/json"}, timeout=30
+    )
+    assert resp.status_code == status, resp.text
+    assert needle in resp.text
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+
+
+def test_server_stops_cleanly_and_reports_a_failed_start(tiny_model_dir, tmp_path):
+    srv = ModelServer(tiny_model_dir, device="cpu")
+    assert srv.served_name == tiny_model_dir.name
+    with srv:
+        pid = srv.process.pid
+        assert httpx.get(f"{srv.base_url}/health").status_code == 200
+    assert srv.process is None
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{srv.base_url}/health", timeout=2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+    with pytest.raises(RuntimeError, match="exited with code 2 before it was healthy(.|\\n)*no such directory"):
+        ModelServer(tmp_path / "missing-model", device="cpu", startup_timeout_s=60).start()
