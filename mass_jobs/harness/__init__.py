@@ -1,0 +1,240 @@
+"""Agent episodes: one prompt, one workspace, one model endpoint -> workspace + trace + status.
+
+`run_episode(EpisodeInput(...), workspace, out_dir)` seeds the workspace, starts a RecordingProxy in
+front of the endpoint (every model call of the episode lands in `out_dir/trace.jsonl`), runs the
+chosen harness (`builtin`: the Python orchestrator/worker runtime; `qwen-code`: the npm CLI) and
+writes `out_dir/status.json`, validated against schemas/episode-status.schema.json. It never raises
+for what a model or endpoint does: those end as a classified outcome. Run one episode in a pod or
+locally with `mass episode --in DIR --out DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from mass_jobs.llm import Endpoint
+from mass_jobs.models import Closed, EpisodeLimits, Sampling
+
+OUTCOMES = ("success", "failed", "loop_detected", "timeout", "infra_error")
+HARNESSES = ("builtin", "qwen-code")
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "episode-status.schema.json"
+
+
+@dataclass
+class EpisodeInput:
+    prompt: str
+    endpoint: Endpoint
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    sampling: Sampling = field(default_factory=Sampling)
+    harness: str = "builtin"
+    seed: int | None = None
+    files: dict[str, str] = field(default_factory=dict)  # seed files: workspace-relative path -> text
+
+
+@dataclass
+class EpisodeResult:
+    outcome: str
+    reason: str
+    status: dict[str, Any]  # the content of status.json
+    workspace: Path
+    trace_path: Path
+    status_path: Path
+    final_report: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "success"
+
+
+@dataclass
+class HarnessOutcome:
+    """What a harness hands back to `run_episode`, which adds timings and writes status.json."""
+
+    outcome: str
+    reason: str
+    counts: dict[str, int]
+    tokens: dict[str, int]
+    network_isolated: bool
+    sandbox_note: str
+    final_report: str = ""
+
+
+class EpisodeEndpointFile(Closed):
+    base_url: str = Field(min_length=1, description="OpenAI-compatible API root, e.g. http://host:8000/v1.")
+    model: str = Field(min_length=1)
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class EpisodeFile(Closed):
+    """`episode.json` of `mass episode --in DIR` (what an agent pod receives besides DIR/workspace/)."""
+
+    prompt: str = Field(min_length=1)
+    endpoint: EpisodeEndpointFile
+    limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
+    sampling: Sampling = Field(default_factory=Sampling)
+    harness: Literal["builtin", "qwen-code"] = "builtin"
+    seed: int | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+def load_episode_file(path: Path) -> EpisodeInput:
+    """Parse and validate episode.json; ValueError names each bad field."""
+    from pydantic import ValidationError
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read episode JSON: {exc}") from None
+    try:
+        f = EpisodeFile.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"$.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ValueError(f"{path}: invalid episode file:\n" + "\n".join(lines)) from None
+    return EpisodeInput(
+        prompt=f.prompt,
+        endpoint=Endpoint(f.endpoint.base_url, f.endpoint.model, f.endpoint.api_key_env),
+        limits=f.limits,
+        sampling=f.sampling,
+        harness=f.harness,
+        seed=f.seed,
+        files=dict(f.files),
+    )
+
+
+def episode_file_json(inp: EpisodeInput) -> dict[str, Any]:
+    """The episode.json document for `inp` (what a step writes for an agent pod)."""
+    ep = inp.endpoint
+    return EpisodeFile(
+        prompt=inp.prompt,
+        endpoint=EpisodeEndpointFile(base_url=ep.base_url, model=ep.model, api_key_env=ep.api_key_env),
+        limits=inp.limits,
+        sampling=inp.sampling,
+        harness=inp.harness,
+        seed=inp.seed,
+        files=inp.files,
+    ).model_dump(mode="json")
+
+
+@lru_cache(maxsize=1)
+def status_validator():
+    from jsonschema import Draft202012Validator
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def validate_status(status: dict[str, Any]) -> None:
+    """Raise ValueError naming every field of `status` that breaks the episode-status schema."""
+    errors = sorted(status_validator().iter_errors(status), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"$.{'.'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in errors]
+        raise ValueError("status.json does not match episode-status.schema.json:\n" + "\n".join(lines))
+
+
+def seed_workspace(workspace: Path, files: dict[str, str]) -> None:
+    from mass_jobs.sandbox import resolve_in_workspace
+
+    workspace.mkdir(parents=True, exist_ok=True)
+    for relpath, text in sorted(files.items()):
+        path = resolve_in_workspace(workspace, relpath)  # a seed file may not escape either
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path) -> EpisodeResult:
+    """One episode; see the module docstring. Bad input (unknown harness, escaping seed file) raises ValueError."""
+    from mass_jobs.proxy import RecordingProxy
+
+    if inp.harness not in HARNESSES:
+        raise ValueError(f"harness: expected one of {', '.join(HARNESSES)}, got {inp.harness!r}")
+    workspace, out_dir = Path(workspace), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seed_workspace(workspace, inp.files)
+    trace_path = out_dir / "trace.jsonl"
+    trace_path.unlink(missing_ok=True)
+    started = time.monotonic()
+    with RecordingProxy(upstream=inp.endpoint, trace_path=trace_path, timeout_s=inp.limits.request_timeout_s) as proxy:
+        if inp.harness == "builtin":
+            result = _run_builtin(inp, proxy.endpoint, workspace)
+        else:
+            from mass_jobs.harness.qwen_code import run_qwen_code
+
+            result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path)
+    status = {
+        "outcome": result.outcome,
+        "reason": result.reason,
+        "harness": inp.harness,
+        "counts": result.counts,
+        "tokens": result.tokens,
+        "timings": {"wall_s": round(time.monotonic() - started, 3)},
+        "sandbox": {"network_isolated": result.network_isolated, "note": result.sandbox_note},
+    }
+    validate_status(status)
+    status_path = out_dir / "status.json"
+    status_path.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
+    return EpisodeResult(
+        outcome=result.outcome,
+        reason=result.reason,
+        status=status,
+        workspace=workspace,
+        trace_path=trace_path,
+        status_path=status_path,
+        final_report=result.final_report,
+    )
+
+
+def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path) -> HarnessOutcome:
+    from mass_jobs.harness.builtin import BuiltinHarness
+
+    harness = BuiltinHarness(endpoint, workspace, inp.limits, inp.sampling, seed=inp.seed)
+    try:
+        outcome, reason, report = harness.run(inp.prompt)
+    except Exception as exc:  # a harness bug must still leave a classified status.json behind
+        outcome, reason, report = "infra_error", f"harness error: {type(exc).__name__}: {exc}", ""
+    t = harness.tally
+    if t.shell_calls:
+        isolated = bool(t.network_isolated)
+        note = f"{t.shell_calls} shell command(s) ran sandboxed; network {'isolated' if isolated else 'NOT isolated'}"
+    else:
+        isolated, note = _sandbox_capability()
+    return HarnessOutcome(
+        outcome=outcome,
+        reason=reason,
+        counts={
+            "turns": t.turns,
+            "tool_calls": t.tool_calls,
+            "delegations": t.delegations,
+            "agents": t.agents,
+            "tool_errors": t.tool_errors,
+        },
+        tokens={"prompt": t.prompt_tokens, "completion": t.completion_tokens},
+        network_isolated=isolated,
+        sandbox_note=note,
+        final_report=report,
+    )
+
+
+def _sandbox_capability() -> tuple[bool, str]:
+    """No shell command ran, so no isolation was observed; say so rather than guess."""
+    return False, "no shell command ran; network isolation not observed"
+
+
+__all__ = [
+    "EpisodeInput",
+    "EpisodeResult",
+    "EpisodeFile",
+    "HarnessOutcome",
+    "OUTCOMES",
+    "episode_file_json",
+    "load_episode_file",
+    "run_episode",
+    "validate_status",
+]
