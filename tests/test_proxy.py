@@ -241,3 +241,27 @@ def test_assembler_handles_split_bytes_crlf_and_reasoning_alias():
         ("b", "g", '{"y": 2}'),
     ]
     assert rec["finish_reason"] == "tool_calls" and asm.saw_done and asm.bad_events == 0
+
+
+def test_mass_proxy_command_records_until_interrupted(scripted_endpoint, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    ep = scripted_endpoint({"*": [REASONED]})
+    trace = tmp_path / "cli.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mass_jobs.cli", "proxy", "--upstream", ep.base_url, "--model", "scripted",
+         "--trace", str(trace)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        base_url = line.split(" on ")[1].split(" into ")[0]
+        r = httpx.post(base_url + "/chat/completions", json=body(False), timeout=10)
+        assert r.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+    [rec] = records(trace)
+    assert rec["response"]["message"]["content"] == REASONED.content
