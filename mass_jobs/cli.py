@@ -18,10 +18,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("mass_jobs.commands.model", "model utilities: `mass model tiny --out DIR` builds the tiny test model"),
     "proxy": ("mass_jobs.commands.proxy", "recording proxy for an OpenAI-compatible server: one trace line per call"),
     "episode": ("mass_jobs.commands.episode", "run one agent episode: --in DIR (episode.json, workspace/) --out DIR"),
-    "episode": ("mass_jobs.commands.episode", "run one agent episode: --in DIR (episode.json, workspace/) --out DIR"),
     "audit": ("mass_jobs.commands.audit", "behaviour audit per episode: delegation D, code handoff H, revisions"),
     "serve": ("mass_jobs.commands.serve", "serve a model over the OpenAI chat API (transformers serve) until Ctrl-C"),
     "render": ("mass_jobs.commands.render", "render SFT windows (`render sft`) or the Kubernetes YAML (`render argo`)"),
+    "search": ("mass_jobs.commands.search", "workflow search of one task: the whole inner loop, or one --iteration"),
+    "collect": ("mass_jobs.commands.collect", "teacher episodes of the elite workflow (one --episode; Argo --phase)"),
+    "guard": ("mass_jobs.commands.guard", "deterministic guard verdicts (outputs, protected paths, metrics, checks)"),
+    "rank": ("mass_jobs.commands.rank", "pairwise self-verdicts, Bradley-Terry, train/val episode manifest"),
 }
 
 

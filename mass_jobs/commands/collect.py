@@ -1,0 +1,43 @@
+"""`mass collect --spec S --gen G --task T [--episode I [--phase prepare|ingest]]`: teacher episodes.
+
+Without --episode every missing episode runs here (execution.concurrency at once) and the task's
+summary is written. `--episode I` runs one episode here; with `--phase prepare` it only writes the
+agent pod's input (needs --endpoint: the model the pod will call), with `--phase ingest` it checks
+and stores the pod's output. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+from mass_jobs.commands.search import add_common, add_model, model_endpoint, open_run, run_guarded
+
+
+def add_arguments(parser) -> None:
+    add_common(parser)
+    add_model(parser)
+    parser.add_argument("--episode", type=int, help="only this episode index (0..collection.episodes-1)")
+    parser.add_argument("--phase", choices=["prepare", "ingest"], help="Argo: around an agent pod (needs --episode)")
+
+
+def main(args) -> int:
+    def go() -> int:
+        from mass_jobs.llm import Endpoint
+        from mass_jobs.steps.collect import run_collect
+        from mass_jobs.steps.search import episode_executor
+
+        if args.phase and args.episode is None:
+            raise ValueError("--phase needs --episode")
+        spec, ctx = open_run(args)
+        if args.phase:
+            endpoint = (Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None)
+            out = run_collect(ctx, args.gen, args.task, None, episode=args.episode, phase=args.phase, endpoint=endpoint)
+        else:
+            with contextlib.ExitStack() as stack:
+                endpoint = stack.enter_context(model_endpoint(args, ctx))
+                out = run_collect(ctx, args.gen, args.task, episode_executor(spec, endpoint), episode=args.episode)
+        print(json.dumps(out, sort_keys=True, default=str))
+        return 0
+
+    return run_guarded(go)

@@ -1,0 +1,199 @@
+"""Guards (beyond the paper): deterministic checks that veto teacher episodes from ranking and SFT.
+
+    mass guard --spec S --gen G --task T
+
+Per task the spec may declare required outputs (must exist), protected paths (byte-identical after
+the episode: the collect step hashes them in the seeded workspace before the episode starts),
+metrics (numbers in named JSON files: finite and within declared bounds) and check commands (run
+sandboxed in the workspace, must exit 0). An episode that fails any guard is vetoed whatever the
+self-evaluator would say; episodes whose outcome was not `success` are ineligible. Both, with every
+reason, are written to `gen-<g>/guard/<task>.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from mass_jobs.context import RunContext
+from mass_jobs.models import CheckCommand, Closed, Guards
+
+# run_check(command, workspace) -> (exit code, short description when it failed)
+RunCheck = Callable[[CheckCommand, Path], tuple[int, str]]
+
+
+class EpisodeGuard(Closed):
+    outcome: str | None
+    eligible: bool = Field(description="The episode ended with outcome 'success'.")
+    passed: bool = Field(description="Every guard passed.")
+    reasons: list[str] = Field(default_factory=list, description="Why it is ineligible or vetoed.")
+
+    @property
+    def usable(self) -> bool:
+        return self.eligible and self.passed
+
+
+class GuardReport(Closed):
+    task: str
+    gen: int
+    skipped: bool = False
+    episodes: dict[str, EpisodeGuard] = Field(default_factory=dict)
+    vetoed: list[str] = Field(default_factory=list, description="Episodes that failed a guard.")
+    usable: list[str] = Field(default_factory=list, description="Eligible episodes that passed every guard.")
+
+
+# ---------------------------------------------------------------- hashing protected paths
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def hash_protected(workspace: Path, paths: list[str]) -> dict[str, dict[str, str]]:
+    """{protected path: {file under it: sha256}}; an absent path maps to {} and must stay absent."""
+    from mass_jobs.sandbox import resolve_in_workspace
+
+    out: dict[str, dict[str, str]] = {}
+    for rel in paths:
+        target = resolve_in_workspace(workspace, rel)
+        files: dict[str, str] = {}
+        if target.is_file():
+            files[rel] = _sha(target)
+        elif target.is_dir():
+            for f in sorted(target.rglob("*")):
+                if f.is_file() or f.is_symlink():
+                    files[f.relative_to(workspace).as_posix()] = _sha(f) if f.is_file() and not f.is_symlink() else "symlink"
+        out[rel] = files
+    return out
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def _lookup(doc: Any, dotted: str) -> Any:
+    cur = doc
+    for part in dotted.split("."):
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+        else:
+            raise KeyError(part)
+    return cur
+
+
+def check_workspace(
+    guards: Guards,
+    workspace: Path,
+    protected_before: dict[str, dict[str, str]],
+    run_check: RunCheck | None = None,
+) -> list[str]:
+    """Every guard violation of a finished workspace (empty list: all passed)."""
+    reasons: list[str] = []
+    for rel in guards.required_outputs:
+        if not (workspace / rel).exists():
+            reasons.append(f"required output missing: {rel}")
+    after = hash_protected(workspace, guards.protected_paths)
+    for rel in guards.protected_paths:
+        before = protected_before.get(rel)
+        if before is None:
+            reasons.append(f"protected path {rel}: no hash recorded before the episode")
+        elif after[rel] != before:
+            changed = sorted(k for k in set(before) | set(after[rel]) if before.get(k) != after[rel].get(k))
+            reasons.append(f"protected path modified: {', '.join(changed)}")
+    docs: dict[str, Any] = {}
+    for m in guards.metrics:
+        where = f"metric {m.file}:{m.key}"
+        if m.file not in docs:
+            path = workspace / m.file
+            try:
+                docs[m.file] = json.loads(path.read_text()) if path.is_file() else None
+            except (ValueError, UnicodeDecodeError) as e:
+                docs[m.file] = e
+        doc = docs[m.file]
+        if doc is None:
+            reasons.append(f"{where}: file missing")
+            continue
+        if isinstance(doc, Exception):
+            reasons.append(f"{where}: file is not JSON ({doc})")
+            continue
+        try:
+            value = _lookup(doc, m.key)
+        except KeyError:
+            reasons.append(f"{where}: key missing")
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            reasons.append(f"{where}: expected a number, found {json.dumps(value)[:60]}")
+        elif not math.isfinite(value):
+            reasons.append(f"{where}: not finite ({value})")
+        elif m.min is not None and value < m.min:
+            reasons.append(f"{where}: {value} is below the minimum {m.min}")
+        elif m.max is not None and value > m.max:
+            reasons.append(f"{where}: {value} is above the maximum {m.max}")
+    for check in guards.checks:
+        if run_check is None:
+            raise ValueError("check commands are declared but no check runner was given")
+        code, detail = run_check(check, workspace)
+        if code != 0:
+            reasons.append(f"check {check.name} failed (exit {code}){': ' + detail if detail else ''}")
+    return reasons
+
+
+def sandbox_checker(limits) -> RunCheck:
+    """Run check commands with the sandbox of agent shell calls (scrubbed env, rlimits, no network)."""
+
+    def run(check: CheckCommand, workspace: Path) -> tuple[int, str]:
+        from mass_jobs.sandbox import SandboxLimits, run_sandboxed
+
+        res = run_sandboxed(check.command, workspace, SandboxLimits.from_episode_limits(limits, timeout_s=check.timeout_s))
+        if res.timed_out:
+            return (res.exit_code if res.exit_code not in (0, None) else 124), f"timed out after {check.timeout_s:g}s"
+        tail = (res.stderr or res.stdout or "").strip()[-300:]
+        return res.exit_code if res.exit_code is not None else 1, tail
+
+    return run
+
+
+# ---------------------------------------------------------------- the step
+
+
+def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | None = None) -> GuardReport:
+    """Guard every collected episode of a task; write guard/<task>.json (skipped when done)."""
+    from mass_jobs.store import Step
+
+    task = ctx.spec.task(task_id)
+    store = ctx.store
+    summary_key = ctx.collect_summary(gen, task_id)
+    if not store.exists(summary_key):
+        raise FileNotFoundError(f"task {task_id}: no collection summary at {summary_key}; run `mass collect` first")
+    summary = store.get_json(summary_key)
+    key = ctx.guard(gen, task_id)
+    step = Step(store, key.removesuffix(".json"), {"guards": task.guards.model_dump(mode="json"),
+                                                   "collect": store.sha256(summary_key)}, name=f"guard/{task_id}")
+    if step.done:
+        return GuardReport.model_validate(store.get_json(key))
+    step.start()
+    if run_check is None and task.guards.checks:
+        run_check = sandbox_checker(ctx.spec.execution.limits)
+    report = GuardReport(task=task_id, gen=gen, skipped=summary.get("skipped", False))
+    for ep in summary.get("episodes", []):
+        prefix = f"{ctx.collect(gen, task_id)}/{ep['id']}"
+        outcome = ep.get("outcome")
+        reasons = [] if outcome == "success" else [f"episode outcome {outcome}: {ep.get('reason', '')}".strip()]
+        with tempfile.TemporaryDirectory(prefix="mass-guard-") as tmp:
+            store.get_dir(f"{prefix}/workspace.tar.gz", tmp)
+            violations = check_workspace(task.guards, Path(tmp), store.get_json(f"{prefix}/protected.json"), run_check)
+        report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=outcome == "success",
+                                                 passed=not violations, reasons=reasons + violations)
+    report.vetoed = [e for e, g in report.episodes.items() if not g.passed]
+    report.usable = [e for e, g in report.episodes.items() if g.usable]
+    store.put_json(key, report.model_dump(mode="json"))
+    step.finish([key], extra={"vetoed": len(report.vetoed), "usable": len(report.usable)})
+    return report
