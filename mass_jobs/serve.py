@@ -69,6 +69,20 @@ def invalid_request_reason(body) -> str | None:
         not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools)
     ):
         return "'tools' must be a list of {'type': 'function', 'function': {...}} objects"
+    for key in ("max_tokens", "max_completion_tokens", "seed"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or (key != "seed" and value < 1)):
+            return f"'{key}' must be {'an integer' if key == 'seed' else 'a positive integer'}"
+    for key in ("temperature", "top_p", "frequency_penalty"):
+        if body.get(key) is not None and not isinstance(body[key], (int, float)):
+            return f"'{key}' must be a number"
+    config = body.get("generation_config")
+    if config is not None:
+        try:
+            if not isinstance(json.loads(config), dict):
+                raise ValueError
+        except (TypeError, ValueError):
+            return "'generation_config' must be a string holding a JSON object"
     bias = body.get("logit_bias")
     if bias is not None and not (
         isinstance(bias, dict)

@@ -182,6 +182,8 @@ def test_tools_and_history_reasoning_reach_the_prompt(client, tokenizer):
         ),  # fmt: skip
         pytest.param({"messages": ASK, "tools": [{"type": "function"}]}, 400, "'tools' must be", id="bad-tools"),
         pytest.param({"messages": ASK, "logit_bias": {"x": 1}}, 400, "'logit_bias' must map", id="bad-logit-bias"),
+        pytest.param({"messages": ASK, "max_tokens": 0}, 400, "'max_tokens' must be a positive integer", id="bad-max-tokens"),
+        pytest.param({"messages": ASK, "generation_config": "{x"}, 400, "'generation_config' must be", id="bad-gen-config"),
         pytest.param({"model": "other", "messages": ASK}, 404, "not served here", id="unknown-model"),
         pytest.param({"messages": ASK, "bogus": 1}, 422, "Unexpected fields", id="unknown-field"),
     ],
