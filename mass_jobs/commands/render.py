@@ -1,6 +1,7 @@
 """`mass render <what>`: render artifacts from stored inputs; one sub-command per artifact.
 
     mass render sft --spec examples/tiny.yaml --gen 0     SFT windows of generation 0
+    mass render argo --out argo/                          Argo YAML (mass_jobs/k8s/render_command.py)
 Sub-commands are listed in SUBCOMMANDS as "module" or "module:attribute"; the target exposes
 `add_arguments(parser)` and `main(args) -> int`, and heavy imports stay inside `main`.
 """
@@ -13,6 +14,7 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("mass_jobs.commands.render:SftCommand", "masked SFT windows: <run>/gen-<g>/sft/{train,val}.jsonl"),
+    "argo": ("mass_jobs.k8s.render_command", "Argo WorkflowTemplates + CronWorkflow (--manifests, --chart: the rest)"),
 }
 
 

@@ -125,8 +125,8 @@ def helm_settings() -> ClusterSettings:
         server=_helm_pod("server", gpu=True),
         trainer=_helm_pod("trainer", gpu=True),
         trainer_workers=helm(f"{v}.resources.trainer.workers"),
-        max_model_len=helm(f"{v}.model.maxModelLen | quote"),
-        tool_call_parser=helm(f"{v}.model.toolCallParser | quote"),
+        max_model_len=helm(f"{v}.model.maxModelLen"),  # inside an argument string: no quote
+        tool_call_parser=helm(f"{v}.model.toolCallParser"),
         agent_deadline_s=helm(f"{v}.agent.activeDeadlineSeconds | quote"),
         schedules=helm_yaml(f"{v}.cron.schedules"),
         cron_timezone=helm(f"{v}.cron.timezone | quote"),

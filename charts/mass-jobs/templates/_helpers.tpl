@@ -1,0 +1,30 @@
+{{/* Chart name, truncated to 63 characters (a label value). */}}
+{{- define "mass-jobs.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* name-version for the helm.sh/chart label. */}}
+{{- define "mass-jobs.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Standard labels of every object (app.kubernetes.io/part-of and component come with each object). */}}
+{{- define "mass-jobs.labels" -}}
+helm.sh/chart: {{ include "mass-jobs.chart" . }}
+app.kubernetes.io/name: {{ include "mass-jobs.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Namespace of every object: .Values.namespace, else the release namespace. */}}
+{{- define "mass-jobs.namespace" -}}
+{{- default .Release.Namespace .Values.namespace | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Judge key Secret data: every key named, every value empty. */}}
+{{- define "mass-jobs.judgeKeys" -}}
+{{- $keys := dict }}
+{{- range .Values.judges.keys }}{{- $_ := set $keys . "" }}{{- end }}
+{{- toYaml $keys }}
+{{- end }}
