@@ -1,0 +1,327 @@
+"""Evaluate generation G: bare-prompt rollouts, the judge panel and the self-evaluator.
+
+    mass evaluate --spec S --gen G
+
+1. Rollouts: every task (train AND test) is run `evaluation.rollouts_per_task` times on its BARE
+   prompt (no workflow, no directive) by L_G and by each baseline (L_0 and L_{G-1}). Replicate r of a
+   task uses the same seed in every generation, so pairs are matched. A generation's rollouts live
+   at `<run>/eval/gen-<h>/<task>/rep-<r>/`, each behind its own Step manifest: they are made once and
+   reused by every later comparison (L_1's rollouts serve "L_2 vs L_1" too).
+2. Panel: every judge of `spec.judges` x each of its seeds gives a blind verdict on every pair
+   (L_G rep r vs baseline rep r), stored one object per verdict under `<run>/eval/verdicts/`.
+3. Self-evaluator: the generation's own model judges the same pairs once (L_0 too when G = 1), so
+   the report can show its agreement with the panel majority.
+
+Evaluation is reporting only: nothing here is read by search, ranking, rendering, training or
+checkpoint selection, and test tasks appear only here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ContextManager
+
+from mass_jobs.context import RunContext
+from mass_jobs.models import Judge, RunSpec, Task
+
+ROLLOUT_FILES = ("workspace.tar.gz", "trace.jsonl", "status.json", "audit.json")
+
+# gen -> a context manager serving that generation's model (yields an Endpoint)
+ServeModel = Callable[[int], ContextManager[Any]]
+# judge -> a context manager yielding an Endpoint for it ('local' judges get a server here)
+ServeJudge = Callable[[Judge], ContextManager[Any]]
+Progress = Callable[[str, dict], None]
+
+
+def verdict_prefix(ctx: RunContext) -> str:
+    return f"{ctx.run}/eval/verdicts"
+
+
+def rollout_prefix(ctx: RunContext, g: int, task: str, rep: int) -> str:
+    return f"{ctx.eval(g)}/{task}/rep-{rep}"
+
+
+def baselines(gen: int) -> list[int]:
+    """The generations L_G is compared with: L_0 and the previous generation."""
+    if gen < 1:
+        raise ValueError(f"evaluate --gen: expected a generation >= 1 (L_G is compared with L_0), got {gen}")
+    return sorted({0, gen - 1})
+
+
+def self_evaluators(gen: int) -> list[int]:
+    """Generations whose own model judges the pairs of this step (L_0 is judged once, at G = 1)."""
+    return [0, 1] if gen == 1 else [gen]
+
+
+def rollout_seed(task: str, rep: int) -> int:
+    """Independent of the generation, so replicate r of a task is matched across generations."""
+    return int.from_bytes(hashlib.sha256(f"eval/{task}/{rep}".encode()).digest()[:4], "big") % (2**31)
+
+
+def model_ref(ctx: RunContext, g: int) -> str:
+    """What identifies generation g's weights in input hashes: the merge manifest's hash, or the base."""
+    from mass_jobs.store import read_manifest
+
+    if g == 0 and not ctx.store.exists(ctx.model(0)):
+        return f"base:{ctx.spec.model.base}"
+    manifest = read_manifest(ctx.store, ctx.model(g))
+    return f"gen-{g}:{manifest['input_hash'] if manifest else ctx.store.sha256(ctx.model(g))}"
+
+
+# ---------------------------------------------------------------- rollouts
+
+
+def rollout_inputs(ctx: RunContext, g: int, task: Task, rep: int) -> dict:
+    spec = ctx.spec
+    return {
+        "model": model_ref(ctx, g),
+        "task": task.model_dump(mode="json", include={"id", "prompt", "files"}),
+        "replicate": rep,
+        "seed": rollout_seed(task.id, rep),
+        "harness": spec.execution.harness,
+        "limits": spec.execution.limits.model_dump(mode="json"),
+        "sampling": spec.model.sampling.model_dump(mode="json"),
+    }
+
+
+def rollout_done(ctx: RunContext, g: int, task: Task, rep: int) -> bool:
+    from mass_jobs.store import Step
+
+    return Step(ctx.store, rollout_prefix(ctx, g, task.id, rep), rollout_inputs(ctx, g, task, rep)).done
+
+
+def run_rollout(ctx: RunContext, g: int, task: Task, rep: int, endpoint) -> dict:
+    """One bare-prompt episode of L_g, stored with its audit; skipped when already stored."""
+    from mass_jobs.audit import audit_episode
+    from mass_jobs.harness import EpisodeInput, run_episode
+    from mass_jobs.store import Step, read_manifest
+
+    prefix = rollout_prefix(ctx, g, task.id, rep)
+    step = Step(ctx.store, prefix, rollout_inputs(ctx, g, task, rep), name=f"eval-rollout gen-{g} {task.id} rep-{rep}")
+    if step.done:
+        return read_manifest(ctx.store, prefix)["extra"]
+    step.start()
+    spec = ctx.spec
+    with tempfile.TemporaryDirectory(prefix="mass-eval-") as tmp:
+        ws, out = Path(tmp) / "workspace", Path(tmp) / "out"
+        inp = EpisodeInput(prompt=task.prompt, endpoint=endpoint, limits=spec.execution.limits,
+                           sampling=spec.model.sampling, harness=spec.execution.harness,
+                           seed=rollout_seed(task.id, rep), files=dict(task.files))
+        result = run_episode(inp, ws, out)
+        audit = audit_episode(out).to_dict()
+        audit["episode"] = prefix  # a store key, not a temp path
+        ctx.store.put_dir(f"{prefix}/workspace.tar.gz", ws)
+        ctx.store.put_file(f"{prefix}/trace.jsonl", out / "trace.jsonl")
+        ctx.store.put_file(f"{prefix}/status.json", out / "status.json")
+        ctx.store.put_json(f"{prefix}/audit.json", audit)
+    extra = {"outcome": result.outcome, "delegation": audit["delegation"], "code_handoff": audit["code_handoff"]}
+    step.finish([f"{prefix}/{name}" for name in ROLLOUT_FILES], extra=extra)
+    return extra
+
+
+def run_rollouts(ctx: RunContext, g: int, endpoint, progress: Progress | None = None) -> None:
+    tasks = ctx.spec.resolved_tasks()
+    jobs = [(t, r) for t in tasks for r in range(ctx.spec.evaluation.rollouts_per_task)]
+
+    def one(job):
+        t, r = job
+        extra = run_rollout(ctx, g, t, r, endpoint)
+        if progress:
+            progress("rollout", {"gen": g, "task": t.id, "replicate": r, **extra})
+
+    with ThreadPoolExecutor(max_workers=ctx.spec.execution.concurrency) as pool:
+        list(pool.map(one, jobs))  # list() re-raises the first failure
+
+
+# ---------------------------------------------------------------- pairs and verdicts
+
+
+@dataclass
+class BundleCache:
+    """Workspace bundles of stored rollouts, extracted once per step."""
+
+    ctx: RunContext
+    root: Path
+
+    def __post_init__(self):
+        self._cache: dict[tuple[int, str, int], str] = {}
+
+    def get(self, g: int, task: Task, rep: int) -> str:
+        from mass_jobs import compare
+
+        key = (g, task.id, rep)
+        if key not in self._cache:
+            prefix = rollout_prefix(self.ctx, g, task.id, rep)
+            ws = self.root / f"gen-{g}" / task.id / f"rep-{rep}"
+            self.ctx.store.get_dir(f"{prefix}/workspace.tar.gz", ws)
+            status = self.ctx.store.get_json(f"{prefix}/status.json")
+            self._cache[key] = compare.bundle(ws, max_bytes=self.ctx.spec.search.evidence_bytes,
+                                              deliverables=task.deliverables, status=status)
+        return self._cache[key]
+
+
+def pair_jobs(ctx: RunContext, gen: int, bundles: BundleCache) -> list:
+    from mass_jobs.judges import PairJob
+
+    jobs = []
+    for b in baselines(gen):
+        for t in ctx.spec.resolved_tasks():
+            for r in range(ctx.spec.evaluation.rollouts_per_task):
+                jobs.append(PairJob(task=t.id, replicate=r, candidate=gen, baseline=b, task_prompt=t.prompt,
+                                    candidate_bundle=bundles.get(gen, t, r), baseline_bundle=bundles.get(b, t, r)))
+    return jobs
+
+
+def client_for(spec: RunSpec, endpoint):
+    from mass_jobs.llm import ModelClient
+
+    lim = spec.execution.limits
+    return ModelClient(endpoint, spec.model.sampling, timeout_s=lim.request_timeout_s, retries=lim.request_retries)
+
+
+# ---------------------------------------------------------------- the step
+
+
+def evaluate_inputs(ctx: RunContext, gen: int) -> dict:
+    spec = ctx.spec
+    return {
+        "gen": gen,
+        "models": {str(h): model_ref(ctx, h) for h in sorted({gen, *baselines(gen), *self_evaluators(gen)})},
+        "tasks": [t.id for t in spec.resolved_tasks()],
+        "evaluation": spec.evaluation.model_dump(mode="json"),
+        "judges": [j.model_dump(mode="json") for j in spec.judges],
+    }
+
+
+def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: ServeJudge,
+             progress: Progress | None = None) -> dict:
+    """The whole step for L_gen; returns its manifest. Resumes from whatever is already stored."""
+    from mass_jobs.judges import PanelMember, run_panel
+    from mass_jobs.store import Step, read_manifest
+
+    spec, store = ctx.spec, ctx.store
+    step = Step(store, ctx.eval(gen), evaluate_inputs(ctx, gen), name=f"evaluate gen-{gen}")
+    if step.done:
+        return read_manifest(store, ctx.eval(gen))
+    step.start()
+    tasks = spec.resolved_tasks()
+    reps = range(spec.evaluation.rollouts_per_task)
+
+    # 1. rollouts: serve each generation only when some of its rollouts are missing
+    for h in sorted({gen, *baselines(gen)}):
+        if all(rollout_done(ctx, h, t, r) for t in tasks for r in reps):
+            continue
+        with serve_model(h) as endpoint:
+            run_rollouts(ctx, h, endpoint, progress)
+
+    vprefix = verdict_prefix(ctx)
+    with tempfile.TemporaryDirectory(prefix="mass-eval-bundles-") as tmp:
+        jobs = pair_jobs(ctx, gen, BundleCache(ctx, Path(tmp)))
+
+        def note(record: dict) -> None:
+            if progress:
+                progress("verdict", record)
+
+        # 2. self-evaluator(s): one verdict per pair by the generation's own model
+        records = []
+        for h in self_evaluators(gen):
+            seeds = (spec.search.seed,)
+            with _endpoint_unless_stored(store, vprefix, jobs, f"gen-{h}", "self", seeds,
+                                         lambda h=h: serve_model(h)) as endpoint:
+                member = PanelMember(name=f"gen-{h}", model=f"gen-{h}", seeds=seeds, kind="self",
+                                     client=client_for(spec, endpoint) if endpoint else None)
+                records += run_panel(store, vprefix, jobs, [member], spec.evaluation.verdict_retries, on_verdict=note)
+
+        # 3. the external panel; positions alternate across judges, so keep their spec order
+        for ji, judge in enumerate(spec.judges):
+            with _endpoint_unless_stored(store, vprefix, jobs, judge.name, "panel", judge.seeds,
+                                         lambda judge=judge: serve_judge(judge)) as endpoint:
+                member = PanelMember(name=judge.name, model=judge.model, seeds=tuple(judge.seeds),
+                                     client=client_for(spec, endpoint) if endpoint else None)
+                records += run_panel(store, vprefix, jobs, [member], spec.evaluation.verdict_retries,
+                                     on_verdict=note, first_index=ji)
+
+    outputs = [rollout_prefix(ctx, h, t.id, r) + "/_manifest.json"
+               for h in sorted({gen, *baselines(gen)}) for t in tasks for r in reps]
+    outputs += sorted(_verdict_keys(vprefix, jobs, gen, spec))
+    invalid = sum(not r["valid"] for r in records)
+    return step.finish(outputs, extra={"verdicts": len(records), "invalid": invalid})
+
+
+def _all_stored(store, prefix, jobs, name: str, kind: str, seeds) -> bool:
+    from mass_jobs.judges import PanelMember, verdict_key
+
+    m = PanelMember(name=name, model="", seeds=tuple(seeds), client=None, kind=kind)
+    return all(store.exists(verdict_key(prefix, j, m, s)) for j in jobs for s in seeds)
+
+
+@contextlib.contextmanager
+def _endpoint_unless_stored(store, prefix, jobs, name: str, kind: str, seeds, serve) -> Iterator[Any]:
+    """An endpoint from `serve()`, or None when every verdict of this member is stored (no server)."""
+    if _all_stored(store, prefix, jobs, name, kind, seeds):
+        yield None
+        return
+    with serve() as endpoint:
+        yield endpoint
+
+
+def _verdict_keys(prefix, jobs, gen: int, spec: RunSpec) -> list[str]:
+    from mass_jobs.judges import PanelMember, verdict_key
+
+    members = [PanelMember(name=f"gen-{h}", model="", seeds=(spec.search.seed,), client=None, kind="self")
+               for h in self_evaluators(gen)]
+    members += [PanelMember(name=j.name, model=j.model, seeds=tuple(j.seeds), client=None) for j in spec.judges]
+    return [verdict_key(prefix, job, m, s) for job in jobs for m in members for s in m.seeds]
+
+
+# ---------------------------------------------------------------- local serving
+
+
+def local_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> Path:
+    """A local directory holding L_g: the base model for g = 0 (unless the store has one), else the
+    merged model the merge step stored at `<run>/gen-<g>/model` (extracted once into a cache)."""
+    from mass_jobs.modelio import resolve_model
+
+    if g == 0 and not ctx.store.exists(ctx.model(0)):
+        return resolve_model(ctx.spec.model.base)
+    root = Path(cache_root or Path(tempfile.gettempdir()) / "mass-models")
+    digest = ctx.store.sha256(ctx.model(g))[:16]
+    target = root / ctx.run / f"gen-{g}-{digest}"
+    marker = target / ".mass-complete"
+    if not marker.exists():
+        ctx.store.get_dir(ctx.model(g), target)
+        marker.write_text(digest)
+    return target
+
+
+def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Path | None = None):
+    """(serve_model, serve_judge) that start the embedded ModelServer per use; remote judges are used as is."""
+    from mass_jobs.llm import Endpoint
+    from mass_jobs.modelio import resolve_model
+    from mass_jobs.serve import ModelServer
+
+    dtype = ctx.spec.model.dtype
+
+    @contextlib.contextmanager
+    def serve_model(g: int):
+        log = (log_dir / f"serve-gen-{g}.log") if log_dir else None
+        with ModelServer(local_model_dir(ctx, g, cache_root), served_name=f"gen-{g}", dtype=dtype,
+                         log_path=log) as srv:
+            yield srv.endpoint
+
+    @contextlib.contextmanager
+    def serve_judge(judge: Judge):
+        if judge.endpoint != "local":
+            yield Endpoint(base_url=judge.endpoint, model=judge.model, api_key_env=judge.api_key_env)
+            return
+        log = (log_dir / f"serve-judge-{judge.name}.log") if log_dir else None
+        with ModelServer(resolve_model(judge.model), served_name=judge.name, dtype=dtype, log_path=log) as srv:
+            yield srv.endpoint
+
+    return serve_model, serve_judge
