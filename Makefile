@@ -40,5 +40,9 @@ check-codegen: $(STAMP)
 	$(VENV)/bin/mass render argo --out argo/
 	git diff --exit-code -- schemas/ argo/
 
+# Container images of the chart's defaults (needs a docker engine; context = repository root).
+images:
+	for i in jobs sandbox trainer; do docker build -f images/$$i.Dockerfile -t ghcr.io/mass-jobs/$$i:0.1.0 . || exit 1; done
+
 clean:
 	rm -rf $(VENV) .tools build .pytest_cache

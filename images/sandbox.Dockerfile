@@ -1,0 +1,20 @@
+# Agent pods: `mass episode --in /in --out /out` with Python, Node and qwen-code, as a non-root
+# user; Argo mounts /in, /out and /tmp (the root filesystem is read-only).
+# Build: make images (context = repository root).
+FROM node:20.18.1-bookworm-slim AS node
+RUN npm install --global --no-audit --no-fund @qwen-code/qwen-code@0.15.10
+
+FROM python:3.11.11-slim-bookworm
+ENV PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
+COPY --from=node /usr/local/bin/node /usr/local/bin/node
+COPY --from=node /usr/local/lib/node_modules /usr/local/lib/node_modules
+RUN ln -s /usr/local/lib/node_modules/@qwen-code/qwen-code/cli.js /usr/local/bin/qwen \
+ && ln -s /usr/local/lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm \
+ && useradd --uid 1000 --create-home --shell /usr/sbin/nologin agent
+WORKDIR /opt/mass-jobs
+RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+COPY pyproject.toml ./
+COPY mass_jobs ./mass_jobs
+RUN pip install . && mass episode --help >/dev/null && node --version && qwen --version
+USER 1000:1000
+WORKDIR /tmp

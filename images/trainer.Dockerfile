@@ -1,0 +1,13 @@
+# PyTorchJob replicas: `torchrun --no-python mass train ...` on CUDA torch + peft (from pyproject).
+# Build: make images (context = repository root).
+FROM python:3.11.11-slim-bookworm
+
+ENV PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
+RUN useradd --uid 1000 --create-home --shell /usr/sbin/nologin trainer
+WORKDIR /opt/mass-jobs
+# The CUDA 12.8 build of the pinned torch brings its CUDA libraries as wheels (no CUDA base image).
+RUN pip install --index-url https://download.pytorch.org/whl/cu128 torch==2.13.0
+COPY pyproject.toml ./
+COPY mass_jobs ./mass_jobs
+RUN pip install . && python -c "import peft, torch.distributed.run" && mass train --help >/dev/null
+USER 1000:1000

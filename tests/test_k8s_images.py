@@ -1,0 +1,67 @@
+"""images/*.Dockerfile: pinned bases, the project installed from pyproject, non-root users; `make images`.
+
+No docker engine here, so the Dockerfiles are linted rather than built.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import pytest
+
+from tests.fixtures.k8s import CHART, REPO
+
+DOCKERFILES = {p.name.removesuffix(".Dockerfile"): p for p in sorted((REPO / "images").glob("*.Dockerfile"))}
+TORCH = next(d for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+             if d.startswith("torch=="))
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    joined = re.sub(r"\\\n", " ", text)
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+            for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_three_images_exist():
+    assert set(DOCKERFILES) == {"jobs", "sandbox", "trainer"}
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_bases_are_pinned_to_exact_versions(name):
+    froms = [arg.split()[0] for op, arg in _instructions(DOCKERFILES[name].read_text()) if op == "FROM"]
+    assert froms
+    for image in froms:
+        assert re.fullmatch(r"[a-z0-9./-]+:\d+\.\d+\.\d+[-a-z0-9.]*(@sha256:[0-9a-f]{64})?", image), image
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_installs_the_project_from_pyproject_and_runs_as_non_root(name):
+    ins = _instructions(DOCKERFILES[name].read_text())
+    runs = " ".join(arg for op, arg in ins if op == "RUN")
+    copies = [arg for op, arg in ins if op == "COPY"]
+    assert any(c.startswith("pyproject.toml") for c in copies)
+    assert re.search(r"pip install (\S+ )*\.( |$)", runs), "the project is installed from its pyproject"
+    assert TORCH in runs, f"torch must match the pyproject pin {TORCH}"
+    users = [arg for op, arg in ins if op == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+
+
+def test_sandbox_has_python_node_and_qwen_code():
+    text = DOCKERFILES["sandbox"].read_text()
+    makefile = (REPO / "Makefile").read_text()
+    qwen = re.search(r"QWEN_VERSION := (\S+)", makefile).group(1)
+    assert f"@qwen-code/qwen-code@{qwen}" in text and "/usr/local/bin/node" in text
+    assert "mass episode --help" in text
+
+
+def test_make_images_builds_every_dockerfile_with_the_chart_tags():
+    makefile = (REPO / "Makefile").read_text()
+    rule = re.search(r"^images:\n((?:\t.*\n)+)", makefile, re.M)
+    assert rule, "no `images` rule"
+    assert "docker build -f images/$$i.Dockerfile" in rule.group(1)
+    assert set(re.search(r"for i in ([a-z ]+);", rule.group(1)).group(1).split()) == set(DOCKERFILES)
+    values = (CHART / "values.yaml").read_text()
+    for name in DOCKERFILES:
+        assert f"ghcr.io/mass-jobs/{name}:0.1.0" in values
+    assert "ghcr.io/mass-jobs/$$i:0.1.0" in rule.group(1)
