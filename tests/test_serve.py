@@ -212,3 +212,15 @@ def test_server_stops_cleanly_and_reports_a_failed_start(tiny_model_dir, tmp_pat
 
     with pytest.raises(RuntimeError, match="exited with code 2 before it was healthy(.|\\n)*no such directory"):
         ModelServer(tmp_path / "missing-model", device="cpu", startup_timeout_s=60).start()
+
+
+def test_the_project_model_client_talks_to_it(server):
+    from mass_jobs.llm import ModelClient
+    from mass_jobs.models import Sampling
+
+    # ModelClient sends top_k top-level and a seed: both must be accepted (upstream alone answers 422).
+    with ModelClient(server.endpoint, Sampling(temperature=1.0, top_k=40), timeout_s=60, retries=0) as client:
+        first, again = (client.chat(ASK, seed=3, max_tokens=4) for _ in range(2))
+    assert first["role"] == "assistant" and first["finish_reason"] in ("length", "stop")
+    assert 1 <= first["usage"]["completion_tokens"] <= 4
+    assert (first["content"], first["usage"]) == (again["content"], again["usage"])
