@@ -1,0 +1,265 @@
+"""The paper's harness: qwen-code (npm `@qwen-code/qwen-code`) run headless in the workspace.
+
+qwen-code talks to the episode's recording proxy as an OpenAI-compatible server, so its model calls
+land in the same trace.jsonl as the built-in harness's. It runs with a private HOME holding a
+settings.json that turns usage statistics, telemetry, auto-memory, chat recording and update checks
+off, in YOLO approval mode (nobody is there to approve), with its `agent` tool as the delegation
+tool, and with the sandbox's scrubbed environment (no host secrets). It cannot be network-isolated:
+it must reach the proxy on loopback. While it runs, the trace is watched so the episode limits hold
+as in the built-in harness: tool calls, turns per agent thread and loop detection end it early.
+The binary comes from MASS_QWEN_BIN or .tools/qwen-code/node_modules/.bin/qwen (`make setup`).
+Entry: `run_episode(..., harness="qwen-code")`, i.e. `mass episode --in DIR --out DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mass_jobs.audit import DELEGATE_TOOLS, split_threads
+
+if TYPE_CHECKING:
+    from mass_jobs.harness import EpisodeInput, HarnessOutcome
+    from mass_jobs.llm import Endpoint
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_BIN = REPO_ROOT / ".tools" / "qwen-code" / "node_modules" / ".bin" / "qwen"
+POLL_S = 0.1  # how often the trace is checked against the limits while qwen-code runs
+PROXY_KEY = "mass-recording-proxy"  # the proxy holds the real upstream key; qwen-code needs a non-empty one
+
+
+def qwen_binary() -> Path:
+    """MASS_QWEN_BIN, else the Makefile's install location; FileNotFoundError says how to install it."""
+    env = os.environ.get("MASS_QWEN_BIN")
+    path = Path(env) if env else DEFAULT_BIN
+    if not path.exists():
+        raise FileNotFoundError(
+            f"qwen-code binary not found at {path} (set MASS_QWEN_BIN or run `make .tools/qwen-code/node_modules/.bin/qwen`)"
+        )
+    return path
+
+
+def settings(inp: EpisodeInput) -> dict[str, Any]:
+    """settings.json for the private HOME: the episode's model, sampling and limits, nothing phoning home."""
+    s = inp.sampling
+    sampling: dict[str, Any] = {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "max_tokens": s.max_output_tokens,
+    }
+    generation: dict[str, Any] = {
+        "samplingParams": sampling,
+        "timeout": int(inp.limits.request_timeout_s * 1000),
+        "maxRetries": inp.limits.request_retries,
+    }
+    if inp.seed is not None:
+        generation["extra_body"] = {"seed": inp.seed}
+    return {
+        "security": {"auth": {"selectedType": "openai"}},
+        "model": {"name": inp.endpoint.model, "generationConfig": generation},
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+        "memory": {"enableManagedAutoMemory": False, "enableAutoSkill": False},
+        "general": {"chatRecording": False, "enableAutoUpdate": False, "checkpointing": {"enabled": False}},
+        "experimental": {"emitToolUseSummaries": False},
+    }
+
+
+def command(binary: Path, inp: EpisodeInput, proxy: Endpoint) -> list[str]:
+    return [
+        str(binary),
+        "--auth-type", "openai",
+        "--model", inp.endpoint.model,
+        "--openai-base-url", proxy.base_url,
+        "--approval-mode", "yolo",
+        "--output-format", "json",
+        "--max-session-turns", str(inp.limits.turns_per_agent),
+        inp.prompt,
+    ]  # fmt: skip
+
+
+def environment(workspace: Path, home: Path, proxy: Endpoint, model: str, binary: Path) -> dict[str, str]:
+    """The sandbox's scrubbed environment plus what qwen-code needs (node on PATH, the proxy)."""
+    from mass_jobs.sandbox import sandbox_env
+
+    (home / "tmp").mkdir(exist_ok=True)
+    env = sandbox_env(workspace, home / "tmp")
+    node = shutil.which("node")
+    path_dirs = [str(Path(node).parent)] if node else []
+    path_dirs.append(str(binary.resolve().parent))
+    env["PATH"] = os.pathsep.join(path_dirs + [env.get("PATH", "/usr/bin:/bin")])
+    env.update(
+        {
+            "HOME": str(home),
+            "OPENAI_BASE_URL": proxy.base_url,
+            "OPENAI_API_KEY": PROXY_KEY,
+            "OPENAI_MODEL": model,
+            "NO_BROWSER": "1",
+            "CI": "1",
+            "QWEN_CODE_NO_RELAUNCH": "1",
+        }
+    )
+    return env
+
+
+def limit_breach(records: list[dict], inp: EpisodeInput) -> tuple[str, str] | None:
+    """The first episode limit the trace so far breaks, as (outcome, reason); None when within limits."""
+    limits = inp.limits
+    failing = _trailing_failures(records)
+    if failing > limits.request_retries:  # qwen-code retries 5xx on its own schedule; ours is the limit
+        return "infra_error", f"model endpoint failed {failing} times in a row: {_last_error(records)}"
+    threads = split_threads(records)
+    calls = 0
+    for t in threads:
+        last, repeats = None, 0
+        if len(t.records) > limits.turns_per_agent:
+            return "failed", f"{t.id} used more than {limits.turns_per_agent} turns"
+        for rec in t.records:
+            for call in ((rec.get("response") or {}).get("message") or {}).get("tool_calls") or []:
+                fn = call.get("function") or {}
+                key = (fn.get("name"), fn.get("arguments"))
+                repeats = repeats + 1 if key == last else 1
+                last = key
+                calls += 1
+                if repeats >= limits.loop_repeats:
+                    return "loop_detected", f"{t.id} made the same call {key[0]}({str(key[1])[:200]}) {repeats} times in a row"
+    if calls > limits.tool_calls:
+        return "failed", f"tool-call limit of {limits.tool_calls} reached"
+    return None
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # qwen-code spawns shells; take the whole group
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def final_result(stdout: str) -> dict[str, Any] | None:
+    """The `result` event of `--output-format json` (a JSON list of events), if the run got that far."""
+    text = stdout.strip()
+    start = text.find("[")
+    if start < 0:
+        return None
+    try:
+        events = json.loads(text[start:])
+    except json.JSONDecodeError:
+        return None
+    results = [e for e in events if isinstance(e, dict) and e.get("type") == "result"]
+    return results[-1] if results else None
+
+
+def run_qwen_code(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path) -> HarnessOutcome:
+    from mass_jobs.harness import HarnessOutcome
+    from mass_jobs.proxy import read_trace
+
+    started = time.monotonic()
+    outcome, reason, report = "infra_error", "", ""
+    with tempfile.TemporaryDirectory(prefix="mass-qwen-home-") as tmp:
+        home = Path(tmp)
+        (home / ".qwen").mkdir()
+        (home / ".qwen" / "settings.json").write_text(json.dumps(settings(inp), indent=2))
+        try:
+            binary = qwen_binary()
+        except FileNotFoundError as exc:
+            return _outcome(HarnessOutcome, "infra_error", str(exc), [], "")
+        out_path, err_path = home / "stdout.json", home / "stderr.txt"
+        with out_path.open("w") as out, err_path.open("w") as err:
+            proc = subprocess.Popen(
+                command(binary, inp, proxy),
+                cwd=workspace,
+                env=environment(workspace, home, proxy, inp.endpoint.model, binary),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+            stopped: tuple[str, str] | None = None
+            while proc.poll() is None:
+                if time.monotonic() - started > inp.limits.wall_s:
+                    stopped = ("timeout", f"wall time of {inp.limits.wall_s:g}s exceeded")
+                else:
+                    stopped = limit_breach(read_trace(trace_path), inp)
+                if stopped:
+                    _kill(proc)
+                    break
+                time.sleep(POLL_S)
+        records = read_trace(trace_path)
+        stdout, stderr = out_path.read_text(), err_path.read_text()
+        if stopped is None:
+            stopped = limit_breach(records, inp)  # the last calls may have landed after the final poll
+        result = final_result(stdout)
+        if stopped:
+            outcome, reason = stopped
+        elif _trailing_failures(records):
+            # qwen-code reports "success" even when its last model call failed: the trace decides.
+            outcome, reason = "infra_error", f"model endpoint failed: {_last_error(records)}"
+        elif not records:
+            outcome, reason = "infra_error", f"qwen-code made no model call: {(stderr or stdout).strip()[-500:]}"
+        elif result is not None and result.get("subtype") == "success" and not result.get("is_error"):
+            outcome, reason, report = "success", "qwen-code finished", str(result.get("result") or "")
+        elif result is not None:
+            outcome = "failed"
+            reason = f"qwen-code ended with {result.get('subtype')}: {str(result.get('result') or result.get('error') or '')[:300]}"
+        else:
+            outcome = "infra_error"
+            reason = f"qwen-code exited with code {proc.returncode} and no result: {(stderr or stdout).strip()[-500:]}"
+    return _outcome(HarnessOutcome, outcome, reason, records, report)
+
+
+def _failed(record: dict) -> bool:
+    return record.get("error") is not None or (record.get("status") or 200) >= 400
+
+
+def _trailing_failures(records: list[dict]) -> int:
+    """How many of the last model calls failed at the endpoint, in a row."""
+    n = 0
+    for rec in reversed(records):
+        if not _failed(rec):
+            break
+        n += 1
+    return n
+
+
+def _last_error(records: list[dict]) -> str:
+    rec = records[-1]
+    err = rec.get("error") or {}
+    return f"{err.get('kind') or 'upstream_status'} (HTTP {rec.get('status')}): {str(err.get('message'))[:300]}"
+
+
+def _outcome(cls, outcome: str, reason: str, records: list[dict], report: str):
+    threads = split_threads(records) if records else []
+    tool_calls = delegations = 0
+    prompt = completion = 0
+    for rec in records:
+        resp = rec.get("response") or {}
+        for call in (resp.get("message") or {}).get("tool_calls") or []:
+            tool_calls += 1
+            delegations += (call.get("function") or {}).get("name") in DELEGATE_TOOLS
+        usage = resp.get("usage") or {}
+        prompt += int(usage.get("prompt_tokens") or 0)
+        completion += int(usage.get("completion_tokens") or 0)
+    return cls(
+        outcome=outcome,
+        reason=reason,
+        counts={
+            "turns": len(records),
+            "tool_calls": tool_calls,
+            "delegations": delegations,
+            "agents": sum(t.role != "auxiliary" for t in threads),
+        },
+        tokens={"prompt": prompt, "completion": completion},
+        network_isolated=False,
+        sandbox_note="qwen-code runs with a scrubbed environment and private HOME; no network isolation "
+        "(it must reach the recording proxy on loopback)",
+        final_report=report,
+    )

@@ -1,0 +1,113 @@
+"""qwen-code (the real npm CLI) as the episode harness, against the scripted endpoint (test fixture).
+
+The scripted replies are keyed by system-prompt markers, since qwen-code sends no X-Mass-* headers:
+its main session says "You are Qwen Code", its general-purpose sub-agent "You are a general-purpose
+agent". Tool names and arguments are qwen-code's own (`agent`, `write_file`, `read_file` with
+absolute `file_path`s).
+"""
+
+from __future__ import annotations
+
+import json
+
+from mass_jobs.audit import audit_episode, split_threads
+from mass_jobs.harness import EpisodeInput, run_episode, validate_status
+from mass_jobs.harness.qwen_code import DEFAULT_BIN, qwen_binary, settings
+from mass_jobs.llm import Endpoint
+from mass_jobs.models import EpisodeLimits, Sampling
+from mass_jobs.proxy import read_trace
+from mass_jobs.testing.scripted_endpoint import Reply
+
+MAIN = "You are Qwen Code"
+SUB = "You are a general-purpose agent"
+
+
+def run(ep, tmp_path, prompt="Write analysis.py and check it.", **limit_kw):
+    limits = EpisodeLimits(**{"wall_s": 90, "request_retries": 0, "request_timeout_s": 30, "loop_repeats": 3, **limit_kw})
+    inp = EpisodeInput(prompt=prompt, endpoint=ep.endpoint, limits=limits, sampling=Sampling(max_output_tokens=256),
+                       harness="qwen-code", seed=3)  # fmt: skip
+    result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
+    validate_status(result.status)
+    assert json.loads((tmp_path / "out" / "status.json").read_text()) == result.status
+    return result, read_trace(tmp_path / "out" / "trace.jsonl")
+
+
+def test_binary_is_installed_at_the_makefile_location():
+    assert qwen_binary() == DEFAULT_BIN and DEFAULT_BIN.exists()
+
+
+def test_qwen_code_delegates_writes_and_hands_off_a_file(scripted_endpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("MASS_TEST_SECRET", "hunter2")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    code = "print(sum([1, 2, 3]) / 3)\n"
+    ep = scripted_endpoint(
+        {
+            SUB: [
+                Reply.call("write_file", file_path=str(ws / "analysis.py"), content=code),
+                Reply.text(f"Wrote {ws / 'analysis.py'}"),
+                Reply.call("read_file", file_path=str(ws / "analysis.py")),
+                Reply.text("analysis.py prints the mean"),
+            ],
+            MAIN: [
+                Reply.call("agent", description="write code", prompt="Write analysis.py printing the mean of 1, 2, 3.",
+                           subagent_type="general-purpose"),  # fmt: skip
+                Reply.call("agent", description="review code", prompt="Read analysis.py and say what it prints.",
+                           subagent_type="general-purpose"),  # fmt: skip
+                Reply.text("Done: analysis.py prints 2.0"),
+            ],
+        }
+    )
+    result, trace = run(ep, tmp_path)
+    assert (result.outcome, result.final_report) == ("success", "Done: analysis.py prints 2.0")
+    assert (ws / "analysis.py").read_text() == code
+    # All seven model calls went through the proxy: 3 main turns, 2 per sub-agent.
+    assert len(trace) == 7 and all(r["status"] == 200 and r["agent"] is None for r in trace)
+    names = {t["function"]["name"] for t in trace[0]["request"]["tools"]}
+    assert {"agent", "write_file", "read_file", "run_shell_command"} <= names
+    assert trace[0]["request"]["stream"] is True
+    assert trace[0]["request"]["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 256, "seed": 3}
+    assert "hunter2" not in json.dumps(trace)  # the scrubbed environment never reaches the prompt context
+    threads = split_threads(trace)
+    assert [(t.id, t.role, len(t.records)) for t in threads] == [("orchestrator", "orchestrator", 3), ("worker-1", "worker", 2), ("worker-2", "worker", 2)]
+    assert result.status["counts"] == {"turns": 7, "tool_calls": 4, "delegations": 2, "agents": 3}
+    assert result.status["tokens"]["prompt"] == sum(r["response"]["usage"]["prompt_tokens"] for r in trace) > 0
+    assert result.status["sandbox"]["network_isolated"] is False
+    audit = audit_episode(tmp_path / "out")
+    assert (audit.delegation, audit.delegations_ok, audit.code_handoff) == (True, 2, True)
+    assert audit.handoffs == [{"file": str(ws / "analysis.py"), "writer": "worker-1", "reader": "worker-2", "read_seq": 4}]
+
+
+def test_repeated_calls_stop_qwen_code_as_a_loop(scripted_endpoint, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ep = scripted_endpoint({MAIN: [Reply.call("list_directory", path=str(ws))]}, repeat_last=True)
+    result, trace = run(ep, tmp_path, loop_repeats=3)
+    assert result.outcome == "loop_detected" and "list_directory" in result.reason
+    assert "3 times in a row" in result.reason
+    assert 3 <= len(trace) <= 10  # stopped within a poll interval, long before its 40-turn session limit
+
+
+def test_endpoint_errors_are_infra_error(scripted_endpoint, tmp_path):
+    # qwen-code would retry 5xx seven times with backoff; the episode stops after request_retries + 1.
+    ep = scripted_endpoint({MAIN: [Reply.fail(500)]}, repeat_last=True)
+    result, trace = run(ep, tmp_path, request_retries=1)
+    assert result.outcome == "infra_error" and "failed 2 times in a row: upstream_status (HTTP 500)" in result.reason
+    assert [r["status"] for r in trace] == [500, 500] and result.status["timings"]["wall_s"] < 15
+
+
+def test_wall_time_kills_qwen_code(scripted_endpoint, tmp_path):
+    ep = scripted_endpoint({MAIN: [Reply(content="late", delay_s=20)]})
+    result, _ = run(ep, tmp_path, wall_s=4)
+    assert result.outcome == "timeout" and result.status["timings"]["wall_s"] < 12
+
+
+def test_settings_turn_off_telemetry_and_carry_sampling():
+    limits = EpisodeLimits(request_timeout_s=5, request_retries=2)
+    s = settings(EpisodeInput(prompt="p", endpoint=Endpoint("http://127.0.0.1:1/v1", "m"), limits=limits, seed=9))
+    assert s["privacy"] == {"usageStatisticsEnabled": False} and s["telemetry"] == {"enabled": False}
+    assert s["model"]["name"] == "m" and s["security"]["auth"]["selectedType"] == "openai"
+    assert s["memory"]["enableManagedAutoMemory"] is False and s["general"]["enableAutoUpdate"] is False
+    gen = s["model"]["generationConfig"]
+    assert gen["timeout"] == 5000 and gen["maxRetries"] == 2 and gen["extra_body"] == {"seed": 9}
+    assert gen["samplingParams"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 32768}
