@@ -129,6 +129,16 @@ def test_forced_tool_call_is_parsed_into_reasoning_content_and_tool_calls(client
     [call] = choice.message.tool_calls
     assert (call.type, call.function.name, json.loads(call.function.arguments)) == ("function", "read_file", {"path": "a.txt"})
     assert resp.usage.completion_tokens == len(tokenizer(FORCED, add_special_tokens=False)["input_ids"])
+    # Round trip: the parsed message, rendered back as history, is byte-identical to what was generated,
+    # so training on traces sees exactly the tokens the model produced.
+    turn = {
+        "role": "assistant",
+        "content": choice.message.content,
+        "reasoning_content": choice.message.model_extra["reasoning_content"],
+        "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}],
+    }
+    prompt = tokenizer.apply_chat_template(ASK, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    assert tokenizer.apply_chat_template(ASK + [turn], tools=TOOLS, tokenize=False) == prompt + FORCED + "\n"
 
 
 def test_forced_tool_call_streams_as_deltas(client, tokenizer):
