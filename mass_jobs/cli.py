@@ -21,10 +21,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("mass_jobs.commands.audit", "behaviour audit per episode: delegation D, code handoff H, revisions"),
     "serve": ("mass_jobs.commands.serve", "serve a model over the OpenAI chat API (transformers serve) until Ctrl-C"),
     "render": ("mass_jobs.commands.render", "render SFT windows (`render sft`) or the Kubernetes YAML (`render argo`)"),
+    "train": ("mass_jobs.commands.train", "LoRA SFT on the rendered windows; run under torchrun for data parallelism"),
     "search": ("mass_jobs.commands.search", "workflow search of one task: the whole inner loop, or one --iteration"),
     "collect": ("mass_jobs.commands.collect", "teacher episodes of the elite workflow (one --episode; Argo --phase)"),
     "guard": ("mass_jobs.commands.guard", "deterministic guard verdicts (outputs, protected paths, metrics, checks)"),
     "rank": ("mass_jobs.commands.rank", "pairwise self-verdicts, Bradley-Terry, train/val episode manifest"),
+    "evaluate": ("mass_jobs.commands.evaluate", "bare-prompt rollouts of L_G and its baselines, judge panel, self-evaluator"),
+    "report": ("mass_jobs.commands.report", "rebuild <run>/report/ (JSON, Markdown, plots) from stored artifacts"),
+    "run": ("mass_jobs.commands.run", "run generations L0 -> L_N locally end to end; rerun to resume"),
+    "status": ("mass_jobs.commands.status", "what is done, running, failed or pending in a run"),
+    "demo": ("mass_jobs.commands.demo", "build the tiny model if missing, run the spec end to end, print the report path"),
 }
 
 

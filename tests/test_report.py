@@ -71,9 +71,14 @@ def built(tmp_path):
     store.put_json(f"{RUN}/gen-0/search/b/state.json", {"beats_reference": True, "iterations": [
         {"k": 0, "preferred": False, "reference_verdict": ref("reference")},
         {"k": 1, "preferred": True, "reference_verdict": ref("iter-1")}]})
-    store.put_json(f"{RUN}/gen-0/guard/a.json", {"episodes": [{"episode": 0, "pass": True, "reasons": []},
-                                                             {"episode": 1, "pass": False, "reasons": ["missing fib.py"]}]})
-    store.put_json(f"{RUN}/gen-0/sft/stats.json", {"stored_supervised_tokens": 555})
+    store.put_json(f"{RUN}/gen-0/guard/a.json", {"task": "a", "gen": 0, "vetoed": ["ep-1"], "usable": ["ep-0"], "episodes": {
+        "ep-0": {"outcome": "success", "eligible": True, "passed": True, "reasons": []},
+        "ep-1": {"outcome": "success", "eligible": True, "passed": False, "reasons": ["missing fib.py"]},
+        "ep-2": {"outcome": "failed", "eligible": False, "passed": True, "reasons": ["outcome failed"]}}})
+    # render's stats: train and val blocks plus a summary (the val tokens are not "stored supervised")
+    store.put_json(f"{RUN}/gen-0/sft/stats.json", {"train": {"stored_supervised_tokens": 555},
+                                                   "val": {"stored_supervised_tokens": 40},
+                                                   "summary": {"stored_supervised_tokens": 555}})
     log = [{"kind": "train", "step": s, "loss": 2.0 - 0.1 * s, "processed_tokens": 100 * s} for s in (1, 2, 3)]
     log += [{"kind": "val", "step": 2, "val_loss": 1.5}, {"kind": "train", "step": 3, "loss": 1.7, "processed_tokens": 300},
             {"kind": "train", "step": 4, "loss": 1.6, "processed_tokens": 400}, {"kind": "val", "step": 4, "val_loss": 1.7}]
@@ -112,7 +117,7 @@ def test_report_numbers_by_hand(built):
     assert tokens[1]["generated_eval"] == 70 and tokens[1]["stored_supervised"] is None
     assert doc["search"] == [{"generation": 0, "iterations": 2, "tasks": 2, "coverage": [1, 1, 1],
                               "beats_reference": {"a": False, "b": True}}]
-    assert doc["guard_vetoes"] == [{"generation": 0, "task": "a", "episode": "1", "reasons": ["missing fib.py"]}]
+    assert doc["guard_vetoes"] == [{"generation": 0, "task": "a", "episode": "ep-1", "reasons": ["missing fib.py"]}]
     t0 = doc["training"][0]
     assert t0["selected_step"] == 2 and t0["val_loss"] == [[2, 1.5], [4, 1.7]]
     assert t0["train_loss"] == [[1, 1.9], [2, 1.8], [3, 1.7], [4, 1.6]]  # step 3 logged twice: the later line wins

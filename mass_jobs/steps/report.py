@@ -218,25 +218,20 @@ def selected_step(doc: dict | None) -> int | None:
 
 
 def guard_vetoes(doc: dict, g: int, task: str) -> list[Veto]:
-    """Vetoed episodes of one guard file (`episodes`: list or map of per-episode results)."""
-    episodes = doc.get("episodes", [])
-    items = episodes.items() if isinstance(episodes, dict) else ((e.get("episode"), e) for e in episodes)
-    out = []
-    for ep, res in items:
-        passed = res.get("pass", res.get("passed", not res.get("veto", False)))
-        if not passed:
-            out.append(Veto(generation=g, task=task, episode=str(ep), reasons=[str(r) for r in res.get("reasons", [])]))
-    return out
+    """Vetoed episodes of one guard report (`vetoed` ids; reasons from `episodes[id]`)."""
+    episodes = doc.get("episodes") or {}
+    return [Veto(generation=g, task=task, episode=str(ep), reasons=[str(r) for r in episodes.get(ep, {}).get("reasons", [])])
+            for ep in doc.get("vetoed", [])]
 
 
 def stored_supervised(stats: dict | None) -> int | None:
+    """Supervised tokens of the training windows (the render step's `summary`)."""
     if not stats:
         return None
-    if "stored_supervised_tokens" in stats:
-        return int(stats["stored_supervised_tokens"])
-    parts = [s.get("stored_supervised_tokens") for s in stats.values() if isinstance(s, dict)]
-    parts = [int(p) for p in parts if p is not None]
-    return sum(parts) if parts else None
+    for doc in (stats.get("summary"), stats.get("train"), stats):
+        if isinstance(doc, dict) and isinstance(doc.get("stored_supervised_tokens"), int):
+            return doc["stored_supervised_tokens"]
+    return None
 
 
 def loss_curves(log: list[dict]) -> tuple[list[list[float]], list[list[float]]]:
