@@ -1,0 +1,138 @@
+"""Ranking: connected balanced schedules, self-verdicts, Bradley–Terry, train/val manifests."""
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from mass_jobs.bradley_terry import fit
+from mass_jobs.context import RunContext
+from mass_jobs.llm import ModelClient
+from mass_jobs.pairing import is_connected, pairs, schedule
+from mass_jobs.steps.collect import run_collect
+from mass_jobs.steps.guard import run_guard
+from mass_jobs.steps.rank import RankError, Ranking, run_rank, select, step_schema, write_step_schemas
+from mass_jobs.steps.search import episode_executor, run_search
+from tests.fixtures.inner_loop import add_episodes, episode
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
+
+
+def collected(spec, store, ep, scores, failing=()):
+    """Search (K=0) -> collect one scripted episode per score -> guard; returns (ctx, client)."""
+    ctx = RunContext(spec, store)
+    client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
+    execute = episode_executor(spec, ep.endpoint)
+    add_episodes(ep, episode(1), episode(5))
+    run_search(ctx, 0, "t1", client, execute)
+    add_episodes(ep, *[episode(s, finish_status="failure" if i in failing else "success") for i, s in enumerate(scores)])
+    run_collect(ctx, 0, "t1", execute)
+    run_guard(ctx, 0, "t1")
+    return ctx, client
+
+
+def test_rank_writes_train_val_manifest(store, inner_spec, judging_endpoint):
+    spec = inner_spec(store, collection={"episodes": 5}, search={"iterations": 0}, ranking={"pairing": "round_robin"})
+    ep = judging_endpoint()
+    ctx, client = collected(spec, store, ep, [3, 8, 5, 1, 6])
+    before = len(ep.requests)
+    r = run_rank(ctx, 0, "t1", client)
+    assert r.order == ["ep-1", "ep-4", "ep-2", "ep-0", "ep-3"]
+    assert r.train == ["ep-1", "ep-4"] and r.val == "ep-2" and r.val not in r.train
+    assert len(r.schedule) == len(r.verdicts) == 10 == len(ep.requests) - before  # every pair of 5
+    assert r.invalid_verdicts == 0 and all(math.isfinite(s) for s in r.scores.values())
+    assert is_connected(5, [(int(c["first"][3:]), int(c["second"][3:])) for c in r.schedule])
+    doc = store.get_json("inner/gen-0/rank/t1.json")
+    assert Ranking.model_validate(doc) == r and doc["train"] == ["ep-1", "ep-4"] and doc["val"] == "ep-2"
+    import jsonschema
+
+    jsonschema.validate(doc, step_schema("ranking"))
+    assert run_rank(ctx, 0, "t1", client) == r and len(ep.requests) - before == 10  # done: nothing asked
+    # a ranking killed after its verdicts were stored asks nothing again
+    store.delete("inner/gen-0/rank/t1/_manifest.json")
+    store.delete("inner/gen-0/rank/t1.json")
+    assert run_rank(ctx, 0, "t1", client) == r and len(ep.requests) - before == 10
+
+
+def test_too_few_usable_episodes_is_an_error_or_the_documented_fallback(make_store, inner_spec, judging_endpoint):
+    store = make_store("file")
+    spec = inner_spec(store, search={"iterations": 0})
+    ep = judging_endpoint()
+    ctx, client = collected(spec, store, ep, [3, 8, 5, 1], failing=(0, 2))
+    with pytest.raises(RankError, match=r"t1: 2 usable episode\(s\), but ranking needs 3 .*use_available.*ep-0"):
+        run_rank(ctx, 0, "t1", client)
+    assert not store.exists("inner/gen-0/rank/t1.json")
+
+    spec2 = inner_spec(store, search={"iterations": 0}, ranking={"fallback": "use_available"})
+    r = run_rank(RunContext(spec2, store), 0, "t1", client)
+    assert r.fallback_used and r.train == ["ep-1"] and r.val == "ep-3"
+    assert sorted(r.excluded) == ["ep-0", "ep-2"] and "episode outcome failed" in r.excluded["ep-0"][0]
+
+
+def test_unreadable_verdicts_are_invalid_not_ties(make_store, inner_spec, judging_endpoint):
+    store = make_store("file")
+    spec = inner_spec(store, search={"iterations": 0}, ranking={"verdict_retries": 1, "comparisons_per_episode": 2})
+    ep = judging_endpoint()
+    ctx, client = collected(spec, store, ep, [3, 8, 5, 1])
+    ep.garbage_left = 3  # the first comparison fails twice (invalid), the second once (then valid)
+    r = run_rank(ctx, 0, "t1", client)
+    assert r.invalid_verdicts == 1
+    assert [v.valid for v in r.verdicts] == [False, True, True, True]
+    assert r.verdicts[0].winner is None and r.verdicts[0].attempts == 2 and r.verdicts[1].attempts == 2
+    # the invalid verdict is left out of the fit; it is not counted as a tie
+    valid = fit(r.episodes, [(v.first, v.second, v.score_of_first()) for v in r.verdicts[1:]], prior=0.1)
+    as_tie = fit(r.episodes, [(r.verdicts[0].first, r.verdicts[0].second, 0.5)]
+                 + [(v.first, v.second, v.score_of_first()) for v in r.verdicts[1:]], prior=0.1)
+    assert r.scores == pytest.approx(valid) and r.scores != pytest.approx(as_tie)
+
+
+def test_select_rules():
+    order = [f"ep-{i}" for i in range(18)]
+    assert select(order, 15, 16, "error") == (order[:15], "ep-15", False)
+    with pytest.raises(RankError, match="3 usable episode"):
+        select(order[:3], 15, 16, "error")
+    assert select(order[:3], 15, 16, "use_available") == (order[:2], "ep-2", True)
+    with pytest.raises(RankError, match="at least 2"):
+        select(order[:1], 15, 16, "use_available")
+
+
+@pytest.mark.parametrize("n,per_episode", [(2, 6), (4, 2), (5, 3), (16, 6), (17, 5), (18, 6), (18, 3)],
+                         ids=lambda x: str(x))
+def test_reference_schedule_is_connected_and_position_balanced(n, per_episode):
+    ps = pairs(n, "reference", per_episode, seed=n)
+    assert is_connected(n, ps)
+    assert len({frozenset(p) for p in ps}) == len(ps)  # no pair twice
+    degree, first = Counter(), Counter()
+    for a, b in ps:
+        degree[a] += 1
+        degree[b] += 1
+        first[a] += 1
+    want = min(per_episode, n - 1)
+    assert all(want <= degree[i] <= want + 1 for i in range(n))
+    assert all(abs(2 * first[i] - degree[i]) <= 1 for i in range(n))  # shown first in half of its pairs
+
+
+def test_paper_default_and_other_schedules():
+    assert len(pairs(18, "reference", 6, seed=0)) == 54  # 18 episodes x 6 comparisons / 2
+    assert pairs(18, "reference", 6, seed=1) != pairs(18, "reference", 6, seed=0)
+    rr = pairs(7, "round_robin", seed=0)
+    assert len(rr) == 21 and len({frozenset(p) for p in rr}) == 21
+    both = schedule(5, "reference", 2, both_orders=True, seed=0)
+    assert len(both) == 10 and Counter(frozenset((c.first, c.second)) for c in both).most_common(1)[0][1] == 2
+    assert {(c.first, c.second) for c in both} == {(c.second, c.first) for c in both}
+    rep = schedule(5, "reference", 2, verdicts_per_pair=2, seed=0)
+    assert len(rep) == 10 and all((rep[i].first, rep[i].second) == (rep[i + 1].second, rep[i + 1].first)
+                                  for i in range(0, 10, 2))
+    # the orientation pattern is not the same for every pair (not always the lower index first)
+    assert len({a < b for a, b in pairs(18, "reference", 6, seed=0)}) == 2
+    with pytest.raises(ValueError, match="at least 2"):
+        pairs(1)
+
+
+def test_step_schemas_are_checked_in(tmp_path):
+    written = write_step_schemas(tmp_path)
+    assert [p.name for p in written] == ["verdict.schema.json", "ranking.schema.json", "search-state.schema.json"]
+    for p in written:
+        assert json.loads((SCHEMAS / p.name).read_text()) == json.loads(p.read_text()), f"regenerate {p.name}"
