@@ -302,3 +302,17 @@ def test_tiny_model_episode_ends_with_a_classified_status(tiny_model_dir, tmp_pa
     assert all(r["status"] == 200 and r["request"]["sampling"]["max_tokens"] == 32 for r in trace)
     assert all(r["response"]["usage"]["completion_tokens"] <= 32 for r in trace)
     assert status["tokens"]["completion"] == sum(r["response"]["usage"]["completion_tokens"] for r in trace)
+
+
+def test_status_schema_is_closed_and_names_bad_fields():
+    good = {
+        "outcome": "success", "reason": "r", "harness": "builtin",
+        "counts": {"turns": 1, "tool_calls": 0, "delegations": 0, "agents": 1},
+        "tokens": {"prompt": 1, "completion": 1}, "timings": {"wall_s": 0.1},
+        "sandbox": {"network_isolated": True, "note": ""},
+    }  # fmt: skip
+    validate_status(good)
+    with pytest.raises(ValueError, match=r"\$\.counts: Additional properties are not allowed \('turn' was unexpected\)"):
+        validate_status({**good, "counts": {**good["counts"], "turn": 1}})
+    with pytest.raises(ValueError, match=r"\$\.outcome: 'crashed' is not one of"):
+        validate_status({**good, "outcome": "crashed"})
