@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked >= 25
+    assert checked == 24
 
 
 def _used_params(obj, scope: str) -> set[str]:
@@ -117,7 +117,7 @@ def test_every_parameter_used_is_declared(argo_docs):
             continue
         declared_wf = {p["name"] for p in doc["spec"]["arguments"]["parameters"]}
         for t in _templates(doc).values():
-            body = {k: v for k, v in t.items() if k not in ("inputs", "outputs", "name")}
+            body = {k: v for k, v in t.items() if k != "name"}
             inputs = {p["name"] for p in (t.get("inputs") or {}).get("parameters", [])}
             # Step arguments are evaluated in the caller's scope: check the caller's inputs.
             assert _used_params(body, "inputs") <= inputs, (doc["metadata"]["name"], t["name"])
@@ -208,8 +208,22 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
     assert agent["automountServiceAccountToken"] is False
     assert int(agent["activeDeadlineSeconds"]) > 3600
     assert "envFrom" not in agent["container"] and "secretKeyRef" not in str(agent)
-    assert [a["name"] for a in agent["inputs"]["artifacts"]] == ["episode-in"]
-    assert [a["name"] for a in agent["outputs"]["artifacts"]] == ["episode-out"]
+    # Key-only S3 artifacts at the keys `mass collect --phase prepare|ingest` writes and reads:
+    # bucket, endpoint and credentials come from the artifact repository (Argo's containers only).
+    ep = ("{{inputs.parameters.store-prefix}}/gen-{{inputs.parameters.gen}}/collect/{{inputs.parameters.task}}"
+          "/ep-{{inputs.parameters.episode}}")
+    keys = {a["path"]: a["s3"] for a in agent["inputs"]["artifacts"] + agent["outputs"]["artifacts"]}
+    assert keys == {
+        "/in/episode.json": {"key": f"{ep}/input/episode.json"},
+        "/in/workspace": {"key": f"{ep}/input/workspace.tar.gz"},
+        "/out/trace.jsonl": {"key": f"{ep}/output/trace.jsonl"},
+        "/out/status.json": {"key": f"{ep}/output/status.json"},
+        "/out/workspace": {"key": f"{ep}/output/workspace.tar.gz"},
+    }
+    t = _templates(argo_docs["mass-cycle"])
+    assert t["collect-prepare"]["container"]["args"][-6:-4] == ["--phase", "prepare"]
+    assert "--endpoint" in t["collect-prepare"]["container"]["args"]
+    assert t["collect-ingest"]["container"]["args"][-2:] == ["--phase", "ingest"]
     assert agent["metadata"]["labels"][labels.STEP] == "episode"
     mounts = {v["mountPath"] for v in agent["container"]["volumeMounts"]}
     assert mounts == {"/tmp", "/out"}

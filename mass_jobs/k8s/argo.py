@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import yaml
 from hera.workflows import (
-    Artifact,
     Container,
     CronWorkflow,
     Parameter,
@@ -37,6 +36,7 @@ TASK = "{{inputs.parameters.task}}"
 EPISODE = "{{inputs.parameters.episode}}"
 NAMESPACE = "{{workflow.namespace}}"
 ISVC = serving.isvc_name(RUN_ID, GEN)
+NEXT_GEN = "{{=asInt(inputs.parameters.gen) + 1}}"
 OUTPUTS_DIR = "/tmp/outputs"
 
 # What `mass validate SPEC --gen G --outputs DIR` writes (docs/architecture.md, CLI table).
@@ -46,7 +46,10 @@ VALIDATE_OUTPUTS = {
     "iterations": "search-iterations",  # number of `--iteration` values (0..n-1)
     "model-uri": "model-uri",  # s3:// (or hf://) dir of the generation's model
     "generations": "generations",  # N of the run
+    "store-prefix": "store-prefix",  # S3 key prefix of the run (<store prefix>/<run>) in the artifact bucket
 }
+EP_KEY = "{{inputs.parameters.store-prefix}}/gen-{{inputs.parameters.gen}}/collect/{{inputs.parameters.task}}/ep-{{inputs.parameters.episode}}"
+MODEL_FLAGS = ["--endpoint", serving.openai_base_url(ISVC, NAMESPACE), "--served-model", ISVC]
 
 # Retry what can pass on a second try; exit code 2 is a bad spec/input and never will.
 STEP_RETRY = m.RetryStrategy(
@@ -78,17 +81,8 @@ class _Builder:
 
     # -------------------------------------------------------------- containers
 
-    def _env(self, model: bool) -> list[m.EnvVar]:
-        env = [m.EnvVar(name="HOME", value="/tmp")]
-        if model:
-            # How steps reach the generation's served model (docs/architecture.md, Argo).
-            env += [m.EnvVar(name="MASS_MODEL_URL", value=serving.openai_base_url(ISVC, NAMESPACE)),
-                    m.EnvVar(name="MASS_MODEL_NAME", value=ISVC)]
-        return env
-
     def step(self, name: str, args: list[str], *, inputs=("gen",), task: str = "", episode: str = "",
-             model: bool = True, outputs=None, pod=None, env_from=(), artifacts_in=(), artifacts_out=(),
-             label: str | None = None) -> Container:
+             outputs=None, pod=None, env_from=(), label: str | None = None, gpu_semaphore=False) -> Container:
         """A step pod: store credentials from the S3 Secret, the jobs image, the step retry."""
         s = self.s
         secret_refs = [s.s3_secret, *env_from]
@@ -97,9 +91,9 @@ class _Builder:
             image=s.images.jobs,
             command=["mass"],
             args=args,
-            inputs=[*_params(*inputs), *artifacts_in],
-            outputs=[*(outputs or []), *artifacts_out],
-            env=self._env(model),
+            inputs=_params(*inputs),
+            outputs=outputs or None,
+            env=[m.EnvVar(name="HOME", value="/tmp")],
             env_from=[m.EnvFromSource(secret_ref=m.SecretEnvSource(name=n, optional=(n != s.s3_secret)))
                       for n in secret_refs],
             resources=m.ResourceRequirements(**pods.resources(pod or s.step, s)),
@@ -109,6 +103,7 @@ class _Builder:
             labels=L.pod_labels(label or name, gen=GEN if "gen" in inputs else "", task=task, episode=episode),
             annotations={f"{L.PREFIX}/spec": SPEC},
             retry_strategy=STEP_RETRY,
+            synchronization=_gpu_semaphore() if gpu_semaphore else None,
         )
 
     def agent(self) -> Container:
@@ -120,8 +115,20 @@ class _Builder:
             image=s.images.sandbox,
             command=["mass"],
             args=["episode", "--in", "/in", "--out", "/out"],
-            inputs=[*_params("gen", "task", "episode"), Artifact(name="episode-in", path="/in")],
-            outputs=[Artifact(name="episode-out", path="/out")],
+            # Key-only S3 artifacts: bucket, endpoint and credentials come from the artifact
+            # repository and are used by Argo's init/wait containers only, never by `mass episode`.
+            inputs=[*_params("gen", "task", "episode", "store-prefix"),
+                    m.Artifact(name="episode-json", path="/in/episode.json", s3=m.S3Artifact(key=f"{EP_KEY}/input/episode.json")),
+                    # a .tar.gz input is unpacked by Argo into the path
+                    m.Artifact(name="workspace-in", path="/in/workspace", s3=m.S3Artifact(key=f"{EP_KEY}/input/workspace.tar.gz"))],
+            outputs=[
+                m.Artifact(name="trace", path="/out/trace.jsonl", archive=m.ArchiveStrategy(none=m.NoneStrategy()),
+                           s3=m.S3Artifact(key=f"{EP_KEY}/output/trace.jsonl")),
+                m.Artifact(name="status", path="/out/status.json", archive=m.ArchiveStrategy(none=m.NoneStrategy()),
+                           s3=m.S3Artifact(key=f"{EP_KEY}/output/status.json")),
+                m.Artifact(name="workspace-out", path="/out/workspace", archive=m.ArchiveStrategy(tar=m.TarStrategy()),
+                           s3=m.S3Artifact(key=f"{EP_KEY}/output/workspace.tar.gz")),
+            ],
             env=[m.EnvVar(name="HOME", value="/tmp")],
             resources=m.ResourceRequirements(**pods.resources(s.agent, s)),
             security_context=m.SecurityContext(**_sc(pods.container_security_context())),
@@ -177,8 +184,7 @@ class _Builder:
             success_condition=training.SUCCEEDED,
             failure_condition=training.FAILED,
             labels=L.pod_labels("train", gen=GEN),
-            synchronization=m.Synchronization(semaphores=[m.SemaphoreRef(
-                config_map_key_ref=m.ConfigMapKeySelector(name=K.SEMAPHORES, key=K.GPU_SEMAPHORE_KEY))]),
+            synchronization=_gpu_semaphore(),
             retry_strategy=TRAIN_RETRY,
         )
 
@@ -192,26 +198,32 @@ class _Builder:
         validate_outputs = [Parameter(name=k, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{f}"))
                             for k, f in VALIDATE_OUTPUTS.items()]
         return [
-            self.step("validate", ["validate", SPEC, "--gen", GEN, "--outputs", OUTPUTS_DIR], model=False,
+            self.step("validate", ["validate", SPEC, "--gen", GEN, "--outputs", OUTPUTS_DIR],
                       outputs=validate_outputs),
-            self.step("search", ["search", *per_task, "--iteration", "{{inputs.parameters.iteration}}"],
+            self.step("search", ["search", *per_task, "--iteration", "{{inputs.parameters.iteration}}", *MODEL_FLAGS],
                       inputs=("gen", "task", "iteration"), task=TASK),
-            self.step("collect-prepare", ["collect", *per_episode, "--phase", "prepare", "--dir", "/tmp/episode"],
-                      inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE,
-                      artifacts_out=[Artifact(name="episode-in", path="/tmp/episode")]),
+            # prepare writes <ep>/input/ in the store, ingest promotes <ep>/output/ (the agent's artifacts).
+            self.step("collect-prepare", ["collect", *per_episode, "--phase", "prepare", *MODEL_FLAGS],
+                      inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE),
             self.agent(),
-            self.step("collect-ingest", ["collect", *per_episode, "--phase", "ingest", "--dir", "/tmp/episode"],
-                      inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE, model=False,
-                      artifacts_in=[Artifact(name="episode-out", path="/tmp/episode")]),
-            self.step("guard", ["guard", *per_task], inputs=("gen", "task"), task=TASK, model=False),
-            self.step("rank", ["rank", *per_task], inputs=("gen", "task"), task=TASK),
-            self.step("render-sft", ["render", "sft", *base], model=False),
+            self.step("collect-ingest", ["collect", *per_episode, "--phase", "ingest"],
+                      inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE),
+            self.step("guard", ["guard", *per_task], inputs=("gen", "task"), task=TASK),
+            self.step("rank", ["rank", *per_task, *MODEL_FLAGS], inputs=("gen", "task"), task=TASK),
+            self.step("render-sft", ["render", "sft", *base]),
             self.step("select", ["select", *base]),
-            self.step("merge", ["merge", *base], model=False, pod=s.merge),
+            self.step("merge", ["merge", *base], pod=s.merge),
             # Judge API keys come from an optional Secret as env (the spec names them: api_key_env).
-            self.step("evaluate", ["evaluate", *base], env_from=(s.judge_secret,)),
-            self.step("report", ["report", "--spec", SPEC], inputs=(), model=False),
+            # Serves L_0, L_gen-1 and L_gen itself (GPU-sized pod, counted by the GPU semaphore).
+            self.step("evaluate", ["evaluate", *base, "--work-dir", "/tmp/work"], env_from=(s.judge_secret,),
+                      pod=s.server, gpu_semaphore=True),
+            self.step("report", ["report", "--spec", SPEC], inputs=()),
         ]
+
+
+def _gpu_semaphore() -> m.Synchronization:
+    return m.Synchronization(semaphores=[m.SemaphoreRef(
+        config_map_key_ref=m.ConfigMapKeySelector(name=K.SEMAPHORES, key=K.GPU_SEMAPHORE_KEY))])
 
 
 def _sc(d: dict) -> dict:
@@ -249,22 +261,21 @@ def _workflow_defaults(s: ClusterSettings) -> dict:
 
 
 def _cycle_steps() -> Steps:
-    """One generation. With train=false only serve + evaluate + report run (the last generation)."""
+    """One generation; evaluate compares the merged L_gen+1 with L_0 and L_gen (it serves them itself)."""
     v = "{{steps.validate.outputs.parameters.%s}}"
-    training_on = "{{inputs.parameters.train}} == true"
-    with Steps(name="cycle", inputs=_params("gen", "train")) as cycle:
+    with Steps(name="cycle", inputs=_params("gen")) as cycle:
         Step(name="validate", template="validate", arguments=_args(gen=GEN))
         Step(name="serve-model", template="serve-model", arguments=_args(gen=GEN, model_uri=v % "model-uri"))
-        Step(name="search", template="search-task", when=training_on, with_param=v % "tasks",
+        Step(name="search", template="search-task", with_param=v % "tasks", when=f"{v % 'iterations'} > 0",
              arguments=_args(gen=GEN, task="{{item}}", iteration="0", iterations=v % "iterations"))
-        Step(name="collect", template="collect-episode", when=training_on, with_param=v % "episodes",
-             arguments=_args(gen=GEN, task="{{item.task}}", episode="{{item.episode}}"))
-        with_tasks = dict(when=training_on, with_param=v % "tasks")
-        Step(name="guard", template="guard", arguments=_args(gen=GEN, task="{{item}}"), **with_tasks)
-        Step(name="rank", template="rank", arguments=_args(gen=GEN, task="{{item}}"), **with_tasks)
+        Step(name="collect", template="collect-episode", with_param=v % "episodes",
+             arguments=_args(gen=GEN, task="{{item.task}}", episode="{{item.episode}}",
+                             store_prefix=v % "store-prefix"))
+        Step(name="guard", template="guard", arguments=_args(gen=GEN, task="{{item}}"), with_param=v % "tasks")
+        Step(name="rank", template="rank", arguments=_args(gen=GEN, task="{{item}}"), with_param=v % "tasks")
         for name in ("render-sft", "train", "select", "merge"):
-            Step(name=name, template=name, when=training_on, arguments=_args(gen=GEN))
-        Step(name="evaluate", template="evaluate", arguments=_args(gen=GEN))
+            Step(name=name, template=name, arguments=_args(gen=GEN))
+        Step(name="evaluate", template="evaluate", arguments=_args(gen=NEXT_GEN))
         Step(name="report", template="report")
     return cycle
 
@@ -285,12 +296,11 @@ def _search_loop() -> Steps:
 def _collect_episode() -> Steps:
     """prepare (step pod, store access) -> agent pod (artifacts only) -> ingest (step pod)."""
     a = _args(gen=GEN, task=TASK, episode=EPISODE)
-    with Steps(name="collect-episode", inputs=_params("gen", "task", "episode")) as st:
+    with Steps(name="collect-episode", inputs=_params("gen", "task", "episode", "store-prefix")) as st:
         Step(name="prepare", template="collect-prepare", arguments=a)
-        Step(name="agent", template="agent-episode", arguments=[
-            *a, m.Artifact(name="episode-in", from_="{{steps.prepare.outputs.artifacts.episode-in}}")])
-        Step(name="ingest", template="collect-ingest", arguments=[
-            *a, m.Artifact(name="episode-out", from_="{{steps.agent.outputs.artifacts.episode-out}}")])
+        Step(name="agent", template="agent-episode",
+             arguments=[*a, Parameter(name="store-prefix", value="{{inputs.parameters.store-prefix}}")])
+        Step(name="ingest", template="collect-ingest", arguments=a)
     return st
 
 
@@ -306,7 +316,7 @@ def mass_cycle(s: ClusterSettings) -> dict:
         **_workflow_defaults(s),
     ) as wt:
         with Steps(name="main"):
-            Step(name="cycle", template="cycle", arguments=_args(gen="{{workflow.parameters.gen}}", train="true"))
+            Step(name="cycle", template="cycle", arguments=_args(gen="{{workflow.parameters.gen}}"))
         with Steps(name="exit-handler"):
             Step(name="delete-model", template="delete-model", arguments=_args(gen="{{workflow.parameters.gen}}"))
         _cycle_steps()
@@ -325,13 +335,13 @@ def mass_cycle(s: ClusterSettings) -> dict:
 
 
 def mass_run(s: ClusterSettings) -> dict:
-    """L0 -> L_N: the cycle per generation (bounded recursion), then evaluate L_N."""
+    """L0 -> L_N: the cycle per generation (bounded recursion); each cycle evaluates its merged model."""
     v = "{{steps.validate.outputs.parameters.%s}}"
 
-    def cycle_ref(gen: str, train: str) -> dict:
+    def cycle_ref(gen: str) -> dict:
         return dict(
             template_ref=m.TemplateRef(name=CYCLE, template="cycle"),
-            arguments=_args(gen=gen, train=train),
+            arguments=_args(gen=gen),
             # The model server goes away after each generation, success or not.
             hooks={"exit": m.LifecycleHook(template_ref=m.TemplateRef(name=CYCLE, template="delete-model"),
                                            arguments=m.Arguments(parameters=[m.Parameter(name="gen", value=gen)]))},
@@ -349,9 +359,8 @@ def mass_run(s: ClusterSettings) -> dict:
                  arguments=_args(gen="0"))
             Step(name="generations", template="chain",
                  arguments=_args(gen="0", generations=v % "generations"))
-            Step(name="last", **cycle_ref(v % "generations", "false"))
         with Steps(name="chain", inputs=_params("gen", "generations")):
-            Step(name="cycle", **cycle_ref(GEN, "true"))
+            Step(name="cycle", **cycle_ref(GEN))
             Step(name="next", template="chain",
                  when="{{=asInt(inputs.parameters.gen) + 1 < asInt(inputs.parameters.generations)}}",
                  arguments=_args(gen="{{=asInt(inputs.parameters.gen) + 1}}",

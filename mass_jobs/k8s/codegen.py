@@ -21,18 +21,18 @@ _CYCLE_DOC = (
         "Inputs (parameters): spec (s3:// URI of the run spec), run (the spec's name), gen (default 0).",
         "Steps: validate -> serve-model (InferenceService, wait Loaded) -> search per task (bounded",
         "recursion over --iteration K) -> collect per task x episode (prepare, sandboxed agent pod,",
-        "ingest) -> guard -> rank -> render-sft -> train (PyTorchJob) -> select -> merge -> evaluate ->",
-        "report; onExit deletes the InferenceService.",
+        "ingest) -> guard -> rank -> render-sft -> train (PyTorchJob) -> select -> merge -> evaluate",
+        "(L_gen+1 vs L_0 and L_gen) -> report; onExit deletes the InferenceService.",
         "Outputs: store objects under <store>/<run>/gen-<gen>/ and gen-<gen+1>/model/ (see docs/architecture.md).",
         "Submit: argo submit --from workflowtemplate/mass-cycle -p spec=s3://... -p run=NAME -p gen=0",
     ],
 )
 _RUN_DOC = (
-    "WorkflowTemplate mass-run: a whole run, L0 -> L_N, then the evaluation of L_N.",
+    "WorkflowTemplate mass-run: a whole run, L0 -> L_N (each cycle evaluates the model it merged).",
     [
         "Inputs (parameters): spec (s3:// URI of the run spec), run (the spec's name).",
-        "Steps: validate -> chain (mass-cycle/cycle per generation, bounded recursion) -> last",
-        "(serve + evaluate + report of L_N); each generation's InferenceService is deleted on exit.",
+        "Steps: validate -> chain (mass-cycle/cycle for gen 0..N-1, bounded recursion); each",
+        "generation's InferenceService is deleted on exit.",
         "Outputs: the run's store prefix, report/ included.",
         "Submit: argo submit --from workflowtemplate/mass-run -p spec=s3://... -p run=NAME",
     ],
