@@ -196,40 +196,74 @@ def _name_threads(threads: list[Thread]) -> None:
         t.id = base if used[base] == 1 else f"{base}#{used[base]}"
 
 
-def _calls_of(t: Thread) -> list[ToolUse]:
+def _call_signature(calls: list[dict]) -> list[tuple[Any, Any]]:
+    return [((c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")) for c in calls or []]
+
+
+def _uses_of(t: Thread, rec: dict) -> list[ToolUse]:
+    msg = (rec.get("response") or {}).get("message") or {}
     uses = []
-    for rec in t.records:
-        msg = (rec.get("response") or {}).get("message") or {}
-        for call in msg.get("tool_calls") or []:
-            fn = call.get("function") or {}
-            raw = fn.get("arguments")
-            try:
-                args = raw if isinstance(raw, dict) else json.loads(raw or "{}")
-            except (json.JSONDecodeError, TypeError):
-                args = {}
-            uses.append(
-                ToolUse(
-                    seq=rec.get("seq", 0),
-                    thread=t.id,
-                    name=str(fn.get("name") or ""),
-                    arguments=args if isinstance(args, dict) else {},
-                    call_id=call.get("id"),
-                )
+    for call in msg.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        raw = fn.get("arguments")
+        try:
+            args = raw if isinstance(raw, dict) else json.loads(raw or "{}")
+        except (json.JSONDecodeError, TypeError):
+            args = {}
+        uses.append(
+            ToolUse(
+                seq=rec.get("seq", 0),
+                thread=t.id,
+                name=str(fn.get("name") or ""),
+                arguments=args if isinstance(args, dict) else {},
+                call_id=call.get("id"),
             )
+        )
     return uses
 
 
+def _calls_of(t: Thread) -> list[ToolUse]:
+    return [u for rec in t.records for u in _uses_of(t, rec)]
+
+
+def _history(t: Thread) -> list[tuple[list, list[dict]]]:
+    """(call signature, following tool messages) of each assistant message the thread resent."""
+    out: list[tuple[list, list[dict]]] = []
+    for m in (t.records[-1].get("request") or {}).get("messages") or []:
+        if not isinstance(m, dict):
+            continue
+        if m.get("role") == "assistant":
+            out.append((_call_signature(m.get("tool_calls")), []))
+        elif m.get("role") == "tool" and out:
+            out[-1][1].append(m)
+    return out
+
+
 def tool_uses(t: Thread) -> list[ToolUse]:
-    """The thread's tool calls with their results (from the thread's later requests)."""
-    results: dict[str, str] = {}
+    """The thread's tool calls with their results, found in the thread's later requests.
+
+    A reply is matched to the assistant message that resends the same calls (in order), and its
+    results by position; ids alone are not enough (servers may omit them or reuse them per turn).
+    """
+    history = _history(t)
+    by_id = {m.get("tool_call_id"): text_of(m.get("content")) for _, tools in history for m in tools if m.get("tool_call_id")}
+    uses: list[ToolUse] = []
+    cursor = 0
     for rec in t.records:
-        for m in (rec.get("request") or {}).get("messages") or []:
-            if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id"):
-                results[m["tool_call_id"]] = text_of(m.get("content"))
-    uses = _calls_of(t)
-    for u in uses:
-        if u.call_id:
-            u.result = results.get(u.call_id)
+        rec_uses = _uses_of(t, rec)
+        if not rec_uses:
+            continue
+        sig = _call_signature(((rec.get("response") or {}).get("message") or {}).get("tool_calls"))
+        match = next((i for i in range(cursor, len(history)) if history[i][0] == sig), None)
+        if match is not None:
+            cursor = match + 1
+            results = history[match][1]
+            for i, u in enumerate(rec_uses):
+                u.result = text_of(results[i].get("content")) if i < len(results) else None
+        else:
+            for u in rec_uses:
+                u.result = by_id.get(u.call_id) if u.call_id else None
+        uses += rec_uses
     return uses
 
 

@@ -13,7 +13,8 @@ from mass_jobs.cli import main as cli_main
 class TraceBuilder:
     """Writes trace records the way the recording proxy does: full request messages + response message."""
 
-    def __init__(self, with_agents: bool = True):
+    def __init__(self, with_agents: bool = True, ids: str = "unique"):
+        self.ids = ids  # "unique"; "missing": the server sent none (the harness made its own); "reused": call_0 every turn
         self.records: list[dict] = []
         self.convs: dict[str, list[dict]] = {}
         self.with_agents = with_agents
@@ -26,12 +27,13 @@ class TraceBuilder:
         """One model call of `thread`; calls = [(name, args_dict_or_raw_str)]. Returns the call ids."""
         msgs = self.convs[thread]
         ids, tool_calls = [], []
-        for name, args in calls:
+        for i, (name, args) in enumerate(calls):
             self.n += 1
-            ids.append(f"c{self.n}")
+            ids.append(f"call_{i}" if self.ids == "reused" else f"c{self.n}")
             raw = args if isinstance(args, str) else json.dumps(args)
-            tool_calls.append({"id": f"c{self.n}", "type": "function", "function": {"name": name, "arguments": raw}})
-        response = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": tool_calls}
+            tool_calls.append({"id": ids[-1], "type": "function", "function": {"name": name, "arguments": raw}})
+        sent = [{**c, "id": None} for c in tool_calls] if self.ids == "missing" else tool_calls
+        response = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": sent}
         self.records.append(
             {
                 "seq": len(self.records),
@@ -50,8 +52,8 @@ class TraceBuilder:
         self.convs[thread].append({"role": "tool", "tool_call_id": call_id, "content": content})
 
 
-def builtin_handoff_trace(with_agents: bool = True, reader_reads: str = "analysis.py") -> list[dict]:
-    t = TraceBuilder(with_agents)
+def builtin_handoff_trace(with_agents: bool = True, reader_reads: str = "analysis.py", ids: str = "unique") -> list[dict]:
+    t = TraceBuilder(with_agents, ids)
     t.start("orchestrator", "You are the orchestrator", "Analyse the data.")
     a1 = "Write analysis.py that prints the mean of data.csv."
     (d1,) = t.turn("orchestrator", "orchestrator", calls=[("delegate", {"agent_id": "worker-1", "assignment": a1})])
@@ -78,6 +80,15 @@ def test_builtin_trace_has_delegation_and_handoff():
     assert audit.code_handoff
     assert audit.handoffs == [{"file": "analysis.py", "writer": "worker-1", "reader": "worker-2", "read_seq": 4}]
     assert (audit.revisions, audit.redelegations, audit.rewrites) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("ids", ["missing", "reused"])
+def test_results_are_found_when_servers_omit_or_reuse_call_ids(ids):
+    audit = audit_records(builtin_handoff_trace(ids=ids))
+    assert (audit.delegations_ok, audit.code_handoff) == (2, True)
+    failed_read = builtin_handoff_trace(ids=ids)
+    failed_read[5]["request"]["messages"][-1]["content"] = "ERROR: no such file: 'analysis.py'"
+    assert not audit_records(failed_read).code_handoff  # a read that failed hands nothing off
 
 
 def test_threads_without_agent_headers_come_from_message_prefixes():
