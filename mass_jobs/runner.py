@@ -33,7 +33,7 @@ class RunError(RuntimeError):
     pass
 
 
-class TestTaskLeak(RunError):
+class SplitLeak(RunError):
     """A test task reached a training input (never allowed)."""
 
 
@@ -45,7 +45,7 @@ def train_tasks(spec: RunSpec) -> list[Task]:
 
 
 def check_no_test_leak(ctx: RunContext, gen: int) -> dict:
-    """Raise TestTaskLeak when a test task appears in a rank file, a collection or an SFT window."""
+    """Raise SplitLeak when a test task appears in a rank file, a collection or an SFT window."""
     test_ids = {t.id for t in ctx.spec.resolved_tasks() if t.split == "test"}
     store = ctx.store
     found = []
@@ -68,7 +68,7 @@ def check_no_test_leak(ctx: RunContext, gen: int) -> dict:
             if task in test_ids or task is None:
                 found.append(f"{key} line {n + 1}: task {task!r}")
     if found:
-        raise TestTaskLeak(f"generation {gen}: test tasks reached training inputs: {found[:10]}")
+        raise SplitLeak(f"generation {gen}: test tasks reached training inputs: {found[:10]}")
     return {"windows_checked": windows, "test_tasks": sorted(test_ids)}
 
 
@@ -186,7 +186,8 @@ class Runner:
                  python: str = sys.executable, on_step: Callable[[str], None] | None = None):
         self.spec_path, self.spec = str(spec_path), spec
         self.ctx = RunContext(spec, store)
-        self.work = Path(work_dir) / spec.name
+        self.work = Path(work_dir).resolve() / spec.name
+        self.work.mkdir(parents=True, exist_ok=True)
         self.state = RunState(self.ctx)
         self.display = Display(total=len(STEPS) * spec.generations + 1, enabled=progress)
         self.python = python
@@ -402,7 +403,7 @@ def _status(state: dict, g: int, name: str, done: bool) -> str:
 
 
 def _alive(pid) -> bool:
-    if not isinstance(pid, int):
+    if not isinstance(pid, int) or pid <= 0:  # 0 / -1 would address process groups, not the runner
         return False
     try:
         os.kill(pid, 0)

@@ -13,7 +13,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.runner import RunError, run
+    from mass_jobs.runner import RunError, run  # noqa: F401 (RunError is a RuntimeError)
     from mass_jobs.spec import SpecError
 
     try:
@@ -21,7 +21,7 @@ def main(args) -> int:
     except SpecError as err:
         print(err, file=sys.stderr)
         return 2
-    except RunError as err:
+    except (RunError, RuntimeError, OSError, ValueError) as err:
         print(f"run failed: {err}", file=sys.stderr)
         return 1
     print(f"report: {', '.join(sorted(manifest['outputs']))}")
