@@ -109,3 +109,23 @@ def test_schemas_are_closed(name):
     for obj in objects:
         if obj.get("type") == "object" and "properties" in obj:
             assert obj.get("additionalProperties") is False, obj.get("title")
+
+
+def test_validate_writes_argo_outputs(tmp_path):
+    out = tmp_path / "outputs"
+    assert cli_main(["validate", str(ROOT / "examples/paper.yaml"), "--gen", "1", "--outputs", str(out), "--quiet"]) == 0
+    assert json.loads((out / "train-tasks.json").read_text()) == ["finance-momentum", "robotics-push"]
+    episodes = json.loads((out / "episodes.json").read_text())
+    assert len(episodes) == 2 * 18 and episodes[0] == {"task": "finance-momentum", "episode": 0}
+    assert (out / "search-iterations").read_text() == "12"  # iteration 0 + 11 proposals
+    assert (out / "store-prefix").read_text() == "paper/paper"
+    assert (out / "model-uri").read_text() == "s3://mass-runs/paper/paper/gen-1/model"
+    assert (out / "generations").read_text() == "2"
+    cli_main(["validate", str(ROOT / "examples/paper.yaml"), "--gen", "0", "--outputs", str(out), "--quiet"])
+    assert (out / "model-uri").read_text() == "hf://Qwen/Qwen3.6-27B"
+
+
+def test_validate_outputs_refuse_a_local_store(tmp_path, capsys):
+    assert cli_main(["validate", str(ROOT / "examples/tiny.yaml"), "--outputs", str(tmp_path)]) == 2
+    assert "$.store.uri: expected an s3:// URI" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
