@@ -180,3 +180,37 @@ def test_unreadable_verdicts_are_retried_then_invalid(judging_endpoint):
     assert not v.valid and v.winner is None and v.attempts == 3
     with pytest.raises(ValueError, match="invalid verdict"):
         v.score_of_first()
+
+
+def test_cli_entries_print_json_and_use_exit_codes(tmp_path, judging_endpoint, capsys):
+    import yaml
+
+    from mass_jobs.cli import main
+    from tests.fixtures.inner_loop import spec_document
+
+    doc = spec_document(f"file://{tmp_path / 'store'}", search={"iterations": 1},
+                        collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2},
+                        ranking={"comparisons_per_episode": 1})
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    ep = judging_endpoint()
+    add_episodes(ep, episode(1), episode(5))
+    common = ["--spec", str(tmp_path / "spec.yaml"), "--gen", "0", "--task", "t1"]
+    model = ["--endpoint", ep.base_url, "--served-model", "scripted"]
+    assert main(["search", *common, *model, "--iteration", "0"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"continue": True, "next": 1, "elite": 0, "beats_reference": True}
+    assert main(["collect", *common, *model]) == 1  # the search is not finished
+    assert "search of generation 0 is not finished" in capsys.readouterr().err
+    ep.add("optimizer", Reply.text(proposal("v1")))
+    add_episodes(ep, episode(2))
+    assert main(["search", *common, *model, "--iteration", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["continue"] is False
+    add_episodes(ep, episode(4), episode(3))
+    assert main(["collect", *common, *model]) == 0
+    assert json.loads(capsys.readouterr().out)["eligible"] == ["ep-0", "ep-1"]
+    assert main(["guard", *common]) == 0
+    assert json.loads(capsys.readouterr().out)["usable"] == ["ep-0", "ep-1"]
+    assert main(["rank", *common, *model]) == 0
+    assert json.loads(capsys.readouterr().out) == {"task": "t1", "skipped": False, "train": ["ep-0"], "val": "ep-1",
+                                                   "invalid_verdicts": 0}
+    assert main(["rank", "--spec", str(tmp_path / "spec.yaml"), "--gen", "0", "--task", "nope", *model]) == 2
+    assert "no task 'nope'" in capsys.readouterr().err
