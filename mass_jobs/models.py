@@ -131,6 +131,11 @@ class CollectionSpec(Closed):
     train_ranks: int = Field(default=15, ge=1, description="Top-ranked episodes kept for training.")
     validation_rank: int = Field(default=16, ge=2, description="The rank kept for validation (train_ranks + 1).")
     directive: str | None = Field(default=None, description="Teacher execution directive; the built-in one when null.")
+    require_beats_reference: bool = Field(
+        default=True,
+        description="Collect only for tasks whose search beat the bare reference (the paper). "
+        "false: collect for every training task (smoke runs with an untrained model that never wins).",
+    )
 
 
 class RankingSpec(Closed):
