@@ -94,6 +94,16 @@ def test_task_that_never_beat_the_reference_is_skipped_and_recorded(make_store, 
     assert store.get_json("inner/gen-0/collect/t1/summary.json") == summary
 
 
+def test_spec_can_collect_for_a_task_that_never_beat_the_reference(make_store, inner_spec, judging_endpoint):
+    store = make_store("file")
+    spec = inner_spec(store, search={"iterations": 0},
+                      collection={"episodes": 3, "train_ranks": 1, "validation_rank": 2, "require_beats_reference": False})
+    ep = judging_endpoint()
+    ctx = searched(spec, store, ep, 5, 5)
+    assert Collection(ctx, 0, "t1").skip_reason is None
+    assert Collection(ctx, 0, "t1", require_beats_reference=True).skip_reason is not None
+
+
 def test_collect_needs_a_finished_search_and_a_train_task(make_store, inner_spec):
     store = make_store("file")
     spec = inner_spec(store, tasks=[{"id": "t1", "split": "train", "prompt": "p"},

@@ -36,11 +36,14 @@ class CollectError(RuntimeError):
 
 
 class Collection:
-    def __init__(self, ctx: RunContext, gen: int, task_id: str, require_beats_reference: bool = True):
+    def __init__(self, ctx: RunContext, gen: int, task_id: str, require_beats_reference: bool | None = None):
         self.ctx, self.gen, self.store = ctx, gen, ctx.store
         self.task = ctx.spec.task(task_id)
         self.cfg = ctx.spec.collection
-        self.require_beats_reference = require_beats_reference
+        # The spec decides (collection.require_beats_reference); callers may override it in code.
+        self.require_beats_reference = (
+            self.cfg.require_beats_reference if require_beats_reference is None else require_beats_reference
+        )
         if self.task.split != "train":
             raise CollectError(f"task {task_id} is a {self.task.split} task; only train tasks are collected")
         doc = self.store.get_json(ctx.search_state(gen, task_id)) if self.store.exists(ctx.search_state(gen, task_id)) else None
@@ -174,7 +177,7 @@ def _wf(doc: dict):
 
 
 def run_collect(ctx: RunContext, gen: int, task_id: str, execute: Execute | None, *, episode: int | None = None,
-                phase: str | None = None, endpoint=None, require_beats_reference: bool = True) -> dict:
+                phase: str | None = None, endpoint=None, require_beats_reference: bool | None = None) -> dict:
     """Library core of `mass collect` and the local runner; returns the summary (or the one episode's status)."""
     c = Collection(ctx, gen, task_id, require_beats_reference)
     if episode is not None:
