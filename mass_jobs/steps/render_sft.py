@@ -372,3 +372,83 @@ def write_jsonl(path, windows: list[Window]) -> None:
 def read_jsonl(path) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+# ---------------------------------------------------------------- the step over the store
+
+
+def _episode_ids(manifest: dict, split: str, key: str) -> list[int]:
+    ids = manifest.get(split)
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise RenderError(f"{key}: expected '{split}': a list of episode indices (ints), found {ids!r}")
+    return ids
+
+
+def teacher_prompt_from_trace(records: list[dict]) -> str | None:
+    """The orchestrator's first user message: the harness sends the collection prompt verbatim."""
+    ordered = sorted(records, key=lambda r: r.get("seq", 0))
+    orch = [r for r in ordered if (r.get("agent") or {}).get("role") == "orchestrator"] or ordered[:1]
+    for r in orch:
+        for m in (r.get("request") or {}).get("messages") or []:
+            if m.get("role") == "user":
+                return _content_text(m.get("content"))
+    return None
+
+
+def load_episode(ctx, gen: int, task, i: int) -> EpisodeTrace:
+    base = ctx.collect_episode(gen, task.id, i)
+    lines = ctx.store.get_bytes(f"{base}/trace.jsonl").decode("utf-8").splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    # collect may store the exact prompt it sent; else the trace itself holds it
+    prompt_key = f"{base}/prompt.txt"
+    teacher = ctx.store.get_bytes(prompt_key).decode("utf-8") if ctx.store.exists(prompt_key) else None
+    return EpisodeTrace(task.id, i, records, bare_prompt=task.prompt.strip(),
+                        teacher_prompt=teacher or teacher_prompt_from_trace(records))
+
+
+def run_render(ctx, gen: int, tokenizer) -> dict:
+    """Render every train task's ranked episodes into sft/{train,val}.jsonl + stats.json.
+
+    Tasks without a rank manifest (e.g. search never beat the bare reference) give no data.
+    Returns the step manifest's `extra` (stored supervised tokens, window counts).
+    """
+    import tempfile
+    from pathlib import Path
+
+    from mass_jobs.store import Step
+
+    tasks = [t for t in ctx.spec.resolved_tasks() if t.split == "train" and ctx.store.exists(ctx.rank(gen, t.id))]
+    ranks = {t.id: ctx.store.get_json(ctx.rank(gen, t.id)) for t in tasks}
+    split_ids = {t.id: {s: _episode_ids(ranks[t.id], s, ctx.rank(gen, t.id)) for s in ("train", "val")} for t in tasks}
+    step = Step(ctx.store, ctx.sft(gen), inputs={
+        "episodes": split_ids, "sft": ctx.spec.sft.model_dump(mode="json", include={"window", "context", "strict"}),
+        "tokenizer": getattr(tokenizer, "name_or_path", ""), "prompts": {t.id: t.prompt for t in tasks},
+    })
+    if step.done:
+        return ctx.store.get_json(step.manifest_key)["extra"]
+    step.start()
+    out, stats = {}, {}
+    for split in ("train", "val"):
+        episodes = [load_episode(ctx, gen, t, i) for t in tasks for i in split_ids[t.id][split]]
+        out[split], stats[split] = render_windows(episodes, tokenizer, ctx.spec.sft)
+    if not out["train"]:
+        raise RenderError(f"generation {gen}: no training windows (tasks with rank manifests: {sorted(ranks)})")
+    keys = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for split in ("train", "val"):
+            path = Path(tmp) / f"{split}.jsonl"
+            write_jsonl(path, out[split])
+            keys.append(f"{ctx.sft(gen)}/{split}.jsonl")
+            ctx.store.put_file(keys[-1], path)
+    extra = {
+        "stored_supervised_tokens": stats["train"]["stored_supervised_tokens"],
+        "val_supervised_tokens": stats["val"]["stored_supervised_tokens"],
+        "windows": stats["train"]["windows"],
+        "windows_by_role": stats["train"]["windows_by_role"],
+        "val_windows": stats["val"]["windows"],
+        "dropped_blocks": len(stats["train"]["dropped_blocks"]) + len(stats["val"]["dropped_blocks"]),
+    }
+    keys.append(f"{ctx.sft(gen)}/stats.json")
+    ctx.store.put_json(keys[-1], {**stats, "summary": extra})
+    step.finish(keys, extra=extra)
+    return extra

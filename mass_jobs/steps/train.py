@@ -1,0 +1,119 @@
+"""LoRA SFT of generation g's model on its rendered windows (MASS outer loop, step 5).
+
+Every rank reads `<run>/gen-<g>/sft/{train,val}.jsonl` and the parent model, trains with the
+spec's LoRA and optimizer settings, and rank 0 copies each checkpoint (local dir first) to
+`<run>/gen-<g>/train/step-<n>` and the step log to `<run>/gen-<g>/train/log.jsonl`. `--resume`
+continues from the newest checkpoint, local or in the store, and logs the same losses an
+uninterrupted run would have.
+
+Run: `torchrun --nproc_per_node N -m mass_jobs.cli train --spec SPEC --gen G [--resume]`
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from mass_jobs.context import RunContext
+from mass_jobs.training.checkpoint import latest_checkpoint
+from mass_jobs.training.loop import Dist, Trainer
+
+
+def read_windows(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def parent_model_dir(ctx: RunContext, gen: int, cache_dir: Path) -> Path:
+    """Generation g's model: the stored `gen-<g>/model` archive, else (gen 0) the spec's base model."""
+    from mass_jobs.modelio import resolve_model
+
+    key = ctx.model(gen)
+    if ctx.store.exists(key):
+        dest = Path(cache_dir) / f"gen-{gen}-model"
+        if not (dest / "config.json").exists():
+            ctx.store.get_dir(key, dest)
+        return dest
+    if gen == 0:
+        store_opts = {}
+        if ctx.spec.store.endpoint_url:
+            store_opts["endpoint_url"] = ctx.spec.store.endpoint_url
+        return resolve_model(ctx.spec.model.base, store_options=store_opts)
+    raise FileNotFoundError(f"no model for generation {gen} at store key {key!r} (run merge of gen {gen - 1})")
+
+
+def stored_steps(ctx: RunContext, gen: int) -> list[int]:
+    prefix = f"{ctx.train(gen)}/step-"
+    steps = set()
+    for key in ctx.store.list(prefix):
+        head = key[len(prefix):].split("/", 1)[0]
+        if head.isdigit():
+            steps.add(int(head))
+    return sorted(steps)
+
+
+def _fetch_inputs(ctx: RunContext, gen: int, work: Path, resume: bool) -> tuple[Path, Path]:
+    inputs = work / "inputs"
+    inputs.mkdir(parents=True, exist_ok=True)
+    for name in ("train.jsonl", "val.jsonl"):
+        ctx.store.get_file(f"{ctx.sft(gen)}/{name}", inputs / name)
+    parent = parent_model_dir(ctx, gen, work / "models")
+    out = work / "train"
+    if resume and latest_checkpoint(out) is None:
+        # A fresh pod: bring the newest stored checkpoint and the log up to it.
+        steps = stored_steps(ctx, gen)
+        if steps:
+            ctx.store.get_dir(f"{ctx.train(gen)}/step-{steps[-1]}", out / f"step-{steps[-1]}")
+            if ctx.store.exists(f"{ctx.train(gen)}/log.jsonl"):
+                ctx.store.get_file(f"{ctx.train(gen)}/log.jsonl", out / "log.jsonl")
+    return inputs, parent
+
+
+def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False, parallel: str = "ddp",
+              progress: bool = True) -> dict:
+    """Train (every rank calls this); returns the train step's manifest `extra` on every rank."""
+    from mass_jobs.store import Step
+
+    dist = Dist.current()
+    work = Path(work_dir)
+    sft_manifest = ctx.store.get_json(f"{ctx.sft(gen)}/_manifest.json")
+    step = Step(ctx.store, ctx.train(gen), inputs={
+        "sft": sft_manifest.get("outputs"), "sft_spec": ctx.spec.sft.model_dump(mode="json"),
+        "parent": ctx.spec.model.base if gen == 0 else ctx.model(gen), "world_size": dist.world,
+    })
+    if step.done:
+        return ctx.store.get_json(step.manifest_key)["extra"]
+    if dist.local_rank == 0:
+        if not resume:
+            shutil.rmtree(work / "train", ignore_errors=True)
+        inputs, parent = _fetch_inputs(ctx, gen, work, resume)
+    dist.barrier()
+    if dist.local_rank != 0:
+        inputs, parent = work / "inputs", parent_model_dir(ctx, gen, work / "models")
+    log_key = f"{ctx.train(gen)}/log.jsonl"
+
+    def upload(n: int, path: Path) -> None:
+        ctx.store.put_dir(f"{ctx.train(gen)}/step-{n}", path)
+        ctx.store.put_file(log_key, path.parent / "log.jsonl")
+
+    if dist.rank == 0 and not resume:
+        step.start()
+    trainer = Trainer(parent, read_windows(inputs / "train.jsonl"), read_windows(inputs / "val.jsonl"),
+                      ctx.spec.sft, work / "train", parallel=parallel, on_checkpoint=upload, progress=progress)
+    trainer.setup()
+    result = trainer.train(resume=resume)
+    extra = {
+        "steps": result.steps,
+        "checkpoints": stored_steps(ctx, gen),
+        "processed_supervised_tokens": result.processed_tokens,
+        "stored_supervised_tokens": sft_manifest.get("extra", {}).get("stored_supervised_tokens"),
+        "world_size": dist.world,
+        "parallel": parallel,
+    }
+    if dist.rank == 0:
+        ctx.store.put_file(log_key, work / "train" / "log.jsonl")
+        keys = [log_key] + [f"{ctx.train(gen)}/step-{n}" for n in extra["checkpoints"]]
+        step.finish(keys, extra=extra)
+    dist.barrier()
+    return extra

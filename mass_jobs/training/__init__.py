@@ -1,0 +1,1 @@
+"""LoRA SFT internals used by `mass train`: LoRA setup, LR schedule, checkpoints and the training loop."""

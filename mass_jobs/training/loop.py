@@ -1,0 +1,375 @@
+"""The LoRA SFT loop: one window per rank and micro-step, DDP (or FSDP) over ranks, exact resume.
+
+Loss per window = mean over its supervised tokens; a step's loss = mean over the windows of the
+global batch (world size x grad_accum windows), which is what averaged DDP gradients optimise.
+Validation loss is token-weighted (sum of token losses / supervised tokens), overall, per role
+and per task. Processed supervised tokens are counted per step over every rank's windows.
+
+Run under torchrun by `mass train`; without a process group it trains on one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+from mass_jobs.models import SftSpec
+from mass_jobs.sampler import WindowSampler
+from mass_jobs.steps.render_sft import IGNORE, ROLES
+from mass_jobs.training.checkpoint import (
+    latest_checkpoint,
+    load_adapter_state,
+    read_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from mass_jobs.training.lora import attach_lora, trainable_named_parameters
+from mass_jobs.training.schedule import lr_at
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    processed_tokens: int
+    checkpoints: list[int]
+    val_losses: dict[int, float] = field(default_factory=dict)
+    log_path: Path | None = None
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def current(cls) -> Dist:
+        import os
+
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls()
+        return cls(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+
+    def all_sum(self, values: list[float], device) -> list[float]:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        if self.world > 1:
+            dist.all_reduce(t)
+        return t.tolist()
+
+    def gather(self, obj) -> list:
+        import torch.distributed as dist
+
+        if self.world == 1:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.world > 1:
+            dist.barrier()
+
+
+def window_loss_sum(logits, labels):
+    """(sum of next-token losses over supervised positions, their count) in float32."""
+    import torch.nn.functional as F
+
+    shift_logits = logits[:, :-1, :].float()
+    shift_labels = labels[:, 1:]
+    loss = F.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
+    )
+    return loss, int((shift_labels != IGNORE).sum())
+
+
+def _device(dist_info: Dist):
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(dist_info.local_rank)
+        return torch.device("cuda", dist_info.local_rank)
+    return torch.device("cpu")
+
+
+def _autocast(device):
+    import torch
+
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()  # CPU trains in fp32: bf16 on CPU is slow and lossy
+
+
+class Trainer:
+    """setup -> train -> save; one instance per rank."""
+
+    def __init__(
+        self,
+        parent_dir: Path,
+        train_windows: list[dict],
+        val_windows: list[dict],
+        sft: SftSpec,
+        out_dir: Path,
+        *,
+        parallel: Literal["ddp", "fsdp"] = "ddp",
+        on_checkpoint: Callable[[int, Path], None] | None = None,
+        progress: bool = True,
+        steps: int | None = None,
+    ):
+        self.parent_dir, self.sft, self.out_dir = Path(parent_dir), sft, Path(out_dir)
+        self.train_windows, self.val_windows = train_windows, val_windows
+        self.parallel, self.on_checkpoint, self.progress = parallel, on_checkpoint, progress
+        self.total_steps = steps or sft.steps
+        self.dist = Dist.current()
+        self.device = _device(self.dist)
+        self.sampler = WindowSampler(train_windows, sft.orchestrator_share, sft.seed)
+        self.log_path = self.out_dir / "log.jsonl"
+
+    # ------------------------------------------------------------ setup
+    def setup(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(self.sft.seed)  # same LoRA init on every rank (DDP also broadcasts it)
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        base = AutoModelForCausalLM.from_pretrained(self.parent_dir, dtype=dtype)
+        base.config.use_cache = False
+        if self.sft.gradient_checkpointing:
+            # non-reentrant: works with DDP and with frozen inputs (LoRA leaves embeddings frozen)
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        self.peft_model = attach_lora(base, self.sft.lora).to(self.device)
+        self.model = self._wrap(self.peft_model)
+        params = list(trainable_named_parameters(self.peft_model).values())
+        opt = self.sft.optimizer
+        self.optimizer = torch.optim.AdamW(
+            params, lr=lr_at(1, self.total_steps, opt), betas=tuple(opt.betas), eps=opt.eps,
+            weight_decay=opt.weight_decay,
+        )
+        self.params = params
+
+    def _wrap(self, model):
+        if self.dist.world == 1:
+            return model
+        if self.parallel == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in model.base_model.model.model.layers:
+                fully_shard(layer)
+            return fully_shard(model)
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DDP(model, device_ids=ids)
+
+    # ------------------------------------------------------------ state
+    def _adapter_state(self) -> dict:
+        from peft import get_peft_model_state_dict
+
+        if self.parallel == "fsdp" and self.dist.world > 1:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return get_peft_model_state_dict(self.peft_model, state_dict=full)
+        return get_peft_model_state_dict(self.peft_model)
+
+    def _optimizer_state(self) -> dict:
+        if self.parallel == "fsdp" and self.dist.world > 1:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            return get_optimizer_state_dict(
+                self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+        return self.optimizer.state_dict()
+
+    def resume(self) -> tuple[int, int]:
+        """Restore the latest complete checkpoint in out_dir; returns (step, processed tokens)."""
+        import torch
+        from peft import set_peft_model_state_dict
+
+        path = latest_checkpoint(self.out_dir)
+        if path is None:
+            return 0, 0
+        meta = read_checkpoint(path)
+        if meta["world_size"] != self.dist.world or meta["grad_accum"] != self.sft.grad_accum:
+            raise ValueError(
+                f"checkpoint {path.name} was written by world_size={meta['world_size']} grad_accum="
+                f"{meta['grad_accum']}; this run has {self.dist.world}/{self.sft.grad_accum}: exact resume needs the same"
+            )
+        if meta["sampler"]["fingerprint"] != self.sampler.fingerprint:
+            raise ValueError(f"checkpoint {path.name} was trained on other windows (sampler fingerprint differs)")
+        set_peft_model_state_dict(self.peft_model, load_adapter_state(path))
+        opt_state = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
+        if self.parallel == "fsdp" and self.dist.world > 1:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.model, self.optimizer, opt_state,
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(opt_state)
+        set_rng_state(torch.load(path / "rng.pt", weights_only=False)[self.dist.rank])
+        if self.dist.rank == 0 and self.log_path.exists():
+            # Lines a killed run wrote after its last checkpoint are replayed, so drop them.
+            kept = [ln for ln in self.log_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= meta["step"]]
+            self.log_path.write_text("".join(ln + "\n" for ln in kept))
+        self.dist.barrier()
+        return meta["step"], meta["processed_tokens"]
+
+    def save(self, step: int, processed: int, val_loss: float | None) -> None:
+        rngs = self.dist.gather(rng_state())
+        adapter, opt_state = self._adapter_state(), self._optimizer_state()
+        # Every rank's digest of its own adapter: replicas that drifted apart are a bug, caught here.
+        digests = self.dist.gather(adapter_digest(adapter))
+        if self.dist.rank == 0:
+            if len(set(digests)) != 1:
+                raise RuntimeError(f"step {step}: data-parallel ranks hold different adapters: {digests}")
+            meta = {
+                "adapter_sha256_by_rank": digests,
+                "processed_tokens": processed,
+                "val_loss": val_loss,
+                "world_size": self.dist.world,
+                "grad_accum": self.sft.grad_accum,
+                "total_steps": self.total_steps,
+                "parallel": self.parallel,
+                "sampler": self.sampler.state(),
+                "lora": self.sft.lora.model_dump(),
+                "optimizer": self.sft.optimizer.model_dump(),
+                "lr": lr_at(step, self.total_steps, self.sft.optimizer),
+            }
+            path = save_checkpoint(self.out_dir, step, self.peft_model, adapter, opt_state, rngs, meta)
+            if self.on_checkpoint:
+                self.on_checkpoint(step, path)
+        self.dist.barrier()
+
+    # ------------------------------------------------------------ loop
+    def _batch(self, window: dict):
+        import torch
+
+        ids = torch.tensor([window["input_ids"]], dtype=torch.long, device=self.device)
+        labels = torch.tensor([window["labels"]], dtype=torch.long, device=self.device)
+        return ids, labels
+
+    def validate(self) -> dict:
+        import torch
+
+        self.model.eval()
+        tasks = sorted({str(w["task"]) for w in self.val_windows})
+        keys = ["all"] + [f"role:{r}" for r in ROLES] + [f"task:{t}" for t in tasks]
+        sums = [0.0] * (2 * len(keys))
+        with torch.no_grad(), _autocast(self.device):
+            for w in self.val_windows[self.dist.rank :: self.dist.world]:
+                ids, labels = self._batch(w)
+                loss, n = window_loss_sum(self.model(input_ids=ids).logits, labels)
+                for key in ("all", f"role:{w['role']}", f"task:{w['task']}"):
+                    k = keys.index(key)
+                    sums[2 * k] += float(loss)
+                    sums[2 * k + 1] += n
+        sums = self.dist.all_sum(sums, self.device)
+        self.model.train()
+        mean = {k: (sums[2 * i] / sums[2 * i + 1] if sums[2 * i + 1] else None) for i, k in enumerate(keys)}
+        return {
+            "val_loss": mean["all"],
+            "val_tokens": int(sums[1]),
+            "val_by_role": {r: mean[f"role:{r}"] for r in ROLES if mean[f"role:{r}"] is not None},
+            "val_by_task": {t: mean[f"task:{t}"] for t in tasks},
+        }
+
+    def _log(self, record: dict, console) -> None:
+        if self.dist.rank != 0:
+            return
+        with open(self.log_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+        if console is not None:
+            if record["kind"] == "train":
+                console.print(
+                    f"step {record['step']}/{self.total_steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
+                    f"tokens {record['tokens']} ({record['tokens_per_s']:.0f}/s) processed {record['processed_tokens']}"
+                )
+            else:
+                console.print(f"[bold]val[/bold] step {record['step']} loss {record['val_loss']:.4f}")
+
+    def train(self, resume: bool = False) -> TrainResult:
+        import torch
+
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        console = None
+        if self.progress and self.dist.rank == 0:
+            from rich.console import Console
+
+            console = Console(stderr=True)
+        start, processed = self.resume() if resume else (0, 0)
+        if start == 0 and self.dist.rank == 0:
+            self.log_path.write_text("")
+        val_steps = {self.total_steps} | set(range(self.sft.val_every, self.total_steps + 1, self.sft.val_every))
+        save_steps = {self.total_steps} | set(range(self.sft.save_every, self.total_steps + 1, self.sft.save_every))
+        result = TrainResult(steps=self.total_steps, processed_tokens=processed, checkpoints=[], log_path=self.log_path)
+        if start == 0:
+            v = self.validate()
+            self._log({"kind": "val", "step": 0, **v}, console)
+            result.val_losses[0] = v["val_loss"]
+        self.model.train()
+        accum = self.sft.grad_accum
+        for step in range(start + 1, self.total_steps + 1):
+            t0 = time.perf_counter()
+            lr = lr_at(step, self.total_steps, self.sft.optimizer)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum, tokens = 0.0, 0
+            for micro in range(accum):
+                window = self.train_windows[self.sampler.draw(step, self.dist.rank, micro)]
+                ids, labels = self._batch(window)
+                sync = micro == accum - 1 or not hasattr(self.model, "no_sync")
+                with (contextlib.nullcontext() if sync else self.model.no_sync()), _autocast(self.device):
+                    loss, n = window_loss_sum(self.model(input_ids=ids).logits, labels)
+                    loss = loss / max(n, 1)
+                (loss / accum).backward()
+                loss_sum += float(loss.detach())
+                tokens += n
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.sft.optimizer.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_total, tokens_total = self.dist.all_sum([loss_sum, tokens], self.device)
+            processed += int(tokens_total)
+            elapsed = time.perf_counter() - t0
+            self._log({
+                "kind": "train", "step": step, "loss": loss_total / (self.dist.world * accum), "lr": lr,
+                "tokens": int(tokens_total), "processed_tokens": processed, "grad_norm": float(grad_norm),
+                "step_s": elapsed, "tokens_per_s": tokens_total / elapsed if elapsed > 0 else 0.0,
+            }, console)
+            val_loss = None
+            if step in val_steps or step in save_steps:
+                v = self.validate()
+                val_loss = v["val_loss"]
+                result.val_losses[step] = val_loss
+                self._log({"kind": "val", "step": step, **v}, console)
+            if step in save_steps:
+                self.save(step, processed, val_loss)
+                result.checkpoints.append(step)
+        result.processed_tokens = processed
+        return result
+
+
+def adapter_digest(state: dict) -> str:
+    """sha256 over the adapter tensors' names and raw bytes, in name order."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(name.encode())
+        h.update(state[name].detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def finite(x) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)

@@ -1,0 +1,172 @@
+"""LoRA SFT: schedule, token accounting, every trainable parameter moves, 2-rank DDP, kill and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+import yaml
+
+from mass_jobs.models import LoraSpec, OptimizerSpec, SftSpec
+from mass_jobs.sampler import WindowSampler
+from mass_jobs.training.checkpoint import read_checkpoint
+from mass_jobs.training.loop import Trainer, adapter_digest
+from mass_jobs.training.schedule import lr_at
+
+ROOT = Path(__file__).parents[1]
+SCHEMA = json.loads((ROOT / "schemas" / "checkpoint-manifest.schema.json").read_text())
+TORCHRUN = ROOT / ".venv" / "bin" / "torchrun"
+
+
+def synthetic_windows(n: int, seed: int, length: int = 160) -> list[dict]:
+    """Windows with a masked header and supervised tail; token ids inside the tiny vocabulary."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        ids = [rng.randrange(20, 5900) for _ in range(length)]
+        header = rng.randrange(40, 90)
+        labels = [-100] * header + ids[header:]
+        out.append({"task": "ab"[i % 2], "role": ("orchestrator", "worker", "auxiliary")[i % 3], "input_ids": ids,
+                    "labels": labels, "n_supervised": length - header})
+    return out
+
+
+def small_sft(**kw) -> SftSpec:
+    base = dict(window=256, context=0, steps=4, val_every=2, save_every=2, gradient_checkpointing=True,
+                lora=LoraSpec(r=4, alpha=8, dropout=0.05, target_modules=["q_proj", "v_proj", "down_proj"]),
+                optimizer=OptimizerSpec(lr=2e-3, warmup_steps=1))
+    return SftSpec(**{**base, **kw})
+
+
+def test_schedule_warmup_cosine_floor():
+    opt = OptimizerSpec(lr=3e-5, warmup_steps=5, min_lr_ratio=0.1)
+    lrs = [lr_at(s, 100, opt) for s in range(1, 101)]
+    assert lrs[0] == pytest.approx(6e-6) and lrs[4] == pytest.approx(3e-5)  # linear warmup to the peak
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))  # then monotone cosine decay
+    assert lrs[-1] == pytest.approx(3e-6)  # ... to lr * min_lr_ratio at the last step
+    assert lr_at(55, 105, opt) == pytest.approx(3e-5 * (0.1 + 0.9 * 0.5))  # halfway: midpoint of peak and floor
+
+
+def test_single_process_training_accounts_tokens_and_moves_every_parameter(tiny_model_dir, tmp_path):
+    train, val = synthetic_windows(6, 0), synthetic_windows(2, 1)
+    sft = small_sft()
+    trainer = Trainer(tiny_model_dir, train, val, sft, tmp_path, progress=False)
+    trainer.setup()
+    before = {n: p.detach().clone() for n, p in trainer.peft_model.named_parameters() if p.requires_grad}
+    frozen = {n: p.detach().clone() for n, p in trainer.peft_model.named_parameters() if not p.requires_grad}
+    assert len(before) == 2 * 3 * 2  # A and B for 3 target modules x 2 layers
+    result = trainer.train()
+    after = dict(trainer.peft_model.named_parameters())
+    unchanged = [n for n, p in before.items() if torch.equal(p, after[n].detach())]
+    assert unchanged == []
+    assert all(torch.equal(p, after[n].detach()) for n, p in frozen.items())  # the parent stays frozen
+    # processed = sum of the sampled windows' supervised tokens, recomputed from the sampler alone
+    sampler = WindowSampler(train, sft.orchestrator_share, sft.seed)
+    expected = sum(train[sampler.draw(s, 0)]["n_supervised"] for s in range(1, 5))
+    assert result.processed_tokens == expected
+    log = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r["kind"] == "val"] == [0, 2, 4]
+    assert [r["processed_tokens"] for r in log if r["kind"] == "train"][-1] == expected
+    first_val = [r for r in log if r["kind"] == "val"][0]
+    assert set(first_val["val_by_task"]) == {"a", "b"}
+    assert first_val["val_tokens"] == sum(w["n_supervised"] for w in val)
+    for step in (2, 4):
+        meta = read_checkpoint(tmp_path / f"step-{step}")
+        jsonschema.validate(meta, SCHEMA)
+    assert read_checkpoint(tmp_path / "step-4")["adapter_sha256_by_rank"] == [adapter_digest(
+        __import__("peft").get_peft_model_state_dict(trainer.peft_model))]
+
+
+# ---------------------------------------------------------------- torchrun, 2 ranks, via `mass train`
+
+
+def make_run(tmp_path: Path, model_dir: Path, name: str, steps: int, save_every: int) -> Path:
+    from mass_jobs.store import Step, open_store
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    store_root = tmp_path / "store"
+    spec = {
+        "name": name,
+        "model": {"base": str(model_dir), "dtype": "float32"},
+        "tasks": [{"id": "a", "split": "train", "prompt": "task a"}, {"id": "b", "split": "train", "prompt": "task b"}],
+        "collection": {"episodes": 3, "train_ranks": 1, "validation_rank": 2},
+        "ranking": {"comparisons_per_episode": 1},
+        "sft": {"window": 256, "context": 0, "steps": steps, "val_every": 2, "save_every": save_every,
+                "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+                "optimizer": {"lr": 2e-3, "warmup_steps": 1}, "gradient_checkpointing": False},
+        "store": {"uri": f"file://{store_root}"},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    store = open_store(f"file://{store_root}")
+    prefix = f"{name}/gen-0/sft"
+    store.put_bytes(f"{prefix}/train.jsonl", "".join(json.dumps(w) + "\n" for w in synthetic_windows(8, 0)).encode())
+    store.put_bytes(f"{prefix}/val.jsonl", "".join(json.dumps(w) + "\n" for w in synthetic_windows(2, 1)).encode())
+    Step(store, prefix, inputs={"test": name}).finish([f"{prefix}/train.jsonl", f"{prefix}/val.jsonl"],
+                                                        extra={"stored_supervised_tokens": 1})
+    return path
+
+
+def torchrun(spec: Path, work: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "mass_jobs.cli", "train",
+           "--spec", str(spec), "--gen", "0", "--work-dir", str(work), "--quiet", *extra]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out.decode()[-3000:]
+    return out.decode()
+
+
+def train_losses(path: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r.get("loss", r.get("val_loss"))) for r in map(json.loads, path.read_text().splitlines())]
+
+
+@pytest.mark.slow
+def test_two_rank_ddp_identical_adapters_and_exact_resume_after_kill(tiny_model_dir, tmp_path):
+    steps = 8
+    spec = make_run(tmp_path, tiny_model_dir, "ddp-run", steps=steps, save_every=2)
+    finish(torchrun(spec, tmp_path / "work-a"))
+    store = tmp_path / "store" / "ddp-run" / "gen-0" / "train"
+    ref = train_losses(store / "log.jsonl")
+    local = tmp_path / "work-a" / "ddp-run" / "gen-0" / "train"
+    for n in (2, 4, 6, 8):
+        meta = read_checkpoint(local / f"step-{n}")
+        jsonschema.validate(meta, SCHEMA)
+        digests = meta["adapter_sha256_by_rank"]
+        assert len(digests) == 2 and digests[0] == digests[1]  # both ranks hold the same adapter
+    manifest = json.loads((store / "_manifest.json").read_text())
+    assert manifest["extra"]["checkpoints"] == [2, 4, 6, 8] and manifest["extra"]["world_size"] == 2
+    log = [json.loads(x) for x in (store / "log.jsonl").read_text().splitlines()]
+    train_tokens = [r["tokens"] for r in log if r["kind"] == "train"]
+    assert manifest["extra"]["processed_supervised_tokens"] == sum(train_tokens)
+
+    # Same run, killed (SIGKILL to torchrun and both workers) once a checkpoint reached the store.
+    spec_b = make_run(tmp_path / "b", tiny_model_dir, "ddp-run", steps=steps, save_every=2)
+    store_b = tmp_path / "b" / "store" / "ddp-run" / "gen-0" / "train"
+    proc = torchrun(spec_b, tmp_path / "work-b")
+    deadline = time.time() + 240
+    while not (store_b / "step-2").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (store_b / "_manifest.json").exists()  # it really died before finishing
+    killed_at = max(int(p.name[5:]) for p in store_b.glob("step-*"))
+    assert killed_at < steps
+    out = finish(torchrun(spec_b, tmp_path / "work-b", "--resume"))
+    resumed = train_losses(store_b / "log.jsonl")
+    assert [s for s, _ in resumed] == [s for s, _ in ref]
+    assert [v for _, v in resumed] == pytest.approx([v for _, v in ref], rel=1e-6, abs=1e-7)
+    assert "trained 8 steps" in out
