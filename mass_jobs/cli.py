@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("mass_jobs.commands.serve", "serve a model over the OpenAI chat API (transformers serve) until Ctrl-C"),
     "render": ("mass_jobs.commands.render", "render SFT windows (`render sft`) or the Kubernetes YAML (`render argo`)"),
     "train": ("mass_jobs.commands.train", "LoRA SFT on the rendered windows; run under torchrun for data parallelism"),
+    "select": ("mass_jobs.commands.select", "pick the saved checkpoint with the lowest validation loss"),
+    "merge": ("mass_jobs.commands.merge", "merge the selected adapter into L_g (+ optional block-FP8 export) -> L_g+1"),
     "search": ("mass_jobs.commands.search", "workflow search of one task: the whole inner loop, or one --iteration"),
     "collect": ("mass_jobs.commands.collect", "teacher episodes of the elite workflow (one --episode; Argo --phase)"),
     "guard": ("mass_jobs.commands.guard", "deterministic guard verdicts (outputs, protected paths, metrics, checks)"),

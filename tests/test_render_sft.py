@@ -178,3 +178,42 @@ def test_template_without_generation_markers_is_an_error(tokenizer):
     ep = EpisodeTrace("t", 0, teacher_episode(), bare_prompt=BARE)
     with pytest.raises(RenderError, match="generation"):
         render_windows([ep], plain, SftSpec(window=256, context=0))
+
+
+def test_render_step_over_the_store(tokenizer, tmp_path):
+    import yaml
+
+    from mass_jobs.context import RunContext
+    from mass_jobs.spec import load_spec
+    from mass_jobs.steps.render_sft import read_jsonl, run_render
+    from mass_jobs.store import open_store, read_manifest
+
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump({
+        "name": "r", "model": {"base": str(tmp_path)},
+        "tasks": [{"id": "primes", "split": "train", "prompt": BARE},
+                  {"id": "skipped", "split": "train", "prompt": "never beat the reference"}],
+        "collection": {"episodes": 3, "train_ranks": 2, "validation_rank": 3},
+        "ranking": {"comparisons_per_episode": 1},
+        "sft": {"window": 512, "context": 64},
+        "store": {"uri": f"file://{tmp_path / 'store'}"},
+    }))
+    ctx = RunContext(load_spec(spec_path), open_store(f"file://{tmp_path / 'store'}"))
+    ctx.store.put_json(ctx.rank(0, "primes"), {"task": "primes", "train": ["ep-0", "ep-2"], "val": "ep-1"})
+    ctx.store.put_json(ctx.rank(0, "skipped"), {"task": "skipped", "skipped": True, "train": [], "val": None})
+    for i in range(3):
+        base = ctx.collect_episode(0, "primes", i)
+        ctx.store.put_bytes(f"{base}/trace.jsonl", "".join(json.dumps(r) + "\n" for r in teacher_episode()).encode())
+        ctx.store.put_json(f"{base}/episode.json", {"prompt": TEACHER})
+    extra = run_render(ctx, 0, tokenizer)
+    train = read_jsonl(tmp_path / "store" / "r/gen-0/sft/train.jsonl")
+    val = read_jsonl(tmp_path / "store" / "r/gen-0/sft/val.jsonl")
+    assert len(train) == 6 and len(val) == 3 and {w["episode"] for w in train} == {0, 2}
+    assert extra["stored_supervised_tokens"] == sum(w["n_supervised"] for w in train)
+    assert extra["windows_by_role"] == {"orchestrator": 2, "worker": 2, "auxiliary": 2}
+    manifest = read_manifest(ctx.store, "r/gen-0/sft")
+    assert manifest["extra"]["stored_supervised_tokens"] == extra["stored_supervised_tokens"]
+    assert set(manifest["outputs"]) == {f"r/gen-0/sft/{n}" for n in ("train.jsonl", "val.jsonl", "stats.json")}
+    orch = next(w for w in train if w["role"] == "orchestrator")
+    assert WORKFLOW not in tokenizer.decode(orch["input_ids"])
+    assert run_render(ctx, 0, tokenizer) == extra  # done: skipped on rerun

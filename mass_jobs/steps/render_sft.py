@@ -378,10 +378,16 @@ def read_jsonl(path) -> list[dict]:
 
 
 def _episode_ids(manifest: dict, split: str, key: str) -> list[int]:
-    ids = manifest.get(split)
-    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-        raise RenderError(f"{key}: expected '{split}': a list of episode indices (ints), found {ids!r}")
-    return ids
+    """Episode indices of a rank manifest: `train` is a list of "ep-<i>", `val` one "ep-<i>" or null."""
+    raw = manifest.get(split)
+    items = [] if raw is None else raw if isinstance(raw, list) else [raw]
+    out = []
+    for item in items:
+        head, _, idx = str(item).rpartition("-")
+        if head != "ep" or not idx.isdigit():
+            raise RenderError(f"{key}: expected '{split}' to hold episode ids like 'ep-3', found {raw!r}")
+        out.append(int(idx))
+    return out
 
 
 def teacher_prompt_from_trace(records: list[dict]) -> str | None:
@@ -399,9 +405,9 @@ def load_episode(ctx, gen: int, task, i: int) -> EpisodeTrace:
     base = ctx.collect_episode(gen, task.id, i)
     lines = ctx.store.get_bytes(f"{base}/trace.jsonl").decode("utf-8").splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
-    # collect may store the exact prompt it sent; else the trace itself holds it
-    prompt_key = f"{base}/prompt.txt"
-    teacher = ctx.store.get_bytes(prompt_key).decode("utf-8") if ctx.store.exists(prompt_key) else None
+    # collect stores the exact prompt it sent in episode.json; else the trace itself holds it
+    doc_key = f"{base}/episode.json"
+    teacher = ctx.store.get_json(doc_key).get("prompt") if ctx.store.exists(doc_key) else None
     return EpisodeTrace(task.id, i, records, bare_prompt=task.prompt.strip(),
                         teacher_prompt=teacher or teacher_prompt_from_trace(records))
 
@@ -409,7 +415,8 @@ def load_episode(ctx, gen: int, task, i: int) -> EpisodeTrace:
 def run_render(ctx, gen: int, tokenizer) -> dict:
     """Render every train task's ranked episodes into sft/{train,val}.jsonl + stats.json.
 
-    Tasks without a rank manifest (e.g. search never beat the bare reference) give no data.
+    Tasks without a rank manifest, or whose ranking was skipped (e.g. search never beat the bare
+    reference), give no data.
     Returns the step manifest's `extra` (stored supervised tokens, window counts).
     """
     import tempfile
@@ -417,8 +424,9 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
 
     from mass_jobs.store import Step
 
-    tasks = [t for t in ctx.spec.resolved_tasks() if t.split == "train" and ctx.store.exists(ctx.rank(gen, t.id))]
-    ranks = {t.id: ctx.store.get_json(ctx.rank(gen, t.id)) for t in tasks}
+    ranked = [t for t in ctx.spec.resolved_tasks() if t.split == "train" and ctx.store.exists(ctx.rank(gen, t.id))]
+    ranks = {t.id: ctx.store.get_json(ctx.rank(gen, t.id)) for t in ranked}
+    tasks = [t for t in ranked if not ranks[t.id].get("skipped")]
     split_ids = {t.id: {s: _episode_ids(ranks[t.id], s, ctx.rank(gen, t.id)) for s in ("train", "val")} for t in tasks}
     step = Step(ctx.store, ctx.sft(gen), inputs={
         "episodes": split_ids, "sft": ctx.spec.sft.model_dump(mode="json", include={"window", "context", "strict"}),
