@@ -10,7 +10,13 @@ tree per call, with:
   network at all, only a private loopback), a new PID namespace (every descendant dies with the
   call) and a new mount namespace whose world-writable directories (/tmp, /var/tmp, /dev/shm) are
   read-only, the workspace excepted; as root the command runs as an unprivileged uid (default
-  nobody) so NPROC counts and nothing outside the workspace is writable.
+  nobody) so NPROC counts and nothing outside the workspace is writable;
+- the project's own interpreter (this process's venv and its base installation) as `python`, first
+  on PATH and bound read-only, so research code gets numpy/matplotlib/torch. An interpreter under a
+  private home (e.g. /root, mode 0700) is reached by covering that home, and every other private
+  (no o+x) ancestor and the caller's home, with an empty tmpfs and binding back only the needed
+  directories: the rest of the home (~/.ssh, ~/.aws, ~/.config) does not exist in the sandbox.
+  `SandboxLimits(python="system")` keeps the host's PATH and exposes nothing.
 What was applied comes back in `SandboxResult.applied` and `.note`; what could not be applied is
 named there and `network_isolated` is False when the network stayed reachable.
 
@@ -47,6 +53,10 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVA
     1, 2, 4, 8, 32, 4096, 16384, 1 << 18,
 )  # fmt: skip
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+# statvfs flag -> mount flag: a read-only bind remount must repeat the flags the host mount has
+# (in a user namespace they are locked and leaving one out fails with EPERM).
+ST_TO_MS = ((2, MS_NOSUID), (4, MS_NODEV), (8, MS_NOEXEC), (1024, 1024), (2048, 2048), (4096, 1 << 21))
+PYTHON_MODES = ("project", "system")
 
 
 class SandboxEscape(ValueError):
@@ -66,6 +76,11 @@ class SandboxLimits:
     gid: int = 65534
     output_bytes: int = 1_000_000  # per stream; the rest is counted and dropped
     extra_env: dict[str, str] = field(default_factory=dict)
+    python: str = "project"  # project: this process's interpreter, read-only, first on PATH; system: host PATH
+
+    def __post_init__(self) -> None:
+        if self.python not in PYTHON_MODES:
+            raise ValueError(f"SandboxLimits.python must be one of {PYTHON_MODES}, got {self.python!r}")
 
     @classmethod
     def from_episode_limits(cls, limits: EpisodeLimits, **overrides: Any) -> SandboxLimits:
@@ -122,10 +137,14 @@ def resolve_in_workspace(workspace: str | Path, relpath: str | Path) -> Path:
 # ---------------------------------------------------------------- parent side
 
 
-def sandbox_env(workspace: Path, tmpdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+def sandbox_env(
+    workspace: Path, tmpdir: Path, extra: dict[str, str] | None = None, path_first: str | None = None
+) -> dict[str, str]:
     """The child's whole environment: an allow-list, never the host's secrets."""
     env = {k: os.environ[k] for k in ENV_ALLOW if os.environ.get(k)}
     env.setdefault("PATH", DEFAULT_PATH)
+    if path_first:
+        env["PATH"] = os.pathsep.join([path_first, *(p for p in env["PATH"].split(os.pathsep) if p != path_first)])
     env.setdefault("LANG", "C.UTF-8")
     env.update(
         HOME=str(workspace),
@@ -142,9 +161,84 @@ def sandbox_env(workspace: Path, tmpdir: Path, extra: dict[str, str] | None = No
         # Caches would otherwise land in HOME, i.e. in the workspace that gets bundled and compared.
         XDG_CACHE_HOME=str(tmpdir / "cache"),
         MPLCONFIGDIR=str(tmpdir / "matplotlib"),
+        MPLBACKEND="Agg",  # no display: plots go to files
     )
     env.update(extra or {})
     return env
+
+
+def _within(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _topmost(dirs: list[str]) -> list[str]:
+    """`dirs` without those lying inside another one of them."""
+    return sorted(d for d in set(dirs) if not any(o != d and _within(d, o) for o in dirs))
+
+
+def project_interpreter() -> tuple[str, list[str]]:
+    """(bin dir to put first on PATH, directories it needs) of the interpreter running this process.
+
+    The bin dir stays unresolved so `python` finds its venv's pyvenv.cfg; the directories are the venv
+    and the installation it was made from (where the real binary, stdlib and libpython live).
+    """
+    exe = os.path.abspath(sys.executable)
+    real_bin = os.path.dirname(os.path.realpath(exe))
+    prefixes = (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)
+    return os.path.dirname(exe), _topmost([os.path.realpath(p) for p in prefixes] + [real_bin])
+
+
+def _private_ancestors(path: str) -> list[str]:
+    """Ancestors of `path` that other users cannot enter (no o+x), like a 0700 home."""
+    found = []
+    parent = os.path.dirname(path)
+    while parent != "/":
+        if not os.stat(parent).st_mode & 0o001:
+            found.append(parent)
+        parent = os.path.dirname(parent)
+    return found
+
+
+def _homes() -> list[str]:
+    """Home directories of the caller and of the interpreter's owner: where credentials live."""
+    import pwd
+
+    homes = [os.environ.get("HOME", "")]
+    for uid in {os.getuid(), os.stat(os.path.realpath(sys.executable)).st_uid}:
+        try:
+            homes.append(pwd.getpwuid(uid).pw_dir)
+        except KeyError:  # a uid without a passwd entry (some containers)
+            pass
+    return [os.path.realpath(h) for h in homes if h and os.path.isdir(h)]
+
+
+def file_view(workspace: str | Path, read_only: list[str]) -> dict:
+    """What the mount namespace changes: `cover` dirs get an empty read-only tmpfs; `bind` paths
+    ([path, writable]) are bound back on top (the workspace writable, `read_only` dirs read-only).
+
+    Covered: the world-writable dirs, every private ancestor of an exposed path and the home dirs,
+    the topmost of them only, never one inside an exposed path.
+    """
+    ws = str(Path(workspace).resolve())
+    # A read-only dir holding the workspace would make the workspace read-only: left as it is.
+    ro = [d for d in _topmost([os.path.realpath(d) for d in read_only]) if not _within(ws, d)]
+    exposed = [ws, *ro]
+    candidates = [d for d in READONLY_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    candidates += [a for e in exposed for a in _private_ancestors(e)] + _homes()
+    cover = _topmost([c for c in candidates if c != "/" and not any(_within(c, e) for e in exposed)])
+    bind = [[ws, True]] if any(_within(ws, c) for c in cover) else []
+    return {"cover": cover, "bind": bind + [[d, False] for d in ro]}
+
+
+def _visible_path(path: str, view: dict) -> str:
+    """PATH without the host's entries that the sandbox covers (e.g. ~/.cargo/bin)."""
+
+    def visible(entry: str) -> bool:
+        real = os.path.realpath(entry)
+        hidden = any(_within(real, c) for c in view["cover"])
+        return not hidden or any(_within(real, b) for b, _ in view["bind"])
+
+    return os.pathsep.join(e for e in path.split(os.pathsep) if e and visible(e))
 
 
 def _own_tree(root: Path, uid: int, gid: int) -> None:
@@ -189,6 +283,9 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
     drop = as_root and limits.drop_privileges
     if drop:
         _own_tree(workspace, limits.uid, limits.gid)
+    python: dict[str, Any] = {"mode": limits.python}
+    if limits.python == "project":
+        python["path_first"], python["read_only"] = project_interpreter()
     status_r, status_w = os.pipe()
     config = {
         "cmd": cmd,
@@ -197,12 +294,15 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
         "limits": {k: v for k, v in asdict(limits).items() if k != "extra_env"},
         "drop": drop,
         "as_root": as_root,
+        "view": file_view(workspace, python.get("read_only", [])),
     }
+    env = sandbox_env(workspace, tmpdir, limits.extra_env, python.get("path_first"))
+    env["PATH"] = _visible_path(env["PATH"], config["view"])
     t0 = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--child", json.dumps(config)],
         cwd=workspace,
-        env=sandbox_env(workspace, tmpdir, limits.extra_env),
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -245,6 +345,7 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
     applied = child.get("applied", {})
     applied.update({k: child[k] for k in ("rlimits", "uid", "gid") if k in child})
     applied["wall_timeout_s"] = limits.timeout_s
+    applied["python"] = python
     if "cpu_s" in child:
         applied["usage"] = {"cpu_s": child["cpu_s"], "max_rss_mb": child.get("max_rss_mb")}
     notes = list(child.get("notes", []))
@@ -354,9 +455,7 @@ def _write_id_maps(uid: int, gid: int) -> None:
     Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
 
 
-def _cover_world_writable(libc: Any, workspace: str, shm_mb: int, notes: list[str]) -> list[str]:
-    """Cover /tmp-like directories with read-only tmpfs (the workspace re-exposed if it lives under one)
-    and /dev/shm with a private one."""
+def _private_shm(libc: Any, shm_mb: int, notes: list[str]) -> list[str]:
     done = []
     for d in PRIVATE_DIRS:
         if os.path.isdir(d) and not os.path.islink(d):
@@ -366,25 +465,60 @@ def _cover_world_writable(libc: Any, workspace: str, shm_mb: int, notes: list[st
                 done.append(d + " (private)")
             except OSError as e:
                 notes.append(f"could not cover {d}: {e}")
-    for d in READONLY_DIRS:
-        if not os.path.isdir(d) or os.path.islink(d):
-            continue
-        inside = workspace == d or workspace.startswith(d.rstrip("/") + "/")
-        flags = MS_NOSUID | MS_NODEV | (0 if inside else MS_RDONLY)
+    return done
+
+
+def _bind(libc: Any, fd: int, path: str, writable: bool) -> None:
+    _call(libc, "mount", f"/proc/self/fd/{fd}".encode(), path.encode(), None, MS_BIND | MS_REC, None)
+    if not writable:
+        locked = os.statvfs(path).f_flag
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+        flags |= sum(ms for st, ms in ST_TO_MS if locked & st and ms not in (MS_NOSUID, MS_NODEV))
+        _call(libc, "mount", None, path.encode(), None, flags, None)
+
+
+def _apply_view(libc: Any, view: dict, notes: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Cover `view["cover"]` with empty tmpfs and bind `view["bind"]` back (see `file_view`);
+    returns (covered dirs, {path: "rw" | "ro"} actually bound)."""
+    # Every bound dir is held by an fd first: covering its parent would hide it.
+    held = []
+    for path, writable in view["bind"]:
         try:
-            if inside:
-                # Keep the real workspace reachable through an fd while its parent gets covered.
-                keep = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
-            _call(libc, "mount", b"tmpfs", d.encode(), b"tmpfs", flags, b"size=64k,mode=755")
-            if inside:
-                os.makedirs(workspace, exist_ok=True)
-                _call(libc, "mount", f"/proc/self/fd/{keep}".encode(), workspace.encode(), None, MS_BIND | MS_REC, None)
-                os.close(keep)
-                _call(libc, "mount", None, d.encode(), None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
-            done.append(d)
+            held.append((path, writable, os.open(path, os.O_RDONLY | os.O_DIRECTORY)))
+        except OSError as e:
+            notes.append(f"could not expose {path}: {e}")
+    covered, exposed = [], {}
+
+    def bind(path: str, writable: bool, fd: int) -> None:
+        try:
+            os.makedirs(path, exist_ok=True)  # the mount point, inside a fresh cover
+            _bind(libc, fd, path, writable)
+            exposed[path] = "rw" if writable else "ro"
+        except OSError as e:
+            notes.append(f"could not expose {path}: {e}")
+
+    under_cover = [h for h in held if any(_within(h[0], c) for c in view["cover"])]
+    for h in held:
+        if h not in under_cover:  # visible already: made read-only in place before anything covers its insides
+            bind(*h)
+    for d in view["cover"]:
+        try:
+            _call(libc, "mount", b"tmpfs", d.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=755")
+            covered.append(d)
         except OSError as e:
             notes.append(f"could not cover {d}: {e}")
-    return done
+    old_umask = os.umask(0o022)  # mount points in a cover must be enterable by the sandbox uid
+    for h in sorted(under_cover, key=lambda h: h[0].count("/")):
+        bind(*h)
+    os.umask(old_umask)
+    for d in covered:
+        try:
+            _call(libc, "mount", None, d.encode(), None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+        except OSError as e:
+            notes.append(f"cover {d} stays writable: {e}")
+    for *_, fd in held:
+        os.close(fd)
+    return covered, exposed
 
 
 def _set_rlimits(limits: dict) -> dict:
@@ -405,6 +539,7 @@ def _set_rlimits(limits: dict) -> dict:
 
 def _child_main(config: dict) -> None:
     """Supervisor in the sandbox: namespaces, then init (pid 1), then the command as the sandbox uid."""
+    import resource  # noqa: F401 - imported now: the mounts below may hide this interpreter's own files
     limits = config["limits"]
     status_fd = config["status_fd"]
     notes: list[str] = []
@@ -442,9 +577,12 @@ def _child_main(config: dict) -> None:
         try:
             _call(libc, "mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # nothing propagates back to the host
             shm_mb = max(1, min(256, limits["memory_mb"] // 4))
-            applied["covered_dirs"] = _cover_world_writable(libc, config["workspace"], shm_mb, notes)
+            covered, applied["exposed"] = _apply_view(libc, config["view"], notes)
+            applied["covered_dirs"] = _private_shm(libc, shm_mb, notes) + covered
         except OSError as e:
             notes.append(f"mount setup failed: {e}")
+    elif config["view"]["bind"]:
+        notes.append("no mount namespace: nothing covered or bound, interpreter dirs not made read-only")
     report(applied=applied, notes=notes)
 
     init = os.fork()

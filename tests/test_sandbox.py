@@ -1,17 +1,28 @@
-"""The local sandbox under attack: secrets, path escapes, outside writes, network, fork bomb, memory, CPU, files."""
+"""The local sandbox under attack: secrets, path escapes, outside writes, network, fork bomb, memory, CPU, files;
+and the project interpreter inside it: its packages usable, read-only, nothing else of its home visible."""
 
 from __future__ import annotations
 
 import os
 import secrets
 import socket
+import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from mass_jobs import sandbox
 from mass_jobs.models import EpisodeLimits
-from mass_jobs.sandbox import SandboxEscape, SandboxLimits, resolve_in_workspace, run_sandboxed
+from mass_jobs.sandbox import (
+    SandboxEscape,
+    SandboxLimits,
+    SandboxResult,
+    project_interpreter,
+    resolve_in_workspace,
+    run_sandboxed,
+)
 
 FAST = SandboxLimits(timeout_s=20, cpu_s=10, memory_mb=512, file_size_mb=8, processes=16)
 
@@ -203,3 +214,154 @@ def test_network_isolation_switched_off_is_reported(ws):
     r = run_sandboxed("cat /proc/net/dev | grep -c ':'", ws, limits)
     assert r.exit_code == 0 and r.network_isolated is False
     assert "network isolation switched off" in r.note
+
+
+# ---------------------------------------------------------------- the project's interpreter inside
+
+
+def _run_as(ws: Path, cmd: str, **limits) -> SandboxResult:
+    return run_sandboxed(cmd, ws, SandboxLimits(**{**asdict(FAST), **limits}))
+
+
+def test_project_python_runs_with_the_hosts_numpy_and_matplotlib(ws):
+    import matplotlib
+    import numpy
+
+    code = "import numpy, matplotlib, sys; print(numpy.__version__, matplotlib.__version__, sys.prefix)"
+    r = run_sandboxed(f"command -v python; python -c '{code}'", ws, FAST)
+    assert r.exit_code == 0, r.stderr
+    where, versions = r.stdout.splitlines()
+    bindir, dirs = project_interpreter()
+    assert where == os.path.join(bindir, "python") and bindir == os.path.dirname(os.path.abspath(sys.executable))
+    assert versions.split() == [numpy.__version__, matplotlib.__version__, sys.prefix]
+    assert r.applied["uid"] == 65534
+    assert r.applied["python"] == {"mode": "project", "path_first": bindir, "read_only": dirs}
+    assert {d: "ro" for d in dirs}.items() <= r.applied["exposed"].items()
+    assert os.path.realpath(sys.base_prefix) in dirs
+
+
+def test_matplotlib_plot_is_saved_to_the_workspace(ws):
+    (ws / "plot.py").write_text(
+        "import os, matplotlib.pyplot as plt\n"
+        "plt.plot([0, 1, 2], [0, 1, 4])\n"
+        "plt.savefig('plot.png')\n"
+        "print(plt.get_backend(), os.environ['MPLCONFIGDIR'])\n"
+    )
+    r = run_sandboxed("python plot.py", ws, FAST)
+    assert r.exit_code == 0, r.stderr
+    backend, config_dir = r.stdout.split()
+    assert backend.lower() == "agg" and config_dir.startswith(str(ws.resolve() / ".tmp") + "/")
+    png = (ws / "plot.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+    assert not (ws / ".tmp").exists()  # the font cache went with the per-call temp dir
+
+
+def test_home_shows_only_the_exposed_interpreter_and_hides_its_files(ws):
+    home = os.path.realpath(Path.home())
+    decoy = Path(home) / f"mass-sandbox-decoy-{secrets.token_hex(6)}"
+    decoy.write_text("DECOY-SECRET-31337")
+    decoy.chmod(0o644)  # anyone who reaches it may read it: only the mount namespace hides it
+    try:
+        on_host = set(os.listdir(home))
+        probe = " ".join(f"'{home}/{name}'" for name in sorted(on_host))
+        r = run_sandboxed(
+            f"ls -A {home}; echo ---; cat {decoy}; echo rc=$?; "
+            f"for f in {probe}; do [ -e \"$f\" ] && echo \"visible:$f\"; done; true",
+            ws,
+            FAST,
+        )
+    finally:
+        decoy.unlink()
+    assert r.exit_code == 0, r.stderr
+    listing, rest = r.stdout.split("---\n")
+    # What stays: the first step towards each exposed dir inside the home, nothing else.
+    exposed = {os.path.relpath(p, home).split("/")[0] for p in r.applied["exposed"] if p.startswith(home + "/")}
+    assert set(listing.split()) == exposed
+    assert decoy.name in on_host and on_host > exposed
+    assert "DECOY-SECRET-31337" not in r.stdout + r.stderr and "rc=1" in rest
+    assert sorted(line.removeprefix("visible:") for line in rest.splitlines()[1:]) == [
+        f"{home}/{name}" for name in sorted(exposed)
+    ]
+    assert any(home == c or home.startswith(c + "/") for c in r.applied["covered_dirs"])
+
+
+def test_interpreter_dirs_are_read_only_even_for_root(ws):
+    _, dirs = project_interpreter()
+    probes = [Path(d) / f"mass-sandbox-probe-{secrets.token_hex(6)}" for d in dirs]
+    try:
+        # drop_privileges off: the command runs as root, so only the read-only mount can stop it.
+        r = _run_as(ws, "; ".join(f"touch {p}; echo $?" for p in probes), drop_privileges=False)
+        assert [int(c) for c in r.stdout.split()] == [1] * len(dirs)
+        assert r.stderr.count("Read-only file system") == len(dirs)
+        assert not any(p.exists() for p in probes)
+    finally:
+        for p in probes:
+            p.unlink(missing_ok=True)
+
+
+def test_system_python_mode_keeps_the_host_path_and_exposes_nothing(ws):
+    home = os.path.realpath(Path.home())
+    r = _run_as(ws, f"command -v python3; ls -A {home} | wc -l", python="system")
+    assert r.exit_code == 0, r.stderr
+    where, home_entries = r.stdout.split()
+    assert not where.startswith(project_interpreter()[0] + "/") and home_entries == "0"
+    assert r.applied["python"] == {"mode": "system"}
+    assert "ro" not in r.applied["exposed"].values()
+    with pytest.raises(ValueError, match="SandboxLimits.python"):
+        SandboxLimits(python="conda")
+
+
+USERNS_DRIVER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from sandbox import SandboxLimits, run_sandboxed
+r = run_sandboxed(sys.argv[3], sys.argv[2], SandboxLimits(timeout_s=20, cpu_s=10, memory_mb=512, processes=16))
+print(json.dumps(r.to_dict()))
+"""
+
+
+def test_user_namespace_path_exposes_its_venv_read_only_and_hides_its_home():
+    """Not root: the command keeps the caller's uid, so only the mounts keep it out of the home
+    and the venv. As root, the caller is played by nobody."""
+    import json
+    import shutil
+    import subprocess
+
+    root = Path(f"/tmp/mass-sandbox-userns-{secrets.token_hex(6)}")
+    home, ws = root / "home", root / "ws"
+    as_root = os.geteuid() == 0
+    try:
+        root.mkdir(mode=0o755)
+        home.mkdir(mode=0o700)
+        ws.mkdir()
+        shutil.copy(Path(sandbox.__file__), root / "sandbox.py")  # stdlib only: runs from anywhere
+        (home / "decoy").write_text("DECOY-USERNS-4242")
+        base = "/usr/bin/python3" if as_root else sys.executable  # nobody cannot enter a private home
+        subprocess.run([base, "-m", "venv", "--without-pip", str(home / "venv")], check=True)
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if as_root else []
+        if as_root:
+            for p in [home, ws, *home.rglob("*")]:
+                os.lchown(p, 65534, 65534)
+        cmd = (
+            f"command -v python; python -c 'import sys; print(sys.prefix)'; cat {home}/decoy; echo rc=$?; "
+            f"touch {home}/venv/x; echo rc=$?; echo ok > out.txt"
+        )
+        out = subprocess.run(
+            [*prefix, str(home / "venv" / "bin" / "python"), "-c", USERNS_DRIVER, str(root), str(ws), cmd],
+            env={"PATH": os.environ["PATH"], "HOME": str(home)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        r = json.loads(out)
+        where, prefix_inside, cat_rc, touch_rc = r["stdout"].split()
+        assert (where, prefix_inside) == (f"{home}/venv/bin/python", f"{home}/venv")
+        assert cat_rc == "rc=1" and "DECOY-USERNS-4242" not in r["stdout"] + r["stderr"]
+        assert touch_rc == "rc=1" and "Read-only file system" in r["stderr"]
+        assert not (home / "venv" / "x").exists() and (ws / "out.txt").read_text() == "ok\n"
+        assert r["applied"]["user_namespace"] is True and r["network_isolated"] is True
+        assert r["applied"]["uid"] == (65534 if as_root else os.getuid())
+        assert r["applied"]["exposed"][f"{home}/venv"] == "ro"
+        assert "ran as the caller's uid" in r["note"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
