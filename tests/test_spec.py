@@ -129,3 +129,18 @@ def test_validate_outputs_refuse_a_local_store(tmp_path, capsys):
     assert cli_main(["validate", str(ROOT / "examples/tiny.yaml"), "--outputs", str(tmp_path)]) == 2
     assert "$.store.uri: expected an s3:// URI" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_nothing_is_written_to_the_store_before_a_spec_passes(tmp_path, command, capsys):
+    store_dir = tmp_path / "store"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: nothing-written\nmodel: {base: build/tiny-model}\n"
+        "tasks: [{id: t1, split: train, prompt: do it}]\n"
+        "collection: {episodes: 4, train_ranks: 2, validation_rank: 9}\n"
+        f"store: {{uri: 'file://{store_dir}'}}\n"
+    )
+    assert cli_main([command, str(bad)]) == 2
+    assert "$.collection.validation_rank: expected train_ranks + 1 = 3, found 9" in capsys.readouterr().err
+    assert not store_dir.exists()
