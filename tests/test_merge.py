@@ -50,7 +50,7 @@ def adapter(tiny_model_dir, tmp_path_factory):
 
     torch.manual_seed(0)
     model = attach_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                        LoraSpec(r=4, alpha=16, dropout=0.0, target_modules=["q_proj", "o_proj", "up_proj"]))
+                        LoraSpec(r=4, alpha=16, dropout=0.0, target_modules=["q_proj", "o_proj", "up_proj", "lm_head"]))
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_" in n:
@@ -65,7 +65,7 @@ def test_merged_logits_equal_adapter_logits(tiny_model_dir, adapter, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     layers = merge_lora(tiny_model_dir, adapter, tmp_path / "merged")
-    assert len(layers) == 3 * 2 and set(layers.values()) == {4.0}  # alpha / r
+    assert len(layers) == 3 * 2 + 1 and set(layers.values()) == {4.0}  # alpha / r; a tied LM head too
     ids = torch.randint(10, 5000, (2, 48))
     with torch.no_grad():
         peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter).eval()

@@ -18,6 +18,7 @@ from mass_jobs.steps.render_sft import (
     rebuild_threads,
     render_windows,
     tokenize_conversation,
+    turn_opener,
 )
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "schemas" / "sft-window.schema.json").read_text())
@@ -143,7 +144,9 @@ def test_windows_train_every_assistant_token_once(tokenizer, window, context):
     msgs = long_conversation(40)
     ids, mask, header = tokenize_conversation(tokenizer, msgs, WORKER_TOOLS)
     assert len(ids) > 3 * window  # the conversation really has to be cut
-    pieces, dropped = cut_windows(ids, mask, header, window, context)
+    opener = turn_opener(tokenizer)
+    assert tokenizer.decode(opener) == "<|im_start|>assistant\n"
+    pieces, dropped = cut_windows(ids, mask, header, window, context, opener)
     assert dropped == [] and len(pieces) >= 3
     trained = [0] * len(ids)
     for win_ids, labels in pieces:
@@ -153,7 +156,9 @@ def test_windows_train_every_assistant_token_once(tokenizer, window, context):
         body = win_ids[header:]
         start = next(c for c in range(header, len(ids)) if ids[c : c + len(body)] == body)
         first_sup = next(k for k, x in enumerate(labels[header:]) if x != IGNORE)
-        assert first_sup <= context  # at most `context` masked tokens of earlier context
+        # the reply's turn opener always precedes it, plus at most `context` tokens of earlier context
+        assert body[first_sup - len(opener) : first_sup] == opener
+        assert first_sup <= context + len(opener)
         for k, lab in enumerate(labels[header:]):
             if lab != IGNORE:
                 assert lab == ids[start + k] and mask[start + k]

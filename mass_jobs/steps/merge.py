@@ -44,6 +44,10 @@ def merge_lora(parent_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
             layer = model.get_submodule(path)
         except AttributeError as err:
             raise MergeError(f"adapter module {path!r} is not in the parent model") from err
+        if layer.weight is model.get_input_embeddings().weight:
+            # a LoRA on a tied LM head changes the output projection only: untie before merging
+            layer.weight = torch.nn.Parameter(layer.weight.detach().clone())
+            model.config.tie_word_embeddings = False
         with torch.no_grad():
             delta = scaling * (adapter[key_b].float() @ adapter[key_a].float())
             if delta.shape != layer.weight.shape:

@@ -181,8 +181,9 @@ class Trainer:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            return get_peft_model_state_dict(self.peft_model, state_dict=full)
-        return get_peft_model_state_dict(self.peft_model)
+            return get_peft_model_state_dict(self.peft_model, state_dict=full, save_embedding_layers=False)
+        # LoRA never changes the (frozen) embeddings, even when it adapts a tied LM head
+        return get_peft_model_state_dict(self.peft_model, save_embedding_layers=False)
 
     def _optimizer_state(self) -> dict:
         if self.parallel == "fsdp" and self.dist.world > 1:
