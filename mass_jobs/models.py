@@ -188,6 +188,11 @@ class SftSpec(Closed):
     seed: int = Field(default=0, ge=0)
     gradient_checkpointing: bool = True
     strict: bool = Field(default=False, description="Fail the render step when a block cannot fit a window.")
+    keep_length_cut: bool = Field(
+        default=False,
+        description="Train on replies that hit max_output_tokens (dropped by default: they teach stopping "
+        "mid-thought). true: smoke runs with an untrained model, whose every reply is cut.",
+    )
     fp8_export: bool = Field(default=False, description="Also export a block-FP8 copy of the merged model.")
 
 

@@ -100,6 +100,9 @@ def test_call_not_extending_starts_new_thread_and_length_cut_is_dropped():
     threads = rebuild_threads(recs + [other])
     assert len(threads) == 4
     assert threads[-1].dropped_length_cut and threads[-1].messages[-1]["role"] == "user"
+    # sft.keep_length_cut (smoke runs: an untrained model's every reply is cut) keeps the cut reply
+    kept = rebuild_threads(recs + [other], keep_length_cut=True)[-1]
+    assert not kept.dropped_length_cut and kept.messages[-1] == {"role": "assistant", "content": "half a thou"}
 
 
 def test_mask_covers_exactly_assistant_tokens(tokenizer):

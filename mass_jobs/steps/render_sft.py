@@ -147,7 +147,8 @@ def _tool_names(tools: list | None) -> set[str]:
     return names
 
 
-def rebuild_threads(records: list[dict], delegation_tool: str = DELEGATION_TOOL) -> list[Thread]:
+def rebuild_threads(records: list[dict], delegation_tool: str = DELEGATION_TOOL,
+                    keep_length_cut: bool = False) -> list[Thread]:
     """Group calls into conversations; a call that does not extend its predecessor starts a new one.
 
     With the trace's `agent` field, only the same agent's latest thread can be extended; without
@@ -176,12 +177,12 @@ def rebuild_threads(records: list[dict], delegation_tool: str = DELEGATION_TOOL)
             threads.append(target)
         target.calls.append({**rec, "_messages": msgs})
     for t in threads:
-        t.messages = _final_messages(t)
+        t.messages = _final_messages(t, keep_length_cut)
         t.role = classify(t, delegation_tool)
     return threads
 
 
-def _final_messages(t: Thread) -> list[dict]:
+def _final_messages(t: Thread, keep_length_cut: bool = False) -> list[dict]:
     last = t.calls[-1]
     msgs = [dict(m) for m in last["_messages"]]
     # History copies of earlier replies may lack reasoning; the recorded responses have it.
@@ -194,7 +195,7 @@ def _final_messages(t: Thread) -> list[dict]:
                 msgs[idx] = full
     resp = last.get("response") or {}
     if resp.get("message") and not last.get("error"):
-        if resp.get("finish_reason") == "length":
+        if resp.get("finish_reason") == "length" and not keep_length_cut:
             t.dropped_length_cut = True  # a reply cut mid-way teaches the model to stop mid-thought
         else:
             msgs.append(_normal_message({**resp["message"], "role": "assistant"}))
@@ -331,7 +332,7 @@ def render_windows(
     threads_by_role: Counter = Counter()
     length_cuts = 0
     for ep in episodes:
-        for t_idx, thread in enumerate(rebuild_threads(ep.records, delegation_tool)):
+        for t_idx, thread in enumerate(rebuild_threads(ep.records, delegation_tool, sft.keep_length_cut)):
             messages = thread.messages
             length_cuts += int(thread.dropped_length_cut)
             if thread.role == "orchestrator" and ep.teacher_prompt:
@@ -446,7 +447,7 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
     tasks = [t for t in ranked if not ranks[t.id].get("skipped")]
     split_ids = {t.id: {s: _episode_ids(ranks[t.id], s, ctx.rank(gen, t.id)) for s in ("train", "val")} for t in tasks}
     step = Step(ctx.store, ctx.sft(gen), inputs={
-        "episodes": split_ids, "sft": ctx.spec.sft.model_dump(mode="json", include={"window", "context", "strict"}),
+        "episodes": split_ids, "sft": ctx.spec.sft.model_dump(mode="json", include={"window", "context", "strict", "keep_length_cut"}),
         "tokenizer": getattr(tokenizer, "name_or_path", ""), "prompts": {t.id: t.prompt for t in tasks},
     })
     if step.done:
