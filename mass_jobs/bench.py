@@ -1,0 +1,207 @@
+"""Benchmark `mass train` against TRL's SFTTrainer on the same model, windows, masks and hardware.
+
+Both trainers see the same window sequence (the MASS sampler's draws), the same LoRA, AdamW
+betas, warmup + cosine to the same floor, gradient clip and gradient checkpointing, one window
+per step. Each side runs in its own process so peak memory (CPU: max RSS; GPU: max allocated)
+is its own. Reported: supervised tokens/s (per GPU on a GPU host), peak memory, loss per step.
+
+Run: `make bench` (= `python -m mass_jobs.bench --out bench/`); not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
+OPT = {"lr": 1e-3, "warmup_steps": 5, "min_lr_ratio": 0.1}
+
+
+def make_windows(n: int, length: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        ids = [rng.randrange(20, 5900) for _ in range(length)]
+        header = rng.randrange(length // 4, length // 2)
+        out.append({"task": f"t{i % 3}", "role": ("orchestrator", "worker", "auxiliary")[i % 3], "input_ids": ids,
+                    "labels": [-100] * header + ids[header:], "n_supervised": length - header})
+    return out
+
+
+def _peak_memory_mb(device) -> float:
+    import resource
+
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_mass(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dict:
+    import torch
+
+    from mass_jobs.models import LoraSpec, OptimizerSpec, SftSpec
+    from mass_jobs.training.loop import Trainer
+
+    sft = SftSpec(window=4096, context=0, steps=steps, val_every=10**6, save_every=10**6, seed=0,
+                  gradient_checkpointing=True, lora=LoraSpec(**LORA), optimizer=OptimizerSpec(**OPT))
+    trainer = Trainer(model_dir, windows, windows[:1], sft, out, progress=False)
+    trainer.setup()
+    t0 = time.perf_counter()
+    result = trainer.train()
+    wall = time.perf_counter() - t0
+    log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    return {"losses": [r["loss"] for r in log if r["kind"] == "train"], "tokens": result.processed_tokens,
+            "wall_s": wall, "peak_mb": _peak_memory_mb("cuda" if torch.cuda.is_available() else "cpu")}
+
+
+def run_trl(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from torch.utils.data import SequentialSampler
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from mass_jobs.models import SftSpec
+    from mass_jobs.sampler import WindowSampler
+
+    sampler = WindowSampler(windows, SftSpec().orchestrator_share, seed=0)
+    drawn = [windows[sampler.draw(s, 0)] for s in range(1, steps + 1)]  # the exact sequence mass train sees
+    data = Dataset.from_list([{"input_ids": w["input_ids"], "completion_mask": [int(x != -100) for x in w["labels"]]}
+                              for w in drawn])
+    losses: list[float] = []
+
+    class Losses(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+
+    class InOrder(SFTTrainer):
+        def _get_train_sampler(self, *a, **k):
+            return SequentialSampler(self.train_dataset)
+
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    cfg = SFTConfig(
+        output_dir=str(out), max_steps=steps, per_device_train_batch_size=1, learning_rate=OPT["lr"],
+        adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0, warmup_steps=OPT["warmup_steps"],
+        lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": OPT["min_lr_ratio"]},
+        logging_steps=1, save_strategy="no", report_to=[], completion_only_loss=True, max_length=None,
+        gradient_checkpointing=True, bf16=torch.cuda.is_available(), seed=0, dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"], task_type="CAUSAL_LM",
+                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    trainer = InOrder(model=model, args=cfg, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(model_dir),
+                      peft_config=lora, callbacks=[Losses()])
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    tokens = sum(sum(w["completion_mask"][1:]) for w in data)
+    return {"losses": losses, "tokens": tokens, "wall_s": wall,
+            "peak_mb": _peak_memory_mb("cuda" if torch.cuda.is_available() else "cpu")}
+
+
+def _child(args) -> int:
+    windows = json.loads(Path(args.windows_file).read_text())
+    fn = run_mass if args.child == "mass" else run_trl
+    res = fn(Path(args.model), windows, args.steps, Path(args.scratch))
+    Path(args.result).write_text(json.dumps(res))
+    return 0
+
+
+def write_results(out: Path, results: dict, meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, r in results.items():
+        r["tokens_per_s"] = r["tokens"] / r["wall_s"] if r["wall_s"] else 0.0
+        rows.append(f"| {name} | {r['tokens']} | {r['wall_s']:.1f} | {r['tokens_per_s']:.0f} | {r['peak_mb']:.0f} | "
+                    f"{r['losses'][0]:.4f} | {r['losses'][-1]:.4f} |")
+    a, b = results["mass train"]["losses"], results["trl SFTTrainer"]["losses"]
+    gap = max(abs(x - y) for x, y in zip(a, b)) if a and b else float("nan")
+    unit = "tokens/s/GPU" if meta["device"] == "cuda" else "tokens/s"
+    (out / "results.json").write_text(json.dumps({"meta": meta, "results": results, "max_loss_gap": gap}, indent=2))
+    (out / "results.md").write_text("\n".join([
+        "# mass train vs TRL SFTTrainer",
+        "",
+        f"Same tiny model, {meta['windows']} windows of {meta['window_tokens']} tokens (same masks), the same "
+        f"{meta['steps']} sampled windows in the same order, LoRA r={LORA['r']} alpha={LORA['alpha']}, "
+        f"AdamW (0.9, 0.95), warmup {OPT['warmup_steps']} + cosine to {OPT['min_lr_ratio']}x, clip 1.0, "
+        f"gradient checkpointing, batch 1. Device: {meta['device']} ({meta['torch']}).",
+        "",
+        f"| trainer | supervised tokens | wall s | {unit} | peak memory MB | first loss | last loss |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Largest per-step loss difference between the two: {gap:.4f} "
+        "(identical windows; the schedules differ by how each counts warmup steps).",
+        "Regenerate: `make bench`.",
+    ]) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for name, r in results.items():
+            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=name)
+        ax.set_xlabel("step")
+        ax.set_ylabel("window loss")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "loss.png", dpi=120)
+    except ImportError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench/")
+    p.add_argument("--model", help="model dir (default: the tiny model, built in a temp dir)")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--windows", type=int, default=24)
+    p.add_argument("--window-tokens", type=int, default=512)
+    p.add_argument("--child", choices=["mass", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--windows-file", help=argparse.SUPPRESS)
+    p.add_argument("--scratch", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return _child(args)
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model = args.model
+        if model is None:
+            from mass_jobs.tiny import build_tiny_model
+
+            model = str(build_tiny_model(tmp / "model", seed=0))
+        windows_path = tmp / "windows.json"
+        windows_path.write_text(json.dumps(make_windows(args.windows, args.window_tokens, seed=0)))
+        n_windows = args.windows
+        results = {}
+        for label, child in (("mass train", "mass"), ("trl SFTTrainer", "trl")):
+            res = tmp / f"{child}.json"
+            subprocess.run([sys.executable, "-m", "mass_jobs.bench", "--child", child, "--model", model,
+                            "--windows-file", str(windows_path), "--steps", str(args.steps), "--scratch",
+                            str(tmp / f"scratch-{child}"), "--result", str(res)], check=True)
+            results[label] = json.loads(res.read_text())
+    meta = {"device": "cuda" if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
+            "steps": args.steps, "windows": n_windows, "window_tokens": args.window_tokens}
+    write_results(Path(args.out), results, meta)
+    print((Path(args.out) / "results.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
