@@ -69,9 +69,38 @@ def _download_s3(uri: str, dest: Path, store_options: dict) -> Path:
     key = key.strip("/")
     if not bucket or not key:
         raise ModelLocationError(f"model location {uri!r}: expected s3://bucket/key")
-    store = open_store(f"s3://{bucket}", **store_options)
+    return fetch_stored_model(open_store(f"s3://{bucket}", **store_options), key, dest, label=uri)
+
+
+# ---------------------------------------------------------------- model dirs in a run's store
+
+
+def store_model_dir(store, key: str, directory) -> list[str]:
+    """Upload a model dir as plain objects under `key/` (the layout KServe's storage initializer
+    downloads from s3://); returns the object keys, sorted."""
+    root = Path(directory)
+    keys = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER):
+        keys.append(f"{key}/{path.relative_to(root).as_posix()}")
+        store.put_file(keys[-1], path)
+    if not keys:
+        raise ModelLocationError(f"{root}: an empty model directory cannot be stored at {key!r}")
+    return keys
+
+
+def has_stored_model(store, key: str) -> bool:
+    """Objects under `key/`, or one `put_dir` archive at `key`."""
+    return bool(store.list(key + "/")) or store.exists(key)
+
+
+def fetch_stored_model(store, key: str, dest, label: str | None = None) -> Path:
+    """Download the model stored at `key` (objects under `key/`, else an archive at `key`) into `dest`
+    once: a complete download leaves a marker, and a crash never leaves a half model behind it."""
+    dest = Path(dest)
+    label = label or key
+    if (dest / COMPLETE_MARKER).exists():
+        return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    # Download beside the final place, then rename: a crash never leaves a half model behind the marker.
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
     try:
         keys = store.list(key + "/")
@@ -81,8 +110,8 @@ def _download_s3(uri: str, dest: Path, store_options: dict) -> Path:
         elif store.exists(key):
             store.get_dir(key, tmp)
         else:
-            raise ModelLocationError(f"model location {uri!r}: no objects under {key + '/'!r} and no archive at {key!r}")
-        (tmp / COMPLETE_MARKER).write_text(uri + "\n")
+            raise ModelLocationError(f"model location {label!r}: no objects under {key + '/'!r} and no archive at {key!r}")
+        (tmp / COMPLETE_MARKER).write_text(label + "\n")
         if dest.exists():
             shutil.rmtree(dest)
         tmp.rename(dest)

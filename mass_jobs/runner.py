@@ -72,6 +72,13 @@ def check_no_test_leak(ctx: RunContext, gen: int) -> dict:
     return {"windows_checked": windows, "test_tasks": sorted(test_ids)}
 
 
+def merged(ctx: RunContext, g: int) -> bool:
+    """L_{g+1} is complete: the merge manifest, written after every model object, exists."""
+    from mass_jobs.store import read_manifest
+
+    return read_manifest(ctx.store, f"{ctx.gen(g)}/merge") is not None
+
+
 # ---------------------------------------------------------------- run state
 
 
@@ -249,11 +256,11 @@ class Runner:
 
             def each(name: str, fn) -> Callable[[], bool]:
                 def go() -> bool:
-                    served_before = lazy.started
+                    stored = all(inner_done(ctx, g, name, t.id) for t in tasks)
                     for i, t in enumerate(tasks):
                         self.display.note(f"{name} {t.id}", i, len(tasks))
                         fn(t.id)
-                    return lazy.started == served_before  # nothing asked of the model: it was all stored
+                    return stored
                 return go
 
             self._run_step(g, "search", each("search", lambda t: run_search(ctx, g, t, client, execute)))
@@ -289,7 +296,7 @@ class Runner:
         return False
 
     def merge(self, g: int) -> bool:
-        if self.ctx.store.exists(self.ctx.model(g + 1)) or self.ctx.store.list(self.ctx.model(g + 1) + "/"):
+        if merged(self.ctx, g):
             return True
         self._mass("merge", "--spec", self.spec_path, "--gen", str(g))
         return False
@@ -312,7 +319,17 @@ class Runner:
 
         serve_model, serve_judge = default_servers(self.ctx, cache_root=self.work / "models", log_dir=self.work)
         before = read_manifest(self.ctx.store, self.ctx.eval(gen))
-        after = evaluate(self.ctx, gen, serve_model, serve_judge, progress=progress)
+        with contextlib.ExitStack() as servers:
+            started: dict[int, object] = {}
+
+            @contextlib.contextmanager
+            def serve_once(h: int):
+                # rollouts and self-verdicts of one generation share a server (each start costs seconds)
+                if h not in started:
+                    started[h] = servers.enter_context(serve_model(h))
+                yield started[h]
+
+            after = evaluate(self.ctx, gen, serve_once, serve_judge, progress=progress)
         return before is not None and before == after
 
     def report(self) -> bool:
@@ -352,6 +369,16 @@ def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, 
 # ---------------------------------------------------------------- status
 
 
+def inner_done(ctx: RunContext, g: int, step: str, task: str) -> bool:
+    """The inner-loop step `step` of generation g is stored for `task` (search, collect, guard, rank)."""
+    store = ctx.store
+    if step == "search":
+        key = ctx.search_state(g, task)
+        return store.exists(key) and bool(store.get_json(key).get("done"))
+    key = {"collect": ctx.collect_summary, "guard": ctx.guard, "rank": ctx.rank}[step](g, task)
+    return store.exists(key)
+
+
 def step_status(ctx: RunContext) -> list[dict]:
     """One row per (generation, step): done / running / failed / pending, from outputs and run-state."""
     from mass_jobs.store import read_manifest
@@ -365,25 +392,18 @@ def step_status(ctx: RunContext) -> list[dict]:
         return f"{sum(1 for t in tasks if pred(t))}/{len(tasks)} tasks"
 
     for g in range(spec.generations):
-        def search_done(t):
-            return store.exists(ctx.search_state(g, t)) and store.get_json(ctx.search_state(g, t)).get("done")
-
-        checks = {
-            "search": (all(search_done(t) for t in tasks), task_count(search_done)),
-            "collect": (all(store.exists(ctx.collect_summary(g, t)) for t in tasks),
-                        task_count(lambda t: store.exists(ctx.collect_summary(g, t)))),
-            "guard": (all(store.exists(ctx.guard(g, t)) for t in tasks),
-                      task_count(lambda t: store.exists(ctx.guard(g, t)))),
-            "rank": (all(store.exists(ctx.rank(g, t)) for t in tasks),
-                     task_count(lambda t: store.exists(ctx.rank(g, t)))),
+        checks = {name: (all(inner_done(ctx, g, name, t) for t in tasks),
+                         task_count(lambda t, name=name: inner_done(ctx, g, name, t)))
+                  for name in ("search", "collect", "guard", "rank")}
+        checks.update({
             "render": (read_manifest(store, ctx.sft(g)) is not None, ""),
             "train": (read_manifest(store, ctx.train(g)) is not None,
                       f"{len([k for k in store.list(ctx.train(g) + '/step-') if k.count('/') == 3])} checkpoints"),
             "select": (store.exists(ctx.select(g)), ""),
-            "merge": (store.exists(ctx.model(g + 1)) or bool(store.list(ctx.model(g + 1) + "/")), ""),
+            "merge": (merged(ctx, g), ""),
             "evaluate": (read_manifest(store, ctx.eval(g + 1)) is not None,
                          f"{len(store.list(f'{ctx.run}/eval/verdicts/gen-{g + 1}-vs-'))} verdicts"),
-        }
+        })
         for name in STEPS:
             done, detail = checks[name]
             rows.append({"gen": g, "step": name, "status": _status(state, g, name, done), "detail": detail})

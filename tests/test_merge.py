@@ -118,3 +118,52 @@ def test_fp8_export_of_merged_model(tiny_model_dir, adapter, tmp_path):
         got = model(input_ids=ids).logits
     # random weights make every layer's rounding count (measured: ~5% of the logits' norm)
     assert float((got - want).norm() / want.norm()) < 0.1
+
+
+def test_run_merge_stores_plain_model_objects_that_serve(tiny_model_dir, adapter, tmp_path, s3_env):
+    """L_1 lands as plain objects under <run>/gen-1/model/ on S3 (what KServe's storage initializer
+    downloads), at the URI `mass validate --outputs` hands Argo, and that URI serves."""
+    import uuid
+    from pathlib import Path
+
+    import yaml
+
+    from mass_jobs.commands.validate import argo_outputs
+    from mass_jobs.context import RunContext
+    from mass_jobs.llm import ModelClient
+    from mass_jobs.modelio import resolve_model
+    from mass_jobs.serve import ModelServer
+    from mass_jobs.spec import validate_document
+    from mass_jobs.steps.merge import run_merge
+    from mass_jobs.store import open_store, read_manifest
+
+    doc = yaml.safe_load((Path(__file__).parent / "specs" / "ci-e2e.yaml").read_text())
+    doc["model"]["base"] = str(tiny_model_dir)
+    prefix = f"merge-{uuid.uuid4().hex[:8]}"
+    opts = {"endpoint_url": s3_env["endpoint_url"], "region": s3_env["region"]}
+    doc["store"] = {"uri": f"s3://{s3_env['bucket']}/{prefix}", **opts}
+    ctx = RunContext(validate_document(doc), None)
+    ctx = RunContext(ctx.spec, open_store(ctx.spec.store))
+    ckpt = f"{ctx.train(0)}/step-2"
+    ctx.store.put_dir(ckpt, adapter)
+    ctx.store.put_json(ctx.select(0), {"step": 2, "checkpoint": ckpt})
+
+    extra = run_merge(ctx, 0, tmp_path / "work")
+    assert extra["step"] == 2 and extra["merged_layers"] == 3 * 2 + 1  # q, o, up in 2 layers + the LM head
+    keys = ctx.store.list(ctx.model(1) + "/")
+    names = {k.removeprefix(ctx.model(1) + "/") for k in keys}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= names
+    assert not ctx.store.exists(ctx.model(1))  # no single archive: KServe could not serve one
+    assert set(read_manifest(ctx.store, f"{ctx.gen(0)}/merge")["outputs"]) == set(keys)
+
+    uri = argo_outputs(ctx.spec, 1)["model-uri"]
+    assert uri == f"s3://{s3_env['bucket']}/{prefix}/ci-e2e/gen-1/model"
+    local = resolve_model(uri, cache_dir=tmp_path / "cache", store_options=opts)
+    assert {p.name for p in local.iterdir()} - {".mass-complete"} == names
+    direct = tmp_path / "direct"
+    merge_lora(tiny_model_dir, adapter, direct)
+    assert (local / "model.safetensors").read_bytes() == (direct / "model.safetensors").read_bytes()
+    with ModelServer(local, served_name="gen-1") as srv:
+        reply = ModelClient(srv.endpoint, ctx.spec.model.sampling, timeout_s=60, retries=0).chat(
+            [{"role": "user", "content": "hi"}], seed=1, max_tokens=4)
+    assert reply["role"] == "assistant" and reply["usage"]["completion_tokens"] == 4

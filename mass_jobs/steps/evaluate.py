@@ -65,13 +65,30 @@ def rollout_seed(task: str, rep: int) -> int:
 
 
 def model_ref(ctx: RunContext, g: int) -> str:
-    """What identifies generation g's weights in input hashes: the merge manifest's hash, or the base."""
+    """What identifies generation g's weights in input hashes: the base, or a digest of the stored model."""
+    from mass_jobs.modelio import has_stored_model
+
+    if g == 0 and not has_stored_model(ctx.store, ctx.model(0)):
+        return f"base:{ctx.spec.model.base}"
+    return f"gen-{g}:{model_digest(ctx, g)}"
+
+
+def model_digest(ctx: RunContext, g: int) -> str:
+    """sha256 over the stored model's objects: their hashes from the merge manifest when it lists
+    them (no re-reading of the weights), else hashed here; a single archive is hashed as is."""
+    import json
+
     from mass_jobs.store import read_manifest
 
-    if g == 0 and not ctx.store.exists(ctx.model(0)):
-        return f"base:{ctx.spec.model.base}"
-    manifest = read_manifest(ctx.store, ctx.model(g))
-    return f"gen-{g}:{manifest['input_hash'] if manifest else ctx.store.sha256(ctx.model(g))}"
+    key, store = ctx.model(g), ctx.store
+    if store.exists(key):
+        return store.sha256(key)
+    merge = read_manifest(store, f"{ctx.gen(g - 1)}/merge") if g > 0 else None
+    listed = {k: v for k, v in ((merge or {}).get("outputs") or {}).items() if k.startswith(key + "/")}
+    objects = store.list(key + "/")
+    if sorted(listed) != objects:
+        listed = {k: store.sha256(k) for k in objects}
+    return hashlib.sha256(json.dumps(listed, sort_keys=True).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------- rollouts
@@ -286,18 +303,12 @@ def _verdict_keys(prefix, jobs, gen: int, spec: RunSpec) -> list[str]:
 def local_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> Path:
     """A local directory holding L_g: the base model for g = 0 (unless the store has one), else the
     merged model the merge step stored at `<run>/gen-<g>/model` (extracted once into a cache)."""
-    from mass_jobs.modelio import resolve_model
+    from mass_jobs.modelio import fetch_stored_model, has_stored_model, resolve_model
 
-    if g == 0 and not ctx.store.exists(ctx.model(0)):
+    if g == 0 and not has_stored_model(ctx.store, ctx.model(0)):
         return resolve_model(ctx.spec.model.base)
     root = Path(cache_root or Path(tempfile.gettempdir()) / "mass-models")
-    digest = ctx.store.sha256(ctx.model(g))[:16]
-    target = root / ctx.run / f"gen-{g}-{digest}"
-    marker = target / ".mass-complete"
-    if not marker.exists():
-        ctx.store.get_dir(ctx.model(g), target)
-        marker.write_text(digest)
-    return target
+    return fetch_stored_model(ctx.store, ctx.model(g), root / ctx.run / f"gen-{g}-{model_digest(ctx, g)[:16]}")
 
 
 def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Path | None = None):

@@ -5,7 +5,12 @@ parent's dtype, saved as a loadable Hugging Face model dir (safetensors) with th
 tokenizer and chat template. With `sft.fp8_export` a block-FP8 copy (mass_jobs.fp8) is written
 beside it with its measured dequantisation error.
 
-Run: `mass merge --spec SPEC --gen G` (reads `select.json`, writes `<run>/gen-<g+1>/model`).
+The merged model is stored as plain objects under `<run>/gen-<g+1>/model/` (config.json,
+model.safetensors, tokenizer files): KServe's storage initializer downloads exactly such a
+directory from s3://. The step's manifest is `<run>/gen-<g>/merge/_manifest.json` (outside the
+model dir, so the served directory holds only the model).
+
+Run: `mass merge --spec SPEC --gen G` (reads `select.json`, writes `<run>/gen-<g+1>/model/`).
 """
 
 from __future__ import annotations
@@ -64,8 +69,9 @@ def merge_lora(parent_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
 
 
 def run_merge(ctx, gen: int, work_dir: Path) -> dict:
-    """select.json's checkpoint + gen g's model -> `<run>/gen-<g+1>/model` (+ `model-fp8`)."""
+    """select.json's checkpoint + gen g's model -> `<run>/gen-<g+1>/model/` (+ `model-fp8/`)."""
     from mass_jobs.fp8 import export_fp8
+    from mass_jobs.modelio import store_model_dir
     from mass_jobs.steps.train import parent_model_dir
     from mass_jobs.store import Step
 
@@ -83,13 +89,11 @@ def run_merge(ctx, gen: int, work_dir: Path) -> dict:
     ctx.store.get_dir(chosen["checkpoint"], adapter)
     merged_dir = work / "merged"
     layers = merge_lora(parent_model_dir(ctx, gen, work / "models"), adapter, merged_dir)
-    keys = [ctx.model(gen + 1)]
-    ctx.store.put_dir(keys[0], merged_dir)
+    keys = store_model_dir(ctx.store, ctx.model(gen + 1), merged_dir)
     extra = {"step": chosen["step"], "merged_layers": len(layers), "scaling": next(iter(layers.values()))}
     if ctx.spec.sft.fp8_export:
         report = export_fp8(merged_dir, work / "merged-fp8")
-        keys.append(f"{ctx.gen(gen + 1)}/model-fp8")
-        ctx.store.put_dir(keys[-1], work / "merged-fp8")
+        keys += store_model_dir(ctx.store, f"{ctx.gen(gen + 1)}/model-fp8", work / "merged-fp8")
         extra["fp8"] = {k: report[k] for k in ("tensors", "max_error_over_bound", "max_relative_frobenius_error")}
     step.finish(keys, extra=extra)
     return extra

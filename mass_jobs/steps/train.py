@@ -26,15 +26,12 @@ def read_windows(path: Path) -> list[dict]:
 
 
 def parent_model_dir(ctx: RunContext, gen: int, cache_dir: Path) -> Path:
-    """Generation g's model: the stored `gen-<g>/model` archive, else (gen 0) the spec's base model."""
-    from mass_jobs.modelio import resolve_model
+    """Generation g's model: the stored `gen-<g>/model/` objects, else (gen 0) the spec's base model."""
+    from mass_jobs.modelio import fetch_stored_model, has_stored_model, resolve_model
 
     key = ctx.model(gen)
-    if ctx.store.exists(key):
-        dest = Path(cache_dir) / f"gen-{gen}-model"
-        if not (dest / "config.json").exists():
-            ctx.store.get_dir(key, dest)
-        return dest
+    if has_stored_model(ctx.store, key):
+        return fetch_stored_model(ctx.store, key, Path(cache_dir) / f"gen-{gen}-model")
     if gen == 0:
         store_opts = {}
         if ctx.spec.store.endpoint_url:
