@@ -153,6 +153,21 @@ def test_two_rank_ddp_identical_adapters_and_exact_resume_after_kill(tiny_model_
     train_tokens = [r["tokens"] for r in log if r["kind"] == "train"]
     assert manifest["extra"]["processed_supervised_tokens"] == sum(train_tokens)
 
+    # select + merge over the same store, through the CLI entries
+    from mass_jobs.cli import main as mass
+
+    assert mass(["select", "--spec", str(spec), "--gen", "0"]) == 0
+    chosen = json.loads((store.parent / "select.json").read_text())
+    vals = {r["step"]: r["val_loss"] for r in log if r["kind"] == "val" and r["step"] in (2, 4, 6, 8)}
+    assert chosen["step"] == min(vals, key=lambda s: (vals[s], s))
+    assert chosen["processed_supervised_tokens"] == sum(train_tokens[: chosen["step"]])
+    assert chosen["processed_supervised_tokens_total"] == sum(train_tokens)
+    assert mass(["merge", "--spec", str(spec), "--gen", "0", "--work-dir", str(tmp_path / "work-a")]) == 0
+    from transformers import AutoModelForCausalLM
+
+    next_gen = tmp_path / "store" / "ddp-run" / "gen-1" / "model"  # plain objects: a loadable model dir
+    assert AutoModelForCausalLM.from_pretrained(next_gen).config.num_hidden_layers == 2
+
     # Same run, killed (SIGKILL to torchrun and both workers) once a checkpoint reached the store.
     spec_b = make_run(tmp_path / "b", tiny_model_dir, "ddp-run", steps=steps, save_every=2)
     store_b = tmp_path / "b" / "store" / "ddp-run" / "gen-0" / "train"
