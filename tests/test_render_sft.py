@@ -12,14 +12,18 @@ from transformers import AutoTokenizer
 from mass_jobs.models import SftSpec
 from mass_jobs.steps.render_sft import (
     IGNORE,
+    MASK_BY_INCREMENTS,
+    MASK_BY_MARKERS,
     EpisodeTrace,
     RenderError,
     cut_windows,
+    mask_method,
     rebuild_threads,
     render_windows,
     tokenize_conversation,
     turn_opener,
 )
+from mass_jobs.tiny import CHAT_TEMPLATE
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "schemas" / "sft-window.schema.json").read_text())
 
@@ -82,6 +86,24 @@ def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
+def without_markers(template: str) -> str:
+    """The same template as a stock hub one ships it: no {% generation %} markers."""
+    out = template.replace("{%- generation -%}", "").replace("{%- endgeneration -%}", "")
+    assert "endgeneration" not in out and "{%- generation" not in out
+    return out
+
+
+def with_template(tiny_model_dir, template: str):
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = template
+    return tok
+
+
+@pytest.fixture(scope="module")
+def unmarked(tiny_model_dir):
+    return with_template(tiny_model_dir, without_markers(CHAT_TEMPLATE))
+
+
 @pytest.mark.parametrize("with_agent", [False, True], ids=["roles-from-tools", "roles-from-agent-field"])
 def test_threads_and_roles(with_agent):
     threads = rebuild_threads(teacher_episode(with_agent))
@@ -142,8 +164,10 @@ def long_conversation(turns: int) -> list[dict]:
     return msgs
 
 
+@pytest.mark.parametrize("marked", [True, False], ids=["markers", "incremental"])
 @pytest.mark.parametrize("window,context", [(512, 64), (512, 0), (400, 128)], ids=lambda v: str(v))
-def test_windows_train_every_assistant_token_once(tokenizer, window, context):
+def test_windows_train_every_assistant_token_once(tokenizer, unmarked, marked, window, context):
+    tokenizer = tokenizer if marked else unmarked
     msgs = long_conversation(40)
     ids, mask, header = tokenize_conversation(tokenizer, msgs, WORKER_TOOLS)
     assert len(ids) > 3 * window  # the conversation really has to be cut
@@ -180,12 +204,176 @@ def test_oversized_block_is_reported_and_fails_under_strict(tokenizer):
         render_windows([ep], tokenizer, SftSpec(window=128, context=0, strict=True))
 
 
-def test_template_without_generation_markers_is_an_error(tokenizer):
-    plain = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
-    plain.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+def test_tokenizer_without_chat_template_is_an_error(tiny_model_dir):
+    plain = with_template(tiny_model_dir, None)
     ep = EpisodeTrace("t", 0, teacher_episode(), bare_prompt=BARE)
-    with pytest.raises(RenderError, match="generation"):
+    with pytest.raises(RenderError, match="no chat_template"):
         render_windows([ep], plain, SftSpec(window=256, context=0))
+
+
+def multi_user_conversation() -> list[dict]:
+    """Reasoning in several turns around two user messages (templates drop the first turns' reasoning),
+    a reply starting with a newline, parallel tool calls with consecutive tool results."""
+    return [
+        {"role": "system", "content": "You are the coder."},
+        {"role": "user", "content": ASSIGNMENT},
+        {"role": "assistant", "content": "", "reasoning_content": "Plan: list the folder first.",
+         "tool_calls": [tc("a", "read_file", {"path": "a.txt"}), tc("b", "read_file", {"path": "b.txt"})]},
+        {"role": "tool", "tool_call_id": "a", "content": "alpha"},
+        {"role": "tool", "tool_call_id": "b", "content": "beta"},
+        {"role": "assistant", "content": "\nBoth files read.", "reasoning_content": "Both are short."},
+        {"role": "user", "content": "Now write primes.py too."},
+        {"role": "assistant", "content": "", "tool_calls": [tc("c", "write_file", {"path": "primes.py"})]},
+        {"role": "tool", "tool_call_id": "c", "content": "ok"},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "Verify the write.",
+         "tool_calls": [tc("d", "read_file", {"path": "primes.py"})]},
+        {"role": "tool", "tool_call_id": "d", "content": "print(2, 3, 5)"},
+        {"role": "assistant", "content": "primes.py written and checked."},
+    ]
+
+
+def conversations() -> list[tuple[list[dict], list | None]]:
+    convs = [(t.messages, t.tools) for t in rebuild_threads(teacher_episode())]  # orchestrator, worker, auxiliary
+    return convs + [(long_conversation(12), WORKER_TOOLS), (multi_user_conversation(), WORKER_TOOLS),
+                    (multi_user_conversation(), None)]
+
+
+def test_incremental_masks_equal_marker_masks_token_for_token(tokenizer, unmarked):
+    assert (mask_method(tokenizer), mask_method(unmarked)) == (MASK_BY_MARKERS, MASK_BY_INCREMENTS)
+    for messages, tools in conversations():
+        ids, mask, header = tokenize_conversation(tokenizer, messages, tools)
+        ids_u, mask_u, header_u = tokenize_conversation(unmarked, messages, tools)
+        assert ids_u == ids and mask_u == mask and header_u == header
+        turns = sum(m["role"] == "assistant" for m in messages)
+        # one supervised run per reply, each ending on the end-of-turn token
+        runs = _runs(mask)
+        assert turns >= 1 and len(runs) == turns and all(tokenizer.decode(ids[e - 1 : e]) == "<|im_end|>" for _, e in runs)
+    # the tiny template (like Qwen3) drops reasoning before the last user message: the alignment path
+    ids, mask, _ = tokenize_conversation(unmarked, *conversations()[-2])
+    supervised = tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    assert "Plan: list" not in tokenizer.decode(ids) and "Verify the write." in supervised
+    assert "Both files read." in supervised and "alpha" not in supervised and "write primes.py too" not in supervised
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int]]:
+    out, s = [], None
+    for i, x in enumerate(mask + [0]):
+        if x and s is None:
+            s = i
+        elif not x and s is not None:
+            out.append((s, i))
+            s = None
+    return out
+
+
+def test_render_windows_identical_with_and_without_markers(tokenizer, unmarked):
+    long_recs = [call(0, long_conversation(30)[:-1], WORKER_TOOLS, long_conversation(30)[-1])]
+    eps = [EpisodeTrace("primes", 0, teacher_episode(), bare_prompt=BARE, teacher_prompt=TEACHER),
+           EpisodeTrace("long", 1, long_recs, bare_prompt=ASSIGNMENT),
+           EpisodeTrace("multi", 2, [call(0, multi_user_conversation()[:-1], WORKER_TOOLS,
+                                          multi_user_conversation()[-1])], bare_prompt=ASSIGNMENT)]
+    sft = SftSpec(window=384, context=48)
+    marked_w, marked_s = render_windows(eps, tokenizer, sft)
+    plain_w, plain_s = render_windows(eps, unmarked, sft)
+    assert (marked_s.pop("mask_method"), plain_s.pop("mask_method")) == (MASK_BY_MARKERS, MASK_BY_INCREMENTS)
+    assert plain_s == marked_s and marked_s["dropped_blocks"] == [] and len(marked_w) >= 6
+    assert [w.record() for w in plain_w] == [w.record() for w in marked_w]
+
+
+# A Qwen3-style template: reasoning only for replies after the last real user message (tool results
+# do not count), an empty think block on the final reply, content left-stripped after </think>.
+# The markers make transformers' own assistant mask the reference for the marker-free copy.
+QWEN3_LIKE = r"""
+{%- set ns = namespace(last_query=-1) -%}
+{%- for m in messages -%}
+  {%- if m.role == 'user' and not m.content.startswith('<tool_response>') -%}{%- set ns.last_query = loop.index0 -%}{%- endif -%}
+{%- endfor -%}
+{%- if tools -%}
+  {{- '<|im_start|>system\n' -}}{%- if messages[0].role == 'system' -%}{{- messages[0].content + '\n\n' -}}{%- endif -%}
+  {{- '# Tools\n<tools>' -}}{%- for t in tools -%}{{- '\n' + (t | tojson) -}}{%- endfor -%}{{- '\n</tools><|im_end|>\n' -}}
+{%- elif messages[0].role == 'system' -%}
+  {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for m in messages -%}
+  {%- if m.role == 'user' or (m.role == 'system' and not loop.first) -%}
+    {{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}
+  {%- elif m.role == 'assistant' -%}
+    {%- set content = m.content or '' -%}
+    {%- set reasoning = m.reasoning_content if m.reasoning_content is string else '' -%}
+    {{- '<|im_start|>assistant\n' -}}
+    {%- generation -%}
+    {%- if loop.index0 > ns.last_query and (loop.last or reasoning) -%}
+      {{- '<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') -}}
+    {%- else -%}
+      {{- content -}}
+    {%- endif -%}
+    {%- for tc in (m.tool_calls or []) -%}
+      {%- set args = tc.function.arguments -%}
+      {%- if (loop.first and content) or not loop.first -%}{{- '\n' -}}{%- endif -%}
+      {{- '<tool_call>\n{"name": "' + tc.function.name + '", "arguments": ' -}}
+      {{- (args if args is string else args | tojson) + '}\n</tool_call>' -}}
+    {%- endfor -%}
+    {{- '<|im_end|>' -}}
+    {%- endgeneration -%}
+    {{- '\n' -}}
+  {%- elif m.role == 'tool' -%}
+    {%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+    {{- '\n<tool_response>\n' + m.content + '\n</tool_response>' -}}
+    {%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+""".strip()
+
+
+@pytest.mark.parametrize("with_tools", [True, False], ids=["tools", "no-tools"])
+def test_qwen3_like_template_masks_exactly_the_final_renderings_replies(tiny_model_dir, with_tools):
+    ref = with_template(tiny_model_dir, QWEN3_LIKE)
+    stock = with_template(tiny_model_dir, without_markers(QWEN3_LIKE))
+    assert mask_method(stock) == MASK_BY_INCREMENTS
+    tools = WORKER_TOOLS if with_tools else None
+    messages = multi_user_conversation()
+    ids, mask, _ = tokenize_conversation(stock, messages, tools)
+    ref_ids, ref_mask, _ = tokenize_conversation(ref, messages, tools)
+    assert ids == ref_ids and mask == ref_mask
+    text = stock.decode(ids)
+    # what this template does to the history: the first turns lose their reasoning, and the reply
+    # after the last user message without reasoning has no think block (it has one only when last)
+    assert "Plan: list" not in text and "Both are short." not in text and text.count("<think>") == 2
+    runs = _runs(mask)
+    replies = [stock.decode(ids[s:e]) for s, e in runs]
+    assert len(replies) == 5 and all(r.endswith("<|im_end|>") for r in replies)
+    assert all(stock.decode(ids[: s]).endswith(("<|im_start|>assistant\n", "<|im_start|>assistant")) for s, _ in runs)
+    # a reply starting with a newline: the "\n\n" token straddling the opener is trained, as with markers
+    assert replies[0].startswith("<tool_call>") and replies[1] == "\n\nBoth files read.<|im_end|>"
+    assert replies[2].startswith("<tool_call>") and "write_file" in replies[2]
+    assert replies[3].startswith("<think>\nVerify the write.\n</think>\n\nChecking.\n<tool_call>")
+    assert replies[4] == "<think>\n\n</think>\n\nprimes.py written and checked.<|im_end|>"
+    # everything outside the replies is masked: prompts, tool results, openers, newlines between turns
+    assert "".join(replies) == stock.decode([t for t, m in zip(ids, mask) if m])
+    assert sum(mask) == sum(e - s for s, e in runs)
+    # two replies in a row: the first one's rendering changes once it is no longer last (its empty
+    # think block goes), so the second reply is taken after its opener
+    twice = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "Looking."},
+             {"role": "assistant", "content": "Done.", "reasoning_content": "All good."}]
+    ids, mask, _ = tokenize_conversation(stock, twice, tools)
+    assert (ids, mask) == tokenize_conversation(ref, twice, tools)[:2]
+    assert [stock.decode(ids[s:e]) for s, e in _runs(mask)] == [
+        "Looking.<|im_end|>", "<think>\nAll good.\n</think>\n\nDone.<|im_end|>"]
+
+
+def test_template_that_rewrites_earlier_replies_fails_naming_thread_and_turn(tiny_model_dir):
+    shouting = without_markers(CHAT_TEMPLATE).replace(
+        "{{- content -}}", "{%- if loop.last -%}{{- content -}}{%- else -%}{{- content | upper -}}{%- endif -%}"
+    )
+    assert shouting != without_markers(CHAT_TEMPLATE)
+    tok = with_template(tiny_model_dir, shouting)
+    u = {"role": "user", "content": "go"}
+    a1, a2 = {"role": "assistant", "content": "first reply"}, {"role": "assistant", "content": "second reply"}
+    recs = [call(0, [u], None, a1), call(1, [u, a1, {"role": "user", "content": "more"}], None, a2)]
+    ep = EpisodeTrace("t", 4, recs, bare_prompt="go")
+    with pytest.raises(RenderError, match=r"task 't' episode 4 thread 0 \(auxiliary\): assistant turn 0 \(message 1\)"):
+        render_windows([ep], tok, SftSpec(window=256, context=0))
 
 
 def test_render_step_over_the_store(tokenizer, tmp_path):
@@ -218,6 +406,7 @@ def test_render_step_over_the_store(tokenizer, tmp_path):
     val = read_jsonl(tmp_path / "store" / "r/gen-0/sft/val.jsonl")
     assert len(train) == 6 and len(val) == 3 and {w["episode"] for w in train} == {0, 2}
     assert extra["stored_supervised_tokens"] == sum(w["n_supervised"] for w in train)
+    assert extra["mask_method"] == MASK_BY_MARKERS
     assert extra["windows_by_role"] == {"orchestrator": 2, "worker": 2, "auxiliary": 2}
     manifest = read_manifest(ctx.store, "r/gen-0/sft")
     assert manifest["extra"]["stored_supervised_tokens"] == extra["stored_supervised_tokens"]

@@ -2,9 +2,12 @@
 
 Each agent's conversation is rebuilt from the proxy's trace lines, classified as orchestrator,
 worker or auxiliary, and rendered with the model's own chat template (tool definitions
-included). Only assistant tokens carry loss. In orchestrator threads the teacher prompt (task +
-workflow + directive) is replaced by the bare task, so the student learns to act as the teacher
-did without being told how. Workers keep the concrete assignments they were sent.
+included). Only assistant tokens carry loss: found by the template's {% generation %} markers
+when it has them, else by rendering each reply incrementally and aligning it to the full
+rendering (stock hub templates such as Qwen3's have no markers). In orchestrator threads the
+teacher prompt (task + workflow + directive) is replaced by the bare task, so the student learns
+to act as the teacher did without being told how. Workers keep the concrete assignments they
+were sent.
 
 Windows hold at most `sft.window` tokens: the masked header (system + tools + first user
 message), up to `sft.context` tokens of masked earlier context, then new assistant blocks; every
@@ -228,19 +231,139 @@ def strip_teacher_prompt(messages: list[dict], teacher_prompt: str, bare_prompt:
 # ---------------------------------------------------------------- tokens and windows
 
 _GENERATION_MARK = re.compile(r"{%-?\s*generation\s*-?%}")
+MASK_BY_MARKERS = "generation_markers"  # the template's {% generation %} spans (transformers computes the mask)
+MASK_BY_INCREMENTS = "incremental_rendering"  # stock hub templates: each reply = what its rendering adds
+_PROBE_REPLY = "mass probe reply 7f3a"
 
 
-def _check_template(tokenizer) -> None:
+def mask_method(tokenizer) -> str:
+    """How assistant tokens are found: the template's generation markers when every variant has them."""
     template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):
-        template = template.get("default")
-    if not template:
+    variants = list(template.values()) if isinstance(template, dict) else [template]
+    if not any(variants):
         raise RenderError("tokenizer has no chat_template; SFT rendering needs the model's own template")
-    if not _GENERATION_MARK.search(template):
+    if all(v and _GENERATION_MARK.search(v) for v in variants):
+        return MASK_BY_MARKERS
+    return MASK_BY_INCREMENTS
+
+
+def _render_text(tokenizer, messages: list[dict], tools: list | None, generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+@dataclass(frozen=True)
+class ReplyShape:
+    """Text the template wraps around every reply, learnt from one probe conversation.
+
+    opener: what `add_generation_prompt` appends (never trained, as with the markers);
+    close: the end of a reply up to its last special token (e.g. <|im_end|>: the model must learn to stop);
+    tail: what follows that (e.g. the newline before the next turn: not generated, not trained).
+    """
+
+    opener: str
+    close: str
+    tail: str
+
+
+def reply_shape(tokenizer, tools: list | None = None) -> ReplyShape:
+    probe = [{"role": "user", "content": "x"}]
+    bare = _render_text(tokenizer, probe, tools)
+    prompted = _render_text(tokenizer, probe, tools, generation_prompt=True)
+    opener = prompted[len(bare):] if prompted.startswith(bare) else ""
+    answered = _render_text(tokenizer, probe + [{"role": "assistant", "content": _PROBE_REPLY}], tools)
+    at = answered.rfind(_PROBE_REPLY)
+    if not answered.startswith(prompted) or at < len(prompted):
         raise RenderError(
-            "chat_template has no {% generation %} markers, so assistant tokens cannot be masked; "
-            "use a template that wraps assistant output in {% generation %}...{% endgeneration %}"
+            "chat_template has no {% generation %} markers and does not render a reply right after its "
+            "generation prompt, so assistant tokens cannot be found"
         )
+    after = answered[at + len(_PROBE_REPLY):]
+    specials = set(tokenizer.all_special_tokens) | {
+        t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)
+    }
+    cut = max((after.rfind(s) + len(s) for s in specials if s and s in after), default=len(after))
+    return ReplyShape(opener=opener, close=after[:cut], tail=after[cut:])
+
+
+def _locate_reply(full: str, cursor: int, before: str, reply: str, shape: ReplyShape) -> tuple[int, int] | None:
+    """[start, end) of one reply in the full rendering, searching from `cursor`; None if it is not there."""
+    s = len(before)
+    if s >= cursor and full.startswith(before) and full.startswith(reply, s):
+        return s, s + len(reply)
+    # Earlier turns re-rendered differently (e.g. Qwen3 drops reasoning before the last user message):
+    # find the reply after its opener; the full rendering may keep only the end of what it added alone.
+    if not shape.opener or not shape.close:
+        return None
+    g = full.find(shape.opener, cursor)
+    if g < 0:
+        return None
+    s = g + len(shape.opener)
+    if full.startswith(reply, s):
+        return s, s + len(reply)
+    e = full.find(shape.close, s)
+    if e < 0:
+        return None
+    e += len(shape.close)
+    return (s, e) if reply.endswith(full[s:e]) else None
+
+
+def reply_spans(tokenizer, messages: list[dict], tools: list | None, shape: ReplyShape) -> tuple[str, list[tuple[int, int]]]:
+    """(full rendering, character spans of each assistant reply in it) without generation markers.
+
+    Reply i = what rendering messages[:i+1] adds to messages[:i] + generation prompt, minus the
+    template's untrained tail; it is then aligned to the full rendering, which is what is trained.
+    """
+    full = _render_text(tokenizer, messages, tools)
+    spans: list[tuple[int, int]] = []
+    cursor = 0
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        where = f"assistant turn {len(spans)} (message {i})"
+        if i == 0:
+            raise RenderError(f"{where}: a reply with no message before it cannot be rendered incrementally")
+        before = _render_text(tokenizer, messages[:i], tools, generation_prompt=True)
+        upto = _render_text(tokenizer, messages[: i + 1], tools)
+        if upto.startswith(before):
+            reply = upto[len(before):]
+        elif shape.opener and shape.opener in upto:
+            # the previous message renders differently once it is no longer last (e.g. Qwen3's empty
+            # think block on a final reply followed by another reply): the reply follows its opener
+            reply = upto[upto.rfind(shape.opener) + len(shape.opener):]
+        else:
+            raise RenderError(
+                f"{where}: the chat template does not render this reply as an extension of the conversation "
+                "before it plus the generation prompt, so its tokens cannot be found"
+            )
+        if shape.tail and reply.endswith(shape.tail):
+            reply = reply[: -len(shape.tail)]
+        span = _locate_reply(full, cursor, before, reply, shape)
+        if span is None:
+            raise RenderError(
+                f"{where}: the full rendering of the conversation does not contain this reply as rendered on "
+                f"its own ({reply[:80]!r}...), so its tokens cannot be aligned"
+            )
+        spans.append(span)
+        cursor = span[1]
+    return full, spans
+
+
+def _spans_to_tokens(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Tokenise as apply_chat_template does and mark every token overlapping a span (as the marker path does)."""
+    enc = tokenizer(text, add_special_tokens=False)
+    if not getattr(enc, "encodings", None):
+        raise RenderError("masking without {% generation %} markers needs a fast tokenizer (token offsets)")
+    ids = list(enc["input_ids"])
+    mask = [0] * len(ids)
+    k = 0
+    for t, (a, b) in enumerate(enc.encodings[0].offsets):
+        while k < len(spans) and a >= spans[k][1]:
+            k += 1
+        if k == len(spans):
+            break
+        if b > spans[k][0]:
+            mask[t] = 1
+    return ids, mask
 
 
 def turn_opener(tokenizer) -> list[int]:
@@ -251,12 +374,25 @@ def turn_opener(tokenizer) -> list[int]:
     return full[len(bare):] if full[: len(bare)] == bare else []
 
 
-def tokenize_conversation(tokenizer, messages: list[dict], tools: list | None) -> tuple[list[int], list[int], int]:
+def assistant_mask(
+    tokenizer, messages: list[dict], tools: list | None, method: str | None = None, shape: ReplyShape | None = None
+) -> tuple[list[int], list[int]]:
+    """(ids, assistant mask) of the full rendering, by generation markers or incremental rendering."""
+    method = method or mask_method(tokenizer)
+    if method == MASK_BY_MARKERS:
+        enc = tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        return list(enc["input_ids"]), [int(x) for x in enc["assistant_masks"]]
+    full, spans = reply_spans(tokenizer, messages, tools, shape or reply_shape(tokenizer, tools))
+    return _spans_to_tokens(tokenizer, full, spans)
+
+
+def tokenize_conversation(
+    tokenizer, messages: list[dict], tools: list | None, method: str | None = None, shape: ReplyShape | None = None
+) -> tuple[list[int], list[int], int]:
     """(ids, assistant mask, header length): header = system + tools + first user message."""
-    enc = tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-    )
-    ids, mask = list(enc["input_ids"]), [int(x) for x in enc["assistant_masks"]]
+    ids, mask = assistant_mask(tokenizer, messages, tools, method, shape)
     first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
     first_sup = next((i for i, x in enumerate(mask) if x), len(ids))
     header = first_sup
@@ -324,7 +460,7 @@ def render_windows(
     episodes: list[EpisodeTrace], tokenizer, sft: SftSpec, delegation_tool: str = DELEGATION_TOOL
 ) -> tuple[list[Window], dict]:
     """Core of the render step: episodes -> windows plus stats (raises RenderError under strict)."""
-    _check_template(tokenizer)
+    method = mask_method(tokenizer)
     opener = turn_opener(tokenizer)
     windows: list[Window] = []
     dropped: list[dict] = []
@@ -340,7 +476,10 @@ def render_windows(
                 if not replaced:
                     missing_teacher.append({"task": ep.task, "episode": ep.episode, "thread": t_idx})
             threads_by_role[thread.role] += 1
-            ids, mask, header = tokenize_conversation(tokenizer, messages, thread.tools)
+            try:
+                ids, mask, header = tokenize_conversation(tokenizer, messages, thread.tools, method)
+            except RenderError as err:
+                raise RenderError(f"task {ep.task!r} episode {ep.episode} thread {t_idx} ({thread.role}): {err}") from err
             pieces, lost = cut_windows(ids, mask, header, sft.window, sft.context, opener)
             for s, e in lost:
                 dropped.append(
@@ -356,11 +495,12 @@ def render_windows(
             f"episode {first['episode']} thread {first['thread']}: {first['block_tokens']} tokens after a "
             f"{first['header_tokens']}-token header (raise sft.window or set sft.strict=false to drop them)"
         )
-    return windows, window_stats(windows, dropped, missing_teacher, threads_by_role, length_cuts)
+    return windows, window_stats(windows, dropped, missing_teacher, threads_by_role, length_cuts, method)
 
 
 def window_stats(
-    windows: list[Window], dropped: list[dict], missing_teacher: list[dict], threads_by_role: Counter, length_cuts: int
+    windows: list[Window], dropped: list[dict], missing_teacher: list[dict], threads_by_role: Counter, length_cuts: int,
+    method: str | None = None,
 ) -> dict:
     tokens_by_role: Counter = Counter()
     windows_by_role: Counter = Counter()
@@ -378,6 +518,7 @@ def window_stats(
         "dropped_supervised_tokens": sum(d["block_tokens"] for d in dropped),
         "teacher_prompt_not_found": missing_teacher,
         "length_cut_responses_dropped": length_cuts,
+        "mask_method": method,
     }
 
 
@@ -473,6 +614,7 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
         "windows_by_role": stats["train"]["windows_by_role"],
         "val_windows": stats["val"]["windows"],
         "dropped_blocks": len(stats["train"]["dropped_blocks"]) + len(stats["val"]["dropped_blocks"]),
+        "mask_method": stats["train"]["mask_method"],
     }
     keys.append(f"{ctx.sft(gen)}/stats.json")
     ctx.store.put_json(keys[-1], {**stats, "summary": extra})
