@@ -107,7 +107,10 @@ def make_chat_handler_class():
         - the model answers to `served_name` (upstream only accepts the path it was started with);
         - `top_k`, `min_p`, `repetition_penalty` are honoured (upstream rejects them with 422);
         - assistant `reasoning_content` in the history reaches the chat template (upstream drops
-          it), so the prompt matches how training renders multi-step tool use.
+          it), so the prompt matches how training renders multi-step tool use;
+        - `seed` seeds torch on the inference thread right before that request's generate()
+          (upstream seeds when the request arrives, so concurrent requests share one RNG stream
+          and the same seeded request gives different text depending on what else is running).
         """
 
         served_name: str = ""
@@ -124,12 +127,15 @@ def make_chat_handler_class():
                 raise HTTPException(status_code=404, detail=f"model {requested!r} not served here; use {self.served_name!r}")
             body["model"] = None
             _model_id, model, processor = super()._resolve_model(body)
+            _seed_per_request(model)
             return self.served_name, model, processor
 
         def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
             if body.get("logit_bias"):  # upstream passes JSON ints on; its logits processor demands floats (500)
                 body["logit_bias"] = {k: float(v) for k, v in body["logit_bias"].items()}
-            config = super()._build_generation_config(body, model_generation_config, use_cb=use_cb)
+            config = super()._build_generation_config({k: v for k, v in body.items() if k != "seed"},
+                                                      model_generation_config, use_cb=use_cb)
+            config.mass_seed = body.get("seed")  # read by _seed_per_request's generate()
             for key, kind in EXTRA_SAMPLING.items():
                 if body.get(key) is not None:
                     setattr(config, key, kind(body[key]))
@@ -151,6 +157,25 @@ def make_chat_handler_class():
                 raise HTTPException(status_code=400, detail=f"chat template rejected the messages: {exc}") from exc
 
     return MassChatHandler
+
+
+def _seed_per_request(model) -> None:
+    """Wrap model.generate once so a request's seed is applied on the inference thread, which runs
+    one generate() at a time: the seeded text no longer depends on concurrent requests."""
+    if getattr(model, "_mass_seeded_generate", False):
+        return
+    import torch
+
+    upstream = model.generate
+
+    def generate(*args, generation_config=None, **kwargs):
+        seed = getattr(generation_config, "mass_seed", None)
+        if seed is not None:
+            torch.manual_seed(seed)
+        return upstream(*args, generation_config=generation_config, **kwargs)
+
+    model.generate = generate
+    model._mass_seeded_generate = True
 
 
 def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "auto"):

@@ -107,6 +107,22 @@ def test_non_streaming_chat_is_seeded_with_exact_usage(client, tokenizer):
     assert top1[0] == top1[1]
 
 
+def test_seeded_text_does_not_depend_on_concurrent_requests(client, tokenizer):
+    """Collection runs episodes concurrently: a seeded request must give the same text whatever
+    else the server is generating (upstream seeded on arrival, so requests shared one RNG stream)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(seed: int) -> str:
+        body = {**sampled(tokenizer, seed), "max_tokens": 16}
+        return client.chat.completions.create(**body).choices[0].message.content
+
+    seeds = [11, 12, 13, 14]
+    alone = [ask(s) for s in seeds]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        together = list(pool.map(ask, seeds))
+    assert together == alone and len(set(alone)) == len(seeds)
+
+
 def test_streaming_chunks_reassemble_to_the_non_streaming_answer(client, tokenizer):
     whole = client.chat.completions.create(**sampled(tokenizer, 7)).choices[0].message.content
     chunks = list(client.chat.completions.create(stream=True, **sampled(tokenizer, 7)))
