@@ -424,7 +424,7 @@ def render_plots(doc: dict, out: Path) -> list[str]:
 
     def save(fig, name):
         fig.tight_layout()
-        fig.savefig(out / name, dpi=80, metadata=meta)
+        fig.savefig(out / name, dpi=100, metadata=meta)
         plt.close(fig)
         written.append(name)
 
@@ -441,17 +441,28 @@ def render_plots(doc: dict, out: Path) -> list[str]:
                                                                             for y, w in zip(ys, pts)]]
             ax.errorbar(xs, ys, yerr=err, marker=marker, color=color, capsize=3, label=f"{split} vs {base_kind}")
     ax.axhline(0.5, color="grey", lw=0.8, ls="--")
-    ax.set(xlabel="generation", ylabel="win share", ylim=(0, 1), title="Win share by generation (panel)")
+    gens = doc.get("evaluated") or [1]
+    ax.set(xlabel="generation", ylabel="win share", ylim=(0, 1), title="Win share by generation (panel)",
+           xlim=(min(gens) - 0.5, max(gens) + 0.5))
+    ax.set_xticks(gens, [f"L{g}" for g in gens])
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
+    else:  # say why the plot is empty instead of showing bare axes
+        p = doc["verdicts"]["panel"]
+        ax.text(0.5, 0.7, f"no decisive panel verdict\n{p['total']} verdicts, {p['invalid']} invalid",
+                transform=ax.transAxes, ha="center", va="center", fontsize=10, color="dimgrey")
     save(fig, "win_share.png")
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for s in doc["search"]:
         ax.plot(range(len(s["coverage"])), s["coverage"], marker="o", label=f"L{s['generation']} ({s['tasks']} tasks)")
-    ax.set(xlabel="iteration", ylabel="tasks whose elite beats the reference", title="Workflow search")
-    if doc["search"]:
-        ax.legend(fontsize=7)
+    ax.set(xlabel="iteration", ylabel="tasks whose elite\nbeats the reference", title="Workflow search")
+    if doc["search"]:  # counts of tasks: integer axes from 0 to the number of tasks
+        top = max(s["tasks"] for s in doc["search"])
+        ax.set_yticks(range(top + 1))
+        ax.set_ylim(-0.2, top + 0.2)
+        ax.set_xticks(range(max(len(s["coverage"]) for s in doc["search"])))
+        ax.legend(fontsize=8)
     save(fig, "search.png")
 
     n = max(1, len(doc["training"]))
@@ -470,19 +481,25 @@ def render_plots(doc: dict, out: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     rows = [a for a in doc["audit"] if a["split"] == "all"]
     xs = [a["generation"] for a in rows]
-    ax.bar([x - 0.2 for x in xs], [a["delegation_rate"] or 0 for a in rows], width=0.4, label="delegation D")
-    ax.bar([x + 0.2 for x in xs], [a["code_handoff_rate"] or 0 for a in rows], width=0.4, label="code handoff H")
-    ax.set(xlabel="generation", ylabel="share of bare-prompt episodes", ylim=(0, 1), title="Behaviour audit")
-    ax.set_xticks(xs)
-    ax.legend(fontsize=7)
+    for shift, key, label in ((-0.2, "delegation", "delegation D"), (0.2, "code_handoff", "code handoff H")):
+        bars = ax.bar([x + shift for x in xs], [a[f"{key}_rate"] or 0 for a in rows], width=0.4, label=label)
+        # counts on the bars, so a 0 is visibly a measured 0 and not a missing bar
+        ax.bar_label(bars, labels=[f"{a[key]}/{a['episodes']}" for a in rows], fontsize=8)
+    ax.set(xlabel="generation", ylabel="share of bare-prompt episodes", ylim=(0, 1.1), title="Behaviour audit")
+    ax.set_xticks(xs, [f"L{x}" for x in xs])
+    ax.legend(fontsize=8)
     save(fig, "audit.png")
 
-    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.35 * (len(doc["tokens"]) + 1)))
+    fig, ax = plt.subplots(figsize=(7.5, 0.8 + 0.4 * (len(doc["tokens"]) + 1)))
     ax.axis("off")
     cols = ["gen", "generated", "stored supervised", "processed (selected)", "processed (end)"]
     cells = [[f"L{t['generation']}", _fmt(t["generated_total"]), _fmt(t["stored_supervised"]),
               _fmt(t["processed_to_selected"]), _fmt(t["processed_to_end"])] for t in doc["tokens"]] or [["–"] * 5]
-    ax.table(cellText=cells, colLabels=cols, loc="center")
+    table = ax.table(cellText=cells, colLabels=cols, loc="center")
+    table.auto_set_font_size(False)
+    table.set_fontsize(10)
+    table.auto_set_column_width(list(range(len(cols))))
+    table.scale(1, 1.4)
     ax.set_title("Tokens")
     save(fig, "tokens.png")
     return written
