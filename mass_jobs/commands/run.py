@@ -24,5 +24,10 @@ def main(args) -> int:
     except (RunError, RuntimeError, OSError, ValueError) as err:
         print(f"run failed: {err}", file=sys.stderr)
         return 1
-    print(f"report: {', '.join(sorted(manifest['outputs']))}")
+    from mass_jobs.spec import load_spec
+    from mass_jobs.store import open_store
+
+    spec = load_spec(args.spec)
+    where = f"{open_store(spec.store).uri.rstrip('/')}/{spec.name}/report"
+    print(f"report: {where}/report.md (JSON: {where}/report.json; {len(manifest['outputs'])} files)")
     return 0
