@@ -128,6 +128,7 @@ class Display:
 
     def __exit__(self, *exc):
         if self.enabled:
+            self.progress.update(self.detail, visible=False)  # no stale task/episode line at the end
             self.progress.stop()
 
     def step(self, label: str) -> None:
@@ -251,14 +252,27 @@ class Runner:
         with LazyServer(lambda: self.serve(g)) as lazy:
             client = LazyClient(lambda: client_for(spec, lazy.endpoint()))
 
+            import threading
+
+            lock, now = threading.Lock(), {"label": "", "episodes": 0, "of": None}
+
             def execute(*args):
-                return episode_executor(spec, lazy.endpoint())(*args)
+                status = episode_executor(spec, lazy.endpoint())(*args)
+                with lock:  # collect runs episodes concurrently
+                    now["episodes"] += 1
+                    self.display.note(f"{now['label']}: episode {now['episodes']}", now["episodes"], now["of"])
+                return status
+
+            # episodes a task may still run: search = reference + initial elite + one per iteration
+            episodes_per_task = {"search": spec.search.iterations + 2, "collect": spec.collection.episodes}
 
             def each(name: str, fn) -> Callable[[], bool]:
                 def go() -> bool:
                     stored = all(inner_done(ctx, g, name, t.id) for t in tasks)
                     for i, t in enumerate(tasks):
-                        self.display.note(f"{name} {t.id}", i, len(tasks))
+                        now.update(label=f"{name} task {i + 1}/{len(tasks)} {t.id}", episodes=0,
+                                   of=episodes_per_task.get(name))
+                        self.display.note(now["label"], i, len(tasks))
                         fn(t.id)
                     return stored
                 return go

@@ -1,9 +1,16 @@
 """`mass run` end to end on the tiny model (tests/specs/ci-e2e.yaml), plus the runner's guards.
 
 The slow test runs the chain twice: once uninterrupted, once killed (SIGKILL of the whole process
-group) while training and rerun. Both must end with every step's manifest, a report whose win
-shares recompute exactly from the stored verdicts, no test-task episode in any SFT window, and
-the same report.json.
+group) as soon as training has stored its first checkpoint, and rerun. Both must end with every
+step's manifest, the merged models as plain objects, a report whose win shares recompute exactly
+from the stored verdicts, no test-task episode in any SFT window, and the same report.json and
+training losses: sampling is seeded and the tiny model runs on CPU in float32, so generation is
+deterministic across processes, and training resumes exactly from its checkpoint.
+
+The panel has the tiny model (it answers garbage: no parsable verdict) and a judge whose endpoint
+refuses connections: both must end as invalid verdicts in the report, never as a crash. A random
+model never gives a valid verdict, so the recomputed win shares are counts of invalid verdicts here;
+the arithmetic over valid verdicts is pinned in tests/test_metrics.py and tests/test_report.py.
 """
 
 import json
@@ -22,7 +29,7 @@ from mass_jobs.context import RunContext
 from mass_jobs.judges import load_verdicts
 from mass_jobs.runner import SplitLeak, check_no_test_leak, step_status, train_tasks
 from mass_jobs.spec import load_spec, validate_document
-from mass_jobs.store import FileStore, read_manifest
+from mass_jobs.store import FileStore, read_manifest, verify_manifest
 
 SPEC = Path(__file__).parent / "specs" / "ci-e2e.yaml"
 
@@ -71,11 +78,24 @@ def test_status_from_manifests_and_run_state(tmp_path):
 
 # ---------------------------------------------------------------- the end-to-end run
 
+TRAIN, TEST = ("fib", "primes"), ("sort",)
 
-def write_spec(tmp_path, tiny_model_dir, name) -> Path:
+
+def closed_port() -> int:
+    """A loopback port nothing listens on: the failing judge's endpoint."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_spec(tmp_path, tiny_model_dir, name, dead_port) -> Path:
     doc = yaml.safe_load(SPEC.read_text())
     doc["model"]["base"] = str(tiny_model_dir)
     doc["judges"][0]["model"] = str(tiny_model_dir)
+    doc["judges"].append({"name": "dead-judge", "endpoint": f"http://127.0.0.1:{dead_port}/v1", "model": "none",
+                          "seeds": [7]})
     doc["store"]["uri"] = f"file://{tmp_path / name / 'store'}"
     path = tmp_path / name / "spec.yaml"
     path.parent.mkdir(parents=True)
@@ -83,63 +103,155 @@ def write_spec(tmp_path, tiny_model_dir, name) -> Path:
     return path
 
 
-def mass_run(spec: Path, work: Path, kill_when=None) -> int:
+def open_run(spec_path: Path) -> RunContext:
+    spec = load_spec(spec_path)
+    return RunContext(spec, FileStore(spec.store.uri[len("file://"):]))
+
+
+def mass(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mass_jobs.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def status_rows(spec_path: Path) -> dict:
+    proc = mass("status", str(spec_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return {(r["gen"], r["step"]): r["status"] for r in json.loads(proc.stdout)["steps"]}
+
+
+def mass_run(spec: Path, work: Path, kill_when=None, before_kill=None) -> str:
+    """Run `mass run` to the end (returns its output), or SIGKILL its process group once kill_when()."""
     cmd = [sys.executable, "-m", "mass_jobs.cli", "run", str(spec), "--work-dir", str(work), "--no-progress"]
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    while proc.poll() is None:
-        if kill_when and kill_when():
-            os.killpg(proc.pid, signal.SIGKILL)  # the runner, its servers and torchrun: a hard crash
-            proc.wait()
-            return -9
-        time.sleep(0.5)
-    out = proc.stdout.read().decode()
-    assert proc.returncode == 0, out[-4000:]
-    return 0
+    with open(work.parent / "run.out", "w+b") as out:
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            if kill_when and kill_when():
+                if before_kill:
+                    before_kill()
+                os.killpg(proc.pid, signal.SIGKILL)  # the runner, its servers and torchrun: a hard crash
+                proc.wait()
+                return "killed"
+            time.sleep(0.2)
+        out.seek(0)
+        text = out.read().decode()
+    assert proc.returncode == 0, text[-4000:]
+    return text
+
+
+def train_losses(ctx: RunContext, g: int) -> list[tuple]:
+    log = [json.loads(x) for x in ctx.store.get_bytes(f"{ctx.train(g)}/log.jsonl").decode().splitlines()]
+    return [(r["kind"], r["step"], r.get("loss"), r.get("val_loss")) for r in log]
 
 
 def check_run(spec_path: Path) -> dict:
-    spec = load_spec(spec_path)
-    store = FileStore(spec.store.uri[len("file://"):])
-    ctx = RunContext(spec, store)
-    # every step's manifest
+    ctx = open_run(spec_path)
+    spec, store = ctx.spec, ctx.store
+    assert [t.id for t in train_tasks(spec)] == list(TRAIN)
     for g in range(spec.generations):
-        for t in ("fib", "primes"):
-            assert read_manifest(store, ctx.search_iter(g, t, spec.search.iterations)) is not None
-        for prefix in (ctx.sft(g), ctx.train(g), ctx.eval(g + 1)):
+        # every step's manifest, verified against its outputs' hashes
+        prefixes = [ctx.search_iter(g, t, k) for t in TRAIN for k in range(spec.search.iterations + 1)]
+        prefixes += [ctx.collect(g, t) for t in TRAIN]
+        prefixes += [f"{ctx.gen(g)}/{step}/{t}" for step in ("guard", "rank") for t in TRAIN]
+        prefixes += [ctx.sft(g), ctx.train(g), f"{ctx.gen(g)}/select", f"{ctx.gen(g)}/merge", ctx.eval(g + 1)]
+        for prefix in prefixes:
             assert read_manifest(store, prefix) is not None, prefix
-        assert store.exists(ctx.select(g)) and store.exists(ctx.model(g + 1))
-        assert check_no_test_leak(ctx, g)["windows_checked"] > 0
-        for split in ("train", "val"):
-            tasks = {json.loads(x)["task"] for x in store.get_bytes(f"{ctx.sft(g)}/{split}.jsonl").decode().splitlines()}
-            assert "sort" not in tasks
+            verify_manifest(store, prefix)
+        # test tasks only in evaluation
+        for t in TEST:
+            assert not store.list(f"{ctx.gen(g)}/search/{t}") and not store.list(ctx.collect(g, t))
+            assert not store.exists(ctx.rank(g, t)) and not store.exists(ctx.guard(g, t))
+        windows = {split: [json.loads(x) for x in store.get_bytes(f"{ctx.sft(g)}/{split}.jsonl").decode().splitlines()]
+                   for split in ("train", "val")}
+        assert check_no_test_leak(ctx, g)["windows_checked"] == len(windows["train"]) + len(windows["val"]) > 0
+        for split, ws in windows.items():
+            ranked = {(t, int(e.removeprefix("ep-"))) for t in TRAIN
+                      for e in ([store.get_json(ctx.rank(g, t))["val"]] if split == "val"
+                                else store.get_json(ctx.rank(g, t))["train"])}
+            assert {(w["task"], w["episode"]) for w in ws} <= ranked
+            assert not {w["task"] for w in ws} & set(TEST)
+        sft_extra = read_manifest(store, ctx.sft(g))["extra"]
+        assert sft_extra["stored_supervised_tokens"] == sum(w["n_supervised"] for w in windows["train"]) > 0
+        # L_{g+1}: plain model objects, not an archive
+        names = {k.removeprefix(ctx.model(g + 1) + "/") for k in store.list(ctx.model(g + 1) + "/")}
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
+        assert not store.exists(ctx.model(g + 1))
+        selected = store.get_json(ctx.select(g))
+        assert selected["step"] in read_manifest(store, ctx.train(g))["extra"]["checkpoints"]
     assert read_manifest(store, ctx.report()) is not None
     assert all(r["status"] == "done" for r in step_status(ctx))
     report = store.get_json(f"{ctx.report()}/report.json")
-    # win shares recompute exactly from the stored verdicts
-    panel = [v for v in load_verdicts(store, f"{ctx.run}/eval/verdicts") if v["kind"] == "panel"]
-    assert len(panel) == report["verdicts"]["panel"]["total"] > 0
+
+    # the report's win shares recompute exactly from the stored verdicts
+    stored = load_verdicts(store, f"{ctx.run}/eval/verdicts")
+    panel = [v for v in stored if v["kind"] == "panel"]
+    pairs = {(1, 0), (2, 0), (2, 1)}
+    n_tasks, seeds = len(TRAIN) + len(TEST), sum(len(j.seeds) for j in spec.judges)
+    assert len(panel) == report["verdicts"]["panel"]["total"] == len(pairs) * n_tasks * seeds == 27
+    assert report["verdicts"]["panel"]["invalid"] == sum(not v["valid"] for v in panel)
+    assert {(r["candidate"], r["baseline"]) for r in report["win_share"]} == pairs
+    assert len(report["win_share"]) == len(pairs) * 3  # train, test, all
     for row in report["win_share"]:
         ids = [t.id for t in spec.resolved_tasks() if row["split"] in ("all", t.split)]
-        vs = [v for v in panel if (v["candidate"], v["baseline"]) == (row["candidate"], row["baseline"])]
-        total = metrics.compare(vs, ids).overall
-        assert (row["wins"], row["losses"], row["ties"], row["invalid"]) == (total.wins, total.losses, total.ties,
-                                                                          total.invalid)
-        assert row["win_share"] == metrics.win_share(total.wins, total.losses)
-    assert {(r["candidate"], r["baseline"]) for r in report["win_share"]} == {(1, 0), (2, 0), (2, 1)}
+        vs = [v for v in panel if (v["candidate"], v["baseline"]) == (row["candidate"], row["baseline"])
+              and v["task"] in ids]
+        by_hand = {k: sum(metrics.outcome(v) == k for v in vs) for k in ("win", "loss", "tie", "invalid")}
+        assert (row["wins"], row["losses"], row["ties"], row["invalid"]) == tuple(by_hand.values())
+        assert sum(by_hand.values()) == len(ids) * seeds
+        assert row["win_share"] == metrics.win_share(by_hand["win"], by_hand["loss"])
+    # the failing judge: every one of its verdicts is invalid with a connection error, listed in the report
+    dead = [v for v in panel if v["judge"] == "dead-judge"]
+    assert len(dead) == len(pairs) * n_tasks and not any(v["valid"] for v in dead)
+    assert all("connection" in " ".join(v["errors"]).lower() for v in dead), dead[0]["errors"]
+    assert len(report["invalid_verdicts"]) == report["verdicts"]["panel"]["invalid"]
     return report
 
 
 @pytest.mark.slow
 def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tiny_model_dir):
-    a = write_spec(tmp_path, tiny_model_dir, "a")
-    mass_run(a, tmp_path / "a" / "work")
+    dead_port = closed_port()
+    a = write_spec(tmp_path, tiny_model_dir, "a", dead_port)
+    out = mass_run(a, tmp_path / "a" / "work")
+    assert f"report: file://{a.parent / 'store'}/ci-e2e/report/report.md" in out
     report_a = check_run(a)
+    assert set(status_rows(a).values()) == {"done"}
 
-    b = write_spec(tmp_path, tiny_model_dir, "b")
-    train_log = tmp_path / "b" / "work" / "ci-e2e" / "train"
-    killed = mass_run(b, tmp_path / "b" / "work",
-                      kill_when=lambda: any(train_log.glob("**/step-*")) if train_log.exists() else False)
-    assert killed == -9
+    b = write_spec(tmp_path, tiny_model_dir, "b", dead_port)
+    ctx_b = open_run(b)
+    seen = {}
+
+    def first_checkpoint() -> bool:  # polled in the store, as an operator would
+        return bool(ctx_b.store.list(f"{ctx_b.train(0)}/step-"))
+
+    def note_status() -> None:
+        seen.update(status_rows(b))
+
+    assert mass_run(b, tmp_path / "b" / "work", kill_when=first_checkpoint, before_kill=note_status) == "killed"
+    assert seen[(0, "train")] == "running"
+    killed = status_rows(b)
+    assert killed[(0, "train")] == "interrupted"
+    assert all(killed[(0, s)] == "done" for s in ("search", "collect", "guard", "rank", "render"))
+    assert all(v == "pending" for (g, s), v in killed.items() if g > 0 or s in ("select", "merge", "evaluate"))
+    assert read_manifest(ctx_b.store, ctx_b.train(0)) is None  # killed before training finished
+
     mass_run(b, tmp_path / "b" / "work")
     report_b = check_run(b)
+    ctx_a = open_run(a)
+    for g in range(ctx_a.spec.generations):
+        assert train_losses(ctx_b, g) == train_losses(ctx_a, g)
     assert report_b == report_a
+    assert set(status_rows(b).values()) == {"done"}
+
+
+def test_failed_run_is_reported_by_status(tmp_path):
+    """A run whose base model cannot load fails at L0 search with exit 1; status names the step."""
+    doc = yaml.safe_load(SPEC.read_text())
+    (tmp_path / "empty-model").mkdir()
+    doc["model"]["base"] = str(tmp_path / "empty-model")
+    doc["store"]["uri"] = f"file://{tmp_path / 'store'}"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    proc = mass("run", str(spec), "--work-dir", str(tmp_path / "work"), "--no-progress")
+    assert proc.returncode == 1 and "run failed" in proc.stderr
+    rows = status_rows(spec)
+    assert rows[(0, "search")] == "failed" and rows[(0, "collect")] == "pending"
+    text = mass("status", str(spec))
+    assert text.returncode == 0 and "failed: L0 search" in text.stdout
