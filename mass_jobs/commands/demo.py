@@ -34,8 +34,8 @@ def main(args) -> int:
     started = time.monotonic()
     try:
         run(args.spec, work_dir=args.work_dir, progress=not args.no_progress)
-    except RunError as err:
-        print(f"demo failed: {err}", file=sys.stderr)
+    except (RunError, RuntimeError, OSError, ValueError) as err:  # as `mass run`: a message, not a traceback
+        print(f"demo failed: {err}\n(`mass status {args.spec}` shows where; rerun to resume)", file=sys.stderr)
         return 1
     store = open_store(spec.store)
     where = f"{store.uri.rstrip('/')}/{spec.name}/report"
