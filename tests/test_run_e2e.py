@@ -231,8 +231,11 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     assert all(killed[(0, s)] == "done" for s in ("search", "collect", "guard", "rank", "render"))
     assert all(v == "pending" for (g, s), v in killed.items() if g > 0 or s in ("select", "merge", "evaluate"))
     assert read_manifest(ctx_b.store, ctx_b.train(0)) is None  # killed before training finished
+    stored_ckpts = {k: (ctx_b.store.root / k).stat().st_mtime_ns for k in ctx_b.store.list(f"{ctx_b.train(0)}/step-")}
 
     mass_run(b, tmp_path / "b" / "work")
+    # training resumed from its checkpoint: what was stored before the kill was never rewritten
+    assert {k: (ctx_b.store.root / k).stat().st_mtime_ns for k in stored_ckpts} == stored_ckpts
     report_b = check_run(b)
     ctx_a = open_run(a)
     for g in range(ctx_a.spec.generations):
