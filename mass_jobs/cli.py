@@ -1,6 +1,7 @@
 """The `mass` command line: a thin dispatcher over one module per command.
 
 Each command lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`.
+Exit codes: 0 ok, 2 bad input (a SpecError: every problem listed), 1 a step failed (StepFailed).
 Modules are imported only when their command runs, so `mass validate` never pays for torch.
 Containers in the Argo templates call exactly these entries.
 """
@@ -50,7 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
-    return int(importlib.import_module(COMMANDS[args.command][0]).main(args) or 0)
+    from mass_jobs.errors import StepFailed
+    from mass_jobs.spec import SpecError
+
+    try:
+        return int(importlib.import_module(COMMANDS[args.command][0]).main(args) or 0)
+    except SpecError as err:  # bad input: every problem listed, nothing written
+        print(err, file=sys.stderr)
+        return 2
+    except StepFailed as err:
+        print(f"mass {args.command}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

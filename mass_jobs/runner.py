@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mass_jobs.context import RunContext
+from mass_jobs.errors import StepFailed
 from mass_jobs.models import RunSpec, Task
 
 STEPS = ("search", "collect", "guard", "rank", "render", "train", "select", "merge", "evaluate")
 
 
-class RunError(RuntimeError):
+class RunError(StepFailed):
     pass
 
 

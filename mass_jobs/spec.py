@@ -41,7 +41,7 @@ class SpecError(ValueError):
         self.source = source
         self.issues = issues
         lines = "\n".join(f"  {i}" for i in issues)
-        super().__init__(f"{source}: {len(issues)} error(s)\n{lines}")
+        super().__init__(f"{source}: invalid run spec, {len(issues)} error(s):\n{lines}")
 
 
 # ---------------------------------------------------------------- schemas

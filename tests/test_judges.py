@@ -3,7 +3,6 @@ and resume. Judges answer through the test-only ScriptedEndpoint over real loopb
 
 import json
 
-import pytest
 
 from mass_jobs import judges, metrics
 from mass_jobs.llm import ModelClient

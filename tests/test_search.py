@@ -213,4 +213,4 @@ def test_cli_entries_print_json_and_use_exit_codes(tmp_path, judging_endpoint, c
     assert json.loads(capsys.readouterr().out) == {"task": "t1", "skipped": False, "train": ["ep-0"], "val": "ep-1",
                                                    "invalid_verdicts": 0}
     assert main(["rank", "--spec", str(tmp_path / "spec.yaml"), "--gen", "0", "--task", "nope", *model]) == 2
-    assert "no task 'nope'" in capsys.readouterr().err
+    assert "--task: expected one of ['t1'], found 'nope'" in capsys.readouterr().err

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 
-from mass_jobs.commands.search import add_common, add_model, model_endpoint, open_run, run_guarded
+from mass_jobs.commands.common import add_common, add_model, model_endpoint, open_run, run_guarded
 
 
 def add_arguments(parser) -> None:
@@ -29,7 +29,8 @@ def main(args) -> int:
 
         if args.phase and args.episode is None:
             raise ValueError("--phase needs --episode")
-        spec, ctx = open_run(args)
+        ctx = open_run(args.spec, args.task)
+        spec = ctx.spec
         if args.phase:
             endpoint = (Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None)
             out = run_collect(ctx, args.gen, args.task, None, episode=args.episode, phase=args.phase, endpoint=endpoint)

@@ -7,30 +7,24 @@ from __future__ import annotations
 import json
 import sys
 
+from mass_jobs.commands.common import add_spec, open_run
+
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--spec", required=True, help="run spec: a path or an s3:// URI")
-    parser.add_argument("--gen", type=int, required=True, help="generation G >= 1 (L_G vs L_0 and L_{G-1})")
+    add_spec(parser, gen="generation G >= 1 (L_G vs L_0 and L_{G-1})")
     parser.add_argument("--work-dir", default=".mass-work", help="local cache for model dirs and server logs")
 
 
 def main(args) -> int:
     from pathlib import Path
 
-    from mass_jobs.context import RunContext
-    from mass_jobs.spec import SpecError, load_spec
     from mass_jobs.steps.evaluate import default_servers, evaluate
-    from mass_jobs.store import open_store
 
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return 2
+    ctx = open_run(args.spec)
+    spec = ctx.spec
     if not 1 <= args.gen <= spec.generations:
         print(f"--gen: expected 1..{spec.generations} (generations), got {args.gen}", file=sys.stderr)
         return 2
-    ctx = RunContext(spec, open_store(spec.store))
     work = Path(args.work_dir) / spec.name
     work.mkdir(parents=True, exist_ok=True)
     serve_model, serve_judge = default_servers(ctx, cache_root=work / "models", log_dir=work)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from mass_jobs.commands.search import add_common, open_run, run_guarded
+from mass_jobs.commands.common import add_common, open_run, run_guarded
 
 
 def add_arguments(parser) -> None:
@@ -19,7 +19,7 @@ def main(args) -> int:
     def go() -> int:
         from mass_jobs.steps.guard import run_guard
 
-        _, ctx = open_run(args)
+        ctx = open_run(args.spec, args.task)
         report = run_guard(ctx, args.gen, args.task)
         print(json.dumps({"task": report.task, "skipped": report.skipped, "usable": report.usable,
                           "vetoed": {e: report.episodes[e].reasons for e in report.vetoed}}, sort_keys=True))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from mass_jobs.commands.search import add_common, add_model, client_for, model_endpoint, open_run, run_guarded
+from mass_jobs.commands.common import add_common, add_model, client_for, model_endpoint, open_run, run_guarded
 
 
 def add_arguments(parser) -> None:
@@ -20,7 +20,8 @@ def main(args) -> int:
     def go() -> int:
         from mass_jobs.steps.rank import run_rank
 
-        spec, ctx = open_run(args)
+        ctx = open_run(args.spec, args.task)
+        spec = ctx.spec
         if ctx.store.exists(ctx.guard(args.gen, args.task)) and ctx.store.get_json(ctx.guard(args.gen, args.task)).get("skipped"):
             result = run_rank(ctx, args.gen, args.task, None)  # a skipped task needs no model
         else:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("mass_jobs.commands.render:SftCommand", "masked SFT windows: <run>/gen-<g>/sft/{train,val}.jsonl"),
@@ -49,24 +48,14 @@ class SftCommand:
 
         from transformers import AutoTokenizer
 
-        from mass_jobs.context import RunContext
-        from mass_jobs.spec import SpecError, load_spec
-        from mass_jobs.steps.render_sft import RenderError, run_render
+        from mass_jobs.commands.common import open_run
+        from mass_jobs.steps.render_sft import run_render
         from mass_jobs.steps.train import parent_model_dir
-        from mass_jobs.store import open_store
 
-        try:
-            spec = load_spec(args.spec)
-        except SpecError as err:
-            print(err, file=sys.stderr)
-            return 2
-        ctx = RunContext(spec, open_store(spec.store))
+        ctx = open_run(args.spec)
+        spec = ctx.spec
         where = spec.model.tokenizer or parent_model_dir(ctx, args.gen, Path(args.work_dir) / spec.name / "models")
-        try:
-            extra = run_render(ctx, args.gen, AutoTokenizer.from_pretrained(where))
-        except RenderError as err:
-            print(f"render sft: {err}", file=sys.stderr)
-            return 1
+        extra = run_render(ctx, args.gen, AutoTokenizer.from_pretrained(where))
         print(f"{extra['windows']} train windows {extra['windows_by_role']}, {extra['val_windows']} val windows, "
               f"{extra['stored_supervised_tokens']} stored supervised tokens")
         return 0

@@ -3,27 +3,19 @@ artifacts alone and print where it is."""
 
 from __future__ import annotations
 
-import sys
+from mass_jobs.commands.common import add_spec
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--spec", required=True, help="run spec: a path or an s3:// URI")
+    add_spec(parser)
 
 
 def main(args) -> int:
-    from mass_jobs.context import RunContext
-    from mass_jobs.spec import SpecError, load_spec
+    from mass_jobs.commands.common import open_run
     from mass_jobs.steps.report import write_report
-    from mass_jobs.store import open_store
 
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return 2
-    store = open_store(spec.store)
-    ctx = RunContext(spec, store)
+    ctx = open_run(args.spec)
     doc = write_report(ctx)
-    print(f"report: {store.uri.rstrip('/')}/{ctx.report()}/report.md ({len(doc['win_share'])} win-share rows, "
+    print(f"report: {ctx.store.uri.rstrip('/')}/{ctx.report()}/report.md ({len(doc['win_share'])} win-share rows, "
           f"{doc['verdicts']['panel']['invalid']} invalid panel verdicts)")
     return 0

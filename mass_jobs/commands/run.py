@@ -13,21 +13,27 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.runner import RunError, run  # noqa: F401 (RunError is a RuntimeError)
-    from mass_jobs.spec import SpecError
+    from mass_jobs.commands.common import open_run
 
-    try:
-        manifest = run(args.spec, work_dir=args.work_dir, progress=not args.no_progress)
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return 2
-    except (RunError, RuntimeError, OSError, ValueError) as err:
-        print(f"run failed: {err}", file=sys.stderr)
+    ctx = open_run(args.spec)  # a bad spec exits 2 before anything is written
+    manifest = run_reporting_failures(args, "run")
+    if manifest is None:
         return 1
-    from mass_jobs.spec import load_spec
-    from mass_jobs.store import open_store
-
-    spec = load_spec(args.spec)
-    where = f"{open_store(spec.store).uri.rstrip('/')}/{spec.name}/report"
+    where = f"{ctx.store.uri.rstrip('/')}/{ctx.report()}"
     print(f"report: {where}/report.md (JSON: {where}/report.json; {len(manifest['outputs'])} files)")
     return 0
+
+
+def run_reporting_failures(args, what: str) -> dict | None:
+    """Run L0 -> L_N; any failure of a step is one message and the hint to resume, not a traceback."""
+    from mass_jobs.runner import run
+
+    try:
+        return run(args.spec, work_dir=args.work_dir, progress=not args.no_progress)
+    except (RuntimeError, OSError, ValueError) as err:
+        from mass_jobs.spec import SpecError
+
+        if isinstance(err, SpecError):
+            raise
+        print(f"{what} failed: {err}\n(`mass status {args.spec}` shows where; rerun to resume)", file=sys.stderr)
+        return None

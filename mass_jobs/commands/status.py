@@ -4,7 +4,6 @@ step, from the step manifests and the runner's `<run>/run-state.json`."""
 from __future__ import annotations
 
 import json
-import sys
 
 
 def add_arguments(parser) -> None:
@@ -13,17 +12,11 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.context import RunContext
+    from mass_jobs.commands.common import open_run
     from mass_jobs.runner import RunState, step_status
-    from mass_jobs.spec import SpecError, load_spec
-    from mass_jobs.store import open_store
 
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return 2
-    ctx = RunContext(spec, open_store(spec.store))
+    ctx = open_run(args.spec)
+    spec = ctx.spec
     rows = step_status(ctx)
     state = RunState(ctx).load()
     if args.json:

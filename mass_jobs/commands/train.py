@@ -11,10 +11,11 @@ import argparse
 import os
 from pathlib import Path
 
+from mass_jobs.commands.common import add_spec, open_run
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--spec", required=True, help="run spec: local path or s3:// URI")
-    parser.add_argument("--gen", type=int, required=True, help="generation g whose model is trained")
+    add_spec(parser, gen="generation g whose model is trained")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     parser.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp",
                         help="ddp: one model copy per rank; fsdp: shard it (models larger than one GPU)")
@@ -27,20 +28,13 @@ def main(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from mass_jobs.context import RunContext
-    from mass_jobs.spec import SpecError, load_spec
     from mass_jobs.steps.train import run_train
-    from mass_jobs.store import open_store
 
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as err:
-        print(err)
-        return 2
+    ctx = open_run(args.spec)
+    spec = ctx.spec
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        ctx = RunContext(spec, open_store(spec.store))
         work = Path(args.work_dir) / spec.name / f"gen-{args.gen}"
         extra = run_train(ctx, args.gen, work, resume=args.resume, parallel=args.parallel, progress=not args.quiet)
         if int(os.environ.get("RANK", "0")) == 0:

@@ -43,15 +43,9 @@ def argo_outputs(spec, gen: int) -> dict[str, str]:
 
 
 def main(args) -> int:
-    from mass_jobs.spec import SpecError, load_spec
+    from mass_jobs.spec import load_spec
 
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as exc:
-        print(f"{exc.source}: invalid run spec, {len(exc.issues)} error(s):", file=sys.stderr)
-        for issue in exc.issues:
-            print(f"  {issue}", file=sys.stderr)
-        return 2
+    spec = load_spec(args.spec)  # a SpecError exits 2 listing every issue (mass_jobs.cli)
     if args.outputs:
         if not 0 <= args.gen <= spec.generations:
             print(f"--gen: expected 0..{spec.generations} (generations), found {args.gen}", file=sys.stderr)

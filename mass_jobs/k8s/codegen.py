@@ -117,7 +117,7 @@ _CHART_CONDITIONS = {
 def chart_files() -> dict[str, str]:
     s = helm_settings()
     out = {}
-    for name, text in _render({**_manifest_docs(s), **_argo_docs(s)}, "", f"mass render argo --chart charts/mass-jobs/").items():
+    for name, text in _render({**_manifest_docs(s), **_argo_docs(s)}, "", "mass render argo --chart charts/mass-jobs/").items():
         body = helmify(text)
         if name in _CHART_CONDITIONS:
             body = f"{{{{- if {_CHART_CONDITIONS[name]} }}}}\n{body}{{{{- end }}}}\n"

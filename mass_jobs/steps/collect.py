@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mass_jobs.context import RunContext
+from mass_jobs.errors import StepFailed
 from mass_jobs.steps.guard import hash_protected
 from mass_jobs.steps.search import Execute, SearchState, derived_seed
 from mass_jobs.workflow import teacher_prompt_parts
@@ -31,7 +32,7 @@ from mass_jobs.workflow import teacher_prompt_parts
 EPISODE_FILES = ("episode.json", "protected.json", "workspace.tar.gz", "trace.jsonl", "status.json")
 
 
-class CollectError(RuntimeError):
+class CollectError(StepFailed):
     pass
 
 

@@ -19,10 +19,12 @@ import json
 import shutil
 from pathlib import Path
 
+from mass_jobs.errors import StepFailed
+
 PREFIX = "base_model.model."
 
 
-class MergeError(ValueError):
+class MergeError(StepFailed, ValueError):
     """The adapter does not fit the parent, or uses a variant this merge does not implement."""
 
 

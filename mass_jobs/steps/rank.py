@@ -24,12 +24,13 @@ from pydantic import Field
 from mass_jobs.bradley_terry import fit, ranking
 from mass_jobs.compare import Verdict, bundle, judge
 from mass_jobs.context import RunContext
+from mass_jobs.errors import StepFailed
 from mass_jobs.models import Closed
 from mass_jobs.pairing import schedule
 from mass_jobs.steps.search import SearchState, derived_seed
 
 
-class RankError(RuntimeError):
+class RankError(StepFailed):
     pass
 
 

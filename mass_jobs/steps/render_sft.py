@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from mass_jobs.errors import StepFailed
 from mass_jobs.models import SftSpec
 
 IGNORE = -100  # label of a position that carries no loss (the value torch's cross entropy skips)
@@ -32,7 +33,7 @@ ROLES = ("orchestrator", "worker", "auxiliary")
 DELEGATION_TOOL = "delegate"  # the built-in harness's sub-agent tool
 
 
-class RenderError(ValueError):
+class RenderError(StepFailed, ValueError):
     """The traces or the tokenizer cannot be rendered as asked (the message says which and why)."""
 
 

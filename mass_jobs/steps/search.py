@@ -33,6 +33,7 @@ from pydantic import Field
 
 from mass_jobs.compare import Verdict, blind_judge, bundle
 from mass_jobs.context import RunContext
+from mass_jobs.errors import StepFailed
 from mass_jobs.models import Closed, Task, Workflow
 from mass_jobs.workflow import (
     DEFAULT_WORKFLOW,
@@ -155,7 +156,7 @@ def _get_json(store, key: str):
 # ---------------------------------------------------------------- the search
 
 
-class SearchError(RuntimeError):
+class SearchError(StepFailed):
     pass
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import math
 
+from mass_jobs.errors import StepFailed
 
-class SelectError(ValueError):
+
+class SelectError(StepFailed, ValueError):
     """No saved checkpoint has a finite validation loss."""
 
 

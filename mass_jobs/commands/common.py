@@ -1,0 +1,89 @@
+"""What the step commands share: their flags, opening a run, and the generation's model endpoint.
+
+Exit codes are the CLI's (mass_jobs/cli.py): a SpecError (bad spec, unknown task) exits 2 and a
+StepFailed exits 1, so commands raise and never print-and-return those themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+
+def add_spec(parser, *, gen: str | None = None, task: bool = False) -> None:
+    """--spec, and --gen with its help text when the command works on one generation, and --task."""
+    parser.add_argument("--spec", required=True, help="run spec: a path or an s3:// URI")
+    if gen:
+        parser.add_argument("--gen", type=int, required=True, help=gen)
+    if task:
+        parser.add_argument("--task", required=True, help="task id")
+
+
+def add_common(parser) -> None:
+    add_spec(parser, gen="generation g (the model L_g does the work)", task=True)
+
+
+def add_model(parser) -> None:
+    parser.add_argument("--endpoint", help="OpenAI-compatible base URL (…/v1) of the generation's model; "
+                        "default: serve the generation's model here")
+    parser.add_argument("--served-model", default="mass", help="model name at --endpoint (default: mass)")
+    parser.add_argument("--api-key-env", help="environment variable holding the endpoint's API key")
+
+
+def open_run(location: str, task: str | None = None):
+    """The RunContext of a validated spec; an unknown task is a spec error (exit 2) naming the choices."""
+    from mass_jobs.context import RunContext
+    from mass_jobs.spec import SpecError, SpecIssue, load_spec
+    from mass_jobs.store import open_store
+
+    spec = load_spec(location)
+    if task is not None and task not in {t.id for t in spec.resolved_tasks()}:
+        ids = [t.id for t in spec.resolved_tasks()]
+        raise SpecError(location, [SpecIssue("--task", f"expected one of {ids}, found {task!r}")])
+    return RunContext(spec, open_store(spec.store))
+
+
+def model_location(ctx, gen: int) -> str:
+    """Where generation g's model lives: gen-0 may be the base; later ones are in the store."""
+    key = ctx.model(gen)
+    if ctx.store.list(key + "/"):
+        return f"{ctx.spec.store.uri.rstrip('/')}/{key}"
+    if gen == 0:
+        return ctx.spec.model.base
+    raise FileNotFoundError(f"no model for generation {gen} at {key}/ (run `mass merge --gen {gen - 1}` first)")
+
+
+@contextlib.contextmanager
+def model_endpoint(args, ctx):
+    """The endpoint at --endpoint, or the generation's model served here for the duration."""
+    from mass_jobs.llm import Endpoint
+
+    if args.endpoint:
+        yield Endpoint(base_url=args.endpoint, model=args.served_model, api_key_env=args.api_key_env)
+        return
+    from mass_jobs.modelio import resolve_model
+    from mass_jobs.serve import ModelServer
+
+    opts = {k: v for k, v in {"endpoint_url": ctx.spec.store.endpoint_url, "region": ctx.spec.store.region}.items() if v}
+    with ModelServer(resolve_model(model_location(ctx, args.gen), store_options=opts)) as srv:
+        yield srv.endpoint
+
+
+def client_for(spec, endpoint):
+    from mass_jobs.llm import ModelClient
+
+    lim = spec.execution.limits
+    return ModelClient(endpoint, spec.model.sampling, timeout_s=lim.request_timeout_s, retries=lim.request_retries)
+
+
+def run_guarded(fn) -> int:
+    """Model-facing steps: a missing input, a model or store failure is one line and exit 1, not a traceback."""
+    try:
+        return fn()
+    except (RuntimeError, FileNotFoundError, ValueError) as exc:
+        from mass_jobs.spec import SpecError
+
+        if isinstance(exc, SpecError):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
