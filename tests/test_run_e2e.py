@@ -7,29 +7,33 @@ from the stored verdicts, no test-task episode in any SFT window, and the same r
 training losses: sampling is seeded and the tiny model runs on CPU in float32, so generation is
 deterministic across processes, and training resumes exactly from its checkpoint.
 
-The panel has the tiny model (it answers garbage: no parsable verdict) and a judge whose endpoint
-refuses connections: both must end as invalid verdicts in the report, never as a crash. A random
-model never gives a valid verdict, so the recomputed win shares are counts of invalid verdicts here;
-the arithmetic over valid verdicts is pinned in tests/test_metrics.py and tests/test_report.py.
+The panel has the tiny model (it answers garbage: no parsable verdict), a judge whose endpoint
+refuses connections (both must end as invalid verdicts in the report, never as a crash), and a
+test-fixture judge (`HashVerdictJudge`, a ScriptedEndpoint, no model) that answers valid verdicts
+mixing A, B and tie by a hash of each request. The random model never gives a valid verdict, so
+without the fixture judge the recount would only recount invalid verdicts; with it, wins, losses,
+ties and invalid verdicts per comparison, per task and overall are recounted from the stored verdict
+files alone (not the report's code) and must equal the report's numbers exactly.
 """
 
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 
-from mass_jobs import metrics
 from mass_jobs.context import RunContext
-from mass_jobs.judges import load_verdicts
 from mass_jobs.runner import SplitLeak, check_no_test_leak, step_status, train_tasks
 from mass_jobs.spec import load_spec, validate_document
 from mass_jobs.store import FileStore, read_manifest, verify_manifest
+from mass_jobs.testing.scripted_endpoint import Reply, ScriptedEndpoint
 
 SPEC = Path(__file__).parent / "specs" / "ci-e2e.yaml"
 
@@ -90,12 +94,37 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def write_spec(tmp_path, tiny_model_dir, name, dead_port) -> Path:
+class HashVerdictJudge(ScriptedEndpoint):
+    """TEST FIXTURE, no model: a judge that always answers a valid structured verdict. The label
+    (A, B or tie) comes from a hash of the request's messages and seed, so the same comparison gets
+    the same answer in every run (reruns reproduce the report) while the panel sees a mix."""
+
+    def __init__(self):
+        super().__init__(model="hash-judge")
+        self.answers: list[str] = []  # labels in answer order, to tie stored verdicts to what was said
+
+    def next_reply(self, headers: dict[str, str], body: dict) -> tuple[str, Reply]:
+        request = json.dumps([body.get("messages"), body.get("seed")], sort_keys=True).encode()
+        digest = hashlib.sha256(request).digest()
+        label = ("A", "B", "tie")[int.from_bytes(digest[:8], "big") % 3]
+        with self._lock:
+            self.answers.append(label)
+        return "*", Reply.text(json.dumps({"winner": label, "rationale": f"scripted verdict {digest.hex()[:12]}"}))
+
+
+# Four seeds: each pair is shown twice in each order, and enough independent draws that a change of
+# the rollouts (hence of the hashed requests) still leaves wins, losses and ties to count.
+SCRIPTED_SEEDS = [1, 2, 3, 4]
+
+
+def write_spec(tmp_path, tiny_model_dir, name, dead_port, scripted_url) -> Path:
     doc = yaml.safe_load(SPEC.read_text())
     doc["model"]["base"] = str(tiny_model_dir)
     doc["judges"][0]["model"] = str(tiny_model_dir)
     doc["judges"].append({"name": "dead-judge", "endpoint": f"http://127.0.0.1:{dead_port}/v1", "model": "none",
                           "seeds": [7]})
+    doc["judges"].append({"name": "scripted-judge", "endpoint": scripted_url, "model": "hash-judge",
+                          "seeds": SCRIPTED_SEEDS})
     doc["store"]["uri"] = f"file://{tmp_path / name / 'store'}"
     path = tmp_path / name / "spec.yaml"
     path.parent.mkdir(parents=True)
@@ -142,7 +171,45 @@ def train_losses(ctx: RunContext, g: int) -> list[tuple]:
     return [(r["kind"], r["step"], r.get("loss"), r.get("val_loss")) for r in log]
 
 
-def check_run(spec_path: Path) -> dict:
+COUNTED = ("wins", "losses", "ties", "invalid", "win_share")
+
+
+def stored_panel_verdicts(ctx: RunContext) -> list[dict]:
+    """The panel's verdict records read straight from the store's files (no judges/metrics/report code)."""
+    root = ctx.store.root / ctx.run / "eval" / "verdicts"
+    records = [json.loads(p.read_text()) for p in sorted(root.rglob("*.json")) if not p.name.startswith("_")]
+    return [r for r in records if r["kind"] == "panel"]
+
+
+def candidate_outcome(v: dict) -> str:
+    """The candidate's side of one verdict from its blind label and the order the pair was shown in."""
+    if not v["valid"]:
+        return "invalid"
+    if v["winner"] == "tie":
+        return "tie"
+    candidate_label = {"candidate_first": "A", "baseline_first": "B"}[v["order"]]
+    return "win" if v["winner"] == candidate_label else "loss"
+
+
+def counted(verdicts: list[dict]) -> dict:
+    """Counts and win share = wins / (wins + losses): ties and invalid verdicts excluded, None if none decisive."""
+    c = Counter(candidate_outcome(v) for v in verdicts)
+    decisive = c["win"] + c["loss"]
+    return {"wins": c["win"], "losses": c["loss"], "ties": c["tie"], "invalid": c["invalid"],
+            "win_share": c["win"] / decisive if decisive else None}
+
+
+def check_interval(block: dict) -> None:
+    """The interval is there, inside [0, 1] and around the point estimate; null only without decisive verdicts."""
+    assert "ci" in block, block
+    if block["win_share"] is None:
+        assert block["ci"] is None, block
+        return
+    lo, hi = block["ci"]
+    assert 0.0 <= lo <= block["win_share"] <= hi <= 1.0, block
+
+
+def check_run(spec_path: Path, scripted_answers: list[str]) -> dict:
     ctx = open_run(spec_path)
     spec, store = ctx.spec, ctx.store
     assert [t.id for t in train_tasks(spec)] == list(TRAIN)
@@ -180,12 +247,11 @@ def check_run(spec_path: Path) -> dict:
     assert all(r["status"] == "done" for r in step_status(ctx))
     report = store.get_json(f"{ctx.report()}/report.json")
 
-    # the report's win shares recompute exactly from the stored verdicts
-    stored = load_verdicts(store, f"{ctx.run}/eval/verdicts")
-    panel = [v for v in stored if v["kind"] == "panel"]
+    # the report's win shares recompute exactly from the stored verdict files
+    panel = stored_panel_verdicts(ctx)
     pairs = {(1, 0), (2, 0), (2, 1)}
     n_tasks, seeds = len(TRAIN) + len(TEST), sum(len(j.seeds) for j in spec.judges)
-    assert len(panel) == report["verdicts"]["panel"]["total"] == len(pairs) * n_tasks * seeds == 27
+    assert len(panel) == report["verdicts"]["panel"]["total"] == len(pairs) * n_tasks * seeds == 63
     assert report["verdicts"]["panel"]["invalid"] == sum(not v["valid"] for v in panel)
     assert {(r["candidate"], r["baseline"]) for r in report["win_share"]} == pairs
     assert len(report["win_share"]) == len(pairs) * 3  # train, test, all
@@ -193,28 +259,54 @@ def check_run(spec_path: Path) -> dict:
         ids = [t.id for t in spec.resolved_tasks() if row["split"] in ("all", t.split)]
         vs = [v for v in panel if (v["candidate"], v["baseline"]) == (row["candidate"], row["baseline"])
               and v["task"] in ids]
-        by_hand = {k: sum(metrics.outcome(v) == k for v in vs) for k in ("win", "loss", "tie", "invalid")}
-        assert (row["wins"], row["losses"], row["ties"], row["invalid"]) == tuple(by_hand.values())
-        assert sum(by_hand.values()) == len(ids) * seeds
-        assert row["win_share"] == metrics.win_share(by_hand["win"], by_hand["loss"])
+        assert {k: row[k] for k in COUNTED} == counted(vs), row
+        assert sum(counted(vs)[k] for k in ("wins", "losses", "ties", "invalid")) == len(ids) * seeds
+        check_interval(row)
+        assert sorted(row["per_task"]) == sorted(ids)
+        for task in ids:
+            assert {k: row["per_task"][task][k] for k in COUNTED} == counted([v for v in vs if v["task"] == task])
+            check_interval(row["per_task"][task])
+    overall = {pair: counted([v for v in panel if (v["candidate"], v["baseline"]) == pair]) for pair in pairs}
+    # valid verdicts really reach the arithmetic: a comparison with wins AND losses, and ties to exclude
+    assert any(c["wins"] and c["losses"] for c in overall.values()), f"no comparison with wins and losses: {overall}"
+    assert sum(c["ties"] for c in overall.values()) > 0, f"no tie to exclude: {overall}"
+    # the fixture judge: every verdict valid, the stored blind labels are exactly what it answered
+    scripted = [v for v in panel if v["judge"] == "scripted-judge"]
+    assert len(scripted) == len(pairs) * n_tasks * len(SCRIPTED_SEEDS) and all(v["valid"] for v in scripted)
+    assert Counter(v["winner"] for v in scripted) == Counter(scripted_answers)
+    # the garbage-answering tiny judge: every verdict invalid after unreadable replies
+    garbage = [v for v in panel if v["judge"] == "tiny-judge"]
+    assert len(garbage) == len(pairs) * n_tasks * 2 and not any(v["valid"] for v in garbage)
+    assert all(v["errors"] and v["winner"] is None for v in garbage), garbage[0]
     # the failing judge: every one of its verdicts is invalid with a connection error, listed in the report
     dead = [v for v in panel if v["judge"] == "dead-judge"]
     assert len(dead) == len(pairs) * n_tasks and not any(v["valid"] for v in dead)
     assert all("connection" in " ".join(v["errors"]).lower() for v in dead), dead[0]["errors"]
-    assert len(report["invalid_verdicts"]) == report["verdicts"]["panel"]["invalid"]
+    assert len(report["invalid_verdicts"]) == report["verdicts"]["panel"]["invalid"] == len(garbage) + len(dead)
+    print("panel recount per comparison (all tasks):", json.dumps({f"L{c} vs L{b}": x for (c, b), x in
+                                                                 sorted(overall.items())}))
     return report
 
 
+@pytest.fixture
+def hash_judge():
+    """The fixture judge, up before `mass run` and alive through the kill and the rerun."""
+    with HashVerdictJudge() as judge:
+        yield judge
+
+
 @pytest.mark.slow
-def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tiny_model_dir):
+def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tiny_model_dir, hash_judge):
     dead_port = closed_port()
-    a = write_spec(tmp_path, tiny_model_dir, "a", dead_port)
+    a = write_spec(tmp_path, tiny_model_dir, "a", dead_port, hash_judge.base_url)
     out = mass_run(a, tmp_path / "a" / "work")
     assert f"report: file://{a.parent / 'store'}/ci-e2e/report/report.md" in out
-    report_a = check_run(a)
+    answers_a = list(hash_judge.answers)
+    assert {r["headers"].get("x-mass-role") for r in hash_judge.requests} == {"evaluator"}
+    report_a = check_run(a, answers_a)
     assert set(status_rows(a).values()) == {"done"}
 
-    b = write_spec(tmp_path, tiny_model_dir, "b", dead_port)
+    b = write_spec(tmp_path, tiny_model_dir, "b", dead_port, hash_judge.base_url)
     ctx_b = open_run(b)
     seen = {}
 
@@ -232,11 +324,14 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     assert all(v == "pending" for (g, s), v in killed.items() if g > 0 or s in ("select", "merge", "evaluate"))
     assert read_manifest(ctx_b.store, ctx_b.train(0)) is None  # killed before training finished
     stored_ckpts = {k: (ctx_b.store.root / k).stat().st_mtime_ns for k in ctx_b.store.list(f"{ctx_b.train(0)}/step-")}
+    assert len(hash_judge.answers) == len(answers_a)  # no verdict is asked before evaluation
 
     mass_run(b, tmp_path / "b" / "work")
     # training resumed from its checkpoint: what was stored before the kill was never rewritten
     assert {k: (ctx_b.store.root / k).stat().st_mtime_ns for k in stored_ckpts} == stored_ckpts
-    report_b = check_run(b)
+    answers_b = hash_judge.answers[len(answers_a):]
+    assert answers_b == answers_a  # same comparisons, same requests, same answers
+    report_b = check_run(b, answers_b)
     ctx_a = open_run(a)
     for g in range(ctx_a.spec.generations):
         assert train_losses(ctx_b, g) == train_losses(ctx_a, g)
