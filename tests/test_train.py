@@ -1,4 +1,5 @@
-"""LoRA SFT: schedule, token accounting, every trainable parameter moves, 2-rank DDP, kill and resume."""
+"""LoRA SFT: schedule, token accounting, every trainable parameter moves, 2-rank DDP, kill and resume,
+2-rank FSDP against DDP (losses, adapter, optimizer state, select/merge, resume)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import yaml
 from mass_jobs.models import LoraSpec, OptimizerSpec, SftSpec
 from mass_jobs.sampler import WindowSampler
 from mass_jobs.training.checkpoint import read_checkpoint
-from mass_jobs.training.loop import Trainer, adapter_digest
+from mass_jobs.training.loop import Trainer, adapter_digest, finite
 from mass_jobs.training.schedule import lr_at
 
 ROOT = Path(__file__).parents[1]
@@ -83,12 +84,18 @@ def test_single_process_training_accounts_tokens_and_moves_every_parameter(tiny_
         jsonschema.validate(meta, SCHEMA)
     assert read_checkpoint(tmp_path / "step-4")["adapter_sha256_by_rank"] == [adapter_digest(
         __import__("peft").get_peft_model_state_dict(trainer.peft_model))]
+    # the optimizer state's layout depends on --parallel, so a resume must use the checkpoint's
+    other = Trainer(tiny_model_dir, train, val, sft, tmp_path, parallel="fsdp", progress=False)
+    other.setup()
+    with pytest.raises(ValueError, match="written with --parallel ddp, this run uses fsdp"):
+        other.resume()
 
 
 # ---------------------------------------------------------------- torchrun, 2 ranks, via `mass train`
 
 
-def make_run(tmp_path: Path, model_dir: Path, name: str, steps: int, save_every: int) -> Path:
+def make_run(tmp_path: Path, model_dir: Path, name: str, steps: int, save_every: int, n_val: int = 2,
+             **sft: object) -> Path:
     from mass_jobs.store import Step, open_store
 
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -101,7 +108,7 @@ def make_run(tmp_path: Path, model_dir: Path, name: str, steps: int, save_every:
         "ranking": {"comparisons_per_episode": 1},
         "sft": {"window": 256, "context": 0, "steps": steps, "val_every": 2, "save_every": save_every,
                 "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-                "optimizer": {"lr": 2e-3, "warmup_steps": 1}, "gradient_checkpointing": False},
+                "optimizer": {"lr": 2e-3, "warmup_steps": 1}, "gradient_checkpointing": False, **sft},
         "store": {"uri": f"file://{store_root}"},
     }
     path = tmp_path / f"{name}.yaml"
@@ -109,7 +116,7 @@ def make_run(tmp_path: Path, model_dir: Path, name: str, steps: int, save_every:
     store = open_store(f"file://{store_root}")
     prefix = f"{name}/gen-0/sft"
     store.put_bytes(f"{prefix}/train.jsonl", "".join(json.dumps(w) + "\n" for w in synthetic_windows(8, 0)).encode())
-    store.put_bytes(f"{prefix}/val.jsonl", "".join(json.dumps(w) + "\n" for w in synthetic_windows(2, 1)).encode())
+    store.put_bytes(f"{prefix}/val.jsonl", "".join(json.dumps(w) + "\n" for w in synthetic_windows(n_val, 1)).encode())
     Step(store, prefix, inputs={"test": name}).finish([f"{prefix}/train.jsonl", f"{prefix}/val.jsonl"],
                                                         extra={"stored_supervised_tokens": 1})
     return path
@@ -184,3 +191,93 @@ def test_two_rank_ddp_identical_adapters_and_exact_resume_after_kill(tiny_model_
     assert [s for s, _ in resumed] == [s for s, _ in ref]
     assert [v for _, v in resumed] == pytest.approx([v for _, v in ref], rel=1e-6, abs=1e-7)
     assert "trained 8 steps" in out
+
+
+def test_fsdp_precision_matches_the_ddp_path():
+    from mass_jobs.training.loop import fsdp_mixed_precision
+
+    gpu = fsdp_mixed_precision(torch.device("cuda", 0))  # a policy object only: no GPU needed to build it
+    assert (gpu.param_dtype, gpu.reduce_dtype) == (torch.bfloat16, torch.float32)  # autocast bf16, fp32 grads
+    cpu = fsdp_mixed_precision(torch.device("cpu"))
+    assert (cpu.param_dtype, cpu.reduce_dtype) == (None, None)  # CPU keeps the fp32 parameters as they are
+
+
+@pytest.mark.slow
+def test_two_rank_fsdp_trains_like_ddp_saves_a_full_adapter_and_resumes(tiny_model_dir, tmp_path):
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from mass_jobs.cli import main as mass
+    from mass_jobs.spec import load_spec
+    from mass_jobs.steps.merge import merge_lora
+
+    # Same windows, seed and sampler for both; activation checkpointing and 2 micro-steps on; 3 val
+    # windows, so FSDP's validation has one rank short of a window (it must still join every gather).
+    run = dict(steps=4, save_every=2, n_val=3, grad_accum=2, gradient_checkpointing=True)
+    trained = {}
+    for par in ("ddp", "fsdp"):
+        spec = make_run(tmp_path / par, tiny_model_dir, "run", **run)
+        finish(torchrun(spec, tmp_path / par / "work", "--parallel", par))
+        trained[par] = tmp_path / par / "store" / "run" / "gen-0" / "train"
+    logs = {par: train_losses(d / "log.jsonl") for par, d in trained.items()}
+    share = {par: json.loads((d / "_manifest.json").read_text())["extra"]["param_share"] for par, d in trained.items()}
+    assert share["ddp"] == 1.0 and share["fsdp"] == pytest.approx(0.5, abs=0.01)  # FSDP really sharded the model
+    diffs = [abs(a - b) for (_, a), (_, b) in zip(logs["ddp"], logs["fsdp"])]
+    print(f"fsdp vs ddp: max |loss diff| {max(diffs):.3e} over {len(diffs)} train+val losses")
+    # (2) the same math, sharded: per-step train and val losses equal DDP's. With 2 ranks they agree
+    # to the bit: each rank runs the full gathered weights, and a reduce-scatter adds the same two
+    # gradients an all-reduce adds, halved exactly; only the clip norm is summed in another order.
+    assert [s for s, _ in logs["fsdp"]] == [s for s, _ in logs["ddp"]] == [0, 1, 2, 2, 3, 4, 4]
+    assert all(finite(v) for _, v in logs["fsdp"])
+    assert max(diffs) <= 1e-6
+
+    # (3) a full (unsharded) peft adapter, the same tensors as DDP's, equal on both ranks
+    local = {par: tmp_path / par / "work" / "run" / "gen-0" / "train" for par in trained}
+    meta = read_checkpoint(local["fsdp"] / "step-4")
+    jsonschema.validate(meta, SCHEMA)
+    assert meta["parallel"] == "fsdp" and len(set(meta["adapter_sha256_by_rank"])) == 1
+    adapters = {par: load_file(local[par] / "step-4" / "adapter_model.safetensors") for par in local}
+    assert adapters["fsdp"].keys() == adapters["ddp"].keys() and len(adapters["fsdp"]) == 2 * 2 * 2
+    for k, t in adapters["fsdp"].items():
+        assert t.shape == adapters["ddp"][k].shape
+        assert torch.allclose(t, adapters["ddp"][k], rtol=1e-4, atol=1e-6), k
+    # (1) every LoRA tensor moved from its initial value (the same init the ranks start from)
+    init = Trainer(tiny_model_dir, synthetic_windows(8, 0), [], load_spec(tmp_path / "fsdp" / "run.yaml").sft,
+                   tmp_path / "init", progress=False)
+    init.setup()
+    start = get_peft_model_state_dict(init.peft_model, save_embedding_layers=False)
+    assert start.keys() == adapters["fsdp"].keys()
+    assert [k for k, t in start.items() if torch.equal(t, adapters["fsdp"][k])] == []
+    # full AdamW state keyed by parameter name, the same moments as DDP's (keyed by position)
+    opt = {par: torch.load(local[par] / "step-4" / "optimizer.pt", weights_only=False) for par in local}
+    names, ids = opt["fsdp"]["param_groups"][0]["params"], opt["ddp"]["param_groups"][0]["params"]
+    assert len(names) == len(ids) == len(start) and all(".lora_" in n for n in names)
+    for name, i in zip(names, ids):
+        for moment in ("exp_avg", "exp_avg_sq"):
+            a, b = opt["fsdp"]["state"][name][moment], opt["ddp"]["state"][i][moment]
+            assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-3, atol=1e-9), (name, moment)
+
+    # select and merge read the FSDP checkpoint exactly as DDP's: same chosen step, same merged weights
+    spec = tmp_path / "fsdp" / "run.yaml"
+    assert mass(["select", "--spec", str(spec), "--gen", "0"]) == 0
+    chosen = json.loads((trained["fsdp"].parent / "select.json").read_text())
+    assert mass(["merge", "--spec", str(spec), "--gen", "0", "--work-dir", str(tmp_path / "fsdp" / "work")]) == 0
+    merged = load_file(tmp_path / "fsdp" / "store" / "run" / "gen-1" / "model" / "model.safetensors")
+    merge_lora(tiny_model_dir, local["ddp"] / f"step-{chosen['step']}", tmp_path / "ddp-merged")
+    ddp_merged = load_file(tmp_path / "ddp-merged" / "model.safetensors")
+    assert merged.keys() == ddp_merged.keys()
+    assert max(float((merged[k] - ddp_merged[k]).abs().max()) for k in merged) < 1e-5
+
+    # --resume from the stored FSDP step-2 checkpoint (a fresh pod: empty work dir) logs the same losses
+    spec_r = make_run(tmp_path / "resume", tiny_model_dir, "run", **run)
+    stored_r = tmp_path / "resume" / "store" / "run" / "gen-0" / "train"
+    stored_r.mkdir(parents=True)
+    for name in ("step-2", "log.jsonl"):
+        (stored_r / name).write_bytes((trained["fsdp"] / name).read_bytes())
+    out = finish(torchrun(spec_r, tmp_path / "resume" / "work", "--parallel", "fsdp", "--resume"))
+    resumed = train_losses(stored_r / "log.jsonl")
+    assert [s for s, _ in resumed] == [s for s, _ in logs["fsdp"]]
+    assert [v for _, v in resumed] == pytest.approx([v for _, v in logs["fsdp"]], rel=1e-6, abs=1e-7)
+    assert read_checkpoint(tmp_path / "resume" / "work" / "run" / "gen-0" / "train" / "step-4")[
+        "adapter_sha256_by_rank"] == meta["adapter_sha256_by_rank"]
+    assert "trained 4 steps" in out

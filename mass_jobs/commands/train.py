@@ -1,8 +1,10 @@
 """`mass train --spec S --gen G [--resume]`: LoRA SFT; run it under torchrun for data parallelism.
 
     torchrun --nproc_per_node 2 -m mass_jobs.cli train --spec examples/tiny.yaml --gen 0
-The process group uses gloo on CPU and nccl on GPUs; FSDP (`--parallel fsdp`) shards models that
-do not fit one GPU.
+The process group uses gloo on CPU and nccl on GPUs. `--parallel fsdp` shards the model over the
+ranks (one FSDP unit per decoder layer) for models whose training state does not fit one GPU; it
+computes the same losses as DDP and writes the same full adapter. Each rank still reads the whole
+parent into host memory before sharding it, and a resume must use the checkpoint's --parallel.
 """
 
 from __future__ import annotations

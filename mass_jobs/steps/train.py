@@ -107,6 +107,7 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
         "stored_supervised_tokens": sft_manifest.get("extra", {}).get("stored_supervised_tokens"),
         "world_size": dist.world,
         "parallel": parallel,
+        "param_share": result.param_share,  # of the model's parameters on this rank: 1 (DDP), ~1/world (FSDP)
     }
     if dist.rank == 0:
         ctx.store.put_file(log_key, work / "train" / "log.jsonl")

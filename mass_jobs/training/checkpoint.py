@@ -1,8 +1,9 @@
 """Training checkpoints: adapter, optimizer, RNG of every rank and a manifest, written atomically.
 
 A checkpoint dir `step-<n>/` holds:
-  adapter_model.safetensors, adapter_config.json   the LoRA (peft format, loadable by PeftModel)
-  optimizer.pt                                     AdamW state (identical on every DDP rank)
+  adapter_model.safetensors, adapter_config.json   the full LoRA (peft format, loadable by PeftModel), DDP or FSDP
+  optimizer.pt                                     AdamW state: DDP's (identical on every rank, keyed by
+                                                   position) or FSDP's gathered full state (keyed by name)
   rng.pt                                           torch/python RNG state of every rank
   checkpoint.json                                  schemas/checkpoint-manifest.schema.json, written last
 A directory without checkpoint.json is incomplete and never resumed from.

@@ -2,6 +2,8 @@
 
 Loss per window = mean over its supervised tokens; a step's loss = mean over the windows of the
 global batch (world size x grad_accum windows), which is what averaged DDP gradients optimise.
+FSDP (`parallel="fsdp"`, FSDP2 `fully_shard`, one unit per decoder layer) runs the same math on
+sharded parameters; its checkpoints hold the same full adapter as DDP's.
 Validation loss is token-weighted (sum of token losses / supervised tokens), overall, per role
 and per task. Processed supervised tokens are counted per step over every rank's windows.
 
@@ -40,6 +42,7 @@ class TrainResult:
     checkpoints: list[int]
     val_losses: dict[int, float] = field(default_factory=dict)
     log_path: Path | None = None
+    param_share: float = 1.0  # share of the model's parameters this rank holds (1/world under FSDP)
 
 
 @dataclass
@@ -104,6 +107,26 @@ def _device(dist_info: Dist):
     return torch.device("cpu")
 
 
+def fsdp_mixed_precision(device):
+    """FSDP's precision, matching the DDP path: on GPU bf16 compute (what autocast does there) with
+    gradients reduced and kept in fp32 like DDP's fp32 LoRA grads; on CPU everything stays fp32."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if device.type == "cuda":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def decoder_layers(model) -> list:
+    """The transformer blocks, FSDP's units: modules of the classes the model declares unsplittable."""
+    names = set(getattr(model.get_base_model(), "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"FSDP found no decoder layers to shard: the model's _no_split_modules is {sorted(names)}")
+    return layers
+
+
 def _autocast(device):
     import torch
 
@@ -147,9 +170,11 @@ class Trainer:
         base = AutoModelForCausalLM.from_pretrained(self.parent_dir, dtype=dtype)
         base.config.use_cache = False
         if self.sft.gradient_checkpointing:
-            # non-reentrant: works with DDP and with frozen inputs (LoRA leaves embeddings frozen)
+            # non-reentrant: works with DDP, with FSDP and with frozen inputs (LoRA leaves embeddings frozen)
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        self.peft_model = attach_lora(base, self.sft.lora).to(self.device)
+        self.peft_model = attach_lora(base, self.sft.lora)
+        if not self.sharded:
+            self.peft_model.to(self.device)  # FSDP moves each layer's shard to the device as it wraps it
         self.model = self._wrap(self.peft_model)
         params = list(trainable_named_parameters(self.peft_model).values())
         opt = self.sft.optimizer
@@ -158,16 +183,27 @@ class Trainer:
             weight_decay=opt.weight_decay,
         )
         self.params = params
+        local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in self.model.parameters())
+        self.param_share = local / sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def sharded(self) -> bool:
+        return self.parallel == "fsdp" and self.dist.world > 1
 
     def _wrap(self, model):
         if self.dist.world == 1:
             return model
-        if self.parallel == "fsdp":
+        if self.sharded:
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            for layer in model.base_model.model.model.layers:
-                fully_shard(layer)
-            return fully_shard(model)
+            mesh = init_device_mesh(self.device.type, (self.dist.world,))
+            policy = fsdp_mixed_precision(self.device)
+            # One unit per decoder layer, so only one layer's full weights exist at a time; the root
+            # unit takes the rest (embeddings, final norm, a tied LM head together with its embedding).
+            for layer in decoder_layers(model):
+                fully_shard(layer, mesh=mesh, mp_policy=policy)
+            return fully_shard(model, mesh=mesh, mp_policy=policy)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -177,18 +213,21 @@ class Trainer:
     def _adapter_state(self) -> dict:
         from peft import get_peft_model_state_dict
 
-        if self.parallel == "fsdp" and self.dist.world > 1:
+        if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            # Every rank gathers the full LoRA tensors (small); the frozen parent stays sharded.
+            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
+                                                                             ignore_frozen_params=True))
             return get_peft_model_state_dict(self.peft_model, state_dict=full, save_embedding_layers=False)
         # LoRA never changes the (frozen) embeddings, even when it adapts a tied LM head
         return get_peft_model_state_dict(self.peft_model, save_embedding_layers=False)
 
     def _optimizer_state(self) -> dict:
-        if self.parallel == "fsdp" and self.dist.world > 1:
+        if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+            # The full state keyed by parameter name, on rank 0 (the only rank that writes it).
             return get_optimizer_state_dict(
                 self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
             )
@@ -210,9 +249,19 @@ class Trainer:
             )
         if meta["sampler"]["fingerprint"] != self.sampler.fingerprint:
             raise ValueError(f"checkpoint {path.name} was trained on other windows (sampler fingerprint differs)")
-        set_peft_model_state_dict(self.peft_model, load_adapter_state(path))
+        if meta["parallel"] != self.parallel:
+            raise ValueError(f"checkpoint {path.name} was written with --parallel {meta['parallel']}, this run uses "
+                             f"{self.parallel}: their optimizer states differ in layout, resume with the same")
+        adapter = load_adapter_state(path)
+        if self.sharded:
+            from torch.distributed.tensor.experimental import implicit_replication
+
+            with implicit_replication():  # the full tensors count as replicated: each rank keeps its shard
+                set_peft_model_state_dict(self.peft_model, adapter)
+        else:
+            set_peft_model_state_dict(self.peft_model, adapter)
         opt_state = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
-        if self.parallel == "fsdp" and self.dist.world > 1:
+        if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
             set_optimizer_state_dict(self.model, self.optimizer, opt_state,
@@ -268,10 +317,17 @@ class Trainer:
         tasks = sorted({str(w["task"]) for w in self.val_windows})
         keys = ["all"] + [f"role:{r}" for r in ROLES] + [f"task:{t}" for t in tasks]
         sums = [0.0] * (2 * len(keys))
+        mine = self.val_windows[self.dist.rank :: self.dist.world]
+        # FSDP gathers weights collectively in every forward, so all ranks run as many forwards;
+        # a rank short of windows repeats one and discards its loss.
+        rounds = -(-len(self.val_windows) // self.dist.world) if self.sharded else len(mine)
         with torch.no_grad(), _autocast(self.device):
-            for w in self.val_windows[self.dist.rank :: self.dist.world]:
+            for i in range(rounds):
+                w = mine[i] if i < len(mine) else self.val_windows[0]
                 ids, labels = self._batch(w)
                 loss, n = window_loss_sum(self.model(input_ids=ids).logits, labels)
+                if i >= len(mine):
+                    continue
                 for key in ("all", f"role:{w['role']}", f"task:{w['task']}"):
                     k = keys.index(key)
                     sums[2 * k] += float(loss)
@@ -300,6 +356,15 @@ class Trainer:
             else:
                 console.print(f"[bold]val[/bold] step {record['step']} loss {record['val_loss']:.4f}")
 
+    def _grad_sync(self, sync: bool):
+        """Reduce gradients over ranks only on a step's last micro-step (the others accumulate locally)."""
+        if self.sharded:
+            self.model.set_requires_gradient_sync(sync)
+            return contextlib.nullcontext()
+        if sync or not hasattr(self.model, "no_sync"):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
     def train(self, resume: bool = False) -> TrainResult:
         import torch
 
@@ -314,7 +379,8 @@ class Trainer:
             self.log_path.write_text("")
         val_steps = {self.total_steps} | set(range(self.sft.val_every, self.total_steps + 1, self.sft.val_every))
         save_steps = {self.total_steps} | set(range(self.sft.save_every, self.total_steps + 1, self.sft.save_every))
-        result = TrainResult(steps=self.total_steps, processed_tokens=processed, checkpoints=[], log_path=self.log_path)
+        result = TrainResult(steps=self.total_steps, processed_tokens=processed, checkpoints=[], log_path=self.log_path,
+                             param_share=self.param_share)
         if start == 0:
             v = self.validate()
             self._log({"kind": "val", "step": 0, **v}, console)
@@ -330,8 +396,7 @@ class Trainer:
             for micro in range(accum):
                 window = self.train_windows[self.sampler.draw(step, self.dist.rank, micro)]
                 ids, labels = self._batch(window)
-                sync = micro == accum - 1 or not hasattr(self.model, "no_sync")
-                with (contextlib.nullcontext() if sync else self.model.no_sync()), _autocast(self.device):
+                with self._grad_sync(micro == accum - 1), _autocast(self.device):
                     loss, n = window_loss_sum(self.model(input_ids=ids).logits, labels)
                     loss = loss / max(n, 1)
                 (loss / accum).backward()
