@@ -6,7 +6,11 @@ follows Qwen3's layout exactly, so code paths keyed on Qwen3 (the `transformers 
 parser for `<think>` and `<tool_call>`, the assistant-token masks used for SFT) behave as they do
 on a real Qwen3 checkpoint. The same seed gives byte-identical files.
 
-Run: `mass model tiny --out DIR [--seed N]`
+With `warm=True` the random weights are then briefly fine-tuned on synthetic harness
+conversations (`mass_jobs.tiny_warm`) so replies are well-formed tool calls, verdicts and
+workflows often enough for a demo report to show numbers.
+
+Run: `mass model tiny --out DIR [--seed N] [--warm]`
 """
 
 from __future__ import annotations
@@ -233,10 +237,11 @@ def build_tokenizer():
     )
 
 
-def build_tiny_model(out_dir, seed: int = 0) -> Path:
+def build_tiny_model(out_dir, seed: int = 0, warm: bool = False, warm_steps: int | None = None) -> Path:
     """Write config, float32 safetensors weights, generation config and tokenizer to `out_dir`.
 
     float32 because the tiny model runs on CPU in tests; real models default to bfloat16.
+    `warm`: fine-tune on the synthetic harness corpus first (`warm_steps` overrides its length).
     """
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
@@ -266,6 +271,10 @@ def build_tiny_model(out_dir, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config).to(torch.float32)
+    if warm:
+        from mass_jobs.tiny_warm import WARM_STEPS, warm_up
+
+        warm_up(model, tokenizer, seed=seed, steps=WARM_STEPS if warm_steps is None else warm_steps)
     model.generation_config = GenerationConfig(
         eos_token_id=[eos_id, pad_id],
         pad_token_id=pad_id,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -203,3 +204,128 @@ def test_resolve_s3_missing_key_names_it(s3_env, tmp_path):
     with pytest.raises(ModelLocationError, match="no objects under 'nothing/here/'"):
         resolve_model(uri, cache_dir=tmp_path, store_options=options)
     assert list(tmp_path.iterdir()) == []  # no half-written cache entry left behind
+
+
+# ---- the warm tiny model (mass_jobs.tiny_warm): well-formed replies for the demo ----
+
+DEMO_TASKS = [
+    "Write fib.py that prints the first 10 Fibonacci numbers and save them to results/fib.json.",
+    'Write primes.py that lists the primes below the number in data/limit.txt and save the count to '
+    'results/metrics.json as {"count": N}.',
+    "Write sort.py that sorts the numbers in data/nums.txt and writes them to results/sorted.txt.",
+]
+
+
+def test_warm_up_is_deterministic_for_the_seed_and_moves_the_weights(tiny_model_dir, tmp_path):
+    from mass_jobs.tiny import build_tiny_model
+
+    first = file_hashes(build_tiny_model(tmp_path / "a", seed=0, warm=True, warm_steps=6))
+    again = file_hashes(build_tiny_model(tmp_path / "b", seed=0, warm=True, warm_steps=6))
+    assert first == again
+    assert first["model.safetensors"] != file_hashes(tiny_model_dir)["model.safetensors"]
+
+
+def test_warm_corpus_renders_every_role_with_supervised_replies():
+    from mass_jobs.tiny import build_tokenizer
+    from mass_jobs.tiny_warm import encode, warm_corpus
+
+    corpus = warm_corpus(0, per_kind=2)
+    systems = [messages[0]["content"][:20] for messages, _ in corpus]
+    assert len(set(systems)) == 4  # orchestrator, worker, evaluator, optimizer
+    for ids, labels in encode(build_tokenizer(), corpus):
+        supervised = [t for t in labels if t != -100]
+        assert 0 < len(supervised) < len(ids)
+
+
+@pytest.fixture(scope="module")
+def warm_server(warm_tiny_model_dir):
+    from mass_jobs.serve import ModelServer
+
+    with ModelServer(warm_tiny_model_dir) as srv:
+        yield srv
+
+
+def _client(srv, temperature: float):
+    from mass_jobs.llm import ModelClient
+    from mass_jobs.models import Sampling
+
+    return ModelClient(srv.endpoint, Sampling(temperature=temperature, max_output_tokens=128), timeout_s=60, retries=0)
+
+
+def _bundles(tmp_path, task_index: int) -> list[tuple[str, str]]:
+    from mass_jobs.compare import bundle
+
+    layouts = [{"main.py": "print(1)\n", "results/out.json": "[1, 2]\n"}, {"main.py": "print(2)\n"}, {}]
+    out = []
+    for n, files in enumerate(layouts):
+        ws = tmp_path / f"t{task_index}-ws{n}"
+        ws.mkdir()
+        for rel, text in files.items():
+            (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+            (ws / rel).write_text(text)
+        out.append((f"ws{n}", bundle(ws, 16384, ["main.py", "results/out.json"], {"outcome": "success"})))
+    return out
+
+
+def test_warm_model_answers_valid_verdicts_to_compare_requests(warm_server, tmp_path):
+    from mass_jobs import compare
+
+    greedy, sampled = _client(warm_server, 0.0), _client(warm_server, 0.6)
+    valid, labels = 0, []
+    for t, task in enumerate(DEMO_TASKS):
+        full, partial, empty = _bundles(tmp_path, t)
+        for first, second in ((full, empty), (empty, partial)):
+            v = compare.judge(greedy, task, first, second, retries=0)  # the request exactly as search/rank send it
+            valid += v.valid
+        for seed in range(4):
+            v = compare.judge(sampled, task, partial, full, retries=0, seed=100 + 10 * t + seed)
+            if v.valid:
+                labels.append({"ws1": "A", "ws0": "B", "tie": "tie"}[v.winner])
+    assert valid >= 5, f"{valid}/6 greedy verdicts valid"
+    assert len(labels) >= 10 and len(set(labels)) >= 2, labels  # valid and mixed, not one fixed answer
+
+
+def test_warm_orchestrator_delegates_with_a_well_formed_call(warm_server):
+    from mass_jobs.harness import tools as T
+    from mass_jobs.harness.builtin import ORCHESTRATOR_SYSTEM
+    from mass_jobs.llm import ModelError, parse_tool_calls
+
+    clients = [(_client(warm_server, 0.0), None)] + [(_client(warm_server, 0.6), s) for s in (1, 2, 3)]
+    good = total = 0
+    for task in DEMO_TASKS:
+        for client, seed in clients:
+            total += 1
+            messages = [{"role": "system", "content": ORCHESTRATOR_SYSTEM}, {"role": "user", "content": task}]
+            try:  # the server parses <tool_call> blocks; a malformed one is an HTTP 500 there
+                reply = client.chat(messages, tools=[T.DELEGATE, T.READ_FILE, T.LIST_FILES, T.FINISH], seed=seed)
+            except ModelError:
+                continue
+            calls = parse_tool_calls(reply)
+            good += any(c.name == "delegate" and c.error is None and str(c.arguments.get("assignment", "")).strip()
+                        for c in calls)
+    assert good >= 7, f"{good}/{total} replies delegated"
+
+
+def test_warm_optimizer_proposes_valid_workflows(warm_server):
+    import json
+
+    from mass_jobs.compare import bundle
+    from mass_jobs.steps.search import OPTIMIZER_SYSTEM
+    from mass_jobs.workflow import DEFAULT_WORKFLOW, WorkflowError, parse_proposal, workflow_json
+
+    wf = json.dumps(workflow_json(DEFAULT_WORKFLOW), indent=1)
+    valid = 0
+    for n, task in enumerate(DEMO_TASKS):
+        brief = (f"TASK:\n{task}\n\nPREVIOUS WORKFLOW (iteration 0):\n{wf}\n\nELITE WORKFLOW (iteration 0, best so far):\n"
+                 f"{wf}\n\nFEEDBACK HISTORY (oldest first):\n- iteration 0: initial; episode outcome failed; changes: "
+                 f"initial version\n\nEVIDENCE FROM THE LAST WORKSPACE (iteration 0):\n"
+                 f"{bundle(Path('/nonexistent'), 4096)}\n\nPropose the next workflow as the JSON object.")
+        for client, seed in ((_client(warm_server, 0.0), None), (_client(warm_server, 0.6), n + 1)):
+            reply = client.chat([{"role": "system", "content": OPTIMIZER_SYSTEM}, {"role": "user", "content": brief}],
+                                seed=seed)
+            try:
+                parse_proposal(reply["content"])
+                valid += 1
+            except WorkflowError:
+                pass
+    assert valid >= 4, f"{valid}/6 proposals valid"

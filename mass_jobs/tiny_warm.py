@@ -1,0 +1,269 @@
+"""Warm-up of the tiny model: a short full fine-tune on synthetic harness conversations.
+
+A random-weight model answers noise, so every verdict is invalid, no proposal parses and no
+episode delegates: a demo run shows only dashes. Warming the model teaches it the SHAPES the
+harness expects, from a corpus generated here (no downloads) with the harness's own system
+prompts, tool definitions and request layouts, rendered with the model's chat template:
+  - orchestrator: `delegate` the task as a self-contained assignment, then `finish`;
+  - worker: `write_file` the script and its result file, then `finish`;
+  - evaluator: a verdict JSON over two real workspace bundles (`compare.bundle`), A/B/tie mixed;
+  - optimizer: a small valid workflow JSON for the search brief.
+The model stays tiny and its content noisy; the point is well-formed replies often enough for
+the report to have valid verdicts, delegation and proposals. Same seed, same weights.
+
+Run: `mass model tiny --out DIR --warm`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+WARM_STEPS = 900  # about a minute on 2 CPU cores; enough for the reply shapes, not their content
+WARM_LR = 3e-3
+CONVERSATIONS_PER_KIND = 64
+
+# Task families: (name, prompt template, deliverables, seed files, script text, result file text).
+_SEQUENCES = {
+    "fib": ("Fibonacci numbers", "print([0, 1, 1, 2, 3, 5, 8, 13, 21, 34][:{k}])\n"),
+    "squares": ("square numbers", "print([i * i for i in range({k})])\n"),
+    "evens": ("even numbers", "print([2 * i for i in range({k})])\n"),
+    "cubes": ("cube numbers", "print([i ** 3 for i in range({k})])\n"),
+    "odds": ("odd numbers", "print([2 * i + 1 for i in range({k})])\n"),
+    "powers": ("powers of two", "print([2 ** i for i in range({k})])\n"),
+}
+_LIST_JOBS = {
+    "sort": ("sorts the numbers", "nums = open('data/{d}.txt').read().split()\nprint(sorted(nums, key=int))\n"),
+    "reverse": ("reverses the lines", "print(open('data/{d}.txt').read().splitlines()[::-1])\n"),
+    "dedupe": ("removes repeated numbers", "print(sorted(set(open('data/{d}.txt').read().split())))\n"),
+    "total": ("adds up the numbers", "print(sum(int(x) for x in open('data/{d}.txt').read().split()))\n"),
+}
+_COUNT_JOBS = {
+    "primes": ("lists the primes below the number in data/limit.txt", "limit.txt",
+               "n = int(open('data/limit.txt').read())\nprint([p for p in range(2, n) if all(p % d for d in range(2, p))])\n"),
+    "words": ("counts the words in data/text.txt", "text.txt", "print(len(open('data/text.txt').read().split()))\n"),
+    "lines": ("counts the lines of data/log.txt", "log.txt", "print(len(open('data/log.txt').read().splitlines()))\n"),
+}
+
+# Few, distinct agents: the tiny model must reproduce one exactly for a proposal to validate.
+_AGENT_POOL = [
+    ("coder", "coder", "Write the code and the result files."),
+    ("reviewer", "reviewer", "Check the files and report defects."),
+    ("tester", "tester", "Run the script and check the output."),
+]
+_ORCHESTRATOR_LINES = ["Delegate the task, then finish.", "Split the task and delegate it.",
+                       "Delegate each step and check the files."]
+
+
+def synthetic_task(rng: random.Random) -> dict[str, Any]:
+    """A small coding task like the demo's: prompt, deliverables, seed files and a worker's answer."""
+    kind = rng.randrange(3)
+    if kind == 0:
+        name = rng.choice(sorted(_SEQUENCES))
+        what, code = _SEQUENCES[name]
+        k = rng.choice([5, 8, 10, 12, 20])
+        out = f"results/{name}.json"
+        prompt = f"Write {name}.py that prints the first {k} {what} and save them to {out}."
+        return {"prompt": prompt, "deliverables": [f"{name}.py", out], "files": {},
+                "script": code.format(k=k), "result": json.dumps(list(range(min(k, 6))))}
+    if kind == 1:
+        name = rng.choice(sorted(_LIST_JOBS))
+        what, code = _LIST_JOBS[name]
+        d = rng.choice(["nums", "values", "input", "data"])
+        out = f"results/{rng.choice(['sorted', 'out', name])}.txt"
+        prompt = f"Write {name}.py that {what} in data/{d}.txt and writes them to {out}."
+        nums = "\n".join(str(rng.randint(0, 99)) for _ in range(rng.randint(3, 6))) + "\n"
+        return {"prompt": prompt, "deliverables": [f"{name}.py", out], "files": {f"data/{d}.txt": nums},
+                "script": code.format(d=d), "result": " ".join(sorted(nums.split(), key=int)) + "\n"}
+    name = rng.choice(sorted(_COUNT_JOBS))
+    what, src, code = _COUNT_JOBS[name]
+    out = rng.choice(["results/metrics.json", f"results/{name}.json"])
+    prompt = f'Write {name}.py that {what} and save the count to {out} as {{"count": N}}.'
+    return {"prompt": prompt, "deliverables": [f"{name}.py", out], "files": {f"data/{src}": f"{rng.randint(10, 90)}\n"},
+            "script": code, "result": json.dumps({"count": rng.randint(1, 30)})}
+
+
+def _call(name: str, arguments: dict, i: int) -> dict:
+    return {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _synthetic_workflow(rng: random.Random):
+    """A short valid workflow (what the optimizer should propose; also appended to some prompts)."""
+    from mass_jobs.models import Workflow
+
+    picks = [rng.choice(_AGENT_POOL)]  # one worker agent: longer lists come out with repeated ids
+    agents = [{"id": "orchestrator", "role": "orchestrator", "instruction": rng.choice(_ORCHESTRATOR_LINES)}]
+    agents += [{"id": i, "role": r, "instruction": text} for i, r, text in picks]
+    doc: dict[str, Any] = {"agents": agents}
+    if rng.random() < 0.5:
+        doc["hops"] = [{"caller": "orchestrator", "callee": picks[0][0]}]
+    return Workflow.model_validate(doc), doc
+
+
+def orchestrator_conversation(rng: random.Random, task: dict) -> tuple[list[dict], list[dict]]:
+    """Bare, workflow or teacher prompt -> delegate the task -> (maybe check a file) -> finish."""
+    from mass_jobs.harness import tools as T
+    from mass_jobs.harness.builtin import ORCHESTRATOR_SYSTEM
+    from mass_jobs.workflow import DEFAULT_WORKFLOW, teacher_prompt, workflow_prompt_parts
+
+    style = rng.randrange(3)
+    wf = DEFAULT_WORKFLOW if rng.random() < 0.5 else _synthetic_workflow(rng)[0]
+    prompt = (task["prompt"] if style == 0 else workflow_prompt_parts(task["prompt"], wf).text if style == 1
+              else teacher_prompt(task["prompt"], wf))
+    script, result = task["deliverables"]
+    report = f"Wrote {script} and {result}."
+    messages = [{"role": "system", "content": ORCHESTRATOR_SYSTEM}, {"role": "user", "content": prompt},
+                {"role": "assistant", "content": "", "tool_calls": [_call("delegate", {"assignment": task["prompt"]}, 0)]},
+                {"role": "tool", "tool_call_id": "call_0",
+                 "content": json.dumps({"agent_id": "worker-1", "status": "success", "report": report})}]
+    if rng.random() < 0.3:
+        messages += [{"role": "assistant", "content": "", "tool_calls": [_call("read_file", {"path": result}, 1)]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": task["result"]}]
+    messages.append({"role": "assistant", "content": "",
+                     "tool_calls": [_call("finish", {"summary": report, "status": "success"}, 2)]})
+    return messages, [T.DELEGATE, T.READ_FILE, T.LIST_FILES, T.FINISH]
+
+
+def worker_conversation(rng: random.Random, task: dict) -> tuple[list[dict], list[dict]]:
+    """Assignment -> write the script -> write the result file -> finish with a report."""
+    from mass_jobs.harness import tools as T
+    from mass_jobs.harness.builtin import WORKER_SYSTEM
+
+    script, result = task["deliverables"]
+    system = WORKER_SYSTEM.format(agent_id=f"worker-{rng.randint(1, 3)}", role="worker")
+    messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": task["prompt"]}]
+    for i, (path, content) in enumerate([(script, task["script"]), (result, task["result"])]):
+        messages += [{"role": "assistant", "content": "",
+                      "tool_calls": [_call("write_file", {"path": path, "content": content}, i)]},
+                     {"role": "tool", "tool_call_id": f"call_{i}",
+                      "content": f"wrote {len(content.encode())} bytes to {path}"}]
+    messages.append({"role": "assistant", "content": "", "tool_calls": [
+        _call("finish", {"summary": f"Wrote {script} and {result}.", "status": "success"}, 2)]})
+    return messages, [T.READ_FILE, T.WRITE_FILE, T.LIST_FILES, T.SHELL, T.FINISH]
+
+
+def _workspace_bundle(rng: random.Random, task: dict, root: Path) -> tuple[str, int]:
+    """A real `compare.bundle` of a workspace holding some of the deliverables; (bundle, how many)."""
+    from mass_jobs.compare import bundle
+
+    root.mkdir(parents=True)
+    for rel, text in task["files"].items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    have = rng.choice([0, 1, 2, 2])
+    for rel, text in list(zip(task["deliverables"], [task["script"], task["result"]]))[:have]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    outcome = "success" if have == 2 and rng.random() < 0.8 else rng.choice(["failed", "success", "timeout"])
+    status = {"outcome": outcome, "reason": "orchestrator finished" if outcome == "success" else "worker-1 used all 3 turns"}
+    return bundle(root, 16384, task["deliverables"], status), have + (outcome == "success")
+
+
+def evaluator_conversation(rng: random.Random, task: dict, scratch: Path) -> tuple[list[dict], None]:
+    """The verdict request exactly as `compare.judge` sends it; the fuller workspace wins, else a tie."""
+    from mass_jobs.compare import EVALUATOR_SYSTEM
+
+    bundle_a, score_a = _workspace_bundle(rng, task, scratch / "a")
+    bundle_b, score_b = _workspace_bundle(rng, task, scratch / "b")
+    winner = "A" if score_a > score_b else "B" if score_b > score_a else "tie"
+    if rng.random() < 0.4:  # a tiny model cannot see the rule anyway: keep its answers mixed
+        winner = rng.choice(["A", "B", "tie"])
+    rationale = {"A": "A has more of the deliverables.", "B": "B has more of the deliverables.",
+                 "tie": "Both have the same files."}[winner]
+    user = (f"TASK:\n{task['prompt']}\n\n=== WORKSPACE A ===\n{bundle_a}\n\n=== WORKSPACE B ===\n{bundle_b}\n\n"
+            "Which workspace is better? Answer with the JSON object only.")
+    reply = json.dumps({"winner": winner, "rationale": rationale})
+    return [{"role": "system", "content": EVALUATOR_SYSTEM}, {"role": "user", "content": user},
+            {"role": "assistant", "content": reply}], None
+
+
+def optimizer_conversation(rng: random.Random, task: dict, scratch: Path) -> tuple[list[dict], None]:
+    """A search brief laid out as `mass search` writes it -> a short valid workflow JSON."""
+    from mass_jobs.steps.search import OPTIMIZER_SYSTEM
+    from mass_jobs.workflow import DEFAULT_WORKFLOW, workflow_json
+
+    previous = workflow_json(DEFAULT_WORKFLOW) if rng.random() < 0.6 else _synthetic_workflow(rng)[1]
+    evidence, _ = _workspace_bundle(rng, task, scratch / "evidence")
+    result = rng.choice(["elite_kept", "new_elite", "invalid_verdict"])
+    lines = [f"TASK:\n{task['prompt']}", "",
+             f"PREVIOUS WORKFLOW (iteration 0):\n{json.dumps(previous, indent=1)}", "",
+             f"ELITE WORKFLOW (iteration 0, best so far):\n{json.dumps(previous, indent=1)}",
+             "", "FEEDBACK HISTORY (oldest first):", "- iteration 0: initial; episode outcome success; changes: initial version",
+             f"- iteration 1: {result}; evaluator: A has more of the deliverables.",
+             "", "EVIDENCE FROM THE LAST WORKSPACE (iteration 1):", evidence, "",
+             "Propose the next workflow as the JSON object."]
+    reply = json.dumps(_synthetic_workflow(rng)[1])
+    return [{"role": "system", "content": OPTIMIZER_SYSTEM}, {"role": "user", "content": "\n".join(lines)},
+            {"role": "assistant", "content": reply}], None
+
+
+def warm_corpus(seed: int, per_kind: int = CONVERSATIONS_PER_KIND) -> list[tuple[list[dict], list[dict] | None]]:
+    """(messages, tools) conversations of the four roles, interleaved, deterministic for `seed`."""
+    rng = random.Random(seed)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="mass-warm-") as tmp:
+        for i in range(per_kind):
+            scratch = Path(tmp) / str(i)
+            out.append(orchestrator_conversation(rng, synthetic_task(rng)))
+            out.append(worker_conversation(rng, synthetic_task(rng)))
+            out.append(evaluator_conversation(rng, synthetic_task(rng), scratch / "eval"))
+            out.append(optimizer_conversation(rng, synthetic_task(rng), scratch / "opt"))
+    return out
+
+
+def encode(tokenizer, corpus) -> list[tuple[list[int], list[int]]]:
+    """(input ids, labels) per conversation: the template's assistant tokens carry the loss."""
+    from mass_jobs.steps.render_sft import IGNORE, tokenize_conversation
+
+    examples = []
+    for messages, tools in corpus:
+        ids, mask, _header = tokenize_conversation(tokenizer, messages, tools)
+        examples.append((ids, [t if m else IGNORE for t, m in zip(ids, mask)]))
+    return examples
+
+
+def warm_up(model, tokenizer, seed: int = 0, steps: int = WARM_STEPS, lr: float = WARM_LR) -> list[float]:
+    """Fine-tune every weight of `model` in place on the warm corpus; returns the per-step losses.
+
+    One conversation per step in a seeded order, AdamW on the project's warmup+cosine schedule.
+    The loss is computed only at supervised positions (the LM head over the whole prompt would
+    cost most of the time), with a private RNG state so callers' RNG is untouched.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from mass_jobs.models import OptimizerSpec
+    from mass_jobs.steps.render_sft import IGNORE
+    from mass_jobs.training.schedule import lr_at
+
+    examples = encode(tokenizer, warm_corpus(seed))
+    schedule = OptimizerSpec(lr=lr, warmup_steps=max(1, steps // 20), min_lr_ratio=0.1)
+    order = random.Random(seed + 1)
+    losses: list[float] = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=schedule.betas, weight_decay=0.0)
+        queue: list[int] = []
+        for step in range(1, steps + 1):
+            if not queue:
+                queue = list(range(len(examples)))
+                order.shuffle(queue)
+            ids, labels = examples[queue.pop()]
+            x = torch.tensor([ids])
+            target = torch.tensor(labels[1:])
+            keep = target != IGNORE
+            hidden = model.model(input_ids=x).last_hidden_state[0, :-1][keep]
+            loss = F.cross_entropy(model.lm_head(hidden).float(), target[keep])
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, steps, schedule)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), schedule.grad_clip)
+            opt.step()
+            losses.append(loss.item())
+        model.eval()
+    return losses
