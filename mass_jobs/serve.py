@@ -178,6 +178,56 @@ def _seed_per_request(model) -> None:
     model._mass_seeded_generate = True
 
 
+class _TolerantStream:
+    """A streaming response parser that, once the model's tool-call region fails to parse as JSON,
+    passes the rest of the text through as plain content instead of raising into generate()."""
+
+    def __init__(self, parser):
+        self._parser, self._broken = parser, False
+        self.initial_events = parser.initial_events
+
+    def feed(self, text: str) -> list[dict]:
+        if not self._broken:
+            try:
+                return self._parser.feed(text)
+            except ValueError:
+                self._broken = True
+        return [{"type": "region_chunk", "field": "content", "text": text}]
+
+    def finalize(self):
+        return ({}, []) if self._broken else self._parser.finalize()
+
+
+def _tolerate_malformed_tool_calls() -> None:
+    """Upstream answers HTTP 500 when the model writes a <tool_call> whose body is not JSON (its parser
+    raises). A model's malformed call is model output, not a server fault: like vLLM's tool parsers,
+    hand it back as plain content with no tool_calls, so the harness can tell the model and go on."""
+    from transformers.cli.serving import chat_completion
+
+    if getattr(chat_completion, "_mass_tolerant", False):
+        return
+    parse, build = chat_completion.parse_assistant_message, chat_completion.build_response_parser
+
+    def parse_assistant_message(processor, model, generated_ids, input_ids, cleaned_content="", tools=None):
+        try:
+            return parse(processor, model, generated_ids, input_ids=input_ids, cleaned_content=cleaned_content, tools=tools)
+        except ValueError:
+            tokenizer = getattr(processor, "tokenizer", processor)
+            ids = generated_ids.tolist() if hasattr(generated_ids, "tolist") else list(generated_ids)
+            text = tokenizer.decode(ids, skip_special_tokens=False)
+            for end in ("<|im_end|>", "<|endoftext|>"):
+                text = text.split(end)[0]
+            return text, None, None
+
+    def build_response_parser(processor, model, input_ids, tools=None):
+        parser = build(processor, model, input_ids, tools=tools)
+        return None if parser is None else _TolerantStream(parser)
+
+    chat_completion.parse_assistant_message = parse_assistant_message
+    chat_completion.build_response_parser = build_response_parser
+    chat_completion._mass_tolerant = True
+
+
 def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "auto"):
     """The FastAPI app: transformers' server wired as `transformers serve MODEL` wires it, with our
     chat handler. Loads the model before returning, so `/health` is only up once it can answer."""
@@ -190,6 +240,7 @@ def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "a
     from transformers.cli.serving.transcription import TranscriptionHandler
     from transformers.cli.serving.utils import GenerationState
 
+    _tolerate_malformed_tool_calls()
     manager = ModelManager(device=device, dtype=dtype, force_model=str(model_dir))
     state = GenerationState()
     chat = make_chat_handler_class()(model_manager=manager, generation_state=state)

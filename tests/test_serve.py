@@ -176,6 +176,30 @@ def test_forced_tool_call_streams_as_deltas(client, tokenizer):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+MALFORMED = 'Let me look.\n<tool_call>\n{"name": "read_file", "arguments": {"path": \n</tool_call><|im_end|>'
+
+
+def test_malformed_tool_call_comes_back_as_content_not_a_server_error(client, tokenizer):
+    """A model that writes a <tool_call> whose body is not JSON produced output, not a server fault:
+    the reply is 200 with the raw text as content and no tool_calls (upstream answered 500)."""
+    config = forcing_config(tokenizer, ASK, TOOLS, MALFORMED)
+    resp = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=TOOLS, max_tokens=64, extra_body={"generation_config": config}
+    )
+    message = resp.choices[0].message
+    assert not message.tool_calls and resp.choices[0].finish_reason == "stop"
+    assert message.content.startswith("Let me look.") and '"path": ' in message.content
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=ASK, tools=TOOLS, max_tokens=64, stream=True, extra_body={"generation_config": config}
+        )
+    )
+    assert not [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert "Let me look." in "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert client.chat.completions.create(**sampled(tokenizer, 7)).choices[0].message.content  # still serving
+
+
 def test_tools_and_history_reasoning_reach_the_prompt(client, tokenizer):
     history = ASK + [
         {
