@@ -297,22 +297,18 @@ def audit_records(records: list[dict], episode: str = "") -> EpisodeAudit:
     ok = sum(u.returned_ok for u in delegations)
     failed = sum(u.result is not None and not u.returned_ok for u in delegations)
 
-    writes = [
-        (u, p)
-        for tid, uses in uses_by_thread.items()
-        if role[tid] == "worker"
-        for u in uses
-        if u.name in WRITE_TOOLS and u.returned_ok
-        for p in _paths(u)
-    ]
-    reads = [
-        (u, p)
-        for tid, uses in uses_by_thread.items()
-        if role[tid] == "worker"
-        for u in uses
-        if u.name in READ_TOOLS and u.returned_ok
-        for p in _paths(u)
-    ]
+    def worker_file_uses(tools) -> list:
+        """(use, path) of every successful call of `tools` by a worker thread."""
+        return [
+            (u, p)
+            for tid, uses in uses_by_thread.items()
+            if role[tid] == "worker"
+            for u in uses
+            if u.name in tools and u.returned_ok
+            for p in _paths(u)
+        ]
+
+    writes, reads = worker_file_uses(WRITE_TOOLS), worker_file_uses(READ_TOOLS)
     handoffs = []
     seen = set()
     for w, wp in writes:
