@@ -4,8 +4,12 @@
 FROM node:20.18.1-bookworm-slim AS node
 RUN npm install --global --no-audit --no-fund @qwen-code/qwen-code@0.15.10
 
-FROM python:3.11.11-slim-bookworm
-ENV PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
+# 3.11.14+: tarfile fixes of CVE-2025-4517 and CVE-2025-8194 (get_dir does not rely on them).
+FROM python:3.11.14-slim-bookworm
+ENV PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp MASS_QWEN_BIN=/usr/local/bin/qwen
+# bubblewrap: shell commands get their own filesystem view where the pod allows user namespaces;
+# elsewhere the sandbox says so in each status.json and the pod is the boundary.
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
 COPY --from=node /usr/local/bin/node /usr/local/bin/node
 COPY --from=node /usr/local/lib/node_modules /usr/local/lib/node_modules
 RUN ln -s /usr/local/lib/node_modules/@qwen-code/qwen-code/cli.js /usr/local/bin/qwen \

@@ -71,32 +71,69 @@ def normalize_message(message: dict | None) -> dict:
     """The assistant message in the one shape used by the client and the traces.
 
     Servers differ: vLLM names reasoning `reasoning_content` or `reasoning`, omit or null
-    `tool_calls`, and send empty strings for absent text; all of those map to one form here.
+    `tool_calls`, and send empty strings for absent text; all of those map to one form here. Any
+    other shape a server sends is coerced (a call that is not an object keeps its JSON as arguments
+    and no name, so the harness answers it with a tool error); only a message that is not an object
+    raises ValueError.
     """
-    message = message or {}
+    if message is None:
+        message = {}
+    if not isinstance(message, dict):
+        raise ValueError(f"message is a {type(message).__name__}, not an object")
     reasoning = message.get("reasoning_content")
     if reasoning is None:
         reasoning = message.get("reasoning")
+    raw_calls = message.get("tool_calls") or []
+    if isinstance(raw_calls, dict):
+        raw_calls = [raw_calls]
+    elif not isinstance(raw_calls, list):
+        raw_calls = [raw_calls]
     calls = []
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function") or {}
-        args = fn.get("arguments")
+    for call in raw_calls:
+        call = call if isinstance(call, dict) else {"function": {"arguments": call}}
+        fn = call.get("function")
+        fn = fn if isinstance(fn, dict) else {"arguments": fn}
+        args, name, call_id = fn.get("arguments"), fn.get("name"), call.get("id")
         calls.append(
             {
-                "id": call.get("id"),
-                "type": call.get("type") or "function",
+                "id": call_id if isinstance(call_id, str) else None,
+                "type": "function",
                 "function": {
-                    "name": fn.get("name"),
+                    "name": name if isinstance(name, str) else None,
                     "arguments": args if isinstance(args, str) else json.dumps(args if args is not None else {}),
                 },
             }
         )
     return {
         "role": "assistant",
-        "content": message.get("content") or None,
-        "reasoning_content": reasoning or None,
+        "content": _text(message.get("content")) or None,
+        "reasoning_content": _text(reasoning) or None,
         "tool_calls": calls,
     }
+
+
+def _text(value: Any) -> str:
+    """Text of a content field: a string, a list of text parts, or anything else as JSON."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if isinstance(value, list) and all(isinstance(p, dict) for p in value):
+        return "".join(p["text"] for p in value if isinstance(p.get("text"), str))
+    return json.dumps(value)
+
+
+MAX_TOKENS_PER_CALL = 10**8  # more than any context window: a count above it is not a count
+
+
+def usage_tokens(usage: Any) -> tuple[int, int]:
+    """(prompt, completion) tokens of a response's `usage`; what is not a plausible count counts 0."""
+    if not isinstance(usage, dict):
+        return 0, 0
+
+    def count(key: str) -> int:
+        v = usage.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKENS_PER_CALL else 0
+
+    return count("prompt_tokens"), count("completion_tokens")
 
 
 @dataclass
@@ -126,7 +163,7 @@ def parse_tool_calls(message: dict) -> list[ToolCall]:
         else:
             try:
                 value = json.loads(raw)
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError, RecursionError) as e:
                 tc.error = f"arguments of {name!r} are not valid JSON: {e}"
             else:
                 if isinstance(value, dict):
@@ -245,17 +282,20 @@ class ModelClient:
         try:
             data = resp.json()
             choice = data["choices"][0]
-        except (ValueError, KeyError, IndexError, TypeError) as e:
+            if not isinstance(choice, dict):
+                raise TypeError(f"choices[0] is a {type(choice).__name__}")
+            msg = normalize_message(choice.get("message"))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as e:
             raise ModelError(
-                f"response from {url} is not a chat completion ({e!r}): {resp.text[:BODY_EXCERPT]}",
+                f"response from {url} is not a chat completion ({e}): {resp.text[:BODY_EXCERPT]}",
                 kind="invalid_response",
                 status=resp.status_code,
                 body=resp.text[:BODY_EXCERPT],
                 attempts=attempt,
-            )
-        msg = normalize_message(choice.get("message"))
-        msg["finish_reason"] = choice.get("finish_reason")
-        msg["usage"] = data.get("usage")
+            ) from None
+        reason = choice.get("finish_reason")
+        msg["finish_reason"] = reason if isinstance(reason, str) else None
+        msg["usage"] = data.get("usage") if isinstance(data.get("usage"), dict) else None
         return msg
 
     def _delay(self, attempt: int, last: ModelError | None) -> float:

@@ -28,6 +28,9 @@ from typing import Any
 from mass_jobs.llm import Endpoint, normalize_message
 
 BODY_EXCERPT = 2000
+# Line breaks to str.splitlines() that json.dumps(ensure_ascii=False) leaves raw (tool output of a
+# binary file carries them): written escaped, so a trace line is one line to every reader.
+LINE_SEPARATORS = ("\x85", "\u2028", "\u2029")
 # Hop-by-hop and framing headers are the proxy's own business on each side; accept-encoding is
 # dropped so the upstream answers uncompressed and the recorded stream is readable text.
 REQUEST_DROP = {
@@ -71,11 +74,17 @@ def response_record(data: Any) -> dict:
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
         raise ValueError("no choices in the response")
     choice = data["choices"][0]
+    if not isinstance(choice, dict):
+        raise ValueError(f"choices[0] is a {type(choice).__name__}, not an object")
     return {
         "message": normalize_message(choice.get("message")),
-        "finish_reason": choice.get("finish_reason"),
-        "usage": data.get("usage"),
+        "finish_reason": _str_or_none(choice.get("finish_reason")),
+        "usage": data.get("usage") if isinstance(data.get("usage"), dict) else None,
     }
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 class StreamAssembler:
@@ -108,7 +117,7 @@ class StreamAssembler:
             return
         try:
             chunk = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             self.bad_events += 1
             return
         if not isinstance(chunk, dict):
@@ -116,31 +125,37 @@ class StreamAssembler:
             return
         if chunk.get("error"):
             self.errors.append(chunk["error"])
-        if chunk.get("usage"):
+        if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
+        choices = chunk.get("choices") or []
+        for choice in choices if isinstance(choices, list) else [None]:
+            if not isinstance(choice, dict) or not isinstance(choice.get("delta") or {}, dict):
+                self.bad_events += 1  # a shape no server should send: counted, never raised
+                continue
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
-            if delta.get("content"):
+            if isinstance(delta.get("content"), str):
                 self.content.append(delta["content"])
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning:
+            if isinstance(reasoning, str):
                 self.reasoning.append(reasoning)
-            for frag in delta.get("tool_calls") or []:
+            frags = delta.get("tool_calls") or []
+            for frag in frags if isinstance(frags, list) else [frags]:
+                if not isinstance(frag, dict) or not isinstance(frag.get("index", 0), int):
+                    self.bad_events += 1
+                    continue
                 call = self.calls.setdefault(
                     frag.get("index", 0), {"id": None, "type": "function", "function": {"name": None, "arguments": ""}}
                 )
-                if frag.get("id"):
+                if isinstance(frag.get("id"), str):
                     call["id"] = frag["id"]
-                if frag.get("type"):
-                    call["type"] = frag["type"]
-                fn = frag.get("function") or {}
-                if fn.get("name") and not call["function"]["name"]:
+                fn = frag.get("function") if isinstance(frag.get("function"), dict) else {}
+                if isinstance(fn.get("name"), str) and not call["function"]["name"]:
                     call["function"]["name"] = fn["name"]
-                if fn.get("arguments"):
+                if isinstance(fn.get("arguments"), str):
                     call["function"]["arguments"] += fn["arguments"]
-            if choice.get("finish_reason"):
+            if isinstance(choice.get("finish_reason"), str):
                 self.finish_reason = choice["finish_reason"]
 
     def record(self) -> dict:
@@ -155,7 +170,7 @@ class StreamAssembler:
 def read_trace(path: str | Path) -> list[dict]:
     """All records of a trace file, in file order."""
     text = Path(path).read_text() if Path(path).exists() else ""
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
 class RecordingProxy:
@@ -253,6 +268,12 @@ class RecordingProxy:
     def _write(self, record: dict) -> None:
         with self._lock:
             line = json.dumps({"seq": self._seq, **record}, ensure_ascii=False)
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate the endpoint sent: escaped, the file stays UTF-8
+                line = json.dumps({"seq": self._seq, **record})
+            for sep in LINE_SEPARATORS:  # str.splitlines() of any reader would cut the record there
+                line = line.replace(sep, f"\\u{ord(sep):04x}")
             self._seq += 1
             self._file.write(line + "\n")
             self._file.flush()
@@ -302,7 +323,7 @@ class RecordingProxy:
         t0 = time.perf_counter()
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             body = None
         rec: dict[str, Any] = {
             "started_at": utc_now(),
@@ -359,7 +380,7 @@ class RecordingProxy:
             else:
                 try:
                     rec["response"] = response_record(json.loads(data))
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:  # RecursionError: JSON nested past any sense
                     excerpt = data[:BODY_EXCERPT].decode("utf-8", "replace")
                     rec["error"] = {"kind": "invalid_response", "message": f"{e}: {excerpt}"}
             try:

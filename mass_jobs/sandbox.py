@@ -1,28 +1,29 @@
 """Local sandbox for the shell commands an agent writes and for guard checks.
 
 `run_sandboxed(cmd, cwd, limits)` runs `/bin/sh -c cmd` in the workspace `cwd`, one fresh process
-tree per call, with:
-- a scrubbed environment (an allow-list: PATH, HOME=workspace, TMPDIR inside the workspace, LANG,
-  ...; no credentials, tokens or cloud settings of the host);
-- rlimits on CPU seconds, address space, file size and process count, and no core dumps;
-- a wall-clock timeout that kills the whole process tree;
-- where the OS allows it (root, or unprivileged user namespaces): a new network namespace (no
-  network at all, only a private loopback), a new PID namespace (every descendant dies with the
-  call) and a new mount namespace whose world-writable directories (/tmp, /var/tmp, /dev/shm) are
-  read-only, the workspace excepted; as root the command runs as an unprivileged uid (default
-  nobody) so NPROC counts and nothing outside the workspace is writable;
-- the project's own interpreter (this process's venv and its base installation) as `python`, first
-  on PATH and bound read-only, so research code gets numpy/matplotlib/torch. An interpreter under a
-  private home (e.g. /root, mode 0700) is reached by covering that home, and every other private
-  (no o+x) ancestor and the caller's home, with an empty tmpfs and binding back only the needed
-  directories: the rest of the home (~/.ssh, ~/.aws, ~/.config) does not exist in the sandbox.
-  `SandboxLimits(python="system")` keeps the host's PATH and exposes nothing.
-What was applied comes back in `SandboxResult.applied` and `.note`; what could not be applied is
-named there and `network_isolated` is False when the network stayed reachable.
+tree per call. The filesystem view and namespaces come from bubblewrap (`bwrap`, a Debian
+package): a read-only empty root holding only /usr, /etc (and the /bin, /lib links), the project's
+interpreter dirs read-only, the workspace read-write and private size-capped tmpfs at /tmp and
+/dev/shm that die with the call. Nothing else of the host exists in there: no /run, /var, /home,
+no host unix socket to connect to. New PID, network (private loopback only), IPC, UTS and cgroup
+namespaces; `--die-with-parent` and a PID namespace, so a killed caller takes the whole tree with it.
 
-The isolation is set up by this file run as a script (`python -I sandbox.py --child CONFIG`) in a
-fresh single-threaded interpreter, never in a fork of the (threaded) caller. Cluster pods add their
-own boundary (non-root, read-only root filesystem, NetworkPolicy); this is the local one.
+As root, every concurrently used workspace gets its own uid from `SandboxLimits.uid_base ...
++uids` (leased with a lock file, so several processes on one host never share one); the command
+runs as that uid with no capabilities and no_new_privs, so RLIMIT_NPROC is a budget of this
+call's tree alone and one episode's fork bomb cannot starve another's. Limits:
+- per process: rlimits on CPU seconds, address space, file size, process count, no core dumps;
+- per tree (a supervisor thread samples every process of the tree): total CPU seconds and total
+  memory (PSS), and a workspace quota (bytes and files); over any of them, the tree is killed;
+- a wall-clock timeout that kills the tree;
+- a scrubbed environment (an allow-list: PATH, HOME=workspace, TMPDIR=/tmp, LANG, ...).
+The project's own interpreter (this process's venv and its base installation) is `python`, first on
+PATH; `SandboxLimits(python="system")` keeps the host's PATH and exposes no interpreter dir.
+
+Without bwrap (or where it cannot create namespaces, e.g. a pod without user namespaces) the
+command still gets the uid, rlimits and tree limits, and `note` says that the filesystem and network
+stayed the host's; `network_isolated` is then False. Pods add their own boundary (non-root,
+read-only root filesystem, NetworkPolicy).
 
 `resolve_in_workspace(workspace, rel)` maps a file-tool path into the workspace or raises
 `SandboxEscape` (absolute paths, `..` escapes, symlinks pointing outside).
@@ -34,29 +35,26 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mass_jobs.models import EpisodeLimits
 
-# Only stdlib imports above: this file also runs as a script in the sandbox child.
+# Only stdlib imports above: this file also runs as a script (the launcher, see `_launch`).
 
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-READONLY_DIRS = ("/tmp", "/var/tmp")  # world-writable on the host: covered read-only
-PRIVATE_DIRS = ("/dev/shm",)  # multiprocessing needs it writable: a private tmpfs that dies with the call
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
-    1, 2, 4, 8, 32, 4096, 16384, 1 << 18,
-)  # fmt: skip
+# What the sandbox sees of the host besides the workspace and the interpreter: read-only binds, or
+# the same symlink where the host has one (merged /usr).
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
-# statvfs flag -> mount flag: a read-only bind remount must repeat the flags the host mount has
-# (in a user namespace they are locked and leaving one out fails with EPERM).
-ST_TO_MS = ((2, MS_NOSUID), (4, MS_NODEV), (8, MS_NOEXEC), (1024, 1024), (2048, 2048), (4096, 1 << 21))
 PYTHON_MODES = ("project", "system")
+SAMPLE_S = 0.2  # how often the supervisor samples the tree (and, every 5th time, the workspace)
 
 
 class SandboxEscape(ValueError):
@@ -66,14 +64,17 @@ class SandboxEscape(ValueError):
 @dataclass(frozen=True)
 class SandboxLimits:
     timeout_s: float = 120
-    cpu_s: int = 120
-    memory_mb: int = 2048
+    cpu_s: int = 120  # per process (RLIMIT_CPU) and for the whole tree
+    memory_mb: int = 2048  # per process (RLIMIT_AS) and for the whole tree (PSS)
     file_size_mb: int = 256
-    processes: int = 64
+    processes: int = 64  # RLIMIT_NPROC of the call's own uid
+    workspace_mb: int = 4096  # workspace quota, bytes (apparent size of all files)
+    workspace_files: int = 100_000  # workspace quota, entries
+    tmp_mb: int = 256  # size of each private tmpfs (/tmp, /dev/shm)
     isolate_network: bool = True
-    drop_privileges: bool = True  # as root: run the command as `uid`/`gid`
-    uid: int = 65534
-    gid: int = 65534
+    drop_privileges: bool = True  # as root: run the command as a leased uid of its own
+    uid_base: int = 1_900_000  # leased uids: uid_base .. uid_base + uids - 1 (gid = uid)
+    uids: int = 1000
     output_bytes: int = 1_000_000  # per stream; the rest is counted and dropped
     extra_env: dict[str, str] = field(default_factory=dict)
     python: str = "project"  # project: this process's interpreter, read-only, first on PATH; system: host PATH
@@ -100,7 +101,8 @@ class SandboxResult:
     stdout: str
     stderr: str
     timed_out: bool
-    killed_reason: str | None  # wall_timeout | cpu_limit | file_size_limit | memory_limit | signal:NAME | None
+    # wall_timeout | cpu_limit | file_size_limit | memory_limit | workspace_quota | output_limit | signal:NAME | None
+    killed_reason: str | None
     network_isolated: bool
     duration_s: float
     applied: dict = field(default_factory=dict)
@@ -188,69 +190,204 @@ def project_interpreter() -> tuple[str, list[str]]:
     return os.path.dirname(exe), _topmost([os.path.realpath(p) for p in prefixes] + [real_bin])
 
 
-def _private_ancestors(path: str) -> list[str]:
-    """Ancestors of `path` that other users cannot enter (no o+x), like a 0700 home."""
-    found = []
-    parent = os.path.dirname(path)
-    while parent != "/":
-        if not os.stat(parent).st_mode & 0o001:
-            found.append(parent)
-        parent = os.path.dirname(parent)
-    return found
+@lru_cache(maxsize=1)
+def _tools() -> tuple[str | None, str | None]:
+    """(bwrap, setpriv) when bwrap can build a sandbox on this machine, else (None, reason)."""
+    import shutil
+    import subprocess
+
+    bwrap, setpriv = shutil.which("bwrap"), shutil.which("setpriv")
+    if not bwrap:
+        return None, "bwrap (bubblewrap) is not installed"
+    if os.geteuid() == 0 and not (setpriv and _within(os.path.realpath(setpriv), "/usr")):
+        return None, "setpriv (util-linux) is not installed under /usr"
+    probe = [bwrap, *_namespace_flags(os.geteuid() == 0, True), "--ro-bind", "/", "/", "true"]
+    try:
+        out = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"bwrap cannot start: {exc}"
+    if out.returncode != 0:
+        return None, f"bwrap cannot create namespaces here: {out.stderr.strip()[:300]}"
+    return bwrap, setpriv
 
 
-def _homes() -> list[str]:
-    """Home directories of the caller and of the interpreter's owner: where credentials live."""
-    import pwd
-
-    homes = [os.environ.get("HOME", "")]
-    for uid in {os.getuid(), os.stat(os.path.realpath(sys.executable)).st_uid}:
-        try:
-            homes.append(pwd.getpwuid(uid).pw_dir)
-        except KeyError:  # a uid without a passwd entry (some containers)
-            pass
-    return [os.path.realpath(h) for h in homes if h and os.path.isdir(h)]
+def _namespace_flags(as_root: bool, isolate_network: bool) -> list[str]:
+    flags = ["--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-uts"]
+    flags += ["--unshare-cgroup-try"] + (["--unshare-net"] if isolate_network else [])
+    # As root no user namespace: its uid map would make the command host root (and exempt from
+    # RLIMIT_NPROC); setpriv drops to the leased uid instead. As a user: a user namespace.
+    return flags + ([] if as_root else ["--unshare-user"])
 
 
-def file_view(workspace: str | Path, read_only: list[str]) -> dict:
-    """What the mount namespace changes: `cover` dirs get an empty read-only tmpfs; `bind` paths
-    ([path, writable]) are bound back on top (the workspace writable, `read_only` dirs read-only).
+def bwrap_argv(
+    bwrap: str, setpriv: str | None, cmd: str, workspace: str, read_only: list[str], limits: SandboxLimits,
+    uid: int | None,
+) -> list[str]:  # fmt: skip
+    """The bwrap command line of one call (see the module docstring for the view it builds)."""
+    as_root = os.geteuid() == 0
+    argv = [bwrap, *_namespace_flags(as_root, limits.isolate_network), "--cap-drop", "ALL"]
+    if uid is not None:  # setpriv needs these three to drop to the uid; it then drops them all
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            argv += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            argv += ["--ro-bind", d, d]
+    tmp_bytes = str(limits.tmp_mb * 1024 * 1024)
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    # The new /proc still writes host-wide kernel settings (a root command without capabilities
+    # could set core_pattern): read-only over it.
+    argv += [a for p in ("/proc/sys", "/proc/sysrq-trigger") if os.path.exists(p) for a in ("--ro-bind", p, p)]
+    argv += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    argv += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/tmp"]
+    system = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    binds = [(d, "--ro-bind") for d in read_only if not any(_within(d, s) for s in system)]
+    binds.append((workspace, "--bind"))
+    made: set[str] = {"/", "/tmp", "/dev", "/proc"}
+    for path, how in binds:
+        parents = []
+        p = os.path.dirname(path)
+        while p not in made and p != "/":
+            parents.append(p)
+            p = os.path.dirname(p)
+        for p in reversed(parents):  # enterable by the uid, unlike a private home on the host
+            argv += ["--perms", "0755", "--dir", p]
+            made.add(p)
+        argv += [how, path, path]
+        made.add(path)
+    argv += ["--remount-ro", "/"]
+    if uid is None:
+        return argv + ["--chdir", workspace, "--", "/bin/sh", "-c", cmd]
+    argv += ["--", setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
+    # The workspace may be 0700 (owned by the uid): entered as the uid, not by capless root.
+    enter = 'cd -- "$1" || exit 126; exec /bin/sh -c "$2"'
+    return argv + ["--bounding-set=-all", "--no-new-privs", "--", "/bin/sh", "-c", enter, "sh", workspace, cmd]
 
-    Covered: the world-writable dirs, every private ancestor of an exposed path and the home dirs,
-    the topmost of them only, never one inside an exposed path.
-    """
-    ws = str(Path(workspace).resolve())
-    # A read-only dir holding the workspace would make the workspace read-only: left as it is.
-    ro = [d for d in _topmost([os.path.realpath(d) for d in read_only]) if not _within(ws, d)]
-    exposed = [ws, *ro]
-    candidates = [d for d in READONLY_DIRS if os.path.isdir(d) and not os.path.islink(d)]
-    candidates += [a for e in exposed for a in _private_ancestors(e)] + _homes()
-    cover = _topmost([c for c in candidates if c != "/" and not any(_within(c, e) for e in exposed)])
-    bind = [[ws, True]] if any(_within(ws, c) for c in cover) else []
-    return {"cover": cover, "bind": bind + [[d, False] for d in ro]}
 
-
-def _visible_path(path: str, view: dict) -> str:
-    """PATH without the host's entries that the sandbox covers (e.g. ~/.cargo/bin)."""
-
-    def visible(entry: str) -> bool:
-        real = os.path.realpath(entry)
-        hidden = any(_within(real, c) for c in view["cover"])
-        return not hidden or any(_within(real, b) for b, _ in view["bind"])
-
-    return os.pathsep.join(e for e in path.split(os.pathsep) if e and visible(e))
+def _visible_path(path: str, visible_dirs: list[str]) -> str:
+    """PATH without the host's entries that the sandbox does not show (e.g. ~/.cargo/bin)."""
+    keep = [e for e in path.split(os.pathsep) if e and any(_within(os.path.realpath(e), d) for d in visible_dirs)]
+    return os.pathsep.join(keep)
 
 
 def _own_tree(root: Path, uid: int, gid: int) -> None:
-    """Hand the workspace to the sandbox uid so the command can write there (and only there)."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+    """Hand the workspace to the call's uid so the command can write there (and only there).
+
+    coreutils' chown walks with fts: a tree deeper than PATH_MAX or Python's recursion limit
+    (which a command can make) is handled; links are changed themselves, never followed.
+    """
+    import subprocess
+
+    subprocess.run(["chown", "-R", "-h", "-P", f"{uid}:{gid}", "--", str(root)], check=True, capture_output=True)
+
+
+# ---------------------------------------------------------------- uids, one per workspace in use
+
+_leases: dict[str, list] = {}  # workspace -> [uid, users, lock fd]
+
+
+def _lease_dir() -> Path:
+    """One fixed place per host (not $TMPDIR, which callers may vary), owned by us alone."""
+    base = Path("/run") if os.access("/run", os.W_OK) else Path("/tmp")
+    d = base / "mass-sandbox-uids"
+    d.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(d)
+    if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise RuntimeError(f"{d} is not a private directory of uid {os.geteuid()}: refusing to lease sandbox uids there")
+    return d
+
+
+def _lease_uid(workspace: str, limits: SandboxLimits) -> int:
+    """A uid no other workspace uses now, in this process or another (flock, released on death)."""
+    import fcntl
+
+    with _lease_lock:
+        if workspace in _leases:
+            _leases[workspace][1] += 1
+            return _leases[workspace][0]
+        taken = {lease[0] for lease in _leases.values()}
+        for uid in range(limits.uid_base, limits.uid_base + limits.uids):
+            if uid in taken:
+                continue
+            fd = os.open(_lease_dir() / str(uid), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
             try:
-                st = os.lstat(name)
-                if st.st_uid != uid or st.st_gid != gid:
-                    os.lchown(name, uid, gid)
-            except FileNotFoundError:
-                pass
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            _leases[workspace] = [uid, 1, fd]
+            return uid
+    raise RuntimeError(f"all {limits.uids} sandbox uids from {limits.uid_base} are in use")
+
+
+def _release_uid(workspace: str) -> None:
+    with _lease_lock:
+        lease = _leases[workspace]
+        lease[1] -= 1
+        if lease[1] == 0:
+            os.close(lease[2])
+            del _leases[workspace]
+
+
+_lease_lock = threading.Lock()
+
+
+# ---------------------------------------------------------------- the supervisor's view of the tree
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and every live descendant (orphans in the PID namespace hang under its init)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def tree_usage(root: int) -> tuple[float, float, int]:
+    """(CPU seconds, memory MB as PSS, processes) of the tree under `root`, reaped children included."""
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu = mem = 0.0
+    pids = _tree(root)
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            cpu += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+            with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Pss:"):
+                        mem += int(line.split()[1]) / 1024
+                        break
+        except (OSError, IndexError, ValueError):
+            continue
+    return cpu, mem, len(pids)
+
+
+def workspace_usage(root: Path) -> tuple[int, int]:
+    """(apparent bytes, entries) under `root`, links not followed, hard links once. coreutils' du
+    walks with fts, so nothing hides past PATH_MAX or a deep recursion."""
+    import subprocess
+
+    def du(*flags: str) -> int:
+        out = subprocess.run(["du", "-s", *flags, "--", str(root)], capture_output=True, text=True)
+        return int(out.stdout.split()[0]) if out.stdout.split() else 0
+
+    return du("-b"), du("--inodes") - 1  # the root itself is not an entry
+
+
+FLOOD_FACTOR, FLOOD_MIN = 64, 64 << 20  # output past max(64 x cap, 64 MiB) ends the call (output_limit)
 
 
 def _reader(stream: Any, cap: int, sink: dict) -> None:
@@ -263,54 +400,106 @@ def _reader(stream: Any, cap: int, sink: dict) -> None:
         room = cap - len(buf)
         buf += chunk[: max(room, 0)]
         dropped += max(len(chunk) - max(room, 0), 0)
+        sink["data"], sink["dropped"] = bytes(buf), dropped
+        if dropped > max(FLOOD_FACTOR * cap, FLOOD_MIN):  # an endless stream: stop paying for it
+            sink["flood"] = True
+            break
     sink["data"], sink["dropped"] = bytes(buf), dropped
+
+
+def _over_quota(workspace: Path, limits: SandboxLimits) -> str | None:
+    size, files = workspace_usage(workspace)
+    if files > limits.workspace_files:
+        return f"workspace holds over {limits.workspace_files} entries"
+    if size > limits.workspace_mb * 1024 * 1024:
+        return f"workspace holds {size} bytes, over its {limits.workspace_mb} MB quota"
+    return None
 
 
 def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run `/bin/sh -c cmd` in workspace `cwd` under `limits`; see the module docstring."""
-    import secrets
-    import shutil
-    import subprocess
-    import threading
+    import tempfile
 
     limits = limits or SandboxLimits()
     workspace = Path(cwd).resolve()
     if not workspace.is_dir():
         raise FileNotFoundError(f"sandbox cwd {workspace} is not a directory")
-    tmpdir = workspace / ".tmp" / secrets.token_hex(4)
-    tmpdir.mkdir(parents=True)
     as_root = os.geteuid() == 0
     drop = as_root and limits.drop_privileges
-    if drop:
-        _own_tree(workspace, limits.uid, limits.gid)
+    uid = _lease_uid(str(workspace), limits) if drop else None
+    host_tmp = None
+    try:
+        if uid is not None:
+            _own_tree(workspace, uid, uid)
+        bwrap, setpriv_or_reason = _tools()
+        if bwrap is None:  # no namespaces: a private temp dir of the host stands in for /tmp
+            host_tmp = Path(tempfile.mkdtemp(prefix="mass-sandbox-"))
+            if uid is not None:
+                os.chown(host_tmp, uid, uid)
+        return _run(cmd, workspace, limits, uid, bwrap, setpriv_or_reason, host_tmp)
+    finally:
+        if host_tmp is not None:
+            import shutil
+
+            shutil.rmtree(host_tmp, ignore_errors=True)
+        if uid is not None:
+            _release_uid(str(workspace))
+
+
+def _run(
+    cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, bwrap: str | None, tool: str | None,
+    host_tmp: Path | None,
+) -> SandboxResult:  # fmt: skip
+    import subprocess
+    import threading
+
+    as_root = os.geteuid() == 0
     python: dict[str, Any] = {"mode": limits.python}
+    read_only: list[str] = []
     if limits.python == "project":
         python["path_first"], python["read_only"] = project_interpreter()
-    status_r, status_w = os.pipe()
-    config = {
-        "cmd": cmd,
-        "status_fd": status_w,
-        "workspace": str(workspace),
-        "limits": {k: v for k, v in asdict(limits).items() if k != "extra_env"},
-        "drop": drop,
-        "as_root": as_root,
-        "view": file_view(workspace, python.get("read_only", [])),
+        read_only = python["read_only"]
+    tmp = Path("/tmp") if bwrap else host_tmp
+    assert tmp is not None
+    env = sandbox_env(workspace, tmp, limits.extra_env, python.get("path_first"))
+    notes: list[str] = []
+    applied: dict[str, Any] = {"backend": "bwrap" if bwrap else "none"}
+    if bwrap:
+        env["PATH"] = _visible_path(env["PATH"], [*SYSTEM_DIRS, *read_only, str(workspace)])
+        argv = bwrap_argv(bwrap, tool, cmd, str(workspace), read_only, limits, uid)
+        applied.update(
+            pid_namespace=True, mount_namespace=True, network_namespace=limits.isolate_network,
+            exposed={**{d: "ro" for d in _topmost(read_only)}, str(workspace): "rw"},
+            private_tmpfs={"/tmp": limits.tmp_mb, "/dev/shm": limits.tmp_mb},
+        )  # fmt: skip
+        if not as_root:
+            applied["user_namespace"] = True
+    else:
+        argv = ["/bin/sh", "-c", cmd]
+        applied.update(pid_namespace=False, mount_namespace=False, network_namespace=False)
+        notes.append(f"no sandbox namespaces ({tool}): network reachable, host filesystem visible")
+    if not limits.isolate_network:
+        notes.append("network isolation switched off by the limits")
+    mb = 1024 * 1024
+    rlimits = {
+        "RLIMIT_CPU": [limits.cpu_s, limits.cpu_s + 1],  # SIGXCPU first, SIGKILL a second later
+        "RLIMIT_AS": [limits.memory_mb * mb] * 2,
+        "RLIMIT_FSIZE": [limits.file_size_mb * mb] * 2,
+        "RLIMIT_NPROC": [limits.processes] * 2,
+        "RLIMIT_CORE": [0, 0],
     }
-    env = sandbox_env(workspace, tmpdir, limits.extra_env, python.get("path_first"))
-    env["PATH"] = _visible_path(env["PATH"], config["view"])
+    launch = {"argv": argv, "rlimits": rlimits, "uid": None if bwrap else uid, "cwd": str(workspace)}
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--child", json.dumps(config)],
+        [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--launch", json.dumps(launch)],
         cwd=workspace,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,  # own process group: the timeout kills all of it
-        pass_fds=(status_w,),
         close_fds=True,
     )
-    os.close(status_w)
     sinks: dict[str, dict] = {"out": {}, "err": {}}
     readers = [
         threading.Thread(target=_reader, args=(proc.stdout, limits.output_bytes, sinks["out"]), daemon=True),
@@ -318,54 +507,43 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
     ]
     for t in readers:
         t.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=limits.timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc.pid)
-        proc.wait()
-    # Descendants that left the process group (setsid) may still hold the pipes open; with a PID
-    # namespace they died with its init, without one they are killed by group here as a last resort.
+    reason, peak, why = _supervise(proc, workspace, limits, t0, sinks)
+    if why:
+        notes.append(why)
     for t in readers:
         t.join(timeout=2)
-    if any(t.is_alive() for t in readers):
-        _kill_group(proc.pid)
+    if any(t.is_alive() for t in readers):  # without a PID namespace an escapee may hold the pipes
+        _kill_tree(proc.pid)
         for t in readers:
             t.join(timeout=2)
     duration = time.monotonic() - t0
-    with os.fdopen(status_r, "rb") as f:
-        raw_status = f.read()
-    shutil.rmtree(tmpdir, ignore_errors=True)
-    try:
-        tmpdir.parent.rmdir()  # .tmp goes when no concurrent call still uses it
-    except OSError:
-        pass
-    child = _parse_status(raw_status)
-    applied = child.get("applied", {})
-    applied.update({k: child[k] for k in ("rlimits", "uid", "gid") if k in child})
-    applied["wall_timeout_s"] = limits.timeout_s
-    applied["python"] = python
-    if "cpu_s" in child:
-        applied["usage"] = {"cpu_s": child["cpu_s"], "max_rss_mb": child.get("max_rss_mb")}
-    notes = list(child.get("notes", []))
-    if as_root and not drop:
+    killed = reason is not None
+    if not killed and (quota := _over_quota(workspace, limits)):  # written between two samples
+        reason = "workspace_quota"
+        notes.append(quota)
+    applied.update(rlimits={k: v[0] for k, v in rlimits.items()}, wall_timeout_s=limits.timeout_s, python=python)
+    applied["tree_limits"] = {
+        "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
+        "workspace_mb": limits.workspace_mb, "workspace_files": limits.workspace_files,
+    }  # fmt: skip
+    applied["uid"] = applied["gid"] = uid if uid is not None else os.getuid()
+    applied["usage"] = {"cpu_s": round(peak["cpu"], 3), "max_memory_mb": round(peak["mem"], 1)}
+    if as_root and uid is None:
         notes.append("ran as root (drop_privileges off): NPROC not enforced, files outside the workspace writable")
     elif not as_root:
-        notes.append(f"ran as the caller's uid {os.getuid()}: it can write wherever that uid can")
-    if child.get("setup_error"):
-        notes.append("sandbox setup failed: " + child["setup_error"])
-    exit_code, sig = _exit_of(proc.returncode, child)
+        notes.append(f"ran as the caller's uid {os.getuid()}: its process budget is shared with the caller")
     out, err = sinks["out"].get("data", b""), sinks["err"].get("data", b"")
     dropped = sinks["out"].get("dropped", 0) + sinks["err"].get("dropped", 0)
     if dropped:
         notes.append(f"output over {limits.output_bytes} bytes per stream: {dropped} bytes dropped")
+    code = proc.returncode
+    timed_out = reason == "wall_timeout"
     return SandboxResult(
-        exit_code=-signal.SIGKILL if timed_out else exit_code,
+        exit_code=-signal.SIGKILL if killed else code,
         stdout=out.decode("utf-8", "replace"),
         stderr=err.decode("utf-8", "replace"),
         timed_out=timed_out,
-        killed_reason=_killed_reason(timed_out, exit_code, sig, child, limits),
+        killed_reason=reason or _signal_reason(code, limits, peak),
         network_isolated=bool(applied.get("network_namespace")),
         duration_s=round(duration, 4),
         applied=applied,
@@ -374,266 +552,98 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
     )
 
 
-def _kill_group(pgid: int) -> None:
+def _supervise(proc: Any, workspace: Path, limits: SandboxLimits, t0: float, sinks: dict) -> tuple:
+    """Wait for the call, sampling its tree; kill it on the wall, CPU, memory, workspace or output
+    limit. Returns (reason or None, peak usage, what was over)."""
+    import subprocess
+
+    peak = {"cpu": 0.0, "mem": 0.0}
+    n = 0
+    while True:
+        try:
+            proc.wait(timeout=SAMPLE_S)
+            return None, peak, ""
+        except subprocess.TimeoutExpired:
+            pass
+        n += 1
+        cpu, mem, _ = tree_usage(proc.pid)
+        peak["cpu"], peak["mem"] = max(peak["cpu"], cpu), max(peak["mem"], mem)
+        reason, why = None, ""
+        if time.monotonic() - t0 >= limits.timeout_s:
+            reason = "wall_timeout"
+        elif cpu > limits.cpu_s + 1:  # a tree of processes each under RLIMIT_CPU
+            reason, why = "cpu_limit", f"tree used {cpu:.1f} CPU s, over {limits.cpu_s}"
+        elif mem > limits.memory_mb:
+            reason, why = "memory_limit", f"tree held {mem:.0f} MB, over {limits.memory_mb} MB"
+        elif any(s.get("flood") for s in sinks.values()):
+            reason, why = "output_limit", f"output flood: over {max(FLOOD_FACTOR * limits.output_bytes, FLOOD_MIN)} bytes"
+        elif n % 5 == 0 and (quota := _over_quota(workspace, limits)):
+            reason, why = "workspace_quota", quota
+        if reason:
+            _kill_tree(proc.pid)
+            proc.wait()
+            return reason, peak, why
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the launcher's group and every descendant (bwrap's PID namespace dies with its init)."""
+    for p in reversed(_tree(pid)):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
         pass
 
 
-def _parse_status(raw: bytes) -> dict:
-    status: dict = {}
-    for line in raw.decode("utf-8", "replace").splitlines():
-        try:
-            part = json.loads(line)
-        except ValueError:
-            continue
-        notes = status.get("notes", []) + part.pop("notes", [])  # several processes add notes
-        status.update(part, notes=notes)
-    return status
-
-
-def _exit_of(returncode: int, child: dict) -> tuple[int, int | None]:
-    """(exit code, terminating signal) of the command itself, as its supervisor saw it."""
-    if "signal" in child and child["signal"]:
-        return -child["signal"], child["signal"]
-    if "exit_code" in child:
-        return child["exit_code"], None
-    if returncode < 0:
-        return returncode, -returncode
-    return returncode, None
-
-
-def _killed_reason(timed_out: bool, exit_code: int, sig: int | None, child: dict, limits: SandboxLimits) -> str | None:
-    if timed_out:
-        return "wall_timeout"
-    cpu = child.get("cpu_s", 0.0)
-    if sig is None and exit_code > 128 and exit_code - 128 in (signal.SIGXCPU, signal.SIGXFSZ, signal.SIGKILL):
-        sig = exit_code - 128  # the shell reported a signalled child
-    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= limits.cpu_s - 0.05):
+def _signal_reason(code: int, limits: SandboxLimits, peak: dict) -> str | None:
+    """Why the command died, from its exit status (a shell reports a signalled child as 128+N)."""
+    sig = -code if code < 0 else (code - 128 if 128 < code < 128 + 65 else None)
+    if sig is None:
+        return None
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and peak["cpu"] >= limits.cpu_s - 0.05):
         return "cpu_limit"
     if sig == signal.SIGXFSZ:
         return "file_size_limit"
-    if sig in (signal.SIGSEGV, signal.SIGKILL, signal.SIGABRT) and child.get("max_rss_mb", 0) >= 0.9 * limits.memory_mb:
+    if sig in (signal.SIGSEGV, signal.SIGKILL, signal.SIGABRT) and peak["mem"] >= 0.9 * limits.memory_mb:
         return "memory_limit"
-    if sig:
+    try:
         return f"signal:{signal.Signals(sig).name}"
-    return None
+    except ValueError:
+        return None
 
 
-# ---------------------------------------------------------------- child side (runs as a script)
+# ---------------------------------------------------------------- the launcher (runs as a script)
 
 
-def _libc() -> Any:
+def _launch(config: dict) -> None:
+    """Dies with the caller, sets the rlimits, drops to the uid where bwrap does not, then execs."""
     import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc
-
-
-def _call(libc: Any, name: str, *args: Any) -> None:
-    import ctypes
-
-    if getattr(libc, name)(*args) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{name}: {os.strerror(err)}")
-
-
-def _loopback_up() -> None:
-    import fcntl
-    import socket
-    import struct
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        ifreq = struct.pack("16sH14x", b"lo", 0x1 | 0x8 | 0x40)  # IFF_UP | IFF_LOOPBACK | IFF_RUNNING
-        fcntl.ioctl(s.fileno(), 0x8914, ifreq)  # SIOCSIFFLAGS
-
-
-def _write_id_maps(uid: int, gid: int) -> None:
-    Path("/proc/self/setgroups").write_text("deny")
-    Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
-    Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
-
-
-def _private_shm(libc: Any, shm_mb: int, notes: list[str]) -> list[str]:
-    done = []
-    for d in PRIVATE_DIRS:
-        if os.path.isdir(d) and not os.path.islink(d):
-            try:
-                opts = f"size={shm_mb}m,mode=1777".encode()
-                _call(libc, "mount", b"tmpfs", d.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts)
-                done.append(d + " (private)")
-            except OSError as e:
-                notes.append(f"could not cover {d}: {e}")
-    return done
-
-
-def _bind(libc: Any, fd: int, path: str, writable: bool) -> None:
-    _call(libc, "mount", f"/proc/self/fd/{fd}".encode(), path.encode(), None, MS_BIND | MS_REC, None)
-    if not writable:
-        locked = os.statvfs(path).f_flag
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
-        flags |= sum(ms for st, ms in ST_TO_MS if locked & st and ms not in (MS_NOSUID, MS_NODEV))
-        _call(libc, "mount", None, path.encode(), None, flags, None)
-
-
-def _apply_view(libc: Any, view: dict, notes: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Cover `view["cover"]` with empty tmpfs and bind `view["bind"]` back (see `file_view`);
-    returns (covered dirs, {path: "rw" | "ro"} actually bound)."""
-    # Every bound dir is held by an fd first: covering its parent would hide it.
-    held = []
-    for path, writable in view["bind"]:
-        try:
-            held.append((path, writable, os.open(path, os.O_RDONLY | os.O_DIRECTORY)))
-        except OSError as e:
-            notes.append(f"could not expose {path}: {e}")
-    covered, exposed = [], {}
-
-    def bind(path: str, writable: bool, fd: int) -> None:
-        try:
-            os.makedirs(path, exist_ok=True)  # the mount point, inside a fresh cover
-            _bind(libc, fd, path, writable)
-            exposed[path] = "rw" if writable else "ro"
-        except OSError as e:
-            notes.append(f"could not expose {path}: {e}")
-
-    under_cover = [h for h in held if any(_within(h[0], c) for c in view["cover"])]
-    for h in held:
-        if h not in under_cover:  # visible already: made read-only in place before anything covers its insides
-            bind(*h)
-    for d in view["cover"]:
-        try:
-            _call(libc, "mount", b"tmpfs", d.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=755")
-            covered.append(d)
-        except OSError as e:
-            notes.append(f"could not cover {d}: {e}")
-    old_umask = os.umask(0o022)  # mount points in a cover must be enterable by the sandbox uid
-    for h in sorted(under_cover, key=lambda h: h[0].count("/")):
-        bind(*h)
-    os.umask(old_umask)
-    for d in covered:
-        try:
-            _call(libc, "mount", None, d.encode(), None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
-        except OSError as e:
-            notes.append(f"cover {d} stays writable: {e}")
-    for *_, fd in held:
-        os.close(fd)
-    return covered, exposed
-
-
-def _set_rlimits(limits: dict) -> dict:
     import resource
 
-    mb = 1024 * 1024
-    wanted = {
-        "RLIMIT_CPU": (limits["cpu_s"], limits["cpu_s"] + 1),  # SIGXCPU first, SIGKILL a second later
-        "RLIMIT_AS": (limits["memory_mb"] * mb,) * 2,
-        "RLIMIT_FSIZE": (limits["file_size_mb"] * mb,) * 2,
-        "RLIMIT_NPROC": (limits["processes"],) * 2,
-        "RLIMIT_CORE": (0, 0),
-    }
-    for name, value in wanted.items():
-        resource.setrlimit(getattr(resource, name), value)
-    return {name: value[0] for name, value in wanted.items()}
-
-
-def _child_main(config: dict) -> None:
-    """Supervisor in the sandbox: namespaces, then init (pid 1), then the command as the sandbox uid."""
-    import resource  # noqa: F401 - imported now: the mounts below may hide this interpreter's own files
-    limits = config["limits"]
-    status_fd = config["status_fd"]
-    notes: list[str] = []
-    applied: dict[str, Any] = {}
-
-    def report(**kw: Any) -> None:
-        os.write(status_fd, (json.dumps(kw) + "\n").encode())
-
-    libc = _libc()
-    uid, gid = (limits["uid"], limits["gid"]) if config["drop"] else (os.getuid(), os.getgid())
-    flags = CLONE_NEWPID | CLONE_NEWNS | (CLONE_NEWNET if limits["isolate_network"] else 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the caller died before the line above
+        os._exit(137)
+    # Python ignores these at startup and exec keeps ignored signals: give the command the defaults.
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    for name, value in config["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), tuple(value))
+    if config["uid"] is not None:
+        os.setgroups([])
+        os.setgid(config["uid"])
+        os.setuid(config["uid"])
+        libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     try:
-        if config["as_root"]:
-            _call(libc, "unshare", flags)
-        else:
-            real_uid, real_gid = os.getuid(), os.getgid()
-            _call(libc, "unshare", flags | CLONE_NEWUSER)
-            _write_id_maps(real_uid, real_gid)
-            applied["user_namespace"] = True
-        applied["pid_namespace"] = True
-        applied["mount_namespace"] = True
-        applied["network_namespace"] = bool(limits["isolate_network"])
-    except OSError as e:
-        notes.append(f"no namespaces ({e}): network reachable, files outside the workspace writable by the uid")
-        applied.update(pid_namespace=False, mount_namespace=False, network_namespace=False)
-    if not limits["isolate_network"]:
-        notes.append("network isolation switched off by the limits")
-    if applied["network_namespace"]:
-        try:
-            _loopback_up()
-            applied["loopback"] = True
-        except OSError as e:
-            notes.append(f"private loopback stays down: {e}")
-    if applied["mount_namespace"]:
-        try:
-            _call(libc, "mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # nothing propagates back to the host
-            shm_mb = max(1, min(256, limits["memory_mb"] // 4))
-            covered, applied["exposed"] = _apply_view(libc, config["view"], notes)
-            applied["covered_dirs"] = _private_shm(libc, shm_mb, notes) + covered
-        except OSError as e:
-            notes.append(f"mount setup failed: {e}")
-    elif config["view"]["bind"]:
-        notes.append("no mount namespace: nothing covered or bound, interpreter dirs not made read-only")
-    report(applied=applied, notes=notes)
-
-    init = os.fork()
-    if init == 0:
-        _init(config, libc, status_fd, uid, gid, applied.get("pid_namespace", False), report)
-    _, wstatus = os.waitpid(init, 0)
-    code = os.waitstatus_to_exitcode(wstatus)
-    os._exit(code if code >= 0 else 128 - code)
+        os.chdir(config["cwd"])
+        os.execv(config["argv"][0], config["argv"])
+    except OSError as exc:  # e.g. no namespaces and the workspace lies under a dir the uid cannot enter
+        os.write(2, f"sandbox: cannot start the command as uid {os.getuid()}: {exc}\n".encode())
+        os._exit(126)
 
 
-def _init(config: dict, libc: Any, status_fd: int, uid: int, gid: int, pid_ns: bool, report: Any) -> None:
-    """PID 1 of the sandbox: mounts its /proc, starts the command, reports how it ended. Never returns."""
-    try:
-        _call(libc, "prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # supervisor killed -> whole namespace dies
-        if pid_ns:
-            try:
-                _call(libc, "mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-            except OSError as e:
-                report(notes=[f"/proc still shows the host: {e}"])
-        worker = os.fork()
-        if worker == 0:
-            try:
-                # Python ignores these at startup and exec keeps ignored signals: give the command the defaults.
-                for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-                    signal.signal(sig, signal.SIG_DFL)
-                rl = _set_rlimits(config["limits"])
-                if config["drop"]:
-                    os.setgroups([])
-                    os.setgid(gid)
-                    os.setuid(uid)
-                _call(libc, "prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # setuid binaries cannot regain root
-                report(rlimits=rl, uid=os.getuid(), gid=os.getgid())
-                os.close(status_fd)
-                os.chdir(config["workspace"])
-                os.execv("/bin/sh", ["/bin/sh", "-c", config["cmd"]])
-            except BaseException as e:  # noqa: BLE001 - anything here must end this process, not run on
-                report(setup_error=f"{type(e).__name__}: {e}")
-                os._exit(126)
-        _, wstatus, usage = os.wait4(worker, 0)
-        cpu = usage.ru_utime + usage.ru_stime
-        result = {"cpu_s": round(cpu, 3), "max_rss_mb": round(usage.ru_maxrss / 1024, 1)}
-        if os.WIFSIGNALED(wstatus):
-            result["signal"] = os.WTERMSIG(wstatus)
-        else:
-            result["exit_code"] = os.WEXITSTATUS(wstatus)
-        report(**result)
-        os._exit(result.get("exit_code", 128 + result.get("signal", 0)))
-    except BaseException as e:  # noqa: BLE001
-        report(setup_error=f"{type(e).__name__}: {e}")
-        os._exit(125)
-
-
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--child":
-    _child_main(json.loads(sys.argv[2]))
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--launch":
+    _launch(json.loads(sys.argv[2]))

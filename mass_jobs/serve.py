@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mass_jobs import lifeline
+
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Sampling knobs our clients send that transformers' chat route rejects as "Unexpected fields".
 EXTRA_SAMPLING = {"top_k": int, "min_p": float, "repetition_penalty": float}
@@ -178,24 +180,76 @@ def _seed_per_request(model) -> None:
     model._mass_seeded_generate = True
 
 
+def control_tokens(tokenizer, template) -> tuple[str, ...]:
+    """The tokenizer's special tokens that are not markup of the response template: turn and
+    padding markers such as `<|im_end|>`, which a client must never see. `<think>` or `<tool_call>`
+    stay when the template parses them (they reach a client only inside unparseable model text)."""
+    specials = set(getattr(tokenizer, "all_special_tokens", []))
+    specials |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+    markup = json.dumps(template.get("fields", template)) if template else ""  # not start_anchor
+    return tuple(sorted((t for t in specials if t and t not in markup), key=len, reverse=True))
+
+
+def strip_tokens(text: str | None, tokens: tuple[str, ...]) -> str | None:
+    if not text:
+        return text
+    for tok in tokens:
+        text = text.replace(tok, "")
+    return text
+
+
+class TokenFilter:
+    """Removes `tokens` from a stream of text pieces, also when one arrives split across pieces:
+    a tail that may be the start of a token is held back until the next piece decides."""
+
+    def __init__(self, tokens: tuple[str, ...]):
+        self.tokens, self.held = tokens, ""
+
+    def feed(self, text: str) -> str:
+        text = strip_tokens(self.held + text, self.tokens)
+        keep = max((n for tok in self.tokens for n in range(1, len(tok)) if text.endswith(tok[:n])), default=0)
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        text, self.held = self.held, ""
+        return text
+
+
 class _TolerantStream:
     """A streaming response parser that, once the model's tool-call region fails to parse as JSON,
-    passes the rest of the text through as plain content instead of raising into generate()."""
+    passes the rest of the text through as plain content instead of raising into generate(); and
+    that never lets a control token (`control_tokens`) out in content or reasoning text."""
 
-    def __init__(self, parser):
+    def __init__(self, parser, tokens: tuple[str, ...] = ()):
         self._parser, self._broken = parser, False
         self.initial_events = parser.initial_events
+        self._tokens, self._filters = tokens, {}
+
+    def _clean(self, events: list[dict]) -> list[dict]:
+        out = []
+        for ev in events:
+            if ev.get("type") == "region_chunk" and not ev.get("dirty") and ev.get("text"):
+                flt = self._filters.setdefault(ev.get("field"), TokenFilter(self._tokens))
+                ev = {**ev, "text": flt.feed(ev["text"])}
+                if not ev["text"]:
+                    continue
+            out.append(ev)
+        return out
 
     def feed(self, text: str) -> list[dict]:
         if not self._broken:
             try:
-                return self._parser.feed(text)
+                return self._clean(self._parser.feed(text))
             except ValueError:
                 self._broken = True
-        return [{"type": "region_chunk", "field": "content", "text": text}]
+        return self._clean([{"type": "region_chunk", "field": "content", "text": text}])
 
     def finalize(self):
-        return ({}, []) if self._broken else self._parser.finalize()
+        msg, events = ({}, []) if self._broken else self._parser.finalize()
+        # held-back text that never became a whole token goes out before the final events
+        tail = [{"type": "region_chunk", "field": f, "text": t} for f, flt in self._filters.items() if (t := flt.flush())]
+        return msg, tail + self._clean(events)
 
 
 def _tolerate_malformed_tool_calls() -> None:
@@ -203,25 +257,33 @@ def _tolerate_malformed_tool_calls() -> None:
     raises). A model's malformed call is model output, not a server fault: like vLLM's tool parsers,
     hand it back as plain content with no tool_calls, so the harness can tell the model and go on."""
     from transformers.cli.serving import chat_completion
+    from transformers.cli.serving.utils import get_response_template
 
     if getattr(chat_completion, "_mass_tolerant", False):
         return
     parse, build = chat_completion.parse_assistant_message, chat_completion.build_response_parser
 
+    def tokens_of(processor, model) -> tuple[str, ...]:
+        tokenizer = getattr(processor, "tokenizer", processor)
+        return control_tokens(tokenizer, get_response_template(processor, model))
+
     def parse_assistant_message(processor, model, generated_ids, input_ids, cleaned_content="", tools=None):
+        tokens = tokens_of(processor, model)
         try:
-            return parse(processor, model, generated_ids, input_ids=input_ids, cleaned_content=cleaned_content, tools=tools)
+            content, reasoning, calls = parse(processor, model, generated_ids, input_ids=input_ids,
+                                              cleaned_content=cleaned_content, tools=tools)
         except ValueError:
             tokenizer = getattr(processor, "tokenizer", processor)
             ids = generated_ids.tolist() if hasattr(generated_ids, "tolist") else list(generated_ids)
             text = tokenizer.decode(ids, skip_special_tokens=False)
             for end in ("<|im_end|>", "<|endoftext|>"):
                 text = text.split(end)[0]
-            return text, None, None
+            content, reasoning, calls = text, None, None
+        return strip_tokens(content, tokens), strip_tokens(reasoning, tokens), calls
 
     def build_response_parser(processor, model, input_ids, tools=None):
         parser = build(processor, model, input_ids, tools=tools)
-        return None if parser is None else _TolerantStream(parser)
+        return None if parser is None else _TolerantStream(parser, tokens_of(processor, model))
 
     chat_completion.parse_assistant_message = parse_assistant_message
     chat_completion.build_response_parser = build_response_parser
@@ -323,7 +385,8 @@ class ModelServer:
         ]  # fmt: skip
         with open(self.log_path, "ab") as log:
             # Own process group: stop() can end uvicorn and any worker threads' children together.
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            # Through a lifeline: a SIGKILLed caller (`mass run`, a step) takes the server with it.
+            self.process = lifeline.spawn(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

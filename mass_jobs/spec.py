@@ -2,15 +2,19 @@
 
     mass validate examples/tiny.yaml
 
-Order: parse (YAML or JSON) -> JSON Schema (every error at once, each naming its JSON path,
-what was expected and what was found) -> task files resolved and validated -> pydantic models
-(defaults applied) -> cross-field rules. Nothing downstream re-validates; nothing downstream
-builds a RunSpec from raw input any other way.
+Order: parse (YAML or JSON) -> relative model locations made absolute against the spec's folder
+-> JSON Schema (every error at once, each naming its JSON path, what was expected and what was
+found) -> model locations checked -> task files resolved and validated -> pydantic models
+(defaults applied) -> cross-field rules -> a relative `file://` store made absolute against the
+spec's folder. Every stage runs even when an earlier one found errors (on the document with the
+invalid values left out), so one list holds them all. Nothing downstream re-validates; nothing
+downstream builds a RunSpec from raw input any other way.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -80,8 +84,8 @@ def schema_validator(name: str) -> Draft202012Validator:
 
 def json_path(parts) -> str:
     out = "$"
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    for p in parts:  # a lone surrogate in a key is shown escaped, so the error can always be printed
+        out += f"[{p}]" if isinstance(p, int) else f".{str(p).encode('utf-8', 'backslashreplace').decode()}"
     return out
 
 
@@ -151,17 +155,179 @@ def schema_issues(name: str, document: Any, prefix: list | None = None) -> list[
 
 
 def parse_document(text: str, source: str) -> Any:
+    """YAML or JSON (YAML is a superset: one parser for both) within the input bounds below."""
+    if len(text) > MAX_SPEC_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        raise SpecError(source, [SpecIssue("$", f"expected a document of at most {MAX_SPEC_BYTES} bytes, "
+                                                f"found {len(text.encode('utf-8', 'surrogatepass'))}")])
     try:
-        return yaml.safe_load(text)  # YAML is a superset of JSON: one parser for both
+        document = _bounded_load(text, source)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpecError(source, [SpecIssue("$", f"expected valid YAML or JSON{where}: {getattr(exc, 'problem', exc)}")])
+    issues = _value_issues(document)
+    if issues:
+        raise SpecError(source, issues)
+    return document
+
+
+# ---------------------------------------------------------------- hostile input: bounds before any work
+# A spec (or task file) is parsed within fixed bounds, so every input ends in a listed error within
+# seconds: no alias bomb expands, no nesting overflows the stack, no integer takes seconds to parse.
+
+MAX_SPEC_BYTES = 4 << 20  # one spec or task file; the paper's whole task set is far smaller
+MAX_DEPTH = 32  # nested mappings/sequences (a spec needs about 8)
+MAX_ALIASES = 64  # YAML alias references (*name)
+MAX_NODES = 200_000  # values after expanding aliases
+MAX_INT_DIGITS = 30
+
+
+class _Limit(Exception):
+    def __init__(self, path: str, message: str):
+        super().__init__(message)
+        self.path, self.message = path, message
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader that bounds nesting and aliases while composing, before anything is built."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self._path: list = []
+        self._aliases = 0
+
+    def compose_node(self, parent, index):
+        key = index.value if isinstance(index, yaml.ScalarNode) else index
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _Limit(json_path(self._path + [key] if parent is not None else self._path),
+                             f"expected at most {MAX_ALIASES} YAML aliases, found more")
+            return super().compose_node(parent, index)
+        if parent is not None:
+            self._path.append(key)
+        try:
+            if len(self._path) > MAX_DEPTH:
+                raise _Limit(json_path(self._path[:MAX_DEPTH]), f"expected nesting at most {MAX_DEPTH} levels deep, found deeper")
+            return super().compose_node(parent, index)
+        finally:
+            if parent is not None:
+                self._path.pop()
+
+
+# Dates stay text (a spec has no timestamps; `name: 2026-01-01` is a string).
+_SpecLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
+
+
+def _node_issues(root: yaml.Node) -> list[SpecIssue]:
+    """Duplicate or non-string keys and overlong integers, by path; aliases expanded up to MAX_NODES."""
+    issues: list[SpecIssue] = []
+    stack, seen = [(root, [])], 0
+    while stack:
+        node, path = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            return issues + [SpecIssue(json_path(path), f"expected at most {MAX_NODES} values after expanding "
+                                                        "YAML aliases, found more (an alias bomb)")]
+        if len(path) > MAX_DEPTH:  # nesting reached through aliases (or an alias cycle)
+            return issues + [SpecIssue(json_path(path[:MAX_DEPTH]), f"expected nesting at most {MAX_DEPTH} levels "
+                                                                    "deep after expanding YAML aliases, found deeper")]
+        if isinstance(node, yaml.MappingNode):
+            keys: dict[str, int] = {}
+            for key, value in node.value:
+                if key.tag == "tag:yaml.org,2002:merge":
+                    stack.append((value, path))
+                    continue
+                if not (isinstance(key, yaml.ScalarNode) and key.tag == "tag:yaml.org,2002:str"):
+                    shown = key.value if isinstance(key, yaml.ScalarNode) else key.id
+                    issues.append(SpecIssue(json_path(path), f"expected string keys, found {shown!r} ({key.tag.rsplit(':', 1)[-1]})"))
+                    continue
+                if key.value in keys:
+                    issues.append(SpecIssue(json_path(path + [key.value]), f"expected each key once, found it again at "
+                                                                           f"line {key.start_mark.line + 1} (first at line {keys[key.value]})"))
+                keys.setdefault(key.value, key.start_mark.line + 1)
+                stack.append((value, path + [key.value]))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, path + [i]) for i, item in enumerate(node.value))
+        elif node.tag == "tag:yaml.org,2002:int" and len(node.value.lstrip("+-").replace("_", "")) > MAX_INT_DIGITS:
+            digits = len(node.value.lstrip("+-").replace("_", ""))  # 0x / 0b / 0o prefixes count too
+            issues.append(SpecIssue(json_path(path), f"expected an integer of at most {MAX_INT_DIGITS} digits, found {digits} digits"))
+    return sorted(issues, key=lambda i: i.path)
+
+
+def _bounded_load(text: str, source: str) -> Any:
+    loader = _SpecLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except _Limit as exc:
+            raise SpecError(source, [SpecIssue(exc.path, exc.message)]) from None
+        if node is None:
+            return None
+        issues = _node_issues(node)
+        if issues:
+            raise SpecError(source, issues)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _value_issues(document: Any, path: list | None = None) -> list[SpecIssue]:
+    """Non-finite numbers (.nan, .inf, 1e400) and lone surrogates ("\\ud800") anywhere: no field takes one."""
+    issues, stack = [], [(document, path or [])]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            issues.append(SpecIssue(json_path(where), f"expected a finite number, found {value}"))
+        elif isinstance(value, str) and any("\ud800" <= c <= "\udfff" for c in value):
+            issues.append(SpecIssue(json_path(where), "expected valid Unicode text, found a lone surrogate"))
+        elif isinstance(value, dict):
+            stack.extend((v, where + [k]) for k, v in value.items())
+            stack.extend((k, where + [k]) for k in value if isinstance(k, str))
+        elif isinstance(value, list):
+            stack.extend((v, where + [i]) for i, v in enumerate(value))
+    return sorted(issues, key=lambda i: i.path)
+
+
+def read_bounded(path: Path, source: str) -> str:
+    """A spec or task file as text: at most MAX_SPEC_BYTES, UTF-8 (the offending byte named otherwise)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_SPEC_BYTES + 1)
+    return decode_bounded(data, source)
+
+
+def decode_bounded(data: bytes, source: str) -> str:
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(source, [SpecIssue("$", f"expected a document of at most {MAX_SPEC_BYTES} bytes, found more")])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(source, [SpecIssue("$", f"expected UTF-8 text, found byte 0x{data[exc.start]:02x} "
+                                                f"at offset {exc.start}")]) from None
+
+
+def get_bounded(store, key: str, source: str) -> str:
+    """A spec or task file from a store: its size is checked (one HEAD) before it is read."""
+    if store.stat(key)[0] > MAX_SPEC_BYTES:
+        raise SpecError(source, [SpecIssue("$", f"expected a document of at most {MAX_SPEC_BYTES} bytes, found more")])
+    return decode_bounded(store.get_bytes(key), source)
+
+
+def model_issues(model, document: Any) -> list[SpecIssue]:
+    """What pydantic rejects that the schema let through, as issues (never a traceback)."""
+    from pydantic import ValidationError
+
+    try:
+        model.model_validate(document)
+    except ValidationError as err:
+        return [SpecIssue(json_path([p for p in e["loc"] if p not in ("Task", "TaskFile")]),
+                          f"{e['msg']}, found {_found(e.get('input'))}") for e in err.errors()]
+    return []
 
 
 def _read_local(base: Path) -> Callable[[str], str]:
     def read(ref: str) -> str:
-        return (base / ref).read_text() if not Path(ref).is_absolute() else Path(ref).read_text()
+        return read_bounded(base / ref if not Path(ref).is_absolute() else Path(ref), ref)
 
     return read
 
@@ -172,6 +338,8 @@ def _load_task_file(ref: TaskFile, index: int, read: Callable[[str], str]) -> tu
         text = read(ref.file)
     except (OSError, KeyError) as exc:
         return None, [SpecIssue(where, f"expected a readable task file, found {ref.file!r} ({exc.__class__.__name__})")]
+    except SpecError as exc:  # too large or not UTF-8
+        return None, [SpecIssue(where, f"{ref.file}: {i.message}") for i in exc.issues]
     if ref.format == "upstream":
         from mass_jobs.workflow import import_upstream
 
@@ -179,18 +347,39 @@ def _load_task_file(ref: TaskFile, index: int, read: Callable[[str], str]) -> tu
             prompt, workflow = import_upstream(text)
         except ValueError as exc:
             return None, [SpecIssue(where, f"expected an upstream MASS task ({exc})")]
-        if ref.id is None or ref.split is None:
-            return None, [SpecIssue(where, "expected `id` and `split` next to an upstream task file")]
-        doc: Any = {"id": ref.id, "split": ref.split, "prompt": prompt, "workflow": workflow.model_dump(mode="json")}
+        missing = [key for key in ("id", "split") if getattr(ref, key) is None]
+        if missing:
+            return None, [SpecIssue(f"$.tasks[{index}].{key}", "required next to `format: upstream` (an upstream "
+                                    "task file has no id or split of its own)") for key in missing]
+        doc: Any = {"prompt": prompt, "workflow": workflow.model_dump(mode="json")}
     else:
         try:
             doc = parse_document(text, ref.file)
         except SpecError as exc:
-            return None, [SpecIssue(where, f"{ref.file}: {i.message}") for i in exc.issues]
-        if isinstance(doc, dict):
-            doc = {**doc, **({"id": ref.id} if ref.id else {}), **({"split": ref.split} if ref.split else {})}
-    issues = [SpecIssue(f"{where} ({ref.file}) {i.path}", i.message) for i in schema_issues("task", doc)]
+            return None, [SpecIssue(where, f"{ref.file}: {i.message}{_upstream_hint(ref, text)}") for i in exc.issues]
+        if not isinstance(doc, dict) and _upstream_hint(ref, text):
+            return None, [SpecIssue(where, f"{ref.file}: expected a task document (YAML/JSON object), found "
+                                    f"{_found(doc)}{_upstream_hint(ref, text)}")]
+    if isinstance(doc, dict):
+        doc = {**doc, **task_overrides(ref)}
+    issues = [SpecIssue(f"{where} ({ref.file}) {i.path}", i.message) for i in schema_issues("task", doc) or model_issues(Task, doc)]
     return (None if issues else Task.model_validate(doc)), issues
+
+
+def task_overrides(ref: TaskFile) -> dict[str, Any]:
+    """The keys set next to `file:` (id, split, deliverables, guards, files): they replace the file's."""
+    keys = ("id", "split", "deliverables", "guards", "files")
+    return {k: v for k, v in ref.model_dump(mode="json", include=set(keys)).items() if v is not None}
+
+
+def _upstream_hint(ref: TaskFile, text: str) -> str:
+    """For a native task file that is really upstream MASS text: say how to load it."""
+    from mass_jobs.workflow import UPSTREAM_MARKER
+
+    if ref.format == "mass" and (ref.file.endswith(".txt") or UPSTREAM_MARKER in text):
+        return ("; an upstream MASS task (text, then an agent list) needs `format: upstream` (with `id` and "
+                "`split`) next to `file:`, or convert it: `mass import upstream DIR`")
+    return ""
 
 
 # ---------------------------------------------------------------- cross-field rules
@@ -203,6 +392,9 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
         out.append(SpecIssue("$.collection.validation_rank", f"expected train_ranks + 1 = {c.train_ranks + 1}, found {c.validation_rank}"))
     if c.episodes < c.validation_rank:
         out.append(SpecIssue("$.collection.episodes", f"expected >= validation_rank ({c.validation_rank}), found {c.episodes}"))
+    if c.teacher == "single" and spec.execution.harness != "builtin":
+        out.append(SpecIssue("$.collection.teacher", f"expected 'team' with harness {spec.execution.harness!r} "
+                             "('single' runs on the builtin harness), found 'single'"))
     r = spec.ranking
     if r.pairing == "reference" and r.comparisons_per_episode > c.episodes - 1:
         out.append(SpecIssue("$.ranking.comparisons_per_episode", f"expected <= episodes - 1 ({c.episodes - 1}), found {r.comparisons_per_episode}"))
@@ -222,6 +414,8 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
     for i, t in enumerate(tasks):
         if t.workflow is not None:
             out.extend(workflow_issues(t.workflow, f"$.tasks[{i}].workflow"))
+    for i, t in enumerate(tasks):
+        out.extend(workspace_path_issues(t, f"$.tasks[{i}]"))
 
     s = spec.sft
     if s.context >= s.window:
@@ -253,15 +447,220 @@ def workflow_issues(wf: Workflow, where: str) -> list[SpecIssue]:
     return out
 
 
+# ---------------------------------------------------------------- model locations and local paths
+
+
+def model_locations(document: Any) -> list[tuple[list, str]]:
+    """(JSON path parts, value) of every model location a spec names: model.base, model.tokenizer
+    and the models of judges served here (endpoint 'local')."""
+    if not isinstance(document, dict):
+        return []
+    out: list[tuple[list, str]] = []
+    model = document.get("model")
+    if isinstance(model, dict):
+        out += [(["model", k], model[k]) for k in ("base", "tokenizer") if isinstance(model.get(k), str)]
+    judges = document.get("judges")
+    for i, j in enumerate(judges if isinstance(judges, list) else []):
+        if isinstance(j, dict) and j.get("endpoint") == "local" and isinstance(j.get("model"), str):
+            out.append((["judges", i, "model"], j["model"]))
+    return out
+
+
+def _is_local_path(value: str) -> bool:
+    return not value.startswith(("s3://", "file://")) and bool(value)
+
+
+def absolute_paths(document: Any, base: Path) -> Any:
+    """A copy of `document` with relative model locations resolved against `base` (the spec's
+    folder) where they exist there or look like paths ('./x', '../x'); see also `store_in_folder`.
+    A relative value that does not exist there and looks like 'org/name' stays: a hub id."""
+    import copy
+
+    from mass_jobs.modelio import looks_like_hub_id
+
+    if not isinstance(document, dict):
+        return document
+    doc = copy.deepcopy(document)
+    for parts, value in model_locations(doc):
+        if value.startswith("file://"):
+            value = value[len("file://"):]
+        path = Path(value).expanduser()
+        if not _is_local_path(value) or path.is_absolute():
+            continue
+        candidate = (base / path).resolve()
+        if candidate.exists() or not looks_like_hub_id(value):
+            _set(doc, parts, str(candidate))
+    return doc
+
+
+def store_in_folder(spec: RunSpec, base: Path) -> RunSpec:
+    """A relative `file://` store resolved against `base` (the spec's folder), after validation so
+    messages quote the URI as written."""
+    root = spec.store.uri[len("file://"):] if spec.store.uri.startswith("file://") else None
+    if not root or Path(root).expanduser().is_absolute():
+        return spec
+    return spec.model_copy(update={"store": spec.store.model_copy(update={"uri": f"file://{(base / root).resolve()}"})})
+
+
+def _set(doc: Any, parts: list, value: Any) -> None:
+    for p in parts[:-1]:
+        doc = doc[p]
+    doc[parts[-1]] = value
+
+
+def model_location_issues(document: Any, base: Path | None) -> list[SpecIssue]:
+    """A model location must be an existing directory, an s3:// URI or a hub id 'org/name[@rev]'.
+    A hub-id-shaped value whose first part is a folder next to the spec is a mistyped path.
+    `base` None (a spec read from s3://): local directories cannot be checked from here."""
+    from mass_jobs.modelio import looks_like_hub_id
+
+    out: list[SpecIssue] = []
+    for parts, value in model_locations(document):
+        where = json_path(parts)
+        if value.startswith("s3://"):
+            bucket, _, key = value[len("s3://"):].partition("/")
+            if not bucket or not key.strip("/"):
+                out.append(SpecIssue(where, f"expected s3://bucket/key, found {value!r}"))
+            continue
+        if base is None:
+            continue
+        path = Path(value[len("file://"):] if value.startswith("file://") else value).expanduser()
+        if path.is_absolute():
+            if path.is_dir():
+                continue
+            found = "a file" if path.exists() else "nothing"
+            out.append(SpecIssue(where, f"expected a model directory, an s3:// URI or a hub id 'org/name', "
+                                        f"found {found} at {str(path)!r}"))
+            continue
+        first = base / Path(value).parts[0]
+        if looks_like_hub_id(value) and first.is_dir():
+            out.append(SpecIssue(where, f"expected a model directory, found none at {str((base / value).resolve())!r} "
+                                        f"({str(first.resolve())!r} exists, so this is a path, not a hub id)"))
+        elif not looks_like_hub_id(value):
+            out.append(SpecIssue(where, f"expected a model directory, an s3:// URI or a hub id 'org/name', "
+                                        f"found {value!r}"))
+    return out
+
+
+def model_location_notes(spec: RunSpec) -> list[SpecIssue]:
+    """What `mass validate` says of valid locations that are not local: where they come from."""
+    notes = []
+    for parts, value in model_locations(spec.model_dump(mode="json")):
+        if value.startswith("s3://"):
+            notes.append(SpecIssue(json_path(parts), f"{value}: fetched from S3 (not checked here)"))
+        elif not Path(value).is_absolute():
+            notes.append(SpecIssue(json_path(parts), f"{value!r} is not a directory; would be fetched from the Hub"))
+    return notes
+
+
+# ---------------------------------------------------------------- every stage, one list
+
+
+def _without_invalid(name: str, document: Any) -> tuple[Any, list[list]] | None:
+    """`document` with every value the schema rejects left out (defaults take their place) and the
+    paths of the objects that lost them; None when that cannot give a valid document (a required
+    value or a list item is wrong), so later stages run only on what they can trust."""
+    import copy
+
+    doc = copy.deepcopy(document)
+    touched: list[list] = []
+    for err in schema_validator(name).iter_errors(document):
+        path = list(err.absolute_path)
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            node = doc
+            for p in path:
+                node = node[p]
+            for key in set(err.instance) - set(err.schema.get("properties", {})):
+                node.pop(key, None)  # an unknown key changes nothing else: the object is not touched
+        elif path and isinstance(path[-1], str):
+            node = doc
+            for p in path[:-1]:
+                node = node[p]
+            node.pop(path[-1], None)
+            touched.append(path[:-1])
+        else:
+            return None
+    if any(True for _ in schema_validator(name).iter_errors(doc)):
+        return None
+    return doc, touched
+
+
+def later_stage_issues(document: Any, read: Callable[[str], str] | None) -> list[SpecIssue]:
+    """Task-file and cross-field issues of a document that failed the schema, found on the same
+    document without its invalid values; issues about a sibling of a value that was left out are
+    dropped (its default there would make them up)."""
+    pruned = _without_invalid("run-spec", document)
+    if pruned is None:
+        return []
+    doc, touched = pruned
+    if model_issues(RunSpec, doc):
+        return []
+    objects = {json_path(p) for p in touched}
+    _spec, issues = _typed_stages(doc, read)
+    return [i for i in issues if _parent(i.path) not in objects]
+
+
+def _parent(path: str) -> str:
+    """'$.collection.episodes' -> '$.collection'; '$.tasks[0]' -> '$.tasks'; '$.x' -> '$'."""
+    cut = max(path.rfind("."), path.rfind("["))
+    return path[:cut] if cut > 0 else "$"
+
+
+MAX_PATH_BYTES = 1024
+
+
+def _workspace_path_problem(path: str) -> str | None:
+    if not path or "\x00" in path:
+        return "expected a workspace-relative path, found an empty one or a NUL byte"
+    if path.startswith(("/", "~")) or ".." in path.replace("\\", "/").split("/"):
+        return f"expected a path inside the workspace (relative, no '..'), found {path!r}"
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        return f"expected a path of at most {MAX_PATH_BYTES} bytes, found {len(path.encode('utf-8', 'surrogatepass'))}"
+    return None
+
+
+def workspace_path_issues(task: Task, where: str) -> list[SpecIssue]:
+    """Seed files, deliverables and guarded paths must stay inside the workspace: harness, guards and
+    the sandbox join them onto it, so `..` or an absolute path would reach (or seed) the host."""
+    g = task.guards
+    named = [(f"{where}.files.{p}", p) for p in task.files]
+    named += [(f"{where}.deliverables[{k}]", p) for k, p in enumerate(task.deliverables)]
+    named += [(f"{where}.guards.required_outputs[{k}]", p) for k, p in enumerate(g.required_outputs)]
+    named += [(f"{where}.guards.protected_paths[{k}]", p) for k, p in enumerate(g.protected_paths)]
+    named += [(f"{where}.guards.metrics[{k}].file", m.file) for k, m in enumerate(g.metrics)]
+    return [SpecIssue(at, problem) for at, p in named if (problem := _workspace_path_problem(p))]
+
+
 # ---------------------------------------------------------------- entry points
 
 
-def validate_document(document: Any, source: str = "<spec>", read: Callable[[str], str] | None = None) -> RunSpec:
-    """Validate a parsed spec; raise SpecError listing every issue. `read` loads task files by reference."""
-    issues = schema_issues("run-spec", document)
-    if issues:
-        raise SpecError(source, issues)
+def validate_document(document: Any, source: str = "<spec>", read: Callable[[str], str] | None = None,
+                      base: Path | None = None) -> RunSpec:
+    """Validate a parsed spec; raise SpecError listing every issue of every stage. `read` loads task
+    files by reference; `base` (the spec's folder) is where local model directories are checked."""
+    schema = schema_issues("run-spec", document)
+    early = schema + model_location_issues(document, base)
+    if schema:
+        raise SpecError(source, _in_order(early + later_stage_issues(document, read)))
+    typed = model_issues(RunSpec, document)  # what the schema passes but the models refuse (NaN, huge ints)
+    if typed:
+        raise SpecError(source, _in_order(early + typed))
+    spec, later = _typed_stages(document, read)
+    if early or later:
+        raise SpecError(source, _in_order(early + later))
+    return spec
+
+
+def _in_order(issues: list[SpecIssue]) -> list[SpecIssue]:
+    unique = {(i.path, i.message): i for i in issues}
+    return sorted(unique.values(), key=lambda i: i.path)
+
+
+def _typed_stages(document: Any, read: Callable[[str], str] | None) -> tuple[RunSpec, list[SpecIssue]]:
+    """The stages after the schema: typed models, task files, cross-field rules (the task rules
+    only when every task file loaded: with one missing they would misreport)."""
     spec = RunSpec.model_validate(document)
+    issues: list[SpecIssue] = []
     resolved: list[Task] = []
     for i, entry in enumerate(spec.tasks):
         if isinstance(entry, TaskFile):
@@ -274,13 +673,11 @@ def validate_document(document: Any, source: str = "<spec>", read: Callable[[str
                 resolved.append(task)
         else:
             resolved.append(entry)
-    if issues:
-        raise SpecError(source, issues)
     spec = spec.model_copy(update={"tasks": resolved})
-    issues = cross_field_issues(spec)
+    cross = cross_field_issues(spec)
     if issues:
-        raise SpecError(source, sorted(issues, key=lambda i: i.path))
-    return spec
+        cross = [i for i in cross if not i.path.startswith("$.tasks")]
+    return spec, issues + cross
 
 
 def load_spec(location: str | Path) -> RunSpec:
@@ -291,18 +688,21 @@ def load_spec(location: str | Path) -> RunSpec:
 
         parent, _, name = location.rpartition("/")
         store = open_store(parent)
-        text = store.get_bytes(name).decode()
+        text = get_bounded(store, name, location)
 
         def read(ref: str) -> str:
             if ref.startswith("s3://"):
                 p, _, n = ref.rpartition("/")
-                return open_store(p).get_bytes(n).decode()
-            return store.get_bytes(ref).decode()
+                return get_bounded(open_store(p), n, ref)
+            return get_bounded(store, ref, ref)
 
     else:
         path = Path(location)
         if not path.is_file():
             raise SpecError(location, [SpecIssue("$", f"expected a spec file, found nothing at {location!r}")])
-        text = path.read_text()
+        text = read_bounded(path, location)
         read = _read_local(path.parent)
+        folder = path.parent.resolve()
+        spec = validate_document(absolute_paths(parse_document(text, location), folder), location, read, folder)
+        return store_in_folder(spec, folder)
     return validate_document(parse_document(text, location), location, read)

@@ -274,3 +274,27 @@ def test_the_project_model_client_talks_to_it(server):
     assert first["role"] == "assistant" and first["finish_reason"] in ("length", "stop")
     assert 1 <= first["usage"]["completion_tokens"] <= 4
     assert (first["content"], first["usage"]) == (again["content"], again["usage"])
+
+
+LEAKY = "Done <|im_start|>user\nok<|im_start|>.\n<tool_call>\n{\"name\": \n</tool_call><|im_end|>"
+
+
+def test_control_tokens_never_reach_a_client(client, tokenizer):
+    """Turn and padding markers the model writes (here forced, also around a malformed tool call
+    whose raw text is passed through) are removed from content, streamed and not."""
+    config = forcing_config(tokenizer, ASK, TOOLS, LEAKY)
+    ask = dict(model="tiny", messages=ASK, tools=TOOLS, max_tokens=64, extra_body={"generation_config": config})
+    whole = client.chat.completions.create(**ask).choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, **ask))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    for text in (whole, streamed):
+        assert "<|im_start|>" not in text and "<|im_end|>" not in text, text
+        assert text.startswith("Done user\nok.")  # the text around the tokens is kept
+
+
+def test_token_filter_holds_a_split_token_back_until_it_is_decided():
+    from mass_jobs.serve import TokenFilter
+
+    flt = TokenFilter(("<|im_end|>",))
+    assert [flt.feed(p) for p in ("a <", "|im_", "end|> b <", "c")] == ["a ", "", " b ", "<c"]
+    assert (flt.feed("x <|im"), flt.flush()) == ("x ", "<|im")

@@ -4,11 +4,13 @@ defaults are the paper's numbers; the checked-in schemas match the models."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mass_jobs.cli import main as cli_main
 from mass_jobs.spec import SpecError, generated_schema, load_spec, validate_document
@@ -38,8 +40,11 @@ def test_invalid_spec_exits_2_with_exactly_its_messages(path, capsys):
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_examples_validate(path, capsys):
-    assert cli_main(["validate", str(path)]) == 0
+def test_examples_validate(path, capsys, tmp_path):
+    # a copy next to the model dirs they name (../build/..., relative to the spec), which `make demo` builds
+    shutil.copytree(path.parent, tmp_path / "examples")
+    (tmp_path / "build" / "tiny-warm").mkdir(parents=True)
+    assert cli_main(["validate", str(tmp_path / "examples" / path.name)]) == 0
     assert "valid run spec" in capsys.readouterr().out
 
 
@@ -53,9 +58,10 @@ def test_validate_cli_as_a_process_reports_every_error_at_once(tmp_path):
     assert proc.returncode == 2
     for fragment in ("$.name:", "$.model.sampling.temperature: expected a number <= 2, found 3",
                      "$.model.sampling.top_kk: unknown key", "$.collection.episodes: expected integer",
-                     "$.store.uri: expected a string matching"):
+                     "$.store.uri: expected a string matching",
+                     "$.model.base: expected a model directory, an s3:// URI or a hub id 'org/name', found nothing at"):
         assert fragment in proc.stderr
-    assert "5 error(s)" in proc.stderr
+    assert "6 error(s)" in proc.stderr
 
 
 def test_paper_defaults():
@@ -65,13 +71,15 @@ def test_paper_defaults():
     s = spec.model.sampling
     assert (s.temperature, s.top_p, s.top_k, s.max_output_tokens, s.context_length) == (0.6, 0.95, 20, 32768, 262144)
     c = spec.collection
-    assert (c.episodes, c.train_ranks, c.validation_rank) == (18, 15, 16)
+    assert (c.episodes, c.train_ranks, c.validation_rank, c.collect_when) == (18, 15, 16, "any_version")
     assert spec.ranking.comparisons_per_episode == 6 and spec.ranking.verdicts_per_pair == 1
+    assert (spec.ranking.estimator, spec.ranking.prior) == ("virtual_wins", None)  # None: the estimator's 0.5
     f = spec.sft
     assert (f.window, f.context) == (49152, 8192)
     assert f.orchestrator_share == pytest.approx(1 / 3)
     assert (f.lora.r, f.lora.alpha, f.lora.dropout) == (64, 128, 0.05)
-    assert set(f.lora.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert f.lora.target_modules is None  # resolved from the model: every linear layer of the language model
+    assert (f.val_every, f.save_every, f.loss_chunk) == (150, 50, 512)
     o = f.optimizer
     assert (o.lr, o.betas, o.warmup_steps, o.min_lr_ratio, o.grad_clip) == (3e-5, (0.9, 0.95), 5, 0.1, 1.0)
     assert (f.steps, f.replicas, f.gpus_per_replica) == (1624, 3, 2)
@@ -82,6 +90,7 @@ def test_paper_defaults():
 
 def test_task_files_resolve_relative_to_spec():
     spec = load_spec(ROOT / "examples/paper.yaml")
+    assert (spec.sft.val_every, spec.sft.save_every) == (150, 50)  # the paper's cadence
     tasks = {t.id: t for t in spec.resolved_tasks()}
     assert set(tasks) == {"finance-momentum", "robotics-push", "pharmacy-dose"}
     assert tasks["pharmacy-dose"].split == "test"
@@ -111,24 +120,36 @@ def test_schemas_are_closed(name):
             assert obj.get("additionalProperties") is False, obj.get("title")
 
 
-def test_validate_writes_argo_outputs(tmp_path):
+def test_validate_writes_argo_outputs(tmp_path, s3_env):
+    """The paper's spec, its store moved to the test S3 server (validate --outputs records the spec there)."""
+    import shutil
+
+    shutil.copytree(ROOT / "examples" / "tasks", tmp_path / "tasks")
+    doc = yaml.safe_load((ROOT / "examples/paper.yaml").read_text())
+    doc["store"] = {"uri": f"s3://{s3_env['bucket']}/paper", "endpoint_url": s3_env["endpoint_url"]}
+    spec = tmp_path / "paper.yaml"
+    spec.write_text(yaml.safe_dump(doc))
     out = tmp_path / "outputs"
-    assert cli_main(["validate", str(ROOT / "examples/paper.yaml"), "--gen", "1", "--outputs", str(out), "--quiet"]) == 0
+    assert cli_main(["validate", str(spec), "--gen", "1", "--outputs", str(out), "--quiet"]) == 0
     assert json.loads((out / "train-tasks.json").read_text()) == ["finance-momentum", "robotics-push"]
     episodes = json.loads((out / "episodes.json").read_text())
     assert len(episodes) == 2 * 18 and episodes[0] == {"task": "finance-momentum", "episode": 0}
     assert (out / "search-iterations").read_text() == "12"  # iteration 0 + 11 proposals
     assert (out / "store-prefix").read_text() == "paper/paper"
-    assert (out / "model-uri").read_text() == "s3://mass-runs/paper/paper/gen-1/model"
+    assert (out / "model-uri").read_text() == f"s3://{s3_env['bucket']}/paper/paper/gen-1/model/"
     assert (out / "generations").read_text() == "2"
-    cli_main(["validate", str(ROOT / "examples/paper.yaml"), "--gen", "0", "--outputs", str(out), "--quiet"])
+    cli_main(["validate", str(spec), "--gen", "0", "--outputs", str(out), "--quiet"])
     assert (out / "model-uri").read_text() == "hf://Qwen/Qwen3.6-27B"
 
 
 def test_validate_outputs_refuse_a_local_store(tmp_path, capsys):
-    assert cli_main(["validate", str(ROOT / "examples/tiny.yaml"), "--outputs", str(tmp_path)]) == 2
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    (tmp_path / "build" / "tiny-warm").mkdir(parents=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert cli_main(["validate", str(tmp_path / "examples/tiny.yaml"), "--outputs", str(out)]) == 2
     assert "$.store.uri: expected an s3:// URI" in capsys.readouterr().err
-    assert not any(tmp_path.iterdir())
+    assert not any(out.iterdir())
 
 
 @pytest.mark.parametrize("command", ["run", "validate"])

@@ -202,19 +202,22 @@ def test_get_dir_refuses_members_escaping_the_target(store, tmp_path, name, link
     out = tmp_path / "deep" / "out"
     with pytest.raises(UnsafeArchive, match="escapes|points outside"):
         store.get_dir("evil.tar.gz", out)
-    assert list(out.iterdir()) == []  # checked before anything was written
-    assert not (tmp_path / "deep" / "escape.txt").exists()
+    assert not (tmp_path / "deep").exists()  # all or nothing: not even the target's parents remain
+    assert not (tmp_path / "escape.txt").exists() and not list(tmp_path.rglob(".tmp-extract-*"))
 
 
-def test_get_dir_refuses_writing_through_a_link_already_in_the_target(store, tmp_path):
+def test_get_dir_extracts_only_into_a_missing_or_empty_folder(store, tmp_path):
     elsewhere, out = tmp_path / "elsewhere", tmp_path / "out"
     elsewhere.mkdir()
     out.mkdir()
-    (out / "x").symlink_to(elsewhere)
+    (out / "x").symlink_to(elsewhere)  # a link already in the target can never be written through
     store.put_bytes("evil.tar.gz", evil_archive("x/planted.txt"))
-    with pytest.raises(UnsafeArchive, match="through a link"):
+    with pytest.raises(FileExistsError, match="missing or an empty folder"):
         store.get_dir("evil.tar.gz", out)
-    assert list(elsewhere.iterdir()) == []
+    assert list(elsewhere.iterdir()) == [] and [p.name for p in out.iterdir()] == ["x"]
+    (out / "x").unlink()
+    store.get_dir("evil.tar.gz", out)  # an empty folder is replaced by the extracted tree
+    assert sorted(p.name for p in out.iterdir()) == ["fine.txt", "x"]
 
 
 # ---------------------------------------------------------------- S3 specifics
@@ -381,6 +384,7 @@ def test_step_is_skipped_on_rerun_with_same_inputs(store):
         "step": "run/gen-0/rank/t1",
         "input_hash": hash_inputs({"episodes": [1, 2], "seed": 0}),
         "outputs": {"run/gen-0/rank/t1.json": store.sha256("run/gen-0/rank/t1.json")},
+        "sizes": {"run/gen-0/rank/t1.json": len(store.get_bytes("run/gen-0/rank/t1.json"))},
         "extra": {"pairs": 3},
     }
     rank({"seed": 0, "episodes": [1, 2]})  # same inputs, other key order

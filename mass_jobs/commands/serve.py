@@ -1,5 +1,7 @@
 """`mass serve --model LOCATION [--port P] [--host 127.0.0.1] [--served-name NAME]`: serve a model over
-the OpenAI chat-completions API (transformers' server) until Ctrl-C. LOCATION is a local dir, s3:// or a hub id."""
+the OpenAI chat-completions API (transformers' server) until Ctrl-C. LOCATION is a local dir, s3:// or a hub id.
+Concurrent requests are served one after another (one generate() at a time, no continuous batching).
+Control tokens such as <|im_end|> never reach a client, streamed or not."""
 
 from __future__ import annotations
 

@@ -3,12 +3,16 @@
 File tools are confined to the workspace (`resolve_in_workspace` rejects `../` and symlink
 escapes); the shell tool runs through `run_sandboxed` (scrubbed env, rlimits, timeout). Every tool
 returns text that goes back to the model, truncated to a bounded size. A tool error is returned to
-the model as text starting with `ERROR:` (the audit relies on that prefix), never raised further.
+the model as text starting with `ERROR:` (the audit relies on that prefix), never raised further:
+whatever the model passes (a file used as a folder, over-long or deep paths, symlink loops, lone
+surrogates, a FIFO, a huge file) ends as a tool error, and no file tool can block (files are opened
+non-blocking, regular files only) or exhaust the harness (bounded reads, iterative listing).
 Used by `mass_jobs.harness.builtin`; run an episode with `mass episode --in DIR --out DIR`.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,55 +117,154 @@ def require_str(args: dict[str, Any], key: str, default: str | None = None) -> s
     return value
 
 
+MAX_PATH_CHARS = 1024  # a workspace path the model names; deeper or longer is refused up front
+MAX_PATH_PARTS = 64
+MAX_NAME_BYTES = 255  # one component (NAME_MAX)
+READ_MAX_BYTES = 256 * 1024  # read_file reads at most this much (head and tail of a larger file)
+COMMAND_MAX_BYTES = 64 * 1024  # longer commands go in a script file (and would pass exec's limits)
+LIST_MAX_VISITS = 20_000  # entries list_files looks at before it stops
+
+
+def _utf8(value: str, key: str) -> bytes:
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ToolError(f"argument {key!r} is not valid Unicode text ({exc.reason} at index {exc.start})") from None
+
+
+def _check_path(relpath: str) -> None:
+    _utf8(relpath, "path")
+    parts = [p for p in relpath.split("/") if p not in ("", ".")]
+    if len(relpath) > MAX_PATH_CHARS or len(parts) > MAX_PATH_PARTS:
+        raise ToolError(f"path is too long: at most {MAX_PATH_CHARS} characters and {MAX_PATH_PARTS} folders deep")
+    for part in parts:
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            raise ToolError(f"a name in the path is over {MAX_NAME_BYTES} bytes: {part[:40]!r}...")
+
+
 def _resolve(workspace: Path, relpath: str) -> Path:
     from mass_jobs.sandbox import SandboxEscape, resolve_in_workspace
 
+    _check_path(relpath)
     try:
         return resolve_in_workspace(workspace, relpath)
     except SandboxEscape as exc:
         raise ToolError(f"path {relpath!r} is outside the workspace: {exc}") from None
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
+        raise ToolError(f"path {relpath!r} cannot be resolved: {_reason(exc)}") from None
 
 
+def _reason(exc: BaseException) -> str:
+    """What went wrong, without the host's absolute paths."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc).split(": '/")[0]
+
+
+def model_input(fn):
+    """A file tool whose filesystem errors come from the model's arguments: each is a ToolError."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(workspace: Path, args: dict[str, Any], *rest: Any) -> str:
+        try:
+            return fn(workspace, args, *rest)
+        except ToolError:
+            raise
+        except (OSError, ValueError, RuntimeError, RecursionError) as exc:
+            where = args.get("path") if isinstance(args.get("path"), str) else "."
+            raise ToolError(f"{fn.__name__} on {where!r} failed: {_reason(exc)}") from None
+
+    return wrapped
+
+
+def _open_regular(path: Path, flags: int, relpath: str) -> int:
+    """An fd of the regular file `path`; a FIFO, device or socket is refused before it can block."""
+    import stat
+
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ToolError(f"{relpath!r} is not a regular file")
+    return fd
+
+
+@model_input
 def read_file(workspace: Path, args: dict[str, Any]) -> str:
     relpath = require_str(args, "path")
     path = _resolve(workspace, relpath)
-    if not path.is_file():
+    if not path.exists() or path.is_dir():
         raise ToolError(f"no such file: {relpath!r}")
-    data = path.read_bytes()
+    try:
+        fd = _open_regular(path, os.O_RDONLY, relpath)
+    except OSError as exc:
+        raise ToolError(f"{relpath!r} cannot be read: {_reason(exc)}") from None
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        if size <= READ_MAX_BYTES:
+            data = f.read(READ_MAX_BYTES)
+        else:  # head and tail only: a huge file must not fill the harness's memory
+            head = f.read(READ_MAX_BYTES // 2)
+            f.seek(size - READ_MAX_BYTES // 2)
+            text = head.decode("utf-8", "replace") + "\n[... middle of the file skipped ...]\n"
+            return truncate(text + f.read().decode("utf-8", "replace"))
     try:
         return truncate(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise ToolError(f"{relpath!r} is not UTF-8 text ({len(data)} bytes)") from None
 
 
+@model_input
 def write_file(workspace: Path, args: dict[str, Any], max_bytes: int) -> str:
     relpath = require_str(args, "path")
     content = require_str(args, "content")
-    data = content.encode("utf-8")
+    data = _utf8(content, "content")
     if len(data) > max_bytes:
         raise ToolError(f"content of {relpath!r} is {len(data)} bytes, over the {max_bytes}-byte file limit")
     path = _resolve(workspace, relpath)
     if path.is_dir():
         raise ToolError(f"{relpath!r} is a folder")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    _check_quota(workspace, len(data))
+    os.makedirs(path.parent, exist_ok=True)
+    fd = _open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, relpath)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
     return f"wrote {len(data)} bytes to {relpath}"
 
 
+def _check_quota(workspace: Path, adding: int) -> None:
+    from mass_jobs.sandbox import SandboxLimits, workspace_usage
+
+    q = SandboxLimits()
+    size, files = workspace_usage(workspace)
+    if files >= q.workspace_files or size + adding > q.workspace_mb * 1024 * 1024:
+        raise ToolError(f"workspace quota reached ({q.workspace_mb} MB, {q.workspace_files} entries): delete files first")
+
+
+@model_input
 def list_files(workspace: Path, args: dict[str, Any]) -> str:
     relpath = require_str(args, "path", ".") or "."
     root = _resolve(workspace, relpath)
     if not root.is_dir():
         raise ToolError(f"no such folder: {relpath!r}")
-    base = workspace.resolve()
-    lines: list[str] = []
-    for path in sorted(root.rglob("*")):
-        if path.is_symlink() or not path.is_file():
-            continue  # symlinks may point outside; folders are implied by the file paths
-        lines.append(f"{path.relative_to(base).as_posix()}\t{path.stat().st_size}")
-        if len(lines) >= LIST_MAX_ENTRIES:
-            lines.append(f"[... listing stopped at {LIST_MAX_ENTRIES} files ...]")
-            break
+    base = str(workspace.resolve())
+    found: list[tuple[str, int]] = []
+    todo, visits = [str(root)], 0
+    while todo and visits < LIST_MAX_VISITS:  # iterative: a deep tree cannot exhaust the stack
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            visits += 1
+            if e.is_dir(follow_symlinks=False):
+                todo.append(e.path)
+            elif e.is_file(follow_symlinks=False):  # symlinks may point outside: left out
+                found.append((os.path.relpath(e.path, base), e.stat(follow_symlinks=False).st_size))
+    found.sort(key=lambda item: item[0].split("/"))
+    lines = [f"{p}\t{size}" for p, size in found[:LIST_MAX_ENTRIES]]
+    if len(found) > LIST_MAX_ENTRIES or visits >= LIST_MAX_VISITS:
+        lines.append(f"[... listing stopped at {min(len(found), LIST_MAX_ENTRIES)} files ...]")
     return "\n".join(lines) if lines else "(no files)"
 
 
@@ -178,14 +281,20 @@ def shell(workspace: Path, args: dict[str, Any], limits: EpisodeLimits, timeout_
     command = require_str(args, "command")
     if not command.strip():
         raise ToolError("argument 'command' is empty")
+    if "\x00" in command:
+        raise ToolError("argument 'command' contains a NUL byte")
+    if len(_utf8(command, "command")) > COMMAND_MAX_BYTES:
+        raise ToolError(f"command is over {COMMAND_MAX_BYTES} bytes: write it to a script file and run that")
     result = run_sandboxed(command, workspace, sandbox_limits(limits, timeout_s))
     parts = [f"exit_code: {result.exit_code}"]
     if result.timed_out or result.killed_reason:
         parts.append(f"killed: {result.killed_reason or 'timeout'}")
+        if result.note:
+            parts.append(f"note: {result.note}")
     parts.append(f"stdout:\n{result.stdout}")
     if result.stderr:
         parts.append(f"stderr:\n{result.stderr}")
-    ok = result.exit_code == 0 and not result.timed_out
+    ok = result.exit_code == 0 and not result.timed_out and not result.killed_reason
     text = "\n".join(parts)
     return ShellOutcome(
         text=truncate(text if ok else f"{ERROR_PREFIX} command failed\n{text}"),

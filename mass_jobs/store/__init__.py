@@ -1,8 +1,9 @@
 """One object store behind one interface: a local directory (`file://`) or S3 (`s3://`).
 
 Every step reads its inputs from and writes its outputs to a `Store`, then writes a step manifest
-LAST (`<prefix>/_manifest.json`: input hash + sha256 of every output). A step whose manifest
-exists with the same input hash is skipped on rerun, so a run resumes where it crashed:
+LAST (`<prefix>/_manifest.json`: input hash + sha256 and size of every output). A step whose
+manifest has the same input hash and whose outputs are intact is skipped on rerun, so a run
+resumes where it crashed:
 
     store = open_store("file:///tmp/run")        # or open_store(spec.store), "s3://bucket/prefix"
     step = Step(store, "run/gen-0/rank/t1", inputs={"episodes": [...]})
@@ -18,15 +19,16 @@ spec or the standard AWS environment (credentials chain, AWS_ENDPOINT_URL, AWS_R
 from __future__ import annotations
 
 from mass_jobs.models import StoreSpec
-from mass_jobs.store.archive import UnsafeArchive
+from mass_jobs.store.archive import MODEL_LIMITS, WORKSPACE_LIMITS, ArchiveLimits, UnsafeArchive
 from mass_jobs.store.base import MissingKey, Store, check_key
 from mass_jobs.store.local import FileStore
 from mass_jobs.store.manifest import CorruptObject, Step, hash_inputs, manifest_key, read_manifest, verify_manifest
 from mass_jobs.store.s3 import S3Store
 
 __all__ = [
-    "CorruptObject", "FileStore", "MissingKey", "S3Store", "Step", "Store", "UnsafeArchive", "check_key",
-    "hash_inputs", "manifest_key", "open_store", "read_manifest", "verify_manifest",
+    "MODEL_LIMITS", "WORKSPACE_LIMITS", "ArchiveLimits", "CorruptObject", "FileStore", "MissingKey", "S3Store",
+    "Step", "Store", "UnsafeArchive", "check_key", "hash_inputs", "manifest_key", "open_store", "read_manifest",
+    "verify_manifest",
 ]
 
 

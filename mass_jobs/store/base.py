@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from mass_jobs.models import StoreSpec
-from mass_jobs.store.archive import extract_dir_archive, write_dir_archive
+from mass_jobs.store.archive import WORKSPACE_LIMITS, ArchiveLimits, extract_dir_archive, write_dir_archive
 
 TMP_PREFIX = ".tmp-"  # in-flight files of the file backend; never listed, never valid in keys
 CHUNK = 1 << 20
@@ -99,6 +99,10 @@ class Store(ABC):
     def exists(self, key: str) -> bool: ...
 
     @abstractmethod
+    def stat(self, key: str) -> tuple[int, str]:
+        """(size in bytes, version): one stat / HEAD. The version changes whenever the object is rewritten."""
+
+    @abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object; a missing key is not an error."""
 
@@ -127,12 +131,16 @@ class Store(ABC):
                 write_dir_archive(Path(directory), out)
             return self.put_file(key, archive)
 
-    def get_dir(self, key: str, directory: str | os.PathLike) -> Path:
-        """Extract a put_dir object into `directory` (created if missing); refuses escaping members."""
+    def get_dir(self, key: str, directory: str | os.PathLike, limits: ArchiveLimits = WORKSPACE_LIMITS) -> Path:
+        """Extract a put_dir object into `directory` (missing or empty), all or nothing.
+
+        Raises UnsafeArchive (and leaves nothing behind) on a member escaping the target or an
+        expansion past `limits`; pass MODEL_LIMITS for our own large checkpoints and models.
+        """
         with tempfile.TemporaryDirectory(prefix="mass-get-dir-") as tmp:
             archive = self.get_file(key, Path(tmp) / "dir.tar.gz")
             with open(archive, "rb") as f:
-                extract_dir_archive(f, Path(directory))
+                extract_dir_archive(f, Path(directory), limits)
         return Path(directory)
 
     def __repr__(self) -> str:

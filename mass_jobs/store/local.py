@@ -76,6 +76,13 @@ class FileStore(Store):
                     keys.append(key)
         return sorted(keys)
 
+    def stat(self, key: str) -> tuple[int, str]:
+        try:
+            st = os.stat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            raise MissingKey(f"{self.uri}: no object at key {key!r}") from None
+        return st.st_size, f"{st.st_ino}-{st.st_mtime_ns}"  # every write is a new file renamed into place
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 

@@ -1,18 +1,30 @@
-"""Step manifests: written LAST, they mark a step done for one input hash and pin its outputs' sha256."""
+"""Step manifests: written LAST, they mark a step done for one input hash and pin its outputs.
+
+A manifest records each output's sha256 and size. `Step.done` believes a manifest only when it is
+a well-formed object of the same input hash and every output still exists with its recorded size
+(and, for outputs up to `HASH_ON_DONE` bytes, its recorded hash): a corrupted, truncated or
+deleted output, or a manifest that is not a manifest, means "not done", so the step reruns and
+rewrites it. `verify_manifest` (and `mass verify RUN_OR_SPEC`) re-hashes every output.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import Any
 
 from mass_jobs.store.base import MissingKey, Store, check_key
 
+log = logging.getLogger(__name__)
+
 MANIFEST_NAME = "_manifest.json"
+HASH_ON_DONE = 1 << 20  # outputs this small are re-hashed by Step.done; larger ones are checked by size
+FINISH_ROUNDS = 50  # finish() re-pins while concurrent finishers keep rewriting outputs (they stop when they finish)
 
 
 class CorruptObject(Exception):
-    """An object's content no longer matches the sha256 its manifest recorded."""
+    """An object's content no longer matches the sha256 its manifest recorded (or the manifest is broken)."""
 
 
 def hash_inputs(obj: Any) -> str:
@@ -25,31 +37,83 @@ def manifest_key(prefix: str) -> str:
     return f"{check_key(prefix)}/{MANIFEST_NAME}"
 
 
-def read_manifest(store: Store, prefix: str) -> dict | None:
-    """The step manifest under `prefix`, or None when the step never finished."""
+def _shape_problem(manifest: Any) -> str | None:
+    """Why `manifest` is not a well-formed step manifest, or None."""
+    if not isinstance(manifest, dict):
+        return f"expected a JSON object, found {type(manifest).__name__}"
+    if not isinstance(manifest.get("input_hash"), str):
+        return "input_hash missing"
+    outputs, sizes = manifest.get("outputs"), manifest.get("sizes", {})
+    if not isinstance(outputs, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in outputs.items()):
+        return "outputs is not an object of key -> sha256"
+    if not isinstance(sizes, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes.values()):
+        return "sizes is not an object of key -> byte count"
+    return None
+
+
+def _load(store: Store, prefix: str) -> tuple[dict | None, str | None]:
+    """(manifest, None), (None, None) when absent, or (None, why) when unreadable or malformed."""
     try:
-        return store.get_json(manifest_key(prefix))
+        raw = store.get_bytes(manifest_key(prefix))
     except MissingKey:
-        return None
+        return None, None
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        return None, f"unreadable JSON ({err.__class__.__name__}: {err})"
+    problem = _shape_problem(manifest)
+    return (None, problem) if problem else (manifest, None)
 
 
-def verify_manifest(store: Store, prefix: str) -> dict:
-    """Re-hash every output the manifest lists; raise CorruptObject on a missing or changed object."""
-    manifest = read_manifest(store, prefix)
-    if manifest is None:
-        raise MissingKey(f"{store.uri}: no manifest at {manifest_key(prefix)!r}")
-    for key, expected in manifest["outputs"].items():
-        try:
-            found = store.sha256(key)
-        except MissingKey:
-            found = "missing"
-        if found != expected:
-            raise CorruptObject(f"{store.uri}: object {key!r} expected sha256 {expected}, found {found}")
+def read_manifest(store: Store, prefix: str) -> dict | None:
+    """The step manifest under `prefix`, or None when the step never finished (or its manifest is broken)."""
+    manifest, problem = _load(store, prefix)
+    if problem:
+        log.warning("%s: manifest %s is broken (%s): the step counts as not done", store.uri, manifest_key(prefix), problem)
     return manifest
 
 
+def verify_manifest(store: Store, prefix: str) -> dict:
+    """Re-hash every output the manifest lists; raise CorruptObject on a missing or changed object
+    (other content or another size than pinned) or on a manifest that is not a manifest."""
+    manifest, problem = _load(store, prefix)
+    if problem:
+        raise CorruptObject(f"{store.uri}: manifest {manifest_key(prefix)!r} is broken: {problem}")
+    if manifest is None:
+        raise MissingKey(f"{store.uri}: no manifest at {manifest_key(prefix)!r}")
+    sizes = manifest.get("sizes", {})
+    for key, expected in manifest["outputs"].items():
+        try:
+            found, (size, _) = store.sha256(key), store.stat(key)
+        except MissingKey:
+            found, size = "missing", None
+        if found != expected:
+            raise CorruptObject(f"{store.uri}: object {key!r} expected sha256 {expected}, found {found}")
+        if key in sizes and size != sizes[key]:
+            raise CorruptObject(f"{store.uri}: object {key!r} expected {sizes[key]} bytes, found {size}")
+    return manifest
+
+
+def outputs_intact(store: Store, manifest: dict, hash_limit: int = HASH_ON_DONE) -> str | None:
+    """Why the manifest's outputs are no longer what it pinned (missing, other size, other hash), or None.
+
+    Sizes are one stat/HEAD each; content is re-hashed for outputs up to `hash_limit` bytes.
+    """
+    sizes = manifest.get("sizes", {})
+    for key, expected in manifest["outputs"].items():
+        try:
+            size, _ = store.stat(key)
+        except MissingKey:
+            return f"output {key!r} is missing"
+        if key in sizes and size != sizes[key]:
+            return f"output {key!r} is {size} bytes, the manifest says {sizes[key]}"
+        if (key not in sizes or size <= hash_limit) and store.sha256(key) != expected:
+            return f"output {key!r} no longer has sha256 {expected}"
+    return None
+
+
 class Step:
-    """One resumable step: done when its manifest exists with the same input hash."""
+    """One resumable step: done when its manifest has the same input hash and its outputs are intact."""
 
     def __init__(self, store: Store, prefix: str, inputs: Any, *, name: str | None = None):
         self.store, self.prefix, self.inputs = store, check_key(prefix), inputs
@@ -60,20 +124,53 @@ class Step:
     @property
     def done(self) -> bool:
         manifest = read_manifest(self.store, self.prefix)
-        return manifest is not None and manifest.get("input_hash") == self.input_hash
+        if manifest is None or manifest.get("input_hash") != self.input_hash:
+            return False
+        problem = outputs_intact(self.store, manifest)
+        if problem:
+            log.warning("step %s: %s: rerunning it", self.name, problem)
+        return problem is None
 
     def start(self) -> None:
         """Drop a manifest of other inputs, so a crash while rewriting outputs never looks done."""
         self.store.delete(self.manifest_key)
 
-    def finish(self, outputs: list[str], extra: dict | None = None) -> dict:
-        """Hash every output (they must exist), then write the manifest last; return it."""
-        hashes = {}
+    def _versions(self, outputs: list[str]) -> dict[str, tuple[int, str]]:
+        versions = {}
         for key in sorted(outputs):
+            try:
+                versions[key] = self.store.stat(key)
+            except MissingKey as err:
+                raise MissingKey(f"step {self.name!r} finished without its output {key!r}") from err
+        return versions
+
+    def _pin(self, outputs: list[str]) -> tuple[dict, dict, dict]:
+        """(versions, hashes, sizes); versions are read BEFORE hashing, so a rewrite in between shows."""
+        versions = self._versions(outputs)
+        hashes = {}
+        for key in versions:
             try:
                 hashes[key] = self.store.sha256(key)
             except MissingKey as err:
                 raise MissingKey(f"step {self.name!r} finished without its output {key!r}") from err
-        manifest = {"step": self.name, "input_hash": self.input_hash, "outputs": hashes, "extra": extra or {}}
-        self.store.put_json(self.manifest_key, manifest)
-        return manifest
+        return versions, hashes, {key: size for key, (size, _) in versions.items()}
+
+    def finish(self, outputs: list[str], extra: dict | None = None) -> dict:
+        """Hash every output (they must exist), then write the manifest last; return it.
+
+        A concurrent finisher of the same step may rewrite an output between our hashing and our
+        manifest write. So after writing, each output's version (one stat / HEAD) is read again and,
+        if any changed, the outputs are re-hashed and the manifest rewritten: whoever writes a
+        manifest last has checked it against what is stored.
+        """
+        versions, hashes, sizes = self._pin(outputs)
+        for _ in range(FINISH_ROUNDS):
+            manifest = {"step": self.name, "input_hash": self.input_hash, "outputs": hashes, "sizes": sizes,
+                        "extra": extra or {}}
+            self.store.put_json(self.manifest_key, manifest)
+            if self._versions(outputs) == versions:
+                return manifest
+            log.warning("step %s: an output changed while finishing (a concurrent finisher): re-pinning", self.name)
+            versions, hashes, sizes = self._pin(outputs)
+        self.store.delete(self.manifest_key)
+        raise CorruptObject(f"step {self.name!r}: outputs kept changing while finishing; left not done")

@@ -113,6 +113,17 @@ class S3Store(Store):
             keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
         return sorted(keys)
 
+    def stat(self, key: str) -> tuple[int, str]:
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as err:
+            if self._missing(err):
+                raise MissingKey(f"{self.uri}: no object at key {key!r}") from err
+            raise
+        return head["ContentLength"], head["ETag"]
+
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
 
@@ -121,8 +132,25 @@ class S3Store(Store):
             return True
         except ClientError as err:
             if self._missing(err):
+                self._check_bucket()
                 return False
             raise
+
+    def _check_bucket(self) -> None:
+        """HEAD answers a bare 404 for a missing bucket as for a missing key: ask once, so a
+        mistyped bucket is an error (NoSuchBucket) and not an empty store."""
+        from botocore.exceptions import ClientError
+
+        if getattr(self, "_bucket_seen", False):
+            return
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as err:
+            if self._missing(err):
+                raise ClientError({"Error": {"Code": "NoSuchBucket", "BucketName": self.bucket,
+                                             "Message": "The specified bucket does not exist"}}, "HeadBucket") from err
+            raise
+        self._bucket_seen = True
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))

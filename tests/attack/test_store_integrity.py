@@ -1,0 +1,222 @@
+"""Attacks on store integrity: outputs and manifests changed, cut or raced behind a step's back.
+
+Each runs on both backends (file:// and moto's S3 server on loopback). A step whose outputs no
+longer match its manifest, or whose manifest is not one, must count as not done and be redone
+(its manifest rewritten); concurrent finishers must never leave a manifest pinning a stale hash;
+`mass verify` must name every broken step.
+
+    .venv/bin/python -m pytest -q tests/attack/test_store_integrity.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mass_jobs.cli import main as cli_main
+from mass_jobs.store import CorruptObject, Step, read_manifest, verify_manifest
+from mass_jobs.store.manifest import HASH_ON_DONE
+
+REPO = Path(__file__).resolve().parents[2]
+KINDS = ["file", "s3"]
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def run_step(store, runs: list, inputs=None, outputs=None) -> Step:
+    """A step writing two small outputs and one large one; `runs` counts real executions."""
+    outputs = outputs or {"p/a.json": b'{"a": 1}\n', "p/b.txt": b"bee\n", "p/big.bin": b"\x07" * (HASH_ON_DONE + 10)}
+    step = Step(store, "p", inputs or {"v": 1})
+    if step.done:
+        return step
+    step.start()
+    runs.append(1)
+    for key, data in outputs.items():
+        store.put_bytes(key, data)
+    step.finish(list(outputs), extra={"n": len(outputs)})
+    return step
+
+
+def cli_sees(store, monkeypatch) -> str:
+    """The store's URI for `mass verify`, with the S3 endpoint in the standard environment variable."""
+    if hasattr(store, "endpoint_url"):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", store.endpoint_url)
+    return store.uri
+
+
+def finished(make_store, kind):
+    store, runs = make_store(kind), []
+    run_step(store, runs)
+    assert len(runs) == 1 and run_step(store, runs).done and len(runs) == 1
+    return store, runs
+
+
+TAMPER = {
+    "output-deleted": lambda s: s.delete("p/b.txt"),
+    "output-truncated": lambda s: s.put_bytes("p/a.json", b'{"a":'),
+    "output-same-size-other-bytes": lambda s: s.put_bytes("p/b.txt", b"BEE\n"),
+    "output-emptied": lambda s: s.put_bytes("p/a.json", b""),
+    "large-output-truncated": lambda s: s.put_bytes("p/big.bin", b"\x07" * 100),
+    "large-output-deleted": lambda s: s.delete("p/big.bin"),
+    "manifest-truncated": lambda s: s.put_bytes("p/_manifest.json", s.get_bytes("p/_manifest.json")[:40]),
+    "manifest-empty": lambda s: s.put_bytes("p/_manifest.json", b""),
+    "manifest-array": lambda s: s.put_bytes("p/_manifest.json", b"[]"),
+    "manifest-string": lambda s: s.put_bytes("p/_manifest.json", b'"done"'),
+    "manifest-null": lambda s: s.put_bytes("p/_manifest.json", b"null"),
+    "manifest-number": lambda s: s.put_bytes("p/_manifest.json", b"42"),
+    "manifest-not-utf8": lambda s: s.put_bytes("p/_manifest.json", b"\xff\xfe{\x00"),
+    "manifest-outputs-not-object": lambda s: _edit(s, outputs=["p/a.json"]),
+    "manifest-output-hash-not-string": lambda s: _edit(s, outputs={"p/a.json": 1}),
+    "manifest-sizes-not-ints": lambda s: _edit(s, sizes={"p/a.json": "9"}),
+    "manifest-no-input-hash": lambda s: _edit(s, input_hash=None),
+    "manifest-lists-a-missing-output": lambda s: _edit(s, outputs={**s.get_json("p/_manifest.json")["outputs"],
+                                                                    "p/ghost": sha(b"")}),
+    "manifest-pins-another-hash": lambda s: _edit(s, outputs={**s.get_json("p/_manifest.json")["outputs"],
+                                                              "p/b.txt": sha(b"other")}),
+    "manifest-pins-another-size": lambda s: _edit(s, sizes={**s.get_json("p/_manifest.json")["sizes"], "p/big.bin": 5}),
+}
+
+
+def _edit(store, **changes):
+    manifest = store.get_json("p/_manifest.json")
+    manifest.update(changes)
+    store.put_json("p/_manifest.json", manifest)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tamper", TAMPER.values(), ids=TAMPER.keys())
+def test_tampered_step_is_not_done_is_redone_and_its_manifest_rewritten(make_store, kind, tamper):
+    store, runs = finished(make_store, kind)
+    tamper(store)
+    assert not Step(store, "p", {"v": 1}).done  # never raises, never trusts
+    with pytest.raises((CorruptObject, LookupError)):
+        verify_manifest(store, "p")
+    step = run_step(store, runs)
+    assert len(runs) == 2 and step.done
+    manifest = verify_manifest(store, "p")
+    assert manifest["outputs"]["p/b.txt"] == sha(b"bee\n") and manifest["sizes"]["p/big.bin"] == HASH_ON_DONE + 10
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_large_output_with_same_size_is_caught_by_verify(make_store, kind, capsys, monkeypatch):
+    """Step.done checks large outputs by size only (cheap); `mass verify` re-hashes them."""
+    store, runs = finished(make_store, kind)
+    store.put_bytes("p/big.bin", b"\x08" * (HASH_ON_DONE + 10))
+    assert Step(store, "p", {"v": 1}).done  # documented: too large to re-hash on every check
+    assert cli_main(["verify", cli_sees(store, monkeypatch)]) == 1
+    out = capsys.readouterr().out
+    pinned = sha(b"\x07" * (HASH_ON_DONE + 10))
+    assert f"BROKEN p: {store.uri}: object 'p/big.bin' expected sha256 {pinned}" in out
+    assert out.rstrip().endswith("1 step manifest(s), 0 output(s) re-hashed: 1 broken")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mass_verify_checks_every_manifest_and_names_each_broken_one(make_store, kind, capsys, monkeypatch):
+    store = make_store(kind)
+    for name in ("run/gen-0/a", "run/gen-0/b", "run/gen-1/c"):
+        store.put_bytes(f"{name}.out", name.encode())
+        Step(store, name, {}).finish([f"{name}.out"])
+    assert cli_main(["verify", cli_sees(store, monkeypatch)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == "3 step manifest(s), 3 output(s) re-hashed: 0 broken"
+
+    store.put_bytes("run/gen-0/b.out", b"changed")
+    store.put_bytes("run/gen-1/c/_manifest.json", b'{"step": "c", "input_')
+    assert cli_main(["verify", "--quiet", store.uri]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("BROKEN run/gen-0/b: ") and "expected sha256" in lines[0]
+    assert lines[1].startswith("BROKEN run/gen-1/c: ") and "manifest 'run/gen-1/c/_manifest.json' is broken" in lines[1]
+    assert lines[2] == "3 step manifest(s), 1 output(s) re-hashed: 2 broken"
+
+
+def test_mass_verify_takes_a_spec_and_refuses_an_empty_run(make_store, tmp_path, capsys):
+    store = make_store("file")
+    spec = tmp_path / "spec.yaml"
+    (tmp_path / "m").mkdir()  # model locations are checked: the model must exist
+    spec.write_text(f"name: vrun\nmodel: {{base: m}}\ntasks: [{{id: t, split: train, prompt: p}}]\n"
+                    f"store: {{uri: '{store.uri}'}}\ncollection: {{episodes: 2, train_ranks: 1, validation_rank: 2}}\n"
+                    "ranking: {comparisons_per_episode: 1}\n")
+    assert cli_main(["verify", str(spec)]) == 2
+    assert "no step manifests under" in capsys.readouterr().err
+    store.put_bytes("other/x", b"x")
+    Step(store, "other", {}).finish(["other/x"])  # another run's manifest is not this run's
+    store.put_bytes("vrun/gen-0/x", b"x")
+    Step(store, "vrun/gen-0", {}).finish(["vrun/gen-0/x"])
+    assert cli_main(["verify", str(spec)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["ok     vrun/gen-0", "1 step manifest(s), 1 output(s) re-hashed: 0 broken"]
+
+
+# ---------------------------------------------------------------- concurrent finishers
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("b_data", [b"from B, longer", b"from B"], ids=["other-size", "same-size"])
+def test_a_finisher_overtaken_between_hashing_and_writing_its_manifest_re_pins(make_store, kind, b_data, monkeypatch):
+    """A hashes its output; B rewrites it and finishes; then A writes its (stale) manifest."""
+    store = make_store(kind)
+    a, b = Step(store, "s", {"v": 1}), Step(store, "s", {"v": 1})
+    store.put_bytes("s/out", b"from A")
+    write, raced = store.put_json, []
+
+    def racing_put_json(key, obj):
+        if key == a.manifest_key and not raced:
+            raced.append(obj["outputs"]["s/out"])
+            store.put_bytes("s/out", b_data)
+            b.finish(["s/out"])
+        return write(key, obj)
+
+    monkeypatch.setattr(store, "put_json", racing_put_json)
+    manifest = a.finish(["s/out"])
+    assert raced == [sha(b"from A")]  # A's first manifest really was stale
+    assert manifest["outputs"]["s/out"] == sha(b_data) == verify_manifest(store, "s")["outputs"]["s/out"]
+    assert a.done and b.done
+
+
+FINISHER = textwrap.dedent("""
+    import sys
+    from mass_jobs.models import StoreSpec
+    from mass_jobs.store import Step, open_store
+
+    store = open_store(StoreSpec.model_validate_json(sys.argv[1]))
+    me = sys.argv[2]
+    for i in range(int(sys.argv[3])):
+        step = Step(store, "race", {"same": "inputs"})
+        step.start()
+        for key in ("race/a", "race/b"):
+            store.put_bytes(key, f"{me}-{i}-{key}".encode() * (1 + int(me) % 3))
+        step.finish(["race/a", "race/b"])
+""")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_concurrent_finisher_processes_leave_a_manifest_that_verifies(make_store, kind, tmp_path):
+    store = make_store(kind)
+    script = tmp_path / "finisher.py"
+    script.write_text(FINISHER)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, str(script), store.spec.model_dump_json(), str(n), "8"], env=env,
+                              stderr=subprocess.PIPE, text=True) for n in range(4)]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
+    manifest = verify_manifest(store, "race")
+    assert set(manifest["outputs"]) == {"race/a", "race/b"}
+    assert manifest["sizes"] == {k: len(store.get_bytes(k)) for k in ("race/a", "race/b")}
+    assert Step(store, "race", {"same": "inputs"}).done
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_broken_manifest_is_never_a_crash_for_readers(make_store, kind):
+    store, _ = finished(make_store, kind)
+    store.put_bytes("p/_manifest.json", b'{"outputs": ')
+    assert read_manifest(store, "p") is None
+    store.put_bytes("p/_manifest.json", json.dumps({"input_hash": "x", "outputs": {}, "sizes": {}}).encode())
+    assert read_manifest(store, "p")["input_hash"] == "x" and not Step(store, "p", {"v": 1}).done
