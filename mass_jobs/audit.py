@@ -14,9 +14,11 @@ Per episode:
 
 Threads (one agent conversation each) come from the `agent` field the harness headers put in each
 record; within one agent id, and for harnesses that send no headers (qwen-code), a record continues
-the thread whose last request messages are a prefix of its own. Without headers the first thread is
-the orchestrator, a thread whose first user message carries a delegated assignment is a worker, and
-any other thread (side calls of a harness) is auxiliary.
+the thread whose last request messages are a prefix of its own. Without headers a thread whose first
+user message carries a delegated assignment is a worker, a thread offered the harness's delegation
+tool (`mass_jobs.harness.delegation`, the table the render step uses too) is the orchestrator, and
+any other thread (side calls of a harness) is auxiliary. The harness comes from the episode's
+status.json; without it any harness's delegation tool counts.
 
 Run: `mass audit EPISODE_DIR... [--json]`
 """
@@ -30,7 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-DELEGATE_TOOLS = frozenset({"delegate", "agent", "task"})
+from mass_jobs.harness.delegation import ANY_DELEGATION_TOOL, can_delegate, delegation_tools
+
+DELEGATE_TOOLS = ANY_DELEGATION_TOOL  # every harness's delegation tool (a trace without its harness)
 WRITE_TOOLS = frozenset({"write_file", "edit", "replace"})
 READ_TOOLS = frozenset({"read_file", "read_many_files"})
 PATH_KEYS = ("path", "file_path", "absolute_path")
@@ -140,7 +144,7 @@ def is_error_result(text: str) -> bool:
 # ---------------------------------------------------------------- threads
 
 
-def split_threads(records: list[dict]) -> list[Thread]:
+def split_threads(records: list[dict], harness: str | None = None) -> list[Thread]:
     threads: list[Thread] = []
     last_keys: list[list[str]] = []
     for rec in records:
@@ -160,7 +164,7 @@ def split_threads(records: list[dict]) -> list[Thread]:
         else:
             threads[best].records.append(rec)
             last_keys[best] = keys
-    _name_threads(threads)
+    _name_threads(threads, harness)
     return threads
 
 
@@ -169,21 +173,22 @@ def _first_user_text(t: Thread) -> str:
     return "\n".join(text_of(m.get("content")) for m in msgs if isinstance(m, dict) and m.get("role") == "user")
 
 
-def _name_threads(threads: list[Thread]) -> None:
+def _name_threads(threads: list[Thread], harness: str | None = None) -> None:
+    delegating = delegation_tools(harness)
     assignments = []
     for t in threads:
         for use in _calls_of(t):
-            if use.name in DELEGATE_TOOLS:
+            if use.name in delegating:
                 text = str(use.arguments.get("assignment") or use.arguments.get("prompt") or "").strip()
                 if text:
                     assignments.append((use.seq, text))
     used: dict[str, int] = {}
-    for i, t in enumerate(threads):
+    for t in threads:
         if not t.role:
-            if i == 0:
-                t.role = "orchestrator"
-            elif any(seq < t.first_seq and text in _first_user_text(t) for seq, text in assignments):
+            if any(seq < t.first_seq and text in _first_user_text(t) for seq, text in assignments):
                 t.role = "worker"
+            elif can_delegate((t.records[0].get("request") or {}).get("tools"), harness):
+                t.role = "orchestrator"
             else:
                 t.role = "auxiliary"
         base = t.agent_id or (t.role if t.role == "orchestrator" else None)
@@ -287,13 +292,14 @@ def _words(text: str) -> set[str]:
     return set(WORD.findall(text.lower()))
 
 
-def audit_records(records: list[dict], episode: str = "") -> EpisodeAudit:
-    threads = split_threads(records)
+def audit_records(records: list[dict], episode: str = "", harness: str | None = None) -> EpisodeAudit:
+    threads = split_threads(records, harness)
+    delegating = delegation_tools(harness)
     uses_by_thread = {t.id: tool_uses(t) for t in threads}
     role = {t.id: t.role for t in threads}
     last_seq = {t.id: t.last_seq for t in threads}
 
-    delegations = [u for uses in uses_by_thread.values() for u in uses if u.name in DELEGATE_TOOLS]
+    delegations = [u for uses in uses_by_thread.values() for u in uses if u.name in delegating]
     ok = sum(u.returned_ok for u in delegations)
     failed = sum(u.result is not None and not u.returned_ok for u in delegations)
 
@@ -324,7 +330,7 @@ def audit_records(records: list[dict], episode: str = "") -> EpisodeAudit:
 
     redelegations = 0
     for tid, uses in uses_by_thread.items():
-        calls = [u for u in uses if u.name in DELEGATE_TOOLS]
+        calls = [u for u in uses if u.name in delegating]
         for i, later in enumerate(calls):
             if any(_redelegates(failed_call, later) for failed_call in calls[:i] if _failed(failed_call)):
                 redelegations += 1
@@ -374,10 +380,16 @@ def _redelegates(failed: ToolUse, later: ToolUse) -> bool:
     return bool(before) and len(before & _words(_assignment(later))) * 2 >= len(before)
 
 
-def audit_episode(episode_dir: Path) -> EpisodeAudit:
-    """Audit `episode_dir/trace.jsonl` (a trace file path works too)."""
+def audit_episode(episode_dir: Path, harness: str | None = None) -> EpisodeAudit:
+    """Audit `episode_dir/trace.jsonl` (a trace file path works too); the harness defaults to status.json's."""
     path = Path(episode_dir)
     trace = path if path.is_file() else path / "trace.jsonl"
     if not trace.exists():
         raise FileNotFoundError(f"{episode_dir}: no trace.jsonl")
-    return audit_records(load_trace(trace), episode=str(episode_dir))
+    status = trace.parent / "status.json"
+    if harness is None and status.exists():
+        try:
+            harness = json.loads(status.read_text()).get("harness")
+        except (json.JSONDecodeError, AttributeError):
+            harness = None  # a torn status.json says nothing about the harness
+    return audit_records(load_trace(trace), episode=str(episode_dir), harness=harness)

@@ -237,11 +237,13 @@ def build_tokenizer():
     )
 
 
-def build_tiny_model(out_dir, seed: int = 0, warm: bool = False, warm_steps: int | None = None) -> Path:
+def build_tiny_model(out_dir, seed: int = 0, warm: bool = False, warm_steps: int | None = None,
+                     on_step=None) -> Path:
     """Write config, float32 safetensors weights, generation config and tokenizer to `out_dir`.
 
     float32 because the tiny model runs on CPU in tests; real models default to bfloat16.
-    `warm`: fine-tune on the synthetic harness corpus first (`warm_steps` overrides its length).
+    `warm`: fine-tune on the synthetic harness corpus first (`warm_steps` overrides its length;
+    `on_step(step, steps, loss)` sees every warm-up step).
     """
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
@@ -274,7 +276,8 @@ def build_tiny_model(out_dir, seed: int = 0, warm: bool = False, warm_steps: int
     if warm:
         from mass_jobs.tiny_warm import WARM_STEPS, warm_up
 
-        warm_up(model, tokenizer, seed=seed, steps=WARM_STEPS if warm_steps is None else warm_steps)
+        warm_up(model, tokenizer, seed=seed, steps=WARM_STEPS if warm_steps is None else warm_steps,
+                on_step=on_step)
     model.generation_config = GenerationConfig(
         eos_token_id=[eos_id, pad_id],
         pad_token_id=pad_id,
@@ -283,6 +286,55 @@ def build_tiny_model(out_dir, seed: int = 0, warm: bool = False, warm_steps: int
         top_p=0.9,
         top_k=20,
     )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+# A hybrid-attention variant in the layout of the paper's model (Qwen3.5: gated-delta-net linear
+# attention in three of every four layers, full attention in the fourth), for code that must
+# handle linear-attention layers (`in_proj_qkv`, `in_proj_z`, `in_proj_a`, `in_proj_b`, `out_proj`).
+HYBRID_ARCH = {
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "full_attention_interval": 4,
+    "num_hidden_layers": 4,
+}
+# The vision tower of the multimodal variant: only there so code can be shown to leave it alone.
+HYBRID_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 4,
+                 "spatial_merge_size": 1, "temporal_patch_size": 1}
+
+
+def tiny_hybrid_model(seed: int = 0, vocab_size: int = VOCAB_SIZE, vision: bool = False):
+    """A random-weight hybrid-attention Qwen3.5 model (float32): `Qwen3_5ForCausalLM`, or with
+    `vision` the `Qwen3_5ForConditionalGeneration` layout (vision tower + language model) of the
+    paper's checkpoint. CPU runs use transformers' reference kernels for the linear attention."""
+    import torch
+    from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
+
+    text = dict(
+        vocab_size=vocab_size, hidden_size=ARCH["hidden_size"], intermediate_size=ARCH["intermediate_size"],
+        num_attention_heads=ARCH["num_attention_heads"], num_key_value_heads=ARCH["num_key_value_heads"],
+        head_dim=ARCH["head_dim"], max_position_embeddings=ARCH["max_position_embeddings"],
+        tie_word_embeddings=True, dtype="float32", **HYBRID_ARCH,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if vision:
+            config = Qwen3_5Config(text_config=text, tie_word_embeddings=True,
+                                   vision_config={**HYBRID_VISION, "out_hidden_size": ARCH["hidden_size"]})
+            return Qwen3_5ForConditionalGeneration(config).to(torch.float32)
+        return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**text)).to(torch.float32)
+
+
+def build_tiny_hybrid_model(out_dir, seed: int = 0) -> Path:
+    """Write the text-only hybrid model (config + safetensors) and the tiny tokenizer to `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    model = tiny_hybrid_model(seed, vocab_size=len(tokenizer))
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out

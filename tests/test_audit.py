@@ -6,8 +6,21 @@ import json
 
 import pytest
 
-from mass_jobs.audit import audit_episode, audit_records, split_threads
+from mass_jobs.audit import DELEGATE_TOOLS, audit_episode, audit_records, split_threads
 from mass_jobs.cli import main as cli_main
+from mass_jobs.harness import HARNESSES
+from mass_jobs.harness.delegation import DELEGATION_TOOLS, can_delegate, delegation_tools
+
+
+def tools(*names: str) -> list[dict]:
+    return [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in names]
+
+
+# What each kind of thread is offered, as the harnesses send it (tool lists are per request).
+TOOLS = {"orchestrator": tools("delegate", "read_file", "list_files", "finish"),
+         "worker": tools("write_file", "read_file", "shell", "finish"),
+         "main": tools("agent", "write_file", "read_file", "run_shell_command"),
+         "sub": tools("write_file", "read_file", "run_shell_command")}
 
 
 class TraceBuilder:
@@ -17,11 +30,13 @@ class TraceBuilder:
         self.ids = ids  # "unique"; "missing": the server sent none (the harness made its own); "reused": call_0 every turn
         self.records: list[dict] = []
         self.convs: dict[str, list[dict]] = {}
+        self.tools: dict[str, list[dict] | None] = {}
         self.with_agents = with_agents
         self.n = 0
 
-    def start(self, thread: str, system: str, user: str) -> None:
+    def start(self, thread: str, system: str, user: str, tools: list[dict] | None = None) -> None:
         self.convs[thread] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        self.tools[thread] = tools
 
     def turn(self, thread: str, role: str, *, calls=(), text=None, parent=None) -> list[str]:
         """One model call of `thread`; calls = [(name, args_dict_or_raw_str)]. Returns the call ids."""
@@ -38,7 +53,7 @@ class TraceBuilder:
             {
                 "seq": len(self.records),
                 "agent": {"id": thread, "role": role, "parent": parent} if self.with_agents else None,
-                "request": {"model": "m", "messages": [dict(m) for m in msgs], "tools": []},
+                "request": {"model": "m", "messages": [dict(m) for m in msgs], "tools": self.tools[thread]},
                 "response": {"message": response, "finish_reason": "stop", "usage": None},
                 "status": 200,
                 "error": None,
@@ -54,17 +69,17 @@ class TraceBuilder:
 
 def builtin_handoff_trace(with_agents: bool = True, reader_reads: str = "analysis.py", ids: str = "unique") -> list[dict]:
     t = TraceBuilder(with_agents, ids)
-    t.start("orchestrator", "You are the orchestrator", "Analyse the data.")
+    t.start("orchestrator", "You are the orchestrator", "Analyse the data.", TOOLS["orchestrator"])
     a1 = "Write analysis.py that prints the mean of data.csv."
     (d1,) = t.turn("orchestrator", "orchestrator", calls=[("delegate", {"agent_id": "worker-1", "assignment": a1})])
-    t.start("worker-1", "You are worker-1", a1)
+    t.start("worker-1", "You are worker-1", a1, TOOLS["worker"])
     (w,) = t.turn("worker-1", "worker", calls=[("write_file", {"path": "analysis.py", "content": "print(1)"})])
     t.result("worker-1", w, "wrote 8 bytes to analysis.py")
     (f,) = t.turn("worker-1", "worker", calls=[("finish", {"summary": "analysis.py written"})])
     t.result("orchestrator", d1, json.dumps({"agent_id": "worker-1", "status": "success", "report": "done"}))
     a2 = "Review analysis.py and write review.md."
     (d2,) = t.turn("orchestrator", "orchestrator", calls=[("delegate", {"agent_id": "worker-2", "assignment": a2})])
-    t.start("worker-2", "You are worker-2", a2)
+    t.start("worker-2", "You are worker-2", a2, TOOLS["worker"])
     (r,) = t.turn("worker-2", "worker", calls=[("read_file", {"path": reader_reads})])
     t.result("worker-2", r, "print(1)")
     t.turn("worker-2", "worker", text="Looks fine.")
@@ -156,10 +171,10 @@ def test_unanswered_or_errored_delegations_give_no_d():
 def qwen_style_trace() -> list[dict]:
     """qwen-code vocabulary: `agent` tool with `prompt`, absolute `file_path`s, no agent headers, a side call."""
     t = TraceBuilder(with_agents=False)
-    t.start("main", "You are Qwen Code", "Context: working in /ws\nTask: build it")
+    t.start("main", "You are Qwen Code", "Context: working in /ws\nTask: build it", TOOLS["main"])
     p1 = "Write /ws/src/model.py with a fit function."
     (a1,) = t.turn("main", "", calls=[("agent", {"description": "write model", "prompt": p1, "subagent_type": "general-purpose"})])
-    t.start("sub1", "You are a general-purpose agent", p1)
+    t.start("sub1", "You are a general-purpose agent", p1, TOOLS["sub"])
     (w,) = t.turn("sub1", "", calls=[("write_file", {"file_path": "/ws/src/model.py", "content": "def fit(): ..."})])
     t.result("sub1", w, "Successfully created and wrote to new file: /ws/src/model.py.")
     t.turn("sub1", "", text="Wrote /ws/src/model.py")
@@ -168,7 +183,7 @@ def qwen_style_trace() -> list[dict]:
     t.turn("side", "", text="summary")
     p2 = "Test src/model.py."
     (a2,) = t.turn("main", "", calls=[("agent", {"description": "test", "prompt": p2, "subagent_type": "general-purpose"})])
-    t.start("sub2", "You are a general-purpose agent", p2)
+    t.start("sub2", "You are a general-purpose agent", p2, TOOLS["sub"])
     (r,) = t.turn("sub2", "", calls=[("read_file", {"file_path": "/ws/src/model.py"})])
     t.result("sub2", r, "def fit(): ...")
     t.turn("sub2", "", text="ok")
@@ -184,6 +199,39 @@ def test_qwen_code_vocabulary_and_auxiliary_threads():
     audit = audit_records(records)
     assert (audit.workers, audit.delegations_ok, audit.delegation, audit.code_handoff) == (2, 2, True, True)
     assert audit.handoffs[0]["file"] == "/ws/src/model.py"
+
+
+def test_one_delegation_table_covers_every_harness():
+    assert set(DELEGATION_TOOLS) == set(HARNESSES)
+    assert (delegation_tools("builtin"), delegation_tools("qwen-code")) == ({"delegate"}, {"agent", "task"})
+    assert delegation_tools(None) == DELEGATE_TOOLS == {"delegate", "agent", "task"}
+    assert can_delegate(TOOLS["main"], "qwen-code") and not can_delegate(TOOLS["main"], "builtin")
+    assert not can_delegate(TOOLS["sub"]) and not can_delegate(None)
+    with pytest.raises(ValueError, match=r"harness: expected one of \['builtin', 'qwen-code'\], got 'claude'"):
+        delegation_tools("claude")
+
+
+def test_headerless_threads_are_classified_by_the_harness_delegation_tool():
+    # A side call that comes first is no orchestrator: only the thread offered `agent` is.
+    records = qwen_style_trace()
+    side = {**records[0], "seq": -1, "request": {"model": "m", "tools": None, "messages": [
+        {"role": "system", "content": "Generate a title"}, {"role": "user", "content": "build it"}]}}
+    roles = [(t.id, t.role) for t in split_threads([side, *records], "qwen-code")]
+    assert roles == [("aux-1", "auxiliary"), ("orchestrator", "orchestrator"), ("worker-1", "worker"),
+                     ("aux-2", "auxiliary"), ("worker-2", "worker")]
+    # Under the built-in harness's table `agent` delegates nothing: no orchestrator, no worker, no D.
+    assert {t.role for t in split_threads(records, "builtin")} == {"auxiliary"}
+    audit = audit_records(records, harness="builtin")
+    assert (audit.delegation, audit.delegations_ok, audit.workers) == (False, 0, 0)
+    assert audit_records(records, harness="qwen-code").delegations_ok == 2
+
+
+def test_audit_episode_takes_the_harness_from_status_json(tmp_path):
+    (tmp_path / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in qwen_style_trace()))
+    (tmp_path / "status.json").write_text(json.dumps({"harness": "builtin"}))
+    assert audit_episode(tmp_path).delegations_ok == 0
+    (tmp_path / "status.json").write_text(json.dumps({"harness": "qwen-code"}))
+    assert audit_episode(tmp_path).delegations_ok == 2
 
 
 def test_cli_table_and_json(tmp_path, capsys, monkeypatch):

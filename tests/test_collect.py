@@ -11,7 +11,7 @@ from mass_jobs.steps.collect import Collection, CollectError, run_collect
 from mass_jobs.steps.search import episode_executor, run_search
 from mass_jobs.workflow import DIRECTIVE_HEADER, TEACHER_DIRECTIVE
 from mass_jobs.testing.scripted_endpoint import Reply
-from tests.fixtures.inner_loop import add_episodes, episode
+from tests.fixtures.inner_loop import add_episodes, episode, proposal
 
 
 def searched(spec, store, ep, ref_score: int, elite_score: int) -> RunContext:
@@ -102,6 +102,58 @@ def test_spec_can_collect_for_a_task_that_never_beat_the_reference(make_store, i
     ctx = searched(spec, store, ep, 5, 5)
     assert Collection(ctx, 0, "t1").skip_reason is None
     assert Collection(ctx, 0, "t1", require_beats_reference=True).skip_reason is not None
+
+
+class GarbleReferenceJudgment:
+    """Passes calls to the client; from the n-th evaluator call on, the evaluator's replies are
+    unreadable (the one noisy judgment of the final elite against the reference)."""
+
+    def __init__(self, client, ep, n: int):
+        self.client, self.ep, self.n, self.calls = client, ep, n, 0
+
+    def chat(self, messages, **kw):
+        if (kw.get("headers") or {}).get("X-Mass-Role") == "evaluator":
+            self.calls += 1
+            if self.calls == self.n:
+                self.ep.garbage_left = 10**6
+        return self.client.chat(messages, **kw)
+
+
+def test_collects_when_any_version_beat_the_reference_with_that_version(make_store, inner_spec, judging_endpoint):
+    """v0 beats the reference, v1 beats v0 but its one reference judgment is unreadable (invalid):
+    by default the task is collected with v0's workflow (the latest version that beat the
+    reference); `collect_when: elite` skips it."""
+    from mass_jobs.models import Workflow
+    from mass_jobs.workflow import teacher_prompt_parts
+
+    store = make_store("file")
+    spec = inner_spec(store, search={"iterations": 1}, collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2},
+                      ranking={"verdict_retries": 0, "comparisons_per_episode": 1})
+    ep = judging_endpoint()
+    add_episodes(ep, episode(1), episode(5))
+    ep.add("optimizer", Reply.text(proposal("v1")))
+    add_episodes(ep, episode(7))
+    ctx = RunContext(spec, store)
+    client = GarbleReferenceJudgment(ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0), ep, n=3)
+    run_search(ctx, 0, "t1", client, episode_executor(spec, ep.endpoint))
+    state = Collection(ctx, 0, "t1").state
+    assert state.elite == 1 and state.beats_reference is False and state.beat_reference == [0]
+    assert state.iterations[1].reference_verdict.valid is False
+    ep.garbage_left = 0
+
+    c = Collection(ctx, 0, "t1")
+    v0 = Workflow.model_validate(state.iterations[0].workflow)
+    assert c.skip_reason is None and c.version == 0
+    assert c.parts == teacher_prompt_parts(spec.task("t1").prompt, v0, None) and "Lead (v1)" not in c.parts.text
+    strict = inner_spec(store, search={"iterations": 1}, ranking={"verdict_retries": 0, "comparisons_per_episode": 1},
+                        collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2, "collect_when": "elite"})
+    assert "collect_when: elite" in Collection(RunContext(strict, store), 0, "t1").skip_reason
+
+    ep.add("orchestrator", *[Reply.call("finish", summary="nothing to delegate") for _ in range(2)])
+    summary = run_collect(ctx, 0, "t1", episode_executor(spec, ep.endpoint))
+    assert summary["skipped"] is False and summary["elite_iteration"] == 0 and summary["beat_reference"] == [0]
+    assert all(r["body"]["messages"][1]["content"] == c.parts.text for r in ep.requests[-2:])
+    assert store.get_json("inner/gen-0/collect/t1/ep-1/episode.json")["elite_iteration"] == 0
 
 
 def test_collect_needs_a_finished_search_and_a_train_task(make_store, inner_spec):

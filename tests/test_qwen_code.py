@@ -111,3 +111,67 @@ def test_settings_turn_off_telemetry_and_carry_sampling():
     gen = s["model"]["generationConfig"]
     assert gen["timeout"] == 5000 and gen["maxRetries"] == 2 and gen["extra_body"] == {"seed": 9}
     assert gen["samplingParams"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 32768}
+
+
+def teacher_parts():
+    from mass_jobs.workflow import DEFAULT_WORKFLOW, teacher_prompt_parts
+
+    return teacher_prompt_parts("Write analysis.py printing the mean of 1, 2, 3, and check it.", DEFAULT_WORKFLOW)
+
+
+def test_real_qwen_code_episode_renders_with_the_main_session_as_orchestrator(scripted_endpoint, tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from mass_jobs.models import SftSpec
+    from mass_jobs.steps.render_sft import IGNORE, EpisodeTrace, rebuild_threads, render_windows
+    from tests.fixtures.chat_templates import QWEN3_THINKING, upstream_segment_masks
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ep = scripted_endpoint({
+        SUB: [Reply.call("write_file", file_path=str(ws / "analysis.py"), content="print(2.0)\n"),
+              Reply.text("Wrote analysis.py", reasoning="The file is written.")],
+        MAIN: [Reply(reasoning="A coder should write it.", tool_calls=[{"name": "agent", "arguments": {
+                   "description": "write code", "prompt": "Write analysis.py printing 2.0.", "subagent_type": "general-purpose"}}]),
+               Reply.text("Done: analysis.py prints 2.0", reasoning="The worker reported success.")],
+    })
+    parts = teacher_parts()
+    result, trace = run(ep, tmp_path, prompt=parts.text)
+    assert result.outcome == "success" and len(trace) == 4
+    # qwen-code's thread shape: system, user (environment context), its canned reply, user (the prompt sent)
+    main = trace[0]["request"]["messages"]
+    assert [m["role"] for m in main] == ["system", "user", "assistant", "user"]
+    assert main[2]["content"] == "Got it. Thanks for the context!" and main[3]["content"] == [{"type": "text", "text": parts.text}]
+    # A second user query in the main thread, as a follow-up turn of the same session would add.
+    follow = {**trace[-1], "seq": 4, "request": {**trace[-1]["request"], "messages": trace[-1]["request"]["messages"] + [
+        trace[-1]["response"]["message"], {"role": "user", "content": "Check it once more."}]},
+        "response": {**trace[-1]["response"], "message": {"role": "assistant", "content": "It prints 2.0.",
+                                                           "reasoning_content": "Follow-up checked."}}}
+    records = trace + [follow]
+    assert [t.role for t in rebuild_threads(records, "qwen-code")] == ["orchestrator", "worker"]
+    episode = EpisodeTrace("mean", 0, records, bare_prompt=parts.task, teacher_prompt=parts.text, harness="qwen-code",
+                           strip_pieces=(parts.workflow, parts.directive))
+    sft = SftSpec(window=65536, context=512)
+    stock = AutoTokenizer.from_pretrained(tiny_model_dir)
+    thinking = AutoTokenizer.from_pretrained(tiny_model_dir)
+    thinking.chat_template = QWEN3_THINKING
+    for tok in (stock, thinking):
+        windows, stats = render_windows([episode], tok, sft)
+        assert stats["episode_errors"] == [] and stats["episodes_dropped"] == []
+        assert stats["threads_by_role"] == {"orchestrator": 1, "worker": 1, "auxiliary": 0}
+        # per thread: the canned reply's segment and the task's; the main thread has the follow-up too
+        assert stats["windows_by_role"] == {"orchestrator": 3, "worker": 2, "auxiliary": 0}
+        texts = [tok.decode(w.input_ids) for w in windows]
+        assert not any(parts.workflow in t or parts.directive in t or "## Workflow" in t for t in texts)
+        orch = [t for w, t in zip(windows, texts) if w.role == "orchestrator"]
+        assert parts.task in orch[1] and "You are Qwen Code" in orch[1]
+        supervised = [tok.decode([x for x in w.labels if x != IGNORE]) for w in windows if w.role == "orchestrator"]
+        assert "A coder should write it." in supervised[1] and "Done: analysis.py prints 2.0" in supervised[1]
+        assert "Follow-up checked." in supervised[2] and "A coder" not in supervised[2]
+    # with the thinking template every segment's labels are upstream's mask of that segment
+    main_thread = rebuild_threads(records, "qwen-code")[0]
+    messages = [{**m, "content": m["content"].replace(parts.text, parts.task)} for m in main_thread.messages]
+    reference = upstream_segment_masks(thinking, messages, main_thread.tools)
+    orch_windows = [w for w in render_windows([episode], thinking, sft)[0] if w.role == "orchestrator"]
+    assert [[x for x in w.labels if x != IGNORE] for w in orch_windows] == [
+        [t for t, m in zip(ids, mask) if m] for ids, mask in reference]

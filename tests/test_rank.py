@@ -82,10 +82,19 @@ def test_unreadable_verdicts_are_invalid_not_ties(make_store, inner_spec, judgin
     assert [v.valid for v in r.verdicts] == [False, True, True, True]
     assert r.verdicts[0].winner is None and r.verdicts[0].attempts == 2 and r.verdicts[1].attempts == 2
     # the invalid verdict is left out of the fit; it is not counted as a tie
-    valid = fit(r.episodes, [(v.first, v.second, v.score_of_first()) for v in r.verdicts[1:]], prior=0.1)
+    valid = fit(r.episodes, [(v.first, v.second, v.score_of_first()) for v in r.verdicts[1:]])
     as_tie = fit(r.episodes, [(r.verdicts[0].first, r.verdicts[0].second, 0.5)]
-                 + [(v.first, v.second, v.score_of_first()) for v in r.verdicts[1:]], prior=0.1)
+                 + [(v.first, v.second, v.score_of_first()) for v in r.verdicts[1:]])
     assert r.scores == pytest.approx(valid) and r.scores != pytest.approx(as_tie)
+
+    # the other estimator is a spec choice: the stored verdicts are refitted, nothing is asked again
+    asked = len(ep.requests)
+    spec2 = inner_spec(store, search={"iterations": 0},
+                       ranking={"verdict_retries": 1, "comparisons_per_episode": 2, "estimator": "virtual_ties"})
+    r2 = run_rank(RunContext(spec2, store), 0, "t1", client)
+    assert len(ep.requests) == asked and r2.verdicts == r.verdicts
+    ties = fit(r.episodes, [(v.first, v.second, v.score_of_first()) for v in r.verdicts[1:]], estimator="virtual_ties")
+    assert r2.scores == pytest.approx(ties) and r2.scores != pytest.approx(r.scores)
 
 
 def test_select_rules():

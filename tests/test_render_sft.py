@@ -19,11 +19,14 @@ from mass_jobs.steps.render_sft import (
     cut_windows,
     mask_method,
     rebuild_threads,
+    render_segments,
     render_windows,
+    teacher_prompt_from_trace,
     tokenize_conversation,
     turn_opener,
 )
 from mass_jobs.tiny import CHAT_TEMPLATE
+from tests.fixtures.chat_templates import QWEN3_THINKING, QWEN3_THINKING_MARKED, upstream_segment_masks
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "schemas" / "sft-window.schema.json").read_text())
 
@@ -193,15 +196,20 @@ def test_windows_train_every_assistant_token_once(tokenizer, unmarked, marked, w
     assert [trained[i] for i in range(len(ids)) if mask[i]] == [1] * sum(mask)
 
 
-def test_oversized_block_is_reported_and_fails_under_strict(tokenizer):
+def test_oversized_block_drops_its_episode_under_strict_and_only_itself_without(tokenizer):
     huge = {"role": "assistant", "content": "the quick brown fox jumps " * 80}
-    recs = [call(0, [{"role": "user", "content": "go"}], None, huge)]
+    recs = [call(0, [{"role": "user", "content": "go"}], None, huge),
+            call(1, [{"role": "user", "content": "and?"}], None, {"role": "assistant", "content": "short"})]
     ep = EpisodeTrace("t", 0, recs, bare_prompt="go")
-    windows, stats = render_windows([ep], tokenizer, SftSpec(window=128, context=0))
-    assert windows == [] and len(stats["dropped_blocks"]) == 1
+    windows, stats = render_windows([ep], tokenizer, SftSpec(window=128, context=0, strict=False))
+    assert len(windows) == 1 and len(stats["dropped_blocks"]) == 1 and stats["episodes_dropped"] == []
     assert stats["dropped_supervised_tokens"] > 128
-    with pytest.raises(RenderError, match="cannot fit sft.window=128"):
-        render_windows([ep], tokenizer, SftSpec(window=128, context=0, strict=True))
+    assert [e["kind"] for e in stats["episode_errors"]] == ["reply_too_long"]
+    assert SftSpec().strict  # upstream's --strict is the default: the whole episode goes, with the reason
+    windows, stats = render_windows([ep], tokenizer, SftSpec(window=128, context=0))
+    assert windows == [] and stats["windows"] == 0 and len(stats["dropped_blocks"]) == 1
+    [dropped] = stats["episodes_dropped"]
+    assert dropped["episode"] == 0 and "1 reply block(s) cannot fit sft.window=128" in dropped["reasons"][0]
 
 
 def test_tokenizer_without_chat_template_is_an_error(tiny_model_dir):
@@ -343,9 +351,11 @@ def test_qwen3_like_template_masks_exactly_the_final_renderings_replies(tiny_mod
     runs = _runs(mask)
     replies = [stock.decode(ids[s:e]) for s, e in runs]
     assert len(replies) == 5 and all(r.endswith("<|im_end|>") for r in replies)
-    assert all(stock.decode(ids[: s]).endswith(("<|im_start|>assistant\n", "<|im_start|>assistant")) for s, _ in runs)
-    # a reply starting with a newline: the "\n\n" token straddling the opener is trained, as with markers
-    assert replies[0].startswith("<tool_call>") and replies[1] == "\n\nBoth files read.<|im_end|>"
+    assert all(stock.decode(ids[: s]).endswith(("<|im_start|>assistant\n", "<|im_start|>assistant\n\n")) for s, _ in runs)
+    # a reply starting with a newline: the "\n\n" token merging it with the opener is context (it starts
+    # in the prompt), as in upstream's masks; the markers path applies the same rule
+    assert replies[0].startswith("<tool_call>") and replies[1] == "Both files read.<|im_end|>"
+    assert stock.decode(ids[runs[1][0] - 1 : runs[1][0]]) == "\n\n"
     assert replies[2].startswith("<tool_call>") and "write_file" in replies[2]
     assert replies[3].startswith("<think>\nVerify the write.\n</think>\n\nChecking.\n<tool_call>")
     assert replies[4] == "<think>\n\n</think>\n\nprimes.py written and checked.<|im_end|>"
@@ -362,7 +372,7 @@ def test_qwen3_like_template_masks_exactly_the_final_renderings_replies(tiny_mod
         "Looking.<|im_end|>", "<think>\nAll good.\n</think>\n\nDone.<|im_end|>"]
 
 
-def test_template_that_rewrites_earlier_replies_fails_naming_thread_and_turn(tiny_model_dir):
+def test_template_that_rewrites_earlier_replies_is_an_episode_error_naming_thread_and_turn(tiny_model_dir):
     shouting = without_markers(CHAT_TEMPLATE).replace(
         "{{- content -}}", "{%- if loop.last -%}{{- content -}}{%- else -%}{{- content | upper -}}{%- endif -%}"
     )
@@ -370,10 +380,13 @@ def test_template_that_rewrites_earlier_replies_fails_naming_thread_and_turn(tin
     tok = with_template(tiny_model_dir, shouting)
     u = {"role": "user", "content": "go"}
     a1, a2 = {"role": "assistant", "content": "first reply"}, {"role": "assistant", "content": "second reply"}
-    recs = [call(0, [u], None, a1), call(1, [u, a1, {"role": "user", "content": "more"}], None, a2)]
+    recs = [call(0, [u], None, a1), call(1, [u, a1], None, a2)]  # two replies to one query
     ep = EpisodeTrace("t", 4, recs, bare_prompt="go")
-    with pytest.raises(RenderError, match=r"task 't' episode 4 thread 0 \(auxiliary\): assistant turn 0 \(message 1\)"):
-        render_windows([ep], tok, SftSpec(window=256, context=0))
+    windows, stats = render_windows([ep], tok, SftSpec(window=256, context=0))
+    assert windows == [] and [d["episode"] for d in stats["episodes_dropped"]] == [4]
+    [err] = stats["episode_errors"]
+    assert err["kind"] == "thread_not_renderable" and err["thread"] == 0
+    assert err["reason"].startswith("thread 0 (auxiliary): segment 0 (message 0): assistant turn 0 (message 1): ")
 
 
 def test_render_step_over_the_store(tokenizer, tmp_path):
@@ -389,28 +402,266 @@ def test_render_step_over_the_store(tokenizer, tmp_path):
         "name": "r", "model": {"base": str(tmp_path)},
         "tasks": [{"id": "primes", "split": "train", "prompt": BARE},
                   {"id": "skipped", "split": "train", "prompt": "never beat the reference"}],
-        "collection": {"episodes": 3, "train_ranks": 2, "validation_rank": 3},
+        "collection": {"episodes": 4, "train_ranks": 3, "validation_rank": 4},
         "ranking": {"comparisons_per_episode": 1},
         "sft": {"window": 512, "context": 64},
         "store": {"uri": f"file://{tmp_path / 'store'}"},
     }))
     ctx = RunContext(load_spec(spec_path), open_store(f"file://{tmp_path / 'store'}"))
-    ctx.store.put_json(ctx.rank(0, "primes"), {"task": "primes", "train": ["ep-0", "ep-2"], "val": "ep-1"})
     ctx.store.put_json(ctx.rank(0, "skipped"), {"task": "skipped", "skipped": True, "train": [], "val": None})
-    for i in range(3):
+    doc = {"prompt": TEACHER, "prompt_parts": {"task": BARE, "workflow": WORKFLOW, "directive": DIRECTIVE}}
+    for i, records in enumerate([teacher_episode(), teacher_episode(), qwen_code_episode(), qwen_code_episode("?")]):
         base = ctx.collect_episode(0, "primes", i)
-        ctx.store.put_bytes(f"{base}/trace.jsonl", "".join(json.dumps(r) + "\n" for r in teacher_episode()).encode())
-        ctx.store.put_json(f"{base}/episode.json", {"prompt": TEACHER})
+        ctx.store.put_bytes(f"{base}/trace.jsonl", "".join(json.dumps(r) + "\n" for r in records).encode())
+        ctx.store.put_json(f"{base}/episode.json", {**doc, "harness": "builtin" if i < 2 else "qwen-code"})
+    ctx.store.put_json(ctx.rank(0, "primes"), {"task": "primes", "train": ["ep-0", "ep-2", "ep-3"], "val": "ep-1"})
     extra = run_render(ctx, 0, tokenizer)
     train = read_jsonl(tmp_path / "store" / "r/gen-0/sft/train.jsonl")
     val = read_jsonl(tmp_path / "store" / "r/gen-0/sft/val.jsonl")
-    assert len(train) == 6 and len(val) == 3 and {w["episode"] for w in train} == {0, 2}
+    # ep-2 is a qwen-code episode (its harness from episode.json); ep-3's prompt was never sent: dropped
+    assert len(train) == 7 and len(val) == 3 and {w["episode"] for w in train} == {0, 2}
     assert extra["stored_supervised_tokens"] == sum(w["n_supervised"] for w in train)
     assert extra["mask_method"] == MASK_BY_MARKERS
-    assert extra["windows_by_role"] == {"orchestrator": 2, "worker": 2, "auxiliary": 2}
+    assert extra["windows_by_role"] == {"orchestrator": 3, "worker": 3, "auxiliary": 1}
+    assert (extra["episode_errors"], extra["episodes_dropped"]) == (1, 1)
+    stats = ctx.store.get_json("r/gen-0/sft/stats.json")
+    assert [(d["episode"], d["reasons"][0][:40]) for d in stats["train"]["episodes_dropped"]] == [
+        (3, "no orchestrator thread carries the teach")]
+    assert stats["train"]["strict"] is True and stats["val"]["episode_errors"] == []
+    # the report counts them per generation
+    from mass_jobs.steps.report import build_report, render_markdown
+
+    doc = build_report(ctx)
+    assert doc["sft"] == [{"generation": 0, "episodes": 4, "episode_errors": 1, "episodes_dropped": 1,
+                           "orchestrator_windows": 3}]
+    assert "| L0 | 4 | 1 | 1 | 3 |" in render_markdown(doc)
     manifest = read_manifest(ctx.store, "r/gen-0/sft")
     assert manifest["extra"]["stored_supervised_tokens"] == extra["stored_supervised_tokens"]
     assert set(manifest["outputs"]) == {f"r/gen-0/sft/{n}" for n in ("train.jsonl", "val.jsonl", "stats.json")}
     orch = next(w for w in train if w["role"] == "orchestrator")
     assert WORKFLOW not in tokenizer.decode(orch["input_ids"])
     assert run_render(ctx, 0, tokenizer) == extra  # done: skipped on rerun
+
+
+# ---------------------------------------------------------------- multi-query threads (qwen-code's shape)
+
+QWEN_SYSTEM = "You are Qwen Code, an interactive CLI agent."
+ENV = "This is the Qwen Code. We are setting up the context for our chat. Working directory: /ws"
+GOT_IT = "Got it. Thanks for the context!"
+
+
+def multi_query_thread() -> list[dict]:
+    """system, user (environment context), assistant (the harness's canned reply), user (task), ..., a
+    follow-up query; reasoning in every segment, parallel tool results, an empty reasoning at the end."""
+    return [
+        {"role": "system", "content": QWEN_SYSTEM},
+        {"role": "user", "content": ENV},
+        {"role": "assistant", "content": GOT_IT},
+        {"role": "user", "content": BARE},
+        {"role": "assistant", "content": "", "reasoning_content": "Plan A: delegate the code.",
+         "tool_calls": [tc("a", "read_file", {"path": "a.txt"})]},
+        {"role": "tool", "tool_call_id": "a", "content": "alpha"},
+        {"role": "assistant", "content": "Part one done.", "reasoning_content": "Check B: alpha read."},
+        {"role": "user", "content": "Now add tests."},
+        {"role": "assistant", "content": "", "reasoning_content": "Tests C: two files.",
+         "tool_calls": [tc("b", "write_file", {"path": "t1.py"}), tc("c", "write_file", {"path": "t2.py"})]},
+        {"role": "tool", "tool_call_id": "b", "content": "ok"},
+        {"role": "tool", "tool_call_id": "c", "content": "ok"},
+        {"role": "assistant", "content": "\nAll done."},
+    ]
+
+
+@pytest.mark.parametrize("marked", [False, True], ids=["stock", "markers"])
+@pytest.mark.parametrize("with_tools", [True, False], ids=["tools", "no-tools"])
+def test_thinking_template_multi_query_masks_equal_upstreams_per_segment_rule(tiny_model_dir, marked, with_tools):
+    tok = with_template(tiny_model_dir, QWEN3_THINKING_MARKED if marked else QWEN3_THINKING)
+    assert mask_method(tok) == (MASK_BY_MARKERS if marked else MASK_BY_INCREMENTS)
+    tools = WORKER_TOOLS if with_tools else None
+    messages = multi_query_thread()
+    segments = render_segments(tok, messages, tools)
+    reference = upstream_segment_masks(tok, messages, tools)
+    assert [s.index for s in segments] == [0, 1, 2]
+    assert [(s.ids, s.mask) for s in segments] == reference
+    supervised = [tok.decode([t for t, m in zip(s.ids, s.mask) if m]) for s in segments]
+    # each segment trains its own replies with their own reasoning, and nothing else
+    assert supervised[0] == f"</think>\n\n{GOT_IT}<|im_end|>"  # empty reasoning: the merged "\n\n" is context
+    assert supervised[1].startswith("Plan A: delegate the code.\n</think>\n\n<tool_call>")
+    assert "Check B: alpha read.\n</think>\n\nPart one done.<|im_end|>" in supervised[1] and GOT_IT not in supervised[1]
+    assert supervised[2].startswith("Tests C: two files.") and supervised[2].endswith("</think>\n\nAll done.<|im_end|>")
+    assert "Part one done" not in supervised[2]
+    # the context is the one each reply was generated in: earlier segments' reasoning is gone
+    last = tok.decode(segments[2].ids)
+    assert "Plan A" not in last and "Check B" not in last and "Part one done." in last
+    # the segment's own query is located for the windows; segment 0's is in the header
+    assert segments[0].query is None
+    for s, text in ((1, BARE), (2, "Now add tests.")):
+        qa, qb = segments[s].query
+        assert tok.decode(segments[s].ids[qa:qb]) == f"<|im_start|>user\n{text}<|im_end|>\n"
+        assert segments[s].header <= qa and not any(segments[s].mask[:qb])
+    header = tok.decode(segments[1].ids[: segments[1].header])
+    assert header.endswith(f"<|im_start|>user\n{ENV}<|im_end|>\n") and all(s.header == segments[0].header for s in segments)
+
+
+def test_thinking_template_whole_thread_rendering_cannot_align_but_segments_can(tiny_model_dir):
+    # Rendering the whole thread at once (as before) loses the think openers of earlier segments.
+    tok = with_template(tiny_model_dir, QWEN3_THINKING)
+    with pytest.raises(RenderError, match="cannot be aligned"):
+        tokenize_conversation(tok, multi_query_thread(), WORKER_TOOLS)
+    msgs = multi_query_thread()
+    recs = [call(0, msgs[:-1], WORKER_TOOLS, msgs[-1])]
+    windows, stats = render_windows([EpisodeTrace("t", 0, recs, bare_prompt=BARE)], tok, SftSpec(window=4096, context=0))
+    assert stats["episode_errors"] == [] and stats["segments"] == 3 and len(windows) == 3
+    reference = upstream_segment_masks(tok, msgs, WORKER_TOOLS)
+    for w, (ids, mask), query in zip(windows, reference, [None, BARE, "Now add tests."]):
+        assert [lab for lab in w.labels if lab != IGNORE] == [t for t, m in zip(ids, mask) if m]
+        text = tok.decode(w.input_ids)
+        assert text.startswith(f"<|im_start|>system\n{QWEN_SYSTEM}") and ENV in text
+        if query:  # context=0, yet each later segment's window shows the query its replies answer
+            assert f"<|im_start|>user\n{query}<|im_end|>" in text and GOT_IT not in text
+
+
+def test_segment_query_is_kept_within_the_context_budget(tokenizer):
+    msgs = [{"role": "system", "content": "You are the coder."}, {"role": "user", "content": "Context: /ws"},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": ASSIGNMENT}]
+    msgs += long_conversation(20)[2:]
+    [_, seg] = render_segments(tokenizer, msgs, WORKER_TOOLS)
+    qa, qb = seg.query
+    opener = turn_opener(tokenizer)
+    pieces, dropped = cut_windows(seg.ids, seg.mask, seg.header, 400, 48, opener, seg.query)
+    assert dropped == [] and len(pieces) >= 3
+    trained = separate = 0
+    for win_ids, labels in pieces:
+        assert len(win_ids) <= 400 and win_ids[: seg.header] == seg.ids[: seg.header]
+        # every window shows the query before its replies; other earlier context stays within 48 tokens
+        first_sup = next(k for k, lab in enumerate(labels) if lab != IGNORE)
+        body, query = win_ids[seg.header : first_sup], seg.ids[qa:qb]
+        assert any(body[k : k + len(query)] == query for k in range(len(body)))
+        assert len(body) <= max(48, len(query)) + len(opener)  # the query counts against the context budget
+        separate += body[: len(query)] == query and len(body) > len(query) + len(opener)
+        trained += sum(lab != IGNORE for lab in labels)
+    assert trained == sum(seg.mask) and separate >= 2  # later windows put the query in apart from the context
+
+
+# ---------------------------------------------------------------- orchestrator detection and strict stripping
+
+QWEN_MAIN_TOOLS = [tool("agent"), tool("read_file"), tool("write_file")]
+QWEN_SUB_TOOLS = [tool("read_file"), tool("write_file")]
+
+
+def qwen_code_episode(sent_prompt: str = TEACHER) -> list[dict]:
+    """What qwen-code sends (no agent headers, content parts): the main session with `agent`, one sub-agent."""
+    parts = lambda text: [{"type": "text", "text": text}]  # noqa: E731
+    head = [{"role": "system", "content": QWEN_SYSTEM}, {"role": "user", "content": parts(ENV)},
+            {"role": "assistant", "content": GOT_IT}, {"role": "user", "content": parts(sent_prompt)}]
+    a1 = {"role": "assistant", "content": None, "reasoning_content": "Delegate the code.",
+          "tool_calls": [tc("q1", "agent", {"description": "code", "prompt": ASSIGNMENT, "subagent_type": "general-purpose"})]}
+    r1 = {"role": "tool", "tool_call_id": "q1", "content": parts("primes.py written")}
+    sub = [{"role": "system", "content": "You are a general-purpose agent."}, {"role": "user", "content": parts(ENV)},
+           {"role": "assistant", "content": GOT_IT}, {"role": "user", "content": parts(ASSIGNMENT)}]
+    s1 = {"role": "assistant", "content": None, "tool_calls": [tc("w", "write_file", {"file_path": "/ws/primes.py"})]}
+    return [
+        call(0, head, QWEN_MAIN_TOOLS, a1),
+        call(1, sub, QWEN_SUB_TOOLS, s1),
+        call(2, sub + [s1, {"role": "tool", "tool_call_id": "w", "content": parts("ok")}], QWEN_SUB_TOOLS,
+             {"role": "assistant", "content": "primes.py written"}),
+        call(3, head + [a1, r1], QWEN_MAIN_TOOLS, {"role": "assistant", "content": "Done.", "reasoning_content": "All good."}),
+    ]
+
+
+def decoded(tok, windows) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for w in windows:
+        out.setdefault(w.role, []).append(tok.decode(w.input_ids))
+    return out
+
+
+def test_headerless_thread_offered_the_harness_delegation_tool_is_the_orchestrator(tokenizer):
+    recs = qwen_code_episode()
+    assert [t.role for t in rebuild_threads(recs, "qwen-code")] == ["orchestrator", "worker"]
+    ep = EpisodeTrace("primes", 0, recs, bare_prompt=BARE, teacher_prompt=TEACHER, harness="qwen-code",
+                      strip_pieces=(WORKFLOW, DIRECTIVE))
+    windows, stats = render_windows([ep], tokenizer, SftSpec(window=1024, context=64))
+    assert stats["episode_errors"] == [] and stats["threads_by_role"] == {"orchestrator": 1, "worker": 1, "auxiliary": 0}
+    # two segments per thread (environment context, then the task): the canned reply and the real ones
+    assert stats["segments"] == 4 and stats["windows_by_role"] == {"orchestrator": 2, "worker": 2, "auxiliary": 0}
+    texts = decoded(tokenizer, windows)
+    assert all(WORKFLOW not in t and DIRECTIVE not in t for ts in texts.values() for t in ts)
+    assert BARE in texts["orchestrator"][1] and ASSIGNMENT in texts["worker"][1]
+
+
+def test_teacher_prompt_from_trace_is_the_orchestrators_latest_query_of_its_first_call():
+    # only when episode.json lacks the prompt: qwen-code's first user message is its environment context
+    assert teacher_prompt_from_trace(qwen_code_episode(), "qwen-code") == TEACHER
+    assert teacher_prompt_from_trace(teacher_episode(with_agent=True)) == TEACHER
+    assert teacher_prompt_from_trace(qwen_code_episode(), "builtin") is None
+
+
+def test_unstrippable_teacher_prompt_drops_the_episode_under_strict_and_never_reaches_a_window(tokenizer):
+    recs = qwen_code_episode()
+    # The table of the wrong harness: `agent` delegates nothing, so the main session looks like a worker.
+    wrong = EpisodeTrace("primes", 0, recs, bare_prompt=BARE, teacher_prompt=TEACHER, harness="builtin",
+                         strip_pieces=(WORKFLOW, DIRECTIVE))
+    windows, stats = render_windows([wrong], tokenizer, SftSpec(window=1024, context=64))
+    assert windows == [] and [d["episode"] for d in stats["episodes_dropped"]] == [0]
+    assert [e["kind"] for e in stats["episode_errors"]] == ["teacher_prompt_not_found", "teacher_prompt_left"]
+    assert stats["teacher_prompt_not_found"][0]["reason"].endswith("threads {0: worker, 1: worker} under harness builtin")
+    assert "thread 0 (worker) message 3 still holds" in stats["episode_errors"][1]["reason"]
+    # without strict only the sub-agent's windows stay: the workflow is in no window either way
+    windows, stats = render_windows([wrong], tokenizer, SftSpec(window=1024, context=64, strict=False))
+    assert {w.thread for w in windows} == {1} and stats["episodes_dropped"] == [] and len(stats["episode_errors"]) == 2
+    assert not any(WORKFLOW in t or DIRECTIVE in t for ts in decoded(tokenizer, windows).values() for t in ts)
+    # a harness that rewrote the workflow itself: nothing can be stripped, the orchestrator is left out
+    altered = TEACHER.replace("primes.py", "primes .py")
+    ep = EpisodeTrace("primes", 1, qwen_code_episode(altered), bare_prompt=BARE, teacher_prompt=TEACHER,
+                      harness="qwen-code", strip_pieces=(WORKFLOW, DIRECTIVE))
+    windows, stats = render_windows([ep], tokenizer, SftSpec(window=1024, context=64, strict=False))
+    assert [e["kind"] for e in stats["episode_errors"]] == ["teacher_prompt_not_found"]
+    assert {w.role for w in windows} == {"worker"} and stats["threads_by_role"]["orchestrator"] == 0
+    assert render_windows([ep], tokenizer, SftSpec(window=1024, context=64))[0] == []
+
+
+def test_workflow_and_directive_are_removed_when_the_harness_changed_the_task_text(tokenizer):
+    # qwen-code trims the prompt and spaces out unresolved @-paths in the task; the pieces are intact.
+    sent = TEACHER.replace("prime numbers.", "prime numbers @k.") + "\n"
+    ep = EpisodeTrace("primes", 0, qwen_code_episode(sent), bare_prompt=BARE, teacher_prompt=TEACHER,
+                      harness="qwen-code", strip_pieces=(WORKFLOW, DIRECTIVE))
+    windows, stats = render_windows([ep], tokenizer, SftSpec(window=1024, context=64))
+    assert stats["episode_errors"] == [] and stats["windows_by_role"]["orchestrator"] == 2
+    orch = decoded(tokenizer, windows)["orchestrator"][1]
+    assert "Build a tiny report on prime numbers @k.\n<|im_end|>" in orch and "Workflow" not in orch
+    # without the pieces (an episode.json from before they were stored) only the exact prompt can be found
+    bare_only = EpisodeTrace("primes", 0, qwen_code_episode(sent), bare_prompt=BARE, teacher_prompt=TEACHER,
+                             harness="qwen-code")
+    assert render_windows([bare_only], tokenizer, SftSpec(window=1024, context=64))[1]["episodes_dropped"]
+
+
+def test_real_builtin_episode_renders_with_the_orchestrator_stripped(scripted_endpoint, tmp_path, tokenizer):
+    from mass_jobs.harness import EpisodeInput, run_episode
+    from mass_jobs.models import EpisodeLimits, Sampling
+    from mass_jobs.proxy import read_trace
+    from mass_jobs.testing.scripted_endpoint import Reply
+    from mass_jobs.workflow import DEFAULT_WORKFLOW, teacher_prompt_parts
+
+    parts = teacher_prompt_parts(BARE, DEFAULT_WORKFLOW)
+    ep = scripted_endpoint({
+        "orchestrator": [Reply(reasoning="A coder writes it.", tool_calls=[{"name": "delegate", "arguments": {
+                             "agent_id": "coder", "role": "coder", "assignment": ASSIGNMENT}}]),
+                         Reply.call("finish", summary="primes.py is in place", status="success")],
+        "coder": [Reply.call("write_file", path="primes.py", content="print([2, 3, 5, 7])\n"),
+                  Reply.call("finish", summary="primes.py written")],
+    })
+    limits = EpisodeLimits(wall_s=60, request_timeout_s=10, request_retries=0, loop_repeats=3)
+    result = run_episode(EpisodeInput(prompt=parts.text, endpoint=ep.endpoint, limits=limits, sampling=Sampling(), seed=1),
+                         tmp_path / "ws", tmp_path / "out")
+    assert result.outcome == "success"
+    records = read_trace(tmp_path / "out" / "trace.jsonl")
+    assert [t.role for t in rebuild_threads(records, "builtin")] == ["orchestrator", "worker"]
+    episode = EpisodeTrace("primes", 0, records, bare_prompt=parts.task, teacher_prompt=parts.text, harness="builtin",
+                           strip_pieces=(parts.workflow, parts.directive))
+    windows, stats = render_windows([episode], tokenizer, SftSpec(window=4096, context=256))
+    assert stats["episode_errors"] == [] and stats["windows_by_role"] == {"orchestrator": 1, "worker": 1, "auxiliary": 0}
+    texts = {w.role: tokenizer.decode(w.input_ids) for w in windows}
+    assert not any(parts.workflow in t or parts.directive in t or "## Workflow" in t for t in texts.values())
+    assert f"<|im_start|>user\n{BARE}<|im_end|>" in texts["orchestrator"] and ASSIGNMENT in texts["worker"]
+    orch = next(w for w in windows if w.role == "orchestrator")
+    assert "A coder writes it." in tokenizer.decode([x for x in orch.labels if x != IGNORE])

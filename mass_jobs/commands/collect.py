@@ -1,9 +1,12 @@
-"""`mass collect --spec S --gen G --task T [--episode I [--phase prepare|ingest]]`: teacher episodes.
+"""`mass collect SPEC --gen G --task T [--episode I [--phase prepare|ingest]] [--phase summarize]`: teacher episodes.
 
 Without --episode every missing episode runs here (execution.concurrency at once) and the task's
 summary is written. `--episode I` runs one episode here; with `--phase prepare` it only writes the
-agent pod's input (needs --endpoint: the model the pod will call), with `--phase ingest` it checks
-and stores the pod's output. Prints one JSON line.
+agent pod's input (needs --endpoint: the model the pod will call) and, with `--outputs DIR`, writes
+`DIR/agent` = true|false (whether an agent pod must run: false for a skipped task or a stored
+episode); with `--phase ingest` it checks and stores the pod's output (none after `--agent-status
+Failed|Error`: an infra_error episode). `--phase summarize` (no --episode) only writes the task's summary, refusing while an
+episode is missing. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -18,7 +21,12 @@ def add_arguments(parser) -> None:
     add_common(parser)
     add_model(parser)
     parser.add_argument("--episode", type=int, help="only this episode index (0..collection.episodes-1)")
-    parser.add_argument("--phase", choices=["prepare", "ingest"], help="Argo: around an agent pod (needs --episode)")
+    parser.add_argument("--phase", choices=["prepare", "ingest", "summarize"],
+                        help="Argo: prepare/ingest around an agent pod (need --episode); summarize: the task's summary")
+    parser.add_argument("--outputs", metavar="DIR", help="with --phase prepare: write DIR/agent (true|false)")
+    parser.add_argument("--agent-status", metavar="PHASE",
+                        help="with --phase ingest: the agent step's Argo phase; Failed or Error with no output "
+                             "records an infra_error episode")
 
 
 def main(args) -> int:
@@ -27,13 +35,19 @@ def main(args) -> int:
         from mass_jobs.steps.collect import run_collect
         from mass_jobs.steps.search import episode_executor
 
-        if args.phase and args.episode is None:
-            raise ValueError("--phase needs --episode")
+        if args.phase in ("prepare", "ingest") and args.episode is None:
+            raise ValueError(f"--phase {args.phase} needs --episode")
         ctx = open_run(args.spec, args.task)
         spec = ctx.spec
         if args.phase:
             endpoint = (Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None)
-            out = run_collect(ctx, args.gen, args.task, None, episode=args.episode, phase=args.phase, endpoint=endpoint)
+            out = run_collect(ctx, args.gen, args.task, None, episode=args.episode, phase=args.phase, endpoint=endpoint,
+                              agent_status=args.agent_status)
+            if args.outputs and args.phase == "prepare":
+                from pathlib import Path
+
+                Path(args.outputs).mkdir(parents=True, exist_ok=True)
+                (Path(args.outputs) / "agent").write_text("true" if out.get("agent") else "false")
         else:
             with contextlib.ExitStack() as stack:
                 endpoint = stack.enter_context(model_endpoint(args, ctx))

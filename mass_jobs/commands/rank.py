@@ -1,4 +1,4 @@
-"""`mass rank --spec S --gen G --task T`: self-judged pairs -> Bradley–Terry -> train/val manifest.
+"""`mass rank SPEC --gen G --task T`: self-judged pairs -> Bradley–Terry -> train/val manifest.
 
 Writes gen-<g>/rank/<task>.json (verdicts, scores, train episode ids, the validation episode id).
 Exit 1 with the reason when there are too few usable episodes (see ranking.fallback).

@@ -1,6 +1,6 @@
 """`mass render <what>`: render artifacts from stored inputs; one sub-command per artifact.
 
-    mass render sft --spec examples/tiny.yaml --gen 0     SFT windows of generation 0
+    mass render sft examples/tiny.yaml --gen 0     SFT windows of generation 0
     mass render argo --out argo/                          Argo YAML (mass_jobs/k8s/render_command.py)
 Sub-commands are listed in SUBCOMMANDS as "module" or "module:attribute"; the target exposes
 `add_arguments(parser)` and `main(args) -> int`, and heavy imports stay inside `main`.
@@ -34,13 +34,15 @@ def main(args: argparse.Namespace) -> int:
 
 
 class SftCommand:
-    """`mass render sft --spec S --gen G`"""
+    """`mass render sft SPEC --gen G`"""
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
+        from mass_jobs.commands.common import work_dir_default
+
         parser.add_argument("--spec", required=True, help="run spec: local path or s3:// URI")
         parser.add_argument("--gen", type=int, required=True, help="generation whose collected episodes are rendered")
-        parser.add_argument("--work-dir", default=".mass-work", help="local cache for the model's tokenizer")
+        parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local cache for the model's tokenizer")
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
-"""`mass train --spec S --gen G [--resume]`: LoRA SFT; run it under torchrun for data parallelism.
+"""`mass train SPEC --gen G [--resume]`: LoRA SFT; run it under torchrun for data parallelism.
 
-    torchrun --nproc_per_node 2 -m mass_jobs.cli train --spec examples/tiny.yaml --gen 0
+    torchrun --nproc_per_node 2 -m mass_jobs.cli train examples/tiny.yaml --gen 0
 The process group uses gloo on CPU and nccl on GPUs. `--parallel fsdp` shards the model over the
 ranks (one FSDP unit per decoder layer) for models whose training state does not fit one GPU; it
 computes the same losses as DDP and writes the same full adapter. Each rank still reads the whole
@@ -13,7 +13,7 @@ import argparse
 import os
 from pathlib import Path
 
-from mass_jobs.commands.common import add_spec, open_run
+from mass_jobs.commands.common import add_spec, open_run, work_dir_default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     parser.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp",
                         help="ddp: one model copy per rank; fsdp: shard it (models larger than one GPU)")
-    parser.add_argument("--work-dir", default=os.environ.get("MASS_WORK_DIR", ".mass-work"),
+    parser.add_argument("--work-dir", default=work_dir_default(),
                         help="local dir for inputs and checkpoints before they reach the store")
     parser.add_argument("--quiet", action="store_true", help="no per-step console lines (log.jsonl is kept)")
 

@@ -36,6 +36,7 @@ class EpisodeInput:
     harness: str = "builtin"
     seed: int | None = None
     files: dict[str, str] = field(default_factory=dict)  # seed files: workspace-relative path -> text
+    single_agent: bool = False  # one agent with the workers' tools and no delegation tool (builtin only)
 
 
 @dataclass
@@ -82,6 +83,7 @@ class EpisodeFile(Closed):
     harness: Literal["builtin", "qwen-code"] = "builtin"
     seed: int | None = None
     files: dict[str, str] = Field(default_factory=dict)
+    single_agent: bool = Field(default=False, description="One agent, no delegation tool (builtin harness).")
 
 
 def load_episode_file(path: Path) -> EpisodeInput:
@@ -105,6 +107,7 @@ def load_episode_file(path: Path) -> EpisodeInput:
         harness=f.harness,
         seed=f.seed,
         files=dict(f.files),
+        single_agent=f.single_agent,
     )
 
 
@@ -119,7 +122,8 @@ def episode_file_json(inp: EpisodeInput) -> dict[str, Any]:
         harness=inp.harness,
         seed=inp.seed,
         files=inp.files,
-    ).model_dump(mode="json")
+        single_agent=inp.single_agent,
+    ).model_dump(mode="json", exclude=set() if inp.single_agent else {"single_agent"})  # team files stay as they were
 
 
 @lru_cache(maxsize=1)
@@ -155,6 +159,8 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path) -> EpisodeRes
 
     if inp.harness not in HARNESSES:
         raise ValueError(f"harness: expected one of {', '.join(HARNESSES)}, got {inp.harness!r}")
+    if inp.single_agent and inp.harness != "builtin":
+        raise ValueError(f"single_agent: expected harness 'builtin', got {inp.harness!r}")
     workspace, out_dir = Path(workspace), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     seed_workspace(workspace, inp.files)
@@ -177,7 +183,16 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path) -> EpisodeRes
         "timings": {"wall_s": round(time.monotonic() - started, 3)},
         "sandbox": {"network_isolated": result.network_isolated, "note": result.sandbox_note},
     }
-    validate_status(status)
+    try:
+        validate_status(status)
+    except ValueError as exc:  # a value nothing should produce: the episode still ends classified
+        status.update(
+            outcome="infra_error",
+            reason=f"episode status did not validate: {exc}"[:4000],
+            counts={k: max(0, int(v)) for k, v in result.counts.items()},
+            tokens={k: max(0, int(v)) for k, v in result.tokens.items()},
+        )
+        validate_status(status)
     status_path = out_dir / "status.json"
     status_path.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
     return EpisodeResult(
@@ -194,7 +209,7 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path) -> EpisodeRes
 def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path) -> HarnessOutcome:
     from mass_jobs.harness.builtin import BuiltinHarness
 
-    harness = BuiltinHarness(endpoint, workspace, inp.limits, inp.sampling, seed=inp.seed)
+    harness = BuiltinHarness(endpoint, workspace, inp.limits, inp.sampling, seed=inp.seed, single_agent=inp.single_agent)
     try:
         outcome, reason, report = harness.run(inp.prompt)
     except Exception as exc:  # a harness bug must still leave a classified status.json behind

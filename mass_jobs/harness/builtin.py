@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mass_jobs.harness import tools as T
-from mass_jobs.llm import Endpoint, ModelClient, ModelError, parse_tool_calls
+from mass_jobs.llm import Endpoint, ModelClient, ModelError, parse_tool_calls, usage_tokens
 from mass_jobs.models import EpisodeLimits, Sampling
 
 ORCHESTRATOR_SYSTEM = """You are the orchestrator of a team of agents working in a shared workspace folder.
@@ -34,6 +34,11 @@ WORKER_SYSTEM = """You are {agent_id}, a {role} in a team of agents working in a
 Do your assignment with the tools: read, write and list workspace files (paths relative to the
 workspace root) and run shell commands in the workspace. Check your outputs. When done, call `finish`
 with a report that names the files you produced and any failure."""
+
+SINGLE_AGENT_ID = "agent"  # the single-agent teacher: a worker-role thread with no parent, so render strips its prompt
+SINGLE_SYSTEM = """You are an agent working alone in a workspace folder. Do the task with the tools: read, write and
+list workspace files (paths relative to the workspace root) and run shell commands in the workspace. Check your
+outputs. When the task is done (or cannot be done), call `finish` with a summary that names the files you produced."""
 
 ID_SAFE = re.compile(r"[^a-z0-9-]+")
 
@@ -76,6 +81,7 @@ class BuiltinHarness:
     limits: EpisodeLimits
     sampling: Sampling
     seed: int | None = None
+    single_agent: bool = False  # one worker-role agent, no delegation tool (the single-agent teacher control)
     tally: Tally = field(default_factory=Tally)
     deadline: float = 0.0
     _worker_ids: set[str] = field(default_factory=set)
@@ -83,12 +89,16 @@ class BuiltinHarness:
     def run(self, prompt: str) -> tuple[str, str, str]:
         self.deadline = time.monotonic() + self.limits.wall_s
         try:
-            report = self._agent("orchestrator", "orchestrator", None, 0, ORCHESTRATOR_SYSTEM, prompt)
+            if self.single_agent:
+                report = self._agent(SINGLE_AGENT_ID, "worker", None, 0, SINGLE_SYSTEM, prompt)
+            else:
+                report = self._agent("orchestrator", "orchestrator", None, 0, ORCHESTRATOR_SYSTEM, prompt)
         except EpisodeStop as stop:
             return stop.outcome, stop.reason, ""
+        lead = "agent" if self.single_agent else "orchestrator"
         if not report.ok:
-            return "failed", f"orchestrator reported failure: {report.text[:500]}", report.text
-        return "success", "orchestrator finished", report.text
+            return "failed", f"{lead} reported failure: {report.text[:500]}", report.text
+        return "success", f"{lead} finished", report.text
 
     # ------------------------------------------------------------------ one agent conversation
 
@@ -96,7 +106,7 @@ class BuiltinHarness:
         if role == "orchestrator":
             return [T.DELEGATE, T.READ_FILE, T.LIST_FILES, T.FINISH]
         specs = [T.READ_FILE, T.WRITE_FILE, T.LIST_FILES, T.SHELL, T.FINISH]
-        if depth < self.limits.delegation_depth:
+        if depth < self.limits.delegation_depth and not self.single_agent:
             specs.insert(0, T.DELEGATE)
         return specs
 
@@ -191,9 +201,9 @@ class BuiltinHarness:
                 raise EpisodeStop("infra_error", f"model endpoint failed ({exc.kind}): {exc}") from exc
             raise exc
         msg = box["msg"]
-        usage = msg.get("usage") or {}
-        self.tally.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-        self.tally.completion_tokens += int(usage.get("completion_tokens") or 0)
+        prompt, completion = usage_tokens(msg.get("usage"))  # a negative or absurd count counts 0
+        self.tally.prompt_tokens += prompt
+        self.tally.completion_tokens += completion
         return msg
 
     # ------------------------------------------------------------------ tools
@@ -202,7 +212,7 @@ class BuiltinHarness:
         """(text for the model, a report when this call finishes the agent)."""
         name = parsed.name
         try:
-            if name not in allowed:
+            if not isinstance(name, str) or name not in allowed:
                 raise T.ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(allowed))}")
             if parsed.error:
                 raise T.ToolError(parsed.error)

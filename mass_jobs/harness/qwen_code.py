@@ -36,9 +36,12 @@ PROXY_KEY = "mass-recording-proxy"  # the proxy holds the real upstream key; qwe
 
 
 def qwen_binary() -> Path:
-    """MASS_QWEN_BIN, else the Makefile's install location; FileNotFoundError says how to install it."""
+    """MASS_QWEN_BIN, else the Makefile's install location, else `qwen` on the PATH (the sandbox
+    image installs it there); FileNotFoundError says how to install it."""
     env = os.environ.get("MASS_QWEN_BIN")
     path = Path(env) if env else DEFAULT_BIN
+    if not env and not path.exists() and shutil.which("qwen"):
+        path = Path(shutil.which("qwen"))
     if not path.exists():
         raise FileNotFoundError(
             f"qwen-code binary not found at {path} (set MASS_QWEN_BIN or run `make .tools/qwen-code/node_modules/.bin/qwen`)"

@@ -5,15 +5,21 @@
     mass collect ... --episode I --phase prepare|ingest          # Argo: around an agent pod
 
 `collection.episodes` episodes per training task run in a thread pool of `execution.concurrency`.
-A task whose search never produced an elite that beat the bare reference is skipped and the skip
-recorded. Each episode lands under `collect/<task>/ep-<i>/` (episode.json, protected.json,
+Which tasks are collected (`collection.collect_when`): by default, as in the paper's code, a task
+whose search produced any version preferred over the bare reference, with the latest such version
+as the teacher's workflow; `elite` collects only when the final elite was. A task that is not
+collected is skipped and the skip recorded. Each episode lands under `collect/<task>/ep-<i>/` (episode.json, protected.json,
 workspace.tar.gz, trace.jsonl, status.json) with its own step manifest, so a rerun only redoes
 missing episodes. Failed, timed-out, loop-detected and infra-error episodes are kept but ineligible.
 
 Argo phases: `prepare` writes `ep-<i>/input/{episode.json,workspace.tar.gz}` (the agent pod's input
-artifact; the pod runs `mass episode --in DIR --out DIR`) plus `ep-<i>/protected.json`; the pod's
+artifact; the pod runs `mass episode --in DIR --out DIR`) plus `ep-<i>/protected.json`, and says
+whether an agent pod must run (not for a skipped task or an episode already stored); the pod's
 outputs are uploaded to `ep-<i>/output/{workspace.tar.gz,trace.jsonl,status.json}`; `ingest`
-validates them, promotes them to the episode's keys and writes the episode manifest.
+validates them, promotes them to the episode's keys and writes the episode manifest. An agent pod
+that failed or was killed (its retries spent) leaves no status: ingest records the episode as
+`infra_error` (ineligible), so one lost pod never fails the generation. `summarize` (no episode)
+writes the task's summary once every episode is stored: only after it may guard and rank run.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class Collection:
         self.ctx, self.gen, self.store = ctx, gen, ctx.store
         self.task = ctx.spec.task(task_id)
         self.cfg = ctx.spec.collection
+        self.single = self.cfg.teacher == "single"  # the single-agent teacher control: no delegation tool
         # The spec decides (collection.require_beats_reference); callers may override it in code.
         self.require_beats_reference = (
             self.cfg.require_beats_reference if require_beats_reference is None else require_beats_reference
@@ -51,29 +58,53 @@ class Collection:
         if doc is None or not doc.get("done"):
             raise CollectError(f"task {task_id}: search of generation {gen} is not finished; run `mass search` first")
         self.state = SearchState.model_validate(doc)
-        self.parts = teacher_prompt_parts(self.task.prompt, _wf(self.state.elite_workflow), self.cfg.directive)
+        self.version = self._teacher_version()
+        self.workflow = next(r.workflow for r in self.state.iterations if r.k == self.version)
+        self.parts = teacher_prompt_parts(self.task.prompt, _wf(self.workflow), self.cfg.directive)
+
+    def _winning_version(self) -> int | None:
+        """The version that qualifies the task under `collect_when`, None when none does."""
+        if self.cfg.collect_when == "elite":
+            return self.state.elite if self.state.beats_reference else None
+        return self.state.beat_reference[-1] if self.state.beat_reference else None
+
+    def _teacher_version(self) -> int:
+        """The iteration whose workflow the teacher runs (the elite when collection is forced)."""
+        won = self._winning_version()
+        return self.state.elite if won is None else won
 
     @property
     def skip_reason(self) -> str | None:
-        if self.require_beats_reference and not self.state.beats_reference:
+        if self.require_beats_reference and self._winning_version() is None:
+            if self.cfg.collect_when == "elite":
+                return (f"the search never produced an elite that beat the bare reference "
+                        f"(final elite: iteration {self.state.elite}; collection.collect_when: elite)")
             return (f"the search never produced an elite that beat the bare reference "
-                    f"(elite: iteration {self.state.elite})")
+                    f"(no version was preferred over it; final elite: iteration {self.state.elite})")
         return None
 
     def prefix(self, i: int) -> str:
         return self.ctx.collect_episode(self.gen, self.task.id, i)
 
+    def file(self, i: int, name: str) -> str:
+        return self.ctx.episode_file(self.gen, self.task.id, i, name)
+
     def episode_doc(self, i: int) -> dict:
         """What defines episode i (its step inputs, and the agent pod's episode.json minus the endpoint)."""
+        from mass_jobs.roles import roles_input
+
         s = self.ctx.spec
         return {
             "task": self.task.id, "gen": self.gen, "index": i,
             "prompt": self.parts.text,
             "prompt_parts": {"task": self.parts.task, "workflow": self.parts.workflow, "directive": self.parts.directive},
-            "elite_iteration": self.state.elite,
+            "elite_iteration": self.version,
             "seed": derived_seed(s.search.seed, self.task.id, self.gen, "collect", i),
             "files": self.task.files, "harness": s.execution.harness,
             "limits": s.execution.limits.model_dump(mode="json"), "sampling": s.model.sampling.model_dump(mode="json"),
+            # only a single-agent teacher says so: the team's episode inputs (and their manifests) stay as they were
+            **({"teacher": "single"} if self.single else {}),
+            **({"executor": roles_input(s)["executor"]} if s.roles.executor else {}),  # roles.executor played it
         }
 
     def step(self, i: int):
@@ -85,21 +116,21 @@ class Collection:
     def run_episode(self, i: int, execute: Execute) -> dict:
         step = self.step(i)
         if step.done:
-            return self.store.get_json(f"{self.prefix(i)}/status.json")
+            return self.store.get_json(self.file(i, "status.json"))
         step.start()
-        doc, p = self.episode_doc(i), self.prefix(i)
+        doc = self.episode_doc(i)
         with tempfile.TemporaryDirectory(prefix="mass-collect-") as tmp:
             workspace, out = Path(tmp) / "workspace", Path(tmp) / "out"
             out.mkdir()
             self._seed(workspace)
-            self.store.put_json(f"{p}/protected.json", hash_protected(workspace, self.task.guards.protected_paths))
-            self.store.put_json(f"{p}/episode.json", doc)
-            status = execute(doc["prompt"], self.task.files, workspace, out, doc["seed"])
-            self.store.put_dir(f"{p}/workspace.tar.gz", workspace)
+            self.store.put_json(self.file(i, "protected.json"), hash_protected(workspace, self.task.guards.protected_paths))
+            self.store.put_json(self.file(i, "episode.json"), doc)
+            status = execute(doc["prompt"], self.task.files, workspace, out, doc["seed"], *([True] if self.single else []))
+            self.store.put_dir(self.file(i, "workspace.tar.gz"), workspace)
             trace = out / "trace.jsonl"
-            self.store.put_bytes(f"{p}/trace.jsonl", trace.read_bytes() if trace.exists() else b"")
-            self.store.put_json(f"{p}/status.json", status)
-        step.finish([f"{p}/{n}" for n in EPISODE_FILES], extra={"outcome": status.get("outcome")})
+            self.store.put_bytes(self.file(i, "trace.jsonl"), trace.read_bytes() if trace.exists() else b"")
+            self.store.put_json(self.file(i, "status.json"), status)
+        step.finish([self.file(i, n) for n in EPISODE_FILES], extra={"outcome": status.get("outcome")})
         return status
 
     def _seed(self, workspace: Path) -> None:
@@ -109,66 +140,104 @@ class Collection:
 
     # ------------------------------------------------------------ Argo phases
     def prepare(self, i: int, endpoint) -> list[str]:
-        """The agent pod's input (episode.json in `mass episode`'s format, seeded workspace)."""
+        """The agent pod's input (episode.json in `mass episode`'s format, seeded workspace); an
+        earlier attempt's output is dropped so ingest never promotes a stale one."""
         from mass_jobs.harness import EpisodeInput, episode_file_json
+        from mass_jobs.roles import role_endpoint
 
-        p, doc, s = self.prefix(i), self.episode_doc(i), self.ctx.spec
+        doc, s = self.episode_doc(i), self.ctx.spec
+        endpoint = role_endpoint(s, "executor") or endpoint  # roles.executor, else the generation
+        g, t = self.gen, self.task.id
+        for name in ("workspace.tar.gz", "trace.jsonl", "status.json"):
+            self.store.delete(self.ctx.episode_output(g, t, i, name))
         inp = EpisodeInput(prompt=doc["prompt"], endpoint=endpoint, limits=s.execution.limits,
                            sampling=s.model.sampling, harness=s.execution.harness, seed=doc["seed"],
-                           files=dict(self.task.files))
+                           files=dict(self.task.files), single_agent=self.single)
         with tempfile.TemporaryDirectory(prefix="mass-prepare-") as tmp:
             workspace = Path(tmp) / "workspace"
             self._seed(workspace)
-            self.store.put_json(f"{p}/protected.json", hash_protected(workspace, self.task.guards.protected_paths))
-            self.store.put_json(f"{p}/input/episode.json", episode_file_json(inp))
-            self.store.put_dir(f"{p}/input/workspace.tar.gz", workspace)
-        return [f"{p}/input/episode.json", f"{p}/input/workspace.tar.gz", f"{p}/protected.json"]
+            self.store.put_json(self.file(i, "protected.json"), hash_protected(workspace, self.task.guards.protected_paths))
+            self.store.put_json(self.ctx.episode_input(g, t, i, "episode.json"), episode_file_json(inp))
+            self.store.put_dir(self.ctx.episode_input(g, t, i, "workspace.tar.gz"), workspace)
+        return [self.ctx.episode_input(g, t, i, "episode.json"), self.ctx.episode_input(g, t, i, "workspace.tar.gz"),
+                self.file(i, "protected.json")]
 
-    def ingest(self, i: int) -> dict:
+    def ingest(self, i: int, agent_failed: bool = False) -> dict:
+        """Promote the agent pod's output; with `agent_failed` (Argo: the agent step's phase was
+        Failed or Error, its retries spent) a missing output is recorded as an infra_error episode."""
         from mass_jobs.harness import validate_status
 
         step = self.step(i)
         p = self.prefix(i)
         if step.done:
-            return self.store.get_json(f"{p}/status.json")
-        missing = [n for n in ("workspace.tar.gz", "trace.jsonl", "status.json") if not self.store.exists(f"{p}/output/{n}")]
-        if missing or not self.store.exists(f"{p}/protected.json"):
-            raise CollectError(f"episode {p}: cannot ingest, missing {missing or ['protected.json']} "
-                               f"(run --phase prepare, then the agent pod)")
-        status = self.store.get_json(f"{p}/output/status.json")
-        validate_status(status)
+            return self.store.get_json(self.file(i, "status.json"))
+        out = {n: self.ctx.episode_output(self.gen, self.task.id, i, n) for n in ("workspace.tar.gz", "trace.jsonl", "status.json")}
+        if not self.store.exists(self.file(i, "protected.json")) or not self.store.exists(
+                self.ctx.episode_input(self.gen, self.task.id, i, "workspace.tar.gz")):
+            raise CollectError(f"episode {p}: cannot ingest, not prepared (run --phase prepare, then the agent pod)")
+        if self.store.exists(out["status.json"]):
+            missing = [n for n, k in out.items() if not self.store.exists(k)]
+            if missing:
+                raise CollectError(f"episode {p}: cannot ingest, the agent pod's output lacks {missing}")
+            status = self.store.get_json(out["status.json"])
+            validate_status(status)
+            blobs = {n: self.store.get_bytes(k) for n, k in out.items()}
+        elif not agent_failed:
+            raise CollectError(f"episode {p}: cannot ingest, the agent pod's output is missing "
+                               f"(run the agent pod after --phase prepare)")
+        else:  # the pod failed or was killed before writing a status (retries spent): infra_error
+            status = lost_agent_status(self.ctx.spec.execution.harness)
+            validate_status(status)
+            blobs = {"workspace.tar.gz": self.store.get_bytes(self.ctx.episode_input(self.gen, self.task.id, i, "workspace.tar.gz")),
+                     "trace.jsonl": b"", "status.json": None}
         step.start()
-        self.store.put_json(f"{p}/episode.json", self.episode_doc(i))
-        for name in ("workspace.tar.gz", "trace.jsonl", "status.json"):
-            self.store.put_bytes(f"{p}/{name}", self.store.get_bytes(f"{p}/output/{name}"))
-        step.finish([f"{p}/{n}" for n in EPISODE_FILES], extra={"outcome": status.get("outcome")})
+        self.store.put_json(self.file(i, "episode.json"), self.episode_doc(i))
+        for name, blob in blobs.items():
+            if name == "status.json":
+                self.store.put_json(self.file(i, name), status)
+            else:
+                self.store.put_bytes(self.file(i, name), blob)
+        step.finish([self.file(i, n) for n in EPISODE_FILES], extra={"outcome": status.get("outcome")})
         return status
 
     # ------------------------------------------------------------ the task
-    def summarize(self) -> dict:
-        """collect/<task>/summary.json once every episode is stored (or the skip)."""
+    def summary_step(self):
         from mass_jobs.store import Step
 
+        return Step(self.store, self.ctx.collect(self.gen, self.task.id),
+                    {"episodes": self.cfg.episodes, "skip": self.skip_reason, "elite": self.workflow},
+                    name=f"collect/{self.task.id}")
+
+    def summarize(self) -> dict:
+        """collect/<task>/summary.json once every episode is stored (or the skip)."""
         key = self.ctx.collect_summary(self.gen, self.task.id)
         reason = self.skip_reason
         summary: dict[str, Any] = {"task": self.task.id, "gen": self.gen, "skipped": reason is not None,
-                                   "reason": reason, "elite_iteration": self.state.elite,
+                                   "reason": reason, "elite_iteration": self.version,
+                                   "collect_when": self.cfg.collect_when, "beat_reference": self.state.beat_reference,
                                    "beats_reference": self.state.beats_reference, "episodes": [], "eligible": []}
         if reason is None:
             for i in range(self.cfg.episodes):
                 if not self.step(i).done:
                     raise CollectError(f"task {self.task.id}: episode {i} is not collected yet")
-                status = self.store.get_json(f"{self.prefix(i)}/status.json")
+                status = self.store.get_json(self.file(i, "status.json"))
                 summary["episodes"].append({"id": f"ep-{i}", "outcome": status.get("outcome"),
                                             "reason": status.get("reason", "")})
             summary["eligible"] = [e["id"] for e in summary["episodes"] if e["outcome"] == "success"]
-        step = Step(self.store, self.ctx.collect(self.gen, self.task.id),
-                    {"episodes": self.cfg.episodes, "skip": reason, "elite": self.state.elite_workflow},
-                    name=f"collect/{self.task.id}")
+        step = self.summary_step()
         step.start()
         self.store.put_json(key, summary)
         step.finish([key], extra={"skipped": summary["skipped"], "eligible": len(summary["eligible"])})
         return summary
+
+
+def lost_agent_status(harness: str) -> dict:
+    """status.json of an episode whose agent pod left none (failed, evicted or past its deadline)."""
+    return {"outcome": "infra_error", "reason": "the agent pod ended without writing status.json "
+            "(failed, evicted or killed at its deadline; its retries are spent)", "harness": harness,
+            "counts": {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
+            "tokens": {"prompt": 0, "completion": 0}, "timings": {"wall_s": 0},
+            "sandbox": {"network_isolated": False, "note": "no record: the pod left no output"}}
 
 
 def _wf(doc: dict):
@@ -178,22 +247,29 @@ def _wf(doc: dict):
 
 
 def run_collect(ctx: RunContext, gen: int, task_id: str, execute: Execute | None, *, episode: int | None = None,
-                phase: str | None = None, endpoint=None, require_beats_reference: bool | None = None) -> dict:
+                phase: str | None = None, endpoint=None, require_beats_reference: bool | None = None,
+                agent_status: str | None = None) -> dict:
     """Library core of `mass collect` and the local runner; returns the summary (or the one episode's status)."""
     c = Collection(ctx, gen, task_id, require_beats_reference)
+    if phase == "summarize":
+        if episode is not None:
+            raise CollectError("--phase summarize is per task: drop --episode")
+        return c.summarize()
     if episode is not None:
         if not 0 <= episode < c.cfg.episodes:
             raise CollectError(f"--episode must be in 0..{c.cfg.episodes - 1} (collection.episodes), got {episode}")
         if c.skip_reason:
-            return {"skipped": True, "reason": c.skip_reason}
+            return {"skipped": True, "reason": c.skip_reason, "agent": False}
         if phase == "prepare":
             if endpoint is None:
                 raise CollectError("--phase prepare needs the model endpoint the agent pod will call (--endpoint)")
-            return {"prepared": c.prepare(episode, endpoint)}
+            if c.step(episode).done:  # stored already: no agent pod (a resumed workflow)
+                return {"prepared": [], "agent": False}
+            return {"prepared": c.prepare(episode, endpoint), "agent": True}
         if phase == "ingest":
-            return c.ingest(episode)
+            return c.ingest(episode, agent_failed=agent_status in ("Failed", "Error"))
         if phase is not None:
-            raise CollectError(f"--phase must be 'prepare' or 'ingest', got {phase!r}")
+            raise CollectError(f"--phase must be 'prepare', 'ingest' or 'summarize', got {phase!r}")
         assert execute is not None
         return c.run_episode(episode, execute)
     if c.skip_reason is None:

@@ -7,22 +7,21 @@ vetoed. A connected pairing schedule (`ranking.pairing`) is judged by the curren
 labels and a shown-first position balanced across the schedule; every verdict is stored under
 `rank/<task>/verdicts/` as it arrives, so a rerun only asks what is missing. Unreadable verdicts are
 retried, then recorded invalid and left out of the fit (never a silent tie). Bradley–Terry scores
-(ties as half wins, weak prior) order the episodes; ranks 1..train_ranks go to training and rank
-`validation_rank` to validation. With fewer usable episodes than `validation_rank` the step stops
-with an error, unless `ranking.fallback: use_available` (all but the last-ranked train, the last
-validates). Output: `gen-<g>/rank/<task>.json`.
+(ties as half wins; `ranking.estimator`, by default the paper's 0.5 virtual wins) order the
+episodes; ranks 1..train_ranks go to training and rank `validation_rank` to validation. With fewer
+usable episodes than `validation_rank` the step stops with an error, unless
+`ranking.fallback: use_available` (all but the last-ranked train, the last validates). Output: `gen-<g>/rank/<task>.json`.
 """
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
 from mass_jobs.bradley_terry import fit, ranking
-from mass_jobs.compare import Verdict, bundle, judge
+from mass_jobs.compare import Verdict, judge, stored_bundle
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.models import Closed
@@ -95,22 +94,32 @@ def select(order: list[str], train_ranks: int, validation_rank: int, fallback: s
     )
 
 
+def rank_step(ctx: RunContext, gen: int, task_id: str):
+    """The ranking's Step: its inputs are the stored guard report and the ranking settings."""
+    from mass_jobs.roles import roles_input
+    from mass_jobs.store import Step
+
+    guard_key, col, spec = ctx.guard(gen, task_id), ctx.spec.collection, ctx.spec
+    if not ctx.store.exists(guard_key):
+        raise RankError(f"task {task_id}: no guard report at {guard_key}; run `mass guard` first")
+    return Step(ctx.store, ctx.rank(gen, task_id).removesuffix(".json"),
+                {"guard": ctx.store.sha256(guard_key), "ranking": ctx.spec.ranking.model_dump(mode="json"),
+                 "train_ranks": col.train_ranks, "validation_rank": col.validation_rank,
+                 **({"evaluator": roles_input(spec)["evaluator"]} if spec.roles.evaluator else {})},
+                name=f"rank/{task_id}")
+
+
 def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
     """Library core of `mass rank` and the local runner."""
-    from mass_jobs.store import Step
+    from mass_jobs.roles import role_client, role_label
 
     spec, store = ctx.spec, ctx.store
     task = spec.task(task_id)
     cfg, col = spec.ranking, spec.collection
-    guard_key = ctx.guard(gen, task_id)
-    if not store.exists(guard_key):
-        raise RankError(f"task {task_id}: no guard report at {guard_key}; run `mass guard` first")
-    guard = store.get_json(guard_key)
+    client, judged_by = role_client(spec, "evaluator", client), role_label(spec, "evaluator", gen)
+    step = rank_step(ctx, gen, task_id)
+    guard = store.get_json(ctx.guard(gen, task_id))
     key = ctx.rank(gen, task_id)
-    step = Step(store, key.removesuffix(".json"),
-                {"guard": store.sha256(guard_key), "ranking": cfg.model_dump(mode="json"),
-                 "train_ranks": col.train_ranks, "validation_rank": col.validation_rank},
-                name=f"rank/{task_id}")
     if step.done:
         return Ranking.model_validate(store.get_json(key))
     if guard.get("skipped"):
@@ -131,10 +140,8 @@ def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
     cap = spec.search.evidence_bytes
     bundles: dict[str, str] = {}
     for e in episodes:
-        prefix = f"{ctx.collect(gen, task_id)}/{e}"
-        with tempfile.TemporaryDirectory(prefix="mass-rank-") as tmp:
-            store.get_dir(f"{prefix}/workspace.tar.gz", tmp)
-            bundles[e] = bundle(Path(tmp), cap, task.deliverables, store.get_json(f"{prefix}/status.json"))
+        prefix = ctx.collect_episode(gen, task_id, e)
+        bundles[e] = stored_bundle(store, prefix, cap, task.deliverables)
 
     plan = schedule(len(episodes), cfg.pairing, cfg.comparisons_per_episode, cfg.verdicts_per_pair,
                     cfg.both_orders, seed=derived_seed(spec.search.seed, task_id, gen, "pairing"))
@@ -146,12 +153,13 @@ def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
             v = Verdict.model_validate(store.get_json(vkey))
         else:
             v = judge(client, task.prompt, (a, bundles[a]), (b, bundles[b]), retries=cfg.verdict_retries,
-                      seed=derived_seed(spec.search.seed, task_id, gen, "rank", n))
+                      seed=derived_seed(spec.search.seed, task_id, gen, "rank", n)).model_copy(update={"model": judged_by})
             store.put_json(vkey, v.model_dump(mode="json"))
         verdicts.append(v)
 
     valid = [v for v in verdicts if v.valid]
-    scores = fit(episodes, [(v.first, v.second, v.score_of_first()) for v in valid], prior=cfg.prior)
+    scores = fit(episodes, [(v.first, v.second, v.score_of_first()) for v in valid],
+                 estimator=cfg.estimator, prior=cfg.prior)
     order = [str(e) for e in ranking(scores)]
     train, val, fallback_used = select(order, col.train_ranks, col.validation_rank, cfg.fallback)
     result = Ranking(

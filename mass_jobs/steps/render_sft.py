@@ -1,18 +1,28 @@
 """Render recorded teacher episodes into masked SFT windows (MASS outer loop, step 3).
 
-Each agent's conversation is rebuilt from the proxy's trace lines, classified as orchestrator,
-worker or auxiliary, and rendered with the model's own chat template (tool definitions
-included). Only assistant tokens carry loss: found by the template's {% generation %} markers
-when it has them, else by rendering each reply incrementally and aligning it to the full
-rendering (stock hub templates such as Qwen3's have no markers). In orchestrator threads the
-teacher prompt (task + workflow + directive) is replaced by the bare task, so the student learns
-to act as the teacher did without being told how. Workers keep the concrete assignments they
-were sent.
+Each agent's conversation is rebuilt from the proxy's trace lines and classified as orchestrator,
+worker or auxiliary: by the harness's `X-Mass-Role` header, else (qwen-code sends none) by whether
+the thread was offered the harness's delegation tool (`mass_jobs.harness.delegation`, the table the
+audit uses too). In the orchestrator the teacher prompt (task + workflow + directive) becomes the
+bare task, so the student learns to act as the teacher did without being told how; workers keep
+the concrete assignments they were sent. A teacher prompt that cannot be found and stripped, a
+thread that cannot be rendered or a reply that cannot fit a window is an error of its episode:
+recorded in sft/stats.json and the manifest, and under `sft.strict` (the default, as upstream's
+`--strict`) the whole episode is dropped; without it only the offending thread or reply goes.
+Workflow or directive text is never left inside a window either way.
+
+A thread is rendered once per user query (segment), as upstream's prepare_sft_data does: segment s
+is the conversation up to the next user query, rendered with the model's own chat template (tools
+included), and only its own replies carry loss. Templates such as Qwen3's drop the reasoning of
+replies before the last user query, so each reply is trained in the context it was generated in,
+with its own reasoning. Loss tokens are found by the template's {% generation %} markers when it
+has them, else by rendering each reply incrementally and aligning it to the segment's rendering;
+either way a token is trained when it starts inside a reply (a token merging the turn opener with
+the reply's first characters is context, as in upstream's masks).
 
 Windows hold at most `sft.window` tokens: the masked header (system + tools + first user
-message), up to `sft.context` tokens of masked earlier context, then new assistant blocks; every
-assistant token is trained in exactly one window. A block that cannot fit is reported (and
-fails the step under `sft.strict`).
+message), the segment's own query when it is not the header's, up to `sft.context` tokens of masked
+earlier context, then new reply blocks; every reply token is trained in exactly one window.
 
 Run: `mass render sft --spec SPEC --gen G` (writes `<run>/gen-<g>/sft/{train,val}.jsonl, stats.json`).
 """
@@ -26,11 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mass_jobs.errors import StepFailed
+from mass_jobs.harness.delegation import can_delegate
 from mass_jobs.models import SftSpec
+from mass_jobs.workflow import SEPARATOR
 
 IGNORE = -100  # label of a position that carries no loss (the value torch's cross entropy skips)
 ROLES = ("orchestrator", "worker", "auxiliary")
-DELEGATION_TOOL = "delegate"  # the built-in harness's sub-agent tool
 
 
 class RenderError(StepFailed, ValueError):
@@ -46,6 +57,14 @@ class EpisodeTrace:
     records: list[dict]
     bare_prompt: str
     teacher_prompt: str | None = None  # None: nothing to strip (e.g. an already bare episode)
+    harness: str | None = None  # whose delegation tool marks the orchestrator; None: any harness's
+    # the teacher prompt's workflow and directive pieces (collect's prompt_parts): found and removed
+    # even when the harness changed the task text around them, and never left in a window
+    strip_pieces: tuple[str, ...] = ()
+
+    @property
+    def needs_stripping(self) -> bool:
+        return bool(self.teacher_prompt) and self.teacher_prompt.strip() != self.bare_prompt.strip()
 
 
 @dataclass
@@ -142,17 +161,7 @@ def _extends(prev: list[dict], new: list[dict]) -> bool:
     return len(new) >= len(prev) and all(_same_turn(p, n) for p, n in zip(prev, new))
 
 
-def _tool_names(tools: list | None) -> set[str]:
-    names = set()
-    for t in tools or []:
-        fn = t.get("function", t) if isinstance(t, dict) else {}
-        if isinstance(fn, dict) and fn.get("name"):
-            names.add(fn["name"])
-    return names
-
-
-def rebuild_threads(records: list[dict], delegation_tool: str = DELEGATION_TOOL,
-                    keep_length_cut: bool = False) -> list[Thread]:
+def rebuild_threads(records: list[dict], harness: str | None = None, keep_length_cut: bool = False) -> list[Thread]:
     """Group calls into conversations; a call that does not extend its predecessor starts a new one.
 
     With the trace's `agent` field, only the same agent's latest thread can be extended; without
@@ -182,7 +191,7 @@ def rebuild_threads(records: list[dict], delegation_tool: str = DELEGATION_TOOL,
         target.calls.append({**rec, "_messages": msgs})
     for t in threads:
         t.messages = _final_messages(t, keep_length_cut)
-        t.role = classify(t, delegation_tool)
+        t.role = classify(t, harness)
     return threads
 
 
@@ -206,33 +215,64 @@ def _final_messages(t: Thread, keep_length_cut: bool = False) -> list[dict]:
     return msgs
 
 
-def classify(t: Thread, delegation_tool: str = DELEGATION_TOOL) -> str:
+def classify(t: Thread, harness: str | None = None) -> str:
+    """The harness's role header when it sent one; else the thread offered the delegation tool leads."""
     agent = t.agent or {}
     role = str(agent.get("role") or "").lower()
     if role == "orchestrator" or agent.get("id") == "orchestrator":
         return "orchestrator"
     if role in ("worker", "auxiliary"):
         return role
-    if not agent and delegation_tool in _tool_names(t.tools):
+    if not agent and can_delegate(t.tools, harness):
         return "orchestrator"
     return "worker" if t.tools else "auxiliary"
 
 
-def strip_teacher_prompt(messages: list[dict], teacher_prompt: str, bare_prompt: str) -> tuple[list[dict], int]:
-    """Replace the teacher prompt by the bare task in every user message that carries it."""
+def is_lead(t: Thread) -> bool:
+    """The thread the episode's prompt went to: the orchestrator, or a single-agent teacher's one agent
+    (our harness's worker-role thread without a parent), whose first input is stripped all the same."""
+    agent = t.agent or {}
+    return t.role == "orchestrator" or (t.role == "worker" and bool(agent.get("id")) and not agent.get("parent"))
+
+
+def strip_teacher_prompt(
+    messages: list[dict], teacher_prompt: str, bare_prompt: str, pieces: tuple[str, ...] = ()
+) -> tuple[list[dict], int]:
+    """Replace the teacher prompt by the bare task in every user message that carries it.
+
+    A harness may hand the model a changed task text (qwen-code trims the prompt and spaces out
+    unresolved @-paths); a message holding every piece (workflow, directive) still loses them, each
+    with its separator, and keeps the task as the harness sent it. Returns (messages, messages changed).
+    """
     out, replaced = [], 0
+    pieces = tuple(p for p in pieces if p)
     for m in messages:
-        if m["role"] == "user" and teacher_prompt and teacher_prompt in m["content"]:
-            m = {**m, "content": m["content"].replace(teacher_prompt, bare_prompt)}
+        text = m["content"]
+        if m["role"] == "user" and teacher_prompt and teacher_prompt in text:
+            m = {**m, "content": text.replace(teacher_prompt, bare_prompt)}
+            replaced += 1
+        elif m["role"] == "user" and pieces and all(p in text for p in pieces):
+            for p in pieces:
+                text = text.replace(SEPARATOR + p, "").replace(p, "")
+            m = {**m, "content": text}
             replaced += 1
         out.append(m)
     return out, replaced
 
 
+def teacher_text_left(messages: list[dict], ep: EpisodeTrace) -> int | None:
+    """Index of the first message not written by the model that still holds the teacher prompt or a piece of it."""
+    needles = [n for n in (ep.teacher_prompt, *ep.strip_pieces) if n and n.strip() not in ep.bare_prompt]
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant" and any(n in m["content"] for n in needles):
+            return i
+    return None
+
+
 # ---------------------------------------------------------------- tokens and windows
 
 _GENERATION_MARK = re.compile(r"{%-?\s*generation\s*-?%}")
-MASK_BY_MARKERS = "generation_markers"  # the template's {% generation %} spans (transformers computes the mask)
+MASK_BY_MARKERS = "generation_markers"  # the template's {% generation %} spans (as transformers renders them)
 MASK_BY_INCREMENTS = "incremental_rendering"  # stock hub templates: each reply = what its rendering adds
 _PROBE_REPLY = "mass probe reply 7f3a"
 
@@ -266,6 +306,12 @@ class ReplyShape:
     tail: str
 
 
+def _special_strings(tokenizer) -> set[str]:
+    return {s for s in tokenizer.all_special_tokens if s} | {
+        t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False) and t.content
+    }
+
+
 def reply_shape(tokenizer, tools: list | None = None) -> ReplyShape:
     probe = [{"role": "user", "content": "x"}]
     bare = _render_text(tokenizer, probe, tools)
@@ -279,11 +325,17 @@ def reply_shape(tokenizer, tools: list | None = None) -> ReplyShape:
             "generation prompt, so assistant tokens cannot be found"
         )
     after = answered[at + len(_PROBE_REPLY):]
-    specials = set(tokenizer.all_special_tokens) | {
-        t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)
-    }
-    cut = max((after.rfind(s) + len(s) for s in specials if s and s in after), default=len(after))
+    cut = max((after.rfind(s) + len(s) for s in _special_strings(tokenizer) if s in after), default=len(after))
     return ReplyShape(opener=opener, close=after[:cut], tail=after[cut:])
+
+
+def user_opener(tokenizer, tools: list | None = None) -> str:
+    """What the template puts before a user message's text, from its last special token (e.g. <|im_start|>user\\n)."""
+    probe = "mass probe query 5c1e"
+    text = _render_text(tokenizer, [{"role": "user", "content": probe}], tools)
+    before = text[: max(text.find(probe), 0)]
+    at = max((before.rfind(s) for s in _special_strings(tokenizer)), default=-1)
+    return before[at:] if at >= 0 else ""
 
 
 def _locate_reply(full: str, cursor: int, before: str, reply: str, shape: ReplyShape) -> tuple[int, int] | None:
@@ -308,17 +360,19 @@ def _locate_reply(full: str, cursor: int, before: str, reply: str, shape: ReplyS
     return (s, e) if reply.endswith(full[s:e]) else None
 
 
-def reply_spans(tokenizer, messages: list[dict], tools: list | None, shape: ReplyShape) -> tuple[str, list[tuple[int, int]]]:
-    """(full rendering, character spans of each assistant reply in it) without generation markers.
+def reply_spans(
+    tokenizer, messages: list[dict], tools: list | None, shape: ReplyShape, from_message: int = 0, cursor: int = 0
+) -> tuple[str, list[tuple[int, int]]]:
+    """(full rendering, character spans of the replies from message `from_message` on) without generation markers.
 
     Reply i = what rendering messages[:i+1] adds to messages[:i] + generation prompt, minus the
-    template's untrained tail; it is then aligned to the full rendering, which is what is trained.
+    template's untrained tail; it is then aligned to the full rendering (from character `cursor`),
+    which is what is trained.
     """
     full = _render_text(tokenizer, messages, tools)
     spans: list[tuple[int, int]] = []
-    cursor = 0
     for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or i < from_message:
             continue
         where = f"assistant turn {len(spans)} (message {i})"
         if i == 0:
@@ -349,60 +403,155 @@ def reply_spans(tokenizer, messages: list[dict], tools: list | None, shape: Repl
     return full, spans
 
 
-def _spans_to_tokens(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
-    """Tokenise as apply_chat_template does and mark every token overlapping a span (as the marker path does)."""
+def marker_spans(tokenizer, messages: list[dict], tools: list | None) -> tuple[str, list[tuple[int, int]]]:
+    """(full rendering, character spans of the template's {% generation %} blocks): what transformers masks."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, spans = render_jinja_template(
+        conversations=[messages], tools=tools, chat_template=tokenizer.get_chat_template(None, tools),
+        return_assistant_tokens_mask=True, **tokenizer.special_tokens_map,
+    )
+    text = rendered[0]
+    if text != _render_text(tokenizer, messages, tools):
+        raise RenderError("the template renders differently when asked for its generation spans")
+    return text, [tuple(sp) for sp in spans[0]]
+
+
+def _encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Tokenise as apply_chat_template does, with each token's character offsets."""
     enc = tokenizer(text, add_special_tokens=False)
     if not getattr(enc, "encodings", None):
-        raise RenderError("masking without {% generation %} markers needs a fast tokenizer (token offsets)")
-    ids = list(enc["input_ids"])
-    mask = [0] * len(ids)
+        raise RenderError("SFT masks need a fast tokenizer (token offsets)")
+    return list(enc["input_ids"]), [tuple(o) for o in enc.encodings[0].offsets]
+
+
+def _spans_to_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """1 for every token that starts inside a span: a token merging the turn opener with the reply's
+    first characters (e.g. "\\n\\n" over "<think>\\n" + "\\n</think>") is context, as in upstream's masks."""
+    mask = [0] * len(offsets)
     k = 0
-    for t, (a, b) in enumerate(enc.encodings[0].offsets):
+    for t, (a, b) in enumerate(offsets):
         while k < len(spans) and a >= spans[k][1]:
             k += 1
         if k == len(spans):
             break
-        if b > spans[k][0]:
+        if b > a and a >= spans[k][0]:
             mask[t] = 1
-    return ids, mask
+    return mask
+
+
+def _first_token_at(offsets: list[tuple[int, int]], char: int) -> int:
+    return next((t for t, (a, _) in enumerate(offsets) if a >= char), len(offsets))
 
 
 def turn_opener(tokenizer) -> list[int]:
-    """Tokens the template puts before an assistant reply (`add_generation_prompt`), e.g. <|im_start|>assistant\n."""
+    """Tokens the template puts before an assistant reply (`add_generation_prompt`), e.g. <|im_start|>assistant\\n."""
     probe = [{"role": "user", "content": "x"}]
     bare = list(tokenizer.apply_chat_template(probe, tokenize=True, return_dict=True)["input_ids"])
     full = list(tokenizer.apply_chat_template(probe, tokenize=True, return_dict=True, add_generation_prompt=True)["input_ids"])
     return full[len(bare):] if full[: len(bare)] == bare else []
 
 
-def assistant_mask(
-    tokenizer, messages: list[dict], tools: list | None, method: str | None = None, shape: ReplyShape | None = None
-) -> tuple[list[int], list[int]]:
-    """(ids, assistant mask) of the full rendering, by generation markers or incremental rendering."""
+@dataclass
+class Rendering:
+    """A conversation rendered by the chat template: token ids, offsets and the supervised-token mask."""
+
+    text: str
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+    mask: list[int]
+
+
+def render_masked(
+    tokenizer, messages: list[dict], tools: list | None, method: str | None = None, shape: ReplyShape | None = None,
+    from_message: int = 0, cursor: int = 0,
+) -> Rendering:
+    """The full rendering with the replies from message `from_message` (character `cursor`) on supervised."""
     method = method or mask_method(tokenizer)
     if method == MASK_BY_MARKERS:
-        enc = tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
-        return list(enc["input_ids"]), [int(x) for x in enc["assistant_masks"]]
-    full, spans = reply_spans(tokenizer, messages, tools, shape or reply_shape(tokenizer, tools))
-    return _spans_to_tokens(tokenizer, full, spans)
+        text, spans = marker_spans(tokenizer, messages, tools)
+        spans = [sp for sp in spans if sp[0] >= cursor]
+    else:
+        shape = shape or reply_shape(tokenizer, tools)
+        text, spans = reply_spans(tokenizer, messages, tools, shape, from_message, cursor)
+    ids, offsets = _encode(tokenizer, text)
+    return Rendering(text, ids, offsets, _spans_to_mask(offsets, spans))
+
+
+def _header(tokenizer, messages: list[dict], tools: list | None, r: Rendering) -> int:
+    """Tokens of system + tools + first user message (never past the first supervised token)."""
+    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    first_sup = next((i for i, x in enumerate(r.mask) if x), len(r.ids))
+    if first_user is None:
+        return first_sup
+    head = _render_text(tokenizer, messages[: first_user + 1], tools)
+    return min(_first_token_at(r.offsets, len(head)), first_sup) if r.text.startswith(head) else first_sup
 
 
 def tokenize_conversation(
     tokenizer, messages: list[dict], tools: list | None, method: str | None = None, shape: ReplyShape | None = None
 ) -> tuple[list[int], list[int], int]:
-    """(ids, assistant mask, header length): header = system + tools + first user message."""
-    ids, mask = assistant_mask(tokenizer, messages, tools, method, shape)
-    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
-    first_sup = next((i for i, x in enumerate(mask) if x), len(ids))
-    header = first_sup
-    if first_user is not None:
-        head = tokenizer.apply_chat_template(messages[: first_user + 1], tools=tools, tokenize=True, return_dict=True)
-        head_ids = list(head["input_ids"])
-        if ids[: len(head_ids)] == head_ids:
-            header = min(len(head_ids), first_sup)
-    return ids, mask, header
+    """(ids, assistant mask, header length) of the whole conversation: header = system + tools + first user message."""
+    r = render_masked(tokenizer, messages, tools, method, shape)
+    return r.ids, r.mask, _header(tokenizer, messages, tools, r)
+
+
+@dataclass
+class Segment:
+    """One user query of a thread: the conversation up to the next query, only this query's replies supervised."""
+
+    index: int
+    ids: list[int]
+    mask: list[int]
+    header: int
+    query: tuple[int, int] | None  # token span of the segment's own query when it is not the header's
+
+
+def query_bounds(messages: list[dict]) -> list[tuple[int | None, int]]:
+    """(query message index or None for the first segment, end message index) of each user-query segment."""
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    ends = users[1:] + [len(messages)]
+    return [(None if k == 0 else q, ends[k]) for k, q in enumerate(users)] or [(None, len(messages))]
+
+
+def render_segments(
+    tokenizer, messages: list[dict], tools: list | None, method: str | None = None, shape: ReplyShape | None = None
+) -> list[Segment]:
+    """Render a thread once per user query (upstream's rule), each segment's replies in their own context.
+
+    Segment s = messages up to the next user query; its replies are those after its query. A template
+    that drops the reasoning of replies before the last query (Qwen3) thus shows every reply with its
+    own reasoning and the earlier ones as the model saw them. Segments without replies are left out.
+    """
+    method = method or mask_method(tokenizer)
+    if method == MASK_BY_INCREMENTS:
+        shape = shape or reply_shape(tokenizer, tools)
+    bounds = query_bounds(messages)
+    opener = user_opener(tokenizer, tools) if len(bounds) > 1 else ""
+    out = []
+    for s, (q, end) in enumerate(bounds):
+        sub, first = messages[:end], 0 if q is None else q + 1
+        if not any(m["role"] == "assistant" for m in sub[first:]):
+            continue
+        asked = _render_text(tokenizer, messages[: q + 1], tools) if q is not None else ""
+        cursor = len(asked)
+        try:
+            r = render_masked(tokenizer, sub, tools, method, shape, first, cursor)
+            if not r.text.startswith(asked):
+                raise RenderError(
+                    "the template renders the conversation up to this query differently once replies follow it, "
+                    "so its replies cannot be shown in the context they were generated in"
+                )
+        except RenderError as err:
+            raise RenderError(f"segment {s} (message {first}): {err}") from err
+        header = _header(tokenizer, sub, tools, r)
+        query = None
+        if q is not None:
+            qa_char = r.text.rfind(opener, 0, cursor) if opener else -1
+            qa, qb = _first_token_at(r.offsets, qa_char if qa_char >= 0 else cursor), _first_token_at(r.offsets, cursor)
+            query = (qa, qb) if header <= qa < qb else None
+        out.append(Segment(s, r.ids, r.mask, header, query))
+    return out
 
 
 def supervised_blocks(mask: list[int], start: int) -> list[tuple[int, int]]:
@@ -419,16 +568,20 @@ def supervised_blocks(mask: list[int], start: int) -> list[tuple[int, int]]:
 
 
 def cut_windows(
-    ids: list[int], mask: list[int], header: int, window: int, context: int, opener: list[int] | None = None
+    ids: list[int], mask: list[int], header: int, window: int, context: int, opener: list[int] | None = None,
+    query: tuple[int, int] | None = None,
 ) -> tuple[list[tuple[list[int], list[int]]], list[tuple[int, int]]]:
     """Greedy windows; returns ([(input_ids, labels)], dropped blocks as [s, e) spans).
 
-    Each window = ids[:header] + ids[c:end] where [s_first, end) are new blocks and [c, s_first)
-    the block's turn opener (always kept: a reply is learnt after its `<|im_start|>assistant`)
-    plus at most `context` tokens of masked earlier context.
+    Each window = ids[:header] + [query] + ids[c:end] where [s_first, end) are new blocks and
+    [c, s_first) the block's turn opener (always kept: a reply is learnt after its
+    `<|im_start|>assistant`) plus at most `context` tokens of masked earlier context. `query`
+    (a later segment's own user query) is put in whenever it fits the window, counted against
+    `context`, so every reply is learnt with the request it answers, as upstream does.
     """
     opener = list(opener or [])
     blocks = supervised_blocks(mask, header)
+    qa, qb = query or (0, 0)
 
     def lead_start(s: int) -> int:
         k = len(opener)
@@ -443,64 +596,121 @@ def cut_windows(
             dropped.append((s, e))
             i += 1
             continue
-        c = ls - min(context, ls - header, room)
+        reach = min(context, ls - header, room)
+        with_query = query is not None and ls - reach > qa and qb - qa <= room
+        if with_query:
+            reach = max(0, min(context - (qb - qa), room - (qb - qa), ls - qb))
+        c, lead = ls - reach, ids[:header] + (ids[qa:qb] if with_query else [])
         j = i
-        while j + 1 < len(blocks) and header + blocks[j + 1][1] - c <= window:
+        while j + 1 < len(blocks) and len(lead) + blocks[j + 1][1] - c <= window:
             j += 1
         end = blocks[j][1]
-        win_ids = ids[:header] + ids[c:end]
-        labels = [IGNORE] * header + [
-            ids[p] if (p >= s and mask[p]) else IGNORE for p in range(c, end)
-        ]
-        out.append((win_ids, labels))
+        labels = [IGNORE] * len(lead) + [ids[p] if (p >= s and mask[p]) else IGNORE for p in range(c, end)]
+        out.append((lead + ids[c:end], labels))
         i = j + 1
     return out, dropped
 
 
-def render_windows(
-    episodes: list[EpisodeTrace], tokenizer, sft: SftSpec, delegation_tool: str = DELEGATION_TOOL
-) -> tuple[list[Window], dict]:
-    """Core of the render step: episodes -> windows plus stats (raises RenderError under strict)."""
+# ---------------------------------------------------------------- episodes
+
+
+@dataclass
+class EpisodeRender:
+    """One episode's windows and what went wrong in it (errors: dicts with kind and reason)."""
+
+    windows: list[Window] = field(default_factory=list)
+    dropped_blocks: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+    threads_by_role: Counter = field(default_factory=Counter)
+    segments: int = 0
+    length_cuts: int = 0
+
+
+def render_episode(ep: EpisodeTrace, tokenizer, sft: SftSpec, method: str, opener: list[int]) -> EpisodeRender:
+    """Threads -> stripped, classified, segment-rendered windows; a thread with an error gives none.
+
+    When no orchestrator thread carried a strippable teacher prompt, no orchestrator thread gives
+    windows either: whatever its prompt became, it was not the bare task.
+    """
+    out = EpisodeRender()
+    where = {"task": ep.task, "episode": ep.episode}
+    threads = rebuild_threads(ep.records, ep.harness, sft.keep_length_cut)
+    conversations, stripped = [], False
+    for thread in threads:
+        messages = thread.messages
+        if ep.needs_stripping and is_lead(thread):
+            messages, replaced = strip_teacher_prompt(messages, ep.teacher_prompt, ep.bare_prompt, ep.strip_pieces)
+            stripped |= bool(replaced)
+        conversations.append(messages)
+    if ep.needs_stripping and not stripped:
+        roles = ", ".join(f"{i}: {t.role}" for i, t in enumerate(threads)) or "none"
+        out.errors.append({**where, "thread": None, "kind": "teacher_prompt_not_found", "reason": (
+            f"no orchestrator thread carries the teacher prompt (or its workflow and directive) to strip; "
+            f"threads {{{roles}}} under harness {ep.harness or 'unknown'}")})
+    for t_idx, (thread, messages) in enumerate(zip(threads, conversations)):
+        out.length_cuts += int(thread.dropped_length_cut)
+        if ep.needs_stripping and is_lead(thread) and not stripped:
+            continue
+        left = teacher_text_left(messages, ep) if ep.needs_stripping else None
+        if left is not None:
+            out.errors.append({**where, "thread": t_idx, "kind": "teacher_prompt_left", "reason": (
+                f"thread {t_idx} ({thread.role}) message {left} still holds the teacher prompt's workflow or directive")})
+            continue
+        try:
+            segments = render_segments(tokenizer, messages, thread.tools, method)
+        except RenderError as err:
+            out.errors.append({**where, "thread": t_idx, "kind": "thread_not_renderable",
+                               "reason": f"thread {t_idx} ({thread.role}): {err}"})
+            continue
+        out.threads_by_role[thread.role] += 1
+        index = 0
+        for seg in segments:
+            out.segments += 1
+            pieces, lost = cut_windows(seg.ids, seg.mask, seg.header, sft.window, sft.context, opener, seg.query)
+            for s, e in lost:
+                out.dropped_blocks.append({**where, "thread": t_idx, "role": thread.role, "segment": seg.index,
+                                           "block_tokens": e - s, "header_tokens": seg.header, "window": sft.window})
+            for win_ids, labels in pieces:
+                out.windows.append(Window(ep.task, ep.episode, thread.role, t_idx, index, win_ids, labels))
+                index += 1
+    if out.dropped_blocks:
+        first = out.dropped_blocks[0]
+        out.errors.append({**where, "thread": first["thread"], "kind": "reply_too_long", "reason": (
+            f"{len(out.dropped_blocks)} reply block(s) cannot fit sft.window={sft.window}, e.g. thread "
+            f"{first['thread']}: {first['block_tokens']} tokens after a {first['header_tokens']}-token header")})
+    return out
+
+
+def render_windows(episodes: list[EpisodeTrace], tokenizer, sft: SftSpec) -> tuple[list[Window], dict]:
+    """Core of the render step: episodes -> windows plus stats.
+
+    An episode with errors is dropped whole under `sft.strict`; otherwise it keeps the threads and
+    replies that rendered. Raises RenderError only for what no episode can get past (the tokenizer).
+    """
     method = mask_method(tokenizer)
     opener = turn_opener(tokenizer)
     windows: list[Window] = []
-    dropped: list[dict] = []
-    missing_teacher: list[dict] = []
+    dropped_blocks, errors, episodes_dropped = [], [], []
     threads_by_role: Counter = Counter()
-    length_cuts = 0
+    segments = length_cuts = 0
     for ep in episodes:
-        for t_idx, thread in enumerate(rebuild_threads(ep.records, delegation_tool, sft.keep_length_cut)):
-            messages = thread.messages
-            length_cuts += int(thread.dropped_length_cut)
-            if thread.role == "orchestrator" and ep.teacher_prompt:
-                messages, replaced = strip_teacher_prompt(messages, ep.teacher_prompt, ep.bare_prompt)
-                if not replaced:
-                    missing_teacher.append({"task": ep.task, "episode": ep.episode, "thread": t_idx})
-            threads_by_role[thread.role] += 1
-            try:
-                ids, mask, header = tokenize_conversation(tokenizer, messages, thread.tools, method)
-            except RenderError as err:
-                raise RenderError(f"task {ep.task!r} episode {ep.episode} thread {t_idx} ({thread.role}): {err}") from err
-            pieces, lost = cut_windows(ids, mask, header, sft.window, sft.context, opener)
-            for s, e in lost:
-                dropped.append(
-                    {"task": ep.task, "episode": ep.episode, "thread": t_idx, "role": thread.role,
-                     "block_tokens": e - s, "header_tokens": header, "window": sft.window}
-                )
-            for w_idx, (win_ids, labels) in enumerate(pieces):
-                windows.append(Window(ep.task, ep.episode, thread.role, t_idx, w_idx, win_ids, labels))
-    if dropped and sft.strict:
-        first = dropped[0]
-        raise RenderError(
-            f"{len(dropped)} assistant block(s) cannot fit sft.window={sft.window}: e.g. task {first['task']!r} "
-            f"episode {first['episode']} thread {first['thread']}: {first['block_tokens']} tokens after a "
-            f"{first['header_tokens']}-token header (raise sft.window or set sft.strict=false to drop them)"
-        )
-    return windows, window_stats(windows, dropped, missing_teacher, threads_by_role, length_cuts, method)
+        r = render_episode(ep, tokenizer, sft, method, opener)
+        dropped_blocks += r.dropped_blocks
+        errors += r.errors
+        length_cuts += r.length_cuts
+        if r.errors and sft.strict:
+            episodes_dropped.append({"task": ep.task, "episode": ep.episode, "reasons": [e["reason"] for e in r.errors]})
+            continue
+        windows += r.windows
+        threads_by_role += r.threads_by_role
+        segments += r.segments
+    stats = window_stats(windows, dropped_blocks, errors, threads_by_role, length_cuts, method)
+    stats.update(episodes=len(episodes), episodes_dropped=episodes_dropped, segments=segments, strict=sft.strict)
+    return windows, stats
 
 
 def window_stats(
-    windows: list[Window], dropped: list[dict], missing_teacher: list[dict], threads_by_role: Counter, length_cuts: int,
+    windows: list[Window], dropped: list[dict], errors: list[dict], threads_by_role: Counter, length_cuts: int,
     method: str | None = None,
 ) -> dict:
     tokens_by_role: Counter = Counter()
@@ -517,7 +727,8 @@ def window_stats(
         "threads_by_role": {r: threads_by_role.get(r, 0) for r in ROLES},
         "dropped_blocks": dropped,
         "dropped_supervised_tokens": sum(d["block_tokens"] for d in dropped),
-        "teacher_prompt_not_found": missing_teacher,
+        "episode_errors": errors,
+        "teacher_prompt_not_found": [e for e in errors if e["kind"] == "teacher_prompt_not_found"],
         "length_cut_responses_dropped": length_cuts,
         "mask_method": method,
     }
@@ -550,14 +761,16 @@ def _episode_ids(manifest: dict, split: str, key: str) -> list[int]:
     return out
 
 
-def teacher_prompt_from_trace(records: list[dict]) -> str | None:
-    """The orchestrator's first user message: the harness sends the collection prompt verbatim."""
+def teacher_prompt_from_trace(records: list[dict], harness: str | None = None) -> str | None:
+    """The orchestrator's latest user message in its first call: harnesses send the collection prompt
+    verbatim there (qwen-code after its environment-context turn)."""
     ordered = sorted(records, key=lambda r: r.get("seq", 0))
-    orch = [r for r in ordered if (r.get("agent") or {}).get("role") == "orchestrator"] or ordered[:1]
-    for r in orch:
-        for m in (r.get("request") or {}).get("messages") or []:
-            if m.get("role") == "user":
-                return _content_text(m.get("content"))
+    lead = [r for r in ordered if (r.get("agent") or {}).get("role") == "orchestrator"
+            or (not r.get("agent") and can_delegate((r.get("request") or {}).get("tools"), harness))]
+    for r in lead[:1]:
+        users = [m for m in (r.get("request") or {}).get("messages") or [] if m.get("role") == "user"]
+        if users:
+            return _content_text(users[-1].get("content"))
     return None
 
 
@@ -565,11 +778,32 @@ def load_episode(ctx, gen: int, task, i: int) -> EpisodeTrace:
     base = ctx.collect_episode(gen, task.id, i)
     lines = ctx.store.get_bytes(f"{base}/trace.jsonl").decode("utf-8").splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
-    # collect stores the exact prompt it sent in episode.json; else the trace itself holds it
+    # collect stores the exact prompt it sent, its pieces and the harness in episode.json; else the trace holds the prompt
     doc_key = f"{base}/episode.json"
-    teacher = ctx.store.get_json(doc_key).get("prompt") if ctx.store.exists(doc_key) else None
+    doc = ctx.store.get_json(doc_key) if ctx.store.exists(doc_key) else {}
+    harness = doc.get("harness") or ctx.spec.execution.harness
+    parts = doc.get("prompt_parts") or {}
     return EpisodeTrace(task.id, i, records, bare_prompt=task.prompt.strip(),
-                        teacher_prompt=teacher or teacher_prompt_from_trace(records))
+                        teacher_prompt=doc.get("prompt") or teacher_prompt_from_trace(records, harness),
+                        harness=harness, strip_pieces=tuple(parts.get(k) or "" for k in ("workflow", "directive")))
+
+
+def sft_step(ctx, gen: int):
+    """The render Step, its tasks and their train/val episode ids. The tokenizer enters the inputs
+    as the location the spec names (not the local dir it was loaded from), so every executor
+    computes the same hash."""
+    from mass_jobs.store import Step
+
+    ranked = [t for t in ctx.spec.resolved_tasks() if t.split == "train" and ctx.store.exists(ctx.rank(gen, t.id))]
+    ranks = {t.id: ctx.store.get_json(ctx.rank(gen, t.id)) for t in ranked}
+    tasks = [t for t in ranked if not ranks[t.id].get("skipped")]
+    split_ids = {t.id: {s: _episode_ids(ranks[t.id], s, ctx.rank(gen, t.id)) for s in ("train", "val")} for t in tasks}
+    tokenizer = ctx.spec.model.tokenizer or (ctx.spec.model.base if gen == 0 else ctx.model(gen))
+    step = Step(ctx.store, ctx.sft(gen), inputs={
+        "episodes": split_ids, "sft": ctx.spec.sft.model_dump(mode="json", include={"window", "context", "strict", "keep_length_cut"}),
+        "tokenizer": tokenizer, "prompts": {t.id: t.prompt for t in tasks},
+    })
+    return step, tasks, split_ids
 
 
 def run_render(ctx, gen: int, tokenizer) -> dict:
@@ -582,16 +816,7 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
     import tempfile
     from pathlib import Path
 
-    from mass_jobs.store import Step
-
-    ranked = [t for t in ctx.spec.resolved_tasks() if t.split == "train" and ctx.store.exists(ctx.rank(gen, t.id))]
-    ranks = {t.id: ctx.store.get_json(ctx.rank(gen, t.id)) for t in ranked}
-    tasks = [t for t in ranked if not ranks[t.id].get("skipped")]
-    split_ids = {t.id: {s: _episode_ids(ranks[t.id], s, ctx.rank(gen, t.id)) for s in ("train", "val")} for t in tasks}
-    step = Step(ctx.store, ctx.sft(gen), inputs={
-        "episodes": split_ids, "sft": ctx.spec.sft.model_dump(mode="json", include={"window", "context", "strict", "keep_length_cut"}),
-        "tokenizer": getattr(tokenizer, "name_or_path", ""), "prompts": {t.id: t.prompt for t in tasks},
-    })
+    step, tasks, split_ids = sft_step(ctx, gen)
     if step.done:
         return ctx.store.get_json(step.manifest_key)["extra"]
     step.start()
@@ -600,13 +825,16 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
         episodes = [load_episode(ctx, gen, t, i) for t in tasks for i in split_ids[t.id][split]]
         out[split], stats[split] = render_windows(episodes, tokenizer, ctx.spec.sft)
     if not out["train"]:
-        raise RenderError(f"generation {gen}: no training windows (tasks with rank manifests: {sorted(ranks)})")
+        dropped = stats["train"]["episodes_dropped"]
+        why = f"; {len(dropped)} episode(s) dropped under sft.strict, e.g. {dropped[0]['reasons'][0]}" if dropped else ""
+        ranked = sorted(t.id for t in ctx.spec.resolved_tasks() if ctx.store.exists(ctx.rank(gen, t.id)))
+        raise RenderError(f"generation {gen}: no training windows (tasks with rank manifests: {ranked}){why}")
     keys = []
     with tempfile.TemporaryDirectory() as tmp:
         for split in ("train", "val"):
             path = Path(tmp) / f"{split}.jsonl"
             write_jsonl(path, out[split])
-            keys.append(f"{ctx.sft(gen)}/{split}.jsonl")
+            keys.append(ctx.sft_file(gen, split))
             ctx.store.put_file(keys[-1], path)
     extra = {
         "stored_supervised_tokens": stats["train"]["stored_supervised_tokens"],
@@ -616,8 +844,10 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
         "val_windows": stats["val"]["windows"],
         "dropped_blocks": len(stats["train"]["dropped_blocks"]) + len(stats["val"]["dropped_blocks"]),
         "mask_method": stats["train"]["mask_method"],
+        "episode_errors": len(stats["train"]["episode_errors"]) + len(stats["val"]["episode_errors"]),
+        "episodes_dropped": len(stats["train"]["episodes_dropped"]) + len(stats["val"]["episodes_dropped"]),
     }
-    keys.append(f"{ctx.sft(gen)}/stats.json")
+    keys.append(ctx.sft_file(gen, "stats"))
     ctx.store.put_json(keys[-1], {**stats, "summary": extra})
     step.finish(keys, extra=extra)
     return extra

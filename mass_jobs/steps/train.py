@@ -41,7 +41,7 @@ def parent_model_dir(ctx: RunContext, gen: int, cache_dir: Path) -> Path:
 
 
 def stored_steps(ctx: RunContext, gen: int) -> list[int]:
-    prefix = f"{ctx.train(gen)}/step-"
+    prefix = ctx.train_checkpoints(gen)
     steps = set()
     for key in ctx.store.list(prefix):
         head = key[len(prefix):].split("/", 1)[0]
@@ -53,32 +53,45 @@ def stored_steps(ctx: RunContext, gen: int) -> list[int]:
 def _fetch_inputs(ctx: RunContext, gen: int, work: Path, resume: bool) -> tuple[Path, Path]:
     inputs = work / "inputs"
     inputs.mkdir(parents=True, exist_ok=True)
-    for name in ("train.jsonl", "val.jsonl"):
-        ctx.store.get_file(f"{ctx.sft(gen)}/{name}", inputs / name)
+    for split in ("train", "val"):
+        ctx.store.get_file(ctx.sft_file(gen, split), inputs / f"{split}.jsonl")
     parent = parent_model_dir(ctx, gen, work / "models")
     out = work / "train"
     if resume and latest_checkpoint(out) is None:
         # A fresh pod: bring the newest stored checkpoint and the log up to it.
         steps = stored_steps(ctx, gen)
         if steps:
-            ctx.store.get_dir(f"{ctx.train(gen)}/step-{steps[-1]}", out / f"step-{steps[-1]}")
-            if ctx.store.exists(f"{ctx.train(gen)}/log.jsonl"):
-                ctx.store.get_file(f"{ctx.train(gen)}/log.jsonl", out / "log.jsonl")
+            from mass_jobs.store import MODEL_LIMITS
+
+            shutil.rmtree(out / f"step-{steps[-1]}", ignore_errors=True)  # a half-written local copy
+            ctx.store.get_dir(ctx.checkpoint(gen, steps[-1]), out / f"step-{steps[-1]}", MODEL_LIMITS)
+            if ctx.store.exists(ctx.train_log(gen)):
+                ctx.store.get_file(ctx.train_log(gen), out / "log.jsonl")
     return inputs, parent
+
+
+def train_step(ctx: RunContext, gen: int, world_size: int):
+    """Training's Step: the stored SFT windows, the sft settings, the parent model, the world size."""
+    from mass_jobs.store import Step, read_manifest
+
+    sft_manifest = read_manifest(ctx.store, ctx.sft(gen))
+    if sft_manifest is None:
+        raise FileNotFoundError(f"generation {gen}: no SFT windows at {ctx.sft(gen)}/ (run `mass render sft` first)")
+    return Step(ctx.store, ctx.train(gen), inputs={
+        "sft": sft_manifest.get("outputs"), "sft_spec": ctx.spec.sft.model_dump(mode="json"),
+        "parent": ctx.spec.model.base if gen == 0 else ctx.model(gen), "world_size": world_size,
+    })
 
 
 def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False, parallel: str = "ddp",
               progress: bool = True) -> dict:
     """Train (every rank calls this); returns the train step's manifest `extra` on every rank."""
-    from mass_jobs.store import Step
-
     dist = Dist.current()
     work = Path(work_dir)
-    sft_manifest = ctx.store.get_json(f"{ctx.sft(gen)}/_manifest.json")
-    step = Step(ctx.store, ctx.train(gen), inputs={
-        "sft": sft_manifest.get("outputs"), "sft_spec": ctx.spec.sft.model_dump(mode="json"),
-        "parent": ctx.spec.model.base if gen == 0 else ctx.model(gen), "world_size": dist.world,
-    })
+    from mass_jobs.store import read_manifest
+
+    step = train_step(ctx, gen, dist.world)
+    sft_manifest = read_manifest(ctx.store, ctx.sft(gen))
     if step.done:
         return ctx.store.get_json(step.manifest_key)["extra"]
     if dist.local_rank == 0:
@@ -88,11 +101,12 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
     dist.barrier()
     if dist.local_rank != 0:
         inputs, parent = work / "inputs", parent_model_dir(ctx, gen, work / "models")
-    log_key = f"{ctx.train(gen)}/log.jsonl"
+    log_key = ctx.train_log(gen)
 
     def upload(n: int, path: Path) -> None:
-        ctx.store.put_dir(f"{ctx.train(gen)}/step-{n}", path)
+        ctx.store.put_dir(ctx.checkpoint(gen, n), path)
         ctx.store.put_file(log_key, path.parent / "log.jsonl")
+        _put_timing(ctx, gen, path.parent)
 
     if dist.rank == 0 and not resume:
         step.start()
@@ -108,10 +122,18 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
         "world_size": dist.world,
         "parallel": parallel,
         "param_share": result.param_share,  # of the model's parameters on this rank: 1 (DDP), ~1/world (FSDP)
+        "lora": result.lora,  # target kinds, adapted modules, adapted parent and LoRA parameter counts
     }
     if dist.rank == 0:
         ctx.store.put_file(log_key, work / "train" / "log.jsonl")
-        keys = [log_key] + [f"{ctx.train(gen)}/step-{n}" for n in extra["checkpoints"]]
+        _put_timing(ctx, gen, work / "train")
+        keys = [log_key] + [ctx.checkpoint(gen, n) for n in extra["checkpoints"]]
         step.finish(keys, extra=extra)
     dist.barrier()
     return extra
+
+
+def _put_timing(ctx, gen: int, train_dir: Path) -> None:
+    """Step times for `mass plan --timings`; not a manifest output (they differ on every run)."""
+    if (train_dir / "timing.jsonl").exists():
+        ctx.store.put_file(ctx.train_timing(gen), train_dir / "timing.jsonl")

@@ -11,9 +11,9 @@ A directory without checkpoint.json is incomplete and never resumed from.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
-import random
 import shutil
 from pathlib import Path
 
@@ -35,7 +35,10 @@ def _sha256(path: Path) -> str:
 def rng_state() -> dict:
     import torch
 
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    # Only the generators training draws from (dropout): the window order comes from the sampler's
+    # own seeded Random, and the global `random` state depends on whatever else ran in the process
+    # (S3 clients, tempfile), so keeping it would make checkpoints differ between executors.
+    state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -45,7 +48,6 @@ def set_rng_state(state: dict) -> None:
     import torch
 
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
@@ -61,7 +63,14 @@ def save_checkpoint(out_dir: Path, step: int, adapter_model, adapter_state: dict
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in adapter_state.items()}, tmp / "adapter_model.safetensors")
-    adapter_model.peft_config["default"].save_pretrained(tmp)
+    # Byte-identical for one spec on any executor: no local base path (merge names its base itself)
+    # and sets (target modules) in sorted order, not the process's hash-seed order.
+    config = copy.copy(adapter_model.peft_config["default"])
+    config.base_model_name_or_path = None
+    for name, value in vars(config).items():
+        if isinstance(value, set):
+            setattr(config, name, sorted(value))
+    config.save_pretrained(tmp)
     torch.save(optimizer_state, tmp / "optimizer.pt")
     torch.save(rng_states, tmp / "rng.pt")
     files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}

@@ -1,7 +1,11 @@
 """The LoRA SFT loop: one window per rank and micro-step, DDP (or FSDP) over ranks, exact resume.
 
-Loss per window = mean over its supervised tokens; a step's loss = mean over the windows of the
-global batch (world size x grad_accum windows), which is what averaged DDP gradients optimise.
+Loss per window = mean over its supervised tokens, computed in `sft.loss_chunk`-token chunks with
+the output layer outside the forward pass (training/loss.py); a step's loss = mean over the windows
+of the global batch (world size x grad_accum windows), which is what averaged DDP gradients optimise.
+Validation runs every `sft.val_every` steps and at the last; checkpoints are saved every
+`sft.save_every` steps and at the last, and only those with a validation loss can be selected (the
+paper: validation every 150, checkpoints every 50 steps).
 FSDP (`parallel="fsdp"`, FSDP2 `fully_shard`, one unit per decoder layer) runs the same math on
 sharded parameters; its checkpoints hold the same full adapter as DDP's.
 Validation loss is token-weighted (sum of token losses / supervised tokens), overall, per role
@@ -22,7 +26,7 @@ from typing import Callable, Literal
 
 from mass_jobs.models import SftSpec
 from mass_jobs.sampler import WindowSampler
-from mass_jobs.steps.render_sft import IGNORE, ROLES
+from mass_jobs.steps.render_sft import ROLES
 from mass_jobs.training.checkpoint import (
     latest_checkpoint,
     load_adapter_state,
@@ -31,7 +35,8 @@ from mass_jobs.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from mass_jobs.training.lora import attach_lora, trainable_named_parameters
+from mass_jobs.training.lora import adapted_summary, attach_lora, resolve_targets, trainable_named_parameters
+from mass_jobs.training.loss import chunked_loss_sum, logits_loss_sum, split_head
 from mass_jobs.training.schedule import lr_at
 
 
@@ -43,6 +48,7 @@ class TrainResult:
     val_losses: dict[int, float] = field(default_factory=dict)
     log_path: Path | None = None
     param_share: float = 1.0  # share of the model's parameters this rank holds (1/world under FSDP)
+    lora: dict = field(default_factory=dict)  # what the adapter covers (training/lora.py adapted_summary)
 
 
 @dataclass
@@ -84,18 +90,6 @@ class Dist:
 
         if self.world > 1:
             dist.barrier()
-
-
-def window_loss_sum(logits, labels):
-    """(sum of next-token losses over supervised positions, their count) in float32."""
-    import torch.nn.functional as F
-
-    shift_logits = logits[:, :-1, :].float()
-    shift_labels = labels[:, 1:]
-    loss = F.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
-    )
-    return loss, int((shift_labels != IGNORE).sum())
 
 
 def _device(dist_info: Dist):
@@ -159,6 +153,7 @@ class Trainer:
         self.device = _device(self.dist)
         self.sampler = WindowSampler(train_windows, sft.orchestrator_share, sft.seed)
         self.log_path = self.out_dir / "log.jsonl"
+        self.timing_path = self.out_dir / "timing.jsonl"
 
     # ------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -172,7 +167,13 @@ class Trainer:
         if self.sft.gradient_checkpointing:
             # non-reentrant: works with DDP, with FSDP and with frozen inputs (LoRA leaves embeddings frozen)
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        self.peft_model = attach_lora(base, self.sft.lora)
+        targets = resolve_targets(base, self.sft.lora)
+        # The output layer leaves the forward pass and the loss applies it in chunks (training/loss.py),
+        # unless the spec adapts the head itself: then the head stays and the logits are full.
+        adapts_head = any(n == "lm_head" or n.endswith(".lm_head") for n in targets.modules)
+        self.head_weight = None if adapts_head else split_head(base).to(self.device)
+        self.peft_model = attach_lora(base, self.sft.lora, targets)
+        self.lora_summary = adapted_summary(self.peft_model, targets)
         if not self.sharded:
             self.peft_model.to(self.device)  # FSDP moves each layer's shard to the device as it wraps it
         self.model = self._wrap(self.peft_model)
@@ -310,6 +311,14 @@ class Trainer:
         labels = torch.tensor([window["labels"]], dtype=torch.long, device=self.device)
         return ids, labels
 
+    def window_loss(self, window: dict):
+        """(summed token loss of one window, its supervised tokens), through the wrapped model."""
+        ids, labels = self._batch(window)
+        out = self.model(input_ids=ids).logits  # last hidden states when the head was split off
+        if self.head_weight is None:
+            return logits_loss_sum(out, labels)
+        return chunked_loss_sum(out, self.head_weight, labels, self.sft.loss_chunk)
+
     def validate(self) -> dict:
         import torch
 
@@ -324,8 +333,7 @@ class Trainer:
         with torch.no_grad(), _autocast(self.device):
             for i in range(rounds):
                 w = mine[i] if i < len(mine) else self.val_windows[0]
-                ids, labels = self._batch(w)
-                loss, n = window_loss_sum(self.model(input_ids=ids).logits, labels)
+                loss, n = self.window_loss(w)
                 if i >= len(mine):
                     continue
                 for key in ("all", f"role:{w['role']}", f"task:{w['task']}"):
@@ -345,8 +353,12 @@ class Trainer:
     def _log(self, record: dict, console) -> None:
         if self.dist.rank != 0:
             return
+        timing = {k: record[k] for k in TIMING_FIELDS if k in record}
         with open(self.log_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.write(json.dumps({k: v for k, v in record.items() if k not in timing}, sort_keys=True) + "\n")
+        if timing:  # wall-clock numbers differ run to run: never in the hashed log
+            with open(self.timing_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": record["step"], **timing}, sort_keys=True) + "\n")
         if console is not None:
             if record["kind"] == "train":
                 console.print(
@@ -377,10 +389,11 @@ class Trainer:
         start, processed = self.resume() if resume else (0, 0)
         if start == 0 and self.dist.rank == 0:
             self.log_path.write_text("")
+            self.timing_path.write_text("")
         val_steps = {self.total_steps} | set(range(self.sft.val_every, self.total_steps + 1, self.sft.val_every))
         save_steps = {self.total_steps} | set(range(self.sft.save_every, self.total_steps + 1, self.sft.save_every))
         result = TrainResult(steps=self.total_steps, processed_tokens=processed, checkpoints=[], log_path=self.log_path,
-                             param_share=self.param_share)
+                             param_share=self.param_share, lora=self.lora_summary)
         if start == 0:
             v = self.validate()
             self._log({"kind": "val", "step": 0, **v}, console)
@@ -395,9 +408,8 @@ class Trainer:
             loss_sum, tokens = 0.0, 0
             for micro in range(accum):
                 window = self.train_windows[self.sampler.draw(step, self.dist.rank, micro)]
-                ids, labels = self._batch(window)
                 with self._grad_sync(micro == accum - 1), _autocast(self.device):
-                    loss, n = window_loss_sum(self.model(input_ids=ids).logits, labels)
+                    loss, n = self.window_loss(window)
                     loss = loss / max(n, 1)
                 (loss / accum).backward()
                 loss_sum += float(loss.detach())
@@ -414,7 +426,7 @@ class Trainer:
                 "step_s": elapsed, "tokens_per_s": tokens_total / elapsed if elapsed > 0 else 0.0,
             }, console)
             val_loss = None
-            if step in val_steps or step in save_steps:
+            if step in val_steps:  # a checkpoint saved between validations has no val loss: not selectable
                 v = self.validate()
                 val_loss = v["val_loss"]
                 result.val_losses[step] = val_loss
@@ -424,6 +436,9 @@ class Trainer:
                 result.checkpoints.append(step)
         result.processed_tokens = processed
         return result
+
+
+TIMING_FIELDS = ("step_s", "tokens_per_s")  # written to timing.jsonl, not log.jsonl
 
 
 def adapter_digest(state: dict) -> str:
