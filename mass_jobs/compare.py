@@ -45,6 +45,7 @@ class Verdict(Closed):
     attempts: int = Field(ge=1)
     errors: list[str] = Field(default_factory=list, description="Why earlier replies were unreadable.")
     seed: int | None = None
+    model: str | None = Field(default=None, description="Who judged: `gen-<g>` or `<model> @ <endpoint>` (roles.evaluator).")
 
     def score_of_first(self) -> float:
         """1 win, 0.5 tie, 0 loss for `first` (only for valid verdicts)."""
@@ -125,6 +126,25 @@ def bundle(
 
 # ---------------------------------------------------------------- verdicts
 
+
+
+def stored_bundle(store, prefix: str, max_bytes: int, deliverables=(), workspace: Path | None = None) -> str:
+    """bundle() of the workspace archive and status stored under `prefix` (extracted into `workspace`,
+    a temp folder by default). An archive get_dir refuses (agent-written, hostile) is shown as an
+    empty workspace with a notice saying why: a verdict against it, never a crashed step."""
+    import tempfile
+
+    from mass_jobs.store import UnsafeArchive
+
+    status = store.get_json(f"{prefix}/status.json")
+    with tempfile.TemporaryDirectory(prefix="mass-bundle-") as tmp:
+        ws = Path(workspace) if workspace is not None else Path(tmp)
+        try:
+            store.get_dir(f"{prefix}/workspace.tar.gz", ws)
+        except UnsafeArchive as err:
+            notice = f"WORKSPACE REFUSED: the stored archive was not extracted: {str(err)[:300]}"
+            return _cut(notice + "\n\n" + bundle(Path(tmp) / "none", max_bytes, deliverables, status), max_bytes)
+        return bundle(ws, max_bytes, deliverables, status)
 
 def _strip_think(text: str) -> str:
     text = re.sub(r"<think>.*?</think>", "", text, flags=re.S)

@@ -1,6 +1,9 @@
 """Store keys of one run: the single place that spells the layout of docs/architecture.md.
 
 Steps never format keys themselves; they ask a `RunContext`, so a layout change is one edit here.
+The Argo compiler asks the same methods with template placeholders for arguments
+(`RunContext.template("{{inputs.parameters.store-prefix}}")`), so artifact keys of agent pods
+follow the same layout.
 """
 
 from __future__ import annotations
@@ -13,23 +16,40 @@ from mass_jobs.models import RunSpec
 
 @dataclass(frozen=True)
 class RunContext:
-    spec: RunSpec
+    spec: RunSpec | None
     store: Any  # mass_jobs.store.Store (file:// or s3://)
+    prefix: str | None = None  # the run's key prefix when not the spec's name (Argo placeholders)
+
+    @classmethod
+    def template(cls, run_prefix: str) -> RunContext:
+        """Keys only, for a run whose prefix (and arguments) are placeholders filled in later."""
+        return cls(None, None, prefix=run_prefix)
 
     @property
     def run(self) -> str:
-        return self.spec.name
+        return self.prefix if self.prefix is not None else self.spec.name
 
     def spec_key(self) -> str:
         return f"{self.run}/spec.json"
 
-    def gen(self, g: int) -> str:
-        if g < 0:
+    def run_state(self) -> str:
+        """What the local runner is doing now and its last failure (`mass status` reads it)."""
+        return f"{self.run}/run-state.json"
+
+    def gen(self, g: int | str) -> str:
+        if isinstance(g, int) and g < 0:
             raise ValueError(f"generation must be >= 0, got {g}")
         return f"{self.run}/gen-{g}"
 
     def model(self, g: int) -> str:
         return f"{self.gen(g)}/model"
+
+    def model_fp8(self, g: int) -> str:
+        return f"{self.gen(g)}/model-fp8"
+
+    def served_model(self, g) -> str:
+        """The name L_g is served under while the inner loop calls it (traces record it)."""
+        return served_model_name(self.spec.name if self.spec is not None else self.run, g)
 
     # ------------------------------------------------------------ search
     def search(self, g: int, task: str) -> str:
@@ -49,8 +69,21 @@ class RunContext:
     def collect(self, g: int, task: str) -> str:
         return f"{self.gen(g)}/collect/{task}"
 
-    def collect_episode(self, g: int, task: str, i: int) -> str:
-        return f"{self.collect(g, task)}/ep-{i}"
+    def collect_episode(self, g: int, task: str, i) -> str:
+        """Episode i's dir; `i` may be the index or the id `ep-<i>` that summaries and rankings hold."""
+        return f"{self.collect(g, task)}/{i if str(i).startswith('ep-') else f'ep-{i}'}"
+
+    def episode_file(self, g, task, i, name: str) -> str:
+        """One stored file of an episode (EPISODE_FILES of steps/collect.py)."""
+        return f"{self.collect_episode(g, task, i)}/{name}"
+
+    def episode_input(self, g, task, i, name: str = "") -> str:
+        """What an agent pod reads (`mass collect --phase prepare` writes it)."""
+        return f"{self.collect_episode(g, task, i)}/input" + (f"/{name}" if name else "")
+
+    def episode_output(self, g, task, i, name: str = "") -> str:
+        """What an agent pod writes (Argo uploads it; `mass collect --phase ingest` promotes it)."""
+        return f"{self.collect_episode(g, task, i)}/output" + (f"/{name}" if name else "")
 
     def collect_summary(self, g: int, task: str) -> str:
         return f"{self.collect(g, task)}/summary.json"
@@ -69,14 +102,94 @@ class RunContext:
     def sft(self, g: int) -> str:
         return f"{self.gen(g)}/sft"
 
+    def sft_file(self, g: int, split: str) -> str:
+        """`train` / `val` windows, or `stats` (stats.json)."""
+        return f"{self.sft(g)}/stats.json" if split == "stats" else f"{self.sft(g)}/{split}.jsonl"
+
     def train(self, g: int) -> str:
         return f"{self.gen(g)}/train"
+
+    def train_log(self, g: int) -> str:
+        return f"{self.train(g)}/log.jsonl"
+
+    def train_timing(self, g: int) -> str:
+        """Wall-clock seconds per training step: kept apart from log.jsonl, whose hash later steps'
+        inputs carry, so two executors of one spec store byte-identical training outputs."""
+        return f"{self.train(g)}/timing.jsonl"
+
+    def checkpoint(self, g: int, step) -> str:
+        return f"{self.train(g)}/step-{step}"
+
+    def train_checkpoints(self, g: int) -> str:
+        """List prefix of the stored checkpoints (`train/step-<n>`)."""
+        return f"{self.train(g)}/step-"
 
     def select(self, g: int) -> str:
         return f"{self.gen(g)}/select.json"
 
+    def select_step(self, g: int) -> str:
+        """Manifest prefix of checkpoint selection (select.json sits next to it)."""
+        return f"{self.gen(g)}/select"
+
+    def merge_step(self, g: int) -> str:
+        """Manifest prefix of the merge that writes model(g + 1)."""
+        return f"{self.gen(g)}/merge"
+
     def eval(self, g: int) -> str:
         return f"{self.run}/eval/gen-{g}"
 
+    def eval_verdicts(self, g: int) -> str:
+        """List prefix of the panel verdicts comparing L_g with its baselines."""
+        return f"{self.run}/eval/verdicts/gen-{g}-vs-"
+
     def report(self) -> str:
         return f"{self.run}/report"
+
+    def store_options(self) -> dict:
+        """The spec's S3 endpoint and region, for opening other s3:// locations (model dirs) alike."""
+        st = self.spec.store
+        return {k: v for k, v in {"endpoint_url": st.endpoint_url, "region": st.region}.items() if v}
+
+    # ------------------------------------------------------------ the run's spec
+    def claim_spec(self, record: bool = True) -> None:
+        """Record the spec of a new run; on an existing run refuse a spec that differs from the
+        stored one (SpecError, exit 2, naming every changed field). Stored steps were computed
+        from the stored spec, so a silent change would mix two runs in one store. Only
+        `generations` may change: it extends (or shortens) the chain without touching any step.
+        `record=False` only checks (every step entry does; the runner and `mass validate --outputs`,
+        the first step of every Argo cycle, record)."""
+        from mass_jobs.spec import SpecError, SpecIssue
+
+        current = self.spec.model_dump(mode="json")
+        key = self.spec_key()
+        if self.store.exists(key):
+            changed = spec_changes(self.store.get_json(key), current)
+            if changed:
+                raise SpecError(f"{self.store.uri.rstrip('/')}/{key}", [
+                    SpecIssue(path, f"stored run has {old!r}, this spec has {new!r} (a changed spec needs a new "
+                                    f"`name` or an empty store)") for path, old, new in changed])
+        if record:
+            self.store.put_json(key, current)
+
+
+def served_model_name(run: str, g) -> str:
+    """`mass-<run>-g<g>`: the generation's InferenceService on Kubernetes and the local server's
+    model name alike, so the traces (and their hashes) of both executors agree."""
+    return f"mass-{run}-g{g}"
+
+
+UNCHECKED_SPEC_FIELDS = ("generations",)
+
+
+def spec_changes(stored, current, path: str = "$") -> list[tuple[str, object, object]]:
+    """(JSON path, stored, current) of every leaf that differs, outside UNCHECKED_SPEC_FIELDS."""
+    if isinstance(stored, dict) and isinstance(current, dict):
+        out = []
+        for k in sorted(set(stored) | set(current)):
+            if path == "$" and k in UNCHECKED_SPEC_FIELDS:
+                continue
+            out += spec_changes(stored.get(k), current.get(k), f"{path}.{k}")
+        return out
+    if isinstance(stored, list) and isinstance(current, list) and len(stored) == len(current):
+        return [c for i, (a, b) in enumerate(zip(stored, current)) for c in spec_changes(a, b, f"{path}[{i}]")]
+    return [] if stored == current else [(path, stored, current)]

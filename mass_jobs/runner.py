@@ -1,10 +1,13 @@
-"""`mass run SPEC`: the local chain L0 -> L_N, resumable anywhere.
+"""`mass run SPEC`: the local chain L0 -> L_N, resumable anywhere, derived from `mass_jobs.pipeline`.
 
-Per generation g: serve L_g -> search (each train task) -> collect -> guard -> rank -> stop serving
--> render -> train (torchrun subprocess) -> select -> merge (-> L_{g+1}) -> evaluate L_{g+1} -> report.
-Every step sits behind its Step manifest, so killing the run at any point and rerunning redoes
-only unfinished work (training resumes from its newest checkpoint). A small run-state record at
-`<run>/run-state.json` says what is running or failed; `mass status SPEC` reads it with the manifests.
+Per generation g the steps of `PIPELINE` run in order (search -> collect -> guard -> rank -> render
+-> train (torchrun subprocess) -> select -> merge (-> L_{g+1}) -> evaluate L_{g+1}), then the run's
+steps (report). A step whose done-check (its core's input hash) holds is skipped, so killing the
+run at any point and rerunning redoes only unfinished work (training resumes from its newest
+checkpoint). Steps that call the generation's model share one lazily started server, stopped after
+the last of them. A step without an in-process adapter here runs its CLI entry as a subprocess (a
+`trainer` pod under torchrun), exactly as an Argo container would. A small run-state record at
+`<run>/run-state.json` says what is running or failed; `mass status SPEC` reads it with the store.
 
 Test tasks never reach search, collection, ranking, rendering, training or selection: the runner
 hands only `train_tasks(spec)` to those steps and checks the stored rank files and SFT windows
@@ -23,11 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mass_jobs import pipeline as P
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.models import RunSpec, Task
-
-STEPS = ("search", "collect", "guard", "rank", "render", "train", "select", "merge", "evaluate")
+from mass_jobs.progress import Display, PerKey
 
 
 class RunError(StepFailed):
@@ -58,7 +61,7 @@ def check_no_test_leak(ctx: RunContext, gen: int) -> dict:
             found.append(ctx.collect(gen, t) + "/")
     windows = 0
     for split in ("train", "val"):
-        key = f"{ctx.sft(gen)}/{split}.jsonl"
+        key = ctx.sft_file(gen, split)
         if not store.exists(key):
             continue
         for n, line in enumerate(store.get_bytes(key).decode("utf-8").splitlines()):
@@ -73,13 +76,6 @@ def check_no_test_leak(ctx: RunContext, gen: int) -> dict:
     return {"windows_checked": windows, "test_tasks": sorted(test_ids)}
 
 
-def merged(ctx: RunContext, g: int) -> bool:
-    """L_{g+1} is complete: the merge manifest, written after every model object, exists."""
-    from mass_jobs.store import read_manifest
-
-    return read_manifest(ctx.store, f"{ctx.gen(g)}/merge") is not None
-
-
 # ---------------------------------------------------------------- run state
 
 
@@ -92,7 +88,7 @@ class RunState:
 
     @property
     def key(self) -> str:
-        return f"{self.ctx.run}/run-state.json"
+        return self.ctx.run_state()
 
     def load(self) -> dict:
         self.doc = self.ctx.store.get_json(self.key) if self.ctx.store.exists(self.key) else {}
@@ -101,50 +97,6 @@ class RunState:
     def set(self, **kw) -> None:
         self.doc.update(kw, updated_at=time.time(), pid=os.getpid())
         self.ctx.store.put_json(self.key, self.doc)
-
-
-# ---------------------------------------------------------------- progress
-
-
-class Display:
-    """Rich progress: one bar over the run's steps, one line for the current step's tasks/episodes."""
-
-    def __init__(self, total: int, enabled: bool = True):
-        self.enabled = enabled
-        self.console = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.console = Console(stderr=True)
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), console=self.console, transient=False)
-            self.steps = self.progress.add_task("steps", total=total)
-            self.detail = self.progress.add_task("", total=None)
-
-    def __enter__(self):
-        if self.enabled:
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.progress.update(self.detail, visible=False)  # no stale task/episode line at the end
-            self.progress.stop()
-
-    def step(self, label: str) -> None:
-        if self.enabled:
-            self.progress.update(self.steps, description=f"[bold]{label}")
-            self.progress.update(self.detail, description="", completed=0, total=None)
-
-    def done(self, label: str, skipped: bool, seconds: float) -> None:
-        if self.enabled:
-            self.progress.advance(self.steps)
-            self.console.print(f"{'skip' if skipped else 'done'} {label} ({seconds:.1f}s)")
-
-    def note(self, text: str, completed: int | None = None, total: int | None = None) -> None:
-        if self.enabled:
-            self.progress.update(self.detail, description=text, completed=completed or 0, total=total)
 
 
 # ---------------------------------------------------------------- lazy serving
@@ -192,17 +144,41 @@ class LazyClient:
 
 class Runner:
     def __init__(self, spec_path: str, spec: RunSpec, store, *, work_dir: Path, progress: bool = True,
-                 python: str = sys.executable, on_step: Callable[[str], None] | None = None):
+                 python: str = sys.executable, on_step: Callable[[str], None] | None = None, pipeline=None):
         self.spec_path, self.spec = str(spec_path), spec
         self.ctx = RunContext(spec, store)
-        self.work = Path(work_dir).resolve() / spec.name
+        self.pipeline = P.steps(pipeline)
+        self.work_root = Path(work_dir).resolve()
+        self.work = self.work_root / spec.name
         self.work.mkdir(parents=True, exist_ok=True)
         self.state = RunState(self.ctx)
-        self.display = Display(total=len(STEPS) * spec.generations + 1, enabled=progress)
+        self.display = Display(total=len(self.plan()), enabled=progress)
         self.python = python
         self.on_step = on_step  # test hook: called before each step starts
+        self.lazy: LazyServer | None = None
+        # In-process adapters (shared model server, concurrent episodes, progress lines); every
+        # other step runs its CLI entry as a subprocess.
+        self.local: dict[str, Callable[[P.StepDef, int], None]] = {
+            "search": self._per_task(lambda g, t: self._core("search")(self.ctx, g, t, self.client, self.execute)),
+            "collect": self._per_task(lambda g, t: self._core("collect")(self.ctx, g, t, self.execute)),
+            "guard": self._per_task(lambda g, t: self._core("guard")(self.ctx, g, t)),
+            "rank": self._per_task(lambda g, t: self._core("rank")(self.ctx, g, t, self.client)),
+            "evaluate": lambda s, g: self.evaluate(g),
+            "report": lambda s, g: self._core("report")(self.ctx),
+        }
+
+    def plan(self) -> list[tuple[int, str]]:
+        """(generation, step) in the order this runner executes them (from the pipeline table)."""
+        return P.plan(self.ctx, self.pipeline)
 
     # ------------------------------------------------------------ helpers
+    def _core(self, name: str):
+        return P.by_name(name, self.pipeline).core_function()
+
+    def _env(self) -> dict:
+        # One writable work dir for every entry (their --work-dir defaults read it).
+        return {**os.environ, "PYTHONUNBUFFERED": "1", "MASS_WORK_DIR": str(self.work_root)}
+
     def _mass(self, *args: str) -> None:
         """One CLI entry as a subprocess (the same entries Argo containers call)."""
         cmd = [self.python, "-m", "mass_jobs.cli", *args]
@@ -212,7 +188,7 @@ class Runner:
         self.work.mkdir(parents=True, exist_ok=True)
         log = self.work / f"{label}.log"
         with open(log, "ab") as f:
-            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=self._env())
         if proc.returncode != 0:
             tail = log.read_bytes()[-3000:].decode("utf-8", errors="replace")
             raise RunError(f"`{' '.join(cmd[2:])}` exited {proc.returncode}; log {log}:\n{tail}")
@@ -233,107 +209,81 @@ class Runner:
             raise
         self.display.done(label, skipped, time.monotonic() - started)
 
+    @contextlib.contextmanager
     def serve(self, g: int):
-        from mass_jobs.steps.evaluate import default_servers
+        """L_g's endpoint for the inner loop, under the name the cluster's InferenceService has."""
+        from mass_jobs.serve import ModelServer
+        from mass_jobs.steps.evaluate import local_model_dir
 
-        serve_model, _ = default_servers(self.ctx, cache_root=self.work / "models", log_dir=self.work)
-        return serve_model(g)
+        with ModelServer(local_model_dir(self.ctx, g, self.work / "models"), served_name=self.ctx.served_model(g),
+                         dtype=self.spec.model.dtype, log_path=self.work / f"serve-gen-{g}.log") as srv:
+            yield srv.endpoint
 
-    # ------------------------------------------------------------ the steps of one generation
-    def inner_loop(self, g: int) -> None:
-        """search -> collect -> guard -> rank on train tasks. The step cores skip what their manifests
-        say is done; L_g is served lazily, on the first model call, and once for all four steps."""
-        from mass_jobs.steps.collect import run_collect
+    # ------------------------------------------------------------ model access for model steps
+    @property
+    def client(self):
         from mass_jobs.steps.evaluate import client_for
-        from mass_jobs.steps.guard import run_guard
-        from mass_jobs.steps.rank import run_rank
-        from mass_jobs.steps.search import episode_executor, run_search
 
-        ctx, spec, tasks = self.ctx, self.spec, train_tasks(self.spec)
-        with LazyServer(lambda: self.serve(g)) as lazy:
-            client = LazyClient(lambda: client_for(spec, lazy.endpoint()))
+        return LazyClient(lambda: client_for(self.spec, self.lazy.endpoint()))
 
-            import threading
+    def execute(self, *args):
+        from mass_jobs.steps.search import episode_executor
 
-            lock, now = threading.Lock(), {"label": "", "episodes": 0, "of": None}
+        status = episode_executor(self.spec, self.lazy.endpoint())(*args)
+        with self._lock:  # collect runs episodes concurrently
+            self._now["episodes"] += 1
+            self.display.note(f"{self._now['label']}: episode {self._now['episodes']}", self._now["episodes"],
+                              self._now["of"])
+        return status
 
-            def execute(*args):
-                status = episode_executor(spec, lazy.endpoint())(*args)
-                with lock:  # collect runs episodes concurrently
-                    now["episodes"] += 1
-                    self.display.note(f"{now['label']}: episode {now['episodes']}", now["episodes"], now["of"])
-                return status
-
+    def _per_task(self, fn: Callable[[int, str], object]) -> Callable[[P.StepDef, int], None]:
+        def go(s: P.StepDef, g: int) -> None:
+            tasks = train_tasks(self.spec)
             # episodes a task may still run: search = reference + initial elite + one per iteration
-            episodes_per_task = {"search": spec.search.iterations + 2, "collect": spec.collection.episodes}
+            of = {"iteration": self.spec.search.iterations + 2, "episode": self.spec.collection.episodes}.get(s.scope)
+            for i, t in enumerate(tasks):
+                self._now.update(label=f"{s.name} task {i + 1}/{len(tasks)} {t.id}", episodes=0, of=of)
+                self.display.note(self._now["label"], i, len(tasks))
+                fn(g, t.id)
+        return go
 
-            def each(name: str, fn) -> Callable[[], bool]:
-                def go() -> bool:
-                    stored = all(inner_done(ctx, g, name, t.id) for t in tasks)
-                    for i, t in enumerate(tasks):
-                        now.update(label=f"{name} task {i + 1}/{len(tasks)} {t.id}", episodes=0,
-                                   of=episodes_per_task.get(name))
-                        self.display.note(now["label"], i, len(tasks))
-                        fn(t.id)
-                    return stored
-                return go
+    def _cli(self, s: P.StepDef, g: int) -> None:
+        """A step without an adapter: its CLI entry per task or once (a trainer under torchrun)."""
+        calls = [s.argv(self.spec_path, g, t.id) for t in train_tasks(self.spec)] if s.per_task \
+            else [s.argv(self.spec_path, g)]
+        for argv in calls:
+            if s.pod == "trainer":
+                check_no_test_leak(self.ctx, g)
+                nproc = max(1, min(self.spec.sft.replicas, os.cpu_count() or 1))
+                self._subprocess([self.python, "-m", "torch.distributed.run", "--standalone",
+                                  f"--nproc_per_node={nproc}", "-m", "mass_jobs.cli", *argv, "--quiet"],
+                                 label=s.name)
+            else:
+                self._mass(*argv)
 
-            self._run_step(g, "search", each("search", lambda t: run_search(ctx, g, t, client, execute)))
-            self._run_step(g, "collect", each("collect", lambda t: run_collect(ctx, g, t, execute)))
-            self._run_step(g, "guard", each("guard", lambda t: run_guard(ctx, g, t)))
-            self._run_step(g, "rank", each("rank", lambda t: run_rank(ctx, g, t, client)))
-
-    def render(self, g: int) -> bool:
-        from mass_jobs.store import read_manifest
-
-        if read_manifest(self.ctx.store, self.ctx.sft(g)) is not None:
+    def execute_step(self, s: P.StepDef, g: int) -> bool:
+        """Run one step of the table unless its done-check holds; True when it was skipped."""
+        if s.is_done(self.ctx, g, [t.id for t in train_tasks(self.spec)]):
             return True
-        self._mass("render", "sft", "--spec", self.spec_path, "--gen", str(g), "--work-dir", str(self.work / "cache"))
+        self.local.get(s.name, self._cli)(s, g)
         return False
 
-    def train(self, g: int) -> bool:
-        from mass_jobs.store import read_manifest
-
-        check_no_test_leak(self.ctx, g)
-        if read_manifest(self.ctx.store, self.ctx.train(g)) is not None:
-            return True
-        nproc = max(1, min(self.spec.sft.replicas, os.cpu_count() or 1))
-        cmd = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "mass_jobs.cli", "train", "--spec", self.spec_path, "--gen", str(g), "--resume", "--quiet",
-               "--work-dir", str(self.work / "train")]
-        self._subprocess(cmd, label="train")
-        return False
-
-    def select(self, g: int) -> bool:
-        if self.ctx.store.exists(self.ctx.select(g)):
-            return True
-        self._mass("select", "--spec", self.spec_path, "--gen", str(g))
-        return False
-
-    def merge(self, g: int) -> bool:
-        if merged(self.ctx, g):
-            return True
-        self._mass("merge", "--spec", self.spec_path, "--gen", str(g))
-        return False
-
-    def evaluate(self, g: int) -> bool:
+    def evaluate(self, g: int) -> None:
         from mass_jobs.steps.evaluate import default_servers, evaluate
-        from mass_jobs.store import read_manifest
 
         gen = g + 1
-        counts = {"rollout": 0, "verdict": 0}
+        counts = PerKey()  # rollouts run for L_gen and each baseline: count per generation
         total_rollouts = len(self.spec.resolved_tasks()) * self.spec.evaluation.rollouts_per_task
 
         def progress(kind: str, rec: dict) -> None:
-            counts[kind] += 1
+            n = counts.add((kind, rec["gen"] if kind == "rollout" else None))
             if kind == "rollout":
                 self.display.note(f"bare-prompt rollouts L{rec['gen']} {rec['task']} rep {rec['replicate']}",
-                                  counts["rollout"], total_rollouts)
+                                  n, total_rollouts)
             else:
-                self.display.note(f"verdicts: {counts['verdict']} ({rec['judge']})")
+                self.display.note(f"verdicts: {n} ({rec['judge']})")
 
         serve_model, serve_judge = default_servers(self.ctx, cache_root=self.work / "models", log_dir=self.work)
-        before = read_manifest(self.ctx.store, self.ctx.eval(gen))
         with contextlib.ExitStack() as servers:
             started: dict[int, object] = {}
 
@@ -344,28 +294,29 @@ class Runner:
                     started[h] = servers.enter_context(serve_model(h))
                 yield started[h]
 
-            after = evaluate(self.ctx, gen, serve_once, serve_judge, progress=progress)
-        return before is not None and before == after
-
-    def report(self) -> bool:
-        from mass_jobs.steps.report import write_report
-
-        write_report(self.ctx)
-        return False
+            evaluate(self.ctx, gen, serve_once, serve_judge, progress=progress)
 
     # ------------------------------------------------------------ the whole run
     def run(self) -> dict:
+        import threading
+
         from mass_jobs.store import read_manifest
 
-        self.ctx.store.put_json(self.ctx.spec_key(), self.spec.model_dump(mode="json"))
+        self.ctx.claim_spec()  # a changed spec on an existing run is refused (SpecError, exit 2)
         self.state.load()
         self.state.set(status="running", spec=self.spec_path, failed=None)
+        self._lock, self._now = threading.Lock(), {"label": "", "episodes": 0, "of": None}
+        steps = P.generation_steps(self.pipeline)
+        last_model = max((i for i, s in enumerate(steps) if s.model), default=-1)
         with self.display:
             for g in range(self.spec.generations):
-                self.inner_loop(g)
-                for name in ("render", "train", "select", "merge", "evaluate"):
-                    self._run_step(g, name, lambda name=name: getattr(self, name)(g))
-            self._run_step(self.spec.generations, "report", self.report)
+                with LazyServer(lambda g=g: self.serve(g)) as self.lazy:
+                    for i, s in enumerate(steps):
+                        self._run_step(g, s.name, lambda s=s: self.execute_step(s, g))
+                        if i == last_model:
+                            self.lazy.__exit__(None, None, None)  # rank is its last user: free it for training
+            for s in P.run_steps(self.pipeline):
+                self._run_step(self.spec.generations, s.name, lambda s=s: self.execute_step(s, self.spec.generations))
         self.state.set(status="done", current=None, failed=None)
         return read_manifest(self.ctx.store, self.ctx.report())
 
@@ -377,54 +328,20 @@ def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, 
 
     spec = load_spec(spec_path)
     store = open_store(spec.store)
-    return Runner(spec_path, spec, store, work_dir=Path(work_dir or ".mass-work"), progress=progress,
-                  on_step=on_step).run()
+    return Runner(spec_path, spec, store, work_dir=Path(work_dir or os.environ.get("MASS_WORK_DIR", ".mass-work")),
+                  progress=progress, on_step=on_step).run()
 
 
 # ---------------------------------------------------------------- status
 
 
-def inner_done(ctx: RunContext, g: int, step: str, task: str) -> bool:
-    """The inner-loop step `step` of generation g is stored for `task` (search, collect, guard, rank)."""
-    store = ctx.store
-    if step == "search":
-        key = ctx.search_state(g, task)
-        return store.exists(key) and bool(store.get_json(key).get("done"))
-    key = {"collect": ctx.collect_summary, "guard": ctx.guard, "rank": ctx.rank}[step](g, task)
-    return store.exists(key)
-
-
-def step_status(ctx: RunContext) -> list[dict]:
-    """One row per (generation, step): done / running / failed / pending, from outputs and run-state."""
-    from mass_jobs.store import read_manifest
-
-    store, spec = ctx.store, ctx.spec
+def step_status(ctx: RunContext, pipeline=None) -> list[dict]:
+    """One row per (generation, step): the store's done / pending (`pipeline.table`, the same for
+    any executor), with the local runner's running / interrupted / failed from its run-state."""
     state = RunState(ctx).load()
-    tasks = [t.id for t in train_tasks(spec)]
-    rows = []
-
-    def task_count(pred) -> str:
-        return f"{sum(1 for t in tasks if pred(t))}/{len(tasks)} tasks"
-
-    for g in range(spec.generations):
-        checks = {name: (all(inner_done(ctx, g, name, t) for t in tasks),
-                         task_count(lambda t, name=name: inner_done(ctx, g, name, t)))
-                  for name in ("search", "collect", "guard", "rank")}
-        checks.update({
-            "render": (read_manifest(store, ctx.sft(g)) is not None, ""),
-            "train": (read_manifest(store, ctx.train(g)) is not None,
-                      f"{len([k for k in store.list(ctx.train(g) + '/step-') if k.count('/') == 3])} checkpoints"),
-            "select": (store.exists(ctx.select(g)), ""),
-            "merge": (merged(ctx, g), ""),
-            "evaluate": (read_manifest(store, ctx.eval(g + 1)) is not None,
-                         f"{len(store.list(f'{ctx.run}/eval/verdicts/gen-{g + 1}-vs-'))} verdicts"),
-        })
-        for name in STEPS:
-            done, detail = checks[name]
-            rows.append({"gen": g, "step": name, "status": _status(state, g, name, done), "detail": detail})
-    rows.append({"gen": spec.generations, "step": "report",
-                 "status": _status(state, spec.generations, "report", read_manifest(store, ctx.report()) is not None),
-                 "detail": ""})
+    rows = P.table(ctx, pipeline)
+    for r in rows:
+        r["status"] = _status(state, r["gen"], r["step"], r["status"] == "done")
     return rows
 
 

@@ -56,15 +56,29 @@ DEFAULT_WORKFLOW = Workflow.model_validate(
     }
 )
 
+# The paper's seven execution requirements (SakanaAI/mass, tasks/teacher_directive.txt), worded for
+# any harness: "the delegation tool" is `delegate` in the built-in harness and `agent` in qwen-code.
 TEACHER_DIRECTIVE = """\
 Execute the workflow above as a team, not as one voice:
-1. Call every role through the delegation tool; never role-play another agent's work yourself.
-2. Start a step only when the files its predecessor must produce exist in the workspace.
-3. Make each assignment self-contained: the goal, the input files, the exact outputs expected and how
-   they will be checked; a worker sees nothing but its assignment.
-4. Check returned artifacts (open the files, run the code, read the numbers) before depending on them.
-5. When an artifact fails a check, re-delegate with a narrowed scope that names the defect, instead of
-   redoing the whole step."""
+1. Run the team for real: call every role other than yours as a separate worker through the
+   delegation tool; acting out a role in your own turn does not count. You, the orchestrator, write
+   no pipeline or analysis code yourself: you set up, delegate, check and assemble.
+2. Foreground only: wait for each worker's report before you go on; never start a worker in the
+   background.
+3. One step at a time: start a worker only when the files its predecessor must produce exist in the
+   workspace; start several at once only for independent work on separate files.
+4. Make each assignment self-contained: a worker sees nothing but its assignment and the files. Give
+   the role's instruction, the workspace path, the exact files to create or change, the earlier outputs
+   to use, the command that checks the work, and the report expected back (files written, commands run
+   and their results, key numbers, known problems).
+5. Check returned artifacts yourself (run the entry point, open the files, read the numbers) before
+   depending on them. When one fails a check, re-delegate to the same role with a narrowed scope that
+   names the defect, instead of fixing it yourself or redoing the whole step.
+6. Bounded work: give each worker one deliverable it can finish in one run (a few files and one
+   check); split a large role into several calls in sequence.
+7. Finish cleanly: do not end while a worker is still running.
+   Your final answer summarises every worker call: the role, what it was asked, how it ended and
+   what you checked."""
 
 
 class WorkflowError(ValueError):
@@ -189,7 +203,12 @@ def agents_from_upstream(items: Any, where: str = "agents") -> Workflow:
 
 
 def import_upstream(text: str) -> tuple[str, Workflow]:
-    """Split an upstream MASS task file into (bare task prompt, initial workflow)."""
+    """Split an upstream MASS task file into (bare task prompt, initial workflow).
+
+    Upstream files are `<task text>`, the marker line, the JSON agent list, then often general
+    instructions ("Use uv ...", "write your history log ..."); the bare prompt is the task text
+    and those instructions, as upstream's own bare prompts are (tasks/bare/ next to tasks/initial/).
+    """
     idx = text.find(UPSTREAM_MARKER)
     if idx < 0:
         raise WorkflowError([f"upstream task: the line {UPSTREAM_MARKER!r} was not found"])
@@ -201,9 +220,8 @@ def import_upstream(text: str) -> tuple[str, Workflow]:
         items, end = json.JSONDecoder().raw_decode(rest)
     except json.JSONDecodeError as e:
         raise WorkflowError([f"upstream task: agent list is not JSON ({e.msg} at line {e.lineno} column {e.colno})"])
-    if rest[end:].strip():
-        raise WorkflowError(["upstream task: unexpected text after the agent list"])
-    return prompt, agents_from_upstream(items, "upstream agents")
+    after = rest[end:].strip()
+    return (f"{prompt}\n\n{after}" if after else prompt), agents_from_upstream(items, "upstream agents")
 
 
 # ---------------------------------------------------------------- optimizer proposals

@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked == 24
+    assert checked == 29
 
 
 def _used_params(obj, scope: str) -> set[str]:
@@ -160,11 +160,12 @@ def test_search_is_bounded_recursion_and_collect_fans_out_over_task_episode(argo
     assert "--iteration" in t["search"]["container"]["args"]
     cycle = {s["name"]: s for s in _steps(t["cycle"])}
     assert cycle["search"]["withParam"].endswith("outputs.parameters.tasks}}")
-    assert cycle["collect"]["withParam"].endswith("outputs.parameters.episodes}}")
+    assert cycle["collect"]["arguments"]["parameters"][1]["value"].endswith("outputs.parameters.episodes}}")
+    assert _steps(t["collect"])[0]["withParam"] == "{{inputs.parameters.episodes}}"
     assert [s["template"] for s in _steps(t["collect-episode"])] == ["collect-prepare", "agent-episode", "collect-ingest"]
     order = [s["name"] for s in _steps(t["cycle"])]
-    assert order == ["validate", "serve-model", "search", "collect", "guard", "rank", "render-sft", "train",
-                     "select", "merge", "evaluate", "report"]
+    assert order == ["validate", "serve-model", "search", "collect", "collect-summary", "guard", "rank",
+                     "release-model", "render", "train", "select", "merge", "evaluate", "report"]
     assert argo_docs["mass-cycle"]["spec"]["onExit"] == "exit-handler"
     assert _steps(t["exit-handler"])[0]["template"] == "delete-model"
 
@@ -192,7 +193,7 @@ def test_every_pod_has_labels_security_and_limits(argo_docs):
         assert all(isinstance(v, str) for v in limits.values())
         assert t["retryStrategy"]["limit"] == "3"
         n += 1
-    assert n == 12
+    assert n == 13
     for doc in argo_docs.values():
         spec = doc["spec"]
         if doc["kind"] == "WorkflowTemplate":
@@ -215,15 +216,16 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
     keys = {a["path"]: a["s3"] for a in agent["inputs"]["artifacts"] + agent["outputs"]["artifacts"]}
     assert keys == {
         "/in/episode.json": {"key": f"{ep}/input/episode.json"},
-        "/in/workspace": {"key": f"{ep}/input/workspace.tar.gz"},
+        "/in/workspace.tar.gz": {"key": f"{ep}/input/workspace.tar.gz"},
         "/out/trace.jsonl": {"key": f"{ep}/output/trace.jsonl"},
         "/out/status.json": {"key": f"{ep}/output/status.json"},
-        "/out/workspace": {"key": f"{ep}/output/workspace.tar.gz"},
+        "/out/workspace.tar.gz": {"key": f"{ep}/output/workspace.tar.gz"},
     }
     t = _templates(argo_docs["mass-cycle"])
-    assert t["collect-prepare"]["container"]["args"][-6:-4] == ["--phase", "prepare"]
+    assert t["collect-prepare"]["container"]["args"][-8:-6] == ["--phase", "prepare"]
     assert "--endpoint" in t["collect-prepare"]["container"]["args"]
-    assert t["collect-ingest"]["container"]["args"][-2:] == ["--phase", "ingest"]
+    assert t["collect-ingest"]["container"]["args"][-4:] == ["--phase", "ingest", "--agent-status",
+                                                             "{{inputs.parameters.agent-status}}"]
     assert agent["metadata"]["labels"][labels.STEP] == "episode"
     mounts = {v["mountPath"] for v in agent["container"]["volumeMounts"]}
     assert mounts == {"/tmp", "/out"}
@@ -231,15 +233,14 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
 
 def test_resource_templates_wait_on_the_documented_conditions(argo_docs):
     t = _templates(argo_docs["mass-cycle"])
-    serve, train = t["serve-model"]["resource"], t["train"]["resource"]
+    serve, train = t["serve-model"]["resource"], t["train-job"]["resource"]
     assert serve["successCondition"] == "status.modelStatus.states.targetModelState == Loaded"
     assert "UpToDate" not in serve["failureCondition"]
     assert train["successCondition"] == "status.replicaStatuses.Master.succeeded > 0"
-    assert t["train"]["synchronization"]["semaphores"][0]["configMapKeyRef"] == {"name": "mass-semaphores", "key": "gpu-jobs"}
+    assert t["train-job"]["synchronization"]["semaphores"][0]["configMapKeyRef"] == {"name": "mass-semaphores", "key": "gpu-jobs"}
     assert t["delete-model"]["resource"]["action"] == "delete"
-    isvc, job = schemas.embedded_manifests(argo_docs["mass-cycle"])[0], schemas.embedded_manifests(argo_docs["mass-cycle"])[2]
+    isvc, job = _created(argo_docs, "InferenceService"), _created(argo_docs, "PyTorchJob")
     assert isvc["metadata"]["name"] == "mass-demo-g3"
-    assert job["kind"] == "PyTorchJob"
     master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert master["name"] == "pytorch"
     assert master["command"] == ["torchrun", "--no-python", "mass", "train", "--spec", "s3://mass-jobs/specs/demo.yaml",
@@ -249,24 +250,32 @@ def test_resource_templates_wait_on_the_documented_conditions(argo_docs):
         assert obj["labels"][labels.ARGO_WORKFLOW] == "mass-run-abcde"
 
 
+def _created(argo_docs, kind):
+    """The object a create/apply resource template of mass-cycle makes (not a delete's reference)."""
+    found = [o for o in schemas.embedded_manifests(argo_docs["mass-cycle"]) if o["kind"] == kind and "spec" in o]
+    assert len(found) == 1, kind
+    return found[0]
+
+
 def test_webhook_rules_catch_what_schemas_miss(argo_docs):
-    job = schemas.embedded_manifests(argo_docs["mass-cycle"])[2]
+    job = _created(argo_docs, "PyTorchJob")
     bad = copy.deepcopy(job)
     bad["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 2
     bad["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "trainer"
     assert schemas.schema_errors(bad) == []
     assert len(schemas.webhook_errors(bad)) == 2
-    isvc = schemas.embedded_manifests(argo_docs["mass-cycle"])[0]
+    isvc = _created(argo_docs, "InferenceService")
     isvc["metadata"]["name"] = "Mass_Demo"
     assert schemas.webhook_errors(isvc) == ["InferenceService/Mass_Demo: name must match ^[a-z]([-a-z0-9]*[a-z0-9])?$"]
 
 
 def test_longest_run_id_gives_valid_names():
-    from mass_jobs.k8s import serving
+    from mass_jobs.k8s import serving, training
 
     run = "r" * 40  # RunSpec.name max_length
     assert len(serving.isvc_name(run, "50")) <= 63
-    assert len(f"mass-{run}-g50-train-r3") <= 63
+    # The job is named from the workflow: a CronWorkflow's are `<name>-<unix time>`.
+    assert len(training.job_name("mass-nightly-1767225600", "50")) <= 63
     assert labels.truncate_name("a-" * 40) == ("a-" * 40)[:63].rstrip("-")
 
 

@@ -84,7 +84,7 @@ def _parsed_manifests(obj):
         return obj
     for t in obj.get("spec", {}).get("templates", []):
         if "resource" in t:
-            t["resource"]["manifest"] = yaml.safe_load(t["resource"]["manifest"])
+            t["resource"]["manifest"] = yaml.safe_load(schemas.substitute_examples(t["resource"]["manifest"]))
     return obj
 
 
@@ -104,11 +104,13 @@ def test_default_render_is_exactly_argo_and_manifests(argo_docs):
 def test_gpu_cluster_values_reach_the_jobs():
     objs = _objects(yaml.safe_load(SCENARIOS["gpu-cluster"].read_text()))
     cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
-    isvc, _, job = schemas.embedded_manifests(cycle)
-    assert job["spec"]["nprocPerNode"] == "8"
-    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+    created = {o["kind"]: o for o in schemas.embedded_manifests(cycle) if "spec" in o}
+    isvc, job = created["InferenceService"], created["PyTorchJob"]
+    # replicas, processes and GPUs per replica are the spec's (validate's outputs, example values here)
+    assert job["spec"]["nprocPerNode"] == "2"
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
     assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
-        "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "8"}
+        "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "2"}
     model = isvc["spec"]["predictor"]["model"]
     assert model["resources"]["limits"]["nvidia.com/gpu"] == "2" and "--max-model-len=65536" in model["args"]
     assert _by(objs, "ConfigMap", "mass-semaphores")["data"] == {"gpu-jobs": "4"}
@@ -248,6 +250,7 @@ def test_agent_network_policy_selects_the_agent_pods(argo_docs):
     ports = [p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]]
     assert ports == [53, 53, 8080, 443, 6443, 443, 9000]
     model_rule = policy["spec"]["egress"][1]["to"][0]["podSelector"]["matchLabels"]
-    isvc = schemas.embedded_manifests(argo_docs["mass-cycle"])[0]
+    isvc = next(o for o in schemas.embedded_manifests(argo_docs["mass-cycle"]) if o["kind"] == "InferenceService"
+                and "spec" in o)
     assert all(isvc["spec"]["predictor"]["labels"][k] == v for k, v in model_rule.items())
     assert labels.STEP in model_rule

@@ -31,7 +31,7 @@ def _commands() -> dict[str, set[str]]:
         assert "mass" in argv, f"container does not run the mass CLI: {argv}"
         rest = argv[argv.index("mass") + 1:]
         entry = " ".join(rest[:2]) if rest[0] == "render" else rest[0]
-        found.setdefault(entry, set()).update(a for a in rest if a.startswith("--"))
+        found.setdefault(entry, set()).update(a.split("=")[0] for a in rest if a.startswith("--"))
     return found
 
 

@@ -157,7 +157,7 @@ def test_run_merge_stores_plain_model_objects_that_serve(tiny_model_dir, adapter
     assert set(read_manifest(ctx.store, f"{ctx.gen(0)}/merge")["outputs"]) == set(keys)
 
     uri = argo_outputs(ctx.spec, 1)["model-uri"]
-    assert uri == f"s3://{s3_env['bucket']}/{prefix}/ci-e2e/gen-1/model"
+    assert uri == f"s3://{s3_env['bucket']}/{prefix}/ci-e2e/gen-1/model/"  # the slash: never model-fp8/ too
     local = resolve_model(uri, cache_dir=tmp_path / "cache", store_options=opts)
     assert {p.name for p in local.iterdir()} - {".mass-complete"} == names
     direct = tmp_path / "direct"

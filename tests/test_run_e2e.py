@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from mass_jobs.context import RunContext
+from mass_jobs.commands.validate import done_outputs
 from mass_jobs.runner import SplitLeak, check_no_test_leak, step_status, train_tasks
 from mass_jobs.spec import load_spec, validate_document
 from mass_jobs.store import FileStore, read_manifest, verify_manifest
@@ -61,22 +62,24 @@ def test_train_tasks_and_leak_check(tmp_path):
         check_no_test_leak(ctx, 0)
 
 
-def test_status_from_manifests_and_run_state(tmp_path):
+def test_status_overlays_the_run_state_on_the_store(tmp_path):
+    """Done / pending come from the steps' own done-checks (tests/test_pipeline.py); the runner's
+    run-state adds running, interrupted (runner gone) and failed. Objects that merely exist (no
+    manifest of the right inputs) count for nothing."""
     ctx = small_ctx(tmp_path)
     s = ctx.store
     for t in ("fib", "primes"):
         s.put_json(ctx.search_state(0, t), {"done": True})
         s.put_json(ctx.collect_summary(0, t), {})
     s.put_json(ctx.guard(0, "fib"), {})
-    s.put_json("ci-e2e/run-state.json", {"status": "running", "current": {"gen": 0, "step": "guard"},
-                                         "pid": os.getpid()})
+    s.put_json(ctx.run_state(), {"status": "running", "current": {"gen": 0, "step": "guard"}, "pid": os.getpid()})
     rows = {(r["gen"], r["step"]): r for r in step_status(ctx)}
-    assert rows[(0, "search")]["status"] == "done" and rows[(0, "collect")]["detail"] == "2/2 tasks"
-    assert rows[(0, "guard")]["status"] == "running" and rows[(0, "guard")]["detail"] == "1/2 tasks"
+    assert rows[(0, "search")]["status"] == "pending" and rows[(0, "collect")]["detail"] == "0/2 tasks"
+    assert rows[(0, "guard")]["status"] == "running" and rows[(0, "guard")]["detail"] == "0/2 tasks"
     assert rows[(0, "rank")]["status"] == "pending" and rows[(2, "report")]["status"] == "pending"
-    s.put_json("ci-e2e/run-state.json", {"status": "running", "current": {"gen": 0, "step": "guard"}, "pid": -1})
+    s.put_json(ctx.run_state(), {"status": "running", "current": {"gen": 0, "step": "guard"}, "pid": -1})
     assert {(r["gen"], r["step"]): r for r in step_status(ctx)}[(0, "guard")]["status"] == "interrupted"
-    s.put_json("ci-e2e/run-state.json", {"status": "failed", "failed": {"gen": 0, "step": "rank", "error": "x"}})
+    s.put_json(ctx.run_state(), {"status": "failed", "failed": {"gen": 0, "step": "rank", "error": "x"}})
     assert {(r["gen"], r["step"]): r for r in step_status(ctx)}[(0, "rank")]["status"] == "failed"
 
 
@@ -304,7 +307,26 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     answers_a = list(hash_judge.answers)
     assert {r["headers"].get("x-mass-role") for r in hash_judge.requests} == {"evaluator"}
     report_a = check_run(a, answers_a)
+    # what `mass plan` said before the run is what the run stored (exact counts; bounds not exceeded)
+    from mass_jobs.planning.counts import compare, plan_counts, stored_counts
+
+    ctx_plan = open_run(a)
+    for planned in plan_counts(ctx_plan.spec):
+        assert compare(planned, stored_counts(ctx_plan, planned["gen"])) == [], planned["gen"]
     assert set(status_rows(a).values()) == {"done"}
+    # the same table from the store alone, as after an Argo run (no runner, no run-state)
+    ctx_a = open_run(a)
+    # the inner loop called L_g by the InferenceService's name: traces agree across executors
+    for g in range(ctx_a.spec.generations):
+        lines = ctx_a.store.get_bytes(f"{ctx_a.search_iter(g, 'fib', 0)}/trace.jsonl").decode().splitlines()
+        assert {json.loads(x)["request"]["model"] for x in lines if x.strip()} == {f"mass-ci-e2e-g{g}"}
+    ctx_a.store.delete(ctx_a.run_state())
+    assert set(status_rows(a).values()) == {"done"}
+    # and what `mass validate --outputs` tells the templates: nothing to start, no GPU, no model server
+    for g in range(ctx_a.spec.generations + 1):
+        flags = done_outputs(ctx_a, g)
+        assert flags["needs-model"] == "false" and flags["run-done"] == "true", (g, flags)
+        assert all(v == "true" for k, v in flags.items() if k.startswith("done-")), (g, flags)
 
     b = write_spec(tmp_path, tiny_model_dir, "b", dead_port, hash_judge.base_url)
     ctx_b = open_run(b)

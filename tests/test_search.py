@@ -67,6 +67,7 @@ def test_search_k3_replaces_elite_only_when_preferred(store, inner_spec, judging
     assert [r.preferred for r in state.iterations] == [True, True, False, True]
     assert [r.elite_after for r in state.iterations] == [0, 1, 1, 3]
     assert state.elite == 3 and state.done and state.beats_reference
+    assert state.beat_reference == [0, 1, 3]  # every elite, each judged once against the reference
     assert [f.result for f in state.feedback] == ["initial", "new_elite", "elite_kept", "new_elite"]
     assert state.feedback[2].rationale == "picked " + ("A" if state.iterations[2].verdict.first == "iter-1" else "B") + " by content"
     assert state.iterations[3].proposal_attempts == 2 and "no JSON object" in state.iterations[3].proposal_errors[0]
@@ -192,6 +193,7 @@ def test_cli_entries_print_json_and_use_exit_codes(tmp_path, judging_endpoint, c
                         collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2},
                         ranking={"comparisons_per_episode": 1})
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "tiny").mkdir()  # model locations are checked: the spec's model exists (scripted endpoint serves it)
     ep = judging_endpoint()
     add_episodes(ep, episode(1), episode(5))
     common = ["--spec", str(tmp_path / "spec.yaml"), "--gen", "0", "--task", "t1"]

@@ -95,8 +95,13 @@ def test_teacher_prompt_pieces_join_exactly():
     assert full == parts.task + SEPARATOR + parts.workflow + SEPARATOR + parts.directive
     # the render step removes exactly these two pieces and gets the bare task back
     assert full.replace(SEPARATOR + parts.workflow, "").replace(SEPARATOR + parts.directive, "") == "Solve it."
-    for duty in ("delegation tool", "predecessor", "self-contained", "Check returned artifacts", "narrowed scope"):
+    # the paper's seven points: real delegation and no code by the orchestrator, foreground only, one step
+    # at a time, self-contained assignments, check and narrow re-delegation, bounded work, a final summary
+    for duty in ("delegation tool", "write\n   no pipeline or analysis code yourself", "Foreground only", "predecessor",
+                 "self-contained", "Check returned artifacts", "narrowed scope", "Bounded work",
+                 "do not end while a worker is still running", "final answer summarises every worker call"):
         assert duty in TEACHER_DIRECTIVE
+    assert [line.split(".")[0] for line in TEACHER_DIRECTIVE.splitlines() if line[:1].isdigit()] == list("1234567")
     assert teacher_prompt("t", DEFAULT_WORKFLOW, directive="Be careful.").endswith(f"{DIRECTIVE_HEADER}\nBe careful.")
     assert workflow_prompt_parts("t", None).text == "t"
 

@@ -30,8 +30,9 @@ def add_model(parser) -> None:
     parser.add_argument("--api-key-env", help="environment variable holding the endpoint's API key")
 
 
-def open_run(location: str, task: str | None = None):
-    """The RunContext of a validated spec; an unknown task is a spec error (exit 2) naming the choices."""
+def open_run(location: str, task: str | None = None, check_spec: bool = True):
+    """The RunContext of a validated spec; an unknown task is a spec error (exit 2) naming the choices,
+    and so is a spec that differs from the one the run's store holds (`RunContext.claim_spec`)."""
     from mass_jobs.context import RunContext
     from mass_jobs.spec import SpecError, SpecIssue, load_spec
     from mass_jobs.store import open_store
@@ -40,7 +41,17 @@ def open_run(location: str, task: str | None = None):
     if task is not None and task not in {t.id for t in spec.resolved_tasks()}:
         ids = [t.id for t in spec.resolved_tasks()]
         raise SpecError(location, [SpecIssue("--task", f"expected one of {ids}, found {task!r}")])
-    return RunContext(spec, open_store(spec.store))
+    ctx = RunContext(spec, open_store(spec.store))
+    if check_spec:
+        ctx.claim_spec(record=False)
+    return ctx
+
+
+def work_dir_default() -> str:
+    """--work-dir default of every entry: MASS_WORK_DIR (pods set a writable one), else .mass-work."""
+    import os
+
+    return os.environ.get("MASS_WORK_DIR", ".mass-work")
 
 
 def model_location(ctx, gen: int) -> str:
@@ -64,8 +75,8 @@ def model_endpoint(args, ctx):
     from mass_jobs.modelio import resolve_model
     from mass_jobs.serve import ModelServer
 
-    opts = {k: v for k, v in {"endpoint_url": ctx.spec.store.endpoint_url, "region": ctx.spec.store.region}.items() if v}
-    with ModelServer(resolve_model(model_location(ctx, args.gen), store_options=opts)) as srv:
+    with ModelServer(resolve_model(model_location(ctx, args.gen), store_options=ctx.store_options()),
+                     served_name=ctx.served_model(args.gen)) as srv:
         yield srv.endpoint
 
 

@@ -1,9 +1,14 @@
 """`mass episode --in DIR --out DIR`: run one agent episode (what an agent pod runs).
 
 Reads DIR/episode.json (prompt, endpoint {base_url, model, api_key_env}, limits, sampling, harness,
-seed, files) and copies DIR/workspace/ (when present) to OUT/workspace/, where the agents work;
-writes OUT/trace.jsonl and OUT/status.json. Needs no store credentials. Exit 0 for every classified
-outcome but infra_error (1, so a retry policy can rerun it); 2 for a bad episode.json.
+seed, files) and the workspace: DIR/workspace.tar.gz (the store's deterministic archive, extracted
+safely) or DIR/workspace/, into OUT/workspace/, where the agents work; writes OUT/trace.jsonl,
+OUT/status.json and OUT/workspace.tar.gz (the same archive format the store's put_dir writes).
+The archives travel as Argo artifacts with `archive: none`, so Argo neither untars them on input
+(renaming a single top-level entry onto the path) nor re-tars the output under a `workspace/`
+directory: the bytes the collect step stores are the ones this command wrote. Needs no store
+credentials. Exit 0 for every classified outcome but infra_error (1, so a retry policy can rerun
+it); 2 for a bad episode.json or workspace archive.
 """
 
 from __future__ import annotations
@@ -31,8 +36,20 @@ def main(args) -> int:
     if workspace.exists():
         print(f"mass episode: {workspace} exists; use an empty --out directory", file=sys.stderr)
         return 2
+    import tarfile
+
+    from mass_jobs.store.archive import UnsafeArchive, extract_dir_archive, write_dir_archive
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    if (in_dir / "workspace").is_dir():
+    if (in_dir / "workspace.tar.gz").is_file():
+        workspace.mkdir()
+        try:
+            with open(in_dir / "workspace.tar.gz", "rb") as f:
+                extract_dir_archive(f, workspace)
+        except (UnsafeArchive, OSError, EOFError, tarfile.TarError) as exc:
+            print(f"mass episode: {in_dir / 'workspace.tar.gz'}: {exc}", file=sys.stderr)
+            return 2
+    elif (in_dir / "workspace").is_dir():
         shutil.copytree(in_dir / "workspace", workspace, symlinks=True)
     else:
         workspace.mkdir()
@@ -41,5 +58,7 @@ def main(args) -> int:
     except ValueError as exc:
         print(f"mass episode: {exc}", file=sys.stderr)
         return 2
+    with open(out_dir / "workspace.tar.gz", "wb") as f:
+        write_dir_archive(workspace, f)
     print(f"{result.outcome}: {result.reason} (status: {result.status_path})")
     return 1 if result.outcome == "infra_error" else 0

@@ -1,4 +1,4 @@
-"""`mass evaluate --spec S --gen G`: bare-prompt rollouts of L_G and its baselines, the judge panel
+"""`mass evaluate SPEC --gen G`: bare-prompt rollouts of L_G and its baselines, the judge panel
 and the self-evaluator (see mass_jobs.steps.evaluate). Models are served here by the embedded
 server; judges with `endpoint: local` too. Prints the step manifest's summary as JSON."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import sys
 
-from mass_jobs.commands.common import add_spec, open_run
+from mass_jobs.commands.common import add_spec, open_run, work_dir_default
 
 
 def add_arguments(parser) -> None:
     add_spec(parser, gen="generation G >= 1 (L_G vs L_0 and L_{G-1})")
-    parser.add_argument("--work-dir", default=".mass-work", help="local cache for model dirs and server logs")
+    parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local cache for model dirs and server logs")
 
 
 def main(args) -> int:

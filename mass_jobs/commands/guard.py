@@ -1,4 +1,4 @@
-"""`mass guard --spec S --gen G --task T`: deterministic guard verdicts of the collected episodes.
+"""`mass guard SPEC --gen G --task T`: deterministic guard verdicts of the collected episodes.
 
 Writes gen-<g>/guard/<task>.json (per episode: eligible, passed, reasons) and prints a summary line.
 Needs no model.

@@ -1,18 +1,17 @@
-"""`mass merge --spec S --gen G`: merge the selected adapter into L_g, giving the model of L_{g+1}."""
+"""`mass merge SPEC --gen G`: merge the selected adapter into L_g, giving the model of L_{g+1}."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-from mass_jobs.commands.common import add_spec, open_run
+from mass_jobs.commands.common import add_spec, open_run, work_dir_default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec(parser, gen="generation g whose selected adapter is merged")
-    parser.add_argument("--work-dir", default=os.environ.get("MASS_WORK_DIR", ".mass-work"),
+    parser.add_argument("--work-dir", default=work_dir_default(),
                         help="local dir for the adapter, the parent and the merged model")
 
 

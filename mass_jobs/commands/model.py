@@ -1,21 +1,35 @@
 """`mass model tiny --out DIR [--seed N] [--warm]`: build the tiny Qwen3 test model (no download);
-`--warm` fine-tunes it briefly on synthetic harness conversations so its replies are well-formed."""
+`--warm` fine-tunes it on synthetic harness conversations so its replies are well-formed, printing
+a line every `--every` steps (step, mean loss, elapsed, ETA); measured: 900 steps in 3:03 wall,
+215 CPU-seconds, with the machine's 2 cores shared."""
 
 from __future__ import annotations
+
+import sys
 
 
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
-    tiny = sub.add_parser("tiny", help="write the tiny Qwen3 model + tokenizer + chat template to a directory")
+    what = "write the tiny Qwen3 model + tokenizer + chat template to a directory (no download)"
+    tiny = sub.add_parser("tiny", help=what, description=what)
     tiny.add_argument("--out", required=True, help="output directory (created if missing)")
     tiny.add_argument("--seed", type=int, default=0, help="weight init seed; the same seed gives identical files")
     tiny.add_argument("--warm", action="store_true",
-                      help="then fine-tune about a minute on synthetic harness conversations")
+                      help="then fine-tune on synthetic harness conversations, printing steps and loss; "
+                           "measured about 3 minutes wall (3.6 CPU-minutes) on 2 shared CPU cores")
+    tiny.add_argument("--steps", type=int, default=None, help="warm-up steps (default: the built-in 900)")
+    tiny.add_argument("--every", type=int, default=50, help="print a progress line every N warm-up steps")
 
 
 def main(args) -> int:
     from mass_jobs.tiny import build_tiny_model
 
-    out = build_tiny_model(args.out, seed=args.seed, warm=args.warm)
+    on_step = None
+    if args.warm:
+        from mass_jobs.progress import warm_printer
+
+        print("building the tiny model, then warming it up (steps and loss below)", file=sys.stderr, flush=True)
+        on_step = warm_printer(every=args.every)
+    out = build_tiny_model(args.out, seed=args.seed, warm=args.warm, warm_steps=args.steps, on_step=on_step)
     print(f"tiny{' warm' if args.warm else ''} model (seed {args.seed}) written to {out}")
     return 0

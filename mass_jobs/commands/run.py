@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import sys
 
+from mass_jobs.commands.common import work_dir_default
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec: a path or an s3:// URI")
-    parser.add_argument("--work-dir", default=".mass-work", help="local scratch: model cache, logs, checkpoints")
-    parser.add_argument("--no-progress", action="store_true", help="plain output instead of a live display")
+    parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local scratch: model cache, logs, checkpoints")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="plain lines instead of a live display: each step's start and end with an ETA, and its progress notes")
 
 
 def main(args) -> int:

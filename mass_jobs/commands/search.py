@@ -1,4 +1,4 @@
-"""`mass search --spec S --gen G --task T [--iteration K]`: the workflow search of one task.
+"""`mass search SPEC --gen G --task T [--iteration K]`: the workflow search of one task.
 
 Without --iteration the whole loop runs (resuming what is stored); with it exactly iteration K runs
 and one JSON line {"continue": bool, "next": K+1|null, ...} is printed for Argo's bounded recursion.

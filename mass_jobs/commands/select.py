@@ -1,4 +1,4 @@
-"""`mass select --spec S --gen G`: pick the checkpoint with the lowest validation loss."""
+"""`mass select SPEC --gen G`: pick the checkpoint with the lowest validation loss."""
 
 from __future__ import annotations
 

@@ -1,5 +1,10 @@
 """`mass status SPEC`: what is done, running, interrupted, failed or pending, per generation and
-step, from the step manifests and the runner's `<run>/run-state.json`."""
+step of the pipeline table (`mass_jobs.pipeline`).
+
+Done / pending come from the store alone (each step's own done-check), so a run executed by Argo,
+by the local runner or by hand shows the same table; the local runner's `<run>/run-state.json`
+adds running / interrupted / failed. A spec that differs from the run's stored one is named.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +20,20 @@ def main(args) -> int:
     from mass_jobs.commands.common import open_run
     from mass_jobs.runner import RunState, step_status
 
-    ctx = open_run(args.spec)
+    from mass_jobs.spec import SpecError
+
+    ctx = open_run(args.spec, check_spec=False)
     spec = ctx.spec
+    try:
+        ctx.claim_spec(record=False)
+        changed = []
+    except SpecError as err:
+        changed = [str(i) for i in err.issues]
     rows = step_status(ctx)
     state = RunState(ctx).load()
     if args.json:
-        print(json.dumps({"run": spec.name, "steps": rows, "failed": state.get("failed")}, sort_keys=True))
+        print(json.dumps({"run": spec.name, "steps": rows, "failed": state.get("failed"), "spec_changes": changed},
+                         sort_keys=True))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -36,4 +49,6 @@ def main(args) -> int:
     if state.get("failed"):
         f = state["failed"]
         console.print(f"[red]failed: L{f['gen']} {f['step']}: {f['error']}")
+    for line in changed:
+        console.print(f"[red]spec differs from the stored run: {line}")
     return 0

@@ -1,8 +1,17 @@
-"""The Argo compiler: WorkflowTemplates `mass-cycle` and `mass-run` and a CronWorkflow, built with hera.
+"""The Argo compiler: WorkflowTemplates `mass-cycle` and `mass-run` and a CronWorkflow, built with hera
+from the pipeline table (`mass_jobs.pipeline.PIPELINE`).
 
 `mass render argo --out argo/` writes them. Every container calls a `mass` CLI entry (the same
 ones the local runner uses); parameters are small (URIs, ids) and data moves through S3: the
 store for steps, Argo S3 artifacts for agent pods, which hold no store credentials.
+
+How a step of the table becomes templates, by scope: `generation` and `run` -> one container
+(a `trainer` step -> delete-then-create of a PyTorchJob); `task` -> a container fanned out over the
+training tasks; `iteration` -> bounded recursion `<step>-task` over `--iteration K`; `episode` ->
+a fan-out (at most `agent_parallelism` at once) of `<step>-episode` = prepare (step pod) -> agent
+pod -> ingest (step pod), then `<step>-summary` per task. The generation's InferenceService is
+created before the first step that uses the model, only when one of those is not stored yet, and
+deleted right after the last of them (and on exit).
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ from hera.workflows import (
 )
 from hera.workflows import models as m
 
+from mass_jobs import pipeline as P
+from mass_jobs.context import RunContext
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import manifests as K
 from mass_jobs.k8s import pods, serving, training
@@ -38,17 +49,25 @@ NAMESPACE = "{{workflow.namespace}}"
 ISVC = serving.isvc_name(RUN_ID, GEN)
 NEXT_GEN = "{{=asInt(inputs.parameters.gen) + 1}}"
 OUTPUTS_DIR = "/tmp/outputs"
+WORK_DIR = "/tmp/work"  # MASS_WORK_DIR of every step and trainer pod: the root filesystem is read-only
+V = "{{steps.validate.outputs.parameters.%s}}"
 
 # What `mass validate SPEC --gen G --outputs DIR` writes (docs/architecture.md, CLI table).
 VALIDATE_OUTPUTS = {
     "tasks": "train-tasks.json",  # JSON list of training task ids
     "episodes": "episodes.json",  # JSON list of {"task", "episode"}: the collect fan-out
     "iterations": "search-iterations",  # number of `--iteration` values (0..n-1)
-    "model-uri": "model-uri",  # s3:// (or hf://) dir of the generation's model
+    "model-uri": "model-uri",  # s3:// dir (trailing '/') or hf:// id of the generation's model
     "generations": "generations",  # N of the run
     "store-prefix": "store-prefix",  # S3 key prefix of the run (<store prefix>/<run>) in the artifact bucket
+    "trainer-workers": "trainer-workers",  # PyTorchJob Worker replicas: sft.replicas - 1
+    "trainer-nproc": "trainer-nproc",  # processes per replica: max(1, sft.gpus_per_replica)
+    "trainer-gpus": "trainer-gpus",  # GPUs per replica: sft.gpus_per_replica
+    "needs-model": "needs-model",  # "true" when a step that calls the model is not stored yet
+    "run-done": "run-done",  # "true" when every step of every generation and the report are stored
 }
-EP_KEY = "{{inputs.parameters.store-prefix}}/gen-{{inputs.parameters.gen}}/collect/{{inputs.parameters.task}}/ep-{{inputs.parameters.episode}}"
+# Keys of one episode's agent artifacts: the same layout RunContext gives the collect step.
+EPISODE_KEYS = RunContext.template("{{inputs.parameters.store-prefix}}")
 MODEL_FLAGS = ["--endpoint", serving.openai_base_url(ISVC, NAMESPACE), "--served-model", ISVC]
 
 # Retry what can pass on a second try; exit code 2 is a bad spec/input and never will.
@@ -58,8 +77,15 @@ STEP_RETRY = m.RetryStrategy(
     expression='lastRetry.status == "Error" or (lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2)',
     backoff=m.Backoff(duration="30s", factor="2", max_duration="30m"),
 )
-# Agent pods: an episode's own failure is data (status.json); only pod-level errors retry.
-AGENT_RETRY = m.RetryStrategy(limit="3", retry_policy="OnError", backoff=m.Backoff(duration="10s", factor="2"))
+# Agent pods: `mass episode` exits 1 on infra_error (model endpoint or harness down), and a pod may be
+# evicted or hit its deadline: retry those; 2 (a bad episode.json) never passes. The collect step
+# continues on a failed agent (continueOn) and ingest records it as an infra_error episode.
+AGENT_RETRY = m.RetryStrategy(
+    limit="3",
+    retry_policy="Always",
+    expression='lastRetry.status == "Error" or (lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2)',
+    backoff=m.Backoff(duration="10s", factor="2"),
+)
 RESOURCE_RETRY = m.RetryStrategy(limit="3", retry_policy="OnTransientError",
                                  backoff=m.Backoff(duration="30s", factor="2"))
 TRAIN_RETRY = m.RetryStrategy(limit="3", retry_policy="Always", backoff=m.Backoff(duration="1m", factor="2"))
@@ -73,11 +99,25 @@ def _args(**values: str) -> list[Parameter]:
     return [Parameter(name=k.replace("_", "-"), value=v) for k, v in values.items()]
 
 
+def _none_archive() -> m.ArchiveStrategy:
+    return m.ArchiveStrategy(none=m.NoneStrategy())
+
+
 class _Builder:
     """Template factories that share the cluster settings."""
 
-    def __init__(self, s: ClusterSettings):
+    def __init__(self, s: ClusterSettings, pipeline=None):
         self.s = s
+        self.steps = P.steps(pipeline)
+        self.parallelism: dict[str, int | str] = {}  # template name -> parallelism
+
+    def step_env(self) -> list[m.EnvVar]:
+        """Every step and trainer pod: a writable work dir and the store's S3 endpoint and region
+        (the spec may leave them to the environment; boto3 reads AWS_ENDPOINT_URL / AWS_REGION)."""
+        s = self.s
+        return [m.EnvVar(name="HOME", value="/tmp"), m.EnvVar(name="MASS_WORK_DIR", value=WORK_DIR),
+                m.EnvVar(name="AWS_ENDPOINT_URL", value=s.s3_endpoint_url),
+                m.EnvVar(name="AWS_REGION", value=s.s3_region), m.EnvVar(name="AWS_DEFAULT_REGION", value=s.s3_region)]
 
     # -------------------------------------------------------------- containers
 
@@ -93,9 +133,10 @@ class _Builder:
             args=args,
             inputs=_params(*inputs),
             outputs=outputs or None,
-            env=[m.EnvVar(name="HOME", value="/tmp")],
+            env=self.step_env(),
             env_from=[m.EnvFromSource(secret_ref=m.SecretEnvSource(name=n, optional=(n != s.s3_secret)))
                       for n in secret_refs],
+            working_dir="/tmp",
             resources=m.ResourceRequirements(**pods.resources(pod or s.step, s)),
             security_context=m.SecurityContext(**_sc(pods.container_security_context())),
             volumes=[m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource())],
@@ -108,8 +149,19 @@ class _Builder:
 
     def agent(self) -> Container:
         """The sandboxed agent pod: inputs/outputs as Argo S3 artifacts, no store credentials,
-        no token, egress limited by the `mass-agent-egress` NetworkPolicy."""
+        no token, egress limited by the `mass-agent-egress` NetworkPolicy.
+
+        Every artifact is `archive: none`: Argo's executor would otherwise untar a .tar.gz input
+        and rename its single top-level entry onto the path, and tar an output directory under
+        its own base name (argo-workflows workflow/executor/executor.go, loadArtifacts and
+        stageArchiveFile, v4.1.2); `mass episode` unpacks and packs the store's own archive format.
+        Outputs are optional: a pod killed at its deadline leaves none, ingest records that."""
         s = self.s
+        k = EPISODE_KEYS
+
+        def key(where, name):
+            return m.S3Artifact(key=where(GEN, TASK, EPISODE, name))
+
         return Container(
             name="agent-episode",
             image=s.images.sandbox,
@@ -118,18 +170,17 @@ class _Builder:
             # Key-only S3 artifacts: bucket, endpoint and credentials come from the artifact
             # repository and are used by Argo's init/wait containers only, never by `mass episode`.
             inputs=[*_params("gen", "task", "episode", "store-prefix"),
-                    m.Artifact(name="episode-json", path="/in/episode.json", s3=m.S3Artifact(key=f"{EP_KEY}/input/episode.json")),
-                    # a .tar.gz input is unpacked by Argo into the path
-                    m.Artifact(name="workspace-in", path="/in/workspace", s3=m.S3Artifact(key=f"{EP_KEY}/input/workspace.tar.gz"))],
-            outputs=[
-                m.Artifact(name="trace", path="/out/trace.jsonl", archive=m.ArchiveStrategy(none=m.NoneStrategy()),
-                           s3=m.S3Artifact(key=f"{EP_KEY}/output/trace.jsonl")),
-                m.Artifact(name="status", path="/out/status.json", archive=m.ArchiveStrategy(none=m.NoneStrategy()),
-                           s3=m.S3Artifact(key=f"{EP_KEY}/output/status.json")),
-                m.Artifact(name="workspace-out", path="/out/workspace", archive=m.ArchiveStrategy(tar=m.TarStrategy()),
-                           s3=m.S3Artifact(key=f"{EP_KEY}/output/workspace.tar.gz")),
-            ],
-            env=[m.EnvVar(name="HOME", value="/tmp")],
+                    m.Artifact(name="episode-json", path="/in/episode.json", archive=_none_archive(),
+                               s3=key(k.episode_input, "episode.json")),
+                    m.Artifact(name="workspace-in", path="/in/workspace.tar.gz", archive=_none_archive(),
+                               s3=key(k.episode_input, "workspace.tar.gz"))],
+            outputs=[m.Artifact(name=n.split(".")[0], path=f"/out/{n}", archive=_none_archive(), optional=True,
+                                s3=key(k.episode_output, n))
+                     for n in ("trace.jsonl", "status.json", "workspace.tar.gz")],
+            env=[m.EnvVar(name="HOME", value="/tmp"),
+                 # qwen-code is on the sandbox image's PATH; name it so the harness never guesses.
+                 m.EnvVar(name="MASS_QWEN_BIN", value="/usr/local/bin/qwen")],
+            working_dir="/tmp",
             resources=m.ResourceRequirements(**pods.resources(s.agent, s)),
             security_context=m.SecurityContext(**_sc(pods.container_security_context())),
             volumes=[m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource()),
@@ -151,10 +202,13 @@ class _Builder:
             name="serve-model",
             inputs=_params("gen", "model-uri"),
             action="apply",
+            # Owned by the workflow: `argo terminate` / delete garbage-collects the GPU predictor.
+            set_owner_reference=True,
             manifest=_manifest(isvc),
             success_condition=serving.READY,
             failure_condition=serving.FAILED,
             labels=L.pod_labels(K.MODEL_STEP, gen=GEN),
+            active_deadline_seconds=self.s.serve_deadline_s,
             retry_strategy=RESOURCE_RETRY,
         )
 
@@ -170,55 +224,181 @@ class _Builder:
             retry_strategy=RESOURCE_RETRY,
         )
 
-    def train(self) -> Resource:
-        # A retry creates a fresh job (`-r<retries>`) that resumes from the last S3 checkpoint.
-        name = f"mass-{RUN_ID}-g{GEN}-train-r{{{{retries}}}}"
-        labels = {**L.pod_labels("train", gen=GEN), L.ARGO_WORKFLOW: "{{workflow.name}}"}
-        job = training.pytorch_job(self.s, name, SPEC, GEN, labels)
-        return Resource(
-            name="train",
+    def trainer(self, sd: P.StepDef) -> None:
+        """A trainer step: delete any job of an earlier attempt, then create one (a retry of the
+        pair resumes from the last stored checkpoint). The job is named from the workflow, never
+        from `{{retries}}`: an evicted waiter or `argo retry` finds and replaces its own job instead
+        of running a second one."""
+        name = training.job_name("{{workflow.name}}", GEN, sd.name)
+        labels = {**L.pod_labels(sd.name, gen=GEN), L.ARGO_WORKFLOW: "{{workflow.name}}"}
+        sizes = {k: "{{inputs.parameters.trainer-%s}}" % k for k in ("workers", "nproc", "gpus")}
+        job = training.pytorch_job(self.s, name, sd.argv(SPEC, GEN), labels, env=_env_dicts(self.step_env()), **sizes)
+        ref = {"apiVersion": job["apiVersion"], "kind": job["kind"], "metadata": {"name": name}}
+        # replicas is an integer: its placeholder must not be quoted in the manifest text
+        manifest = _manifest(job).replace(f"replicas: '{sizes['workers']}'", f"replicas: {sizes['workers']}")
+        params = ("gen", "trainer-workers", "trainer-nproc", "trainer-gpus")
+        Resource(
+            name=f"{sd.name}-delete-job",
             inputs=_params("gen"),
+            action="delete",
+            # --wait (kubectl's default) returns once the old job and its pods are gone.
+            flags=["--ignore-not-found"],
+            manifest=_manifest(ref),
+            labels=L.pod_labels(sd.name, gen=GEN),
+            retry_strategy=RESOURCE_RETRY,
+        )
+        Resource(
+            name=f"{sd.name}-job",
+            inputs=_params(*params),
             action="create",
             set_owner_reference=True,
-            manifest=_manifest(job),
+            manifest=manifest,
             success_condition=training.SUCCEEDED,
             failure_condition=training.FAILED,
-            labels=L.pod_labels("train", gen=GEN),
+            labels=L.pod_labels(sd.name, gen=GEN),
             synchronization=_gpu_semaphore(),
-            retry_strategy=TRAIN_RETRY,
+            active_deadline_seconds=self.s.train_deadline_s,
         )
+        with Steps(name=sd.name, inputs=_params(*params), retry_strategy=TRAIN_RETRY):
+            Step(name="delete-job", template=f"{sd.name}-delete-job", arguments=_args(gen=GEN))
+            Step(name="job", template=f"{sd.name}-job",
+                 arguments=[Parameter(name=p, value="{{inputs.parameters.%s}}" % p) for p in params])
 
-    # -------------------------------------------------------------- containers of the cycle
+    # -------------------------------------------------------------- the table's steps
 
-    def containers(self) -> list:
+    def validate(self) -> Container:
+        names = {**VALIDATE_OUTPUTS, **{P.done_output(sd.name): P.done_output(sd.name) for sd in self.steps
+                                         if sd.scope != "run"}}
+        outputs = [Parameter(name=k, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{f}")) for k, f in names.items()]
+        # The chart's artifact bucket and vLLM max model length: validate refuses a spec they cannot serve.
+        return self.step("validate", ["validate", SPEC, "--gen", GEN, "--outputs", OUTPUTS_DIR, "--run", RUN_ID,
+                                      "--artifact-bucket", self.s.bucket,
+                                      # one argument: the chart's value is an unquoted Helm action
+                                      f"--max-model-len={self.s.max_model_len}"],
+                         outputs=outputs)
+
+    def templates_of(self, sd: P.StepDef) -> None:
+        """The templates of one table step (they register with the enclosing WorkflowTemplate)."""
         s = self.s
-        base = ["--spec", SPEC, "--gen", GEN]
-        per_task = [*base, "--task", TASK]
-        per_episode = [*per_task, "--episode", EPISODE]
-        validate_outputs = [Parameter(name=k, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{f}"))
-                            for k, f in VALIDATE_OUTPUTS.items()]
-        return [
-            self.step("validate", ["validate", SPEC, "--gen", GEN, "--outputs", OUTPUTS_DIR],
-                      outputs=validate_outputs),
-            self.step("search", ["search", *per_task, "--iteration", "{{inputs.parameters.iteration}}", *MODEL_FLAGS],
-                      inputs=("gen", "task", "iteration"), task=TASK),
-            # prepare writes <ep>/input/ in the store, ingest promotes <ep>/output/ (the agent's artifacts).
-            self.step("collect-prepare", ["collect", *per_episode, "--phase", "prepare", *MODEL_FLAGS],
-                      inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE),
-            self.agent(),
-            self.step("collect-ingest", ["collect", *per_episode, "--phase", "ingest"],
-                      inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE),
-            self.step("guard", ["guard", *per_task], inputs=("gen", "task"), task=TASK),
-            self.step("rank", ["rank", *per_task, *MODEL_FLAGS], inputs=("gen", "task"), task=TASK),
-            self.step("render-sft", ["render", "sft", *base]),
-            self.step("select", ["select", *base]),
-            self.step("merge", ["merge", *base], pod=s.merge),
-            # Judge API keys come from an optional Secret as env (the spec names them: api_key_env).
-            # Serves L_0, L_gen-1 and L_gen itself (GPU-sized pod, counted by the GPU semaphore).
-            self.step("evaluate", ["evaluate", *base, "--work-dir", "/tmp/work"], env_from=(s.judge_secret,),
-                      pod=s.server, gpu_semaphore=True),
-            self.step("report", ["report", "--spec", SPEC], inputs=()),
-        ]
+        model = MODEL_FLAGS if sd.model else []
+        if sd.scope == "iteration":
+            self.step(sd.name, [*sd.argv(SPEC, GEN, TASK), "--iteration", "{{inputs.parameters.iteration}}", *model],
+                      inputs=("gen", "task", "iteration"), task=TASK)
+            _recursion(sd.name)
+        elif sd.scope == "episode":
+            argv = [*sd.argv(SPEC, GEN, TASK), "--episode", EPISODE]
+            # prepare writes the agent's input in the store and says whether an agent pod must run.
+            self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *model, "--outputs", OUTPUTS_DIR],
+                      inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE,
+                      outputs=[Parameter(name="agent", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/agent"))])
+            self.agent()
+            self.step(f"{sd.name}-ingest", [*argv, "--phase", "ingest", "--agent-status", "{{inputs.parameters.agent-status}}"],
+                      inputs=("gen", "task", "episode", "agent-status"), task=TASK, episode=EPISODE)
+            self.step(f"{sd.name}-summary", [*sd.argv(SPEC, GEN, TASK), "--phase", "summarize"],
+                      inputs=("gen", "task"), task=TASK)
+            _episode(sd.name)
+            _episode_fanout(sd.name, s.agent_parallelism)
+            # set on the dict: hera wants an int, the chart's value is a Helm placeholder
+            self.parallelism[sd.name] = s.agent_parallelism
+        elif sd.pod == "trainer":
+            self.trainer(sd)
+        elif sd.scope == "task":
+            self.step(sd.name, [*sd.argv(SPEC, GEN, TASK), *model], inputs=("gen", "task"), task=TASK)
+        elif sd.scope == "run":
+            self.step(sd.name, [*sd.argv(SPEC, GEN), *model], inputs=())
+        else:
+            server = sd.pod == "server"
+            pod = s.server if server else (s.merge if sd.name == "merge" else None)
+            # A server pod serves what it compares itself (GPU-sized, counted by the GPU semaphore);
+            # judge API keys come from an optional Secret (the spec names them: api_key_env).
+            self.step(sd.name, [*sd.argv(SPEC, GEN), *model], pod=pod,
+                      env_from=(s.judge_secret,) if server else (), gpu_semaphore=server)
+
+    def cycle(self) -> Steps:
+        """One generation in table order, behind a per-run mutex (one InferenceService name per run)."""
+        gen_steps = [sd for sd in self.steps if sd.scope != "run"]
+        model_steps = [i for i, sd in enumerate(gen_steps) if sd.model]
+        first_model, last_model = (model_steps[0], model_steps[-1]) if model_steps else (-1, -1)
+        sync = m.Synchronization(mutexes=[m.Mutex(name=f"mass-run-{RUN_ID}")])
+        with Steps(name="cycle", inputs=_params("gen"), synchronization=sync) as cycle:
+            Step(name="validate", template="validate", arguments=_args(gen=GEN))
+            for i, sd in enumerate(gen_steps):
+                if i == first_model:
+                    Step(name="serve-model", template="serve-model", when=f"{V % 'needs-model'} == true",
+                         arguments=_args(gen=GEN, model_uri=V % "model-uri"))
+                _cycle_step(sd)
+                if i == last_model:  # its last user is done: free the GPU before training
+                    Step(name="release-model", template="delete-model", arguments=_args(gen=GEN))
+            for sd in self.steps:
+                if sd.scope == "run":
+                    _cycle_step(sd)
+        return cycle
+
+
+def _cycle_step(sd: P.StepDef) -> None:
+    done = f"{V % P.done_output(sd.name)} == false"
+    if sd.scope == "iteration":
+        Step(name=sd.name, template=f"{sd.name}-task", with_param=V % "tasks", when=f"{V % 'iterations'} > 0",
+             arguments=_args(gen=GEN, task="{{item}}", iteration="0", iterations=V % "iterations"))
+    elif sd.scope == "episode":
+        Step(name=sd.name, template=sd.name,
+             arguments=_args(gen=GEN, episodes=V % "episodes", store_prefix=V % "store-prefix"))
+        Step(name=f"{sd.name}-summary", template=f"{sd.name}-summary", with_param=V % "tasks",
+             arguments=_args(gen=GEN, task="{{item}}"))
+    elif sd.scope == "task":
+        Step(name=sd.name, template=sd.name, with_param=V % "tasks", arguments=_args(gen=GEN, task="{{item}}"))
+    elif sd.scope == "run":
+        Step(name=sd.name, template=sd.name)
+    else:
+        # GPU pods start only when the step is not stored yet (a finished run costs no GPU).
+        gpu = sd.pod in ("trainer", "server")
+        sizes = {k.replace("-", "_"): V % k for k in ("trainer-workers", "trainer-nproc", "trainer-gpus")}
+        Step(name=sd.name, template=sd.name, when=done if gpu else None,
+             arguments=_args(gen=NEXT_GEN if sd.gen_offset else GEN, **(sizes if sd.pod == "trainer" else {})))
+
+
+def _recursion(name: str) -> Steps:
+    """Bounded recursion: one `mass <step> --iteration K` per call, then K+1 while K+1 < n."""
+    nxt = "{{=asInt(inputs.parameters.iteration) + 1}}"
+    with Steps(name=f"{name}-task", inputs=_params("gen", "task", "iteration", "iterations")) as loop:
+        Step(name="iteration", template=name,
+             when="{{inputs.parameters.iteration}} < {{inputs.parameters.iterations}}",
+             arguments=_args(gen=GEN, task=TASK, iteration="{{inputs.parameters.iteration}}"))
+        Step(name="next", template=f"{name}-task",
+             when="{{=asInt(inputs.parameters.iteration) + 1 < asInt(inputs.parameters.iterations)}}",
+             arguments=_args(gen=GEN, task=TASK, iteration=nxt, iterations="{{inputs.parameters.iterations}}"))
+    return loop
+
+
+def _episode(name: str) -> Steps:
+    """prepare (step pod, store access) -> agent pod (artifacts only) -> ingest (step pod).
+
+    The agent runs only when prepare says so (not for a skipped task or a stored episode); a failed
+    agent (retries spent, deadline) does not fail the generation: ingest, told the agent step's
+    phase, records infra_error."""
+    a = _args(gen=GEN, task=TASK, episode=EPISODE)
+    agent = "{{steps.prepare.outputs.parameters.agent}} == true"
+    with Steps(name=f"{name}-episode", inputs=_params("gen", "task", "episode", "store-prefix")) as st:
+        Step(name="prepare", template=f"{name}-prepare", arguments=a)
+        Step(name="agent", template="agent-episode", when=agent, continue_on=m.ContinueOn(failed=True, error=True),
+             arguments=[*a, Parameter(name="store-prefix", value="{{inputs.parameters.store-prefix}}")])
+        Step(name="ingest", template=f"{name}-ingest", when=agent,
+             arguments=[*a, Parameter(name="agent-status", value="{{steps.agent.status}}")])
+    return st
+
+
+def _episode_fanout(name: str, parallelism) -> Steps:
+    """All episodes of the generation, at most `parallelism` at once (one predictor serves them).
+
+    A steps template's `parallelism` counts its active children of type Pod, Steps or DAG, so each
+    collect-episode (a Steps node: prepare, agent, ingest) takes one slot (argo-workflows v4.1.2
+    workflow/controller/operator.go, checkParallelism and countActiveChildren). It is an integer
+    field, not a parameter, hence a chart value rather than the spec's execution.concurrency."""
+    with Steps(name=name, inputs=_params("gen", "episodes", "store-prefix")) as st:
+        Step(name="episode", template=f"{name}-episode", with_param="{{inputs.parameters.episodes}}",
+             arguments=_args(gen=GEN, task="{{item.task}}", episode="{{item.episode}}",
+                             store_prefix="{{inputs.parameters.store-prefix}}"))
+    return st
 
 
 def _gpu_semaphore() -> m.Synchronization:
@@ -235,6 +415,15 @@ def _sc(d: dict) -> dict:
         "capabilities": m.Capabilities(drop=d["capabilities"]["drop"]),
         "seccomp_profile": m.SeccompProfile(type=d["seccompProfile"]["type"]),
     }
+
+
+def step_env_dicts(s: ClusterSettings) -> list[dict]:
+    """The step pods' env as plain dicts (for the PyTorchJob base in manifests/)."""
+    return _env_dicts(_Builder(s).step_env())
+
+
+def _env_dicts(env: list[m.EnvVar]) -> list[dict]:
+    return [{"name": e.name, "value": e.value} for e in env]
 
 
 def _manifest(obj: dict) -> str:
@@ -260,52 +449,8 @@ def _workflow_defaults(s: ClusterSettings) -> dict:
     )
 
 
-def _cycle_steps() -> Steps:
-    """One generation; evaluate compares the merged L_gen+1 with L_0 and L_gen (it serves them itself)."""
-    v = "{{steps.validate.outputs.parameters.%s}}"
-    with Steps(name="cycle", inputs=_params("gen")) as cycle:
-        Step(name="validate", template="validate", arguments=_args(gen=GEN))
-        Step(name="serve-model", template="serve-model", arguments=_args(gen=GEN, model_uri=v % "model-uri"))
-        Step(name="search", template="search-task", with_param=v % "tasks", when=f"{v % 'iterations'} > 0",
-             arguments=_args(gen=GEN, task="{{item}}", iteration="0", iterations=v % "iterations"))
-        Step(name="collect", template="collect-episode", with_param=v % "episodes",
-             arguments=_args(gen=GEN, task="{{item.task}}", episode="{{item.episode}}",
-                             store_prefix=v % "store-prefix"))
-        Step(name="guard", template="guard", arguments=_args(gen=GEN, task="{{item}}"), with_param=v % "tasks")
-        Step(name="rank", template="rank", arguments=_args(gen=GEN, task="{{item}}"), with_param=v % "tasks")
-        for name in ("render-sft", "train", "select", "merge"):
-            Step(name=name, template=name, arguments=_args(gen=GEN))
-        Step(name="evaluate", template="evaluate", arguments=_args(gen=NEXT_GEN))
-        Step(name="report", template="report")
-    return cycle
-
-
-def _search_loop() -> Steps:
-    """Bounded recursion: one `mass search --iteration K` per call, then K+1 while K+1 < n."""
-    nxt = "{{=asInt(inputs.parameters.iteration) + 1}}"
-    with Steps(name="search-task", inputs=_params("gen", "task", "iteration", "iterations")) as loop:
-        Step(name="iteration", template="search",
-             when="{{inputs.parameters.iteration}} < {{inputs.parameters.iterations}}",
-             arguments=_args(gen=GEN, task=TASK, iteration="{{inputs.parameters.iteration}}"))
-        Step(name="next", template="search-task",
-             when="{{=asInt(inputs.parameters.iteration) + 1 < asInt(inputs.parameters.iterations)}}",
-             arguments=_args(gen=GEN, task=TASK, iteration=nxt, iterations="{{inputs.parameters.iterations}}"))
-    return loop
-
-
-def _collect_episode() -> Steps:
-    """prepare (step pod, store access) -> agent pod (artifacts only) -> ingest (step pod)."""
-    a = _args(gen=GEN, task=TASK, episode=EPISODE)
-    with Steps(name="collect-episode", inputs=_params("gen", "task", "episode", "store-prefix")) as st:
-        Step(name="prepare", template="collect-prepare", arguments=a)
-        Step(name="agent", template="agent-episode",
-             arguments=[*a, Parameter(name="store-prefix", value="{{inputs.parameters.store-prefix}}")])
-        Step(name="ingest", template="collect-ingest", arguments=a)
-    return st
-
-
-def mass_cycle(s: ClusterSettings) -> dict:
-    b = _Builder(s)
+def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:
+    b = _Builder(s, pipeline)
     with WorkflowTemplate(
         name=CYCLE,
         entrypoint="main",
@@ -319,24 +464,24 @@ def mass_cycle(s: ClusterSettings) -> dict:
             Step(name="cycle", template="cycle", arguments=_args(gen="{{workflow.parameters.gen}}"))
         with Steps(name="exit-handler"):
             Step(name="delete-model", template="delete-model", arguments=_args(gen="{{workflow.parameters.gen}}"))
-        _cycle_steps()
-        _search_loop()
-        _collect_episode()
-        b.containers()  # templates register themselves with the enclosing WorkflowTemplate
+        b.cycle()
+        b.validate()
+        for sd in b.steps:
+            b.templates_of(sd)  # templates register themselves with the enclosing WorkflowTemplate
         b.serve_model()
         b.delete_model()
-        b.train()
     d = wt.to_dict()
-    # hera checks the pull policy against its enum; the chart's value is a Helm placeholder.
     for t in d["spec"]["templates"]:
         if "container" in t:
+            # hera checks the pull policy against its enum; the chart's value is a Helm placeholder.
             t["container"]["imagePullPolicy"] = s.images.pull_policy
+        if t["name"] in b.parallelism:
+            t["parallelism"] = b.parallelism[t["name"]]
     return d
 
 
 def mass_run(s: ClusterSettings) -> dict:
     """L0 -> L_N: the cycle per generation (bounded recursion); each cycle evaluates its merged model."""
-    v = "{{steps.validate.outputs.parameters.%s}}"
 
     def cycle_ref(gen: str) -> dict:
         return dict(
@@ -357,8 +502,9 @@ def mass_run(s: ClusterSettings) -> dict:
         with Steps(name="main"):
             Step(name="validate", template_ref=m.TemplateRef(name=CYCLE, template="validate"),
                  arguments=_args(gen="0"))
-            Step(name="generations", template="chain",
-                 arguments=_args(gen="0", generations=v % "generations"))
+            # A finished run (a scheduled re-submission) does nothing and starts no GPU.
+            Step(name="generations", template="chain", when=f"{V % 'run-done'} == false",
+                 arguments=_args(gen="0", generations=V % "generations"))
         with Steps(name="chain", inputs=_params("gen", "generations")):
             Step(name="cycle", **cycle_ref(GEN))
             Step(name="next", template="chain",

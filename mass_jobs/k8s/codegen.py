@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mass_jobs.k8s import argo, manifests, serving, training
+from mass_jobs.pipeline import by_name
 from mass_jobs.k8s.settings import ClusterSettings, helm_settings
 from mass_jobs.k8s.yamlio import dump_docs, header, helmify
 
@@ -19,10 +20,12 @@ _CYCLE_DOC = (
     "WorkflowTemplate mass-cycle: one MASS generation (L_gen -> L_gen+1).",
     [
         "Inputs (parameters): spec (s3:// URI of the run spec), run (the spec's name), gen (default 0).",
-        "Steps: validate -> serve-model (InferenceService, wait Loaded) -> search per task (bounded",
-        "recursion over --iteration K) -> collect per task x episode (prepare, sandboxed agent pod,",
-        "ingest) -> guard -> rank -> render-sft -> train (PyTorchJob) -> select -> merge -> evaluate",
-        "(L_gen+1 vs L_0 and L_gen) -> report; onExit deletes the InferenceService.",
+        "Steps (from mass_jobs/pipeline.py): validate -> serve-model (InferenceService, wait Loaded; only",
+        "when a model step is not stored) -> search per task (bounded recursion over --iteration K) ->",
+        "collect per task x episode (prepare, sandboxed agent pod, ingest; parallelism-bounded) ->",
+        "collect-summary per task -> guard -> rank -> release-model -> render -> train (PyTorchJob,",
+        "delete-then-create) -> select -> merge -> evaluate (L_gen+1 vs L_0 and L_gen) -> report;",
+        "one cycle per run at a time (mutex); onExit deletes the InferenceService.",
         "Outputs: store objects under <store>/<run>/gen-<gen>/ and gen-<gen+1>/model/ (see docs/architecture.md).",
         "Submit: argo submit --from workflowtemplate/mass-cycle -p spec=s3://... -p run=NAME -p gen=0",
     ],
@@ -88,8 +91,10 @@ def _base_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
         "pytorchjob-base.yaml": (
             ("PyTorchJob base: the object mass-cycle's train step creates, with example values.",
              ["Master + Workers, container pytorch, torchrun from the operator's PET_* env running mass train."]),
-            [training.pytorch_job(s, "mass-demo-g0-train", "s3://mass-jobs/specs/demo.yaml", "0",
-                                  {**labels, "mass-jobs.io/step": "train"})]),
+            [training.pytorch_job(s, training.job_name("mass-run-abcde", "0"),
+                                  by_name("train").argv("s3://mass-jobs/specs/demo.yaml", 0),
+                                  {**labels, "mass-jobs.io/step": "train"}, env=argo.step_env_dicts(s),
+                                  workers=2, nproc="2", gpus="2")]),
     }
 
 

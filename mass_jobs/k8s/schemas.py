@@ -123,6 +123,9 @@ EXAMPLE_VALUES = {
     "inputs.parameters.gen": "3",
     "inputs.parameters.model-uri": "s3://mass-jobs/runs/demo/gen-3/model",
     "retries": "0",
+    "inputs.parameters.trainer-workers": "2",
+    "inputs.parameters.trainer-nproc": "2",
+    "inputs.parameters.trainer-gpus": "2",
 }
 
 
@@ -149,7 +152,7 @@ def embedded_manifests(doc: dict) -> list[dict]:
 def all_errors(doc: dict) -> list[str]:
     errors = schema_errors(doc) + webhook_errors(doc)
     for inner in embedded_manifests(doc):
-        if inner.get("kind") == "InferenceService" and "spec" not in inner:
+        if "spec" not in inner:
             continue  # a delete action names the object only
         errors += schema_errors(inner) + webhook_errors(inner)
     return errors

@@ -19,7 +19,10 @@ FAILED = "status.modelStatus.transitionStatus in (BlockedByFailedLoad, InvalidSp
 
 
 def isvc_name(run: str, gen: str) -> str:
-    return f"mass-{run}-g{gen}"
+    """The InferenceService's name, which is also the served model name (`--model_name`)."""
+    from mass_jobs.context import served_model_name
+
+    return served_model_name(run, gen)
 
 
 def openai_base_url(name: str, namespace: str) -> str:

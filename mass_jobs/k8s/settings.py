@@ -52,6 +52,7 @@ class ClusterSettings:
     s3_endpoint: str = "s3.amazonaws.com"
     s3_insecure: bool = False
     s3_region: str = "us-east-1"
+    s3_endpoint_url: str | None = None  # what step and trainer pods get as AWS_ENDPOINT_URL (from the two above)
     s3_secret: str = "mass-s3-credentials"
     judge_secret: str = "mass-judge-keys"
     judge_keys: tuple | str = ("JUDGE_API_KEY",)  # env names the spec's judges read (api_key_env)
@@ -61,11 +62,13 @@ class ClusterSettings:
     step: Pod = Pod(cpu="1", memory="4Gi")
     merge: Pod = Pod(cpu="4", memory="64Gi")
     server: Pod = Pod(cpu="8", memory="64Gi", gpu="1")
-    trainer: Pod = Pod(cpu="8", memory="64Gi", gpu="2")
-    trainer_workers: int | str = 2  # Worker replicas besides the one Master
+    trainer: Pod = Pod(cpu="8", memory="64Gi")  # per replica; replicas and GPUs come from the spec's sft
     max_model_len: str = "32768"
     tool_call_parser: str = "hermes"
     agent_deadline_s: str = "4200"  # > the default episode wall_s (3600): the harness times out first
+    agent_parallelism: int | str = 16  # agent pods of one generation at once (they share one predictor)
+    serve_deadline_s: str = "3600"  # the InferenceService must be Loaded within this
+    train_deadline_s: str = "172800"  # one PyTorchJob attempt (resumes from its last checkpoint on retry)
     schedules: tuple[str, ...] = ("0 3 * * 1",)
     cron_timezone: str = "UTC"
     cron_suspend: bool = True
@@ -78,6 +81,9 @@ class ClusterSettings:
     chart: bool = False  # True only for helm_settings(): builders add the chart's labels block
 
     def __post_init__(self):
+        if self.s3_endpoint_url is None:
+            scheme = "http" if self.s3_insecure is True else "https"
+            object.__setattr__(self, "s3_endpoint_url", f"{scheme}://{self.s3_endpoint}")
         for name, default in (("api_server_peers", API_SERVER_PEERS), ("api_server_ports", API_SERVER_PORTS),
                               ("s3_peers", S3_PEERS), ("s3_ports", S3_PORTS)):
             if getattr(self, name) == ():
@@ -114,6 +120,7 @@ def helm_settings() -> ClusterSettings:
         s3_endpoint=helm(f"{v}.s3.endpoint | quote"),
         s3_insecure=helm(f"{v}.s3.insecure"),
         s3_region=helm(f"{v}.s3.region | quote"),
+        s3_endpoint_url=helm(f'printf "%s://%s" (ternary "http" "https" {v}.s3.insecure) {v}.s3.endpoint | quote'),
         s3_secret=helm(f"{v}.s3.secretName | quote"),
         judge_secret=helm(f"{v}.judges.secretName | quote"),
         judge_keys=helm_block('include "mass-jobs.judgeKeys" .'),
@@ -123,11 +130,13 @@ def helm_settings() -> ClusterSettings:
         step=_helm_pod("step"),
         merge=_helm_pod("merge"),
         server=_helm_pod("server", gpu=True),
-        trainer=_helm_pod("trainer", gpu=True),
-        trainer_workers=helm(f"{v}.resources.trainer.workers"),
+        trainer=_helm_pod("trainer"),
         max_model_len=helm(f"{v}.model.maxModelLen"),  # inside an argument string: no quote
         tool_call_parser=helm(f"{v}.model.toolCallParser"),
         agent_deadline_s=helm(f"{v}.agent.activeDeadlineSeconds | quote"),
+        agent_parallelism=helm(f"{v}.agent.parallelism"),
+        serve_deadline_s=helm(f"{v}.model.readyDeadlineSeconds | quote"),
+        train_deadline_s=helm(f"{v}.resources.trainer.activeDeadlineSeconds | quote"),
         schedules=helm_yaml(f"{v}.cron.schedules"),
         cron_timezone=helm(f"{v}.cron.timezone | quote"),
         cron_suspend=helm(f"{v}.cron.suspend"),

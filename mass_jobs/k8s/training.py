@@ -2,7 +2,10 @@
 
 Master + Workers, container `pytorch`; torchrun takes nodes, node rank, master address and
 processes per node from the operator's injected `PET_*` env, so the command carries none of
-them. Checkpoints go to the store (S3); `--resume` makes a retried job continue.
+them. Checkpoints go to the store (S3); `--resume` makes a retried job continue. The job is named
+from the workflow and the generation (one per cycle, replaced by a retry), and `cleanPodPolicy:
+Running` has the operator delete pods still running once the job ends (training-operator v1.9,
+pkg/controller.v1/common/job.go, deletePodsAndServices), so a failed attempt leaves no worker holding GPUs.
 """
 
 from __future__ import annotations
@@ -16,11 +19,21 @@ SUCCEEDED = "status.replicaStatuses.Master.succeeded > 0"
 FAILED = "status.conditions.1.type == Failed,status.conditions.2.type == Failed,status.replicaStatuses.Master.failed > 0"
 
 
-def train_command(spec: str, gen: str) -> list[str]:
-    return ["torchrun", "--no-python", "mass", "train", "--spec", spec, "--gen", gen, "--resume"]
+def job_name(workflow: str, gen: str, step: str = "train") -> str:
+    return f"{workflow}-g{gen}-{step}"
 
 
-def pytorch_job(s: ClusterSettings, name: str, spec: str, gen: str, labels: dict[str, str]) -> dict:
+def train_command(argv: list[str]) -> list[str]:
+    """`torchrun --no-python mass <argv>`: the pipeline step's own CLI entry and arguments."""
+    return ["torchrun", "--no-python", "mass", *argv]
+
+
+def pytorch_job(s: ClusterSettings, name: str, argv: list[str], labels: dict[str, str],
+                env: list[dict] | None = None, *, workers: int | str, nproc: str, gpus: str) -> dict:
+    """The job of one training step. `workers` (Worker replicas besides the Master), `nproc`
+    (processes per replica) and `gpus` (per replica) come from the spec's sft.replicas and
+    gpus_per_replica (`mass validate --outputs`), so the operator's WORLD_SIZE = (1 + workers) x
+    nproc (training-operator v1.9, pkg/controller.v1/pytorch/envvar.go) is the spec's world."""
     def replica(n):
         return {
             "replicas": n,
@@ -36,10 +49,11 @@ def pytorch_job(s: ClusterSettings, name: str, spec: str, gen: str, labels: dict
                         "name": "pytorch",
                         "image": s.images.trainer,
                         "imagePullPolicy": s.images.pull_policy,
-                        "command": train_command(spec, gen),
-                        "env": [{"name": "HOME", "value": "/tmp"}],
+                        "command": train_command(argv),
+                        "workingDir": "/tmp",
+                        "env": env or [{"name": "HOME", "value": "/tmp"}],
                         "envFrom": [{"secretRef": {"name": s.s3_secret}}],
-                        "resources": pods.resources(s.trainer, s),
+                        "resources": _resources(s, gpus),
                         "securityContext": pods.container_security_context(),
                         "volumeMounts": pods.mounts(tmp="/tmp", shm="/dev/shm"),
                     }],
@@ -53,8 +67,14 @@ def pytorch_job(s: ClusterSettings, name: str, spec: str, gen: str, labels: dict
         "kind": "PyTorchJob",
         "metadata": {"name": name, "labels": dict(labels)},
         "spec": {
-            "nprocPerNode": s.trainer.gpu,
-            "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 0},
-            "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(s.trainer_workers)},
+            "nprocPerNode": nproc,
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0},
+            "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(workers)},
         },
     }
+
+
+def _resources(s: ClusterSettings, gpus: str) -> dict:
+    """The chart's per-replica CPU and memory; the spec's GPUs (requests = limits, Guaranteed QoS)."""
+    amounts = {"cpu": s.trainer.cpu, "memory": s.trainer.memory, s.gpu_resource: gpus}
+    return {"limits": dict(amounts), "requests": dict(amounts)}

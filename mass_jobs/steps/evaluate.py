@@ -176,10 +176,8 @@ class BundleCache:
         if key not in self._cache:
             prefix = rollout_prefix(self.ctx, g, task.id, rep)
             ws = self.root / f"gen-{g}" / task.id / f"rep-{rep}"
-            self.ctx.store.get_dir(f"{prefix}/workspace.tar.gz", ws)
-            status = self.ctx.store.get_json(f"{prefix}/status.json")
-            self._cache[key] = compare.bundle(ws, max_bytes=self.ctx.spec.search.evidence_bytes,
-                                              deliverables=task.deliverables, status=status)
+            self._cache[key] = compare.stored_bundle(self.ctx.store, prefix, self.ctx.spec.search.evidence_bytes,
+                                                     task.deliverables, workspace=ws)
         return self._cache[key]
 
 
@@ -306,7 +304,7 @@ def local_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> 
     from mass_jobs.modelio import fetch_stored_model, has_stored_model, resolve_model
 
     if g == 0 and not has_stored_model(ctx.store, ctx.model(0)):
-        return resolve_model(ctx.spec.model.base)
+        return resolve_model(ctx.spec.model.base, store_options=ctx.store_options())
     root = Path(cache_root or Path(tempfile.gettempdir()) / "mass-models")
     return fetch_stored_model(ctx.store, ctx.model(g), root / ctx.run / f"gen-{g}-{model_digest(ctx, g)[:16]}")
 
@@ -332,7 +330,7 @@ def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Pa
             yield Endpoint(base_url=judge.endpoint, model=judge.model, api_key_env=judge.api_key_env)
             return
         log = (log_dir / f"serve-judge-{judge.name}.log") if log_dir else None
-        with ModelServer(resolve_model(judge.model), served_name=judge.name, dtype=dtype, log_path=log) as srv:
+        with ModelServer(resolve_model(judge.model, store_options=ctx.store_options()), served_name=judge.name, dtype=dtype, log_path=log) as srv:
             yield srv.endpoint
 
     return serve_model, serve_judge

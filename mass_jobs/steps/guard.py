@@ -164,19 +164,27 @@ def sandbox_checker(limits) -> RunCheck:
 # ---------------------------------------------------------------- the step
 
 
+def guard_step(ctx: RunContext, gen: int, task_id: str):
+    """The guard's Step: its inputs are the task's guards and the stored collection summary."""
+    from mass_jobs.store import Step
+
+    summary_key = ctx.collect_summary(gen, task_id)
+    if not ctx.store.exists(summary_key):
+        raise FileNotFoundError(f"task {task_id}: no collection summary at {summary_key}; run `mass collect` first")
+    return Step(ctx.store, ctx.guard(gen, task_id).removesuffix(".json"),
+                {"guards": ctx.spec.task(task_id).guards.model_dump(mode="json"),
+                 "collect": ctx.store.sha256(summary_key)}, name=f"guard/{task_id}")
+
+
 def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | None = None) -> GuardReport:
     """Guard every collected episode of a task; write guard/<task>.json (skipped when done)."""
-    from mass_jobs.store import Step
+    from mass_jobs.store import UnsafeArchive
 
     task = ctx.spec.task(task_id)
     store = ctx.store
-    summary_key = ctx.collect_summary(gen, task_id)
-    if not store.exists(summary_key):
-        raise FileNotFoundError(f"task {task_id}: no collection summary at {summary_key}; run `mass collect` first")
-    summary = store.get_json(summary_key)
+    step = guard_step(ctx, gen, task_id)
+    summary = store.get_json(ctx.collect_summary(gen, task_id))
     key = ctx.guard(gen, task_id)
-    step = Step(store, key.removesuffix(".json"), {"guards": task.guards.model_dump(mode="json"),
-                                                   "collect": store.sha256(summary_key)}, name=f"guard/{task_id}")
     if step.done:
         return GuardReport.model_validate(store.get_json(key))
     step.start()
@@ -184,12 +192,17 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
         run_check = sandbox_checker(ctx.spec.execution.limits)
     report = GuardReport(task=task_id, gen=gen, skipped=summary.get("skipped", False))
     for ep in summary.get("episodes", []):
-        prefix = f"{ctx.collect(gen, task_id)}/{ep['id']}"
+        prefix = ctx.collect_episode(gen, task_id, ep["id"])
         outcome = ep.get("outcome")
         reasons = [] if outcome == "success" else [f"episode outcome {outcome}: {ep.get('reason', '')}".strip()]
         with tempfile.TemporaryDirectory(prefix="mass-guard-") as tmp:
-            store.get_dir(f"{prefix}/workspace.tar.gz", tmp)
-            violations = check_workspace(task.guards, Path(tmp), store.get_json(f"{prefix}/protected.json"), run_check)
+            try:
+                store.get_dir(f"{prefix}/workspace.tar.gz", tmp)
+            except UnsafeArchive as err:  # an agent-written archive: vetoed, never extracted
+                violations = [f"workspace archive refused: {err}"]
+            else:
+                violations = check_workspace(task.guards, Path(tmp), store.get_json(f"{prefix}/protected.json"),
+                                             run_check)
         report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=outcome == "success",
                                                  passed=not violations, reasons=reasons + violations)
     report.vetoed = [e for e, g in report.episodes.items() if not g.passed]

@@ -75,27 +75,35 @@ def run_merge(ctx, gen: int, work_dir: Path) -> dict:
     from mass_jobs.fp8 import export_fp8
     from mass_jobs.modelio import store_model_dir
     from mass_jobs.steps.train import parent_model_dir
-    from mass_jobs.store import Step
+    from mass_jobs.store import MODEL_LIMITS
 
     chosen = ctx.store.get_json(ctx.select(gen))
-    step = Step(ctx.store, f"{ctx.gen(gen)}/merge", inputs={
-        "checkpoint": chosen["checkpoint"], "checkpoint_sha256": ctx.store.sha256(chosen["checkpoint"]),
-        "fp8": ctx.spec.sft.fp8_export,
-    })
+    step = merge_step(ctx, gen)
     if step.done:
         return ctx.store.get_json(step.manifest_key)["extra"]
     step.start()
     work = Path(work_dir)
     adapter = work / f"step-{chosen['step']}"
     shutil.rmtree(adapter, ignore_errors=True)
-    ctx.store.get_dir(chosen["checkpoint"], adapter)
+    ctx.store.get_dir(chosen["checkpoint"], adapter, MODEL_LIMITS)
     merged_dir = work / "merged"
     layers = merge_lora(parent_model_dir(ctx, gen, work / "models"), adapter, merged_dir)
     keys = store_model_dir(ctx.store, ctx.model(gen + 1), merged_dir)
     extra = {"step": chosen["step"], "merged_layers": len(layers), "scaling": next(iter(layers.values()))}
     if ctx.spec.sft.fp8_export:
         report = export_fp8(merged_dir, work / "merged-fp8")
-        keys += store_model_dir(ctx.store, f"{ctx.gen(gen + 1)}/model-fp8", work / "merged-fp8")
+        keys += store_model_dir(ctx.store, ctx.model_fp8(gen + 1), work / "merged-fp8")
         extra["fp8"] = {k: report[k] for k in ("tensors", "max_error_over_bound", "max_relative_frobenius_error")}
     step.finish(keys, extra=extra)
     return extra
+
+
+def merge_step(ctx, gen: int):
+    """The merge's Step: the selected checkpoint (key and content) and the FP8 export switch."""
+    from mass_jobs.store import Step
+
+    chosen = ctx.store.get_json(ctx.select(gen))
+    return Step(ctx.store, ctx.merge_step(gen), inputs={
+        "checkpoint": chosen["checkpoint"], "checkpoint_sha256": ctx.store.sha256(chosen["checkpoint"]),
+        "fp8": ctx.spec.sft.fp8_export,
+    })

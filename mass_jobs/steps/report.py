@@ -10,11 +10,17 @@ No clocks, no hosts, no temp paths in the report: rebuilding it twice gives iden
 
 Confidence intervals: per task, the Wilson score interval over that task's decisive verdicts;
 overall, a percentile bootstrap that resamples TASKS (`evaluation.bootstrap` resamples, seed 0).
+
+Numbers say what they are: the report opens with "how to read this" (what each number is, its n,
+and which are noise at that n); a pair whose panel has no majority is counted as such, never as a
+disagreement; a comparison whose judge picked one blind label every time carries a position-bias
+note; every plot shows its n.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -22,11 +28,12 @@ from typing import Any, Literal
 from pydantic import Field
 
 from mass_jobs import metrics
+from mass_jobs.analysis.information import InformationProxy
 from mass_jobs.context import RunContext
 from mass_jobs.models import Closed
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "report.schema.json"
-PLOTS = ("win_share.png", "search.png", "loss.png", "audit.png", "tokens.png")
+PLOTS = ("win_share.png", "search.png", "loss.png", "audit.png", "tokens.png", "information.png")
 Split = Literal["train", "test", "all"]
 
 
@@ -53,12 +60,18 @@ class WinShare(Closed):
     win_share: float | None = Field(description="wins / (wins + losses), ties and invalid verdicts excluded.")
     ci: list[float] | None = Field(description="Bootstrap-over-tasks percentile interval [lo, hi].")
     per_task: dict[str, TaskShare]
+    positions: dict[str, int] = Field(
+        description="Decisive verdicts by the blind label chosen ('A', 'B') and by the order shown "
+                    "('candidate_first', 'baseline_first').")
+    note: str | None = Field(description="Position-bias note when every decisive verdict chose one label.")
 
 
 class Agreement(Closed):
     evaluator: int = Field(description="Generation whose own model gave the self verdicts.")
     agree: int
     pairs: int = Field(description="Pairs with a valid self verdict and a panel majority.")
+    no_majority: int = Field(
+        description="Pairs with a valid self verdict whose panel has no majority: neither agreement nor disagreement.")
     rate: float | None
 
 
@@ -78,9 +91,31 @@ class Tokens(Closed):
     generated_collect: int
     generated_eval: int
     generated_total: int
+    generated_episodes: int = Field(description="Episode status records whose completion tokens are summed.")
     stored_supervised: int | None = Field(description="Supervised tokens in the rendered SFT windows.")
     processed_to_selected: int | None = Field(description="Supervised tokens processed up to the selected step.")
     processed_to_end: int | None
+
+
+class SftData(Closed):
+    generation: int
+    episodes: int = Field(description="Ranked episodes the render step read (train and val).")
+    episode_errors: int = Field(
+        description="Errors found in them: teacher prompt not stripped, thread not renderable, reply too long.")
+    episodes_dropped: int = Field(description="Episodes left out of the SFT data for those errors (sft.strict).")
+    orchestrator_windows: int = Field(description="Training windows of orchestrator threads.")
+
+
+def sft_data(stats: dict | None, g: int) -> SftData | None:
+    """What the render step of generation g kept and dropped (sft/stats.json), or None before it ran."""
+    splits = [stats.get(s) for s in ("train", "val")] if stats else []
+    splits = [x for x in splits if isinstance(x, dict) and "episodes" in x]
+    if not splits:
+        return None
+    return SftData(generation=g, episodes=sum(x["episodes"] for x in splits),
+                   episode_errors=sum(len(x.get("episode_errors", [])) for x in splits),
+                   episodes_dropped=sum(len(x.get("episodes_dropped", [])) for x in splits),
+                   orchestrator_windows=(stats["train"].get("windows_by_role") or {}).get("orchestrator", 0))
 
 
 class SearchCurve(Closed):
@@ -127,10 +162,17 @@ class JudgeInfo(Closed):
     seeds: list[int]
 
 
+class RolePlayer(Closed):
+    role: str = Field(description="optimizer | evaluator | executor")
+    configured: str = Field(description="roles.<role> of the spec: `<model> @ <endpoint>`, or the current generation.")
+    recorded: list[str] = Field(description="Models recorded as playing it in stored proposals, verdicts and episodes.")
+
+
 class Report(Closed):
     """report.json of one run."""
 
     run: str
+    how_to_read: list[str] = Field(description="What the numbers are and which of them, at this scale, are noise.")
     generations: int = Field(description="N of the spec.")
     evaluated: list[int] = Field(description="Generations with a finished evaluate step.")
     tasks: dict[str, list[str]] = Field(description="Task ids by split ('train', 'test').")
@@ -142,10 +184,14 @@ class Report(Closed):
     agreement: list[Agreement]
     audit: list[Audit]
     tokens: list[Tokens]
+    sft: list[SftData] = Field(description="Per generation: episodes rendered, their errors and those dropped.")
     search: list[SearchCurve]
     guard_vetoes: list[Veto]
     training: list[Training]
     invalid_verdicts: list[InvalidVerdict]
+    roles: list[RolePlayer] = Field(default_factory=list, description="Which model played which role.")
+    information: list[InformationProxy] = Field(
+        default_factory=list, description="Per generation, Gaussian MI/TC proxies between workflow text and results.")
     files: list[str] = Field(description="Files of the report directory.")
 
 
@@ -188,7 +234,10 @@ def _jsonl(store, key: str) -> list[dict]:
 
 
 def _statuses(store, prefix: str) -> list[dict]:
-    return [store.get_json(k) for k in store.list(prefix + "/") if k.endswith("/status.json")]
+    """Episode statuses under prefix; an Argo episode's input/ and output/ copies are not episodes
+    (ingest promotes output/ to the episode's own files, which are counted)."""
+    return [store.get_json(k) for k in store.list(prefix + "/")
+            if k.endswith("/status.json") and not re.search(r"/ep-\d+/(input|output)/", k)]
 
 
 def evaluated_generations(ctx: RunContext) -> list[int]:
@@ -250,8 +299,18 @@ def loss_curves(log: list[dict]) -> tuple[list[list[float]], list[list[float]]]:
 # ---------------------------------------------------------------- building
 
 
-def build_report(ctx: RunContext) -> dict:
-    """report.json content (without `files`), computed from the store alone."""
+def role_players(ctx: RunContext) -> list[RolePlayer]:
+    from mass_jobs.roles import ROLES, recorded_players, role_label
+
+    recorded = recorded_players(ctx)
+    return [RolePlayer(role=r, configured=role_label(ctx.spec, r, 0).replace("gen-0", "current generation (L_g)"),
+                       recorded=recorded[r]) for r in ROLES]
+
+
+def build_report(ctx: RunContext, embedder=None) -> dict:
+    """report.json content (without `files`), computed from the store alone (`embedder`: of the
+    workflow information proxies; the built-in hash embedder when None)."""
+    from mass_jobs.analysis.information import workflow_information
     from mass_jobs.judges import load_verdicts
 
     spec, store = ctx.spec, ctx.store
@@ -272,14 +331,16 @@ def build_report(ctx: RunContext) -> dict:
             if not ids:
                 continue
             summary = metrics.comparison_summary(metrics.compare(vs, ids), ev.confidence, ev.bootstrap, seed=0)
-            win_share.append(WinShare(candidate=cand, baseline=base, split=split, **summary))
+            positions = metrics.position_counts([v for v in vs if v["task"] in ids])
+            win_share.append(WinShare(candidate=cand, baseline=base, split=split, **summary, positions=positions,
+                                      note=metrics.position_bias_note(positions)))
 
     agreement = []
     for h in sorted({int(v["judge"].removeprefix("gen-")) for v in own}):
         mine = [v for v in own if v["judge"] == f"gen-{h}"]
         agreement.append(Agreement(evaluator=h, **metrics.agreement(mine, panel)))
 
-    audit, tokens, search, vetoes, training = [], [], [], [], []
+    audit, tokens, search, vetoes, training, sft = [], [], [], [], [], []
     rollout_gens = sorted({int(k.split("/")[2].removeprefix("gen-")) for k in store.list(f"{ctx.run}/eval/")
                            if k.split("/")[2].startswith("gen-") and k.endswith("/audit.json")})
     for h in rollout_gens:
@@ -291,17 +352,20 @@ def build_report(ctx: RunContext) -> dict:
                 audit.append(Audit(generation=h, split=split, **metrics.audit_rates(chosen)))
 
     for g in range(spec.generations + 1):
-        gen_eval = metrics.generated_tokens(_statuses(store, ctx.eval(g)))
-        gen_search = metrics.generated_tokens(_statuses(store, f"{ctx.gen(g)}/search"))
-        gen_collect = metrics.generated_tokens(_statuses(store, f"{ctx.gen(g)}/collect"))
+        st_eval, st_search = _statuses(store, ctx.eval(g)), _statuses(store, f"{ctx.gen(g)}/search")
+        st_collect = _statuses(store, f"{ctx.gen(g)}/collect")
+        gen_eval, gen_search, gen_collect = map(metrics.generated_tokens, (st_eval, st_search, st_collect))
         stats = _json_or_none(store, f"{ctx.sft(g)}/stats.json")
+        if sft_data(stats, g):
+            sft.append(sft_data(stats, g))
         log = _jsonl(store, f"{ctx.train(g)}/log.jsonl")
         chosen = selected_step(_json_or_none(store, ctx.select(g)))
         processed = metrics.processed_tokens([x for x in log if x.get("kind", "train") == "train"], chosen)
         if gen_eval or gen_search or gen_collect or stats or log:
             tokens.append(Tokens(
                 generation=g, generated_search=gen_search, generated_collect=gen_collect, generated_eval=gen_eval,
-                generated_total=gen_search + gen_collect + gen_eval, stored_supervised=stored_supervised(stats),
+                generated_total=gen_search + gen_collect + gen_eval,
+                generated_episodes=len(st_eval) + len(st_search) + len(st_collect), stored_supervised=stored_supervised(stats),
                 processed_to_selected=processed["to_selected"], processed_to_end=processed["to_end"] if log else None))
         if log or chosen is not None:
             train_loss, val_loss = loss_curves(log)
@@ -325,15 +389,51 @@ def build_report(ctx: RunContext) -> dict:
     count = lambda vs: VerdictCounts(total=len(vs), valid=sum(bool(v.get("valid")) for v in vs),  # noqa: E731
                                      invalid=sum(not v.get("valid") for v in vs))
     doc = Report(
-        run=ctx.run, generations=spec.generations, evaluated=evaluated, tasks=by_split, confidence=ev.confidence,
+        run=ctx.run, how_to_read=[], generations=spec.generations, evaluated=evaluated, tasks=by_split, confidence=ev.confidence,
         intervals={"per_task": "wilson score interval",
                    "overall": f"percentile bootstrap over tasks, {ev.bootstrap} resamples, seed 0"},
         judges=[JudgeInfo(name=j.name, model=j.model, seeds=list(j.seeds)) for j in spec.judges],
         verdicts={"panel": count(panel), "self": count(own)},
-        win_share=win_share, agreement=agreement, audit=audit, tokens=tokens, search=search,
+        win_share=win_share, agreement=agreement, audit=audit, tokens=tokens, sft=sft, search=search,
         guard_vetoes=vetoes, training=training, invalid_verdicts=invalid, files=[],
-    )
-    return doc.model_dump(mode="json")
+        information=workflow_information(ctx, embedder), roles=role_players(ctx),
+    ).model_dump(mode="json")
+    doc["how_to_read"] = how_to_read(doc)
+    return doc
+
+
+def how_to_read(doc: dict) -> list[str]:
+    """The report's opening: what each number is, its n here, and which of them are noise at this n."""
+    rows = [w for w in doc["win_share"] if w["split"] == "all"]
+    open_ci = [w for w in rows if w["ci"] and w["ci"][0] <= 0.5 <= w["ci"][1]]
+    undecided = [w for w in rows if not w["ci"]]
+    biased = [w for w in rows if w["note"]]
+    n_dec = sorted({w["wins"] + w["losses"] for w in rows})
+    lines = [
+        "Every number below is a count over a small sample and says its n; at this scale one verdict or one "
+        "episode moves a rate by 1/n, so read the counts before the percentages.",
+        "Win share is the candidate's wins / (wins + losses) by the judge panel; 50% is no difference. "
+        + (f"{len(open_ci)} of {len(rows)} comparisons (all tasks, n = {', '.join(map(str, n_dec))} decisive "
+           f"verdicts) have an interval that contains 50%: those are indistinguishable from noise."
+           + (f" {len(undecided)} have no decisive verdict at all." if undecided else "")
+           if rows else "No comparison has been judged yet."),
+    ]
+    if biased:
+        lines.append(f"{len(biased)} of {len(rows)} comparisons have a judge that chose the same position in every "
+                     "decisive verdict (position-bias note): over position-balanced pairs their win share is 50% "
+                     "by construction and measures the judge, not the generations.")
+    no_maj = sum(a["no_majority"] for a in doc["agreement"])
+    counted = sum(a["pairs"] for a in doc["agreement"])
+    lines.append("Evaluator agreement counts only pairs on which the panel has a majority "
+                 f"({counted} here); {no_maj} pairs had no majority and are reported as such, "
+                 "neither agreement nor disagreement.")
+    episodes = sorted({a["episodes"] for a in doc["audit"] if a["split"] == "all"})
+    lines.append("Delegation D and code handoff H count bare-prompt episodes "
+                 f"(n = {', '.join(map(str, episodes)) or '0'} per generation); a difference of one or two "
+                 "episodes between generations is within sampling noise at this n.")
+    lines.append("Training loss of a small model over few steps shows that optimisation ran, not that the next "
+                 "generation is better; the win share and the audit are the evidence for that.")
+    return lines
 
 
 # ---------------------------------------------------------------- rendering
@@ -352,18 +452,25 @@ def _ci(ci) -> str:
 
 
 def render_markdown(doc: dict) -> str:
-    lines = [f"# MASS run `{doc['run']}`", "",
+    lines = [f"# MASS run `{doc['run']}`", "", "## How to read this", "",
+             *[f"- {line}" for line in doc["how_to_read"]], "",
              f"Generations: {doc['generations']} (evaluated: {', '.join(f'L{g}' for g in doc['evaluated']) or 'none'}). "
              f"Train tasks: {', '.join(doc['tasks']['train']) or '–'}; test tasks: {', '.join(doc['tasks']['test']) or '–'}.",
              f"Judges: {', '.join(j['name'] + ' (' + j['model'] + ', seeds ' + str(j['seeds']) + ')' for j in doc['judges']) or 'none'}.",
              "", "## Win share (panel)", "",
              f"wins / (wins + losses), ties and invalid verdicts excluded. {int(100 * doc['confidence'])}% intervals: "
              f"per task {doc['intervals']['per_task']}; overall {doc['intervals']['overall']}.", "",
-             "| comparison | split | wins | losses | ties | invalid | win share | CI |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+             "| comparison | split | wins | losses | ties | invalid | win share | CI | note |",
+             "|---|---|---:|---:|---:|---:|---:|---|---|"]
     for w in doc["win_share"]:
+        pos, n = w["positions"], w["positions"]["A"] + w["positions"]["B"]
+        note = f"position bias: {n}/{n} chose {'A' if pos['A'] else 'B'}" if w["note"] else ""
         lines.append(f"| L{w['candidate']} vs L{w['baseline']} | {w['split']} | {w['wins']} | {w['losses']} | {w['ties']} "
-                     f"| {w['invalid']} | {_fmt(w['win_share'], True)} | {_ci(w['ci'])} |")
+                     f"| {w['invalid']} | {_fmt(w['win_share'], True)} | {_ci(w['ci'])} | {note} |")
+    if any(w["note"] for w in doc["win_share"]):
+        lines += ["", "Position bias: every decisive verdict of the comparison chose the same blind label although "
+                  "the pairs were shown in both orders, so its win share measures the judge's order preference, "
+                  "not the workspaces."]
     lines += ["", "### Per task", "", "| comparison | task | wins | losses | ties | invalid | win share | Wilson CI |",
               "|---|---|---:|---:|---:|---:|---:|---|"]
     for w in doc["win_share"]:
@@ -375,21 +482,30 @@ def render_markdown(doc: dict) -> str:
     v = doc["verdicts"]
     lines += ["", f"Verdicts: panel {v['panel']['total']} ({v['panel']['invalid']} invalid), "
               f"self-evaluator {v['self']['total']} ({v['self']['invalid']} invalid).", "",
-              "## Evaluator agreement with the panel majority", "", "| evaluator | agree | pairs | rate |",
-              "|---|---:|---:|---:|"]
+              "## Evaluator agreement with the panel majority", "",
+              "A pair counts when the self-evaluator gave a valid verdict and more than half of the panel's valid "
+              "verdicts made the same call; a split panel is 'no majority', neither agreement nor disagreement.", "",
+              "| evaluator | agree | pairs with a majority | no majority | rate |", "|---|---:|---:|---:|---:|"]
     for a in doc["agreement"]:
-        lines.append(f"| L{a['evaluator']} | {a['agree']} | {a['pairs']} | {_fmt(a['rate'], True)} |")
+        rate = _fmt(a["rate"], True) if a["pairs"] else f"no majority: {a['no_majority']}" if a["no_majority"] else "–"
+        lines.append(f"| L{a['evaluator']} | {a['agree']} | {a['pairs']} | {a['no_majority']} | {rate} |")
     lines += ["", "## Behaviour audit (bare-prompt runs)", "",
               "| generation | split | episodes | delegation D | code handoff H |", "|---|---|---:|---:|---:|"]
     for a in doc["audit"]:
         lines.append(f"| L{a['generation']} | {a['split']} | {a['episodes']} | {a['delegation']}/{a['episodes']} "
                      f"| {a['code_handoff']}/{a['episodes']} |")
-    lines += ["", "## Tokens", "", "| generation | generated (search / collect / eval) | stored supervised "
-              "| processed to selected | processed to end |", "|---|---|---:|---:|---:|"]
+    lines += ["", "## Tokens", "", "| generation | episodes | generated (search / collect / eval) | stored supervised "
+              "| processed to selected | processed to end |", "|---|---:|---|---:|---:|---:|"]
     for t in doc["tokens"]:
-        lines.append(f"| L{t['generation']} | {_fmt(t['generated_total'])} ({_fmt(t['generated_search'])} / "
+        lines.append(f"| L{t['generation']} | {t['generated_episodes']} | {_fmt(t['generated_total'])} "
+                     f"({_fmt(t['generated_search'])} / "
                      f"{_fmt(t['generated_collect'])} / {_fmt(t['generated_eval'])}) | {_fmt(t['stored_supervised'])} "
                      f"| {_fmt(t['processed_to_selected'])} | {_fmt(t['processed_to_end'])} |")
+    if doc["sft"]:
+        lines += ["", "## SFT data", "", "| generation | episodes | episode errors | episodes dropped | orchestrator windows |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| L{d['generation']} | {d['episodes']} | {d['episode_errors']} | {d['episodes_dropped']} "
+                  f"| {d['orchestrator_windows']} |" for d in doc["sft"]]
     lines += ["", "## Workflow search", "", "| generation | tasks | elite beats reference after iteration k |",
               "|---|---:|---|"]
     for s in doc["search"]:
@@ -408,8 +524,132 @@ def render_markdown(doc: dict) -> str:
         why = x["errors"][-1] if x["errors"] else "no reason recorded"
         lines.append(f"- L{x['candidate']} vs L{x['baseline']} {x['task']} rep {x['replicate']} {x['judge']} "
                      f"seed {x['seed']}: {why}")
+    lines += ["", "## Roles", "", "| role | configured | recorded in proposals, verdicts, episodes |", "|---|---|---|"]
+    lines += [f"| {r['role']} | {r['configured']} | {', '.join(r['recorded']) or '–'} |" for r in doc.get("roles", [])]
+    lines += ["", "## Workflow information (Gaussian proxies)", "",
+              "Search rollouts' workflow text, embedded locally, against their outcome (success) and verdict (won its "
+              "comparison), in nats, computed as if jointly Gaussian: proxies of dependence, not exact information. "
+              "'within': task means removed first.", "",
+              "| generation | embedder | rollouts | tasks | dims | I(E;outcome) | I(E;verdict) | TC | dims within "
+              "| I(E;outcome) within | I(E;verdict) within | TC within |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for x in doc.get("information", []):
+        lines.append(f"| L{x['generation']} | {x['embedder']} | {x['samples']} | {x['tasks']} | " + " | ".join(
+            _fmt(x[k]) for k in ("dims", "mi_outcome", "mi_verdict", "tc", "dims_within", "mi_outcome_within",
+                                 "mi_verdict_within", "tc_within")) + " |")
     lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in PLOTS), ""]
     return "\n".join(lines)
+
+
+def figures(doc: dict) -> list[tuple[str, Any]]:
+    """The report's plots as (file name, matplotlib figure), each saying its n in its texts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = []
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    series = [(b, s) for b in ("L0", "prev") for s in ("train", "test")]
+    for i, (base_kind, split) in enumerate(series):
+        marker, color = {"L0": "o", "prev": "s"}[base_kind], {"train": "tab:blue", "test": "tab:orange"}[split]
+        pts = [w for w in doc["win_share"] if w["split"] == split and w["win_share"] is not None
+               and ((w["baseline"] == 0) == (base_kind == "L0"))]
+        if not pts:
+            continue
+        dx = (i - 1.5) * 0.14  # side by side, so series at one generation do not hide each other
+        xs = [w["candidate"] + dx for w in pts]
+        ys = [w["win_share"] for w in pts]
+        err = [[y - (w["ci"] or [y, y])[0] for y, w in zip(ys, pts)], [(w["ci"] or [y, y])[1] - y
+                                                                        for y, w in zip(ys, pts)]]
+        ax.errorbar(xs, ys, yerr=err, marker=marker, color=color, capsize=3, ls="none",
+                    mfc="white" if any(w["note"] for w in pts) else color, label=f"{split} vs {base_kind}")
+        for x, y, w in zip(xs, ys, pts):  # n to the right: clear of the vertical error bars
+            ax.annotate(f"n={w['wins'] + w['losses']}", (x, y), textcoords="offset points", xytext=(5, 0),
+                        ha="left", va="center", fontsize=7, color=color,
+                        bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none"})  # readable on the 50% line
+    ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+    gens = doc.get("evaluated") or [1]
+    p = doc["verdicts"]["panel"]
+    ax.set(xlabel="generation", ylabel="win share (wins / decisive)", ylim=(-0.05, 1.05),
+           title=f"Win share by generation (panel, {p['valid']} valid of {p['total']} verdicts;\n"
+                 "n = decisive verdicts per point, hollow = position-biased judge)",
+           xlim=(min(gens) - 0.5, max(gens) + 0.5))
+    ax.title.set_fontsize(9)
+    ax.set_xticks(gens, [f"L{g}" for g in gens])
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="lower right")
+    else:  # say why the plot is empty instead of showing bare axes
+        ax.text(0.5, 0.7, f"no decisive panel verdict\n{p['total']} verdicts, {p['invalid']} invalid",
+                transform=ax.transAxes, ha="center", va="center", fontsize=10, color="dimgrey")
+    figs.append(("win_share.png", fig))
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for s in doc["search"]:
+        ax.plot(range(len(s["coverage"])), s["coverage"], marker="o", label=f"L{s['generation']} (n={s['tasks']} tasks)")
+    tasks = max((s["tasks"] for s in doc["search"]), default=0)
+    ax.set(xlabel="iteration", ylabel="tasks whose elite\nbeats the reference",
+           title=f"Workflow search (n = {tasks} train tasks per generation)")
+    if doc["search"]:  # counts of tasks: integer axes from 0 to the number of tasks
+        ax.set_yticks(range(tasks + 1))
+        ax.set_ylim(-0.2, tasks + 0.2)
+        ax.set_xticks(range(max(len(s["coverage"]) for s in doc["search"])))
+        ax.legend(fontsize=8)
+    figs.append(("search.png", fig))
+
+    n = max(1, len(doc["training"]))
+    fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.4), squeeze=False)
+    processed = {t["generation"]: t["processed_to_end"] for t in doc["tokens"]}
+    for ax, t in zip(axes[0], doc["training"]):
+        if t["train_loss"]:
+            ax.plot(*zip(*t["train_loss"]), label="train")
+        if t["val_loss"]:
+            ax.plot(*zip(*t["val_loss"]), marker="o", label="validation")
+        if t["selected_step"] is not None:
+            ax.axvline(t["selected_step"], color="red", ls="--", label=f"selected {t['selected_step']}")
+        tok = processed.get(t["generation"])
+        ax.set(title=f"L{t['generation']} -> L{t['generation'] + 1}\nn = {len(t['train_loss'])} steps, "
+                     f"{len(t['val_loss'])} val points" + (f", {tok:,} tokens" if tok else ""),
+               xlabel="step", ylabel="loss")
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7)
+    if not doc["training"]:
+        axes[0][0].set_title("Training (n = 0 generations trained)")
+    figs.append(("loss.png", fig))
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    rows = [a for a in doc["audit"] if a["split"] == "all"]
+    xs = [a["generation"] for a in rows]
+    for shift, key, label in ((-0.2, "delegation", "delegation D"), (0.2, "code_handoff", "code handoff H")):
+        bars = ax.bar([x + shift for x in xs], [a[f"{key}_rate"] or 0 for a in rows], width=0.4, label=label)
+        # counts on the bars, so a 0 is visibly a measured 0 and not a missing bar
+        ax.bar_label(bars, labels=[f"{a[key]}/{a['episodes']}" for a in rows], fontsize=8)
+    ax.set(xlabel="generation (n = bare-prompt episodes)", ylabel="share of bare-prompt episodes", ylim=(0, 1.15),
+           title="Behaviour audit (bars: count / n)")
+    ax.set_xticks(xs, [f"L{a['generation']}\nn={a['episodes']}" for a in rows])
+    ax.legend(fontsize=8, loc="upper right")
+    figs.append(("audit.png", fig))
+
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.4 * (len(doc["tokens"]) + 1)))
+    ax.axis("off")
+    cols = ["gen", "n episodes", "generated", "stored supervised", "processed (selected)", "processed (end)"]
+    cells = [[f"L{t['generation']}", str(t["generated_episodes"]), _fmt(t["generated_total"]),
+              _fmt(t["stored_supervised"]), _fmt(t["processed_to_selected"]), _fmt(t["processed_to_end"])]
+             for t in doc["tokens"]] or [["–"] * len(cols)]
+    table = ax.table(cellText=cells, colLabels=cols, loc="center")
+    table.auto_set_font_size(False)
+    table.set_fontsize(10)
+    table.auto_set_column_width(list(range(len(cols))))
+    table.scale(1, 1.4)
+    ax.set_title(f"Tokens (n = episodes whose output is counted, {len(doc['tokens'])} generations)")
+    figs.append(("tokens.png", fig))
+
+    from mass_jobs.analysis.information import plot_information
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    plot_information(doc.get("information", []), ax)
+    figs.append(("information.png", fig))
+    return figs
 
 
 def render_plots(doc: dict, out: Path) -> list[str]:
@@ -421,98 +661,22 @@ def render_plots(doc: dict, out: Path) -> list[str]:
     plt.rcParams["svg.hashsalt"] = "mass"
     meta = {"Software": None}  # no version/date stamps: identical bytes on rebuild
     written = []
-
-    def save(fig, name):
+    for name, fig in figures(doc):
         fig.tight_layout()
         fig.savefig(out / name, dpi=100, metadata=meta)
         plt.close(fig)
         written.append(name)
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for base_kind, marker in (("L0", "o"), ("prev", "s")):
-        for split, color in (("train", "tab:blue"), ("test", "tab:orange")):
-            pts = [w for w in doc["win_share"] if w["split"] == split and w["win_share"] is not None
-                   and ((w["baseline"] == 0) == (base_kind == "L0"))]
-            if not pts:
-                continue
-            xs = [w["candidate"] for w in pts]
-            ys = [w["win_share"] for w in pts]
-            err = [[y - (w["ci"] or [y, y])[0] for y, w in zip(ys, pts)], [(w["ci"] or [y, y])[1] - y
-                                                                            for y, w in zip(ys, pts)]]
-            ax.errorbar(xs, ys, yerr=err, marker=marker, color=color, capsize=3, label=f"{split} vs {base_kind}")
-    ax.axhline(0.5, color="grey", lw=0.8, ls="--")
-    gens = doc.get("evaluated") or [1]
-    ax.set(xlabel="generation", ylabel="win share", ylim=(0, 1), title="Win share by generation (panel)",
-           xlim=(min(gens) - 0.5, max(gens) + 0.5))
-    ax.set_xticks(gens, [f"L{g}" for g in gens])
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    else:  # say why the plot is empty instead of showing bare axes
-        p = doc["verdicts"]["panel"]
-        ax.text(0.5, 0.7, f"no decisive panel verdict\n{p['total']} verdicts, {p['invalid']} invalid",
-                transform=ax.transAxes, ha="center", va="center", fontsize=10, color="dimgrey")
-    save(fig, "win_share.png")
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for s in doc["search"]:
-        ax.plot(range(len(s["coverage"])), s["coverage"], marker="o", label=f"L{s['generation']} ({s['tasks']} tasks)")
-    ax.set(xlabel="iteration", ylabel="tasks whose elite\nbeats the reference", title="Workflow search")
-    if doc["search"]:  # counts of tasks: integer axes from 0 to the number of tasks
-        top = max(s["tasks"] for s in doc["search"])
-        ax.set_yticks(range(top + 1))
-        ax.set_ylim(-0.2, top + 0.2)
-        ax.set_xticks(range(max(len(s["coverage"]) for s in doc["search"])))
-        ax.legend(fontsize=8)
-    save(fig, "search.png")
-
-    n = max(1, len(doc["training"]))
-    fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.2), squeeze=False)
-    for ax, t in zip(axes[0], doc["training"]):
-        if t["train_loss"]:
-            ax.plot(*zip(*t["train_loss"]), label="train")
-        if t["val_loss"]:
-            ax.plot(*zip(*t["val_loss"]), marker="o", label="validation")
-        if t["selected_step"] is not None:
-            ax.axvline(t["selected_step"], color="red", ls="--", label=f"selected {t['selected_step']}")
-        ax.set(title=f"L{t['generation']} -> L{t['generation'] + 1}", xlabel="step", ylabel="loss")
-        ax.legend(fontsize=7)
-    save(fig, "loss.png")
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    rows = [a for a in doc["audit"] if a["split"] == "all"]
-    xs = [a["generation"] for a in rows]
-    for shift, key, label in ((-0.2, "delegation", "delegation D"), (0.2, "code_handoff", "code handoff H")):
-        bars = ax.bar([x + shift for x in xs], [a[f"{key}_rate"] or 0 for a in rows], width=0.4, label=label)
-        # counts on the bars, so a 0 is visibly a measured 0 and not a missing bar
-        ax.bar_label(bars, labels=[f"{a[key]}/{a['episodes']}" for a in rows], fontsize=8)
-    ax.set(xlabel="generation", ylabel="share of bare-prompt episodes", ylim=(0, 1.1), title="Behaviour audit")
-    ax.set_xticks(xs, [f"L{x}" for x in xs])
-    ax.legend(fontsize=8)
-    save(fig, "audit.png")
-
-    fig, ax = plt.subplots(figsize=(7.5, 0.8 + 0.4 * (len(doc["tokens"]) + 1)))
-    ax.axis("off")
-    cols = ["gen", "generated", "stored supervised", "processed (selected)", "processed (end)"]
-    cells = [[f"L{t['generation']}", _fmt(t["generated_total"]), _fmt(t["stored_supervised"]),
-              _fmt(t["processed_to_selected"]), _fmt(t["processed_to_end"])] for t in doc["tokens"]] or [["–"] * 5]
-    table = ax.table(cellText=cells, colLabels=cols, loc="center")
-    table.auto_set_font_size(False)
-    table.set_fontsize(10)
-    table.auto_set_column_width(list(range(len(cols))))
-    table.scale(1, 1.4)
-    ax.set_title("Tokens")
-    save(fig, "tokens.png")
     return written
 
 
-def write_report(ctx: RunContext) -> dict:
+def write_report(ctx: RunContext, embedder=None) -> dict:
     """Build, validate and store `<run>/report/` (manifest last); returns report.json's content.
 
     Always rebuilt (it is cheap and its inputs are the whole store); the manifest's input hash is
     the report's own content, so two runs with equal stored results have equal manifests."""
     from mass_jobs.store import Step
 
-    doc = build_report(ctx)
+    doc = build_report(ctx, embedder)
     with tempfile.TemporaryDirectory(prefix="mass-report-") as tmp:
         out = Path(tmp)
         files = sorted(render_plots(doc, out) + ["report.json", "report.md"])

@@ -11,8 +11,9 @@ the last workspace, and proposes W_k as JSON (malformed: retried `search.proposa
 then a failed iteration; the loop goes on). W_k is rolled out; the evaluator compares its workspace
 with the elite's under blind labels in a seeded random order. W_k becomes the elite only when it is
 preferred; feedback is appended either way. Each time the elite changes, the new elite is compared
-with the reference: `beats_reference` says whether the CURRENT elite (the one collection would use)
-was preferred over the bare reference run. A tie or an invalid verdict does not beat it.
+with the reference, once: `beat_reference` lists every version so preferred over the bare reference
+run, `beats_reference` says whether the CURRENT elite was. A tie or an invalid verdict does not beat
+it. Which of the two decides collection is `collection.collect_when` (see `mass collect`).
 
 Every piece is persisted as soon as it exists (proposal, rollout, verdicts), and an iteration is
 done when its step manifest is written, so a killed search resumes inside the iteration it was in
@@ -31,7 +32,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from mass_jobs.compare import Verdict, blind_judge, bundle
+from mass_jobs.compare import Verdict, blind_judge
+from mass_jobs.compare import stored_bundle as _stored_bundle
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.models import Closed, Task, Workflow
@@ -92,7 +94,11 @@ class SearchState(Closed):
     reference_outcome: str | None = None
     elite: int = Field(description="Iteration whose workflow and workspace are the elite.")
     elite_workflow: dict
-    beats_reference: bool
+    beats_reference: bool = Field(description="The current elite was preferred over the bare reference.")
+    beat_reference: list[int] = Field(
+        default_factory=list,
+        description="Iterations whose version was preferred over the bare reference (each elite is judged once).",
+    )
     feedback: list[Feedback]
     iterations: list[IterationRecord]
     done: bool = Field(description="True when iteration K is finished.")
@@ -110,12 +116,16 @@ def derived_seed(*parts: Any) -> int:
 def episode_executor(spec, endpoint) -> Execute:
     """The real rollout: `mass_jobs.harness.run_episode` with the spec's limits, sampling and harness."""
 
-    def execute(prompt: str, files: dict, workspace: Path, out_dir: Path, seed: int) -> dict:
+    from mass_jobs.roles import role_endpoint
+
+    endpoint = role_endpoint(spec, "executor") or endpoint  # roles.executor, else the generation
+
+    def execute(prompt: str, files: dict, workspace: Path, out_dir: Path, seed: int, single_agent: bool = False) -> dict:
         from mass_jobs.harness import EpisodeInput, run_episode
 
         inp = EpisodeInput(
             prompt=prompt, endpoint=endpoint, limits=spec.execution.limits, sampling=spec.model.sampling,
-            harness=spec.execution.harness, seed=seed, files=dict(files),
+            harness=spec.execution.harness, seed=seed, files=dict(files), single_agent=single_agent,
         )
         return run_episode(inp, workspace, out_dir).status
 
@@ -143,10 +153,7 @@ def rollout_outputs(prefix: str) -> list[str]:
 
 def stored_bundle(store, prefix: str, task: Task, max_bytes: int) -> str:
     """The bounded view of a stored rollout's workspace (with its run notice)."""
-    status = store.get_json(f"{prefix}/status.json")
-    with tempfile.TemporaryDirectory(prefix="mass-bundle-") as tmp:
-        store.get_dir(f"{prefix}/workspace.tar.gz", tmp)
-        return bundle(Path(tmp), max_bytes, task.deliverables, status)
+    return _stored_bundle(store, prefix, max_bytes, task.deliverables)
 
 
 def _get_json(store, key: str):
@@ -164,9 +171,13 @@ class Search:
     """The inner loop for one task of one generation; `run()` or `iteration(k)`."""
 
     def __init__(self, ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute):
-        self.ctx, self.gen, self.client, self.execute = ctx, gen, client, execute
+        from mass_jobs.roles import role_client, role_label
+
+        self.ctx, self.gen, self.execute = ctx, gen, execute
         self.store = ctx.store
         self.spec = ctx.spec
+        self.optimizer, self.evaluator = (role_client(ctx.spec, r, client) for r in ("optimizer", "evaluator"))
+        self.labels = {r: role_label(ctx.spec, r, gen) for r in ("optimizer", "evaluator")}
         self.task = ctx.spec.task(task_id)
         self.cfg = ctx.spec.search
 
@@ -175,12 +186,14 @@ class Search:
         return self.ctx.search_iter(self.gen, self.task.id, k)
 
     def _step(self, k: int):
+        from mass_jobs.roles import roles_input
         from mass_jobs.store import Step
 
         inputs = {
             "task": self.task.model_dump(mode="json"),
             "k": k,
             "search": self.cfg.model_dump(mode="json", exclude={"iterations"}),
+            **({"roles": roles_input(self.spec)} if roles_input(self.spec) else {}),
         }
         return Step(self.store, self._iter(k), inputs, name=f"search/{self.task.id}/iter-{k}")
 
@@ -242,8 +255,9 @@ class Search:
         if stored:
             return Verdict.model_validate(stored)
         rng = random.Random(derived_seed(self.cfg.seed, self.task.id, k, salt, "order"))
-        v = blind_judge(self.client, self.task.prompt, x, y, rng, retries=self.spec.ranking.verdict_retries,
+        v = blind_judge(self.evaluator, self.task.prompt, x, y, rng, retries=self.spec.ranking.verdict_retries,
                         seed=derived_seed(self.cfg.seed, self.task.id, k, salt))
+        v = v.model_copy(update={"model": self.labels["evaluator"]})
         self.store.put_json(key, v.model_dump(mode="json"))
         return v
 
@@ -292,7 +306,7 @@ class Search:
                     {"role": "user", "content": self._optimizer_brief(state, history)}]
         errors: list[str] = []
         for attempt in range(self.cfg.proposal_retries + 1):
-            reply = self.client.chat(messages, seed=derived_seed(self.cfg.seed, self.task.id, k, "proposal", attempt),
+            reply = self.optimizer.chat(messages, seed=derived_seed(self.cfg.seed, self.task.id, k, "proposal", attempt),
                                      headers={"X-Mass-Role": OPTIMIZER_ROLE, "X-Mass-Agent": OPTIMIZER_ROLE})
             content = reply.get("content") or ""
             try:
@@ -305,8 +319,10 @@ class Search:
                      + "\nReply with the corrected workflow JSON object only."},
                 ]
                 continue
-            return {"workflow": workflow_json(wf), "attempts": attempt + 1, "errors": errors}
-        return {"workflow": None, "attempts": self.cfg.proposal_retries + 1, "errors": errors}
+            return {"workflow": workflow_json(wf), "attempts": attempt + 1, "errors": errors,
+                    "model": self.labels["optimizer"]}
+        return {"workflow": None, "attempts": self.cfg.proposal_retries + 1, "errors": errors,
+                "model": self.labels["optimizer"]}
 
     def _optimizer_brief(self, state: SearchState, history: list[IterationRecord]) -> str:
         tried = [r for r in history if r.workflow is not None]
@@ -345,6 +361,7 @@ def fold(task: str, gen: int, planned: int, records: list[IterationRecord], refe
     """The search state as a pure function of the iteration records (so a rerun rebuilds it exactly)."""
     elite = records[0]
     beats = bool(elite.reference_verdict and elite.reference_verdict.winner == "iter-0")
+    beat = [0] if beats else []
     feedback = [Feedback(iteration=0, result="initial", changes=["initial version"], outcome=elite.outcome,
                          rationale=elite.reference_verdict.rationale if elite.reference_verdict else "")]
     last_wf = Workflow.model_validate(elite.workflow)
@@ -362,11 +379,12 @@ def fold(task: str, gen: int, planned: int, records: list[IterationRecord], refe
         if r.preferred:
             elite = r
             beats = bool(r.reference_verdict and r.reference_verdict.winner == f"iter-{r.k}")
+            beat += [r.k] if beats else []
     assert elite.workflow is not None
     return SearchState(
         task=task, gen=gen, iterations_planned=planned,
         reference_outcome=(reference_outcome or {}).get("outcome"), elite=elite.k, elite_workflow=elite.workflow,
-        beats_reference=beats, feedback=feedback, iterations=records, done=records[-1].k >= planned,
+        beats_reference=beats, beat_reference=beat, feedback=feedback, iterations=records, done=records[-1].k >= planned,
     )
 
 

@@ -38,21 +38,29 @@ def select_checkpoint(log: list[dict], saved_steps: list[int]) -> dict:
     }
 
 
-def run_select(ctx, gen: int) -> dict:
-    """Read the train step's log and checkpoints; write select.json and the step manifest."""
+def select_step(ctx, gen: int):
+    """Selection's Step: the stored training outputs (log and checkpoints)."""
     from mass_jobs.store import Step, read_manifest
 
     train = read_manifest(ctx.store, ctx.train(gen))
     if train is None:
         raise SelectError(f"generation {gen}: training has no manifest at {ctx.train(gen)!r} (run mass train first)")
+    return Step(ctx.store, ctx.select_step(gen), inputs={"train": train["outputs"]})
+
+
+def run_select(ctx, gen: int) -> dict:
+    """Read the train step's log and checkpoints; write select.json and the step manifest."""
+    from mass_jobs.store import read_manifest
+
+    train = read_manifest(ctx.store, ctx.train(gen))
     sft = read_manifest(ctx.store, ctx.sft(gen)) or {}
-    step = Step(ctx.store, f"{ctx.gen(gen)}/select", inputs={"train": train["outputs"]})
+    step = select_step(ctx, gen)
     if step.done:
         return ctx.store.get_json(ctx.select(gen))
     step.start()
-    lines = ctx.store.get_bytes(f"{ctx.train(gen)}/log.jsonl").decode("utf-8").splitlines()
+    lines = ctx.store.get_bytes(ctx.train_log(gen)).decode("utf-8").splitlines()
     chosen = select_checkpoint([json.loads(x) for x in lines if x.strip()], train["extra"]["checkpoints"])
-    chosen["checkpoint"] = f"{ctx.train(gen)}/step-{chosen['step']}"
+    chosen["checkpoint"] = ctx.checkpoint(gen, chosen["step"])
     chosen["stored_supervised_tokens"] = (sft.get("extra") or {}).get("stored_supervised_tokens")
     ctx.store.put_json(ctx.select(gen), chosen)
     step.finish([ctx.select(gen)], extra={k: chosen[k] for k in (

@@ -1,0 +1,271 @@
+"""The pipeline, spelled once: every step of a MASS run, in order, with what each one needs.
+
+The local runner (`mass run`), `mass status` and the Argo compiler (`mass render argo`) are all
+derived from `PIPELINE`; adding a step is one `StepDef` here plus its core (and its CLI entry).
+
+- `scope`: how often the step runs: once per `run`, per `generation`, per training `task`, per
+  task and search `iteration` (Argo: bounded recursion), per task and `episode` (Argo: a fan-out
+  of prepare -> sandboxed agent pod -> ingest, then the task's summary).
+- `core`: "module:function", the pure core the CLI entry and the local runner call.
+- `entry` + `args`: the `mass` CLI entry the Argo container runs (`--spec`, `--gen`, `--task` are
+  added by scope; `{gen}` in args is the generation the step works on).
+- `reads` / `writes`: `RunContext` methods naming the store keys (the context owns the layout).
+- `done(ctx, gen, task)`: the core's own `Step.done` (input hash), never "some manifest exists".
+- `pod`: `step` (CPU pod with store credentials), `agent` (sandboxed, artifacts only), `trainer`
+  (PyTorchJob under torchrun), `server` (GPU-sized pod that serves models itself).
+- `model`: calls the generation's served model (Argo: the InferenceService; locally: one lazy
+  server for all such steps of a generation, stopped after the last of them).
+- `gen_offset`: the generation the step's `--gen` names relative to the cycle's (evaluate: g+1).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mass_jobs.context import RunContext
+
+SCOPES = ("run", "generation", "task", "iteration", "episode")
+PODS = ("step", "agent", "trainer", "server")
+PER_TASK = ("task", "iteration", "episode")
+
+
+@dataclass(frozen=True)
+class StepDef:
+    name: str
+    scope: str
+    core: str
+    entry: tuple[str, ...]
+    done: Callable[[RunContext, int, str | None], bool]
+    args: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    pod: str = "step"
+    model: bool = False
+    gen_offset: int = 0
+    detail: Callable[[RunContext, int], str] | None = None
+
+    def __post_init__(self):
+        if self.scope not in SCOPES:
+            raise ValueError(f"step {self.name}: scope must be one of {SCOPES}, got {self.scope!r}")
+        if self.pod not in PODS:
+            raise ValueError(f"step {self.name}: pod must be one of {PODS}, got {self.pod!r}")
+        for key in (*self.reads, *self.writes):
+            if not callable(getattr(RunContext, key, None)):
+                raise ValueError(f"step {self.name}: {key!r} is not a RunContext key method")
+
+    @property
+    def per_task(self) -> bool:
+        return self.scope in PER_TASK
+
+    def core_function(self) -> Callable:
+        module, _, attr = self.core.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def argv(self, spec: str, gen, task: str | None = None) -> list[str]:
+        """The CLI entry's argv after `mass` for one call (gen is the cycle's generation)."""
+        if self.scope == "run":
+            return [*self.entry, "--spec", spec, *self.args]
+        g = gen + self.gen_offset if isinstance(gen, int) else gen
+        out = [*self.entry, "--spec", spec, "--gen", str(g)]
+        if self.per_task:
+            out += ["--task", str(task)]
+        return out + [a.replace("{gen}", str(g)) for a in self.args]
+
+    def is_done(self, ctx: RunContext, gen: int, tasks: list[str]) -> bool:
+        if self.per_task:
+            return all(self.done(ctx, gen, t) for t in tasks)
+        return self.done(ctx, gen, None)
+
+
+# ---------------------------------------------------------------- done-checks (each core's own Step)
+
+
+def _guarded(check: Callable[[], bool]) -> bool:
+    """A step whose inputs are not stored yet is not done (its Step cannot even be formed)."""
+    try:
+        return bool(check())
+    except (FileNotFoundError, KeyError, LookupError, ValueError, RuntimeError):
+        return False
+
+
+def search_done(ctx: RunContext, gen: int, task: str) -> bool:
+    from mass_jobs.steps.search import Search
+
+    def check():
+        s = Search(ctx, gen, task, None, None)
+        state = s.state()
+        return s.done_through() == ctx.spec.search.iterations and state is not None and state.done
+
+    return _guarded(check)
+
+
+def collect_done(ctx: RunContext, gen: int, task: str) -> bool:
+    from mass_jobs.steps.collect import Collection
+
+    def check():
+        c = Collection(ctx, gen, task)
+        episodes = c.skip_reason is not None or all(c.step(i).done for i in range(ctx.spec.collection.episodes))
+        return episodes and c.summary_step().done
+
+    return _guarded(check)
+
+
+def guard_done(ctx: RunContext, gen: int, task: str) -> bool:
+    from mass_jobs.steps.guard import guard_step
+
+    return _guarded(lambda: guard_step(ctx, gen, task).done)
+
+
+def rank_done(ctx: RunContext, gen: int, task: str) -> bool:
+    from mass_jobs.steps.rank import rank_step
+
+    return _guarded(lambda: rank_step(ctx, gen, task).done)
+
+
+def render_done(ctx: RunContext, gen: int, _task=None) -> bool:
+    from mass_jobs.steps.render_sft import sft_step
+
+    return _guarded(lambda: sft_step(ctx, gen)[0].done)
+
+
+def train_done(ctx: RunContext, gen: int, _task=None) -> bool:
+    """Done for the stored windows and sft settings with the world size that trained it (a local
+    run and a PyTorchJob differ in ranks, and either's checkpoints serve select and merge)."""
+    from mass_jobs.steps.train import train_step
+    from mass_jobs.store import read_manifest
+
+    def check():
+        manifest = read_manifest(ctx.store, ctx.train(gen))
+        world = (manifest or {}).get("extra", {}).get("world_size", 1)
+        return train_step(ctx, gen, world).done
+
+    return _guarded(check)
+
+
+def select_done(ctx: RunContext, gen: int, _task=None) -> bool:
+    from mass_jobs.steps.select import select_step
+
+    return _guarded(lambda: select_step(ctx, gen).done)
+
+
+def merge_done(ctx: RunContext, gen: int, _task=None) -> bool:
+    from mass_jobs.steps.merge import merge_step
+
+    return _guarded(lambda: merge_step(ctx, gen).done)
+
+
+def evaluate_done(ctx: RunContext, gen: int, _task=None) -> bool:
+    from mass_jobs.steps.evaluate import evaluate_inputs
+    from mass_jobs.store import Step
+
+    return _guarded(lambda: Step(ctx.store, ctx.eval(gen + 1), evaluate_inputs(ctx, gen + 1)).done)
+
+
+def report_done(ctx: RunContext, _gen=None, _task=None) -> bool:
+    """The report's input is its own content, rebuilt from the store: done when that matches."""
+    from mass_jobs.steps.report import build_report
+    from mass_jobs.store import Step, read_manifest
+
+    def check():
+        manifest = read_manifest(ctx.store, ctx.report())
+        if manifest is None:
+            return False
+        doc = build_report(ctx)
+        doc["files"] = sorted(k.rsplit("/", 1)[-1] for k in manifest["outputs"])
+        return Step(ctx.store, ctx.report(), doc).done
+
+    return _guarded(check)
+
+
+def _checkpoints(ctx: RunContext, g: int) -> str:
+    n = len([k for k in ctx.store.list(ctx.train_checkpoints(g)) if "/" not in k[len(ctx.train_checkpoints(g)):]])
+    return f"{n} checkpoints"
+
+
+def _verdicts(ctx: RunContext, g: int) -> str:
+    return f"{len(ctx.store.list(ctx.eval_verdicts(g + 1)))} verdicts"
+
+
+# ---------------------------------------------------------------- the table
+
+PIPELINE: tuple[StepDef, ...] = (
+    StepDef("search", "iteration", "mass_jobs.steps.search:run_search", ("search",), search_done,
+            reads=("model",), writes=("search_reference", "search_iter", "search_state"), model=True),
+    StepDef("collect", "episode", "mass_jobs.steps.collect:run_collect", ("collect",), collect_done,
+            reads=("search_state",), writes=("episode_input", "episode_output", "collect_episode", "collect_summary"),
+            pod="agent", model=True),
+    StepDef("guard", "task", "mass_jobs.steps.guard:run_guard", ("guard",), guard_done,
+            reads=("collect_summary", "collect_episode"), writes=("guard",)),
+    StepDef("rank", "task", "mass_jobs.steps.rank:run_rank", ("rank",), rank_done,
+            reads=("guard", "collect_episode"), writes=("rank", "rank_verdicts"), model=True),
+    StepDef("render", "generation", "mass_jobs.steps.render_sft:run_render", ("render", "sft"), render_done,
+            reads=("rank", "collect_episode", "model"), writes=("sft",)),
+    StepDef("train", "generation", "mass_jobs.steps.train:run_train", ("train",), train_done,
+            args=("--resume",), reads=("sft", "model"), writes=("train",), pod="trainer", detail=_checkpoints),
+    StepDef("select", "generation", "mass_jobs.steps.select:run_select", ("select",), select_done,
+            reads=("train",), writes=("select", "select_step")),
+    StepDef("merge", "generation", "mass_jobs.steps.merge:run_merge", ("merge",), merge_done,
+            reads=("select", "train", "model"), writes=("merge_step", "model")),
+    StepDef("evaluate", "generation", "mass_jobs.steps.evaluate:evaluate", ("evaluate",), evaluate_done,
+            reads=("model",), writes=("eval", "eval_verdicts"), pod="server", gen_offset=1, detail=_verdicts),
+    StepDef("report", "run", "mass_jobs.steps.report:write_report", ("report",), report_done,
+            reads=("eval", "select", "sft", "search_state"), writes=("report",)),
+)
+
+
+def steps(pipeline=None) -> tuple[StepDef, ...]:
+    """The table in force (tests pass an extended one)."""
+    return PIPELINE if pipeline is None else tuple(pipeline)
+
+
+def generation_steps(pipeline=None) -> list[StepDef]:
+    return [s for s in steps(pipeline) if s.scope != "run"]
+
+
+def run_steps(pipeline=None) -> list[StepDef]:
+    return [s for s in steps(pipeline) if s.scope == "run"]
+
+
+def by_name(name: str, pipeline=None) -> StepDef:
+    for s in steps(pipeline):
+        if s.name == name:
+            return s
+    raise KeyError(f"no step {name!r} in the pipeline: {[s.name for s in steps(pipeline)]}")
+
+
+def done_output(name: str) -> str:
+    """The file (and Argo output parameter) where `mass validate --outputs` says a step is stored."""
+    return f"done-{name}"
+
+
+def train_task_ids(ctx: RunContext) -> list[str]:
+    return [t.id for t in ctx.spec.resolved_tasks() if t.split == "train"]
+
+
+def plan(ctx: RunContext, pipeline=None) -> list[tuple[int, str]]:
+    """The local runner's order: (generation, step) for every generation, then the run's steps."""
+    n = ctx.spec.generations
+    return [(g, s.name) for g in range(n) for s in generation_steps(pipeline)] + \
+           [(n, s.name) for s in run_steps(pipeline)]
+
+
+def table(ctx: RunContext, pipeline=None) -> list[dict]:
+    """One row per (generation, step) from the store alone: done or pending, and a detail.
+
+    This is what any executor leaves (local runner, Argo, a person calling the CLI entries); the
+    local runner's run-state only adds running / interrupted / failed on top (`runner.step_status`).
+    """
+    tasks = train_task_ids(ctx)
+    rows = []
+    for g, name in plan(ctx, pipeline):
+        s = by_name(name, pipeline)
+        if s.per_task:
+            n = sum(1 for t in tasks if s.done(ctx, g, t))
+            done, detail = n == len(tasks), f"{n}/{len(tasks)} tasks"
+        else:
+            done = s.is_done(ctx, g, tasks)
+            detail = s.detail(ctx, g) if s.detail else ""
+        rows.append({"gen": g, "step": name, "status": "done" if done else "pending", "detail": detail})
+    return rows

@@ -1,0 +1,667 @@
+"""The generated Argo templates executed end to end by the test executor (tests/fixtures/argo_exec/).
+
+Fast tests first: the executor's own semantics (expressions, `when`, substitution, conditions,
+the artifact archive layout, steps with withParam / retries / continueOn / recursion / onExit,
+readOnlyRootFilesystem, the PyTorchJob and KServe storage stand-ins) on small synthetic
+WorkflowTemplates. Then the slow ones on the generated templates as `helm install` puts them in a
+cluster (the chart rendered with this test's S3 as values; argo/ is the same chart rendered with
+its defaults, checked here): mass-run for two generations of a CI-sized spec against moto's S3
+server compared with a local `mass run` of the same spec, and the agent-crash, skipped-task and
+stop/resubmit paths of one mass-cycle.
+
+    .venv/bin/python -m pytest -q tests/test_argo_exec.py            # all (slow ones: minutes)
+    .venv/bin/python -m pytest -q -m "argo_exec and not slow" tests/test_argo_exec.py
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import time
+
+import yaml
+
+from mass_jobs.models import StoreSpec
+from mass_jobs.store import open_store
+from tests.fixtures.argo_exec import ArgoExecutor, load_documents
+from tests.fixtures.argo_exec.artifacts import Repository, load_input, save_output
+from tests.fixtures.argo_exec.conditions import check, matches
+from tests.fixtures.argo_exec.expr import ExprError, evaluate, evaluate_when, nest
+from tests.fixtures.argo_exec.template import TemplateError, replace
+
+pytestmark = pytest.mark.argo_exec
+
+REPO = Path(__file__).resolve().parents[1]
+JOBS_IMAGE = "ghcr.io/mass-jobs/jobs:0.1.0"
+S3_SECRET = "mass-s3-credentials"
+
+
+# ---------------------------------------------------------------- expressions and substitution
+
+def test_expr_subset_the_templates_use():
+    env = nest({"inputs.parameters.gen": "1", "inputs.parameters.generations": "2", "workflow.parameters.run": "r"})
+    assert evaluate("asInt(inputs.parameters.gen) + 1", env) == 2
+    assert evaluate("asInt(inputs.parameters.gen) + 1 < asInt(inputs.parameters.generations)", env) is False
+    assert evaluate("workflow.parameters.run", env) == "r"
+    retry = {"lastRetry": {"status": "Failed", "exitCode": "2"}}
+    expr = 'lastRetry.status == "Error" or (lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2)'
+    assert evaluate(expr, retry) is False
+    assert evaluate(expr, {"lastRetry": {"status": "Failed", "exitCode": "1"}}) is True
+    assert evaluate(expr, {"lastRetry": {"status": "Error", "exitCode": "-1"}}) is True
+    assert evaluate("inputs.parameters['gen'] == '1' ? 'a' : 'b'", env) == "a"
+    for bad in ("sprig.trim(x)", "unknownName + 1", "asInt('1.5')", "inputs.parameters.gen + 1", "x |"):
+        with pytest.raises(ExprError):
+            evaluate(bad, env)
+
+
+def test_when_is_govaluate_after_substitution():
+    assert evaluate_when("2 > 0") and not evaluate_when("0 > 0")
+    assert evaluate_when("1 < 3") and not evaluate_when("3 < 3")
+    assert evaluate_when("Succeeded == Succeeded") and evaluate_when("foo != bar")
+    assert evaluate_when("true && !(1 > 2)")
+    with pytest.raises(ExprError):
+        evaluate_when("1 +")
+
+
+def test_substitution_resolves_or_fails_loudly():
+    scope = {"inputs.parameters.gen": "0", "item.task": "fib", "retries": "2"}
+    assert replace("g{{inputs.parameters.gen}}-{{ item.task }}-r{{retries}}", scope) == "g0-fib-r2"
+    assert replace("{{=asInt(inputs.parameters.gen) + 1}}", scope) == "1"
+    with pytest.raises(TemplateError, match=r"failed to resolve \{\{steps.x.outputs.parameters.y\}\}"):
+        replace("{{steps.x.outputs.parameters.y}}", scope)
+
+
+def test_conditions_are_label_selectors_over_gjson_paths():
+    isvc = {"status": {"modelStatus": {"transitionStatus": "InProgress", "states": {"targetModelState": "Loading"}}}}
+    ok = "status.modelStatus.states.targetModelState == Loaded"
+    bad = "status.modelStatus.transitionStatus in (BlockedByFailedLoad, InvalidSpec)"
+    assert check(isvc, ok, bad) is None
+    isvc["status"]["modelStatus"]["states"]["targetModelState"] = "Loaded"
+    assert check(isvc, ok, bad) == "succeeded"
+    isvc["status"]["modelStatus"]["transitionStatus"] = "BlockedByFailedLoad"
+    assert check(isvc, ok, bad).startswith("failed")
+    job = {"status": {"conditions": [{"type": "Created"}, {"type": "Running"}, {"type": "Failed"}],
+                      "replicaStatuses": {"Master": {"succeeded": 1}}}}
+    # failure requirements are ORed (any match fails), success ones ANDed
+    assert check(job, "status.replicaStatuses.Master.succeeded > 0",
+                 "status.conditions.1.type == Failed,status.conditions.2.type == Failed").startswith("failed")
+    assert matches(job, "status.replicaStatuses.Master.succeeded > 0")
+    assert not matches(job, "status.replicaStatuses.Master.failed > 0")  # missing never compares
+
+
+# ---------------------------------------------------------------- artifacts against moto
+
+@pytest.fixture
+def repo(s3_env):
+    host = s3_env["endpoint_url"].removeprefix("http://")
+    cm = {"metadata": {"name": "artifact-repositories"}, "data": {"default-v1": yaml.safe_dump({"s3": {
+        "bucket": s3_env["bucket"], "endpoint": host, "insecure": True, "region": s3_env["region"],
+        "keyFormat": "argo-artifacts/{{workflow.name}}/{{pod.name}}",
+        "accessKeySecret": {"name": S3_SECRET, "key": "AWS_ACCESS_KEY_ID"},
+        "secretKeySecret": {"name": S3_SECRET, "key": "AWS_SECRET_ACCESS_KEY"}}})}}
+    return Repository.from_configmap(cm, "default-v1", {S3_SECRET: {"AWS_ACCESS_KEY_ID": "testing",
+                                                                     "AWS_SECRET_ACCESS_KEY": "testing"}})
+
+
+def tar_members(data: bytes) -> list[str]:
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
+        return sorted(tar.getnames())
+
+
+def test_output_directory_is_tarred_under_its_base_name(repo, tmp_path):
+    ws = tmp_path / "out" / "workspace"
+    (ws / "src").mkdir(parents=True)
+    (ws / "a.py").write_text("a")
+    (ws / "src" / "b.py").write_text("b")
+    save_output(repo, {"name": "ws", "path": "/out/workspace", "s3": {"key": "t/ws.tar.gz"}}, ws, "unused")
+    body = repo.client().get_object(Bucket=repo.bucket, Key="t/ws.tar.gz")["Body"].read()
+    assert tar_members(body) == ["workspace", "workspace/a.py", "workspace/src", "workspace/src/b.py"]
+    save_output(repo, {"name": "st", "path": "/out/s.json", "archive": {"none": {}}, "s3": {"key": "t/s.json"}},
+                _write(tmp_path / "s.json", "{}"), "unused")
+    assert repo.client().get_object(Bucket=repo.bucket, Key="t/s.json")["Body"].read() == b"{}"
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _put_tar(repo, key: str, files: dict[str, str]) -> None:
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb") as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    repo.client().put_object(Bucket=repo.bucket, Key=key, Body=buf.getvalue())
+
+
+def test_input_single_entry_is_renamed_onto_the_path(repo, tmp_path):
+    _put_tar(repo, "in/one.tar.gz", {"fib.py": "print(1)"})
+    load_input(repo, {"name": "w", "path": "/in/workspace", "s3": {"key": "in/one.tar.gz"}}, tmp_path / "a" / "workspace")
+    assert (tmp_path / "a" / "workspace").is_file()  # the one file became the workspace "directory"
+    _put_tar(repo, "in/two.tar.gz", {"fib.py": "1", "data/n.txt": "2"})
+    load_input(repo, {"name": "w", "path": "/in/workspace", "s3": {"key": "in/two.tar.gz"}}, tmp_path / "b" / "workspace")
+    assert sorted(p.relative_to(tmp_path / "b" / "workspace").as_posix()
+                  for p in (tmp_path / "b" / "workspace").rglob("*")) == ["data", "data/n.txt", "fib.py"]
+    _put_tar(repo, "in/dir.tar.gz", {"workspace/x.py": "x"})
+    load_input(repo, {"name": "w", "path": "/in/workspace", "s3": {"key": "in/dir.tar.gz"}}, tmp_path / "c" / "workspace")
+    assert (tmp_path / "c" / "workspace" / "x.py").read_text() == "x"
+    load_input(repo, {"name": "w", "path": "/in/t.tgz", "archive": {"none": {}}, "s3": {"key": "in/dir.tar.gz"}},
+               tmp_path / "d" / "t.tgz")
+    assert (tmp_path / "d" / "t.tgz").read_bytes()[:2] == b"\x1f\x8b"  # archive: none keeps the bytes
+
+
+# ---------------------------------------------------------------- controller semantics on synthetic templates
+
+def container(script: str, mounts=("tmp",), ro=True, **extra) -> dict:
+    return {"image": JOBS_IMAGE, "command": ["/bin/sh", "-c", script],
+            "securityContext": {"readOnlyRootFilesystem": ro},
+            "volumeMounts": [{"name": m, "mountPath": f"/{m}"} for m in mounts], **extra}
+
+
+def wft(name: str, templates: list[dict], entrypoint="main", params=(), **spec) -> dict:
+    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "WorkflowTemplate", "metadata": {"name": name},
+            "spec": {"entrypoint": entrypoint, "templates": templates,
+                     "arguments": {"parameters": [{"name": p} for p in params]},
+                     "artifactRepositoryRef": {"configMap": "artifact-repositories", "key": "default-v1"}, **spec}}
+
+
+@pytest.fixture
+def executor_for(s3_env, tmp_path):
+    made = []
+
+    def make(*docs, **kw):
+        host = s3_env["endpoint_url"].removeprefix("http://")
+        cm = {"kind": "ConfigMap", "metadata": {"name": "artifact-repositories", "annotations": {
+            "workflows.argoproj.io/default-artifact-repository": "default-v1"}},
+              "data": {"default-v1": yaml.safe_dump({"s3": {
+                  "bucket": s3_env["bucket"], "endpoint": host, "insecure": True, "region": "us-east-1",
+                  "keyFormat": "argo-artifacts/{{workflow.name}}/{{pod.name}}",
+                  "accessKeySecret": {"name": S3_SECRET, "key": "AWS_ACCESS_KEY_ID"},
+                  "secretKeySecret": {"name": S3_SECRET, "key": "AWS_SECRET_ACCESS_KEY"}}})}}
+        secrets = {S3_SECRET: {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"},
+                   "other": {"TOKEN": "s3cret"}}
+        ex = ArgoExecutor([*docs, cm], secrets, tmp_path / f"ex{len(made)}", **kw)
+        made.append(ex)
+        return ex
+
+    yield make
+    for ex in made:
+        ex.close()
+
+
+def test_steps_withparam_when_outputs_and_recursion(executor_for):
+    templates = [
+        {"name": "main", "steps": [
+            [{"name": "list", "template": "emit"}],
+            [{"name": "each", "template": "echo", "withParam": "{{steps.list.outputs.parameters.items}}",
+              "arguments": {"parameters": [{"name": "v", "value": "{{item.task}}-{{item.n}}"}]},
+              "when": "{{item.n}} > 0"}],
+            [{"name": "count", "template": "countdown", "arguments": {"parameters": [{"name": "k", "value": "3"}]}}]]},
+        {"name": "emit", "container": container(
+            "printf '[{\"task\":\"a\",\"n\":1},{\"task\":\"b\",\"n\":0},{\"task\":\"c\",\"n\":2}]' > /tmp/items"),
+         "outputs": {"parameters": [{"name": "items", "valueFrom": {"path": "/tmp/items"}}]},
+         "volumes": [{"name": "tmp", "emptyDir": {}}]},
+        {"name": "echo", "inputs": {"parameters": [{"name": "v"}]},
+         "container": container("printf '{{inputs.parameters.v}}' > /tmp/out"),
+         "outputs": {"parameters": [{"name": "out", "valueFrom": {"path": "/tmp/out"}}]},
+         "volumes": [{"name": "tmp", "emptyDir": {}}]},
+        {"name": "countdown", "inputs": {"parameters": [{"name": "k"}]}, "steps": [
+            [{"name": "tick", "template": "echo", "arguments": {"parameters": [{"name": "v", "value": "{{inputs.parameters.k}}"}]}}],
+            [{"name": "again", "template": "countdown", "when": "{{=asInt(inputs.parameters.k) > 1}} == true",
+              "arguments": {"parameters": [{"name": "k", "value": "{{=asInt(inputs.parameters.k) - 1}}"}]}}]]},
+    ]
+    ex = executor_for(wft("t", templates))
+    wf = ex.submit("t", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    each = sorted((n.inputs["v"], n.phase) for n in wf.find(template="echo", type="Pod") if "each(" in n.name)
+    assert each == [("a-1", "Succeeded"), ("c-2", "Succeeded")]
+    assert [n.name.rsplit(".", 1)[-1] for n in wf.find(type="Skipped")] == ["each(1:task:b,n:0)", "again"]  # the recursion ends on when
+    assert sorted(n.outputs["out"] for n in wf.find(template="echo") if ".tick" in n.name) == ["1", "2", "3"]
+
+
+def test_retries_policy_expression_and_continue_on(executor_for):
+    attempts = []
+
+    def faults(template, inputs, attempt):
+        attempts.append((template, inputs.get("code"), attempt))
+        return None
+
+    templates = [
+        {"name": "main", "steps": [
+            [{"name": "exit2", "template": "fail", "arguments": {"parameters": [{"name": "code", "value": "2"}]},
+              "continueOn": {"failed": True}},
+             {"name": "exit1", "template": "fail", "arguments": {"parameters": [{"name": "code", "value": "1"}]},
+              "continueOn": {"failed": True}},
+             {"name": "onerror", "template": "fail-onerror", "arguments": {"parameters": [{"name": "code", "value": "1"}]},
+              "continueOn": {"failed": True}},
+             {"name": "flaky", "template": "flaky"}],
+            [{"name": "after", "template": "fail", "arguments": {"parameters": [{"name": "code", "value": "0"}]}}]]},
+        {"name": "fail", "inputs": {"parameters": [{"name": "code"}]},
+         "container": container("exit {{inputs.parameters.code}}"), "volumes": [{"name": "tmp", "emptyDir": {}}],
+         "retryStrategy": {"limit": "2", "retryPolicy": "Always",
+                           "expression": 'lastRetry.status == "Error" or (lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2)'}},
+        {"name": "fail-onerror", "inputs": {"parameters": [{"name": "code"}]},
+         "container": container("exit {{inputs.parameters.code}}"), "volumes": [{"name": "tmp", "emptyDir": {}}],
+         "retryStrategy": {"limit": "3", "retryPolicy": "OnError"}},
+        {"name": "flaky", "container": container("test {{retries}} -ge 1 || exit 7; printf '{{retries}}' > /tmp/r"),
+         "outputs": {"parameters": [{"name": "r", "valueFrom": {"path": "/tmp/r"}}]},
+         "volumes": [{"name": "tmp", "emptyDir": {}}], "retryStrategy": {"limit": 3}},
+    ]
+    ex = executor_for(wft("r", templates), faults=faults)
+    wf = ex.submit("r", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    by_step = {n.name.rsplit(".", 1)[-1]: n for n in wf.find(type="Retry")}
+    assert by_step["exit2"].phase == "Failed" and len(wf.find(name=r"exit2\(\d\)$")) == 1  # expression: no retry on 2
+    assert len(wf.find(name=r"exit1\(\d\)$")) == 3 and by_step["exit1"].exit_code == 1  # limit 2 -> 3 attempts
+    assert len(wf.find(name=r"onerror\(\d\)$")) == 1  # OnError never retries a Failed pod
+    assert by_step["flaky"].phase == "Succeeded" and by_step["flaky"].outputs == {"r": "1"}
+    assert by_step["after"].phase == "Succeeded"  # continueOn.failed let the next group run
+
+
+def test_failed_child_fails_group_and_onexit_sees_status(executor_for, s3_env):
+    templates = [
+        {"name": "main", "steps": [[{"name": "bad", "template": "bad"}], [{"name": "never", "template": "ok"}]]},
+        {"name": "bad", "container": container("exit 3"), "volumes": [{"name": "tmp", "emptyDir": {}}]},
+        {"name": "ok", "container": container("true"), "volumes": [{"name": "tmp", "emptyDir": {}}]},
+        {"name": "exit", "container": container("printf '{{workflow.status}}' > /tmp/s"),
+         "outputs": {"parameters": [{"name": "s", "valueFrom": {"path": "/tmp/s"}}]},
+         "volumes": [{"name": "tmp", "emptyDir": {}}]},
+    ]
+    ex = executor_for(wft("f", templates, onExit="exit"))
+    wf = ex.submit("f", {})
+    assert wf.phase == "Failed" and "child" in wf.message and "bad" in wf.message
+    assert not wf.find(template="ok")
+    assert [n.outputs for n in wf.find(template="exit")] == [{"s": "Failed"}]
+
+
+def test_read_only_root_env_secrets_and_artifacts(executor_for, s3_env):
+    script = ("touch /opt/x 2>/dev/null && echo root-writable > /out/r || echo root-ro > /out/r; "
+              "touch /tmp/ok && echo tmp-ok >> /out/r; printf \"$TOKEN:$AWS_ACCESS_KEY_ID:$HOME\" >> /out/r; "
+              "mkdir -p /out/ws/sub && cat /in/ws/a.txt > /out/ws/sub/copy.txt")
+    templates = [
+        {"name": "main", "container": container(script, mounts=("tmp", "out"),
+                                                 env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "other", "key": "TOKEN"}}}],
+                                                 envFrom=[{"secretRef": {"name": S3_SECRET}}]),
+         "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "out", "emptyDir": {}}],
+         "inputs": {"artifacts": [{"name": "ws", "path": "/in/ws", "s3": {"key": "syn/in.tar.gz"}}]},
+         "outputs": {"parameters": [{"name": "r", "valueFrom": {"path": "/out/r"}}],
+                     "artifacts": [{"name": "ws", "path": "/out/ws", "s3": {"key": "syn/out.tar.gz"}}]}},
+    ]
+    ex = executor_for(wft("io", templates))
+    _put_tar(ex._repository("artifact-repositories", "default-v1"), "syn/in.tar.gz", {"a.txt": "A", "b.txt": "B"})
+    wf = ex.submit("io", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    assert wf.find(type="Pod")[0].outputs["r"] == "root-ro\ntmp-ok\ns3cret:testing:/tmp"
+    repo = ex._repository("artifact-repositories", "default-v1")
+    body = repo.client().get_object(Bucket=repo.bucket, Key="syn/out.tar.gz")["Body"].read()
+    assert tar_members(body) == ["ws", "ws/sub", "ws/sub/copy.txt"]
+    logs = repo.client().list_objects_v2(Bucket=repo.bucket, Prefix=f"argo-artifacts/{wf.name}/")["Contents"]
+    assert [o["Key"].rsplit("/", 1)[-1] for o in logs] == ["main.log"]
+
+
+def test_unresolved_reference_and_unknown_feature_fail_loudly(executor_for):
+    templates = [
+        {"name": "main", "steps": [[{"name": "a", "template": "x", "arguments": {"parameters": [
+            {"name": "v", "value": "{{steps.nope.outputs.parameters.v}}"}]}}]]},
+        {"name": "x", "inputs": {"parameters": [{"name": "v"}]}, "script": {"image": JOBS_IMAGE, "source": "true"}},
+    ]
+    wf = executor_for(wft("u", templates)).submit("u", {})
+    assert wf.phase in ("Failed", "Error") and "failed to resolve {{steps.nope.outputs.parameters.v}}" in wf.message
+    templates[0]["steps"][0][0]["arguments"]["parameters"][0]["value"] = "1"
+    wf = executor_for(wft("u", templates)).submit("u", {})
+    assert wf.phase == "Error" and "Unsupported" in wf.message and "script" in wf.message
+
+
+def pytorchjob(name: str, workers: int, script: str, action="create") -> dict:
+    def replica(n):
+        return {"replicas": n, "restartPolicy": "Never", "template": {"spec": {
+            "containers": [container(script, name="pytorch")], "volumes": [{"name": "tmp", "emptyDir": {}}]}}}
+
+    manifest = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
+                "spec": {"nprocPerNode": "2", "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(workers)}}}
+    return {"name": "job", "resource": {"action": action, "setOwnerReference": True, "manifest": yaml.safe_dump(manifest),
+                                        "successCondition": "status.replicaStatuses.Master.succeeded > 0",
+                                        "failureCondition": "status.replicaStatuses.Master.failed > 0,"
+                                                            "status.replicaStatuses.Worker.failed > 0"}}
+
+
+def test_pytorchjob_stand_in_env_status_and_create_collision(executor_for):
+    script = ("getent hosts $MASTER_ADDR > /tmp/h && echo $(cat /tmp/h | cut -d' ' -f1) $WORLD_SIZE $RANK "
+              "$PET_NNODES $PET_NPROC_PER_NODE $PET_NODE_RANK $PET_MASTER_PORT; test $RANK != 0")
+    templates = [{"name": "main", "steps": [[{"name": "ok", "template": "ok"}], [{"name": "again", "template": "ok"}]]},
+                 {**pytorchjob("j", 2, script.replace("; test $RANK != 0", "")), "name": "ok"},
+                 {**pytorchjob("bad", 2, script), "name": "bad"}]
+    templates.append({"name": "fail", "steps": [[{"name": "b", "template": "bad"}]]})
+    ex = executor_for(wft("pt", templates))
+    wf = ex.submit("pt", {})
+    assert wf.phase == "Failed", wf.summary()
+    first, second = wf.find(template="ok", type="Resource")
+    assert first.phase == "Succeeded" and second.phase == "Failed"
+    assert 'AlreadyExists' in second.message and 'PyTorchJob "j" already exists' in second.message
+    paths = [ex.workdir / "cluster" / "pods" / f"j-{r}" / "main.log" for r in ("master-0", "worker-0", "worker-1")]
+    for _ in range(100):  # the job succeeds with its Master: a worker may still be writing its line
+        if all(p.exists() and p.read_text().strip() for p in paths):
+            break
+        time.sleep(0.1)
+    logs = sorted(p.read_text().split() for p in paths)
+    # operator env: WORLD_SIZE = 3 replicas x 2, RANK = replica index (workers after the master)
+    port = logs[0][-1]
+    assert logs == [["127.0.0.1", "6", str(rank), "3", "2", str(rank), port] for rank in range(3)]
+    status = ex.cluster.get("PyTorchJob", "j")["status"]
+    assert [c["type"] for c in status["conditions"]] == ["Created", "Running", "Succeeded"]
+    ex.delete_workflow(wf)
+    assert ex.cluster.get("PyTorchJob", "j") is None  # owned by the workflow
+    wf2 = executor_for(wft("pf", templates, entrypoint="fail")).submit("pf", {})
+    assert wf2.phase == "Failed" and "failure condition 'status.replicaStatuses.Master.failed > 0'" in wf2.summary()
+
+
+def test_inferenceservice_storage_download_is_a_plain_prefix(cluster, tmp_path):
+    """KServe storage.py: `s3://b/run/gen-1/model` also takes `run/gen-1/model-fp8/...` (as `-fp8/...`)."""
+    import boto3
+
+    s3 = cluster["s3"]
+    client = boto3.client("s3", endpoint_url=s3["endpoint_url"], region_name=s3["region"])
+    for key in ("r/gen-1/model/config.json", "r/gen-1/model/sub/w.bin", "r/gen-1/model-fp8/config.json",
+                "r/gen-1/model/empty"):
+        client.put_object(Bucket=s3["bucket"], Key=key, Body=b"" if key.endswith("empty") else b"x")
+    ex = cluster["make"]()
+    ex.cluster._download(f"s3://{s3['bucket']}/r/gen-1/model", tmp_path / "a")
+    assert sorted(p.relative_to(tmp_path / "a").as_posix() for p in (tmp_path / "a").rglob("*") if p.is_file()) == [
+        "-fp8/config.json", "config.json", "sub/w.bin"]
+    ex.cluster._download(f"s3://{s3['bucket']}/r/gen-1/model/", tmp_path / "b")
+    assert sorted(p.relative_to(tmp_path / "b").as_posix() for p in (tmp_path / "b").rglob("*") if p.is_file()) == [
+        "config.json", "sub/w.bin"]
+
+
+# ---------------------------------------------------------------- the generated templates, end to end
+
+CI_SPEC = REPO / "tests" / "specs" / "ci-e2e.yaml"
+
+
+def chart_docs(values: dict | None = None) -> list[dict]:
+    from tests.fixtures.k8s import render_chart
+
+    rendered = render_chart(values or {})
+    return [d for name, text in sorted(rendered.items()) if name.endswith(".yaml")
+            for d in yaml.safe_load_all(text) if d]
+
+
+def cluster_docs(s3: dict) -> list[dict]:
+    """What `helm install -f values.yaml` puts in the cluster, with this S3 (moto) as the `s3.*` values:
+    the WorkflowTemplates (the files in argo/ are this chart rendered with its defaults) and ConfigMaps."""
+    host = s3["endpoint_url"].removeprefix("http://")
+    docs = chart_docs({"s3": {"bucket": s3["bucket"], "endpoint": host, "insecure": True, "region": s3["region"]}})
+    return [d for d in docs if d["kind"] in ("WorkflowTemplate", "ConfigMap")]
+
+
+def test_argo_files_are_the_chart_rendered_with_defaults():
+    """The executor runs the chart's rendering; argo/ holds the same templates for the default values."""
+    files = {d["metadata"]["name"]: d for d in load_documents(sorted((REPO / "argo").glob("*.yaml")))}
+    chart = {d["metadata"]["name"]: d for d in chart_docs() if d["kind"] in ("WorkflowTemplate", "CronWorkflow")}
+    assert sorted(files) == sorted(chart)
+
+    def normal(spec: dict) -> dict:  # resource manifests are YAML text: compare them parsed
+        spec = json.loads(json.dumps(spec))
+        for t in spec.get("templates", []):
+            if "resource" in t:
+                t["resource"]["manifest"] = yaml.safe_load(re.sub(r"\{\{(.*?)\}\}", r"<\1>", t["resource"]["manifest"]))
+        return spec
+
+    for name, doc in files.items():
+        assert normal(doc["spec"]) == normal(chart[name]["spec"]), name
+
+
+def upload_dir(s3: dict, local: Path, prefix: str) -> str:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3["endpoint_url"], region_name=s3["region"])
+    for f in sorted(p for p in local.rglob("*") if p.is_file()):
+        client.put_object(Bucket=s3["bucket"], Key=f"{prefix}/{f.relative_to(local).as_posix()}", Body=f.read_bytes())
+    return f"s3://{s3['bucket']}/{prefix}"
+
+
+def ci_spec(s3: dict, model_uri: str, store_prefix: str, judge_url: str | None = None, **overrides) -> dict:
+    """tests/specs/ci-e2e.yaml with the model, judges and store on S3 (what a cluster run needs)."""
+    doc = yaml.safe_load(CI_SPEC.read_text())
+    doc["model"]["base"] = model_uri
+    doc["model"]["sampling"]["context_length"] = 32768  # the chart's default vLLM --max-model-len
+    doc["judges"] = [{"name": "tiny-judge", "endpoint": "local", "model": model_uri, "seeds": [1]}]
+    if judge_url:
+        doc["judges"].append({"name": "scripted-judge", "endpoint": judge_url, "model": "hash-judge", "seeds": [1, 2]})
+    doc["store"] = {"uri": f"s3://{s3['bucket']}/{store_prefix}", "endpoint_url": s3["endpoint_url"],
+                    "region": s3["region"]}
+    for path, value in overrides.items():
+        node = doc
+        *parents, last = path.split(".")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    return doc
+
+
+def put_spec(s3: dict, doc: dict, key: str) -> str:
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3["endpoint_url"], region_name=s3["region"]).put_object(
+        Bucket=s3["bucket"], Key=key, Body=yaml.safe_dump(doc).encode())
+    return f"s3://{s3['bucket']}/{key}"
+
+
+@pytest.fixture
+def cluster(s3_env, tmp_path, tiny_model_dir):
+    """An executor over argo/ and moto, the tiny model uploaded where the spec points KServe at it."""
+    model_uri = upload_dir(s3_env, tiny_model_dir, "models/tiny")
+    made = []
+
+    def make(s3_secret_extra: dict | None = None, **kw):
+        secrets = {S3_SECRET: {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                               **(s3_secret_extra or {})}}
+        ex = ArgoExecutor(cluster_docs(s3_env), secrets, tmp_path / f"cluster{len(made)}", **kw)
+        made.append(ex)
+        return ex
+
+    yield {"s3": s3_env, "model_uri": model_uri, "make": make}
+    for ex in made:
+        ex.close()
+
+
+def timeless(store, key: str):
+    """An output's content without wall-clock fields: trace records' started_at/duration_s and an
+    episode status's timings differ between any two runs, local or not; everything else (the
+    training log included: its step times live in timing.jsonl, which no manifest lists) must not."""
+    name = key.rsplit("/", 1)[-1]
+    if name == "_manifest.json":  # a nested step's manifest: its own prefix is compared on its own
+        return store.get_json(key)["input_hash"]
+    if name.endswith(".jsonl") and "trace" in name:
+        return [{k: v for k, v in json.loads(line).items() if k not in ("started_at", "duration_s")}
+                for line in store.get_bytes(key).decode().splitlines()]
+    if name == "status.json":
+        return {k: v for k, v in store.get_json(key).items() if k != "timings"}
+    return store.sha256(key)
+
+
+def archive_difference(a, b, key: str) -> str:
+    """For a put_dir archive, which members differ (name, mode or bytes), so a failure says why."""
+    if not key.split("/")[-1].startswith("step-") and not key.endswith(".tar.gz"):
+        return ""
+    import hashlib
+    import io
+    import tarfile
+
+    def members(store):
+        with tarfile.open(fileobj=io.BytesIO(store.get_bytes(key)), mode="r:gz") as tar:
+            return {m.name: (oct(m.mode), hashlib.sha256(tar.extractfile(m).read()).hexdigest()[:12]
+                             if m.isfile() else m.type) for m in tar.getmembers()}
+
+    ma, mb = members(a), members(b)
+    return " " + "; ".join(f"{n}: {ma.get(n)} vs {mb.get(n)}" for n in sorted(set(ma) | set(mb)) if ma.get(n) != mb.get(n))
+
+
+def manifests(store, run: str) -> dict[str, dict]:
+    """Every step manifest of a run: prefix -> (input hash, output keys relative to the run, output hashes)."""
+    out = {}
+    for key in store.list(f"{run}/"):
+        if key.endswith("/_manifest.json"):
+            m = store.get_json(key)
+            out[key.removesuffix("/_manifest.json")] = m
+    return out
+
+
+@pytest.mark.slow
+def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
+    from tests.test_run_e2e import HashVerdictJudge
+
+    s3 = cluster["s3"]
+    with HashVerdictJudge() as judge:
+        argo_doc = ci_spec(s3, cluster["model_uri"], "argo-run", judge.base_url)
+        spec_uri = put_spec(s3, argo_doc, "specs/ci-argo.yaml")
+        ex = cluster["make"]()
+        wf = ex.submit("mass-run", {"spec": spec_uri, "run": argo_doc["name"]})
+        assert wf.phase == "Succeeded", wf.summary()
+        answers_argo = list(judge.answers)
+
+        local_doc = ci_spec(s3, cluster["model_uri"], "local-run", judge.base_url)
+        local_spec = tmp_path / "local.yaml"
+        local_spec.write_text(yaml.safe_dump(local_doc))
+        # the model base and the judge model are s3:// on moto: the standard AWS chain points at it,
+        # as the pods' env does
+        env = {**os.environ, "AWS_ENDPOINT_URL": s3["endpoint_url"]}
+        proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "run", str(local_spec), "--work-dir",
+                               str(tmp_path / "work"), "--no-progress"], capture_output=True, text=True,
+                              timeout=1800, env=env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert judge.answers[len(answers_argo):] == answers_argo  # the panel was asked the same questions
+
+    run = argo_doc["name"]
+    argo_store, local_store = (open_store(StoreSpec(**d["store"])) for d in (argo_doc, local_doc))
+    got, want = manifests(argo_store, run), manifests(local_store, run)
+    assert sorted(got) == sorted(want)
+    assert len(got) > 40  # every step of both generations, per task, iteration and episode
+    differ = []
+    for prefix in want:
+        if got[prefix]["input_hash"] != want[prefix]["input_hash"]:
+            differ.append(f"{prefix}: input hash")
+        if sorted(got[prefix]["outputs"]) != sorted(want[prefix]["outputs"]):
+            differ.append(f"{prefix}: output keys")
+            continue
+        for key, digest in want[prefix]["outputs"].items():
+            if got[prefix]["outputs"][key] != digest and \
+                    timeless(argo_store, key) != timeless(local_store, key):
+                differ.append(f"{key}: content{archive_difference(argo_store, local_store, key)}")
+    if differ:  # keep what differs for the failure report
+        dump = Path(os.environ.get("ARGO_EXEC_DIFF_DIR", tmp_path / "diff"))
+        for name, st in (("argo", argo_store), ("local", local_store)):
+            for key in [d.split(":")[0] for d in differ if d.endswith("content")]:
+                if not key.endswith(".png") and "/step-" not in key:
+                    (dump / name / key).parent.mkdir(parents=True, exist_ok=True)
+                    (dump / name / key).write_bytes(st.get_bytes(key))
+            for prefix in [d.split(":")[0] for d in differ if d.endswith("input hash")]:
+                (dump / name / prefix).mkdir(parents=True, exist_ok=True)
+                (dump / name / prefix / "_manifest.json").write_text(json.dumps(
+                    st.get_json(f"{prefix}/_manifest.json"), indent=1))
+    assert not differ, "\n".join(differ)
+    report = f"{run}/report/report.json"
+    assert argo_store.get_json(report) == local_store.get_json(report)
+    # the cluster path: one InferenceService per generation, released; one trainer per generation,
+    # owned by the workflow and deleted with it
+    events = ex.cluster.events
+    assert [e for e in events if "InferenceService" in e] == [
+        f"{verb} InferenceService/mass-{run}-g{g}" for g in range(2) for verb in ("apply", "delete")]
+    assert [e for e in events if "PyTorchJob" in e] == [f"create PyTorchJob/{wf.name}-g{g}-train" for g in range(2)]
+    ex.delete_workflow(wf)
+    assert not ex.cluster.objects
+
+
+def one_generation(cluster, prefix: str, **overrides) -> tuple[dict, str]:
+    doc = ci_spec(cluster["s3"], cluster["model_uri"], prefix, generations=1, **overrides)
+    return doc, put_spec(cluster["s3"], doc, f"specs/{prefix}.yaml")
+
+
+def run_store(doc: dict):
+    return open_store(StoreSpec(**doc["store"]))
+
+
+@pytest.mark.slow
+def test_agent_pod_exit_1_is_retried_then_an_infra_error_episode(cluster):
+    doc, spec_uri = one_generation(cluster, "agent-crash")
+    crashed = []
+
+    def crash_fib_ep0(template, inputs, attempt):
+        if template == "agent-episode" and (inputs.get("task"), inputs.get("episode")) == ("fib", "0"):
+            crashed.append(attempt)
+            return 1  # the container dies (OOM, node loss) on every attempt
+        return None
+
+    ex = cluster["make"](faults=crash_fib_ep0)
+    wf = ex.submit("mass-cycle", {"spec": spec_uri, "run": doc["name"], "gen": "0"})
+    assert wf.phase == "Succeeded", wf.summary()
+    assert len(crashed) > 1 and crashed == list(range(len(crashed)))  # retried before giving up
+    store, run = run_store(doc), doc["name"]
+    summary = store.get_json(f"{run}/gen-0/collect/fib/summary.json")
+    outcomes = {e["id"]: e["outcome"] for e in summary["episodes"]}
+    assert outcomes["ep-0"] == "infra_error" and "ep-0" not in summary["eligible"]
+    assert set(outcomes) == {f"ep-{i}" for i in range(doc["collection"]["episodes"])}
+
+
+@pytest.mark.slow
+def test_task_that_did_not_beat_its_reference_is_skipped_without_failing(cluster):
+    # the random tiny model never wins a comparison: no task beats its bare reference
+    doc, spec_uri = one_generation(cluster, "skip", **{"collection.require_beats_reference": True})
+    ex = cluster["make"]()
+    wf = ex.submit("mass-cycle", {"spec": spec_uri, "run": doc["name"], "gen": "0"})
+    steps = re.compile(r"\.(collect|guard|rank)\(")
+    assert not [n.name for n in wf.failures() if steps.search(n.name)], wf.summary()
+    store, run = run_store(doc), doc["name"]
+    for task in ("fib", "primes"):
+        assert not store.get_json(f"{run}/gen-0/search/{task}/state.json")["beats_reference"]
+        summary = store.get_json(f"{run}/gen-0/collect/{task}/summary.json")
+        assert summary["skipped"] and not summary["eligible"]
+        assert store.get_json(f"{run}/gen-0/rank/{task}.json")["skipped"]
+    # no agent pod ran for a skipped task; with EVERY task skipped there is nothing to train on, and
+    # the generation stops at render with the local runner's message, not in collect/guard/rank
+    assert not wf.find(template="agent-episode", type="Pod")
+    assert wf.phase == "Failed" and {n.template for n in wf.failures()} == {"render"}, wf.summary()
+    assert all("no training windows" in n.log.read_text() for n in wf.failures())
+
+
+@pytest.mark.slow
+def test_stopped_during_training_resubmitted_resumes_from_checkpoint(cluster):
+    # enough steps after the first checkpoint that the stop lands mid-training on an idle machine too
+    doc, spec_uri = one_generation(cluster, "resume", **{"sft.steps": 16, "sft.save_every": 2, "sft.val_every": 4})
+    store, run = run_store(doc), doc["name"]
+    ex = cluster["make"]()
+    first = ex.submit("mass-cycle", {"spec": spec_uri, "run": run, "gen": "0"}, background=True)
+    while not first.done.is_set() and not store.list(f"{run}/gen-0/train/step-"):
+        first.done.wait(0.5)
+    assert not first.done.is_set(), first.summary()  # it reached a stored checkpoint while training
+    ex.stop(first)  # argo stop: the waiter ends, the exit handler deletes the InferenceService
+    first.done.wait()
+    assert first.phase == "Failed" and first.find(template="delete-model")
+    ex.delete_workflow(first)  # argo delete: the owned PyTorchJob goes with it
+    assert not ex.cluster.objects
+    import boto3
+
+    s3 = cluster["s3"]
+    client = boto3.client("s3", endpoint_url=s3["endpoint_url"], region_name=s3["region"])
+    prefix = f"{doc['store']['uri'].split('/', 3)[3]}/{run}/gen-0/train/step-"
+    stored = {o["Key"]: (o["ETag"], o["LastModified"])
+              for o in client.list_objects_v2(Bucket=s3["bucket"], Prefix=prefix)["Contents"]}
+    assert stored and not store.exists(f"{run}/gen-0/train/_manifest.json")  # stopped mid-training
+
+    second = ex.submit("mass-cycle", {"spec": spec_uri, "run": run, "gen": "0"})
+    assert second.phase == "Succeeded", second.summary()
+    after = {o["Key"]: (o["ETag"], o["LastModified"])
+             for o in client.list_objects_v2(Bucket=s3["bucket"], Prefix=prefix)["Contents"]}
+    assert {k: after[k] for k in stored} == stored  # resumed: what was stored before the stop is untouched
+    assert store.exists(f"{run}/gen-0/train/_manifest.json") and store.exists(f"{run}/gen-1/model/config.json")

@@ -1,0 +1,248 @@
+"""The pipeline table (mass_jobs/pipeline.py): one definition the local runner, `mass status` and the
+Argo compiler derive from; done-checks are the cores' own input hashes; a changed spec is refused.
+
+    .venv/bin/python -m pytest -q tests/test_pipeline.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from mass_jobs import pipeline as P
+from mass_jobs.cli import COMMANDS, main as cli_main
+from mass_jobs.context import RunContext, spec_changes
+from mass_jobs.runner import Runner, step_status
+from mass_jobs.spec import load_spec, SpecError, validate_document
+from mass_jobs.store import Step
+from tests.fixtures.inner_loop import add_episodes, episode, spec_document
+from tests.fixtures.k8s import load_docs
+
+SPEC = "{{workflow.parameters.spec}}"
+GEN = "{{inputs.parameters.gen}}"
+
+
+def _templates(doc):
+    return {t["name"]: t for t in doc["spec"]["templates"]}
+
+
+def _cycle_order(doc):
+    return [s["name"] for group in _templates(doc)["cycle"]["steps"] for s in group]
+
+
+def test_the_table_is_well_formed():
+    names = [s.name for s in P.PIPELINE]
+    assert names == ["search", "collect", "guard", "rank", "render", "train", "select", "merge", "evaluate", "report"]
+    assert len(set(names)) == len(names)
+    for s in P.PIPELINE:
+        assert callable(s.core_function()), s.name
+        assert s.entry[0] in COMMANDS, s.name
+        assert s.reads and s.writes and all(callable(getattr(RunContext, k)) for k in (*s.reads, *s.writes))
+    assert [s.name for s in P.PIPELINE if s.model] == ["search", "collect", "rank"]
+    assert {s.pod for s in P.PIPELINE} == {"step", "agent", "trainer", "server"}
+    with pytest.raises(ValueError, match="not a RunContext key method"):
+        P.StepDef("x", "generation", "m:f", ("x",), P.render_done, reads=("sft_dir",))
+    with pytest.raises(ValueError, match="scope must be one of"):
+        P.StepDef("x", "epoch", "m:f", ("x",), P.render_done)
+
+
+def test_argv_is_the_cli_entry_per_scope():
+    by = {s.name: s for s in P.PIPELINE}
+    assert by["guard"].argv("s.yaml", 2, "t1") == ["guard", "--spec", "s.yaml", "--gen", "2", "--task", "t1"]
+    assert by["render"].argv("s.yaml", 0) == ["render", "sft", "--spec", "s.yaml", "--gen", "0"]
+    assert by["train"].argv("s.yaml", 1) == ["train", "--spec", "s.yaml", "--gen", "1", "--resume"]
+    assert by["evaluate"].argv("s.yaml", 1) == ["evaluate", "--spec", "s.yaml", "--gen", "2"]  # evaluates L_g+1
+    assert by["report"].argv("s.yaml", 3) == ["report", "--spec", "s.yaml"]
+
+
+def _extended(extra: P.StepDef, before: str) -> tuple:
+    i = [s.name for s in P.PIPELINE].index(before)
+    return (*P.PIPELINE[:i], extra, *P.PIPELINE[i:])
+
+
+def test_a_step_added_to_the_table_appears_in_runner_status_and_templates(monkeypatch, make_store, inner_spec,
+                                                                          tmp_path):
+    """One StepDef, no other edit: the runner plans and runs it, `mass status` lists it, the Argo
+    compiler emits its template and cycle step, and `mass validate --outputs` reports its done flag."""
+    from mass_jobs.commands.validate import done_outputs
+    from mass_jobs.k8s import codegen
+
+    def audit_step(ctx, g):
+        return Step(ctx.store, f"{ctx.gen(g)}/audit-gen", {"episodes": ctx.spec.collection.episodes})
+
+    extra = P.StepDef("audit-gen", "generation", "mass_jobs.audit:audit_episode", ("audit-gen",),
+                      done=lambda ctx, g, _t: audit_step(ctx, g).done, reads=("collect_episode",), writes=("gen",))
+    monkeypatch.setattr(P, "PIPELINE", _extended(extra, "evaluate"))
+    store = make_store("file")
+    spec = inner_spec(store, generations=2)
+    ctx = RunContext(spec, store)
+
+    runner = Runner("spec.yaml", spec, store, work_dir=tmp_path, progress=False)
+    plan = runner.plan()
+    assert plan.index((0, "audit-gen")) == plan.index((0, "merge")) + 1 == plan.index((0, "evaluate")) - 1
+    assert (1, "audit-gen") in plan and plan[-1] == (2, "report")
+    called = []
+    monkeypatch.setattr(runner, "_mass", lambda *argv: called.append(list(argv)))
+    assert runner.execute_step(extra, 1) is False  # not stored: its CLI entry runs, as a container would
+    assert called == [["audit-gen", "--spec", "spec.yaml", "--gen", "1"]]
+
+    rows = {(r["gen"], r["step"]): r["status"] for r in step_status(ctx)}
+    assert rows[(0, "audit-gen")] == rows[(1, "audit-gen")] == "pending"
+    audit_step(ctx, 0).finish([])
+    rows = {(r["gen"], r["step"]): r["status"] for r in step_status(ctx)}
+    assert (rows[(0, "audit-gen")], rows[(1, "audit-gen")]) == ("done", "pending")
+    assert runner.execute_step(extra, 0) is True and len(called) == 1  # stored: skipped
+    assert done_outputs(ctx, 0)["done-audit-gen"] == "true" and done_outputs(ctx, 1)["done-audit-gen"] == "false"
+
+    cycle = load_docs(codegen.argo_files()["argo/mass-cycle.yaml"])[0]
+    t = _templates(cycle)
+    assert t["audit-gen"]["container"]["args"] == ["audit-gen", "--spec", SPEC, "--gen", GEN]
+    order = _cycle_order(cycle)
+    assert order.index("audit-gen") == order.index("merge") + 1 == order.index("evaluate") - 1
+    assert "done-audit-gen" in {p["name"] for p in t["validate"]["outputs"]["parameters"]}
+
+
+def test_task_scoped_and_model_steps_compile_to_fanouts_and_endpoint_flags(monkeypatch):
+    from mass_jobs.k8s import argo
+    from mass_jobs.k8s.settings import ClusterSettings
+
+    extra = P.StepDef("score", "task", "mass_jobs.steps.rank:run_rank", ("score",), P.rank_done,
+                      reads=("rank",), writes=("rank",), model=True)
+    cycle = argo.mass_cycle(ClusterSettings(), _extended(extra, "render"))
+    t = _templates(cycle)
+    assert t["score"]["container"]["args"][:7] == ["score", "--spec", SPEC, "--gen", GEN, "--task",
+                                                   "{{inputs.parameters.task}}"]
+    assert "--endpoint" in t["score"]["container"]["args"]
+    order = _cycle_order(cycle)
+    # the model server is released after its last user, now the added step
+    assert order.index("release-model") == order.index("score") + 1 < order.index("render")
+    step = next(s for g in t["cycle"]["steps"] for s in g if s["name"] == "score")
+    assert step["withParam"] == "{{steps.validate.outputs.parameters.tasks}}"
+
+
+# ---------------------------------------------------------------- a changed spec
+
+
+def _write_spec(path, doc) -> str:
+    (path.parent / doc["model"]["base"]).mkdir(exist_ok=True)  # model locations are checked: it must exist
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_a_changed_spec_on_an_existing_run_is_refused_naming_what_changed(make_store, tmp_path, capsys):
+    store = make_store("file")
+    doc = spec_document(store.spec.uri)
+    ctx = RunContext(validate_document(doc), store)
+    ctx.claim_spec()
+    assert store.get_json(ctx.spec_key())["collection"]["episodes"] == 4
+    ctx.claim_spec()  # the same spec again: fine
+
+    changed = {**doc, "collection": {**doc["collection"], "episodes": 6},
+               "ranking": {**doc["ranking"], "verdict_retries": 0}}
+    with pytest.raises(SpecError) as err:
+        RunContext(validate_document(changed), store).claim_spec()
+    paths = [i.path for i in err.value.issues]
+    assert paths == ["$.collection.episodes", "$.ranking.verdict_retries"]
+    assert "stored run has 4, this spec has 6" in str(err.value)
+    assert store.get_json(ctx.spec_key())["collection"]["episodes"] == 4  # nothing recorded
+
+    # every step entry refuses it (exit 2 naming the field) before touching the store
+    path = _write_spec(tmp_path / "changed.yaml", changed)
+    assert cli_main(["guard", "--spec", path, "--gen", "0", "--task", "t1"]) == 2
+    assert "$.collection.episodes: stored run has 4, this spec has 6" in capsys.readouterr().err
+    # so does the local runner, before its run-state is written
+    with pytest.raises(SpecError, match=r"\$.collection.episodes"):
+        Runner(path, validate_document(changed), store, work_dir=tmp_path, progress=False).run()
+    assert not store.exists(ctx.run_state())
+    # mass status still reads the run and names the difference
+    assert cli_main(["status", path, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["spec_changes"][0].startswith("$.collection.episodes: stored run has 4")
+
+    # more generations extend the run: not a change of any stored step
+    longer = {**doc, "generations": 3}
+    RunContext(validate_document(longer), store).claim_spec()
+    assert store.get_json(ctx.spec_key())["generations"] == 3
+
+
+def test_spec_changes_lists_leaves():
+    assert spec_changes({"a": {"b": [1, 2]}, "c": 1}, {"a": {"b": [1, 3]}, "c": 1}) == [("$.a.b[1]", 2, 3)]
+    assert spec_changes({"a": [1]}, {"a": [1, 2]}) == [("$.a", [1], [1, 2])]
+    assert spec_changes({"generations": 1}, {"generations": 2}) == []
+
+
+# ---------------------------------------------------------------- status from the store alone
+
+
+def test_status_is_read_from_the_store_whatever_executed_the_steps(make_store, inner_spec, judging_endpoint,
+                                                                   tmp_path, capsys):
+    """The Argo containers' CLI calls, by hand, with no runner and no run-state: `mass status` shows
+    the same done rows the local runner's store would; the done-checks follow input hashes."""
+    store = make_store("file")
+    doc = spec_document(store.spec.uri, search={"iterations": 0})
+    path = _write_spec(tmp_path / "spec.yaml", doc)
+    spec = load_spec(path)  # as the CLI entries read it (model location resolved against its folder)
+    ctx = RunContext(spec, store)
+    ctx.claim_spec()
+    ep = judging_endpoint()
+    add_episodes(ep, episode(5), episode(5))  # a tie with the bare reference: the task is skipped
+    model = ["--endpoint", ep.endpoint.base_url, "--served-model", ep.endpoint.model]
+    base = ["--spec", path, "--gen", "0", "--task", "t1"]
+
+    def rows():
+        return {r["step"]: r["status"] for r in step_status(ctx) if r["gen"] == 0}
+
+    assert set(rows().values()) == {"pending"}
+    assert cli_main(["search", *base, "--iteration", "0", *model]) == 0
+    assert rows()["search"] == "done" and rows()["collect"] == "pending"
+    out = tmp_path / "outputs"
+    for i in range(spec.collection.episodes):  # prepare: a skipped task needs no agent pod
+        assert cli_main(["collect", *base, "--episode", str(i), "--phase", "prepare", *model, "--outputs", str(out)]) == 0
+        assert (out / "agent").read_text() == "false"
+    assert not store.list(ctx.collect(0, "t1") + "/")  # no input, no summary before the summary step
+    assert rows()["collect"] == "pending"
+    assert cli_main(["collect", *base, "--phase", "summarize"]) == 0
+    assert cli_main(["guard", *base]) == 0
+    assert cli_main(["rank", *base, *model]) == 0
+    capsys.readouterr()
+    got = rows()
+    assert [got[s] for s in ("search", "collect", "guard", "rank", "render")] == ["done"] * 4 + ["pending"]
+    assert not store.exists(ctx.run_state())
+    assert cli_main(["status", path, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [r for r in shown["steps"] if r["gen"] == 0][:4] == [
+        {"gen": 0, "step": "search", "status": "done", "detail": "1/1 tasks"},
+        {"gen": 0, "step": "collect", "status": "done", "detail": "1/1 tasks"},
+        {"gen": 0, "step": "guard", "status": "done", "detail": "1/1 tasks"},
+        {"gen": 0, "step": "rank", "status": "done", "detail": "1/1 tasks"}]
+    # a done-check is the input hash, not "a manifest exists": a new guard input makes guard pending
+    summary_key = ctx.collect_summary(0, "t1")
+    store.put_json(summary_key, {**store.get_json(summary_key), "note": "rewritten"})
+    # (and collect is pending too: its stored output no longer matches its manifest, so it is redone)
+    assert rows()["guard"] == "pending" and rows()["collect"] == "pending"
+
+
+def test_model_locations_resolve_through_the_specs_s3_endpoint(tiny_model_dir, s3_env, tmp_path, monkeypatch):
+    """A base model (and a judge) at s3:// on a non-AWS endpoint: evaluate's servers find them with
+    the spec's store endpoint, not only when AWS_ENDPOINT_URL happens to be set."""
+    import os
+
+    from mass_jobs import modelio
+    from mass_jobs.modelio import store_model_dir
+    from mass_jobs.steps.evaluate import local_model_dir
+
+    monkeypatch.setattr(modelio, "DEFAULT_CACHE", tmp_path / "model-cache")  # the base's download cache
+    from mass_jobs.store import open_store
+
+    assert "AWS_ENDPOINT_URL" not in os.environ
+    models = open_store(f"s3://{s3_env['bucket']}", endpoint_url=s3_env["endpoint_url"])
+    store_model_dir(models, "models/tiny", tiny_model_dir)
+    doc = spec_document(f"s3://{s3_env['bucket']}/runs", model={"base": f"s3://{s3_env['bucket']}/models/tiny"})
+    doc["store"]["endpoint_url"] = s3_env["endpoint_url"]
+    spec = validate_document(doc)
+    ctx = RunContext(spec, open_store(spec.store))
+    local = local_model_dir(ctx, 0, tmp_path / "cache")
+    assert (local / "model.safetensors").read_bytes() == (tiny_model_dir / "model.safetensors").read_bytes()
+    assert local.is_relative_to(tmp_path / "model-cache")
