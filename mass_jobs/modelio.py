@@ -27,6 +27,11 @@ class ModelLocationError(ValueError):
     """A model location that is neither an existing directory, an s3:// URI nor a hub id."""
 
 
+def looks_like_hub_id(location: str) -> bool:
+    """'org/name' or 'org/name@rev', and not a path ('./x', '/x', '~/x')."""
+    return not location.startswith(("/", ".", "~")) and bool(_HUB_ID.match(location))
+
+
 def cache_path(location: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """The cache directory for a remote location: readable tail + hash of the full URI."""
     digest = hashlib.sha256(location.encode("utf-8")).hexdigest()[:16]
@@ -50,14 +55,21 @@ def resolve_model(location, cache_dir=None, store_options: dict | None = None) -
         return path
     if path.exists():
         raise ModelLocationError(f"model location {loc!r}: expected a directory, found a file")
-    if loc.startswith(("/", ".", "~")) or not _HUB_ID.match(loc):
+    if not looks_like_hub_id(loc):
         raise ModelLocationError(
             f"model location {loc!r}: no such directory, and not an s3:// URI or a hub id like 'org/name[@rev]'"
         )
     from huggingface_hub import snapshot_download
 
     repo_id, _, revision = loc.partition("@")
-    return Path(snapshot_download(repo_id, revision=revision or None, cache_dir=cache_dir))
+    try:
+        return Path(snapshot_download(repo_id, revision=revision or None, cache_dir=cache_dir))
+    except Exception as exc:  # offline, no such repo, gated: say which location and why, in one line
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ModelLocationError(
+            f"model location {loc!r}: no such directory ({Path(loc).resolve()}), so it was taken for a hub id, "
+            f"and fetching it from the Hugging Face Hub failed: {type(exc).__name__}: {first}"
+        ) from exc
 
 
 def _download_s3(uri: str, dest: Path, store_options: dict) -> Path:
@@ -108,7 +120,9 @@ def fetch_stored_model(store, key: str, dest, label: str | None = None) -> Path:
             for k in keys:
                 store.get_file(k, tmp / k[len(key) + 1 :])
         elif store.exists(key):
-            store.get_dir(key, tmp)
+            from mass_jobs.store import MODEL_LIMITS
+
+            store.get_dir(key, tmp, MODEL_LIMITS)
         else:
             raise ModelLocationError(f"model location {label!r}: no objects under {key + '/'!r} and no archive at {key!r}")
         (tmp / COMPLETE_MARKER).write_text(label + "\n")

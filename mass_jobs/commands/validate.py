@@ -1,14 +1,15 @@
 """`mass validate SPEC`: exit 0 when the spec is valid, exit 2 listing every error (path, expected, found).
 
-With `--gen G --outputs DIR` it also writes the small values the Argo templates fan out over
-(docs/architecture.md, "Argo"): the first step of every cycle is this validation, so a bad spec
-stops the workflow before anything is created or written.
+With `--gen G --outputs DIR` it is the first step of every Argo cycle: it records the spec in the
+run's store (refusing, exit 2, a spec that differs from the one an existing run was made with),
+checks the spec against the cluster it runs on (`--artifact-bucket`, `--max-model-len`: the chart's
+values) and writes the small values the templates fan out over and branch on (docs/architecture.md,
+"Argo"), so a bad spec stops the workflow before anything is created.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 
@@ -16,50 +17,157 @@ def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec: a YAML/JSON path or an s3:// URI")
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
     parser.add_argument("--gen", type=int, default=0, help="generation the outputs are for (with --outputs)")
-    parser.add_argument("--outputs", metavar="DIR", help="also write the Argo step outputs into DIR")
+    parser.add_argument("--outputs", metavar="DIR", help="also write the Argo step outputs into DIR (records the spec)")
+    parser.add_argument("--artifact-bucket", metavar="BUCKET",
+                        help="the Argo artifact repository's bucket: the run's store must be in it (agent pods "
+                             "exchange episodes as artifacts)")
+    parser.add_argument("--run", metavar="NAME",
+                        help="the workflow's run parameter: must be the spec's name (it names the InferenceService "
+                             "and the served model)")
+    parser.add_argument("--max-model-len", type=int, metavar="N",
+                        help="the model server's --max-model-len: the spec's sampling.context_length and "
+                             "max_output_tokens must fit it (vLLM rejects longer requests)")
+
+
+def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None) -> list:
+    """What a spec asks that the cluster it is submitted to cannot give (SpecIssue each)."""
+    from mass_jobs.spec import SpecIssue
+
+    issues = []
+    if artifact_bucket is not None:
+        bucket = spec.store.uri.removeprefix("s3://").partition("/")[0]
+        if bucket != artifact_bucket:
+            issues.append(SpecIssue("$.store.uri", f"expected a store in the artifact repository's bucket "
+                                                   f"{artifact_bucket!r} (chart value s3.bucket), found bucket {bucket!r}"))
+    if max_model_len is not None:
+        s = spec.model.sampling
+        if s.context_length > max_model_len:
+            issues.append(SpecIssue("$.model.sampling.context_length",
+                                    f"expected at most the server's max model length {max_model_len} "
+                                    f"(chart value model.maxModelLen), found {s.context_length}"))
+        if s.max_output_tokens >= max_model_len:
+            issues.append(SpecIssue("$.model.sampling.max_output_tokens",
+                                    f"expected less than the server's max model length {max_model_len} "
+                                    f"(chart value model.maxModelLen), found {s.max_output_tokens}"))
+    # Step pods reach the store at the chart's endpoint (env AWS_ENDPOINT_URL / AWS_REGION); a spec
+    # that names another one would read and write a different store than Argo's artifacts.
+    import os
+
+    for field, env in (("endpoint_url", "AWS_ENDPOINT_URL"), ("region", "AWS_REGION")):
+        mine, pods = getattr(spec.store, field), os.environ.get(env)
+        if artifact_bucket is not None and mine and pods and mine.rstrip("/") != pods.rstrip("/"):
+            issues.append(SpecIssue(f"$.store.{field}", f"expected the cluster's {pods!r} ({env} of the step pods, "
+                                                        f"chart values s3.*), found {mine!r}"))
+    base = spec.model.base
+    if not base.startswith("s3://") and not _hub_id(base):
+        issues.append(SpecIssue("$.model.base", f"expected an s3:// URI or a hub id 'org/name[@revision]' a cluster "
+                                                f"can download, found {base!r}"))
+    return issues
+
+
+def _hub_id(loc: str) -> bool:
+    from mass_jobs.modelio import _HUB_ID
+
+    return bool(_HUB_ID.match(loc)) and not loc.startswith(("/", ".", "~"))
+
+
+def model_uri(spec, gen: int, bucket: str, run_prefix: str) -> str:
+    """The storageUri KServe downloads L_gen from.
+
+    S3 dirs end in '/': KServe lists objects by plain key prefix, so `.../gen-1/model` would also
+    download `.../gen-1/model-fp8/` (kserve python/storage/kserve_storage/kserve_storage.py,
+    Storage._download_s3, v0.20.0). Hub ids become `hf://org/name[:revision]`: KServe's
+    Storage._download_hf splits on exactly one '/' and takes the revision after ':'.
+    """
+    from mass_jobs.context import RunContext
+
+    if gen == 0:
+        base = spec.model.base
+        if base.startswith("s3://"):
+            return base.rstrip("/") + "/"
+        repo, _, revision = base.partition("@")
+        return f"hf://{repo}" + (f":{revision}" if revision else "")
+    ctx = RunContext.template(run_prefix)
+    return f"s3://{bucket}/{ctx.model(gen)}/"
 
 
 def argo_outputs(spec, gen: int) -> dict[str, str]:
-    """File name -> content of the values a cycle's Argo steps read (all small: ids, counts, URIs)."""
-    from mass_jobs.context import RunContext
-
+    """File name -> content of the values a cycle's Argo steps fan out over (ids, counts, URIs)."""
     train = [t.id for t in spec.resolved_tasks() if t.split == "train"]
     bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
     run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
-    if gen == 0:
-        base = spec.model.base
-        model_uri = base if base.startswith("s3://") else f"hf://{base}"
-    else:  # merged models are stored as plain objects under the run, where KServe can fetch them
-        model_key = RunContext(spec, None).model(gen).removeprefix(f"{spec.name}/")
-        model_uri = f"s3://{bucket}/{run_prefix}/{model_key}"
     return {
         "train-tasks.json": json.dumps(train),
         "episodes.json": json.dumps([{"task": t, "episode": i} for t in train for i in range(spec.collection.episodes)]),
         "search-iterations": str(spec.search.iterations + 1),  # iteration 0 runs the reference and initial workflow
-        "model-uri": model_uri,
+        "model-uri": model_uri(spec, gen, bucket, run_prefix),
         "generations": str(spec.generations),
         "store-prefix": run_prefix,
+        # the PyTorchJob's world is the spec's: sft.replicas pods x max(1, gpus_per_replica) processes
+        "trainer-workers": str(spec.sft.replicas - 1),
+        "trainer-nproc": str(max(1, spec.sft.gpus_per_replica)),
+        "trainer-gpus": str(spec.sft.gpus_per_replica),
     }
 
 
+def done_outputs(ctx, gen: int, pipeline=None) -> dict[str, str]:
+    """What is stored already, by each step's own done-check: `done-<step>` for generation `gen`,
+    `needs-model` (a model step of it is not done) and `run-done`. The templates skip GPU steps
+    and the model server that have nothing to do (a re-submitted or scheduled finished run)."""
+    from mass_jobs import pipeline as P
+
+    spec, tasks = ctx.spec, P.train_task_ids(ctx)
+    gen_steps = P.generation_steps(pipeline)
+    done = {s.name: gen >= spec.generations or s.is_done(ctx, gen, tasks) for s in gen_steps}
+    out = {P.done_output(name): _flag(flag) for name, flag in done.items()}
+    out["needs-model"] = _flag(any(not done[s.name] for s in gen_steps if s.model))
+    out["run-done"] = _flag(all(s.is_done(ctx, g, tasks) for g in range(spec.generations) for s in gen_steps)
+                            and all(s.is_done(ctx, spec.generations, tasks) for s in P.run_steps(pipeline)))
+    return out
+
+
+def _flag(b: bool) -> str:
+    return "true" if b else "false"
+
+
 def main(args) -> int:
-    from mass_jobs.spec import load_spec
+    from mass_jobs.spec import SpecError, load_spec
 
     spec = load_spec(args.spec)  # a SpecError exits 2 listing every issue (mass_jobs.cli)
     if args.outputs:
+        from mass_jobs.context import RunContext
+        from mass_jobs.spec import SpecIssue
+        from mass_jobs.store import open_store
+
+        issues = []
         if not 0 <= args.gen <= spec.generations:
-            print(f"--gen: expected 0..{spec.generations} (generations), found {args.gen}", file=sys.stderr)
-            return 2
+            issues.append(SpecIssue("--gen", f"expected 0..{spec.generations} (generations), found {args.gen}"))
         if not spec.store.uri.startswith("s3://"):
-            print(f"$.store.uri: expected an s3:// URI for Argo outputs, found {spec.store.uri!r}", file=sys.stderr)
-            return 2
+            issues.append(SpecIssue("$.store.uri", f"expected an s3:// URI for Argo outputs, found {spec.store.uri!r}"))
+        issues += cluster_issues(spec, args.artifact_bucket, args.max_model_len)
+        if args.run is not None and args.run != spec.name:
+            issues.append(SpecIssue("--run", f"expected the spec's name {spec.name!r} (argo submit -p run=...), "
+                                             f"found {args.run!r}"))
+        if issues:
+            raise SpecError(args.spec, issues)
+        ctx = RunContext(spec, open_store(spec.store))
+        ctx.claim_spec()  # a changed spec on an existing run: SpecError naming each changed field
         out = Path(args.outputs)
         out.mkdir(parents=True, exist_ok=True)
-        for name, text in argo_outputs(spec, args.gen).items():
+        for name, text in {**argo_outputs(spec, args.gen), **done_outputs(ctx, args.gen)}.items():
             (out / name).write_text(text)
+    elif args.artifact_bucket or args.max_model_len:
+        issues = cluster_issues(spec, args.artifact_bucket, args.max_model_len)
+        if issues:
+            raise SpecError(args.spec, issues)
     if not args.quiet:
+        from mass_jobs.spec import model_location_notes
+
+        for note in model_location_notes(spec):
+            print(f"note: {note}")
         tasks = spec.resolved_tasks()
         n_train = sum(t.split == "train" for t in tasks)
         print(f"{args.spec}: valid run spec {spec.name!r}: {len(tasks)} task(s) ({n_train} train, "
               f"{len(tasks) - n_train} test), {spec.generations} generation(s), store {spec.store.uri}")
     return 0
+

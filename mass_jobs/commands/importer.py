@@ -1,0 +1,31 @@
+"""`mass import upstream DIR --out DIR`: convert an upstream MASS task directory (splits.json,
+bare/ prompts, initial/ task-plus-agent-list files) to native task files, one YAML per task, and
+print the `tasks:` entries a spec lists them with (see mass_jobs.upstream_tasks).
+One upstream file can also be used as is: `{file: x.txt, format: upstream, id: ..., split: ...}`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="import_what", metavar="FORMAT", required=True)
+    what = "convert an upstream MASS task directory (with splits.json) to native task files"
+    up = sub.add_parser("upstream", help=what, description=what)
+    up.add_argument("dir", metavar="DIR", help="the upstream task directory (holds splits.json)")
+    up.add_argument("--out", required=True, metavar="DIR", help="where the task files are written (created)")
+
+
+def main(args) -> int:
+    from mass_jobs.upstream_tasks import convert, write
+
+    docs, notes = convert(Path(args.dir))  # a SpecError exits 2 naming every missing file or key
+    paths = write(docs, Path(args.out))
+    print(f"{len(paths)} task file(s) written to {args.out}; list them in a spec (paths relative to the spec):")
+    print("tasks:")
+    for p in paths:
+        print(f"  - file: {os.path.relpath(p)}")
+    for note in notes:
+        print(f"note: {note}")
+    return 0

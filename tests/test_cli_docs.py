@@ -1,0 +1,82 @@
+"""The CLI table of docs/architecture.md agrees with the parser: every command and sub-command has
+a row and a description; each documented form names only options its `--help` lists, names every
+required one, and takes the run spec the one way (`mass CMD SPEC`); `--spec SPEC` works too."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mass_jobs.cli import COMMANDS, build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTION = (ROOT / "docs" / "architecture.md").read_text().split("## CLI", 1)[1].split("\n## ", 1)[0]
+FORMS = [f for row in SECTION.splitlines() if row.startswith("| `mass ")
+         for f in re.findall(r"`(mass [^`]+)`", row.split(" | ")[0])]
+
+
+def leaf_parsers() -> dict[str, argparse.ArgumentParser]:
+    """'render sft' -> its parser, for every command and nested sub-command."""
+    out = {}
+
+    def walk(name, parser):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            out[name] = parser
+        for child_name, child in (subs[0].choices.items() if subs else []):
+            walk(f"{name} {child_name}", child)
+
+    for name in COMMANDS:
+        root = build_parser(name)
+        sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+        walk(name, sub.choices[name])
+    return out
+
+
+LEAVES = leaf_parsers()
+
+
+def documented(name: str) -> list[str]:
+    return [f for f in FORMS if f == f"mass {name}" or f.startswith(f"mass {name} ")]
+
+
+def test_every_command_and_sub_command_has_a_row_and_every_row_a_command():
+    assert sorted(n for n in LEAVES if not documented(n)) == []
+    named = {" ".join(f.split()[1:3]) if " ".join(f.split()[1:3]) in LEAVES else f.split()[1] for f in FORMS}
+    assert named == set(LEAVES)
+
+
+@pytest.mark.parametrize("name", sorted(LEAVES))
+def test_help_and_the_table_agree(name):
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", *name.split(), "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    usage, _, rest = proc.stdout.partition("\n\n")
+    description = rest.split("\n\n")[0].strip()
+    assert description and not description.startswith(("positional arguments", "options")), f"{name}: no description"
+    listed = set(re.findall(r"--[a-z][a-z-]*", proc.stdout))
+    parser = LEAVES[name]
+    required = {a.option_strings[0] for a in parser._actions if a.required and a.option_strings}
+    takes_spec = any(a.dest == "spec" for a in parser._actions)
+    for form in documented(name):
+        options = set(re.findall(r"--[a-z][a-z-]*", form))
+        assert options <= listed, f"{form!r}: not in `mass {name} --help`: {sorted(options - listed)}"
+        assert required <= options, f"{form!r}: leaves out required {sorted(required - options)}"
+        assert ("SPEC" in form.split()) == takes_spec, f"{form!r}: the run spec is `mass {name} SPEC`"
+        assert "--spec" not in options, f"{form!r}: documents --spec instead of SPEC"
+
+
+def test_spec_positional_and_flag_are_the_same(tmp_path, capsys):
+    missing = str(tmp_path / "none.yaml")
+    for argv in (["report", missing], ["report", "--spec", missing], ["status", missing], ["status", "--spec", missing]):
+        assert main(argv) == 2
+        assert f"$: expected a spec file, found nothing at {missing!r}" in capsys.readouterr().err
+    assert main(["report"]) == 2
+    assert capsys.readouterr().err.strip() == "mass report: expected one run spec (`mass report SPEC`), found none"
+    assert main(["guard", "a.yaml", "--spec", "b.yaml", "--gen", "0", "--task", "t"]) == 2
+    assert "found a.yaml and b.yaml" in capsys.readouterr().err

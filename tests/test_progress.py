@@ -1,0 +1,85 @@
+"""Progress of long work: the runner's plain (`--no-progress`) lines and ETA, the per-generation
+rollout counter, and `mass model tiny --warm` printing its steps and loss."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+
+from mass_jobs.progress import Display, Eta, PerKey
+
+
+def test_plain_display_prints_each_step_its_notes_and_an_eta():
+    out = io.StringIO()
+    with Display(total=3, enabled=False, stream=out, note_every_s=3600) as d:
+        d.step("L0 search")
+        d.note("search task 1/2 fib", 0, 2)  # the first note of a step is printed
+        d.note("search task 2/2 primes", 1, 2)  # throttled
+        d.note("episode 5", 5, 5)  # the last one always
+        d.done("L0 search", skipped=False, seconds=30.0)
+        d.step("L0 collect")
+        d.done("L0 collect", skipped=True, seconds=0.1)
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "start L0 search (step 1/3, ETA unknown)",
+        "  L0 search: search task 1/2 fib [0/2]",
+        "  L0 search: episode 5 [5/5]",
+        "done L0 search (30.0s; 1/3 steps, ETA ~1:00)",
+        "start L0 collect (step 2/3, ETA ~1:00)",
+        "skip L0 collect (0.1s; 2/3 steps, ETA ~0:30)",
+    ]
+
+
+def test_eta_counts_only_steps_that_did_work():
+    eta = Eta(total=10)
+    for _ in range(4):
+        eta.add(0.01, skipped=True)
+    assert eta.text() == "ETA unknown"
+    eta.add(60, skipped=False)
+    eta.add(120, skipped=False)
+    assert eta.text() == "ETA ~6:00"  # 4 steps left at a mean of 90 s
+    for _ in range(4):
+        eta.add(1, skipped=True)
+    assert eta.text() == "ETA 0:00"
+
+
+def test_rollout_counter_is_per_generation_and_never_passes_its_total():
+    """Evaluating L2 runs the rollouts of L2 and its baselines: 2 x 9 records against a total of 9
+    each; one shared counter showed 18/9."""
+    counts = PerKey()
+    shown = [counts.add(("rollout", g)) for g in (2, 1) for _ in range(9)]
+    assert max(shown) == 9 and shown[8] == 9 and shown[9] == 1
+
+
+def test_warm_build_prints_steps_and_loss(tmp_path, capsys):
+    from mass_jobs.cli import main
+
+    assert main(["model", "tiny", "--out", str(tmp_path / "m"), "--warm", "--steps", "4", "--every", "2"]) == 0
+    err = capsys.readouterr().err
+    steps = re.findall(r"warm-up step (\d+)/4  loss ([0-9.]+)  elapsed \d+:\d\d  ETA \d+:\d\d", err)
+    assert [int(s) for s, _ in steps] == [1, 2, 4]
+    assert all(math.isfinite(float(loss)) and float(loss) > 0 for _, loss in steps)
+    assert (tmp_path / "m" / "model.safetensors").exists()
+
+
+def test_run_without_progress_prints_step_lines(tmp_path):
+    """`mass run --no-progress` through the real runner: the first step's start and task lines come
+    out before anything fails (an empty model dir: the server cannot start)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    (tmp_path / "empty").mkdir()
+    doc = {"name": "p", "model": {"base": "empty"}, "tasks": [{"id": "t", "split": "train", "prompt": "do it"}],
+           "store": {"uri": "file://store"}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "run", "spec.yaml", "--no-progress", "--work-dir", "w"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[:3] == [
+        "start L0 search (step 1/19, ETA unknown)",  # 9 steps x 2 generations + the report
+        "  L0 search: search task 1/1 t [0/1]",
+        "run failed: model server exited with code 1 before it was healthy:",
+    ]

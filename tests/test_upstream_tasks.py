@@ -1,0 +1,117 @@
+"""The upstream MASS task format: used as is (`format: upstream`, carrying id, split, deliverables,
+guards and files), converted (`mass import upstream DIR`), and a clear error when `format` is
+missing. Task texts here are written for the test, shaped like upstream's (task text, the marker
+line, a JSON agent list, then general instructions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from mass_jobs.cli import main
+from mass_jobs.spec import load_spec
+from mass_jobs.workflow import UPSTREAM_MARKER, import_upstream
+
+TASK = "Write fib.py that prints the first 10 Fibonacci numbers.\\n\\nDeliverables:\\n1) fib.py"
+AGENTS = [{"agent_id": "agent_orchestrator", "role": "Lead", "instruction": "Plan and delegate."},
+          {"agent_id": "agent_coder", "role": "Coder", "instruction": "Write the code."}]
+TAIL = "Use uv for all Python workflows. Write your plan in logs.txt."
+
+
+def upstream_text(task: str = TASK) -> str:
+    return f"{task}\n\n{UPSTREAM_MARKER} \n{json.dumps(AGENTS, indent=2)}\n\n{TAIL} "
+
+
+def spec_with(tmp_path: Path, *entries: dict) -> Path:
+    (tmp_path / "model").mkdir(exist_ok=True)
+    doc = {"name": "up", "model": {"base": "model"}, "tasks": list(entries), "store": {"uri": "file://runs"}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    return tmp_path / "spec.yaml"
+
+
+def test_instructions_after_the_agent_list_belong_to_the_prompt():
+    prompt, wf = import_upstream(upstream_text())
+    assert prompt == f"{TASK}\n\n{TAIL}"
+    assert [a.id for a in wf.agents] == ["agent-orchestrator", "agent-coder"]
+
+
+def test_an_upstream_task_carries_deliverables_guards_and_files(tmp_path):
+    (tmp_path / "q1.txt").write_text(upstream_text())
+    spec = load_spec(spec_with(tmp_path, {
+        "file": "q1.txt", "format": "upstream", "id": "q1", "split": "train", "deliverables": ["fib.py"],
+        "guards": {"protected_paths": ["data/n.txt"]}, "files": {"data/n.txt": "10\n"}}))
+    [task] = spec.resolved_tasks()
+    assert (task.id, task.split, task.deliverables, task.files) == ("q1", "train", ["fib.py"], {"data/n.txt": "10\n"})
+    assert task.guards.protected_paths == ["data/n.txt"]
+    assert task.prompt.endswith(TAIL) and [a.role for a in task.workflow.agents] == ["Lead", "Coder"]
+
+
+def test_an_upstream_task_without_format_says_how_to_load_it(tmp_path, capsys):
+    (tmp_path / "q1.txt").write_text(upstream_text())
+    spec = spec_with(tmp_path, {"file": "q1.txt", "id": "q1", "split": "train"})
+    assert main(["validate", str(spec)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[0] == f"{spec}: invalid run spec, 1 error(s):"
+    assert lines[1].startswith("  $.tasks[0].file: q1.txt: expected ")
+    assert lines[1].endswith("; an upstream MASS task (text, then an agent list) needs `format: upstream` (with `id` "
+                             "and `split`) next to `file:`, or convert it: `mass import upstream DIR`")
+
+
+def test_an_upstream_task_without_id_and_split_names_those_keys(tmp_path, capsys):
+    (tmp_path / "q1.txt").write_text(upstream_text())
+    spec = spec_with(tmp_path, {"file": "q1.txt", "format": "upstream"})
+    assert main(["validate", str(spec)]) == 2
+    assert capsys.readouterr().err.splitlines()[1:] == [
+        "  $.tasks[0].id: required next to `format: upstream` (an upstream task file has no id or split of its own)",
+        "  $.tasks[0].split: required next to `format: upstream` (an upstream task file has no id or split of its own)",
+    ]
+
+
+def upstream_dir(root: Path) -> Path:
+    src = root / "upstream"
+    (src / "bare").mkdir(parents=True)
+    (src / "initial").mkdir()
+    (src / "splits.json").write_text(json.dumps({
+        "designated_train": [7, 8], "test": [9], "excluded_from_teacher_collection": {"8": "no winner"},
+        "task_prompt_pattern": "bare/query{task_id}.txt", "initial_workflow_pattern": "initial/query{task_id}_ourTeam.txt"}))
+    for tid in (7, 8, 9):
+        task = f"Task {tid}: write t{tid}.py."
+        (src / "bare" / f"query{tid}.txt").write_text(f"{task}\n\n{TAIL}")
+        (src / "initial" / f"query{tid}_ourTeam.txt").write_text(upstream_text(task))
+    return src
+
+
+def test_import_converts_a_task_directory_to_native_task_files(tmp_path, capsys):
+    src, out = upstream_dir(tmp_path), tmp_path / "tasks"
+    assert main(["import", "upstream", str(src), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "3 task file(s) written" in printed and "note: upstream excluded ['8'] from teacher collection" in printed
+    assert sorted(p.name for p in out.iterdir()) == ["query7.yaml", "query8.yaml", "query9.yaml"]
+    spec = load_spec(spec_with(tmp_path, {"file": "tasks/query7.yaml"}, {"file": "tasks/query9.yaml"}))
+    task = spec.task("query9")
+    assert (task.id, task.split, task.prompt) == ("query9", "test", f"Task 9: write t9.py.\n\n{TAIL}")
+    assert [a.id for a in task.workflow.agents] == ["agent-orchestrator", "agent-coder"]
+
+
+def test_import_names_what_is_missing(tmp_path, capsys):
+    src = upstream_dir(tmp_path)
+    (src / "initial" / "query8_ourTeam.txt").unlink()
+    assert main(["import", "upstream", str(src), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"{src / 'splits.json'}: invalid run spec, 1 error(s):",
+                   f"  $.designated_train[1]: expected the file {src / 'initial/query8_ourTeam.txt'} (FileNotFoundError)"]
+    assert main(["import", "upstream", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")]) == 2
+    assert "expected an upstream splits.json (FileNotFoundError" in capsys.readouterr().err
+
+
+def test_the_readme_example_loads(tmp_path):
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("## Upstream tasks", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    [entry] = yaml.safe_load(block)["tasks"]
+    (tmp_path / Path(entry["file"]).parent).mkdir(parents=True)
+    (tmp_path / entry["file"]).write_text(upstream_text())
+    [task] = load_spec(spec_with(tmp_path, entry)).resolved_tasks()
+    assert (task.id, task.deliverables, task.guards.required_outputs) == (
+        "query51", ["research_report.md", "results/metrics.json"], ["results/metrics.json"])
