@@ -5,9 +5,10 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 NODE_DIR := .tools/qwen-code
+# The paper ran 0.20.0 on Node 22; see README (Setup) for why 0.15.10 is pinned here.
 QWEN_VERSION := 0.15.10
 
-.PHONY: setup demo test bench schemas check-codegen images clean
+.PHONY: setup demo test attack bench bench-serve schemas check-codegen images clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
@@ -28,8 +29,15 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
+# The hostile-input battery alone, with tried / held per class of attack.
+attack: setup
+	$(PY) -m pytest -q tests/attack
+
 bench: setup
 	$(PY) -m mass_jobs.bench --out bench/
+
+bench-serve: setup
+	$(PY) -m mass_jobs.bench_serve --out bench/
 
 schemas: $(STAMP)
 	$(VENV)/bin/mass schema --write schemas/

@@ -4,6 +4,9 @@ Both trainers see the same window sequence (the MASS sampler's draws), the same 
 betas, warmup + cosine to the same floor, gradient clip and gradient checkpointing, one window
 per step. Each side runs in its own process so peak memory (CPU: max RSS; GPU: max allocated)
 is its own. Reported: supervised tokens/s (per GPU on a GPU host), peak memory, loss per step.
+A second table trains one long window (`--long-window`, 8,192 tokens by default) on the same model
+with its vocabulary widened (`--vocabs`): with the chunked loss (`sft.loss_chunk`) mass train's
+peak stays flat in the vocabulary, while full-window logits grow with window x vocabulary.
 
 Run: `make bench` (= `python -m mass_jobs.bench --out bench/`); not part of the test suite.
 """
@@ -50,7 +53,7 @@ def run_mass(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dic
     from mass_jobs.models import LoraSpec, OptimizerSpec, SftSpec
     from mass_jobs.training.loop import Trainer
 
-    sft = SftSpec(window=4096, context=0, steps=steps, val_every=10**6, save_every=10**6, seed=0,
+    sft = SftSpec(window=max(4096, *(len(w["input_ids"]) for w in windows)), context=0, steps=steps, val_every=10**6, save_every=10**6, seed=0,
                   gradient_checkpointing=True, lora=LoraSpec(**LORA), optimizer=OptimizerSpec(**OPT))
     trainer = Trainer(model_dir, windows, windows[:1], sft, out, progress=False)
     trainer.setup()
@@ -163,6 +166,64 @@ def write_results(out: Path, results: dict, meta: dict) -> None:
         pass
 
 
+def widen_vocab(model_dir: Path, vocab: int, out: Path) -> Path:
+    """The same model and tokenizer with `vocab` output rows (new rows random): a bigger head only."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model.resize_token_embeddings(vocab, mean_resizing=False)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return out
+
+
+def run_pair(model: str, windows_path: Path, steps: int, tmp: Path, tag: str) -> dict:
+    """Both trainers, each in its own process (its own peak memory), on the same windows."""
+    results = {}
+    for label, child in (("mass train", "mass"), ("trl SFTTrainer", "trl")):
+        res = tmp / f"{child}-{tag}.json"
+        subprocess.run([sys.executable, "-m", "mass_jobs.bench", "--child", child, "--model", model,
+                        "--windows-file", str(windows_path), "--steps", str(steps), "--scratch",
+                        str(tmp / f"scratch-{child}-{tag}"), "--result", str(res)], check=True)
+        results[label] = json.loads(res.read_text())
+    return results
+
+
+def long_window_rows(model: str, window: int, vocabs: list[int], steps: int, tmp: Path) -> list[dict]:
+    path = tmp / "long-windows.json"
+    path.write_text(json.dumps(make_windows(2, window, seed=1)))
+    rows = []
+    for v in vocabs:
+        wide = str(widen_vocab(Path(model), v, tmp / f"model-v{v}"))
+        for label, r in run_pair(wide, path, steps, tmp, f"v{v}").items():
+            rows.append({"trainer": label, "vocab": v, "window": window, "peak_mb": r["peak_mb"],
+                         "tokens": r["tokens"], "wall_s": r["wall_s"]})
+    return rows
+
+
+def write_long_rows(out: Path, rows: list[dict], meta: dict) -> None:
+    """Append the long-window table to results.md and results.json."""
+    doc = json.loads((out / "results.json").read_text())
+    doc["long_window"] = rows
+    (out / "results.json").write_text(json.dumps(doc, indent=2))
+    vocabs = sorted({r["vocab"] for r in rows})
+    peak = {(r["trainer"], r["vocab"]): r["peak_mb"] for r in rows}
+    lines = ["", f"## One window of {rows[0]['window']} tokens, vocabulary widened", "",
+             f"The same model with its output layer widened to each vocabulary (new rows random), {meta['long_steps']} "
+             f"steps on the same window, gradient checkpointing. mass train's loss chunk: "
+             f"{meta['loss_chunk'] or 'none (whole-window logits)'}.", "",
+             "| trainer | " + " | ".join(f"peak MB, vocab {v}" for v in vocabs) + " | growth MB |",
+             "|---|" + "---|" * (len(vocabs) + 1)]
+    for trainer in dict.fromkeys(r["trainer"] for r in rows):
+        vals = [peak[(trainer, v)] for v in vocabs]
+        lines.append(f"| {trainer} | " + " | ".join(f"{x:.0f}" for x in vals) + f" | {vals[-1] - vals[0]:.0f} |")
+    with open(out / "results.md", "a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/")
@@ -170,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--windows", type=int, default=24)
     p.add_argument("--window-tokens", type=int, default=512)
+    p.add_argument("--long-window", type=int, default=8192, help="tokens of the long-window row (0: skip it)")
+    p.add_argument("--vocabs", default="6000,24000", help="vocabulary sizes of the long-window row")
+    p.add_argument("--long-steps", type=int, default=2)
     p.add_argument("--child", choices=["mass", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--windows-file", help=argparse.SUPPRESS)
     p.add_argument("--scratch", help=argparse.SUPPRESS)
@@ -189,16 +253,17 @@ def main(argv: list[str] | None = None) -> int:
         windows_path = tmp / "windows.json"
         windows_path.write_text(json.dumps(make_windows(args.windows, args.window_tokens, seed=0)))
         n_windows = args.windows
-        results = {}
-        for label, child in (("mass train", "mass"), ("trl SFTTrainer", "trl")):
-            res = tmp / f"{child}.json"
-            subprocess.run([sys.executable, "-m", "mass_jobs.bench", "--child", child, "--model", model,
-                            "--windows-file", str(windows_path), "--steps", str(args.steps), "--scratch",
-                            str(tmp / f"scratch-{child}"), "--result", str(res)], check=True)
-            results[label] = json.loads(res.read_text())
+        results = run_pair(model, windows_path, args.steps, tmp, "short")
+        vocabs = [int(v) for v in args.vocabs.split(",")]
+        long_rows = long_window_rows(model, args.long_window, vocabs, args.long_steps, tmp) if args.long_window else []
+    from mass_jobs.models import SftSpec
+
     meta = {"device": "cuda" if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
-            "steps": args.steps, "windows": n_windows, "window_tokens": args.window_tokens}
+            "steps": args.steps, "windows": n_windows, "window_tokens": args.window_tokens,
+            "long_steps": args.long_steps, "loss_chunk": getattr(SftSpec(), "loss_chunk", None)}
     write_results(Path(args.out), results, meta)
+    if long_rows:
+        write_long_rows(Path(args.out), long_rows, meta)
     print((Path(args.out) / "results.md").read_text())
     return 0
 

@@ -174,37 +174,71 @@ def pair_key(v: Mapping) -> tuple:
     return (v["task"], int(v["replicate"]), int(v["candidate"]), int(v["baseline"]))
 
 
+NO_MAJORITY = "no majority"
+
+
 def panel_majority(verdicts: Iterable[Mapping]) -> str | None:
-    """The panel's call on one pair from the candidate's side: 'win' when valid wins outnumber
-    losses, 'loss' for the reverse, 'tie' when they balance; None when no verdict is valid."""
+    """The panel's call on one pair from the candidate's side: the outcome ('win', 'loss' or
+    'tie') held by more than half of the valid verdicts; NO_MAJORITY when none is (a 1/1/1 or a
+    1/1 split is a panel that did not decide, not a panel that called a tie); None when no
+    verdict is valid."""
     t = Tally()
     for v in verdicts:
         t.add(outcome(v))
-    if t.wins + t.losses + t.ties == 0:
+    valid = t.wins + t.losses + t.ties
+    if valid == 0:
         return None
-    if t.wins > t.losses:
-        return "win"
-    if t.losses > t.wins:
-        return "loss"
-    return "tie"
+    for call, n in (("win", t.wins), ("loss", t.losses), ("tie", t.ties)):
+        if 2 * n > valid:
+            return call
+    return NO_MAJORITY
 
 
 def agreement(self_verdicts: Iterable[Mapping], panel_verdicts: Iterable[Mapping]) -> dict:
     """Share of pairs on which the self-evaluator's (valid) call equals the panel majority.
 
-    Pairs count only when both sides have a call; `pairs` says how many did."""
+    Pairs count only when both sides have a call; `pairs` says how many did. A pair whose panel
+    has no majority is neither agreement nor disagreement: it is counted in `no_majority`."""
     by_pair: dict[tuple, list[Mapping]] = {}
     for v in panel_verdicts:
         by_pair.setdefault(pair_key(v), []).append(v)
-    agree = pairs = 0
+    agree = pairs = no_majority = 0
     for v in self_verdicts:
         mine = outcome(v)
         panel = panel_majority(by_pair.get(pair_key(v), []))
         if mine == "invalid" or panel is None:
             continue
+        if panel == NO_MAJORITY:
+            no_majority += 1
+            continue
         pairs += 1
         agree += mine == panel
-    return {"agree": agree, "pairs": pairs, "rate": (agree / pairs) if pairs else None}
+    return {"agree": agree, "pairs": pairs, "no_majority": no_majority, "rate": (agree / pairs) if pairs else None}
+
+
+def position_counts(verdicts: Iterable[Mapping]) -> dict:
+    """Which blind label the valid decisive verdicts chose, and in which order the pair was shown.
+
+    A judge that answers by position picks one label whatever the order; over position-balanced
+    pairs its win share is then 50% by construction and says nothing about the workspaces."""
+    counts = {"A": 0, "B": 0, "candidate_first": 0, "baseline_first": 0}
+    for v in verdicts:
+        if outcome(v) in ("win", "loss"):
+            counts[v["winner"]] += 1
+            counts[v["order"]] += 1
+    return counts
+
+
+def position_bias_note(counts: Mapping[str, int]) -> str | None:
+    """A note when every decisive verdict chose the same label although both orders were shown
+    (at least two verdicts); None otherwise."""
+    n = counts["A"] + counts["B"]
+    if n < 2 or not (counts["candidate_first"] and counts["baseline_first"]) or (counts["A"] and counts["B"]):
+        return None
+    label, place = ("A", "first") if counts["A"] else ("B", "second")
+    return (f"position bias: all {n} decisive verdicts chose Workspace {label} (the one shown {place}) "
+            f"although both orders were shown; this win share measures the judge's order preference, "
+            f"not the workspaces")
 
 
 # ---------------------------------------------------------------- behaviour audit, tokens, search

@@ -9,11 +9,20 @@ is the one entry point that validates against the schema and applies the cross-f
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 ID_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # DNS-label shaped: ids become k8s labels and S3 keys
+URL = r"^https?://[^\s/?#]+[^\s]*$"
+URL_OR_LOCAL = r"^(local|https?://[^\s/?#]+[^\s]*)$"
+# Upper bounds on budgets: far above any real run, far below what exhausts a cluster or overflows a seed.
+MAX_EPISODES = 10_000
+MAX_RETRIES = 100
+MAX_STEPS = 10_000_000
+MAX_TOKENS = 1 << 24
+MAX_SEED = 2**32 - 1
+DAY_S = 86_400
 
 
 class Closed(BaseModel):
@@ -65,7 +74,7 @@ class MetricRange(Closed):
 class CheckCommand(Closed):
     name: str = Field(pattern=ID_PATTERN)
     command: str = Field(min_length=1, description="Shell command run sandboxed in the workspace; must exit 0.")
-    timeout_s: float = Field(default=120, gt=0)
+    timeout_s: float = Field(default=120, gt=0, le=86400)
 
 
 class Guards(Closed):
@@ -99,6 +108,9 @@ class TaskFile(Closed):
     )
     id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=40, description="Overrides the file's id.")
     split: Literal["train", "test"] | None = Field(default=None, description="Overrides the file's split.")
+    deliverables: list[str] | None = Field(default=None, description="Overrides the file's deliverables.")
+    guards: Guards | None = Field(default=None, description="Overrides the file's guards.")
+    files: dict[str, str] | None = Field(default=None, description="Overrides the file's seed files (path -> text).")
 
 
 # ---------------------------------------------------------------- run spec sections
@@ -107,9 +119,9 @@ class TaskFile(Closed):
 class Sampling(Closed):
     temperature: float = Field(default=0.6, ge=0, le=2)
     top_p: float = Field(default=0.95, gt=0, le=1)
-    top_k: int = Field(default=20, ge=0)
-    max_output_tokens: int = Field(default=32768, ge=1)
-    context_length: int = Field(default=262144, ge=256)
+    top_k: int = Field(default=20, ge=0, le=1_000_000)
+    max_output_tokens: int = Field(default=32768, ge=1, le=MAX_TOKENS)
+    context_length: int = Field(default=262144, ge=256, le=MAX_TOKENS)
 
 
 class ModelSpec(Closed):
@@ -121,20 +133,32 @@ class ModelSpec(Closed):
 
 class SearchSpec(Closed):
     iterations: int = Field(default=11, ge=0, le=100, description="K: optimizer proposals per task.")
-    seed: int = Field(default=0, ge=0)
-    proposal_retries: int = Field(default=3, ge=0, description="Retries of a malformed workflow proposal.")
-    evidence_bytes: int = Field(default=16384, ge=1024, description="Cap on the workspace bundle shown to roles.")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    proposal_retries: int = Field(default=3, ge=0, le=MAX_RETRIES, description="Retries of a malformed workflow proposal.")
+    evidence_bytes: int = Field(default=16384, ge=1024, le=16 << 20, description="Cap on the workspace bundle shown to roles.")
 
 
 class CollectionSpec(Closed):
-    episodes: int = Field(default=18, ge=2, description="Teacher episodes per training task.")
-    train_ranks: int = Field(default=15, ge=1, description="Top-ranked episodes kept for training.")
-    validation_rank: int = Field(default=16, ge=2, description="The rank kept for validation (train_ranks + 1).")
+    episodes: int = Field(default=18, ge=2, le=MAX_EPISODES, description="Teacher episodes per training task.")
+    train_ranks: int = Field(default=15, ge=1, le=MAX_EPISODES, description="Top-ranked episodes kept for training.")
+    validation_rank: int = Field(default=16, ge=2, le=MAX_EPISODES, description="The rank kept for validation (train_ranks + 1).")
     directive: str | None = Field(default=None, description="Teacher execution directive; the built-in one when null.")
+    teacher: Literal["team", "single"] = Field(
+        default="team",
+        description="'team': the orchestrator delegates to workers (the paper). 'single': one agent with the "
+        "workers' tools and no delegation tool, same task, workflow and directive (the single-agent teacher "
+        "control; builtin harness only).",
+    )
     require_beats_reference: bool = Field(
         default=True,
         description="Collect only for tasks whose search beat the bare reference (the paper). "
         "false: collect for every training task (smoke runs with an untrained model that never wins).",
+    )
+    collect_when: Literal["any_version", "elite"] = Field(
+        default="any_version",
+        description="'any_version' (the paper's code): a task is collected when any workflow version of its "
+        "search was preferred over the bare reference, and the teacher runs the latest such version; "
+        "'elite': only when the final elite was (one judgment).",
     )
 
 
@@ -142,11 +166,19 @@ class RankingSpec(Closed):
     pairing: Literal["reference", "round_robin"] = Field(
         default="reference", description="'reference': each episode in `comparisons_per_episode` pairs."
     )
-    comparisons_per_episode: int = Field(default=6, ge=1)
-    verdicts_per_pair: int = Field(default=1, ge=1)
+    comparisons_per_episode: int = Field(default=6, ge=1, le=MAX_EPISODES)
+    verdicts_per_pair: int = Field(default=1, ge=1, le=100)
     both_orders: bool = Field(default=False, description="Ask every pair in both orders.")
-    verdict_retries: int = Field(default=2, ge=0)
-    prior: float = Field(default=0.1, gt=0, description="Weak prior (virtual ties) so undefeated episodes stay finite.")
+    verdict_retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
+    estimator: Literal["virtual_wins", "virtual_ties"] = Field(
+        default="virtual_wins",
+        description="Bradley-Terry prior: 'virtual_wins' (the paper's code: 0.5 virtual wins against a strength-1 "
+        "pseudo-opponent, strengths rescaled to mean 1) or 'virtual_ties' (virtual ties against a pinned reference).",
+    )
+    prior: float | None = Field(
+        default=None, gt=0, le=1000,
+        description="Weight of the estimator's virtual games; null: 0.5 (virtual_wins) or 0.1 (virtual_ties).",
+    )
     fallback: Literal["error", "use_available"] = Field(
         default="error",
         description="Too few eligible episodes: 'error' stops; 'use_available' keeps all but the last for training.",
@@ -154,12 +186,13 @@ class RankingSpec(Closed):
 
 
 class LoraSpec(Closed):
-    r: int = Field(default=64, ge=1)
+    r: int = Field(default=64, ge=1, le=4096)
     alpha: float = Field(default=128, gt=0)
     dropout: float = Field(default=0.05, ge=0, lt=1)
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        min_length=1,
+    target_modules: list[str] | None = Field(
+        default=None, min_length=1,
+        description="Layer names to adapt; null: every linear layer of the language model at least r wide "
+        "(attention, linear attention, MLP; not vision towers or the LM head).",
     )
 
 
@@ -168,26 +201,35 @@ class OptimizerSpec(Closed):
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(default=1e-8, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
-    warmup_steps: int = Field(default=5, ge=0)
+    warmup_steps: int = Field(default=5, ge=0, le=MAX_STEPS)
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine decays to lr * min_lr_ratio.")
     grad_clip: float = Field(default=1.0, gt=0)
 
 
 class SftSpec(Closed):
-    window: int = Field(default=49152, ge=64, description="Max tokens per training window.")
-    context: int = Field(default=8192, ge=0, description="Max masked earlier-context tokens prepended.")
+    window: int = Field(default=49152, ge=64, le=MAX_TOKENS, description="Max tokens per training window.")
+    context: int = Field(default=8192, ge=0, le=MAX_TOKENS, description="Max masked earlier-context tokens prepended.")
     orchestrator_share: float = Field(default=1 / 3, ge=0, le=1)
     lora: LoraSpec = Field(default_factory=LoraSpec)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
-    steps: int = Field(default=1624, ge=1)
-    val_every: int = Field(default=100, ge=1)
-    save_every: int = Field(default=100, ge=1)
-    replicas: int = Field(default=3, ge=1, description="Data-parallel replicas (torchrun nodes / PyTorchJob pods).")
-    gpus_per_replica: int = Field(default=2, ge=0)
-    grad_accum: int = Field(default=1, ge=1)
-    seed: int = Field(default=0, ge=0)
+    steps: int = Field(default=1624, ge=1, le=MAX_STEPS)
+    val_every: int = Field(default=150, ge=1, le=MAX_STEPS, description="Validation loss every N steps (and at the last).")
+    save_every: int = Field(default=50, ge=1, le=MAX_STEPS, description="Checkpoint every N steps (and at the last); only "
+                            "checkpoints with a validation loss can be selected.")
+    loss_chunk: int = Field(default=512, ge=1, le=1 << 20, description="Tokens per chunk of the loss: logits exist for "
+                            "this many positions at a time, never for the whole window (unless lora adapts "
+                            "the LM head).")
+    replicas: int = Field(default=3, ge=1, le=1024, description="Data-parallel replicas (torchrun nodes / PyTorchJob pods).")
+    gpus_per_replica: int = Field(default=2, ge=0, le=64)
+    grad_accum: int = Field(default=1, ge=1, le=4096)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     gradient_checkpointing: bool = True
-    strict: bool = Field(default=False, description="Fail the render step when a block cannot fit a window.")
+    strict: bool = Field(
+        default=True,
+        description="Drop a whole episode from the SFT data when its teacher prompt cannot be found and stripped, a "
+        "thread cannot be rendered or a reply cannot fit a window (as upstream's --strict); false: drop only the "
+        "offending thread or reply. Either way the episode's errors are recorded in sft/stats.json.",
+    )
     keep_length_cut: bool = Field(
         default=False,
         description="Train on replies that hit max_output_tokens (dropped by default: they teach stopping "
@@ -198,44 +240,59 @@ class SftSpec(Closed):
 
 class Judge(Closed):
     name: str = Field(pattern=ID_PATTERN)
-    endpoint: str = Field(description="OpenAI-compatible base URL (…/v1), or 'local' to serve `model` here.")
+    endpoint: str = Field(pattern=URL_OR_LOCAL, description="OpenAI-compatible base URL (…/v1), or 'local' to serve `model` here.")
     model: str = Field(min_length=1)
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(default_factory=lambda: [1, 2, 3], min_length=1, max_length=100)
+
+
+class RoleModel(Closed):
+    endpoint: str = Field(pattern=r"^https?://.+", description="OpenAI-compatible base URL (…/v1).")
+    model: str = Field(min_length=1, description="Model name at the endpoint.")
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                    description="Environment variable holding the endpoint's API key.")
+
+
+class Roles(Closed):
+    """Who plays each role; null: the current generation (the paper's homogeneous setting)."""
+
+    optimizer: RoleModel | None = Field(default=None, description="Proposes workflows in search.")
+    evaluator: RoleModel | None = Field(default=None, description="Compares workspaces in search and rank.")
+    executor: RoleModel | None = Field(default=None, description="Runs search rollouts and teacher episodes.")
 
 
 class EvaluationSpec(Closed):
-    rollouts_per_task: int = Field(default=10, ge=1, description="Bare-prompt runs per task and generation.")
-    verdict_retries: int = Field(default=2, ge=0)
-    bootstrap: int = Field(default=2000, ge=0, description="Bootstrap resamples over tasks for the CI.")
+    rollouts_per_task: int = Field(default=10, ge=1, le=MAX_EPISODES, description="Bare-prompt runs per task and generation.")
+    verdict_retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
+    bootstrap: int = Field(default=2000, ge=0, le=1_000_000, description="Bootstrap resamples over tasks for the CI.")
     confidence: float = Field(default=0.95, gt=0, lt=1)
 
 
 class StoreSpec(Closed):
     uri: str = Field(pattern=r"^(file|s3)://.+", description="file:///abs/dir, file://rel/dir or s3://bucket/prefix")
-    endpoint_url: str | None = Field(default=None, description="S3 endpoint (MinIO, Ceph, …); AWS when null.")
+    endpoint_url: str | None = Field(default=None, pattern=URL, description="S3 endpoint (MinIO, Ceph, …); AWS when null.")
     region: str | None = None
 
 
 class EpisodeLimits(Closed):
-    turns_per_agent: int = Field(default=40, ge=1)
-    tool_calls: int = Field(default=200, ge=1, description="Tool calls per episode, all agents together.")
-    delegation_depth: int = Field(default=1, ge=0)
-    wall_s: float = Field(default=3600, gt=0, description="Wall-clock limit per episode.")
-    loop_repeats: int = Field(default=4, ge=2, description="The same call this many times in a row ends the episode.")
-    shell_timeout_s: float = Field(default=120, gt=0)
-    cpu_s: int = Field(default=120, ge=1, description="rlimit CPU seconds per shell call.")
-    memory_mb: int = Field(default=2048, ge=16)
-    file_size_mb: int = Field(default=256, ge=1)
-    processes: int = Field(default=64, ge=1)
-    request_timeout_s: float = Field(default=600, gt=0)
-    request_retries: int = Field(default=4, ge=0)
+    turns_per_agent: int = Field(default=40, ge=1, le=10_000)
+    tool_calls: int = Field(default=200, ge=1, le=100_000, description="Tool calls per episode, all agents together.")
+    delegation_depth: int = Field(default=1, ge=0, le=16)
+    wall_s: float = Field(default=3600, gt=0, le=DAY_S * 7, description="Wall-clock limit per episode.")
+    loop_repeats: int = Field(default=4, ge=2, le=1000, description="The same call this many times in a row ends the episode.")
+    shell_timeout_s: float = Field(default=120, gt=0, le=DAY_S)
+    cpu_s: int = Field(default=120, ge=1, le=DAY_S, description="rlimit CPU seconds per shell call.")
+    memory_mb: int = Field(default=2048, ge=16, le=1 << 20)
+    file_size_mb: int = Field(default=256, ge=1, le=1 << 20)
+    processes: int = Field(default=64, ge=1, le=65536)
+    request_timeout_s: float = Field(default=600, gt=0, le=DAY_S)
+    request_retries: int = Field(default=4, ge=0, le=MAX_RETRIES)
 
 
 class PodResources(Closed):
     cpu: str = Field(default="1", pattern=r"^[0-9]+(\.[0-9]+)?m?$")
     memory: str = Field(default="2Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)?$")
-    gpu: int = Field(default=0, ge=0)
+    gpu: int = Field(default=0, ge=0, le=64)
 
 
 class Resources(Closed):
@@ -248,7 +305,7 @@ class Resources(Closed):
 class ExecutionSpec(Closed):
     mode: Literal["local", "argo"] = "local"
     harness: Literal["builtin", "qwen-code"] = "builtin"
-    concurrency: int = Field(default=4, ge=1, description="Episodes run at once.")
+    concurrency: int = Field(default=4, ge=1, le=1024, description="Episodes run at once.")
     limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
     resources: Resources = Field(default_factory=Resources)
 
@@ -270,6 +327,7 @@ class RunSpec(Closed):
     )
     store: StoreSpec
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+    roles: Roles = Field(default_factory=Roles, description="Per-role models (stronger optimizer/evaluator ablations).")
 
     def resolved_tasks(self) -> list[Task]:
         """Tasks after loading; `load_spec` replaces every TaskFile by its Task."""

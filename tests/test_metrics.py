@@ -74,23 +74,54 @@ def test_comparison_summary_block():
 
 def test_panel_majority_and_agreement():
     panel = (
-        [v("a", "A", rep=0, judge="x"), v("a", "A", rep=0, judge="y"), v("a", "B", rep=0, judge="z")]  # win
-        + [v("a", "B", rep=1), v("a", "tie", rep=1)]  # loss
-        + [v("a", "A", rep=2), v("a", "B", rep=2)]  # tie
+        [v("a", "A", rep=0, judge="x"), v("a", "A", rep=0, judge="y"), v("a", "B", rep=0, judge="z")]  # win 2 of 3
+        + [v("a", "B", rep=1), v("a", "B", rep=1, seed=2), v("a", "tie", rep=1, seed=3)]  # loss 2 of 3
+        + [v("a", "A", rep=2), v("a", "B", rep=2)]  # 1 win 1 loss: no majority
         + [v("a", None, rep=3, valid=False)]  # no call
+        + [v("a", "tie", rep=4), v("a", "tie", rep=4, seed=2), v("a", None, rep=4, valid=False, seed=3)]  # tie
     )
     assert metrics.panel_majority([p for p in panel if p["replicate"] == 0]) == "win"
-    assert metrics.panel_majority([p for p in panel if p["replicate"] == 2]) == "tie"
+    assert metrics.panel_majority([p for p in panel if p["replicate"] == 1]) == "loss"
+    assert metrics.panel_majority([p for p in panel if p["replicate"] == 2]) == metrics.NO_MAJORITY
     assert metrics.panel_majority([p for p in panel if p["replicate"] == 3]) is None
+    assert metrics.panel_majority([p for p in panel if p["replicate"] == 4]) == "tie"  # 2 of 2 valid
     own = [
         v("a", "B", "baseline_first", rep=0),  # win: agrees
         v("a", "A", rep=1),  # win vs loss: disagrees
-        v("a", "tie", rep=2),  # tie: agrees
+        v("a", "tie", rep=2),  # split panel: no majority, neither agreement nor disagreement
         v("a", "A", rep=3),  # panel has no call: not counted
+        v("a", "tie", rep=4),  # tie: agrees
         v("a", None, rep=0, valid=False, cand=2),  # invalid self verdict: not counted
     ]
-    assert metrics.agreement(own, panel) == {"agree": 2, "pairs": 3, "rate": pytest.approx(2 / 3)}
+    assert metrics.agreement(own, panel) == {"agree": 2, "pairs": 3, "no_majority": 1, "rate": pytest.approx(2 / 3)}
     assert metrics.agreement([], panel)["rate"] is None
+
+
+def test_split_panel_is_no_majority_not_disagreement():
+    # three judges, one win, one loss, one tie on every pair: the panel never decides
+    panel = [v(t, w, rep=r, judge=j) for t in ("a", "b") for r in (0, 1)
+             for j, w in (("x", "A"), ("y", "B"), ("z", "tie"))]
+    own = [v(t, "A", rep=r, judge="gen-1") for t in ("a", "b") for r in (0, 1)]
+    assert metrics.agreement(own, panel) == {"agree": 0, "pairs": 0, "no_majority": 4, "rate": None}
+
+
+def test_position_bias_note_only_when_every_decisive_verdict_takes_one_label():
+    # a judge that always answers "A": wins when the candidate is first, losses when it is second
+    first_always = [v("a", "A", "candidate_first", rep=r) for r in range(3)] + \
+                   [v("a", "A", "baseline_first", rep=r) for r in range(3)] + [v("a", "tie"), v("a", None, valid=False)]
+    counts = metrics.position_counts(first_always)
+    assert counts == {"A": 6, "B": 0, "candidate_first": 3, "baseline_first": 3}
+    comp = metrics.compare(first_always, ["a"]).overall
+    assert metrics.win_share(comp.wins, comp.losses) == 0.5  # 50% by construction
+    note = metrics.position_bias_note(counts)
+    assert note.startswith("position bias: all 6 decisive verdicts chose Workspace A (the one shown first)")
+    second = metrics.position_counts([v("a", "B", "candidate_first"), v("a", "B", "baseline_first")])
+    assert "all 2 decisive verdicts chose Workspace B (the one shown second)" in metrics.position_bias_note(second)
+    # both labels used, only one order shown, or a single verdict: no note
+    assert metrics.position_bias_note(metrics.position_counts(
+        [v("a", "A", "candidate_first"), v("a", "B", "baseline_first"), v("a", "A", "baseline_first")])) is None
+    assert metrics.position_bias_note(metrics.position_counts([v("a", "A", rep=r) for r in range(5)])) is None
+    assert metrics.position_bias_note(metrics.position_counts([v("a", "A", "baseline_first")])) is None
 
 
 def test_audit_rates_tokens_and_coverage():

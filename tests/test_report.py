@@ -3,6 +3,10 @@ checked in matches the models, and a rebuild gives identical bytes."""
 
 import json
 
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 import pytest
 
 from mass_jobs.context import RunContext
@@ -49,7 +53,8 @@ def built(tmp_path):
     V(1, 0, "t", 0, "j1", 1, "loss"); V(1, 0, "t", 0, "j1", 2, "loss")  # noqa: E702
     # L2 vs L0 -- a: win, win | t: win
     V(2, 0, "a", 0, "j1", 1, "win"); V(2, 0, "a", 0, "j1", 2, "win"); V(2, 0, "t", 0, "j1", 1, "win")  # noqa: E702
-    # self verdicts: L1 agrees on (a,0) and (b,0), disagrees on (a,1), invalid on (t,0); L0 disagrees on (a,0)
+    # self verdicts: L1 agrees on (a,0) and (b,0), meets a split panel (loss, tie) on (a,1), invalid on (t,0);
+    # L0 disagrees on (a,0)
     for task, rep, res in (("a", 0, "win"), ("a", 1, "win"), ("b", 0, "win"), ("t", 0, "invalid")):
         V(1, 0, task, rep, "gen-1", 0, res, kind="self")
     V(1, 0, "a", 0, "gen-0", 0, "loss", kind="self")
@@ -104,15 +109,19 @@ def test_report_numbers_by_hand(built):
     assert doc["invalid_verdicts"] == [{"candidate": 1, "baseline": 0, "task": "b", "replicate": 0, "judge": "j1",
                                         "seed": 2, "errors": ["format: no JSON"]}]
     agree = {a["evaluator"]: a for a in doc["agreement"]}
-    assert agree[1] == {"evaluator": 1, "agree": 2, "pairs": 3, "rate": pytest.approx(2 / 3)}
-    assert agree[0] == {"evaluator": 0, "agree": 0, "pairs": 1, "rate": 0.0}
+    assert agree[1] == {"evaluator": 1, "agree": 2, "pairs": 2, "no_majority": 1, "rate": 1.0}
+    assert agree[0] == {"evaluator": 0, "agree": 0, "pairs": 1, "no_majority": 0, "rate": 0.0}
+    # seeds alternate the order and the judge used both labels: no position-bias note anywhere
+    # (decisive: a0 win A, a0 win B, a1 loss B, b0 win A, t0 loss B, t0 loss A; seed 1 shows the candidate first)
+    assert ws[(1, 0, "all")]["positions"] == {"A": 3, "B": 3, "candidate_first": 4, "baseline_first": 2}
+    assert all(w["note"] is None for w in doc["win_share"])
     audit = {(a["generation"], a["split"]): a for a in doc["audit"]}
     assert audit[(0, "all")]["delegation"] == 1 and audit[(0, "all")]["code_handoff"] == 0
     assert audit[(1, "all")]["delegation_rate"] == 1.0 and audit[(1, "all")]["code_handoff_rate"] == 0.5
     assert audit[(1, "test")]["episodes"] == 1 and audit[(1, "test")]["code_handoff"] == 0
     tokens = {t["generation"]: t for t in doc["tokens"]}
     assert tokens[0] == {"generation": 0, "generated_search": 5, "generated_collect": 7, "generated_eval": 30,
-                         "generated_total": 42, "stored_supervised": 555, "processed_to_selected": 200,
+                         "generated_total": 42, "generated_episodes": 4, "stored_supervised": 555, "processed_to_selected": 200,
                          "processed_to_end": 400}
     assert tokens[1]["generated_eval"] == 70 and tokens[1]["stored_supervised"] is None
     assert doc["search"] == [{"generation": 0, "iterations": 2, "tasks": 2, "coverage": [1, 1, 1],
@@ -154,3 +163,83 @@ def test_empty_store_still_reports(tmp_path):
     ctx = RunContext(spec(tmp_path / "s"), FileStore(tmp_path / "s"))
     doc = rp.write_report(ctx)
     assert doc["win_share"] == [] and doc["evaluated"] == [] and doc["verdicts"]["panel"]["total"] == 0
+
+
+def figure_texts(fig) -> str:
+    """Every text a reader sees in a figure: titles, axis labels, tick labels, annotations, legends, tables."""
+    out = [t.get_text() for t in fig.texts]
+    for ax in fig.axes:
+        out += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
+        out += [t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels() + ax.texts]
+        if ax.get_legend():
+            out += [t.get_text() for t in ax.get_legend().get_texts()]
+        for table in ax.tables:
+            out += [c.get_text().get_text() for c in table.get_celld().values()]
+    return "\n".join(out)
+
+
+@pytest.fixture
+def biased(tmp_path):
+    """Three judges, one seed each, one self-evaluator: every pair splits 1 win / 1 loss / 1 tie (no
+    majority), and the two judges that decide always answer 'A' over pairs shown in both orders."""
+    store = FileStore(tmp_path / "biased")
+    doc = spec(tmp_path / "biased").model_dump(mode="json", exclude_none=True)
+    doc["judges"] = [{"name": n, "endpoint": "http://127.0.0.1:9/v1", "model": "judge", "seeds": [1]}
+                     for n in ("j1", "j2", "j3")]
+    ctx = RunContext(validate_document(doc), store)
+    for task in ("a", "b", "t"):
+        for rep in (0, 1):
+            for judge, order, winner in (("j1", "candidate_first", "A"), ("j2", "baseline_first", "A"),
+                                         ("j3", "candidate_first", "tie")):
+                store.put_json(f"{RUN}/eval/verdicts/gen-1-vs-gen-0/{task}/rep-{rep}/panel-{judge}-seed-1.json",
+                               {"task": task, "replicate": rep, "candidate": 1, "baseline": 0, "judge": judge,
+                                "kind": "panel", "model": "judge", "seed": 1, "order": order, "winner": winner,
+                                "valid": True, "rationale": "r", "attempts": 1, "errors": []})
+            put_verdict(store, 1, 0, task, rep, "gen-1", 0, "win", kind="self")
+        for d in (False, True):
+            store.put_json(f"{RUN}/eval/gen-1/{task}/rep-{int(d)}/audit.json", {"delegation": d, "code_handoff": False})
+    store.put_json(f"{RUN}/eval/gen-1/_manifest.json", {"step": "e", "input_hash": "x", "outputs": {}, "extra": {}})
+    return ctx
+
+
+def test_split_panel_reads_no_majority_and_position_bias_is_noted(biased):
+    doc = rp.write_report(biased)
+    assert doc["agreement"] == [{"evaluator": 1, "agree": 0, "pairs": 0, "no_majority": 6, "rate": None}]
+    ws = {w["split"]: w for w in doc["win_share"]}
+    assert (ws["all"]["wins"], ws["all"]["losses"], ws["all"]["ties"], ws["all"]["win_share"]) == (6, 6, 6, 0.5)
+    assert ws["all"]["positions"] == {"A": 12, "B": 0, "candidate_first": 6, "baseline_first": 6}
+    assert ws["all"]["note"].startswith("position bias: all 12 decisive verdicts chose Workspace A")
+    assert ws["train"]["note"].startswith("position bias: all 8 ") and ws["test"]["note"].startswith("position bias: all 4 ")
+    md = biased.store.get_bytes(f"{RUN}/report/report.md").decode()
+    assert "| L1 | 0 | 0 | 6 | no majority: 6 |" in md and "0.0%" not in md.split("## Evaluator agreement")[1].split("##")[0]
+    assert "| L1 vs L0 | all | 6 | 6 | 6 | 0 | 50.0% |" in md and "position bias: 12/12 chose A |" in md
+    # the report opens with how to read it, naming the noise with this run's own numbers
+    assert md.startswith(f"# MASS run `{RUN}`\n\n## How to read this\n\n- ")
+    how = doc["how_to_read"]
+    assert all(f"- {line}" in md.split("\nGenerations:")[0] for line in how)
+    assert "1 of 1 comparisons (all tasks, n = 12 decisive verdicts) have an interval that contains 50%" in how[1]
+    assert how[2].startswith("1 of 1 comparisons have a judge that chose the same position")
+    assert "(0 here); 6 pairs had no majority" in how[3]
+    assert "(n = 6 per generation)" in how[4]
+
+
+def test_every_plot_says_its_n(biased, built):
+    # win share points: (train, test) decisive verdicts of each comparison, read from the figure itself
+    for ctx, n_win, n_audit in ((biased, ["n=4", "n=8"], "n=6"), (built, ["n=1", "n=2", "n=2", "n=4"], "n=2")):
+        doc = rp.build_report(ctx)
+        figs = dict(rp.figures(doc))
+        assert set(figs) == set(rp.PLOTS)
+        assert sorted(t.get_text() for t in figs["win_share.png"].axes[0].texts) == n_win
+        texts = {name: figure_texts(fig) for name, fig in figs.items()}
+        assert "n = decisive verdicts per point" in texts["win_share.png"]
+        # audit: each generation's episodes under its bar group
+        assert f"L1\n{n_audit}" in texts["audit.png"]
+        assert "n episodes" in texts["tokens.png"] and "train tasks per generation" in texts["search.png"]
+        for fig in figs.values():
+            plt.close(fig)
+    figs = {name: figure_texts(fig) for name, fig in rp.figures(rp.build_report(built))}
+    assert "n = 2 train tasks" in figs["search.png"] and "L0 (n=2 tasks)" in figs["search.png"]
+    assert "L0 -> L1\nn = 4 steps, 2 val points, 400 tokens" in figs["loss.png"]
+    assert "L0\nn=2" in figs["audit.png"] and "1/2" in figs["audit.png"] and "2/2" in figs["audit.png"]
+    rows = figs["tokens.png"].split("\n")
+    assert "n episodes" in rows and "4" in rows and "2" in rows  # L0: 4 status records; L1: 2

@@ -1,0 +1,39 @@
+"""`mass benchmark SPEC --bench DIR --gen G [--gen G2 ...] [--replicates R]`: bare-prompt rollouts of
+each generation on an external benchmark directory, graded by its grader command, and the score table
+(see mass_jobs.benchmark). Models are served here by the embedded server. Prints the table."""
+
+from __future__ import annotations
+
+from mass_jobs.commands.common import add_spec
+
+
+def add_arguments(parser) -> None:
+    add_spec(parser)
+    parser.add_argument("--bench", required=True, help="benchmark directory (benchmark.yaml, tasks/<id>/prompt.md)")
+    parser.add_argument("--gen", type=int, action="append", required=True,
+                        help="a generation to score (repeat: --gen 0 --gen 2)")
+    parser.add_argument("--replicates", type=int, help="rollouts per task (default: the benchmark's)")
+    parser.add_argument("--work-dir", default=".mass-work", help="local cache for model dirs and server logs")
+
+
+def main(args) -> int:
+    from pathlib import Path
+
+    from mass_jobs.benchmark import load_benchmark, render_table, run_benchmark
+    from mass_jobs.commands.common import open_run
+    from mass_jobs.spec import SpecError, SpecIssue
+    from mass_jobs.steps.evaluate import default_servers
+
+    ctx = open_run(args.spec)
+    bad = [g for g in args.gen if not 0 <= g <= ctx.spec.generations]
+    if bad:
+        raise SpecError(args.spec, [SpecIssue("--gen", f"expected 0..{ctx.spec.generations}, found {bad}")])
+    if args.replicates is not None and args.replicates < 1:
+        raise SpecError(args.spec, [SpecIssue("--replicates", f"expected >= 1, found {args.replicates}")])
+    bench = load_benchmark(args.bench)
+    work = Path(args.work_dir) / ctx.spec.name
+    work.mkdir(parents=True, exist_ok=True)
+    serve_model, _ = default_servers(ctx, cache_root=work / "models", log_dir=work)
+    table = run_benchmark(ctx, bench, sorted(set(args.gen)), serve_model, args.replicates)
+    print(render_table(table), end="")
+    return 0

@@ -1,0 +1,69 @@
+"""`mass plan SPEC`: counts, training memory per GPU and a simulated schedule, before a run.
+
+Reads the spec and the model's config only (no weights, no store unless --timings names a
+previous run). Exit 2 when training will not fit the declared GPU, naming the numbers.
+See `mass_jobs.planning` for where each number comes from.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("spec", help="run spec: a path or an s3:// URI")
+    parser.add_argument("--config", help="the model's config.json (or a model dir); default: model.base when local")
+    parser.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp", help="the trainer's mode (mass train --parallel)")
+    parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB of one training GPU (default 80)")
+    parser.add_argument("--timings", help="a previous run's spec: episode and step times from its store")
+    parser.add_argument("--gantt", help="write the simulated schedule as a PNG here")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+
+
+def main(args) -> int:
+    from mass_jobs.planning.counts import plan_counts
+    from mass_jobs.planning.memory import GIB, fits, load_config, refusal, training_memory
+    from mass_jobs.planning.schedule import DEFAULTS, gantt, simulate, stored_timings
+    from mass_jobs.spec import SpecError, SpecIssue, load_spec
+
+    spec = load_spec(args.spec)
+    try:
+        config = load_config(spec, args.config)
+    except ValueError as err:
+        raise SpecError(args.spec, [SpecIssue("$.model.base", str(err))]) from err
+    counts = plan_counts(spec)
+    mem = training_memory(spec, config, parallel=args.parallel)
+    timings = dict(DEFAULTS, source="defaults")
+    if args.timings:
+        from mass_jobs.commands.common import open_run
+
+        timings = stored_timings(open_run(args.timings, check_spec=False))
+    bars, makespan, serial = simulate(spec, counts, timings, spec.execution.concurrency)
+    if args.gantt:
+        gantt(bars, makespan, serial, args.gantt)
+    doc = {"run": spec.name, "counts": counts, "memory": mem.as_dict(), "gpu_memory_gib": args.gpu_memory,
+           "fits": fits(mem, args.gpu_memory), "timings": timings,
+           "schedule": {"dag_s": makespan, "one_after_another_s": serial}}
+    if args.json:
+        print(json.dumps(doc, sort_keys=True))
+    else:
+        keys = [k for k in counts[0] if k != "gen"]
+        print("counts per generation (exact, or *_max: the bound when every episode is kept)")
+        print(f"  {'':24}" + "".join(f"{'gen ' + str(c['gen']):>16}" for c in counts))
+        for k in keys:
+            print(f"  {k:24}" + "".join(f"{c[k]:>16,}" for c in counts))
+        print(f"training memory per rank ({mem.device}, {mem.parallel} over {mem.world}, window {mem.window}, "
+              f"loss chunk {mem.loss_chunk or 'none (whole window)'}, gradient checkpointing "
+              f"{'on' if mem.gradient_checkpointing else 'off'})")
+        print(f"  parameters {mem.parameters:,}; LoRA r={spec.sft.lora.r} on {mem.adapted_modules} modules "
+              f"({', '.join(mem.target_kinds)}): {mem.lora_parameters:,} parameters")
+        for k in ("weights", "adapter", "gradients", "optimizer", "activations", "recompute", "logits", "runtime", "total"):
+            print(f"  {k:12} {getattr(mem, k) / GIB:10.2f} GiB")
+        print(f"schedule ({timings['source']}: episode {timings['episode_s']:.0f} s, call {timings['call_s']:.0f} s, "
+              f"step {timings['step_s']:.1f} s): Argo DAG {makespan / 3600:.1f} h, every episode one after another "
+              f"{serial / 3600:.1f} h")
+    if not doc["fits"]:
+        print(f"mass plan: {refusal(mem, args.gpu_memory)}", file=sys.stderr)
+        return 2
+    return 0

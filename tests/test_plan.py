@@ -1,0 +1,134 @@
+"""`mass plan`: the memory model against a measured training step, the counts against a stored run,
+the schedule from the pipeline table, and the refusal when training will not fit."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mass_jobs.planning.counts import compare, plan_counts
+from mass_jobs.planning.memory import GIB, load_config, training_memory
+from mass_jobs.planning.schedule import DEFAULTS, simulate
+from mass_jobs.spec import load_spec, validate_document
+
+ROOT = Path(__file__).parent.parent
+PAPER = ROOT / "examples" / "paper.yaml"
+QWEN = ROOT / "examples" / "qwen3.5-27b-config.json"
+
+
+def tiny_spec(model_dir, window, checkpointing=False):
+    doc = yaml.safe_load((ROOT / "tests" / "specs" / "ci-e2e.yaml").read_text())
+    doc["model"]["base"] = str(model_dir)
+    doc["sft"].update(window=window, gradient_checkpointing=checkpointing, steps=1, val_every=100, save_every=100)
+    return validate_document(doc)
+
+
+def measured_peak(spec, model_dir, out_dir) -> int:
+    """Peak bytes of live CPU tensors during one real training step (`Trainer.train`, one step):
+    the tensors alive before it (weights) plus the largest rise the profiler's allocation events show."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mass_jobs.training.loop import Trainer
+
+    T = spec.sft.window
+    ids = [(i * 7) % 400 + 20 for i in range(T)]
+    train = [{"input_ids": ids, "labels": ids, "role": "orchestrator", "task": "fib"}]
+    val = [{"input_ids": ids[:32], "labels": ids[:32], "role": "orchestrator", "task": "fib"}]
+    trainer = Trainer(model_dir, train, val, spec.sft, out_dir, progress=False)
+    trainer.setup()
+    before = sum(t.numel() * t.element_size() for t in (*trainer.model.parameters(), *trainer.model.buffers()))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        trainer.train()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    assert len(events) > 100  # the profiler saw the step's allocations
+    return before + peak
+
+
+@pytest.mark.parametrize("window", [512, 1024, 2048])
+def test_memory_model_within_20_percent_of_a_measured_training_step(tiny_model_dir, tmp_path, window):
+    spec = tiny_spec(tiny_model_dir, window)
+    planned = training_memory(spec, load_config(spec)).total
+    measured = measured_peak(spec, tiny_model_dir, tmp_path / "train")
+    print(f"window {window}: planned {planned / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB")
+    assert abs(planned - measured) / measured < 0.20, (window, planned / 2**20, measured / 2**20)
+
+
+def test_checkpointing_saves_what_the_model_says_it_saves(tiny_model_dir, tmp_path):
+    """The layer activations alone: the drop gradient checkpointing brings, planned vs measured."""
+    planned, measured = {}, {}
+    for on in (False, True):
+        spec = tiny_spec(tiny_model_dir, 2048, checkpointing=on)
+        planned[on] = training_memory(spec, load_config(spec)).total
+        measured[on] = measured_peak(spec, tiny_model_dir, tmp_path / f"train-{on}")
+    print(f"checkpointing on: planned {planned[True] / 2**20:.1f} MiB, measured {measured[True] / 2**20:.1f} MiB")
+    assert abs(planned[True] - measured[True]) / measured[True] < 0.20
+    drop_planned, drop_measured = planned[False] - planned[True], measured[False] - measured[True]
+    print(f"saved by checkpointing: planned {drop_planned / 2**20:.1f} MiB, measured {drop_measured / 2**20:.1f} MiB")
+    assert drop_measured > 0 and abs(drop_planned - drop_measured) / drop_measured < 0.20
+
+
+def test_memory_grows_with_the_window_and_the_chunk_caps_the_logits():
+    spec = load_spec(PAPER)
+    config = load_config(spec, str(QWEN))
+    whole = training_memory(spec, config, parallel="fsdp", loss_chunk=None)
+    chunked = training_memory(spec, config, parallel="fsdp", loss_chunk=512)
+    assert whole.parameters == 26_895_998_464  # the text model of the config, counted on the meta device
+    assert whole.logits == 49152 * 248320 * 14 and chunked.logits == 512 * 248320 * 14
+    assert chunked.total < whole.total
+    half = training_memory(spec, config, parallel="fsdp", window=24576, loss_chunk=512)
+    assert half.activations < chunked.activations
+    ddp = training_memory(spec, config, parallel="ddp", loss_chunk=512)
+    assert ddp.weights == pytest.approx(26_895_998_464 * 2)  # every rank holds the bf16 weights
+    assert chunked.weights < ddp.weights / 5  # FSDP: 1/6 of them plus one gathered layer
+
+
+def test_plan_refuses_what_will_not_fit_and_names_the_numbers(tmp_path):
+    run = [sys.executable, "-m", "mass_jobs.cli", "plan", str(PAPER), "--config", str(QWEN)]
+    small = subprocess.run([*run, "--gpu-memory", "40"], capture_output=True, text=True, timeout=300)
+    assert small.returncode == 2, small.stderr
+    assert "will not fit" in small.stderr and "> the declared 40 GiB GPU" in small.stderr
+    assert "weights 50.1" in small.stderr  # 26.9 B bf16 parameters on every DDP rank
+    big = subprocess.run([*run, "--gpu-memory", "100000", "--json", "--gantt", str(tmp_path / "g.png")],
+                         capture_output=True, text=True, timeout=300)
+    assert big.returncode == 0, big.stderr
+    doc = json.loads(big.stdout)
+    assert doc["fits"] and doc["counts"][0]["teacher_episodes"] == 2 * 18
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_without_a_config_for_a_hub_id_names_what_to_pass():
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "plan", str(PAPER)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "$.model.base" in proc.stderr and "'Qwen/Qwen3.6-27B'" in proc.stderr and "--config" in proc.stderr
+
+
+def test_schedule_runs_episodes_side_by_side_and_sums_them_one_after_another():
+    spec = load_spec(PAPER)
+    counts = plan_counts(spec)
+    t = dict(DEFAULTS, step_s=0.0, fixed_s=0.0, call_s=0.0)
+    bars, dag, serial = simulate(spec, counts, t, parallelism=18)
+    episodes = sum(c["teacher_episodes"] + c["search_rollouts"] + c["rollout_episodes"] for c in counts)
+    assert serial == episodes * t["episode_s"]
+    # per generation: one task's search (13 rollouts), 36 teacher episodes on 18 slots, the evaluation's
+    # rollouts on 18 slots (60 at gen 0 with L0's, then 30)
+    assert dag == (2 * 13 + 2 * 2 + 4 + 2) * t["episode_s"]
+    assert {b.step for b in bars} >= {"search", "collect", "train", "evaluate", "report"}
+
+
+def test_compare_flags_every_count_a_store_differs_in():
+    """`compare` flags every exact count a store differs in (its use on a real run is in the e2e test)."""
+    spec = load_spec(PAPER)
+    planned = plan_counts(spec)[0]
+    stored = dict(planned, ranking_calls=planned["ranking_calls"] - 1, processed_tokens_max=1)
+    assert compare(planned, planned) == []
+    assert compare(planned, stored) == [f"ranking_calls: planned {planned['ranking_calls']}, stored "
+                                        f"{planned['ranking_calls'] - 1}"]
