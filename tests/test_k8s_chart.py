@@ -1,7 +1,8 @@
 """charts/mass-jobs rendered by Helm's own Go engine (helm-python-sdk) under every ci/*-values.yaml.
 
 Every object validates strictly against the upstream schemas; the default render reproduces argo/
-and manifests/; the values schema is closed; every values key is documented; no secret values.
+and manifests/; the values schema is closed; every values key is documented; no secret values;
+the agent pods' apiserver and S3 egress are required values (no default) or the Cilium form.
 """
 
 from __future__ import annotations
@@ -13,10 +14,19 @@ import pytest
 import yaml
 
 from mass_jobs.k8s import codegen, labels, schemas
+from tests.fixtures.cilium import cilium_errors
 from tests.fixtures.k8s import CHART, REPO, ci_values_files, load_docs, render_chart
 
 CHART_FILES = codegen.chart_files()
 SCENARIOS = {p.name.removesuffix("-values.yaml"): p for p in ci_values_files()}
+
+
+def _scenario(name: str) -> dict:
+    return yaml.safe_load(SCENARIOS[name].read_text()) or {}
+
+
+def _errors(obj: dict) -> list[str]:
+    return cilium_errors(obj) if obj["kind"] == "CiliumNetworkPolicy" else schemas.all_errors(obj)
 
 
 def _objects(values: dict, **kw) -> list[dict]:
@@ -34,23 +44,24 @@ def test_generated_chart_templates_match_checked_in(rel, tmp_path):
     assert (tmp_path / rel).read_bytes() == (REPO / rel).read_bytes(), f"{rel} is stale: run `{codegen.RENDER}`"
 
 
-def test_manifests_dir_matches_generator(tmp_path):
-    files = codegen.manifest_files()
-    assert {f"manifests/{p.name}" for p in (REPO / "manifests").iterdir()} == set(files)
+@pytest.mark.parametrize("folder, files", [("manifests", codegen.manifest_files()),
+                                           ("examples/k8s", codegen.example_files())])
+def test_generated_dirs_match_generator(folder, files):
+    assert {f"{folder}/{p.name}" for p in (REPO / folder).iterdir()} == set(files)
     for rel, text in files.items():
         assert (REPO / rel).read_text() == text, f"{rel} is stale: run `{codegen.RENDER}`"
 
 
 def test_scenarios_exist():
-    assert set(SCENARIOS) == {"default", "gpu-cluster", "minio-gitops"}
+    assert set(SCENARIOS) == {"default", "gpu-cluster", "minio-gitops", "cilium"}
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_every_rendered_object_validates_strictly(scenario):
-    objs = _objects(yaml.safe_load(SCENARIOS[scenario].read_text()) or {})
+    objs = _objects(_scenario(scenario))
     kinds = sorted(o["kind"] for o in objs)
     assert kinds.count("WorkflowTemplate") == 2 and "NetworkPolicy" in kinds and "Role" in kinds
-    errors = [e for o in objs for e in schemas.all_errors(o)]
+    errors = [e for o in objs for e in _errors(o)]
     assert errors == []
     for o in objs:
         meta = o["metadata"]
@@ -59,10 +70,14 @@ def test_every_rendered_object_validates_strictly(scenario):
         assert all(len(v) <= 63 for v in meta["labels"].values())
 
 
-def test_manifests_validate_strictly():
+def test_manifests_and_example_objects_validate_strictly():
     docs = [d for text in codegen.manifest_files().values() for d in load_docs(text)]
-    assert len(docs) == 13
-    assert [e for d in docs for e in schemas.all_errors(d)] == []
+    assert len(docs) == 9
+    examples = [d for rel, text in codegen.example_files().items() if not rel.endswith("controller-values.yaml")
+                for d in load_docs(text)]
+    assert sorted(d["kind"] for d in examples) == ["CiliumNetworkPolicy", "InferenceService", "NetworkPolicy",
+                                                   "NetworkPolicy", "PyTorchJob", "Secret", "Secret"]
+    assert [e for d in docs + examples for e in _errors(d)] == []
 
 
 def _strip(obj: dict) -> dict:
@@ -89,20 +104,19 @@ def _parsed_manifests(obj):
 
 
 def test_default_render_is_exactly_argo_and_manifests(argo_docs):
-    objs = _objects({}, namespace="mass-jobs")
+    objs = _objects(_scenario("default"), namespace="mass-jobs")
     for name, doc in argo_docs.items():
         rendered = _by(objs, doc["kind"], name)
         assert rendered["metadata"]["namespace"] == "mass-jobs"
         assert _parsed_manifests(_strip(rendered)) == _parsed_manifests(json.loads(json.dumps(doc)))
-    plain = [d for rel, text in codegen.manifest_files().items() if "base" not in rel and "secret-templates" not in rel
-             for d in load_docs(text)]
+    plain = [d for text in codegen.manifest_files().values() for d in load_docs(text)]
     for doc in plain:
         assert _parsed_manifests(_strip(_by(objs, doc["kind"], doc["metadata"]["name"]))) == _parsed_manifests(doc)
     assert not [o for o in objs if o["kind"] == "Secret" and o.get("type") == "Opaque"]
 
 
 def test_gpu_cluster_values_reach_the_jobs():
-    objs = _objects(yaml.safe_load(SCENARIOS["gpu-cluster"].read_text()))
+    objs = _objects(_scenario("gpu-cluster"))
     cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
     created = {o["kind"]: o for o in schemas.embedded_manifests(cycle) if "spec" in o}
     isvc, job = created["InferenceService"], created["PyTorchJob"]
@@ -117,12 +131,12 @@ def test_gpu_cluster_values_reach_the_jobs():
     cron = _by(objs, "CronWorkflow", "mass-nightly")
     assert cron["spec"]["schedules"] == ["0 2 * * *", "0 14 * * *"] and cron["spec"]["suspend"] is False
     assert cron["spec"]["workflowSpec"]["arguments"]["parameters"][1] == {"name": "run", "value": "paper-nightly"}
-    policy = _by(objs, "NetworkPolicy", "mass-agent-egress")
-    assert [p["ipBlock"]["cidr"] for p in policy["spec"]["egress"][2]["to"]] == ["172.20.0.10/32", "172.20.0.11/32"]
+    policy = _by(objs, "NetworkPolicy", "mass-agent-egress-apiserver")
+    assert [p["ipBlock"]["cidr"] for p in policy["spec"]["egress"][0]["to"]] == ["172.20.0.10/32", "172.20.0.11/32"]
 
 
 def test_minio_gitops_values():
-    objs = _objects(yaml.safe_load(SCENARIOS["minio-gitops"].read_text()), namespace="ignored")
+    objs = _objects(_scenario("minio-gitops"), namespace="ignored")
     assert {o["metadata"]["namespace"] for o in objs} == {"mass-lab"}
     assert not [o for o in objs if o["kind"] == "CronWorkflow"]
     repo = yaml.safe_load(_by(objs, "ConfigMap", "artifact-repositories")["data"]["default-v1"])["s3"]
@@ -140,9 +154,9 @@ def test_minio_gitops_values():
 
 def test_long_release_name_keeps_label_values_within_63():
     name = "r" * 53  # Helm's own maximum release name
-    objs = _objects({}, name=name)
+    objs = _objects(_scenario("default"), name=name)
     assert {o["metadata"]["labels"]["app.kubernetes.io/instance"] for o in objs} == {name}
-    long_override = _objects({"nameOverride": "n" * 70})
+    long_override = _objects({**_scenario("default"), "nameOverride": "n" * 70})
     assert {o["metadata"]["labels"]["app.kubernetes.io/name"] for o in long_override} == {"n" * 63}
 
 
@@ -171,7 +185,7 @@ def test_values_schema_is_closed_and_rejects_typos():
             with pytest.raises(helm_python.HelmError):
                 chart.validate_schema(chart.merge_values(typo))
             with pytest.raises(helm_python.HelmError):
-                chart.render(typo, name="mass")
+                chart.render({**_scenario("default"), **typo}, name="mass")
 
 
 def test_every_values_key_has_a_doc_comment():
@@ -212,10 +226,11 @@ def test_values_schema_covers_exactly_the_values_keys():
             node = node[part]
 
 
-def test_helm_lint_reports_no_errors():
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_helm_lint_reports_no_errors(scenario):
     import helm_python
 
-    report = helm_python.lint(CHART, strict=True)
+    report = helm_python.lint(CHART, _scenario(scenario), strict=True)
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
@@ -228,14 +243,16 @@ SECRET_PATTERNS = [r"AKIA[0-9A-Z]{16}", r"-----BEGIN [A-Z ]*PRIVATE KEY", r"(?i)
 
 def test_no_secret_values_anywhere():
     texts = {p.relative_to(REPO).as_posix(): p.read_text()
-             for d in ("argo", "manifests", "charts/mass-jobs") for p in (REPO / d).rglob("*") if p.is_file()}
+             for d in ("argo", "manifests", "examples/k8s", "charts/mass-jobs") for p in (REPO / d).rglob("*")
+             if p.is_file()}
     assert len(texts) >= 25
     for rel, text in texts.items():
         for pat in SECRET_PATTERNS:
             assert not re.search(pat, text), f"{rel} matches {pat}"
-    rendered = [o for p in SCENARIOS.values() for o in _objects(yaml.safe_load(p.read_text()) or {})]
-    rendered += [d for text in codegen.manifest_files().values() for d in load_docs(text)]
-    secrets = [o for o in rendered if o["kind"] == "Secret"]
+    rendered = [o for name in SCENARIOS for o in _objects(_scenario(name))]
+    rendered += [d for text in {**codegen.manifest_files(), **codegen.example_files()}.values()
+                 for d in load_docs(text)]
+    secrets = [o for o in rendered if o.get("kind") == "Secret"]
     assert len(secrets) >= 4
     for s in secrets:
         assert "data" not in s and all(v == "" for v in (s.get("stringData") or {}).values()), s["metadata"]["name"]
@@ -248,9 +265,132 @@ def test_agent_network_policy_selects_the_agent_pods(argo_docs):
     assert all(agent["metadata"]["labels"][k] == v for k, v in selector.items())
     assert policy["spec"]["ingress"] == [] and policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     ports = [p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]]
-    assert ports == [53, 53, 8080, 443, 6443, 443, 9000]
+    assert ports == [53, 53, 8080]  # the plain manifests carry no cluster address at all
+    assert "ipBlock" not in json.dumps(policy)
     model_rule = policy["spec"]["egress"][1]["to"][0]["podSelector"]["matchLabels"]
     isvc = next(o for o in schemas.embedded_manifests(argo_docs["mass-cycle"]) if o["kind"] == "InferenceService"
                 and "spec" in o)
     assert all(isvc["spec"]["predictor"]["labels"][k] == v for k, v in model_rule.items())
     assert labels.STEP in model_rule
+    # every agent egress policy of the chart (all scenarios) selects exactly those pods
+    for name in SCENARIOS:
+        for o in _objects(_scenario(name)):
+            if o["kind"] in ("NetworkPolicy", "CiliumNetworkPolicy"):
+                sel = o["spec"].get("podSelector") or o["spec"]["endpointSelector"]
+                assert sel == {"matchLabels": selector}, (name, o["metadata"]["name"])
+
+
+# ---------------------------------------------------------------- network values without defaults
+
+_API = [{"ipBlock": {"cidr": "172.18.0.3/32"}}, {"ipBlock": {"cidr": "172.18.0.4/32"}}]
+_S3 = [{"ipBlock": {"cidr": "3.5.0.0/19"}}]
+
+
+def _render_error(values: dict) -> str:
+    import helm_python
+
+    with pytest.raises(helm_python.HelmError) as e:
+        render_chart(values)
+    return str(e.value)
+
+
+def test_helm_template_without_network_values_fails_naming_them():
+    no_network = _render_error({})
+    assert "required values are not set" in no_network and "kubectl get endpoints kubernetes" in no_network
+    assert "network.apiServer.to" in no_network and "network.s3.to" in no_network
+    only_s3 = _render_error({"network": {"apiServer": {"to": _API}}})
+    assert "network.s3.to" in only_s3 and "network.apiServer.to" not in only_s3
+    only_api = _render_error({"network": {"s3": {"to": _S3}}})
+    assert "network.apiServer.to" in only_api and "network.s3.to" not in only_api
+    # Cilium reaches the apiserver by entity: only S3 is still required
+    cilium = _render_error({"network": {"cilium": True}})
+    assert "network.s3.to" in cilium and "network.apiServer.to" not in cilium
+    # an empty list would allow every destination: the values schema refuses it by path
+    empty = _render_error({"network": {"apiServer": {"to": []}, "s3": {"to": _S3}}})
+    assert "/network/apiServer/to" in empty and "minItems" in empty
+    # the chart itself carries no address: the old defaults are gone from values and templates
+    chart_text = (CHART / "values.yaml").read_text() + "".join(CHART_FILES.values())
+    assert "10.96.0.1" not in chart_text and "10.0.0.0/8" not in chart_text
+
+
+def _agent_egress(objs: list[dict]) -> dict[str, list[dict]]:
+    return {o["metadata"]["name"]: o["spec"]["egress"] for o in objs if o["kind"] == "NetworkPolicy"}
+
+
+def test_with_the_values_the_policies_have_exactly_those_cidrs():
+    objs = _objects({"network": {"apiServer": {"to": _API}, "s3": {"to": _S3}}})
+    egress = _agent_egress(objs)
+    assert sorted(egress) == ["mass-agent-egress", "mass-agent-egress-apiserver", "mass-agent-egress-s3"]
+    assert egress["mass-agent-egress-apiserver"] == [
+        {"to": _API, "ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}]
+    assert egress["mass-agent-egress-s3"] == [
+        {"to": _S3, "ports": [{"port": 443, "protocol": "TCP"}, {"port": 9000, "protocol": "TCP"}]}]
+    cidrs = sorted(peer["ipBlock"]["cidr"] for rules in egress.values() for r in rules for peer in r["to"]
+                   if "ipBlock" in peer)
+    assert cidrs == ["172.18.0.3/32", "172.18.0.4/32", "3.5.0.0/19"]
+    assert not [o for o in objs if o["kind"] == "CiliumNetworkPolicy"]
+    for o in objs:
+        if o["kind"] == "NetworkPolicy":
+            assert all(rule["to"] for rule in o["spec"]["egress"]), o["metadata"]["name"]  # never `to: []`
+
+
+def test_the_cilium_option_renders_a_valid_policy_instead_of_the_apiserver_cidrs():
+    objs = _objects(_scenario("cilium"))
+    cnp = _by(objs, "CiliumNetworkPolicy", "mass-agent-egress-apiserver")
+    assert cilium_errors(cnp) == []
+    assert cnp["apiVersion"] == "cilium.io/v2"
+    assert cnp["spec"]["egress"] == [{"toEntities": ["kube-apiserver"],
+                                      "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"},
+                                                             {"port": "6443", "protocol": "TCP"}]}]}]
+    assert sorted(_agent_egress(objs)) == ["mass-agent-egress", "mass-agent-egress-s3"]
+    assert _agent_egress(objs)["mass-agent-egress-s3"][0]["ports"] == [{"port": 9000, "protocol": "TCP"}]
+    # the check can fail: an integer port, an unknown entity, a missing selector
+    bad = json.loads(json.dumps(cnp))
+    bad["spec"]["egress"][0]["toPorts"][0]["ports"][0]["port"] = 443
+    bad["spec"]["egress"][0]["toEntities"] = ["apiserver"]
+    del bad["spec"]["endpointSelector"]
+    assert len(cilium_errors(bad)) == 3
+
+
+# ---------------------------------------------------------------- what `kubectl apply -f manifests/` does
+
+WORKLOAD_KINDS = {"Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "InferenceService",
+                  "PyTorchJob", "Workflow", "CronWorkflow"}
+SAFE_KINDS = {"ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "ConfigMap", "Secret"}
+
+
+def apply_hazards(rel: str, doc: dict) -> list[str]:
+    """What applying this object as it is would do beyond installing configuration."""
+    where = f"{rel} {doc['kind']}/{doc['metadata']['name']}"
+    out = []
+    if doc["kind"] in WORKLOAD_KINDS or doc["kind"] not in SAFE_KINDS:
+        out.append(f"{where}: starts work or is not plain configuration")
+    if re.search(r"gpu", json.dumps(doc.get("spec", {})), re.I):
+        out.append(f"{where}: requests GPUs")
+    if doc["kind"] == "Secret":
+        filled_by_kubernetes = doc.get("type") == "kubernetes.io/service-account-token"
+        data = {**(doc.get("data") or {}), **(doc.get("stringData") or {})}
+        if not filled_by_kubernetes or data:
+            out.append(f"{where}: a Secret with placeholder or empty values replaces the real one")
+    return out
+
+
+def test_every_object_under_manifests_is_safe_to_apply_as_is():
+    files = sorted((REPO / "manifests").glob("*"))
+    assert len(files) == 5
+    hazards = [h for p in files for d in load_docs(p.read_text()) for h in apply_hazards(p.name, d)]
+    assert hazards == []
+    # the reference objects moved out are exactly what the check refuses
+    moved = {rel: [h for d in load_docs(text) for h in apply_hazards(rel, d)]
+             for rel, text in codegen.example_files().items()
+             if rel.split("/")[-1] in ("inferenceservice-base.yaml", "pytorchjob-base.yaml", "secret-templates.yaml")}
+    assert all(moved.values()) and len(moved) == 3
+    assert any("requests GPUs" in h for h in moved["examples/k8s/pytorchjob-base.yaml"])
+    assert sum("Secret" in h for h in moved["examples/k8s/secret-templates.yaml"]) == 2
+
+
+def test_readme_applies_only_manifests_and_argo():
+    readme = (REPO / "README.md").read_text()
+    applies = re.findall(r"kubectl apply [^\n`]*", readme)
+    assert applies and all("examples/k8s" not in a or "networkpolicy-cluster-egress" in a
+                           or "ciliumnetworkpolicy" in a for a in applies), applies

@@ -117,7 +117,7 @@ def test_mass_episode_unpacks_and_packs_the_store_archive(scripted_endpoint, tmp
 
 def test_every_step_and_trainer_pod_works_in_a_mounted_writable_dir():
     for doc in (load_docs(codegen.argo_files()["argo/mass-cycle.yaml"])[0],
-                load_docs(codegen.manifest_files()["manifests/pytorchjob-base.yaml"])[0]):
+                load_docs(codegen.example_files()["examples/k8s/pytorchjob-base.yaml"])[0]):
         seen = 0
         templates = doc["spec"].get("templates") or []
         volumes = {t["name"]: {m["mountPath"] for m in t["container"].get("volumeMounts", [])}

@@ -1,20 +1,24 @@
 """Every generated Kubernetes file, as {relative path: text}, from one set of builders.
 
-`argo_files()` -> argo/, `manifest_files()` -> manifests/, `chart_files()` -> the chart's
-generated templates. Tests regenerate these into a temporary dir and compare byte for byte;
-`write(files, root)` is what `mass render argo` calls.
+`argo_files()` -> argo/, `manifest_files()` -> manifests/ (only objects safe to apply as they
+are), `example_files()` -> examples/k8s/ (reference objects with example values, Secret
+templates, the per-cluster network policies and the Argo controller settings, all to read or
+edit, never to apply blindly), `chart_files()` -> the chart's generated templates. Tests
+regenerate these into a temporary dir and compare byte for byte; `write(files, root)` is what
+`mass render argo` calls.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from mass_jobs.k8s import argo, manifests, serving, training
+from mass_jobs.k8s import argo, manifests, pods, serving, training
 from mass_jobs.pipeline import by_name
 from mass_jobs.k8s.settings import ClusterSettings, helm_settings
 from mass_jobs.k8s.yamlio import dump_docs, header, helmify
 
-RENDER = "mass render argo --out argo/ --manifests manifests/ --chart charts/mass-jobs/"
+RENDER = "mass render argo --out argo/ --manifests manifests/ --examples examples/k8s/ --chart charts/mass-jobs/"
 
 _CYCLE_DOC = (
     "WorkflowTemplate mass-cycle: one MASS generation (L_gen -> L_gen+1).",
@@ -59,6 +63,7 @@ def _argo_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
 
 
 def _manifest_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
+    """What `kubectl apply -f manifests/` installs: no workload, no Secret to fill, no cluster address."""
     return {
         "serviceaccounts.yaml": (("ServiceAccounts: executor, workflow pods, model storage initializer.",
                                   ["The executor's token Secret is filled by Kubernetes (no value here)."]),
@@ -67,34 +72,78 @@ def _manifest_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
                        ["workflowtaskresults (create, patch); pytorchjobs and inferenceservices for resource templates."]),
                       manifests.rbac(s)),
         "networkpolicy.yaml": (("NetworkPolicy of the sandboxed agent pods (mass-jobs.io/step=episode).",
-                                ["No ingress. Egress: DNS, the model predictor (8080), and for Argo's wait/init",
-                                 "containers the kube-apiserver and the S3 endpoint (set these CIDRs per cluster)."]),
+                                ["No ingress. Egress: DNS and the model predictor (8080) only. Argo's wait/init",
+                                 "containers also need the kube-apiserver and S3: add those per cluster",
+                                 "(examples/k8s/networkpolicy-cluster-egress.yaml, or the chart's network.* values)."]),
                                [manifests.agent_network_policy(s)]),
         "artifact-repositories.yaml": (("ConfigMap artifact-repositories: the S3 repository of Argo artifacts.", []),
                                        [manifests.artifact_repositories(s)]),
         "semaphores.yaml": (("ConfigMap mass-semaphores: how many GPU jobs (PyTorchJobs) run at once.", []),
                             [manifests.semaphores(s)]),
-        "secret-templates.yaml": (("Secret templates: keys only, values empty; fill them out of band.",
-                                   ["S3 credentials (also read by KServe's storage initializer) and judge API keys."]),
-                                  manifests.secret_templates(s)),
     }
 
 
-def _base_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
+_SECRETS_DOC = ("Secret templates: keys only, values empty; fill them out of band.",
+                ["S3 credentials (also read by KServe's storage initializer) and judge API keys."])
+_S3_POLICY_DOC = ("NetworkPolicy: agent pods may reach the S3 endpoint (Argo's artifacts).",
+                  ["Peers are per cluster (no default): the S3 endpoint's IPs, or a selector of an in-cluster MinIO."])
+_API_POLICY_DOC = ("NetworkPolicy: agent pods may reach the kube-apiserver (Argo's task results).",
+                   ["Peers are per cluster (no default): the apiserver's endpoint IPs (`kubectl get endpoints",
+                    "kubernetes`); policies see destinations after Service NAT, never the ClusterIP."])
+_CILIUM_DOC = ("CiliumNetworkPolicy: agent pods may reach the kube-apiserver (the kube-apiserver entity).",
+               ["The Cilium form of the apiserver egress: no IPs to keep up to date."])
+
+
+def _chart_only_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
+    return {
+        "networkpolicy-s3.yaml": (_S3_POLICY_DOC, [manifests.agent_s3_policy(s)]),
+        "networkpolicy-apiserver.yaml": (_API_POLICY_DOC, [manifests.agent_api_server_policy(s)]),
+        "ciliumnetworkpolicy-apiserver.yaml": (_CILIUM_DOC, [manifests.agent_api_server_cilium_policy(s)]),
+        "secret-templates.yaml": (_SECRETS_DOC, manifests.secret_templates(s)),
+    }
+
+
+# Documentation address ranges (RFC 5737): they reach nothing, so an unedited example fails closed.
+EXAMPLE_API_SERVER_PEERS = ({"ipBlock": {"cidr": "192.0.2.10/32"}}, {"ipBlock": {"cidr": "192.0.2.11/32"}})
+EXAMPLE_S3_PEERS = ({"ipBlock": {"cidr": "198.51.100.0/24"}},)
+
+
+def _example_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
     labels = serving.example_labels()
+    net = replace(s, api_server_peers=EXAMPLE_API_SERVER_PEERS, s3_peers=EXAMPLE_S3_PEERS)
     return {
         "inferenceservice-base.yaml": (
             ("InferenceService base: the object mass-cycle's serve-model step creates, with example values.",
-             ["HuggingFace runtime with vLLM: tool-call and reasoning parsers, max model length; model from S3."]),
+             ["HuggingFace runtime with vLLM: tool-call and reasoning parsers, max model length; model from S3.",
+              "For reading: mass-cycle creates and deletes it; applying it starts a GPU server."]),
             [serving.inference_service(s, serving.isvc_name("demo", "0"), "s3://mass-jobs/runs/demo/gen-0/model",
                                        labels)]),
         "pytorchjob-base.yaml": (
             ("PyTorchJob base: the object mass-cycle's train step creates, with example values.",
-             ["Master + Workers, container pytorch, torchrun from the operator's PET_* env running mass train."]),
+             ["Master + Workers, container pytorch, torchrun from the operator's PET_* env running mass train.",
+              "For reading: mass-cycle creates and deletes it; applying it starts a GPU job."]),
             [training.pytorch_job(s, training.job_name("mass-run-abcde", "0"),
                                   by_name("train").argv("s3://mass-jobs/specs/demo.yaml", 0),
                                   {**labels, "mass-jobs.io/step": "train"}, env=argo.step_env_dicts(s),
                                   workers=2, nproc="2", gpus="2")]),
+        "secret-templates.yaml": (
+            (_SECRETS_DOC[0], _SECRETS_DOC[1] + ["Applying this file unedited blanks Secrets of the same names."]),
+            manifests.secret_templates(s)),
+        "networkpolicy-cluster-egress.yaml": (
+            ("NetworkPolicies: agent pods may reach the kube-apiserver and S3 (Argo's wait/init containers).",
+             ["Replace the example CIDRs (documentation ranges that reach nothing) with this cluster's:",
+              "kubectl get endpoints kubernetes -o jsonpath='{.subsets[*].addresses[*].ip}' (each as IP/32), and",
+              "the S3 endpoint's IPs, or a namespaceSelector/podSelector for an in-cluster MinIO.",
+              "On Cilium, ciliumnetworkpolicy-apiserver.yaml replaces the apiserver policy."]),
+            [manifests.agent_api_server_policy(net), manifests.agent_s3_policy(net)]),
+        "ciliumnetworkpolicy-apiserver.yaml": (_CILIUM_DOC, [manifests.agent_api_server_cilium_policy(s)]),
+        "argo-controller-values.yaml": (
+            ("Argo Workflows controller settings for Pod Security \"restricted\" (argo-workflows Helm chart values).",
+             ["Argo's init and wait containers (and the main container of resource templates) take their",
+              "securityContext from the controller's config, not from the WorkflowTemplate:",
+              "helm upgrade argo-workflows argo/argo-workflows -f argo-controller-values.yaml, or the same",
+              "block under `executor:` in the workflow-controller-configmap."]),
+            [{"executor": {"securityContext": pods.executor_security_context()}}]),
     }
 
 
@@ -108,21 +157,27 @@ def argo_files() -> dict[str, str]:
 
 
 def manifest_files() -> dict[str, str]:
-    s = ClusterSettings()
-    return _render({**_manifest_docs(s), **_base_docs(s)}, "manifests/", "mass render argo --manifests manifests/")
+    return _render(_manifest_docs(ClusterSettings()), "manifests/", "mass render argo --manifests manifests/")
+
+
+def example_files() -> dict[str, str]:
+    return _render(_example_docs(ClusterSettings()), "examples/k8s/", "mass render argo --examples examples/k8s/")
 
 
 # Chart templates installed only when a value switches them on.
 _CHART_CONDITIONS = {
     "secret-templates.yaml": ".Values.secretTemplates.create",
     "mass-nightly.yaml": ".Values.cron.enabled",
+    "networkpolicy-apiserver.yaml": "not .Values.network.cilium",
+    "ciliumnetworkpolicy-apiserver.yaml": ".Values.network.cilium",
 }
 
 
 def chart_files() -> dict[str, str]:
     s = helm_settings()
     out = {}
-    for name, text in _render({**_manifest_docs(s), **_argo_docs(s)}, "", "mass render argo --chart charts/mass-jobs/").items():
+    for name, text in _render({**_manifest_docs(s), **_chart_only_docs(s), **_argo_docs(s)}, "",
+                             "mass render argo --chart charts/mass-jobs/").items():
         body = helmify(text)
         if name in _CHART_CONDITIONS:
             body = f"{{{{- if {_CHART_CONDITIONS[name]} }}}}\n{body}{{{{- end }}}}\n"

@@ -75,26 +75,59 @@ def rbac(s: ClusterSettings) -> list[dict]:
 
 
 def agent_network_policy(s: ClusterSettings) -> dict:
-    """Agent pods: no ingress; egress to DNS, the model predictor, and what Argo's wait/init
-    containers need (kube-apiserver for task results, the S3 endpoint for artifacts)."""
+    """Agent pods: no ingress; egress to DNS and the model predictor only. The apiserver and S3
+    egress of Argo's wait/init containers are separate policies (allows add up), because their
+    peers are per cluster: see agent_api_server_policy, agent_api_server_cilium_policy, agent_s3_policy."""
     dns_ports = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+    return _agent_policy(AGENT_POLICY, s, ["Ingress", "Egress"], [
+        {"to": [dict(p) for p in _dns_peers()], "ports": dns_ports},
+        {"to": [{"podSelector": {"matchLabels": {L.STEP: MODEL_STEP}}}],
+         "ports": [{"port": PREDICTOR_PORT, "protocol": "TCP"}]},
+    ], ingress=[])
+
+
+def agent_api_server_policy(s: ClusterSettings) -> dict:
+    """Egress to the kube-apiserver's endpoint IPs (NetworkPolicies never match the `kubernetes`
+    Service ClusterIP: they see the destination after NAT)."""
+    return _agent_policy(f"{AGENT_POLICY}-apiserver", s, ["Egress"], [
+        {"to": _required(s.api_server_peers, "api_server_peers"), "ports": _listish(s.api_server_ports)}])
+
+
+def agent_api_server_cilium_policy(s: ClusterSettings) -> dict:
+    """The Cilium form of agent_api_server_policy: the `kube-apiserver` entity, no IPs to keep."""
+    return {
+        "apiVersion": "cilium.io/v2",
+        "kind": "CiliumNetworkPolicy",
+        "metadata": _meta(f"{AGENT_POLICY}-apiserver", s, "agent"),
+        "spec": {
+            "endpointSelector": {"matchLabels": {L.STEP: AGENT_STEP}},
+            "egress": [{"toEntities": ["kube-apiserver"], "toPorts": [{"ports": _listish(s.api_server_cilium_ports)}]}],
+        },
+    }
+
+
+def agent_s3_policy(s: ClusterSettings) -> dict:
+    """Egress to the S3 endpoint of Argo's artifacts."""
+    return _agent_policy(f"{AGENT_POLICY}-s3", s, ["Egress"], [
+        {"to": _required(s.s3_peers, "s3_peers"), "ports": _listish(s.s3_ports)}])
+
+
+def _agent_policy(name: str, s: ClusterSettings, types: list[str], egress: list[dict], **extra) -> dict:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _meta(AGENT_POLICY, s, "agent"),
-        "spec": {
-            "podSelector": {"matchLabels": {L.STEP: AGENT_STEP}},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [],
-            "egress": [
-                {"to": [dict(p) for p in _dns_peers()], "ports": dns_ports},
-                {"to": [{"podSelector": {"matchLabels": {L.STEP: MODEL_STEP}}}],
-                 "ports": [{"port": PREDICTOR_PORT, "protocol": "TCP"}]},
-                {"to": _listish(s.api_server_peers), "ports": _listish(s.api_server_ports)},
-                {"to": _listish(s.s3_peers), "ports": _listish(s.s3_ports)},
-            ],
-        },
+        "metadata": _meta(name, s, "agent"),
+        "spec": {"podSelector": {"matchLabels": {L.STEP: AGENT_STEP}}, "policyTypes": types, **extra,
+                 "egress": egress},
     }
+
+
+def _required(peers, field: str):
+    # An egress rule with an empty `to` allows every destination: never render one.
+    if not peers:
+        raise ValueError(f"ClusterSettings.{field} is required: the NetworkPolicy peers of this cluster "
+                         "(an empty list would allow every destination)")
+    return _listish(peers)
 
 
 def _dns_peers() -> list[dict]:

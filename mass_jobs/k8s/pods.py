@@ -31,6 +31,18 @@ def container_security_context() -> dict:
     }
 
 
+def executor_security_context() -> dict:
+    """Argo's init and wait containers: the controller's `executor.securityContext`, which no
+    WorkflowTemplate can set. No runAsUser: the pod's (or the nonroot argoexec image's) applies,
+    so the wait container reads the main container's outputs as the same user."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def resources(pod: Pod, settings: ClusterSettings) -> dict:
     """Requests equal limits (Guaranteed QoS); GPUs only where the pod asks for them."""
     amounts = {"cpu": pod.cpu, "memory": pod.memory}

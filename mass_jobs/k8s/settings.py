@@ -74,8 +74,11 @@ class ClusterSettings:
     cron_suspend: bool = True
     cron_spec: str = "s3://mass-jobs/specs/nightly.yaml"
     cron_run: str = "nightly"
+    # Egress of agent pods to the kube-apiserver and S3 (Argo's wait/init containers): no default
+    # peers, they are per cluster; the policy builders refuse to render without them.
     api_server_peers: tuple | str = ()
     api_server_ports: tuple | str = ()
+    api_server_cilium_ports: tuple | str = ()  # the same ports in CiliumNetworkPolicy form (port as a string)
     s3_peers: tuple | str = ()
     s3_ports: tuple | str = ()
     chart: bool = False  # True only for helm_settings(): builders add the chart's labels block
@@ -84,10 +87,12 @@ class ClusterSettings:
         if self.s3_endpoint_url is None:
             scheme = "http" if self.s3_insecure is True else "https"
             object.__setattr__(self, "s3_endpoint_url", f"{scheme}://{self.s3_endpoint}")
-        for name, default in (("api_server_peers", API_SERVER_PEERS), ("api_server_ports", API_SERVER_PORTS),
-                              ("s3_peers", S3_PEERS), ("s3_ports", S3_PORTS)):
+        for name, default in (("api_server_ports", API_SERVER_PORTS), ("s3_ports", S3_PORTS)):
             if getattr(self, name) == ():
                 object.__setattr__(self, name, default)
+        if self.api_server_cilium_ports == () and not isinstance(self.api_server_ports, str):
+            object.__setattr__(self, "api_server_cilium_ports", tuple(
+                {"port": str(p["port"]), "protocol": p["protocol"]} for p in self.api_server_ports))
 
 
 DNS_PEERS = (
@@ -95,12 +100,17 @@ DNS_PEERS = (
      "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},
 )
 # The wait/init containers of an agent pod talk to the kube-apiserver (task results) and to S3
-# (artifacts); NetworkPolicies see endpoint IPs after Service NAT, so these are CIDRs to set
-# per cluster (`kubectl get endpoints kubernetes`, the S3/MinIO endpoint address).
-API_SERVER_PEERS = ({"ipBlock": {"cidr": "10.96.0.1/32"}},)
+# (artifacts). NetworkPolicies match endpoint IPs after Service NAT, so the peers are per cluster
+# and have no default (`kubectl get endpoints kubernetes`, the S3 endpoint's IPs); only ports do.
 API_SERVER_PORTS = ({"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"})
-S3_PEERS = ({"ipBlock": {"cidr": "10.0.0.0/8"}},)
 S3_PORTS = ({"port": 443, "protocol": "TCP"}, {"port": 9000, "protocol": "TCP"})
+
+
+# `helm template` without these values fails with the message (no quotes of the other kind inside).
+_REQUIRED_API_SERVER = ('"network.apiServer.to is required (no default): the kube-apiserver endpoint IPs as ipBlock '
+                        'peers, see kubectl get endpoints kubernetes; or set network.cilium=true"')
+_REQUIRED_S3 = ('"network.s3.to is required (no default): the S3 endpoint as ipBlock peers of its IPs, '
+                'or a namespaceSelector/podSelector of an in-cluster MinIO"')
 
 
 def helm_settings() -> ClusterSettings:
@@ -142,9 +152,10 @@ def helm_settings() -> ClusterSettings:
         cron_suspend=helm(f"{v}.cron.suspend"),
         cron_spec=helm(f"{v}.cron.spec | quote"),
         cron_run=helm(f"{v}.cron.run | quote"),
-        api_server_peers=helm_yaml(f"{v}.network.apiServer.to"),
+        api_server_peers=helm_yaml(f"(required {_REQUIRED_API_SERVER} {v}.network.apiServer.to)"),
         api_server_ports=helm_yaml(f"{v}.network.apiServer.ports"),
-        s3_peers=helm_yaml(f"{v}.network.s3.to"),
+        api_server_cilium_ports=helm_yaml('(include "mass-jobs.ciliumPorts" .Values.network.apiServer.ports | fromYamlArray)'),
+        s3_peers=helm_yaml(f"(required {_REQUIRED_S3} {v}.network.s3.to)"),
         s3_ports=helm_yaml(f"{v}.network.s3.ports"),
         chart=True,
     )

@@ -28,3 +28,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- range .Values.judges.keys }}{{- $_ := set $keys . "" }}{{- end }}
 {{- toYaml $keys }}
 {{- end }}
+
+{{/* CiliumNetworkPolicy ports (the port as a string) of a NetworkPolicy port list. */}}
+{{- define "mass-jobs.ciliumPorts" -}}
+{{- range . }}
+- port: {{ .port | quote }}
+  protocol: {{ .protocol }}
+{{- end }}
+{{- end }}
