@@ -45,8 +45,8 @@ schemas: $(STAMP)
 # Regenerate every checked-in generated file and fail when git sees a difference.
 check-codegen: $(STAMP)
 	$(VENV)/bin/mass schema --write schemas/
-	$(VENV)/bin/mass render argo --out argo/
-	git diff --exit-code -- schemas/ argo/
+	$(VENV)/bin/mass render argo --out argo/ --manifests manifests/ --examples examples/k8s/ --chart charts/mass-jobs/
+	git diff --exit-code -- schemas/ argo/ manifests/ examples/k8s/ charts/mass-jobs/templates/
 
 # Container images of the chart's defaults (needs a docker engine; context = repository root).
 images:

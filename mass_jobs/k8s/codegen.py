@@ -144,6 +144,19 @@ def _example_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
               "helm upgrade argo-workflows argo/argo-workflows -f argo-controller-values.yaml, or the same",
               "block under `executor:` in the workflow-controller-configmap."]),
             [{"executor": {"securityContext": pods.executor_security_context()}}]),
+        "training-operator-init-container.yaml": (
+            ("Training operator (v1.9) template of the PyTorchJob Worker init container, hardened for \"restricted\".",
+             ["The built-in one has no securityContext. Mount this file into the operator and pass",
+              "--pytorch-init-container-template-file=<path>; {{.InitContainerImage}} and {{.MasterAddr}}",
+              "are filled by the operator."]),
+            [training.operator_init_container_template()]),
+        "kserve-storage-initializer-patch.yaml": (
+            ("KServe: securityContext of the storage-initializer init container, for Pod Security \"restricted\".",
+             ["KServe merges the ClusterStorageContainer that serves s3:// into the storage initializer it",
+              "injects; KServe installs one named `default`:",
+              "kubectl patch clusterstoragecontainer default --type merge --patch-file kserve-storage-initializer-patch.yaml"]),
+            [{"spec": {"container": {"name": "storage-initializer",
+                                     "securityContext": pods.executor_security_context()}}}]),
     }
 
 

@@ -32,9 +32,10 @@ def container_security_context() -> dict:
 
 
 def executor_security_context() -> dict:
-    """Argo's init and wait containers: the controller's `executor.securityContext`, which no
-    WorkflowTemplate can set. No runAsUser: the pod's (or the nonroot argoexec image's) applies,
-    so the wait container reads the main container's outputs as the same user."""
+    """Containers that controllers add to our pods (Argo's init and wait containers, the training
+    operator's Worker init container, KServe's storage initializer): set in each controller's
+    config, which no object of ours can. No runAsUser: the pod's (or the image's) applies, so Argo's
+    wait container reads the main container's outputs as the same user."""
     return {
         "allowPrivilegeEscalation": False,
         "runAsNonRoot": True,

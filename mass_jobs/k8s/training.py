@@ -78,3 +78,19 @@ def _resources(s: ClusterSettings, gpus: str) -> dict:
     """The chart's per-replica CPU and memory; the spec's GPUs (requests = limits, Guaranteed QoS)."""
     amounts = {"cpu": s.trainer.cpu, "memory": s.trainer.memory, s.gpu_resource: gpus}
     return {"limits": dict(amounts), "requests": dict(amounts)}
+
+
+def operator_init_container_template() -> list[dict]:
+    """The training operator's Worker init container (`init-pytorch`, waits for the Master's DNS
+    name), hardened. The operator builds it from a Go template file
+    (`--pytorch-init-container-template-file`); its built-in one has no securityContext, which Pod
+    Security "restricted" rejects. `{{.InitContainerImage}}` and `{{.MasterAddr}}` are the
+    operator's own placeholders."""
+    return [{
+        "name": "init-pytorch",
+        "image": "{{.InitContainerImage}}",
+        "imagePullPolicy": "IfNotPresent",
+        "resources": {"limits": {"cpu": "100m", "memory": "20Mi"}, "requests": {"cpu": "50m", "memory": "10Mi"}},
+        "command": ["sh", "-c", "until nslookup {{.MasterAddr}}; do echo waiting for master; sleep 2; done;"],
+        "securityContext": pods.executor_security_context(),
+    }]
