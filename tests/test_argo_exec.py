@@ -390,9 +390,9 @@ CI_SPEC = REPO / "tests" / "specs" / "ci-e2e.yaml"
 
 
 def chart_docs(values: dict | None = None) -> list[dict]:
-    from tests.fixtures.k8s import render_chart
+    from tests.fixtures.k8s import render_chart, with_network
 
-    rendered = render_chart(values or {})
+    rendered = render_chart(with_network(values))
     return [d for name, text in sorted(rendered.items()) if name.endswith(".yaml")
             for d in yaml.safe_load_all(text) if d]
 

@@ -17,7 +17,7 @@ from mass_jobs.cli import main as cli_main
 from mass_jobs.k8s import argo as A
 from mass_jobs.k8s import codegen, schemas
 from mass_jobs.k8s.settings import ClusterSettings
-from tests.fixtures.k8s import REPO, load_docs, render_chart
+from tests.fixtures.k8s import REPO, load_docs, render_chart, with_network
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,8 @@ def _env(container) -> dict:
 
 def _chart_objects(values: dict) -> list[dict]:
     """The chart rendered by Helm's own engine with these values: every object."""
-    return [d for name, text in render_chart(values).items() if name.endswith(".yaml") for d in load_docs(text)]
+    return [d for name, text in render_chart(with_network(values)).items() if name.endswith(".yaml")
+            for d in load_docs(text)]
 
 
 def _step_and_trainer_containers(doc):
