@@ -131,6 +131,17 @@ class RunContext:
         """Manifest prefix of checkpoint selection (select.json sits next to it)."""
         return f"{self.gen(g)}/select"
 
+    def select_panel(self, g: int) -> str:
+        """Checkpoint selection by the judge panel (sft.checkpoint_selection: panel): its rollouts and verdicts."""
+        return f"{self.gen(g)}/select-panel"
+
+    def select_rollout(self, g: int, who: str, task: str, rep: int) -> str:
+        """A bare-prompt rollout for panel selection; `who` is `parent` or `step-<n>` (a candidate)."""
+        return f"{self.select_panel(g)}/{who}/{task}/rep-{rep}"
+
+    def select_verdicts(self, g: int) -> str:
+        return f"{self.select_panel(g)}/verdicts"
+
     def merge_step(self, g: int) -> str:
         """Manifest prefix of the merge that writes model(g + 1)."""
         return f"{self.gen(g)}/merge"
