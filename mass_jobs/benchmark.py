@@ -189,7 +189,7 @@ def grade(bench: Benchmark, task: BenchTask, workspace: Path, limits) -> dict:
 
 
 def bench_prefix(ctx, bench: Benchmark) -> str:
-    return f"{ctx.run}/benchmark/{bench.name}"
+    return ctx.benchmark(bench.name)
 
 
 def rollout_seed(bench: str, task: str, rep: int) -> int:

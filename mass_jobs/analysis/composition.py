@@ -36,7 +36,7 @@ def run_summary(ctx) -> dict:
     doc = build_report(ctx)
     windows = {}
     for g in range(ctx.spec.generations + 1):
-        key = f"{ctx.sft(g)}/stats.json"
+        key = ctx.sft_file(g, "stats")
         if ctx.store.exists(key):
             train = ctx.store.get_json(key).get("train") or {}
             windows[str(g)] = dict(train.get("windows_by_role") or {})

@@ -20,7 +20,6 @@ note; every plot shows its n.
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -237,7 +236,7 @@ def _statuses(store, prefix: str) -> list[dict]:
     """Episode statuses under prefix; an Argo episode's input/ and output/ copies are not episodes
     (ingest promotes output/ to the episode's own files, which are counted)."""
     return [store.get_json(k) for k in store.list(prefix + "/")
-            if k.endswith("/status.json") and not re.search(r"/ep-\d+/(input|output)/", k)]
+            if k.endswith("/status.json") and not RunContext.is_pod_copy(k)]
 
 
 def evaluated_generations(ctx: RunContext) -> list[int]:
@@ -319,7 +318,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
     by_split = {"train": [t.id for t in tasks if t.split == "train"], "test": [t.id for t in tasks if t.split == "test"]}
     ev = spec.evaluation
     evaluated = evaluated_generations(ctx)
-    verdicts = load_verdicts(store, f"{ctx.run}/eval/verdicts")
+    verdicts = load_verdicts(store, ctx.verdicts())
     panel = [v for v in verdicts if v.get("kind") == "panel"]
     own = [v for v in verdicts if v.get("kind") == "self"]
 
@@ -341,24 +340,23 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         agreement.append(Agreement(evaluator=h, **metrics.agreement(mine, panel)))
 
     audit, tokens, search, vetoes, training, sft = [], [], [], [], [], []
-    rollout_gens = sorted({int(k.split("/")[2].removeprefix("gen-")) for k in store.list(f"{ctx.run}/eval/")
-                           if k.split("/")[2].startswith("gen-") and k.endswith("/audit.json")})
-    for h in rollout_gens:
-        keys = [k for k in store.list(f"{ctx.eval(h)}/") if k.endswith("/audit.json")]
-        audits = [(k.split("/")[3], store.get_json(k)) for k in keys]
+    rollout_audits = [(ctx.eval_rollout_of(k), k) for k in store.list(ctx.eval_root() + "/") if k.endswith("/audit.json")]
+    rollout_audits = [(where, k) for where, k in rollout_audits if where is not None]
+    for h in sorted({where[0] for where, _ in rollout_audits}):
+        audits = [(where[1], store.get_json(k)) for where, k in rollout_audits if where[0] == h]
         for split in ("train", "test", "all"):
             chosen = [a for task, a in audits if split == "all" or split_of.get(task) == split]
             if chosen or split == "all":
                 audit.append(Audit(generation=h, split=split, **metrics.audit_rates(chosen)))
 
     for g in range(spec.generations + 1):
-        st_eval, st_search = _statuses(store, ctx.eval(g)), _statuses(store, f"{ctx.gen(g)}/search")
-        st_collect = _statuses(store, f"{ctx.gen(g)}/collect")
+        st_eval, st_search = _statuses(store, ctx.eval(g)), _statuses(store, ctx.search_root(g))
+        st_collect = _statuses(store, ctx.collect_root(g))
         gen_eval, gen_search, gen_collect = map(metrics.generated_tokens, (st_eval, st_search, st_collect))
-        stats = _json_or_none(store, f"{ctx.sft(g)}/stats.json")
+        stats = _json_or_none(store, ctx.sft_file(g, "stats"))
         if sft_data(stats, g):
             sft.append(sft_data(stats, g))
-        log = _jsonl(store, f"{ctx.train(g)}/log.jsonl")
+        log = _jsonl(store, ctx.train_log(g))
         chosen = selected_step(_json_or_none(store, ctx.select(g)))
         processed = metrics.processed_tokens([x for x in log if x.get("kind", "train") == "train"], chosen)
         if gen_eval or gen_search or gen_collect or stats or log:
@@ -687,6 +685,6 @@ def write_report(ctx: RunContext, embedder=None) -> dict:
         step = Step(ctx.store, ctx.report(), inputs=doc, name="report")
         step.start()
         for name in files:
-            ctx.store.put_file(f"{ctx.report()}/{name}", out / name)
-        step.finish([f"{ctx.report()}/{name}" for name in files])
+            ctx.store.put_file(ctx.report_file(name), out / name)
+        step.finish([ctx.report_file(name) for name in files])
     return doc

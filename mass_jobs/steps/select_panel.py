@@ -95,10 +95,10 @@ def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, mod
         run_episode(EpisodeInput(prompt=task.prompt, endpoint=endpoint, limits=spec.execution.limits,
                                  sampling=spec.model.sampling, harness=spec.execution.harness,
                                  seed=rollout_seed(task.id, rep), files=dict(task.files)), ws, out)
-        ctx.store.put_dir(f"{prefix}/workspace.tar.gz", ws)
-        ctx.store.put_file(f"{prefix}/trace.jsonl", out / "trace.jsonl")
-        ctx.store.put_file(f"{prefix}/status.json", out / "status.json")
-    step.finish([f"{prefix}/{n}" for n in ROLLOUT_FILES])
+        ctx.store.put_dir(ctx.select_rollout(gen, who, task.id, rep, "workspace.tar.gz"), ws)
+        for name in ("trace.jsonl", "status.json"):
+            ctx.store.put_file(ctx.select_rollout(gen, who, task.id, rep, name), out / name)
+    step.finish([ctx.select_rollout(gen, who, task.id, rep, n) for n in ROLLOUT_FILES])
 
 
 def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable[[], ContextManager[Any]],
