@@ -135,6 +135,7 @@ class Veto(Closed):
 class Training(Closed):
     generation: int
     selected_step: int | None
+    selected_by: Literal["val_loss", "panel"] | None = Field(default=None, description="How the step was selected.")
     train_loss: list[list[float]] = Field(description="[step, loss] pairs.")
     val_loss: list[list[float]] = Field(description="[step, validation loss] pairs.")
 
@@ -189,6 +190,8 @@ class Report(Closed):
     training: list[Training]
     invalid_verdicts: list[InvalidVerdict]
     roles: list[RolePlayer] = Field(default_factory=list, description="Which model played which role.")
+    composition: dict[str, Any] = Field(default_factory=dict, description="The teacher and its SFT composition "
+                                        "(sft.preset or the spec's own fields; docs/composition.md).")
     information: list[InformationProxy] = Field(
         default_factory=list, description="Per generation, Gaussian MI/TC proxies between workflow text and results.")
     files: list[str] = Field(description="Files of the report directory.")
@@ -298,6 +301,15 @@ def loss_curves(log: list[dict]) -> tuple[list[list[float]], list[list[float]]]:
 # ---------------------------------------------------------------- building
 
 
+def run_composition(spec) -> dict:
+    from mass_jobs.composition import composition_of
+
+    comp = composition_of(spec.sft)
+    return {"preset": comp.preset, "teacher": spec.collection.teacher, "window_roles": list(comp.roles),
+            "training_episodes": comp.episodes, "orchestrator_share": round(comp.orchestrator_share, 6),
+            "checkpoint_selection": comp.checkpoint}
+
+
 def role_players(ctx: RunContext) -> list[RolePlayer]:
     from mass_jobs.roles import ROLES, recorded_players, role_label
 
@@ -357,7 +369,8 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         if sft_data(stats, g):
             sft.append(sft_data(stats, g))
         log = _jsonl(store, ctx.train_log(g))
-        chosen = selected_step(_json_or_none(store, ctx.select(g)))
+        select_doc = _json_or_none(store, ctx.select(g))
+        chosen = selected_step(select_doc)
         processed = metrics.processed_tokens([x for x in log if x.get("kind", "train") == "train"], chosen)
         if gen_eval or gen_search or gen_collect or stats or log:
             tokens.append(Tokens(
@@ -367,7 +380,8 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
                 processed_to_selected=processed["to_selected"], processed_to_end=processed["to_end"] if log else None))
         if log or chosen is not None:
             train_loss, val_loss = loss_curves(log)
-            training.append(Training(generation=g, selected_step=chosen, train_loss=train_loss, val_loss=val_loss))
+            training.append(Training(generation=g, selected_step=chosen, train_loss=train_loss, val_loss=val_loss,
+                                     selected_by=(select_doc or {}).get("by", "val_loss") if chosen is not None else None))
 
         states = {t: _json_or_none(store, ctx.search_state(g, t)) for t in by_split["train"]}
         states = {t: s for t, s in states.items() if s}
@@ -394,7 +408,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         verdicts={"panel": count(panel), "self": count(own)},
         win_share=win_share, agreement=agreement, audit=audit, tokens=tokens, sft=sft, search=search,
         guard_vetoes=vetoes, training=training, invalid_verdicts=invalid, files=[],
-        information=workflow_information(ctx, embedder), roles=role_players(ctx),
+        information=workflow_information(ctx, embedder), roles=role_players(ctx), composition=run_composition(spec),
     ).model_dump(mode="json")
     doc["how_to_read"] = how_to_read(doc)
     return doc
@@ -499,6 +513,12 @@ def render_markdown(doc: dict) -> str:
                      f"({_fmt(t['generated_search'])} / "
                      f"{_fmt(t['generated_collect'])} / {_fmt(t['generated_eval'])}) | {_fmt(t['stored_supervised'])} "
                      f"| {_fmt(t['processed_to_selected'])} | {_fmt(t['processed_to_end'])} |")
+    if len(doc["tokens"]) > 1:  # the run's own accounting: every generation together
+        total = lambda k: sum(t[k] or 0 for t in doc["tokens"]) if any(t[k] is not None for t in doc["tokens"]) else None  # noqa: E731
+        lines.append(f"| run | {total('generated_episodes')} | {_fmt(total('generated_total'))} "
+                     f"({_fmt(total('generated_search'))} / {_fmt(total('generated_collect'))} / "
+                     f"{_fmt(total('generated_eval'))}) | {_fmt(total('stored_supervised'))} "
+                     f"| {_fmt(total('processed_to_selected'))} | {_fmt(total('processed_to_end'))} |")
     if doc["sft"]:
         lines += ["", "## SFT data", "", "| generation | episodes | episode errors | episodes dropped | orchestrator windows |",
                   "|---|---:|---:|---:|---:|"]
@@ -513,7 +533,8 @@ def render_markdown(doc: dict) -> str:
     for t in doc["training"]:
         last = t["train_loss"][-1][1] if t["train_loss"] else None
         best = min((x[1] for x in t["val_loss"]), default=None)
-        lines.append(f"| L{t['generation']} | {_fmt(t['selected_step'])} | {_fmt(last)} | {_fmt(best)} |")
+        by = " (panel)" if t.get("selected_by") == "panel" else ""
+        lines.append(f"| L{t['generation']} | {_fmt(t['selected_step'])}{by} | {_fmt(last)} | {_fmt(best)} |")
     lines += ["", f"## Guard vetoes ({len(doc['guard_vetoes'])})", ""]
     for x in doc["guard_vetoes"]:
         lines.append(f"- L{x['generation']} {x['task']} episode {x['episode']}: {'; '.join(x['reasons']) or 'vetoed'}")
@@ -522,6 +543,13 @@ def render_markdown(doc: dict) -> str:
         why = x["errors"][-1] if x["errors"] else "no reason recorded"
         lines.append(f"- L{x['candidate']} vs L{x['baseline']} {x['task']} rep {x['replicate']} {x['judge']} "
                      f"seed {x['seed']}: {why}")
+    comp = doc.get("composition") or {}
+    if comp:
+        lines += ["", "## Teacher composition", "",
+                  f"preset {comp['preset'] or '– (the spec fields)'}; teacher {comp['teacher']}; windows of "
+                  f"{', '.join(comp['window_roles'])} from {comp['training_episodes']} ranked episodes; orchestrator "
+                  f"share {comp['orchestrator_share']:.3f}; checkpoint by "
+                  f"{'the judge panel' if comp['checkpoint_selection'] == 'panel' else 'validation loss'}."]
     lines += ["", "## Roles", "", "| role | configured | recorded in proposals, verdicts, episodes |", "|---|---|---|"]
     lines += [f"| {r['role']} | {r['configured']} | {', '.join(r['recorded']) or '–'} |" for r in doc.get("roles", [])]
     lines += ["", "## Workflow information (Gaussian proxies)", "",
