@@ -121,3 +121,39 @@ def test_pure_rules():
     assert choose({2: {"win_share": 0.5, "val_loss": 0.6}, 4: {"win_share": 0.5, "val_loss": 0.4}}) == (4, None)
     step, why = choose({2: {"win_share": None, "val_loss": 0.6}, 4: {"win_share": None, "val_loss": 0.4}})
     assert step == 4 and "no decisive panel verdict" in why
+
+
+def test_default_servers_merge_a_stored_checkpoint_and_serve_it(tmp_path, tiny_model_dir):
+    """The embedded-server path `mass select` takes: a stored LoRA checkpoint is merged into the parent
+    once and served under its own name; the parent is served as L_g."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mass_jobs.llm import ModelClient
+    from mass_jobs.models import LoraSpec
+    from mass_jobs.steps.select_panel import default_servers
+    from mass_jobs.training.lora import attach_lora
+
+    doc = spec_document(f"file://{tmp_path}/s", model={"base": str(tiny_model_dir), "dtype": "float32",
+                                                       "sampling": {"max_output_tokens": 4}})
+    ctx = RunContext(validate_document(doc), FileStore(tmp_path / "s"))
+    torch.manual_seed(0)
+    model = attach_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                        LoraSpec(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "up_proj"]))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                p.normal_(0, 0.05)
+    model.save_pretrained(tmp_path / "adapter")
+    ctx.store.put_dir(ctx.checkpoint(0, 2), tmp_path / "adapter")
+    serve_parent, serve_checkpoint, _ = default_servers(ctx, 0, tmp_path / "work")
+    for serve, name in ((lambda: serve_checkpoint(2), "gen-0-step-2"), (serve_parent, "gen-0")):
+        with serve() as endpoint:
+            assert endpoint.model == name
+            reply = ModelClient(endpoint, ctx.spec.model.sampling, timeout_s=60, retries=0).chat(
+                [{"role": "user", "content": "hi"}], seed=1)
+            assert isinstance(reply.get("content"), str)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "work" / "merged-2")
+    parent = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(merged.state_dict()[q], parent.state_dict()[q])  # the checkpoint was merged in
