@@ -194,9 +194,13 @@ class RunContext:
         """List prefix of the panel verdicts comparing L_g with its baselines."""
         return f"{self.verdicts()}/gen-{g}-vs-"
 
-    def benchmark(self, name: str) -> str:
-        """Rollouts, grades and the score table of an external benchmark (`mass benchmark`)."""
-        return f"{self.run}/benchmark/{name}"
+    def benchmark(self, name: str, file: str = "") -> str:
+        """Rollouts, grades and the score table (`scores.json`, `scores.md`) of an external benchmark."""
+        return f"{self.run}/benchmark/{name}" + (f"/{file}" if file else "")
+
+    def benchmark_rollout(self, name: str, g: int, task: str, rep: int, file: str = "") -> str:
+        """One bare-prompt rollout of L_g on a benchmark task (or one of its files, e.g. `grade.json`)."""
+        return f"{self.benchmark(name)}/gen-{g}/{task}/rep-{rep}" + (f"/{file}" if file else "")
 
     def report(self) -> str:
         return f"{self.run}/report"
