@@ -71,6 +71,12 @@ def test_the_sampler_draws_the_presets_orchestrator_share(rendered):
         sampler = WindowSampler(kept, PRESETS[preset].orchestrator_share, seed=0)
         orch = sum(kept[sampler.draw(s, 0)]["role"] == "orchestrator" for s in range(draws)) / draws
         assert orch == pytest.approx(expected, abs=0.02)
+    # the trainer draws with the preset's share, not the spec's own field
+    from mass_jobs.training.loop import Trainer
+
+    for preset, share in (("S", 0.0), ("S+", 0.0), ("X", 1 / 3), (None, 1 / 3)):
+        trainer = Trainer("unused", windows, windows, SftSpec(preset=preset), Path("unused"))
+        assert trainer.sampler.orchestrator_share == share
 
 
 def store_run(tmp_path, sft: dict, rank: dict):
