@@ -188,10 +188,6 @@ def grade(bench: Benchmark, task: BenchTask, workspace: Path, limits) -> dict:
 # ---------------------------------------------------------------- rollouts and the table
 
 
-def bench_prefix(ctx, bench: Benchmark) -> str:
-    return f"{ctx.run}/benchmark/{bench.name}"
-
-
 def rollout_seed(bench: str, task: str, rep: int) -> int:
     """Independent of the generation: replicate r of a task is matched across generations."""
     return int.from_bytes(hashlib.sha256(f"bench/{bench}/{task}/{rep}".encode()).digest()[:4], "big") % (2**31)
@@ -205,7 +201,7 @@ def _step(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, digest: str)
     inputs = {"model": model_ref(ctx, g), "benchmark": digest, "task": task.id, "replicate": rep,
               "harness": spec.execution.harness, "limits": spec.execution.limits.model_dump(mode="json"),
               "sampling": spec.model.sampling.model_dump(mode="json")}
-    prefix = f"{bench_prefix(ctx, bench)}/gen-{g}/{task.id}/rep-{rep}"
+    prefix = ctx.benchmark_rollout(bench.name, g, task.id, rep)
     return prefix, Step(ctx.store, prefix, inputs, name=f"benchmark {bench.name} gen-{g} {task.id} rep-{rep}")
 
 
@@ -221,12 +217,12 @@ def run_one(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, execute, d
     step.start()
     status = rollout(ctx.store, prefix, execute, task.prompt, task.files, rollout_seed(bench.name, task.id, rep))
     with tempfile.TemporaryDirectory(prefix="mass-bench-ws-") as tmp:
-        ctx.store.get_dir(f"{prefix}/workspace.tar.gz", tmp)
+        ctx.store.get_dir(ctx.benchmark_rollout(bench.name, g, task.id, rep, "workspace.tar.gz"), tmp)
         result = grade(bench, task, Path(tmp), spec.execution.limits)
-    ctx.store.put_json(f"{prefix}/grade.json", result)
+    ctx.store.put_json(ctx.benchmark_rollout(bench.name, g, task.id, rep, "grade.json"), result)
     extra = {"score": result["score"], "grade_error": result["error"], "outcome": status.get("outcome"),
              "output_tokens": int((status.get("tokens") or {}).get("completion", 0))}
-    step.finish(rollout_outputs(prefix) + [f"{prefix}/grade.json"], extra=extra)
+    step.finish(rollout_outputs(prefix) + [ctx.benchmark_rollout(bench.name, g, task.id, rep, "grade.json")], extra=extra)
     return extra
 
 
@@ -291,8 +287,7 @@ def run_benchmark(ctx, bench: Benchmark, generations: list[int], serve_model: Se
                     execute = episode_executor(ctx.spec, stack.enter_context(serve_model(g)))
                 results[g].append({"task": t.id, **run_one(ctx, bench, g, t, r, execute, digest)})
     table = score_table(bench, results)
-    prefix = bench_prefix(ctx, bench)
-    ctx.store.put_json(f"{prefix}/scores.json", table)
-    ctx.store.put_bytes(f"{prefix}/scores.md", render_table(table).encode())
+    ctx.store.put_json(ctx.benchmark(bench.name, "scores.json"), table)
+    ctx.store.put_bytes(ctx.benchmark(bench.name, "scores.md"), render_table(table).encode())
     return table
 

@@ -8,6 +8,7 @@ follow the same layout.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,8 +53,12 @@ class RunContext:
         return served_model_name(self.spec.name if self.spec is not None else self.run, g)
 
     # ------------------------------------------------------------ search
+    def search_root(self, g: int) -> str:
+        """Every task's search of generation g (list prefix without the trailing slash)."""
+        return f"{self.gen(g)}/search"
+
     def search(self, g: int, task: str) -> str:
-        return f"{self.gen(g)}/search/{task}"
+        return f"{self.search_root(g)}/{task}"
 
     def search_reference(self, g: int, task: str) -> str:
         """The bare-prompt reference run (no workflow) that `beats_reference` is judged against."""
@@ -62,12 +67,20 @@ class RunContext:
     def search_iter(self, g: int, task: str, k: int) -> str:
         return f"{self.search(g, task)}/iter-{k}"
 
+    def search_file(self, g: int, task: str, k: int, name: str) -> str:
+        """One stored file of search iteration k (`proposal.json`, `verdict.json`, ...)."""
+        return f"{self.search_iter(g, task, k)}/{name}"
+
     def search_state(self, g: int, task: str) -> str:
         return f"{self.search(g, task)}/state.json"
 
     # ------------------------------------------------------------ collect / guard / rank
+    def collect_root(self, g: int) -> str:
+        """Every task's teacher episodes of generation g (list prefix without the trailing slash)."""
+        return f"{self.gen(g)}/collect"
+
     def collect(self, g: int, task: str) -> str:
-        return f"{self.gen(g)}/collect/{task}"
+        return f"{self.collect_root(g)}/{task}"
 
     def collect_episode(self, g: int, task: str, i) -> str:
         """Episode i's dir; `i` may be the index or the id `ep-<i>` that summaries and rankings hold."""
@@ -85,6 +98,11 @@ class RunContext:
         """What an agent pod writes (Argo uploads it; `mass collect --phase ingest` promotes it)."""
         return f"{self.collect_episode(g, task, i)}/output" + (f"/{name}" if name else "")
 
+    @staticmethod
+    def is_pod_copy(key: str) -> bool:
+        """An Argo episode's input/ or output/ copy (ingest promotes output/ to the episode's own files)."""
+        return re.search(r"/ep-\d+/(input|output)/", key) is not None
+
     def collect_summary(self, g: int, task: str) -> str:
         return f"{self.collect(g, task)}/summary.json"
 
@@ -94,9 +112,17 @@ class RunContext:
     def rank(self, g: int, task: str) -> str:
         return f"{self.gen(g)}/rank/{task}.json"
 
+    def rank_step(self, g: int, task: str) -> str:
+        """Manifest prefix of a task's ranking (rank/<task>.json sits next to it)."""
+        return f"{self.gen(g)}/rank/{task}"
+
     def rank_verdicts(self, g: int, task: str) -> str:
         """Per-comparison verdict cache, so a killed ranking resumes without asking again."""
-        return f"{self.gen(g)}/rank/{task}/verdicts"
+        return f"{self.rank_step(g, task)}/verdicts"
+
+    def rank_verdict(self, g: int, task: str, n: int, first: str, second: str, repeat: int) -> str:
+        """Comparison n of the pairing schedule (first shown as A)."""
+        return f"{self.rank_verdicts(g, task)}/{n:04d}-{first}-{second}-{repeat}.json"
 
     # ------------------------------------------------------------ later steps
     def sft(self, g: int) -> str:
@@ -131,19 +157,56 @@ class RunContext:
         """Manifest prefix of checkpoint selection (select.json sits next to it)."""
         return f"{self.gen(g)}/select"
 
+    def select_panel(self, g: int) -> str:
+        """Checkpoint selection by the judge panel (sft.checkpoint_selection: panel): its rollouts and verdicts."""
+        return f"{self.gen(g)}/select-panel"
+
+    def select_rollout(self, g: int, who: str, task: str, rep: int, name: str = "") -> str:
+        """A bare-prompt rollout for panel selection (or one of its files); `who` is `parent` or
+        `step-<n>` (a candidate)."""
+        return f"{self.select_panel(g)}/{who}/{task}/rep-{rep}" + (f"/{name}" if name else "")
+
+    def select_verdicts(self, g: int) -> str:
+        return f"{self.select_panel(g)}/verdicts"
+
     def merge_step(self, g: int) -> str:
         """Manifest prefix of the merge that writes model(g + 1)."""
         return f"{self.gen(g)}/merge"
 
+    def eval_root(self) -> str:
+        return f"{self.run}/eval"
+
     def eval(self, g: int) -> str:
-        return f"{self.run}/eval/gen-{g}"
+        return f"{self.eval_root()}/gen-{g}"
+
+    def eval_rollout_of(self, key: str) -> tuple[int, str] | None:
+        """(generation, task) of a key inside an evaluation rollout, None for any other key."""
+        parts = key.removeprefix(self.eval_root() + "/").split("/")
+        if len(parts) < 3 or not re.fullmatch(r"gen-\d+", parts[0]):
+            return None
+        return int(parts[0].removeprefix("gen-")), parts[1]
+
+    def verdicts(self) -> str:
+        """Every stored evaluation verdict (panel and self), as the evaluate step writes them."""
+        return f"{self.eval_root()}/verdicts"
 
     def eval_verdicts(self, g: int) -> str:
         """List prefix of the panel verdicts comparing L_g with its baselines."""
-        return f"{self.run}/eval/verdicts/gen-{g}-vs-"
+        return f"{self.verdicts()}/gen-{g}-vs-"
+
+    def benchmark(self, name: str, file: str = "") -> str:
+        """Rollouts, grades and the score table (`scores.json`, `scores.md`) of an external benchmark."""
+        return f"{self.run}/benchmark/{name}" + (f"/{file}" if file else "")
+
+    def benchmark_rollout(self, name: str, g: int, task: str, rep: int, file: str = "") -> str:
+        """One bare-prompt rollout of L_g on a benchmark task (or one of its files, e.g. `grade.json`)."""
+        return f"{self.benchmark(name)}/gen-{g}/{task}/rep-{rep}" + (f"/{file}" if file else "")
 
     def report(self) -> str:
         return f"{self.run}/report"
+
+    def report_file(self, name: str) -> str:
+        return f"{self.report()}/{name}"
 
     def store_options(self) -> dict:
         """The spec's S3 endpoint and region, for opening other s3:// locations (model dirs) alike."""

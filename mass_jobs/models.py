@@ -206,7 +206,33 @@ class OptimizerSpec(Closed):
     grad_clip: float = Field(default=1.0, gt=0)
 
 
+PRESETS = ("S", "M", "X", "S+", "M+")  # defined as data in mass_jobs/composition.py
+
+
+class PanelSelection(Closed):
+    """Checkpoint selection by the external judge panel (a control; the paper selects by validation loss)."""
+
+    tasks: list[Annotated[str, Field(pattern=ID_PATTERN)]] = Field(
+        min_length=1, max_length=100,
+        description="Held-out task ids (split 'test') whose bare-prompt rollouts the panel judges.")
+    rollouts: int = Field(default=1, ge=1, le=100, description="Bare-prompt rollouts per task and candidate.")
+    checkpoints: int = Field(default=3, ge=1, le=100, description="Candidates judged: the saved steps with the "
+                             "lowest validation losses (bounds the panel's budget).")
+
+
 class SftSpec(Closed):
+    preset: Literal["S", "M", "X", "S+", "M+"] | None = Field(
+        default=None,
+        description="Teacher-composition preset (docs/composition.md): which windows (roles; winners or all ranked "
+        "episodes), the orchestrator share and the checkpoint selection, as one name. Null: the fields below "
+        "(the paper's settings by default). Not combinable with orchestrator_share or checkpoint_selection.",
+    )
+    checkpoint_selection: Literal["val_loss", "panel"] = Field(
+        default="val_loss",
+        description="'val_loss': lowest validation cross-entropy (the paper). 'panel': the highest win share of "
+        "the judge panel against the parent on `panel` tasks (needs `panel` and judges).",
+    )
+    panel: PanelSelection | None = Field(default=None, description="Settings of checkpoint selection by the panel.")
     window: int = Field(default=49152, ge=64, le=MAX_TOKENS, description="Max tokens per training window.")
     context: int = Field(default=8192, ge=0, le=MAX_TOKENS, description="Max masked earlier-context tokens prepended.")
     orchestrator_share: float = Field(default=1 / 3, ge=0, le=1)

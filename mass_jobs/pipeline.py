@@ -205,7 +205,7 @@ PIPELINE: tuple[StepDef, ...] = (
     StepDef("train", "generation", "mass_jobs.steps.train:run_train", ("train",), train_done,
             args=("--resume",), reads=("sft", "model"), writes=("train",), pod="trainer", detail=_checkpoints),
     StepDef("select", "generation", "mass_jobs.steps.select:run_select", ("select",), select_done,
-            reads=("train",), writes=("select", "select_step")),
+            reads=("train", "model"), writes=("select", "select_step", "select_panel")),
     StepDef("merge", "generation", "mass_jobs.steps.merge:run_merge", ("merge",), merge_done,
             reads=("select", "train", "model"), writes=("merge_step", "model")),
     StepDef("evaluate", "generation", "mass_jobs.steps.evaluate:evaluate", ("evaluate",), evaluate_done,

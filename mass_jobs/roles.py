@@ -69,14 +69,14 @@ def recorded_players(ctx) -> dict[str, list[str]]:
                     if v:
                         seen["evaluator"].add(v.get("model") or "unrecorded")
                 if rec.get("k", 0) > 0:
-                    proposal = get(f"{ctx.search_iter(g, t, rec['k'])}/proposal.json") or {}
+                    proposal = get(ctx.search_file(g, t, rec["k"], "proposal.json")) or {}
                     seen["optimizer"].add(proposal.get("model") or "unrecorded")
                 if rec.get("outcome") is not None:
                     seen["executor"].add(role_label(spec, "executor", g))
             for v in (get(ctx.rank(g, t)) or {}).get("verdicts", []):
                 seen["evaluator"].add(v.get("model") or "unrecorded")
             for key in store.list(ctx.collect(g, t) + "/"):
-                if key.endswith("/episode.json") and "/input/" not in key:
+                if key.endswith("/episode.json") and not ctx.is_pod_copy(key):
                     ex = store.get_json(key).get("executor")
                     seen["executor"].add(f"{ex['model']} @ {ex['endpoint']}" if ex else f"gen-{g}")
     return {r: sorted(v) for r, v in seen.items()}

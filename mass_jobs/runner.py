@@ -11,7 +11,8 @@ the last of them. A step without an in-process adapter here runs its CLI entry a
 
 Test tasks never reach search, collection, ranking, rendering, training or selection: the runner
 hands only `train_tasks(spec)` to those steps and checks the stored rank files and SFT windows
-(`check_no_test_leak`) before training starts.
+(`check_no_test_leak`) before training starts. The one opt-in exception is checkpoint selection by
+the judge panel (`sft.panel.tasks`, docs/composition.md), which runs the held-out tasks it names.
 """
 
 from __future__ import annotations

@@ -420,6 +420,7 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
     s = spec.sft
     if s.context >= s.window:
         out.append(SpecIssue("$.sft.context", f"expected < window ({s.window}), found {s.context}"))
+    out.extend(composition_issues(spec))
     m = spec.model.sampling
     if m.max_output_tokens > m.context_length:
         out.append(SpecIssue("$.model.sampling.max_output_tokens", f"expected <= context_length ({m.context_length}), found {m.max_output_tokens}"))
@@ -430,6 +431,34 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
         if j.name in names:
             out.append(SpecIssue(f"$.judges[{i}].name", f"expected a unique judge name, found {j.name!r} again"))
         names.add(j.name)
+    return out
+
+
+def composition_issues(spec: RunSpec) -> list[SpecIssue]:
+    """A preset fixes the share and the selection; panel selection needs judges and held-out tasks."""
+    from mass_jobs.composition import composition_of
+
+    out: list[SpecIssue] = []
+    s = spec.sft
+    if s.preset is not None:
+        defaults = type(s)()
+        for name in ("orchestrator_share", "checkpoint_selection"):
+            if getattr(s, name) != getattr(defaults, name):  # by value: a dumped spec lists defaults too
+                out.append(SpecIssue(f"$.sft.{name}", f"expected no {name} with sft.preset {s.preset!r} (the preset "
+                                     f"fixes it), found {getattr(s, name)!r}"))
+    if composition_of(s).checkpoint != "panel":
+        return out
+    why = f"sft.preset {s.preset!r}" if s.preset else "checkpoint_selection 'panel'"
+    if s.panel is None:
+        out.append(SpecIssue("$.sft.panel", f"expected panel settings (tasks, rollouts, checkpoints) with {why}, found none"))
+    if not spec.judges:
+        out.append(SpecIssue("$.judges", f"expected at least one judge with {why}, found none"))
+    splits = {t.id: t.split for t in spec.resolved_tasks()}
+    for i, t in enumerate(s.panel.tasks if s.panel else []):
+        if splits.get(t) != "test":
+            found = f"a {splits[t]!r} task" if t in splits else "no such task"
+            out.append(SpecIssue(f"$.sft.panel.tasks[{i}]", f"expected the id of a held-out task (split 'test'), found "
+                                 f"{t!r} ({found})"))
     return out
 
 

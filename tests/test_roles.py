@@ -91,23 +91,37 @@ def test_executor_role_runs_the_rollouts_and_teacher_episodes(setup, judging_end
         f"executor-model @ {worker_model.base_url}"]
 
 
-def test_a_served_model_as_the_evaluator(make_store, inner_spec, judging_endpoint, tiny_model_dir):
+def test_a_second_served_model_as_optimizer_and_evaluator(make_store, inner_spec, judging_endpoint, tiny_model_dir):
+    """A tiny run whose optimizer and evaluator are a second, really served model: its proposals and
+    verdicts record that model, the generation's endpoint is asked nothing but rollouts, and the report
+    says which model played which role."""
     from mass_jobs.serve import ModelServer
 
     gen = judging_endpoint()
-    with ModelServer(tiny_model_dir, served_name="judge-tiny", dtype="float32") as srv:
+    with ModelServer(tiny_model_dir, served_name="strong-tiny", dtype="float32") as srv:
         store = make_store("file")
-        spec = inner_spec(store, search={"iterations": 0}, model={"base": "tiny", "sampling": {"max_output_tokens": 16}},
-                          ranking={"verdict_retries": 0},
-                          roles={"evaluator": {"endpoint": srv.endpoint.base_url, "model": "judge-tiny"}})
+        strong = {"endpoint": srv.endpoint.base_url, "model": "strong-tiny"}
+        spec = inner_spec(store, search={"iterations": 1, "proposal_retries": 0}, ranking={"verdict_retries": 0},
+                          model={"base": "tiny", "sampling": {"max_output_tokens": 16}},
+                          roles={"evaluator": strong, "optimizer": strong})
         ctx = RunContext(spec, store)
-        add_episodes(gen, episode(1), episode(5))
+        add_episodes(gen, episode(1), episode(5), episode(7))
         client = ModelClient(gen.endpoint, spec.model.sampling, timeout_s=10, retries=0)
         run_search(ctx, 0, "t1", client, episode_executor(spec, gen.endpoint))
+    label = f"strong-tiny @ {srv.endpoint.base_url}"
     verdict = store.get_json(f"{RUN}/gen-0/search/t1/iter-0/reference_verdict.json")
-    assert verdict["model"] == f"judge-tiny @ {srv.endpoint.base_url}"
+    assert verdict["model"] == label
     assert verdict["attempts"] == 1  # the served model answered: an unreachable endpoint raises instead
-    assert "evaluator" not in roles_of(gen.requests) and gen.verdicts == []
+    proposal = store.get_json(f"{RUN}/gen-0/search/t1/iter-1/proposal.json")
+    assert proposal["model"] == label and proposal["attempts"] == 1
+    assert roles_of(gen.requests) == ["orchestrator", "worker"] and gen.verdicts == []
+    doc = rp.write_report(ctx)
+    players = {r["role"]: r for r in doc["roles"]}
+    assert players["optimizer"] == {"role": "optimizer", "configured": label, "recorded": [label]}
+    assert players["evaluator"] == {"role": "evaluator", "configured": label, "recorded": [label]}
+    assert players["executor"]["recorded"] == ["gen-0"]
+    md = store.get_bytes(f"{RUN}/report/report.md").decode()
+    assert f"| optimizer | {label} | {label} |" in md and f"| evaluator | {label} | {label} |" in md
 
 
 def test_role_endpoints_are_validated(tmp_path):

@@ -1,4 +1,5 @@
-"""`mass select SPEC --gen G`: pick the checkpoint with the lowest validation loss."""
+"""`mass select SPEC --gen G`: pick the checkpoint with the lowest validation loss, or by the judge
+panel when the spec asks for it (sft.checkpoint_selection: panel, or a `+` preset)."""
 
 from __future__ import annotations
 
@@ -16,5 +17,5 @@ def main(args: argparse.Namespace) -> int:
     from mass_jobs.steps.select import run_select
 
     chosen = run_select(open_run(args.spec), args.gen)
-    print(json.dumps({k: chosen[k] for k in ("step", "val_loss", "processed_supervised_tokens")}))
+    print(json.dumps({k: chosen.get(k) for k in ("step", "by", "val_loss", "processed_supervised_tokens")}))
     return 0

@@ -102,7 +102,7 @@ def rank_step(ctx: RunContext, gen: int, task_id: str):
     guard_key, col, spec = ctx.guard(gen, task_id), ctx.spec.collection, ctx.spec
     if not ctx.store.exists(guard_key):
         raise RankError(f"task {task_id}: no guard report at {guard_key}; run `mass guard` first")
-    return Step(ctx.store, ctx.rank(gen, task_id).removesuffix(".json"),
+    return Step(ctx.store, ctx.rank_step(gen, task_id),
                 {"guard": ctx.store.sha256(guard_key), "ranking": ctx.spec.ranking.model_dump(mode="json"),
                  "train_ranks": col.train_ranks, "validation_rank": col.validation_rank,
                  **({"evaluator": roles_input(spec)["evaluator"]} if spec.roles.evaluator else {})},
@@ -148,7 +148,7 @@ def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
     verdicts: list[Verdict] = []
     for n, c in enumerate(plan):
         a, b = episodes[c.first], episodes[c.second]
-        vkey = f"{ctx.rank_verdicts(gen, task_id)}/{n:04d}-{a}-{b}-{c.repeat}.json"
+        vkey = ctx.rank_verdict(gen, task_id, n, a, b, c.repeat)
         if store.exists(vkey):
             v = Verdict.model_validate(store.get_json(vkey))
         else:

@@ -775,11 +775,10 @@ def teacher_prompt_from_trace(records: list[dict], harness: str | None = None) -
 
 
 def load_episode(ctx, gen: int, task, i: int) -> EpisodeTrace:
-    base = ctx.collect_episode(gen, task.id, i)
-    lines = ctx.store.get_bytes(f"{base}/trace.jsonl").decode("utf-8").splitlines()
+    lines = ctx.store.get_bytes(ctx.episode_file(gen, task.id, i, "trace.jsonl")).decode("utf-8").splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
     # collect stores the exact prompt it sent, its pieces and the harness in episode.json; else the trace holds the prompt
-    doc_key = f"{base}/episode.json"
+    doc_key = ctx.episode_file(gen, task.id, i, "episode.json")
     doc = ctx.store.get_json(doc_key) if ctx.store.exists(doc_key) else {}
     harness = doc.get("harness") or ctx.spec.execution.harness
     parts = doc.get("prompt_parts") or {}
@@ -789,19 +788,25 @@ def load_episode(ctx, gen: int, task, i: int) -> EpisodeTrace:
 
 
 def sft_step(ctx, gen: int):
-    """The render Step, its tasks and their train/val episode ids. The tokenizer enters the inputs
-    as the location the spec names (not the local dir it was loaded from), so every executor
-    computes the same hash."""
+    """The render Step, its tasks and their train/val episode ids (the composition's: winners or all
+    ranked episodes). The tokenizer enters the inputs as the location the spec names (not the local
+    dir it was loaded from), so every executor computes the same hash."""
+    from mass_jobs.composition import WINDOW_ROLES, composition_of, training_episodes
     from mass_jobs.store import Step
 
+    comp = composition_of(ctx.spec.sft)
     ranked = [t for t in ctx.spec.resolved_tasks() if t.split == "train" and ctx.store.exists(ctx.rank(gen, t.id))]
     ranks = {t.id: ctx.store.get_json(ctx.rank(gen, t.id)) for t in ranked}
     tasks = [t for t in ranked if not ranks[t.id].get("skipped")]
     split_ids = {t.id: {s: _episode_ids(ranks[t.id], s, ctx.rank(gen, t.id)) for s in ("train", "val")} for t in tasks}
+    for t in tasks:
+        split_ids[t.id]["train"] = _episode_ids({"train": training_episodes(ranks[t.id], comp)}, "train", ctx.rank(gen, t.id))
     tokenizer = ctx.spec.model.tokenizer or (ctx.spec.model.base if gen == 0 else ctx.model(gen))
+    # the roles kept enter the hash only when they differ from all, so the paper's runs keep theirs
+    roles = {} if comp.roles == WINDOW_ROLES else {"roles": list(comp.roles)}
     step = Step(ctx.store, ctx.sft(gen), inputs={
         "episodes": split_ids, "sft": ctx.spec.sft.model_dump(mode="json", include={"window", "context", "strict", "keep_length_cut"}),
-        "tokenizer": tokenizer, "prompts": {t.id: t.prompt for t in tasks},
+        "tokenizer": tokenizer, "prompts": {t.id: t.prompt for t in tasks}, **roles,
     })
     return step, tasks, split_ids
 
@@ -816,14 +821,24 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
     import tempfile
     from pathlib import Path
 
+    from mass_jobs.composition import composition_of, counts_by_role, keep_window
+
     step, tasks, split_ids = sft_step(ctx, gen)
     if step.done:
         return ctx.store.get_json(step.manifest_key)["extra"]
     step.start()
     out, stats = {}, {}
+    comp = composition_of(ctx.spec.sft)
     for split in ("train", "val"):
         episodes = [load_episode(ctx, gen, t, i) for t in tasks for i in split_ids[t.id][split]]
-        out[split], stats[split] = render_windows(episodes, tokenizer, ctx.spec.sft)
+        windows, stats[split] = render_windows(episodes, tokenizer, ctx.spec.sft)
+        # the composition's roles: windows of other roles are counted, not stored
+        out[split] = [w for w in windows if keep_window(w, comp)]
+        stats[split]["windows_left_out_by_role"] = {r: n - counts_by_role(out[split])[r]
+                                                     for r, n in counts_by_role(windows).items()}
+        stats[split].update(window_stats(out[split], stats[split]["dropped_blocks"], stats[split]["episode_errors"],
+                                         Counter(stats[split]["threads_by_role"]),
+                                         stats[split]["length_cut_responses_dropped"], stats[split]["mask_method"]))
     if not out["train"]:
         dropped = stats["train"]["episodes_dropped"]
         why = f"; {len(dropped)} episode(s) dropped under sft.strict, e.g. {dropped[0]['reasons'][0]}" if dropped else ""
@@ -846,6 +861,7 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
         "mask_method": stats["train"]["mask_method"],
         "episode_errors": len(stats["train"]["episode_errors"]) + len(stats["val"]["episode_errors"]),
         "episodes_dropped": len(stats["train"]["episodes_dropped"]) + len(stats["val"]["episodes_dropped"]),
+        "composition": comp.to_dict(),
     }
     keys.append(ctx.sft_file(gen, "stats"))
     ctx.store.put_json(keys[-1], {**stats, "summary": extra})

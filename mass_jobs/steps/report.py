@@ -20,7 +20,6 @@ note; every plot shows its n.
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -136,6 +135,7 @@ class Veto(Closed):
 class Training(Closed):
     generation: int
     selected_step: int | None
+    selected_by: Literal["val_loss", "panel"] | None = Field(default=None, description="How the step was selected.")
     train_loss: list[list[float]] = Field(description="[step, loss] pairs.")
     val_loss: list[list[float]] = Field(description="[step, validation loss] pairs.")
 
@@ -190,6 +190,8 @@ class Report(Closed):
     training: list[Training]
     invalid_verdicts: list[InvalidVerdict]
     roles: list[RolePlayer] = Field(default_factory=list, description="Which model played which role.")
+    composition: dict[str, Any] = Field(default_factory=dict, description="The teacher and its SFT composition "
+                                        "(sft.preset or the spec's own fields; docs/composition.md).")
     information: list[InformationProxy] = Field(
         default_factory=list, description="Per generation, Gaussian MI/TC proxies between workflow text and results.")
     files: list[str] = Field(description="Files of the report directory.")
@@ -237,7 +239,7 @@ def _statuses(store, prefix: str) -> list[dict]:
     """Episode statuses under prefix; an Argo episode's input/ and output/ copies are not episodes
     (ingest promotes output/ to the episode's own files, which are counted)."""
     return [store.get_json(k) for k in store.list(prefix + "/")
-            if k.endswith("/status.json") and not re.search(r"/ep-\d+/(input|output)/", k)]
+            if k.endswith("/status.json") and not RunContext.is_pod_copy(k)]
 
 
 def evaluated_generations(ctx: RunContext) -> list[int]:
@@ -299,6 +301,15 @@ def loss_curves(log: list[dict]) -> tuple[list[list[float]], list[list[float]]]:
 # ---------------------------------------------------------------- building
 
 
+def run_composition(spec) -> dict:
+    from mass_jobs.composition import composition_of
+
+    comp = composition_of(spec.sft)
+    return {"preset": comp.preset, "teacher": spec.collection.teacher, "window_roles": list(comp.roles),
+            "training_episodes": comp.episodes, "orchestrator_share": round(comp.orchestrator_share, 6),
+            "checkpoint_selection": comp.checkpoint}
+
+
 def role_players(ctx: RunContext) -> list[RolePlayer]:
     from mass_jobs.roles import ROLES, recorded_players, role_label
 
@@ -319,7 +330,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
     by_split = {"train": [t.id for t in tasks if t.split == "train"], "test": [t.id for t in tasks if t.split == "test"]}
     ev = spec.evaluation
     evaluated = evaluated_generations(ctx)
-    verdicts = load_verdicts(store, f"{ctx.run}/eval/verdicts")
+    verdicts = load_verdicts(store, ctx.verdicts())
     panel = [v for v in verdicts if v.get("kind") == "panel"]
     own = [v for v in verdicts if v.get("kind") == "self"]
 
@@ -341,25 +352,25 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         agreement.append(Agreement(evaluator=h, **metrics.agreement(mine, panel)))
 
     audit, tokens, search, vetoes, training, sft = [], [], [], [], [], []
-    rollout_gens = sorted({int(k.split("/")[2].removeprefix("gen-")) for k in store.list(f"{ctx.run}/eval/")
-                           if k.split("/")[2].startswith("gen-") and k.endswith("/audit.json")})
-    for h in rollout_gens:
-        keys = [k for k in store.list(f"{ctx.eval(h)}/") if k.endswith("/audit.json")]
-        audits = [(k.split("/")[3], store.get_json(k)) for k in keys]
+    rollout_audits = [(ctx.eval_rollout_of(k), k) for k in store.list(ctx.eval_root() + "/") if k.endswith("/audit.json")]
+    rollout_audits = [(where, k) for where, k in rollout_audits if where is not None]
+    for h in sorted({where[0] for where, _ in rollout_audits}):
+        audits = [(where[1], store.get_json(k)) for where, k in rollout_audits if where[0] == h]
         for split in ("train", "test", "all"):
             chosen = [a for task, a in audits if split == "all" or split_of.get(task) == split]
             if chosen or split == "all":
                 audit.append(Audit(generation=h, split=split, **metrics.audit_rates(chosen)))
 
     for g in range(spec.generations + 1):
-        st_eval, st_search = _statuses(store, ctx.eval(g)), _statuses(store, f"{ctx.gen(g)}/search")
-        st_collect = _statuses(store, f"{ctx.gen(g)}/collect")
+        st_eval, st_search = _statuses(store, ctx.eval(g)), _statuses(store, ctx.search_root(g))
+        st_collect = _statuses(store, ctx.collect_root(g))
         gen_eval, gen_search, gen_collect = map(metrics.generated_tokens, (st_eval, st_search, st_collect))
-        stats = _json_or_none(store, f"{ctx.sft(g)}/stats.json")
+        stats = _json_or_none(store, ctx.sft_file(g, "stats"))
         if sft_data(stats, g):
             sft.append(sft_data(stats, g))
-        log = _jsonl(store, f"{ctx.train(g)}/log.jsonl")
-        chosen = selected_step(_json_or_none(store, ctx.select(g)))
+        log = _jsonl(store, ctx.train_log(g))
+        select_doc = _json_or_none(store, ctx.select(g))
+        chosen = selected_step(select_doc)
         processed = metrics.processed_tokens([x for x in log if x.get("kind", "train") == "train"], chosen)
         if gen_eval or gen_search or gen_collect or stats or log:
             tokens.append(Tokens(
@@ -369,7 +380,8 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
                 processed_to_selected=processed["to_selected"], processed_to_end=processed["to_end"] if log else None))
         if log or chosen is not None:
             train_loss, val_loss = loss_curves(log)
-            training.append(Training(generation=g, selected_step=chosen, train_loss=train_loss, val_loss=val_loss))
+            training.append(Training(generation=g, selected_step=chosen, train_loss=train_loss, val_loss=val_loss,
+                                     selected_by=(select_doc or {}).get("by", "val_loss") if chosen is not None else None))
 
         states = {t: _json_or_none(store, ctx.search_state(g, t)) for t in by_split["train"]}
         states = {t: s for t, s in states.items() if s}
@@ -396,7 +408,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         verdicts={"panel": count(panel), "self": count(own)},
         win_share=win_share, agreement=agreement, audit=audit, tokens=tokens, sft=sft, search=search,
         guard_vetoes=vetoes, training=training, invalid_verdicts=invalid, files=[],
-        information=workflow_information(ctx, embedder), roles=role_players(ctx),
+        information=workflow_information(ctx, embedder), roles=role_players(ctx), composition=run_composition(spec),
     ).model_dump(mode="json")
     doc["how_to_read"] = how_to_read(doc)
     return doc
@@ -501,6 +513,12 @@ def render_markdown(doc: dict) -> str:
                      f"({_fmt(t['generated_search'])} / "
                      f"{_fmt(t['generated_collect'])} / {_fmt(t['generated_eval'])}) | {_fmt(t['stored_supervised'])} "
                      f"| {_fmt(t['processed_to_selected'])} | {_fmt(t['processed_to_end'])} |")
+    if len(doc["tokens"]) > 1:  # the run's own accounting: every generation together
+        total = lambda k: sum(t[k] or 0 for t in doc["tokens"]) if any(t[k] is not None for t in doc["tokens"]) else None  # noqa: E731
+        lines.append(f"| run | {total('generated_episodes')} | {_fmt(total('generated_total'))} "
+                     f"({_fmt(total('generated_search'))} / {_fmt(total('generated_collect'))} / "
+                     f"{_fmt(total('generated_eval'))}) | {_fmt(total('stored_supervised'))} "
+                     f"| {_fmt(total('processed_to_selected'))} | {_fmt(total('processed_to_end'))} |")
     if doc["sft"]:
         lines += ["", "## SFT data", "", "| generation | episodes | episode errors | episodes dropped | orchestrator windows |",
                   "|---|---:|---:|---:|---:|"]
@@ -515,7 +533,8 @@ def render_markdown(doc: dict) -> str:
     for t in doc["training"]:
         last = t["train_loss"][-1][1] if t["train_loss"] else None
         best = min((x[1] for x in t["val_loss"]), default=None)
-        lines.append(f"| L{t['generation']} | {_fmt(t['selected_step'])} | {_fmt(last)} | {_fmt(best)} |")
+        by = " (panel)" if t.get("selected_by") == "panel" else ""
+        lines.append(f"| L{t['generation']} | {_fmt(t['selected_step'])}{by} | {_fmt(last)} | {_fmt(best)} |")
     lines += ["", f"## Guard vetoes ({len(doc['guard_vetoes'])})", ""]
     for x in doc["guard_vetoes"]:
         lines.append(f"- L{x['generation']} {x['task']} episode {x['episode']}: {'; '.join(x['reasons']) or 'vetoed'}")
@@ -524,6 +543,13 @@ def render_markdown(doc: dict) -> str:
         why = x["errors"][-1] if x["errors"] else "no reason recorded"
         lines.append(f"- L{x['candidate']} vs L{x['baseline']} {x['task']} rep {x['replicate']} {x['judge']} "
                      f"seed {x['seed']}: {why}")
+    comp = doc.get("composition") or {}
+    if comp:
+        lines += ["", "## Teacher composition", "",
+                  f"preset {comp['preset'] or '– (the spec fields)'}; teacher {comp['teacher']}; windows of "
+                  f"{', '.join(comp['window_roles'])} from {comp['training_episodes']} ranked episodes; orchestrator "
+                  f"share {comp['orchestrator_share']:.3f}; checkpoint by "
+                  f"{'the judge panel' if comp['checkpoint_selection'] == 'panel' else 'validation loss'}."]
     lines += ["", "## Roles", "", "| role | configured | recorded in proposals, verdicts, episodes |", "|---|---|---|"]
     lines += [f"| {r['role']} | {r['configured']} | {', '.join(r['recorded']) or '–'} |" for r in doc.get("roles", [])]
     lines += ["", "## Workflow information (Gaussian proxies)", "",
@@ -687,6 +713,6 @@ def write_report(ctx: RunContext, embedder=None) -> dict:
         step = Step(ctx.store, ctx.report(), inputs=doc, name="report")
         step.start()
         for name in files:
-            ctx.store.put_file(f"{ctx.report()}/{name}", out / name)
-        step.finish([f"{ctx.report()}/{name}" for name in files])
+            ctx.store.put_file(ctx.report_file(name), out / name)
+        step.finish([ctx.report_file(name) for name in files])
     return doc

@@ -1,6 +1,8 @@
 """Checkpoint selection: the saved step > 0 with the lowest finite validation loss (MASS step 5).
 
-Ties go to the earlier step. External judges never take part. The selection also fixes the token
+Ties go to the earlier step. External judges take no part, unless the spec asks for the panel
+control (`sft.checkpoint_selection: panel` or a `+` preset; mass_jobs.steps.select_panel), whose
+choice, candidates, win shares and budget select.json records. The selection also fixes the token
 accounting of the generation: stored supervised tokens (the rendered windows) and processed
 supervised tokens up to the selected step and to the end of training.
 
@@ -38,18 +40,33 @@ def select_checkpoint(log: list[dict], saved_steps: list[int]) -> dict:
     }
 
 
+def by_panel(ctx) -> bool:
+    from mass_jobs.composition import composition_of
+
+    return composition_of(ctx.spec.sft).checkpoint == "panel"
+
+
 def select_step(ctx, gen: int):
-    """Selection's Step: the stored training outputs (log and checkpoints)."""
+    """Selection's Step: the stored training outputs (log and checkpoints), plus the panel's settings
+    when the panel selects."""
     from mass_jobs.store import Step, read_manifest
 
     train = read_manifest(ctx.store, ctx.train(gen))
     if train is None:
         raise SelectError(f"generation {gen}: training has no manifest at {ctx.train(gen)!r} (run mass train first)")
-    return Step(ctx.store, ctx.select_step(gen), inputs={"train": train["outputs"]})
+    inputs = {"train": train["outputs"]}
+    if by_panel(ctx):
+        from mass_jobs.steps.select_panel import panel_inputs
+
+        inputs["panel"] = panel_inputs(ctx, gen)
+    return Step(ctx.store, ctx.select_step(gen), inputs=inputs)
 
 
-def run_select(ctx, gen: int) -> dict:
-    """Read the train step's log and checkpoints; write select.json and the step manifest."""
+def run_select(ctx, gen: int, servers=None) -> dict:
+    """Read the train step's log and checkpoints; write select.json and the step manifest.
+
+    `servers`: (serve_parent, serve_checkpoint, serve_judge) for panel selection; the embedded
+    server's by default."""
     from mass_jobs.store import read_manifest
 
     train = read_manifest(ctx.store, ctx.train(gen))
@@ -59,11 +76,20 @@ def run_select(ctx, gen: int) -> dict:
         return ctx.store.get_json(ctx.select(gen))
     step.start()
     lines = ctx.store.get_bytes(ctx.train_log(gen)).decode("utf-8").splitlines()
-    chosen = select_checkpoint([json.loads(x) for x in lines if x.strip()], train["extra"]["checkpoints"])
+    log = [json.loads(x) for x in lines if x.strip()]
+    chosen = {**select_checkpoint(log, train["extra"]["checkpoints"]), "by": "val_loss"}
+    if by_panel(ctx):
+        from mass_jobs.steps import select_panel
+
+        val = {int(s): v for s, v in chosen["candidates"].items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        panel = select_panel.select_by_panel(ctx, gen, val, *(servers or select_panel.default_servers(ctx, gen)))
+        processed = {r["step"]: r["processed_tokens"] for r in log if r.get("kind") == "train"}
+        chosen.update(panel, val_loss_choice=chosen["step"],
+                      processed_supervised_tokens=processed.get(panel["step"], 0))
     chosen["checkpoint"] = ctx.checkpoint(gen, chosen["step"])
     chosen["stored_supervised_tokens"] = (sft.get("extra") or {}).get("stored_supervised_tokens")
     ctx.store.put_json(ctx.select(gen), chosen)
     step.finish([ctx.select(gen)], extra={k: chosen[k] for k in (
-        "step", "val_loss", "stored_supervised_tokens", "processed_supervised_tokens",
+        "step", "by", "val_loss", "stored_supervised_tokens", "processed_supervised_tokens",
         "processed_supervised_tokens_total")})
     return chosen

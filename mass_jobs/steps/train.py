@@ -70,6 +70,18 @@ def _fetch_inputs(ctx: RunContext, gen: int, work: Path, resume: bool) -> tuple[
     return inputs, parent
 
 
+def training_settings(sft) -> dict:
+    """The sft settings training depends on: not how its checkpoint is selected afterwards, and the
+    preset only when one is set (the paper's runs keep their hashes)."""
+    from mass_jobs.composition import composition_of
+
+    doc = sft.model_dump(mode="json", exclude={"checkpoint_selection", "panel", "preset"})
+    if sft.preset is not None:
+        doc["orchestrator_share"] = composition_of(sft).orchestrator_share
+        doc["preset"] = sft.preset
+    return doc
+
+
 def train_step(ctx: RunContext, gen: int, world_size: int):
     """Training's Step: the stored SFT windows, the sft settings, the parent model, the world size."""
     from mass_jobs.store import Step, read_manifest
@@ -78,7 +90,7 @@ def train_step(ctx: RunContext, gen: int, world_size: int):
     if sft_manifest is None:
         raise FileNotFoundError(f"generation {gen}: no SFT windows at {ctx.sft(gen)}/ (run `mass render sft` first)")
     return Step(ctx.store, ctx.train(gen), inputs={
-        "sft": sft_manifest.get("outputs"), "sft_spec": ctx.spec.sft.model_dump(mode="json"),
+        "sft": sft_manifest.get("outputs"), "sft_spec": training_settings(ctx.spec.sft),
         "parent": ctx.spec.model.base if gen == 0 else ctx.model(gen), "world_size": world_size,
     })
 

@@ -151,7 +151,9 @@ class Trainer:
         self.total_steps = steps or sft.steps
         self.dist = Dist.current()
         self.device = _device(self.dist)
-        self.sampler = WindowSampler(train_windows, sft.orchestrator_share, sft.seed)
+        from mass_jobs.composition import composition_of
+
+        self.sampler = WindowSampler(train_windows, composition_of(sft).orchestrator_share, sft.seed)
         self.log_path = self.out_dir / "log.jsonl"
         self.timing_path = self.out_dir / "timing.jsonl"
 
