@@ -53,13 +53,13 @@ def measure(base_url: str, model: str, concurrency: int, requests: int, max_toke
             "tokens": sum(tokens), "tokens_per_s": sum(tokens) / wall}
 
 
-def bench_spec(model_dir, store_uri: str, execution: dict, episodes: int, max_tokens: int):
+def bench_spec(model_dir, store_uri: str, execution: dict, episodes: int, max_tokens: int, dtype: str):
     """A one-task spec whose collection step is small: `episodes` teacher episodes of short turns."""
     from mass_jobs.spec import validate_document
 
     doc = {
         "name": "bench", "generations": 1,
-        "model": {"base": str(model_dir), "dtype": "float32",
+        "model": {"base": str(model_dir), "dtype": dtype,
                   "sampling": {"max_output_tokens": max_tokens, "context_length": 4096}},
         "tasks": [{"id": "t1", "split": "train", "prompt": "Write sum.py that prints the sum of 1..10.",
                    "deliverables": ["sum.py"]}],
@@ -97,11 +97,11 @@ def collection_walls(spec, endpoint) -> list[dict]:
     return rows
 
 
-def run_backend(label: str, model_dir, tmp: Path, args) -> dict:
+def run_backend(label: str, model_dir, tmp: Path, args, dtype: str) -> dict:
     from mass_jobs.backends import serve_model
 
     spec = bench_spec(model_dir, f"file://{tmp / label.replace(' ', '-')}", BACKENDS[label], args.episodes,
-                      args.max_tokens)
+                      args.max_tokens, dtype)
     with serve_model(spec, model_dir, "bench", log_path=tmp / f"{label.replace(' ', '-')}.log") as endpoint:
         one_request(endpoint.base_url, "bench", -1, 4)  # warm up: first-call compilation and caches
         chat = [measure(endpoint.base_url, "bench", c, args.requests, args.max_tokens) for c in LEVELS]
@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             model = str(build_tiny_model(Path(tmp) / "model", seed=0))
         for label in labels:
             print(f"bench-serve: {label} ...", file=sys.stderr, flush=True)
-            results.append(run_backend(label, model, Path(tmp), args))
+            # bf16 on an accelerator (what runs serve with); fp32 on CPU, where bf16 matmuls are slow
+            results.append(run_backend(label, model, Path(tmp), args, "bfloat16" if torch.cuda.is_available() else "float32"))
     meta = {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpus": os.cpu_count(),
             "requests": args.requests, "max_tokens": args.max_tokens, "episodes": args.episodes,
             "vllm": "measured" if launcher else "not installed, so not measured (VLLM_PYTHON, or pip install '.[vllm]')"}

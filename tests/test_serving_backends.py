@@ -192,3 +192,16 @@ def test_external_serving_runs_steps_against_a_running_server_and_starts_none(ti
     assert not store.exists("inner/gen-0/collect/t1/ep-1/status.json")  # one episode asked, one run
     # search ran the reference and the initial workflow (>= 1 request each) and collect one episode
     assert served >= 3
+
+
+def test_the_vllm_extra_is_pinned_once_and_kept_out_of_the_test_install():
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extra = project["optional-dependencies"]["vllm"]
+    assert len(extra) == 1 and re.fullmatch(r"vllm==\d+\.\d+\.\d+", extra[0])
+    assert not any(d.startswith("vllm") for d in project["dependencies"] + project["optional-dependencies"]["test"])
+    makefile = (REPO / "Makefile").read_text()
+    assert f"pip install -q {extra[0]}" in makefile  # `make vllm-env` installs the same pin
+    assert "'.[test]'" in makefile and "'.[vllm]'" not in makefile.split("test: setup")[0]
