@@ -113,7 +113,8 @@ def write(out: Path, results: list[dict], meta: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve.json").write_text(json.dumps({"meta": meta, "backends": results}, indent=2))
     lines = ["# Serving throughput", "",
-             f"The tiny model on {meta['device']} ({meta['cpus']} CPU cores); vLLM: {meta['vllm']}. "
+             f"The tiny model on {meta['device']} ({meta['cpus']} CPU cores; 1-minute load average "
+             f"{meta['load_avg_1m'][0]} at the start, {meta['load_avg_1m'][1]} at the end); vLLM: {meta['vllm']}. "
              f"Regenerate: `make bench-serve`.", "",
              f"## Chat requests ({meta['requests']} per level, up to {meta['max_tokens']} new tokens each)", "",
              "| backend | concurrency | wall s | requests/s | generated tokens | tokens/s |", "|---|---|---|---|---|---|"]
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=8, help="teacher episodes of the timed collection step")
     args = p.parse_args(argv)
     launcher = vllm_launcher()
+    load_before = os.getloadavg()[0]  # other work on the machine skews every number: say how much
     labels = [b for b in BACKENDS if b != "vllm" or launcher is not None]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             # bf16 on an accelerator (what runs serve with); fp32 on CPU, where bf16 matmuls are slow
             results.append(run_backend(label, model, Path(tmp), args, "bfloat16" if torch.cuda.is_available() else "float32"))
     meta = {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpus": os.cpu_count(),
-            "requests": args.requests, "max_tokens": args.max_tokens, "episodes": args.episodes,
+            "load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)], "requests": args.requests, "max_tokens": args.max_tokens, "episodes": args.episodes,
             "vllm": "measured" if launcher else "not installed, so not measured (VLLM_PYTHON, or pip install '.[vllm]')"}
     write(Path(args.out), results, meta)
     print((Path(args.out) / "serve.md").read_text())

@@ -205,3 +205,23 @@ def test_the_vllm_extra_is_pinned_once_and_kept_out_of_the_test_install():
     makefile = (REPO / "Makefile").read_text()
     assert f"pip install -q {extra[0]}" in makefile  # `make vllm-env` installs the same pin
     assert "'.[test]'" in makefile and "'.[vllm]'" not in makefile.split("test: setup")[0]
+
+
+def test_a_run_may_resume_on_another_serving_backend_but_not_with_other_numbers(make_store):
+    from mass_jobs.context import RunContext
+    from mass_jobs.spec import SpecError
+
+    store = make_store("file")
+    doc = spec_document(store.spec.uri)
+    RunContext(validate_document(doc), store).claim_spec()
+    # a spec stored before these fields existed, or one that switches backend, is the same run
+    stored = store.get_json(RunContext(validate_document(doc), store).spec_key())
+    for key in ("serving", "continuous_batching", "vllm"):
+        stored["execution"].pop(key)
+    store.put_json(RunContext(validate_document(doc), store).spec_key(), stored)
+    other = {**doc, "execution": {**doc["execution"], "continuous_batching": True,
+                                  "vllm": {"tool_call_parser": "qwen3_coder"}}}
+    RunContext(validate_document(other), store).claim_spec(record=False)
+    changed = {**doc, "execution": {**doc["execution"], "concurrency": 3}}
+    with pytest.raises(SpecError, match=r"\$.execution.concurrency"):
+        RunContext(validate_document(changed), store).claim_spec(record=False)
