@@ -231,9 +231,8 @@ class Runner:
         return LazyClient(lambda: client_for(self.spec, self.lazy.endpoint()))
 
     def execute(self, *args):
-        from mass_jobs.steps.search import episode_executor
-
         from mass_jobs.roles import role_endpoint
+        from mass_jobs.steps.search import episode_executor
 
         # roles.executor set: the generation's server is not needed (and not started) for episodes
         endpoint = role_endpoint(self.spec, "executor") or self.lazy.endpoint()
