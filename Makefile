@@ -8,7 +8,7 @@ NODE_DIR := .tools/qwen-code
 # The paper ran 0.20.0 on Node 22; see README (Setup) for why 0.15.10 is pinned here.
 QWEN_VERSION := 0.15.10
 
-.PHONY: setup demo test attack bench bench-serve schemas check-codegen images clean
+.PHONY: setup demo test attack bench bench-serve vllm-env schemas check-codegen images clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
@@ -36,8 +36,15 @@ attack: setup
 bench: setup
 	$(PY) -m mass_jobs.bench --out bench/
 
+# Adds vLLM rows when vLLM is installed here or in the venv VLLM_PYTHON names (see vllm-env).
 bench-serve: setup
 	$(PY) -m mass_jobs.bench_serve --out bench/
+
+# vLLM in its own venv (it pins its own torch); then: VLLM_PYTHON=.venv-vllm/bin/python make bench bench-serve
+# The version is the optional extra's pin in pyproject.toml.
+vllm-env:
+	test -x .venv-vllm/bin/python || $(PY_BOOT) -m venv .venv-vllm
+	.venv-vllm/bin/python -m pip install -q vllm==0.33.0
 
 schemas: $(STAMP)
 	$(VENV)/bin/mass schema --write schemas/
@@ -53,4 +60,4 @@ images:
 	for i in jobs sandbox trainer; do docker build -f images/$$i.Dockerfile -t ghcr.io/mass-jobs/$$i:0.1.0 . || exit 1; done
 
 clean:
-	rm -rf $(VENV) .tools build .pytest_cache
+	rm -rf $(VENV) .venv-vllm .tools build .pytest_cache

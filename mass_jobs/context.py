@@ -241,7 +241,10 @@ def served_model_name(run: str, g) -> str:
     return f"mass-{run}-g{g}"
 
 
-UNCHECKED_SPEC_FIELDS = ("generations",)
+# generations extends the chain; the serving backend is how a model is served, not what a step
+# computes, so a run started on one backend may resume on another.
+UNCHECKED_SPEC_FIELDS = ("$.generations", "$.execution.serving", "$.execution.continuous_batching",
+                         "$.execution.vllm")
 
 
 def spec_changes(stored, current, path: str = "$") -> list[tuple[str, object, object]]:
@@ -249,7 +252,7 @@ def spec_changes(stored, current, path: str = "$") -> list[tuple[str, object, ob
     if isinstance(stored, dict) and isinstance(current, dict):
         out = []
         for k in sorted(set(stored) | set(current)):
-            if path == "$" and k in UNCHECKED_SPEC_FIELDS:
+            if f"{path}.{k}" in UNCHECKED_SPEC_FIELDS:
                 continue
             out += spec_changes(stored.get(k), current.get(k), f"{path}.{k}")
         return out

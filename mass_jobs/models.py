@@ -328,10 +328,30 @@ class Resources(Closed):
     server: PodResources = Field(default_factory=lambda: PodResources(cpu="8", memory="64Gi", gpu=1))
 
 
+class VllmServing(Closed):
+    """`vllm serve` settings for `execution.serving: vllm` (the cluster's KServe runtime gets the same)."""
+
+    tool_call_parser: str = Field(default="hermes", pattern=r"^[a-z0-9_]+$",
+                                  description="vLLM tool-call parser (hermes for Qwen3, qwen3_coder for Qwen3-Coder).")
+    reasoning_parser: str = Field(default="qwen3", pattern=r"^[a-z0-9_]+$", description="vLLM reasoning parser.")
+    max_model_len: int | None = Field(default=None, ge=256, le=MAX_TOKENS,
+                                      description="vLLM --max-model-len; null: model.sampling.context_length.")
+
+
 class ExecutionSpec(Closed):
     mode: Literal["local", "argo"] = "local"
     harness: Literal["builtin", "qwen-code"] = "builtin"
     concurrency: int = Field(default=4, ge=1, le=1024, description="Episodes run at once.")
+    serving: Literal["embedded", "vllm", "external"] = Field(
+        default="embedded",
+        description="Local runs: who serves the model. embedded: mass serve (transformers); vllm: vllm serve "
+                    "(pip install '.[vllm]' or VLLM_PYTHON); external: no server, every role's endpoint is named "
+                    "in roles.<role>. Argo runs serve with KServe.")
+    continuous_batching: bool = Field(
+        default=False,
+        description="Embedded server: batch concurrent requests (faster at concurrency > 1), but the first "
+                    "request's sampling settings hold for the batch and per-request seeds are not applied.")
+    vllm: VllmServing = Field(default_factory=VllmServing)
     limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
     resources: Resources = Field(default_factory=Resources)
 

@@ -212,13 +212,17 @@ class Runner:
 
     @contextlib.contextmanager
     def serve(self, g: int):
-        """L_g's endpoint for the inner loop, under the name the cluster's InferenceService has."""
-        from mass_jobs.serve import ModelServer
+        """L_g's endpoint for the inner loop, under the name the cluster's InferenceService has, served
+        by execution.serving's backend. `external` serves nothing: every role has its own endpoint."""
+        from mass_jobs.backends import serve_model
         from mass_jobs.steps.evaluate import local_model_dir
 
-        with ModelServer(local_model_dir(self.ctx, g, self.work / "models"), served_name=self.ctx.served_model(g),
-                         dtype=self.spec.model.dtype, log_path=self.work / f"serve-gen-{g}.log") as srv:
-            yield srv.endpoint
+        if self.spec.execution.serving == "external":
+            raise RuntimeError("execution.serving is 'external': the inner loop uses roles.<role> endpoints "
+                               "and starts no model server")
+        with serve_model(self.spec, local_model_dir(self.ctx, g, self.work / "models"), self.ctx.served_model(g),
+                         log_path=self.work / f"serve-gen-{g}.log") as endpoint:
+            yield endpoint
 
     # ------------------------------------------------------------ model access for model steps
     @property
@@ -228,9 +232,12 @@ class Runner:
         return LazyClient(lambda: client_for(self.spec, self.lazy.endpoint()))
 
     def execute(self, *args):
+        from mass_jobs.roles import role_endpoint
         from mass_jobs.steps.search import episode_executor
 
-        status = episode_executor(self.spec, self.lazy.endpoint())(*args)
+        # roles.executor set: the generation's server is not needed (and not started) for episodes
+        endpoint = role_endpoint(self.spec, "executor") or self.lazy.endpoint()
+        status = episode_executor(self.spec, endpoint)(*args)
         with self._lock:  # collect runs episodes concurrently
             self._now["episodes"] += 1
             self.display.note(f"{self._now['label']}: episode {self._now['episodes']}", self._now["episodes"],

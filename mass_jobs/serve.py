@@ -18,15 +18,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-from mass_jobs import lifeline
+from mass_jobs.server_process import ServerProcess
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Sampling knobs our clients send that transformers' chat route rejects as "Unexpected fields".
@@ -290,9 +285,13 @@ def _tolerate_malformed_tool_calls() -> None:
     chat_completion._mass_tolerant = True
 
 
-def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "auto"):
+def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "auto", continuous_batching: bool = False):
     """The FastAPI app: transformers' server wired as `transformers serve MODEL` wires it, with our
-    chat handler. Loads the model before returning, so `/health` is only up once it can answer."""
+    chat handler. Loads the model before returning, so `/health` is only up once it can answer.
+
+    `continuous_batching` is upstream's `--continuous-batching`: concurrent requests share forward
+    passes (paged attention), but the sampling settings of the first request hold for all of them
+    and a request's `seed` is not applied, so it is off by default (see README, "Serving")."""
     from fastapi.responses import JSONResponse
     from transformers.cli.serving.completion import CompletionHandler
     from transformers.cli.serving.model_manager import ModelManager
@@ -303,8 +302,8 @@ def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "a
     from transformers.cli.serving.utils import GenerationState
 
     _tolerate_malformed_tool_calls()
-    manager = ModelManager(device=device, dtype=dtype, force_model=str(model_dir))
-    state = GenerationState()
+    manager = ModelManager(device=device, dtype=dtype, force_model=str(model_dir), continuous_batching=continuous_batching)
+    state = GenerationState(continuous_batching=continuous_batching)
     chat = make_chat_handler_class()(model_manager=manager, generation_state=state)
     chat.served_name = served_name
     app = build_server(
@@ -330,13 +329,7 @@ def default_served_name(location) -> str:
     return Path(str(location).rstrip("/")).name or "model"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-class ModelServer:
+class ModelServer(ServerProcess):
     """`mass serve` as a child process for the duration of a `with` block."""
 
     def __init__(
@@ -348,78 +341,26 @@ class ModelServer:
         host: str = "127.0.0.1",
         device: str = "auto",
         dtype: str = "auto",
+        continuous_batching: bool = False,
         startup_timeout_s: float = 180.0,
         log_path: str | os.PathLike | None = None,
     ):
+        super().__init__(host=host, port=port, name="model server", startup_timeout_s=startup_timeout_s,
+                         log_path=log_path)
         self.model_dir = str(model_dir)
-        self.host = host
-        self.port = port
         self.served_name = served_name or default_served_name(model_dir)
         self.device, self.dtype = device, dtype
-        self.startup_timeout_s = startup_timeout_s
-        self.log_path = Path(log_path) if log_path else None
-        self.process: subprocess.Popen | None = None
+        self.continuous_batching = continuous_batching
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "mass_jobs.cli", "serve", "--model", self.model_dir, "--host", self.host,
+            "--port", str(self.port), "--served-name", self.served_name, "--device", self.device, "--dtype", self.dtype,
+            *(["--continuous-batching"] if self.continuous_batching else []),
+        ]  # fmt: skip
 
     @property
     def endpoint(self):
         from mass_jobs.llm import Endpoint
 
         return Endpoint(base_url=f"{self.base_url}/v1", model=self.served_name)
-
-    def start(self) -> ModelServer:
-        import httpx
-
-        if self.port is None:
-            self.port = free_port(self.host)
-        if self.log_path is None:
-            fd, name = tempfile.mkstemp(prefix="mass-serve-", suffix=".log")
-            os.close(fd)
-            self.log_path = Path(name)
-        cmd = [
-            sys.executable, "-m", "mass_jobs.cli", "serve", "--model", self.model_dir, "--host", self.host,
-            "--port", str(self.port), "--served-name", self.served_name, "--device", self.device, "--dtype", self.dtype,
-        ]  # fmt: skip
-        with open(self.log_path, "ab") as log:
-            # Own process group: stop() can end uvicorn and any worker threads' children together.
-            # Through a lifeline: a SIGKILLed caller (`mass run`, a step) takes the server with it.
-            self.process = lifeline.spawn(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"model server exited with code {self.process.returncode} before it was healthy:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise TimeoutError(f"model server not healthy after {self.startup_timeout_s:.0f}s:\n{self.log_tail()}")
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        except ProcessLookupError:
-            proc.wait()
-
-    def log_tail(self, n_bytes: int = 4000) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return self.log_path.read_bytes()[-n_bytes:].decode("utf-8", "replace")
-
-    def __enter__(self) -> ModelServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -431,6 +431,31 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
         if j.name in names:
             out.append(SpecIssue(f"$.judges[{i}].name", f"expected a unique judge name, found {j.name!r} again"))
         names.add(j.name)
+    return out + serving_issues(spec)
+
+
+def serving_issues(spec: RunSpec) -> list[SpecIssue]:
+    """execution.serving needs what it serves with: vLLM installed here (local runs only: Argo runs
+    serve with KServe), or for `external` an endpoint for every role."""
+    from mass_jobs.roles import ROLES
+
+    ex, out = spec.execution, []
+    if ex.serving == "vllm" and ex.mode == "local":
+        from mass_jobs.backends import vllm_missing_reason
+
+        if reason := vllm_missing_reason():
+            out.append(SpecIssue("$.execution.serving", reason))
+    if ex.serving == "external":
+        for role in ROLES:
+            if getattr(spec.roles, role) is None:
+                out.append(SpecIssue(f"$.roles.{role}", "expected an endpoint (roles.<role>: endpoint, model) "
+                                                        "when execution.serving is 'external', found none"))
+    if ex.continuous_batching and ex.serving != "embedded":
+        out.append(SpecIssue("$.execution.continuous_batching", f"expected false unless execution.serving is "
+                                                                f"'embedded', found true with {ex.serving!r}"))
+    if ex.vllm.max_model_len is not None and spec.model.sampling.context_length > ex.vllm.max_model_len:
+        out.append(SpecIssue("$.model.sampling.context_length", f"expected at most execution.vllm.max_model_len "
+                                                                f"({ex.vllm.max_model_len}), found {spec.model.sampling.context_length}"))
     return out
 
 

@@ -66,18 +66,24 @@ def model_location(ctx, gen: int) -> str:
 
 @contextlib.contextmanager
 def model_endpoint(args, ctx):
-    """The endpoint at --endpoint, or the generation's model served here for the duration."""
+    """The endpoint at --endpoint, or the generation's model served here (execution.serving's backend)
+    for the duration."""
     from mass_jobs.llm import Endpoint
 
     if args.endpoint:
         yield Endpoint(base_url=args.endpoint, model=args.served_model, api_key_env=args.api_key_env)
         return
-    from mass_jobs.modelio import resolve_model
-    from mass_jobs.serve import ModelServer
+    if ctx.spec.execution.serving == "external":  # every role has an endpoint (spec validation): serve nothing
+        from mass_jobs.roles import role_endpoint
 
-    with ModelServer(resolve_model(model_location(ctx, args.gen), store_options=ctx.store_options()),
-                     served_name=ctx.served_model(args.gen)) as srv:
-        yield srv.endpoint
+        yield role_endpoint(ctx.spec, "executor")
+        return
+    from mass_jobs.backends import serve_model
+    from mass_jobs.modelio import resolve_model
+
+    with serve_model(ctx.spec, resolve_model(model_location(ctx, args.gen), store_options=ctx.store_options()),
+                     ctx.served_model(args.gen)) as endpoint:
+        yield endpoint
 
 
 def client_for(spec, endpoint):

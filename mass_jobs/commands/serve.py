@@ -1,6 +1,6 @@
 """`mass serve --model LOCATION [--port P] [--host 127.0.0.1] [--served-name NAME]`: serve a model over
 the OpenAI chat-completions API (transformers' server) until Ctrl-C. LOCATION is a local dir, s3:// or a hub id.
-Concurrent requests are served one after another (one generate() at a time, no continuous batching).
+Concurrent requests are served one after another (one generate() at a time) unless --continuous-batching.
 Control tokens such as <|im_end|> never reach a client, streamed or not."""
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--served-name", default=None, help="model name clients send (default: the location's last part)")
     parser.add_argument("--device", default="auto", help="torch device: auto, cpu, cuda:0 ...")
     parser.add_argument("--dtype", default="auto", help="weights dtype: auto (as saved), bfloat16, float32 ...")
+    parser.add_argument("--continuous-batching", action="store_true",
+                        help="batch concurrent requests (transformers' paged attention); the first request's sampling "
+                             "settings hold for the batch and per-request seeds are not applied")
     parser.add_argument("--log-level", default="warning", help="server log level")
 
 
@@ -30,7 +33,8 @@ def main(args) -> int:
         print(f"mass serve --model: {exc}", file=sys.stderr)
         return 2
     name = args.served_name or default_served_name(args.model)
-    app = build_app(model_dir, served_name=name, device=args.device, dtype=args.dtype)
+    app = build_app(model_dir, served_name=name, device=args.device, dtype=args.dtype,
+                    continuous_batching=args.continuous_batching)
     print(f"serving {args.model} as {name!r} on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

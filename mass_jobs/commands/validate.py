@@ -101,6 +101,7 @@ def argo_outputs(spec, gen: int) -> dict[str, str]:
         "episodes.json": json.dumps([{"task": t, "episode": i} for t in train for i in range(spec.collection.episodes)]),
         "search-iterations": str(spec.search.iterations + 1),  # iteration 0 runs the reference and initial workflow
         "model-uri": model_uri(spec, gen, bucket, run_prefix),
+        "dtype": spec.model.dtype,
         "generations": str(spec.generations),
         "store-prefix": run_prefix,
         # the PyTorchJob's world is the spec's: sft.replicas pods x max(1, gpus_per_replica) processes

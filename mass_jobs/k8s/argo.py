@@ -58,6 +58,7 @@ VALIDATE_OUTPUTS = {
     "episodes": "episodes.json",  # JSON list of {"task", "episode"}: the collect fan-out
     "iterations": "search-iterations",  # number of `--iteration` values (0..n-1)
     "model-uri": "model-uri",  # s3:// dir (trailing '/') or hf:// id of the generation's model
+    "dtype": "dtype",  # the spec's model.dtype: the served weights' dtype (vLLM --dtype)
     "generations": "generations",  # N of the run
     "store-prefix": "store-prefix",  # S3 key prefix of the run (<store prefix>/<run>) in the artifact bucket
     "trainer-workers": "trainer-workers",  # PyTorchJob Worker replicas: sft.replicas - 1
@@ -197,10 +198,11 @@ class _Builder:
 
     def serve_model(self) -> Resource:
         labels = {**L.pod_labels(K.MODEL_STEP, gen=GEN), L.ARGO_WORKFLOW: "{{workflow.name}}"}
-        isvc = serving.inference_service(self.s, ISVC, "{{inputs.parameters.model-uri}}", labels)
+        isvc = serving.inference_service(self.s, ISVC, "{{inputs.parameters.model-uri}}", labels,
+                                         dtype="{{inputs.parameters.dtype}}")
         return Resource(
             name="serve-model",
-            inputs=_params("gen", "model-uri"),
+            inputs=_params("gen", "model-uri", "dtype"),
             action="apply",
             # Owned by the workflow: `argo terminate` / delete garbage-collects the GPU predictor.
             set_owner_reference=True,
@@ -325,7 +327,7 @@ class _Builder:
             for i, sd in enumerate(gen_steps):
                 if i == first_model:
                     Step(name="serve-model", template="serve-model", when=f"{V % 'needs-model'} == true",
-                         arguments=_args(gen=GEN, model_uri=V % "model-uri"))
+                         arguments=_args(gen=GEN, model_uri=V % "model-uri", dtype=V % "dtype"))
                 _cycle_step(sd)
                 if i == last_model:  # its last user is done: free the GPU before training
                     Step(name="release-model", template="delete-model", arguments=_args(gen=GEN))

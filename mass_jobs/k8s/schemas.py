@@ -122,6 +122,7 @@ EXAMPLE_VALUES = {
     "workflow.namespace": "mass-jobs",
     "inputs.parameters.gen": "3",
     "inputs.parameters.model-uri": "s3://mass-jobs/runs/demo/gen-3/model",
+    "inputs.parameters.dtype": "bfloat16",
     "retries": "0",
     "inputs.parameters.trainer-workers": "2",
     "inputs.parameters.trainer-nproc": "2",

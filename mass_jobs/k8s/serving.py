@@ -30,7 +30,19 @@ def openai_base_url(name: str, namespace: str) -> str:
     return f"http://{name}-predictor.{namespace}.svc.cluster.local/openai/v1"
 
 
-def inference_service(s: ClusterSettings, name: str, storage_uri: str, labels: dict[str, str]) -> dict:
+def runtime_args(s: ClusterSettings, name: str, dtype: str) -> list[str]:
+    """The KServe HuggingFace runtime's arguments: the served name, the vLLM backend and the engine
+    arguments a local `vllm serve` gets too (`mass_jobs.backends.engine_args`)."""
+    from mass_jobs.backends import REASONING_PARSER, engine_args
+
+    return [f"--model_name={name}", "--backend=vllm",
+            *engine_args(tool_call_parser=s.tool_call_parser, reasoning_parser=REASONING_PARSER,
+                         max_model_len=s.max_model_len, dtype=dtype)]
+
+
+def inference_service(s: ClusterSettings, name: str, storage_uri: str, labels: dict[str, str],
+                      dtype: str = "bfloat16") -> dict:
+    """`dtype`: the spec's model.dtype (the cycle passes validate's `dtype` output)."""
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
@@ -54,14 +66,7 @@ def inference_service(s: ClusterSettings, name: str, storage_uri: str, labels: d
                     "runtime": "kserve-huggingfaceserver",
                     "storageUri": storage_uri,
                     "image": s.images.server,
-                    "args": [
-                        f"--model_name={name}",
-                        "--backend=vllm",
-                        "--enable-auto-tool-choice",
-                        f"--tool-call-parser={s.tool_call_parser}",
-                        "--reasoning-parser=qwen3",
-                        f"--max-model-len={s.max_model_len}",
-                    ],
+                    "args": runtime_args(s, name, dtype),
                     "resources": pods.resources(s.server, s),
                     "securityContext": {**pods.container_security_context(), "readOnlyRootFilesystem": False},
                 },

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from mass_jobs.backends import TOOL_CALL_PARSER
+
 
 def helm(expr: str) -> str:
     """A scalar that becomes the Helm action `{{ expr }}` in chart templates."""
@@ -64,7 +66,7 @@ class ClusterSettings:
     server: Pod = Pod(cpu="8", memory="64Gi", gpu="1")
     trainer: Pod = Pod(cpu="8", memory="64Gi")  # per replica; replicas and GPUs come from the spec's sft
     max_model_len: str = "32768"
-    tool_call_parser: str = "hermes"
+    tool_call_parser: str = TOOL_CALL_PARSER  # the local vllm backend default too
     agent_deadline_s: str = "4200"  # > the default episode wall_s (3600): the harness times out first
     agent_parallelism: int | str = 16  # agent pods of one generation at once (they share one predictor)
     serve_deadline_s: str = "3600"  # the InferenceService must be Loaded within this

@@ -310,19 +310,16 @@ def local_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> 
 
 
 def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Path | None = None):
-    """(serve_model, serve_judge) that start the embedded ModelServer per use; remote judges are used as is."""
+    """(serve_model, serve_judge) that start the spec's serving backend per use; remote judges are used as is."""
+    from mass_jobs import backends
     from mass_jobs.llm import Endpoint
     from mass_jobs.modelio import resolve_model
-    from mass_jobs.serve import ModelServer
-
-    dtype = ctx.spec.model.dtype
 
     @contextlib.contextmanager
     def serve_model(g: int):
         log = (log_dir / f"serve-gen-{g}.log") if log_dir else None
-        with ModelServer(local_model_dir(ctx, g, cache_root), served_name=f"gen-{g}", dtype=dtype,
-                         log_path=log) as srv:
-            yield srv.endpoint
+        with backends.serve_model(ctx.spec, local_model_dir(ctx, g, cache_root), f"gen-{g}", log_path=log) as endpoint:
+            yield endpoint
 
     @contextlib.contextmanager
     def serve_judge(judge: Judge):
@@ -330,7 +327,8 @@ def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Pa
             yield Endpoint(base_url=judge.endpoint, model=judge.model, api_key_env=judge.api_key_env)
             return
         log = (log_dir / f"serve-judge-{judge.name}.log") if log_dir else None
-        with ModelServer(resolve_model(judge.model, store_options=ctx.store_options()), served_name=judge.name, dtype=dtype, log_path=log) as srv:
-            yield srv.endpoint
+        with backends.serve_model(ctx.spec, resolve_model(judge.model, store_options=ctx.store_options()), judge.name,
+                                  log_path=log) as endpoint:
+            yield endpoint
 
     return serve_model, serve_judge
