@@ -190,7 +190,12 @@ def test_an_agent_that_fails_is_retried_then_recorded_never_failing_the_generati
     gate = "{{steps.prepare.outputs.parameters.agent}} == true"
     assert ep["agent"]["when"] == gate and ep["ingest"]["when"] == gate
     assert {"name": "agent-status", "value": "{{steps.agent.status}}"} in ep["ingest"]["arguments"]["parameters"]
-    assert [p["name"] for p in t["collect-prepare"]["outputs"]["parameters"]] == ["agent"]
+    assert [p["name"] for p in t["collect-prepare"]["outputs"]["parameters"]] == ["agent", "rollout"]
+    # search and evaluate rollouts alike: a lost agent pod is ingested as infra_error, never a failure
+    for step in ("search", "evaluate"):
+        ro = {s["name"]: s for s in _steps(t[f"{step}-rollout"])}
+        assert ro["agent"]["template"] == "agent-episode" and ro["agent"]["continueOn"] == {"error": True, "failed": True}
+        assert {"name": "agent-status", "value": "{{steps.agent.status}}"} in ro["ingest"]["arguments"]["parameters"]
     assert "continueOn" not in str(_t(cycle)["cycle"])  # nothing else may fail silently
 
 
@@ -408,9 +413,13 @@ def test_the_model_has_one_served_name_for_both_executors(cycle, make_store, inn
 
     ctx = RunContext(inner_spec(make_store("file")), None)
     assert ctx.served_model(2) == serving.isvc_name("inner", "2") == "mass-inner-g2"
-    args = _t(cycle)["search"]["container"]["args"]
-    assert args[args.index("--served-model") + 1] == serving.isvc_name("{{workflow.parameters.run}}",
-                                                                        "{{inputs.parameters.gen}}")
+    for name in ("search-prepare", "search-finish"):
+        args = _t(cycle)[name]["container"]["args"]
+        assert args[args.index("--served-model") + 1] == serving.isvc_name("{{workflow.parameters.run}}",
+                                                                            "{{inputs.parameters.gen}}")
+    # evaluate names each generation's InferenceService the same way ({gen}: L_0, L_G, L_G+1)
+    args = _t(cycle)["evaluate-prepare"]["container"]["args"]
+    assert args[args.index("--served-model") + 1] == serving.isvc_name("{{workflow.parameters.run}}", "{gen}")
     vargs = _t(cycle)["validate"]["container"]["args"]
     assert vargs[vargs.index("--run") + 1] == "{{workflow.parameters.run}}"
     doc = spec_document(f"s3://{s3_env['bucket']}/names", model={"base": "org/tiny"})
