@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked == 46
+    assert checked == 47
 
 
 def _used_params(obj, scope: str) -> set[str]:
@@ -201,7 +201,7 @@ def test_every_pod_has_labels_security_and_limits(argo_docs):
         assert all(isinstance(v, str) for v in limits.values())
         assert t["retryStrategy"]["limit"] == "3"
         n += 1
-    assert n == 17
+    assert n == 18
     for doc in argo_docs.values():
         spec = doc["spec"]
         if doc["kind"] == "WorkflowTemplate":

@@ -2,11 +2,13 @@
 and the self-evaluator (see mass_jobs.steps.evaluate). Models are served here by the embedded
 server; judges with `endpoint: local` too. Prints the step manifest's summary as JSON.
 
-On the cluster (around agent pods; `{gen}` in --endpoint and --served-model is replaced by each
-generation): `--phase prepare --outputs DIR` writes the rollouts' agent inputs, DIR/rollouts (the
-agent fan-out) and DIR/models (the generations whose InferenceServices must serve); `--phase ingest
---rollout KEY [--agent-status PHASE]` stores one pod's output; `--agent-pods` runs the panel and
-the self-evaluators against the InferenceServices and external judges, refusing a missing rollout."""
+On the cluster, around agent pods (`--generation-endpoint G URL NAME` per generation it may call:
+L_0, L_G-1 and L_G's InferenceServices): `--phase plan --outputs DIR` writes DIR/models (the
+generations whose InferenceServices must serve: rollouts or self-verdicts missing); once they are
+up, `--phase prepare --outputs DIR` writes the rollouts' agent inputs and DIR/rollouts (the agent
+fan-out); `--phase ingest --rollout KEY [--agent-status PHASE]` stores one pod's output;
+`--agent-pods` runs the panel and the self-evaluators against the InferenceServices and external
+judges, refusing a missing rollout."""
 
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ from mass_jobs.commands.common import add_spec, open_run, work_dir_default
 def add_arguments(parser) -> None:
     add_spec(parser, gen="generation G >= 1 (L_G vs L_0 and L_{G-1})")
     parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local cache for model dirs and server logs")
-    parser.add_argument("--phase", choices=["prepare", "ingest"],
-                        help="Argo, around agent pods: prepare the missing rollouts or ingest one (--rollout)")
-    parser.add_argument("--endpoint", metavar="URL", help="with --phase prepare / --agent-pods: L_{gen}'s OpenAI base URL")
-    parser.add_argument("--served-model", metavar="NAME", help="L_{gen}'s model name at --endpoint")
+    parser.add_argument("--phase", choices=["plan", "prepare", "ingest"],
+                        help="Argo, around agent pods: the models to serve, prepare the missing rollouts, or "
+                             "ingest one (--rollout)")
+    parser.add_argument("--generation-endpoint", nargs=3, action="append", default=[], metavar=("G", "URL", "NAME"),
+                        help="with --phase prepare / --agent-pods: L_G's OpenAI base URL and model name (repeat)")
     parser.add_argument("--rollout", metavar="KEY", help="with --phase ingest: the rollout (as prepare listed it)")
     parser.add_argument("--outputs", metavar="DIR", help="with --phase prepare: write DIR/rollouts and DIR/models")
     parser.add_argument("--agent-status", metavar="PHASE",
@@ -44,27 +47,36 @@ def main(args) -> int:
     if not 1 <= args.gen <= spec.generations:
         print(f"--gen: expected 1..{spec.generations} (generations), got {args.gen}", file=sys.stderr)
         return 2
-    if (args.phase == "prepare" or args.agent_pods) and not (args.endpoint and args.served_model):
-        print("--phase prepare and --agent-pods need --endpoint and --served-model (with {gen})", file=sys.stderr)
-        return 2
     if args.phase == "ingest" and not args.rollout:
         print("--phase ingest needs --rollout (a key the prepare phase listed)", file=sys.stderr)
         return 2
+    try:
+        endpoints = {int(g): Endpoint(base_url=url, model=name) for g, url, name in args.generation_endpoint}
+    except ValueError:
+        print(f"--generation-endpoint: expected G URL NAME with G a generation, got {args.generation_endpoint}",
+              file=sys.stderr)
+        return 2
 
     def endpoint_of(g: int) -> Endpoint:
-        return Endpoint(base_url=args.endpoint.replace("{gen}", str(g)), model=args.served_model.replace("{gen}", str(g)))
+        if g not in endpoints:
+            raise ValueError(f"--generation-endpoint: L_{g} is called but has no endpoint (given: {sorted(endpoints)})")
+        return endpoints[g]
 
     try:
-        if args.phase == "prepare":
+        if args.phase == "plan":
             from mass_jobs.commands.validate import model_uri
 
-            out = ev.prepare(ctx, args.gen, endpoint_of)
             # the storageUri of each generation's InferenceService, as the cycle's own model gets it
             bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
             run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
-            out["models"] = [{"gen": str(h), "model-uri": model_uri(spec, h, bucket, run_prefix)} for h in out["models"]]
-            rollouts.write_outputs(args.outputs, **{rollouts.ROLLOUTS_OUTPUT: out["rollouts"],
-                                                    rollouts.MODELS_OUTPUT: out["models"]})
+            models = [{"gen": str(h), "model-uri": model_uri(spec, h, bucket, run_prefix)}
+                      for h in ev.pending_models(ctx, args.gen)]
+            rollouts.write_outputs(args.outputs, **{rollouts.MODELS_OUTPUT: models})
+            print(json.dumps({"models": models}, sort_keys=True))
+            return 0
+        if args.phase == "prepare":
+            out = ev.prepare(ctx, args.gen, endpoint_of)
+            rollouts.write_outputs(args.outputs, **{rollouts.ROLLOUTS_OUTPUT: out["rollouts"]})
             print(json.dumps(out, sort_keys=True))
             return 0
         if args.phase == "ingest":

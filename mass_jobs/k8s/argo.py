@@ -48,6 +48,7 @@ EPISODE = "{{inputs.parameters.episode}}"
 NAMESPACE = "{{workflow.namespace}}"
 ISVC = serving.isvc_name(RUN_ID, GEN)
 NEXT_GEN = "{{=asInt(inputs.parameters.gen) + 1}}"
+PREV_GEN = "{{=asInt(inputs.parameters.gen) - 1}}"
 OUTPUTS_DIR = "/tmp/outputs"
 WORK_DIR = "/tmp/work"  # MASS_WORK_DIR of every step and trainer pod: the root filesystem is read-only
 V = "{{steps.validate.outputs.parameters.%s}}"
@@ -350,23 +351,28 @@ class _Builder:
 
     def generation_rollouts(self, sd: P.StepDef) -> None:
         """A generation step whose episodes run in agent pods against InferenceServices of the
-        generations prepare names (evaluate: L_0, L_g, L_g+1), created and deleted here like the
-        generation's own model: prepare -> serve -> agent pods -> ingest each -> finish -> release.
-        The step pods are CPU pods: the judges are external endpoints."""
-        models = serving.openai_base_url(serving.isvc_name(RUN_ID, "{gen}"), NAMESPACE)
-        flags = ["--endpoint", models, "--served-model", serving.isvc_name(RUN_ID, "{gen}")]
+        generations it names (evaluate of G: L_0, L_G-1, L_G), created and deleted here like the
+        generation's own model: plan (which to serve) -> serve -> prepare -> agent pods -> ingest
+        each -> finish -> release. The step pods are CPU pods: the judges are external endpoints."""
+        flags = []
+        for g in ("0", PREV_GEN, GEN):  # evaluate of G compares L_G with L_0 and L_G-1
+            isvc = serving.isvc_name(RUN_ID, g)
+            flags += ["--generation-endpoint", g, serving.openai_base_url(isvc, NAMESPACE), isvc]
         argv = sd.argv(SPEC, GEN)
+        self.step(f"{sd.name}-plan", [*argv, "--phase", "plan", "--outputs", OUTPUTS_DIR],
+                  outputs=[Parameter(name="models", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/models"))])
         self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *flags, "--outputs", OUTPUTS_DIR],
-                  outputs=[Parameter(name=n, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{n}"))
-                           for n in ("rollouts", "models")])
+                  outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/rollouts"))])
         self.rollouts(sd, argv, ("gen",))
         # judge API keys come from an optional Secret (the spec names them: api_key_env)
         self.step(f"{sd.name}-finish", [*argv, "--agent-pods", *flags], env_from=(self.s.judge_secret,))
-        served = "{{steps.prepare.outputs.parameters.models}}"
+        served = "{{steps.plan.outputs.parameters.models}}"
         with Steps(name=sd.name, inputs=_params("gen", "store-prefix")):
-            Step(name="prepare", template=f"{sd.name}-prepare", arguments=_args(gen=GEN))
+            Step(name="plan", template=f"{sd.name}-plan", arguments=_args(gen=GEN))
+            # the agent inputs name the InferenceServices' URLs: they exist before prepare runs
             Step(name="serve", template="serve-model", with_param=served,
                  arguments=_args(gen="{{item.gen}}", model_uri="{{item.model-uri}}"))
+            Step(name="prepare", template=f"{sd.name}-prepare", arguments=_args(gen=GEN))
             Step(name="rollouts", template=f"{sd.name}-rollouts",
                  arguments=_args(gen=GEN, rollouts=ROLLOUTS_PARAM, store_prefix="{{inputs.parameters.store-prefix}}"))
             Step(name="finish", template=f"{sd.name}-finish", arguments=_args(gen=GEN))
