@@ -705,19 +705,25 @@ def run_store(doc: dict):
 @pytest.mark.slow
 def test_agent_pod_exit_1_is_retried_then_an_infra_error_episode(cluster):
     doc, spec_uri = one_generation(cluster, "agent-crash")
-    crashed = []
+    # a collect episode, a search rollout and an evaluate rollout whose agent pods always die
+    lost = ("gen-0/collect/fib/ep-0", "gen-0/search/primes/reference", "eval/gen-1/sort/rep-0")
+    crashed = {r: [] for r in lost}
 
-    def crash_fib_ep0(template, inputs, attempt):
-        if template == "agent-episode" and (inputs.get("task"), inputs.get("episode")) == ("fib", "0"):
-            crashed.append(attempt)
+    def crash(template, inputs, attempt):
+        if template == "agent-episode" and inputs.get("rollout") in crashed:
+            crashed[inputs["rollout"]].append(attempt)
             return 1  # the container dies (OOM, node loss) on every attempt
         return None
 
-    ex = cluster["make"](faults=crash_fib_ep0)
+    ex = cluster["make"](faults=crash)
     wf = ex.submit("mass-cycle", {"spec": spec_uri, "run": doc["name"], "gen": "0"})
     assert wf.phase == "Succeeded", wf.summary()
-    assert len(crashed) > 1 and crashed == list(range(len(crashed)))  # retried before giving up
+    for attempts in crashed.values():
+        assert len(attempts) > 1 and attempts == list(range(len(attempts)))  # retried before giving up
     store, run = run_store(doc), doc["name"]
+    for r in lost:
+        assert store.get_json(f"{run}/{r}/status.json")["outcome"] == "infra_error", r
+    assert store.get_json(f"{run}/gen-0/search/primes/state.json")["reference_outcome"] == "infra_error"
     summary = store.get_json(f"{run}/gen-0/collect/fib/summary.json")
     outcomes = {e["id"]: e["outcome"] for e in summary["episodes"]}
     assert outcomes["ep-0"] == "infra_error" and "ep-0" not in summary["eligible"]
@@ -740,7 +746,8 @@ def test_task_that_did_not_beat_its_reference_is_skipped_without_failing(cluster
         assert store.get_json(f"{run}/gen-0/rank/{task}.json")["skipped"]
     # no agent pod ran for a skipped task; with EVERY task skipped there is nothing to train on, and
     # the generation stops at render with the local runner's message, not in collect/guard/rank
-    assert not wf.find(template="agent-episode", type="Pod")
+    agents = [n.inputs["rollout"] for n in wf.find(template="agent-episode", type="Pod")]
+    assert agents and not [r for r in agents if "/collect/" in r]  # search's ran, none for collect
     assert wf.phase == "Failed" and {n.template for n in wf.failures()} == {"render"}, wf.summary()
     assert all("no training windows" in n.log.read_text() for n in wf.failures())
 
