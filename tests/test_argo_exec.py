@@ -667,9 +667,9 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
     # the cluster path: the generation's InferenceService for its inner loop, released before
     # training; evaluate's of L0, L_g and L_g+1 for what is not stored yet (L0 and L1 at g = 0,
     # L2 at g = 1), released after its verdicts; one trainer per generation, owned by the workflow
-    events = [e for e in ex.cluster.events if "InferenceService" in e]
+    events = ex.cluster.events
     isvc = f"InferenceService/mass-{run}-g"
-    assert [set(group) for group in _groups(events)] == [
+    assert [set(group) for group in _groups([e for e in events if "InferenceService" in e])] == [
         {f"apply {isvc}0"}, {f"delete {isvc}0"}, {f"apply {isvc}0", f"apply {isvc}1"},
         {f"delete {isvc}0", f"delete {isvc}1"}, {f"apply {isvc}1"}, {f"delete {isvc}1"},
         {f"apply {isvc}2"}, {f"delete {isvc}2"}], events
