@@ -215,14 +215,14 @@ def run_one(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, execute, d
     if step.done:
         return read_manifest(ctx.store, prefix)["extra"]
     step.start()
-    status = rollout(ctx.store, prefix, execute, task.prompt, task.files, rollout_seed(bench.name, task.id, rep))
+    status = rollout(ctx, prefix, execute, task.prompt, task.files, rollout_seed(bench.name, task.id, rep))
     with tempfile.TemporaryDirectory(prefix="mass-bench-ws-") as tmp:
         ctx.store.get_dir(ctx.benchmark_rollout(bench.name, g, task.id, rep, "workspace.tar.gz"), tmp)
         result = grade(bench, task, Path(tmp), spec.execution.limits)
     ctx.store.put_json(ctx.benchmark_rollout(bench.name, g, task.id, rep, "grade.json"), result)
     extra = {"score": result["score"], "grade_error": result["error"], "outcome": status.get("outcome"),
              "output_tokens": int((status.get("tokens") or {}).get("completion", 0))}
-    step.finish(rollout_outputs(prefix) + [ctx.benchmark_rollout(bench.name, g, task.id, rep, "grade.json")], extra=extra)
+    step.finish(rollout_outputs(ctx, prefix) + [ctx.benchmark_rollout(bench.name, g, task.id, rep, "grade.json")], extra=extra)
     return extra
 
 

@@ -74,6 +74,38 @@ class RunContext:
     def search_state(self, g: int, task: str) -> str:
         return f"{self.search(g, task)}/state.json"
 
+    def search_rollout(self, g: int, task: str, k) -> str:
+        """A search rollout's dir: `k` is an iteration or "reference" (the bare-prompt run)."""
+        return self.search_reference(g, task) if k == "reference" else self.search_iter(g, task, k)
+
+    def search_file(self, g: int, task: str, k, name: str) -> str:
+        """One stored file of a search rollout or iteration: ROLLOUT_FILES of steps/rollouts.py,
+        `workflow.json`, `proposal.json`, `verdict.json` (vs the elite), `reference_verdict.json`."""
+        return f"{self.search_rollout(g, task, k)}/{name}"
+
+    # ------------------------------------------------------------ agent episodes (any step)
+    def rollout_file(self, rollout: str, name: str) -> str:
+        """One stored file of a rollout dir (search, evaluate): prompt.txt, workspace.tar.gz, ..."""
+        return f"{rollout}/{name}"
+
+    def agent_input(self, rollout: str, name: str = "") -> str:
+        """What the agent pod of the rollout at `rollout` reads (the step's `--phase prepare` writes it)."""
+        return f"{rollout}/input" + (f"/{name}" if name else "")
+
+    def agent_output(self, rollout: str, name: str = "") -> str:
+        """What that agent pod writes (Argo uploads it; the step's `--phase ingest` promotes it)."""
+        return f"{rollout}/output" + (f"/{name}" if name else "")
+
+    def relative(self, key: str) -> str:
+        """A key of this run without the run's prefix (what prepare hands the agent fan-out)."""
+        if not key.startswith(self.run + "/"):
+            raise ValueError(f"{key!r} is not a key of run {self.run!r}")
+        return key[len(self.run) + 1:]
+
+    def under_run(self, rel: str) -> str:
+        """The inverse of `relative` (Argo: `{{store-prefix}}/<relative key>`)."""
+        return f"{self.run}/{rel}"
+
     # ------------------------------------------------------------ collect / guard / rank
     def collect_root(self, g: int) -> str:
         """Every task's teacher episodes of generation g (list prefix without the trailing slash)."""
@@ -92,16 +124,17 @@ class RunContext:
 
     def episode_input(self, g, task, i, name: str = "") -> str:
         """What an agent pod reads (`mass collect --phase prepare` writes it)."""
-        return f"{self.collect_episode(g, task, i)}/input" + (f"/{name}" if name else "")
+        return self.agent_input(self.collect_episode(g, task, i), name)
 
     def episode_output(self, g, task, i, name: str = "") -> str:
         """What an agent pod writes (Argo uploads it; `mass collect --phase ingest` promotes it)."""
-        return f"{self.collect_episode(g, task, i)}/output" + (f"/{name}" if name else "")
+        return self.agent_output(self.collect_episode(g, task, i), name)
 
     @staticmethod
     def is_pod_copy(key: str) -> bool:
-        """An Argo episode's input/ or output/ copy (ingest promotes output/ to the episode's own files)."""
-        return re.search(r"/ep-\d+/(input|output)/", key) is not None
+        """An agent pod's input/ or output/ copy of a rollout (collect episode, search or evaluate rollout);
+        ingest promotes output/ to the rollout's own files."""
+        return re.search(r"/(ep-\d+|rep-\d+|iter-\d+|reference)/(input|output)/", key) is not None
 
     def collect_summary(self, g: int, task: str) -> str:
         return f"{self.collect(g, task)}/summary.json"
@@ -187,8 +220,13 @@ class RunContext:
         return int(parts[0].removeprefix("gen-")), parts[1]
 
     def verdicts(self) -> str:
-        """Every stored evaluation verdict (panel and self), as the evaluate step writes them."""
+        """Every stored evaluation verdict (panel and self), one object per (pair, judge, seed)
+        (judges.verdict_key)."""
         return f"{self.eval_root()}/verdicts"
+
+    def eval_rollout(self, g: int, task: str, rep: int) -> str:
+        """Replicate `rep` of L_g's bare-prompt rollout of a task (reused by later comparisons)."""
+        return f"{self.eval(g)}/{task}/rep-{rep}"
 
     def eval_verdicts(self, g: int) -> str:
         """List prefix of the panel verdicts comparing L_g with its baselines."""

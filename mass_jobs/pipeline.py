@@ -11,8 +11,15 @@ derived from `PIPELINE`; adding a step is one `StepDef` here plus its core (and 
   added by scope; `{gen}` in args is the generation the step works on).
 - `reads` / `writes`: `RunContext` methods naming the store keys (the context owns the layout).
 - `done(ctx, gen, task)`: the core's own `Step.done` (input hash), never "some manifest exists".
-- `pod`: `step` (CPU pod with store credentials), `agent` (sandboxed, artifacts only), `trainer`
-  (PyTorchJob under torchrun), `server` (GPU-sized pod that serves models itself).
+- `pod`: `step` (CPU pod with store credentials), `agent`: every episode the step runs is one
+  agent pod (`mass episode`: sandboxed, artifacts only, no credential, no token), in one shape:
+  `--phase prepare` (step pod: writes the pods' inputs, lists them) -> agent pod per episode ->
+  `--phase ingest` (step pod: validates and stores its output); by scope: `episode` (collect) one
+  episode per prepare, then `--phase summarize`; `iteration` (search) the iteration's rollouts,
+  then `--agent-pods` judges and saves it; `generation` (evaluate) its rollouts against the
+  InferenceServices prepare names (created before, deleted after), then `--agent-pods`. The local
+  runner runs the same episodes in-process (shell commands sandboxed) through the step's core.
+  `trainer` (PyTorchJob under torchrun), `server` (GPU-sized pod that serves models itself).
 - `model`: calls the generation's served model (Argo: the InferenceService; locally: one lazy
   server for all such steps of a generation, stopped after the last of them).
 - `gen_offset`: the generation the step's `--gen` names relative to the cycle's (evaluate: g+1).
@@ -192,7 +199,8 @@ def _verdicts(ctx: RunContext, g: int) -> str:
 
 PIPELINE: tuple[StepDef, ...] = (
     StepDef("search", "iteration", "mass_jobs.steps.search:run_search", ("search",), search_done,
-            reads=("model",), writes=("search_reference", "search_iter", "search_state"), model=True),
+            reads=("model",), writes=("search_rollout", "agent_input", "agent_output", "search_state"),
+            pod="agent", model=True),
     StepDef("collect", "episode", "mass_jobs.steps.collect:run_collect", ("collect",), collect_done,
             reads=("search_state",), writes=("episode_input", "episode_output", "collect_episode", "collect_summary"),
             pod="agent", model=True),
@@ -209,7 +217,8 @@ PIPELINE: tuple[StepDef, ...] = (
     StepDef("merge", "generation", "mass_jobs.steps.merge:run_merge", ("merge",), merge_done,
             reads=("select", "train", "model"), writes=("merge_step", "model")),
     StepDef("evaluate", "generation", "mass_jobs.steps.evaluate:evaluate", ("evaluate",), evaluate_done,
-            reads=("model",), writes=("eval", "eval_verdicts"), pod="server", gen_offset=1, detail=_verdicts),
+            reads=("model",), writes=("eval_rollout", "agent_input", "agent_output", "eval", "eval_verdicts"),
+            pod="agent", gen_offset=1, detail=_verdicts),
     StepDef("report", "run", "mass_jobs.steps.report:write_report", ("report",), report_done,
             reads=("eval", "select", "sft", "search_state"), writes=("report",)),
 )

@@ -422,6 +422,73 @@ def test_argo_files_are_the_chart_rendered_with_defaults():
         assert normal(doc["spec"]) == normal(chart[name]["spec"]), name
 
 
+def _runs_mass_episode(template: dict) -> bool:
+    c = template.get("container") or {}
+    argv = [*(c.get("command") or []), *(c.get("args") or [])]
+    return any(a == "mass" or a.endswith("/mass") for a in argv[:1]) and "episode" in argv[1:2] or \
+        any("mass episode" in a for a in argv)
+
+
+def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod():
+    """Property over the generated argo/*.yaml: a template whose container runs `mass episode`
+    (model-written code) has no secret (env valueFrom secretKeyRef, envFrom), no ServiceAccount
+    token, and pod labels the agent NetworkPolicy selects; search, collect and evaluate each reach
+    such a template, and no other template runs `mass episode`."""
+    from mass_jobs.k8s.manifests import agent_network_policy
+    from mass_jobs.k8s.settings import ClusterSettings
+
+    docs = {d["metadata"]["name"]: d for d in load_documents(sorted((REPO / "argo").glob("*.yaml")))}
+    selector = agent_network_policy(ClusterSettings())["spec"]["podSelector"]["matchLabels"]
+    episodes = []
+    for doc in docs.values():
+        spec = doc["spec"].get("workflowSpec", doc["spec"])
+        for t in spec.get("templates", []):
+            if not _runs_mass_episode(t):
+                continue
+            episodes.append(t["name"])
+            c = t["container"]
+            text = json.dumps(t)
+            assert "secretKeyRef" not in text and "secretRef" not in text and "envFrom" not in c, t["name"]
+            assert all("valueFrom" not in e for e in c.get("env", [])), t["name"]
+            # the pod's token: off for the template and for the workflow; no other ServiceAccount
+            assert t["automountServiceAccountToken"] is False and spec["automountServiceAccountToken"] is False
+            assert "serviceAccountName" not in t and "volumes" in t
+            assert not [v for v in t["volumes"] if set(v) - {"name", "emptyDir"}], t["name"]  # no secret/projected volume
+            labels = t["metadata"]["labels"]
+            assert all(labels.get(k) == v for k, v in selector.items()), (t["name"], labels, selector)
+            assert int(t["activeDeadlineSeconds"]) > 0
+    assert episodes == ["agent-episode"]
+
+    cycle = {t["name"]: t for t in docs["mass-cycle"]["spec"]["templates"]}
+
+    def reach(name, seen=None):
+        seen = set() if seen is None else seen
+        if name in seen:
+            return seen
+        seen.add(name)
+        for group in cycle[name].get("steps", []):
+            for step in group:
+                reach(step["template"], seen)
+        return seen
+
+    # search (every iteration), collect (every episode) and evaluate (every rollout) run their
+    # episodes in the agent pod, and their own step pods never run one
+    for step, entry in (("search", "search-task"), ("collect", "collect"), ("evaluate", "evaluate")):
+        reached = reach(entry)
+        assert "agent-episode" in reached, step
+        for name in reached - {"agent-episode"}:
+            t = cycle[name]
+            if "container" in t:
+                assert t["container"]["args"][0] == step and not _runs_mass_episode(t), name
+                # model-written code never runs where the store credentials are
+                assert t["metadata"]["labels"]["mass-jobs.io/step"] != selector["mass-jobs.io/step"]
+    # evaluate's pods are CPU pods: its models are InferenceServices it creates and deletes
+    for name in reach("evaluate"):
+        limits = (cycle[name].get("container") or {}).get("resources", {}).get("limits", {})
+        assert "nvidia.com/gpu" not in limits, name
+    assert {"serve-model", "delete-model"} <= reach("evaluate")
+
+
 def upload_dir(s3: dict, local: Path, prefix: str) -> str:
     import boto3
 
@@ -431,14 +498,13 @@ def upload_dir(s3: dict, local: Path, prefix: str) -> str:
     return f"s3://{s3['bucket']}/{prefix}"
 
 
-def ci_spec(s3: dict, model_uri: str, store_prefix: str, judge_url: str | None = None, **overrides) -> dict:
-    """tests/specs/ci-e2e.yaml with the model, judges and store on S3 (what a cluster run needs)."""
+def ci_spec(s3: dict, model_uri: str, store_prefix: str, judge_url: str, **overrides) -> dict:
+    """tests/specs/ci-e2e.yaml with the model, judges and store on S3 (what a cluster run needs).
+    On the cluster judges are external endpoints (evaluate's pods serve no model)."""
     doc = yaml.safe_load(CI_SPEC.read_text())
     doc["model"]["base"] = model_uri
     doc["model"]["sampling"]["context_length"] = 32768  # the chart's default vLLM --max-model-len
-    doc["judges"] = [{"name": "tiny-judge", "endpoint": "local", "model": model_uri, "seeds": [1]}]
-    if judge_url:
-        doc["judges"].append({"name": "scripted-judge", "endpoint": judge_url, "model": "hash-judge", "seeds": [1, 2]})
+    doc["judges"] = [{"name": "scripted-judge", "endpoint": judge_url, "model": "hash-judge", "seeds": [1, 2]}]
     doc["store"] = {"uri": f"s3://{s3['bucket']}/{store_prefix}", "endpoint_url": s3["endpoint_url"],
                     "region": s3["region"]}
     for path, value in overrides.items():
@@ -460,8 +526,12 @@ def put_spec(s3: dict, doc: dict, key: str) -> str:
 
 @pytest.fixture
 def cluster(s3_env, tmp_path, tiny_model_dir):
-    """An executor over argo/ and moto, the tiny model uploaded where the spec points KServe at it."""
+    """An executor over argo/ and moto, the tiny model uploaded where the spec points KServe at it,
+    and an external judge (a scripted fixture endpoint)."""
+    from tests.test_run_e2e import HashVerdictJudge
+
     model_uri = upload_dir(s3_env, tiny_model_dir, "models/tiny")
+    judge = HashVerdictJudge().__enter__()
     made = []
 
     def make(s3_secret_extra: dict | None = None, **kw):
@@ -471,9 +541,10 @@ def cluster(s3_env, tmp_path, tiny_model_dir):
         made.append(ex)
         return ex
 
-    yield {"s3": s3_env, "model_uri": model_uri, "make": make}
+    yield {"s3": s3_env, "model_uri": model_uri, "make": make, "judge_url": judge.base_url}
     for ex in made:
         ex.close()
+    judge.__exit__(None, None, None)
 
 
 def timeless(store, key: str):
@@ -573,18 +644,57 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
     assert not differ, "\n".join(differ)
     report = f"{run}/report/report.json"
     assert argo_store.get_json(report) == local_store.get_json(report)
-    # the cluster path: one InferenceService per generation, released; one trainer per generation,
-    # owned by the workflow and deleted with it
+    # every episode (search reference and iterations, collect episodes, evaluate rollouts) ran in an
+    # agent pod: the rollouts the agent pods ran are exactly the stored ones, and each stored status
+    # is the one its pod uploaded
+    pods = [n for n in wf.find(template="agent-episode", type="Pod") if n.phase == "Succeeded"]
+    ran = sorted(n.inputs["rollout"] for n in pods)
+    stored = sorted(k.removeprefix(f"{run}/").removesuffix("/status.json") for k in argo_store.list(f"{run}/")
+                    if k.endswith("/status.json") and "/output/" not in k)
+    assert ran == stored
+    kinds = {kind: sum(1 for r in ran if f"/{kind}/" in f"/{r}") for kind in ("search", "collect", "eval")}
+    train, gens = 2, 2
+    # search: the reference and W_0, then one per valid proposal (a failed one runs no episode)
+    assert train * gens * 2 <= kinds["search"] <= train * gens * (doc_iterations(argo_doc) + 2), kinds
+    assert kinds["collect"] == gens * train * argo_doc["collection"]["episodes"], kinds
+    # L0, L1 and L2: every task (train and test) x replicates, each once
+    assert kinds["eval"] == 3 * len(argo_doc["tasks"]) * argo_doc["evaluation"]["rollouts_per_task"], kinds
+    for r in ran:
+        assert argo_store.get_bytes(f"{run}/{r}/status.json") == argo_store.get_bytes(f"{run}/{r}/output/status.json")
+    local_statuses = sorted(k.removeprefix(f"{run}/").removesuffix("/status.json") for k in local_store.list(f"{run}/")
+                            if k.endswith("/status.json"))
+    assert local_statuses == stored  # the local runner ran the same episodes (in-process, sandboxed)
+    # the cluster path: the generation's InferenceService for its inner loop, released before
+    # training; evaluate's of L0, L_g and L_g+1 for what is not stored yet (L0 and L1 at g = 0,
+    # L2 at g = 1), released after its verdicts; one trainer per generation, owned by the workflow
     events = ex.cluster.events
-    assert [e for e in events if "InferenceService" in e] == [
-        f"{verb} InferenceService/mass-{run}-g{g}" for g in range(2) for verb in ("apply", "delete")]
+    isvc = f"InferenceService/mass-{run}-g"
+    assert [set(group) for group in _groups([e for e in events if "InferenceService" in e])] == [
+        {f"apply {isvc}0"}, {f"delete {isvc}0"}, {f"apply {isvc}0", f"apply {isvc}1"},
+        {f"delete {isvc}0", f"delete {isvc}1"}, {f"apply {isvc}1"}, {f"delete {isvc}1"},
+        {f"apply {isvc}2"}, {f"delete {isvc}2"}], events
     assert [e for e in events if "PyTorchJob" in e] == [f"create PyTorchJob/{wf.name}-g{g}-train" for g in range(2)]
     ex.delete_workflow(wf)
     assert not ex.cluster.objects
 
 
+def doc_iterations(doc: dict) -> int:
+    return doc["search"]["iterations"]
+
+
+def _groups(events: list[str]) -> list[list[str]]:
+    """Consecutive events with the same verb (parallel steps apply or delete in any order)."""
+    out: list[list[str]] = []
+    for e in events:
+        if out and out[-1][0].split()[0] == e.split()[0]:
+            out[-1].append(e)
+        else:
+            out.append([e])
+    return out
+
+
 def one_generation(cluster, prefix: str, **overrides) -> tuple[dict, str]:
-    doc = ci_spec(cluster["s3"], cluster["model_uri"], prefix, generations=1, **overrides)
+    doc = ci_spec(cluster["s3"], cluster["model_uri"], prefix, cluster["judge_url"], generations=1, **overrides)
     return doc, put_spec(cluster["s3"], doc, f"specs/{prefix}.yaml")
 
 
@@ -595,19 +705,25 @@ def run_store(doc: dict):
 @pytest.mark.slow
 def test_agent_pod_exit_1_is_retried_then_an_infra_error_episode(cluster):
     doc, spec_uri = one_generation(cluster, "agent-crash")
-    crashed = []
+    # a collect episode, a search rollout and an evaluate rollout whose agent pods always die
+    lost = ("gen-0/collect/fib/ep-0", "gen-0/search/primes/reference", "eval/gen-1/sort/rep-0")
+    crashed = {r: [] for r in lost}
 
-    def crash_fib_ep0(template, inputs, attempt):
-        if template == "agent-episode" and (inputs.get("task"), inputs.get("episode")) == ("fib", "0"):
-            crashed.append(attempt)
+    def crash(template, inputs, attempt):
+        if template == "agent-episode" and inputs.get("rollout") in crashed:
+            crashed[inputs["rollout"]].append(attempt)
             return 1  # the container dies (OOM, node loss) on every attempt
         return None
 
-    ex = cluster["make"](faults=crash_fib_ep0)
+    ex = cluster["make"](faults=crash)
     wf = ex.submit("mass-cycle", {"spec": spec_uri, "run": doc["name"], "gen": "0"})
     assert wf.phase == "Succeeded", wf.summary()
-    assert len(crashed) > 1 and crashed == list(range(len(crashed)))  # retried before giving up
+    for attempts in crashed.values():
+        assert len(attempts) > 1 and attempts == list(range(len(attempts)))  # retried before giving up
     store, run = run_store(doc), doc["name"]
+    for r in lost:
+        assert store.get_json(f"{run}/{r}/status.json")["outcome"] == "infra_error", r
+    assert store.get_json(f"{run}/gen-0/search/primes/state.json")["reference_outcome"] == "infra_error"
     summary = store.get_json(f"{run}/gen-0/collect/fib/summary.json")
     outcomes = {e["id"]: e["outcome"] for e in summary["episodes"]}
     assert outcomes["ep-0"] == "infra_error" and "ep-0" not in summary["eligible"]
@@ -630,7 +746,8 @@ def test_task_that_did_not_beat_its_reference_is_skipped_without_failing(cluster
         assert store.get_json(f"{run}/gen-0/rank/{task}.json")["skipped"]
     # no agent pod ran for a skipped task; with EVERY task skipped there is nothing to train on, and
     # the generation stops at render with the local runner's message, not in collect/guard/rank
-    assert not wf.find(template="agent-episode", type="Pod")
+    agents = [n.inputs["rollout"] for n in wf.find(template="agent-episode", type="Pod")]
+    assert agents and not [r for r in agents if "/collect/" in r]  # search's ran, none for collect
     assert wf.phase == "Failed" and {n.template for n in wf.failures()} == {"render"}, wf.summary()
     assert all("no training windows" in n.log.read_text() for n in wf.failures())
 

@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked == 29
+    assert checked == 47
 
 
 def _used_params(obj, scope: str) -> set[str]:
@@ -157,7 +157,12 @@ def test_search_is_bounded_recursion_and_collect_fans_out_over_task_episode(argo
     loop = _steps(t["search-task"])
     assert [s["template"] for s in loop] == ["search", "search-task"]
     assert "iterations" in loop[1]["when"] and "+ 1" in loop[1]["arguments"]["parameters"][2]["value"]
-    assert "--iteration" in t["search"]["container"]["args"]
+    # one iteration: prepare (proposal, agent inputs) -> agent pods -> ingest each -> judge and save
+    assert [s["template"] for s in _steps(t["search"])] == ["search-prepare", "search-rollouts", "search-finish"]
+    assert all("--iteration" in t[n]["container"]["args"] for n in ("search-prepare", "search-finish"))
+    assert "--agent-pods" in t["search-finish"]["container"]["args"]
+    assert [s["template"] for s in _steps(t["search-rollout"])] == ["agent-episode", "search-ingest"]
+    assert _steps(t["search-rollouts"])[0]["withParam"] == "{{inputs.parameters.rollouts}}"
     cycle = {s["name"]: s for s in _steps(t["cycle"])}
     assert cycle["search"]["withParam"].endswith("outputs.parameters.tasks}}")
     assert cycle["collect"]["arguments"]["parameters"][1]["value"].endswith("outputs.parameters.episodes}}")
@@ -167,7 +172,10 @@ def test_search_is_bounded_recursion_and_collect_fans_out_over_task_episode(argo
     assert order == ["validate", "serve-model", "search", "collect", "collect-summary", "guard", "rank",
                      "release-model", "render", "train", "select", "merge", "evaluate", "report"]
     assert argo_docs["mass-cycle"]["spec"]["onExit"] == "exit-handler"
-    assert _steps(t["exit-handler"])[0]["template"] == "delete-model"
+    assert _steps(t["exit-handler"])[0]["template"] == "delete-models"
+    # the exit handler deletes every InferenceService a cycle may make: L_g, L_g+1 and L_0
+    assert [s["arguments"]["parameters"][0]["value"] for s in _steps(t["delete-models"])] == [
+        "{{inputs.parameters.gen}}", "{{=asInt(inputs.parameters.gen) + 1}}", "0"]
 
 
 # ---------------------------------------------------------------- pods
@@ -193,7 +201,7 @@ def test_every_pod_has_labels_security_and_limits(argo_docs):
         assert all(isinstance(v, str) for v in limits.values())
         assert t["retryStrategy"]["limit"] == "3"
         n += 1
-    assert n == 13
+    assert n == 18
     for doc in argo_docs.values():
         spec = doc["spec"]
         if doc["kind"] == "WorkflowTemplate":
@@ -211,8 +219,7 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
     assert "envFrom" not in agent["container"] and "secretKeyRef" not in str(agent)
     # Key-only S3 artifacts at the keys `mass collect --phase prepare|ingest` writes and reads:
     # bucket, endpoint and credentials come from the artifact repository (Argo's containers only).
-    ep = ("{{inputs.parameters.store-prefix}}/gen-{{inputs.parameters.gen}}/collect/{{inputs.parameters.task}}"
-          "/ep-{{inputs.parameters.episode}}")
+    ep = "{{inputs.parameters.store-prefix}}/{{inputs.parameters.rollout}}"
     keys = {a["path"]: a["s3"] for a in agent["inputs"]["artifacts"] + agent["outputs"]["artifacts"]}
     assert keys == {
         "/in/episode.json": {"key": f"{ep}/input/episode.json"},
@@ -223,6 +230,10 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
     }
     t = _templates(argo_docs["mass-cycle"])
     assert t["collect-prepare"]["container"]["args"][-8:-6] == ["--phase", "prepare"]
+    # the agent pod's rollout dir is the one prepare names (relative to the run)
+    episode = {s["name"]: s for s in _steps(t["collect-episode"])}
+    assert {p["name"]: p["value"] for p in episode["agent"]["arguments"]["parameters"]}["rollout"] == \
+        "{{steps.prepare.outputs.parameters.rollout}}"
     assert "--endpoint" in t["collect-prepare"]["container"]["args"]
     assert t["collect-ingest"]["container"]["args"][-4:] == ["--phase", "ingest", "--agent-status",
                                                              "{{inputs.parameters.agent-status}}"]

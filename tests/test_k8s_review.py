@@ -191,7 +191,12 @@ def test_an_agent_that_fails_is_retried_then_recorded_never_failing_the_generati
     gate = "{{steps.prepare.outputs.parameters.agent}} == true"
     assert ep["agent"]["when"] == gate and ep["ingest"]["when"] == gate
     assert {"name": "agent-status", "value": "{{steps.agent.status}}"} in ep["ingest"]["arguments"]["parameters"]
-    assert [p["name"] for p in t["collect-prepare"]["outputs"]["parameters"]] == ["agent"]
+    assert [p["name"] for p in t["collect-prepare"]["outputs"]["parameters"]] == ["agent", "rollout"]
+    # search and evaluate rollouts alike: a lost agent pod is ingested as infra_error, never a failure
+    for step in ("search", "evaluate"):
+        ro = {s["name"]: s for s in _steps(t[f"{step}-rollout"])}
+        assert ro["agent"]["template"] == "agent-episode" and ro["agent"]["continueOn"] == {"error": True, "failed": True}
+        assert {"name": "agent-status", "value": "{{steps.agent.status}}"} in ro["ingest"]["arguments"]["parameters"]
     assert "continueOn" not in str(_t(cycle)["cycle"])  # nothing else may fail silently
 
 
@@ -290,6 +295,18 @@ def test_validate_refuses_a_store_outside_the_artifact_bucket_and_lengths_vllm_r
     assert "found 65536" in err
     assert "$.model.sampling.max_output_tokens: expected less than the server's max model length 32768" in err
     assert cli_main(["validate", path, "--artifact-bucket", "runs", "--max-model-len", "65537"]) == 0
+
+
+def test_validate_on_the_cluster_refuses_a_judge_the_evaluate_pod_would_serve(tmp_path, capsys):
+    """evaluate's pods are CPU pods that serve nothing: judges must be external endpoints there."""
+    judges = [{"name": "remote", "endpoint": "https://judge.example/v1", "model": "m", "seeds": [1]},
+              {"name": "here", "endpoint": "local", "model": "org/judge", "seeds": [1]}]
+    path = _spec_file(tmp_path, judges=judges)
+    assert cli_main(["validate", path, "--artifact-bucket", "runs"]) == 2
+    err = capsys.readouterr().err
+    assert "$.judges[1].endpoint: expected an external endpoint" in err and "found 'local' (judge 'here')" in err
+    assert "judges[0]" not in err
+    assert cli_main(["validate", path]) == 0  # locally a `local` judge is served by `mass evaluate`
 
 
 # ---------------------------------------------------------------- the PyTorchJob
@@ -409,9 +426,18 @@ def test_the_model_has_one_served_name_for_both_executors(cycle, make_store, inn
 
     ctx = RunContext(inner_spec(make_store("file")), None)
     assert ctx.served_model(2) == serving.isvc_name("inner", "2") == "mass-inner-g2"
-    args = _t(cycle)["search"]["container"]["args"]
-    assert args[args.index("--served-model") + 1] == serving.isvc_name("{{workflow.parameters.run}}",
-                                                                        "{{inputs.parameters.gen}}")
+    for name in ("search-prepare", "search-finish"):
+        args = _t(cycle)[name]["container"]["args"]
+        assert args[args.index("--served-model") + 1] == serving.isvc_name("{{workflow.parameters.run}}",
+                                                                            "{{inputs.parameters.gen}}")
+    # evaluate of G names the InferenceServices of L_0, L_G-1 and L_G the same way
+    for name in ("evaluate-prepare", "evaluate-finish"):
+        args = _t(cycle)[name]["container"]["args"]
+        given = [args[i + 1:i + 4] for i, a in enumerate(args) if a == "--generation-endpoint"]
+        gens = ["0", "{{=asInt(inputs.parameters.gen) - 1}}", "{{inputs.parameters.gen}}"]
+        assert given == [[g, serving.openai_base_url(serving.isvc_name("{{workflow.parameters.run}}", g),
+                                                     "{{workflow.namespace}}"),
+                          serving.isvc_name("{{workflow.parameters.run}}", g)] for g in gens]
     vargs = _t(cycle)["validate"]["container"]["args"]
     assert vargs[vargs.index("--run") + 1] == "{{workflow.parameters.run}}"
     doc = spec_document(f"s3://{s3_env['bucket']}/names", model={"base": "org/tiny"})

@@ -67,6 +67,10 @@ def built(tmp_path):
         store.put_json(f"{RUN}/eval/gen-{g}/{task}/rep-0/status.json", {"tokens": {"completion": tok, "prompt": 1}})
     store.put_json(f"{RUN}/gen-0/collect/a/ep-0/status.json", {"tokens": {"completion": 7}})
     store.put_json(f"{RUN}/gen-0/search/a/iter-0/status.json", {"tokens": {"completion": 5}})
+    # the agent pods' copies (Argo: input/ and output/ of every rollout) are not episodes of their own
+    for rollout in ("gen-0/search/a/iter-0", "gen-0/collect/a/ep-0", "eval/gen-0/a/rep-0"):
+        for copy in ("input", "output"):
+            store.put_json(f"{RUN}/{rollout}/{copy}/status.json", {"tokens": {"completion": 1000}})
     # search: a's elite beats the reference at 0, then a new elite that does not; b's beats at 1
     ref = lambda w: {"valid": True, "winner": w}  # noqa: E731
     store.put_json(f"{RUN}/gen-0/search/a/state.json", {"beats_reference": False, "iterations": [

@@ -4,7 +4,7 @@ Without --episode every missing episode runs here (execution.concurrency at once
 summary is written. `--episode I` runs one episode here; with `--phase prepare` it only writes the
 agent pod's input (needs --endpoint: the model the pod will call) and, with `--outputs DIR`, writes
 `DIR/agent` = true|false (whether an agent pod must run: false for a skipped task or a stored
-episode); with `--phase ingest` it checks and stores the pod's output (none after `--agent-status
+episode) and `DIR/rollout` (the episode's dir relative to the run, where the pod's artifacts live); with `--phase ingest` it checks and stores the pod's output (none after `--agent-status
 Failed|Error`: an infra_error episode). `--phase summarize` (no --episode) only writes the task's summary, refusing while an
 episode is missing. Prints one JSON line.
 """
@@ -48,6 +48,8 @@ def main(args) -> int:
 
                 Path(args.outputs).mkdir(parents=True, exist_ok=True)
                 (Path(args.outputs) / "agent").write_text("true" if out.get("agent") else "false")
+                # the episode's dir relative to the run: where the agent pod's artifacts live
+                (Path(args.outputs) / "rollout").write_text(ctx.relative(ctx.collect_episode(args.gen, args.task, args.episode)))
         else:
             with contextlib.ExitStack() as stack:
                 endpoint = stack.enter_context(model_endpoint(args, ctx))

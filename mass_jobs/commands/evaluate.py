@@ -1,6 +1,14 @@
 """`mass evaluate SPEC --gen G`: bare-prompt rollouts of L_G and its baselines, the judge panel
 and the self-evaluator (see mass_jobs.steps.evaluate). Models are served here by the embedded
-server; judges with `endpoint: local` too. Prints the step manifest's summary as JSON."""
+server; judges with `endpoint: local` too. Prints the step manifest's summary as JSON.
+
+On the cluster, around agent pods (`--generation-endpoint G URL NAME` per generation it may call:
+L_0, L_G-1 and L_G's InferenceServices): `--phase plan --outputs DIR` writes DIR/models (the
+generations whose InferenceServices must serve: rollouts or self-verdicts missing); once they are
+up, `--phase prepare --outputs DIR` writes the rollouts' agent inputs and DIR/rollouts (the agent
+fan-out); `--phase ingest --rollout KEY [--agent-status PHASE]` stores one pod's output;
+`--agent-pods` runs the panel and the self-evaluators against the InferenceServices and external
+judges, refusing a missing rollout."""
 
 from __future__ import annotations
 
@@ -13,23 +21,75 @@ from mass_jobs.commands.common import add_spec, open_run, work_dir_default
 def add_arguments(parser) -> None:
     add_spec(parser, gen="generation G >= 1 (L_G vs L_0 and L_{G-1})")
     parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local cache for model dirs and server logs")
+    parser.add_argument("--phase", choices=["plan", "prepare", "ingest"],
+                        help="Argo, around agent pods: the models to serve, prepare the missing rollouts, or "
+                             "ingest one (--rollout)")
+    parser.add_argument("--generation-endpoint", nargs=3, action="append", default=[], metavar=("G", "URL", "NAME"),
+                        help="with --phase prepare / --agent-pods: L_G's OpenAI base URL and model name (repeat)")
+    parser.add_argument("--rollout", metavar="KEY", help="with --phase ingest: the rollout (as prepare listed it)")
+    parser.add_argument("--outputs", metavar="DIR", help="with --phase prepare: write DIR/rollouts and DIR/models")
+    parser.add_argument("--agent-status", metavar="PHASE",
+                        help="with --phase ingest: the agent step's Argo phase; Failed or Error with no output "
+                             "stores an infra_error rollout")
+    parser.add_argument("--agent-pods", action="store_true",
+                        help="rollouts ran in agent pods: judge against --endpoint, never run one here")
 
 
 def main(args) -> int:
     from pathlib import Path
 
-    from mass_jobs.steps.evaluate import default_servers, evaluate
+    from mass_jobs.llm import Endpoint
+    from mass_jobs.steps import evaluate as ev
+    from mass_jobs.steps import rollouts
 
     ctx = open_run(args.spec)
     spec = ctx.spec
     if not 1 <= args.gen <= spec.generations:
         print(f"--gen: expected 1..{spec.generations} (generations), got {args.gen}", file=sys.stderr)
         return 2
-    work = Path(args.work_dir) / spec.name
-    work.mkdir(parents=True, exist_ok=True)
-    serve_model, serve_judge = default_servers(ctx, cache_root=work / "models", log_dir=work)
+    if args.phase == "ingest" and not args.rollout:
+        print("--phase ingest needs --rollout (a key the prepare phase listed)", file=sys.stderr)
+        return 2
     try:
-        manifest = evaluate(ctx, args.gen, serve_model, serve_judge)
+        endpoints = {int(g): Endpoint(base_url=url, model=name) for g, url, name in args.generation_endpoint}
+    except ValueError:
+        print(f"--generation-endpoint: expected G URL NAME with G a generation, got {args.generation_endpoint}",
+              file=sys.stderr)
+        return 2
+
+    def endpoint_of(g: int) -> Endpoint:
+        if g not in endpoints:
+            raise ValueError(f"--generation-endpoint: L_{g} is called but has no endpoint (given: {sorted(endpoints)})")
+        return endpoints[g]
+
+    try:
+        if args.phase == "plan":
+            from mass_jobs.commands.validate import model_uri
+
+            # the storageUri of each generation's InferenceService, as the cycle's own model gets it
+            bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
+            run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
+            models = [{"gen": str(h), "model-uri": model_uri(spec, h, bucket, run_prefix)}
+                      for h in ev.pending_models(ctx, args.gen)]
+            rollouts.write_outputs(args.outputs, **{rollouts.MODELS_OUTPUT: models})
+            print(json.dumps({"models": models}, sort_keys=True))
+            return 0
+        if args.phase == "prepare":
+            out = ev.prepare(ctx, args.gen, endpoint_of)
+            rollouts.write_outputs(args.outputs, **{rollouts.ROLLOUTS_OUTPUT: out["rollouts"]})
+            print(json.dumps(out, sort_keys=True))
+            return 0
+        if args.phase == "ingest":
+            out = ev.ingest(ctx, args.gen, args.rollout, agent_failed=args.agent_status in ("Failed", "Error"))
+            print(json.dumps(out, sort_keys=True))
+            return 0
+        if args.agent_pods:
+            serve_model, serve_judge = ev.remote_servers(endpoint_of)
+        else:
+            work = Path(args.work_dir) / spec.name
+            work.mkdir(parents=True, exist_ok=True)
+            serve_model, serve_judge = ev.default_servers(ctx, cache_root=work / "models", log_dir=work)
+        manifest = ev.evaluate(ctx, args.gen, serve_model, serve_judge, agent_pods=args.agent_pods)
     except (RuntimeError, FileNotFoundError, ValueError) as err:
         print(f"evaluate: {err}", file=sys.stderr)
         return 1

@@ -3,7 +3,11 @@
 Without --iteration the whole loop runs (resuming what is stored); with it exactly iteration K runs
 and one JSON line {"continue": bool, "next": K+1|null, ...} is printed for Argo's bounded recursion.
 The model is the one at --endpoint (e.g. the generation's InferenceService), or, without it, the
-generation's model served here by the embedded server.
+generation's model served here by the embedded server; rollouts run here, sandboxed. On the cluster
+they run only in agent pods: `--phase prepare` writes their inputs (and W_K's proposal, asked of
+the optimizer) and lists them in `--outputs DIR/rollouts`; `--phase ingest --rollout KEY` stores
+one pod's output; `--agent-pods` then judges and saves the iteration, refusing a rollout that is
+not stored.
 """
 
 from __future__ import annotations
@@ -17,6 +21,16 @@ def add_arguments(parser) -> None:
     add_common(parser)
     add_model(parser)
     parser.add_argument("--iteration", type=int, help="run only this iteration (0..search.iterations)")
+    parser.add_argument("--phase", choices=["prepare", "ingest"],
+                        help="Argo, around agent pods: prepare an iteration's rollouts (needs --iteration, "
+                             "--endpoint; --outputs DIR gets DIR/rollouts) or ingest one (--rollout)")
+    parser.add_argument("--rollout", metavar="KEY", help="with --phase ingest: the rollout (as prepare listed it)")
+    parser.add_argument("--outputs", metavar="DIR", help="with --phase prepare: write DIR/rollouts (JSON list)")
+    parser.add_argument("--agent-pods", action="store_true",
+                        help="rollouts ran in agent pods (prepare/ingest): judge and save only, never run one here")
+    parser.add_argument("--agent-status", metavar="PHASE",
+                        help="with --phase ingest: the agent step's Argo phase; Failed or Error with no output "
+                             "stores an infra_error rollout")
 
 
 def main(args) -> int:
@@ -25,6 +39,27 @@ def main(args) -> int:
 
         ctx = open_run(args.spec, args.task)
         spec = ctx.spec
+        if args.phase:
+            from mass_jobs.llm import Endpoint
+            from mass_jobs.steps import rollouts
+
+            endpoint = Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None
+            client = client_for(spec, endpoint) if endpoint else None
+            out = run_search(ctx, args.gen, args.task, client, None, iteration=args.iteration, phase=args.phase,
+                             endpoint=endpoint, rollout_key=args.rollout, agent_status=args.agent_status)
+            if args.phase == "prepare":
+                rollouts.write_outputs(args.outputs, **{rollouts.ROLLOUTS_OUTPUT: out["rollouts"]})
+            print(json.dumps(out, sort_keys=True))
+            return 0
+        if args.agent_pods:  # the cluster: rollouts were run by agent pods and ingested
+            from mass_jobs.llm import Endpoint
+
+            if not args.endpoint:
+                raise ValueError("--agent-pods needs --endpoint (the model the optimizer and evaluator call)")
+            endpoint = Endpoint(args.endpoint, args.served_model, args.api_key_env)
+            out = run_search(ctx, args.gen, args.task, client_for(spec, endpoint), None, iteration=args.iteration)
+            print(json.dumps(out, sort_keys=True))
+            return 0
         with model_endpoint(args, ctx) as endpoint:
             out = run_search(ctx, args.gen, args.task, client_for(spec, endpoint), episode_executor(spec, endpoint),
                              iteration=args.iteration)

@@ -39,6 +39,12 @@ def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None)
         if bucket != artifact_bucket:
             issues.append(SpecIssue("$.store.uri", f"expected a store in the artifact repository's bucket "
                                                    f"{artifact_bucket!r} (chart value s3.bucket), found bucket {bucket!r}"))
+    if artifact_bucket is not None:
+        # evaluate's pod is a CPU pod: it serves no judge; judges are external endpoints there
+        for i, judge in enumerate(spec.judges):
+            if judge.endpoint == "local":
+                issues.append(SpecIssue(f"$.judges[{i}].endpoint", f"expected an external endpoint (an "
+                                        f"OpenAI-compatible URL) on the cluster, found 'local' (judge {judge.name!r})"))
     if max_model_len is not None:
         s = spec.model.sampling
         if s.context_length > max_model_len:

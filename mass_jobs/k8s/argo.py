@@ -48,6 +48,7 @@ EPISODE = "{{inputs.parameters.episode}}"
 NAMESPACE = "{{workflow.namespace}}"
 ISVC = serving.isvc_name(RUN_ID, GEN)
 NEXT_GEN = "{{=asInt(inputs.parameters.gen) + 1}}"
+PREV_GEN = "{{=asInt(inputs.parameters.gen) - 1}}"
 OUTPUTS_DIR = "/tmp/outputs"
 WORK_DIR = "/tmp/work"  # MASS_WORK_DIR of every step and trainer pod: the root filesystem is read-only
 V = "{{steps.validate.outputs.parameters.%s}}"
@@ -67,8 +68,11 @@ VALIDATE_OUTPUTS = {
     "needs-model": "needs-model",  # "true" when a step that calls the model is not stored yet
     "run-done": "run-done",  # "true" when every step of every generation and the report are stored
 }
-# Keys of one episode's agent artifacts: the same layout RunContext gives the collect step.
+# Keys of one episode's agent artifacts: the same layout RunContext gives the steps.
 EPISODE_KEYS = RunContext.template("{{inputs.parameters.store-prefix}}")
+ROLLOUT = "{{inputs.parameters.rollout}}"  # a rollout's dir relative to the run (prepare lists them)
+AGENT_TEMPLATE = "agent-episode"
+ROLLOUTS_PARAM = "{{steps.prepare.outputs.parameters.rollouts}}"
 MODEL_FLAGS = ["--endpoint", serving.openai_base_url(ISVC, NAMESPACE), "--served-model", ISVC]
 
 # Retry what can pass on a second try; exit code 2 is a bad spec/input and never will.
@@ -149,8 +153,9 @@ class _Builder:
         )
 
     def agent(self) -> Container:
-        """The sandboxed agent pod: inputs/outputs as Argo S3 artifacts, no store credentials,
-        no token, egress limited by the `mass-agent-egress` NetworkPolicy.
+        """The sandboxed agent pod of every episode (search, collect, evaluate): inputs/outputs as
+        Argo S3 artifacts under the rollout's dir, no store credentials, no token, egress limited
+        by the `mass-agent-egress` NetworkPolicy (it selects the agent step label).
 
         Every artifact is `archive: none`: Argo's executor would otherwise untar a .tar.gz input
         and rename its single top-level entry onto the path, and tar an output directory under
@@ -159,24 +164,25 @@ class _Builder:
         Outputs are optional: a pod killed at its deadline leaves none, ingest records that."""
         s = self.s
         k = EPISODE_KEYS
+        rollout = k.under_run(ROLLOUT)
 
         def key(where, name):
-            return m.S3Artifact(key=where(GEN, TASK, EPISODE, name))
+            return m.S3Artifact(key=where(rollout, name))
 
         return Container(
-            name="agent-episode",
+            name=AGENT_TEMPLATE,
             image=s.images.sandbox,
             command=["mass"],
             args=["episode", "--in", "/in", "--out", "/out"],
             # Key-only S3 artifacts: bucket, endpoint and credentials come from the artifact
             # repository and are used by Argo's init/wait containers only, never by `mass episode`.
-            inputs=[*_params("gen", "task", "episode", "store-prefix"),
+            inputs=[*_params("gen", "task", "label", "rollout", "store-prefix"),
                     m.Artifact(name="episode-json", path="/in/episode.json", archive=_none_archive(),
-                               s3=key(k.episode_input, "episode.json")),
+                               s3=key(k.agent_input, "episode.json")),
                     m.Artifact(name="workspace-in", path="/in/workspace.tar.gz", archive=_none_archive(),
-                               s3=key(k.episode_input, "workspace.tar.gz"))],
+                               s3=key(k.agent_input, "workspace.tar.gz"))],
             outputs=[m.Artifact(name=n.split(".")[0], path=f"/out/{n}", archive=_none_archive(), optional=True,
-                                s3=key(k.episode_output, n))
+                                s3=key(k.agent_output, n))
                      for n in ("trace.jsonl", "status.json", "workspace.tar.gz")],
             env=[m.EnvVar(name="HOME", value="/tmp"),
                  # qwen-code is on the sandbox image's PATH; name it so the harness never guesses.
@@ -189,10 +195,26 @@ class _Builder:
             volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp"), m.VolumeMount(name="out", mount_path="/out")],
             active_deadline_seconds=s.agent_deadline_s,
             automount_service_account_token=False,
-            labels=L.pod_labels(K.AGENT_STEP, gen=GEN, task=TASK, episode=EPISODE),
+            labels=L.pod_labels(K.AGENT_STEP, gen=GEN, task=TASK, episode="{{inputs.parameters.label}}"),
             annotations={f"{L.PREFIX}/spec": SPEC},
             retry_strategy=AGENT_RETRY,
         )
+
+    def rollouts(self, sd: P.StepDef, ingest_argv: list[str], inputs: tuple[str, ...]) -> None:
+        """`<step>-ingest`, `<step>-rollout` (agent pod -> ingest) and `<step>-rollouts`, the fan-out
+        over what `<step>-prepare` listed (at most `agent_parallelism` at once)."""
+        task = TASK if "task" in inputs else ""
+        self.step(f"{sd.name}-ingest", [*ingest_argv, "--phase", "ingest", "--rollout", "{{inputs.parameters.rollout}}",
+                                       "--agent-status", "{{inputs.parameters.agent-status}}"],
+                  inputs=(*inputs, "rollout", "agent-status"), task=task)
+        _rollout(sd.name, inputs)
+        with Steps(name=f"{sd.name}-rollouts", inputs=_params(*inputs, "rollouts", "store-prefix")):
+            own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
+            Step(name="rollout", template=f"{sd.name}-rollout", with_param="{{inputs.parameters.rollouts}}",
+                 arguments=[*(Parameter(name=n, value=v) for n, v in own.items()),
+                            *_args(rollout="{{item.rollout}}", model_gen="{{item.gen}}", item_task="{{item.task}}",
+                                   label="{{item.label}}", store_prefix="{{inputs.parameters.store-prefix}}")])
+        self.parallelism[f"{sd.name}-rollouts"] = self.s.agent_parallelism
 
     # -------------------------------------------------------------- resources
 
@@ -283,17 +305,33 @@ class _Builder:
         """The templates of one table step (they register with the enclosing WorkflowTemplate)."""
         s = self.s
         model = MODEL_FLAGS if sd.model else []
-        if sd.scope == "iteration":
+        rollouts_out = [Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/rollouts"))]
+        if sd.scope == "iteration" and sd.pod == "agent":
+            # prepare (proposal, agent inputs) -> agent pods -> ingest each -> judge and save
+            argv = [*sd.argv(SPEC, GEN, TASK), "--iteration", "{{inputs.parameters.iteration}}"]
+            self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *model, "--outputs", OUTPUTS_DIR],
+                      inputs=("gen", "task", "iteration"), task=TASK, outputs=rollouts_out)
+            self.rollouts(sd, sd.argv(SPEC, GEN, TASK), ("gen", "task"))
+            self.step(f"{sd.name}-finish", [*argv, "--agent-pods", *model], inputs=("gen", "task", "iteration"), task=TASK)
+            it = _args(gen=GEN, task=TASK, iteration="{{inputs.parameters.iteration}}")
+            with Steps(name=sd.name, inputs=_params("gen", "task", "iteration", "store-prefix")):
+                Step(name="prepare", template=f"{sd.name}-prepare", arguments=it)
+                Step(name="rollouts", template=f"{sd.name}-rollouts",
+                     arguments=_args(gen=GEN, task=TASK, rollouts=ROLLOUTS_PARAM,
+                                     store_prefix="{{inputs.parameters.store-prefix}}"))
+                Step(name="finish", template=f"{sd.name}-finish", arguments=it)
+            _recursion(sd.name)
+        elif sd.scope == "iteration":
             self.step(sd.name, [*sd.argv(SPEC, GEN, TASK), "--iteration", "{{inputs.parameters.iteration}}", *model],
                       inputs=("gen", "task", "iteration"), task=TASK)
-            _recursion(sd.name)
+            _recursion(sd.name, agent=False)
         elif sd.scope == "episode":
             argv = [*sd.argv(SPEC, GEN, TASK), "--episode", EPISODE]
             # prepare writes the agent's input in the store and says whether an agent pod must run.
             self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *model, "--outputs", OUTPUTS_DIR],
                       inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE,
-                      outputs=[Parameter(name="agent", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/agent"))])
-            self.agent()
+                      outputs=[Parameter(name=n, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{n}"))
+                               for n in ("agent", "rollout")])
             self.step(f"{sd.name}-ingest", [*argv, "--phase", "ingest", "--agent-status", "{{inputs.parameters.agent-status}}"],
                       inputs=("gen", "task", "episode", "agent-status"), task=TASK, episode=EPISODE)
             self.step(f"{sd.name}-summary", [*sd.argv(SPEC, GEN, TASK), "--phase", "summarize"],
@@ -308,13 +346,39 @@ class _Builder:
             self.step(sd.name, [*sd.argv(SPEC, GEN, TASK), *model], inputs=("gen", "task"), task=TASK)
         elif sd.scope == "run":
             self.step(sd.name, [*sd.argv(SPEC, GEN), *model], inputs=())
+        elif sd.pod == "agent":
+            self.generation_rollouts(sd)
         else:
-            server = sd.pod == "server"
-            pod = s.server if server else (s.merge if sd.name == "merge" else None)
-            # A server pod serves what it compares itself (GPU-sized, counted by the GPU semaphore);
-            # judge API keys come from an optional Secret (the spec names them: api_key_env).
-            self.step(sd.name, [*sd.argv(SPEC, GEN), *model], pod=pod,
-                      env_from=(s.judge_secret,) if server else (), gpu_semaphore=server)
+            self.step(sd.name, [*sd.argv(SPEC, GEN), *model], pod=s.merge if sd.name == "merge" else None)
+
+    def generation_rollouts(self, sd: P.StepDef) -> None:
+        """A generation step whose episodes run in agent pods against InferenceServices of the
+        generations it names (evaluate of G: L_0, L_G-1, L_G), created and deleted here like the
+        generation's own model: plan (which to serve) -> serve -> prepare -> agent pods -> ingest
+        each -> finish -> release. The step pods are CPU pods: the judges are external endpoints."""
+        flags = []
+        for g in ("0", PREV_GEN, GEN):  # evaluate of G compares L_G with L_0 and L_G-1
+            isvc = serving.isvc_name(RUN_ID, g)
+            flags += ["--generation-endpoint", g, serving.openai_base_url(isvc, NAMESPACE), isvc]
+        argv = sd.argv(SPEC, GEN)
+        self.step(f"{sd.name}-plan", [*argv, "--phase", "plan", "--outputs", OUTPUTS_DIR],
+                  outputs=[Parameter(name="models", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/models"))])
+        self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *flags, "--outputs", OUTPUTS_DIR],
+                  outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/rollouts"))])
+        self.rollouts(sd, argv, ("gen",))
+        # judge API keys come from an optional Secret (the spec names them: api_key_env)
+        self.step(f"{sd.name}-finish", [*argv, "--agent-pods", *flags], env_from=(self.s.judge_secret,))
+        served = "{{steps.plan.outputs.parameters.models}}"
+        with Steps(name=sd.name, inputs=_params("gen", "store-prefix")):
+            Step(name="plan", template=f"{sd.name}-plan", arguments=_args(gen=GEN))
+            # the agent inputs name the InferenceServices' URLs: they exist before prepare runs
+            Step(name="serve", template="serve-model", with_param=served,
+                 arguments=_args(gen="{{item.gen}}", model_uri="{{item.model-uri}}"))
+            Step(name="prepare", template=f"{sd.name}-prepare", arguments=_args(gen=GEN))
+            Step(name="rollouts", template=f"{sd.name}-rollouts",
+                 arguments=_args(gen=GEN, rollouts=ROLLOUTS_PARAM, store_prefix="{{inputs.parameters.store-prefix}}"))
+            Step(name="finish", template=f"{sd.name}-finish", arguments=_args(gen=GEN))
+            Step(name="release", template="delete-model", with_param=served, arguments=_args(gen="{{item.gen}}"))
 
     def cycle(self) -> Steps:
         """One generation in table order, behind a per-run mutex (one InferenceService name per run)."""
@@ -341,7 +405,8 @@ def _cycle_step(sd: P.StepDef) -> None:
     done = f"{V % P.done_output(sd.name)} == false"
     if sd.scope == "iteration":
         Step(name=sd.name, template=f"{sd.name}-task", with_param=V % "tasks", when=f"{V % 'iterations'} > 0",
-             arguments=_args(gen=GEN, task="{{item}}", iteration="0", iterations=V % "iterations"))
+             arguments=_args(gen=GEN, task="{{item}}", iteration="0", iterations=V % "iterations",
+                             **({"store_prefix": V % "store-prefix"} if sd.pod == "agent" else {})))
     elif sd.scope == "episode":
         Step(name=sd.name, template=sd.name,
              arguments=_args(gen=GEN, episodes=V % "episodes", store_prefix=V % "store-prefix"))
@@ -352,23 +417,28 @@ def _cycle_step(sd: P.StepDef) -> None:
     elif sd.scope == "run":
         Step(name=sd.name, template=sd.name)
     else:
-        # GPU pods start only when the step is not stored yet (a finished run costs no GPU).
-        gpu = sd.pod in ("trainer", "server")
+        # GPU pods and InferenceServices start only when the step is not stored yet (a finished run
+        # costs no GPU).
+        gpu = sd.pod in ("trainer", "server", "agent")
         sizes = {k.replace("-", "_"): V % k for k in ("trainer-workers", "trainer-nproc", "trainer-gpus")}
+        extra = sizes if sd.pod == "trainer" else ({"store_prefix": V % "store-prefix"} if sd.pod == "agent" else {})
         Step(name=sd.name, template=sd.name, when=done if gpu else None,
-             arguments=_args(gen=NEXT_GEN if sd.gen_offset else GEN, **(sizes if sd.pod == "trainer" else {})))
+             arguments=_args(gen=NEXT_GEN if sd.gen_offset else GEN, **extra))
 
 
-def _recursion(name: str) -> Steps:
-    """Bounded recursion: one `mass <step> --iteration K` per call, then K+1 while K+1 < n."""
+def _recursion(name: str, agent: bool = True) -> Steps:
+    """Bounded recursion: one iteration K per call (`mass <step> --iteration K`, or its prepare ->
+    agent pods -> finish), then K+1 while K+1 < n."""
     nxt = "{{=asInt(inputs.parameters.iteration) + 1}}"
-    with Steps(name=f"{name}-task", inputs=_params("gen", "task", "iteration", "iterations")) as loop:
+    sp = {"store_prefix": "{{inputs.parameters.store-prefix}}"} if agent else {}
+    with Steps(name=f"{name}-task", inputs=_params("gen", "task", "iteration", "iterations",
+                                                    *(["store-prefix"] if agent else []))) as loop:
         Step(name="iteration", template=name,
              when="{{inputs.parameters.iteration}} < {{inputs.parameters.iterations}}",
-             arguments=_args(gen=GEN, task=TASK, iteration="{{inputs.parameters.iteration}}"))
+             arguments=_args(gen=GEN, task=TASK, iteration="{{inputs.parameters.iteration}}", **sp))
         Step(name="next", template=f"{name}-task",
              when="{{=asInt(inputs.parameters.iteration) + 1 < asInt(inputs.parameters.iterations)}}",
-             arguments=_args(gen=GEN, task=TASK, iteration=nxt, iterations="{{inputs.parameters.iterations}}"))
+             arguments=_args(gen=GEN, task=TASK, iteration=nxt, iterations="{{inputs.parameters.iterations}}", **sp))
     return loop
 
 
@@ -382,10 +452,27 @@ def _episode(name: str) -> Steps:
     agent = "{{steps.prepare.outputs.parameters.agent}} == true"
     with Steps(name=f"{name}-episode", inputs=_params("gen", "task", "episode", "store-prefix")) as st:
         Step(name="prepare", template=f"{name}-prepare", arguments=a)
-        Step(name="agent", template="agent-episode", when=agent, continue_on=m.ContinueOn(failed=True, error=True),
-             arguments=[*a, Parameter(name="store-prefix", value="{{inputs.parameters.store-prefix}}")])
+        Step(name="agent", template=AGENT_TEMPLATE, when=agent, continue_on=m.ContinueOn(failed=True, error=True),
+             arguments=_args(gen=GEN, task=TASK, label=EPISODE, rollout="{{steps.prepare.outputs.parameters.rollout}}",
+                             store_prefix="{{inputs.parameters.store-prefix}}"))
         Step(name="ingest", template=f"{name}-ingest", when=agent,
              arguments=[*a, Parameter(name="agent-status", value="{{steps.agent.status}}")])
+    return st
+
+
+def _rollout(name: str, inputs: tuple[str, ...]) -> Steps:
+    """One listed rollout: its agent pod (a failed one, retries spent, does not fail the step), then
+    `<step>-ingest`, told the agent's phase (no output after Failed/Error: an infra_error episode)."""
+    own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
+    with Steps(name=f"{name}-rollout", inputs=_params(*inputs, "rollout", "model-gen", "item-task", "label",
+                                                       "store-prefix")) as st:
+        Step(name="agent", template=AGENT_TEMPLATE, continue_on=m.ContinueOn(failed=True, error=True),
+             arguments=_args(gen="{{inputs.parameters.model-gen}}", task="{{inputs.parameters.item-task}}",
+                             label="{{inputs.parameters.label}}", rollout=ROLLOUT,
+                             store_prefix="{{inputs.parameters.store-prefix}}"))
+        Step(name="ingest", template=f"{name}-ingest",
+             arguments=[*(Parameter(name=n, value=v) for n, v in own.items()),
+                        *_args(rollout=ROLLOUT, agent_status="{{steps.agent.status}}")])
     return st
 
 
@@ -400,6 +487,16 @@ def _episode_fanout(name: str, parallelism) -> Steps:
         Step(name="episode", template=f"{name}-episode", with_param="{{inputs.parameters.episodes}}",
              arguments=_args(gen=GEN, task="{{item.task}}", episode="{{item.episode}}",
                              store_prefix="{{inputs.parameters.store-prefix}}"))
+    return st
+
+
+def _delete_models() -> Steps:
+    """Every InferenceService a cycle of generation g may have made: L_g (the inner loop), and
+    L_0 and L_g+1 (evaluate); absent ones are no error. The exit handler's, success or not."""
+    with Steps(name="delete-models", inputs=_params("gen")) as st:
+        with st.parallel():
+            for name, gen in (("gen", GEN), ("next", NEXT_GEN), ("base", "0")):
+                Step(name=name, template="delete-model", arguments=_args(gen=gen))
     return st
 
 
@@ -465,13 +562,15 @@ def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:
         with Steps(name="main"):
             Step(name="cycle", template="cycle", arguments=_args(gen="{{workflow.parameters.gen}}"))
         with Steps(name="exit-handler"):
-            Step(name="delete-model", template="delete-model", arguments=_args(gen="{{workflow.parameters.gen}}"))
+            Step(name="delete-models", template="delete-models", arguments=_args(gen="{{workflow.parameters.gen}}"))
         b.cycle()
         b.validate()
         for sd in b.steps:
             b.templates_of(sd)  # templates register themselves with the enclosing WorkflowTemplate
+        b.agent()
         b.serve_model()
         b.delete_model()
+        _delete_models()
     d = wt.to_dict()
     for t in d["spec"]["templates"]:
         if "container" in t:
@@ -490,7 +589,7 @@ def mass_run(s: ClusterSettings) -> dict:
             template_ref=m.TemplateRef(name=CYCLE, template="cycle"),
             arguments=_args(gen=gen),
             # The model server goes away after each generation, success or not.
-            hooks={"exit": m.LifecycleHook(template_ref=m.TemplateRef(name=CYCLE, template="delete-model"),
+            hooks={"exit": m.LifecycleHook(template_ref=m.TemplateRef(name=CYCLE, template="delete-models"),
                                            arguments=m.Arguments(parameters=[m.Parameter(name="gen", value=gen)]))},
         )
 

@@ -12,6 +12,12 @@
 3. Self-evaluator: the generation's own model judges the same pairs once (L_0 too when G = 1), so
    the report can show its agreement with the panel majority.
 
+Locally the rollouts run in this process (shell commands sandboxed) against a server started per
+generation. On the cluster they run in agent pods against InferenceServices of L_0, L_{G-1} and
+L_G: `--phase prepare` writes the pods' inputs and names the generations to serve, `--phase ingest`
+stores each pod's output (steps/rollouts.py), and `--agent-pods` then runs the panel (judges are
+external endpoints there) and the self-evaluators against the InferenceServices.
+
 Evaluation is reporting only: nothing here is read by search, ranking, rendering, training or
 checkpoint selection, and test tasks appear only here.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,11 +47,11 @@ Progress = Callable[[str, dict], None]
 
 
 def verdict_prefix(ctx: RunContext) -> str:
-    return f"{ctx.run}/eval/verdicts"
+    return ctx.verdicts()
 
 
 def rollout_prefix(ctx: RunContext, g: int, task: str, rep: int) -> str:
-    return f"{ctx.eval(g)}/{task}/rep-{rep}"
+    return ctx.eval_rollout(g, task, rep)
 
 
 def baselines(gen: int) -> list[int]:
@@ -83,7 +90,7 @@ def model_digest(ctx: RunContext, g: int) -> str:
     key, store = ctx.model(g), ctx.store
     if store.exists(key):
         return store.sha256(key)
-    merge = read_manifest(store, f"{ctx.gen(g - 1)}/merge") if g > 0 else None
+    merge = read_manifest(store, ctx.merge_step(g - 1)) if g > 0 else None
     listed = {k: v for k, v in ((merge or {}).get("outputs") or {}).items() if k.startswith(key + "/")}
     objects = store.list(key + "/")
     if sorted(listed) != objects:
@@ -113,33 +120,117 @@ def rollout_done(ctx: RunContext, g: int, task: Task, rep: int) -> bool:
     return Step(ctx.store, rollout_prefix(ctx, g, task.id, rep), rollout_inputs(ctx, g, task, rep)).done
 
 
+def _rollout_step(ctx: RunContext, g: int, task: Task, rep: int):
+    from mass_jobs.store import Step
+
+    return Step(ctx.store, rollout_prefix(ctx, g, task.id, rep), rollout_inputs(ctx, g, task, rep),
+                name=f"eval-rollout gen-{g} {task.id} rep-{rep}")
+
+
+def episode_input(ctx: RunContext, task: Task, rep: int, endpoint):
+    from mass_jobs.harness import EpisodeInput
+
+    spec = ctx.spec
+    return EpisodeInput(prompt=task.prompt, endpoint=endpoint, limits=spec.execution.limits,
+                        sampling=spec.model.sampling, harness=spec.execution.harness,
+                        seed=rollout_seed(task.id, rep), files=dict(task.files))
+
+
 def run_rollout(ctx: RunContext, g: int, task: Task, rep: int, endpoint) -> dict:
-    """One bare-prompt episode of L_g, stored with its audit; skipped when already stored."""
-    from mass_jobs.audit import audit_episode
-    from mass_jobs.harness import EpisodeInput, run_episode
-    from mass_jobs.store import Step, read_manifest
+    """One bare-prompt episode of L_g run here (sandboxed), stored with its audit; skipped when stored."""
+    from mass_jobs.harness import run_episode
+    from mass_jobs.store import read_manifest
 
     prefix = rollout_prefix(ctx, g, task.id, rep)
-    step = Step(ctx.store, prefix, rollout_inputs(ctx, g, task, rep), name=f"eval-rollout gen-{g} {task.id} rep-{rep}")
+    step = _rollout_step(ctx, g, task, rep)
     if step.done:
         return read_manifest(ctx.store, prefix)["extra"]
     step.start()
-    spec = ctx.spec
     with tempfile.TemporaryDirectory(prefix="mass-eval-") as tmp:
         ws, out = Path(tmp) / "workspace", Path(tmp) / "out"
-        inp = EpisodeInput(prompt=task.prompt, endpoint=endpoint, limits=spec.execution.limits,
-                           sampling=spec.model.sampling, harness=spec.execution.harness,
-                           seed=rollout_seed(task.id, rep), files=dict(task.files))
-        result = run_episode(inp, ws, out)
-        audit = audit_episode(out).to_dict()
-        audit["episode"] = prefix  # a store key, not a temp path
-        ctx.store.put_dir(f"{prefix}/workspace.tar.gz", ws)
-        ctx.store.put_file(f"{prefix}/trace.jsonl", out / "trace.jsonl")
-        ctx.store.put_file(f"{prefix}/status.json", out / "status.json")
-        ctx.store.put_json(f"{prefix}/audit.json", audit)
-    extra = {"outcome": result.outcome, "delegation": audit["delegation"], "code_handoff": audit["code_handoff"]}
-    step.finish([f"{prefix}/{name}" for name in ROLLOUT_FILES], extra=extra)
+        result = run_episode(episode_input(ctx, task, rep, endpoint), ws, out)
+        ctx.store.put_dir(ctx.rollout_file(prefix, "workspace.tar.gz"), ws)
+        return _store_rollout(ctx, step, prefix, out, result.outcome)
+
+
+def _store_rollout(ctx: RunContext, step, prefix: str, out: Path, outcome: str) -> dict:
+    """trace, status and audit of a rollout whose workspace is stored; finishes its step."""
+    from mass_jobs.audit import audit_episode
+
+    audit = audit_episode(out).to_dict()
+    audit["episode"] = prefix  # a store key, not a temp path
+    ctx.store.put_file(ctx.rollout_file(prefix, "trace.jsonl"), out / "trace.jsonl")
+    ctx.store.put_file(ctx.rollout_file(prefix, "status.json"), out / "status.json")
+    ctx.store.put_json(ctx.rollout_file(prefix, "audit.json"), audit)
+    extra = {"outcome": outcome, "delegation": audit["delegation"], "code_handoff": audit["code_handoff"]}
+    step.finish([ctx.rollout_file(prefix, name) for name in ROLLOUT_FILES], extra=extra)
     return extra
+
+
+# ---------------------------------------------------------------- the cluster's phases
+
+
+def rollout_generations(gen: int) -> list[int]:
+    return sorted({gen, *baselines(gen)})
+
+
+def pending_models(ctx: RunContext, gen: int) -> list[int]:
+    """Generations whose model this step still calls: rollouts missing, or self-verdicts missing."""
+    from mass_jobs.store import Step
+
+    if Step(ctx.store, ctx.eval(gen), evaluate_inputs(ctx, gen)).done:
+        return []
+    tasks, reps = ctx.spec.resolved_tasks(), range(ctx.spec.evaluation.rollouts_per_task)
+    need = {h for h in rollout_generations(gen) if not all(rollout_done(ctx, h, t, r) for t in tasks for r in reps)}
+    jobs = pair_jobs(ctx, gen, None)
+    need |= {h for h in self_evaluators(gen)
+             if not _all_stored(ctx.store, verdict_prefix(ctx), jobs, f"gen-{h}", "self", (ctx.spec.search.seed,))}
+    return sorted(need)
+
+
+def prepare(ctx: RunContext, gen: int, endpoint_of: Callable[[int], Any]) -> dict:
+    """The agent pods' inputs of every missing rollout; {"rollouts": fan-out items, "models": the
+    generations whose InferenceServices the rollouts and self-verdicts call}."""
+    from mass_jobs.steps import rollouts
+
+    models = pending_models(ctx, gen)
+    items = []
+    if models:
+        for h in rollout_generations(gen):
+            for t in ctx.spec.resolved_tasks():
+                for r in range(ctx.spec.evaluation.rollouts_per_task):
+                    if rollout_done(ctx, h, t, r):
+                        continue
+                    prefix = rollout_prefix(ctx, h, t.id, r)
+                    rollouts.prepare(ctx, prefix, episode_input(ctx, t, r, endpoint_of(h)))
+                    items.append(rollouts.fanout_item(ctx, prefix, t.id, f"rep-{r}", h))
+    return {"rollouts": items, "models": models}
+
+
+def ingest(ctx: RunContext, gen: int, rel: str, agent_failed: bool = False) -> dict:
+    """Store the agent pod's output of the rollout `rel` (a key relative to the run), with its audit."""
+    from mass_jobs.steps import rollouts
+    from mass_jobs.store import read_manifest
+
+    where = {rollout_prefix(ctx, h, t.id, r): (h, t, r) for h in rollout_generations(gen)
+             for t in ctx.spec.resolved_tasks() for r in range(ctx.spec.evaluation.rollouts_per_task)}
+    prefix = rollouts.find_rollout(ctx, rel, list(where))
+    h, task, rep = where[prefix]
+    step = _rollout_step(ctx, h, task, rep)
+    if step.done:
+        return read_manifest(ctx.store, prefix)["extra"]
+    status, blobs, _ = rollouts.agent_result(ctx, prefix, agent_failed)
+    step.start()
+    with tempfile.TemporaryDirectory(prefix="mass-eval-ingest-") as tmp:
+        out = Path(tmp)
+        (out / "trace.jsonl").write_bytes(blobs["trace.jsonl"])
+        pod_status = ctx.agent_output(prefix, "status.json")
+        if ctx.store.exists(pod_status):  # the bytes `mass episode` wrote, as a local rollout stores them
+            (out / "status.json").write_bytes(ctx.store.get_bytes(pod_status))
+        else:
+            (out / "status.json").write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
+        ctx.store.put_bytes(ctx.rollout_file(prefix, "workspace.tar.gz"), blobs["workspace.tar.gz"])
+        return _store_rollout(ctx, step, prefix, out, status.get("outcome"))
 
 
 def run_rollouts(ctx: RunContext, g: int, endpoint, progress: Progress | None = None) -> None:
@@ -181,7 +272,8 @@ class BundleCache:
         return self._cache[key]
 
 
-def pair_jobs(ctx: RunContext, gen: int, bundles: BundleCache) -> list:
+def pair_jobs(ctx: RunContext, gen: int, bundles: BundleCache | None) -> list:
+    """Every (L_gen rep r, baseline rep r) pair; without `bundles` only what names them (verdict keys)."""
     from mass_jobs.judges import PairJob
 
     jobs = []
@@ -189,7 +281,8 @@ def pair_jobs(ctx: RunContext, gen: int, bundles: BundleCache) -> list:
         for t in ctx.spec.resolved_tasks():
             for r in range(ctx.spec.evaluation.rollouts_per_task):
                 jobs.append(PairJob(task=t.id, replicate=r, candidate=gen, baseline=b, task_prompt=t.prompt,
-                                    candidate_bundle=bundles.get(gen, t, r), baseline_bundle=bundles.get(b, t, r)))
+                                    candidate_bundle=bundles.get(gen, t, r) if bundles else "",
+                                    baseline_bundle=bundles.get(b, t, r) if bundles else ""))
     return jobs
 
 
@@ -215,8 +308,9 @@ def evaluate_inputs(ctx: RunContext, gen: int) -> dict:
 
 
 def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: ServeJudge,
-             progress: Progress | None = None) -> dict:
-    """The whole step for L_gen; returns its manifest. Resumes from whatever is already stored."""
+             progress: Progress | None = None, agent_pods: bool = False) -> dict:
+    """The whole step for L_gen; returns its manifest. Resumes from whatever is already stored.
+    With `agent_pods` (the cluster) the rollouts ran in agent pods: a missing one is an error."""
     from mass_jobs.judges import PanelMember, run_panel
     from mass_jobs.store import Step, read_manifest
 
@@ -232,6 +326,10 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
     for h in sorted({gen, *baselines(gen)}):
         if all(rollout_done(ctx, h, t, r) for t in tasks for r in reps):
             continue
+        if agent_pods:
+            missing = [rollout_prefix(ctx, h, t.id, r) for t in tasks for r in reps if not rollout_done(ctx, h, t, r)]
+            raise RuntimeError(f"evaluate gen-{gen}: rollouts not stored {missing[:4]} (run --phase prepare, "
+                               f"their agent pods and --phase ingest first)")
         with serve_model(h) as endpoint:
             run_rollouts(ctx, h, endpoint, progress)
 
@@ -318,7 +416,9 @@ def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Pa
     @contextlib.contextmanager
     def serve_model(g: int):
         log = (log_dir / f"serve-gen-{g}.log") if log_dir else None
-        with backends.serve_model(ctx.spec, local_model_dir(ctx, g, cache_root), f"gen-{g}", log_path=log) as endpoint:
+        # the name L_g's InferenceService has on the cluster, so traces of both executors agree
+        with backends.serve_model(ctx.spec, local_model_dir(ctx, g, cache_root), ctx.served_model(g),
+                                  log_path=log) as endpoint:
             yield endpoint
 
     @contextlib.contextmanager
@@ -330,5 +430,24 @@ def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Pa
         with backends.serve_model(ctx.spec, resolve_model(judge.model, store_options=ctx.store_options()), judge.name,
                                   log_path=log) as endpoint:
             yield endpoint
+
+    return serve_model, serve_judge
+
+
+def remote_servers(endpoint_of: Callable[[int], Any]):
+    """(serve_model, serve_judge) for the cluster: L_g at its InferenceService (`endpoint_of(g)`),
+    judges at their external endpoints; a `local` judge would need a GPU in this pod: refused."""
+    from mass_jobs.llm import Endpoint
+
+    @contextlib.contextmanager
+    def serve_model(g: int):
+        yield endpoint_of(g)
+
+    @contextlib.contextmanager
+    def serve_judge(judge: Judge):
+        if judge.endpoint == "local":
+            raise ValueError(f"judges: {judge.name!r} has endpoint 'local'; on the cluster judges are external "
+                             f"endpoints (an OpenAI-compatible URL), the evaluate pod serves no model")
+        yield Endpoint(base_url=judge.endpoint, model=judge.model, api_key_env=judge.api_key_env)
 
     return serve_model, serve_judge

@@ -236,8 +236,9 @@ def _jsonl(store, key: str) -> list[dict]:
 
 
 def _statuses(store, prefix: str) -> list[dict]:
-    """Episode statuses under prefix; an Argo episode's input/ and output/ copies are not episodes
-    (ingest promotes output/ to the episode's own files, which are counted)."""
+    """Episode statuses under prefix; an agent pod's input/ and output/ copies (collect episodes,
+    search and evaluate rollouts) are not episodes (ingest promotes output/ to the rollout's own
+    files, which are counted)."""
     return [store.get_json(k) for k in store.list(prefix + "/")
             if k.endswith("/status.json") and not RunContext.is_pod_copy(k)]
 

@@ -132,23 +132,38 @@ def episode_executor(spec, endpoint) -> Execute:
     return execute
 
 
-def rollout(store, prefix: str, execute: Execute, prompt: str, files: dict, seed: int) -> dict:
-    """Run one episode and persist prompt, workspace, trace and status under `prefix`; return status."""
+ROLLOUT_FILES = ("prompt.txt", "workspace.tar.gz", "trace.jsonl", "status.json")
+
+
+def rollout(ctx: RunContext, prefix: str, execute: Execute, prompt: str, files: dict, seed: int) -> dict:
+    """Run one episode here and persist prompt, workspace, trace and status under `prefix`; return status."""
+    store = ctx.store
     with tempfile.TemporaryDirectory(prefix="mass-rollout-") as tmp:
         workspace, out = Path(tmp) / "workspace", Path(tmp) / "out"
         workspace.mkdir()
         out.mkdir()
         status = execute(prompt, files, workspace, out, seed)
-        store.put_bytes(f"{prefix}/prompt.txt", prompt.encode())
-        store.put_dir(f"{prefix}/workspace.tar.gz", workspace)
         trace = out / "trace.jsonl"
-        store.put_bytes(f"{prefix}/trace.jsonl", trace.read_bytes() if trace.exists() else b"")
-        store.put_json(f"{prefix}/status.json", status)
+        store_rollout(ctx, prefix, prompt, workspace_archive=None, workspace=workspace,
+                      trace=trace.read_bytes() if trace.exists() else b"", status=status)
     return status
 
 
-def rollout_outputs(prefix: str) -> list[str]:
-    return [f"{prefix}/{n}" for n in ("prompt.txt", "workspace.tar.gz", "trace.jsonl", "status.json")]
+def store_rollout(ctx: RunContext, prefix: str, prompt: str, *, status: dict, trace: bytes,
+                  workspace: Path | None = None, workspace_archive: bytes | None = None) -> None:
+    """ROLLOUT_FILES of one rollout, status last (its presence says the rollout is stored)."""
+    store = ctx.store
+    store.put_bytes(ctx.rollout_file(prefix, "prompt.txt"), prompt.encode())
+    if workspace is not None:
+        store.put_dir(ctx.rollout_file(prefix, "workspace.tar.gz"), workspace)
+    else:
+        store.put_bytes(ctx.rollout_file(prefix, "workspace.tar.gz"), workspace_archive)
+    store.put_bytes(ctx.rollout_file(prefix, "trace.jsonl"), trace)
+    store.put_json(ctx.rollout_file(prefix, "status.json"), status)
+
+
+def rollout_outputs(ctx: RunContext, prefix: str) -> list[str]:
+    return [ctx.rollout_file(prefix, n) for n in ROLLOUT_FILES]
 
 
 def stored_bundle(store, prefix: str, task: Task, max_bytes: int) -> str:
@@ -168,9 +183,13 @@ class SearchError(StepFailed):
 
 
 class Search:
-    """The inner loop for one task of one generation; `run()` or `iteration(k)`."""
+    """The inner loop for one task of one generation; `run()` or `iteration(k)`.
 
-    def __init__(self, ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute):
+    With an `execute` the rollouts run here; without one (the cluster) `prepare(k)` writes the
+    agent pods' inputs, `ingest(rollout)` stores each pod's output, and `iteration(k)` then only
+    judges and saves (it refuses a rollout that is not stored)."""
+
+    def __init__(self, ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute | None):
         from mass_jobs.roles import role_client, role_label
 
         self.ctx, self.gen, self.execute = ctx, gen, execute
@@ -182,8 +201,12 @@ class Search:
         self.cfg = ctx.spec.search
 
     # ------------------------------------------------------------ keys and state
-    def _iter(self, k: int) -> str:
-        return self.ctx.search_iter(self.gen, self.task.id, k)
+    def _iter(self, k) -> str:
+        """The dir of iteration k (or of the bare "reference" rollout)."""
+        return self.ctx.search_rollout(self.gen, self.task.id, k)
+
+    def _file(self, k, name: str) -> str:
+        return self.ctx.search_file(self.gen, self.task.id, k, name)
 
     def _step(self, k: int):
         from mass_jobs.roles import roles_input
@@ -216,39 +239,103 @@ class Search:
         assert state is not None
         return state
 
+    def _check_k(self, k: int) -> None:
+        if not 0 <= k <= self.cfg.iterations:
+            raise SearchError(f"--iteration must be in 0..{self.cfg.iterations} (search.iterations), got {k}")
+        if k > 0 and self.done_through() < k - 1:
+            raise SearchError(f"task {self.task.id}: iteration {k - 1} is not finished; run it first")
+
     def iteration(self, k: int) -> bool:
         """Run iteration k (skipped when done); return whether another iteration follows."""
         if not 0 <= k <= self.cfg.iterations:
-            raise SearchError(f"--iteration must be in 0..{self.cfg.iterations} (search.iterations), got {k}")
+            self._check_k(k)
         if self._step(k).done:
             return k < self.cfg.iterations
-        if k > 0 and self.done_through() < k - 1:
-            raise SearchError(f"task {self.task.id}: iteration {k - 1} is not finished; run it first")
+        self._check_k(k)
         self._step(k).start()
         record, outputs = self._initial() if k == 0 else self._propose_and_try(k)
         self._save(k, record, outputs)
         return k < self.cfg.iterations
 
+    # ------------------------------------------------------------ the cluster's phases
+    def _rollouts(self, k: int) -> list[tuple[object, str]]:
+        """(rollout, prompt) of iteration k still to run: the reference and W_0 at k = 0, else W_k
+        (the proposal is made and stored here when missing: the optimizer is a model call)."""
+        todo = []
+        if k == 0:
+            todo.append(("reference", workflow_prompt_parts(self.task.prompt, None).text))
+            wf = self.task.workflow or DEFAULT_WORKFLOW
+        else:
+            state = self.state()
+            if state is None:
+                raise SearchError(f"task {self.task.id}: no search state; run iteration 0 first")
+            proposal = self._proposal(k, state)
+            if proposal["workflow"] is None:
+                return []
+            wf = Workflow.model_validate(proposal["workflow"])
+        self.store.put_json(self._file(k, "workflow.json"), workflow_json(wf))
+        todo.append((k, workflow_prompt_parts(self.task.prompt, wf).text))
+        return [(r, p) for r, p in todo if not self.store.exists(self._file(r, "status.json"))]
+
+    def _seed(self, rollout) -> int:
+        return derived_seed(self.cfg.seed, self.task.id, rollout)
+
+    def prepare(self, k: int, endpoint) -> list[dict]:
+        """Write the agent pods' inputs of iteration k; the fan-out items (none when stored)."""
+        from mass_jobs.harness import EpisodeInput
+        from mass_jobs.roles import role_endpoint
+        from mass_jobs.steps import rollouts
+
+        self._check_k(k)
+        if self._step(k).done:
+            return []
+        endpoint = role_endpoint(self.spec, "executor") or endpoint  # roles.executor, else the generation
+        s, items = self.spec, []
+        for r, prompt in self._rollouts(k):
+            inp = EpisodeInput(prompt=prompt, endpoint=endpoint, limits=s.execution.limits,
+                               sampling=s.model.sampling, harness=s.execution.harness, seed=self._seed(r),
+                               files=dict(self.task.files))
+            rollouts.prepare(self.ctx, self._iter(r), inp)
+            label = "reference" if r == "reference" else f"iter-{r}"
+            items.append(rollouts.fanout_item(self.ctx, self._iter(r), self.task.id, label, self.gen))
+        return items
+
+    def ingest(self, rel: str, agent_failed: bool = False) -> dict:
+        """Store the agent pod's output of the rollout `rel` (a key relative to the run)."""
+        from mass_jobs.steps import rollouts
+
+        candidates = [self._iter("reference")] + [self._iter(k) for k in range(self.cfg.iterations + 1)]
+        prefix = rollouts.find_rollout(self.ctx, rel, candidates)
+        if self.store.exists(self.ctx.rollout_file(prefix, "status.json")):
+            return self.store.get_json(self.ctx.rollout_file(prefix, "status.json"))
+        status, blobs, episode = rollouts.agent_result(self.ctx, prefix, agent_failed)
+        store_rollout(self.ctx, prefix, episode["prompt"], status=status, trace=blobs["trace.jsonl"],
+                      workspace_archive=blobs["workspace.tar.gz"])
+        return status
+
+    def _run_rollout(self, r, prompt: str) -> dict:
+        status_key = self._file(r, "status.json")
+        if self.store.exists(status_key):  # resumed after the rollout was stored (or ingested)
+            return self.store.get_json(status_key)
+        if self.execute is None:
+            raise SearchError(f"task {self.task.id}: rollout {self._iter(r)} is not stored "
+                              f"(run --phase prepare, its agent pod and --phase ingest first)")
+        return rollout(self.ctx, self._iter(r), self.execute, prompt, self.task.files, self._seed(r))
+
     # ------------------------------------------------------------ iteration 0
     def _initial(self) -> tuple[IterationRecord, list[str]]:
-        ref = self.ctx.search_reference(self.gen, self.task.id)
-        it0 = self._iter(0)
-        if not self.store.exists(f"{ref}/status.json"):
-            bare = workflow_prompt_parts(self.task.prompt, None).text
-            rollout(self.store, ref, self.execute, bare, self.task.files, derived_seed(self.cfg.seed, self.task.id, "reference"))
+        ref = self._iter("reference")
+        self._run_rollout("reference", workflow_prompt_parts(self.task.prompt, None).text)
         wf = self.task.workflow or DEFAULT_WORKFLOW
         status = self._rollout_once(0, wf)
         record = IterationRecord(k=0, workflow=workflow_json(wf), outcome=status.get("outcome"), preferred=True,
                                  elite_after=0, reference_verdict=self._versus_reference(0))
-        return record, rollout_outputs(ref) + rollout_outputs(it0) + [f"{it0}/workflow.json", f"{it0}/reference_verdict.json"]
+        return record, rollout_outputs(self.ctx, ref) + rollout_outputs(self.ctx, self._iter(0)) + [
+            self._file(0, "workflow.json"), self._file(0, "reference_verdict.json")]
 
     def _rollout_once(self, k: int, wf: Workflow) -> dict:
-        prefix = self._iter(k)
-        self.store.put_json(f"{prefix}/workflow.json", workflow_json(wf))
-        if self.store.exists(f"{prefix}/status.json"):  # resumed after the rollout was stored
-            return self.store.get_json(f"{prefix}/status.json")
-        prompt = workflow_prompt_parts(self.task.prompt, wf).text
-        return rollout(self.store, prefix, self.execute, prompt, self.task.files, derived_seed(self.cfg.seed, self.task.id, k))
+        self.store.put_json(self._file(k, "workflow.json"), workflow_json(wf))
+        return self._run_rollout(k, workflow_prompt_parts(self.task.prompt, wf).text)
 
     def _judge(self, key: str, k: int, x: tuple[str, str], y: tuple[str, str], salt: str) -> Verdict:
         stored = _get_json(self.store, key)
@@ -262,38 +349,42 @@ class Search:
         return v
 
     def _versus_reference(self, k: int) -> Verdict:
-        ref = self.ctx.search_reference(self.gen, self.task.id)
         cap = self.cfg.evidence_bytes
         elite = (f"iter-{k}", stored_bundle(self.store, self._iter(k), self.task, cap))
-        reference = ("reference", stored_bundle(self.store, ref, self.task, cap))
-        return self._judge(f"{self._iter(k)}/reference_verdict.json", k, elite, reference, "reference")
+        reference = ("reference", stored_bundle(self.store, self._iter("reference"), self.task, cap))
+        return self._judge(self._file(k, "reference_verdict.json"), k, elite, reference, "reference")
 
     # ------------------------------------------------------------ iterations 1..K
+    def _proposal(self, k: int, state: SearchState) -> dict:
+        """W_k's proposal: stored, or asked of the optimizer and stored at once."""
+        history = [r for r in state.iterations if r.k < k]
+        proposal = _get_json(self.store, self._file(k, "proposal.json")) or self._propose(k, state, history)
+        self.store.put_json(self._file(k, "proposal.json"), proposal)
+        return proposal
+
     def _propose_and_try(self, k: int) -> tuple[IterationRecord, list[str]]:
         state = self.state()
         if state is None:
             raise SearchError(f"task {self.task.id}: no search state; run iteration 0 first")
         prefix = self._iter(k)
-        history = [r for r in state.iterations if r.k < k]
-        proposal = _get_json(self.store, f"{prefix}/proposal.json") or self._propose(k, state, history)
-        self.store.put_json(f"{prefix}/proposal.json", proposal)
-        outputs = [f"{prefix}/proposal.json"]
+        proposal = self._proposal(k, state)
+        outputs = [self._file(k, "proposal.json")]
         if proposal["workflow"] is None:
             record = IterationRecord(k=k, workflow=None, proposal_attempts=proposal["attempts"],
                                      proposal_errors=proposal["errors"], elite_after=state.elite)
             return record, outputs
         wf = Workflow.model_validate(proposal["workflow"])
         status = self._rollout_once(k, wf)
-        outputs += rollout_outputs(prefix) + [f"{prefix}/workflow.json", f"{prefix}/verdict.json"]
+        outputs += rollout_outputs(self.ctx, prefix) + [self._file(k, "workflow.json"), self._file(k, "verdict.json")]
         cap = self.cfg.evidence_bytes
         candidate = (f"iter-{k}", stored_bundle(self.store, prefix, self.task, cap))
         elite = (f"iter-{state.elite}", stored_bundle(self.store, self._iter(state.elite), self.task, cap))
-        verdict = self._judge(f"{prefix}/verdict.json", k, candidate, elite, "elite")
+        verdict = self._judge(self._file(k, "verdict.json"), k, candidate, elite, "elite")
         preferred = verdict.valid and verdict.winner == f"iter-{k}"
         ref_verdict = None
         if preferred:
             ref_verdict = self._versus_reference(k)
-            outputs.append(f"{prefix}/reference_verdict.json")
+            outputs.append(self._file(k, "reference_verdict.json"))
         record = IterationRecord(
             k=k, workflow=proposal["workflow"], proposal_attempts=proposal["attempts"],
             proposal_errors=proposal["errors"], outcome=status.get("outcome"), verdict=verdict,
@@ -351,7 +442,7 @@ class Search:
         prev = self.state() if k > 0 else None
         records = ([r for r in prev.iterations if r.k < k] if prev else []) + [record]
         state = fold(self.task.id, self.gen, self.cfg.iterations, records,
-                     reference_outcome=_get_json(self.store, f"{self.ctx.search_reference(self.gen, self.task.id)}/status.json"))
+                     reference_outcome=_get_json(self.store, self._file("reference", "status.json")))
         key = self.ctx.search_state(self.gen, self.task.id)
         self.store.put_json(key, state.model_dump(mode="json"))
         self._step(k).finish(outputs, extra={"elite": state.elite, "beats_reference": state.beats_reference})
@@ -388,10 +479,26 @@ def fold(task: str, gen: int, planned: int, records: list[IterationRecord], refe
     )
 
 
-def run_search(ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute,
-               iteration: int | None = None) -> dict:
-    """Library core used by `mass search` and the local runner: the whole loop, or one iteration."""
+def run_search(ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute | None,
+               iteration: int | None = None, *, phase: str | None = None, endpoint=None,
+               rollout_key: str | None = None, agent_status: str | None = None) -> dict:
+    """Library core used by `mass search` and the local runner: the whole loop, or one iteration.
+
+    Phases (the cluster, around agent pods): `prepare` (needs `iteration` and `endpoint`) returns
+    {"rollouts": [fan-out items]}; `ingest` (needs `rollout_key`) stores one agent pod's output; the
+    call without a phase then judges and saves the iteration from the stored rollouts."""
     search = Search(ctx, gen, task_id, client, execute)
+    if phase is not None:
+        if phase not in ("prepare", "ingest"):
+            raise SearchError(f"--phase must be 'prepare' or 'ingest', got {phase!r}")
+        if phase == "prepare":
+            if iteration is None or endpoint is None:
+                raise SearchError("--phase prepare needs --iteration and the model endpoint the agent pods call (--endpoint)")
+            return {"rollouts": search.prepare(iteration, endpoint)}
+        if not rollout_key:
+            raise SearchError("--phase ingest needs --rollout (a key the prepare phase listed)")
+        status = search.ingest(rollout_key, agent_failed=agent_status in ("Failed", "Error"))
+        return {"rollout": rollout_key, "outcome": status.get("outcome")}
     if iteration is None:
         state = search.run()
         return {"continue": False, "elite": state.elite, "beats_reference": state.beats_reference}

@@ -1,0 +1,100 @@
+"""Agent episodes of search and evaluate, in the shape collect has on the cluster.
+
+A rollout is a store dir (`RunContext.search_rollout`, `RunContext.eval_rollout`). Locally the
+episode runs in the calling process (shell commands sandboxed) and its files are stored directly.
+On the cluster the step's `--phase prepare` writes the agent pod's input (`input/episode.json` in
+`mass episode`'s format, `input/workspace.tar.gz`, the seeded workspace) and lists the rollouts
+that need an agent pod; the pod runs `mass episode` with no store credential, Argo uploads its
+`output/{workspace.tar.gz,trace.jsonl,status.json}`, and `--phase ingest --rollout KEY` validates
+and stores them. An agent pod that left no status (failed, evicted, past its deadline, retries
+spent) is stored as an infra_error episode, so one lost pod never fails the step. Both paths store
+the same bytes for the same episode.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from mass_jobs.context import RunContext
+from mass_jobs.errors import StepFailed
+
+AGENT_OUTPUTS = ("workspace.tar.gz", "trace.jsonl", "status.json")
+ROLLOUTS_OUTPUT = "rollouts"  # `--outputs DIR`: DIR/rollouts, the JSON list the agent fan-out reads
+MODELS_OUTPUT = "models"  # evaluate: DIR/models, the generations whose InferenceServices it needs
+
+
+class RolloutError(StepFailed):
+    pass
+
+
+def fanout_item(ctx: RunContext, prefix: str, task: str, label: str, gen: int) -> dict:
+    """One item of the agent fan-out: the rollout's key relative to the run (the agent pod's
+    artifacts live under it) and pod labels (gen, task, episode)."""
+    return {"rollout": ctx.relative(prefix), "gen": str(gen), "task": task, "label": label}
+
+
+def write_outputs(out_dir: str | None, **lists: list) -> None:
+    """`--outputs DIR`: one JSON file per list (Argo output parameters for `withParam`)."""
+    import json
+
+    if not out_dir:
+        return
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    for name, items in lists.items():
+        (Path(out_dir) / name).write_text(json.dumps(items, sort_keys=True))
+
+
+def prepare(ctx: RunContext, prefix: str, inp) -> list[str]:
+    """Write the agent pod's input for the rollout at `prefix` (a harness.EpisodeInput); an earlier
+    attempt's output is dropped so ingest never promotes a stale one."""
+    from mass_jobs.harness import episode_file_json, seed_workspace
+
+    store = ctx.store
+    for name in AGENT_OUTPUTS:
+        store.delete(ctx.agent_output(prefix, name))
+    with tempfile.TemporaryDirectory(prefix="mass-prepare-") as tmp:
+        workspace = Path(tmp) / "workspace"
+        seed_workspace(workspace, inp.files)
+        store.put_json(ctx.agent_input(prefix, "episode.json"), episode_file_json(inp))
+        store.put_dir(ctx.agent_input(prefix, "workspace.tar.gz"), workspace)
+    return [ctx.agent_input(prefix, "episode.json"), ctx.agent_input(prefix, "workspace.tar.gz")]
+
+
+def agent_result(ctx: RunContext, prefix: str, agent_failed: bool) -> tuple[dict, dict[str, bytes], dict]:
+    """(status, {workspace.tar.gz, trace.jsonl: bytes}, episode.json) of the agent pod of `prefix`.
+
+    With `agent_failed` (the agent step's phase was Failed or Error) a missing output is the
+    infra_error episode of `collect.lost_agent_status`; otherwise it is an error (not run yet)."""
+    from mass_jobs.harness import validate_status
+    from mass_jobs.steps.collect import lost_agent_status
+
+    store = ctx.store
+    inp_key = ctx.agent_input(prefix, "episode.json")
+    if not store.exists(inp_key) or not store.exists(ctx.agent_input(prefix, "workspace.tar.gz")):
+        raise RolloutError(f"rollout {prefix}: cannot ingest, not prepared (run --phase prepare, then the agent pod)")
+    episode = store.get_json(inp_key)
+    out = {n: ctx.agent_output(prefix, n) for n in AGENT_OUTPUTS}
+    if store.exists(out["status.json"]):
+        missing = [n for n, k in out.items() if not store.exists(k)]
+        if missing:
+            raise RolloutError(f"rollout {prefix}: cannot ingest, the agent pod's output lacks {missing}")
+        status = store.get_json(out["status.json"])
+        validate_status(status)
+        return status, {n: store.get_bytes(out[n]) for n in ("workspace.tar.gz", "trace.jsonl")}, episode
+    if not agent_failed:
+        raise RolloutError(f"rollout {prefix}: cannot ingest, the agent pod's output is missing "
+                           f"(run the agent pod after --phase prepare)")
+    status = lost_agent_status(episode.get("harness", "builtin"))
+    validate_status(status)
+    return status, {"workspace.tar.gz": store.get_bytes(ctx.agent_input(prefix, "workspace.tar.gz")),
+                    "trace.jsonl": b""}, episode
+
+
+def find_rollout(ctx: RunContext, rel: str, candidates: list[str]) -> str:
+    """The rollout dir named by `--rollout REL` (a key relative to the run), among the step's own."""
+    key = ctx.under_run(rel.strip("/"))
+    if key not in candidates:
+        raise RolloutError(f"--rollout: {rel!r} is not a rollout of this step (expected one of "
+                           f"{[ctx.relative(c) for c in candidates][:6]}...)")
+    return key

@@ -1,0 +1,75 @@
+"""The trace and the status of an episode are the SFT data and its outcome: the agent's own shell
+commands must not be able to rewrite them. The agent here is the scripted endpoint (a test
+fixture) driving the built-in harness; its shell command tries to overwrite, append to, move and
+replace trace.jsonl and status.json, to rewrite the recording proxy's code, and to leave a process
+behind that forges them after the command returned. Locally the command runs under bubblewrap as
+a leased uid: none of that reaches the files, and the stored records are the proxy's."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from mass_jobs.harness import EpisodeInput, run_episode, validate_status
+from mass_jobs.models import EpisodeLimits, Sampling
+from mass_jobs.proxy import read_trace
+from mass_jobs.sandbox import _tools
+from mass_jobs.testing.scripted_endpoint import Reply
+
+FORGED = "FORGED-RECORD"
+
+
+def forging_command(out: Path, proxy_file: Path) -> str:
+    trace, status = out / "trace.jsonl", out / "status.json"
+    tries = [
+        f"echo '{{\"forged\": \"{FORGED}\"}}' >> {trace}",
+        f"echo '{FORGED}' > {trace}",
+        f"echo '{{\"outcome\": \"success\", \"reason\": \"{FORGED}\"}}' > {status}",
+        f"mv {trace} {out}/moved.jsonl",
+        f"rm {trace}",
+        f"ln -sf /dev/null {status}",
+        f"echo '# {FORGED}' >> {proxy_file}",
+        f"mkdir -p {out}/forged",
+    ]
+    # a process left behind to forge the files after the command returned
+    later = f"(sleep 1; echo '{FORGED}' >> {trace}; echo '{FORGED}' > {status}) >/dev/null 2>&1 &"
+    return "; ".join(f"({t}) 2>&1 && echo 'WROTE: {t}'" for t in tries) + f"; {later} echo tried"
+
+
+def test_agent_shell_cannot_rewrite_trace_status_or_proxy(scripted_endpoint, tmp_path):
+    import mass_jobs.proxy as proxy_module
+
+    bwrap, _ = _tools()
+    assert bwrap, "the local sandbox needs bubblewrap (a Debian package) to run agent commands"
+    out = tmp_path / "out"
+    proxy_file = Path(proxy_module.__file__).resolve()
+    proxy_code = proxy_file.read_bytes()
+    ep = scripted_endpoint({
+        "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("done")],
+        "worker-1": [Reply.call("shell", command=forging_command(out, proxy_file)), Reply.text("records tidied")],
+    })
+    inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, sampling=Sampling(),
+                       limits=EpisodeLimits(wall_s=60, request_timeout_s=10, request_retries=0, shell_timeout_s=20))
+    result = run_episode(inp, tmp_path / "ws", out)
+    time.sleep(2)  # the left-behind process would have written by now
+
+    trace_text = (out / "trace.jsonl").read_text()
+    status = json.loads((out / "status.json").read_text())
+    validate_status(status)
+    # (the trace holds the command's text itself, as a tool call: only the proxy's records are lines)
+    lines = [json.loads(line) for line in trace_text.splitlines()]
+    assert [r["seq"] for r in lines] == [0, 1, 2, 3] and not [r for r in lines if "forged" in r]
+    assert FORGED not in json.dumps(status)
+    assert status == result.status and status["outcome"] == "success" and status["reason"] != FORGED
+    # the trace is the proxy's: one record per model call, in order, the agents' own
+    trace = read_trace(out / "trace.jsonl")
+    assert [r["agent"]["id"] for r in trace] == ["orchestrator", "worker-1", "worker-1", "orchestrator"]
+    assert status["counts"]["turns"] == 4 and status["counts"]["tool_calls"] == 2
+    assert sorted(p.name for p in out.iterdir()) == ["status.json", "trace.jsonl"]
+    assert (out / "status.json").is_file() and not (out / "status.json").is_symlink()
+    assert proxy_file.read_bytes() == proxy_code
+    # the command ran and every attempt failed: it saw neither the records nor the proxy's code
+    shell_output = [m["content"] for m in trace[2]["request"]["messages"] if m["role"] == "tool"][0]
+    assert "tried" in shell_output and "WROTE:" not in shell_output, shell_output
+    assert status["sandbox"]["network_isolated"] is True
