@@ -55,7 +55,7 @@ def test_kserve_runtime_and_local_vllm_get_the_same_engine_arguments():
     kserve = serving.runtime_args(ClusterSettings(), "n", default.model.dtype)
     assert engine_part(kserve) == engine_part(backends.spec_engine_args(default))
     # the checked-in example object is what the builder writes
-    doc = yaml.safe_load((REPO / "manifests/inferenceservice-base.yaml").read_text())
+    doc = yaml.safe_load((REPO / "examples/k8s/inferenceservice-base.yaml").read_text())
     assert doc["spec"]["predictor"]["model"]["args"] == serving.runtime_args(ClusterSettings(), "mass-demo-g0", "bfloat16")
     # the Argo cycle serves with the spec's dtype (validate's output), not a fixed one
     cycle = (REPO / "argo/mass-cycle.yaml").read_text()

@@ -69,7 +69,7 @@ def main(args) -> int:
             # the storageUri of each generation's InferenceService, as the cycle's own model gets it
             bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
             run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
-            models = [{"gen": str(h), "model-uri": model_uri(spec, h, bucket, run_prefix)}
+            models = [{"gen": str(h), "model-uri": model_uri(spec, h, bucket, run_prefix), "dtype": spec.model.dtype}
                       for h in ev.pending_models(ctx, args.gen)]
             rollouts.write_outputs(args.outputs, **{rollouts.MODELS_OUTPUT: models})
             print(json.dumps({"models": models}, sort_keys=True))

@@ -373,7 +373,7 @@ class _Builder:
             Step(name="plan", template=f"{sd.name}-plan", arguments=_args(gen=GEN))
             # the agent inputs name the InferenceServices' URLs: they exist before prepare runs
             Step(name="serve", template="serve-model", with_param=served,
-                 arguments=_args(gen="{{item.gen}}", model_uri="{{item.model-uri}}"))
+                 arguments=_args(gen="{{item.gen}}", model_uri="{{item.model-uri}}", dtype="{{item.dtype}}"))
             Step(name="prepare", template=f"{sd.name}-prepare", arguments=_args(gen=GEN))
             Step(name="rollouts", template=f"{sd.name}-rollouts",
                  arguments=_args(gen=GEN, rollouts=ROLLOUTS_PARAM, store_prefix="{{inputs.parameters.store-prefix}}"))

@@ -1,7 +1,7 @@
 """The InferenceService that serves one generation's model (KServe HuggingFace runtime, vLLM).
 
 Created by the `serve-model` resource template of `mass-cycle` and deleted by its exit handler;
-`manifests/inferenceservice-base.yaml` is the same object with example values.
+`examples/k8s/inferenceservice-base.yaml` is the same object with example values.
 """
 
 from __future__ import annotations
