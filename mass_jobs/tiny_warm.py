@@ -328,9 +328,31 @@ def warm_key(seed: int = 0, steps: int = WARM_STEPS) -> dict:
             "bare_delegates": BARE_DELEGATES}
 
 
+def is_tiny_build(path) -> bool:
+    """A directory this module (or an older version of it) built: a key, or the tiny architecture.
+    Anything else (a real model someone named in the spec) is never rebuilt over."""
+    from mass_jobs.tiny import ARCH
+
+    path = Path(path)
+    if (path / KEY_FILE).is_file():
+        return True
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    return isinstance(config, dict) and all(config.get(k) == ARCH[k] for k in keys)
+
+
+def write_key(path, seed: int, steps: int, seconds: float) -> None:
+    """Record what a warm build was made from (and how long it took) next to its weights."""
+    (Path(path) / KEY_FILE).write_text(
+        json.dumps({"key": warm_key(seed, steps), "build_s": round(seconds, 1)}, indent=1) + "\n")
+
+
 def cached_build(path, seed: int = 0, steps: int = WARM_STEPS, on_step=None, say=None) -> tuple[Path, float | None]:
-    """The warm tiny model at `path`, built only when the directory's key differs from
-    `warm_key(seed, steps)`; (path, seconds the build took now, None when the cache was used).
+    """The warm tiny model at `path`, built only when the directory's key is missing (an older
+    builder) or differs from `warm_key(seed, steps)`; (path, seconds the build took now, None when the cache was used).
 
     The build goes to a sibling temporary directory renamed into place, so an interrupted build
     never leaves a directory that looks cached. `say(text)` hears what is happening.
@@ -356,9 +378,8 @@ def cached_build(path, seed: int = 0, steps: int = WARM_STEPS, on_step=None, say
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     started = time.monotonic()
     try:
-        build_tiny_model(tmp, seed=seed, warm=True, warm_steps=steps, on_step=on_step)
+        build_tiny_model(tmp, seed=seed, warm=True, warm_steps=steps, on_step=on_step)  # writes the key
         seconds = time.monotonic() - started
-        (tmp / KEY_FILE).write_text(json.dumps({"key": key, "build_s": round(seconds, 1)}, indent=1) + "\n")
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)

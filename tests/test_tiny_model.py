@@ -49,7 +49,10 @@ EXPECTED_RENDER = (
 
 
 def file_hashes(directory) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+    """Content hashes of a model dir's files; the warm build's key file records its build time, so
+    it is left out (`warm-key.json`, compared on its own where it matters)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())
+            if p.name != "warm-key.json"}
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +253,27 @@ def test_warm_corpus_delegates_on_workflow_prompts_and_mostly_works_alone_on_bar
         while len(fib_k) < k:
             fib_k.append(fib_k[-1] + fib_k[-2])
         assert json.loads(m[4]["tool_calls"][0]["function"]["arguments"]["content"]) == fib_k[:k]
+
+
+def test_warm_build_is_cached_by_its_key_and_rebuilt_when_the_key_differs(tmp_path):
+    import json
+
+    from mass_jobs.tiny_warm import KEY_FILE, cached_build, is_tiny_build, warm_key
+
+    said = []
+    path, seconds = cached_build(tmp_path / "warm", seed=0, steps=3, say=said.append)
+    assert seconds is not None and seconds > 0 and "not built yet" in said[-1]
+    stamp = json.loads((path / KEY_FILE).read_text())
+    assert stamp["key"] == warm_key(0, 3) and stamp["build_s"] > 0
+    weights = file_hashes(path)
+    assert cached_build(path, seed=0, steps=3, say=said.append) == (path, None) and "cached" in said[-1]
+    (path / KEY_FILE).write_text(json.dumps({"key": {**warm_key(0, 3), "builder_version": 1}}))
+    _, again = cached_build(path, seed=0, steps=3, say=said.append)
+    assert again is not None and "key differs" in said[-1]
+    assert file_hashes(path) == weights  # the same inputs give the same bytes
+    assert [p.name for p in tmp_path.iterdir()] == ["warm"]  # no temporary build left beside it
+    (path / KEY_FILE).unlink()  # an older builder's dir (no key) is still recognised as ours
+    assert is_tiny_build(path) and not is_tiny_build(tmp_path / "elsewhere")
 
 
 def test_warm_corpus_renders_every_role_with_supervised_replies():

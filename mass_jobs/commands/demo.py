@@ -1,8 +1,7 @@
 """`mass demo SPEC` (what `make demo` runs with examples/tiny.yaml): build the WARM tiny model when
 the spec's `model.base` directory is missing or was built by another version of the builder (the
-build is cached across runs, keyed by seed and builder version: `mass_jobs.tiny_warm.warm_key`; a
-directory without a key that someone put there is used as is), run L0 -> L_N, and print where the
-report is and how long each part took."""
+build is cached across runs, keyed by seed and builder version: `mass_jobs.tiny_warm.warm_key`),
+run L0 -> L_N, and print where the report is and how long the build and the run took."""
 
 from __future__ import annotations
 
@@ -22,16 +21,16 @@ def main(args) -> int:
     from mass_jobs.commands.common import open_run
     from mass_jobs.commands.run import run_reporting_failures
     from mass_jobs.spec import absolute_paths, parse_document
-    from mass_jobs.tiny_warm import KEY_FILE
 
     spec_path = Path(args.spec)
     if spec_path.is_file():  # build before validating: a missing model dir is an error there
         doc = absolute_paths(parse_document(spec_path.read_text(), args.spec), spec_path.parent.resolve())
         model = doc.get("model") if isinstance(doc, dict) else None
         base = Path(str(model.get("base", ""))) if isinstance(model, dict) else Path()
-        if base.is_absolute() and (not (base / "config.json").exists() or (base / KEY_FILE).exists()):
+        from mass_jobs.tiny_warm import cached_build, is_tiny_build
+
+        if base.is_absolute() and (not (base / "config.json").exists() or is_tiny_build(base)):
             from mass_jobs.progress import clock, warm_printer
-            from mass_jobs.tiny_warm import cached_build
 
             _, seconds = cached_build(base, seed=0, on_step=warm_printer(every=100),
                                       say=lambda text: print(text, flush=True))
