@@ -60,32 +60,37 @@ def test_expect_must_name_a_deliverable(tmp_path):
 
 
 def _grade_stored(ctx, gen: int, tasks: dict) -> list[float]:
+    """Grade each stored rollout workspace, unpacked here with tarfile (not the report's code path)."""
+    import tempfile
+
     scores = []
     for key in ctx.store.list(f"{ctx.eval(gen)}/"):
         if not key.endswith("/workspace.tar.gz"):
             continue
-        task = tasks[key.split("/")[3]]
-        target = Path(ctx.store.root) / f"_x{len(scores)}"
-        with tarfile.open(Path(ctx.store.root) / key) as tar:
-            tar.extractall(target, filter="data")
-        scores.append(grade_workspace(task, target).score)
+        with tempfile.TemporaryDirectory() as tmp, tarfile.open(Path(ctx.store.root) / key) as tar:
+            tar.extractall(tmp, filter="data")
+            scores.append(grade_workspace(tasks[key.split("/")[3]], Path(tmp)).score)
     return scores
 
 
 @pytest.mark.slow
 def test_two_generations_internalise_delegation_on_bare_prompts(tmp_path, warm_tiny_model_dir):
-    from mass_jobs.context import RunContext
-    from mass_jobs.store import FileStore
-
     doc, _ = demo_spec(warm_tiny_model_dir, tmp_path / "store")
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(doc))
     proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "run", str(spec_path), "--work-dir",
                            str(tmp_path / "work"), "--no-progress"], capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    check_mechanism(spec_path, tmp_path / "store")
+
+
+def check_mechanism(spec_path: Path, store_root: Path) -> None:
+    """What a finished demo run must show, read from its store (also usable on a `make demo` run)."""
+    from mass_jobs.context import RunContext
+    from mass_jobs.store import FileStore
 
     spec = load_spec(spec_path)
-    ctx = RunContext(spec, FileStore(tmp_path / "store"))
+    ctx = RunContext(spec, FileStore(store_root))
     report = ctx.store.get_json(f"{ctx.report()}/report.json")
     rows = {(a["generation"], a["split"]): a for a in report["audit"]}
     n = len(spec.resolved_tasks()) * spec.evaluation.rollouts_per_task
