@@ -50,7 +50,8 @@ def main(args) -> int:
                       r["detail"])
     console = Console(width=max(100, Console().width))
     console.print(table)
-    eta = ("ETA unknown (no step timed by this run yet)" if summary["eta_s"] is None
+    eta = ("all done" if summary["done"] == summary["total"]
+           else "ETA unknown (no step timed by this run yet)" if summary["eta_s"] is None
            else f"ETA ~{clock(summary['eta_s'])} (mean of {summary['timed_steps']} timed steps x steps left)")
     console.print(f"{summary['done']}/{summary['total']} steps done; {eta}")
     if state.get("failed"):
