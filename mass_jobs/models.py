@@ -98,6 +98,11 @@ class Task(Closed):
     files: dict[str, str] = Field(
         default_factory=dict, description="Seed files written into every workspace (path -> text)."
     )
+    expect: dict[str, str] = Field(
+        default_factory=dict,
+        description="Deliverable path -> its correct content, for the deterministic task score (mass_jobs.grade): "
+        "JSON files compare as parsed values, other files by whitespace-separated tokens.",
+    )
 
 
 class TaskFile(Closed):

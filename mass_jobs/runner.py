@@ -35,7 +35,9 @@ from mass_jobs.progress import Display, PerKey
 
 
 class RunError(StepFailed):
-    pass
+    def __init__(self, message: str, log: Path | None = None):
+        super().__init__(message)
+        self.log = log  # the subprocess log holding the failure's whole output
 
 
 class SplitLeak(RunError):
@@ -192,7 +194,7 @@ class Runner:
             proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=self._env())
         if proc.returncode != 0:
             tail = log.read_bytes()[-3000:].decode("utf-8", errors="replace")
-            raise RunError(f"`{' '.join(cmd[2:])}` exited {proc.returncode}; log {log}:\n{tail}")
+            raise RunError(f"`{' '.join(cmd[2:])}` exited {proc.returncode}; log {log}:\n{tail}", log=log)
 
     def _run_step(self, g: int, name: str, fn: Callable[[], bool]) -> None:
         """fn() does the step and returns True when it was already done (skipped)."""
@@ -200,15 +202,29 @@ class Runner:
         if self.on_step:
             self.on_step(f"{g}:{name}")
         self.display.step(label)
-        self.state.set(status="running", current={"gen": g, "step": name}, failed=None)
+        self.state.set(status="running", current={"gen": g, "step": name, "started_at": time.time()}, failed=None)
         started = time.monotonic()
         try:
             skipped = fn()
         except BaseException as e:
-            self.state.set(status="failed", current=None, failed={"gen": g, "step": name,
-                                                                  "error": f"{type(e).__name__}: {e}"[:2000]})
+            self.state.set(status="failed", current=None, failed={
+                "gen": g, "step": name, "error": f"{type(e).__name__}: {e}"[:2000], "logs": self.logs_of(g, e),
+                "at": time.time()})
             raise
-        self.display.done(label, skipped, time.monotonic() - started)
+        seconds = time.monotonic() - started
+        self.display.done(label, skipped, seconds)
+        # the run's own timings: `mass status` shows them and its ETA from them
+        timings = self.state.doc.setdefault("timings", {})
+        timings[f"{g}:{name}"] = {"seconds": round(seconds, 3), "skipped": skipped}
+        self.state.set()
+
+    def logs_of(self, g: int, err: BaseException) -> list[str]:
+        """Where a failed step's output is: its subprocess log, else the generation's model-server log
+        and the work dir (in-process steps write their errors to the run's own output)."""
+        if isinstance(err, RunError) and err.log:
+            return [str(err.log)]
+        serve_log = self.work / f"serve-gen-{g}.log"
+        return [str(p) for p in (serve_log, self.work) if p.exists()]
 
     @contextlib.contextmanager
     def serve(self, g: int):
@@ -345,12 +361,33 @@ def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, 
 
 def step_status(ctx: RunContext, pipeline=None) -> list[dict]:
     """One row per (generation, step): the store's done / pending (`pipeline.table`, the same for
-    any executor), with the local runner's running / interrupted / failed from its run-state."""
+    any executor), with the local runner's running / interrupted / failed and its step timings
+    (`seconds`, None when this runner did not time it) from its run-state."""
     state = RunState(ctx).load()
+    timings = state.get("timings") or {}
     rows = P.table(ctx, pipeline)
     for r in rows:
         r["status"] = _status(state, r["gen"], r["step"], r["status"] == "done")
+        t = timings.get(f"{r['gen']}:{r['step']}") or {}
+        r["seconds"] = t.get("seconds") if r["status"] == "done" else None
     return rows
+
+
+def progress_summary(rows: list[dict], state: dict, now: float | None = None) -> dict:
+    """Steps done / total and an ETA from the run's own timings: the mean time of the steps that did
+    work (skipped ones cost nothing) times the steps left, less the running step's elapsed time."""
+    done = sum(r["status"] == "done" for r in rows)
+    timings = [t["seconds"] for t in (state.get("timings") or {}).values() if not t.get("skipped")]
+    left = len(rows) - done
+    eta = None
+    if left == 0:
+        eta = 0.0
+    elif timings:
+        eta = sum(timings) / len(timings) * left
+        current = state.get("current") or {}
+        if state.get("status") == "running" and current.get("started_at"):
+            eta = max(0.0, eta - ((now or time.time()) - current["started_at"]))
+    return {"done": done, "total": len(rows), "eta_s": eta, "timed_steps": len(timings)}
 
 
 def _status(state: dict, g: int, name: str, done: bool) -> str:

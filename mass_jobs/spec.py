@@ -679,10 +679,14 @@ def workspace_path_issues(task: Task, where: str) -> list[SpecIssue]:
     g = task.guards
     named = [(f"{where}.files.{p}", p) for p in task.files]
     named += [(f"{where}.deliverables[{k}]", p) for k, p in enumerate(task.deliverables)]
+    named += [(f"{where}.expect.{p}", p) for p in task.expect]
     named += [(f"{where}.guards.required_outputs[{k}]", p) for k, p in enumerate(g.required_outputs)]
     named += [(f"{where}.guards.protected_paths[{k}]", p) for k, p in enumerate(g.protected_paths)]
     named += [(f"{where}.guards.metrics[{k}].file", m.file) for k, m in enumerate(g.metrics)]
-    return [SpecIssue(at, problem) for at, p in named if (problem := _workspace_path_problem(p))]
+    issues = [SpecIssue(at, problem) for at, p in named if (problem := _workspace_path_problem(p))]
+    issues += [SpecIssue(f"{where}.expect.{p}", f"expected one of the task's deliverables {task.deliverables}, found {p!r}")
+               for p in task.expect if p not in task.deliverables]
+    return issues
 
 
 # ---------------------------------------------------------------- entry points

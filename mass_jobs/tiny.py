@@ -274,10 +274,14 @@ def build_tiny_model(out_dir, seed: int = 0, warm: bool = False, warm_steps: int
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config).to(torch.float32)
     if warm:
-        from mass_jobs.tiny_warm import WARM_STEPS, warm_up
+        import time
 
-        warm_up(model, tokenizer, seed=seed, steps=WARM_STEPS if warm_steps is None else warm_steps,
-                on_step=on_step)
+        from mass_jobs.tiny_warm import WARM_STEPS, write_key, warm_up
+
+        steps = WARM_STEPS if warm_steps is None else warm_steps
+        started = time.monotonic()
+        warm_up(model, tokenizer, seed=seed, steps=steps, on_step=on_step)
+        write_key(out, seed, steps, time.monotonic() - started)
     model.generation_config = GenerationConfig(
         eos_token_id=[eos_id, pad_id],
         pad_token_id=pad_id,

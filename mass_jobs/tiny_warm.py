@@ -25,6 +25,10 @@ from typing import Any, Callable
 WARM_STEPS = 900  # measured 3:03 wall, 215 CPU-s on 2 shared cores; enough for the reply shapes, not their content
 WARM_LR = 3e-3
 CONVERSATIONS_PER_KIND = 64
+# Orchestrator prompts: bare / with a workflow / teacher prompt (weights), and the share of bare
+# prompts that still delegate (the paper's L0 delegates on 1 of 110 bare prompts).
+BARE_WORKFLOW_TEACHER = (2, 1, 1)
+BARE_DELEGATES = 0.1
 
 # Task families: (name, prompt template, deliverables, seed files, script text, result file text).
 _SEQUENCES = {
@@ -68,7 +72,7 @@ def synthetic_task(rng: random.Random) -> dict[str, Any]:
         out = f"results/{name}.json"
         prompt = f"Write {name}.py that prints the first {k} {what} and save them to {out}."
         return {"prompt": prompt, "deliverables": [f"{name}.py", out], "files": {},
-                "script": code.format(k=k), "result": json.dumps(list(range(min(k, 6))))}
+                "script": code.format(k=k), "result": json.dumps(_sequence(name, k))}
     if kind == 1:
         name = rng.choice(sorted(_LIST_JOBS))
         what, code = _LIST_JOBS[name]
@@ -77,13 +81,32 @@ def synthetic_task(rng: random.Random) -> dict[str, Any]:
         prompt = f"Write {name}.py that {what} in data/{d}.txt and writes them to {out}."
         nums = "\n".join(str(rng.randint(0, 99)) for _ in range(rng.randint(3, 6))) + "\n"
         return {"prompt": prompt, "deliverables": [f"{name}.py", out], "files": {f"data/{d}.txt": nums},
-                "script": code.format(d=d), "result": " ".join(sorted(nums.split(), key=int)) + "\n"}
+                "script": code.format(d=d), "result": _list_result(name, nums.split())}
     name = rng.choice(sorted(_COUNT_JOBS))
     what, src, code = _COUNT_JOBS[name]
     out = rng.choice(["results/metrics.json", f"results/{name}.json"])
     prompt = f'Write {name}.py that {what} and save the count to {out} as {{"count": N}}.'
-    return {"prompt": prompt, "deliverables": [f"{name}.py", out], "files": {f"data/{src}": f"{rng.randint(10, 90)}\n"},
-            "script": code, "result": json.dumps({"count": rng.randint(1, 30)})}
+    number = rng.randint(10, 90)
+    count = sum(all(p % d for d in range(2, p)) for p in range(2, number)) if name == "primes" else 1
+    return {"prompt": prompt, "deliverables": [f"{name}.py", out], "files": {f"data/{src}": f"{number}\n"},
+            "script": code, "result": json.dumps({"count": count})}
+
+
+def _sequence(name: str, k: int) -> list[int]:
+    """The true first k numbers of a sequence task (the worker's result file is correct)."""
+    fib = [0, 1]
+    while len(fib) < k:
+        fib.append(fib[-1] + fib[-2])
+    return {"fib": fib[:k], "squares": [i * i for i in range(k)], "evens": [2 * i for i in range(k)],
+            "cubes": [i ** 3 for i in range(k)], "odds": [2 * i + 1 for i in range(k)],
+            "powers": [2 ** i for i in range(k)]}[name]
+
+
+def _list_result(name: str, nums: list[str]) -> str:
+    """The true output of a list task, one value per line."""
+    out = {"sort": sorted(nums, key=int), "reverse": nums[::-1], "dedupe": sorted(set(nums), key=int),
+           "total": [str(sum(int(x) for x in nums))]}[name]
+    return "\n".join(out) + "\n"
 
 
 def _call(name: str, arguments: dict, i: int) -> dict:
@@ -104,27 +127,43 @@ def _synthetic_workflow(rng: random.Random):
 
 
 def orchestrator_conversation(rng: random.Random, task: dict) -> tuple[list[dict], list[dict]]:
-    """Bare, workflow or teacher prompt -> delegate the task -> (maybe check a file) -> finish."""
+    """A workflow or teacher prompt -> delegate the task -> (maybe check a file) -> finish. A bare
+    prompt -> mostly work alone (look at the workspace, finish without delegating), as the paper's
+    L0 model does on a bare prompt; only `BARE_DELEGATES` of bare prompts delegate, so MASS has a
+    behaviour to internalise: its teacher prompts delegate and its SFT data pairs that with the bare task."""
     from mass_jobs.harness import tools as T
     from mass_jobs.harness.builtin import ORCHESTRATOR_SYSTEM
     from mass_jobs.workflow import DEFAULT_WORKFLOW, teacher_prompt, workflow_prompt_parts
 
-    style = rng.randrange(3)
+    tools = [T.DELEGATE, T.READ_FILE, T.LIST_FILES, T.FINISH]
+    style = rng.choices(["bare", "workflow", "teacher"], weights=BARE_WORKFLOW_TEACHER)[0]
     wf = DEFAULT_WORKFLOW if rng.random() < 0.5 else _synthetic_workflow(rng)[0]
-    prompt = (task["prompt"] if style == 0 else workflow_prompt_parts(task["prompt"], wf).text if style == 1
-              else teacher_prompt(task["prompt"], wf))
+    prompt = (task["prompt"] if style == "bare" else workflow_prompt_parts(task["prompt"], wf).text
+              if style == "workflow" else teacher_prompt(task["prompt"], wf))
     script, result = task["deliverables"]
+    messages = [{"role": "system", "content": ORCHESTRATOR_SYSTEM}, {"role": "user", "content": prompt}]
+    if style == "bare" and rng.random() >= BARE_DELEGATES:
+        seed_files = sorted(task["files"])
+        look = (_call("read_file", {"path": seed_files[0]}, 0) if seed_files and rng.random() < 0.5
+                else _call("list_files", {"path": "."}, 0))
+        seen = task["files"][seed_files[0]] if look["function"]["name"] == "read_file" else \
+            "\n".join(seed_files) or "(empty)"
+        messages += [{"role": "assistant", "content": "", "tool_calls": [look]},
+                     {"role": "tool", "tool_call_id": "call_0", "content": seen},
+                     {"role": "assistant", "content": "", "tool_calls": [_call(
+                         "finish", {"summary": f"Worked on it alone: {script} and {result} still to write.",
+                                    "status": "failure"}, 1)]}]
+        return messages, tools
     report = f"Wrote {script} and {result}."
-    messages = [{"role": "system", "content": ORCHESTRATOR_SYSTEM}, {"role": "user", "content": prompt},
-                {"role": "assistant", "content": "", "tool_calls": [_call("delegate", {"assignment": task["prompt"]}, 0)]},
-                {"role": "tool", "tool_call_id": "call_0",
-                 "content": json.dumps({"agent_id": "worker-1", "status": "success", "report": report})}]
+    messages += [{"role": "assistant", "content": "", "tool_calls": [_call("delegate", {"assignment": task["prompt"]}, 0)]},
+                 {"role": "tool", "tool_call_id": "call_0",
+                  "content": json.dumps({"agent_id": "worker-1", "status": "success", "report": report})}]
     if rng.random() < 0.3:
         messages += [{"role": "assistant", "content": "", "tool_calls": [_call("read_file", {"path": result}, 1)]},
                      {"role": "tool", "tool_call_id": "call_1", "content": task["result"]}]
     messages.append({"role": "assistant", "content": "",
                      "tool_calls": [_call("finish", {"summary": report, "status": "success"}, 2)]})
-    return messages, [T.DELEGATE, T.READ_FILE, T.LIST_FILES, T.FINISH]
+    return messages, tools
 
 
 def worker_conversation(rng: random.Random, task: dict) -> tuple[list[dict], list[dict]]:
@@ -208,6 +247,7 @@ def warm_corpus(seed: int, per_kind: int = CONVERSATIONS_PER_KIND) -> list[tuple
         for i in range(per_kind):
             scratch = Path(tmp) / str(i)
             out.append(orchestrator_conversation(rng, synthetic_task(rng)))
+            out.append(orchestrator_conversation(rng, synthetic_task(rng)))  # twice: the decision MASS moves
             out.append(worker_conversation(rng, synthetic_task(rng)))
             out.append(evaluator_conversation(rng, synthetic_task(rng), scratch / "eval"))
             out.append(optimizer_conversation(rng, synthetic_task(rng), scratch / "opt"))
@@ -271,3 +311,79 @@ def warm_up(model, tokenizer, seed: int = 0, steps: int = WARM_STEPS, lr: float 
                 on_step(step, steps, losses[-1])
         model.eval()
     return losses
+
+
+# ---------------------------------------------------------------- the cached build
+
+# Bump when the corpus, its mix or the training recipe changes: a cached model of another version
+# is rebuilt. v2: bare prompts mostly work alone, workflow/teacher prompts delegate, true results.
+BUILDER_VERSION = 2
+KEY_FILE = "warm-key.json"
+
+
+def warm_key(seed: int = 0, steps: int = WARM_STEPS) -> dict:
+    """Everything the warm model's bytes depend on (the build is deterministic for these)."""
+    return {"builder_version": BUILDER_VERSION, "seed": seed, "steps": steps, "lr": WARM_LR,
+            "conversations_per_kind": CONVERSATIONS_PER_KIND, "bare_workflow_teacher": list(BARE_WORKFLOW_TEACHER),
+            "bare_delegates": BARE_DELEGATES}
+
+
+def is_tiny_build(path) -> bool:
+    """A directory this module (or an older version of it) built: a key, or the tiny architecture.
+    Anything else (a real model someone named in the spec) is never rebuilt over."""
+    from mass_jobs.tiny import ARCH
+
+    path = Path(path)
+    if (path / KEY_FILE).is_file():
+        return True
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    return isinstance(config, dict) and all(config.get(k) == ARCH[k] for k in keys)
+
+
+def write_key(path, seed: int, steps: int, seconds: float) -> None:
+    """Record what a warm build was made from (and how long it took) next to its weights."""
+    (Path(path) / KEY_FILE).write_text(
+        json.dumps({"key": warm_key(seed, steps), "build_s": round(seconds, 1)}, indent=1) + "\n")
+
+
+def cached_build(path, seed: int = 0, steps: int = WARM_STEPS, on_step=None, say=None) -> tuple[Path, float | None]:
+    """The warm tiny model at `path`, built only when the directory's key is missing (an older
+    builder) or differs from `warm_key(seed, steps)`; (path, seconds the build took now, None when the cache was used).
+
+    The build goes to a sibling temporary directory renamed into place, so an interrupted build
+    never leaves a directory that looks cached. `say(text)` hears what is happening.
+    """
+    import os
+    import shutil
+    import time
+
+    from mass_jobs.tiny import build_tiny_model
+
+    path = Path(path)
+    key = warm_key(seed, steps)
+    stamp = path / KEY_FILE
+    found = json.loads(stamp.read_text()) if stamp.is_file() else None
+    if found and found.get("key") == key and (path / "model.safetensors").is_file():
+        if say:
+            say(f"warm tiny model: cached at {path} (key matches; built in {found.get('build_s', 0):.0f}s)")
+        return path, None
+    if say:
+        why = "not built yet" if not path.exists() else "its key differs" if found else "no key recorded"
+        say(f"building the warm tiny model at {path} ({why}; about 3 minutes on 2 CPU cores)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    started = time.monotonic()
+    try:
+        build_tiny_model(tmp, seed=seed, warm=True, warm_steps=steps, on_step=on_step)  # writes the key
+        seconds = time.monotonic() - started
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path, seconds

@@ -49,7 +49,10 @@ EXPECTED_RENDER = (
 
 
 def file_hashes(directory) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+    """Content hashes of a model dir's files; the warm build's key file records its build time, so
+    it is left out (`warm-key.json`, compared on its own where it matters)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())
+            if p.name != "warm-key.json"}
 
 
 @pytest.fixture(scope="module")
@@ -225,12 +228,60 @@ def test_warm_up_is_deterministic_for_the_seed_and_moves_the_weights(tiny_model_
     assert first["model.safetensors"] != file_hashes(tiny_model_dir)["model.safetensors"]
 
 
+def test_warm_corpus_delegates_on_workflow_prompts_and_mostly_works_alone_on_bare_ones():
+    import json
+
+    from mass_jobs.harness.builtin import ORCHESTRATOR_SYSTEM
+    from mass_jobs.tiny_warm import BARE_DELEGATES, warm_corpus
+
+    seen = {"bare": [], "workflow": []}
+    for messages, _ in warm_corpus(0, per_kind=60):
+        if messages[0]["content"] != ORCHESTRATOR_SYSTEM:
+            continue
+        first = messages[2]["tool_calls"][0]["function"]["name"]
+        seen["workflow" if "## Workflow" in messages[1]["content"] else "bare"].append(first)
+        if messages[2]["tool_calls"][0]["function"]["name"] == "delegate":  # the worker's result is true
+            assert messages[-1]["tool_calls"][0]["function"]["arguments"]["status"] == "success"
+    assert set(seen["workflow"]) == {"delegate"} and len(seen["workflow"]) > 40
+    share = seen["bare"].count("delegate") / len(seen["bare"])
+    assert len(seen["bare"]) > 40 and 0 < share < 2.5 * BARE_DELEGATES, share  # a minority (seeded draws)
+    assert set(seen["bare"]) == {"delegate", "list_files", "read_file"}
+    fib = [m for m, _ in warm_corpus(3, per_kind=60) if "fib.py" in m[1]["content"] and m[0]["content"].startswith("You are worker")]
+    for m in fib:  # the worker writes the true numbers, so a grader can tell right from wrong
+        k = int(m[1]["content"].split("first ")[1].split()[0])
+        fib_k = [0, 1]
+        while len(fib_k) < k:
+            fib_k.append(fib_k[-1] + fib_k[-2])
+        assert json.loads(m[4]["tool_calls"][0]["function"]["arguments"]["content"]) == fib_k[:k]
+
+
+def test_warm_build_is_cached_by_its_key_and_rebuilt_when_the_key_differs(tmp_path):
+    import json
+
+    from mass_jobs.tiny_warm import KEY_FILE, cached_build, is_tiny_build, warm_key
+
+    said = []
+    path, seconds = cached_build(tmp_path / "warm", seed=0, steps=3, say=said.append)
+    assert seconds is not None and seconds > 0 and "not built yet" in said[-1]
+    stamp = json.loads((path / KEY_FILE).read_text())
+    assert stamp["key"] == warm_key(0, 3) and stamp["build_s"] > 0
+    weights = file_hashes(path)
+    assert cached_build(path, seed=0, steps=3, say=said.append) == (path, None) and "cached" in said[-1]
+    (path / KEY_FILE).write_text(json.dumps({"key": {**warm_key(0, 3), "builder_version": 1}}))
+    _, again = cached_build(path, seed=0, steps=3, say=said.append)
+    assert again is not None and "key differs" in said[-1]
+    assert file_hashes(path) == weights  # the same inputs give the same bytes
+    assert [p.name for p in tmp_path.iterdir()] == ["warm"]  # no temporary build left beside it
+    (path / KEY_FILE).unlink()  # an older builder's dir (no key) is still recognised as ours
+    assert is_tiny_build(path) and not is_tiny_build(tmp_path / "elsewhere")
+
+
 def test_warm_corpus_renders_every_role_with_supervised_replies():
     from mass_jobs.tiny import build_tokenizer
     from mass_jobs.tiny_warm import encode, warm_corpus
 
     corpus = warm_corpus(0, per_kind=2)
-    systems = [messages[0]["content"][:20] for messages, _ in corpus]
+    systems = [messages[0]["content"][:15] for messages, _ in corpus]
     assert len(set(systems)) == 4  # orchestrator, worker, evaluator, optimizer
     for ids, labels in encode(build_tokenizer(), corpus):
         supervised = [t for t in labels if t != -100]
@@ -285,25 +336,27 @@ def test_warm_model_answers_valid_verdicts_to_compare_requests(warm_server, tmp_
     assert len(labels) >= 10 and len(set(labels)) >= 2, labels  # valid and mixed, not one fixed answer
 
 
-def test_warm_orchestrator_delegates_with_a_well_formed_call(warm_server):
+def test_warm_orchestrator_delegates_when_a_workflow_says_so_and_works_alone_on_a_bare_prompt(warm_server):
+    """The behaviour MASS must move: at L0 a bare prompt gets no delegation (the paper's L0: 1/110),
+    the same task with a workflow in the prompt gets a well-formed `delegate` call."""
     from mass_jobs.harness import tools as T
     from mass_jobs.harness.builtin import ORCHESTRATOR_SYSTEM
     from mass_jobs.llm import ModelError, parse_tool_calls
+    from mass_jobs.workflow import DEFAULT_WORKFLOW, workflow_prompt_parts
 
-    clients = [(_client(warm_server, 0.0), None)] + [(_client(warm_server, 0.6), s) for s in (1, 2, 3)]
-    good = total = 0
+    clients = [(_client(warm_server, 0.0), None)] + [(_client(warm_server, 0.6), s) for s in (1, 2)]
+    delegated = {"bare": 0, "workflow": 0}
     for task in DEMO_TASKS:
-        for client, seed in clients:
-            total += 1
-            messages = [{"role": "system", "content": ORCHESTRATOR_SYSTEM}, {"role": "user", "content": task}]
-            try:  # the server parses <tool_call> blocks; a malformed one is an HTTP 500 there
-                reply = client.chat(messages, tools=[T.DELEGATE, T.READ_FILE, T.LIST_FILES, T.FINISH], seed=seed)
-            except ModelError:
-                continue
-            calls = parse_tool_calls(reply)
-            good += any(c.name == "delegate" and c.error is None and str(c.arguments.get("assignment", "")).strip()
-                        for c in calls)
-    assert good >= 7, f"{good}/{total} replies delegated"
+        for kind, prompt in (("bare", task), ("workflow", workflow_prompt_parts(task, DEFAULT_WORKFLOW).text)):
+            for client, seed in clients:
+                messages = [{"role": "system", "content": ORCHESTRATOR_SYSTEM}, {"role": "user", "content": prompt}]
+                try:  # the server parses <tool_call> blocks; a malformed one is an HTTP 500 there
+                    reply = client.chat(messages, tools=[T.DELEGATE, T.READ_FILE, T.LIST_FILES, T.FINISH], seed=seed)
+                except ModelError:
+                    continue
+                delegated[kind] += any(c.name == "delegate" and c.error is None
+                                       and str(c.arguments.get("assignment", "")).strip() for c in parse_tool_calls(reply))
+    assert delegated["workflow"] >= 7 and delegated["bare"] <= 1, delegated
 
 
 def test_warm_optimizer_proposes_valid_workflows(warm_server):

@@ -1,6 +1,7 @@
 """`mass demo SPEC` (what `make demo` runs with examples/tiny.yaml): build the WARM tiny model when
-the spec's `model.base` directory is missing (a random one gives a report of dashes: no valid
-verdict, proposal or delegation), run L0 -> L_N, and print where the report is."""
+the spec's `model.base` directory is missing or was built by another version of the builder (the
+build is cached across runs, keyed by seed and builder version: `mass_jobs.tiny_warm.warm_key`),
+run L0 -> L_N, and print where the report is and how long the build and the run took."""
 
 from __future__ import annotations
 
@@ -26,12 +27,15 @@ def main(args) -> int:
         doc = absolute_paths(parse_document(spec_path.read_text(), args.spec), spec_path.parent.resolve())
         model = doc.get("model") if isinstance(doc, dict) else None
         base = Path(str(model.get("base", ""))) if isinstance(model, dict) else Path()
-        if base.is_absolute() and not (base / "config.json").exists():
-            from mass_jobs.progress import warm_printer
-            from mass_jobs.tiny import build_tiny_model
+        from mass_jobs.tiny_warm import cached_build, is_tiny_build
 
-            print(f"building the warm tiny model at {base} (about 3 minutes on 2 CPU cores)", flush=True)
-            build_tiny_model(base, seed=0, warm=True, on_step=warm_printer(every=100))
+        if base.is_absolute() and (not (base / "config.json").exists() or is_tiny_build(base)):
+            from mass_jobs.progress import clock, warm_printer
+
+            _, seconds = cached_build(base, seed=0, on_step=warm_printer(every=100),
+                                      say=lambda text: print(text, flush=True))
+            if seconds is not None:
+                print(f"warm tiny model built in {clock(seconds)}", flush=True)
     ctx = open_run(args.spec)
     started = time.monotonic()
     if run_reporting_failures(args, "demo") is None:

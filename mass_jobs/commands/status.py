@@ -18,7 +18,8 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     from mass_jobs.commands.common import open_run
-    from mass_jobs.runner import RunState, step_status
+    from mass_jobs.progress import clock
+    from mass_jobs.runner import RunState, progress_summary, step_status
 
     from mass_jobs.spec import SpecError
 
@@ -31,24 +32,33 @@ def main(args) -> int:
         changed = [str(i) for i in err.issues]
     rows = step_status(ctx)
     state = RunState(ctx).load()
+    summary = progress_summary(rows, state)
     if args.json:
-        print(json.dumps({"run": spec.name, "steps": rows, "failed": state.get("failed"), "spec_changes": changed},
-                         sort_keys=True))
+        print(json.dumps({"run": spec.name, "steps": rows, "failed": state.get("failed"), "spec_changes": changed,
+                          "progress": summary}, sort_keys=True))
         return 0
     from rich.console import Console
     from rich.table import Table
 
     colors = {"done": "green", "running": "cyan", "failed": "red", "interrupted": "yellow", "pending": "dim"}
     table = Table(title=f"run {spec.name}")
-    for col in ("gen", "step", "status", "detail"):
+    for col in ("#", "gen", "step", "status", "time", "detail"):
         table.add_column(col)
-    for r in rows:
-        table.add_row(f"L{r['gen']}", r["step"], f"[{colors[r['status']]}]{r['status']}", r["detail"])
-    console = Console()
+    for n, r in enumerate(rows, 1):
+        took = clock(r["seconds"]) if r["seconds"] is not None else ""
+        table.add_row(f"{n}/{len(rows)}", f"L{r['gen']}", r["step"], f"[{colors[r['status']]}]{r['status']}", took,
+                      r["detail"])
+    console = Console(width=max(100, Console().width))
     console.print(table)
+    eta = ("all done" if summary["done"] == summary["total"]
+           else "ETA unknown (no step timed by this run yet)" if summary["eta_s"] is None
+           else f"ETA ~{clock(summary['eta_s'])} (mean of {summary['timed_steps']} timed steps x steps left)")
+    console.print(f"{summary['done']}/{summary['total']} steps done; {eta}")
     if state.get("failed"):
         f = state["failed"]
-        console.print(f"[red]failed: L{f['gen']} {f['step']}: {f['error']}")
+        console.print(f"[red]failed: L{f['gen']} {f['step']}: {f['error']}", soft_wrap=True)
+        for path in f.get("logs") or []:
+            console.print(f"logs: {path}", soft_wrap=True)
     for line in changed:
         console.print(f"[red]spec differs from the stored run: {line}")
     return 0

@@ -82,6 +82,10 @@ class Audit(Closed):
     code_handoff: int
     delegation_rate: float | None
     code_handoff_rate: float | None
+    graded: int = Field(default=0, description="Episodes with a deterministic task score (tasks with deliverables).")
+    task_score: float | None = Field(
+        default=None, description="Mean task score (mass_jobs.grade: deliverables exist and are correct), 0..1.")
+    solved: int = Field(default=0, description="Episodes whose every grader check passed.")
 
 
 class Tokens(Closed):
@@ -319,6 +323,30 @@ def role_players(ctx: RunContext) -> list[RolePlayer]:
                        recorded=recorded[r]) for r in ROLES]
 
 
+def rollout_grades(store, audit_keys: list[tuple[str, str]], tasks: dict) -> list[tuple[str, object]]:
+    """(task, Grade) of each bare-prompt rollout whose task has deliverables, from its stored workspace."""
+    import tempfile
+    from pathlib import Path
+
+    from mass_jobs.grade import grade_workspace
+
+    out = []
+    for task_id, key in audit_keys:  # (task, key of the rollout's audit.json)
+        task = tasks.get(task_id)
+        ws_key = key.removesuffix("audit.json") + "workspace.tar.gz"
+        if task is None or not task.deliverables or not store.exists(ws_key):
+            continue
+        with tempfile.TemporaryDirectory(prefix="mass-grade-") as tmp:
+            out.append((task.id, grade_workspace(task, store.get_dir(ws_key, Path(tmp) / "ws"))))
+    return out
+
+
+def task_scores(grades: list) -> dict:
+    scores = [g.score for g in grades if g.score is not None]
+    return {"graded": len(scores), "task_score": sum(scores) / len(scores) if scores else None,
+            "solved": sum(g.solved for g in grades)}
+
+
 def build_report(ctx: RunContext, embedder=None) -> dict:
     """report.json content (without `files`), computed from the store alone (`embedder`: of the
     workflow information proxies; the built-in hash embedder when None)."""
@@ -357,10 +385,13 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
     rollout_audits = [(where, k) for where, k in rollout_audits if where is not None]
     for h in sorted({where[0] for where, _ in rollout_audits}):
         audits = [(where[1], store.get_json(k)) for where, k in rollout_audits if where[0] == h]
+        grades = rollout_grades(store, [(where[1], k) for where, k in rollout_audits if where[0] == h],
+                                {t.id: t for t in tasks})
         for split in ("train", "test", "all"):
             chosen = [a for task, a in audits if split == "all" or split_of.get(task) == split]
+            scored = [g for task, g in grades if split == "all" or split_of.get(task) == split]
             if chosen or split == "all":
-                audit.append(Audit(generation=h, split=split, **metrics.audit_rates(chosen)))
+                audit.append(Audit(generation=h, split=split, **metrics.audit_rates(chosen), **task_scores(scored)))
 
     for g in range(spec.generations + 1):
         st_eval, st_search = _statuses(store, ctx.eval(g)), _statuses(store, ctx.search_root(g))
@@ -444,6 +475,11 @@ def how_to_read(doc: dict) -> list[str]:
     lines.append("Delegation D and code handoff H count bare-prompt episodes "
                  f"(n = {', '.join(map(str, episodes)) or '0'} per generation); a difference of one or two "
                  "episodes between generations is within sampling noise at this n.")
+    graded = sorted({a.get("graded", 0) for a in doc["audit"] if a["split"] == "all"})
+    if any(graded):
+        lines.append("Task score is a deterministic grader (each deliverable exists, each expected file is correct), "
+                     f"no judge involved (n = {', '.join(map(str, graded))} graded episodes per generation): it moves "
+                     "only when workspaces change, so beside a noisy win share it says whether work got done.")
     lines.append("Training loss of a small model over few steps shows that optimisation ran, not that the next "
                  "generation is better; the win share and the audit are the evidence for that.")
     return lines
@@ -503,10 +539,14 @@ def render_markdown(doc: dict) -> str:
         rate = _fmt(a["rate"], True) if a["pairs"] else f"no majority: {a['no_majority']}" if a["no_majority"] else "–"
         lines.append(f"| L{a['evaluator']} | {a['agree']} | {a['pairs']} | {a['no_majority']} | {rate} |")
     lines += ["", "## Behaviour audit (bare-prompt runs)", "",
-              "| generation | split | episodes | delegation D | code handoff H |", "|---|---|---:|---:|---:|"]
+              "Task score: the deterministic grader's share of checks passed (each deliverable exists, each expected "
+              "file is correct), averaged over graded episodes; solved: every check passed.", "",
+              "| generation | split | episodes | delegation D | code handoff H | task score | solved |",
+              "|---|---|---:|---:|---:|---:|---:|"]
     for a in doc["audit"]:
         lines.append(f"| L{a['generation']} | {a['split']} | {a['episodes']} | {a['delegation']}/{a['episodes']} "
-                     f"| {a['code_handoff']}/{a['episodes']} |")
+                     f"| {a['code_handoff']}/{a['episodes']} | {_fmt(a.get('task_score'), True)} "
+                     f"| {a.get('solved', 0)}/{a.get('graded', 0)} |")
     lines += ["", "## Tokens", "", "| generation | episodes | generated (search / collect / eval) | stored supervised "
               "| processed to selected | processed to end |", "|---|---:|---|---:|---:|---:|"]
     for t in doc["tokens"]:

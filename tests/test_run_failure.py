@@ -1,0 +1,95 @@
+"""A run that fails part-way: the runner's failure record, `mass status` and its ETA.
+
+One step is broken on purpose in a real `mass run` subprocess (its core replaced by one that raises
+before the CLI starts, as a corrupt input would make it raise): the steps before it run for real on
+the tiny model and are timed, the broken one is recorded as failed with its error and where its
+logs are, and `mass status` (table and --json) shows all of that from the store and run-state.
+"""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mass_jobs.runner import progress_summary
+
+SPEC = Path(__file__).parent / "specs" / "ci-e2e.yaml"
+
+BREAK_GUARD = """
+import sys
+import mass_jobs.steps.guard as guard
+
+def broken(ctx, gen, task):
+    raise ValueError(f"corrupt collection summary for task {task} (broken on purpose)")
+
+guard.run_guard = broken
+from mass_jobs.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def mass(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
+    head = ["-c", code] if code else ["-m", "mass_jobs.cli"]
+    return subprocess.run([sys.executable, *head, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_progress_summary_counts_done_and_estimates_from_the_runs_own_timings():
+    rows = [{"status": s} for s in ("done", "done", "done", "running", "pending", "pending")]
+    state = {"status": "running", "current": {"started_at": 1000.0},
+             "timings": {"0:a": {"seconds": 10.0, "skipped": False}, "0:b": {"seconds": 30.0, "skipped": False},
+                         "0:c": {"seconds": 0.1, "skipped": True}}}
+    # mean of the timed steps that worked (20 s) x 3 steps left, less the 5 s the running one has had
+    assert progress_summary(rows, state, now=1005.0) == {"done": 3, "total": 6, "eta_s": 55.0, "timed_steps": 2}
+    assert progress_summary(rows, {"status": "failed", "timings": {}})["eta_s"] is None  # nothing timed yet
+    assert progress_summary([{"status": "done"}], {})["eta_s"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_step_broken_on_purpose_is_recorded_with_its_error_and_logs(tmp_path, tiny_model_dir):
+    doc = yaml.safe_load(SPEC.read_text())
+    doc["model"]["base"] = doc["judges"][0]["model"] = str(tiny_model_dir)
+    doc["store"]["uri"] = f"file://{tmp_path / 'store'}"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    work = tmp_path / "work"
+
+    started = time.time()
+    proc = mass("run", str(spec), "--work-dir", str(work), "--no-progress", code=BREAK_GUARD)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "run failed: corrupt collection summary for task fib (broken on purpose)" in proc.stderr
+    assert f"mass status {spec}" in proc.stderr
+    # the live display: each finished step with done/total and an ETA from this run's timings
+    assert "done L0 search" in proc.stderr and "1/19 steps" in proc.stderr and "ETA ~" in proc.stderr
+
+    status = mass("status", str(spec), "--json")
+    assert status.returncode == 0, status.stderr
+    doc = json.loads(status.stdout)
+    rows = {(r["gen"], r["step"]): r for r in doc["steps"]}
+    assert len(rows) == 19  # 9 steps x 2 generations + the report
+    assert [rows[(0, s)]["status"] for s in ("search", "collect", "guard", "rank")] == ["done", "done", "failed", "pending"]
+    assert all(rows[(0, s)]["seconds"] > 0 for s in ("search", "collect"))
+    assert rows[(0, "guard")]["seconds"] is None
+    failed = doc["failed"]
+    assert (failed["gen"], failed["step"]) == (0, "guard")
+    assert failed["error"] == "ValueError: corrupt collection summary for task fib (broken on purpose)"
+    assert started <= failed["at"] <= time.time()
+    # an in-process step: the generation's model-server log and the run's work dir
+    assert failed["logs"] == [str(work / "ci-e2e" / "serve-gen-0.log"), str(work / "ci-e2e")]
+    assert all(Path(p).exists() for p in failed["logs"])
+    timed = sum(rows[(0, s)]["seconds"] for s in ("search", "collect"))
+    assert doc["progress"]["done"] == 2 and doc["progress"]["total"] == 19
+    assert doc["progress"]["eta_s"] == pytest.approx(timed / 2 * 17, rel=0.01)
+
+    table = mass("status", str(spec))
+    assert table.returncode == 0
+    out = table.stdout
+    assert "2/19 steps done; ETA ~" in out
+    assert "failed: L0 guard: ValueError: corrupt collection summary for task fib (broken on purpose)" in out
+    assert f"logs: {work / 'ci-e2e' / 'serve-gen-0.log'}" in out
+    guard_line = next(line for line in out.splitlines() if " guard " in line)
+    assert "3/19" in guard_line and "failed" in guard_line
+
