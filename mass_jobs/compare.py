@@ -134,13 +134,14 @@ def stored_bundle(store, prefix: str, max_bytes: int, deliverables=(), workspace
     empty workspace with a notice saying why: a verdict against it, never a crashed step."""
     import tempfile
 
+    from mass_jobs.context import RunContext
     from mass_jobs.store import UnsafeArchive
 
-    status = store.get_json(f"{prefix}/status.json")
+    status = store.get_json(RunContext.rollout_file(prefix, "status.json"))
     with tempfile.TemporaryDirectory(prefix="mass-bundle-") as tmp:
         ws = Path(workspace) if workspace is not None else Path(tmp)
         try:
-            store.get_dir(f"{prefix}/workspace.tar.gz", ws)
+            store.get_dir(RunContext.rollout_file(prefix, "workspace.tar.gz"), ws)
         except UnsafeArchive as err:
             notice = f"WORKSPACE REFUSED: the stored archive was not extracted: {str(err)[:300]}"
             return _cut(notice + "\n\n" + bundle(Path(tmp) / "none", max_bytes, deliverables, status), max_bytes)

@@ -84,7 +84,8 @@ class RunContext:
         return f"{self.search_rollout(g, task, k)}/{name}"
 
     # ------------------------------------------------------------ agent episodes (any step)
-    def rollout_file(self, rollout: str, name: str) -> str:
+    @staticmethod
+    def rollout_file(rollout: str, name: str) -> str:
         """One stored file of a rollout dir (search, evaluate): prompt.txt, workspace.tar.gz, ..."""
         return f"{rollout}/{name}"
 

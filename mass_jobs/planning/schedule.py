@@ -33,7 +33,7 @@ class Bar:
 def stored_timings(ctx) -> dict:
     """Mean episode wall time and training step time of a stored run (missing ones: the defaults)."""
     walls, step_s = [], []
-    for key in ctx.store.list(f"{ctx.run}/"):
+    for key in ctx.store.list(ctx.under_run("")):
         if key.endswith("/status.json") and ("/search/" in key or "/collect/" in key or "/eval/" in key):
             wall = json.loads(ctx.store.get_bytes(key)).get("timings", {}).get("wall_s")
             if wall:

@@ -197,11 +197,11 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
         reasons = [] if outcome == "success" else [f"episode outcome {outcome}: {ep.get('reason', '')}".strip()]
         with tempfile.TemporaryDirectory(prefix="mass-guard-") as tmp:
             try:
-                store.get_dir(f"{prefix}/workspace.tar.gz", tmp)
+                store.get_dir(ctx.rollout_file(prefix, "workspace.tar.gz"), tmp)
             except UnsafeArchive as err:  # an agent-written archive: vetoed, never extracted
                 violations = [f"workspace archive refused: {err}"]
             else:
-                violations = check_workspace(task.guards, Path(tmp), store.get_json(f"{prefix}/protected.json"),
+                violations = check_workspace(task.guards, Path(tmp), store.get_json(ctx.rollout_file(prefix, "protected.json")),
                                              run_check)
         report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=outcome == "success",
                                                  passed=not violations, reasons=reasons + violations)
