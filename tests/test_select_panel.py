@@ -147,7 +147,7 @@ def test_default_servers_merge_a_stored_checkpoint_and_serve_it(tmp_path, tiny_m
     model.save_pretrained(tmp_path / "adapter")
     ctx.store.put_dir(ctx.checkpoint(0, 2), tmp_path / "adapter")
     serve_parent, serve_checkpoint, _ = default_servers(ctx, 0, tmp_path / "work")
-    for serve, name in ((lambda: serve_checkpoint(2), "gen-0-step-2"), (serve_parent, "gen-0")):
+    for serve, name in ((lambda: serve_checkpoint(2), "gen-0-step-2"), (serve_parent, ctx.served_model(0))):
         with serve() as endpoint:
             assert endpoint.model == name
             reply = ModelClient(endpoint, ctx.spec.model.sampling, timeout_s=60, retries=0).chat(
