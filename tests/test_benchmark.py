@@ -16,6 +16,7 @@ from mass_jobs.context import RunContext
 from mass_jobs.spec import validate_document
 from mass_jobs.store import FileStore
 from mass_jobs.testing.scripted_endpoint import Reply
+from tests.fixtures.lora import random_adapter
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "benchmarks" / "tiny-bench"
@@ -144,22 +145,10 @@ def test_cli_scores_two_served_generations(tmp_path, tiny_model_dir, capsys):
     the shipped benchmark's bare prompts through the harness, and are graded by its grader."""
     import json as _json
 
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from mass_jobs.models import LoraSpec
     from mass_jobs.modelio import store_model_dir
     from mass_jobs.steps.merge import merge_lora
-    from mass_jobs.training.lora import attach_lora
 
-    torch.manual_seed(0)
-    model = attach_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                        LoraSpec(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "up_proj"]))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_" in n:
-                p.normal_(0, 0.05)
-    model.save_pretrained(tmp_path / "adapter")
+    random_adapter(tiny_model_dir, tmp_path / "adapter")
     merge_lora(tiny_model_dir, tmp_path / "adapter", tmp_path / "gen1")
     spec = tmp_path / "s.yaml"
     spec.write_text(_json.dumps({

@@ -14,6 +14,7 @@ from mass_jobs.steps.select import run_select
 from mass_jobs.steps.select_panel import candidate_won, choose, panel_candidates, tally
 from mass_jobs.store import FileStore, Step, read_manifest
 from tests.fixtures.inner_loop import add_episodes, episode, spec_document
+from tests.fixtures.lora import random_adapter
 
 VAL = {2: 0.50, 4: 0.70, 6: 0.90}  # validation loss alone would pick step 2
 
@@ -130,21 +131,12 @@ def test_default_servers_merge_a_stored_checkpoint_and_serve_it(tmp_path, tiny_m
     from transformers import AutoModelForCausalLM
 
     from mass_jobs.llm import ModelClient
-    from mass_jobs.models import LoraSpec
     from mass_jobs.steps.select_panel import default_servers
-    from mass_jobs.training.lora import attach_lora
 
     doc = spec_document(f"file://{tmp_path}/s", model={"base": str(tiny_model_dir), "dtype": "float32",
                                                        "sampling": {"max_output_tokens": 4}})
     ctx = RunContext(validate_document(doc), FileStore(tmp_path / "s"))
-    torch.manual_seed(0)
-    model = attach_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                        LoraSpec(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "up_proj"]))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_" in n:
-                p.normal_(0, 0.05)
-    model.save_pretrained(tmp_path / "adapter")
+    random_adapter(tiny_model_dir, tmp_path / "adapter")
     ctx.store.put_dir(ctx.checkpoint(0, 2), tmp_path / "adapter")
     serve_parent, serve_checkpoint, _ = default_servers(ctx, 0, tmp_path / "work")
     for serve, name in ((lambda: serve_checkpoint(2), "gen-0-step-2"), (serve_parent, ctx.served_model(0))):
