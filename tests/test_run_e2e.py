@@ -151,12 +151,14 @@ def status_rows(spec_path: Path) -> dict:
 
 
 def mass_run(spec: Path, work: Path, kill_when=None, before_kill=None) -> str:
-    """Run `mass run` to the end (returns its output), or SIGKILL its process group once kill_when()."""
+    """Run `mass run` to the end (returns its output), or freeze and SIGKILL its process group once kill_when()."""
     cmd = [sys.executable, "-m", "mass_jobs.cli", "run", str(spec), "--work-dir", str(work), "--no-progress"]
     with open(work.parent / "run.out", "w+b") as out:
         proc = subprocess.Popen(cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
         while proc.poll() is None:
             if kill_when and kill_when():
+                # frozen first, so the step seen running cannot finish while before_kill looks at it
+                os.killpg(proc.pid, signal.SIGSTOP)
                 if before_kill:
                     before_kill()
                 os.killpg(proc.pid, signal.SIGKILL)  # the runner, its servers and torchrun: a hard crash
