@@ -201,7 +201,10 @@ def _tools() -> tuple[str | None, str | None]:
         return None, "bwrap (bubblewrap) is not installed"
     if os.geteuid() == 0 and not (setpriv and _within(os.path.realpath(setpriv), "/usr")):
         return None, "setpriv (util-linux) is not installed under /usr"
-    probe = [bwrap, *_namespace_flags(os.geteuid() == 0, True), "--ro-bind", "/", "/", "true"]
+    # The mounts every call makes, too: in a container a new PID namespace may be allowed while
+    # mounting its /proc is not, and every command would then fail instead of falling back.
+    probe = [bwrap, *_namespace_flags(os.geteuid() == 0, True), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+             "--tmpfs", "/tmp", "true"]
     try:
         out = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
