@@ -143,6 +143,10 @@ class RunContext:
     def guard(self, g: int, task: str) -> str:
         return f"{self.gen(g)}/guard/{task}.json"
 
+    def guard_checks(self, g: int, task: str, episode: str) -> str:
+        """The checks job of one collected episode (Argo: an agent pod runs the guard's checks)."""
+        return f"{self.gen(g)}/guard-checks/{task}/{episode}"
+
     def rank(self, g: int, task: str) -> str:
         return f"{self.gen(g)}/rank/{task}.json"
 

@@ -36,9 +36,12 @@ class Endpoint:
     base_url: str
     model: str
     api_key_env: str | None = None
+    key: str | None = field(default=None, repr=False)  # a key held in memory (a recording proxy's own token)
 
     def api_key(self) -> str | None:
-        """The key from the environment variable `api_key_env` names; None when no variable is configured."""
+        """`key`, else the key from the environment variable `api_key_env` names; None when neither is set."""
+        if self.key:
+            return self.key
         if not self.api_key_env:
             return None
         value = os.environ.get(self.api_key_env)

@@ -16,7 +16,8 @@ derived from `PIPELINE`; adding a step is one `StepDef` here plus its core (and 
   `--phase prepare` (step pod: writes the pods' inputs, lists them) -> agent pod per episode ->
   `--phase ingest` (step pod: validates and stores its output); by scope: `episode` (collect) one
   episode per prepare, then `--phase summarize`; `iteration` (search) the iteration's rollouts,
-  then `--agent-pods` judges and saves it; `generation` (evaluate) its rollouts against the
+  then `--agent-pods` judges and saves it; `task` (guard) a checks job per episode (its check
+  commands run the model's code), then `--agent-pods`; `generation` (evaluate) its rollouts against the
   InferenceServices prepare names (created before, deleted after), then `--agent-pods`. The local
   runner runs the same episodes in-process (shell commands sandboxed) through the step's core.
   `trainer` (PyTorchJob under torchrun), `server` (GPU-sized pod that serves models itself).
@@ -205,7 +206,8 @@ PIPELINE: tuple[StepDef, ...] = (
             reads=("search_state",), writes=("episode_input", "episode_output", "collect_episode", "collect_summary"),
             pod="agent", model=True),
     StepDef("guard", "task", "mass_jobs.steps.guard:run_guard", ("guard",), guard_done,
-            reads=("collect_summary", "collect_episode"), writes=("guard",)),
+            reads=("collect_summary", "collect_episode"), writes=("guard_checks", "agent_input", "agent_output", "guard"),
+            pod="agent"),
     StepDef("rank", "task", "mass_jobs.steps.rank:run_rank", ("rank",), rank_done,
             reads=("guard", "collect_episode"), writes=("rank", "rank_verdicts"), model=True),
     StepDef("render", "generation", "mass_jobs.steps.render_sft:run_render", ("render", "sft"), render_done,

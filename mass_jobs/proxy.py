@@ -7,6 +7,9 @@ byte as they arrive and reassembled on the side into one message (content, reaso
 index) for the record. Each line follows schemas/trace-record.schema.json; authorization headers are
 never written. Upstream errors, connection failures (answered 502) and client disconnects are
 recorded too. `X-Mass-Agent` / `X-Mass-Role` / `X-Mass-Parent` request headers label the call.
+With `client_token` only callers that present it (`Authorization: Bearer TOKEN`, what `endpoint`
+carries) are served: in an agent pod the agent's code shares the loopback with the proxy, and a call
+it made on its own would otherwise land in the trace as the harness's.
 
     with RecordingProxy(upstream=endpoint, trace_path=path) as px:
         ModelClient(px.endpoint, sampling).chat(...)
@@ -17,6 +20,7 @@ Command: `mass proxy --upstream URL --model NAME --trace FILE [--port P]`.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import socket
 import threading
@@ -184,10 +188,12 @@ class RecordingProxy:
         port: int = 0,
         host: str = "127.0.0.1",
         timeout_s: float = 600,
+        client_token: str | None = None,
     ):
         self.upstream = upstream
         self.trace_path = Path(trace_path)
         self._api_key = api_key
+        self.client_token = client_token
         self.host, self._port = host, port
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
@@ -208,7 +214,7 @@ class RecordingProxy:
 
     @property
     def endpoint(self) -> Endpoint:
-        return Endpoint(base_url=self.base_url, model=self.upstream.model)
+        return Endpoint(base_url=self.base_url, model=self.upstream.model, key=self.client_token)
 
     def start(self) -> RecordingProxy:
         import uvicorn
@@ -295,6 +301,10 @@ class RecordingProxy:
             if not msg.get("more_body"):
                 break
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.client_token and not hmac.compare_digest(headers.get("authorization", "").encode(),
+                                                         f"Bearer {self.client_token}".encode()):
+            await _send_json(send, 401, {"error": {"message": "this proxy serves its episode's harness only"}})
+            return
         sub = path[len("/v1/") :]
         url = self.upstream.url(sub)
         if scope.get("query_string"):
@@ -302,7 +312,7 @@ class RecordingProxy:
         fwd = {k: v for k, v in headers.items() if k not in REQUEST_DROP and k != "authorization"}
         if self._auth:
             fwd["authorization"] = f"Bearer {self._auth}"
-        elif "authorization" in headers:
+        elif "authorization" in headers and not self.client_token:
             fwd["authorization"] = headers["authorization"]  # transparent when the proxy holds no key
         if scope["method"] == "POST" and sub.rstrip("/") == "chat/completions":
             await self._chat(scope, receive, send, raw, headers, url, fwd)

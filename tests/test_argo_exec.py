@@ -457,6 +457,18 @@ def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod(
             labels = t["metadata"]["labels"]
             assert all(labels.get(k) == v for k, v in selector.items()), (t["name"], labels, selector)
             assert int(t["activeDeadlineSeconds"]) > 0
+            # model-written code runs in the sandbox sidecar: another uid, sharing only the socket's volume
+            [sandbox] = t["sidecars"]
+            assert sandbox["command"] + sandbox["args"][:1] == ["mass", "sandbox-serve"] and "--sandbox" in c["args"]
+            pod_uid = spec["securityContext"]["runAsUser"]
+            assert sandbox["securityContext"]["runAsUser"] not in (pod_uid, c["securityContext"].get("runAsUser", pod_uid))
+            assert sandbox["securityContext"]["runAsGroup"] != spec["securityContext"]["runAsGroup"]
+            shared = {m["name"] for m in sandbox["volumeMounts"]} & {m["name"] for m in c["volumeMounts"]}
+            socket_dir = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] in shared)
+            assert len(shared) == 1 and c["args"][c["args"].index("--sandbox") + 1].startswith(socket_dir + "/")
+            assert not [m for m in sandbox["volumeMounts"] if m["mountPath"] in ("/out", "/in")]
+            assert not [a for a in (t["outputs"]["artifacts"] + t["inputs"]["artifacts"])
+                        if not a["path"].startswith(("/out/", "/in/"))]  # Argo's wait reads only the main container's
     assert episodes == ["agent-episode"]
 
     cycle = {t["name"]: t for t in docs["mass-cycle"]["spec"]["templates"]}
@@ -487,6 +499,134 @@ def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod(
         limits = (cycle[name].get("container") or {}).get("resources", {}).get("limits", {})
         assert "nvidia.com/gpu" not in limits, name
     assert {"serve-model", "delete-model"} <= reach("evaluate")
+
+
+FORGED = "FORGED-RECORD"
+# What the model's shell command tries from inside the agent pod (the sandbox container): rewrite
+# the records where the harness container keeps them, find the harness's processes, leave a
+# process behind, and make a model call of its own through every loopback port (the proxy's among
+# them) as the orchestrator. Each attempt prints what it got.
+FORGING_COMMAND = r"""
+echo "uid=$(id -u)"
+for f in /out/trace.jsonl /out/status.json; do
+  (echo '{"forged": "FORGED-RECORD"}' >> $f) 2>/dev/null && echo "WROTE $f" || echo "cannot write $f"
+done
+ls /out >/dev/null 2>&1 && echo "SEES /out" || echo "no /out"
+for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done 2>/dev/null | grep -c -- "--out /ou[t]" | sed 's/^/harness processes seen: /'
+(sleep 2; echo FORGED-RECORD >> /out/trace.jsonl) >/dev/null 2>&1 &
+(setsid sh -c 'sleep 2; echo late > late.txt' >/dev/null 2>&1 &)
+python3 - <<'PY'
+import json, urllib.request
+ports = set()
+for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        lines = open(name).read().splitlines()[1:]
+    except OSError:
+        continue
+    for line in lines:
+        local, state = line.split()[1], line.split()[3]
+        if state == "0A":
+            ports.add(int(local.rsplit(":", 1)[1], 16))
+body = json.dumps({"model": "scripted", "messages": [{"role": "user", "content": "FORGED-RECORD"}]}).encode()
+got = []
+for port in sorted(ports):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, method="POST",
+                                 headers={"content-type": "application/json", "x-mass-agent": "forger"})
+    try:
+        got.append(urllib.request.urlopen(req, timeout=3).status)
+    except urllib.error.HTTPError as e:
+        got.append("proxy refused" if b"harness only" in e.read() else e.code)
+    except Exception:
+        got.append("unreachable")
+print("calls:", sorted(set(map(str, got))) or "no port")
+PY
+echo done > result.txt
+"""
+
+
+def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, scripted_endpoint):
+    """The generated agent-episode template (read from argo/mass-cycle.yaml, with the workflow's pod
+    securityContext) run as a pod: the harness container and the sandbox sidecar as their uids.
+    The worker's shell command attacks the records (FORGING_COMMAND); the artifacts Argo uploads
+    are the proxy's records and the harness's status, and the workspace came back from the sandbox."""
+    from mass_jobs.harness import episode_file_json
+    from mass_jobs.k8s.pods import SANDBOX_UID, UID
+    from mass_jobs.harness import EpisodeInput
+    from mass_jobs.models import EpisodeLimits, Sampling
+    from mass_jobs.testing.scripted_endpoint import Reply
+
+    cycle = next(d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle")
+    agent = next(t for t in cycle["spec"]["templates"] if t["name"] == "agent-episode")
+    ep = scripted_endpoint({
+        "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("records tidied")],
+        "worker-1": [Reply.call("shell", command=FORGING_COMMAND),
+                     # a daemon left by the command above would write late.txt after 2 s: none survived it
+                     Reply.call("shell", command="sleep 4; test -e late.txt && echo LATE-WROTE || echo no-late"),
+                     Reply.call("finish", summary="tidied")],
+    })
+    inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, sampling=Sampling(), files={"notes.md": "n\n"},
+                       limits=EpisodeLimits(wall_s=90, request_timeout_s=20, request_retries=0, shell_timeout_s=30))
+    prefix, rollout = "runs/forge", "gen-0/collect/t/ep-0"
+    args = {"gen": "0", "task": "t", "label": "ep-0", "rollout": rollout, "store-prefix": prefix}
+    main = {"name": "main", "steps": [[{"name": "agent", "template": "agent-episode", "arguments": {
+        "parameters": [{"name": k, "value": v} for k, v in args.items()]}}]]}
+    ex = executor_for(wft("forge", [main, agent], params=("spec", "run"),
+                          securityContext=cycle["spec"]["securityContext"], automountServiceAccountToken=False))
+    repo = ex._repository("artifact-repositories", "default-v1")
+    client = repo.client()
+    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/episode.json",
+                      Body=json.dumps(episode_file_json(inp)).encode())
+    with tempfile_dir() as seed:
+        from mass_jobs.store.archive import write_dir_archive
+
+        buf = io.BytesIO()
+        write_dir_archive(seed, buf)
+    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/workspace.tar.gz", Body=buf.getvalue())
+
+    wf = ex.submit("forge", {"spec": "s3://b/spec.yaml", "run": "forge"})
+    assert wf.phase == "Succeeded", wf.summary()
+    time.sleep(3)  # the process left behind would have written by now, had it anywhere to write
+
+    def output(name: str) -> bytes:
+        return client.get_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/output/{name}")["Body"].read()
+
+    trace = [json.loads(x) for x in output("trace.jsonl").decode().splitlines()]
+    status = json.loads(output("status.json"))
+    # the proxy's records only: one per call the harness made, in order; none of the forger's
+    assert [r["seq"] for r in trace] == [0, 1, 2, 3, 4]
+    assert [r["agent"]["id"] for r in trace] == ["orchestrator", "worker-1", "worker-1", "worker-1", "orchestrator"]
+    # (the command's own text is in the trace, as the worker's tool call; the forger's call is not)
+    assert not [r for r in trace if "forged" in r or r["request"]["messages"][-1].get("content") == FORGED]
+    assert status["outcome"] == "success" and FORGED not in json.dumps(status)
+    assert status["counts"]["turns"] == 5 and status["counts"]["tool_calls"] == 4
+    assert len([r for r in ep.requests if r["headers"].get("x-mass-agent") != "forger"]) == 5
+    # what the command saw: its own uid, no /out, no harness process; nothing it wrote landed
+    shell_output = [m["content"] for m in trace[2]["request"]["messages"] if m["role"] == "tool"][-1]
+    assert f"uid={SANDBOX_UID}" in shell_output and SANDBOX_UID != UID, shell_output
+    assert "WROTE" not in shell_output and "no /out" in shell_output and "harness processes seen: 0" in shell_output
+    assert "proxy refused" in shell_output, shell_output  # it found the proxy on the pod's loopback: refused
+    later = [m["content"] for m in trace[3]["request"]["messages"] if m["role"] == "tool"][-1]
+    assert "no-late" in later and "LATE-WROTE" not in later, later  # the sandbox reaped the daemon
+    # the workspace Argo uploaded is the sandbox's, result.txt included
+    with tarfile.open(fileobj=io.BytesIO(output("workspace.tar.gz")), mode="r:gz") as tar:
+        names = sorted(m.name for m in tar.getmembers())
+        assert tar.extractfile("result.txt").read() == b"done\n"
+    assert "notes.md" in names and "result.txt" in names and "late.txt" not in names, names
+
+
+class tempfile_dir:
+    """A seeded workspace folder for the agent pod's input archive."""
+
+    def __enter__(self) -> Path:
+        import tempfile
+
+        self._tmp = tempfile.TemporaryDirectory()
+        path = Path(self._tmp.name)
+        (path / "notes.md").write_text("n\n")
+        return path
+
+    def __exit__(self, *exc) -> None:
+        self._tmp.cleanup()
 
 
 def upload_dir(s3: dict, local: Path, prefix: str) -> str:
@@ -648,7 +788,15 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
     # agent pod: the rollouts the agent pods ran are exactly the stored ones, and each stored status
     # is the one its pod uploaded
     pods = [n for n in wf.find(template="agent-episode", type="Pod") if n.phase == "Succeeded"]
-    ran = sorted(n.inputs["rollout"] for n in pods)
+    ran = sorted(n.inputs["rollout"] for n in pods if "/guard-checks/" not in n.inputs["rollout"])
+    # the guard's check commands ran in agent pods too: one per eligible episode of a task with checks
+    checked = sorted(n.inputs["rollout"] for n in pods if "/guard-checks/" in n.inputs["rollout"])
+    eligible = sorted(f"gen-{g}/guard-checks/fib/{e}" for g in range(2) for e in argo_store.get_json(
+        f"{run}/gen-{g}/collect/fib/summary.json")["eligible"])
+    assert checked == eligible, (checked, eligible)
+    for r in checked:
+        doc = argo_store.get_json(f"{run}/{r}/checks.json")
+        assert [(c["name"], c["exit_code"]) for c in doc["checks"]] == [("workspace-lists", 0)], doc
     stored = sorted(k.removeprefix(f"{run}/").removesuffix("/status.json") for k in argo_store.list(f"{run}/")
                     if k.endswith("/status.json") and "/output/" not in k)
     assert ran == stored

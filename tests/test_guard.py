@@ -119,3 +119,107 @@ def test_protected_directory_gains_a_file_and_sandboxed_checks(tmp_path: Path):
     reasons = check_workspace(guards, tmp_path, before, sandbox_checker(EpisodeLimits()))
     assert reasons == ["protected path modified: sim/b.py", "protected path modified: absent.txt",
                        "check fails failed (exit 3): bad"]
+
+
+CHECKED_TASK = {**TASK, "guards": {**TASK["guards"], "checks": [
+    {"name": "report-has-score", "command": "grep -q 'score:' report.md", "timeout_s": 20},
+    {"name": "score-is-high", "command": "grep -q 'score: [5-9]' report.md || { echo low score >&2; exit 3; }",
+     "timeout_s": 20},
+]}}
+
+
+def collected(make_store, inner_spec, judging_endpoint):
+    """A task of four collected episodes: honest ones with scores 2 and 6, one without a report, one
+    whose orchestrator reported failure (ineligible: its checks never run)."""
+    store = make_store("file")
+    spec = inner_spec(store, tasks=[CHECKED_TASK], search={"iterations": 0}, collection={"episodes": 4})
+    ep = judging_endpoint()
+    ctx = RunContext(spec, store)
+    execute = episode_executor(spec, ep.endpoint)
+    add_episodes(ep, honest(1), honest(5))
+    run_search(ctx, 0, "t1", ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0), execute)
+    add_episodes(ep, honest(2), honest(6), episode(None, {"results/metrics.json": '{"correlation": 0.1}'}),
+                 episode(7, {"results/metrics.json": '{"correlation": 0.1}'}, finish_status="failure"))
+    run_collect(ctx, 0, "t1", execute)
+    return ctx
+
+
+def run_checks_pod(ctx, item: dict, tmp: Path) -> None:
+    """What the agent pod does with a listed checks job: `mass episode --sandbox` against its own
+    sandbox service, the harness's /out/checks.json uploaded where Argo puts it."""
+    import argparse
+    import threading
+
+    from mass_jobs.commands import episode as episode_cmd
+    from mass_jobs.sandbox_service import serve
+
+    prefix = ctx.under_run(item["rollout"])
+    pod = tmp / item["label"]
+    (pod / "in").mkdir(parents=True)
+    for name in ("episode.json", "workspace.tar.gz"):
+        (pod / "in" / name).write_bytes(ctx.store.get_bytes(ctx.agent_input(prefix, name)))
+    started = threading.Event()
+    servers = []
+    threading.Thread(target=serve, args=(pod / "sandbox.sock", pod / "sandbox-ws"),
+                     kwargs={"ready": lambda s: (servers.append(s), started.set())}, daemon=True).start()
+    assert started.wait(10)
+    try:
+        args = argparse.Namespace(in_dir=str(pod / "in"), out_dir=str(pod / "out"), sandbox=str(pod / "sandbox.sock"))
+        assert episode_cmd.main(args) == 0
+    finally:
+        servers[0].shutdown()
+    ctx.store.put_bytes(ctx.agent_output(prefix, "checks.json"), (pod / "out" / "checks.json").read_bytes())
+
+
+def test_checks_in_agent_pods_give_the_local_verdicts(make_store, inner_spec, judging_endpoint, tmp_path):
+    from mass_jobs.steps.guard import ingest_checks, prepare_checks
+
+    local = collected(make_store, inner_spec, judging_endpoint)
+    want = run_guard(local, 0, "t1")
+    assert want.vetoed == ["ep-0", "ep-2"] and want.usable == ["ep-1"]
+    assert want.episodes["ep-0"].reasons == ["check score-is-high failed (exit 3): low score"]
+    assert want.episodes["ep-2"].reasons == ["required output missing: report.md",
+                                             "check report-has-score failed (exit 2): grep: report.md: No such file or directory",
+                                             "check score-is-high failed (exit 3): grep: report.md: No such file or "
+                                             "directory\nlow score"]
+    # ineligible: the outcome is the reason, its checks never ran
+    assert want.episodes["ep-3"].reasons[0].startswith("episode outcome failed") and len(want.episodes["ep-3"].reasons) == 1
+
+    cluster = collected(make_store, inner_spec, judging_endpoint)
+    items = prepare_checks(cluster, 0, "t1")
+    assert [i["label"] for i in items] == ["ep-0", "ep-1", "ep-2"]  # eligible episodes only
+    for item in items:
+        run_checks_pod(cluster, item, tmp_path)
+        ingest_checks(cluster, 0, "t1", item["rollout"])
+    got = run_guard(cluster, 0, "t1", agent_pods=True)
+    assert got.model_dump() == want.model_dump()
+    assert cluster.store.get_bytes(cluster.guard(0, "t1")) == local.store.get_bytes(local.guard(0, "t1"))
+    assert prepare_checks(cluster, 0, "t1") == []  # done: nothing to run again
+
+
+def test_a_lost_or_stale_checks_pod_fails_the_checks(make_store, inner_spec, judging_endpoint, tmp_path):
+    from mass_jobs.steps.guard import ingest_checks, prepare_checks
+
+    ctx = collected(make_store, inner_spec, judging_endpoint)
+    items = {i["label"]: i for i in prepare_checks(ctx, 0, "t1")}
+    run_checks_pod(ctx, items["ep-1"], tmp_path)
+    ingest_checks(ctx, 0, "t1", items["ep-1"]["rollout"])
+    # ep-0's pod failed for good: its checks are lost; ep-2's result answers other checks than the task's
+    ingest_checks(ctx, 0, "t1", items["ep-0"]["rollout"], agent_failed=True)
+    stale = ctx.rollout_file(ctx.guard_checks(0, "t1", "ep-2"), "checks.json")
+    ctx.store.put_json(stale, {"digest": "0" * 64, "checks": [{"name": "report-has-score", "exit_code": 0, "detail": ""},
+                                                                {"name": "score-is-high", "exit_code": 0, "detail": ""}]})
+    report = run_guard(ctx, 0, "t1", agent_pods=True)
+    assert report.usable == ["ep-1"] and report.vetoed == ["ep-0", "ep-2"]
+    lost = "not run: the checks pod failed (retries spent or past its deadline)"
+    assert report.episodes["ep-0"].reasons == [f"check report-has-score failed (exit 1): {lost}",
+                                               f"check score-is-high failed (exit 1): {lost}"]
+    assert all("does not answer the task's current checks" in r for r in report.episodes["ep-2"].reasons[1:])
+    # an agent pod's malformed result is refused at ingest, and a step that never ran its pod is an error
+    bad = ctx.agent_output(ctx.under_run(items["ep-2"]["rollout"]), "checks.json")
+    ctx.store.put_json(bad, {"digest": "x", "checks": []})
+    with pytest.raises(ValueError, match="current checks"):
+        ingest_checks(ctx, 0, "t1", items["ep-2"]["rollout"])
+    ctx.store.delete(bad)
+    with pytest.raises(RuntimeError, match="output is missing"):
+        ingest_checks(ctx, 0, "t1", items["ep-2"]["rollout"])

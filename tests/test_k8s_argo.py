@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked == 47
+    assert checked == 53
 
 
 def _used_params(obj, scope: str) -> set[str]:
@@ -199,9 +199,13 @@ def test_every_pod_has_labels_security_and_limits(argo_docs):
         limits = t["container"]["resources"]["limits"]
         assert {"cpu", "memory"} <= set(limits), t["name"]
         assert all(isinstance(v, str) for v in limits.values())
+        for side in t.get("sidecars", []):  # the agent pod's sandbox container: the same hardening
+            assert side["securityContext"] == {**sc, "runAsUser": side["securityContext"]["runAsUser"],
+                                               "runAsGroup": side["securityContext"]["runAsGroup"]}, side["name"]
+            assert {"cpu", "memory"} <= set(side["resources"]["limits"]), side["name"]
         assert t["retryStrategy"]["limit"] == "3"
         n += 1
-    assert n == 18
+    assert n == 20
     for doc in argo_docs.values():
         spec = doc["spec"]
         if doc["kind"] == "WorkflowTemplate":
@@ -213,7 +217,13 @@ def test_every_pod_has_labels_security_and_limits(argo_docs):
 
 def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
     agent = _templates(argo_docs["mass-cycle"])["agent-episode"]
-    assert agent["container"]["command"] + agent["container"]["args"] == ["mass", "episode", "--in", "/in", "--out", "/out"]
+    assert agent["container"]["command"] + agent["container"]["args"] == \
+        ["mass", "episode", "--in", "/in", "--out", "/out", "--sandbox", "/sandbox/sandbox.sock"]
+    [sandbox] = agent["sidecars"]
+    assert sandbox["command"] + sandbox["args"] == \
+        ["mass", "sandbox-serve", "--socket", "/sandbox/sandbox.sock", "--workspace", "/workspace/ws"]
+    assert {v["mountPath"] for v in sandbox["volumeMounts"]} == {"/tmp", "/workspace", "/sandbox"}
+    assert sandbox["securityContext"]["runAsUser"] == 2000 != argo_docs["mass-cycle"]["spec"]["securityContext"]["runAsUser"]
     assert agent["automountServiceAccountToken"] is False
     assert int(agent["activeDeadlineSeconds"]) > 3600
     assert "envFrom" not in agent["container"] and "secretKeyRef" not in str(agent)
@@ -227,6 +237,7 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
         "/out/trace.jsonl": {"key": f"{ep}/output/trace.jsonl"},
         "/out/status.json": {"key": f"{ep}/output/status.json"},
         "/out/workspace.tar.gz": {"key": f"{ep}/output/workspace.tar.gz"},
+        "/out/checks.json": {"key": f"{ep}/output/checks.json"},
     }
     t = _templates(argo_docs["mass-cycle"])
     assert t["collect-prepare"]["container"]["args"][-8:-6] == ["--phase", "prepare"]
@@ -239,7 +250,7 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
                                                              "{{inputs.parameters.agent-status}}"]
     assert agent["metadata"]["labels"][labels.STEP] == "episode"
     mounts = {v["mountPath"] for v in agent["container"]["volumeMounts"]}
-    assert mounts == {"/tmp", "/out"}
+    assert mounts == {"/tmp", "/out", "/sandbox"}
 
 
 def test_resource_templates_wait_on_the_documented_conditions(argo_docs):

@@ -77,7 +77,7 @@ def test_the_summary_is_written_by_its_own_step_between_collection_and_guard(cyc
 def test_agent_artifacts_are_never_archived_or_unpacked_by_argo(cycle):
     agent = _t(cycle)["agent-episode"]
     arts = agent["inputs"]["artifacts"] + agent["outputs"]["artifacts"]
-    assert len(arts) == 5 and all(a["archive"] == {"none": {}} for a in arts)
+    assert len(arts) == 6 and all(a["archive"] == {"none": {}} for a in arts)
     paths = {a["path"] for a in arts}
     assert {"/in/workspace.tar.gz", "/out/workspace.tar.gz"} <= paths  # files, not directories
     assert all(a["optional"] for a in agent["outputs"]["artifacts"])
@@ -175,7 +175,8 @@ def test_the_agent_pod_names_the_qwen_binary_the_sandbox_image_installs(cycle):
     docker = (REPO / "images" / "sandbox.Dockerfile").read_text()
     link = re.search(r"ln -s \S+/cli\.js (\S+)", docker).group(1)
     env_line = re.search(r"^ENV .*MASS_QWEN_BIN=(\S+)", docker, re.M).group(1)
-    assert link == env_line == _env(_t(cycle)["agent-episode"]["container"])["MASS_QWEN_BIN"]
+    # qwen-code runs in the sandbox sidecar
+    assert link == env_line == _env(_t(cycle)["agent-episode"]["sidecars"][0])["MASS_QWEN_BIN"]
 
 
 # ---------------------------------------------------------------- a failed agent pod

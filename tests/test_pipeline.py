@@ -42,8 +42,8 @@ def test_the_table_is_well_formed():
         assert s.reads and s.writes and all(callable(getattr(RunContext, k)) for k in (*s.reads, *s.writes))
     assert [s.name for s in P.PIPELINE if s.model] == ["search", "collect", "rank"]
     assert {s.pod for s in P.PIPELINE} == {"step", "agent", "trainer"}
-    # every step that runs episodes runs them in agent pods (no model-written code in a step pod)
-    assert [s.name for s in P.PIPELINE if s.pod == "agent"] == ["search", "collect", "evaluate"]
+    # every step that runs model-written code (episodes, guard checks) runs it in agent pods, never a step pod
+    assert [s.name for s in P.PIPELINE if s.pod == "agent"] == ["search", "collect", "guard", "evaluate"]
     with pytest.raises(ValueError, match="not a RunContext key method"):
         P.StepDef("x", "generation", "m:f", ("x",), P.render_done, reads=("sft_dir",))
     with pytest.raises(ValueError, match="scope must be one of"):

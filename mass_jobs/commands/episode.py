@@ -8,7 +8,12 @@ The archives travel as Argo artifacts with `archive: none`, so Argo neither unta
 (renaming a single top-level entry onto the path) nor re-tars the output under a `workspace/`
 directory: the bytes the collect step stores are the ones this command wrote. Needs no store
 credentials. Exit 0 for every classified outcome but infra_error (1, so a retry policy can rerun
-it); 2 for a bad episode.json or workspace archive.
+it); 2 for a bad episode.json or workspace archive. An episode.json holding `checks` is a guard's
+checks job instead (mass_jobs/check_job.py): it writes OUT/checks.json only.
+
+With `--sandbox SOCKET` (the agent pod's main container) the workspace and everything that runs
+model-written code live in the pod's sandbox container (`mass sandbox-serve`, another uid); this
+process keeps the proxy, the trace and the status out of that code's reach.
 """
 
 from __future__ import annotations
@@ -21,14 +26,18 @@ from pathlib import Path
 def add_arguments(parser) -> None:
     parser.add_argument("--in", dest="in_dir", required=True, metavar="DIR", help="holds episode.json and workspace/")
     parser.add_argument("--out", dest="out_dir", required=True, metavar="DIR", help="gets workspace/, trace.jsonl, status.json")
+    parser.add_argument("--sandbox", default=None, metavar="SOCKET",
+                        help="run tools and qwen-code in the sandbox container serving this Unix socket")
 
 
 def main(args) -> int:
+    from mass_jobs.check_job import load_checks_file, run_checks
     from mass_jobs.harness import load_episode_file, run_episode
 
     in_dir, out_dir = Path(args.in_dir), Path(args.out_dir)
     try:
-        inp = load_episode_file(in_dir / "episode.json")
+        job = load_checks_file(in_dir / "episode.json")
+        inp = None if job is not None else load_episode_file(in_dir / "episode.json")
     except ValueError as exc:
         print(f"mass episode: {exc}", file=sys.stderr)
         return 2
@@ -53,8 +62,15 @@ def main(args) -> int:
         shutil.copytree(in_dir / "workspace", workspace, symlinks=True)
     else:
         workspace.mkdir()
+    from mass_jobs.sandbox_service import SandboxClient
+
+    sandbox = SandboxClient(args.sandbox) if args.sandbox else None
+    if job is not None:  # a guard's checks over a finished episode's workspace: OUT/checks.json
+        doc = run_checks(job, workspace, out_dir, sandbox=sandbox)
+        print(" ".join(f"{r['name']}: exit {r['exit_code']}" for r in doc["checks"]))
+        return 0
     try:
-        result = run_episode(inp, workspace, out_dir)
+        result = run_episode(inp, workspace, out_dir, sandbox=sandbox)
     except ValueError as exc:
         print(f"mass episode: {exc}", file=sys.stderr)
         return 2

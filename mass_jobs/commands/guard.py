@@ -2,6 +2,11 @@
 
 Writes gen-<g>/guard/<task>.json (per episode: eligible, passed, reasons) and prints a summary line.
 Needs no model.
+
+On the cluster, around agent pods (the check commands run code the model wrote, so never in this
+step's pod): `--phase prepare --outputs DIR` writes a checks job per eligible episode and
+DIR/rollouts (the agent fan-out); `--phase ingest --rollout KEY [--agent-status PHASE]` stores
+one pod's results; `--agent-pods` judges with the stored results.
 """
 
 from __future__ import annotations
@@ -13,14 +18,38 @@ from mass_jobs.commands.common import add_common, open_run, run_guarded
 
 def add_arguments(parser) -> None:
     add_common(parser)
+    parser.add_argument("--phase", choices=["prepare", "ingest"],
+                        help="Argo, around agent pods: prepare the checks jobs, or ingest one (--rollout)")
+    parser.add_argument("--rollout", metavar="KEY", help="with --phase ingest: the checks job (as prepare listed it)")
+    parser.add_argument("--outputs", metavar="DIR", help="with --phase prepare: write DIR/rollouts")
+    parser.add_argument("--agent-status", metavar="PHASE",
+                        help="with --phase ingest: the agent step's Argo phase; Failed or Error with no output "
+                             "stores the checks as lost (they fail)")
+    parser.add_argument("--agent-pods", action="store_true",
+                        help="check commands ran in agent pods: use their stored results, never run one here")
 
 
 def main(args) -> int:
+    import sys
+
+    if args.phase == "ingest" and not args.rollout:
+        print("--phase ingest needs --rollout (a key the prepare phase listed)", file=sys.stderr)
+        return 2
+
     def go() -> int:
-        from mass_jobs.steps.guard import run_guard
+        from mass_jobs.steps import guard, rollouts
 
         ctx = open_run(args.spec, args.task)
-        report = run_guard(ctx, args.gen, args.task)
+        if args.phase == "prepare":
+            items = guard.prepare_checks(ctx, args.gen, args.task)
+            rollouts.write_outputs(args.outputs, **{rollouts.ROLLOUTS_OUTPUT: items})
+            print(json.dumps({"rollouts": items}, sort_keys=True))
+            return 0
+        if args.phase == "ingest":
+            failed = (args.agent_status or "") in ("Failed", "Error")
+            print(json.dumps(guard.ingest_checks(ctx, args.gen, args.task, args.rollout, failed), sort_keys=True))
+            return 0
+        report = guard.run_guard(ctx, args.gen, args.task, agent_pods=args.agent_pods)
         print(json.dumps({"task": report.task, "skipped": report.skipped, "usable": report.usable,
                           "vetoed": {e: report.episodes[e].reasons for e in report.vetoed}}, sort_keys=True))
         return 0

@@ -95,10 +95,15 @@ def load_episode_file(path: Path) -> EpisodeInput:
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: cannot read episode JSON: {exc}") from None
     try:
-        f = EpisodeFile.model_validate(data)
+        return episode_input(data)
     except ValidationError as exc:
         lines = [f"$.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
         raise ValueError(f"{path}: invalid episode file:\n" + "\n".join(lines)) from None
+
+
+def episode_input(data: Any) -> EpisodeInput:
+    """An episode.json document as an EpisodeInput (pydantic's ValidationError when it is not one)."""
+    f = EpisodeFile.model_validate(data)
     return EpisodeInput(
         prompt=f.prompt,
         endpoint=Endpoint(f.endpoint.base_url, f.endpoint.model, f.endpoint.api_key_env),
@@ -153,8 +158,13 @@ def seed_workspace(workspace: Path, files: dict[str, str]) -> None:
         path.write_text(text)
 
 
-def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path) -> EpisodeResult:
-    """One episode; see the module docstring. Bad input (unknown harness, escaping seed file) raises ValueError."""
+def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None) -> EpisodeResult:
+    """One episode; see the module docstring. Bad input (unknown harness, escaping seed file) raises ValueError.
+
+    With `sandbox` (a SandboxClient: an agent pod's sandbox container) the seeded workspace is handed
+    to it, every tool and qwen-code run there, and its workspace comes back into `workspace` at the end."""
+    import secrets
+
     from mass_jobs.proxy import RecordingProxy
 
     if inp.harness not in HARNESSES:
@@ -167,13 +177,21 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path) -> EpisodeRes
     trace_path = out_dir / "trace.jsonl"
     trace_path.unlink(missing_ok=True)
     started = time.monotonic()
-    with RecordingProxy(upstream=inp.endpoint, trace_path=trace_path, timeout_s=inp.limits.request_timeout_s) as proxy:
-        if inp.harness == "builtin":
-            result = _run_builtin(inp, proxy.endpoint, workspace)
-        else:
-            from mass_jobs.harness.qwen_code import run_qwen_code
+    lost = _hand_over(sandbox, workspace) if sandbox is not None else None
+    if lost is not None:
+        result = lost
+    else:
+        # Only the harness holds the proxy's token: a call the agent's code makes on its own is refused.
+        with RecordingProxy(upstream=inp.endpoint, trace_path=trace_path, timeout_s=inp.limits.request_timeout_s,
+                            client_token=secrets.token_urlsafe(24)) as proxy:
+            if inp.harness == "builtin":
+                result = _run_builtin(inp, proxy.endpoint, workspace, sandbox)
+            else:
+                from mass_jobs.harness.qwen_code import run_qwen_code
 
-            result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path)
+                result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, sandbox)
+        if sandbox is not None:
+            result = _take_back(sandbox, workspace, result)
     status = {
         "outcome": result.outcome,
         "reason": result.reason,
@@ -206,10 +224,41 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path) -> EpisodeRes
     )
 
 
-def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path) -> HarnessOutcome:
+def _hand_over(sandbox, workspace: Path) -> HarnessOutcome | None:
+    """The seeded workspace goes to the sandbox container (the harness keeps no copy to work on);
+    an infra_error outcome when the sandbox cannot take it."""
+    import shutil
+
+    from mass_jobs.sandbox_service import SandboxError
+
+    try:
+        sandbox.wait_ready()
+        sandbox.put_workspace(workspace)
+    except SandboxError as exc:
+        isolated, note = _sandbox_capability()
+        return HarnessOutcome("infra_error", str(exc)[:4000], {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
+                              {"prompt": 0, "completion": 0}, isolated, note)
+    shutil.rmtree(workspace)
+    return None
+
+
+def _take_back(sandbox, workspace: Path, result: HarnessOutcome) -> HarnessOutcome:
+    """The sandbox's workspace back into `workspace`; if it cannot be had, an infra_error episode."""
+    from mass_jobs.sandbox_service import SandboxError
+
+    try:
+        sandbox.get_workspace(workspace)
+    except SandboxError as exc:
+        workspace.mkdir(parents=True, exist_ok=True)
+        result.outcome, result.reason = "infra_error", f"{exc}"[:4000]
+    return result
+
+
+def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path, sandbox=None) -> HarnessOutcome:
     from mass_jobs.harness.builtin import BuiltinHarness
 
-    harness = BuiltinHarness(endpoint, workspace, inp.limits, inp.sampling, seed=inp.seed, single_agent=inp.single_agent)
+    harness = BuiltinHarness(endpoint, workspace, inp.limits, inp.sampling, seed=inp.seed, single_agent=inp.single_agent,
+                             sandbox=sandbox)
     try:
         outcome, reason, report = harness.run(inp.prompt)
     except Exception as exc:  # a harness bug must still leave a classified status.json behind

@@ -82,6 +82,7 @@ class BuiltinHarness:
     sampling: Sampling
     seed: int | None = None
     single_agent: bool = False  # one worker-role agent, no delegation tool (the single-agent teacher control)
+    sandbox: Any = None  # a SandboxClient: workspace tools run in the sandbox container, not in this process
     tally: Tally = field(default_factory=Tally)
     deadline: float = 0.0
     _worker_ids: set[str] = field(default_factory=set)
@@ -225,18 +226,16 @@ class BuiltinHarness:
                 return "finished", AgentReport(agent_id, summary, ok=status == "success")
             if name == "delegate":
                 return self._delegate(args, agent_id, depth), None
-            if name == "read_file":
-                return T.read_file(self.workspace, args), None
-            if name == "write_file":
-                return T.write_file(self.workspace, args, self.limits.file_size_mb * 1024 * 1024), None
-            if name == "list_files":
-                return T.list_files(self.workspace, args), None
-            if name == "shell":
+            if name in T.WORKSPACE_TOOLS:
                 timeout = min(self.limits.shell_timeout_s, self._remaining())
-                out = T.shell(self.workspace, args, self.limits, timeout)
-                self.tally.shell_calls += 1
-                prev = self.tally.network_isolated
-                self.tally.network_isolated = out.network_isolated if prev is None else (prev and out.network_isolated)
+                if self.sandbox is None:
+                    out = T.run_workspace_tool(self.workspace, name, args, self.limits, timeout)
+                else:  # the workspace lives in the agent pod's sandbox container
+                    out = self.sandbox.tool(name, args, self.limits, timeout)
+                if name == "shell":
+                    self.tally.shell_calls += 1
+                    prev, now = self.tally.network_isolated, bool(out.network_isolated)
+                    self.tally.network_isolated = now if prev is None else (prev and now)
                 return out.text, None
             raise T.ToolError(f"tool {name!r} has no implementation")
         except T.ToolError as exc:

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BIN = REPO_ROOT / ".tools" / "qwen-code" / "node_modules" / ".bin" / "qwen"
 POLL_S = 0.1  # how often the trace is checked against the limits while qwen-code runs
-PROXY_KEY = "mass-recording-proxy"  # the proxy holds the real upstream key; qwen-code needs a non-empty one
+PROXY_KEY = "mass-recording-proxy"  # qwen-code needs a non-empty key; a proxy with a client token gets that
+OUTPUT_LIMIT = 16 * 1024 * 1024  # qwen-code's stdout/stderr read back, from the end
 
 
 def qwen_binary() -> Path:
@@ -103,7 +104,7 @@ def environment(workspace: Path, home: Path, proxy: Endpoint, model: str, binary
         {
             "HOME": str(home),
             "OPENAI_BASE_URL": proxy.base_url,
-            "OPENAI_API_KEY": PROXY_KEY,
+            "OPENAI_API_KEY": proxy.key or PROXY_KEY,
             "OPENAI_MODEL": model,
             "NO_BROWSER": "1",
             "CI": "1",
@@ -139,12 +140,54 @@ def limit_breach(records: list[dict], inp: EpisodeInput) -> tuple[str, str] | No
     return None
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # qwen-code spawns shells; take the whole group
-    except ProcessLookupError:
-        pass
-    proc.wait()
+class QwenRun:
+    """qwen-code started in `workspace` by this process, with a private HOME holding its settings.
+    Locally the episode's own process starts it; in an agent pod the sandbox container does, on the
+    harness's request (`mass_jobs.sandbox_service`), so qwen-code and its shells never share a uid
+    with the proxy that writes the trace. FileNotFoundError when the binary is missing."""
+
+    def __init__(self, inp: EpisodeInput, proxy: Endpoint, workspace: Path):
+        binary = qwen_binary()
+        self._home = tempfile.TemporaryDirectory(prefix="mass-qwen-home-")
+        home = Path(self._home.name)
+        (home / ".qwen").mkdir()
+        (home / ".qwen" / "settings.json").write_text(json.dumps(settings(inp), indent=2))
+        self._out, self._err = home / "stdout.json", home / "stderr.txt"
+        with self._out.open("w") as out, self._err.open("w") as err:
+            self.proc = subprocess.Popen(
+                command(binary, inp, proxy),
+                cwd=workspace,
+                env=environment(workspace, home, proxy, inp.endpoint.model, binary),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # qwen-code spawns shells; take the whole group
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def output(self, limit: int = OUTPUT_LIMIT) -> tuple[str, str]:
+        """(stdout, stderr) so far, each cut to its last `limit` bytes."""
+        return _tail(self._out, limit), _tail(self._err, limit)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        self._home.cleanup()
+
+
+def _tail(path: Path, limit: int) -> str:
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - limit))
+        return f.read(limit).decode("utf-8", "replace")
 
 
 def final_result(stdout: str) -> dict[str, Any] | None:
@@ -161,61 +204,58 @@ def final_result(stdout: str) -> dict[str, Any] | None:
     return results[-1] if results else None
 
 
-def run_qwen_code(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path) -> HarnessOutcome:
+def run_qwen_code(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, sandbox=None) -> HarnessOutcome:
+    """One qwen-code episode: started here, or by `sandbox` (a SandboxClient) in the sandbox container;
+    watched through the trace, which only the proxy writes."""
     from mass_jobs.harness import HarnessOutcome
     from mass_jobs.proxy import read_trace
+    from mass_jobs.sandbox_service import SandboxError
 
     started = time.monotonic()
     outcome, reason, report = "infra_error", "", ""
-    with tempfile.TemporaryDirectory(prefix="mass-qwen-home-") as tmp:
-        home = Path(tmp)
-        (home / ".qwen").mkdir()
-        (home / ".qwen" / "settings.json").write_text(json.dumps(settings(inp), indent=2))
+    try:
+        run = sandbox.start_qwen(inp, proxy) if sandbox is not None else QwenRun(inp, proxy, workspace)
+    except (FileNotFoundError, SandboxError) as exc:
+        return _outcome(HarnessOutcome, "infra_error", str(exc), [], "")
+    try:
+        stopped: tuple[str, str] | None = None
+        while (code := run.poll()) is None:
+            if time.monotonic() - started > inp.limits.wall_s:
+                stopped = ("timeout", f"wall time of {inp.limits.wall_s:g}s exceeded")
+            else:
+                stopped = limit_breach(read_trace(trace_path), inp)
+            if stopped:
+                run.kill()
+                break
+            time.sleep(POLL_S)
+        code = run.poll()
+        stdout, stderr = run.output()
+    except SandboxError as exc:  # the sandbox container went away under qwen-code
+        return _outcome(HarnessOutcome, "infra_error", f"sandbox: {exc}", read_trace(trace_path), "")
+    finally:
         try:
-            binary = qwen_binary()
-        except FileNotFoundError as exc:
-            return _outcome(HarnessOutcome, "infra_error", str(exc), [], "")
-        out_path, err_path = home / "stdout.json", home / "stderr.txt"
-        with out_path.open("w") as out, err_path.open("w") as err:
-            proc = subprocess.Popen(
-                command(binary, inp, proxy),
-                cwd=workspace,
-                env=environment(workspace, home, proxy, inp.endpoint.model, binary),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
-            stopped: tuple[str, str] | None = None
-            while proc.poll() is None:
-                if time.monotonic() - started > inp.limits.wall_s:
-                    stopped = ("timeout", f"wall time of {inp.limits.wall_s:g}s exceeded")
-                else:
-                    stopped = limit_breach(read_trace(trace_path), inp)
-                if stopped:
-                    _kill(proc)
-                    break
-                time.sleep(POLL_S)
-        records = read_trace(trace_path)
-        stdout, stderr = out_path.read_text(), err_path.read_text()
-        if stopped is None:
-            stopped = limit_breach(records, inp)  # the last calls may have landed after the final poll
-        result = final_result(stdout)
-        if stopped:
-            outcome, reason = stopped
-        elif _trailing_failures(records):
-            # qwen-code reports "success" even when its last model call failed: the trace decides.
-            outcome, reason = "infra_error", f"model endpoint failed: {_last_error(records)}"
-        elif not records:
-            outcome, reason = "infra_error", f"qwen-code made no model call: {(stderr or stdout).strip()[-500:]}"
-        elif result is not None and result.get("subtype") == "success" and not result.get("is_error"):
-            outcome, reason, report = "success", "qwen-code finished", str(result.get("result") or "")
-        elif result is not None:
-            outcome = "failed"
-            reason = f"qwen-code ended with {result.get('subtype')}: {str(result.get('result') or result.get('error') or '')[:300]}"
-        else:
-            outcome = "infra_error"
-            reason = f"qwen-code exited with code {proc.returncode} and no result: {(stderr or stdout).strip()[-500:]}"
+            run.close()
+        except SandboxError:
+            pass
+    records = read_trace(trace_path)
+    if stopped is None:
+        stopped = limit_breach(records, inp)  # the last calls may have landed after the final poll
+    result = final_result(stdout)
+    if stopped:
+        outcome, reason = stopped
+    elif _trailing_failures(records):
+        # qwen-code reports "success" even when its last model call failed: the trace decides.
+        outcome, reason = "infra_error", f"model endpoint failed: {_last_error(records)}"
+    elif not records:
+        outcome, reason = "infra_error", f"qwen-code made no model call: {(stderr or stdout).strip()[-500:]}"
+    elif result is not None and result.get("subtype") == "success" and not result.get("is_error"):
+        outcome, reason, report = "success", "qwen-code finished", str(result.get("result") or "")
+    elif result is not None:
+        outcome = "failed"
+        reason = f"qwen-code ended with {result.get('subtype')}: {str(result.get('result') or result.get('error') or '')[:300]}"
+    else:
+        outcome = "infra_error"
+        reason = f"qwen-code exited with code {code} and no result: {(stderr or stdout).strip()[-500:]}"
     return _outcome(HarnessOutcome, outcome, reason, records, report)
 
 

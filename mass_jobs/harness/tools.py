@@ -308,3 +308,31 @@ def sandbox_limits(limits: EpisodeLimits, timeout_s: float):
     from mass_jobs.sandbox import SandboxLimits
 
     return SandboxLimits.from_episode_limits(limits, timeout_s=timeout_s)
+
+
+WORKSPACE_TOOLS = ("read_file", "write_file", "list_files", "shell")  # the tools that touch the workspace
+
+
+@dataclass
+class ToolRun:
+    """What a workspace tool gives back: the text for the model; for `shell`, whether its network was isolated."""
+
+    text: str
+    network_isolated: bool | None = None
+
+
+def run_workspace_tool(workspace: Path, name: str, args: dict[str, Any], limits: EpisodeLimits, timeout_s: float) -> ToolRun:
+    """One call of a WORKSPACE_TOOLS tool in `workspace`, wherever that lives: in the harness's own
+    process locally, in an agent pod's sandbox container (`mass_jobs.sandbox_service`) on a cluster.
+    A mistake of the model's raises ToolError."""
+    if name == "read_file":
+        return ToolRun(read_file(workspace, args))
+    if name == "write_file":
+        return ToolRun(write_file(workspace, args, limits.file_size_mb * 1024 * 1024))
+    if name == "list_files":
+        return ToolRun(list_files(workspace, args))
+    if name == "shell":
+        out = shell(workspace, args, limits, timeout_s)
+        return ToolRun(out.text, out.network_isolated)
+    raise ToolError(f"tool {name!r} is not a workspace tool")
+

@@ -72,6 +72,8 @@ VALIDATE_OUTPUTS = {
 EPISODE_KEYS = RunContext.template("{{inputs.parameters.store-prefix}}")
 ROLLOUT = "{{inputs.parameters.rollout}}"  # a rollout's dir relative to the run (prepare lists them)
 AGENT_TEMPLATE = "agent-episode"
+SANDBOX_DIR = "/sandbox"  # the emptyDir both containers of an agent pod mount: the socket, nothing else
+SANDBOX_SOCKET = f"{SANDBOX_DIR}/sandbox.sock"
 ROLLOUTS_PARAM = "{{steps.prepare.outputs.parameters.rollouts}}"
 MODEL_FLAGS = ["--endpoint", serving.openai_base_url(ISVC, NAMESPACE), "--served-model", ISVC]
 
@@ -157,6 +159,12 @@ class _Builder:
         Argo S3 artifacts under the rollout's dir, no store credentials, no token, egress limited
         by the `mass-agent-egress` NetworkPolicy (it selects the agent step label).
 
+        Two uids: the main container (`mass episode --sandbox`) holds the recording proxy and writes
+        /out; the `sandbox` sidecar (`mass sandbox-serve`, SANDBOX_UID) owns the workspace and runs
+        every tool and qwen-code. They share a Unix socket's emptyDir and the loopback, nothing else:
+        no code the model wrote can reach /out (see mass_jobs/sandbox_service.py). Argo stops the
+        sidecar when the main container exits.
+
         Every artifact is `archive: none`: Argo's executor would otherwise untar a .tar.gz input
         and rename its single top-level entry onto the path, and tar an output directory under
         its own base name (argo-workflows workflow/executor/executor.go, loadArtifacts and
@@ -169,11 +177,27 @@ class _Builder:
         def key(where, name):
             return m.S3Artifact(key=where(rollout, name))
 
+        sandbox = m.UserContainer(
+            name="sandbox",
+            image=s.images.sandbox,
+            image_pull_policy=s.images.pull_policy,
+            command=["mass"],
+            args=["sandbox-serve", "--socket", SANDBOX_SOCKET, "--workspace", "/workspace/ws"],
+            env=[m.EnvVar(name="HOME", value="/tmp"),
+                 # qwen-code is on the sandbox image's PATH; name it so the harness never guesses.
+                 m.EnvVar(name="MASS_QWEN_BIN", value="/usr/local/bin/qwen")],
+            working_dir="/tmp",
+            resources=m.ResourceRequirements(**pods.resources(s.agent, s)),
+            security_context=m.SecurityContext(**_sc(pods.sandbox_security_context())),
+            volume_mounts=[m.VolumeMount(name="sandbox-tmp", mount_path="/tmp"),
+                           m.VolumeMount(name="workspace", mount_path="/workspace"),
+                           m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR)],
+        )
         return Container(
             name=AGENT_TEMPLATE,
             image=s.images.sandbox,
             command=["mass"],
-            args=["episode", "--in", "/in", "--out", "/out"],
+            args=["episode", "--in", "/in", "--out", "/out", "--sandbox", SANDBOX_SOCKET],
             # Key-only S3 artifacts: bucket, endpoint and credentials come from the artifact
             # repository and are used by Argo's init/wait containers only, never by `mass episode`.
             inputs=[*_params("gen", "task", "label", "rollout", "store-prefix"),
@@ -181,18 +205,19 @@ class _Builder:
                                s3=key(k.agent_input, "episode.json")),
                     m.Artifact(name="workspace-in", path="/in/workspace.tar.gz", archive=_none_archive(),
                                s3=key(k.agent_input, "workspace.tar.gz"))],
+            # checks.json: a guard's checks job (mass_jobs/check_job.py) writes it instead of the others
             outputs=[m.Artifact(name=n.split(".")[0], path=f"/out/{n}", archive=_none_archive(), optional=True,
                                 s3=key(k.agent_output, n))
-                     for n in ("trace.jsonl", "status.json", "workspace.tar.gz")],
-            env=[m.EnvVar(name="HOME", value="/tmp"),
-                 # qwen-code is on the sandbox image's PATH; name it so the harness never guesses.
-                 m.EnvVar(name="MASS_QWEN_BIN", value="/usr/local/bin/qwen")],
+                     for n in ("trace.jsonl", "status.json", "workspace.tar.gz", "checks.json")],
+            env=[m.EnvVar(name="HOME", value="/tmp")],
             working_dir="/tmp",
-            resources=m.ResourceRequirements(**pods.resources(s.agent, s)),
+            resources=m.ResourceRequirements(**pods.resources(s.harness, s)),
             security_context=m.SecurityContext(**_sc(pods.container_security_context())),
-            volumes=[m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource()),
-                     m.Volume(name="out", empty_dir=m.EmptyDirVolumeSource())],
-            volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp"), m.VolumeMount(name="out", mount_path="/out")],
+            sidecars=[sandbox],
+            volumes=[m.Volume(name=n, empty_dir=m.EmptyDirVolumeSource())
+                     for n in ("tmp", "out", "sandbox", "sandbox-tmp", "workspace")],
+            volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp"), m.VolumeMount(name="out", mount_path="/out"),
+                           m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR)],
             active_deadline_seconds=s.agent_deadline_s,
             automount_service_account_token=False,
             labels=L.pod_labels(K.AGENT_STEP, gen=GEN, task=TASK, episode="{{inputs.parameters.label}}"),
@@ -342,6 +367,20 @@ class _Builder:
             self.parallelism[sd.name] = s.agent_parallelism
         elif sd.pod == "trainer":
             self.trainer(sd)
+        elif sd.scope == "task" and sd.pod == "agent":
+            # prepare (the jobs, listed) -> agent pods -> ingest each -> finish with their results
+            argv = sd.argv(SPEC, GEN, TASK)
+            self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *model, "--outputs", OUTPUTS_DIR],
+                      inputs=("gen", "task"), task=TASK, outputs=rollouts_out)
+            self.rollouts(sd, argv, ("gen", "task"))
+            self.step(f"{sd.name}-finish", [*argv, "--agent-pods", *model], inputs=("gen", "task"), task=TASK)
+            a = _args(gen=GEN, task=TASK)
+            with Steps(name=sd.name, inputs=_params("gen", "task", "store-prefix")):
+                Step(name="prepare", template=f"{sd.name}-prepare", arguments=a)
+                Step(name="rollouts", template=f"{sd.name}-rollouts",
+                     arguments=_args(gen=GEN, task=TASK, rollouts=ROLLOUTS_PARAM,
+                                     store_prefix="{{inputs.parameters.store-prefix}}"))
+                Step(name="finish", template=f"{sd.name}-finish", arguments=a)
         elif sd.scope == "task":
             self.step(sd.name, [*sd.argv(SPEC, GEN, TASK), *model], inputs=("gen", "task"), task=TASK)
         elif sd.scope == "run":
@@ -413,7 +452,8 @@ def _cycle_step(sd: P.StepDef) -> None:
         Step(name=f"{sd.name}-summary", template=f"{sd.name}-summary", with_param=V % "tasks",
              arguments=_args(gen=GEN, task="{{item}}"))
     elif sd.scope == "task":
-        Step(name=sd.name, template=sd.name, with_param=V % "tasks", arguments=_args(gen=GEN, task="{{item}}"))
+        Step(name=sd.name, template=sd.name, with_param=V % "tasks",
+             arguments=_args(gen=GEN, task="{{item}}", **({"store_prefix": V % "store-prefix"} if sd.pod == "agent" else {})))
     elif sd.scope == "run":
         Step(name=sd.name, template=sd.name)
     else:
@@ -513,6 +553,7 @@ def _sc(d: dict) -> dict:
         "run_as_non_root": d["runAsNonRoot"],
         "capabilities": m.Capabilities(drop=d["capabilities"]["drop"]),
         "seccomp_profile": m.SeccompProfile(type=d["seccompProfile"]["type"]),
+        **({"run_as_user": d["runAsUser"], "run_as_group": d["runAsGroup"]} if "runAsUser" in d else {}),
     }
 
 

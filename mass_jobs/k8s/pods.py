@@ -9,6 +9,7 @@ from __future__ import annotations
 from mass_jobs.k8s.settings import ClusterSettings, Pod
 
 UID = 1000
+SANDBOX_UID = 2000  # an agent pod's sandbox container: model-written code never runs as UID
 
 
 def pod_security_context() -> dict:
@@ -29,6 +30,12 @@ def container_security_context() -> dict:
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+def sandbox_security_context() -> dict:
+    """The sandbox container of an agent pod: the restricted profile, as a uid and group of its own
+    (the pod's fsGroup stays a supplementary group: the socket volume is shared through it)."""
+    return {**container_security_context(), "runAsUser": SANDBOX_UID, "runAsGroup": SANDBOX_UID}
 
 
 def executor_security_context() -> dict:

@@ -60,7 +60,8 @@ class ClusterSettings:
     judge_keys: tuple | str = ("JUDGE_API_KEY",)  # env names the spec's judges read (api_key_env)
     gpu_resource: str = "nvidia.com/gpu"
     gpu_jobs: str = "2"  # semaphore: GPU jobs (PyTorchJobs) running at once
-    agent: Pod = Pod(cpu="1", memory="2Gi")
+    agent: Pod = Pod(cpu="1", memory="2Gi")  # an agent pod's sandbox container (the agents' tools, qwen-code)
+    harness: Pod = Pod(cpu="500m", memory="1Gi")  # its main container (the harness loop, the recording proxy)
     step: Pod = Pod(cpu="1", memory="4Gi")
     merge: Pod = Pod(cpu="4", memory="64Gi")
     server: Pod = Pod(cpu="8", memory="64Gi", gpu="1")
@@ -139,6 +140,7 @@ def helm_settings() -> ClusterSettings:
         gpu_resource=helm(f"{v}.gpu.resourceName | quote"),
         gpu_jobs=helm(f"{v}.gpu.concurrentJobs | quote"),
         agent=_helm_pod("agent"),
+        harness=_helm_pod("harness"),
         step=_helm_pod("step"),
         merge=_helm_pod("merge"),
         server=_helm_pod("server", gpu=True),

@@ -6,8 +6,15 @@ Per task the spec may declare required outputs (must exist), protected paths (by
 the episode: the collect step hashes them in the seeded workspace before the episode starts),
 metrics (numbers in named JSON files: finite and within declared bounds) and check commands (run
 sandboxed in the workspace, must exit 0). An episode that fails any guard is vetoed whatever the
-self-evaluator would say; episodes whose outcome was not `success` are ineligible. Both, with every
-reason, are written to `gen-<g>/guard/<task>.json`.
+self-evaluator would say; episodes whose outcome was not `success` are ineligible (their checks are
+not run: they could not be used either way). Both, with every reason, are written to
+`gen-<g>/guard/<task>.json`.
+
+Check commands run code the model wrote. Locally they run sandboxed in this process's machine; on
+the cluster the step pod (which holds the store's credentials) never runs them: `--phase prepare`
+writes one checks job per eligible episode (`RunContext.guard_checks`, mass_jobs/check_job.py) and
+lists them, an agent pod runs each (`mass episode`), `--phase ingest` stores its checks.json, and
+`--agent-pods` judges with the stored results; a lost check pod fails the episode's checks.
 """
 
 from __future__ import annotations
@@ -94,8 +101,10 @@ def check_workspace(
     workspace: Path,
     protected_before: dict[str, dict[str, str]],
     run_check: RunCheck | None = None,
+    checks: bool = True,
 ) -> list[str]:
-    """Every guard violation of a finished workspace (empty list: all passed)."""
+    """Every guard violation of a finished workspace (empty list: all passed); the check commands
+    only with `checks`."""
     reasons: list[str] = []
     for rel in guards.required_outputs:
         if not (workspace / rel).exists():
@@ -137,7 +146,7 @@ def check_workspace(
             reasons.append(f"{where}: {value} is below the minimum {m.min}")
         elif m.max is not None and value > m.max:
             reasons.append(f"{where}: {value} is above the maximum {m.max}")
-    for check in guards.checks:
+    for check in guards.checks if checks else []:
         if run_check is None:
             raise ValueError("check commands are declared but no check runner was given")
         code, detail = run_check(check, workspace)
@@ -148,17 +157,82 @@ def check_workspace(
 
 def sandbox_checker(limits) -> RunCheck:
     """Run check commands with the sandbox of agent shell calls (scrubbed env, rlimits, no network)."""
+    from mass_jobs.check_job import run_check
 
-    def run(check: CheckCommand, workspace: Path) -> tuple[int, str]:
-        from mass_jobs.sandbox import SandboxLimits, run_sandboxed
+    return lambda check, workspace: run_check(check, workspace, limits)
 
-        res = run_sandboxed(check.command, workspace, SandboxLimits.from_episode_limits(limits, timeout_s=check.timeout_s))
-        if res.timed_out:
-            return (res.exit_code if res.exit_code not in (0, None) else 124), f"timed out after {check.timeout_s:g}s"
-        tail = (res.stderr or res.stdout or "").strip()[-300:]
-        return res.exit_code if res.exit_code is not None else 1, tail
 
-    return run
+def stored_checker(ctx: RunContext, gen: int, task_id: str, ep: str) -> RunCheck:
+    """The results an agent pod stored for the episode's checks (`--agent-pods`): a check with no
+    valid result for the task's current checks fails, never passes."""
+    from mass_jobs.check_job import validate_results
+
+    checks = ctx.spec.task(task_id).guards.checks
+    key = ctx.rollout_file(ctx.guard_checks(gen, task_id, ep), "checks.json")
+    try:
+        results = validate_results(ctx.store.get_json(key), checks) if ctx.store.exists(key) else None
+        missing = "not run (no checks pod result stored)"
+    except ValueError as exc:
+        results, missing = None, str(exc)
+    if results is None:
+        doc = ctx.store.get_json(key) if ctx.store.exists(key) else {}
+        missing = doc.get("lost", missing) if isinstance(doc, dict) else missing
+    return lambda check, _workspace: results[check.name] if results else (1, missing)
+
+
+def _needs_checks(ctx: RunContext, task_id: str, ep: dict) -> bool:
+    return bool(ctx.spec.task(task_id).guards.checks) and ep.get("outcome") == "success"
+
+
+def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
+    """Argo: one checks job per eligible episode whose results are not stored for the current
+    checks; returns the agent fan-out items."""
+    from mass_jobs.check_job import ChecksFile, checks_digest
+    from mass_jobs.steps import rollouts
+
+    store = ctx.store
+    if guard_step(ctx, gen, task_id).done:
+        return []
+    checks = ctx.spec.task(task_id).guards.checks
+    items = []
+    for ep in store.get_json(ctx.collect_summary(gen, task_id)).get("episodes", []):
+        if not _needs_checks(ctx, task_id, ep):
+            continue
+        prefix = ctx.guard_checks(gen, task_id, ep["id"])
+        stored = ctx.rollout_file(prefix, "checks.json")
+        if store.exists(stored) and store.get_json(stored).get("digest") == checks_digest(checks):
+            continue
+        store.delete(ctx.agent_output(prefix, "checks.json"))
+        job = ChecksFile(checks=checks, limits=ctx.spec.execution.limits)
+        store.put_json(ctx.agent_input(prefix, "episode.json"), job.model_dump(mode="json"))
+        episode = ctx.collect_episode(gen, task_id, ep["id"])
+        store.put_bytes(ctx.agent_input(prefix, "workspace.tar.gz"),
+                        store.get_bytes(ctx.rollout_file(episode, "workspace.tar.gz")))
+        items.append(rollouts.fanout_item(ctx, prefix, task_id, ep["id"], gen))
+    return items
+
+
+def ingest_checks(ctx: RunContext, gen: int, task_id: str, rel: str, agent_failed: bool = False) -> dict:
+    """Store the checks pod's result for the episode at `rel`; a pod that left none (Failed,
+    Error) is stored as lost, which fails the episode's checks."""
+    from mass_jobs.check_job import validate_results
+    from mass_jobs.steps import rollouts
+
+    summary = ctx.store.get_json(ctx.collect_summary(gen, task_id))
+    where = {ctx.guard_checks(gen, task_id, ep["id"]): ep["id"] for ep in summary.get("episodes", [])}
+    prefix = rollouts.find_rollout(ctx, rel, list(where))
+    checks = ctx.spec.task(task_id).guards.checks
+    out = ctx.agent_output(prefix, "checks.json")
+    if ctx.store.exists(out):
+        doc = ctx.store.get_json(out)
+        validate_results(doc, checks)  # a malformed result is an error of this step, not a pass
+    elif agent_failed:
+        doc = {"lost": "not run: the checks pod failed (retries spent or past its deadline)"}
+    else:
+        raise rollouts.RolloutError(f"{prefix}: cannot ingest, the checks pod's output is missing "
+                                    f"(run the agent pod after --phase prepare)")
+    ctx.store.put_json(ctx.rollout_file(prefix, "checks.json"), doc)
+    return {"episode": where[prefix], **({"lost": doc["lost"]} if "lost" in doc else {"checks": doc["checks"]})}
 
 
 # ---------------------------------------------------------------- the step
@@ -176,8 +250,10 @@ def guard_step(ctx: RunContext, gen: int, task_id: str):
                  "collect": ctx.store.sha256(summary_key)}, name=f"guard/{task_id}")
 
 
-def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | None = None) -> GuardReport:
-    """Guard every collected episode of a task; write guard/<task>.json (skipped when done)."""
+def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | None = None,
+              agent_pods: bool = False) -> GuardReport:
+    """Guard every collected episode of a task; write guard/<task>.json (skipped when done). With
+    `agent_pods` (the cluster) the checks ran in agent pods and their stored results are used."""
     from mass_jobs.store import UnsafeArchive
 
     task = ctx.spec.task(task_id)
@@ -195,6 +271,7 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
         prefix = ctx.collect_episode(gen, task_id, ep["id"])
         outcome = ep.get("outcome")
         reasons = [] if outcome == "success" else [f"episode outcome {outcome}: {ep.get('reason', '')}".strip()]
+        checker = stored_checker(ctx, gen, task_id, ep["id"]) if agent_pods else run_check
         with tempfile.TemporaryDirectory(prefix="mass-guard-") as tmp:
             try:
                 store.get_dir(ctx.rollout_file(prefix, "workspace.tar.gz"), tmp)
@@ -202,7 +279,7 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
                 violations = [f"workspace archive refused: {err}"]
             else:
                 violations = check_workspace(task.guards, Path(tmp), store.get_json(ctx.rollout_file(prefix, "protected.json")),
-                                             run_check)
+                                             checker, checks=_needs_checks(ctx, task_id, ep))
         report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=outcome == "success",
                                                  passed=not violations, reasons=reasons + violations)
     report.vetoed = [e for e, g in report.episodes.items() if not g.passed]

@@ -1,0 +1,28 @@
+"""`mass sandbox-serve --socket PATH --workspace DIR`: the sandbox container of an agent pod.
+
+Serves the episode's workspace, its tools and qwen-code to `mass episode --sandbox PATH` in the
+pod's main container until the pod ends (see `mass_jobs.sandbox_service`). Runs as a uid of its
+own, with no credential and no view of the main container's files.
+"""
+
+from __future__ import annotations
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--socket", required=True, metavar="PATH", help="Unix socket to serve (in a volume both containers mount)")
+    parser.add_argument("--workspace", required=True, metavar="DIR", help="where the episode's workspace lives (missing or empty)")
+
+
+def main(args) -> int:
+    import sys
+    from pathlib import Path
+
+    from mass_jobs.sandbox_service import serve
+
+    workspace = Path(args.workspace)
+    if workspace.exists() and (not workspace.is_dir() or any(workspace.iterdir())):
+        print(f"mass sandbox-serve --workspace: expected a missing or empty folder, got {workspace}", file=sys.stderr)
+        return 2
+    print(f"sandbox: serving {args.socket}", flush=True)
+    serve(Path(args.socket), workspace, reap=True)  # its own process: it may kill all below it
+    return 0

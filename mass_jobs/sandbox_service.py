@@ -1,0 +1,384 @@
+"""The sandbox container of an agent pod, and the harness's client for it.
+
+On a cluster the agent pod has two containers with different uids. The harness container (the
+pod's main container) runs `mass episode --sandbox SOCKET`: the recording proxy, the harness's own
+loop, and the writing of `/out/trace.jsonl` and `/out/status.json`. The sandbox container runs
+`mass sandbox-serve --socket SOCKET --workspace DIR` as another uid: it owns the workspace, and
+everything that runs model-written code runs there at the harness's request: the built-in
+harness's workspace tools (files, `shell`), and qwen-code, which starts its own shells. The two
+share only a Unix socket in an emptyDir and the pod's loopback; the sandbox cannot see `/out`, the
+harness's processes (no shared PID namespace) or the proxy's token, so whatever the agent's code
+does, the trace and the status are the harness's. (Under seccomp RuntimeDefault the sandbox
+cannot unshare namespaces, so a second uid in a second container is the boundary.)
+
+The service speaks HTTP over the socket. It needs no authentication: it runs as the sandbox's uid,
+so a caller gets nothing the agent's code does not already have. In the pod (`reap`) it is the
+subreaper of everything it starts and kills whatever a shell command or check left running once
+it returns, as the local sandbox's namespaces do: nothing the model started outlives its call to
+tamper with the next one. Whatever it answers is treated as the agent's own output: bounded and
+checked on the harness side; a sandbox that stops answering ends the episode as infra_error and
+fails the remaining checks, never passes them.
+
+    PUT  /workspace          a put_dir archive -> the workspace (once, before the first tool)
+    GET  /workspace          the workspace as a put_dir archive
+    POST /tool               {name, args, limits, timeout_s} -> {text, network_isolated} | {tool_error}
+    POST /check              {check, limits} -> {exit_code, detail} (a guard check, mass_jobs/check_job.py)
+    POST /qwen               {episode, proxy: {base_url, model, key}} -> {id}
+    GET  /qwen/ID            {returncode, stdout, stderr} (outputs once exited)
+    POST /qwen/ID/kill       kill qwen-code's process group
+    GET  /health             ready
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import itertools
+import json
+import os
+import signal
+import socket
+import socketserver
+import threading
+import time
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mass_jobs.harness import EpisodeInput
+    from mass_jobs.harness.tools import ToolRun
+    from mass_jobs.llm import Endpoint
+    from mass_jobs.models import EpisodeLimits
+
+REQUEST_LIMIT = 64 << 20  # a tool call or qwen request: far below; a workspace archive: see ARCHIVE_LIMIT
+ARCHIVE_LIMIT = 1 << 30  # compressed workspace archive either way
+REPLY_LIMIT = 64 << 20  # what the harness reads back from the sandbox for anything but the archive
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class SandboxError(RuntimeError):
+    """The sandbox container did not answer as it should (gone, killed, a reply out of bounds)."""
+
+
+# ---------------------------------------------------------------- the service (sandbox container)
+
+
+class SandboxService:
+    """The sandbox side: its own workspace, the tools run in it, qwen-code runs started in it."""
+
+    def __init__(self, workspace: Path, reap: bool = False):
+        self.workspace = Path(workspace)
+        self.reap = reap  # only in its own process (the pod's sidecar): it kills its whole subtree
+        self._runs: dict[str, Any] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def put_workspace(self, archive: bytes) -> None:
+        from mass_jobs.store.archive import extract_dir_archive
+
+        if self.workspace.exists() and any(self.workspace.iterdir()):
+            raise ValueError("the workspace is seeded once per episode")
+        extract_dir_archive(io.BytesIO(archive), self.workspace)
+
+    def get_workspace(self) -> bytes:
+        from mass_jobs.store.archive import write_dir_archive
+
+        buf = io.BytesIO()
+        write_dir_archive(self.workspace, buf)
+        return buf.getvalue()
+
+    def tool(self, body: dict) -> dict:
+        from mass_jobs.harness import tools as T
+        from mass_jobs.models import EpisodeLimits
+
+        limits = EpisodeLimits.model_validate(body["limits"])
+        try:
+            out = T.run_workspace_tool(self.workspace, str(body["name"]), body["args"], limits, float(body["timeout_s"]))
+        except T.ToolError as exc:
+            return {"tool_error": str(exc)}
+        finally:
+            self._reap_strays()
+        return {"text": out.text, "network_isolated": out.network_isolated}
+
+    def check(self, body: dict) -> dict:
+        from mass_jobs.check_job import run_check
+        from mass_jobs.models import CheckCommand, EpisodeLimits
+
+        check = CheckCommand.model_validate(body["check"])
+        self._reap_strays()
+        try:
+            code, detail = run_check(check, self.workspace, EpisodeLimits.model_validate(body["limits"]))
+        finally:
+            self._reap_strays()
+        return {"exit_code": code, "detail": detail}
+
+    def _reap_strays(self) -> None:
+        """Kill every process below this one (a command's daemons were reparented here) unless
+        qwen-code, whose own shells they may be, is still running."""
+        if not self.reap or any(run.poll() is None for run in self._runs.values()):
+            return
+        from mass_jobs.sandbox import _tree
+
+        me = os.getpid()
+        for pid in reversed(_tree(me)):
+            if pid != me:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        while True:  # their zombies are ours to collect now
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+
+    def start_qwen(self, body: dict) -> dict:
+        from mass_jobs.harness import episode_input
+        from mass_jobs.harness.qwen_code import QwenRun
+        from mass_jobs.llm import Endpoint
+
+        inp = episode_input(body["episode"])
+        p = body["proxy"]
+        run = QwenRun(inp, Endpoint(p["base_url"], p["model"], key=p.get("key")), self.workspace)
+        with self._lock:
+            run_id = str(next(self._ids))
+            self._runs[run_id] = run
+        return {"id": run_id}
+
+    def qwen(self, run_id: str) -> dict:
+        run = self._runs[run_id]
+        code = run.poll()
+        stdout, stderr = run.output() if code is not None else ("", "")
+        return {"returncode": code, "stdout": stdout, "stderr": stderr}
+
+    def kill_qwen(self, run_id: str) -> None:
+        self._runs[run_id].kill()
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def address_string(self) -> str:  # a Unix socket peer has no address
+        return "sandbox-client"
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        pass
+
+    def _reply(self, status: int, body: bytes | dict, kind: str = "application/json") -> None:
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self, limit: int) -> bytes:
+        n = int(self.headers.get("Content-Length") or 0)
+        if n > limit:
+            raise ValueError(f"request body of {n} bytes is over {limit}")
+        return self.rfile.read(n)
+
+    def _route(self, method: str) -> None:
+        svc: SandboxService = self.server.service
+        parts = [p for p in self.path.split("?", 1)[0].split("/") if p]
+        try:
+            if method == "GET" and parts == ["health"]:
+                return self._reply(200, {"ok": True})
+            if parts == ["workspace"] and method == "PUT":
+                svc.put_workspace(self._body(ARCHIVE_LIMIT))
+                return self._reply(200, {"ok": True})
+            if parts == ["workspace"] and method == "GET":
+                return self._reply(200, svc.get_workspace(), "application/gzip")
+            if parts == ["tool"] and method == "POST":
+                return self._reply(200, svc.tool(json.loads(self._body(REQUEST_LIMIT))))
+            if parts == ["check"] and method == "POST":
+                return self._reply(200, svc.check(json.loads(self._body(REQUEST_LIMIT))))
+            if parts == ["qwen"] and method == "POST":
+                return self._reply(200, svc.start_qwen(json.loads(self._body(REQUEST_LIMIT))))
+            if len(parts) == 2 and parts[0] == "qwen" and method == "GET":
+                return self._reply(200, svc.qwen(parts[1]))
+            if len(parts) == 3 and parts[0] == "qwen" and parts[2] == "kill" and method == "POST":
+                svc.kill_qwen(parts[1])
+                return self._reply(200, {"ok": True})
+            return self._reply(404, {"error": f"no route {method} {self.path}"})
+        except KeyError as exc:
+            return self._reply(404, {"error": f"unknown {exc}"})
+        except Exception as exc:  # reported to the harness, which ends the episode as infra_error
+            return self._reply(500, {"error": f"{type(exc).__name__}: {exc}"[:4000]})
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_PUT(self) -> None:
+        self._route("PUT")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+
+def serve(socket_path: Path, workspace: Path, ready=None, reap: bool = False) -> None:
+    """Serve until killed (Argo ends a sidecar when the main container exits). The socket is made
+    connectable by the harness's uid; the workspace is this uid's own. With `reap` this process
+    becomes the subreaper of all it starts (see the module docstring)."""
+    socket_path = Path(socket_path)
+    socket_path.unlink(missing_ok=True)
+    if reap:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    server = _Server(str(socket_path), _Handler)
+    os.chmod(socket_path, 0o666)
+    server.service = SandboxService(workspace, reap=reap)
+    if ready is not None:
+        ready(server)
+    with server:
+        server.serve_forever(poll_interval=0.2)
+
+
+# ---------------------------------------------------------------- the client (harness container)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("sandbox", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+class SandboxClient:
+    """The harness's handle on the sandbox container. Every reply is bounded and checked: the
+    service runs where the agent's code does, so what comes back is treated as the agent's."""
+
+    def __init__(self, socket_path: str | Path, timeout_s: float = 120.0, ready_s: float = 120.0):
+        self.path = str(socket_path)
+        self.timeout_s = timeout_s  # one reply (a tool call gets its own timeout on top)
+        self.ready_s = ready_s  # how long the sandbox container may take to come up
+
+    def _call(self, method: str, route: str, body: bytes = b"", timeout_s: float | None = None,
+              limit: int = REPLY_LIMIT) -> tuple[int, bytes]:
+        conn = _UnixConnection(self.path, timeout_s or self.timeout_s)
+        try:
+            conn.request(method, route, body=body, headers={"Content-Length": str(len(body))})
+            resp = conn.getresponse()
+            data = resp.read(limit + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            raise SandboxError(f"sandbox at {self.path}: {method} {route}: {exc}") from None
+        finally:
+            conn.close()
+        if len(data) > limit:
+            raise SandboxError(f"sandbox at {self.path}: {method} {route}: reply over {limit} bytes")
+        return resp.status, data
+
+    def _json(self, method: str, route: str, doc: dict | None = None, timeout_s: float | None = None) -> dict:
+        status, data = self._call(method, route, json.dumps(doc).encode() if doc is not None else b"", timeout_s)
+        try:
+            reply = json.loads(data)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            raise SandboxError(f"sandbox: {method} {route}: HTTP {status}, not a JSON object")
+        if status != 200:
+            raise SandboxError(f"sandbox: {method} {route}: HTTP {status}: {str(reply.get('error'))[:2000]}")
+        return reply
+
+    def wait_ready(self) -> SandboxClient:
+        """Until the sandbox container answers (the two containers start in either order)."""
+        timeout_s = self.ready_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._json("GET", "/health", timeout_s=5)
+                return self
+            except SandboxError as exc:
+                if time.monotonic() > deadline:
+                    raise SandboxError(f"the sandbox container did not come up within {timeout_s:g}s ({exc})") from None
+                time.sleep(0.2)
+
+    def put_workspace(self, workspace: Path) -> None:
+        from mass_jobs.store.archive import write_dir_archive
+
+        buf = io.BytesIO()
+        write_dir_archive(workspace, buf)
+        self._check(*self._call("PUT", "/workspace", buf.getvalue()), "PUT /workspace")
+
+    def get_workspace(self, into: Path) -> None:
+        """The sandbox's workspace, extracted (hostile-proof) into the empty or missing `into`."""
+        from mass_jobs.store.archive import UnsafeArchive, extract_dir_archive
+
+        status, data = self._call("GET", "/workspace", limit=ARCHIVE_LIMIT)
+        self._check(status, data, "GET /workspace")
+        try:
+            extract_dir_archive(io.BytesIO(data), into)
+        except (UnsafeArchive, EOFError, OSError) as exc:
+            raise SandboxError(f"sandbox: the workspace it returned was refused: {exc}") from None
+
+    @staticmethod
+    def _check(status: int, data: bytes, what: str) -> None:
+        if status != 200:
+            raise SandboxError(f"sandbox: {what}: HTTP {status}: {data[:2000].decode('utf-8', 'replace')}")
+
+    def tool(self, name: str, args: dict, limits: EpisodeLimits, timeout_s: float) -> ToolRun:
+        """A workspace tool in the sandbox; a ToolError there is a ToolError here."""
+        from mass_jobs.harness.tools import ToolError, ToolRun, truncate
+
+        reply = self._json("POST", "/tool", {"name": name, "args": args, "limits": limits.model_dump(mode="json"),
+                                             "timeout_s": timeout_s}, timeout_s=timeout_s + self.timeout_s)
+        if "tool_error" in reply:
+            raise ToolError(truncate(str(reply["tool_error"])))
+        isolated = reply.get("network_isolated")
+        return ToolRun(truncate(str(reply.get("text", ""))), isolated if isinstance(isolated, bool) else None)
+
+    def check(self, check, limits: EpisodeLimits) -> tuple[int, str]:
+        """A guard check (CheckCommand) in the sandbox's workspace: (exit code, detail)."""
+        from mass_jobs.check_job import DETAIL_CHARS
+
+        reply = self._json("POST", "/check", {"check": check.model_dump(mode="json"), "limits": limits.model_dump(mode="json")},
+                           timeout_s=check.timeout_s + self.timeout_s)
+        code = reply.get("exit_code")
+        if isinstance(code, bool) or not isinstance(code, int):
+            raise SandboxError(f"sandbox: POST /check: exit_code {code!r} is not an integer")
+        return code, str(reply.get("detail", ""))[-DETAIL_CHARS:]
+
+    def start_qwen(self, inp: EpisodeInput, proxy: Endpoint) -> RemoteQwenRun:
+        from mass_jobs.harness import episode_file_json
+
+        reply = self._json("POST", "/qwen", {"episode": episode_file_json(inp),
+                                             "proxy": {"base_url": proxy.base_url, "model": proxy.model, "key": proxy.key}})
+        return RemoteQwenRun(self, str(reply.get("id")))
+
+
+class RemoteQwenRun:
+    """qwen-code running in the sandbox container: the QwenRun interface, over the socket."""
+
+    def __init__(self, client: SandboxClient, run_id: str):
+        self.client, self.id = client, run_id
+        self._last: dict = {}
+
+    def poll(self) -> int | None:
+        self._last = self.client._json("GET", f"/qwen/{self.id}")
+        code = self._last.get("returncode")
+        return code if isinstance(code, int) else None
+
+    def kill(self) -> None:
+        self.client._json("POST", f"/qwen/{self.id}/kill")
+
+    def output(self) -> tuple[str, str]:
+        if self.poll() is None:
+            return "", ""
+        return str(self._last.get("stdout", "")), str(self._last.get("stderr", ""))
+
+    def close(self) -> None:
+        if self.poll() is None:
+            self.kill()
