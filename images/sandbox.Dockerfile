@@ -1,5 +1,7 @@
-# Agent pods: `mass episode --in /in --out /out` with Python, Node and qwen-code, as a non-root
-# user; Argo mounts /in, /out and /tmp (the root filesystem is read-only).
+# Agent pods: the harness container (`mass episode --in /in --out /out --sandbox ...`, uid 1000) and
+# the sandbox sidecar (`mass sandbox-serve`, uid 2000: tools, shells, qwen-code) with Python, Node and
+# qwen-code, as non-root users with passwd entries (node's os.userInfo() fails without one);
+# Argo mounts /in, /out and emptyDirs (the root filesystem is read-only).
 # Build: make images (context = repository root).
 FROM node:20.18.1-bookworm-slim AS node
 RUN npm install --global --no-audit --no-fund @qwen-code/qwen-code@0.15.10
@@ -14,11 +16,13 @@ COPY --from=node /usr/local/bin/node /usr/local/bin/node
 COPY --from=node /usr/local/lib/node_modules /usr/local/lib/node_modules
 RUN ln -s /usr/local/lib/node_modules/@qwen-code/qwen-code/cli.js /usr/local/bin/qwen \
  && ln -s /usr/local/lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm \
- && useradd --uid 1000 --create-home --shell /usr/sbin/nologin agent
+ && useradd --uid 1000 --create-home --shell /usr/sbin/nologin agent \
+ && useradd --uid 2000 --user-group --home-dir /tmp --no-create-home --shell /usr/sbin/nologin sandbox
 WORKDIR /opt/mass-jobs
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY pyproject.toml ./
 COPY mass_jobs ./mass_jobs
-RUN pip install . && mass episode --help >/dev/null && node --version && qwen --version
+RUN pip install . && mass episode --help >/dev/null && mass sandbox-serve --help >/dev/null \
+ && node --version && qwen --version
 USER 1000:1000
 WORKDIR /tmp

@@ -78,6 +78,11 @@ class SandboxLimits:
     output_bytes: int = 1_000_000  # per stream; the rest is counted and dropped
     extra_env: dict[str, str] = field(default_factory=dict)
     python: str = "project"  # project: this process's interpreter, read-only, first on PATH; system: host PATH
+    read_only: tuple[str, ...] = ()  # more host folders shown read-only (e.g. the checkout, for `mass ...`)
+    writable: tuple[str, ...] = ()  # more host folders shown writable, handed to the call's uid like the workspace
+    # RLIMIT_AS = memory_mb per process; off for runtimes that reserve address space they never use
+    # (node's WebAssembly): the tree's memory (PSS) is still held to memory_mb by the supervisor.
+    limit_address_space: bool = True
 
     def __post_init__(self) -> None:
         if self.python not in PYTHON_MODES:
@@ -244,7 +249,8 @@ def bwrap_argv(
     argv += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     argv += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/tmp"]
     system = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
-    binds = [(d, "--ro-bind") for d in read_only if not any(_within(d, s) for s in system)]
+    binds = [(d, "--ro-bind") for d in _topmost(read_only) if not any(_within(d, s) for s in system)]
+    binds += [(os.path.realpath(d), "--bind") for d in limits.writable]
     binds.append((workspace, "--bind"))
     made: set[str] = {"/", "/tmp", "/dev", "/proc"}
     for path, how in binds:
@@ -258,6 +264,8 @@ def bwrap_argv(
             made.add(p)
         argv += [how, path, path]
         made.add(path)
+    if uid is not None:  # the leased uid has a name, as programs that ask for their user expect
+        argv += [a for f in _identity_files(uid) for a in ("--ro-bind", str(f), f"/etc/{f.name.split('-')[0]}")]
     argv += ["--remount-ro", "/"]
     if uid is None:
         return argv + ["--chdir", workspace, "--", "/bin/sh", "-c", cmd]
@@ -287,6 +295,21 @@ def _own_tree(root: Path, uid: int, gid: int) -> None:
 # ---------------------------------------------------------------- uids, one per workspace in use
 
 _leases: dict[str, list] = {}  # workspace -> [uid, users, lock fd]
+
+
+def _identity_files(uid: int) -> list[Path]:
+    """passwd and group of this host plus a `sandbox` entry for `uid`, shown over /etc in its view."""
+    out = []
+    for name, line in (("passwd", f"sandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/sh\n"), ("group", f"sandbox:x:{uid}:\n")):
+        path = _lease_dir() / f"{name}-{uid}"
+        if not path.exists():
+            host = Path(f"/etc/{name}").read_text() if Path(f"/etc/{name}").exists() else ""
+            tmp = path.with_suffix(f".{os.getpid()}")
+            tmp.write_text(host + ("" if host.endswith("\n") or not host else "\n") + line)
+            tmp.chmod(0o644)
+            os.replace(tmp, path)
+        out.append(path)
+    return out
 
 
 def _lease_dir() -> Path:
@@ -433,7 +456,8 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
     host_tmp = None
     try:
         if uid is not None:
-            _own_tree(workspace, uid, uid)
+            for tree in (workspace, *limits.writable):
+                _own_tree(Path(tree), uid, uid)
         bwrap, setpriv_or_reason = _tools()
         if bwrap is None:  # no namespaces: a private temp dir of the host stands in for /tmp
             host_tmp = Path(tempfile.mkdtemp(prefix="mass-sandbox-"))
@@ -461,7 +485,8 @@ def _run(
     read_only: list[str] = []
     if limits.python == "project":
         python["path_first"], python["read_only"] = project_interpreter()
-        read_only = python["read_only"]
+        read_only = list(python["read_only"])
+    read_only += [os.path.realpath(d) for d in limits.read_only]
     tmp = Path("/tmp") if bwrap else host_tmp
     assert tmp is not None
     env = sandbox_env(workspace, tmp, limits.extra_env, python.get("path_first"))
@@ -472,7 +497,7 @@ def _run(
         argv = bwrap_argv(bwrap, tool, cmd, str(workspace), read_only, limits, uid)
         applied.update(
             pid_namespace=True, mount_namespace=True, network_namespace=limits.isolate_network,
-            exposed={**{d: "ro" for d in _topmost(read_only)}, str(workspace): "rw"},
+            exposed={**{d: "ro" for d in _topmost(read_only)}, **{d: "rw" for d in limits.writable}, str(workspace): "rw"},
             private_tmpfs={"/tmp": limits.tmp_mb, "/dev/shm": limits.tmp_mb},
         )  # fmt: skip
         if not as_root:
@@ -486,7 +511,7 @@ def _run(
     mb = 1024 * 1024
     rlimits = {
         "RLIMIT_CPU": [limits.cpu_s, limits.cpu_s + 1],  # SIGXCPU first, SIGKILL a second later
-        "RLIMIT_AS": [limits.memory_mb * mb] * 2,
+        "RLIMIT_AS": [limits.memory_mb * mb if limits.limit_address_space else -1] * 2,  # -1: RLIM_INFINITY
         "RLIMIT_FSIZE": [limits.file_size_mb * mb] * 2,
         "RLIMIT_NPROC": [limits.processes] * 2,
         "RLIMIT_CORE": [0, 0],

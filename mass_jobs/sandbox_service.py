@@ -41,6 +41,7 @@ import socket
 import socketserver
 import threading
 import time
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,7 @@ class SandboxService:
 
     def __init__(self, workspace: Path, reap: bool = False):
         self.workspace = Path(workspace)
+        self.server: Any = None
         self.reap = reap  # only in its own process (the pod's sidecar): it kills its whole subtree
         self._runs: dict[str, Any] = {}
         self._ids = itertools.count(1)
@@ -192,6 +194,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if method == "GET" and parts == ["health"]:
                 return self._reply(200, {"ok": True})
+            if method == "POST" and parts == ["shutdown"]:  # the end of the episode (a pod's sidecar is killed instead)
+                threading.Thread(target=self.server.shutdown, daemon=True).start()
+                return self._reply(200, {"ok": True})
             if parts == ["workspace"] and method == "PUT":
                 svc.put_workspace(self._body(ARCHIVE_LIMIT))
                 return self._reply(200, {"ok": True})
@@ -237,6 +242,7 @@ def serve(socket_path: Path, workspace: Path, ready=None, reap: bool = False) ->
     server = _Server(str(socket_path), _Handler)
     os.chmod(socket_path, 0o666)
     server.service = SandboxService(workspace, reap=reap)
+    server.service.server = server
     if ready is not None:
         ready(server)
     with server:
@@ -261,10 +267,12 @@ class SandboxClient:
     """The harness's handle on the sandbox container. Every reply is bounded and checked: the
     service runs where the agent's code does, so what comes back is treated as the agent's."""
 
-    def __init__(self, socket_path: str | Path, timeout_s: float = 120.0, ready_s: float = 120.0):
+    def __init__(self, socket_path: str | Path, timeout_s: float = 120.0, ready_s: float = 120.0,
+                 shares_workspace: bool = False):
         self.path = str(socket_path)
         self.timeout_s = timeout_s  # one reply (a tool call gets its own timeout on top)
         self.ready_s = ready_s  # how long the sandbox container may take to come up
+        self.shares_workspace = shares_workspace  # works in the harness's workspace folder: nothing to hand over
 
     def _call(self, method: str, route: str, body: bytes = b"", timeout_s: float | None = None,
               limit: int = REPLY_LIMIT) -> tuple[int, bytes]:
@@ -382,3 +390,50 @@ class RemoteQwenRun:
     def close(self) -> None:
         if self.poll() is None:
             self.kill()
+
+
+# ---------------------------------------------------------------- the same split on one machine
+
+
+@contextmanager
+def local_sandbox(workspace: Path, limits: EpisodeLimits):
+    """The sandbox container on one machine, for qwen-code (its shells are its own children, so it
+    cannot run them through `run_sandboxed` one by one): the same service, started through
+    `run_sandboxed` in the episode's workspace (bwrap: the workspace and the socket's folder
+    writable, the checkout read-only, a leased uid as root, rlimits over the episode) with the
+    network shared, since qwen-code must reach the recording proxy on loopback. The trace and the
+    status are outside its view. Yields None where bwrap cannot run (qwen-code then runs in this
+    process, as the status's sandbox note says)."""
+    import shlex
+    import shutil
+    import tempfile
+
+    from mass_jobs.sandbox import SandboxLimits, _tools, run_sandboxed
+
+    if _tools()[0] is None:
+        yield None
+        return
+    sockdir = Path(tempfile.mkdtemp(prefix="mass-sandbox-"))
+    sock = sockdir / "sandbox.sock"
+    repo = Path(__file__).resolve().parents[1]
+    qwen = os.environ.get("MASS_QWEN_BIN")
+    shown = [str(repo)] + ([str(Path(os.path.realpath(qwen)).parent.parent)] if qwen else [])
+    sl = SandboxLimits.from_episode_limits(
+        limits, timeout_s=limits.wall_s + 120, cpu_s=int(limits.wall_s) + 120, processes=max(limits.processes, 256),
+        isolate_network=False, limit_address_space=False, read_only=tuple(shown), writable=(str(sockdir),),
+        extra_env={"MASS_QWEN_BIN": qwen} if qwen else {})
+    cmd = (f"exec python -m mass_jobs.cli sandbox-serve --socket {shlex.quote(str(sock))} "
+           f"--workspace {shlex.quote(str(Path(workspace).resolve()))} --in-place")
+    ended: dict = {}
+    runner = threading.Thread(target=lambda: ended.update(result=run_sandboxed(cmd, workspace, sl)), daemon=True)
+    runner.start()
+    client = SandboxClient(sock, ready_s=60, shares_workspace=True)
+    try:
+        yield client
+    finally:
+        try:
+            client._json("POST", "/shutdown", timeout_s=10)
+        except SandboxError:
+            pass
+        runner.join(timeout=30)
+        shutil.rmtree(sockdir, ignore_errors=True)

@@ -73,3 +73,31 @@ def test_agent_shell_cannot_rewrite_trace_status_or_proxy(scripted_endpoint, tmp
     shell_output = [m["content"] for m in trace[2]["request"]["messages"] if m["role"] == "tool"][0]
     assert "tried" in shell_output and "WROTE:" not in shell_output, shell_output
     assert status["sandbox"]["network_isolated"] is True
+
+
+def test_qwen_code_shell_cannot_rewrite_trace_or_status(scripted_endpoint, tmp_path):
+    """qwen-code runs its shells itself, so it runs in the sandbox as a whole (mass_jobs.sandbox_service,
+    under bwrap here): its shell command's attempts on the records fail like the built-in harness's."""
+    from tests.test_qwen_code import MAIN
+
+    out = tmp_path / "out"
+    proxy_file = Path(__import__("mass_jobs.proxy", fromlist=["x"]).__file__).resolve()
+    ep = scripted_endpoint({MAIN: [Reply.call("run_shell_command", command=forging_command(out, proxy_file),
+                                              description="tidy the records"),
+                                   Reply.text("records tidied")]})
+    inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, harness="qwen-code", sampling=Sampling(max_output_tokens=64),
+                       limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=0))
+    result = run_episode(inp, tmp_path / "ws", out)
+    time.sleep(2)  # the left-behind process would have written by now
+    status = json.loads((out / "status.json").read_text())
+    validate_status(status)
+    assert status == result.status and (status["outcome"], result.final_report) == ("success", "records tidied"), status
+    assert "sandbox" in status["sandbox"]["note"] and FORGED not in json.dumps(status)
+    lines = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+    assert [r["seq"] for r in lines] == [0, 1] and not [r for r in lines if "forged" in r]
+    assert sorted(p.name for p in out.iterdir()) == ["status.json", "trace.jsonl"]
+    # the command ran (qwen-code handed its output back) and every attempt failed
+    tool_text = lines[1]["request"]["messages"][-1]["content"][0]["text"]
+    shell_output = tool_text.split("\nOutput:", 1)[1]  # qwen-code echoes the command first
+    assert "tried" in shell_output and "WROTE:" not in shell_output, shell_output
+    assert "trace.jsonl: No such file or directory" in shell_output  # /out is not in its view at all

@@ -11,6 +11,8 @@ from __future__ import annotations
 def add_arguments(parser) -> None:
     parser.add_argument("--socket", required=True, metavar="PATH", help="Unix socket to serve (in a volume both containers mount)")
     parser.add_argument("--workspace", required=True, metavar="DIR", help="where the episode's workspace lives (missing or empty)")
+    parser.add_argument("--in-place", action="store_true",
+                        help="DIR is the episode's workspace, already seeded (one machine: no archive is handed over)")
 
 
 def main(args) -> int:
@@ -20,7 +22,10 @@ def main(args) -> int:
     from mass_jobs.sandbox_service import serve
 
     workspace = Path(args.workspace)
-    if workspace.exists() and (not workspace.is_dir() or any(workspace.iterdir())):
+    if args.in_place and not workspace.is_dir():
+        print(f"mass sandbox-serve --workspace: expected the episode's workspace folder, got {workspace}", file=sys.stderr)
+        return 2
+    if not args.in_place and workspace.exists() and (not workspace.is_dir() or any(workspace.iterdir())):
         print(f"mass sandbox-serve --workspace: expected a missing or empty folder, got {workspace}", file=sys.stderr)
         return 2
     print(f"sandbox: serving {args.socket}", flush=True)

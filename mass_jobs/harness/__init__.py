@@ -176,8 +176,16 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None)
     seed_workspace(workspace, inp.files)
     trace_path = out_dir / "trace.jsonl"
     trace_path.unlink(missing_ok=True)
+    if sandbox is None and inp.harness == "qwen-code":
+        from mass_jobs.sandbox_service import local_sandbox
+
+        # qwen-code and its shells as a uid of their own, with the trace out of view, here too
+        with local_sandbox(workspace, inp.limits) as local:
+            if local is not None:
+                return run_episode(inp, workspace, out_dir, sandbox=local)
     started = time.monotonic()
-    lost = _hand_over(sandbox, workspace) if sandbox is not None else None
+    handed = sandbox is not None and not sandbox.shares_workspace
+    lost = _hand_over(sandbox, workspace) if handed else (_wait_ready(sandbox) if sandbox is not None else None)
     if lost is not None:
         result = lost
     else:
@@ -190,7 +198,7 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None)
                 from mass_jobs.harness.qwen_code import run_qwen_code
 
                 result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, sandbox)
-        if sandbox is not None:
+        if handed:
             result = _take_back(sandbox, workspace, result)
     status = {
         "outcome": result.outcome,
@@ -239,6 +247,18 @@ def _hand_over(sandbox, workspace: Path) -> HarnessOutcome | None:
         return HarnessOutcome("infra_error", str(exc)[:4000], {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
                               {"prompt": 0, "completion": 0}, isolated, note)
     shutil.rmtree(workspace)
+    return None
+
+
+def _wait_ready(sandbox) -> HarnessOutcome | None:
+    from mass_jobs.sandbox_service import SandboxError
+
+    try:
+        sandbox.wait_ready()
+    except SandboxError as exc:
+        isolated, note = _sandbox_capability()
+        return HarnessOutcome("infra_error", str(exc)[:4000], {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
+                              {"prompt": 0, "completion": 0}, isolated, note)
     return None
 
 

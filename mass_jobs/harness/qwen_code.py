@@ -8,6 +8,8 @@ tool, and with the sandbox's scrubbed environment (no host secrets). It cannot b
 it must reach the proxy on loopback. While it runs, the trace is watched so the episode limits hold
 as in the built-in harness: tool calls, turns per agent thread and loop detection end it early.
 The binary comes from MASS_QWEN_BIN or .tools/qwen-code/node_modules/.bin/qwen (`make setup`).
+It runs in the sandbox (mass_jobs/sandbox_service.py): the agent pod's sidecar on a cluster, the
+same service under bwrap on one machine; in this process only where bwrap cannot run.
 Entry: `run_episode(..., harness="qwen-code")`, i.e. `mass episode --in DIR --out DIR`.
 """
 
@@ -34,6 +36,8 @@ DEFAULT_BIN = REPO_ROOT / ".tools" / "qwen-code" / "node_modules" / ".bin" / "qw
 POLL_S = 0.1  # how often the trace is checked against the limits while qwen-code runs
 PROXY_KEY = "mass-recording-proxy"  # qwen-code needs a non-empty key; a proxy with a client token gets that
 OUTPUT_LIMIT = 16 * 1024 * 1024  # qwen-code's stdout/stderr read back, from the end
+SANDBOXED_NOTE = ("qwen-code and its shells ran in the sandbox: a uid of their own, the workspace their only "
+                  "writable folder, no view of the trace; no network isolation (it must reach the recording proxy)")
 
 
 def qwen_binary() -> Path:
@@ -256,7 +260,10 @@ def run_qwen_code(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_pat
     else:
         outcome = "infra_error"
         reason = f"qwen-code exited with code {code} and no result: {(stderr or stdout).strip()[-500:]}"
-    return _outcome(HarnessOutcome, outcome, reason, records, report)
+    result = _outcome(HarnessOutcome, outcome, reason, records, report)
+    if sandbox is not None:
+        result.sandbox_note = SANDBOXED_NOTE
+    return result
 
 
 def _failed(record: dict) -> bool:
