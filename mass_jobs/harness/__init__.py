@@ -239,13 +239,13 @@ def _hand_over(sandbox, workspace: Path) -> HarnessOutcome | None:
 
     from mass_jobs.sandbox_service import SandboxError
 
+    lost = _wait_ready(sandbox)
+    if lost is not None:
+        return lost
     try:
-        sandbox.wait_ready()
         sandbox.put_workspace(workspace)
     except SandboxError as exc:
-        isolated, note = _sandbox_capability()
-        return HarnessOutcome("infra_error", str(exc)[:4000], {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
-                              {"prompt": 0, "completion": 0}, isolated, note)
+        return _sandbox_lost(exc)
     shutil.rmtree(workspace)
     return None
 
@@ -256,10 +256,15 @@ def _wait_ready(sandbox) -> HarnessOutcome | None:
     try:
         sandbox.wait_ready()
     except SandboxError as exc:
-        isolated, note = _sandbox_capability()
-        return HarnessOutcome("infra_error", str(exc)[:4000], {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
-                              {"prompt": 0, "completion": 0}, isolated, note)
+        return _sandbox_lost(exc)
     return None
+
+
+def _sandbox_lost(exc: Exception) -> HarnessOutcome:
+    """No model call was made: the sandbox never took the episode."""
+    isolated, note = _sandbox_capability()
+    return HarnessOutcome("infra_error", str(exc)[:4000], {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
+                          {"prompt": 0, "completion": 0}, isolated, note)
 
 
 def _take_back(sandbox, workspace: Path, result: HarnessOutcome) -> HarnessOutcome:

@@ -169,15 +169,16 @@ def stored_checker(ctx: RunContext, gen: int, task_id: str, ep: str) -> RunCheck
 
     checks = ctx.spec.task(task_id).guards.checks
     key = ctx.rollout_file(ctx.guard_checks(gen, task_id, ep), "checks.json")
-    try:
-        results = validate_results(ctx.store.get_json(key), checks) if ctx.store.exists(key) else None
-        missing = "not run (no checks pod result stored)"
-    except ValueError as exc:
-        results, missing = None, str(exc)
-    if results is None:
-        doc = ctx.store.get_json(key) if ctx.store.exists(key) else {}
-        missing = doc.get("lost", missing) if isinstance(doc, dict) else missing
-    return lambda check, _workspace: results[check.name] if results else (1, missing)
+    doc = ctx.store.get_json(key) if ctx.store.exists(key) else None
+    results, why = None, "not run (no checks pod result stored)"
+    if isinstance(doc, dict) and "lost" in doc:
+        why = str(doc["lost"])
+    elif doc is not None:
+        try:
+            results = validate_results(doc, checks)
+        except ValueError as exc:
+            why = str(exc)
+    return lambda check, _workspace: results[check.name] if results is not None else (1, why)
 
 
 def _needs_checks(ctx: RunContext, task_id: str, ep: dict) -> bool:
