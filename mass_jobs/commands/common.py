@@ -23,6 +23,22 @@ def add_common(parser) -> None:
     add_spec(parser, gen="generation g (the model L_g does the work)", task=True)
 
 
+def add_rollout_phases(parser, *, phases: tuple[str, ...], phase: str, outputs: str, lost: str, agent_pods: str) -> None:
+    """The flags of a step whose work runs in agent pods on Argo: --phase, --rollout, --outputs,
+    --agent-status, --agent-pods (help texts: what each means for this step)."""
+    parser.add_argument("--phase", choices=list(phases), help=f"Argo, around agent pods: {phase}")
+    parser.add_argument("--rollout", metavar="KEY", help="with --phase ingest: the rollout (as prepare listed it)")
+    parser.add_argument("--outputs", metavar="DIR", help=f"with --phase prepare: write {outputs}")
+    parser.add_argument("--agent-status", metavar="PHASE",
+                        help=f"with --phase ingest: the agent step's Argo phase; Failed or Error with no output {lost}")
+    parser.add_argument("--agent-pods", action="store_true", help=agent_pods)
+
+
+def agent_failed(args) -> bool:
+    """--agent-status names a pod that ended without output it could have left (Argo's Failed, Error)."""
+    return (args.agent_status or "") in ("Failed", "Error")
+
+
 def add_model(parser) -> None:
     parser.add_argument("--endpoint", help="OpenAI-compatible base URL (…/v1) of the generation's model; "
                         "default: serve the generation's model here")

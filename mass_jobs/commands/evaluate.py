@@ -15,24 +15,18 @@ from __future__ import annotations
 import json
 import sys
 
-from mass_jobs.commands.common import add_spec, open_run, work_dir_default
+from mass_jobs.commands.common import add_rollout_phases, add_spec, agent_failed, open_run, work_dir_default
 
 
 def add_arguments(parser) -> None:
     add_spec(parser, gen="generation G >= 1 (L_G vs L_0 and L_{G-1})")
     parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local cache for model dirs and server logs")
-    parser.add_argument("--phase", choices=["plan", "prepare", "ingest"],
-                        help="Argo, around agent pods: the models to serve, prepare the missing rollouts, or "
-                             "ingest one (--rollout)")
     parser.add_argument("--generation-endpoint", nargs=3, action="append", default=[], metavar=("G", "URL", "NAME"),
                         help="with --phase prepare / --agent-pods: L_G's OpenAI base URL and model name (repeat)")
-    parser.add_argument("--rollout", metavar="KEY", help="with --phase ingest: the rollout (as prepare listed it)")
-    parser.add_argument("--outputs", metavar="DIR", help="with --phase prepare: write DIR/rollouts and DIR/models")
-    parser.add_argument("--agent-status", metavar="PHASE",
-                        help="with --phase ingest: the agent step's Argo phase; Failed or Error with no output "
-                             "stores an infra_error rollout")
-    parser.add_argument("--agent-pods", action="store_true",
-                        help="rollouts ran in agent pods: judge against --endpoint, never run one here")
+    add_rollout_phases(parser, phases=("plan", "prepare", "ingest"),
+                       phase="the models to serve, prepare the missing rollouts, or ingest one (--rollout)",
+                       outputs="DIR/rollouts and DIR/models", lost="stores an infra_error rollout",
+                       agent_pods="rollouts ran in agent pods: judge against --endpoint, never run one here")
 
 
 def main(args) -> int:
@@ -80,7 +74,7 @@ def main(args) -> int:
             print(json.dumps(out, sort_keys=True))
             return 0
         if args.phase == "ingest":
-            out = ev.ingest(ctx, args.gen, args.rollout, agent_failed=args.agent_status in ("Failed", "Error"))
+            out = ev.ingest(ctx, args.gen, args.rollout, agent_failed=agent_failed(args))
             print(json.dumps(out, sort_keys=True))
             return 0
         if args.agent_pods:

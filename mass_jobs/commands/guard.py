@@ -13,20 +13,15 @@ from __future__ import annotations
 
 import json
 
-from mass_jobs.commands.common import add_common, open_run, run_guarded
+from mass_jobs.commands.common import add_common, add_rollout_phases, agent_failed, open_run, run_guarded
 
 
 def add_arguments(parser) -> None:
     add_common(parser)
-    parser.add_argument("--phase", choices=["prepare", "ingest"],
-                        help="Argo, around agent pods: prepare the checks jobs, or ingest one (--rollout)")
-    parser.add_argument("--rollout", metavar="KEY", help="with --phase ingest: the checks job (as prepare listed it)")
-    parser.add_argument("--outputs", metavar="DIR", help="with --phase prepare: write DIR/rollouts")
-    parser.add_argument("--agent-status", metavar="PHASE",
-                        help="with --phase ingest: the agent step's Argo phase; Failed or Error with no output "
-                             "stores the checks as lost (they fail)")
-    parser.add_argument("--agent-pods", action="store_true",
-                        help="check commands ran in agent pods: use their stored results, never run one here")
+    add_rollout_phases(parser, phases=("prepare", "ingest"),
+                       phase="prepare the checks jobs, or ingest one (--rollout)", outputs="DIR/rollouts",
+                       lost="stores the checks as lost (they fail)",
+                       agent_pods="check commands ran in agent pods: use their stored results, never run one here")
 
 
 def main(args) -> int:
@@ -46,8 +41,8 @@ def main(args) -> int:
             print(json.dumps({"rollouts": items}, sort_keys=True))
             return 0
         if args.phase == "ingest":
-            failed = (args.agent_status or "") in ("Failed", "Error")
-            print(json.dumps(guard.ingest_checks(ctx, args.gen, args.task, args.rollout, failed), sort_keys=True))
+            print(json.dumps(guard.ingest_checks(ctx, args.gen, args.task, args.rollout, agent_failed(args)),
+                             sort_keys=True))
             return 0
         report = guard.run_guard(ctx, args.gen, args.task, agent_pods=args.agent_pods)
         print(json.dumps({"task": report.task, "skipped": report.skipped, "usable": report.usable,

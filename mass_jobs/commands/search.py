@@ -14,23 +14,19 @@ from __future__ import annotations
 
 import json
 
-from mass_jobs.commands.common import add_common, add_model, client_for, model_endpoint, open_run, run_guarded
+from mass_jobs.commands.common import (add_common, add_model, add_rollout_phases, client_for, model_endpoint, open_run,
+                                      run_guarded)
 
 
 def add_arguments(parser) -> None:
     add_common(parser)
     add_model(parser)
     parser.add_argument("--iteration", type=int, help="run only this iteration (0..search.iterations)")
-    parser.add_argument("--phase", choices=["prepare", "ingest"],
-                        help="Argo, around agent pods: prepare an iteration's rollouts (needs --iteration, "
-                             "--endpoint; --outputs DIR gets DIR/rollouts) or ingest one (--rollout)")
-    parser.add_argument("--rollout", metavar="KEY", help="with --phase ingest: the rollout (as prepare listed it)")
-    parser.add_argument("--outputs", metavar="DIR", help="with --phase prepare: write DIR/rollouts (JSON list)")
-    parser.add_argument("--agent-pods", action="store_true",
-                        help="rollouts ran in agent pods (prepare/ingest): judge and save only, never run one here")
-    parser.add_argument("--agent-status", metavar="PHASE",
-                        help="with --phase ingest: the agent step's Argo phase; Failed or Error with no output "
-                             "stores an infra_error rollout")
+    add_rollout_phases(parser, phases=("prepare", "ingest"),
+                       phase="prepare an iteration's rollouts (needs --iteration, --endpoint; --outputs DIR gets "
+                             "DIR/rollouts) or ingest one (--rollout)",
+                       outputs="DIR/rollouts (JSON list)", lost="stores an infra_error rollout",
+                       agent_pods="rollouts ran in agent pods (prepare/ingest): judge and save only, never run one here")
 
 
 def main(args) -> int:
