@@ -150,21 +150,30 @@ def status_rows(spec_path: Path) -> dict:
     return {(r["gen"], r["step"]): r["status"] for r in json.loads(proc.stdout)["steps"]}
 
 
-def mass_run(spec: Path, work: Path, kill_when=None, before_kill=None) -> str:
-    """Run `mass run` to the end (returns its output), or freeze and SIGKILL its process group once kill_when()."""
+def mass_run(spec: Path, work: Path, kill_when=None, before_kill=None, slice_when=None) -> str:
+    """Run `mass run` to the end (returns its output), or freeze and SIGKILL its process group once
+    kill_when(). From slice_when() on, the run only advances in short slices between frozen looks,
+    so a moment kill_when() waits for (a checkpoint) cannot slip by between two polls."""
     cmd = [sys.executable, "-m", "mass_jobs.cli", "run", str(spec), "--work-dir", str(work), "--no-progress"]
     with open(work.parent / "run.out", "w+b") as out:
         proc = subprocess.Popen(cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+        slicing = False
         while proc.poll() is None:
-            if kill_when and kill_when():
-                # frozen first, so the step seen running cannot finish while before_kill looks at it
-                os.killpg(proc.pid, signal.SIGSTOP)
-                if before_kill:
-                    before_kill()
-                os.killpg(proc.pid, signal.SIGKILL)  # the runner, its servers and torchrun: a hard crash
-                proc.wait()
-                return "killed"
-            time.sleep(0.2)
+            if kill_when:
+                slicing = slicing or bool(slice_when and slice_when())
+                if slicing:
+                    os.killpg(proc.pid, signal.SIGSTOP)
+                if kill_when():
+                    # frozen first, so the step seen running cannot finish while before_kill looks at it
+                    os.killpg(proc.pid, signal.SIGSTOP)
+                    if before_kill:
+                        before_kill()
+                    os.killpg(proc.pid, signal.SIGKILL)  # the runner, its servers and torchrun: a hard crash
+                    proc.wait()
+                    return "killed"
+                if slicing:
+                    os.killpg(proc.pid, signal.SIGCONT)
+            time.sleep(0.02 if slicing else 0.2)
         out.seek(0)
         text = out.read().decode()
     assert proc.returncode == 0, text[-4000:]
@@ -337,10 +346,18 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     def first_checkpoint() -> bool:  # polled in the store, as an operator would
         return bool(ctx_b.store.list(f"{ctx_b.train(0)}/step-"))
 
+    def training() -> bool:  # the run-state names the step in progress
+        try:
+            state = ctx_b.store.get_json(ctx_b.run_state())
+        except (LookupError, ValueError):  # not written yet (MissingKey), or mid-write
+            return False
+        return (state.get("current") or {}).get("step") == "train"
+
     def note_status() -> None:
         seen.update(status_rows(b))
 
-    assert mass_run(b, tmp_path / "b" / "work", kill_when=first_checkpoint, before_kill=note_status) == "killed"
+    assert mass_run(b, tmp_path / "b" / "work", kill_when=first_checkpoint, before_kill=note_status,
+                    slice_when=training) == "killed"
     assert seen[(0, "train")] == "running"
     killed = status_rows(b)
     assert killed[(0, "train")] == "interrupted"
