@@ -150,6 +150,18 @@ def status_rows(spec_path: Path) -> dict:
     return {(r["gen"], r["step"]): r["status"] for r in json.loads(proc.stdout)["steps"]}
 
 
+def freeze(pid: int, sig: int) -> None:
+    """Signal the run's whole process tree (SIGSTOP, SIGCONT, SIGKILL): torchrun starts its workers
+    in sessions of their own, out of reach of the run's process group."""
+    from mass_jobs.sandbox import _tree
+
+    for p in _tree(pid):
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+
+
 def mass_run(spec: Path, work: Path, kill_when=None, before_kill=None, slice_when=None) -> str:
     """Run `mass run` to the end (returns its output), or freeze and SIGKILL its process group once
     kill_when(). From slice_when() on, the run only advances in short slices between frozen looks,
@@ -162,17 +174,18 @@ def mass_run(spec: Path, work: Path, kill_when=None, before_kill=None, slice_whe
             if kill_when:
                 slicing = slicing or bool(slice_when and slice_when())
                 if slicing:
-                    os.killpg(proc.pid, signal.SIGSTOP)
+                    freeze(proc.pid, signal.SIGSTOP)
                 if kill_when():
                     # frozen first, so the step seen running cannot finish while before_kill looks at it
-                    os.killpg(proc.pid, signal.SIGSTOP)
+                    freeze(proc.pid, signal.SIGSTOP)
                     if before_kill:
                         before_kill()
-                    os.killpg(proc.pid, signal.SIGKILL)  # the runner, its servers and torchrun: a hard crash
+                    freeze(proc.pid, signal.SIGKILL)  # the runner, its servers and torchrun's workers: a hard crash
+                    os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
                     return "killed"
                 if slicing:
-                    os.killpg(proc.pid, signal.SIGCONT)
+                    freeze(proc.pid, signal.SIGCONT)
             time.sleep(0.02 if slicing else 0.2)
         out.seek(0)
         text = out.read().decode()
