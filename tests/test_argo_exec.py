@@ -323,6 +323,69 @@ def test_unresolved_reference_and_unknown_feature_fail_loudly(executor_for):
     assert wf.phase == "Error" and "Unsupported" in wf.message and "script" in wf.message
 
 
+def test_the_image_code_is_never_hidden_by_the_pods_tmp_volumes(executor_for):
+    """Pods mount emptyDirs at /tmp (and a writable root gets tmpfs at /tmp and /var): the image's
+    `mass` must run wherever this checkout lives, under /tmp too (test below)."""
+    templates = [{"name": "main", "steps": [[{"name": "ro", "template": "ro"}, {"name": "rw", "template": "rw"}]]}]
+    for name, ro in (("ro", True), ("rw", False)):
+        c = container("mass --help > /tmp/v && head -c 11 /tmp/v > /out/v", mounts=("tmp", "out"), ro=ro)
+        c["securityContext"].update({"runAsUser": 1000, "runAsGroup": 1000})
+        templates.append({"name": name, "container": c,
+                          "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "out", "emptyDir": {}}],
+                          "outputs": {"parameters": [{"name": "v", "valueFrom": {"path": "/out/v"}}]}})
+    wf = executor_for(wft("img", templates)).submit("img", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    assert [n.outputs["v"] for n in wf.find(type="Pod")] == ["usage: mass"] * 2
+
+
+def test_a_volume_inside_the_checkout_is_refused_by_name(executor_for):
+    inside = str(REPO / "mass_jobs")
+    c = container("true", mounts=())
+    c["volumeMounts"] = [{"name": "v", "mountPath": inside}]
+    wf = executor_for(wft("in", [{"name": "main", "container": c, "volumes": [{"name": "v", "emptyDir": {}}]}])).submit("in", {})
+    assert wf.phase in ("Failed", "Error") and f"volumeMount {inside} lies inside" in wf.summary()
+
+
+def _console_script(path: Path, python: Path) -> None:
+    """A `mass` entry point as pip writes one when the interpreter's path has a space in it."""
+    q = "'" * 3
+    path.write_text(f'#!/bin/sh\n{q}exec\' "{python}" "$0" "$@"\n\' {q}\n'
+                    "import sys\nfrom mass_jobs.cli import main\nsys.exit(main())\n")
+    path.chmod(0o755)
+
+
+def test_the_executor_runs_from_a_checkout_under_tmp_with_a_space():
+    """A copy of this checkout under /tmp, in a folder with a space, with a venv of its own whose
+    `mass` imports the copy's code: the two pod tests above pass there too."""
+    import shutil
+    import sysconfig
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="mass clone ", dir="/tmp"))
+    root = top / "main"
+    try:
+        root.mkdir()
+        for part in ("mass_jobs", "tests", "images", "schemas"):
+            shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy2(REPO / "pyproject.toml", root / "pyproject.toml")
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv")], check=True)
+        python = root / ".venv" / "bin" / "python"
+        site = Path(sysconfig.get_path("purelib", vars={"base": str(root / ".venv")}))
+        # the copy's code first, then this venv's packages (whose editable finder is not read from there)
+        (site / "clone.pth").write_text(f"{root}\n{sysconfig.get_path('purelib')}\n")
+        _console_script(root / ".venv" / "bin" / "mass", python)
+        where = subprocess.run([str(python), "-c", "import mass_jobs, tests.fixtures.argo_exec.pods as p; "
+                                "print(mass_jobs.__file__); print(p.REPO)"], cwd=root, capture_output=True, text=True)
+        assert where.returncode == 0, where.stderr
+        assert where.stdout.split("\n")[:2] == [str(root / "mass_jobs" / "__init__.py"), str(root)]  # the copy, not this checkout
+        run = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_argo_exec.py",
+                              "-k", "image_code_is_never_hidden or volume_inside_the_checkout"],
+                             cwd=root, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def pytorchjob(name: str, workers: int, script: str, action="create") -> dict:
     def replica(n):
         return {"replicas": n, "restartPolicy": "Never", "template": {"spec": {
