@@ -106,7 +106,7 @@ class SandboxResult:
     stdout: str
     stderr: str
     timed_out: bool
-    # wall_timeout | cpu_limit | file_size_limit | memory_limit | workspace_quota | output_limit | signal:NAME | None
+    # wall_timeout | cpu_limit | file_size_limit | memory_limit | workspace_quota | output_limit | stopped | signal:NAME | None
     killed_reason: str | None
     network_isolated: bool
     duration_s: float
@@ -442,8 +442,10 @@ def _over_quota(workspace: Path, limits: SandboxLimits) -> str | None:
     return None
 
 
-def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run `/bin/sh -c cmd` in workspace `cwd` under `limits`; see the module docstring."""
+def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None,
+                  stop: threading.Event | None = None) -> SandboxResult:
+    """Run `/bin/sh -c cmd` in workspace `cwd` under `limits`; see the module docstring. Setting
+    `stop` kills the tree at the next sample (killed_reason "stopped")."""
     import tempfile
 
     limits = limits or SandboxLimits()
@@ -463,7 +465,7 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
             host_tmp = Path(tempfile.mkdtemp(prefix="mass-sandbox-"))
             if uid is not None:
                 os.chown(host_tmp, uid, uid)
-        return _run(cmd, workspace, limits, uid, bwrap, setpriv_or_reason, host_tmp)
+        return _run(cmd, workspace, limits, uid, bwrap, setpriv_or_reason, host_tmp, stop)
     finally:
         if host_tmp is not None:
             import shutil
@@ -475,7 +477,7 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
 
 def _run(
     cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, bwrap: str | None, tool: str | None,
-    host_tmp: Path | None,
+    host_tmp: Path | None, stop: threading.Event | None = None,
 ) -> SandboxResult:  # fmt: skip
     import subprocess
     import threading
@@ -535,7 +537,7 @@ def _run(
     ]
     for t in readers:
         t.start()
-    reason, peak, why = _supervise(proc, workspace, limits, t0, sinks)
+    reason, peak, why = _supervise(proc, workspace, limits, t0, sinks, stop)
     if why:
         notes.append(why)
     for t in readers:
@@ -580,7 +582,8 @@ def _run(
     )
 
 
-def _supervise(proc: Any, workspace: Path, limits: SandboxLimits, t0: float, sinks: dict) -> tuple:
+def _supervise(proc: Any, workspace: Path, limits: SandboxLimits, t0: float, sinks: dict,
+               stop: threading.Event | None = None) -> tuple:
     """Wait for the call, sampling its tree; kill it on the wall, CPU, memory, workspace or output
     limit. Returns (reason or None, peak usage, what was over)."""
     import subprocess
@@ -597,7 +600,9 @@ def _supervise(proc: Any, workspace: Path, limits: SandboxLimits, t0: float, sin
         cpu, mem, _ = tree_usage(proc.pid)
         peak["cpu"], peak["mem"] = max(peak["cpu"], cpu), max(peak["mem"], mem)
         reason, why = None, ""
-        if time.monotonic() - t0 >= limits.timeout_s:
+        if stop is not None and stop.is_set():
+            reason, why = "stopped", "stopped by the caller"
+        elif time.monotonic() - t0 >= limits.timeout_s:
             reason = "wall_timeout"
         elif cpu > limits.cpu_s + 1:  # a tree of processes each under RLIMIT_CPU
             reason, why = "cpu_limit", f"tree used {cpu:.1f} CPU s, over {limits.cpu_s}"

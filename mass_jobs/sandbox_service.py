@@ -68,11 +68,17 @@ class SandboxError(RuntimeError):
 class SandboxService:
     """The sandbox side: its own workspace, the tools run in it, qwen-code runs started in it."""
 
-    def __init__(self, workspace: Path, reap: bool = False):
+    def __init__(self, workspace: Path, reap: bool = False, shell_socket: Path | None = None,
+                 routes: frozenset[str] | None = None, limits: EpisodeLimits | None = None):
         self.workspace = Path(workspace)
         self.server: Any = None
         self.reap = reap  # only in its own process (the pod's sidecar): it kills its whole subtree
+        self.shell_socket = shell_socket  # where qwen-code's shell commands go (None: this service)
+        self.routes = routes  # None: every route; else only these (a shell-only service)
+        self.limits = limits  # a shell-only service's episode limits (else each request's)
+        self.socket_path: Path | None = None
         self._runs: dict[str, Any] = {}
+        self._shells = 0  # shell commands in flight: strays are reaped when none is
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -103,6 +109,25 @@ class SandboxService:
             self._reap_strays()
         return {"text": out.text, "network_isolated": out.network_isolated}
 
+    def shell(self, body: dict) -> dict:
+        """A qwen-code shell command (its forwarding `bash`, mass_jobs/harness/qwen_shell.py); the
+        limits are the episode's: a shell-only service's own, else those of the qwen-code run."""
+        from mass_jobs.harness.qwen_shell import run_shell
+
+        limits = self.limits or next((run.limits for run in self._runs.values()), None)
+        if limits is None:
+            return {"exit_code": 126, "stdout": "", "stderr": "bash: no episode is running here\n"}
+        with self._lock:
+            self._shells += 1
+        try:
+            return run_shell(self.workspace, body.get("command"), body.get("cwd"), limits)
+        finally:
+            with self._lock:
+                self._shells -= 1
+                idle = self._shells == 0
+            if idle:  # a command running beside this one keeps its processes
+                self._reap_strays()
+
     def check(self, body: dict) -> dict:
         from mass_jobs.check_job import run_check
         from mass_jobs.models import CheckCommand, EpisodeLimits
@@ -116,15 +141,17 @@ class SandboxService:
         return {"exit_code": code, "detail": detail}
 
     def _reap_strays(self) -> None:
-        """Kill every process below this one (a command's daemons were reparented here) unless
-        qwen-code, whose own shells they may be, is still running."""
-        if not self.reap or any(run.poll() is None for run in self._runs.values()):
+        """Kill every process below this one that is not a qwen-code run's own (a command's daemons
+        were reparented here). qwen-code's shell commands run under this service, not under
+        qwen-code, so nothing they leave survives their return either."""
+        if not self.reap:
             return
         from mass_jobs.sandbox import _tree
 
         me = os.getpid()
+        keep = {pid for run in self._runs.values() if run.poll() is None for pid in _tree(run.proc.pid)}
         for pid in reversed(_tree(me)):
-            if pid != me:
+            if pid != me and pid not in keep:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
@@ -144,7 +171,9 @@ class SandboxService:
 
         inp = episode_input(body["episode"])
         p = body["proxy"]
-        run = QwenRun(inp, Endpoint(p["base_url"], p["model"], key=p.get("key")), self.workspace)
+        run = QwenRun(inp, Endpoint(p["base_url"], p["model"], key=p.get("key")), self.workspace,
+                      shell_socket=self.shell_socket or self.socket_path)
+        run.limits = inp.limits
         with self._lock:
             run_id = str(next(self._ids))
             self._runs[run_id] = run
@@ -191,6 +220,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, method: str) -> None:
         svc: SandboxService = self.server.service
         parts = [p for p in self.path.split("?", 1)[0].split("/") if p]
+        if svc.routes is not None and (parts[:1] or [""])[0] not in svc.routes:
+            return self._reply(404, {"error": f"no route {method} {self.path}"})
         try:
             if method == "GET" and parts == ["health"]:
                 return self._reply(200, {"ok": True})
@@ -204,6 +235,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._reply(200, svc.get_workspace(), "application/gzip")
             if parts == ["tool"] and method == "POST":
                 return self._reply(200, svc.tool(json.loads(self._body(REQUEST_LIMIT))))
+            if parts == ["shell"] and method == "POST":
+                return self._reply(200, svc.shell(json.loads(self._body(REQUEST_LIMIT))))
             if parts == ["check"] and method == "POST":
                 return self._reply(200, svc.check(json.loads(self._body(REQUEST_LIMIT))))
             if parts == ["qwen"] and method == "POST":
@@ -229,10 +262,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._route("POST")
 
 
-def serve(socket_path: Path, workspace: Path, ready=None, reap: bool = False) -> None:
+def serve(socket_path: Path, workspace: Path, ready=None, reap: bool = False, shell_socket: Path | None = None) -> None:
     """Serve until killed (Argo ends a sidecar when the main container exits). The socket is made
     connectable by the harness's uid; the workspace is this uid's own. With `reap` this process
-    becomes the subreaper of all it starts (see the module docstring)."""
+    becomes the subreaper of all it starts (see the module docstring). `shell_socket`: a shell-only
+    service elsewhere that runs qwen-code's shell commands (one machine: the harness's, whose
+    commands get namespaces of their own); else this service runs them."""
     socket_path = Path(socket_path)
     socket_path.unlink(missing_ok=True)
     if reap:
@@ -241,8 +276,9 @@ def serve(socket_path: Path, workspace: Path, ready=None, reap: bool = False) ->
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     server = _Server(str(socket_path), _Handler)
     os.chmod(socket_path, 0o666)
-    server.service = SandboxService(workspace, reap=reap)
+    server.service = SandboxService(workspace, reap=reap, shell_socket=shell_socket)
     server.service.server = server
+    server.service.socket_path = socket_path
     if ready is not None:
         ready(server)
     with server:
@@ -397,43 +433,88 @@ class RemoteQwenRun:
 
 @contextmanager
 def local_sandbox(workspace: Path, limits: EpisodeLimits):
-    """The sandbox container on one machine, for qwen-code (its shells are its own children, so it
-    cannot run them through `run_sandboxed` one by one): the same service, started through
-    `run_sandboxed` in the episode's workspace (bwrap: the workspace and the socket's folder
-    writable, the checkout read-only, a leased uid as root, rlimits over the episode) with the
-    network shared, since qwen-code must reach the recording proxy on loopback. The trace and the
-    status are outside its view. Yields None where bwrap cannot run (qwen-code then runs in this
+    """The sandbox container on one machine, for qwen-code: the same service, started through
+    `run_sandboxed` in the episode's workspace (bwrap: the workspace and the sockets' folder
+    writable; read-only only what it needs to run, the `mass_jobs` package, the interpreter and the
+    qwen-code install, never the checkout, a store, the spec or task files; a leased uid; rlimits
+    over the episode) with the network shared, since qwen-code must reach the recording proxy on
+    loopback. qwen-code's shell commands come back out through a shell-only service of this process
+    (`shell.sock`) and each runs sandboxed on its own, as the built-in harness's do: namespaces of
+    its own and no network, so none of them sees qwen-code, its environment or the proxy. The
+    trace and the status are outside every view. On leaving, whatever the sandbox still runs is
+    killed within seconds. Yields None where bwrap cannot run (qwen-code then runs in this
     process, as the status's sandbox note says)."""
     import shlex
     import shutil
     import tempfile
 
+    from mass_jobs.harness.qwen_code import qwen_binary
     from mass_jobs.sandbox import SandboxLimits, _tools, run_sandboxed
 
     if _tools()[0] is None:
         yield None
         return
     sockdir = Path(tempfile.mkdtemp(prefix="mass-sandbox-"))
-    sock = sockdir / "sandbox.sock"
-    repo = Path(__file__).resolve().parents[1]
-    qwen = os.environ.get("MASS_QWEN_BIN")
-    shown = [str(repo)] + ([str(Path(os.path.realpath(qwen)).parent.parent)] if qwen else [])
+    sock, shell_sock = sockdir / "sandbox.sock", sockdir / "shell.sock"
+    shells = _shell_server(shell_sock, workspace, limits)
+    try:
+        qwen = qwen_binary()
+    except FileNotFoundError:
+        qwen = None  # qwen-code's start then fails in the sandbox and says so
+    # the install the binary belongs to: .../node_modules/.bin/qwen -> the folder holding node_modules
+    shown = [str(Path(__file__).resolve().parent)]
+    if qwen is not None:
+        real = Path(os.path.realpath(qwen))
+        shown.append(str(next((p.parent for p in real.parents if p.name == "node_modules"), real.parent)))
     sl = SandboxLimits.from_episode_limits(
         limits, timeout_s=limits.wall_s + 120, cpu_s=int(limits.wall_s) + 120, processes=max(limits.processes, 256),
         isolate_network=False, limit_address_space=False, read_only=tuple(shown), writable=(str(sockdir),),
-        extra_env={"MASS_QWEN_BIN": qwen} if qwen else {})
+        extra_env={"MASS_QWEN_BIN": str(qwen)} if qwen else {})
     cmd = (f"exec python -m mass_jobs.cli sandbox-serve --socket {shlex.quote(str(sock))} "
-           f"--workspace {shlex.quote(str(Path(workspace).resolve()))} --in-place")
+           f"--workspace {shlex.quote(str(Path(workspace).resolve()))} --in-place "
+           f"--shell-socket {shlex.quote(str(shell_sock))}")
     ended: dict = {}
-    runner = threading.Thread(target=lambda: ended.update(result=run_sandboxed(cmd, workspace, sl)), daemon=True)
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: ended.update(result=run_sandboxed(cmd, workspace, sl, stop=stop)), daemon=True)
     runner.start()
     client = SandboxClient(sock, ready_s=60, shares_workspace=True)
     try:
         yield client
     finally:
         try:
-            client._json("POST", "/shutdown", timeout_s=10)
+            client._json("POST", "/shutdown", timeout_s=5)
         except SandboxError:
             pass
-        runner.join(timeout=30)
+        runner.join(timeout=5)
+        stop.set()  # a sandbox that lost its socket or would not stop: its whole tree is killed
+        runner.join(timeout=10)
+        shells.shutdown()
+        shells.server_close()
+        shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def _shell_server(path: Path, workspace: Path, limits: EpisodeLimits) -> _Server:
+    """A shell-only service at `path`, served by a thread of this process (shutdown() ends it)."""
+    server = _Server(str(path), _Handler)
+    os.chmod(path, 0o666)
+    server.service = SandboxService(workspace, routes=frozenset({"shell", "health"}), limits=limits)
+    server.service.server = server
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+    return server
+
+
+@contextmanager
+def shell_service(workspace: Path, limits: EpisodeLimits):
+    """The socket of a shell-only service in this process, for a qwen-code run started here (where
+    bwrap cannot run): its shell commands still leave qwen-code's process tree and environment."""
+    import shutil
+    import tempfile
+
+    sockdir = Path(tempfile.mkdtemp(prefix="mass-shell-"))
+    server = _shell_server(sockdir / "shell.sock", workspace, limits)
+    try:
+        yield sockdir / "shell.sock"
+    finally:
+        server.shutdown()
+        server.server_close()
         shutil.rmtree(sockdir, ignore_errors=True)

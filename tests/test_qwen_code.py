@@ -175,3 +175,13 @@ def test_real_qwen_code_episode_renders_with_the_main_session_as_orchestrator(sc
     orch_windows = [w for w in render_windows([episode], thinking, sft)[0] if w.role == "orchestrator"]
     assert [[x for x in w.labels if x != IGNORE] for w in orch_windows] == [
         [t for t, m in zip(ids, mask) if m] for ids, mask in reference]
+
+
+def test_qwen_codes_turn_limit_is_a_model_caused_end_of_its_own(scripted_endpoint, tmp_path):
+    """qwen-code exits 53 at --max-session-turns: the model did not finish, the endpoint is not to blame."""
+    ep = scripted_endpoint({MAIN: [Reply.call("run_shell_command", command="echo hi", description="look"),
+                                   Reply.call("run_shell_command", command="echo ho", description="look again"),
+                                   Reply.text("done")]})
+    result, trace = run(ep, tmp_path, turns_per_agent=2)
+    assert (result.outcome, result.reason) == ("turn_limit", "qwen-code reached its turn limit (2 turns per session)")
+    assert len(trace) == 2 and result.status["counts"]["turns"] == 2

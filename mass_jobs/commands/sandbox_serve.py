@@ -13,6 +13,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workspace", required=True, metavar="DIR", help="where the episode's workspace lives (missing or empty)")
     parser.add_argument("--in-place", action="store_true",
                         help="DIR is the episode's workspace, already seeded (one machine: no archive is handed over)")
+    parser.add_argument("--shell-socket", metavar="PATH", default=None,
+                        help="a shell-only service that runs qwen-code's shell commands (one machine: the harness's); "
+                             "default: this service runs them")
 
 
 def main(args) -> int:
@@ -29,5 +32,6 @@ def main(args) -> int:
         print(f"mass sandbox-serve --workspace: expected a missing or empty folder, got {workspace}", file=sys.stderr)
         return 2
     print(f"sandbox: serving {args.socket}", flush=True)
-    serve(Path(args.socket), workspace, reap=True)  # its own process: it may kill all below it
+    serve(Path(args.socket), workspace, reap=True,  # its own process: it may kill all below it
+          shell_socket=Path(args.shell_socket) if args.shell_socket else None)
     return 0

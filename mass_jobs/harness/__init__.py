@@ -22,7 +22,7 @@ from pydantic import Field
 from mass_jobs.llm import Endpoint
 from mass_jobs.models import Closed, EpisodeLimits, Sampling
 
-OUTCOMES = ("success", "failed", "loop_detected", "timeout", "infra_error")
+OUTCOMES = ("success", "failed", "turn_limit", "loop_detected", "timeout", "infra_error")
 HARNESSES = ("builtin", "qwen-code")
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "episode-status.schema.json"
 

@@ -36,6 +36,7 @@ DEFAULT_BIN = REPO_ROOT / ".tools" / "qwen-code" / "node_modules" / ".bin" / "qw
 POLL_S = 0.1  # how often the trace is checked against the limits while qwen-code runs
 PROXY_KEY = "mass-recording-proxy"  # qwen-code needs a non-empty key; a proxy with a client token gets that
 OUTPUT_LIMIT = 16 * 1024 * 1024  # qwen-code's stdout/stderr read back, from the end
+TURN_LIMIT_EXIT = 53  # qwen-code's exit code for FatalTurnLimitedError (--max-session-turns reached)
 SANDBOXED_NOTE = ("qwen-code and its shells ran in the sandbox: a uid of their own, the workspace their only "
                   "writable folder, no view of the trace; no network isolation (it must reach the recording proxy)")
 
@@ -94,14 +95,17 @@ def command(binary: Path, inp: EpisodeInput, proxy: Endpoint) -> list[str]:
     ]  # fmt: skip
 
 
-def environment(workspace: Path, home: Path, proxy: Endpoint, model: str, binary: Path) -> dict[str, str]:
-    """The sandbox's scrubbed environment plus what qwen-code needs (node on PATH, the proxy)."""
+def environment(workspace: Path, home: Path, proxy: Endpoint, model: str, binary: Path,
+                shell_dir: Path | None = None) -> dict[str, str]:
+    """The sandbox's scrubbed environment plus what qwen-code needs (node on PATH, the proxy);
+    `shell_dir` (the forwarding `bash`, mass_jobs/harness/qwen_shell.py) goes first on PATH."""
     from mass_jobs.sandbox import sandbox_env
 
     (home / "tmp").mkdir(exist_ok=True)
     env = sandbox_env(workspace, home / "tmp")
     node = shutil.which("node")
-    path_dirs = [str(Path(node).parent)] if node else []
+    path_dirs = [str(shell_dir)] if shell_dir else []
+    path_dirs += [str(Path(node).parent)] if node else []
     path_dirs.append(str(binary.resolve().parent))
     env["PATH"] = os.pathsep.join(path_dirs + [env.get("PATH", "/usr/bin:/bin")])
     env.update(
@@ -129,7 +133,7 @@ def limit_breach(records: list[dict], inp: EpisodeInput) -> tuple[str, str] | No
     for t in threads:
         last, repeats = None, 0
         if len(t.records) > limits.turns_per_agent:
-            return "failed", f"{t.id} used more than {limits.turns_per_agent} turns"
+            return "turn_limit", f"{t.id} used more than {limits.turns_per_agent} turns"
         for rec in t.records:
             for call in ((rec.get("response") or {}).get("message") or {}).get("tool_calls") or []:
                 fn = call.get("function") or {}
@@ -146,41 +150,47 @@ def limit_breach(records: list[dict], inp: EpisodeInput) -> tuple[str, str] | No
 
 class QwenRun:
     """qwen-code started in `workspace` by this process, with a private HOME holding its settings.
-    Locally the episode's own process starts it; in an agent pod the sandbox container does, on the
-    harness's request (`mass_jobs.sandbox_service`), so qwen-code and its shells never share a uid
-    with the proxy that writes the trace. FileNotFoundError when the binary is missing."""
+    A sandbox service starts it on the harness's request (`mass_jobs.sandbox_service`): under bwrap
+    on one machine, in an agent pod's sandbox container on a cluster; only where bwrap cannot run
+    does the episode's own process. Its shell commands go through `shell_socket` (the forwarding
+    `bash`, mass_jobs/harness/qwen_shell.py) and run outside its process tree. Its output is read
+    from pipes, never from a file a tool could replace. FileNotFoundError when the binary is missing."""
 
-    def __init__(self, inp: EpisodeInput, proxy: Endpoint, workspace: Path):
+    def __init__(self, inp: EpisodeInput, proxy: Endpoint, workspace: Path, shell_socket: str | Path | None = None):
+        from mass_jobs.harness.qwen_shell import install_shim
+
         binary = qwen_binary()
         self._home = tempfile.TemporaryDirectory(prefix="mass-qwen-home-")
         home = Path(self._home.name)
         (home / ".qwen").mkdir()
         (home / ".qwen" / "settings.json").write_text(json.dumps(settings(inp), indent=2))
-        self._out, self._err = home / "stdout.json", home / "stderr.txt"
-        with self._out.open("w") as out, self._err.open("w") as err:
-            self.proc = subprocess.Popen(
-                command(binary, inp, proxy),
-                cwd=workspace,
-                env=environment(workspace, home, proxy, inp.endpoint.model, binary),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
+        shell_dir = home / ".mass-bin"
+        if shell_socket is not None:
+            install_shim(shell_dir, shell_socket)
+        self.proc = subprocess.Popen(
+            command(binary, inp, proxy),
+            cwd=workspace,
+            env=environment(workspace, home, proxy, inp.endpoint.model, binary, shell_dir if shell_socket else None),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self._out, self._err = _Tail(self.proc.stdout), _Tail(self.proc.stderr)
 
     def poll(self) -> int | None:
         return self.proc.poll()
 
     def kill(self) -> None:
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # qwen-code spawns shells; take the whole group
+            os.killpg(self.proc.pid, signal.SIGKILL)  # qwen-code spawns helpers; take the whole group
         except ProcessLookupError:
             pass
         self.proc.wait()
 
     def output(self, limit: int = OUTPUT_LIMIT) -> tuple[str, str]:
-        """(stdout, stderr) so far, each cut to its last `limit` bytes."""
-        return _tail(self._out, limit), _tail(self._err, limit)
+        """(stdout, stderr) once it exited, each its last `limit` bytes."""
+        return self._out.text(limit), self._err.text(limit)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -188,10 +198,25 @@ class QwenRun:
         self._home.cleanup()
 
 
-def _tail(path: Path, limit: int) -> str:
-    with path.open("rb") as f:
-        f.seek(max(0, path.stat().st_size - limit))
-        return f.read(limit).decode("utf-8", "replace")
+class _Tail:
+    """The last OUTPUT_LIMIT bytes of a pipe, read by a thread of its own so the pipe never fills."""
+
+    def __init__(self, stream):
+        import threading
+
+        self._buf, self._stream = bytearray(), stream
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while chunk := self._stream.read1(65536) if hasattr(self._stream, "read1") else self._stream.read(65536):
+            self._buf += chunk
+            if len(self._buf) > OUTPUT_LIMIT:
+                del self._buf[: len(self._buf) - OUTPUT_LIMIT]
+
+    def text(self, limit: int) -> str:
+        self._thread.join(timeout=5)  # the process has exited: the pipe ends soon
+        return bytes(self._buf[-limit:]).decode("utf-8", "replace")
 
 
 def final_result(stdout: str) -> dict[str, Any] | None:
@@ -210,7 +235,17 @@ def final_result(stdout: str) -> dict[str, Any] | None:
 
 def run_qwen_code(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, sandbox=None) -> HarnessOutcome:
     """One qwen-code episode: started here, or by `sandbox` (a SandboxClient) in the sandbox container;
-    watched through the trace, which only the proxy writes."""
+    watched through the trace, which only the proxy writes. Started here, its shell commands still
+    go to a shell-only service of this process (mass_jobs/harness/qwen_shell.py)."""
+    if sandbox is None:
+        from mass_jobs.sandbox_service import shell_service
+
+        with shell_service(workspace, inp.limits) as shells:
+            return _run(inp, proxy, workspace, trace_path, None, shells)
+    return _run(inp, proxy, workspace, trace_path, sandbox, None)
+
+
+def _run(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, sandbox, shells) -> HarnessOutcome:
     from mass_jobs.harness import HarnessOutcome
     from mass_jobs.proxy import read_trace
     from mass_jobs.sandbox_service import SandboxError
@@ -218,7 +253,7 @@ def run_qwen_code(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_pat
     started = time.monotonic()
     outcome, reason, report = "infra_error", "", ""
     try:
-        run = sandbox.start_qwen(inp, proxy) if sandbox is not None else QwenRun(inp, proxy, workspace)
+        run = sandbox.start_qwen(inp, proxy) if sandbox is not None else QwenRun(inp, proxy, workspace, shells)
     except (FileNotFoundError, SandboxError) as exc:
         return _outcome(HarnessOutcome, "infra_error", str(exc), [], "")
     try:
@@ -252,6 +287,9 @@ def run_qwen_code(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_pat
         outcome, reason = "infra_error", f"model endpoint failed: {_last_error(records)}"
     elif not records:
         outcome, reason = "infra_error", f"qwen-code made no model call: {(stderr or stdout).strip()[-500:]}"
+    elif code == TURN_LIMIT_EXIT:
+        # qwen-code stops itself at --max-session-turns: the model's end, not the endpoint's
+        outcome, reason = "turn_limit", f"qwen-code reached its turn limit ({inp.limits.turns_per_agent} turns per session)"
     elif result is not None and result.get("subtype") == "success" and not result.get("is_error"):
         outcome, reason, report = "success", "qwen-code finished", str(result.get("result") or "")
     elif result is not None:
