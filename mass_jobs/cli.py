@@ -84,6 +84,8 @@ def environment_error(exc: BaseException) -> tuple[int, str] | None:
                     return 2, f"S3: the credentials were refused ({code}); check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket's policy"
         if name == "ModelLocationError":
             return 2, str(e)
+        if name == "WarmCheckFailed":  # the build's float kernels trained a model the demo cannot use
+            return 1, str(e)
         if mod.startswith(("openai", "httpx", "requests", "urllib3")) and "Connect" in name:
             return 1, f"cannot reach a server ({name}: {e}); check the endpoint URL and that it is running"
         if mod.startswith("huggingface_hub") and name in (

@@ -238,12 +238,14 @@ def build_tokenizer():
 
 
 def build_tiny_model(out_dir, seed: int = 0, warm: bool = False, warm_steps: int | None = None,
-                     on_step=None) -> Path:
+                     on_step=None, check: bool | None = None, say=None) -> Path:
     """Write config, float32 safetensors weights, generation config and tokenizer to `out_dir`.
 
     float32 because the tiny model runs on CPU in tests; real models default to bfloat16.
     `warm`: fine-tune on the synthetic harness corpus first (`warm_steps` overrides its length;
-    `on_step(step, steps, loss)` sees every warm-up step).
+    `on_step(step, steps, loss)` sees every warm-up step). `check` (default: for the full warm-up)
+    measures the behaviours the demo needs before anything is written and raises
+    `tiny_warm_check.WarmCheckFailed` when one misses; `say(line)` hears its rates.
     """
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
@@ -273,15 +275,6 @@ def build_tiny_model(out_dir, seed: int = 0, warm: bool = False, warm_steps: int
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config).to(torch.float32)
-    if warm:
-        import time
-
-        from mass_jobs.tiny_warm import WARM_STEPS, write_key, warm_up
-
-        steps = WARM_STEPS if warm_steps is None else warm_steps
-        started = time.monotonic()
-        warm_up(model, tokenizer, seed=seed, steps=steps, on_step=on_step)
-        write_key(out, seed, steps, time.monotonic() - started)
     model.generation_config = GenerationConfig(
         eos_token_id=[eos_id, pad_id],
         pad_token_id=pad_id,
@@ -290,6 +283,20 @@ def build_tiny_model(out_dir, seed: int = 0, warm: bool = False, warm_steps: int
         top_p=0.9,
         top_k=20,
     )
+    if warm:
+        import time
+
+        from mass_jobs.tiny_warm import WARM_STEPS, write_key, warm_up
+
+        steps = WARM_STEPS if warm_steps is None else warm_steps
+        started = time.monotonic()
+        warm_up(model, tokenizer, seed=seed, steps=steps, on_step=on_step)
+        rates = None
+        if check if check is not None else steps == WARM_STEPS:
+            from mass_jobs.tiny_warm_check import check as check_behaviours
+
+            rates = check_behaviours(model, tokenizer, say=say)
+        write_key(out, seed, steps, time.monotonic() - started, rates)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out

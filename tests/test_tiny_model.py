@@ -318,22 +318,39 @@ def _bundles(tmp_path, task_index: int) -> list[tuple[str, str]]:
     return out
 
 
+# The warm build checks its own behaviours before it is written (mass_jobs/tiny_warm_check.py:
+# THRESHOLDS, on other prompts and seeds); these tests sample the same behaviours through the real
+# server. Each bound below is set so that a model exactly at the build's guaranteed rate fails it by
+# sampling alone with the probability stated (binomial tail, `_tail`), at most 3%.
+SAMPLED_SEEDS = (1, 2, 3)
+
+
+def _tail(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p)."""
+    from math import comb
+
+    return sum(comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+
+
 def test_warm_model_answers_valid_verdicts_to_compare_requests(warm_server, tmp_path):
     from mass_jobs import compare
+    from mass_jobs.tiny_warm_check import THRESHOLDS
 
     greedy, sampled = _client(warm_server, 0.0), _client(warm_server, 0.6)
-    valid, labels = 0, []
+    valid, n, labels = 0, 0, []
     for t, task in enumerate(DEMO_TASKS):
         full, partial, empty = _bundles(tmp_path, t)
         for first, second in ((full, empty), (empty, partial)):
             v = compare.judge(greedy, task, first, second, retries=0)  # the request exactly as search/rank send it
-            valid += v.valid
+            valid, n = valid + v.valid, n + 1
         for seed in range(4):
             v = compare.judge(sampled, task, partial, full, retries=0, seed=100 + 10 * t + seed)
+            valid, n = valid + v.valid, n + 1
             if v.valid:
                 labels.append({"ws1": "A", "ws0": "B", "tie": "tie"}[v.winner])
-    assert valid >= 5, f"{valid}/6 greedy verdicts valid"
-    assert len(labels) >= 10 and len(set(labels)) >= 2, labels  # valid and mixed, not one fixed answer
+    assert n == 18 and _tail(13, 18, THRESHOLDS["verdicts_valid"][1]) < 0.03
+    assert valid >= 14, f"{valid}/{n} verdicts valid"
+    assert len(set(labels)) >= 2, labels  # mixed, not one fixed answer
 
 
 def test_warm_orchestrator_delegates_when_a_workflow_says_so_and_works_alone_on_a_bare_prompt(warm_server):
@@ -342,9 +359,10 @@ def test_warm_orchestrator_delegates_when_a_workflow_says_so_and_works_alone_on_
     from mass_jobs.harness import tools as T
     from mass_jobs.harness.builtin import ORCHESTRATOR_SYSTEM
     from mass_jobs.llm import ModelError, parse_tool_calls
+    from mass_jobs.tiny_warm_check import THRESHOLDS
     from mass_jobs.workflow import DEFAULT_WORKFLOW, workflow_prompt_parts
 
-    clients = [(_client(warm_server, 0.0), None)] + [(_client(warm_server, 0.6), s) for s in (1, 2)]
+    clients = [(_client(warm_server, 0.0), None)] + [(_client(warm_server, 0.6), s) for s in SAMPLED_SEEDS]
     delegated = {"bare": 0, "workflow": 0}
     for task in DEMO_TASKS:
         for kind, prompt in (("bare", task), ("workflow", workflow_prompt_parts(task, DEFAULT_WORKFLOW).text)):
@@ -356,7 +374,10 @@ def test_warm_orchestrator_delegates_when_a_workflow_says_so_and_works_alone_on_
                     continue
                 delegated[kind] += any(c.name == "delegate" and c.error is None
                                        and str(c.arguments.get("assignment", "")).strip() for c in parse_tool_calls(reply))
-    assert delegated["workflow"] >= 7 and delegated["bare"] <= 1, delegated
+    n = len(DEMO_TASKS) * len(clients)
+    assert n == 12 and _tail(6, n, THRESHOLDS["workflow_delegates"][1]) < 0.005
+    assert 1 - _tail(4, n, THRESHOLDS["bare_delegates"][1]) < 0.005
+    assert delegated["workflow"] >= 7 and delegated["bare"] <= 4, delegated
 
 
 def test_warm_optimizer_proposes_valid_workflows(warm_server):
@@ -364,21 +385,57 @@ def test_warm_optimizer_proposes_valid_workflows(warm_server):
 
     from mass_jobs.compare import bundle
     from mass_jobs.steps.search import OPTIMIZER_SYSTEM
+    from mass_jobs.tiny_warm_check import THRESHOLDS
     from mass_jobs.workflow import DEFAULT_WORKFLOW, WorkflowError, parse_proposal, workflow_json
 
     wf = json.dumps(workflow_json(DEFAULT_WORKFLOW), indent=1)
-    valid = 0
-    for n, task in enumerate(DEMO_TASKS):
+    valid, n = 0, 0
+    for t, task in enumerate(DEMO_TASKS):
         brief = (f"TASK:\n{task}\n\nPREVIOUS WORKFLOW (iteration 0):\n{wf}\n\nELITE WORKFLOW (iteration 0, best so far):\n"
                  f"{wf}\n\nFEEDBACK HISTORY (oldest first):\n- iteration 0: initial; episode outcome failed; changes: "
                  f"initial version\n\nEVIDENCE FROM THE LAST WORKSPACE (iteration 0):\n"
                  f"{bundle(Path('/nonexistent'), 4096)}\n\nPropose the next workflow as the JSON object.")
-        for client, seed in ((_client(warm_server, 0.0), None), (_client(warm_server, 0.6), n + 1)):
+        clients = [(_client(warm_server, 0.0), None)] + [(_client(warm_server, 0.6), 10 * t + s) for s in SAMPLED_SEEDS[:2]]
+        for client, seed in clients:
             reply = client.chat([{"role": "system", "content": OPTIMIZER_SYSTEM}, {"role": "user", "content": brief}],
                                 seed=seed)
+            n += 1
             try:
                 parse_proposal(reply["content"])
                 valid += 1
             except WorkflowError:
                 pass
-    assert valid >= 4, f"{valid}/6 proposals valid"
+    assert n == 9 and _tail(4, n, THRESHOLDS["proposals_valid"][1]) < 0.02
+    assert valid >= 5, f"{valid}/{n} proposals valid"
+
+
+def test_the_warm_build_recorded_its_own_check_and_the_machine(warm_tiny_model_dir):
+    """The build measured the demo's behaviours before writing the weights and stored the rates."""
+    import json
+
+    from mass_jobs.tiny_warm_check import THRESHOLDS, Rate, failures
+
+    stamp = json.loads((warm_tiny_model_dir / "warm-key.json").read_text())
+    assert set(stamp["check"]) == set(THRESHOLDS)
+    rates = {k: Rate(*v) for k, v in stamp["check"].items()}
+    assert all(r.n >= 32 for r in rates.values()) and failures(rates) == []
+    assert stamp["machine"]["cpu_capability"] and stamp["machine"]["torch"]
+
+
+def test_a_warm_build_that_misses_a_behaviour_fails_and_writes_nothing(tmp_path, monkeypatch):
+    """Three warm-up steps cannot teach the reply shapes: the build's own check refuses the model."""
+    import mass_jobs.tiny_warm_check as check
+    from mass_jobs.tiny import build_tiny_model
+    from mass_jobs.tiny_warm import cached_build
+
+    monkeypatch.setattr(check, "probe_prompts", lambda: [DEMO_TASKS[0]])  # 4 requests, not 128
+    monkeypatch.setattr(check, "SAMPLES_PER_PROMPT", 1)
+    said = []
+    with pytest.raises(check.WarmCheckFailed, match=r"workflow_delegates 0/1.*needs >= 0\.90") as err:
+        build_tiny_model(tmp_path / "m", warm=True, warm_steps=3, check=True, say=said.append)
+    assert said == [str(err.value).split("; below")[0]] and "bare_delegates 0/1" in said[0]
+    assert not (tmp_path / "m" / "model.safetensors").exists()
+    monkeypatch.setattr("mass_jobs.tiny_warm.WARM_STEPS", 3)  # the full recipe is checked by default
+    with pytest.raises(check.WarmCheckFailed):
+        cached_build(tmp_path / "warm", seed=0, steps=3)
+    assert list(tmp_path.iterdir()) == [tmp_path / "m"]  # no cached-looking directory left behind
