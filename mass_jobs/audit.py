@@ -86,6 +86,7 @@ class EpisodeAudit:
     revisions: int
     redelegations: int
     rewrites: int
+    error: str | None = None  # the trace could not be read (mass_jobs.trace_shape): nothing above was measured
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,18 +96,13 @@ class EpisodeAudit:
 
 
 def load_trace(path: Path) -> list[dict]:
-    """Records of a trace.jsonl in call order; a torn last line (a killed episode) is skipped."""
-    records = []
-    lines = Path(path).read_text().splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if n == len(lines):
-                continue
-            raise ValueError(f"{path}:{n}: not a JSON trace record") from None
+    """Records of a trace.jsonl in call order; a torn last line (a killed episode) is skipped.
+    ValueError names the first thing that makes it unreadable (mass_jobs.trace_shape)."""
+    from mass_jobs.trace_shape import parse_lines, trace_problems
+
+    records, problems = parse_lines(Path(path).read_bytes().decode("utf-8", "replace"))
+    if problems := trace_problems(records, problems):
+        raise ValueError(f"{path}: {problems[0]}")
     return sorted(records, key=lambda r: r.get("seq", 0))
 
 
@@ -292,7 +288,18 @@ def _words(text: str) -> set[str]:
     return set(WORD.findall(text.lower()))
 
 
+def unreadable(episode: str, why: str) -> EpisodeAudit:
+    """The audit of an episode whose trace cannot be read: nothing measured, the reason kept."""
+    return EpisodeAudit(episode=episode, calls=0, threads=0, workers=0, delegation=False, delegations_ok=0,
+                        delegations_failed=0, code_handoff=False, handoffs=[], revisions=0, redelegations=0,
+                        rewrites=0, error=why[:2000])
+
+
 def audit_records(records: list[dict], episode: str = "", harness: str | None = None) -> EpisodeAudit:
+    from mass_jobs.trace_shape import trace_problems
+
+    if problems := trace_problems(records):
+        return unreadable(episode, "; ".join(problems))
     threads = split_threads(records, harness)
     delegating = delegation_tools(harness)
     uses_by_thread = {t.id: tool_uses(t) for t in threads}
@@ -392,4 +399,8 @@ def audit_episode(episode_dir: Path, harness: str | None = None) -> EpisodeAudit
             harness = json.loads(status.read_text()).get("harness")
         except (json.JSONDecodeError, AttributeError):
             harness = None  # a torn status.json says nothing about the harness
-    return audit_records(load_trace(trace), episode=str(episode_dir), harness=harness)
+    try:
+        records = load_trace(trace)
+    except ValueError as exc:
+        return unreadable(str(episode_dir), str(exc))
+    return audit_records(records, episode=str(episode_dir), harness=harness)

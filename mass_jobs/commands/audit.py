@@ -1,7 +1,8 @@
 """`mass audit EPISODE_DIR... [--json]`: behaviour audit (delegation D, code handoff H, revisions) per episode.
 
 Reads each EPISODE_DIR/trace.jsonl only (see mass_jobs/audit.py for the definitions) and prints a
-table with a total row, or one JSON document with `--json`. Exit 2 when a directory has no trace.
+table with a total row, or one JSON document with `--json`. Exit 2 when a directory has no trace. A
+trace whose records cannot be read is that episode's error: shown, counted as unreadable, not measured.
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ def main(args) -> int:
         "delegation": sum(a.delegation for a in audits),
         "code_handoff": sum(a.code_handoff for a in audits),
         "revised": sum(a.revisions > 0 for a in audits),
+        "unreadable": sum(a.error is not None for a in audits),
     }
+    for a in audits:
+        if a.error:
+            print(f"mass audit: {a.episode}: unreadable trace: {a.error}", file=sys.stderr)
     if args.json:
         print(json.dumps({"episodes": [a.to_dict() for a in audits], "totals": totals}, indent=2))
         return 0
@@ -47,7 +52,7 @@ def main(args) -> int:
             a.episode,
             str(a.calls),
             str(a.workers),
-            "yes" if a.delegation else "no",
+            "unreadable" if a.error else "yes" if a.delegation else "no",
             f"{a.delegations_ok}/{a.delegations_failed}",
             "yes" if a.code_handoff else "no",
             ", ".join(sorted({h["file"] for h in a.handoffs})) or "-",
@@ -55,7 +60,8 @@ def main(args) -> int:
         )
     table.add_section()
     table.add_row(
-        "total", "", "", f"{totals['delegation']}/{n}", "", f"{totals['code_handoff']}/{n}", "", f"{totals['revised']}/{n} episodes"
+        "total", "", "", f"{totals['delegation']}/{n}" + (f" ({totals['unreadable']} unreadable)" if totals["unreadable"] else ""),
+        "", f"{totals['code_handoff']}/{n}", "", f"{totals['revised']}/{n} episodes"
     )
     Console().print(table)
     return 0

@@ -61,6 +61,7 @@ class EpisodeTrace:
     # the teacher prompt's workflow and directive pieces (collect's prompt_parts): found and removed
     # even when the harness changed the task text around them, and never left in a window
     strip_pieces: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()  # lines of the stored trace that were not JSON (trace_shape.parse_lines)
 
     @property
     def needs_stripping(self) -> bool:
@@ -632,8 +633,14 @@ def render_episode(ep: EpisodeTrace, tokenizer, sft: SftSpec, method: str, opene
     When no orchestrator thread carried a strippable teacher prompt, no orchestrator thread gives
     windows either: whatever its prompt became, it was not the bare task.
     """
+    from mass_jobs.trace_shape import trace_problems
+
     out = EpisodeRender()
     where = {"task": ep.task, "episode": ep.episode}
+    if problems := trace_problems(ep.records, list(ep.problems)):
+        out.errors.append({**where, "thread": None, "kind": "trace_malformed",
+                           "reason": f"the recorded calls cannot be read: {'; '.join(problems)}"[:2000]})
+        return out
     threads = rebuild_threads(ep.records, ep.harness, sft.keep_length_cut)
     conversations, stripped = [], False
     for thread in threads:
@@ -775,16 +782,24 @@ def teacher_prompt_from_trace(records: list[dict], harness: str | None = None) -
 
 
 def load_episode(ctx, gen: int, task, i: int) -> EpisodeTrace:
-    lines = ctx.store.get_bytes(ctx.episode_file(gen, task.id, i, "trace.jsonl")).decode("utf-8").splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
+    from mass_jobs.trace_shape import parse_lines
+
+    raw = ctx.store.get_bytes(ctx.episode_file(gen, task.id, i, "trace.jsonl"))
+    records, problems = parse_lines(raw.decode("utf-8", "replace"))
+    if "\ufffd" in raw.decode("utf-8", "replace") and "\ufffd" not in raw.decode("utf-8", "ignore"):
+        problems.append("the trace is not valid UTF-8")
     # collect stores the exact prompt it sent, its pieces and the harness in episode.json; else the trace holds the prompt
     doc_key = ctx.episode_file(gen, task.id, i, "episode.json")
     doc = ctx.store.get_json(doc_key) if ctx.store.exists(doc_key) else {}
     harness = doc.get("harness") or ctx.spec.execution.harness
     parts = doc.get("prompt_parts") or {}
+    from mass_jobs.trace_shape import trace_problems
+
+    readable = not trace_problems(records, problems)
     return EpisodeTrace(task.id, i, records, bare_prompt=task.prompt.strip(),
-                        teacher_prompt=doc.get("prompt") or teacher_prompt_from_trace(records, harness),
-                        harness=harness, strip_pieces=tuple(parts.get(k) or "" for k in ("workflow", "directive")))
+                        teacher_prompt=doc.get("prompt") or (teacher_prompt_from_trace(records, harness) if readable else None),
+                        harness=harness, strip_pieces=tuple(parts.get(k) or "" for k in ("workflow", "directive")),
+                        problems=tuple(problems))
 
 
 def sft_step(ctx, gen: int):

@@ -252,3 +252,35 @@ def test_with_the_protection_off_the_same_attack_forges_the_trace(scripted_endpo
             os.kill(pid, 9)
     assert report["tokens_found"] >= 1 and report["proxy_calls_accepted"] >= 1, report
     assert [r for r in trace if FORGED in json.dumps(r.get("request"))]
+
+
+MALFORMED = [
+    ("messages are not objects", {"seq": 0, "request": {"messages": ["hello", 3]}, "response": {"message": {"role": "assistant", "content": "x"}}}),
+    ("content is a number", {"seq": 0, "request": {"messages": [{"role": "user", "content": 7}]}, "response": None}),
+    ("tool_calls not a list", {"seq": 0, "request": {"messages": [{"role": "assistant", "content": "", "tool_calls": "x"}]}}),
+    ("seq is text", {"seq": "zero", "request": {"messages": [{"role": "user", "content": "hi"}]}}),
+    ("response is a list", {"seq": 0, "request": {"messages": [{"role": "user", "content": "hi"}]}, "response": []}),
+]
+
+
+@pytest.mark.parametrize("what,record", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_a_malformed_recorded_call_is_a_counted_episode_error_in_render_and_audit(what, record, tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from mass_jobs.audit import audit_episode
+    from mass_jobs.models import SftSpec
+    from mass_jobs.steps.render_sft import EpisodeTrace, render_windows
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    good = {"seq": 1, "request": {"messages": [{"role": "user", "content": "Tidy up."}]},
+            "response": {"message": {"role": "assistant", "content": "done"}}}
+    episodes = [EpisodeTrace("t", 0, [record, good], bare_prompt="Tidy up.", harness="qwen-code"),
+                EpisodeTrace("t", 1, [good], bare_prompt="Tidy up.", harness="qwen-code")]
+    windows, stats = render_windows(episodes, tok, SftSpec(window=4096, context=64))
+    assert [(e["episode"], e["kind"]) for e in stats["episode_errors"]] == [(0, "trace_malformed")]
+    assert [d["episode"] for d in stats["episodes_dropped"]] == [0] and {w.episode for w in windows} == {1}
+    (tmp_path / "trace.jsonl").write_text(json.dumps(record) + "\n" + json.dumps(good) + "\n")
+    audit = audit_episode(tmp_path)
+    assert audit.error and audit.calls == 0 and not audit.delegation
+    (tmp_path / "trace.jsonl").write_text("{not json\n" + json.dumps(good) + "\n")  # a damaged line, not the torn last one
+    assert "not a JSON trace record" in audit_episode(tmp_path).error
