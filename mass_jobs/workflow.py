@@ -81,6 +81,24 @@ Execute the workflow above as a team, not as one voice:
    what you checked."""
 
 
+# The same requirements for qwen-code (the paper's harness), naming its delegation call as upstream's
+# directive does: the `agent` tool, the general-purpose sub-agent, in the foreground.
+QWEN_CODE_DIRECTIVE = """\
+Execute the workflow above as a team, not as one voice:
+1. Run the team for real: call every role other than yours as a separate worker with the `agent`
+   tool and `subagent_type: "general-purpose"`; acting out a role in your own turn does not count.
+   You, the orchestrator, write no pipeline or analysis code yourself: you set up, delegate, check
+   and assemble.
+2. Foreground only: give every `agent` call `run_in_background: false` and wait for its report
+   before you go on.
+3. """ + TEACHER_DIRECTIVE.split("\n3. ", 1)[1]
+
+
+def teacher_directive(harness: str) -> str:
+    """The built-in directive for a harness: qwen-code's names its `agent` call."""
+    return QWEN_CODE_DIRECTIVE if harness == "qwen-code" else TEACHER_DIRECTIVE
+
+
 class WorkflowError(ValueError):
     """A workflow document is invalid; `errors` lists one 'path: problem' line each."""
 

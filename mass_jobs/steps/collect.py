@@ -33,7 +33,7 @@ from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.steps.guard import hash_protected
 from mass_jobs.steps.search import Execute, SearchState, derived_seed
-from mass_jobs.workflow import teacher_prompt_parts
+from mass_jobs.workflow import teacher_directive, teacher_prompt_parts
 
 EPISODE_FILES = ("episode.json", "protected.json", "workspace.tar.gz", "trace.jsonl", "status.json")
 
@@ -60,7 +60,8 @@ class Collection:
         self.state = SearchState.model_validate(doc)
         self.version = self._teacher_version()
         self.workflow = next(r.workflow for r in self.state.iterations if r.k == self.version)
-        self.parts = teacher_prompt_parts(self.task.prompt, _wf(self.workflow), self.cfg.directive)
+        directive = self.cfg.directive if self.cfg.directive is not None else teacher_directive(ctx.spec.execution.harness)
+        self.parts = teacher_prompt_parts(self.task.prompt, _wf(self.workflow), directive)
 
     def _winning_version(self) -> int | None:
         """The version that qualifies the task under `collect_when`, None when none does."""
