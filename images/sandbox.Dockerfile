@@ -1,6 +1,7 @@
-# Agent pods: the harness container (`mass episode --in /in --out /out --sandbox ...`, uid 1000) and
-# the sandbox sidecar (`mass sandbox-serve`, uid 2000: tools, shells, qwen-code) with Python, Node and
-# qwen-code, as non-root users with passwd entries (node's os.userInfo() fails without one);
+# Agent pods: the harness container (`mass episode --in /in --out /out --sandbox ... --qwen ...`,
+# uid 1000), the sandbox sidecar (`mass sandbox-serve`, uid 2000: tools, shell commands) and the
+# qwen-code sidecar (`mass sandbox-serve --qwen-only`, uid 3000) with Python, Node and qwen-code, as
+# non-root users with passwd entries (node's os.userInfo() fails without one);
 # Argo mounts /in, /out and emptyDirs (the root filesystem is read-only).
 # Build: make images (context = repository root).
 FROM node:20.18.1-bookworm-slim AS node
@@ -17,7 +18,8 @@ COPY --from=node /usr/local/lib/node_modules /usr/local/lib/node_modules
 RUN ln -s /usr/local/lib/node_modules/@qwen-code/qwen-code/cli.js /usr/local/bin/qwen \
  && ln -s /usr/local/lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm \
  && useradd --uid 1000 --create-home --shell /usr/sbin/nologin agent \
- && useradd --uid 2000 --user-group --home-dir /tmp --no-create-home --shell /usr/sbin/nologin sandbox
+ && useradd --uid 2000 --user-group --home-dir /tmp --no-create-home --shell /usr/sbin/nologin sandbox \
+ && useradd --uid 3000 --user-group --home-dir /tmp --no-create-home --shell /usr/sbin/nologin qwen
 WORKDIR /opt/mass-jobs
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY pyproject.toml ./

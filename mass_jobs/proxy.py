@@ -9,7 +9,10 @@ never written. Upstream errors, connection failures (answered 502) and client di
 recorded too. `X-Mass-Agent` / `X-Mass-Role` / `X-Mass-Parent` request headers label the call.
 With `client_token` only callers that present it (`Authorization: Bearer TOKEN`, what `endpoint`
 carries) are served: in an agent pod the agent's code shares the loopback with the proxy, and a call
-it made on its own would otherwise land in the trace as the harness's.
+it made on its own would otherwise land in the trace as the harness's. With `peer_uids` a caller
+must also connect from a socket one of those uids owns (the kernel's /proc/net/tcp of the shared
+network namespace says whose it is): in an agent pod, the harness's uid or qwen-code's, never the
+sandbox's, even if its code got hold of the token.
 
     with RecordingProxy(upstream=endpoint, trace_path=path) as px:
         ModelClient(px.endpoint, sampling).chat(...)
@@ -177,6 +180,40 @@ def read_trace(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
+def _addr(hex_addr: str) -> tuple[str, int]:
+    """An address of /proc/net/tcp{,6} ('0100007F:1F90') as (dotted or IPv6 text, port)."""
+    import ipaddress
+
+    ip_hex, port_hex = hex_addr.split(":")
+    raw = bytes.fromhex(ip_hex)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word is host order
+    ip = ipaddress.ip_address(words)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return str(ip), int(port_hex, 16)
+
+
+def peer_uid(client_host: str, client_port: int, server_port: int) -> int | None:
+    """The uid owning the client end of a loopback TCP connection to `server_port`, as the kernel
+    lists it in /proc/net/tcp{,6} of this network namespace; None when no such socket is listed."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) < 8:
+                continue
+            try:
+                local, remote = _addr(f[1]), _addr(f[2])
+            except ValueError:
+                continue
+            if local == (client_host, client_port) and remote[1] == server_port:
+                return int(f[7])
+    return None
+
+
 class RecordingProxy:
     """Serves on 127.0.0.1 (a free port unless `port` is given) in a background thread until stopped."""
 
@@ -189,11 +226,13 @@ class RecordingProxy:
         host: str = "127.0.0.1",
         timeout_s: float = 600,
         client_token: str | None = None,
+        peer_uids: frozenset[int] | None = None,
     ):
         self.upstream = upstream
         self.trace_path = Path(trace_path)
         self._api_key = api_key
         self.client_token = client_token
+        self.peer_uids = peer_uids
         self.host, self._port = host, port
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
@@ -301,6 +340,13 @@ class RecordingProxy:
             if not msg.get("more_body"):
                 break
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.peer_uids is not None:  # whose socket it is, first: a token found does not help another uid
+            client = scope.get("client") or ("", 0)
+            uid = peer_uid(client[0], int(client[1]), self._port)
+            if uid not in self.peer_uids:
+                await _send_json(send, 403, {"error": {
+                    "message": f"this proxy serves its episode's harness only (the call came from uid {uid})"}})
+                return
         if self.client_token and not hmac.compare_digest(headers.get("authorization", "").encode(),
                                                          f"Bearer {self.client_token}".encode()):
             await _send_json(send, 401, {"error": {"message": "this proxy serves its episode's harness only"}})

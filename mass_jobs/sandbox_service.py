@@ -56,6 +56,8 @@ REQUEST_LIMIT = 64 << 20  # a tool call or qwen request: far below; a workspace 
 ARCHIVE_LIMIT = 1 << 30  # compressed workspace archive either way
 REPLY_LIMIT = 64 << 20  # what the harness reads back from the sandbox for anything but the archive
 PR_SET_CHILD_SUBREAPER = 36
+KEEP_SOCKET_S = 0.2  # how often a service checks that its socket file is still its own
+CONNECT_RETRY_S = 3.0  # how long a client retries a connect to a socket being bound again
 
 
 class SandboxError(RuntimeError):
@@ -88,6 +90,7 @@ class SandboxService:
         if self.workspace.exists() and any(self.workspace.iterdir()):
             raise ValueError("the workspace is seeded once per episode")
         extract_dir_archive(io.BytesIO(archive), self.workspace)
+        _group_writable(self.workspace)  # an agent pod's qwen-code container works on it too
 
     def get_workspace(self) -> bytes:
         from mass_jobs.store.archive import write_dir_archive
@@ -110,13 +113,20 @@ class SandboxService:
         return {"text": out.text, "network_isolated": out.network_isolated}
 
     def shell(self, body: dict) -> dict:
-        """A qwen-code shell command (its forwarding `bash`, mass_jobs/harness/qwen_shell.py); the
-        limits are the episode's: a shell-only service's own, else those of the qwen-code run."""
+        """A qwen-code shell command (its forwarding `bash`, mass_jobs/harness/qwen_shell.py) under
+        the episode's limits: a shell-only service's own, else a qwen-code run's here, else those
+        the forwarder names (an agent pod's sandbox, whose qwen-code runs in another container)."""
+        from pydantic import ValidationError
+
         from mass_jobs.harness.qwen_shell import run_shell
+        from mass_jobs.models import EpisodeLimits
 
         limits = self.limits or next((run.limits for run in self._runs.values()), None)
         if limits is None:
-            return {"exit_code": 126, "stdout": "", "stderr": "bash: no episode is running here\n"}
+            try:
+                limits = EpisodeLimits.model_validate(body.get("limits"))
+            except ValidationError as exc:
+                return {"exit_code": 126, "stdout": "", "stderr": f"bash: the request's limits are invalid: {exc}\n"[:2000]}
         with self._lock:
             self._shells += 1
         try:
@@ -187,6 +197,16 @@ class SandboxService:
 
     def kill_qwen(self, run_id: str) -> None:
         self._runs[run_id].kill()
+
+
+def _group_writable(root: Path) -> None:
+    """g+w on everything under `root` (links untouched), g+s on its folders: in an agent pod the
+    sandbox and qwen-code containers share the pod's fsGroup and both change the workspace."""
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        path.chmod((mode | 0o020 | (0o2000 if path.is_dir() else 0)) & 0o7777)
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -262,7 +282,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._route("POST")
 
 
-def serve(socket_path: Path, workspace: Path, ready=None, reap: bool = False, shell_socket: Path | None = None) -> None:
+def serve(socket_path: Path, workspace: Path, ready=None, reap: bool = False, shell_socket: Path | None = None,
+          routes: frozenset[str] | None = None) -> None:
     """Serve until killed (Argo ends a sidecar when the main container exits). The socket is made
     connectable by the harness's uid; the workspace is this uid's own. With `reap` this process
     becomes the subreaper of all it starts (see the module docstring). `shell_socket`: a shell-only
@@ -276,13 +297,40 @@ def serve(socket_path: Path, workspace: Path, ready=None, reap: bool = False, sh
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     server = _Server(str(socket_path), _Handler)
     os.chmod(socket_path, 0o666)
-    server.service = SandboxService(workspace, reap=reap, shell_socket=shell_socket)
+    server.service = SandboxService(workspace, reap=reap, shell_socket=shell_socket, routes=routes)
     server.service.server = server
     server.service.socket_path = socket_path
     if ready is not None:
         ready(server)
+    threading.Thread(target=_keep_socket, args=(server, socket_path), daemon=True).start()
     with server:
         server.serve_forever(poll_interval=0.2)
+
+
+def _keep_socket(server: _Server, path: Path) -> None:
+    """Bind the socket again whenever its file is gone or replaced: in a pod the agent's code runs
+    as this service's uid in a folder it may write, and removing the socket must not cut the
+    harness off (its clients retry a connect for a few seconds). Ends with the process."""
+    def inode() -> int | None:
+        try:
+            return os.lstat(path).st_ino
+        except OSError:
+            return None
+
+    bound = inode()
+    while True:
+        time.sleep(KEEP_SOCKET_S)
+        if inode() == bound:
+            continue
+        try:
+            path.unlink(missing_ok=True)
+            again = _Server(str(path), _Handler)
+        except OSError:
+            continue
+        os.chmod(path, 0o666)
+        again.service = server.service
+        threading.Thread(target=again.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+        bound = inode()
 
 
 # ---------------------------------------------------------------- the client (harness container)
@@ -294,9 +342,18 @@ class _UnixConnection(http.client.HTTPConnection):
         self._path = path
 
     def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
+        deadline = time.monotonic() + CONNECT_RETRY_S
+        while True:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(self.timeout)
+            try:
+                self.sock.connect(self._path)
+                return
+            except (FileNotFoundError, ConnectionRefusedError):  # removed, and being bound again
+                self.sock.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
 
 class SandboxClient:

@@ -218,12 +218,22 @@ def test_every_pod_has_labels_security_and_limits(argo_docs):
 def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
     agent = _templates(argo_docs["mass-cycle"])["agent-episode"]
     assert agent["container"]["command"] + agent["container"]["args"] == \
-        ["mass", "episode", "--in", "/in", "--out", "/out", "--sandbox", "/sandbox/sandbox.sock"]
-    [sandbox] = agent["sidecars"]
+        ["mass", "episode", "--in", "/in", "--out", "/out", "--sandbox", "/sandbox/sandbox.sock",
+         "--qwen", "/qwen/qwen.sock", "--qwen-uid", "3000"]
+    assert {v["mountPath"] for v in agent["container"]["volumeMounts"]} == {"/tmp", "/out", "/sandbox", "/qwen"}
+    sandbox, qwen = agent["sidecars"]
     assert sandbox["command"] + sandbox["args"] == \
         ["mass", "sandbox-serve", "--socket", "/sandbox/sandbox.sock", "--workspace", "/workspace/ws"]
-    assert {v["mountPath"] for v in sandbox["volumeMounts"]} == {"/tmp", "/workspace", "/sandbox"}
-    assert sandbox["securityContext"]["runAsUser"] == 2000 != argo_docs["mass-cycle"]["spec"]["securityContext"]["runAsUser"]
+    assert {v["mountPath"] for v in sandbox["volumeMounts"]} == {"/tmp", "/workspace", "/sandbox"}  # not /qwen
+    assert qwen["command"] + qwen["args"] == [
+        "mass", "sandbox-serve", "--socket", "/qwen/qwen.sock", "--workspace", "/workspace/ws", "--qwen-only",
+        "--shell-socket", "/sandbox/sandbox.sock"]
+    assert {v["mountPath"] for v in qwen["volumeMounts"]} == {"/tmp", "/workspace", "/sandbox", "/qwen"}
+    # three uids: the harness (the pod's), the sandbox's, qwen-code's; the two sidecars' /tmp are their own
+    uids = [c["securityContext"].get("runAsUser") for c in (sandbox, qwen)]
+    assert uids == [2000, 3000] and argo_docs["mass-cycle"]["spec"]["securityContext"]["runAsUser"] not in uids
+    tmp = {c["name"]: next(v["name"] for v in c["volumeMounts"] if v["mountPath"] == "/tmp") for c in (sandbox, qwen)}
+    assert tmp == {"sandbox": "sandbox-tmp", "qwen": "qwen-tmp"}
     assert agent["automountServiceAccountToken"] is False
     assert int(agent["activeDeadlineSeconds"]) > 3600
     assert "envFrom" not in agent["container"] and "secretKeyRef" not in str(agent)
@@ -249,8 +259,6 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
     assert t["collect-ingest"]["container"]["args"][-4:] == ["--phase", "ingest", "--agent-status",
                                                              "{{inputs.parameters.agent-status}}"]
     assert agent["metadata"]["labels"][labels.STEP] == "episode"
-    mounts = {v["mountPath"] for v in agent["container"]["volumeMounts"]}
-    assert mounts == {"/tmp", "/out", "/sandbox"}
 
 
 def test_resource_templates_wait_on_the_documented_conditions(argo_docs):

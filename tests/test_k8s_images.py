@@ -53,10 +53,11 @@ def test_sandbox_has_python_node_and_qwen_code():
     qwen = re.search(r"QWEN_VERSION := (\S+)", makefile).group(1)
     assert f"@qwen-code/qwen-code@{qwen}" in text and "/usr/local/bin/node" in text
     assert "mass episode --help" in text and "mass sandbox-serve --help" in text
-    # both uids of an agent pod have a passwd entry (qwen-code asks for its user's)
-    from mass_jobs.k8s.pods import SANDBOX_UID, UID
+    # every uid of an agent pod has a passwd entry (qwen-code asks for its user's)
+    from mass_jobs.k8s.pods import QWEN_UID, SANDBOX_UID, UID
 
-    assert re.search(rf"useradd --uid {UID}\b", text) and re.search(rf"useradd --uid {SANDBOX_UID}\b", text)
+    for uid in (UID, SANDBOX_UID, QWEN_UID):
+        assert re.search(rf"useradd --uid {uid}\b", text), uid
 
 
 def test_make_images_builds_every_dockerfile_with_the_chart_tags():

@@ -175,8 +175,11 @@ def test_the_agent_pod_names_the_qwen_binary_the_sandbox_image_installs(cycle):
     docker = (REPO / "images" / "sandbox.Dockerfile").read_text()
     link = re.search(r"ln -s \S+/cli\.js (\S+)", docker).group(1)
     env_line = re.search(r"^ENV .*MASS_QWEN_BIN=(\S+)", docker, re.M).group(1)
-    # qwen-code runs in the sandbox sidecar
-    assert link == env_line == _env(_t(cycle)["agent-episode"]["sidecars"][0])["MASS_QWEN_BIN"]
+    # qwen-code runs in the qwen sidecar, a uid apart from the sandbox that runs its shell commands
+    sidecars = {c["name"]: c for c in _t(cycle)["agent-episode"]["sidecars"]}
+    assert link == env_line == _env(sidecars["qwen"])["MASS_QWEN_BIN"]
+    assert sidecars["qwen"]["securityContext"]["runAsUser"] not in (1000, sidecars["sandbox"]["securityContext"]["runAsUser"])
+    assert sidecars["qwen"]["args"][-2:] == ["--shell-socket", "/sandbox/sandbox.sock"]
 
 
 # ---------------------------------------------------------------- a failed agent pod

@@ -13,7 +13,9 @@ checks job instead (mass_jobs/check_job.py): it writes OUT/checks.json only.
 
 With `--sandbox SOCKET` (the agent pod's main container) the workspace and everything that runs
 model-written code live in the pod's sandbox container (`mass sandbox-serve`, another uid); this
-process keeps the proxy, the trace and the status out of that code's reach.
+process keeps the proxy, the trace and the status out of that code's reach. With `--qwen SOCKET`
+qwen-code runs in the pod's qwen-code container (a third uid), and `--qwen-uid` makes the proxy
+serve only the caller's uid the harness needs.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--in", dest="in_dir", required=True, metavar="DIR", help="holds episode.json and workspace/")
     parser.add_argument("--out", dest="out_dir", required=True, metavar="DIR", help="gets workspace/, trace.jsonl, status.json")
     parser.add_argument("--sandbox", default=None, metavar="SOCKET",
-                        help="run tools and qwen-code in the sandbox container serving this Unix socket")
+                        help="run tools and shell commands in the sandbox container serving this Unix socket")
+    parser.add_argument("--qwen", default=None, metavar="SOCKET",
+                        help="start qwen-code in the qwen-code container serving this Unix socket (with --sandbox)")
+    parser.add_argument("--qwen-uid", type=int, default=None, metavar="UID",
+                        help="the qwen-code container's uid: with it the proxy serves only that uid's calls under "
+                             "qwen-code and only this process's under the built-in harness")
 
 
 def main(args) -> int:
@@ -65,12 +72,16 @@ def main(args) -> int:
     from mass_jobs.sandbox_service import SandboxClient
 
     sandbox = SandboxClient(args.sandbox) if args.sandbox else None
+    qwen = SandboxClient(args.qwen) if args.qwen else None
+    if qwen is not None and sandbox is None:
+        print("mass episode --qwen: expected --sandbox too (qwen-code's shell commands run there)", file=sys.stderr)
+        return 2
     if job is not None:  # a guard's checks over a finished episode's workspace: OUT/checks.json
         doc = run_checks(job, workspace, out_dir, sandbox=sandbox)
         print(" ".join(f"{r['name']}: exit {r['exit_code']}" for r in doc["checks"]))
         return 0
     try:
-        result = run_episode(inp, workspace, out_dir, sandbox=sandbox)
+        result = run_episode(inp, workspace, out_dir, sandbox=sandbox, qwen=qwen, qwen_uid=args.qwen_uid)
     except ValueError as exc:
         print(f"mass episode: {exc}", file=sys.stderr)
         return 2

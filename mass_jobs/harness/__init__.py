@@ -158,11 +158,16 @@ def seed_workspace(workspace: Path, files: dict[str, str]) -> None:
         path.write_text(text)
 
 
-def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None) -> EpisodeResult:
+def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None, qwen=None,
+                qwen_uid: int | None = None) -> EpisodeResult:
     """One episode; see the module docstring. Bad input (unknown harness, escaping seed file) raises ValueError.
 
     With `sandbox` (a SandboxClient: an agent pod's sandbox container) the seeded workspace is handed
-    to it, every tool and qwen-code run there, and its workspace comes back into `workspace` at the end."""
+    to it, every tool and shell command runs there, and its workspace comes back into `workspace` at
+    the end. qwen-code runs in `qwen` (the pod's qwen-code container, on the same workspace volume)
+    when given, else in `sandbox`. With `qwen_uid` the proxy serves only that uid under qwen-code and
+    only this process's uid under the built-in harness (mass_jobs.proxy.peer_uid)."""
+    import os
     import secrets
 
     from mass_jobs.proxy import RecordingProxy
@@ -179,25 +184,30 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None)
     if sandbox is None and inp.harness == "qwen-code":
         from mass_jobs.sandbox_service import local_sandbox
 
-        # qwen-code and its shells as a uid of their own, with the trace out of view, here too
+        # qwen-code in a sandbox of its own, its shell commands sandboxed apart from it, the trace out of view
         with local_sandbox(workspace, inp.limits) as local:
             if local is not None:
                 return run_episode(inp, workspace, out_dir, sandbox=local)
     started = time.monotonic()
     handed = sandbox is not None and not sandbox.shares_workspace
     lost = _hand_over(sandbox, workspace) if handed else (_wait_ready(sandbox) if sandbox is not None else None)
+    if lost is None and qwen is not None and inp.harness == "qwen-code":
+        lost = _wait_ready(qwen)
     if lost is not None:
         result = lost
     else:
-        # Only the harness holds the proxy's token: a call the agent's code makes on its own is refused.
+        # Only the harness holds the proxy's token (qwen-code's shells run elsewhere, without it), and
+        # in a pod only the calling uid the harness needs is served: a call the agent's code makes
+        # on its own is refused, whatever it found.
+        peers = None if qwen_uid is None else frozenset({qwen_uid} if inp.harness == "qwen-code" else {os.getuid()})
         with RecordingProxy(upstream=inp.endpoint, trace_path=trace_path, timeout_s=inp.limits.request_timeout_s,
-                            client_token=secrets.token_urlsafe(24)) as proxy:
+                            client_token=secrets.token_urlsafe(24), peer_uids=peers) as proxy:
             if inp.harness == "builtin":
                 result = _run_builtin(inp, proxy.endpoint, workspace, sandbox)
             else:
                 from mass_jobs.harness.qwen_code import run_qwen_code
 
-                result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, sandbox)
+                result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, qwen or sandbox)
         if handed:
             result = _take_back(sandbox, workspace, result)
     status = {

@@ -37,8 +37,9 @@ POLL_S = 0.1  # how often the trace is checked against the limits while qwen-cod
 PROXY_KEY = "mass-recording-proxy"  # qwen-code needs a non-empty key; a proxy with a client token gets that
 OUTPUT_LIMIT = 16 * 1024 * 1024  # qwen-code's stdout/stderr read back, from the end
 TURN_LIMIT_EXIT = 53  # qwen-code's exit code for FatalTurnLimitedError (--max-session-turns reached)
-SANDBOXED_NOTE = ("qwen-code and its shells ran in the sandbox: a uid of their own, the workspace their only "
-                  "writable folder, no view of the trace; no network isolation (it must reach the recording proxy)")
+SANDBOXED_NOTE = ("qwen-code ran in a sandbox of its own (the workspace its only writable folder, no view of the "
+                  "trace, network shared: it must reach the recording proxy); its shell commands ran apart from it, "
+                  "sandboxed one by one, with neither its environment nor the proxy's token")
 
 
 def qwen_binary() -> Path:
@@ -170,10 +171,11 @@ class QwenRun:
         (home / ".qwen" / "settings.json").write_text(json.dumps(settings(inp), indent=2))
         shell_dir = home / ".mass-bin"
         if shell_socket is not None:
-            install_shim(shell_dir, shell_socket)
+            install_shim(shell_dir, shell_socket, inp.limits)
         self.proc = subprocess.Popen(
             command(binary, inp, proxy),
             cwd=workspace,
+            umask=0o002,  # in an agent pod the sandbox container changes what qwen-code writes (fsGroup)
             env=environment(workspace, home, proxy, inp.endpoint.model, binary, shell_dir if shell_socket else None),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -26,22 +26,30 @@ SHIM_NAME = "bash"
 # The forwarder. `-I`: no environment variable or user site changes what it runs.
 SHIM = r'''#!{python} -I
 # qwen-code's `bash`: hands `bash -c COMMAND` to the episode's sandbox (mass_jobs/harness/qwen_shell.py).
-import http.client, json, os, socket, sys
+import http.client, json, os, socket, sys, time
 
 SOCKET = {socket!r}
+LIMITS = {limits!r}  # the episode's, for a sandbox that serves no episode of its own (an agent pod's)
 
 
 class Connection(http.client.HTTPConnection):
     def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(SOCKET)
+        for attempt in range(30):  # a removed socket is bound again within a fraction of a second
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                return self.sock.connect(SOCKET)
+            except (FileNotFoundError, ConnectionRefusedError):
+                self.sock.close()
+                if attempt == 29:
+                    raise
+                time.sleep(0.1)
 
 
 args = sys.argv[1:]
 if len(args) < 2 or args[0] != "-c":
     sys.stderr.write("bash: only `bash -c COMMAND` runs here: commands run in the episode's sandbox\n")
     sys.exit(127)
-body = json.dumps({{"command": args[1], "cwd": os.getcwd()}}).encode()
+body = json.dumps({{"command": args[1], "cwd": os.getcwd(), "limits": json.loads(LIMITS)}}).encode()
 try:
     conn = Connection("sandbox", timeout=None)
     conn.request("POST", "/shell", body=body, headers={{"Content-Type": "application/json"}})
@@ -60,11 +68,12 @@ sys.exit(code if isinstance(code, int) and 0 <= code < 256 else 128 + (-code if 
 REPLY_LIMIT = 8 << 20  # two streams of run_sandboxed's 1 MB each, JSON-escaped, with room to spare
 
 
-def install_shim(bin_dir: Path, socket_path: str | Path) -> Path:
+def install_shim(bin_dir: Path, socket_path: str | Path, limits: EpisodeLimits) -> Path:
     """Write the forwarder as `bin_dir/bash` (to go first on qwen-code's PATH) for `socket_path`."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     path = bin_dir / SHIM_NAME
-    path.write_text(SHIM.format(python=sys.executable, socket=str(socket_path), reply_limit=REPLY_LIMIT))
+    path.write_text(SHIM.format(python=sys.executable, socket=str(socket_path), reply_limit=REPLY_LIMIT,
+                                limits=limits.model_dump_json()))
     path.chmod(0o555)
     return path
 

@@ -74,6 +74,8 @@ ROLLOUT = "{{inputs.parameters.rollout}}"  # a rollout's dir relative to the run
 AGENT_TEMPLATE = "agent-episode"
 SANDBOX_DIR = "/sandbox"  # the emptyDir both containers of an agent pod mount: the socket, nothing else
 SANDBOX_SOCKET = f"{SANDBOX_DIR}/sandbox.sock"
+QWEN_DIR = "/qwen"  # the emptyDir of the harness and qwen-code containers only: qwen-code's socket
+QWEN_SOCKET = f"{QWEN_DIR}/qwen.sock"
 ROLLOUTS_PARAM = "{{steps.prepare.outputs.parameters.rollouts}}"
 MODEL_FLAGS = ["--endpoint", serving.openai_base_url(ISVC, NAMESPACE), "--served-model", ISVC]
 
@@ -159,11 +161,14 @@ class _Builder:
         Argo S3 artifacts under the rollout's dir, no store credentials, no token, egress limited
         by the `mass-agent-egress` NetworkPolicy (it selects the agent step label).
 
-        Two uids: the main container (`mass episode --sandbox`) holds the recording proxy and writes
-        /out; the `sandbox` sidecar (`mass sandbox-serve`, SANDBOX_UID) owns the workspace and runs
-        every tool and qwen-code. They share a Unix socket's emptyDir and the loopback, nothing else:
-        no code the model wrote can reach /out (see mass_jobs/sandbox_service.py). Argo stops the
-        sidecar when the main container exits.
+        Three uids: the main container (`mass episode --sandbox --qwen`) holds the recording proxy
+        and writes /out; the `sandbox` sidecar (`mass sandbox-serve`, SANDBOX_UID) owns the
+        workspace and runs every tool and shell command; the `qwen` sidecar (QWEN_UID) runs
+        qwen-code on the same workspace volume, its shell commands forwarded to the sandbox. They
+        share Unix sockets' emptyDirs and the loopback, nothing else: no code the model wrote can
+        reach /out, qwen-code's environment (the proxy's token) or its pipes, and the proxy serves
+        only the harness's and qwen-code's uids (see mass_jobs/sandbox_service.py). Argo stops the
+        sidecars when the main container exits.
 
         Every artifact is `archive: none`: Argo's executor would otherwise untar a .tar.gz input
         and rename its single top-level entry onto the path, and tar an output directory under
@@ -183,9 +188,7 @@ class _Builder:
             image_pull_policy=s.images.pull_policy,
             command=["mass"],
             args=["sandbox-serve", "--socket", SANDBOX_SOCKET, "--workspace", "/workspace/ws"],
-            env=[m.EnvVar(name="HOME", value="/tmp"),
-                 # qwen-code is on the sandbox image's PATH; name it so the harness never guesses.
-                 m.EnvVar(name="MASS_QWEN_BIN", value="/usr/local/bin/qwen")],
+            env=[m.EnvVar(name="HOME", value="/tmp")],
             working_dir="/tmp",
             resources=m.ResourceRequirements(**pods.resources(s.agent, s)),
             security_context=m.SecurityContext(**_sc(pods.sandbox_security_context())),
@@ -193,11 +196,30 @@ class _Builder:
                            m.VolumeMount(name="workspace", mount_path="/workspace"),
                            m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR)],
         )
+        qwen = m.UserContainer(
+            name="qwen",
+            image=s.images.sandbox,
+            image_pull_policy=s.images.pull_policy,
+            command=["mass"],
+            args=["sandbox-serve", "--socket", QWEN_SOCKET, "--workspace", "/workspace/ws", "--qwen-only",
+                  "--shell-socket", SANDBOX_SOCKET],
+            env=[m.EnvVar(name="HOME", value="/tmp"),
+                 # qwen-code is on the sandbox image's PATH; name it so the harness never guesses.
+                 m.EnvVar(name="MASS_QWEN_BIN", value="/usr/local/bin/qwen")],
+            working_dir="/tmp",
+            resources=m.ResourceRequirements(**pods.resources(s.agent, s)),
+            security_context=m.SecurityContext(**_sc(pods.qwen_security_context())),
+            volume_mounts=[m.VolumeMount(name="qwen-tmp", mount_path="/tmp"),
+                           m.VolumeMount(name="workspace", mount_path="/workspace"),
+                           m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR),
+                           m.VolumeMount(name="qwen", mount_path=QWEN_DIR)],
+        )
         return Container(
             name=AGENT_TEMPLATE,
             image=s.images.sandbox,
             command=["mass"],
-            args=["episode", "--in", "/in", "--out", "/out", "--sandbox", SANDBOX_SOCKET],
+            args=["episode", "--in", "/in", "--out", "/out", "--sandbox", SANDBOX_SOCKET, "--qwen", QWEN_SOCKET,
+                  "--qwen-uid", str(pods.QWEN_UID)],
             # Key-only S3 artifacts: bucket, endpoint and credentials come from the artifact
             # repository and are used by Argo's init/wait containers only, never by `mass episode`.
             inputs=[*_params("gen", "task", "label", "rollout", "store-prefix"),
@@ -213,11 +235,12 @@ class _Builder:
             working_dir="/tmp",
             resources=m.ResourceRequirements(**pods.resources(s.harness, s)),
             security_context=m.SecurityContext(**_sc(pods.container_security_context())),
-            sidecars=[sandbox],
+            sidecars=[sandbox, qwen],
             volumes=[m.Volume(name=n, empty_dir=m.EmptyDirVolumeSource())
-                     for n in ("tmp", "out", "sandbox", "sandbox-tmp", "workspace")],
+                     for n in ("tmp", "out", "sandbox", "sandbox-tmp", "workspace", "qwen", "qwen-tmp")],
             volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp"), m.VolumeMount(name="out", mount_path="/out"),
-                           m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR)],
+                           m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR),
+                           m.VolumeMount(name="qwen", mount_path=QWEN_DIR)],
             active_deadline_seconds=s.agent_deadline_s,
             automount_service_account_token=False,
             labels=L.pod_labels(K.AGENT_STEP, gen=GEN, task=TASK, episode="{{inputs.parameters.label}}"),

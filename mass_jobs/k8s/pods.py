@@ -10,6 +10,7 @@ from mass_jobs.k8s.settings import ClusterSettings, Pod
 
 UID = 1000
 SANDBOX_UID = 2000  # an agent pod's sandbox container: model-written code never runs as UID
+QWEN_UID = 3000  # an agent pod's qwen-code container: neither the harness's uid nor its shells' 
 
 
 def pod_security_context() -> dict:
@@ -36,6 +37,12 @@ def sandbox_security_context() -> dict:
     """The sandbox container of an agent pod: the restricted profile, as a uid and group of its own
     (the pod's fsGroup stays a supplementary group: the socket volume is shared through it)."""
     return {**container_security_context(), "runAsUser": SANDBOX_UID, "runAsGroup": SANDBOX_UID}
+
+
+def qwen_security_context() -> dict:
+    """The qwen-code container of an agent pod: the restricted profile as a third uid, so the
+    sandbox's shell commands can read neither its environment (the proxy token) nor its pipes."""
+    return {**container_security_context(), "runAsUser": QWEN_UID, "runAsGroup": QWEN_UID}
 
 
 def executor_security_context() -> dict:

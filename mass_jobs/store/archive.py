@@ -108,7 +108,9 @@ def write_dir_archive(directory: Path, out: BinaryIO) -> None:
             info = tarfile.TarInfo(name)
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
             st = entry.stat(follow_symlinks=False)
-            info.mode = st.st_mode & 0o777
+            # what extraction applies (& 0o755): the group-write bits an agent pod's shared workspace
+            # carries (or a umask) would otherwise make the same files another archive
+            info.mode = st.st_mode & 0o755
             if entry.is_symlink():
                 target = os.readlink(entry.path)
                 if not _downward(target):

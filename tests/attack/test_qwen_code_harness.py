@@ -28,6 +28,7 @@ from mass_jobs.models import EpisodeLimits, Sampling
 from mass_jobs.proxy import read_trace
 from mass_jobs.sandbox import _tools
 from mass_jobs.testing.scripted_endpoint import Reply
+from tests.test_argo_exec import executor_for  # noqa: F401  (the test executor's fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN = "You are Qwen Code"
@@ -62,7 +63,7 @@ for table in ("/proc/net/tcp", "/proc/net/tcp6"):  # every listening loopback po
         local, state = row.split()[1], row.split()[3]
         if state == "0A":
             urls.add(f"http://127.0.0.1:{int(local.rsplit(':', 1)[1], 16)}/v1")
-accepted = 0
+accepted, answers = 0, {}
 for url in sorted(urls):
     for token in tokens + ["", "mass-recording-proxy"]:
         body = json.dumps({"model": "m", "messages": [
@@ -75,9 +76,12 @@ for url in sorted(urls):
             accepted += 1
         except urllib.error.HTTPError as exc:  # the proxy took it and forwarded it; only a refusal is not
             accepted += exc.code not in (401, 403)
+            if b"serves its episode's harness only" in exc.read():
+                answers[url] = exc.code
         except Exception:
             pass
 report["proxy_calls_accepted"] = accepted
+report["proxy_refusals"] = sorted(set(answers.values()))
 homes = {e["HOME"] for e in envs if e.get("HOME")} - {os.getcwd()}
 wrote = 0
 for home in sorted(homes):
@@ -188,8 +192,8 @@ def rendered(trace, tiny_model_dir) -> list[str]:
 def test_the_shell_finds_no_token_and_forges_no_trace_status_or_window(scripted_endpoint, tmp_path, tiny_model_dir):
     status, trace, report, out = attack(scripted_endpoint, tmp_path)
     validate_status(status)
-    assert report == {"tokens_found": 0, "proxy_calls_accepted": 0, "home_writes": 0, "out_writes": 0,
-                      "secret_reads": [], "sockets_removed": 0}, report
+    assert report == {"tokens_found": 0, "proxy_calls_accepted": 0, "proxy_refusals": [], "home_writes": 0,
+                      "out_writes": 0, "secret_reads": [], "sockets_removed": 0}, report  # no network at all
     assert (status["outcome"], status["reason"]) == ("success", "qwen-code finished")
     assert [r["seq"] for r in trace] == [0, 1] and "FORGED" not in json.dumps(trace)
     assert sorted(p.name for p in out.iterdir()) == ["status.json", "trace.jsonl"]
@@ -244,7 +248,7 @@ def test_with_the_protection_off_the_same_attack_forges_the_trace(scripted_endpo
         yield None
 
     monkeypatch.setattr(service, "local_sandbox", no_sandbox)
-    monkeypatch.setattr(qwen_shell, "install_shim", lambda bin_dir, socket_path: None)
+    monkeypatch.setattr(qwen_shell, "install_shim", lambda bin_dir, socket_path, limits: None)
     try:
         status, trace, report, out = attack(scripted_endpoint, tmp_path)
     finally:
@@ -284,3 +288,70 @@ def test_a_malformed_recorded_call_is_a_counted_episode_error_in_render_and_audi
     assert audit.error and audit.calls == 0 and not audit.delegation
     (tmp_path / "trace.jsonl").write_text("{not json\n" + json.dumps(good) + "\n")  # a damaged line, not the torn last one
     assert "not a JSON trace record" in audit_episode(tmp_path).error
+
+
+# ---------------------------------------------------------------- the same attacks in an agent pod
+
+@pytest.mark.skipif(_tools()[0] is None, reason="the test executor runs pods under bwrap")
+def test_in_the_agent_pod_the_same_attacks_leave_trace_status_and_windows_unchanged(
+        executor_for, s3_env, scripted_endpoint, tiny_model_dir):
+    """The generated agent-episode template (argo/mass-cycle.yaml) run by the test executor: the
+    harness, the sandbox and the qwen-code containers as their three uids. qwen-code's shell
+    command runs attack.py in the sandbox container, where it shares the pod's loopback with the
+    proxy and finds its listening port."""
+    import io
+
+    from mass_jobs.harness import episode_file_json
+    from mass_jobs.store.archive import write_dir_archive
+    from tests.fixtures.argo_exec import load_documents
+    from tests.test_argo_exec import wft
+
+    cycle = next(d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle")
+    agent = next(t for t in cycle["spec"]["templates"] if t["name"] == "agent-episode")
+    marker = daemon_marker(s3_env["bucket"] + "pod")
+    # (the executor shows this checkout in every pod, as the image: its files are no secret of a pod)
+    known = {"out": ["/out"], "sockets": ["/sandbox/sandbox.sock", "/qwen/qwen.sock"], "daemon": marker,
+             "secrets": ["/in/episode.json", "/out", "/qwen"]}
+    ep = scripted_endpoint({MAIN: [Reply.call("run_shell_command", command="python3 attack.py", description="tidy up"),
+                                   Reply.call("run_shell_command", command="sleep 1; ls", description="look again"),
+                                   Reply.text("done")]})
+    inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, harness="qwen-code", sampling=Sampling(max_output_tokens=64),
+                       limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=0, shell_timeout_s=30),
+                       files={"attack.py": ATTACK, "known.json": json.dumps(known)})
+    prefix, rollout = "runs/qwen-forge", "gen-0/collect/t/ep-0"
+    args = {"gen": "0", "task": "t", "label": "ep-0", "rollout": rollout, "store-prefix": prefix}
+    main = {"name": "main", "steps": [[{"name": "agent", "template": "agent-episode", "arguments": {
+        "parameters": [{"name": k, "value": v} for k, v in args.items()]}}]]}
+    ex = executor_for(wft("qforge", [main, agent], params=("spec", "run"),
+                          securityContext=cycle["spec"]["securityContext"], automountServiceAccountToken=False))
+    repo = ex._repository("artifact-repositories", "default-v1")
+    client = repo.client()
+    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/episode.json",
+                      Body=json.dumps(episode_file_json(inp)).encode())
+    empty = tiny_model_dir.parent / "empty-workspace"
+    empty.mkdir(exist_ok=True)
+    buf = io.BytesIO()
+    write_dir_archive(empty, buf)
+    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/workspace.tar.gz", Body=buf.getvalue())
+    wf = ex.submit("qforge", {"spec": "s3://b/spec.yaml", "run": "qforge"})
+    assert wf.phase == "Succeeded", wf.summary()
+
+    def output(name: str) -> bytes:
+        return client.get_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/output/{name}")["Body"].read()
+
+    trace = [json.loads(x) for x in output("trace.jsonl").decode().splitlines()]
+    status = json.loads(output("status.json"))
+    report = attack_report(trace)
+    # the token is in no process it can see; it found the proxy on the pod's loopback, which refused
+    # it by its uid (the executor's pods share the host's loopback: other servers answered too, the
+    # model's among them, which records nothing); /out, /qwen and the harness's input are not in its
+    # view; removing the sandbox's socket did not cut the harness off (it is bound again)
+    assert report["tokens_found"] == 0 and report["proxy_refusals"] == [403], report
+    assert report["out_writes"] == 0 and report["secret_reads"] == [] and report["sockets_removed"] >= 1, report
+    assert (status["outcome"], status["reason"]) == ("success", "qwen-code finished"), status
+    assert not [r for r in ep.requests if "FORGED" in json.dumps(r) and "x-mass" in json.dumps(r).lower()]
+    assert [r["seq"] for r in trace] == [0, 1, 2] and "FORGED" not in json.dumps(trace)
+    assert not [t for t in rendered(trace, tiny_model_dir) if "FORGED" in t]
+    later = json.dumps(trace[2]["request"]["messages"][-1])
+    assert "attack.py" in later and "Exit Code: 0" in later, later[:1500]  # the sandbox still answered after the attack
+    assert daemons(marker) == []
