@@ -247,3 +247,22 @@ def test_every_plot_says_its_n(biased, built):
     assert "L0\nn=2" in figs["audit.png"] and "1/2" in figs["audit.png"] and "2/2" in figs["audit.png"]
     rows = figs["tokens.png"].split("\n")
     assert "n episodes" in rows and "4" in rows and "2" in rows  # L0: 4 status records; L1: 2
+
+
+def test_episodes_are_counted_by_outcome_per_generation_and_stage(built):
+    """Every outcome an episode can end with is a column, turn_limit (qwen-code's --max-session-turns) included."""
+    store = built.store
+    base = {"reason": "r", "harness": "qwen-code", "counts": {"turns": 1, "tool_calls": 0, "delegations": 0, "agents": 1},
+            "tokens": {"prompt": 1, "completion": 1}, "timings": {"wall_s": 1.0},
+            "sandbox": {"network_isolated": False, "note": ""}}
+    for i, outcome in enumerate(["success", "turn_limit", "turn_limit", "infra_error"]):
+        store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json", {**base, "outcome": outcome})
+    store.put_json(f"{built.collect_root(0)}/a/ep-9/input/status.json", {**base, "outcome": "success"})  # a pod's copy
+    doc = rp.build_report(built)
+    rp.validate_report(doc)
+    [collect] = [x for x in doc["outcomes"] if (x["generation"], x["stage"]) == (0, "collect")]
+    assert collect["episodes"] == 4 and collect["by_outcome"] == {
+        "success": 1, "failed": 0, "turn_limit": 2, "loop_detected": 0, "timeout": 0, "infra_error": 1}
+    md = rp.render_markdown(doc)
+    assert "| generation | stage | episodes | success | turn_limit | infra_error |" in md
+    assert "| L0 | collect | 4 | 1 | 2 | 1 |" in md

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +30,7 @@ from pydantic import Field
 from mass_jobs import metrics
 from mass_jobs.analysis.information import InformationProxy
 from mass_jobs.context import RunContext
+from mass_jobs.harness import OUTCOMES
 from mass_jobs.models import Closed
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "report.schema.json"
@@ -98,6 +100,14 @@ class Tokens(Closed):
     stored_supervised: int | None = Field(description="Supervised tokens in the rendered SFT windows.")
     processed_to_selected: int | None = Field(description="Supervised tokens processed up to the selected step.")
     processed_to_end: int | None
+
+
+class Outcomes(Closed):
+    generation: int
+    stage: Literal["search", "collect", "evaluate"]
+    episodes: int
+    by_outcome: dict[str, int] = Field(description="Episodes per outcome (mass_jobs.harness.OUTCOMES; turn_limit: an "
+                                                   "agent used its turns, e.g. qwen-code's --max-session-turns).")
 
 
 class SftData(Closed):
@@ -188,6 +198,7 @@ class Report(Closed):
     agreement: list[Agreement]
     audit: list[Audit]
     tokens: list[Tokens]
+    outcomes: list[Outcomes] = Field(default_factory=list, description="Per generation and stage: how episodes ended.")
     sft: list[SftData] = Field(description="Per generation: episodes rendered, their errors and those dropped.")
     search: list[SearchCurve]
     guard_vetoes: list[Veto]
@@ -380,7 +391,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         mine = [v for v in own if v["judge"] == f"gen-{h}"]
         agreement.append(Agreement(evaluator=h, **metrics.agreement(mine, panel)))
 
-    audit, tokens, search, vetoes, training, sft = [], [], [], [], [], []
+    audit, tokens, search, vetoes, training, sft, outcomes = [], [], [], [], [], [], []
     rollout_audits = [(ctx.eval_rollout_of(k), k) for k in store.list(ctx.eval_root() + "/") if k.endswith("/audit.json")]
     rollout_audits = [(where, k) for where, k in rollout_audits if where is not None]
     for h in sorted({where[0] for where, _ in rollout_audits}):
@@ -397,6 +408,11 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         st_eval, st_search = _statuses(store, ctx.eval(g)), _statuses(store, ctx.search_root(g))
         st_collect = _statuses(store, ctx.collect_root(g))
         gen_eval, gen_search, gen_collect = map(metrics.generated_tokens, (st_eval, st_search, st_collect))
+        for stage, sts in (("search", st_search), ("collect", st_collect), ("evaluate", st_eval)):
+            if sts:
+                counted = Counter(str(st.get("outcome")) for st in sts)
+                outcomes.append(Outcomes(generation=g, stage=stage, episodes=len(sts),
+                                         by_outcome={o: counted.get(o, 0) for o in (*OUTCOMES, *sorted(set(counted) - set(OUTCOMES)))}))
         stats = _json_or_none(store, ctx.sft_file(g, "stats"))
         if sft_data(stats, g):
             sft.append(sft_data(stats, g))
@@ -438,7 +454,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
                    "overall": f"percentile bootstrap over tasks, {ev.bootstrap} resamples, seed 0"},
         judges=[JudgeInfo(name=j.name, model=j.model, seeds=list(j.seeds)) for j in spec.judges],
         verdicts={"panel": count(panel), "self": count(own)},
-        win_share=win_share, agreement=agreement, audit=audit, tokens=tokens, sft=sft, search=search,
+        win_share=win_share, agreement=agreement, audit=audit, tokens=tokens, outcomes=outcomes, sft=sft, search=search,
         guard_vetoes=vetoes, training=training, invalid_verdicts=invalid, files=[],
         information=workflow_information(ctx, embedder), roles=role_players(ctx), composition=run_composition(spec),
     ).model_dump(mode="json")
@@ -560,6 +576,13 @@ def render_markdown(doc: dict) -> str:
                      f"({_fmt(total('generated_search'))} / {_fmt(total('generated_collect'))} / "
                      f"{_fmt(total('generated_eval'))}) | {_fmt(total('stored_supervised'))} "
                      f"| {_fmt(total('processed_to_selected'))} | {_fmt(total('processed_to_end'))} |")
+    if doc.get("outcomes"):
+        names = [o for o in OUTCOMES if any(x["by_outcome"].get(o) for x in doc["outcomes"])] or ["success"]
+        lines += ["", "## Episode outcomes", "", "| generation | stage | episodes | " + " | ".join(names) + " |",
+                  "|---|---|---:|" + "---:|" * len(names)]
+        for x in doc["outcomes"]:
+            lines.append(f"| L{x['generation']} | {x['stage']} | {x['episodes']} | "
+                         + " | ".join(str(x["by_outcome"].get(o, 0)) for o in names) + " |")
     if doc["sft"]:
         lines += ["", "## SFT data", "", "| generation | episodes | episode errors | episodes dropped | orchestrator windows |",
                   "|---|---:|---:|---:|---:|"]
