@@ -413,7 +413,7 @@ def test_pytorchjob_stand_in_env_status_and_create_collision(executor_for):
     assert first.phase == "Succeeded" and second.phase == "Failed"
     assert 'AlreadyExists' in second.message and 'PyTorchJob "j" already exists' in second.message
     paths = [ex.workdir / "cluster" / "pods" / f"j-{r}" / "main.log" for r in ("master-0", "worker-0", "worker-1")]
-    for _ in range(100):  # the job succeeds with its Master: a worker may still be writing its line
+    for _ in range(300):  # the job succeeds with its Master: a worker may still be writing its line (30 s on a loaded machine)
         if all(p.exists() and p.read_text().strip() for p in paths):
             break
         time.sleep(0.1)
@@ -427,6 +427,42 @@ def test_pytorchjob_stand_in_env_status_and_create_collision(executor_for):
     assert ex.cluster.get("PyTorchJob", "j") is None  # owned by the workflow
     wf2 = executor_for(wft("pf", templates, entrypoint="fail")).submit("pf", {})
     assert wf2.phase == "Failed" and "failure condition 'status.replicaStatuses.Master.failed > 0'" in wf2.summary()
+
+
+def test_the_operator_webhook_refuses_what_the_real_one_refuses(executor_for):
+    """training-operator v1.9's validating webhook (failurePolicy Fail): the create fails, nothing runs."""
+    templates = [{"name": "main", "steps": [[{"name": "j", "template": "job"}]]},
+                 {**pytorchjob("w0", 0, "true"), "name": "job"}]
+    ex = executor_for(wft("wh", templates))
+    wf = ex.submit("wh", {})
+    assert wf.phase == "Failed" and "denied the request" in wf.summary()
+    assert "Worker replicas must be at least 1, got 0" in wf.summary()
+    assert ex.cluster.get("PyTorchJob", "w0") is None
+
+
+def test_generated_trainer_jobs_pass_the_webhook_for_one_replica_and_several():
+    """One replica renders the Master alone (job-single), more a Master and Workers (job): each passes
+    the webhook; the Worker manifest with 0 workers would not, so the steps choose by `when`."""
+    from mass_jobs.k8s.schemas import webhook_errors
+
+    cycle = next(d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle")
+    t = {x["name"]: x for x in cycle["spec"]["templates"]}
+    scope = {"workflow.name": "mass-cycle-abc12", "inputs.parameters.gen": "0", "inputs.parameters.trainer-nproc": "2",
+             "inputs.parameters.trainer-gpus": "1", "workflow.parameters.spec": "s3://b/s.yaml"}
+
+    def job(template: str, workers: str | None) -> dict:
+        values = {**scope, **({"inputs.parameters.trainer-workers": workers} if workers is not None else {})}
+        text = re.sub(r"\{\{\s*([^}]+?)\s*\}\}", lambda m: values.get(m.group(1), "x"), t[template]["resource"]["manifest"])
+        return yaml.safe_load(text)
+
+    assert "Worker" not in job("train-job-single", None)["spec"]["pytorchReplicaSpecs"]
+    assert webhook_errors(job("train-job-single", None)) == []
+    assert webhook_errors(job("train-job", "1")) == [] and webhook_errors(job("train-job", "2")) == []
+    assert webhook_errors(job("train-job", "0")) == [
+        "PyTorchJob/mass-cycle-abc12-g0-train: Worker replicas must be at least 1, got 0 (leave Worker out for one replica)"]
+    steps = {s["name"]: s.get("when") for group in t["train"]["steps"] for s in group}
+    assert steps == {"delete-job": None, "job": "{{inputs.parameters.trainer-workers}} > 0",
+                     "job-single": "{{inputs.parameters.trainer-workers}} == 0"}
 
 
 def test_inferenceservice_storage_download_is_a_plain_prefix(cluster, tmp_path):

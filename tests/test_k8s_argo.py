@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked == 53
+    assert checked == 54
 
 
 def _used_params(obj, scope: str) -> set[str]:
@@ -283,6 +283,9 @@ def test_resource_templates_wait_on_the_documented_conditions(argo_docs):
 def _created(argo_docs, kind):
     """The object a create/apply resource template of mass-cycle makes (not a delete's reference)."""
     found = [o for o in schemas.embedded_manifests(argo_docs["mass-cycle"]) if o["kind"] == kind and "spec" in o]
+    if kind == "PyTorchJob":  # Master + Workers, and the Master alone for one replica
+        assert [sorted(o["spec"]["pytorchReplicaSpecs"]) for o in found] == [["Master", "Worker"], ["Master"]]
+        return found[0]
     assert len(found) == 1, kind
     return found[0]
 

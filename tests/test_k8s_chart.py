@@ -118,8 +118,10 @@ def test_default_render_is_exactly_argo_and_manifests(argo_docs):
 def test_gpu_cluster_values_reach_the_jobs():
     objs = _objects(_scenario("gpu-cluster"))
     cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
-    created = {o["kind"]: o for o in schemas.embedded_manifests(cycle) if "spec" in o}
-    isvc, job = created["InferenceService"], created["PyTorchJob"]
+    made = [o for o in schemas.embedded_manifests(cycle) if "spec" in o]
+    isvc = next(o for o in made if o["kind"] == "InferenceService")
+    job, single = [o for o in made if o["kind"] == "PyTorchJob"]  # Master + Workers; the Master alone
+    assert single["spec"]["pytorchReplicaSpecs"]["Master"] == job["spec"]["pytorchReplicaSpecs"]["Master"]
     # replicas, processes and GPUs per replica are the spec's (validate's outputs, example values here)
     assert job["spec"]["nprocPerNode"] == "2"
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2

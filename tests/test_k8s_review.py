@@ -318,19 +318,22 @@ def test_validate_on_the_cluster_refuses_a_judge_the_evaluate_pod_would_serve(tm
 
 def test_the_training_job_is_named_from_the_workflow_and_replaced_not_duplicated(cycle):
     t = _t(cycle)
-    assert [s["template"] for s in _steps(t["train"])] == ["train-delete-job", "train-job"]
+    # one of the two creates runs: Master + Workers, or the Master alone for one replica
+    assert [s["template"] for s in _steps(t["train"])] == ["train-delete-job", "train-job", "train-job-single"]
     assert t["train"]["retryStrategy"]["limit"] == "3"
-    assert "retryStrategy" not in t["train-job"]  # the pair retries, never a bare create
-    delete, create = t["train-delete-job"]["resource"], t["train-job"]["resource"]
+    delete = t["train-delete-job"]["resource"]
     assert delete["action"] == "delete" and "--ignore-not-found" in delete["flags"]
-    assert create["action"] == "create" and create["setOwnerReference"] is True
-    named = [yaml.safe_load(schemas.substitute_examples(r["manifest"]))["metadata"]["name"] for r in (delete, create)]
-    assert named[0] == named[1] == "mass-run-abcde-g3-train"
-    assert "name: '{{workflow.name}}-g{{inputs.parameters.gen}}-train'" in create["manifest"]
-    assert "retries" not in create["manifest"]
-    job = yaml.safe_load(schemas.substitute_examples(create["manifest"]))
-    assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
-    assert int(t["train-job"]["activeDeadlineSeconds"]) > 0
+    for template in ("train-job", "train-job-single"):
+        assert "retryStrategy" not in t[template]  # the pair retries, never a bare create
+        create = t[template]["resource"]
+        assert create["action"] == "create" and create["setOwnerReference"] is True
+        named = [yaml.safe_load(schemas.substitute_examples(r["manifest"]))["metadata"]["name"] for r in (delete, create)]
+        assert named[0] == named[1] == "mass-run-abcde-g3-train"
+        assert "name: '{{workflow.name}}-g{{inputs.parameters.gen}}-train'" in create["manifest"]
+        assert "retries" not in create["manifest"]
+        job = yaml.safe_load(schemas.substitute_examples(create["manifest"]))
+        assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+        assert int(t[template]["activeDeadlineSeconds"]) > 0
 
 
 # ---------------------------------------------------------------- the InferenceService

@@ -319,22 +319,31 @@ class _Builder:
             labels=L.pod_labels(sd.name, gen=GEN),
             retry_strategy=RESOURCE_RETRY,
         )
-        Resource(
-            name=f"{sd.name}-job",
-            inputs=_params(*params),
-            action="create",
-            set_owner_reference=True,
-            manifest=manifest,
-            success_condition=training.SUCCEEDED,
-            failure_condition=training.FAILED,
-            labels=L.pod_labels(sd.name, gen=GEN),
-            synchronization=_gpu_semaphore(),
-            active_deadline_seconds=self.s.train_deadline_s,
-        )
+        # One replica: the Master alone (the operator's webhook refuses `Worker.replicas: 0`).
+        single = training.pytorch_job(self.s, name, sd.argv(SPEC, GEN), labels, env=_env_dicts(self.step_env()),
+                                      **{**sizes, "workers": None})
+        for suffix, text, inputs in (("job", manifest, params),
+                                     ("job-single", _manifest(single), tuple(p for p in params if p != "trainer-workers"))):
+            Resource(
+                name=f"{sd.name}-{suffix}",
+                inputs=_params(*inputs),
+                action="create",
+                set_owner_reference=True,
+                manifest=text,
+                success_condition=training.SUCCEEDED,
+                failure_condition=training.FAILED,
+                labels=L.pod_labels(sd.name, gen=GEN),
+                synchronization=_gpu_semaphore(),
+                active_deadline_seconds=self.s.train_deadline_s,
+            )
         with Steps(name=sd.name, inputs=_params(*params), retry_strategy=TRAIN_RETRY):
             Step(name="delete-job", template=f"{sd.name}-delete-job", arguments=_args(gen=GEN))
-            Step(name="job", template=f"{sd.name}-job",
+            workers = "{{inputs.parameters.trainer-workers}}"
+            Step(name="job", template=f"{sd.name}-job", when=f"{workers} > 0",
                  arguments=[Parameter(name=p, value="{{inputs.parameters.%s}}" % p) for p in params])
+            Step(name="job-single", template=f"{sd.name}-job-single", when=f"{workers} == 0",
+                 arguments=[Parameter(name=p, value="{{inputs.parameters.%s}}" % p) for p in params
+                            if p != "trainer-workers"])
 
     # -------------------------------------------------------------- the table's steps
 

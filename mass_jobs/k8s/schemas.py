@@ -95,19 +95,32 @@ def schema_errors(doc: dict) -> list[str]:
 
 
 def webhook_errors(doc: dict) -> list[str]:
-    """Rules admission webhooks enforce that no schema carries."""
+    """Rules admission webhooks enforce that no schema carries: KServe's name rule, and what the
+    training operator's PyTorchJob webhook refuses (v1.9, pkg/webhooks/pytorch/pytorchjob_webhook.go:
+    a DNS-1035 name, Master/Worker only, a `pytorch` container, Master replicas 1, Worker replicas
+    at least 1, no negative runPolicy number)."""
     kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name", "")
     errors = []
     if kind == "InferenceService" and not re.fullmatch(NAME_PATTERN, name):
         errors.append(f"InferenceService/{name}: name must match {NAME_PATTERN}")
     if kind == "PyTorchJob":
-        specs = doc["spec"]["pytorchReplicaSpecs"]
+        if len(name) > 63 or not re.fullmatch(NAME_PATTERN, name):
+            errors.append(f"PyTorchJob/{name}: name must be a DNS-1035 label ({NAME_PATTERN}, at most 63 characters)")
+        spec = doc.get("spec") or {}
+        for key in ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"):
+            value = (spec.get("runPolicy") or {}).get(key)
+            if isinstance(value, int) and value < 0:
+                errors.append(f"PyTorchJob/{name}: runPolicy.{key} must be >= 0, got {value}")
+        specs = spec.get("pytorchReplicaSpecs") or {}
         if set(specs) - {"Master", "Worker"}:
             errors.append(f"PyTorchJob/{name}: replica types must be Master/Worker, got {sorted(specs)}")
         if specs.get("Master", {}).get("replicas") != 1:
             errors.append(f"PyTorchJob/{name}: Master replicas must be 1")
+        worker = specs.get("Worker", {}).get("replicas")
+        if "Worker" in specs and isinstance(worker, int) and worker < 1:
+            errors.append(f"PyTorchJob/{name}: Worker replicas must be at least 1, got {worker} (leave Worker out for one replica)")
         for rtype, rs in specs.items():
-            names = [c.get("name") for c in rs["template"]["spec"]["containers"]]
+            names = [c.get("name") for c in ((rs or {}).get("template") or {}).get("spec", {}).get("containers") or []]
             if "pytorch" not in names:
                 errors.append(f"PyTorchJob/{name}: {rtype} needs a container named pytorch, has {names}")
     return errors

@@ -29,11 +29,13 @@ def train_command(argv: list[str]) -> list[str]:
 
 
 def pytorch_job(s: ClusterSettings, name: str, argv: list[str], labels: dict[str, str],
-                env: list[dict] | None = None, *, workers: int | str, nproc: str, gpus: str) -> dict:
+                env: list[dict] | None = None, *, workers: int | str | None, nproc: str, gpus: str) -> dict:
     """The job of one training step. `workers` (Worker replicas besides the Master), `nproc`
     (processes per replica) and `gpus` (per replica) come from the spec's sft.replicas and
     gpus_per_replica (`mass validate --outputs`), so the operator's WORLD_SIZE = (1 + workers) x
-    nproc (training-operator v1.9, pkg/controller.v1/pytorch/envvar.go) is the spec's world."""
+    nproc (training-operator v1.9, pkg/controller.v1/pytorch/envvar.go) is the spec's world.
+    `workers=None` (one replica): the Master alone, since the operator's webhook refuses a Worker
+    replica spec with `replicas: 0` (pkg/webhooks/pytorch/pytorchjob_webhook.go)."""
     def replica(n):
         return {
             "replicas": n,
@@ -69,7 +71,7 @@ def pytorch_job(s: ClusterSettings, name: str, argv: list[str], labels: dict[str
         "spec": {
             "nprocPerNode": nproc,
             "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0},
-            "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(workers)},
+            "pytorchReplicaSpecs": {"Master": replica(1), **({} if workers is None else {"Worker": replica(workers)})},
         },
     }
 
