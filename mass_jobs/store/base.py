@@ -113,7 +113,12 @@ class Store(ABC):
 
     # built on the primitives
     def put_json(self, key: str, obj: Any) -> str:
-        return self.put_bytes(key, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+        text = json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (a model's cut emoji): escaped, the object stays valid UTF-8 JSON
+            data = (json.dumps(obj, indent=2) + "\n").encode("utf-8")
+        return self.put_bytes(key, data)
 
     def get_json(self, key: str) -> Any:
         return json.loads(self.get_bytes(key))

@@ -30,7 +30,8 @@ class CorruptObject(Exception):
 def hash_inputs(obj: Any) -> str:
     """sha256 of the canonical JSON of `obj` (sorted keys, no whitespace): the step's identity."""
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    # a lone surrogate cannot be UTF-8: hashed as its escape, as put_json stores it
+    return hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()
 
 
 def manifest_key(prefix: str) -> str:

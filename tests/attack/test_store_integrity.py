@@ -220,3 +220,16 @@ def test_a_broken_manifest_is_never_a_crash_for_readers(make_store, kind):
     assert read_manifest(store, "p") is None
     store.put_bytes("p/_manifest.json", json.dumps({"input_hash": "x", "outputs": {}, "sizes": {}}).encode())
     assert read_manifest(store, "p")["input_hash"] == "x" and not Step(store, "p", {"v": 1}).done
+
+
+def test_a_lone_surrogate_from_a_model_is_stored_escaped_and_read_back(tmp_path):
+    """A model that cuts an emoji in half sends "\\ud800": storing the episode must not raise."""
+    from mass_jobs.store import FileStore
+    from mass_jobs.store.manifest import hash_inputs
+
+    store = FileStore(tmp_path / "s")
+    doc = {"outcome": "success", "reason": "done \ud800 half an emoji", "ok": "é"}
+    store.put_json("r/ep/status.json", doc)
+    assert store.get_json("r/ep/status.json") == doc
+    assert store.get_bytes("r/ep/status.json").decode("utf-8")  # valid UTF-8 on disk
+    assert hash_inputs(doc) == hash_inputs(dict(doc)) and len(hash_inputs(doc)) == 64
