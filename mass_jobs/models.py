@@ -251,6 +251,9 @@ class SftSpec(Closed):
                             "this many positions at a time, never for the whole window (unless lora adapts "
                             "the LM head).")
     replicas: int = Field(default=3, ge=1, le=1024, description="Data-parallel replicas (torchrun nodes / PyTorchJob pods).")
+    parallel: Literal["ddp", "fsdp"] = Field(
+        default="ddp", description="ddp: one model copy per rank; fsdp: the model sharded over the ranks (models larger "
+        "than one GPU, as the paper's 27B at 49,152-token windows on 80 GiB GPUs). A resume keeps the checkpoint's mode.")
     gpus_per_replica: int = Field(default=2, ge=0, le=64)
     grad_accum: int = Field(default=1, ge=1, le=4096)
     seed: int = Field(default=0, ge=0, le=MAX_SEED)

@@ -92,7 +92,7 @@ def test_memory_grows_with_the_window_and_the_chunk_caps_the_logits():
 
 def test_plan_refuses_what_will_not_fit_and_names_the_numbers(tmp_path):
     run = [sys.executable, "-m", "mass_jobs.cli", "plan", str(PAPER), "--config", str(QWEN)]
-    small = subprocess.run([*run, "--gpu-memory", "40"], capture_output=True, text=True, timeout=300)
+    small = subprocess.run([*run, "--gpu-memory", "40", "--parallel", "ddp"], capture_output=True, text=True, timeout=300)
     assert small.returncode == 2, small.stderr
     assert "will not fit" in small.stderr and "> the declared 40 GiB GPU" in small.stderr
     assert "weights 50.1" in small.stderr  # 26.9 B bf16 parameters on every DDP rank
@@ -132,3 +132,16 @@ def test_compare_flags_every_count_a_store_differs_in():
     assert compare(planned, planned) == []
     assert compare(planned, stored) == [f"ranking_calls: planned {planned['ranking_calls']}, stored "
                                         f"{planned['ranking_calls'] - 1}"]
+
+
+def test_the_papers_spec_fits_as_written_with_the_fsdp_it_declares():
+    """examples/paper.yaml says sft.parallel: fsdp, which the plan, `mass run` and the PyTorchJob's
+    `mass train` all take from the spec: the 27B model fits the declared 80 GiB GPU."""
+    run = [sys.executable, "-m", "mass_jobs.cli", "plan", str(PAPER), "--config", str(QWEN), "--json"]
+    out = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["memory"]["parallel"] == "fsdp" and doc["memory"]["world"] == 6
+    assert doc["memory"]["total"] < 80 * 2 ** 30 and doc["fits"] is True
+    ddp = subprocess.run([*run[:-1], "--parallel", "ddp"], capture_output=True, text=True, timeout=300)
+    assert ddp.returncode == 2 and "ddp over 6 ranks) > the declared 80 GiB GPU" in ddp.stderr

@@ -281,3 +281,25 @@ def test_two_rank_fsdp_trains_like_ddp_saves_a_full_adapter_and_resumes(tiny_mod
     assert read_checkpoint(tmp_path / "resume" / "work" / "run" / "gen-0" / "train" / "step-4")[
         "adapter_sha256_by_rank"] == meta["adapter_sha256_by_rank"]
     assert "trained 4 steps" in out
+
+
+def test_sft_parallel_comes_from_the_spec_and_enters_the_train_hash_only_when_not_ddp(monkeypatch, tmp_path):
+    """`mass run` and the PyTorchJob run `mass train SPEC --gen G [--resume]`: the mode is the spec's."""
+    import argparse
+
+    import mass_jobs.commands.train as train_cmd
+    import mass_jobs.steps.train as train_step
+    assert "parallel" not in train_step.training_settings(SftSpec())  # DDP runs keep their hashes
+    fsdp = type("Spec", (), {"name": "t", "sft": SftSpec(parallel="fsdp")})()
+    assert train_step.training_settings(fsdp.sft)["parallel"] == "fsdp"
+
+    seen = []
+    monkeypatch.setattr(train_step, "run_train", lambda ctx, gen, work, **kw: seen.append(kw["parallel"]) or
+                        {"steps": 0, "processed_supervised_tokens": 0, "checkpoints": []})
+    monkeypatch.setattr(train_cmd, "open_run", lambda _spec: type("Ctx", (), {"spec": fsdp})())
+    parser = argparse.ArgumentParser()
+    train_cmd.add_arguments(parser)
+    for argv in (["--spec", "s.yaml", "--gen", "0"], ["--spec", "s.yaml", "--gen", "0", "--parallel", "ddp"]):
+        args = parser.parse_args([*argv, "--work-dir", str(tmp_path), "--quiet"])
+        assert train_cmd.main(args) == 0
+    assert seen == ["fsdp", "ddp"]

@@ -19,8 +19,9 @@ from mass_jobs.commands.common import add_spec, open_run, work_dir_default
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec(parser, gen="generation g whose model is trained")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    parser.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp",
-                        help="ddp: one model copy per rank; fsdp: shard it (models larger than one GPU)")
+    parser.add_argument("--parallel", choices=["ddp", "fsdp"], default=None,
+                        help="ddp: one model copy per rank; fsdp: shard it (models larger than one GPU); "
+                             "default: the spec's sft.parallel, which the runner and the PyTorchJob use")
     parser.add_argument("--work-dir", default=work_dir_default(),
                         help="local dir for inputs and checkpoints before they reach the store")
     parser.add_argument("--quiet", action="store_true", help="no per-step console lines (log.jsonl is kept)")
@@ -38,7 +39,8 @@ def main(args: argparse.Namespace) -> int:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
         work = Path(args.work_dir) / spec.name / f"gen-{args.gen}"
-        extra = run_train(ctx, args.gen, work, resume=args.resume, parallel=args.parallel, progress=not args.quiet)
+        extra = run_train(ctx, args.gen, work, resume=args.resume, parallel=args.parallel or spec.sft.parallel,
+                          progress=not args.quiet)
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"trained {extra['steps']} steps, {extra['processed_supervised_tokens']} supervised tokens; "
                   f"checkpoints {extra['checkpoints']}")

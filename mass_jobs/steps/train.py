@@ -72,10 +72,12 @@ def _fetch_inputs(ctx: RunContext, gen: int, work: Path, resume: bool) -> tuple[
 
 def training_settings(sft) -> dict:
     """The sft settings training depends on: not how its checkpoint is selected afterwards, and the
-    preset only when one is set (the paper's runs keep their hashes)."""
+    preset and the parallel mode only when not the defaults (earlier runs keep their hashes)."""
     from mass_jobs.composition import composition_of
 
-    doc = sft.model_dump(mode="json", exclude={"checkpoint_selection", "panel", "preset"})
+    doc = sft.model_dump(mode="json", exclude={"checkpoint_selection", "panel", "preset", "parallel"})
+    if sft.parallel != "ddp":  # DDP runs keep the hashes they had before the field existed
+        doc["parallel"] = sft.parallel
     if sft.preset is not None:
         doc["orchestrator_share"] = composition_of(sft).orchestrator_share
         doc["preset"] = sft.preset
