@@ -57,7 +57,7 @@ ARCHIVE_LIMIT = 1 << 30  # compressed workspace archive either way
 REPLY_LIMIT = 64 << 20  # what the harness reads back from the sandbox for anything but the archive
 PR_SET_CHILD_SUBREAPER = 36
 KEEP_SOCKET_S = 0.2  # how often a service checks that its socket file is still its own
-CONNECT_RETRY_S = 3.0  # how long a client retries a connect to a socket being bound again
+CONNECT_RETRY_S = 10.0  # how long a client retries a connect to a socket being bound again (a loaded node)
 
 
 class SandboxError(RuntimeError):

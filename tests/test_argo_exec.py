@@ -654,8 +654,6 @@ def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, s
     from mass_jobs.models import EpisodeLimits, Sampling
     from mass_jobs.testing.scripted_endpoint import Reply
 
-    cycle = next(d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle")
-    agent = next(t for t in cycle["spec"]["templates"] if t["name"] == "agent-episode")
     ep = scripted_endpoint({
         "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("records tidied")],
         "worker-1": [Reply.call("shell", command=FORGING_COMMAND),
@@ -665,29 +663,10 @@ def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, s
     })
     inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, sampling=Sampling(), files={"notes.md": "n\n"},
                        limits=EpisodeLimits(wall_s=90, request_timeout_s=20, request_retries=0, shell_timeout_s=30))
-    prefix, rollout = "runs/forge", "gen-0/collect/t/ep-0"
-    args = {"gen": "0", "task": "t", "label": "ep-0", "rollout": rollout, "store-prefix": prefix}
-    main = {"name": "main", "steps": [[{"name": "agent", "template": "agent-episode", "arguments": {
-        "parameters": [{"name": k, "value": v} for k, v in args.items()]}}]]}
-    ex = executor_for(wft("forge", [main, agent], params=("spec", "run"),
-                          securityContext=cycle["spec"]["securityContext"], automountServiceAccountToken=False))
-    repo = ex._repository("artifact-repositories", "default-v1")
-    client = repo.client()
-    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/episode.json",
-                      Body=json.dumps(episode_file_json(inp)).encode())
     with tempfile_dir() as seed:
-        from mass_jobs.store.archive import write_dir_archive
-
-        buf = io.BytesIO()
-        write_dir_archive(seed, buf)
-    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/workspace.tar.gz", Body=buf.getvalue())
-
-    wf = ex.submit("forge", {"spec": "s3://b/spec.yaml", "run": "forge"})
+        wf, output = run_agent_episode(executor_for, "forge", inp, seed)
     assert wf.phase == "Succeeded", wf.summary()
     time.sleep(3)  # the process left behind would have written by now, had it anywhere to write
-
-    def output(name: str) -> bytes:
-        return client.get_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/output/{name}")["Body"].read()
 
     trace = [json.loads(x) for x in output("trace.jsonl").decode().splitlines()]
     status = json.loads(output("status.json"))
@@ -711,6 +690,36 @@ def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, s
         names = sorted(m.name for m in tar.getmembers())
         assert tar.extractfile("result.txt").read() == b"done\n"
     assert "notes.md" in names and "result.txt" in names and "late.txt" not in names, names
+
+
+def run_agent_episode(executor_for, name: str, inp, seed: Path):
+    """One episode through the generated agent-episode template (argo/mass-cycle.yaml, with the
+    workflow's pod securityContext): its inputs uploaded where prepare puts them, the workflow
+    submitted; (the workflow, output(name) -> the bytes Argo uploaded from /out)."""
+    from mass_jobs.harness import episode_file_json
+    from mass_jobs.store.archive import write_dir_archive
+
+    cycle = next(d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle")
+    agent = next(t for t in cycle["spec"]["templates"] if t["name"] == "agent-episode")
+    prefix, rollout = f"runs/{name}", "gen-0/collect/t/ep-0"
+    args = {"gen": "0", "task": "t", "label": "ep-0", "rollout": rollout, "store-prefix": prefix}
+    main = {"name": "main", "steps": [[{"name": "agent", "template": "agent-episode", "arguments": {
+        "parameters": [{"name": k, "value": v} for k, v in args.items()]}}]]}
+    ex = executor_for(wft(name, [main, agent], params=("spec", "run"),
+                          securityContext=cycle["spec"]["securityContext"], automountServiceAccountToken=False))
+    repo = ex._repository("artifact-repositories", "default-v1")
+    client = repo.client()
+    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/episode.json",
+                      Body=json.dumps(episode_file_json(inp)).encode())
+    buf = io.BytesIO()
+    write_dir_archive(seed, buf)
+    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/workspace.tar.gz", Body=buf.getvalue())
+    wf = ex.submit(name, {"spec": "s3://b/spec.yaml", "run": name})
+
+    def output(file: str) -> bytes:
+        return client.get_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/output/{file}")["Body"].read()
+
+    return wf, output
 
 
 class tempfile_dir:

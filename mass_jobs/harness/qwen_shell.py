@@ -34,13 +34,13 @@ LIMITS = {limits!r}  # the episode's, for a sandbox that serves no episode of it
 
 class Connection(http.client.HTTPConnection):
     def connect(self):
-        for attempt in range(30):  # a removed socket is bound again within a fraction of a second
+        for attempt in range(100):  # a removed socket is bound again within a fraction of a second
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 return self.sock.connect(SOCKET)
             except (FileNotFoundError, ConnectionRefusedError):
                 self.sock.close()
-                if attempt == 29:
+                if attempt == 99:
                     raise
                 time.sleep(0.1)
 

@@ -72,7 +72,7 @@ for url in sorted(urls):
         req = urllib.request.Request(url.rstrip("/") + "/chat/completions", data=body, headers={
             "Content-Type": "application/json", "Authorization": f"Bearer {token}"})
         try:
-            urllib.request.urlopen(req, timeout=3).read()
+            urllib.request.urlopen(req, timeout=10).read()
             accepted += 1
         except urllib.error.HTTPError as exc:  # the proxy took it and forwarded it; only a refusal is not
             accepted += exc.code not in (401, 403)
@@ -299,15 +299,8 @@ def test_in_the_agent_pod_the_same_attacks_leave_trace_status_and_windows_unchan
     harness, the sandbox and the qwen-code containers as their three uids. qwen-code's shell
     command runs attack.py in the sandbox container, where it shares the pod's loopback with the
     proxy and finds its listening port."""
-    import io
+    from tests.test_argo_exec import run_agent_episode
 
-    from mass_jobs.harness import episode_file_json
-    from mass_jobs.store.archive import write_dir_archive
-    from tests.fixtures.argo_exec import load_documents
-    from tests.test_argo_exec import wft
-
-    cycle = next(d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle")
-    agent = next(t for t in cycle["spec"]["templates"] if t["name"] == "agent-episode")
     marker = daemon_marker(s3_env["bucket"] + "pod")
     # (the executor shows this checkout in every pod, as the image: its files are no secret of a pod)
     known = {"out": ["/out"], "sockets": ["/sandbox/sandbox.sock", "/qwen/qwen.sock"], "daemon": marker,
@@ -318,26 +311,10 @@ def test_in_the_agent_pod_the_same_attacks_leave_trace_status_and_windows_unchan
     inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, harness="qwen-code", sampling=Sampling(max_output_tokens=64),
                        limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=0, shell_timeout_s=30),
                        files={"attack.py": ATTACK, "known.json": json.dumps(known)})
-    prefix, rollout = "runs/qwen-forge", "gen-0/collect/t/ep-0"
-    args = {"gen": "0", "task": "t", "label": "ep-0", "rollout": rollout, "store-prefix": prefix}
-    main = {"name": "main", "steps": [[{"name": "agent", "template": "agent-episode", "arguments": {
-        "parameters": [{"name": k, "value": v} for k, v in args.items()]}}]]}
-    ex = executor_for(wft("qforge", [main, agent], params=("spec", "run"),
-                          securityContext=cycle["spec"]["securityContext"], automountServiceAccountToken=False))
-    repo = ex._repository("artifact-repositories", "default-v1")
-    client = repo.client()
-    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/episode.json",
-                      Body=json.dumps(episode_file_json(inp)).encode())
-    empty = tiny_model_dir.parent / "empty-workspace"
-    empty.mkdir(exist_ok=True)
-    buf = io.BytesIO()
-    write_dir_archive(empty, buf)
-    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/workspace.tar.gz", Body=buf.getvalue())
-    wf = ex.submit("qforge", {"spec": "s3://b/spec.yaml", "run": "qforge"})
+    seed = tiny_model_dir.parent / "empty-workspace"
+    seed.mkdir(exist_ok=True)
+    wf, output = run_agent_episode(executor_for, "qforge", inp, seed)
     assert wf.phase == "Succeeded", wf.summary()
-
-    def output(name: str) -> bytes:
-        return client.get_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/output/{name}")["Body"].read()
 
     trace = [json.loads(x) for x in output("trace.jsonl").decode().splitlines()]
     status = json.loads(output("status.json"))
