@@ -556,16 +556,21 @@ def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod(
             labels = t["metadata"]["labels"]
             assert all(labels.get(k) == v for k, v in selector.items()), (t["name"], labels, selector)
             assert int(t["activeDeadlineSeconds"]) > 0
-            # model-written code runs in the sandbox sidecar: another uid, sharing only the socket's volume
-            [sandbox] = t["sidecars"]
-            assert sandbox["command"] + sandbox["args"][:1] == ["mass", "sandbox-serve"] and "--sandbox" in c["args"]
+            # model-written code runs in the sandbox sidecar, qwen-code in the qwen one: other uids
+            # than the harness's and each other's, each sharing with the harness only its socket's volume
             pod_uid = spec["securityContext"]["runAsUser"]
-            assert sandbox["securityContext"]["runAsUser"] not in (pod_uid, c["securityContext"].get("runAsUser", pod_uid))
-            assert sandbox["securityContext"]["runAsGroup"] != spec["securityContext"]["runAsGroup"]
-            shared = {m["name"] for m in sandbox["volumeMounts"]} & {m["name"] for m in c["volumeMounts"]}
-            socket_dir = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] in shared)
-            assert len(shared) == 1 and c["args"][c["args"].index("--sandbox") + 1].startswith(socket_dir + "/")
-            assert not [m for m in sandbox["volumeMounts"] if m["mountPath"] in ("/out", "/in")]
+            sidecars = {s["name"]: s for s in t["sidecars"]}
+            assert set(sidecars) == {"sandbox", "qwen"}
+            uids = {n: s["securityContext"]["runAsUser"] for n, s in sidecars.items()}
+            assert len({pod_uid, c["securityContext"].get("runAsUser", pod_uid), *uids.values()}) == 3, uids
+            for flag, side in (("--sandbox", sidecars["sandbox"]), ("--qwen", sidecars["qwen"])):
+                assert side["command"] + side["args"][:1] == ["mass", "sandbox-serve"] and flag in c["args"]
+                assert side["securityContext"]["runAsGroup"] != spec["securityContext"]["runAsGroup"]
+                socket = c["args"][c["args"].index(flag) + 1]
+                mine = {m["name"] for m in side["volumeMounts"] if socket.startswith(m["mountPath"] + "/")}
+                assert len(mine) == 1 and mine <= {m["name"] for m in c["volumeMounts"]}
+                assert not [m for m in side["volumeMounts"] if m["mountPath"] in ("/out", "/in")]
+            assert not [m for m in sidecars["sandbox"]["volumeMounts"] if m["mountPath"] == "/qwen"]
             assert not [a for a in (t["outputs"]["artifacts"] + t["inputs"]["artifacts"])
                         if not a["path"].startswith(("/out/", "/in/"))]  # Argo's wait reads only the main container's
     assert episodes == ["agent-episode"]
@@ -613,7 +618,7 @@ done
 ls /out >/dev/null 2>&1 && echo "SEES /out" || echo "no /out"
 for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done 2>/dev/null | grep -c -- "--out /ou[t]" | sed 's/^/harness processes seen: /'
 (sleep 2; echo FORGED-RECORD >> /out/trace.jsonl) >/dev/null 2>&1 &
-(setsid sh -c 'sleep 2; echo late > late.txt' >/dev/null 2>&1 &)
+(setsid sh -c 'sleep 8; echo late > late.txt' >/dev/null 2>&1 &)
 python3 - <<'PY'
 import json, urllib.request
 ports = set()
@@ -657,8 +662,9 @@ def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, s
     ep = scripted_endpoint({
         "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("records tidied")],
         "worker-1": [Reply.call("shell", command=FORGING_COMMAND),
-                     # a daemon left by the command above would write late.txt after 2 s: none survived it
-                     Reply.call("shell", command="sleep 4; test -e late.txt && echo LATE-WROTE || echo no-late"),
+                     # a daemon left by the command above would write late.txt after 8 s (the sandbox reaps
+                     # it when the command returns: seconds of margin on a loaded machine): none survived it
+                     Reply.call("shell", command="sleep 10; test -e late.txt && echo LATE-WROTE || echo no-late"),
                      Reply.call("finish", summary="tidied")],
     })
     inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, sampling=Sampling(), files={"notes.md": "n\n"},
