@@ -164,7 +164,8 @@ def run_checks_pod(ctx, item: dict, tmp: Path) -> None:
                      kwargs={"ready": lambda s: (servers.append(s), started.set())}, daemon=True).start()
     assert started.wait(10)
     try:
-        args = argparse.Namespace(in_dir=str(pod / "in"), out_dir=str(pod / "out"), sandbox=str(pod / "sandbox.sock"))
+        args = argparse.Namespace(in_dir=str(pod / "in"), out_dir=str(pod / "out"), sandbox=str(pod / "sandbox.sock"), qwen=None,
+                                  qwen_uid=None)
         assert episode_cmd.main(args) == 0
     finally:
         servers[0].shutdown()
