@@ -3,7 +3,8 @@
 Any harness (the built-in one, qwen-code, ...) talks to the proxy as if it were the model server;
 the proxy forwards `/v1/chat/completions` to the upstream endpoint (any API root, e.g. KServe's
 `/openai/v1`) and `/v1/models` and other `/v1/*` routes unrecorded. Streams are forwarded byte for
-byte as they arrive and reassembled on the side into one message (content, reasoning, tool calls by
+byte as they arrive (the upstream is asked for identity encoding; an answer compressed anyway is
+relayed decoded) and reassembled on the side into one message (content, reasoning, tool calls by
 index) for the record. Each line follows schemas/trace-record.schema.json; authorization headers are
 never written. Upstream errors, connection failures (answered 502) and client disconnects are
 recorded too. `X-Mass-Agent` / `X-Mass-Role` / `X-Mass-Parent` request headers label the call.
@@ -38,13 +39,15 @@ BODY_EXCERPT = 2000
 # Line breaks to str.splitlines() that json.dumps(ensure_ascii=False) leaves raw (tool output of a
 # binary file carries them): written escaped, so a trace line is one line to every reader.
 LINE_SEPARATORS = ("\x85", "\u2028", "\u2029")
-# Hop-by-hop and framing headers are the proxy's own business on each side; accept-encoding is
-# dropped so the upstream answers uncompressed and the recorded stream is readable text.
+# Hop-by-hop and framing headers are the proxy's own business on each side. The upstream is asked
+# for identity (httpx would otherwise ask for gzip on its own), and what it sends is relayed and
+# recorded decoded, so content-encoding is never forwarded: the bytes no longer carry it.
 REQUEST_DROP = {
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
     "proxy-authorization", "proxy-connection", "accept-encoding",
 }  # fmt: skip
-RESPONSE_DROP = {"content-length", "connection", "keep-alive", "transfer-encoding", "trailer", "upgrade"}
+RESPONSE_DROP = {"content-length", "connection", "keep-alive", "transfer-encoding", "trailer", "upgrade",
+                 "content-encoding"}
 AGENT_HEADERS = {"x-mass-agent": "id", "x-mass-role": "role", "x-mass-parent": "parent"}
 
 
@@ -356,6 +359,7 @@ class RecordingProxy:
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
         fwd = {k: v for k, v in headers.items() if k not in REQUEST_DROP and k != "authorization"}
+        fwd["accept-encoding"] = "identity"
         if self._auth:
             fwd["authorization"] = f"Bearer {self._auth}"
         elif "authorization" in headers and not self.client_token:
@@ -454,7 +458,7 @@ class RecordingProxy:
 
         async def pump() -> None:
             await send({"type": "http.response.start", "status": resp.status_code, "headers": _response_headers(resp)})
-            async for piece in resp.aiter_raw():
+            async for piece in resp.aiter_bytes():  # decoded if the upstream compressed anyway
                 asm.feed(piece)
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             state["complete"] = True

@@ -222,3 +222,70 @@ def test_a_stalling_endpoint_ends_the_episode_at_its_wall_limit(tmp_path, hang_u
     status = json.loads((tmp_path / "out" / "status.json").read_text())
     validate_status(status)
     assert status["outcome"] == ("infra_error" if hang_up else "timeout"), status["reason"]
+
+
+class GzipEndpoint:
+    """Answers gzip-compressed whenever the request accepts gzip (as many servers behind a CDN do),
+    or always with `always`; streamed or not as the request asks."""
+
+    def __init__(self, always: bool = False):
+        import gzip
+
+        seen: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+                accept = self.headers.get("accept-encoding") or ""
+                seen.append(accept)
+                if body.get("stream"):
+                    data = (b'data: {"choices": [{"delta": {"content": "done"}, "finish_reason": "stop"}]}\n\n'
+                            b"data: [DONE]\n\n")
+                    ctype = SSE
+                else:
+                    data, ctype = completion(TEXT), "application/json"
+                compress = always or "gzip" in accept
+                if compress:
+                    data = gzip.compress(data)
+                self.send_response(200)
+                self.send_header("content-type", ctype)
+                if compress:
+                    self.send_header("content-encoding", "gzip")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.seen = seen
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.endpoint = Endpoint(f"http://127.0.0.1:{self.server.server_address[1]}/v1", "raw")
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("always", [False, True], ids=["when-accepted", "always"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_gzip_answering_endpoint_is_recorded_and_relayed_as_text(tmp_path, always, stream):
+    """The proxy asks for identity; an answer compressed anyway is relayed decoded, without a
+    Content-Encoding the bytes no longer have, and recorded as text."""
+    ep = GzipEndpoint(always=always)
+    try:
+        with RecordingProxy(upstream=ep.endpoint, trace_path=tmp_path / "trace.jsonl", timeout_s=15) as px:
+            r = httpx.post(px.endpoint.url("chat/completions"), timeout=30, json={
+                "model": "raw", "stream": stream, "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 200 and "content-encoding" not in r.headers
+        assert ("done" in r.text) if stream else r.json()["choices"][0]["message"]["content"] == "done"
+        (rec,) = read_trace(tmp_path / "trace.jsonl")
+        assert rec["response"]["message"]["content"] == "done" and rec["error"] is None
+        assert ep.seen == ["identity"]
+        if not stream:  # a whole built-in episode through it ends as the model said
+            inp = EpisodeInput(prompt="Do it.", endpoint=ep.endpoint, limits=LIMITS, sampling=Sampling(max_output_tokens=16))
+            res = run_episode(inp, tmp_path / "ws", tmp_path / "out")
+            assert (res.outcome, res.final_report) == ("success", "done")
+    finally:
+        ep.close()
