@@ -18,7 +18,20 @@ from mass_jobs.models import EpisodeLimits, Sampling
 from mass_jobs.proxy import RecordingProxy, read_trace
 
 
-class RawEndpoint:
+class LoopbackEndpoint:
+    """An HTTP server on loopback serving `handler`, its API root as `endpoint`."""
+
+    def _serve(self, handler) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.endpoint = Endpoint(f"http://127.0.0.1:{self.server.server_address[1]}/v1", "raw")
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class RawEndpoint(LoopbackEndpoint):
     """An HTTP server that answers every POST with the same raw bytes, status and content type."""
 
     def __init__(self, body: bytes, status: int = 200, content_type: str = "application/json"):
@@ -37,13 +50,7 @@ class RawEndpoint:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.endpoint = Endpoint(f"http://127.0.0.1:{self.server.server_address[1]}/v1", "raw")
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self._serve(Handler)
 
 
 def completion(message, usage=None, finish="stop", **extra) -> bytes:
@@ -224,7 +231,7 @@ def test_a_stalling_endpoint_ends_the_episode_at_its_wall_limit(tmp_path, hang_u
     assert status["outcome"] == ("infra_error" if hang_up else "timeout"), status["reason"]
 
 
-class GzipEndpoint:
+class GzipEndpoint(LoopbackEndpoint):
     """Answers gzip-compressed whenever the request accepts gzip (as many servers behind a CDN do),
     or always with `always`; streamed or not as the request asks."""
 
@@ -259,13 +266,7 @@ class GzipEndpoint:
                 pass
 
         self.seen = seen
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.endpoint = Endpoint(f"http://127.0.0.1:{self.server.server_address[1]}/v1", "raw")
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self._serve(Handler)
 
 
 @pytest.mark.parametrize("always", [False, True], ids=["when-accepted", "always"])
