@@ -56,6 +56,7 @@ REQUEST_LIMIT = 64 << 20  # a tool call or qwen request: far below; a workspace 
 ARCHIVE_LIMIT = 1 << 30  # compressed workspace archive either way
 REPLY_LIMIT = 64 << 20  # what the harness reads back from the sandbox for anything but the archive
 PR_SET_CHILD_SUBREAPER = 36
+REAP_ROUNDS = 50  # walks of the tree after a command, until one finds no stray left
 KEEP_SOCKET_S = 0.2  # how often a service checks that its socket file is still its own
 CONNECT_RETRY_S = 10.0  # how long a client retries a connect to a socket being bound again (a loaded node)
 
@@ -159,13 +160,17 @@ class SandboxService:
         from mass_jobs.sandbox import _tree
 
         me = os.getpid()
-        keep = {pid for run in self._runs.values() if run.poll() is None for pid in _tree(run.proc.pid)}
-        for pid in reversed(_tree(me)):
-            if pid != me and pid not in keep:
+        for _ in range(REAP_ROUNDS):  # again until a walk finds none: a stray may fork while it is walked
+            keep = {pid for run in self._runs.values() if run.poll() is None for pid in _tree(run.proc.pid)}
+            strays = [pid for pid in reversed(_tree(me)) if pid != me and pid not in keep and not _zombie(pid)]
+            if not strays:
+                break
+            for pid in strays:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+            time.sleep(0.02)
         while True:  # their zombies are ours to collect now
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -197,6 +202,15 @@ class SandboxService:
 
     def kill_qwen(self, run_id: str) -> None:
         self._runs[run_id].kill()
+
+
+def _zombie(pid: int) -> bool:
+    """Already dead, waiting to be collected (nothing left to kill)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _group_writable(root: Path) -> None:
