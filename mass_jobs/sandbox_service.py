@@ -171,13 +171,13 @@ class SandboxService:
                 except (ProcessLookupError, PermissionError):
                     pass
             time.sleep(0.02)
-        while True:  # their zombies are ours to collect now
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        keep = {pid for run in self._runs.values() for pid in _tree(run.proc.pid)}
+        for pid in _tree(me):  # their zombies are ours to collect now; a qwen-code run's exit is its own
+            if pid != me and pid not in keep:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
 
     def start_qwen(self, body: dict) -> dict:
         from mass_jobs.harness import episode_input

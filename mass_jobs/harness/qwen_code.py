@@ -156,7 +156,7 @@ def limit_breach(records: list[dict], inp: EpisodeInput) -> tuple[str, str] | No
 class QwenRun:
     """qwen-code started in `workspace` by this process, with a private HOME holding its settings.
     A sandbox service starts it on the harness's request (`mass_jobs.sandbox_service`): under bwrap
-    on one machine, in an agent pod's sandbox container on a cluster; only where bwrap cannot run
+    on one machine, in an agent pod's qwen-code container on a cluster; only where bwrap cannot run
     does the episode's own process. Its shell commands go through `shell_socket` (the forwarding
     `bash`, mass_jobs/harness/qwen_shell.py) and run outside its process tree. Its output is read
     from pipes, never from a file a tool could replace. FileNotFoundError when the binary is missing."""
@@ -215,7 +215,7 @@ class _Tail:
         self._thread.start()
 
     def _read(self) -> None:
-        while chunk := self._stream.read1(65536) if hasattr(self._stream, "read1") else self._stream.read(65536):
+        while chunk := self._stream.read1(65536):
             self._buf += chunk
             if len(self._buf) > OUTPUT_LIMIT:
                 del self._buf[: len(self._buf) - OUTPUT_LIMIT]
