@@ -19,10 +19,17 @@ PAPER = ROOT / "examples" / "paper.yaml"
 QWEN = ROOT / "examples" / "qwen3.5-27b-config.json"
 
 
-def tiny_spec(model_dir, window, checkpointing=False):
+ATTENTION_MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def tiny_spec(model_dir, window, checkpointing=False, adapt_head=False):
+    """The CI spec on the tiny model; `adapt_head` puts the LM head under LoRA, which keeps
+    whole-window logits (the chunked loss needs a frozen head)."""
     doc = yaml.safe_load((ROOT / "tests" / "specs" / "ci-e2e.yaml").read_text())
     doc["model"]["base"] = str(model_dir)
     doc["sft"].update(window=window, gradient_checkpointing=checkpointing, steps=1, val_every=100, save_every=100)
+    if adapt_head:
+        doc["sft"]["lora"]["target_modules"] = [*ATTENTION_MLP, "lm_head"]
     return validate_document(doc)
 
 
@@ -52,13 +59,16 @@ def measured_peak(spec, model_dir, out_dir) -> int:
     return before + peak
 
 
-@pytest.mark.parametrize("window", [512, 1024, 2048])
-def test_memory_model_within_20_percent_of_a_measured_training_step(tiny_model_dir, tmp_path, window):
-    spec = tiny_spec(tiny_model_dir, window)
-    planned = training_memory(spec, load_config(spec)).total
+@pytest.mark.parametrize("window,adapt_head", [(512, False), (1024, False), (2048, False), (1024, True)])
+def test_memory_model_within_10_percent_of_a_measured_training_step(tiny_model_dir, tmp_path, window, adapt_head):
+    spec = tiny_spec(tiny_model_dir, window, adapt_head=adapt_head)
+    mem = training_memory(spec, load_config(spec))
+    assert mem.loss_chunk == (None if adapt_head else 512)
+    planned = mem.total
     measured = measured_peak(spec, tiny_model_dir, tmp_path / "train")
-    print(f"window {window}: planned {planned / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB")
-    assert abs(planned - measured) / measured < 0.20, (window, planned / 2**20, measured / 2**20)
+    print(f"window {window} ({'whole-window' if adapt_head else 'chunked'} logits): planned {planned / 2**20:.1f} MiB, "
+          f"measured {measured / 2**20:.1f} MiB")
+    assert abs(planned - measured) / measured < 0.10, (window, planned / 2**20, measured / 2**20)
 
 
 def test_checkpointing_saves_what_the_model_says_it_saves(tiny_model_dir, tmp_path):
@@ -69,10 +79,10 @@ def test_checkpointing_saves_what_the_model_says_it_saves(tiny_model_dir, tmp_pa
         planned[on] = training_memory(spec, load_config(spec)).total
         measured[on] = measured_peak(spec, tiny_model_dir, tmp_path / f"train-{on}")
     print(f"checkpointing on: planned {planned[True] / 2**20:.1f} MiB, measured {measured[True] / 2**20:.1f} MiB")
-    assert abs(planned[True] - measured[True]) / measured[True] < 0.20
+    assert abs(planned[True] - measured[True]) / measured[True] < 0.10
     drop_planned, drop_measured = planned[False] - planned[True], measured[False] - measured[True]
     print(f"saved by checkpointing: planned {drop_planned / 2**20:.1f} MiB, measured {drop_measured / 2**20:.1f} MiB")
-    assert drop_measured > 0 and abs(drop_planned - drop_measured) / drop_measured < 0.20
+    assert drop_measured > 0 and abs(drop_planned - drop_measured) / drop_measured < 0.10
 
 
 def test_memory_grows_with_the_window_and_the_chunk_caps_the_logits():
@@ -81,7 +91,7 @@ def test_memory_grows_with_the_window_and_the_chunk_caps_the_logits():
     whole = training_memory(spec, config, parallel="fsdp", loss_chunk=None)
     chunked = training_memory(spec, config, parallel="fsdp", loss_chunk=512)
     assert whole.parameters == 26_895_998_464  # the text model of the config, counted on the meta device
-    assert whole.logits == 49152 * 248320 * 14 and chunked.logits == 512 * 248320 * 14
+    assert whole.logits == 49152 * 248320 * 14 and chunked.logits == 512 * 248320 * 6  # fp32 in place + a bf16 copy
     assert chunked.total < whole.total
     half = training_memory(spec, config, parallel="fsdp", window=24576, loss_chunk=512)
     assert half.activations < chunked.activations

@@ -10,15 +10,19 @@ A rank holds (bytes):
   gradients (DDP: plus its reduction buckets, the same size again) and AdamW's two moments.
 - activations: what autograd keeps for one window (one window per micro-step; accumulation adds
   nothing). Per token and decoder layer: the two RMSNorms' input and output (4H), the attention
-  path (q, q-norm, rotary and output copies of the query width: 6q; key/value copies: 5kv), the
-  SwiGLU MLP (4I), and per adapted layer the LoRA dropout's copy of its input plus the mask when
-  dropout > 0, and the rank-r intermediate. With gradient checkpointing only each layer's input
-  (H per token) is kept, and one layer is recomputed at a time in the backward pass, after the
-  loss's logits are gone: the peak is the larger of the two.
+  path (the q-norm's input, the rotated query and the attention output, which the output
+  projection reads in place: 3q; the key-norm input and value: 2kv), the SwiGLU MLP (4I), and per
+  adapted layer the LoRA dropout's copy of its input plus the mask when dropout > 0, and the
+  rank-r intermediate. With gradient checkpointing only each layer's input (H per token) is kept,
+  and one layer is recomputed at a time in the backward pass, after the loss's logits are gone:
+  the rebuilt layer's tensors plus the gradients its backward creates come to 6q + 5kv on the
+  attention path (measured); the peak is the larger of that and the logits.
   Linear-attention layers are counted like attention layers of their own head widths.
-- logits: the loss holds the logits, their log-softmax and its gradient (three fp32 copies of
-  positions x vocabulary; on GPU plus the bf16 head output). With the chunked loss
-  (`sft.loss_chunk`) the positions are one chunk, otherwise the whole window.
+- logits: with the chunked loss (`sft.loss_chunk`) one chunk's fp32 logits, turned into their
+  gradient in place (training/loss.py), on GPU plus a bf16 copy (the head's output, then the
+  gradient's cast); the hidden states' gradient (window x H) is kept for the backward pass. With
+  whole-window logits (no chunk, or an adapted head) the loss holds the logits, their log-softmax
+  and its gradient: three fp32 copies of window x vocabulary, on GPU plus the bf16 head output.
 
 The tests hold this against the measured peak of a real training step of the tiny model on CPU.
 
@@ -150,25 +154,27 @@ def training_memory(spec: RunSpec, config, *, parallel: str = "ddp", window: int
         m = modules[n]
         copy = m.in_features * (abytes + 1) if sft.lora.dropout > 0 else 0
         lora_act[idx] += copy + r * abytes
-    layer_full = []
+    layer_saved, layer_rebuilt = [], []
     for i in range(L):
         q, kv = _layer_widths(text, layer_types[i])
-        layer_full.append((4 * H + 6 * q + 5 * kv + 4 * I) * abytes + lora_act[i])
+        layer_saved.append((4 * H + 3 * q + 2 * kv + 4 * I) * abytes + lora_act[i])
+        layer_rebuilt.append((4 * H + 6 * q + 5 * kv + 4 * I) * abytes + lora_act[i])
     if sft.gradient_checkpointing:
-        saved, recompute = L * H * abytes, max(layer_full)  # layer inputs; one layer rebuilt in backward
+        saved, recompute = L * H * abytes, max(layer_rebuilt)  # layer inputs; one layer rebuilt in backward
     else:
-        saved, recompute = sum(layer_full), 0
+        saved, recompute = sum(layer_saved), 0
     saved += 2 * H * abytes  # final norm
     chunk = sft.loss_chunk if loss_chunk == "spec" else loss_chunk  # None: whole-window logits
     adapts_head = any(n.endswith("lm_head") for n in targets)
-    positions = T if (chunk is None or adapts_head) else min(chunk, T)
-    logits = float(positions * V * (12 + (2 if device == "cuda" else 0)))
-    hidden_out = 2 * T * H * abytes if positions < T else 0  # last hidden states and their gradient
+    chunked = chunk is not None and not adapts_head
+    positions = min(chunk, T) if chunked else T
+    logits = float(positions * V * ((4 if chunked else 12) + (2 if device == "cuda" else 0)))
+    hidden_out = 2 * T * H * abytes if chunked else 0  # last hidden states and their gradient
     layer_params = max(sum(p.numel() for p in lay.parameters()) for lay in model.get_decoder().layers)
     weights = params * wbytes / shard + (layer_params * wbytes if shard > 1 else 0)
     kinds = sorted({n.rsplit(".", 1)[-1] for n in targets})
     return Memory(
-        device=device, parallel=parallel, world=world, window=T, loss_chunk=chunk if positions < T else None,
+        device=device, parallel=parallel, world=world, window=T, loss_chunk=chunk if chunked else None,
         gradient_checkpointing=sft.gradient_checkpointing, parameters=params, lora_parameters=lora_params,
         target_kinds=kinds, adapted_modules=len(targets),
         weights=weights, adapter=4 * lora_params / shard,

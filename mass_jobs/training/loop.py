@@ -71,7 +71,7 @@ class Dist:
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor(values, dtype=torch.float64, device=device)
+        t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in values])
         if self.world > 1:
             dist.all_reduce(t)
         return t.tolist()
@@ -319,7 +319,7 @@ class Trainer:
         out = self.model(input_ids=ids).logits  # last hidden states when the head was split off
         if self.head_weight is None:
             return logits_loss_sum(out, labels)
-        return chunked_loss_sum(out, self.head_weight, labels, self.sft.loss_chunk)
+        return chunked_loss_sum(out, self.head_weight, labels, self.sft.loss_chunk, labels_host=window["labels"])
 
     def validate(self) -> dict:
         import torch
@@ -407,19 +407,19 @@ class Trainer:
             lr = lr_at(step, self.total_steps, self.sft.optimizer)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            loss_sum, tokens = 0.0, 0
+            losses, tokens = [], 0  # the losses stay on the device: one host sync per step, at the sum
             for micro in range(accum):
                 window = self.train_windows[self.sampler.draw(step, self.dist.rank, micro)]
                 with self._grad_sync(micro == accum - 1), _autocast(self.device):
                     loss, n = self.window_loss(window)
                     loss = loss / max(n, 1)
                 (loss / accum).backward()
-                loss_sum += float(loss.detach())
+                losses.append(loss.detach())
                 tokens += n
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.sft.optimizer.grad_clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            loss_total, tokens_total = self.dist.all_sum([loss_sum, tokens], self.device)
+            loss_total, tokens_total = self.dist.all_sum([torch.stack(losses).double().sum(), tokens], self.device)
             processed += int(tokens_total)
             elapsed = time.perf_counter() - t0
             self._log({
