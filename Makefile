@@ -34,7 +34,7 @@ attack: setup
 	$(PY) -m pytest -q tests/attack
 
 bench: setup
-	$(PY) -m mass_jobs.bench --out bench/
+	$(PY) -m mass_jobs.bench --out bench/ --profile
 
 # Adds vLLM rows when vLLM is installed here or in the venv VLLM_PYTHON names (see vllm-env).
 bench-serve: setup

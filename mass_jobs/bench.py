@@ -3,10 +3,20 @@
 Both trainers see the same window sequence (the MASS sampler's draws), the same LoRA, AdamW
 betas, warmup + cosine to the same floor, gradient clip and gradient checkpointing, one window
 per step. Each side runs in its own process so peak memory (CPU: max RSS; GPU: max allocated)
-is its own. Reported: supervised tokens/s (per GPU on a GPU host), peak memory, loss per step.
+is its own. Reported: supervised tokens/s (per GPU on a GPU host), peak memory, model FLOPs
+utilisation on a GPU of known peak, the loss per step and how far it fell.
+
+The windows can be learned: each is the last `--window-tokens` tokens of a harness conversation
+from the warm-up corpus (`tiny_warm.warm_corpus`: the four roles' system prompts, tools, tool calls
+and results, rendered and masked with the model's own template). The model is the tiny model
+with its tied embedding scaled by `EMBED_SCALE`: at the stock 0.02 init a frozen random head spans
+about 2.5 nats of logits, so no adapter can move the loss far; scaled, LoRA alone takes the loss
+down by half within the bench's steps.
+
 A second table trains one long window (`--long-window`, 8,192 tokens by default) on the same model
 with its vocabulary widened (`--vocabs`): with the chunked loss (`sft.loss_chunk`) mass train's
 peak stays flat in the vocabulary, while full-window logits grow with window x vocabulary.
+`--profile` adds `profile.md`: each trainer's top ops by self time under `torch.profiler`.
 
 Run: `make bench` (= `python -m mass_jobs.bench --out bench/`); not part of the test suite.
 """
@@ -24,6 +34,58 @@ from pathlib import Path
 
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
 OPT = {"lr": 1e-3, "warmup_steps": 5, "min_lr_ratio": 0.1}
+EMBED_SCALE = 3.0
+FALL_STEPS = 10  # the loss fall compares the mean of the first and of the last this many steps
+# Dense bf16 peak of the GPUs the bench knows, for model FLOPs utilisation (vendor datasheets).
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "L40S": 362e12,
+                   "B200": 2250e12}
+PAPER_TOKENS_PER_S_PER_GPU = 39.47e6 / (19 * 3600 * 6)  # 39.47M supervised tokens, about 19 h on 6 H100s
+
+
+def corpus_windows(n: int, length: int, seed: int) -> list[dict]:
+    """`n` windows: the last `length` tokens of warm-corpus conversations, their template's masks."""
+    from mass_jobs.tiny import build_tokenizer
+    from mass_jobs.tiny_warm import encode, warm_corpus
+
+    roles = ("orchestrator", "orchestrator", "worker", "auxiliary", "auxiliary")  # warm_corpus's order
+    examples = encode(build_tokenizer(), warm_corpus(seed, per_kind=-(-n // len(roles))))[:n]
+    out = []
+    for i, (ids, labels) in enumerate(examples):
+        ids, labels = ids[-length:], labels[-length:]
+        out.append({"task": f"t{i % 3}", "role": roles[i % len(roles)], "input_ids": ids, "labels": labels,
+                    "n_supervised": sum(1 for x in labels[1:] if x != -100)})
+    return out
+
+
+def bench_model(out: Path) -> Path:
+    """The tiny model (seed 0) with its tied embedding scaled by EMBED_SCALE (see the docstring)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mass_jobs.tiny import build_tiny_model
+
+    base = build_tiny_model(out / "tiny", seed=0)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(EMBED_SCALE)
+    model.save_pretrained(out / "bench")
+    AutoTokenizer.from_pretrained(base).save_pretrained(out / "bench")
+    return out / "bench"
+
+
+def model_flops_per_token(model_dir: Path, window: int) -> float:
+    """Model FLOPs per processed token of a LoRA step: forward 2 x (linear parameters + head) + causal
+    attention 2 x layers x window x query width, twice that again for the backward through the
+    activations (the frozen weights get no gradient); checkpointing's recompute is not counted."""
+    import json as _json
+
+    cfg = _json.loads((Path(model_dir) / "config.json").read_text())
+    H, I, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    q = cfg["num_attention_heads"] * cfg.get("head_dim", H // cfg["num_attention_heads"])
+    kv = cfg["num_key_value_heads"] * cfg.get("head_dim", H // cfg["num_attention_heads"])
+    linear = L * (H * q + 2 * H * kv + q * H + 3 * H * I)
+    forward = 2 * (linear + H * V) + 2 * L * window * q
+    return 3 * forward
 
 
 def make_windows(n: int, length: int, seed: int) -> list[dict]:
@@ -35,6 +97,12 @@ def make_windows(n: int, length: int, seed: int) -> list[dict]:
         out.append({"task": f"t{i % 3}", "role": ("orchestrator", "worker", "auxiliary")[i % 3], "input_ids": ids,
                     "labels": [-100] * header + ids[header:], "n_supervised": length - header})
     return out
+
+
+def _device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
 def _peak_memory_mb(device) -> float:
@@ -58,11 +126,14 @@ def run_mass(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dic
     trainer = Trainer(model_dir, windows, windows[:1], sft, out, progress=False)
     trainer.setup()
     t0 = time.perf_counter()
-    result = trainer.train()
+    with _maybe_profile(out) as prof:
+        result = trainer.train()
     wall = time.perf_counter() - t0
+    prof.write()
     log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     return {"losses": [r["loss"] for r in log if r["kind"] == "train"], "tokens": result.processed_tokens,
-            "wall_s": wall, "peak_mb": _peak_memory_mb("cuda" if torch.cuda.is_available() else "cpu")}
+            "wall_s": wall, "peak_mb": _peak_memory_mb("cuda" if torch.cuda.is_available() else "cpu"),
+            "processed_tokens": sum(len(windows[trainer.sampler.draw(s, 0)]["input_ids"]) for s in range(1, steps + 1))}
 
 
 def run_trl(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dict:
@@ -106,11 +177,45 @@ def run_trl(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dict
     trainer = InOrder(model=model, args=cfg, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(model_dir),
                       peft_config=lora, callbacks=[Losses()])
     t0 = time.perf_counter()
-    trainer.train()
+    with _maybe_profile(out) as prof:
+        trainer.train()
     wall = time.perf_counter() - t0
+    prof.write()
     tokens = sum(sum(w["completion_mask"][1:]) for w in data)
     return {"losses": losses, "tokens": tokens, "wall_s": wall,
-            "peak_mb": _peak_memory_mb("cuda" if torch.cuda.is_available() else "cpu")}
+            "peak_mb": _peak_memory_mb("cuda" if torch.cuda.is_available() else "cpu"),
+            "processed_tokens": sum(len(w["input_ids"]) for w in data)}
+
+
+class _maybe_profile:
+    """torch.profiler around a trainer's run when MASS_BENCH_PROFILE names a file (--profile)."""
+
+    def __init__(self, out: Path):
+        import os
+
+        self.target = os.environ.get("MASS_BENCH_PROFILE")
+        self.prof = None
+
+    def __enter__(self):
+        if self.target:
+            from torch.profiler import ProfilerActivity, profile
+
+            import torch
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self.prof = profile(activities=acts)
+            self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.prof is not None:
+            self.prof.__exit__(*exc)
+        return False
+
+    def write(self) -> None:
+        if self.prof is not None:
+            table = self.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=48)
+            Path(self.target).write_text(table)
 
 
 def _child(args) -> int:
@@ -121,31 +226,54 @@ def _child(args) -> int:
     return 0
 
 
+def loss_fall(losses: list[float], k: int = FALL_STEPS) -> tuple[float, float, float]:
+    """(mean of the first k losses, mean of the last k, the share by which the loss fell)."""
+    first, last = sum(losses[:k]) / len(losses[:k]), sum(losses[-k:]) / len(losses[-k:])
+    return first, last, 1 - last / first
+
+
 def write_results(out: Path, results: dict, meta: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    trl = results["trl SFTTrainer"]
+    peak_flops = next((v for k, v in PEAK_BF16_FLOPS.items() if k in meta["device_name"]), None)
+    for r in results.values():
+        r["tokens_per_s"] = r["tokens"] / r["wall_s"] if r["wall_s"] else 0.0
+        r["first_loss"], r["last_loss"], r["loss_fall"] = loss_fall(r["losses"])
+        r["model_tflops_per_s"] = meta["flops_per_token"] * r["processed_tokens"] / r["wall_s"] / 1e12
+        r["mfu"] = r["model_tflops_per_s"] * 1e12 / peak_flops if peak_flops else None
     rows = []
     for name, r in results.items():
-        r["tokens_per_s"] = r["tokens"] / r["wall_s"] if r["wall_s"] else 0.0
-        rows.append(f"| {name} | {r['tokens']} | {r['wall_s']:.1f} | {r['tokens_per_s']:.0f} | {r['peak_mb']:.0f} | "
-                    f"{r['losses'][0]:.4f} | {r['losses'][-1]:.4f} |")
-    a, b = results["mass train"]["losses"], results["trl SFTTrainer"]["losses"]
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "–"
+        rows.append(f"| {name} | {r['tokens']} | {r['wall_s']:.1f} | {r['tokens_per_s']:.0f} | "
+                    f"{r['tokens_per_s'] / trl['tokens_per_s']:.2f}x | {r['peak_mb']:.0f} | {r['peak_mb'] / trl['peak_mb']:.2f}x | "
+                    f"{r['first_loss']:.3f} | {r['last_loss']:.3f} | {100 * r['loss_fall']:.0f}% | "
+                    f"{r['model_tflops_per_s']:.3f} | {mfu} |")
+    a, b = results["mass train"]["losses"], trl["losses"]
     gap = max(abs(x - y) for x, y in zip(a, b)) if a and b else float("nan")
+    mean_gap = sum(abs(x - y) for x, y in zip(a, b)) / min(len(a), len(b)) if a and b else float("nan")
     unit = "tokens/s/GPU" if meta["device"] == "cuda" else "tokens/s"
-    (out / "results.json").write_text(json.dumps({"meta": meta, "results": results, "max_loss_gap": gap}, indent=2))
+    paper = (f" The paper's run: about {PAPER_TOKENS_PER_S_PER_GPU:.0f} supervised tokens/s/GPU (39.47M tokens in about "
+             "19 h on 6 H100s, 27B model, 49,152-token windows)." if meta["device"] == "cuda" else "")
+    (out / "results.json").write_text(json.dumps({"meta": meta, "results": results, "max_loss_gap": gap,
+                                                  "mean_loss_gap": mean_gap}, indent=2))
     (out / "results.md").write_text("\n".join([
         "# mass train vs TRL SFTTrainer",
         "",
-        f"Same tiny model, {meta['windows']} windows of {meta['window_tokens']} tokens (same masks), the same "
-        f"{meta['steps']} sampled windows in the same order, LoRA r={LORA['r']} alpha={LORA['alpha']}, "
-        f"AdamW (0.9, 0.95), warmup {OPT['warmup_steps']} + cosine to {OPT['min_lr_ratio']}x, clip 1.0, "
-        f"gradient checkpointing, batch 1. Device: {meta['device']} ({meta['torch']}).",
+        f"The tiny model (embedding x{EMBED_SCALE:g}), {meta['windows']} windows of the last {meta['window_tokens']} tokens of "
+        f"warm-corpus harness conversations (the template's masks), the same {meta['steps']} sampled windows in the same "
+        f"order, LoRA r={LORA['r']} alpha={LORA['alpha']}, AdamW (0.9, 0.95) lr {OPT['lr']:g}, warmup {OPT['warmup_steps']} "
+        f"+ cosine to {OPT['min_lr_ratio']}x, clip 1.0, gradient checkpointing, batch 1. "
+        f"Device: {meta['device_name']} (torch {meta['torch']}, {meta['threads']} threads).",
         "",
-        f"| trainer | supervised tokens | wall s | {unit} | peak memory MB | first loss | last loss |",
-        "|---|---|---|---|---|---|---|",
+        f"| trainer | supervised tokens | wall s | {unit} | vs TRL | peak memory MB | vs TRL | loss, first {FALL_STEPS} "
+        f"| loss, last {FALL_STEPS} | fall | model TFLOP/s | MFU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
-        f"Largest per-step loss difference between the two: {gap:.4f} "
-        "(identical windows; the schedules differ by how each counts warmup steps).",
+        f"Per-step loss difference between the two: largest {gap:.4f}, mean {mean_gap:.4f} (the same windows in the same "
+        "order; the schedules differ by how each counts warmup steps). mass train's wall time includes its validation "
+        "passes and its checkpoint. Model FLOPs per processed token: "
+        f"{meta['flops_per_token'] / 1e6:.2f} M (`model_flops_per_token`); MFU against the GPU's dense bf16 peak.{paper}",
         "Regenerate: `make bench`.",
     ]) + "\n")
     try:
@@ -156,7 +284,7 @@ def write_results(out: Path, results: dict, meta: dict) -> None:
 
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for name, r in results.items():
-            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=name)
+            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=name, linewidth=1)
         ax.set_xlabel("step")
         ax.set_ylabel("window loss")
         ax.legend()
@@ -180,16 +308,31 @@ def widen_vocab(model_dir: Path, vocab: int, out: Path) -> Path:
     return out
 
 
-def run_pair(model: str, windows_path: Path, steps: int, tmp: Path, tag: str) -> dict:
+def run_pair(model: str, windows_path: Path, steps: int, tmp: Path, tag: str, profile: bool = False) -> dict:
     """Both trainers, each in its own process (its own peak memory), on the same windows."""
+    import os
+
     results = {}
     for label, child in (("mass train", "mass"), ("trl SFTTrainer", "trl")):
         res = tmp / f"{child}-{tag}.json"
+        env = {**os.environ, **({"MASS_BENCH_PROFILE": str(tmp / f"profile-{child}.txt")} if profile else {})}
         subprocess.run([sys.executable, "-m", "mass_jobs.bench", "--child", child, "--model", model,
                         "--windows-file", str(windows_path), "--steps", str(steps), "--scratch",
-                        str(tmp / f"scratch-{child}-{tag}"), "--result", str(res)], check=True)
+                        str(tmp / f"scratch-{child}-{tag}"), "--result", str(res)], check=True, env=env)
         results[label] = json.loads(res.read_text())
+        if profile:
+            results[label]["profile"] = (tmp / f"profile-{child}.txt").read_text()
     return results
+
+
+def write_profile(out: Path, results: dict, meta: dict) -> None:
+    parts = ["# Where the time goes: mass train and TRL SFTTrainer under torch.profiler", "",
+             f"The bench's {meta['steps']} steps (see results.md), each trainer in its own process, top ops by self "
+             f"time. Device: {meta['device_name']}. Profiled runs are slower than the timed ones.", ""]
+    for name, r in results.items():
+        parts += [f"## {name}", "", "```", r.pop("profile").rstrip(), "```", ""]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.md").write_text("\n".join(parts))
 
 
 def long_window_rows(model: str, window: int, vocabs: list[int], steps: int, tmp: Path) -> list[dict]:
@@ -227,13 +370,14 @@ def write_long_rows(out: Path, rows: list[dict], meta: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/")
-    p.add_argument("--model", help="model dir (default: the tiny model, built in a temp dir)")
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--model", help="model dir (default: the bench model, built in a temp dir)")
+    p.add_argument("--steps", type=int, default=120)
     p.add_argument("--windows", type=int, default=24)
     p.add_argument("--window-tokens", type=int, default=512)
     p.add_argument("--long-window", type=int, default=8192, help="tokens of the long-window row (0: skip it)")
     p.add_argument("--vocabs", default="6000,24000", help="vocabulary sizes of the long-window row")
     p.add_argument("--long-steps", type=int, default=2)
+    p.add_argument("--profile", action="store_true", help="also profile both trainers (profile.md)")
     p.add_argument("--child", choices=["mass", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--windows-file", help=argparse.SUPPRESS)
     p.add_argument("--scratch", help=argparse.SUPPRESS)
@@ -243,24 +387,23 @@ def main(argv: list[str] | None = None) -> int:
         return _child(args)
     import torch
 
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        model = args.model
-        if model is None:
-            from mass_jobs.tiny import build_tiny_model
-
-            model = str(build_tiny_model(tmp / "model", seed=0))
-        windows_path = tmp / "windows.json"
-        windows_path.write_text(json.dumps(make_windows(args.windows, args.window_tokens, seed=0)))
-        n_windows = args.windows
-        results = run_pair(model, windows_path, args.steps, tmp, "short")
-        vocabs = [int(v) for v in args.vocabs.split(",")]
-        long_rows = long_window_rows(model, args.long_window, vocabs, args.long_steps, tmp) if args.long_window else []
     from mass_jobs.models import SftSpec
 
-    meta = {"device": "cuda" if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
-            "steps": args.steps, "windows": n_windows, "window_tokens": args.window_tokens,
-            "long_steps": args.long_steps, "loss_chunk": getattr(SftSpec(), "loss_chunk", None)}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model = args.model or str(bench_model(tmp / "model"))
+        windows_path = tmp / "windows.json"
+        windows_path.write_text(json.dumps(corpus_windows(args.windows, args.window_tokens, seed=7)))
+        meta = {"device": "cuda" if torch.cuda.is_available() else "cpu", "device_name": _device_name(),
+                "torch": torch.__version__, "threads": torch.get_num_threads(), "steps": args.steps,
+                "windows": args.windows, "window_tokens": args.window_tokens, "long_steps": args.long_steps,
+                "loss_chunk": SftSpec().loss_chunk,
+                "flops_per_token": model_flops_per_token(Path(model), args.window_tokens)}
+        results = run_pair(model, windows_path, args.steps, tmp, "short")
+        if args.profile:
+            write_profile(Path(args.out), run_pair(model, windows_path, args.steps, tmp, "profiled", profile=True), meta)
+        vocabs = [int(v) for v in args.vocabs.split(",")]
+        long_rows = long_window_rows(model, args.long_window, vocabs, args.long_steps, tmp) if args.long_window else []
     write_results(Path(args.out), results, meta)
     if long_rows:
         write_long_rows(Path(args.out), long_rows, meta)
