@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mass_jobs.models import RunSpec
@@ -255,6 +256,24 @@ class RunContext:
         """The spec's S3 endpoint and region, for opening other s3:// locations (model dirs) alike."""
         st = self.spec.store
         return {k: v for k, v in {"endpoint_url": st.endpoint_url, "region": st.region}.items() if v}
+
+    # ------------------------------------------------------------ local scratch
+    def work_dir(self, root) -> Path:
+        """This run's local scratch under `root` (models, checkpoints, logs): `<name>-<12 hex>`, the
+        digest over the store's location and every spec field a step's output depends on. Another
+        spec of the same name, or the same name in another store, never reads this one's state."""
+        import hashlib
+        import json
+
+        doc = self.spec.model_dump(mode="json")
+        for path in UNCHECKED_SPEC_FIELDS:
+            parent = doc
+            *head, last = path.removeprefix("$.").split(".")
+            for k in head:
+                parent = parent.get(k, {})
+            parent.pop(last, None)
+        ident = json.dumps({"store": self.store.uri, "spec": doc}, sort_keys=True)
+        return Path(root) / f"{self.spec.name}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
     # ------------------------------------------------------------ the run's spec
     def claim_spec(self, record: bool = True) -> None:

@@ -152,7 +152,7 @@ class Runner:
         self.ctx = RunContext(spec, store)
         self.pipeline = P.steps(pipeline)
         self.work_root = Path(work_dir).resolve()
-        self.work = self.work_root / spec.name
+        self.work = self.ctx.work_dir(self.work_root)
         self.work.mkdir(parents=True, exist_ok=True)
         self.state = RunState(self.ctx)
         self.display = Display(total=len(self.plan()), enabled=progress)

@@ -136,6 +136,12 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
     return out.decode()
 
 
+def local_work(work_root: Path, name: str) -> Path:
+    """The run's local scratch under a --work-dir: `<name>-<digest of store and spec>`."""
+    [found] = Path(work_root).glob(f"{name}-*")
+    return found
+
+
 def train_losses(path: Path) -> list[tuple[int, float]]:
     return [(r["step"], r.get("loss", r.get("val_loss"))) for r in map(json.loads, path.read_text().splitlines())]
 
@@ -147,7 +153,7 @@ def test_two_rank_ddp_identical_adapters_and_exact_resume_after_kill(tiny_model_
     finish(torchrun(spec, tmp_path / "work-a"))
     store = tmp_path / "store" / "ddp-run" / "gen-0" / "train"
     ref = train_losses(store / "log.jsonl")
-    local = tmp_path / "work-a" / "ddp-run" / "gen-0" / "train"
+    local = local_work(tmp_path / "work-a", "ddp-run") / "gen-0" / "train"
     for n in (2, 4, 6, 8):
         meta = read_checkpoint(local / f"step-{n}")
         jsonschema.validate(meta, SCHEMA)
@@ -232,7 +238,7 @@ def test_two_rank_fsdp_trains_like_ddp_saves_a_full_adapter_and_resumes(tiny_mod
     assert max(diffs) <= 1e-6
 
     # (3) a full (unsharded) peft adapter, the same tensors as DDP's, equal on both ranks
-    local = {par: tmp_path / par / "work" / "run" / "gen-0" / "train" for par in trained}
+    local = {par: local_work(tmp_path / par / "work", "run") / "gen-0" / "train" for par in trained}
     meta = read_checkpoint(local["fsdp"] / "step-4")
     jsonschema.validate(meta, SCHEMA)
     assert meta["parallel"] == "fsdp" and len(set(meta["adapter_sha256_by_rank"])) == 1
@@ -278,7 +284,7 @@ def test_two_rank_fsdp_trains_like_ddp_saves_a_full_adapter_and_resumes(tiny_mod
     resumed = train_losses(stored_r / "log.jsonl")
     assert [s for s, _ in resumed] == [s for s, _ in logs["fsdp"]]
     assert [v for _, v in resumed] == pytest.approx([v for _, v in logs["fsdp"]], rel=1e-6, abs=1e-7)
-    assert read_checkpoint(tmp_path / "resume" / "work" / "run" / "gen-0" / "train" / "step-4")[
+    assert read_checkpoint(local_work(tmp_path / "resume" / "work", "run") / "gen-0" / "train" / "step-4")[
         "adapter_sha256_by_rank"] == meta["adapter_sha256_by_rank"]
     assert "trained 4 steps" in out
 
@@ -296,10 +302,46 @@ def test_sft_parallel_comes_from_the_spec_and_enters_the_train_hash_only_when_no
     seen = []
     monkeypatch.setattr(train_step, "run_train", lambda ctx, gen, work, **kw: seen.append(kw["parallel"]) or
                         {"steps": 0, "processed_supervised_tokens": 0, "checkpoints": []})
-    monkeypatch.setattr(train_cmd, "open_run", lambda _spec: type("Ctx", (), {"spec": fsdp})())
+    monkeypatch.setattr(train_cmd, "open_run", lambda _spec: type("Ctx", (), {"spec": fsdp,
+                                                                             "work_dir": lambda self, root: Path(root)})())
     parser = argparse.ArgumentParser()
     train_cmd.add_arguments(parser)
     for argv in (["--spec", "s.yaml", "--gen", "0"], ["--spec", "s.yaml", "--gen", "0", "--parallel", "ddp"]):
         args = parser.parse_args([*argv, "--work-dir", str(tmp_path), "--quiet"])
         assert train_cmd.main(args) == 0
     assert seen == ["fsdp", "ddp"]
+
+
+def test_a_deleted_store_run_again_trains_and_selects_with_the_same_or_another_spec(tiny_model_dir, tmp_path):
+    """The local work dir is keyed by run and store: another spec under the same name never resumes
+    the first one's checkpoints; the same spec again stores the checkpoints it finds finished
+    locally instead of recording none. Both then select a checkpoint (`mass run` passes --resume)."""
+    import shutil
+
+    from mass_jobs.cli import main as mass
+
+    work = tmp_path / "work"
+    chosen = {}
+    for label, lr in (("first", 2e-3), ("same spec again", 2e-3), ("another spec", 5e-3)):
+        shutil.rmtree(tmp_path / "store", ignore_errors=True)  # "an empty store", as the refusal advises
+        spec = make_run(tmp_path, tiny_model_dir, "again", steps=4, save_every=2, optimizer={"lr": lr, "warmup_steps": 1})
+        assert mass(["train", "--spec", str(spec), "--gen", "0", "--work-dir", str(work), "--quiet", "--resume"]) == 0
+        manifest = json.loads((tmp_path / "store" / "again" / "gen-0" / "train" / "_manifest.json").read_text())
+        assert manifest["extra"]["checkpoints"] == [2, 4], label
+        assert mass(["select", "--spec", str(spec), "--gen", "0"]) == 0, label
+        chosen[label] = json.loads((tmp_path / "store" / "again" / "gen-0" / "select.json").read_text())
+    assert len(list(work.glob("again-*"))) == 2  # one scratch per distinct spec
+    assert chosen["same spec again"] == chosen["first"]
+    log = train_losses(tmp_path / "store" / "again" / "gen-0" / "train" / "log.jsonl")
+    assert len(log) == 4 + 2 + 1 and log[0][0] == 0  # trained from step 0, not resumed from the first spec's
+
+
+def test_a_train_step_that_stored_no_checkpoint_is_not_done(tiny_model_dir, tmp_path, monkeypatch):
+    import mass_jobs.steps.train as train_step
+    from mass_jobs.cli import main as mass
+
+    spec = make_run(tmp_path, tiny_model_dir, "none", steps=2, save_every=2)
+    monkeypatch.setattr(train_step, "stored_steps", lambda ctx, gen: [])  # as if every upload was lost
+    monkeypatch.setattr(train_step, "_upload_local_checkpoints", lambda *a: None)
+    assert mass(["train", "--spec", str(spec), "--gen", "0", "--work-dir", str(tmp_path / "w"), "--quiet"]) == 1
+    assert not (tmp_path / "store" / "none" / "gen-0" / "train" / "_manifest.json").exists()

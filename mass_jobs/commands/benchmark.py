@@ -17,7 +17,6 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from pathlib import Path
 
     from mass_jobs.benchmark import load_benchmark, render_table, run_benchmark
     from mass_jobs.commands.common import open_run
@@ -31,7 +30,7 @@ def main(args) -> int:
     if args.replicates is not None and args.replicates < 1:
         raise SpecError(args.spec, [SpecIssue("--replicates", f"expected >= 1, found {args.replicates}")])
     bench = load_benchmark(args.bench)
-    work = Path(args.work_dir) / ctx.spec.name
+    work = ctx.work_dir(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     serve_model, _ = default_servers(ctx, cache_root=work / "models", log_dir=work)
     table = run_benchmark(ctx, bench, sorted(set(args.gen)), serve_model, args.replicates)

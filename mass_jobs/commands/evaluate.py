@@ -30,7 +30,6 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from pathlib import Path
 
     from mass_jobs.llm import Endpoint
     from mass_jobs.steps import evaluate as ev
@@ -80,7 +79,7 @@ def main(args) -> int:
         if args.agent_pods:
             serve_model, serve_judge = ev.remote_servers(endpoint_of)
         else:
-            work = Path(args.work_dir) / spec.name
+            work = ctx.work_dir(args.work_dir)
             work.mkdir(parents=True, exist_ok=True)
             serve_model, serve_judge = ev.default_servers(ctx, cache_root=work / "models", log_dir=work)
         manifest = ev.evaluate(ctx, args.gen, serve_model, serve_judge, agent_pods=args.agent_pods)

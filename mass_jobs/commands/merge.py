@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from mass_jobs.commands.common import add_spec, open_run, work_dir_default
 
@@ -19,6 +18,6 @@ def main(args: argparse.Namespace) -> int:
     from mass_jobs.steps.merge import run_merge
 
     ctx = open_run(args.spec)
-    extra = run_merge(ctx, args.gen, Path(args.work_dir) / ctx.spec.name / f"gen-{args.gen}" / "merge")
+    extra = run_merge(ctx, args.gen, ctx.work_dir(args.work_dir) / f"gen-{args.gen}" / "merge")
     print(json.dumps(extra))
     return 0

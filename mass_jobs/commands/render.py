@@ -46,7 +46,6 @@ class SftCommand:
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
-        from pathlib import Path
 
         from transformers import AutoTokenizer
 
@@ -56,7 +55,7 @@ class SftCommand:
 
         ctx = open_run(args.spec)
         spec = ctx.spec
-        where = spec.model.tokenizer or parent_model_dir(ctx, args.gen, Path(args.work_dir) / spec.name / "models")
+        where = spec.model.tokenizer or parent_model_dir(ctx, args.gen, ctx.work_dir(args.work_dir) / "models")
         extra = run_render(ctx, args.gen, AutoTokenizer.from_pretrained(where))
         print(f"{extra['windows']} train windows {extra['windows_by_role']}, {extra['val_windows']} val windows, "
               f"{extra['stored_supervised_tokens']} stored supervised tokens")

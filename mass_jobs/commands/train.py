@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
+import sys
 
 from mass_jobs.commands.common import add_spec, open_run, work_dir_default
 
@@ -38,12 +38,15 @@ def main(args: argparse.Namespace) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        work = Path(args.work_dir) / spec.name / f"gen-{args.gen}"
+        work = ctx.work_dir(args.work_dir) / f"gen-{args.gen}"
         extra = run_train(ctx, args.gen, work, resume=args.resume, parallel=args.parallel or spec.sft.parallel,
                           progress=not args.quiet)
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"trained {extra['steps']} steps, {extra['processed_supervised_tokens']} supervised tokens; "
                   f"checkpoints {extra['checkpoints']}")
+    except RuntimeError as err:
+        print(f"train: {err}", file=sys.stderr)
+        return 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from mass_jobs.context import RunContext
-from mass_jobs.training.checkpoint import latest_checkpoint
+from mass_jobs.training.checkpoint import MANIFEST, latest_checkpoint, read_checkpoint
 from mass_jobs.training.loop import Dist, Trainer
 
 
@@ -128,6 +128,9 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
                       ctx.spec.sft, work / "train", parallel=parallel, on_checkpoint=upload, progress=progress)
     trainer.setup()
     result = trainer.train(resume=resume)
+    if dist.rank == 0:
+        _upload_local_checkpoints(ctx, gen, work / "train", upload)
+    dist.barrier()
     extra = {
         "steps": result.steps,
         "checkpoints": stored_steps(ctx, gen),
@@ -138,6 +141,9 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
         "param_share": result.param_share,  # of the model's parameters on this rank: 1 (DDP), ~1/world (FSDP)
         "lora": result.lora,  # target kinds, adapted modules, adapted parent and LoRA parameter counts
     }
+    if not extra["checkpoints"]:  # a train step is never done without something to select
+        raise RuntimeError(f"train gen {gen}: no checkpoint was saved or stored after {result.steps} steps "
+                           f"(local checkpoints under {work / 'train'})")
     if dist.rank == 0:
         ctx.store.put_file(log_key, work / "train" / "log.jsonl")
         _put_timing(ctx, gen, work / "train")
@@ -145,6 +151,16 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
         step.finish(keys, extra=extra)
     dist.barrier()
     return extra
+
+
+def _upload_local_checkpoints(ctx: RunContext, gen: int, train_dir: Path, upload) -> None:
+    """Store every complete local checkpoint the store lacks: one saved just before a kill (saved,
+    not yet uploaded) or one a resumed run found already there, which the loop does not save again."""
+    stored = set(stored_steps(ctx, gen))
+    for path in sorted(train_dir.glob("step-*"), key=lambda p: int(p.name[5:]) if p.name[5:].isdigit() else -1):
+        if path.name[5:].isdigit() and int(path.name[5:]) not in stored and (path / MANIFEST).exists():
+            read_checkpoint(path)  # raises on a damaged file: never store a torn checkpoint
+            upload(int(path.name[5:]), path)
 
 
 def _put_timing(ctx, gen: int, train_dir: Path) -> None:
