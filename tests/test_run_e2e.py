@@ -392,6 +392,21 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     assert report_b == report_a
     assert set(status_rows(b).values()) == {"done"}
 
+    # A damaged (not missing) evaluation rollout: its steps read pending, and `mass run` redoes them.
+    from mass_jobs.steps.evaluate import rollout_prefix
+
+    task = next(t.id for t in ctx_a.spec.resolved_tasks() if t.split == "test")
+    torn = f"{rollout_prefix(ctx_a, 1, task, 0)}/status.json"
+    ctx_a.store.put_bytes(torn, ctx_a.store.get_bytes(torn) + b'{"torn": true}\n')
+    rows = status_rows(a)
+    assert rows[(0, "evaluate")] == "pending"
+    assert all(v == "done" for (g, step), v in rows.items() if g == 0 and step != "evaluate" and step != "report")
+    mass_run(a, tmp_path / "a" / "work")
+    assert "torn" not in ctx_a.store.get_json(torn)
+    verify_manifest(ctx_a.store, rollout_prefix(ctx_a, 1, task, 0))
+    assert set(status_rows(a).values()) == {"done"}
+    assert check_run(a, answers_a) == report_a
+
 
 def test_failed_run_is_reported_by_status(tmp_path):
     """A run whose base model cannot load fails at L0 search with exit 1; status names the step."""

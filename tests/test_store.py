@@ -24,6 +24,7 @@ from mass_jobs.store import (
     MissingKey,
     S3Store,
     Step,
+    UnreadableObject,
     UnsafeArchive,
     hash_inputs,
     open_store,
@@ -394,6 +395,23 @@ def test_step_is_skipped_on_rerun_with_same_inputs(store):
     rank({"episodes": [1, 2], "seed": 1})
     assert len(calls) == 2
     assert store.list("run/gen-0/rank/t1/") == ["run/gen-0/rank/t1/_manifest.json"]
+
+
+def test_a_step_pinning_another_steps_manifest_is_not_done_when_that_steps_output_is_damaged(store):
+    """evaluate pins its rollouts' manifests: a rollout file damaged after both finished must make
+    both pending, so a rerun redoes the rollout and evaluate (not done on a torn file)."""
+    store.put_json("run/roll/status.json", {"outcome": "success"})
+    rollout = Step(store, "run/roll", {"seed": 1})
+    rollout.finish(["run/roll/status.json"])
+    evaluate = Step(store, "run/eval", {"gen": 1})
+    evaluate.finish(["run/roll/_manifest.json"])
+    assert rollout.done and evaluate.done
+    store.put_bytes("run/roll/status.json", store.get_bytes("run/roll/status.json") + b'{"extra": 1}\n')
+    assert not rollout.done and not evaluate.done
+    with pytest.raises(UnreadableObject, match=r"run/roll/status.json: expected JSON, Extra data"):
+        store.get_json("run/roll/status.json")  # the read error names the object
+    store.put_json("run/roll/status.json", {"outcome": "success"})  # redone, the same content
+    assert rollout.done and evaluate.done
 
 
 def test_start_drops_a_stale_manifest(store):

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 from mass_jobs.models import StoreSpec
 from mass_jobs.store.archive import MODEL_LIMITS, WORKSPACE_LIMITS, ArchiveLimits, UnsafeArchive
-from mass_jobs.store.base import MissingKey, Store, check_key
+from mass_jobs.store.base import MissingKey, Store, UnreadableObject, check_key
 from mass_jobs.store.local import FileStore
 from mass_jobs.store.manifest import CorruptObject, Step, hash_inputs, manifest_key, read_manifest, verify_manifest
 from mass_jobs.store.s3 import S3Store
 
 __all__ = [
     "MODEL_LIMITS", "WORKSPACE_LIMITS", "ArchiveLimits", "CorruptObject", "FileStore", "MissingKey", "S3Store",
-    "Step", "Store", "UnsafeArchive", "check_key", "hash_inputs", "manifest_key", "open_store", "read_manifest",
+    "Step", "Store", "UnreadableObject", "UnsafeArchive", "check_key", "hash_inputs", "manifest_key", "open_store", "read_manifest",
     "verify_manifest",
 ]
 

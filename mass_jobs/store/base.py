@@ -22,6 +22,10 @@ class MissingKey(LookupError):
     """The store has no object under this key."""
 
 
+class UnreadableObject(ValueError):
+    """An object that is not what its reader expects (JSON that does not parse); names the key."""
+
+
 def check_key(key: str, *, allow_empty: bool = False) -> str:
     """Return `key` if it is a clean relative '/'-separated key, else raise ValueError saying why."""
     if not isinstance(key, str):
@@ -121,7 +125,11 @@ class Store(ABC):
         return self.put_bytes(key, data)
 
     def get_json(self, key: str) -> Any:
-        return json.loads(self.get_bytes(key))
+        data = self.get_bytes(key)
+        try:
+            return json.loads(data)
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError: say which object
+            raise UnreadableObject(f"{self.uri.rstrip('/')}/{key}: expected JSON, {err}") from None
 
     def sha256(self, key: str) -> str:
         with self.open_read(key) as stream:

@@ -95,10 +95,12 @@ def verify_manifest(store: Store, prefix: str) -> dict:
     return manifest
 
 
-def outputs_intact(store: Store, manifest: dict, hash_limit: int = HASH_ON_DONE) -> str | None:
+def outputs_intact(store: Store, manifest: dict, hash_limit: int = HASH_ON_DONE, depth: int = 3) -> str | None:
     """Why the manifest's outputs are no longer what it pinned (missing, other size, other hash), or None.
 
-    Sizes are one stat/HEAD each; content is re-hashed for outputs up to `hash_limit` bytes.
+    Sizes are one stat/HEAD each; content is re-hashed for outputs up to `hash_limit` bytes. An
+    output that is another step's manifest (evaluate pins its rollouts' manifests) is followed, so
+    a damaged file of that step makes this one not intact either.
     """
     sizes = manifest.get("sizes", {})
     for key, expected in manifest["outputs"].items():
@@ -110,6 +112,14 @@ def outputs_intact(store: Store, manifest: dict, hash_limit: int = HASH_ON_DONE)
             return f"output {key!r} is {size} bytes, the manifest says {sizes[key]}"
         if (key not in sizes or size <= hash_limit) and store.sha256(key) != expected:
             return f"output {key!r} no longer has sha256 {expected}"
+        if depth > 0 and key.endswith("/" + MANIFEST_NAME):
+            try:
+                nested = store.get_json(key)
+                problem = outputs_intact(store, nested, hash_limit, depth - 1)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                problem = "it is not a manifest"
+            if problem:
+                return f"output {key!r}: {problem}"
     return None
 
 
