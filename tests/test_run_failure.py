@@ -78,7 +78,8 @@ def test_a_step_broken_on_purpose_is_recorded_with_its_error_and_logs(tmp_path, 
     assert failed["error"] == "ValueError: corrupt collection summary for task fib (broken on purpose)"
     assert started <= failed["at"] <= time.time()
     # an in-process step: the generation's model-server log and the run's work dir
-    assert failed["logs"] == [str(work / "ci-e2e" / "serve-gen-0.log"), str(work / "ci-e2e")]
+    [scratch] = work.glob("ci-e2e-*")  # the run's scratch: <name>-<digest of store and spec>
+    assert failed["logs"] == [str(scratch / "serve-gen-0.log"), str(scratch)]
     assert all(Path(p).exists() for p in failed["logs"])
     timed = sum(rows[(0, s)]["seconds"] for s in ("search", "collect"))
     assert doc["progress"]["done"] == 2 and doc["progress"]["total"] == 19
@@ -89,7 +90,7 @@ def test_a_step_broken_on_purpose_is_recorded_with_its_error_and_logs(tmp_path, 
     out = table.stdout
     assert "2/19 steps done; ETA ~" in out
     assert "failed: L0 guard: ValueError: corrupt collection summary for task fib (broken on purpose)" in out
-    assert f"logs: {work / 'ci-e2e' / 'serve-gen-0.log'}" in out
+    assert f"logs: {scratch / 'serve-gen-0.log'}" in out
     guard_line = next(line for line in out.splitlines() if " guard " in line)
     assert "3/19" in guard_line and "failed" in guard_line
 
