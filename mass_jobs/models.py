@@ -132,6 +132,11 @@ class Sampling(Closed):
 class ModelSpec(Closed):
     base: str = Field(min_length=1, description="Local model dir, hub id or s3:// URI of the generation-0 model.")
     tokenizer: str | None = Field(default=None, description="Tokenizer location when not the model's own.")
+    chat_template: str | None = Field(
+        default=None, min_length=1,
+        description="A Jinja chat template file (relative to the spec's folder) used instead of the model's own, for "
+        "models whose template has no tools; its calls must be <tool_call>{json}</tool_call> (the hermes parser's "
+        "format). Local runs only: on the cluster, store the template in the model dir.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
     sampling: Sampling = Field(default_factory=Sampling)
 

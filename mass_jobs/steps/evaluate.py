@@ -399,10 +399,11 @@ def _verdict_keys(prefix, jobs, gen: int, spec: RunSpec) -> list[str]:
 def local_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> Path:
     """A local directory holding L_g: the base model for g = 0 (unless the store has one), else the
     merged model the merge step stored at `<run>/gen-<g>/model` (extracted once into a cache)."""
-    from mass_jobs.modelio import fetch_stored_model, has_stored_model, resolve_model
+    from mass_jobs.base_model import base_model_dir
+    from mass_jobs.modelio import fetch_stored_model, has_stored_model
 
     if g == 0 and not has_stored_model(ctx.store, ctx.model(0)):
-        return resolve_model(ctx.spec.model.base, store_options=ctx.store_options())
+        return base_model_dir(ctx, cache_root)
     root = Path(cache_root or Path(tempfile.gettempdir()) / "mass-models")
     return fetch_stored_model(ctx.store, ctx.model(g), root / ctx.run / f"gen-{g}-{model_digest(ctx, g)[:16]}")
 

@@ -27,16 +27,15 @@ def read_windows(path: Path) -> list[dict]:
 
 def parent_model_dir(ctx: RunContext, gen: int, cache_dir: Path) -> Path:
     """Generation g's model: the stored `gen-<g>/model/` objects, else (gen 0) the spec's base model."""
-    from mass_jobs.modelio import fetch_stored_model, has_stored_model, resolve_model
+    from mass_jobs.modelio import fetch_stored_model, has_stored_model
 
     key = ctx.model(gen)
     if has_stored_model(ctx.store, key):
         return fetch_stored_model(ctx.store, key, Path(cache_dir) / f"gen-{gen}-model")
     if gen == 0:
-        store_opts = {}
-        if ctx.spec.store.endpoint_url:
-            store_opts["endpoint_url"] = ctx.spec.store.endpoint_url
-        return resolve_model(ctx.spec.model.base, store_options=store_opts)
+        from mass_jobs.base_model import base_model_dir
+
+        return base_model_dir(ctx, Path(cache_dir))
     raise FileNotFoundError(f"no model for generation {gen} at store key {key!r} (run merge of gen {gen - 1})")
 
 

