@@ -18,6 +18,7 @@ from pathlib import Path
 
 from mass_jobs.spec import SpecError, SpecIssue
 
+WHAT = "upstream task directory"
 DEFAULT_PATTERNS = {"task_prompt_pattern": "bare/query{task_id}.txt",
                     "initial_workflow_pattern": "initial/query{task_id}_ourTeam.txt"}
 
@@ -37,11 +38,12 @@ def convert(src: Path) -> tuple[list[dict], list[str]]:
     try:
         splits = json.loads((src / "splits.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(where, [SpecIssue("$", f"expected an upstream splits.json ({exc.__class__.__name__}: {exc})")])
+        raise SpecError(where, [SpecIssue("$", f"expected an upstream splits.json ({exc.__class__.__name__}: {exc})")],
+                         what=WHAT)
     issues = [SpecIssue(f"$.{k}", "expected a list of task ids") for k in ("designated_train", "test")
               if not isinstance(splits.get(k), list)] if isinstance(splits, dict) else [SpecIssue("$", "expected an object")]
     if issues:
-        raise SpecError(where, issues)
+        raise SpecError(where, issues, what=WHAT)
     patterns = {k: splits.get(k, v) for k, v in DEFAULT_PATTERNS.items()}
     docs, notes = [], []
     for split, key in (("train", "designated_train"), ("test", "test")):
@@ -61,7 +63,11 @@ def convert(src: Path) -> tuple[list[dict], list[str]]:
             docs.append({"id": task_id(bare.stem), "split": split, "prompt": prompt,
                          "workflow": workflow.model_dump(mode="json", exclude_defaults=True)})
     if issues:
-        raise SpecError(where, issues)
+        raise SpecError(where, issues, what=WHAT)
+    if (src / "teacher_directive.txt").is_file():
+        notes.append("upstream's teacher_directive.txt is not imported: the teacher prompt uses the spec's "
+                     "collection.directive, whose default (null) is the built-in wording of the same seven "
+                     "requirements for the run's harness; to use upstream's text, set collection.directive to it")
     excluded = splits.get("excluded_from_teacher_collection") or {}
     if excluded:
         notes.append(f"upstream excluded {sorted(excluded)} from teacher collection; the spec has no such "

@@ -224,8 +224,10 @@ def import_upstream(text: str) -> tuple[str, Workflow]:
     """Split an upstream MASS task file into (bare task prompt, initial workflow).
 
     Upstream files are `<task text>`, the marker line, the JSON agent list, then often general
-    instructions ("Use uv ...", "write your history log ..."); the bare prompt is the task text
-    and those instructions, as upstream's own bare prompts are (tasks/bare/ next to tasks/initial/).
+    instructions ("Use uv ...", "write your history log ...") and a line on logging the team's
+    agents. The bare prompt is the task text and the general instructions without the lines that
+    speak of agents (a bare run has none), which is exactly upstream's own bare prompt
+    (tasks/bare/ next to tasks/initial/, every pair).
     """
     idx = text.find(UPSTREAM_MARKER)
     if idx < 0:
@@ -238,7 +240,8 @@ def import_upstream(text: str) -> tuple[str, Workflow]:
         items, end = json.JSONDecoder().raw_decode(rest)
     except json.JSONDecodeError as e:
         raise WorkflowError([f"upstream task: agent list is not JSON ({e.msg} at line {e.lineno} column {e.colno})"])
-    after = rest[end:].strip()
+    after = "\n".join(line for line in rest[end:].strip().splitlines()
+                      if not re.search(r"\bagents?\b", line, flags=re.I)).strip()
     return (f"{prompt}\n\n{after}" if after else prompt), agents_from_upstream(items, "upstream agents")
 
 

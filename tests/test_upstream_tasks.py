@@ -18,10 +18,12 @@ TASK = "Write fib.py that prints the first 10 Fibonacci numbers.\\n\\nDeliverabl
 AGENTS = [{"agent_id": "agent_orchestrator", "role": "Lead", "instruction": "Plan and delegate."},
           {"agent_id": "agent_coder", "role": "Coder", "instruction": "Write the code."}]
 TAIL = "Use uv for all Python workflows. Write your plan in logs.txt."
+TEAM = "In logs.txt, also list every agent you created and how the agents handed work to each other."
 
 
 def upstream_text(task: str = TASK) -> str:
-    return f"{task}\n\n{UPSTREAM_MARKER} \n{json.dumps(AGENTS, indent=2)}\n\n{TAIL} "
+    """Shaped like upstream's initial/ files: the general instructions, then a line on the team."""
+    return f"{task}\n\n{UPSTREAM_MARKER} \n{json.dumps(AGENTS, indent=2)}\n\n{TAIL}\n{TEAM} "
 
 
 def spec_with(tmp_path: Path, *entries: dict) -> Path:
@@ -31,9 +33,11 @@ def spec_with(tmp_path: Path, *entries: dict) -> Path:
     return tmp_path / "spec.yaml"
 
 
-def test_instructions_after_the_agent_list_belong_to_the_prompt():
+def test_instructions_after_the_agent_list_belong_to_the_prompt_but_not_those_on_the_team():
+    """Upstream's bare prompt of a task is its initial/ file without the agent list and without the
+    line on logging the agents: the general instructions stay, the team's bookkeeping goes."""
     prompt, wf = import_upstream(upstream_text())
-    assert prompt == f"{TASK}\n\n{TAIL}"
+    assert prompt == f"{TASK}\n\n{TAIL}" and "agent" not in prompt
     assert [a.id for a in wf.agents] == ["agent-orchestrator", "agent-coder"]
 
 
@@ -88,6 +92,11 @@ def test_import_converts_a_task_directory_to_native_task_files(tmp_path, capsys)
     assert main(["import", "upstream", str(src), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "3 task file(s) written" in printed and "note: upstream excluded ['8'] from teacher collection" in printed
+    assert f"  - file: {(out / 'query7.yaml').resolve()}" in printed.splitlines()  # absolute: valid from any spec
+    assert "teacher_directive" not in printed
+    (src / "teacher_directive.txt").write_text("Follow these requirements.\n")
+    assert main(["import", "upstream", str(src), "--out", str(out)]) == 0
+    assert "note: upstream's teacher_directive.txt is not imported" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["query7.yaml", "query8.yaml", "query9.yaml"]
     spec = load_spec(spec_with(tmp_path, {"file": "tasks/query7.yaml"}, {"file": "tasks/query9.yaml"}))
     task = spec.task("query9")
@@ -100,7 +109,7 @@ def test_import_names_what_is_missing(tmp_path, capsys):
     (src / "initial" / "query8_ourTeam.txt").unlink()
     assert main(["import", "upstream", str(src), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"{src / 'splits.json'}: invalid run spec, 1 error(s):",
+    assert err == [f"{src / 'splits.json'}: invalid upstream task directory, 1 error(s):",
                    f"  $.designated_train[1]: expected the file {src / 'initial/query8_ourTeam.txt'} (FileNotFoundError)"]
     assert main(["import", "upstream", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")]) == 2
     assert "expected an upstream splits.json (FileNotFoundError" in capsys.readouterr().err
@@ -115,3 +124,10 @@ def test_the_readme_example_loads(tmp_path):
     [task] = load_spec(spec_with(tmp_path, entry)).resolved_tasks()
     assert (task.id, task.deliverables, task.guards.required_outputs) == (
         "query51", ["research_report.md", "results/metrics.json"], ["results/metrics.json"])
+
+
+def test_a_missing_task_file_is_named_with_the_path_it_was_looked_for_at(tmp_path, capsys):
+    spec = spec_with(tmp_path, {"file": "tasks/q1.txt", "format": "upstream", "id": "q1", "split": "train"})
+    assert main(["validate", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"$.tasks[0].file: expected a readable task file, found 'tasks/q1.txt' at '{tmp_path / 'tasks/q1.txt'}'" in err

@@ -5,7 +5,6 @@ One upstream file can also be used as is: `{file: x.txt, format: upstream, id: .
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 
@@ -22,10 +21,11 @@ def main(args) -> int:
 
     docs, notes = convert(Path(args.dir))  # a SpecError exits 2 naming every missing file or key
     paths = write(docs, Path(args.out))
-    print(f"{len(paths)} task file(s) written to {args.out}; list them in a spec (paths relative to the spec):")
+    print(f"{len(paths)} task file(s) written to {args.out}; list them in a spec (absolute paths here; a spec "
+          "may name them relative to its own folder):")
     print("tasks:")
     for p in paths:
-        print(f"  - file: {os.path.relpath(p)}")
+        print(f"  - file: {p.resolve()}")
     for note in notes:
         print(f"note: {note}")
     return 0
