@@ -206,6 +206,10 @@ class Runner:
         started = time.monotonic()
         try:
             skipped = fn()
+        except KeyboardInterrupt:
+            # Ctrl-C stopped the step; nothing in it failed: `mass status` says interrupted, as after a kill
+            self.state.set(status="interrupted")
+            raise
         except BaseException as e:
             self.state.set(status="failed", current=None, failed={
                 "gen": g, "step": name, "error": f"{type(e).__name__}: {e}"[:2000], "logs": self.logs_of(g, e),
@@ -398,8 +402,8 @@ def _status(state: dict, g: int, name: str, done: bool) -> str:
     failed, current = state.get("failed") or {}, state.get("current") or {}
     if failed.get("gen") == g and failed.get("step") == name:
         return "failed"
-    if state.get("status") == "running" and current.get("gen") == g and current.get("step") == name:
-        return "running" if _alive(state.get("pid")) else "interrupted"
+    if state.get("status") in ("running", "interrupted") and current.get("gen") == g and current.get("step") == name:
+        return "running" if state["status"] == "running" and _alive(state.get("pid")) else "interrupted"
     return "done" if done else "pending"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -39,13 +40,14 @@ class SpecIssue:
 
 
 class SpecError(ValueError):
-    """A spec failed validation; `issues` holds every problem found, not just the first."""
+    """Input failed validation; `issues` holds every problem found, not just the first. `what` names
+    the input in the heading (a run spec unless said: command-line arguments, a task directory)."""
 
-    def __init__(self, source: str, issues: list[SpecIssue]):
+    def __init__(self, source: str, issues: list[SpecIssue], what: str = "run spec"):
         self.source = source
         self.issues = issues
         lines = "\n".join(f"  {i}" for i in issues)
-        super().__init__(f"{source}: invalid run spec, {len(issues)} error(s):\n{lines}")
+        super().__init__(f"{source}: invalid {what}, {len(issues)} error(s):\n{lines}")
 
 
 # ---------------------------------------------------------------- schemas
@@ -97,21 +99,58 @@ def _found(value: Any) -> str:
     return f"{kind} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
-def _issues_from_error(err: ValidationError, prefix: list) -> list[SpecIssue]:
+def _yaml_number_hint(expected: str, value: Any) -> str:
+    """YAML 1.1 reads an exponent without a dot and a signed exponent (`4e-3`, `1.0e3`) as a string:
+    say so where a number was expected."""
+    if "number" not in expected and "integer" not in expected or not isinstance(value, str):
+        return ""
+    if not re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
+        return ""
+    return f" (YAML reads {value} as a string: write the number with a dot and a signed exponent, e.g. {float(value)!r})"
+
+
+def _fit(branch: dict, instance: dict, root: dict | None) -> float:
+    """How well one union branch's object schema fits an object: the keys it knows, plus half a point
+    for each unknown key close to one of its keys (a typo of it); -1 when it is no object schema."""
+    import difflib
+
+    ref = branch.get("$ref", "") if isinstance(branch, dict) else ""
+    if ref.startswith("#/") and root is not None:
+        branch = root
+        for part in ref[2:].split("/"):
+            branch = branch.get(part, {}) if isinstance(branch, dict) else {}
+    props = list(branch.get("properties", {})) if isinstance(branch, dict) else []
+    if not props:
+        return -1
+    typos = [k for k in instance if k not in props and difflib.get_close_matches(str(k), props, n=1, cutoff=0.75)]
+    return sum(k in props for k in instance) + 0.5 * len(typos)
+
+
+def _issues_from_error(err: ValidationError, prefix: list, root: dict | None = None) -> list[SpecIssue]:
     path = prefix + list(err.absolute_path)
     v = err.validator
     if v in ("anyOf", "oneOf") and err.context:
-        # Report the branch that got furthest into the instance: that is the one the user meant.
+        # An object is reported against the branch that knows most of its keys (an inline task with
+        # a typo is a task, not a task file); otherwise against the branch that got furthest into it.
+        by_branch: dict = {}
+        for e in err.context:
+            by_branch.setdefault(e.relative_schema_path[0], []).append(e)
+        if isinstance(err.instance, dict) and len(by_branch) > 1:
+            fit = {i: _fit(err.validator_value[i], err.instance, root) for i in by_branch}
+            ranked = sorted(fit, key=fit.get, reverse=True)
+            if fit[ranked[0]] > fit[ranked[1]]:
+                return [i for e in by_branch[ranked[0]] for i in _issues_from_error(e, prefix, root)]
         best = max(err.context, key=lambda e: (len(e.absolute_path), -len(str(e.message))))
         deepest = len(best.absolute_path)
         branch = [e for e in err.context if len(e.absolute_path) == deepest and e.relative_schema_path[0] == best.relative_schema_path[0]]
         if deepest > 0 or all(e.validator not in ("type",) for e in branch):
             out: list[SpecIssue] = []
             for e in branch:
-                out.extend(_issues_from_error(e, prefix))
+                out.extend(_issues_from_error(e, prefix, root))
             return out
         expected = " or ".join(sorted({str(s.get("type", s.get("$ref", "?")).split("/")[-1]) for s in err.validator_value}))
-        return [SpecIssue(json_path(path), f"expected {expected}, found {_found(err.instance)}")]
+        return [SpecIssue(json_path(path), f"expected {expected}, found {_found(err.instance)}"
+                                           f"{_yaml_number_hint(expected, err.instance)}")]
     if v == "additionalProperties":
         allowed = sorted(err.schema.get("properties", {}))
         extra = sorted(set(err.instance) - set(allowed))
@@ -122,7 +161,8 @@ def _issues_from_error(err: ValidationError, prefix: list) -> list[SpecIssue]:
         missing = [k for k in err.validator_value if k not in err.instance]
         return [SpecIssue(json_path(path + [k]), "required key is missing") for k in missing]
     if v == "type":
-        return [SpecIssue(json_path(path), f"expected {err.validator_value}, found {_found(err.instance)}")]
+        return [SpecIssue(json_path(path), f"expected {err.validator_value}, found {_found(err.instance)}"
+                                           f"{_yaml_number_hint(str(err.validator_value), err.instance)}")]
     if v == "enum":
         opts = ", ".join(json.dumps(o) for o in err.validator_value)
         return [SpecIssue(json_path(path), f"expected one of {opts}, found {_found(err.instance)}")]
@@ -145,8 +185,9 @@ def _issues_from_error(err: ValidationError, prefix: list) -> list[SpecIssue]:
 def schema_issues(name: str, document: Any, prefix: list | None = None) -> list[SpecIssue]:
     """Every schema violation of `document`, sorted by path, each naming expected and found."""
     issues: list[SpecIssue] = []
-    for err in schema_validator(name).iter_errors(document):
-        issues.extend(_issues_from_error(err, list(prefix or [])))
+    validator = schema_validator(name)
+    for err in validator.iter_errors(document):
+        issues.extend(_issues_from_error(err, list(prefix or []), validator.schema))
     unique = {(i.path, i.message): i for i in issues}
     return sorted(unique.values(), key=lambda i: (i.path, i.message))
 
@@ -337,7 +378,8 @@ def _load_task_file(ref: TaskFile, index: int, read: Callable[[str], str]) -> tu
     try:
         text = read(ref.file)
     except (OSError, KeyError) as exc:
-        return None, [SpecIssue(where, f"expected a readable task file, found {ref.file!r} ({exc.__class__.__name__})")]
+        at = f" at {exc.filename!r}" if isinstance(exc, OSError) and exc.filename else ""
+        return None, [SpecIssue(where, f"expected a readable task file, found {ref.file!r}{at} ({exc.__class__.__name__})")]
     except SpecError as exc:  # too large or not UTF-8
         return None, [SpecIssue(where, f"{ref.file}: {i.message}") for i in exc.issues]
     if ref.format == "upstream":

@@ -6,6 +6,8 @@ import json
 import yaml
 
 from mass_jobs.cli import main as cli_main
+from mass_jobs.context import RunContext
+from mass_jobs.spec import load_spec
 from mass_jobs.store import open_store
 
 
@@ -19,6 +21,7 @@ def make_run(tmp_path, name, teacher, windows, completion, stored, processed, wi
     (tmp_path / "m").mkdir(exist_ok=True)  # model locations are checked: the spec's model exists
     path.write_text(yaml.safe_dump(spec))
     store = open_store(uri)
+    RunContext(load_spec(path), store).claim_spec()  # the run was started: its store holds its spec
     store.put_json(f"{name}/gen-0/collect/a/ep-0/status.json", {"tokens": {"completion": completion}})
     store.put_json(f"{name}/gen-0/sft/stats.json", {"train": {"windows_by_role": windows, "stored_supervised_tokens": stored},
                                                    "summary": {"stored_supervised_tokens": stored}})
@@ -107,3 +110,18 @@ def test_two_presets_side_by_side_in_one_report(tmp_path):
     assert "windows of worker, auxiliary from winners ranked episodes; orchestrator share 0.000; checkpoint by the judge panel" in report
     assert "| L0 | 3 (panel) |" in report
     assert "| run | 2 | 950 (0 / 950 / 0) | 4,100 | 300 | 300 |" in report
+
+
+def test_a_run_that_never_ran_is_named_not_compared_or_reported(tmp_path, capsys):
+    team = make_run(tmp_path, "team", "team", {}, 1, 1, 1, 0)
+    doc = yaml.safe_load(team.read_text())
+    doc["name"], doc["store"]["uri"] = "later", f"file://{tmp_path}/later-store"
+    later = tmp_path / "later.yaml"
+    later.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "o"
+    assert cli_main(["compare-runs", str(team), str(later), "--out", str(out)]) == 1
+    assert f"run 'later' has nothing stored at file://{tmp_path}/later-store/later/" in capsys.readouterr().err
+    assert not out.exists()
+    assert cli_main(["report", str(later)]) == 1
+    assert "mass report: run 'later' has nothing stored" in capsys.readouterr().err
+    assert not (tmp_path / "later-store" / "later" / "report").exists()

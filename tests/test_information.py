@@ -193,6 +193,9 @@ def test_report_cli_takes_the_embedder(ctx, tiny_encoder, tmp_path, capsys):
     spec = tmp_path / "spec.yaml"
     (tmp_path / "m").mkdir()  # model locations are checked: the spec's model exists
     spec.write_text(yaml.safe_dump(ctx.spec.model_dump(mode="json", exclude_defaults=True)))
+    from mass_jobs.spec import load_spec
+
+    RunContext(load_spec(spec), ctx.store).claim_spec()  # the run was started: its store holds its spec
     assert cli_main(["report", "--spec", str(spec), "--embedder", str(tiny_encoder)]) == 0
     info_rows = json.loads(ctx.store.get_bytes(f"{RUN}/report/report.json"))["information"]
     assert info_rows[0]["embedder"] == f"transformer-{tiny_encoder.name}" and info_rows[0]["samples"] == 12

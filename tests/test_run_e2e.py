@@ -79,6 +79,9 @@ def test_status_overlays_the_run_state_on_the_store(tmp_path):
     assert rows[(0, "rank")]["status"] == "pending" and rows[(2, "report")]["status"] == "pending"
     s.put_json(ctx.run_state(), {"status": "running", "current": {"gen": 0, "step": "guard"}, "pid": -1})
     assert {(r["gen"], r["step"]): r for r in step_status(ctx)}[(0, "guard")]["status"] == "interrupted"
+    # Ctrl-C: the runner records the step interrupted itself (its pid is still alive while it exits)
+    s.put_json(ctx.run_state(), {"status": "interrupted", "current": {"gen": 0, "step": "guard"}, "pid": os.getpid()})
+    assert {(r["gen"], r["step"]): r for r in step_status(ctx)}[(0, "guard")]["status"] == "interrupted"
     s.put_json(ctx.run_state(), {"status": "failed", "failed": {"gen": 0, "step": "rank", "error": "x"}})
     assert {(r["gen"], r["step"]): r for r in step_status(ctx)}[(0, "rank")]["status"] == "failed"
 

@@ -94,3 +94,23 @@ def test_a_step_broken_on_purpose_is_recorded_with_its_error_and_logs(tmp_path, 
     guard_line = next(line for line in out.splitlines() if " guard " in line)
     assert "3/19" in guard_line and "failed" in guard_line
 
+
+
+def test_ctrl_c_in_a_step_reads_interrupted_not_failed(make_store, inner_spec, tmp_path):
+    """Ctrl-C (KeyboardInterrupt) stops a step without anything in it failing: the run-state and
+    `mass status` say interrupted, as after a kill, and keep no failure record."""
+    from mass_jobs.runner import Runner, step_status
+
+    store = make_store("file")
+    runner = Runner("spec.yaml", inner_spec(store, generations=1), store, work_dir=tmp_path, progress=False)
+
+    def stopped_by_ctrl_c() -> bool:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        runner._run_step(0, "guard", stopped_by_ctrl_c)
+    state = store.get_json(runner.ctx.run_state())
+    assert state["status"] == "interrupted" and state["failed"] is None
+    rows = {(r["gen"], r["step"]): r["status"] for r in step_status(runner.ctx)}
+    assert rows[(0, "guard")] == "interrupted"
+    assert list(rows.values()).count("interrupted") == 1

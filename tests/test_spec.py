@@ -21,7 +21,9 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 
 def expected_messages(path: Path) -> list[str]:
-    return [line.removeprefix("# expect: ").rstrip("\n") for line in path.read_text().splitlines(True) if line.startswith("# expect: ")]
+    """The file's `# expect:` lines; `{here}` stands for the spec's folder (resolved paths)."""
+    return [line.removeprefix("# expect: ").rstrip("\n").replace("{here}", str(path.parent))
+            for line in path.read_text().splitlines(True) if line.startswith("# expect: ")]
 
 
 def test_invalid_folder_is_not_empty():

@@ -26,9 +26,9 @@ def main(args) -> int:
     ctx = open_run(args.spec)
     bad = [g for g in args.gen if not 0 <= g <= ctx.spec.generations]
     if bad:
-        raise SpecError(args.spec, [SpecIssue("--gen", f"expected 0..{ctx.spec.generations}, found {bad}")])
+        raise SpecError(args.spec, [SpecIssue("--gen", f"expected 0..{ctx.spec.generations}, found {bad}")], what="arguments")
     if args.replicates is not None and args.replicates < 1:
-        raise SpecError(args.spec, [SpecIssue("--replicates", f"expected >= 1, found {args.replicates}")])
+        raise SpecError(args.spec, [SpecIssue("--replicates", f"expected >= 1, found {args.replicates}")], what="arguments")
     bench = load_benchmark(args.bench)
     work = ctx.work_dir(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)

@@ -56,11 +56,19 @@ def open_run(location: str, task: str | None = None, check_spec: bool = True):
     spec = load_spec(location)
     if task is not None and task not in {t.id for t in spec.resolved_tasks()}:
         ids = [t.id for t in spec.resolved_tasks()]
-        raise SpecError(location, [SpecIssue("--task", f"expected one of {ids}, found {task!r}")])
+        raise SpecError(location, [SpecIssue("--task", f"expected one of {ids}, found {task!r}")], what="arguments")
     ctx = RunContext(spec, open_store(spec.store))
     if check_spec:
         ctx.claim_spec(record=False)
     return ctx
+
+
+def never_ran(ctx) -> str | None:
+    """Why there is nothing to read back for this run (its store holds no spec of it), or None."""
+    if ctx.store.exists(ctx.spec_key()):
+        return None
+    return (f"run {ctx.run!r} has nothing stored at {ctx.store.uri.rstrip('/')}/{ctx.run}/ "
+            f"(start it with `mass run SPEC`, or check the spec's name and store)")
 
 
 def work_dir_default() -> str:

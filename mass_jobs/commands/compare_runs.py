@@ -19,11 +19,20 @@ def main(args) -> int:
     from mass_jobs.spec import SpecError, SpecIssue
 
     if len(args.specs) < 2:
-        raise SpecError("compare-runs", [SpecIssue("SPEC", f"expected two or more run specs, found {len(args.specs)}")])
+        raise SpecError("compare-runs", [SpecIssue("SPEC", f"expected two or more run specs, found {len(args.specs)}")], what="arguments")
+    import sys
+
+    from mass_jobs.commands.common import never_ran
+
     contexts = [open_run(s) for s in args.specs]
+    empty = [never_ran(c) for c in contexts if never_ran(c)]
+    if empty:
+        for why in empty:
+            print(f"mass compare-runs: {why}", file=sys.stderr)
+        return 1
     names = [c.run for c in contexts]
     if len(set(names)) != len(names):
-        raise SpecError("compare-runs", [SpecIssue("SPEC", f"expected runs with distinct names, found {names}")])
+        raise SpecError("compare-runs", [SpecIssue("SPEC", f"expected runs with distinct names, found {names}")], what="arguments")
     doc = compare_runs(contexts)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

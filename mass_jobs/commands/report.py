@@ -18,11 +18,18 @@ def main(args) -> int:
     from mass_jobs.spec import SpecError, SpecIssue
     from mass_jobs.steps.report import write_report
 
+    import sys
+
+    from mass_jobs.commands.common import never_ran
+
     ctx = open_run(args.spec)
+    if never_ran(ctx):
+        print(f"mass report: {never_ran(ctx)}", file=sys.stderr)
+        return 1
     try:
         embedder = make_embedder(args.embedder)
     except (FileNotFoundError, OSError) as err:
-        raise SpecError("mass report", [SpecIssue("--embedder", str(err))]) from None
+        raise SpecError("mass report", [SpecIssue("--embedder", str(err))], what="arguments") from None
     doc = write_report(ctx, embedder)
     print(f"report: {ctx.store.uri.rstrip('/')}/{ctx.report()}/report.md ({len(doc['win_share'])} win-share rows, "
           f"{doc['verdicts']['panel']['invalid']} invalid panel verdicts)")
