@@ -53,7 +53,7 @@ def test_generated_dirs_match_generator(folder, files):
 
 
 def test_scenarios_exist():
-    assert set(SCENARIOS) == {"default", "gpu-cluster", "minio-gitops", "cilium"}
+    assert set(SCENARIOS) == {"default", "gpu-cluster", "minio-gitops", "cilium", "paper"}
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -128,7 +128,7 @@ def test_gpu_cluster_values_reach_the_jobs():
     assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
         "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "2"}
     model = isvc["spec"]["predictor"]["model"]
-    assert model["resources"]["limits"]["nvidia.com/gpu"] == "2" and "--max-model-len=65536" in model["args"]
+    assert model["resources"]["limits"]["nvidia.com/gpu"] == "2" and "--max-model-len=262144" in model["args"]
     assert _by(objs, "ConfigMap", "mass-semaphores")["data"] == {"gpu-jobs": "4"}
     cron = _by(objs, "CronWorkflow", "mass-nightly")
     assert cron["spec"]["schedules"] == ["0 2 * * *", "0 14 * * *"] and cron["spec"]["suspend"] is False

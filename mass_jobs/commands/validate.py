@@ -24,60 +24,38 @@ def add_arguments(parser) -> None:
     parser.add_argument("--run", metavar="NAME",
                         help="the workflow's run parameter: must be the spec's name (it names the InferenceService "
                              "and the served model)")
+    parser.add_argument("--values", action="append", default=[], metavar="VALUES.yaml",
+                        help="preflight before argo submit: check the spec against the chart's values (its defaults "
+                             "with these files merged over them, as helm -f does) and print a table of every check; "
+                             "repeatable")
     parser.add_argument("--max-model-len", type=int, metavar="N",
                         help="the model server's --max-model-len: the spec's sampling.context_length and "
                              "max_output_tokens must fit it (vLLM rejects longer requests)")
 
 
 def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None) -> list:
-    """What a spec asks that the cluster it is submitted to cannot give (SpecIssue each)."""
-    from mass_jobs.spec import SpecIssue
-
-    issues = []
-    if artifact_bucket is not None:
-        bucket = spec.store.uri.removeprefix("s3://").partition("/")[0]
-        if bucket != artifact_bucket:
-            issues.append(SpecIssue("$.store.uri", f"expected a store in the artifact repository's bucket "
-                                                   f"{artifact_bucket!r} (chart value s3.bucket), found bucket {bucket!r}"))
-    if artifact_bucket is not None and spec.model.chat_template:
-        issues.append(SpecIssue("$.model.chat_template", "expected none on the cluster (KServe serves model.base as "
-                                "stored): save the template into the model dir as chat_template.jinja instead"))
-    if artifact_bucket is not None:
-        # evaluate's pod is a CPU pod: it serves no judge; judges are external endpoints there
-        for i, judge in enumerate(spec.judges):
-            if judge.endpoint == "local":
-                issues.append(SpecIssue(f"$.judges[{i}].endpoint", f"expected an external endpoint (an "
-                                        f"OpenAI-compatible URL) on the cluster, found 'local' (judge {judge.name!r})"))
-    if max_model_len is not None:
-        s = spec.model.sampling
-        if s.context_length > max_model_len:
-            issues.append(SpecIssue("$.model.sampling.context_length",
-                                    f"expected at most the server's max model length {max_model_len} "
-                                    f"(chart value model.maxModelLen), found {s.context_length}"))
-        if s.max_output_tokens >= max_model_len:
-            issues.append(SpecIssue("$.model.sampling.max_output_tokens",
-                                    f"expected less than the server's max model length {max_model_len} "
-                                    f"(chart value model.maxModelLen), found {s.max_output_tokens}"))
-    # Step pods reach the store at the chart's endpoint (env AWS_ENDPOINT_URL / AWS_REGION); a spec
-    # that names another one would read and write a different store than Argo's artifacts.
+    """What a spec asks that the cluster it is submitted to cannot give (SpecIssue each): the
+    preflight's checks (mass_jobs/preflight.py) for the chart values the validate step is given,
+    and the store endpoint its own pod sees."""
     import os
 
+    from mass_jobs import preflight
+    from mass_jobs.spec import SpecIssue
+
+    values: dict = {}
+    if artifact_bucket is not None:
+        values["s3"] = {"bucket": artifact_bucket}
+    if max_model_len is not None:
+        values["model"] = {"maxModelLen": max_model_len}
+    issues = preflight.issues(preflight.checks(spec, values))
+    # Step pods reach the store at the chart's endpoint (env AWS_ENDPOINT_URL / AWS_REGION); a spec
+    # that names another one would read and write a different store than Argo's artifacts.
     for field, env in (("endpoint_url", "AWS_ENDPOINT_URL"), ("region", "AWS_REGION")):
         mine, pods = getattr(spec.store, field), os.environ.get(env)
         if artifact_bucket is not None and mine and pods and mine.rstrip("/") != pods.rstrip("/"):
             issues.append(SpecIssue(f"$.store.{field}", f"expected the cluster's {pods!r} ({env} of the step pods, "
                                                         f"chart values s3.*), found {mine!r}"))
-    base = spec.model.base
-    if not base.startswith("s3://") and not _hub_id(base):
-        issues.append(SpecIssue("$.model.base", f"expected an s3:// URI or a hub id 'org/name[@revision]' a cluster "
-                                                f"can download, found {base!r}"))
     return issues
-
-
-def _hub_id(loc: str) -> bool:
-    from mass_jobs.modelio import _HUB_ID
-
-    return bool(_HUB_ID.match(loc)) and not loc.startswith(("/", ".", "~"))
 
 
 def model_uri(spec, gen: int, bucket: str, run_prefix: str) -> str:
@@ -180,6 +158,18 @@ def main(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in {**argo_outputs(spec, args.gen), **done_outputs(ctx, args.gen)}.items():
             (out / name).write_text(text)
+    elif args.values:
+        from mass_jobs import preflight
+        from mass_jobs.spec import SpecIssue
+
+        try:
+            values = preflight.load_values(args.values)
+        except ValueError as err:
+            raise SpecError(args.spec, [SpecIssue("--values", str(err))], what="arguments") from None
+        found = preflight.checks(spec, values)
+        print(preflight.table(found))
+        if preflight.issues(found):
+            raise SpecError(args.spec, preflight.issues(found), what="run spec for this cluster")
     elif args.artifact_bucket or args.max_model_len:
         issues = cluster_issues(spec, args.artifact_bucket, args.max_model_len)
         if issues:

@@ -165,16 +165,18 @@ def _render(docs: dict, prefix: str, command: str) -> dict[str, str]:
             for name, ((title, lines), objs) in docs.items()}
 
 
-def argo_files() -> dict[str, str]:
-    return _render(_argo_docs(ClusterSettings()), "argo/", "mass render argo --out argo/")
+def argo_files(settings: ClusterSettings | None = None, command: str = "mass render argo --out argo/") -> dict[str, str]:
+    return _render(_argo_docs(settings or ClusterSettings()), "argo/", command)
 
 
-def manifest_files() -> dict[str, str]:
-    return _render(_manifest_docs(ClusterSettings()), "manifests/", "mass render argo --manifests manifests/")
+def manifest_files(settings: ClusterSettings | None = None,
+                   command: str = "mass render argo --manifests manifests/") -> dict[str, str]:
+    return _render(_manifest_docs(settings or ClusterSettings()), "manifests/", command)
 
 
-def example_files() -> dict[str, str]:
-    return _render(_example_docs(ClusterSettings()), "examples/k8s/", "mass render argo --examples examples/k8s/")
+def example_files(settings: ClusterSettings | None = None,
+                  command: str = "mass render argo --examples examples/k8s/") -> dict[str, str]:
+    return _render(_example_docs(settings or ClusterSettings()), "examples/k8s/", command)
 
 
 # Chart templates installed only when a value switches them on.

@@ -3,6 +3,11 @@
     mass render argo --out argo/
     mass render argo --out argo/ --manifests manifests/ --examples examples/k8s/ --chart charts/mass-jobs/
     mass render argo --out argo/ --check      # write nothing; exit 1 when a file on disk differs
+    mass render argo --out my-argo/ --values my-values.yaml   # plain YAML with your chart values baked in
+
+Without --values the files carry the chart's defaults (AWS S3, bucket mass-jobs, the published
+images); with it they carry the chart's defaults with those files merged over them, as `helm
+install -f` would, for clusters installed with `kubectl apply` instead of Helm.
 """
 
 from __future__ import annotations
@@ -19,16 +24,42 @@ def add_arguments(parser) -> None:
                         help="also write reference objects, Secret templates and per-cluster policies here (examples/k8s/)")
     parser.add_argument("--chart", type=Path, help="also write the generated templates of this chart dir")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs")
+    parser.add_argument("--values", action="append", default=[], metavar="VALUES.yaml",
+                        help="bake these chart values (merged over the chart's defaults) into the plain YAML; "
+                             "repeatable; not with --chart (the chart reads its values at install)")
 
 
 def main(args) -> int:
     from mass_jobs.k8s import codegen
 
-    targets = [(args.out, codegen.argo_files(), "argo/")]
+    settings, suffix = None, ""
+    if args.values:
+        from mass_jobs import preflight
+        from mass_jobs.k8s.settings import values_settings
+        from mass_jobs.spec import SpecError, SpecIssue
+
+        if args.chart:
+            raise SpecError("mass render argo", [SpecIssue("--values", "expected no --chart with it: the chart "
+                                                           "reads its values when installed")], what="arguments")
+        try:
+            values = preflight.load_values(args.values)
+            settings = values_settings(values)
+        except (ValueError, KeyError, TypeError) as err:
+            raise SpecError("mass render argo", [SpecIssue("--values", f"expected chart values ({err})")],
+                            what="arguments") from None
+        suffix = "".join(f" --values {v}" for v in args.values)
+    targets = [(args.out, codegen.argo_files(settings, f"mass render argo --out {args.out}{suffix}")
+                if settings else codegen.argo_files(), "argo/")]
+    if settings and not (values.get("cron") or {}).get("enabled", True):  # as the chart: no CronWorkflow
+        targets[0][1].pop("argo/mass-nightly.yaml", None)
     if args.manifests:
-        targets.append((args.manifests, codegen.manifest_files(), "manifests/"))
+        targets.append((args.manifests, codegen.manifest_files(settings, f"mass render argo --manifests "
+                                                                         f"{args.manifests}{suffix}")
+                        if settings else codegen.manifest_files(), "manifests/"))
     if args.examples:
-        targets.append((args.examples, codegen.example_files(), "examples/k8s/"))
+        targets.append((args.examples, codegen.example_files(settings, f"mass render argo --examples "
+                                                                       f"{args.examples}{suffix}")
+                        if settings else codegen.example_files(), "examples/k8s/"))
     if args.chart:
         targets.append((args.chart, codegen.chart_files(), "charts/mass-jobs/"))
     stale = 0

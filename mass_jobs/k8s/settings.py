@@ -172,3 +172,45 @@ def _helm_pod(name: str, gpu: bool = False) -> Pod:
         memory=helm(f"{r}.memory | quote"),
         gpu=helm(f"{r}.gpu | quote") if gpu else "0",
     )
+
+
+def values_settings(values: dict) -> ClusterSettings:
+    """Concrete settings from chart values (charts/mass-jobs/values.yaml with a user's files merged
+    over it): what `mass render argo --values` bakes into plain YAML, leaf for leaf as the chart does."""
+
+    def get(dotted: str):
+        node = values
+        for part in dotted.split("."):
+            node = node[part]
+        return node
+
+    def pod(name: str, gpu: bool = False) -> Pod:
+        r = get(f"resources.{name}")
+        return Pod(cpu=str(r["cpu"]), memory=str(r["memory"]), gpu=str(r["gpu"]) if gpu else "0")
+
+    net = values.get("network") or {}
+    cron = values.get("cron") or {}
+    base = ClusterSettings()
+    return replace(
+        base,
+        namespace=values.get("namespace") or None,
+        images=Images(jobs=get("images.jobs"), sandbox=get("images.sandbox"), trainer=get("images.trainer"),
+                      server=get("images.server"), pull_policy=get("images.pullPolicy")),
+        bucket=get("s3.bucket"), s3_endpoint=get("s3.endpoint"), s3_insecure=bool(get("s3.insecure")),
+        s3_region=get("s3.region"), s3_endpoint_url=None, s3_secret=get("s3.secretName"),
+        judge_secret=get("judges.secretName"), judge_keys=tuple(get("judges.keys")),
+        gpu_resource=get("gpu.resourceName"), gpu_jobs=str(get("gpu.concurrentJobs")),
+        agent=pod("agent"), harness=pod("harness"), step=pod("step"), merge=pod("merge"),
+        server=pod("server", gpu=True), trainer=pod("trainer"),
+        max_model_len=str(get("model.maxModelLen")), tool_call_parser=get("model.toolCallParser"),
+        agent_deadline_s=str(get("agent.activeDeadlineSeconds")), agent_parallelism=int(get("agent.parallelism")),
+        serve_deadline_s=str(get("model.readyDeadlineSeconds")),
+        train_deadline_s=str(get("resources.trainer.activeDeadlineSeconds")),
+        schedules=tuple(cron.get("schedules", base.schedules)), cron_timezone=cron.get("timezone", base.cron_timezone),
+        cron_suspend=bool(cron.get("suspend", base.cron_suspend)), cron_spec=cron.get("spec", base.cron_spec),
+        cron_run=cron.get("run", base.cron_run),
+        api_server_peers=tuple((net.get("apiServer") or {}).get("to") or ()),
+        api_server_ports=tuple((net.get("apiServer") or {}).get("ports") or ()),
+        s3_peers=tuple((net.get("s3") or {}).get("to") or ()),
+        s3_ports=tuple((net.get("s3") or {}).get("ports") or ()),
+    )

@@ -1,0 +1,183 @@
+"""Before `argo submit`: every limit that spans the spec, the chart's values and the controllers.
+
+    mass validate SPEC --values VALUES.yaml [--values MORE.yaml]
+
+The values are the chart's defaults (charts/mass-jobs/values.yaml) with each file merged over them,
+as `helm install -f` merges. Each check gives a value, the limit it must keep and a verdict; a
+failing one is also a SpecIssue naming the spec field (exit 2). The `validate` step of every
+`mass-cycle` runs the same checks with the values the chart gave it (`cluster_issues`).
+
+What is checked, and why it would fail on a cluster:
+- the store is in the artifact bucket (agent pods exchange episodes as Argo S3 artifacts), at the
+  chart's S3 endpoint (step pods get it as AWS_ENDPOINT_URL), which is a host, not a URL;
+- context length and output tokens fit vLLM's `--max-model-len` (vLLM rejects longer requests);
+- the tool-call parser is the one the chart gives vLLM (another one leaves calls unparsed);
+- judges are external endpoints whose key variables the judge Secret provides (the evaluate pod
+  serves no model and gets only those keys), and `roles.*` endpoints, which agent pods cannot
+  reach (their egress is DNS, the predictor, the apiserver and S3);
+- an agent pod's deadline leaves the harness time to stop after the episode's wall limit;
+- the deepest template recursion stays within Argo's maxAllowedStackDepth (100, not configurable):
+  generations chain recursively, search iterations too, under about eight levels of cycle steps;
+- what a step pod cannot do: panel checkpoint selection (it would serve models in a 1-CPU pod),
+  a chat template file (KServe serves `model.base` as stored), a model base that is no s3:// URI
+  or hub id.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+CHART_VALUES = Path(__file__).resolve().parent.parent / "charts" / "mass-jobs" / "values.yaml"
+ARGO_MAX_STACK_DEPTH = 100  # workflow/controller/operator.go: maxAllowedStackDepth
+CYCLE_DEPTH = 8  # mass-run -> cycle -> ... -> an agent pod's template, besides the two recursions
+AGENT_STOP_S = 300  # the harness stops, uploads and exits after wall_s: an agent pod's deadline must leave this
+
+
+@dataclass
+class Check:
+    name: str
+    value: str
+    limit: str
+    ok: bool
+    path: str  # the spec field (or value) to change
+    why: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return "ok" if self.ok else "FAIL"
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in (over or {}).items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_values(files: list[str]) -> dict:
+    """The chart's defaults with each file merged over them (ValueError naming a bad file)."""
+    values = yaml.safe_load(CHART_VALUES.read_text()) if CHART_VALUES.is_file() else {}
+    for f in files:
+        try:
+            doc = yaml.safe_load(Path(f).read_text())
+        except (OSError, yaml.YAMLError) as err:
+            raise ValueError(f"--values {f}: expected a readable YAML file ({type(err).__name__}: {err})") from None
+        if doc is not None and not isinstance(doc, dict):
+            raise ValueError(f"--values {f}: expected a mapping of chart values, found {type(doc).__name__}")
+        values = merge(values, doc or {})
+    return values
+
+
+def _get(values: dict, dotted: str):
+    node = values
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def recursion_depth(spec) -> int:
+    return (spec.generations - 1) + CYCLE_DEPTH + spec.search.iterations
+
+
+def checks(spec, values: dict) -> list[Check]:
+    """Every check whose chart value is known (a partial `values` skips the others)."""
+    out: list[Check] = []
+
+    def add(name, value, limit, ok, path, why=""):
+        out.append(Check(name, str(value), str(limit), bool(ok), path, why))
+
+    bucket = _get(values, "s3.bucket")
+    if bucket is not None:
+        mine = spec.store.uri.removeprefix("s3://").partition("/")[0] if spec.store.uri.startswith("s3://") else None
+        add("store in the artifact bucket", spec.store.uri, f"s3://{bucket}/...", mine == bucket, "$.store.uri",
+            f"expected a store in the artifact repository's bucket {bucket!r} (chart value s3.bucket), found "
+            + (f"bucket {mine!r}" if mine else f"{spec.store.uri!r}"))
+    endpoint = _get(values, "s3.endpoint")
+    if endpoint is not None:
+        add("S3 endpoint is a host", endpoint, "host[:port], no scheme", "://" not in str(endpoint), "values s3.endpoint",
+            f"expected chart value s3.endpoint as host[:port] (s3.insecure picks http), found {endpoint!r}")
+        scheme = "http" if _get(values, "s3.insecure") is True else "https"
+        theirs = f"{scheme}://{endpoint}".rstrip("/")
+        mine = (spec.store.endpoint_url or "https://s3.amazonaws.com").rstrip("/")
+        add("store endpoint", mine, theirs, mine == theirs or "://" in str(endpoint), "$.store.endpoint_url",
+            f"expected the chart's S3 endpoint {theirs!r} (values s3.endpoint, s3.insecure), found {mine!r}")
+    mml = _get(values, "model.maxModelLen")
+    if mml is not None:
+        s = spec.model.sampling
+        add("context length", s.context_length, f"<= {mml}", s.context_length <= int(mml),
+            "$.model.sampling.context_length",
+            f"expected at most the server's max model length {mml} (chart value model.maxModelLen), "
+            f"found {s.context_length}")
+        add("max output tokens", s.max_output_tokens, f"< {mml}", s.max_output_tokens < int(mml),
+            "$.model.sampling.max_output_tokens",
+            f"expected less than the server's max model length {mml} (chart value model.maxModelLen), "
+            f"found {s.max_output_tokens}")
+    parser = _get(values, "model.toolCallParser")
+    if parser is not None:
+        mine = spec.execution.vllm.tool_call_parser
+        add("tool-call parser", mine, parser, mine == parser, "$.execution.vllm.tool_call_parser",
+            f"expected the chart's vLLM tool-call parser {parser!r} (chart value model.toolCallParser), found {mine!r}")
+    keys = _get(values, "judges.keys")
+    for i, judge in enumerate(spec.judges):
+        if bucket is not None:
+            add(f"judge {judge.name} endpoint", judge.endpoint, "an external URL", judge.endpoint != "local",
+                f"$.judges[{i}].endpoint", f"expected an external endpoint (an OpenAI-compatible URL) on the "
+                f"cluster, found 'local' (judge {judge.name!r})")
+        if keys is not None and judge.api_key_env:
+            add(f"judge {judge.name} key", judge.api_key_env, f"one of {list(keys)}", judge.api_key_env in keys,
+                f"$.judges[{i}].api_key_env", f"expected a key of the judge Secret (chart value judges.keys "
+                f"{list(keys)}), found {judge.api_key_env!r}")
+    if bucket is not None:
+        for role in ("optimizer", "evaluator", "executor"):
+            model = getattr(spec.roles, role)
+            if model is not None:
+                add(f"roles.{role} reachable", model.endpoint, "the generation's predictor only", False,
+                    f"$.roles.{role}", f"expected no endpoint of its own on the cluster: agent pods reach only DNS, "
+                    f"the predictor, the apiserver and S3, found {model.endpoint!r}")
+    deadline = _get(values, "agent.activeDeadlineSeconds")
+    if deadline is not None:
+        wall = spec.execution.limits.wall_s
+        add("agent pod deadline", f"{deadline} s", f">= wall_s {wall:g} + {AGENT_STOP_S} s",
+            float(deadline) >= wall + AGENT_STOP_S, "$.execution.limits.wall_s",
+            f"expected an episode wall limit at least {AGENT_STOP_S} s below the agent pods' deadline {deadline} s "
+            f"(chart value agent.activeDeadlineSeconds), found {wall:g}")
+    if bucket is not None:
+        depth = recursion_depth(spec)
+        add("template recursion depth", depth, f"<= {ARGO_MAX_STACK_DEPTH}", depth <= ARGO_MAX_STACK_DEPTH,
+            "$.search.iterations", f"expected (generations - 1) + {CYCLE_DEPTH} + search.iterations <= "
+            f"{ARGO_MAX_STACK_DEPTH} (Argo's maxAllowedStackDepth), found {depth}")
+        add("checkpoint selection", spec.sft.checkpoint_selection, "val_loss on the cluster",
+            spec.sft.checkpoint_selection != "panel", "$.sft.checkpoint_selection",
+            "expected val_loss on the cluster: panel selection serves every checkpoint and runs episodes inside "
+            "the select step's CPU pod")
+        add("chat template", spec.model.chat_template or "none", "none on the cluster", not spec.model.chat_template,
+            "$.model.chat_template", "expected none on the cluster (KServe serves model.base as stored): save "
+            "the template into the model dir as chat_template.jinja instead")
+        from mass_jobs.modelio import looks_like_hub_id
+
+        base = spec.model.base
+        add("model base downloadable", base, "s3:// URI or hub id", base.startswith("s3://") or looks_like_hub_id(base),
+            "$.model.base", f"expected an s3:// URI or a hub id 'org/name[@revision]' a cluster can download, "
+            f"found {base!r}")
+    return out
+
+
+def issues(found: list[Check]) -> list:
+    from mass_jobs.spec import SpecIssue
+
+    return [SpecIssue(c.path, c.why) for c in found if not c.ok]
+
+
+def table(found: list[Check]) -> str:
+    rows = [("check", "value", "limit", "verdict")] + [(c.name, c.value, c.limit, c.verdict) for c in found]
+    rows = [tuple(x if len(x) <= 60 else x[:57] + "..." for x in r) for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
