@@ -377,7 +377,7 @@ def _load_task_file(ref: TaskFile, index: int, read: Callable[[str], str]) -> tu
     where = f"$.tasks[{index}].file"
     try:
         text = read(ref.file)
-    except (OSError, KeyError) as exc:
+    except (OSError, LookupError) as exc:  # LookupError: the store's MissingKey (a task file not uploaded)
         at = f" at {exc.filename!r}" if isinstance(exc, OSError) and exc.filename else ""
         return None, [SpecIssue(where, f"expected a readable task file, found {ref.file!r}{at} ({exc.__class__.__name__})")]
     except SpecError as exc:  # too large or not UTF-8

@@ -123,3 +123,20 @@ def test_a_path_taken_for_a_hub_id_fails_naming_the_location(tmp_path):
     assert line.startswith(f"mass serve --model: model location 'build/tiny-wram': no such directory "
                            f"({tmp_path / 'build/tiny-wram'}), so it was taken for a hub id, and fetching it from "
                            "the Hugging Face Hub failed: ")
+
+
+def test_an_s3_spec_whose_task_file_was_not_uploaded_names_it(s3_server, s3_env, monkeypatch, capsys):
+    """A spec uploaded without its tasks: exit 2 naming the task file, no traceback."""
+    import boto3
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
+    client = boto3.client("s3", endpoint_url=s3_server["endpoint_url"], region_name=s3_server["region"])
+    bucket = s3_server["bucket"]
+    client.put_object(Bucket=bucket, Key="specs/up.yaml", Body=yaml.safe_dump({
+        "name": "up", "model": {"base": "org/model"}, "tasks": [{"file": "tasks/a.yaml"}],
+        "store": {"uri": f"s3://{bucket}/runs"}}).encode())
+    from mass_jobs.cli import main
+
+    assert main(["validate", f"s3://{bucket}/specs/up.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "$.tasks[0].file: expected a readable task file, found 'tasks/a.yaml' (MissingKey)" in err

@@ -26,17 +26,16 @@ def read_windows(path: Path) -> list[dict]:
 
 
 def parent_model_dir(ctx: RunContext, gen: int, cache_dir: Path) -> Path:
-    """Generation g's model: the stored `gen-<g>/model/` objects, else (gen 0) the spec's base model."""
-    from mass_jobs.modelio import fetch_stored_model, has_stored_model
+    """Generation g's model: the stored `gen-<g>/model/` objects, else (gen 0) the spec's base model.
+    The one lookup is evaluate's `local_model_dir`: a stored model is cached under its content
+    digest, so a cache never outlives the model it holds (a run redone after its store was deleted)."""
+    from mass_jobs.modelio import has_stored_model
+    from mass_jobs.steps.evaluate import local_model_dir
 
-    key = ctx.model(gen)
-    if has_stored_model(ctx.store, key):
-        return fetch_stored_model(ctx.store, key, Path(cache_dir) / f"gen-{gen}-model")
-    if gen == 0:
-        from mass_jobs.base_model import base_model_dir
-
-        return base_model_dir(ctx, Path(cache_dir))
-    raise FileNotFoundError(f"no model for generation {gen} at store key {key!r} (run merge of gen {gen - 1})")
+    if gen > 0 and not has_stored_model(ctx.store, ctx.model(gen)):
+        raise FileNotFoundError(f"no model for generation {gen} at store key {ctx.model(gen)!r} "
+                                f"(run merge of gen {gen - 1})")
+    return local_model_dir(ctx, gen, Path(cache_dir))
 
 
 def stored_steps(ctx: RunContext, gen: int) -> list[int]:
