@@ -74,9 +74,10 @@ def bench_model(out: Path) -> Path:
 
 
 def model_flops_per_token(model_dir: Path, window: int) -> float:
-    """Model FLOPs per processed token of a LoRA step: forward 2 x (linear parameters + head) + causal
-    attention 2 x layers x window x query width, twice that again for the backward through the
-    activations (the frozen weights get no gradient); checkpointing's recompute is not counted."""
+    """Model FLOPs per processed token of a LoRA step. Linear layers and the head: 2 x parameters
+    forward and the same again backward for the input gradient (frozen weights get none; the
+    adapters' own are negligible). Causal attention: 2 x layers x window x query width forward and
+    twice that backward. Checkpointing's recompute is not counted (MFU counts model work only)."""
     import json as _json
 
     cfg = _json.loads((Path(model_dir) / "config.json").read_text())
@@ -84,8 +85,7 @@ def model_flops_per_token(model_dir: Path, window: int) -> float:
     q = cfg["num_attention_heads"] * cfg.get("head_dim", H // cfg["num_attention_heads"])
     kv = cfg["num_key_value_heads"] * cfg.get("head_dim", H // cfg["num_attention_heads"])
     linear = L * (H * q + 2 * H * kv + q * H + 3 * H * I)
-    forward = 2 * (linear + H * V) + 2 * L * window * q
-    return 3 * forward
+    return 2 * 2 * (linear + H * V) + 3 * 2 * L * window * q
 
 
 def make_windows(n: int, length: int, seed: int) -> list[dict]:

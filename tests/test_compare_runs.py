@@ -120,8 +120,9 @@ def test_a_run_that_never_ran_is_named_not_compared_or_reported(tmp_path, capsys
     later.write_text(yaml.safe_dump(doc))
     out = tmp_path / "o"
     assert cli_main(["compare-runs", str(team), str(later), "--out", str(out)]) == 1
-    assert f"run 'later' has nothing stored at file://{tmp_path}/later-store/later/" in capsys.readouterr().err
+    assert (f"run 'later' was never started: file://{tmp_path}/later-store/later/spec.json does not exist"
+            in capsys.readouterr().err)
     assert not out.exists()
     assert cli_main(["report", str(later)]) == 1
-    assert "mass report: run 'later' has nothing stored" in capsys.readouterr().err
+    assert "mass report: run 'later' was never started" in capsys.readouterr().err
     assert not (tmp_path / "later-store" / "later" / "report").exists()

@@ -35,9 +35,10 @@ def test_model_flops_count_the_layers_the_head_and_attention(tmp_path):
     cfg = {"hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "vocab_size": 100,
            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    # per layer: q 8x8, k and v 8x4 each, o 8x8, MLP 3 x 8x16 -> 576 parameters
-    forward = 2 * (2 * 576 + 8 * 100) + 2 * 2 * 64 * 8
-    assert bench.model_flops_per_token(tmp_path, 64) == 3 * forward
+    # per layer: q 8x8, k and v 8x4 each, o 8x8, MLP 3 x 8x16 -> 576 parameters; head 8 x 100
+    linear_and_head = 2 * 576 + 8 * 100
+    attention = 2 * 2 * 64 * 8  # forward: 2 x layers x window x query width
+    assert bench.model_flops_per_token(tmp_path, 64) == 2 * 2 * linear_and_head + 3 * attention
 
 
 def test_the_bench_model_head_spans_more_logits_than_the_stock_init(tmp_path):

@@ -67,7 +67,7 @@ def never_ran(ctx) -> str | None:
     """Why there is nothing to read back for this run (its store holds no spec of it), or None."""
     if ctx.store.exists(ctx.spec_key()):
         return None
-    return (f"run {ctx.run!r} has nothing stored at {ctx.store.uri.rstrip('/')}/{ctx.run}/ "
+    return (f"run {ctx.run!r} was never started: {ctx.store.uri.rstrip('/')}/{ctx.spec_key()} does not exist "
             f"(start it with `mass run SPEC`, or check the spec's name and store)")
 
 
