@@ -243,17 +243,20 @@ def test_assembler_handles_split_bytes_crlf_and_reasoning_alias():
     assert rec["finish_reason"] == "tool_calls" and asm.saw_done and asm.bad_events == 0
 
 
-def test_mass_proxy_command_records_until_interrupted(scripted_endpoint, tmp_path):
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_mass_proxy_command_records_until_interrupted(scripted_endpoint, tmp_path, inherited):
+    """Ctrl-C stops it, also when it inherits SIGINT ignored (a script's background job)."""
     import signal
     import subprocess
     import sys
 
     ep = scripted_endpoint({"*": [REASONED]})
     trace = tmp_path / "cli.jsonl"
+    disposition = signal.SIG_IGN if inherited == "ignored" else signal.SIG_DFL
     proc = subprocess.Popen(
         [sys.executable, "-m", "mass_jobs.cli", "proxy", "--upstream", ep.base_url, "--model", "scripted",
          "--trace", str(trace)],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, disposition),
     )  # fmt: skip
     try:
         line = proc.stdout.readline()

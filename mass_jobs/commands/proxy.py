@@ -14,6 +14,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    import signal
     import sys
     import threading
 
@@ -30,10 +31,14 @@ def main(args) -> int:
         print(f"mass proxy --api-key-env: {exc}", file=sys.stderr)
         return 2
     print(f"recording {args.upstream} on {proxy.base_url} into {args.trace}", flush=True)
+    # Ctrl-C or SIGTERM stop it, also when started from a script's background job, whose shell
+    # hands it SIGINT ignored (Python then never installs its KeyboardInterrupt handler).
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+        while not stop.wait(0.5):
+            pass
     finally:
         proxy.stop()
     return 0
