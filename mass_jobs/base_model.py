@@ -67,7 +67,11 @@ def templated_model_dir(base: Path, template: str, cache_root: Path | None = Non
             config["response_template"] = HERMES_RESPONSE_TEMPLATE
         (staging / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
         (staging / TEMPLATE_FILE).write_text(template)
-        os.replace(staging, out)
+        try:
+            os.replace(staging, out)
+        except OSError:  # another process built it meanwhile (os.replace will not replace a full dir)
+            if not (out / TEMPLATE_FILE).is_file():
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
@@ -131,3 +135,13 @@ def fitness_issues(spec, model_dir: Path) -> list:
                                 f"expected at most the model's {positions} positions (max_position_embeddings of "
                                 f"{spec.model.base!r}), found {spec.model.sampling.context_length}"))
     return issues
+
+
+def local_fitness_issues(spec) -> list:
+    """fitness_issues when generation 0 is a local model dir (what `mass validate` and `mass run`
+    check before anything starts); a hub id or an s3:// model is checked where it is served."""
+    from mass_jobs.context import RunContext
+
+    if not (Path(spec.model.base) / "config.json").is_file():
+        return []
+    return fitness_issues(spec, base_model_dir(RunContext(spec, None)))

@@ -126,7 +126,7 @@ def run_mass(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dic
     trainer = Trainer(model_dir, windows, windows[:1], sft, out, progress=False)
     trainer.setup()
     t0 = time.perf_counter()
-    with _maybe_profile(out) as prof:
+    with _maybe_profile() as prof:
         result = trainer.train()
     wall = time.perf_counter() - t0
     prof.write()
@@ -177,7 +177,7 @@ def run_trl(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dict
     trainer = InOrder(model=model, args=cfg, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(model_dir),
                       peft_config=lora, callbacks=[Losses()])
     t0 = time.perf_counter()
-    with _maybe_profile(out) as prof:
+    with _maybe_profile() as prof:
         trainer.train()
     wall = time.perf_counter() - t0
     prof.write()
@@ -190,7 +190,7 @@ def run_trl(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dict
 class _maybe_profile:
     """torch.profiler around a trainer's run when MASS_BENCH_PROFILE names a file (--profile)."""
 
-    def __init__(self, out: Path):
+    def __init__(self):
         import os
 
         self.target = os.environ.get("MASS_BENCH_PROFILE")

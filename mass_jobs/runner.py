@@ -351,12 +351,12 @@ class Runner:
 
 def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, on_step=None) -> dict:
     """Load the spec, open its store and run L0 -> L_N (resuming whatever is stored)."""
-    from mass_jobs.commands.validate import local_model_issues
+    from mass_jobs.base_model import local_fitness_issues
     from mass_jobs.spec import SpecError, load_spec
     from mass_jobs.store import open_store
 
     spec = load_spec(spec_path)
-    unfit = local_model_issues(spec)  # a template without tools would train on one-turn episodes
+    unfit = local_fitness_issues(spec)  # a template without tools would train on one-turn episodes
     if unfit:
         raise SpecError(spec_path, unfit)
     store = open_store(spec.store)

@@ -25,7 +25,7 @@ def main(args) -> int:
     from mass_jobs.commands.common import never_ran
 
     contexts = [open_run(s) for s in args.specs]
-    empty = [never_ran(c) for c in contexts if never_ran(c)]
+    empty = [why for c in contexts if (why := never_ran(c))]
     if empty:
         for why in empty:
             print(f"mass compare-runs: {why}", file=sys.stderr)

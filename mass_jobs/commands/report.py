@@ -23,8 +23,8 @@ def main(args) -> int:
     from mass_jobs.commands.common import never_ran
 
     ctx = open_run(args.spec)
-    if never_ran(ctx):
-        print(f"mass report: {never_ran(ctx)}", file=sys.stderr)
+    if why := never_ran(ctx):
+        print(f"mass report: {why}", file=sys.stderr)
         return 1
     try:
         embedder = make_embedder(args.embedder)

@@ -118,22 +118,13 @@ def _flag(b: bool) -> str:
     return "true" if b else "false"
 
 
-def local_model_issues(spec) -> list:
-    """Model fitness (mass_jobs.base_model) when generation 0 is a local model dir; a hub id or an
-    s3:// model is checked where it is served."""
-    from mass_jobs.base_model import base_model_dir, fitness_issues
-    from mass_jobs.context import RunContext
-
-    if not (Path(spec.model.base) / "config.json").is_file():
-        return []
-    return fitness_issues(spec, base_model_dir(RunContext(spec, None)))
-
-
 def main(args) -> int:
     from mass_jobs.spec import SpecError, load_spec
 
     spec = load_spec(args.spec)  # a SpecError exits 2 listing every issue (mass_jobs.cli)
-    unfit = local_model_issues(spec)
+    from mass_jobs.base_model import local_fitness_issues
+
+    unfit = local_fitness_issues(spec)
     if unfit:
         raise SpecError(args.spec, unfit)
     if args.outputs:

@@ -48,18 +48,18 @@ def main(args) -> int:
             raise SpecError("mass render argo", [SpecIssue("--values", f"expected chart values ({err})")],
                             what="arguments") from None
         suffix = "".join(f" --values {v}" for v in args.values)
-    targets = [(args.out, codegen.argo_files(settings, f"mass render argo --out {args.out}{suffix}")
-                if settings else codegen.argo_files(), "argo/")]
+
+    def made(files, flag: str, root) -> dict:
+        """Generated files; with --values, from those settings, their header naming the command."""
+        return files(settings, f"mass render argo {flag} {root}{suffix}") if settings else files()
+
+    targets = [(args.out, made(codegen.argo_files, "--out", args.out), "argo/")]
     if settings and not (values.get("cron") or {}).get("enabled", True):  # as the chart: no CronWorkflow
         targets[0][1].pop("argo/mass-nightly.yaml", None)
     if args.manifests:
-        targets.append((args.manifests, codegen.manifest_files(settings, f"mass render argo --manifests "
-                                                                         f"{args.manifests}{suffix}")
-                        if settings else codegen.manifest_files(), "manifests/"))
+        targets.append((args.manifests, made(codegen.manifest_files, "--manifests", args.manifests), "manifests/"))
     if args.examples:
-        targets.append((args.examples, codegen.example_files(settings, f"mass render argo --examples "
-                                                                       f"{args.examples}{suffix}")
-                        if settings else codegen.example_files(), "examples/k8s/"))
+        targets.append((args.examples, made(codegen.example_files, "--examples", args.examples), "examples/k8s/"))
     if args.chart:
         targets.append((args.chart, codegen.chart_files(), "charts/mass-jobs/"))
     stale = 0
