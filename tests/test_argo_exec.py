@@ -316,8 +316,10 @@ def test_unresolved_reference_and_unknown_feature_fail_loudly(executor_for):
             {"name": "v", "value": "{{steps.nope.outputs.parameters.v}}"}]}}]]},
         {"name": "x", "inputs": {"parameters": [{"name": "v"}]}, "script": {"image": JOBS_IMAGE, "source": "true"}},
     ]
-    wf = executor_for(wft("u", templates)).submit("u", {})
-    assert wf.phase in ("Failed", "Error") and "failed to resolve {{steps.nope.outputs.parameters.v}}" in wf.message
+    from tests.fixtures.argo_exec import SubmitRefused
+
+    with pytest.raises(SubmitRefused, match=re.escape("failed to resolve {{steps.nope.outputs.parameters.v}}")):
+        executor_for(wft("u", templates)).submit("u", {})  # argo submit refuses it (validate.py)
     templates[0]["steps"][0][0]["arguments"]["parameters"][0]["value"] = "1"
     wf = executor_for(wft("u", templates)).submit("u", {})
     assert wf.phase == "Error" and "Unsupported" in wf.message and "script" in wf.message

@@ -84,7 +84,7 @@ STEP_RETRY = m.RetryStrategy(
     limit="3",
     retry_policy="Always",
     expression='lastRetry.status == "Error" or (lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2)',
-    backoff=m.Backoff(duration="30s", factor="2", max_duration="30m"),
+    backoff=m.Backoff(duration="30s", factor="2"),  # no maxDuration: it is a deadline on every attempt
 )
 # Agent pods: `mass episode` exits 1 on infra_error (model endpoint or harness down), and a pod may be
 # evicted or hit its deadline: retry those; 2 (a bad episode.json) never passes. The collect step

@@ -1,0 +1,220 @@
+"""What the real controllers refuse or stop, ported into the test executor, each shown on a small
+template that breaks the rule (and passes when it keeps it), plus the properties of the generated
+templates that keep them clear of each rule.
+
+Ported: Argo's recursion limit (maxAllowedStackDepth), retry backoff maxDuration as a deadline,
+synchronization locks held by a Retry node across attempts, container memory limits enforced by
+the kernel on the whole process tree.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fixtures.argo_exec.controller import MAX_STACK_DEPTH
+from tests.test_argo_exec import REPO, container, executor_for, wft  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.argo_exec
+
+VOL = [{"name": "tmp", "emptyDir": {}}]
+
+
+# ---------------------------------------------------------------- recursion depth
+
+def recursion(levels: int, retried_leaf: bool | None = None) -> dict:
+    """main -> rec(levels) -> ... -> rec(0): rec(k) sits at depth levels - k + 2; rec(0) may call a leaf pod."""
+    leaf_step = [[{"name": "leaf", "template": "leaf", "when": "{{inputs.parameters.k}} == 0"}]] if retried_leaf is not None else []
+    leaf = {"name": "leaf", "container": container("true"), "volumes": VOL}
+    if retried_leaf:
+        leaf["retryStrategy"] = {"limit": "1"}
+    return wft("deep", [
+        {"name": "main", "steps": [[{"name": "rec", "template": "rec",
+                                     "arguments": {"parameters": [{"name": "k", "value": str(levels)}]}}]]},
+        {"name": "rec", "inputs": {"parameters": [{"name": "k"}]}, "steps": [
+            [{"name": "again", "template": "rec", "when": "{{inputs.parameters.k}} > 0",
+              "arguments": {"parameters": [{"name": "k", "value": "{{=asInt(inputs.parameters.k) - 1}}"}]}}],
+            *leaf_step]},
+        leaf])
+
+
+def test_recursion_past_argos_stack_limit_errors_the_workflow(executor_for):
+    ok = executor_for(recursion(MAX_STACK_DEPTH - 3)).submit("deep", {})
+    assert ok.phase == "Succeeded", ok.summary()
+    assert ok.max_depth == MAX_STACK_DEPTH - 1  # the deepest template Argo still runs
+    deep = executor_for(recursion(MAX_STACK_DEPTH - 2)).submit("deep", {})
+    assert deep.phase == "Error"
+    assert deep.message.startswith("error in entry template execution: Maximum recursion depth exceeded")
+    assert [n.phase for n in deep.nodes if "Maximum recursion" in n.message] == ["Error"]
+
+
+def test_a_retried_template_needs_one_level_more(executor_for):
+    # the leaf pod sits at depth 99: plain it runs, retried its finished child re-enters one level deeper
+    plain = executor_for(recursion(MAX_STACK_DEPTH - 4, retried_leaf=False)).submit("deep", {})
+    assert plain.phase == "Succeeded" and plain.max_depth == MAX_STACK_DEPTH - 1, plain.summary()
+    retried = executor_for(recursion(MAX_STACK_DEPTH - 4, retried_leaf=True)).submit("deep", {})
+    assert retried.phase == "Error" and "Maximum recursion depth exceeded" in retried.message
+
+
+# ---------------------------------------------------------------- retry maxDuration
+
+def test_max_duration_is_a_deadline_from_the_first_attempt(executor_for):
+    templates = [
+        {"name": "main", "steps": [[{"name": "slow", "template": "slow", "continueOn": {"failed": True}},
+                                    {"name": "quick", "template": "quick"}]]},
+        # runs 30 s on its first attempt: the 3 s maxDuration kills it there and allows no retry
+        {"name": "slow", "container": container("sleep 30"), "volumes": VOL,
+         "retryStrategy": {"limit": "3", "retryPolicy": "Always", "backoff": {"duration": "1s", "maxDuration": "3s"}}},
+        # fails fast twice within its maxDuration: retried as usual
+        {"name": "quick", "container": container("test {{retries}} -ge 2"), "volumes": VOL,
+         "retryStrategy": {"limit": "3", "retryPolicy": "Always", "backoff": {"duration": "1s", "maxDuration": "60s"}}},
+    ]
+    wf = executor_for(wft("md", templates)).submit("md", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    slow = next(n for n in wf.find(type="Retry") if n.name.endswith(".slow"))
+    attempts = wf.find(template="slow", type="Pod")
+    assert slow.phase == "Failed" and slow.message == "Max duration limit exceeded"
+    assert len(attempts) == 1 and "deadline" in attempts[0].message
+    assert attempts[0].finished - attempts[0].started < 15  # killed at the deadline, not after its 30 s
+    quick = next(n for n in wf.find(type="Retry") if n.name.endswith(".quick"))
+    assert quick.phase == "Succeeded" and len(wf.find(template="quick", type="Pod")) == 3
+
+
+def test_generated_retries_set_no_deadline_shorter_than_their_pods():
+    """A maxDuration is a deadline on every attempt: on a step pod without its own deadline it
+    would cut a long step (rank, merge, evaluate at paper scale) and forbid its retry."""
+    import yaml
+
+    from tests.fixtures.argo_exec.controller import _duration
+
+    found = []
+    for path in sorted((REPO / "argo").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            for t in (doc or {}).get("spec", {}).get("templates", []):
+                backoff = (t.get("retryStrategy") or {}).get("backoff") or {}
+                own = t.get("activeDeadlineSeconds")
+                if backoff.get("maxDuration") and (own is None or _duration(backoff["maxDuration"]) < float(own)):
+                    found.append((path.name, t["name"], backoff["maxDuration"], t.get("activeDeadlineSeconds")))
+    assert found == []
+
+
+# ---------------------------------------------------------------- locks across retries
+
+def test_a_retried_templates_mutex_is_held_across_its_attempts(executor_for):
+    templates = [
+        {"name": "main", "steps": [[{"name": "a", "template": "locked"}, {"name": "b", "template": "locked"}]]},
+        {"name": "locked", "container": container("sleep 0.3; test {{retries}} -ge 1"), "volumes": VOL,
+         "synchronization": {"mutexes": [{"name": "one-writer"}]},
+         "retryStrategy": {"limit": "2", "retryPolicy": "Always", "backoff": {"duration": "1s"}}},
+    ]
+    wf = executor_for(wft("mx", templates), backoff_scale=1.0).submit("mx", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    pods = sorted(wf.find(template="locked", type="Pod"), key=lambda n: n.started)
+    owners = [p.name.split(".")[-1].split("(")[0] for p in pods]
+    assert len(pods) == 4 and owners in (["a", "a", "b", "b"], ["b", "b", "a", "a"])  # never a0 b0 a1 b1
+    assert all(x.finished <= y.started for x, y in zip(pods, pods[1:]))
+
+
+# ---------------------------------------------------------------- memory limits
+
+ALLOC = "python3 -c 'import sys; b = bytearray(int(sys.argv[1]) << 20); b[::4096] = b\"x\" * len(b[::4096]); import time; time.sleep(2)'"
+
+
+def test_memory_limit_holds_the_whole_process_tree(executor_for):
+    templates = [
+        {"name": "main", "steps": [[
+            {"name": "under", "template": "alloc", "continueOn": {"failed": True},
+             "arguments": {"parameters": [{"name": "mb", "value": "16"}, {"name": "n", "value": "1"}]}},
+            {"name": "one-over", "template": "alloc", "continueOn": {"failed": True},
+             "arguments": {"parameters": [{"name": "mb", "value": "200"}, {"name": "n", "value": "1"}]}},
+            # three processes each under the limit, together over it: only a tree-wide limit sees it
+            {"name": "tree-over", "template": "alloc", "continueOn": {"failed": True},
+             "arguments": {"parameters": [{"name": "mb", "value": "45"}, {"name": "n", "value": "3"}]}}]]},
+        {"name": "alloc", "inputs": {"parameters": [{"name": "mb"}, {"name": "n"}]}, "volumes": VOL,
+         "container": container(f"pids=; for i in $(seq {{{{inputs.parameters.n}}}}); do {ALLOC} "
+                                "{{inputs.parameters.mb}} & pids=\"$pids $!\"; sleep 0.5; done; "
+                                "for p in $pids; do wait $p || exit $?; done",
+                                resources={"limits": {"memory": "96Mi", "cpu": "1"}})},
+    ]
+    wf = executor_for(wft("mem", templates)).submit("mem", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    by = {n.name.rsplit(".", 1)[-1]: n for n in wf.find(template="alloc", type="Pod")}
+    assert by["under"].phase == "Succeeded", by["under"].message
+    for name in ("one-over", "tree-over"):
+        assert by[name].phase == "Failed" and by[name].message.startswith("OOMKilled"), (name, by[name].message)
+
+
+def test_a_memory_limit_that_cannot_be_enforced_fails_the_pod(executor_for):
+    templates = [{"name": "main", "volumes": VOL,
+                  "container": container("true", resources={"limits": {"memory": "lots"}})}]
+    wf = executor_for(wft("bad", templates)).submit("bad", {})
+    assert wf.phase in ("Error", "Failed")
+    assert "resources.limits.memory 'lots'" in wf.find(type="Pod")[0].message
+
+
+# ---------------------------------------------------------------- what argo submit refuses
+
+def _echo(name="echo", **extra) -> dict:
+    return {"name": name, "container": container("true"), "volumes": VOL, **extra}
+
+
+LINT_CASES = {
+    "unknown template": ([{"name": "main", "steps": [[{"name": "a", "template": "nope"}]]}],
+                         "templates.main.steps[0].a: template name 'nope' undefined"),
+    "step output of a later group": (
+        [{"name": "main", "steps": [[{"name": "a", "template": "echo", "arguments": {"parameters": [
+            {"name": "v", "value": "{{steps.b.outputs.parameters.out}}"}]}}], [{"name": "b", "template": "echo"}]]},
+         _echo(inputs={"parameters": [{"name": "v", "value": ""}]},
+               outputs={"parameters": [{"name": "out", "valueFrom": {"path": "/tmp/o", "default": ""}}]})],
+        "templates.main.steps[0].a failed to resolve {{steps.b.outputs.parameters.out}}"),
+    "undeclared input": ([{"name": "main", "container": container("echo {{inputs.parameters.x}}"), "volumes": VOL}],
+                         "templates.main failed to resolve {{inputs.parameters.x}}"),
+    "item outside a loop": ([{"name": "main", "steps": [[{"name": "a", "template": "echo", "when": "{{item}} == 1"}]]},
+                             _echo()], "templates.main.steps[0].a failed to resolve {{item}}"),
+    "missing argument": ([{"name": "main", "steps": [[{"name": "a", "template": "echo"}]]},
+                          _echo(inputs={"parameters": [{"name": "v"}]})],
+                         "templates.main.steps[0].a inputs.parameters.v was not supplied"),
+    "two types": ([{"name": "main", "container": container("true"), "steps": [], "volumes": VOL}],
+                  "templates.main multiple template types specified"),
+    "duplicate step": ([{"name": "main", "steps": [[{"name": "a", "template": "echo"}, {"name": "a", "template": "echo"}]]},
+                        _echo()], "templates.main.steps[0] steps name 'a' is not unique"),
+    "bad template name": ([{"name": "main", "steps": [[{"name": "a", "template": "b_c"}]]}, _echo("b_c")],
+                          "spec.templates templates name 'b_c' is invalid"),
+    "output without source": ([_echo("main", outputs={"parameters": [{"name": "o"}]})],
+                              "templates.main.outputs.parameters.o does not have valueFrom or value specified"),
+    "bad backoff": ([_echo("main", retryStrategy={"limit": 1, "backoff": {"duration": "thirty"}})],
+                    "templates.main.retryStrategy.backoff.duration 'thirty' is not a duration"),
+    "bad resource action": ([{"name": "main", "resource": {"action": "upsert", "manifest": "kind: X"}}],
+                            "templates.main.resource.action should be one of"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LINT_CASES))
+def test_argo_submit_refuses_what_validate_refuses(executor_for, case):
+    from tests.fixtures.argo_exec import SubmitRefused
+
+    templates, expected = LINT_CASES[case]
+    ex = executor_for(wft("lint", templates))
+    with pytest.raises(SubmitRefused) as err:
+        ex.submit("lint", {})
+    assert expected in str(err.value)
+    assert not list((ex.workdir).glob("lint-*"))  # nothing ran
+
+
+def test_the_generated_templates_pass_argo_lint():
+    import yaml
+
+    from tests.fixtures.argo_exec.validate import lint, lint_cron
+
+    docs = [d for f in sorted((REPO / "argo").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    wfts = {d["metadata"]["name"]: d for d in docs if d["kind"] == "WorkflowTemplate"}
+    crons = [d for d in docs if d["kind"] == "CronWorkflow"]
+    assert sorted(wfts) == ["mass-cycle", "mass-run"] and len(crons) == 1
+    assert {n: lint(wfts, n) for n in wfts} == {"mass-cycle": [], "mass-run": []}
+    assert lint_cron(crons[0], wfts) == []
+    # a new required input on a template the cycle calls: submitting mass-run (which reaches the
+    # cycle by templateRef) is refused, naming the caller that does not pass it
+    broken = yaml.safe_load(yaml.safe_dump(wfts["mass-cycle"]))
+    ingest = next(t for t in broken["spec"]["templates"] if t["name"] == "search-ingest")
+    ingest["inputs"]["parameters"].append({"name": "never-given"})
+    assert lint({**wfts, "mass-cycle": broken}, "mass-run") == [
+        "templates.search-rollout.steps[1].ingest inputs.parameters.never-given was not supplied"]
