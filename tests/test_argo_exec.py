@@ -449,7 +449,7 @@ def test_generated_trainer_jobs_pass_the_webhook_for_one_replica_and_several():
 
     cycle = next(d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle")
     t = {x["name"]: x for x in cycle["spec"]["templates"]}
-    scope = {"workflow.name": "mass-cycle-abc12", "inputs.parameters.gen": "0", "inputs.parameters.trainer-nproc": "2",
+    scope = {"workflow.parameters.run": "demo", "inputs.parameters.gen": "0", "inputs.parameters.trainer-nproc": "2",
              "inputs.parameters.trainer-gpus": "1", "workflow.parameters.spec": "s3://b/s.yaml"}
 
     def job(template: str, workers: str | None) -> dict:
@@ -461,7 +461,7 @@ def test_generated_trainer_jobs_pass_the_webhook_for_one_replica_and_several():
     assert webhook_errors(job("train-job-single", None)) == []
     assert webhook_errors(job("train-job", "1")) == [] and webhook_errors(job("train-job", "2")) == []
     assert webhook_errors(job("train-job", "0")) == [
-        "PyTorchJob/mass-cycle-abc12-g0-train: Worker replicas must be at least 1, got 0 (leave Worker out for one replica)"]
+        "PyTorchJob/mass-demo-g0-train: Worker replicas must be at least 1, got 0 (leave Worker out for one replica)"]
     steps = {s["name"]: s.get("when") for group in t["train"]["steps"] for s in group}
     assert steps == {"delete-job": None, "job": "{{inputs.parameters.trainer-workers}} > 0",
                      "job-single": "{{inputs.parameters.trainer-workers}} == 0"}
@@ -857,6 +857,13 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
         wf = ex.submit("mass-run", {"spec": spec_uri, "run": argo_doc["name"]})
         assert wf.phase == "Succeeded", wf.summary()
         answers_argo = list(judge.answers)
+        from mass_jobs import preflight
+        from mass_jobs.models import RunSpec
+
+        # the preflight's bound on Argo's stack depth holds for the depth this run reached
+        bound = preflight.recursion_depth(RunSpec.model_validate(argo_doc))
+        print(f"template stack depth reached {wf.max_depth}, preflight bound {bound}")
+        assert wf.max_depth == bound
 
         local_doc = ci_spec(s3, cluster["model_uri"], "local-run", judge.base_url)
         local_spec = tmp_path / "local.yaml"
@@ -937,7 +944,7 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
         {f"apply {isvc}0"}, {f"delete {isvc}0"}, {f"apply {isvc}0", f"apply {isvc}1"},
         {f"delete {isvc}0", f"delete {isvc}1"}, {f"apply {isvc}1"}, {f"delete {isvc}1"},
         {f"apply {isvc}2"}, {f"delete {isvc}2"}], events
-    assert [e for e in events if "PyTorchJob" in e] == [f"create PyTorchJob/{wf.name}-g{g}-train" for g in range(2)]
+    assert [e for e in events if "PyTorchJob" in e] == [f"create PyTorchJob/mass-{run}-g{g}-train" for g in range(2)]
     ex.delete_workflow(wf)
     assert not ex.cluster.objects
 
@@ -1029,8 +1036,9 @@ def test_stopped_during_training_resubmitted_resumes_from_checkpoint(cluster):
     ex.stop(first)  # argo stop: the waiter ends, the exit handler deletes the InferenceService
     first.done.wait()
     assert first.phase == "Failed" and first.find(template="delete-model")
-    ex.delete_workflow(first)  # argo delete: the owned PyTorchJob goes with it
-    assert not ex.cluster.objects
+    # the stopped workflow is not deleted: its PyTorchJob trains on, as on a cluster
+    job = f"mass-{run}-g0-train"
+    assert list(ex.cluster.objects) == [("PyTorchJob", job)]
     import boto3
 
     s3 = cluster["s3"]
@@ -1042,6 +1050,9 @@ def test_stopped_during_training_resubmitted_resumes_from_checkpoint(cluster):
 
     second = ex.submit("mass-cycle", {"spec": spec_uri, "run": run, "gen": "0"})
     assert second.phase == "Succeeded", second.summary()
+    # one writer: the resubmitted run's train step deleted the old job (its pods gone) before its own
+    jobs = [e for e in ex.cluster.events if e.endswith(f"PyTorchJob/{job}")]
+    assert jobs == [f"create PyTorchJob/{job}", f"delete PyTorchJob/{job}", f"create PyTorchJob/{job}"], jobs
     after = {o["Key"]: (o["ETag"], o["LastModified"])
              for o in client.list_objects_v2(Bucket=s3["bucket"], Prefix=prefix)["Contents"]}
     assert {k: after[k] for k in stored} == stored  # resumed: what was stored before the stop is untouched

@@ -9,6 +9,8 @@ the kernel on the whole process tree.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.fixtures.argo_exec.controller import MAX_STACK_DEPTH
@@ -51,6 +53,7 @@ def test_a_retried_template_needs_one_level_more(executor_for):
     # the leaf pod sits at depth 99: plain it runs, retried its finished child re-enters one level deeper
     plain = executor_for(recursion(MAX_STACK_DEPTH - 4, retried_leaf=False)).submit("deep", {})
     assert plain.phase == "Succeeded" and plain.max_depth == MAX_STACK_DEPTH - 1, plain.summary()
+    # (the recursion's own steps are not retried: 99 is the leaf, and no re-entry goes deeper)
     retried = executor_for(recursion(MAX_STACK_DEPTH - 4, retried_leaf=True)).submit("deep", {})
     assert retried.phase == "Error" and "Maximum recursion depth exceeded" in retried.message
 
@@ -218,3 +221,40 @@ def test_the_generated_templates_pass_argo_lint():
     ingest["inputs"]["parameters"].append({"name": "never-given"})
     assert lint({**wfts, "mass-cycle": broken}, "mass-run") == [
         "templates.search-rollout.steps[1].ingest inputs.parameters.never-given was not supplied"]
+
+
+# ---------------------------------------------------------------- deleting a job: cascade
+
+def _job_and_delete(name: str, cascade: str | None) -> list[dict]:
+    from tests.test_argo_exec import pytorchjob
+
+    job = pytorchjob(name, 1, "sleep 60")
+    job["resource"] = {k: v for k, v in job["resource"].items() if not k.endswith("Condition")}  # created, not awaited
+    delete = pytorchjob(name, 1, "true", action="delete")
+    delete["resource"] = {"action": "delete", "manifest": delete["resource"]["manifest"],
+                          "flags": ["--ignore-not-found", *([f"--cascade={cascade}"] if cascade else [])]}
+    return [{"name": "create", "steps": [[{"name": "job", "template": "job"}]]}, job,
+            {"name": "delete", "steps": [[{"name": "job", "template": "del"}]]}, {**delete, "name": "del"}]
+
+
+@pytest.mark.parametrize("cascade", [None, "foreground"])
+def test_a_background_delete_returns_while_the_jobs_pods_still_run(executor_for, cascade):
+    """kubectl delete --wait waits for the object; its pods go with it only in foreground."""
+    from tests.fixtures.argo_exec.resources import GC_DELAY_S
+
+    ex = executor_for(wft("jd", _job_and_delete("old", cascade), entrypoint="create"))
+    assert ex.submit("jd", {}).phase == "Succeeded"
+    pods = [h.pod for h in ex.cluster.procs[("PyTorchJob", "old")]]
+    for _ in range(100):
+        if all(p is not None for p in pods):
+            break
+        time.sleep(0.05)
+    ex.templates["jd"]["spec"]["entrypoint"] = "delete"
+    assert ex.submit("jd", {}).phase == "Succeeded" and ex.cluster.get("PyTorchJob", "old") is None
+    alive = [p.proc.poll() is None for p in pods]
+    if cascade == "foreground":
+        assert alive == [False, False]  # the delete returned after the pods were gone
+    else:
+        assert alive == [True, True]  # background: the object is gone, its Master still runs
+        time.sleep(GC_DELAY_S + 2)
+        assert [p.proc.poll() is None for p in pods] == [False, False]

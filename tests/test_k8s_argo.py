@@ -307,8 +307,8 @@ def test_longest_run_id_gives_valid_names():
 
     run = "r" * 40  # RunSpec.name max_length
     assert len(serving.isvc_name(run, "50")) <= 63
-    # The job is named from the workflow: a CronWorkflow's are `<name>-<unix time>`.
-    assert len(training.job_name("mass-nightly-1767225600", "50")) <= 63
+    # The job is named from the run (a resubmitted run replaces its stopped workflow's job).
+    assert max(len(training.job_name(run, "50", step)) for step in ("train",)) <= 63
     assert labels.truncate_name("a-" * 40) == ("a-" * 40)[:63].rstrip("-")
 
 

@@ -126,7 +126,7 @@ def test_gpu_cluster_values_reach_the_jobs():
     assert job["spec"]["nprocPerNode"] == "2"
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
     assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
-        "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "2"}
+        "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "2", "ephemeral-storage": "80Gi"}
     model = isvc["spec"]["predictor"]["model"]
     assert model["resources"]["limits"]["nvidia.com/gpu"] == "2" and "--max-model-len=262144" in model["args"]
     assert _by(objs, "ConfigMap", "mass-semaphores")["data"] == {"gpu-jobs": "4"}
@@ -396,3 +396,44 @@ def test_readme_applies_only_manifests_and_argo():
     applies = re.findall(r"kubectl apply [^\n`]*", readme)
     assert applies and all("examples/k8s" not in a or "networkpolicy-cluster-egress" in a
                            or "ciliumnetworkpolicy" in a for a in applies), applies
+
+
+def test_cluster_specific_values_reach_every_object():
+    """A cluster whose DNS domain is not cluster.local, whose DNS is not kube-dns (NodeLocal
+    DNSCache, OpenShift), and whose pods have ephemeral-storage limits."""
+    dns = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "openshift-dns"}},
+            "podSelector": {"matchLabels": {"dns.operator.openshift.io/daemonset-dns": "default"}}}]
+    objs = _objects({**_scenario("default"), "clusterDomain": "corp.internal", "network": {
+        **_scenario("default")["network"], "dns": {"to": dns}}, "resources": {"server": {"ephemeralStorage": "300Gi"}}})
+    text = yaml.safe_dump(_by(objs, "WorkflowTemplate", "mass-cycle"))
+    assert ".svc.corp.internal/openai/v1" in text and "cluster.local" not in text
+    policy = _by(objs, "NetworkPolicy", "mass-agent-egress")
+    assert policy["spec"]["egress"][0]["to"] == dns
+    cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
+    isvc = yaml.safe_load(next(t for t in cycle["spec"]["templates"] if t["name"] == "serve-model")["resource"]["manifest"])
+    assert isvc["spec"]["predictor"]["model"]["resources"]["limits"]["ephemeral-storage"] == "300Gi"
+    # only inside the cluster: KServe would route an external Ingress to the model without it
+    assert isvc["metadata"]["labels"]["networking.kserve.io/visibility"] == "cluster-local"
+    # every container mass-jobs defines asks for ephemeral storage (the kubelet evicts past it)
+    for t in cycle["spec"]["templates"]:
+        for c in [t.get("container"), *(t.get("sidecars") or [])]:
+            if c:
+                assert "ephemeral-storage" in c["resources"]["limits"], t["name"]
+
+
+def test_an_s3_endpoint_with_a_scheme_fails_the_render():
+    err = _render_error({**_scenario("default"), "s3": {"endpoint": "https://minio.example.com:9000"}})
+    assert "s3.endpoint: expected host[:port] without a scheme" in err and "https://minio.example.com:9000" in err
+
+
+def test_the_executor_may_set_owner_references_where_they_are_enforced():
+    role = _by(_objects(_scenario("default")), "Role", "mass-executor")
+    assert {"apiGroups": ["argoproj.io"], "resources": ["workflows/finalizers"], "verbs": ["update"]} in role["rules"]
+
+
+def test_the_hardened_trainer_init_container_gives_up_like_the_operators():
+    from mass_jobs.k8s import training
+
+    (init,) = training.operator_init_container_template()
+    script = init["command"][-1]
+    assert "{{.MaxTries}}" in script and "until" not in script and script.endswith("exit $err")

@@ -74,7 +74,7 @@ def test_every_container_meets_the_restricted_profile():
             "containers/kserve-container", "init", "wait"} <= set(roles)
     where = " ".join(p.where for p in pods)
     for piece in ("template agent-episode", "InferenceService/", "PyTorchJob/", "via templateRef mass-cycle",
-                  "chart[cilium-values.yaml]", "PyTorchJob/mass-run-abcde-g0-train Master"):
+                  "chart[cilium-values.yaml]", "PyTorchJob/mass-demo-g0-train Master"):
         assert piece in where, piece
 
 
@@ -84,7 +84,7 @@ def test_injected_containers_fail_without_the_controller_settings():
     wait = [v for v in violations if "template agent-episode container wait (argoexec)" in v]
     assert any("allowPrivilegeEscalation must be false" in v for v in wait)
     assert any("capabilities.drop must contain ALL" in v for v in wait)
-    assert any("PyTorchJob/mass-run-abcde-g0-train Worker container initContainers/init-pytorch" in v for v in violations)
+    assert any("PyTorchJob/mass-demo-g0-train Worker container initContainers/init-pytorch" in v for v in violations)
     assert any("predictor container initContainers/storage-initializer" in v for v in violations)
     # containers of our own are hardened by the objects themselves: only injected ones break
     injected = ("(argoexec", "initContainers/init-pytorch", "initContainers/storage-initializer")

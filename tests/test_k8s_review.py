@@ -316,20 +316,24 @@ def test_validate_on_the_cluster_refuses_a_judge_the_evaluate_pod_would_serve(tm
 # ---------------------------------------------------------------- the PyTorchJob
 
 
-def test_the_training_job_is_named_from_the_workflow_and_replaced_not_duplicated(cycle):
+def test_the_training_job_is_named_from_the_run_and_replaced_not_duplicated(cycle):
+    """A retry, `argo retry` and a resubmitted run (its stopped workflow's job still training) all
+    replace the one job: named from the run, deleted in foreground (its pods gone) before a create."""
     t = _t(cycle)
     # one of the two creates runs: Master + Workers, or the Master alone for one replica
     assert [s["template"] for s in _steps(t["train"])] == ["train-delete-job", "train-job", "train-job-single"]
     assert t["train"]["retryStrategy"]["limit"] == "3"
     delete = t["train-delete-job"]["resource"]
     assert delete["action"] == "delete" and "--ignore-not-found" in delete["flags"]
+    assert "--cascade=foreground" in delete["flags"]
     for template in ("train-job", "train-job-single"):
         assert "retryStrategy" not in t[template]  # the pair retries, never a bare create
         create = t[template]["resource"]
         assert create["action"] == "create" and create["setOwnerReference"] is True
         named = [yaml.safe_load(schemas.substitute_examples(r["manifest"]))["metadata"]["name"] for r in (delete, create)]
-        assert named[0] == named[1] == "mass-run-abcde-g3-train"
-        assert "name: '{{workflow.name}}-g{{inputs.parameters.gen}}-train'" in create["manifest"]
+        assert named[0] == named[1] == "mass-demo-g3-train"
+        assert "name: mass-{{workflow.parameters.run}}-g{{inputs.parameters.gen}}-train" in create["manifest"]
+        assert "workflow.name" not in create["manifest"].split("labels:")[0]
         assert "retries" not in create["manifest"]
         job = yaml.safe_load(schemas.substitute_examples(create["manifest"]))
         assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"

@@ -77,7 +77,6 @@ SANDBOX_SOCKET = f"{SANDBOX_DIR}/sandbox.sock"
 QWEN_DIR = "/qwen"  # the emptyDir of the harness and qwen-code containers only: qwen-code's socket
 QWEN_SOCKET = f"{QWEN_DIR}/qwen.sock"
 ROLLOUTS_PARAM = "{{steps.prepare.outputs.parameters.rollouts}}"
-MODEL_FLAGS = ["--endpoint", serving.openai_base_url(ISVC, NAMESPACE), "--served-model", ISVC]
 
 # Retry what can pass on a second try; exit code 2 is a bad spec/input and never will.
 STEP_RETRY = m.RetryStrategy(
@@ -298,10 +297,10 @@ class _Builder:
 
     def trainer(self, sd: P.StepDef) -> None:
         """A trainer step: delete any job of an earlier attempt, then create one (a retry of the
-        pair resumes from the last stored checkpoint). The job is named from the workflow, never
-        from `{{retries}}`: an evicted waiter or `argo retry` finds and replaces its own job instead
-        of running a second one."""
-        name = training.job_name("{{workflow.name}}", GEN, sd.name)
+        pair resumes from the last stored checkpoint). The job is named from the run, never from the
+        workflow or `{{retries}}`: a retry, `argo retry` and a resubmitted run (its stopped workflow's
+        job still training) all find and replace the one job that writes the run's checkpoints."""
+        name = training.job_name(RUN_ID, GEN, sd.name)
         labels = {**L.pod_labels(sd.name, gen=GEN), L.ARGO_WORKFLOW: "{{workflow.name}}"}
         sizes = {k: "{{inputs.parameters.trainer-%s}}" % k for k in ("workers", "nproc", "gpus")}
         job = training.pytorch_job(self.s, name, sd.argv(SPEC, GEN), labels, env=_env_dicts(self.step_env()), **sizes)
@@ -313,8 +312,10 @@ class _Builder:
             name=f"{sd.name}-delete-job",
             inputs=_params("gen"),
             action="delete",
-            # --wait (kubectl's default) returns once the old job and its pods are gone.
-            flags=["--ignore-not-found"],
+            # --wait (kubectl's default) waits for the job object only; foreground cascade makes it
+            # wait until the job's pods are gone too, so the old Master cannot write a checkpoint
+            # after the new job starts.
+            flags=["--ignore-not-found", "--cascade=foreground"],
             manifest=_manifest(ref),
             labels=L.pod_labels(sd.name, gen=GEN),
             retry_strategy=RESOURCE_RETRY,
@@ -361,7 +362,8 @@ class _Builder:
     def templates_of(self, sd: P.StepDef) -> None:
         """The templates of one table step (they register with the enclosing WorkflowTemplate)."""
         s = self.s
-        model = MODEL_FLAGS if sd.model else []
+        model = ["--endpoint", serving.openai_base_url(ISVC, NAMESPACE, self.s.cluster_domain),
+                 "--served-model", ISVC] if sd.model else []
         rollouts_out = [Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/rollouts"))]
         if sd.scope == "iteration" and sd.pod == "agent":
             # prepare (proposal, agent inputs) -> agent pods -> ingest each -> judge and save
@@ -430,7 +432,7 @@ class _Builder:
         flags = []
         for g in ("0", PREV_GEN, GEN):  # evaluate of G compares L_G with L_0 and L_G-1
             isvc = serving.isvc_name(RUN_ID, g)
-            flags += ["--generation-endpoint", g, serving.openai_base_url(isvc, NAMESPACE), isvc]
+            flags += ["--generation-endpoint", g, serving.openai_base_url(isvc, NAMESPACE, self.s.cluster_domain), isvc]
         argv = sd.argv(SPEC, GEN)
         self.step(f"{sd.name}-plan", [*argv, "--phase", "plan", "--outputs", OUTPUTS_DIR],
                   outputs=[Parameter(name="models", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/models"))])

@@ -122,7 +122,7 @@ def _example_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
             ("PyTorchJob base: the object mass-cycle's train step creates, with example values.",
              ["Master + Workers, container pytorch, torchrun from the operator's PET_* env running mass train.",
               "For reading: mass-cycle creates and deletes it; applying it starts a GPU job."]),
-            [training.pytorch_job(s, training.job_name("mass-run-abcde", "0"),
+            [training.pytorch_job(s, training.job_name("demo", "0"),
                                   by_name("train").argv("s3://mass-jobs/specs/demo.yaml", 0),
                                   {**labels, "mass-jobs.io/step": "train"}, env=argo.step_env_dicts(s),
                                   workers=2, nproc="2", gpus="2")]),

@@ -60,6 +60,9 @@ def rbac(s: ClusterSettings) -> list[dict]:
         "metadata": _meta(EXECUTOR_SA, s, "executor"),
         "rules": [
             {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
+            # setOwnerReference sets blockOwnerDeletion: where OwnerReferencesPermissionEnforcement is on
+            # (OpenShift) that needs update on the owner's finalizers
+            {"apiGroups": ["argoproj.io"], "resources": ["workflows/finalizers"], "verbs": ["update"]},
             {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": verbs},
             {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": verbs},
         ],
@@ -80,7 +83,7 @@ def agent_network_policy(s: ClusterSettings) -> dict:
     peers are per cluster: see agent_api_server_policy, agent_api_server_cilium_policy, agent_s3_policy."""
     dns_ports = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
     return _agent_policy(AGENT_POLICY, s, ["Ingress", "Egress"], [
-        {"to": [dict(p) for p in _dns_peers()], "ports": dns_ports},
+        {"to": _listish(s.dns_peers), "ports": dns_ports},
         {"to": [{"podSelector": {"matchLabels": {L.STEP: MODEL_STEP}}}],
          "ports": [{"port": PREDICTOR_PORT, "protocol": "TCP"}]},
     ], ingress=[])
@@ -128,11 +131,6 @@ def _required(peers, field: str):
         raise ValueError(f"ClusterSettings.{field} is required: the NetworkPolicy peers of this cluster "
                          "(an empty list would allow every destination)")
     return _listish(peers)
-
-
-def _dns_peers() -> list[dict]:
-    return [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
 
 
 def _listish(v):

@@ -25,9 +25,10 @@ def isvc_name(run: str, gen: str) -> str:
     return served_model_name(run, gen)
 
 
-def openai_base_url(name: str, namespace: str) -> str:
-    """KServe's OpenAI routes on the predictor Service (port 80, prefix /openai)."""
-    return f"http://{name}-predictor.{namespace}.svc.cluster.local/openai/v1"
+def openai_base_url(name: str, namespace: str, cluster_domain: str = "cluster.local") -> str:
+    """KServe's OpenAI routes on the predictor Service (port 80, prefix /openai); the cluster's DNS
+    domain is a setting (kubelet --cluster-domain is not cluster.local everywhere)."""
+    return f"http://{name}-predictor.{namespace}.svc.{cluster_domain}/openai/v1"
 
 
 def runtime_args(s: ClusterSettings, name: str, dtype: str) -> list[str]:
@@ -48,7 +49,8 @@ def inference_service(s: ClusterSettings, name: str, storage_uri: str, labels: d
         "kind": "InferenceService",
         "metadata": {
             "name": name,
-            "labels": dict(labels),
+            # Reachable inside the cluster only: without it KServe routes an external Ingress to the model.
+            "labels": {**labels, "networking.kserve.io/visibility": "cluster-local"},
             "annotations": {
                 # Standard (raw Deployment) mode: no Knative needed, no scale-to-zero mid-run.
                 "serving.kserve.io/deploymentMode": "Standard",

@@ -42,6 +42,7 @@ class Pod:
     cpu: str
     memory: str
     gpu: str = "0"
+    ephemeral: str = "1Gi"  # ephemeral-storage: emptyDirs, logs and a model downloaded into the pod
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,15 @@ class ClusterSettings:
     judge_keys: tuple | str = ("JUDGE_API_KEY",)  # env names the spec's judges read (api_key_env)
     gpu_resource: str = "nvidia.com/gpu"
     gpu_jobs: str = "2"  # semaphore: GPU jobs (PyTorchJobs) running at once
-    agent: Pod = Pod(cpu="1", memory="2Gi")  # an agent pod's sandbox container (the agents' tools, qwen-code)
-    harness: Pod = Pod(cpu="500m", memory="1Gi")  # its main container (the harness loop, the recording proxy)
-    step: Pod = Pod(cpu="1", memory="4Gi")
-    merge: Pod = Pod(cpu="4", memory="64Gi")
-    server: Pod = Pod(cpu="8", memory="64Gi", gpu="1")
-    trainer: Pod = Pod(cpu="8", memory="64Gi")  # per replica; replicas and GPUs come from the spec's sft
+    agent: Pod = Pod(cpu="1", memory="2Gi", ephemeral="4Gi")  # an agent pod's sandbox container (the agents' tools, qwen-code)
+    harness: Pod = Pod(cpu="500m", memory="1Gi", ephemeral="2Gi")  # its main container (the harness loop, the recording proxy)
+    step: Pod = Pod(cpu="1", memory="4Gi", ephemeral="20Gi")
+    # A 27B bf16 model is 54 GB: merge holds the base and the merged copy, the others one copy.
+    merge: Pod = Pod(cpu="4", memory="64Gi", ephemeral="160Gi")
+    server: Pod = Pod(cpu="8", memory="64Gi", gpu="1", ephemeral="80Gi")
+    trainer: Pod = Pod(cpu="8", memory="64Gi", ephemeral="80Gi")  # per replica; replicas and GPUs come from the spec's sft
+    cluster_domain: str = "cluster.local"  # the kubelet's --cluster-domain: Service names end .svc.<it>
+    dns_peers: tuple | str = ()  # NetworkPolicy peers of the cluster DNS (default: kube-dns in kube-system)
     max_model_len: str = "32768"
     tool_call_parser: str = TOOL_CALL_PARSER  # the local vllm backend default too
     agent_deadline_s: str = "4200"  # > the default episode wall_s (3600): the harness times out first
@@ -90,7 +94,7 @@ class ClusterSettings:
         if self.s3_endpoint_url is None:
             scheme = "http" if self.s3_insecure is True else "https"
             object.__setattr__(self, "s3_endpoint_url", f"{scheme}://{self.s3_endpoint}")
-        for name, default in (("api_server_ports", API_SERVER_PORTS), ("s3_ports", S3_PORTS)):
+        for name, default in (("api_server_ports", API_SERVER_PORTS), ("s3_ports", S3_PORTS), ("dns_peers", DNS_PEERS)):
             if getattr(self, name) == ():
                 object.__setattr__(self, name, default)
         if self.api_server_cilium_ports == () and not isinstance(self.api_server_ports, str):
@@ -145,6 +149,8 @@ def helm_settings() -> ClusterSettings:
         merge=_helm_pod("merge"),
         server=_helm_pod("server", gpu=True),
         trainer=_helm_pod("trainer"),
+        cluster_domain=helm(f"{v}.clusterDomain"),  # inside a URL: no quote
+        dns_peers=helm_yaml(f"{v}.network.dns.to"),
         max_model_len=helm(f"{v}.model.maxModelLen"),  # inside an argument string: no quote
         tool_call_parser=helm(f"{v}.model.toolCallParser"),
         agent_deadline_s=helm(f"{v}.agent.activeDeadlineSeconds | quote"),
@@ -171,6 +177,7 @@ def _helm_pod(name: str, gpu: bool = False) -> Pod:
         cpu=helm(f"{r}.cpu | quote"),
         memory=helm(f"{r}.memory | quote"),
         gpu=helm(f"{r}.gpu | quote") if gpu else "0",
+        ephemeral=helm(f"{r}.ephemeralStorage | quote"),
     )
 
 
@@ -186,7 +193,8 @@ def values_settings(values: dict) -> ClusterSettings:
 
     def pod(name: str, gpu: bool = False) -> Pod:
         r = get(f"resources.{name}")
-        return Pod(cpu=str(r["cpu"]), memory=str(r["memory"]), gpu=str(r["gpu"]) if gpu else "0")
+        return Pod(cpu=str(r["cpu"]), memory=str(r["memory"]), gpu=str(r["gpu"]) if gpu else "0",
+                   ephemeral=str(r["ephemeralStorage"]))
 
     net = values.get("network") or {}
     cron = values.get("cron") or {}
@@ -202,6 +210,7 @@ def values_settings(values: dict) -> ClusterSettings:
         gpu_resource=get("gpu.resourceName"), gpu_jobs=str(get("gpu.concurrentJobs")),
         agent=pod("agent"), harness=pod("harness"), step=pod("step"), merge=pod("merge"),
         server=pod("server", gpu=True), trainer=pod("trainer"),
+        cluster_domain=str(get("clusterDomain")), dns_peers=tuple((net.get("dns") or {}).get("to") or ()),
         max_model_len=str(get("model.maxModelLen")), tool_call_parser=get("model.toolCallParser"),
         agent_deadline_s=str(get("agent.activeDeadlineSeconds")), agent_parallelism=int(get("agent.parallelism")),
         serve_deadline_s=str(get("model.readyDeadlineSeconds")),

@@ -19,8 +19,9 @@ SUCCEEDED = "status.replicaStatuses.Master.succeeded > 0"
 FAILED = "status.conditions.1.type == Failed,status.conditions.2.type == Failed,status.replicaStatuses.Master.failed > 0"
 
 
-def job_name(workflow: str, gen: str, step: str = "train") -> str:
-    return f"{workflow}-g{gen}-{step}"
+def job_name(run: str, gen: str, step: str = "train") -> str:
+    """One name per run, generation and trainer step: the job a resubmitted run replaces."""
+    return f"mass-{run}-g{gen}-{step}"
 
 
 def train_command(argv: list[str]) -> list[str]:
@@ -78,7 +79,7 @@ def pytorch_job(s: ClusterSettings, name: str, argv: list[str], labels: dict[str
 
 def _resources(s: ClusterSettings, gpus: str) -> dict:
     """The chart's per-replica CPU and memory; the spec's GPUs (requests = limits, Guaranteed QoS)."""
-    amounts = {"cpu": s.trainer.cpu, "memory": s.trainer.memory, s.gpu_resource: gpus}
+    amounts = {"cpu": s.trainer.cpu, "memory": s.trainer.memory, "ephemeral-storage": s.trainer.ephemeral, s.gpu_resource: gpus}
     return {"limits": dict(amounts), "requests": dict(amounts)}
 
 
@@ -86,13 +87,15 @@ def operator_init_container_template() -> list[dict]:
     """The training operator's Worker init container (`init-pytorch`, waits for the Master's DNS
     name), hardened. The operator builds it from a Go template file
     (`--pytorch-init-container-template-file`); its built-in one has no securityContext, which Pod
-    Security "restricted" rejects. `{{.InitContainerImage}}` and `{{.MasterAddr}}` are the
-    operator's own placeholders."""
+    Security "restricted" rejects. `{{.InitContainerImage}}`, `{{.MasterAddr}}` and `{{.MaxTries}}`
+    (--init-container-max-tries) are the operator's own placeholders: like its built-in one it gives
+    up after MaxTries lookups, so a Master that never comes fails the Worker instead of hanging it."""
     return [{
         "name": "init-pytorch",
         "image": "{{.InitContainerImage}}",
         "imagePullPolicy": "IfNotPresent",
         "resources": {"limits": {"cpu": "100m", "memory": "20Mi"}, "requests": {"cpu": "50m", "memory": "10Mi"}},
-        "command": ["sh", "-c", "until nslookup {{.MasterAddr}}; do echo waiting for master; sleep 2; done;"],
+        "command": ["sh", "-c", "err=1; for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}}; then err=0; break; "
+                               "fi; echo waiting for master; sleep 2; done; exit $err"],
         "securityContext": pods.executor_security_context(),
     }]
