@@ -5,13 +5,14 @@
 The values are the chart's defaults (charts/mass-jobs/values.yaml) with each file merged over them,
 as `helm install -f` merges. Each check gives a value, the limit it must keep and a verdict; a
 failing one is also a SpecIssue naming the spec field (exit 2). The `validate` step of every
-`mass-cycle` runs the same checks with the values the chart gave it (`cluster_issues`).
+`mass-cycle` runs the same checks with the values the chart gave it (`--chart-value`, `cluster_issues`).
 
 What is checked, and why it would fail on a cluster:
 - the store is in the artifact bucket (agent pods exchange episodes as Argo S3 artifacts), at the
   chart's S3 endpoint (step pods get it as AWS_ENDPOINT_URL), which is a host, not a URL;
 - context length and output tokens fit vLLM's `--max-model-len` (vLLM rejects longer requests);
-- the tool-call parser is the one the chart gives vLLM (another one leaves calls unparsed);
+- the tool-call and reasoning parsers are the ones the chart gives vLLM (another tool-call parser
+  leaves calls unparsed; another reasoning parser leaves the thinking in the content);
 - judges are external endpoints whose key variables the judge Secret provides (the evaluate pod
   serves no model and gets only those keys), and `roles.*` endpoints, which agent pods cannot
   reach (their egress is DNS, the predictor, the apiserver and S3);
@@ -20,7 +21,12 @@ What is checked, and why it would fail on a cluster:
   generations chain recursively, search iterations too, under about eight levels of cycle steps;
 - what a step pod cannot do: panel checkpoint selection (it would serve models in a 1-CPU pod),
   a chat template file (KServe serves `model.base` as stored), a model base that is no s3:// URI
-  or hub id.
+  or hub id;
+- the trainer job the spec's `sft.replicas` and `sft.gpus_per_replica` render passes the training
+  operator's webhook (one replica: the Master alone), and GPU jobs may run at all;
+- with the model's config (`--config`, or a local model.base), the ephemeral storage of the pods
+  that download the weights holds them: the predictor and each trainer replica one copy, merge the
+  base and the merged copy (10% headroom).
 """
 
 from __future__ import annotations
@@ -81,12 +87,57 @@ def _get(values: dict, dotted: str):
     return node
 
 
+_LISTS = {"judges.keys"}
+_INTS = {"model.maxModelLen", "agent.activeDeadlineSeconds", "gpu.concurrentJobs"}
+
+
+def parse_chart_values(items) -> dict:
+    """`--chart-value KEY=VALUE` items (dotted keys) as nested values (ValueError naming a bad one)."""
+    out: dict = {}
+    for item in items or ():
+        key, sep, value = str(item).partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ValueError(f"expected KEY=VALUE with a dotted chart key (model.toolCallParser=hermes), found {item!r}")
+        if key in _INTS:
+            try:
+                value = int(value)
+            except ValueError:
+                raise ValueError(f"{key}: expected an integer, found {value!r}") from None
+        elif key in _LISTS:
+            value = [v for v in value.split(",") if v]
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def model_config(spec, config: str | None):
+    """The model's config for the storage checks: `config`, else a local model.base's; None when
+    neither is given (the checks that need it are left out of the table)."""
+    from mass_jobs.planning.memory import load_config
+
+    if config is None and not (Path(spec.model.base) / "config.json").is_file():
+        return None
+    return load_config(spec, config)
+
+
+def model_bytes(spec, config) -> int:
+    """Bytes of the model's weights in the spec's dtype (from the config, no weights read)."""
+    from mass_jobs.planning.memory import meta_model
+
+    per = {"bfloat16": 2, "float16": 2, "float32": 4}.get(spec.model.dtype, 2)
+    return sum(p.numel() for p in meta_model(config).parameters()) * per
+
+
 def recursion_depth(spec) -> int:
     return (spec.generations - 1) + CYCLE_DEPTH + spec.search.iterations
 
 
-def checks(spec, values: dict) -> list[Check]:
-    """Every check whose chart value is known (a partial `values` skips the others)."""
+def checks(spec, values: dict, config=None) -> list[Check]:
+    """Every check whose chart value is known (a partial `values` skips the others); `config`, the
+    model's, adds the storage checks."""
     out: list[Check] = []
 
     def add(name, value, limit, ok, path, why=""):
@@ -123,6 +174,12 @@ def checks(spec, values: dict) -> list[Check]:
         mine = spec.execution.vllm.tool_call_parser
         add("tool-call parser", mine, parser, mine == parser, "$.execution.vllm.tool_call_parser",
             f"expected the chart's vLLM tool-call parser {parser!r} (chart value model.toolCallParser), found {mine!r}")
+    reasoning = _get(values, "model.reasoningParser")
+    if reasoning is not None:
+        mine = spec.execution.vllm.reasoning_parser
+        add("reasoning parser", mine, reasoning, mine == reasoning, "$.execution.vllm.reasoning_parser",
+            f"expected the chart's vLLM reasoning parser {reasoning!r} (chart value model.reasoningParser), "
+            f"found {mine!r}")
     keys = _get(values, "judges.keys")
     for i, judge in enumerate(spec.judges):
         if bucket is not None:
@@ -165,7 +222,41 @@ def checks(spec, values: dict) -> list[Check]:
         add("model base downloadable", base, "s3:// URI or hub id", base.startswith("s3://") or looks_like_hub_id(base),
             "$.model.base", f"expected an s3:// URI or a hub id 'org/name[@revision]' a cluster can download, "
             f"found {base!r}")
+        refused = trainer_webhook_errors(spec)
+        add("trainer job admitted", f"{spec.sft.replicas} replica(s) x {spec.sft.gpus_per_replica} GPU(s)",
+            "the operator's webhook", not refused, "$.sft.replicas",
+            "expected a PyTorchJob the training operator's webhook admits: " + "; ".join(refused))
+    jobs = _get(values, "gpu.concurrentJobs")
+    if jobs is not None:
+        add("GPU jobs at once", jobs, ">= 1", int(jobs) >= 1, "values gpu.concurrentJobs",
+            f"expected at least 1 GPU job at once (chart value gpu.concurrentJobs), found {jobs}: train never starts")
+    if config is not None:
+        from mass_jobs.memory_cgroup import quantity_bytes
+
+        size = model_bytes(spec, config)
+        for pod, copies in (("server", 1), ("trainer", 1), ("merge", 2)):
+            eph = _get(values, f"resources.{pod}.ephemeralStorage")
+            if eph is None:
+                continue
+            need = int(size * copies * 1.1)
+            add(f"{pod} ephemeral storage", eph, f">= {need / 2**30:.0f}Gi ({copies} x {size / 1e9:.1f} GB)",
+                quantity_bytes(eph) >= need, f"values resources.{pod}.ephemeralStorage",
+                f"expected at least {need / 2**30:.0f}Gi for {copies} cop{'y' if copies == 1 else 'ies'} of the "
+                f"{size / 1e9:.1f} GB model (chart value resources.{pod}.ephemeralStorage), found {eph}")
     return out
+
+
+def trainer_webhook_errors(spec) -> list[str]:
+    """What the training operator's webhook says of the PyTorchJob this spec's sft renders."""
+    from mass_jobs.k8s import training
+    from mass_jobs.k8s.schemas import webhook_errors
+    from mass_jobs.k8s.settings import ClusterSettings
+
+    workers = spec.sft.replicas - 1
+    job = training.pytorch_job(ClusterSettings(), training.job_name(spec.name, "0"), ["train"], {},
+                               workers=workers if workers > 0 else None,
+                               nproc=str(max(1, spec.sft.gpus_per_replica)), gpus=str(spec.sft.gpus_per_replica))
+    return webhook_errors(job)
 
 
 def issues(found: list[Check]) -> list:

@@ -129,7 +129,7 @@ def test_gpu_cluster_values_reach_the_jobs():
         "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "2", "ephemeral-storage": "80Gi"}
     model = isvc["spec"]["predictor"]["model"]
     assert model["resources"]["limits"]["nvidia.com/gpu"] == "2" and "--max-model-len=262144" in model["args"]
-    assert _by(objs, "ConfigMap", "mass-semaphores")["data"] == {"gpu-jobs": "4"}
+    assert _by(objs, "ConfigMap", "mass-semaphores")["data"] == {"gpu-jobs": "4", "agent-pods": "16"}
     cron = _by(objs, "CronWorkflow", "mass-nightly")
     assert cron["spec"]["schedules"] == ["0 2 * * *", "0 14 * * *"] and cron["spec"]["suspend"] is False
     assert cron["spec"]["workflowSpec"]["arguments"]["parameters"][1] == {"name": "run", "value": "paper-nightly"}

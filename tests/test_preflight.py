@@ -91,6 +91,9 @@ def small(**changes) -> object:
     ({"store__endpoint_url": "http://minio.lab:9000"}, {}, "$.store.endpoint_url",
      "expected the chart's S3 endpoint 'https://s3.amazonaws.com'"),
     ({"store__uri": "s3://other-bucket/run"}, {}, "$.store.uri", "bucket 'other-bucket'"),
+    ({"execution__vllm__reasoning_parser": "deepseek_r1"}, {}, "$.execution.vllm.reasoning_parser",
+     "expected the chart's vLLM reasoning parser 'qwen3' (chart value model.reasoningParser)"),
+    ({}, {"gpu": {"concurrentJobs": 0}}, "values gpu.concurrentJobs", "train never starts"),
 ])
 def test_each_check_fails_naming_the_field(changes, values, path, needle):
     found = preflight.checks(small(**changes), preflight.merge(preflight.load_values([]), values))
@@ -112,6 +115,64 @@ def test_the_validate_step_of_a_cycle_runs_the_same_checks():
     paths = {i.path for i in cluster_issues(deep, "mass-jobs", 32768)}
     assert {"$.search.iterations", "$.sft.checkpoint_selection"} <= paths
     assert cluster_issues(small(), "mass-jobs", 32768) == []
+
+
+def test_the_validate_step_gets_every_chart_value_the_preflight_reads():
+    """The cycle's validate step hands the preflight the chart's values (--chart-value): parsed,
+    they are the chart's defaults, and a spec they cannot serve fails there as in the preflight."""
+    cycle = next(d for d in yaml.safe_load_all((ROOT / "argo" / "mass-cycle.yaml").read_text())
+                 if d and d["kind"] == "WorkflowTemplate")
+    args = next(t for t in cycle["spec"]["templates"] if t["name"] == "validate")["container"]["args"]
+    given = preflight.parse_chart_values(a.split("=", 1)[1] for a in args if a.startswith("--chart-value="))
+    defaults = preflight.load_values([])
+    assert given == {"model": {k: defaults["model"][k] for k in ("toolCallParser", "reasoningParser")},
+                     "agent": {"activeDeadlineSeconds": defaults["agent"]["activeDeadlineSeconds"]},
+                     "judges": {"keys": defaults["judges"]["keys"]}}
+    spec = small(execution__vllm__reasoning_parser="deepseek_r1", execution__limits__wall_s=4000,
+                 judges=[{"name": "j", "endpoint": "https://j.example.com/v1", "model": "m", "api_key_env": "MINE"}])
+    paths = {i.path for i in cluster_issues(spec, "mass-jobs", 32768,
+                                            [a.split("=", 1)[1] for a in args if a.startswith("--chart-value=")])}
+    assert {"$.execution.vllm.reasoning_parser", "$.execution.limits.wall_s", "$.judges[0].api_key_env"} <= paths
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        preflight.parse_chart_values(["model.toolCallParser"])
+    with pytest.raises(ValueError, match="agent.activeDeadlineSeconds: expected an integer"):
+        preflight.parse_chart_values(["agent.activeDeadlineSeconds=soon"])
+
+
+def test_model_size_against_the_pods_ephemeral_storage(capsys):
+    """From the model's config (no weights): a 27B bf16 model needs 54 GB where it is downloaded."""
+    paper = ROOT / "examples" / "paper.yaml"
+    config = ROOT / "examples" / "qwen3.5-27b-config.json"
+    values = [str(CHART / "ci" / "paper-values.yaml")]
+    assert mass(["validate", str(paper), "--values", *values, "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "merge ephemeral storage" in out and "2 x 53.8 GB" in out
+    spec = load_spec(paper)
+    found = preflight.checks(spec, preflight.merge(preflight.load_values(values),
+                                                   {"resources": {"merge": {"ephemeralStorage": "100Gi"}}}),
+                             preflight.model_config(spec, str(config)))
+    failing = [c for c in found if not c.ok]
+    assert [c.path for c in failing] == ["values resources.merge.ephemeralStorage"]
+    assert "expected at least 110Gi for 2 copies of the 53.8 GB model" in failing[0].why
+    # without a config (a hub id base), the storage rows are left out rather than guessed
+    assert not [c for c in preflight.checks(spec, preflight.load_values(values)) if "ephemeral" in c.name]
+
+
+def test_the_trainer_job_check_runs_the_operators_webhook(monkeypatch):
+    from mass_jobs.k8s import training
+
+    for replicas in (1, 2, 3):
+        assert preflight.trainer_webhook_errors(small(sft__replicas=replicas)) == []
+    real = training.pytorch_job
+
+    def zero_workers(*a, **kw):  # what an older renderer made of one replica
+        job = real(*a, **{**kw, "workers": 0})
+        return job
+
+    monkeypatch.setattr(training, "pytorch_job", zero_workers)
+    found = preflight.checks(small(sft__replicas=1), preflight.load_values([]))
+    (bad,) = [c for c in found if not c.ok]
+    assert bad.path == "$.sft.replicas" and "Worker replicas must be at least 1, got 0" in bad.why
 
 
 def test_values_files_merge_over_the_chart_defaults_and_bad_files_are_named(tmp_path, capsys):

@@ -31,9 +31,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-model-len", type=int, metavar="N",
                         help="the model server's --max-model-len: the spec's sampling.context_length and "
                              "max_output_tokens must fit it (vLLM rejects longer requests)")
+    parser.add_argument("--chart-value", action="append", default=[], metavar="KEY=VALUE",
+                        help="a chart value the cluster runs with (dotted key, e.g. model.toolCallParser=hermes; "
+                             "a list comma-separated): the preflight checks the spec against it; repeatable")
+    parser.add_argument("--config", metavar="CONFIG.json",
+                        help="with --values: the model's config.json (or a model dir), to check the pods' "
+                             "ephemeral storage against the model's size; default: model.base when local")
 
 
-def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None) -> list:
+def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None, chart_values=()) -> list:
     """What a spec asks that the cluster it is submitted to cannot give (SpecIssue each): the
     preflight's checks (mass_jobs/preflight.py) for the chart values the validate step is given,
     and the store endpoint its own pod sees."""
@@ -42,11 +48,11 @@ def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None)
     from mass_jobs import preflight
     from mass_jobs.spec import SpecIssue
 
-    values: dict = {}
+    values: dict = preflight.parse_chart_values(chart_values)
     if artifact_bucket is not None:
-        values["s3"] = {"bucket": artifact_bucket}
+        values = preflight.merge(values, {"s3": {"bucket": artifact_bucket}})
     if max_model_len is not None:
-        values["model"] = {"maxModelLen": max_model_len}
+        values = preflight.merge(values, {"model": {"maxModelLen": max_model_len}})
     issues = preflight.issues(preflight.checks(spec, values))
     # Step pods reach the store at the chart's endpoint (env AWS_ENDPOINT_URL / AWS_REGION); a spec
     # that names another one would read and write a different store than Argo's artifacts.
@@ -127,6 +133,13 @@ def main(args) -> int:
     unfit = local_fitness_issues(spec)
     if unfit:
         raise SpecError(args.spec, unfit)
+    from mass_jobs import preflight
+    from mass_jobs.spec import SpecIssue
+
+    try:
+        preflight.parse_chart_values(args.chart_value)
+    except ValueError as err:
+        raise SpecError(args.spec, [SpecIssue("--chart-value", str(err))], what="arguments") from None
     if args.outputs:
         from mass_jobs.context import RunContext
         from mass_jobs.spec import SpecIssue
@@ -137,7 +150,7 @@ def main(args) -> int:
             issues.append(SpecIssue("--gen", f"expected 0..{spec.generations} (generations), found {args.gen}"))
         if not spec.store.uri.startswith("s3://"):
             issues.append(SpecIssue("$.store.uri", f"expected an s3:// URI for Argo outputs, found {spec.store.uri!r}"))
-        issues += cluster_issues(spec, args.artifact_bucket, args.max_model_len)
+        issues += cluster_issues(spec, args.artifact_bucket, args.max_model_len, args.chart_value)
         if args.run is not None and args.run != spec.name:
             issues.append(SpecIssue("--run", f"expected the spec's name {spec.name!r} (argo submit -p run=...), "
                                              f"found {args.run!r}"))
@@ -157,12 +170,16 @@ def main(args) -> int:
             values = preflight.load_values(args.values)
         except ValueError as err:
             raise SpecError(args.spec, [SpecIssue("--values", str(err))], what="arguments") from None
-        found = preflight.checks(spec, values)
+        try:
+            config = preflight.model_config(spec, args.config)
+        except ValueError as err:
+            raise SpecError(args.spec, [SpecIssue("--config", str(err))], what="arguments") from None
+        found = preflight.checks(spec, values, config)
         print(preflight.table(found))
         if preflight.issues(found):
             raise SpecError(args.spec, preflight.issues(found), what="run spec for this cluster")
-    elif args.artifact_bucket or args.max_model_len:
-        issues = cluster_issues(spec, args.artifact_bucket, args.max_model_len)
+    elif args.artifact_bucket or args.max_model_len or args.chart_value:
+        issues = cluster_issues(spec, args.artifact_bucket, args.max_model_len, args.chart_value)
         if issues:
             raise SpecError(args.spec, issues)
     if not args.quiet:

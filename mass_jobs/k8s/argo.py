@@ -33,7 +33,7 @@ from mass_jobs.context import RunContext
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import manifests as K
 from mass_jobs.k8s import pods, serving, training
-from mass_jobs.k8s.settings import ClusterSettings
+from mass_jobs.k8s.settings import ClusterSettings, helm
 from mass_jobs.k8s.yamlio import _Dumper
 
 CYCLE = "mass-cycle"
@@ -241,6 +241,9 @@ class _Builder:
                            m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR),
                            m.VolumeMount(name="qwen", mount_path=QWEN_DIR)],
             active_deadline_seconds=s.agent_deadline_s,
+            # a fan-out's parallelism bounds one task's rollouts; this bounds them all (agent.parallelism)
+            synchronization=m.Synchronization(semaphores=[m.SemaphoreRef(
+                config_map_key_ref=m.ConfigMapKeySelector(name=K.SEMAPHORES, key=K.AGENT_SEMAPHORE_KEY))]),
             automount_service_account_token=False,
             labels=L.pod_labels(K.AGENT_STEP, gen=GEN, task=TASK, episode="{{inputs.parameters.label}}"),
             annotations={f"{L.PREFIX}/spec": SPEC},
@@ -352,12 +355,21 @@ class _Builder:
         names = {**VALIDATE_OUTPUTS, **{P.done_output(sd.name): P.done_output(sd.name) for sd in self.steps
                                          if sd.scope != "run"}}
         outputs = [Parameter(name=k, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{f}")) for k, f in names.items()]
-        # The chart's artifact bucket and vLLM max model length: validate refuses a spec they cannot serve.
+        # The chart's values the preflight checks: validate refuses a spec the cluster cannot run.
+        chart = [f"--chart-value={key}={value}" for key, value in self.chart_values().items()]
         return self.step("validate", ["validate", SPEC, "--gen", GEN, "--outputs", OUTPUTS_DIR, "--run", RUN_ID,
                                       "--artifact-bucket", self.s.bucket,
                                       # one argument: the chart's value is an unquoted Helm action
-                                      f"--max-model-len={self.s.max_model_len}"],
+                                      f"--max-model-len={self.s.max_model_len}", *chart],
                          outputs=outputs)
+
+    def chart_values(self) -> dict[str, str]:
+        """Chart values (dotted keys) the validate step hands the preflight (mass_jobs/preflight.py)."""
+        s = self.s
+        keys = helm('join "," .Values.judges.keys') if s.chart else ",".join(s.judge_keys)
+        return {"model.toolCallParser": s.tool_call_parser, "model.reasoningParser": s.reasoning_parser,
+                "agent.activeDeadlineSeconds": helm(".Values.agent.activeDeadlineSeconds") if s.chart
+                else s.agent_deadline_s, "judges.keys": keys}
 
     def templates_of(self, sd: P.StepDef) -> None:
         """The templates of one table step (they register with the enclosing WorkflowTemplate)."""

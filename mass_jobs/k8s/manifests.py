@@ -17,6 +17,7 @@ ARTIFACT_REPOSITORIES = "artifact-repositories"
 ARTIFACT_KEY = "default-v1"
 SEMAPHORES = "mass-semaphores"
 GPU_SEMAPHORE_KEY = "gpu-jobs"
+AGENT_SEMAPHORE_KEY = "agent-pods"  # every agent pod of every run in the namespace (agent.parallelism)
 AGENT_POLICY = "mass-agent-egress"
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # The agent pods' step label: the NetworkPolicy selects on it.
@@ -164,7 +165,7 @@ def artifact_repositories(s: ClusterSettings) -> dict:
 
 def semaphores(s: ClusterSettings) -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(SEMAPHORES, s, "semaphores"),
-            "data": {GPU_SEMAPHORE_KEY: s.gpu_jobs}}
+            "data": {GPU_SEMAPHORE_KEY: s.gpu_jobs, AGENT_SEMAPHORE_KEY: s.agent_pods}}
 
 
 def secret_templates(s: ClusterSettings) -> list[dict]:

@@ -34,10 +34,10 @@ def openai_base_url(name: str, namespace: str, cluster_domain: str = "cluster.lo
 def runtime_args(s: ClusterSettings, name: str, dtype: str) -> list[str]:
     """The KServe HuggingFace runtime's arguments: the served name, the vLLM backend and the engine
     arguments a local `vllm serve` gets too (`mass_jobs.backends.engine_args`)."""
-    from mass_jobs.backends import REASONING_PARSER, engine_args
+    from mass_jobs.backends import engine_args
 
     return [f"--model_name={name}", "--backend=vllm",
-            *engine_args(tool_call_parser=s.tool_call_parser, reasoning_parser=REASONING_PARSER,
+            *engine_args(tool_call_parser=s.tool_call_parser, reasoning_parser=s.reasoning_parser,
                          max_model_len=s.max_model_len, dtype=dtype)]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from mass_jobs.backends import TOOL_CALL_PARSER
+from mass_jobs.backends import REASONING_PARSER, TOOL_CALL_PARSER
 
 
 def helm(expr: str) -> str:
@@ -72,8 +72,10 @@ class ClusterSettings:
     dns_peers: tuple | str = ()  # NetworkPolicy peers of the cluster DNS (default: kube-dns in kube-system)
     max_model_len: str = "32768"
     tool_call_parser: str = TOOL_CALL_PARSER  # the local vllm backend default too
+    reasoning_parser: str = REASONING_PARSER
     agent_deadline_s: str = "4200"  # > the default episode wall_s (3600): the harness times out first
-    agent_parallelism: int | str = 16  # agent pods of one generation at once (they share one predictor)
+    agent_parallelism: int | str = 16  # a fan-out's agent pods at once (an integer field of its template)
+    agent_pods: str = "16"  # the same value as the agent-pods semaphore: agent pods at once in the namespace
     serve_deadline_s: str = "3600"  # the InferenceService must be Loaded within this
     train_deadline_s: str = "172800"  # one PyTorchJob attempt (resumes from its last checkpoint on retry)
     schedules: tuple[str, ...] = ("0 3 * * 1",)
@@ -153,8 +155,10 @@ def helm_settings() -> ClusterSettings:
         dns_peers=helm_yaml(f"{v}.network.dns.to"),
         max_model_len=helm(f"{v}.model.maxModelLen"),  # inside an argument string: no quote
         tool_call_parser=helm(f"{v}.model.toolCallParser"),
+        reasoning_parser=helm(f"{v}.model.reasoningParser"),
         agent_deadline_s=helm(f"{v}.agent.activeDeadlineSeconds | quote"),
         agent_parallelism=helm(f"{v}.agent.parallelism"),
+        agent_pods=helm(f"{v}.agent.parallelism | quote"),
         serve_deadline_s=helm(f"{v}.model.readyDeadlineSeconds | quote"),
         train_deadline_s=helm(f"{v}.resources.trainer.activeDeadlineSeconds | quote"),
         schedules=helm_yaml(f"{v}.cron.schedules"),
@@ -212,6 +216,7 @@ def values_settings(values: dict) -> ClusterSettings:
         server=pod("server", gpu=True), trainer=pod("trainer"),
         cluster_domain=str(get("clusterDomain")), dns_peers=tuple((net.get("dns") or {}).get("to") or ()),
         max_model_len=str(get("model.maxModelLen")), tool_call_parser=get("model.toolCallParser"),
+        reasoning_parser=get("model.reasoningParser"), agent_pods=str(get("agent.parallelism")),
         agent_deadline_s=str(get("agent.activeDeadlineSeconds")), agent_parallelism=int(get("agent.parallelism")),
         serve_deadline_s=str(get("model.readyDeadlineSeconds")),
         train_deadline_s=str(get("resources.trainer.activeDeadlineSeconds")),
