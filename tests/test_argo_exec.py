@@ -20,6 +20,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -500,10 +501,11 @@ def chart_docs(values: dict | None = None) -> list[dict]:
 
 def cluster_docs(s3: dict) -> list[dict]:
     """What `helm install -f values.yaml` puts in the cluster, with this S3 (moto) as the `s3.*` values:
-    the WorkflowTemplates (the files in argo/ are this chart rendered with its defaults) and ConfigMaps."""
+    the WorkflowTemplates (the files in argo/ are this chart rendered with its defaults), ConfigMaps
+    and the NetworkPolicies (the executor holds the agent pods to them)."""
     host = s3["endpoint_url"].removeprefix("http://")
     docs = chart_docs({"s3": {"bucket": s3["bucket"], "endpoint": host, "insecure": True, "region": s3["region"]}})
-    return [d for d in docs if d["kind"] in ("WorkflowTemplate", "ConfigMap")]
+    return [d for d in docs if d["kind"] in ("WorkflowTemplate", "ConfigMap", "NetworkPolicy")]
 
 
 def test_argo_files_are_the_chart_rendered_with_defaults():
@@ -713,8 +715,10 @@ def run_agent_episode(executor_for, name: str, inp, seed: Path):
     args = {"gen": "0", "task": "t", "label": "ep-0", "rollout": rollout, "store-prefix": prefix}
     main = {"name": "main", "steps": [[{"name": "agent", "template": "agent-episode", "arguments": {
         "parameters": [{"name": k, "value": v} for k, v in args.items()]}}]]}
+    semaphores = load_documents([REPO / "manifests" / "semaphores.yaml"])  # every agent pod takes agent-pods
     ex = executor_for(wft(name, [main, agent], params=("spec", "run"),
-                          securityContext=cycle["spec"]["securityContext"], automountServiceAccountToken=False))
+                          securityContext=cycle["spec"]["securityContext"], automountServiceAccountToken=False),
+                      *semaphores)
     repo = ex._repository("artifact-repositories", "default-v1")
     client = repo.client()
     client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/episode.json",
@@ -1023,6 +1027,13 @@ def test_task_that_did_not_beat_its_reference_is_skipped_without_failing(cluster
     assert all("no training windows" in n.log.read_text() for n in wf.failures())
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 @pytest.mark.slow
 def test_stopped_during_training_resubmitted_resumes_from_checkpoint(cluster):
     # enough steps after the first checkpoint that the stop lands mid-training on an idle machine too
@@ -1036,9 +1047,14 @@ def test_stopped_during_training_resubmitted_resumes_from_checkpoint(cluster):
     ex.stop(first)  # argo stop: the waiter ends, the exit handler deletes the InferenceService
     first.done.wait()
     assert first.phase == "Failed" and first.find(template="delete-model")
-    # the stopped workflow is not deleted: its PyTorchJob trains on, as on a cluster
+    # the stopped workflow is not deleted: its PyTorchJob trains on, as on a cluster. Frozen here
+    # (every process of its containers' cgroups), so it is still mid-training when the run is
+    # resubmitted, as a long training would be
     job = f"mass-{run}-g0-train"
     assert list(ex.cluster.objects) == [("PyTorchJob", job)]
+    frozen = [pid for h in ex.cluster.procs[("PyTorchJob", job)] for pid in h.pod.cgroup.pids()]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
     import boto3
 
     s3 = cluster["s3"]
@@ -1053,6 +1069,7 @@ def test_stopped_during_training_resubmitted_resumes_from_checkpoint(cluster):
     # one writer: the resubmitted run's train step deleted the old job (its pods gone) before its own
     jobs = [e for e in ex.cluster.events if e.endswith(f"PyTorchJob/{job}")]
     assert jobs == [f"create PyTorchJob/{job}", f"delete PyTorchJob/{job}", f"create PyTorchJob/{job}"], jobs
+    assert frozen and not [pid for pid in frozen if _alive(pid)]  # the old job's processes are gone
     after = {o["Key"]: (o["ETag"], o["LastModified"])
              for o in client.list_objects_v2(Bucket=s3["bucket"], Prefix=prefix)["Contents"]}
     assert {k: after[k] for k in stored} == stored  # resumed: what was stored before the stop is untouched

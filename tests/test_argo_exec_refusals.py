@@ -9,6 +9,7 @@ the kernel on the whole process tree.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -258,3 +259,118 @@ def test_a_background_delete_returns_while_the_jobs_pods_still_run(executor_for,
         assert alive == [True, True]  # background: the object is gone, its Master still runs
         time.sleep(GC_DELAY_S + 2)
         assert [p.proc.poll() is None for p in pods] == [False, False]
+
+
+# ---------------------------------------------------------------- NetworkPolicy
+
+def test_a_network_policy_holds_the_pods_it_selects(executor_for):
+    """An agent-like pod (selected) reaches the allowed service and nothing else, the host's own
+    loopback servers included; a pod no policy selects reaches both."""
+    import http.server
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *a):
+            pass
+
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok) for _ in range(2)]
+    for srv in servers:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    model, other = (srv.server_address[1] for srv in servers)
+    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "agent-egress"},
+              "spec": {"podSelector": {"matchLabels": {"role": "agent"}}, "policyTypes": ["Ingress", "Egress"],
+                       "ingress": [], "egress": [{"to": [{"podSelector": {"matchLabels": {"role": "model"}}}],
+                                                  "ports": [{"port": 8080, "protocol": "TCP"}]}]}}
+    probe = ("for url in http://model-predictor.mass-jobs.svc.cluster.local/ http://127.0.0.1:%d/; do "
+             "python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' $url "
+             "&& echo reached >> /tmp/r || echo failed >> /tmp/r; done" % other)
+    pod = {"container": container(probe), "volumes": VOL,
+           "outputs": {"parameters": [{"name": "r", "valueFrom": {"path": "/tmp/r"}}]}}
+    templates = [{"name": "main", "steps": [[{"name": "agent", "template": "agent"}, {"name": "step", "template": "step"}]]},
+                 {"name": "agent", "metadata": {"labels": {"role": "agent"}}, **pod},
+                 {"name": "step", "metadata": {"labels": {"role": "step"}}, **pod}]
+    host = "model-predictor.mass-jobs.svc.cluster.local"
+
+    def run(policy_doc) -> dict[str, list[str]]:
+        ex = executor_for(wft("np", templates), policy_doc)
+        ex.cluster.services[host] = model
+        ex.cluster.service_pods[host] = ({"role": "model"}, 8080)
+        wf = ex.submit("np", {})
+        assert wf.phase == "Succeeded", wf.summary()
+        return {n.template: n.outputs["r"].split() for n in wf.find(type="Pod")}
+
+    try:
+        assert run(policy) == {"agent": ["reached", "failed"], "step": ["reached", "reached"]}
+        # with the model's port left out of the policy the agent pod reaches nothing
+        policy["spec"]["egress"][0]["ports"] = [{"port": 9999, "protocol": "TCP"}]
+        assert run(policy) == {"agent": ["failed", "failed"], "step": ["reached", "reached"]}
+    finally:
+        for srv in servers:
+            srv.shutdown()
+            srv.server_close()
+
+
+def test_the_agent_pods_of_the_chart_are_held_by_its_policies():
+    """The policies the chart renders select the agent pods (and only them) and allow the
+    predictor's pods on 8080: the executor enforces exactly these on every agent pod of a run."""
+    import yaml
+
+    from tests.fixtures.argo_exec.network import Policies
+    from tests.test_argo_exec import chart_docs
+
+    docs = chart_docs()
+    policies = Policies(docs, "mass-jobs")
+    cycle = next(d for d in docs if d["kind"] == "WorkflowTemplate" and d["metadata"]["name"] == "mass-cycle")
+    held = sorted(t["name"] for t in cycle["spec"]["templates"]
+                  if policies.egress((t.get("metadata") or {}).get("labels") or {}) is not None)
+    assert held == ["agent-episode"]
+    agent = next(t for t in cycle["spec"]["templates"] if t["name"] == "agent-episode")
+    rules = policies.egress(agent["metadata"]["labels"])
+    serve = next(t for t in cycle["spec"]["templates"] if t["name"] == "serve-model")
+    predictor = yaml.safe_load(serve["resource"]["manifest"])["spec"]["predictor"]["labels"]
+    assert policies.allows(rules, predictor, 8080) and not policies.allows(rules, predictor, 9000)
+    step = next(t for t in cycle["spec"]["templates"] if t["name"] == "validate")
+    assert not policies.allows(rules, step["metadata"]["labels"], 8080)  # no other pod of the cycle
+
+
+# ---------------------------------------------------------------- unresolved at run time
+
+def test_a_skipped_steps_output_is_a_hang_not_an_error(executor_for):
+    """argo lint accepts it (the step is earlier); at run time the skipped step has no outputs and
+    the controller requeues forever. The executor reports the hang; a default resolves it."""
+    def templates(default: bool):
+        out = {"name": "out", "valueFrom": {"path": "/tmp/o", **({"default": "none"} if default else {})}}
+        return [
+            {"name": "main", "steps": [[{"name": "maybe", "template": "emit", "when": "1 == 2"}],
+                                       [{"name": "use", "template": "echo", "arguments": {"parameters": [
+                                           {"name": "v", "value": "{{steps.maybe.outputs.parameters.out}}"}]}}]]},
+            {"name": "emit", "container": container("echo x > /tmp/o"), "volumes": VOL, "outputs": {"parameters": [out]}},
+            {"name": "echo", "inputs": {"parameters": [{"name": "v"}]}, "container": container("true"), "volumes": VOL}]
+
+    wf = executor_for(wft("hang", templates(False))).submit("hang", {})
+    assert wf.phase == "Hung" and "{{steps.maybe.outputs.parameters.out}}" in wf.message and "skipped" in wf.message
+    assert not wf.find(template="echo")
+    wf = executor_for(wft("hang", templates(True))).submit("hang", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    assert [n.inputs for n in wf.find(template="echo")] == [{"v": "none"}]
+
+
+def test_a_fanned_out_steps_status_is_its_groups(executor_for):
+    """After withParam, `steps.X.status` is the StepGroup's (Succeeded once the group passed, a
+    failed child under continueOn included): a template must not read it as a child's."""
+    templates = [
+        {"name": "main", "steps": [
+            [{"name": "each", "template": "code", "withItems": ["0", "1"], "continueOn": {"failed": True},
+              "arguments": {"parameters": [{"name": "c", "value": "{{item}}"}]}}],
+            [{"name": "after", "template": "echo", "arguments": {"parameters": [{"name": "v", "value": "{{steps.each.status}}"}]}}]]},
+        {"name": "code", "inputs": {"parameters": [{"name": "c"}]}, "container": container("exit {{inputs.parameters.c}}"),
+         "volumes": VOL},
+        {"name": "echo", "inputs": {"parameters": [{"name": "v"}]}, "container": container("true"), "volumes": VOL}]
+    wf = executor_for(wft("fan", templates)).submit("fan", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    assert sorted(n.phase for n in wf.find(template="code")) == ["Failed", "Succeeded"]
+    assert [n.inputs for n in wf.find(template="echo")] == [{"v": "Succeeded"}]
