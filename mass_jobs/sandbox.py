@@ -68,6 +68,7 @@ class SandboxLimits:
     memory_mb: int = 2048  # per process (RLIMIT_AS) and for the whole tree (PSS)
     file_size_mb: int = 256
     processes: int = 64  # RLIMIT_NPROC of the call's own uid
+    open_files: int = 1024  # RLIMIT_NOFILE per process: descriptors (socket pairs, memfds) are kernel memory too
     workspace_mb: int = 4096  # workspace quota, bytes (apparent size of all files)
     workspace_files: int = 100_000  # workspace quota, entries
     tmp_mb: int = 256  # size of each private tmpfs (/tmp, /dev/shm)
@@ -100,6 +101,9 @@ class SandboxLimits:
         return cls(**{**values, **overrides})
 
 
+MEMORY_LIMITS = ("cgroup v1", "cgroup v2", "sampled")  # SandboxResult.memory_limit
+
+
 @dataclass
 class SandboxResult:
     exit_code: int  # negative: killed by that signal (Popen convention)
@@ -113,6 +117,9 @@ class SandboxResult:
     applied: dict = field(default_factory=dict)
     note: str = ""
     truncated: bool = False
+    # what held the tree's memory: "cgroup v1" / "cgroup v2" (the kernel, every page of every
+    # process: page cache, memfds, socket buffers) or "sampled" (the supervisor's PSS samples)
+    memory_limit: str = "sampled"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -516,20 +523,28 @@ def _run(
         "RLIMIT_AS": [limits.memory_mb * mb if limits.limit_address_space else -1] * 2,  # -1: RLIM_INFINITY
         "RLIMIT_FSIZE": [limits.file_size_mb * mb] * 2,
         "RLIMIT_NPROC": [limits.processes] * 2,
+        "RLIMIT_NOFILE": [limits.open_files] * 2,
         "RLIMIT_CORE": [0, 0],
     }
     launch = {"argv": argv, "rlimits": rlimits, "uid": None if bwrap else uid, "cwd": str(workspace)}
+    cgroup = _memory_cgroup(limits, notes)
+    launcher = [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--launch", json.dumps(launch)]
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--launch", json.dumps(launch)],
-        cwd=workspace,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # own process group: the timeout kills all of it
-        close_fds=True,
-    )
+    try:
+        proc = subprocess.Popen(
+            cgroup.wrap(launcher) if cgroup else launcher,
+            cwd=workspace,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # own process group: the timeout kills all of it
+            close_fds=True,
+        )
+    except BaseException:
+        if cgroup is not None:
+            cgroup.remove()
+        raise
     sinks: dict[str, dict] = {"out": {}, "err": {}}
     readers = [
         threading.Thread(target=_reader, args=(proc.stdout, limits.output_bytes, sinks["out"]), daemon=True),
@@ -537,7 +552,12 @@ def _run(
     ]
     for t in readers:
         t.start()
-    reason, peak, why = _supervise(proc, workspace, limits, t0, sinks, stop)
+    reason, peak, why = _supervise(proc, workspace, limits, t0, sinks, stop, cgroup)
+    if cgroup is not None:
+        if cgroup.oom_kills() and reason is None:
+            reason, why = "memory_limit", f"the kernel's OOM killer ended the tree at its {limits.memory_mb} MB cgroup limit"
+        peak["mem"] = max(peak["mem"], cgroup.peak_bytes() / (1024 * 1024))
+        cgroup.remove()  # and with it anything of the tree still alive
     if why:
         notes.append(why)
     for t in readers:
@@ -574,6 +594,7 @@ def _run(
         stderr=err.decode("utf-8", "replace"),
         timed_out=timed_out,
         killed_reason=reason or _signal_reason(code, limits, peak),
+        memory_limit=f"cgroup v{cgroup.version}" if cgroup is not None else "sampled",
         network_isolated=bool(applied.get("network_namespace")),
         duration_s=round(duration, 4),
         applied=applied,
@@ -582,8 +603,23 @@ def _run(
     )
 
 
+def _memory_cgroup(limits: SandboxLimits, notes: list[str]):
+    """The call's memory cgroup (the kernel holds the whole tree to memory_mb), or None: then only
+    the supervisor's samples and RLIMIT_AS hold it, and a note says so."""
+    from mass_jobs.memory_cgroup import MemoryCgroup
+
+    try:
+        cgroup = MemoryCgroup.create("sandbox", limits.memory_mb * 1024 * 1024)
+    except OSError as exc:
+        notes.append(f"memory held by sampling only: no memory cgroup can be made ({exc.strerror or exc})")
+        return None
+    if cgroup is None:
+        notes.append("memory held by sampling only: no cgroup memory controller is mounted")
+    return cgroup
+
+
 def _supervise(proc: Any, workspace: Path, limits: SandboxLimits, t0: float, sinks: dict,
-               stop: threading.Event | None = None) -> tuple:
+               stop: threading.Event | None = None, cgroup=None) -> tuple:
     """Wait for the call, sampling its tree; kill it on the wall, CPU, memory, workspace or output
     limit. Returns (reason or None, peak usage, what was over)."""
     import subprocess
@@ -606,6 +642,8 @@ def _supervise(proc: Any, workspace: Path, limits: SandboxLimits, t0: float, sin
             reason = "wall_timeout"
         elif cpu > limits.cpu_s + 1:  # a tree of processes each under RLIMIT_CPU
             reason, why = "cpu_limit", f"tree used {cpu:.1f} CPU s, over {limits.cpu_s}"
+        elif cgroup is not None and cgroup.oom_kills():  # the kernel ended one process: end the tree
+            reason, why = "memory_limit", f"the kernel's OOM killer ended the tree at its {limits.memory_mb} MB cgroup limit"
         elif mem > limits.memory_mb:
             reason, why = "memory_limit", f"tree held {mem:.0f} MB, over {limits.memory_mb} MB"
         elif any(s.get("flood") for s in sinks.values()):

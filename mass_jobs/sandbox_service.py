@@ -111,7 +111,7 @@ class SandboxService:
             return {"tool_error": str(exc)}
         finally:
             self._reap_strays()
-        return {"text": out.text, "network_isolated": out.network_isolated}
+        return {"text": out.text, "network_isolated": out.network_isolated, "memory_limit": out.memory_limit}
 
     def shell(self, body: dict) -> dict:
         """A qwen-code shell command (its forwarding `bash`, mass_jobs/harness/qwen_shell.py) under
@@ -452,8 +452,11 @@ class SandboxClient:
                                              "timeout_s": timeout_s}, timeout_s=timeout_s + self.timeout_s)
         if "tool_error" in reply:
             raise ToolError(truncate(str(reply["tool_error"])))
-        isolated = reply.get("network_isolated")
-        return ToolRun(truncate(str(reply.get("text", ""))), isolated if isinstance(isolated, bool) else None)
+        from mass_jobs.sandbox import MEMORY_LIMITS
+
+        isolated, memory = reply.get("network_isolated"), reply.get("memory_limit")
+        return ToolRun(truncate(str(reply.get("text", ""))), isolated if isinstance(isolated, bool) else None,
+                       memory if memory in MEMORY_LIMITS else None)
 
     def check(self, check, limits: EpisodeLimits) -> tuple[int, str]:
         """A guard check (CheckCommand) in the sandbox's workspace: (exit code, detail)."""

@@ -65,6 +65,7 @@ class HarnessOutcome:
     network_isolated: bool
     sandbox_note: str
     final_report: str = ""
+    memory_limit: str | None = None  # what held the shell commands' memory, when any ran
 
 
 class EpisodeEndpointFile(Closed):
@@ -217,7 +218,8 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
         "counts": result.counts,
         "tokens": result.tokens,
         "timings": {"wall_s": round(time.monotonic() - started, 3)},
-        "sandbox": {"network_isolated": result.network_isolated, "note": result.sandbox_note},
+        "sandbox": {"network_isolated": result.network_isolated, "note": result.sandbox_note,
+                    **({"memory_limit": result.memory_limit} if result.memory_limit else {})},
     }
     try:
         validate_status(status)
@@ -299,9 +301,12 @@ def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path, sandbox
     except Exception as exc:  # a harness bug must still leave a classified status.json behind
         outcome, reason, report = "infra_error", f"harness error: {type(exc).__name__}: {exc}", ""
     t = harness.tally
+    memory = None
     if t.shell_calls:
         isolated = bool(t.network_isolated)
-        note = f"{t.shell_calls} shell command(s) ran sandboxed; network {'isolated' if isolated else 'NOT isolated'}"
+        memory = "sampled" if "sampled" in t.memory_limits or not t.memory_limits else sorted(t.memory_limits)[0]
+        note = (f"{t.shell_calls} shell command(s) ran sandboxed; network {'isolated' if isolated else 'NOT isolated'}; "
+                f"memory held by {'the kernel (' + memory + ')' if memory != 'sampled' else 'sampling the tree'}")
     else:
         isolated, note = _sandbox_capability()
     return HarnessOutcome(
@@ -318,6 +323,7 @@ def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path, sandbox
         network_isolated=isolated,
         sandbox_note=note,
         final_report=report,
+        memory_limit=memory,
     )
 
 

@@ -69,6 +69,7 @@ class Tally:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     network_isolated: bool | None = None
+    memory_limits: set = field(default_factory=set)  # what held each shell command's memory
     shell_calls: int = 0
 
 
@@ -236,6 +237,7 @@ class BuiltinHarness:
                     self.tally.shell_calls += 1
                     prev, now = self.tally.network_isolated, bool(out.network_isolated)
                     self.tally.network_isolated = now if prev is None else (prev and now)
+                    self.tally.memory_limits.add(out.memory_limit or "sampled")
                 return out.text, None
             raise T.ToolError(f"tool {name!r} has no implementation")
         except T.ToolError as exc:

@@ -273,6 +273,7 @@ class ShellOutcome:
     text: str
     ok: bool
     network_isolated: bool
+    memory_limit: str = "sampled"  # what held its memory (sandbox.SandboxResult.memory_limit)
 
 
 def shell(workspace: Path, args: dict[str, Any], limits: EpisodeLimits, timeout_s: float) -> ShellOutcome:
@@ -300,6 +301,7 @@ def shell(workspace: Path, args: dict[str, Any], limits: EpisodeLimits, timeout_
         text=truncate(text if ok else f"{ERROR_PREFIX} command failed\n{text}"),
         ok=ok,
         network_isolated=bool(result.network_isolated),
+        memory_limit=result.memory_limit,
     )
 
 
@@ -319,6 +321,7 @@ class ToolRun:
 
     text: str
     network_isolated: bool | None = None
+    memory_limit: str | None = None  # for `shell`: "cgroup v1" / "cgroup v2" (the kernel) or "sampled"
 
 
 def run_workspace_tool(workspace: Path, name: str, args: dict[str, Any], limits: EpisodeLimits, timeout_s: float) -> ToolRun:
@@ -333,6 +336,6 @@ def run_workspace_tool(workspace: Path, name: str, args: dict[str, Any], limits:
         return ToolRun(list_files(workspace, args))
     if name == "shell":
         out = shell(workspace, args, limits, timeout_s)
-        return ToolRun(out.text, out.network_isolated)
+        return ToolRun(out.text, out.network_isolated, out.memory_limit)
     raise ToolError(f"tool {name!r} is not a workspace tool")
 
