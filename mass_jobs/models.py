@@ -106,7 +106,10 @@ class Task(Closed):
 
 
 class TaskFile(Closed):
-    file: str = Field(min_length=1, description="Path relative to the spec (or an s3:// URI) of a task file.")
+    file: str = Field(min_length=1, description="Path relative to the spec (or an s3:// URI) of a task file: a "
+                      "regular file inside the spec's folder (links resolved) unless outside_spec_folder.")
+    outside_spec_folder: bool = Field(default=False, description="Read `file` although it lies outside the spec's "
+                                      "folder (an absolute path, '..', or a link out); still a regular file only.")
     format: Literal["mass", "upstream"] = Field(
         default="mass",
         description="'mass': a task document (YAML/JSON); 'upstream': MASS task text with an agent list.",

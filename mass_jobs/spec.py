@@ -14,6 +14,7 @@ downstream builds a RunSpec from raw input any other way.
 from __future__ import annotations
 
 import json
+import os
 import math
 import re
 from dataclasses import dataclass
@@ -366,17 +367,56 @@ def model_issues(model, document: Any) -> list[SpecIssue]:
     return []
 
 
-def _read_local(base: Path) -> Callable[[str], str]:
-    def read(ref: str) -> str:
-        return read_bounded(base / ref if not Path(ref).is_absolute() else Path(ref), ref)
+class TaskFileRefused(ValueError):
+    """A task file reference that is never read (outside the spec's folder, a special file): its
+    message names the reference, never the file's content."""
+
+
+def _read_local(base: Path) -> Callable[..., str]:
+    root = Path(os.path.realpath(base))
+
+    def read(ref: str, outside: bool = False) -> str:
+        path = Path(ref).expanduser()
+        path = path if path.is_absolute() else base / path
+        real = Path(os.path.realpath(path))
+        if not outside and not real.is_relative_to(root):
+            how = "a link out of it" if Path(os.path.abspath(path)).is_relative_to(root) else "a path outside it"
+            raise TaskFileRefused(f"expected a task file inside the spec's folder, found {ref!r} ({how}): copy it "
+                                  "there, or set outside_spec_folder: true next to `file:`")
+        return read_regular(real, ref)
 
     return read
 
 
-def _load_task_file(ref: TaskFile, index: int, read: Callable[[str], str]) -> tuple[Task | None, list[SpecIssue]]:
+def read_regular(path: Path, ref: str) -> str:
+    """A task file's text, read only when it is a regular file: a FIFO would block the read, a
+    device never end it."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                    "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                    else "a special file")
+            raise TaskFileRefused(f"expected a regular task file, found {ref!r}: {kind}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
+    finally:
+        os.close(fd)
+    return decode_bounded(data, ref)
+
+
+def _load_task_file(ref: TaskFile, index: int, read: Callable[..., str]) -> tuple[Task | None, list[SpecIssue]]:
     where = f"$.tasks[{index}].file"
     try:
-        text = read(ref.file)
+        text = read(ref.file, outside=True) if ref.outside_spec_folder else read(ref.file)
+    except TaskFileRefused as exc:
+        return None, [SpecIssue(where, str(exc))]
     except (OSError, LookupError) as exc:  # LookupError: the store's MissingKey (a task file not uploaded)
         at = f" at {exc.filename!r}" if isinstance(exc, OSError) and exc.filename else ""
         return None, [SpecIssue(where, f"expected a readable task file, found {ref.file!r}{at} ({exc.__class__.__name__})")]
@@ -622,7 +662,7 @@ def model_location_issues(document: Any, base: Path | None) -> list[SpecIssue]:
             if not bucket or not key.strip("/"):
                 out.append(SpecIssue(where, f"expected s3://bucket/key, found {value!r}"))
             continue
-        if base is None:
+        if base is None or not Path(value).parts:  # "" (or "."): the schema's minLength names it
             continue
         path = Path(value[len("file://"):] if value.startswith("file://") else value).expanduser()
         if path.is_absolute():
@@ -715,7 +755,7 @@ def _without_invalid(name: str, document: Any) -> tuple[Any, list[list]] | None:
     return doc, touched
 
 
-def later_stage_issues(document: Any, read: Callable[[str], str] | None) -> list[SpecIssue]:
+def later_stage_issues(document: Any, read: Callable[..., str] | None) -> list[SpecIssue]:
     """Task-file and cross-field issues of a document that failed the schema, found on the same
     document without its invalid values; issues about a sibling of a value that was left out are
     dropped (its default there would make them up)."""
@@ -768,7 +808,7 @@ def workspace_path_issues(task: Task, where: str) -> list[SpecIssue]:
 # ---------------------------------------------------------------- entry points
 
 
-def validate_document(document: Any, source: str = "<spec>", read: Callable[[str], str] | None = None,
+def validate_document(document: Any, source: str = "<spec>", read: Callable[..., str] | None = None,
                       base: Path | None = None) -> RunSpec:
     """Validate a parsed spec; raise SpecError listing every issue of every stage. `read` loads task
     files by reference; `base` (the spec's folder) is where local model directories are checked."""
@@ -790,7 +830,7 @@ def _in_order(issues: list[SpecIssue]) -> list[SpecIssue]:
     return sorted(unique.values(), key=lambda i: i.path)
 
 
-def _typed_stages(document: Any, read: Callable[[str], str] | None) -> tuple[RunSpec, list[SpecIssue]]:
+def _typed_stages(document: Any, read: Callable[..., str] | None) -> tuple[RunSpec, list[SpecIssue]]:
     """The stages after the schema: typed models, task files, cross-field rules (the task rules
     only when every task file loaded: with one missing they would misreport)."""
     spec = RunSpec.model_validate(document)
@@ -824,10 +864,13 @@ def load_spec(location: str | Path) -> RunSpec:
         store = open_store(parent)
         text = get_bounded(store, name, location)
 
-        def read(ref: str) -> str:
+        def read(ref: str, outside: bool = False) -> str:
             if ref.startswith("s3://"):
                 p, _, n = ref.rpartition("/")
                 return get_bounded(open_store(p), n, ref)
+            if Path(ref).is_absolute() or ".." in Path(ref).parts:
+                raise TaskFileRefused(f"expected a task file relative to the spec's S3 folder {parent + '/'!r} "
+                                      f"(or an s3:// URI), found the local path {ref!r}")
             return get_bounded(store, ref, ref)
 
     else:

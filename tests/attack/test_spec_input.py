@@ -17,7 +17,11 @@ from pathlib import Path
 
 import pytest
 
+import yaml
+
 from mass_jobs.cli import main as cli_main
+
+mass = cli_main
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = "{id: t, split: train, prompt: do it}"
@@ -327,3 +331,81 @@ def test_every_field_of_the_paper_spec_takes_any_value_without_a_crash(path):
             assert all(i.path.startswith("$") for i in err.issues)
             outcomes.add("refused")
     assert "refused" in outcomes  # every field rejects at least some of these
+
+
+# ---------------------------------------------------------------- task files: where and what they are
+
+def _task_spec(tmp_path, ref: dict) -> Path:
+    spec = tmp_path / "spec" / "run.yaml"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(yaml.safe_dump({"name": "t", "model": {"base": "org/model"}, "store": {"uri": "file://runs"},
+                                    "tasks": [ref, {"id": "b", "split": "train", "prompt": "do b"}]}))
+    return spec
+
+
+SECRET = "root:$6$never-echoed$abc:19000:0:99999:7:::\n"
+
+
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "symlink"])
+def test_a_task_file_outside_the_spec_folder_is_never_read(tmp_path, capsys, how):
+    secret = tmp_path / "shadow"
+    secret.write_text(SECRET)
+    folder = tmp_path / "spec"
+    folder.mkdir()
+    ref = {"absolute": str(secret), "dotdot": "../shadow", "symlink": "tasks/t.yaml"}[how]
+    if how == "symlink":
+        (folder / "tasks").mkdir()
+        (folder / "tasks" / "t.yaml").symlink_to(secret)
+    spec = _task_spec(tmp_path, {"file": ref})
+    assert mass(["validate", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "expected a task file inside the spec's folder" in err and "never-echoed" not in err
+    assert ("a link out of it" if how == "symlink" else "a path outside it") in err
+
+
+def test_a_fifo_or_a_device_as_a_task_file_is_refused_without_blocking(tmp_path, capsys):
+    import os
+
+    folder = tmp_path / "spec"
+    folder.mkdir()
+    os.mkfifo(folder / "t.yaml")  # opening it for reading would wait for a writer forever
+    (folder / "dev.yaml").symlink_to("/dev/zero")  # outside the folder: refused as that
+    (folder / "d.yaml").mkdir()
+    for ref, needle in (("t.yaml", "a FIFO"), ("d.yaml", "a directory"), ("dev.yaml", "a link out of it")):
+        spec = _task_spec(tmp_path, {"file": ref})
+        assert mass(["validate", str(spec)]) == 2
+        err = capsys.readouterr().err
+        assert needle in err, err
+    spec = _task_spec(tmp_path, {"file": "/dev/zero", "outside_spec_folder": True})
+    assert mass(["validate", str(spec)]) == 2
+    assert "expected a regular task file, found '/dev/zero': a device" in capsys.readouterr().err
+
+
+def test_outside_spec_folder_reads_a_regular_file_there(tmp_path, capsys):
+    task = tmp_path / "shared-task.yaml"
+    task.write_text(yaml.safe_dump({"id": "a", "split": "train", "prompt": "do a"}))
+    spec = _task_spec(tmp_path, {"file": str(task), "outside_spec_folder": True})
+    assert mass(["validate", str(spec)]) == 0, capsys.readouterr().err
+
+
+def test_an_s3_spec_with_a_local_task_path_is_an_error_not_a_traceback(s3_server, s3_env, monkeypatch, capsys):
+    import boto3
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
+    client = boto3.client("s3", endpoint_url=s3_server["endpoint_url"], region_name=s3_server["region"])
+    bucket = s3_server["bucket"]
+    client.put_object(Bucket=bucket, Key="specs/run.yaml", Body=yaml.safe_dump({
+        "name": "t", "model": {"base": "org/model"}, "store": {"uri": f"s3://{bucket}/runs"},
+        "tasks": [{"file": "/etc/passwd"}, {"file": "../x.yaml"}]}).encode())
+    assert mass(["validate", f"s3://{bucket}/specs/run.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("expected a task file relative to the spec's S3 folder") == 2
+
+
+def test_an_empty_model_base_is_named_not_a_crash(tmp_path, capsys):
+    spec = tmp_path / "run.yaml"
+    spec.write_text(yaml.safe_dump({"name": "t", "model": {"base": ""}, "store": {"uri": "file://runs"},
+                                    "tasks": [{"id": "a", "split": "train", "prompt": "do a"}]}))
+    assert mass(["validate", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "$.model.base" in err and "Traceback" not in err
