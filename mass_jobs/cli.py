@@ -155,12 +155,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mass {args.command}: {problem}", file=sys.stderr)
         return 2
     from mass_jobs.errors import StepFailed
+    from mass_jobs.run_lease import RunBusy
     from mass_jobs.spec import SpecError
 
     try:
         return int(importlib.import_module(COMMANDS[args.command][0]).main(args) or 0)
     except SpecError as err:  # bad input: every problem listed, nothing written
         print(err, file=sys.stderr)
+        return 2
+    except RunBusy as err:  # another writer holds the run: nothing written
+        print(f"mass {args.command}: {err}", file=sys.stderr)
         return 2
     except StepFailed as err:
         print(f"mass {args.command}: {err}", file=sys.stderr)

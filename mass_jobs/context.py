@@ -34,6 +34,10 @@ class RunContext:
     def spec_key(self) -> str:
         return f"{self.run}/spec.json"
 
+    def writer(self) -> str:
+        """The run's writer lease (mass_jobs/run_lease.py): who runs it locally now."""
+        return f"{self.run}/_writer.json"
+
     def run_state(self) -> str:
         """What the local runner is doing now and its last failure (`mass status` reads it)."""
         return f"{self.run}/run-state.json"
@@ -287,6 +291,8 @@ class RunContext:
 
         current = self.spec.model_dump(mode="json")
         key = self.spec_key()
+        if record and self.store.create_json(key, current):  # atomic: of two new claimants one wins
+            return
         if self.store.exists(key):
             changed = spec_changes(self.store.get_json(key), current)
             if changed:

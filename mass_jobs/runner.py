@@ -326,11 +326,17 @@ class Runner:
 
     # ------------------------------------------------------------ the whole run
     def run(self) -> dict:
+        from mass_jobs.run_lease import RunLease
+
+        self.ctx.claim_spec()  # a changed spec on an existing run is refused (SpecError, exit 2)
+        with RunLease(self.ctx):  # one local writer per run: a second one exits 2 naming this one
+            return self._run_all()
+
+    def _run_all(self) -> dict:
         import threading
 
         from mass_jobs.store import read_manifest
 
-        self.ctx.claim_spec()  # a changed spec on an existing run is refused (SpecError, exit 2)
         self.state.load()
         self.state.set(status="running", spec=self.spec_path, failed=None)
         self._lock, self._now = threading.Lock(), {"label": "", "episodes": 0, "of": None}

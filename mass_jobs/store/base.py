@@ -84,6 +84,11 @@ class Store(ABC):
     def get_bytes(self, key: str) -> bytes: ...
 
     @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Store `data` only when no object is at `key`, atomically (an exclusive create locally, a
+        conditional PUT on S3): True when this call created it, False when one was already there."""
+
+    @abstractmethod
     def put_file(self, key: str, path: str | os.PathLike) -> str:
         """Stream a local file into the store (multipart on S3 when large); return its sha256 hex."""
 
@@ -123,6 +128,10 @@ class Store(ABC):
         except UnicodeEncodeError:  # a lone surrogate (a model's cut emoji): escaped, the object stays valid UTF-8 JSON
             data = (json.dumps(obj, indent=2) + "\n").encode("utf-8")
         return self.put_bytes(key, data)
+
+    def create_json(self, key: str, obj: Any) -> bool:
+        """put_if_absent of a JSON object: True when this call created it."""
+        return self.put_if_absent(key, (json.dumps(obj, indent=2) + "\n").encode("utf-8"))
 
     def get_json(self, key: str) -> Any:
         data = self.get_bytes(key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import BinaryIO
 
@@ -38,6 +39,19 @@ class FileStore(Store):
 
     def get_bytes(self, key: str) -> bytes:
         return self._existing(key).read_bytes()
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}-{dest.name}"
+        try:
+            tmp.write_bytes(data)
+            os.link(tmp, dest)  # fails if dest exists: readers never see a partial object
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def put_file(self, key: str, path: str | os.PathLike) -> str:
         digest = hashlib.sha256()

@@ -74,6 +74,17 @@ class S3Store(Store):
         with self.open_read(key) as body:
             return body.read()
 
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:  # S3 conditional writes (If-None-Match: *): one of two concurrent creators wins
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+            return True
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+
     def put_file(self, key: str, path: str | os.PathLike) -> str:
         with open(path, "rb") as f:
             digest = sha256_stream(f)
