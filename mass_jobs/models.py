@@ -329,6 +329,9 @@ class EpisodeLimits(Closed):
     processes: int = Field(default=64, ge=1, le=65536)
     request_timeout_s: float = Field(default=600, gt=0, le=DAY_S)
     request_retries: int = Field(default=4, ge=0, le=MAX_RETRIES)
+    reply_bytes: int = Field(default=64 * 2**20, ge=2**16, le=2**30,
+                             description="Bytes of one model reply (body or stream) the recording proxy reads; past "
+                                         "it the call ends reply_too_large, nothing more buffered or recorded.")
 
 
 class PodResources(Closed):

@@ -101,7 +101,8 @@ class StreamAssembler:
     """Rebuilds one completion from SSE bytes fed in arbitrary pieces (only choice 0 is kept)."""
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._buf = bytearray()
+        self._scanned = 0  # bytes of _buf already searched for an event end
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.calls: dict[int, dict] = {}
@@ -112,10 +113,25 @@ class StreamAssembler:
         self.errors: list[Any] = []
 
     def feed(self, data: bytes) -> None:
-        self._buf = (self._buf + data).replace(b"\r\n", b"\n")  # a CR LF may straddle two pieces
-        while b"\n\n" in self._buf:
-            event, self._buf = self._buf.split(b"\n\n", 1)
+        """Linear in the bytes fed: only what arrived since the last event end is searched, so a
+        stream without separators costs its length, not its length squared."""
+        self._buf += data
+        while True:
+            cut = self._end(self._scanned)
+            if cut is None:
+                self._scanned = max(0, len(self._buf) - 3)  # an end may straddle this piece and the next
+                return
+            start, stop = cut
+            event = bytes(self._buf[:start]).replace(b"\r\n", b"\n")
+            del self._buf[:stop]
+            self._scanned = 0
             self._event(event)
+
+    def _end(self, since: int) -> tuple[int, int] | None:
+        """(start, stop) of the first blank line (LF LF or CR LF CR LF) at or after `since`."""
+        found = [(i, i + n) for sep, n in ((b"\n\n", 2), (b"\r\n\r\n", 4), (b"\r\n\n", 3), (b"\n\r\n", 3))
+                 if (i := self._buf.find(sep, since)) >= 0]
+        return min(found) if found else None
 
     def _event(self, event: bytes) -> None:
         lines = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
@@ -230,6 +246,7 @@ class RecordingProxy:
         timeout_s: float = 600,
         client_token: str | None = None,
         peer_uids: frozenset[int] | None = None,
+        max_reply_bytes: int = 64 * 2**20,
     ):
         self.upstream = upstream
         self.trace_path = Path(trace_path)
@@ -238,6 +255,8 @@ class RecordingProxy:
         self.peer_uids = peer_uids
         self.host, self._port = host, port
         self.timeout_s = timeout_s
+        # a reply past this is neither buffered nor recorded further: the call ends reply_too_large
+        self.max_reply_bytes = max_reply_bytes
         self._lock = threading.Lock()
         self._seq = 0
         self._file = None
@@ -429,10 +448,15 @@ class RecordingProxy:
                 await self._relay_stream(send, resp, rec, disconnected)
                 return
             try:
-                data = await resp.aread()
+                data = await self._read_bounded(resp)
             except httpx.HTTPError as e:
                 rec["error"] = {"kind": "connection", "message": f"upstream body broke off: {e!r}"}
                 await _send_json(send, 502, _error_body(rec["error"]["message"], "upstream_connection_error", 502))
+                return
+            if data is None:
+                rec["error"] = {"kind": "reply_too_large", "message": f"upstream reply over {self.max_reply_bytes} "
+                                "bytes (limits.reply_bytes): neither buffered nor recorded"}
+                await _send_json(send, 502, _error_body(rec["error"]["message"], "reply_too_large", 502))
                 return
             if resp.status_code >= 300:
                 excerpt = data[:BODY_EXCERPT].decode("utf-8", "replace")
@@ -450,15 +474,30 @@ class RecordingProxy:
         finally:
             await resp.aclose()
 
+    async def _read_bounded(self, resp) -> bytes | None:
+        """The body, or None once it grows past max_reply_bytes (the rest is never read)."""
+        parts, size = [], 0
+        async for piece in resp.aiter_bytes():  # decoded if the upstream compressed anyway
+            size += len(piece)
+            if size > self.max_reply_bytes:
+                return None
+            parts.append(piece)
+        return b"".join(parts)
+
     async def _relay_stream(self, send, resp, rec: dict, disconnected) -> None:
         import httpx
 
         asm = StreamAssembler()
-        state = {"complete": False}
+        state = {"complete": False, "too_large": False}
 
         async def pump() -> None:
             await send({"type": "http.response.start", "status": resp.status_code, "headers": _response_headers(resp)})
+            size = 0
             async for piece in resp.aiter_bytes():  # decoded if the upstream compressed anyway
+                size += len(piece)
+                if size > self.max_reply_bytes:  # the client gets the stream cut, the trace what fit
+                    state["too_large"] = True
+                    break
                 asm.feed(piece)
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             state["complete"] = True
@@ -471,7 +510,10 @@ class RecordingProxy:
             rec["error"] = {"kind": "client_disconnect", "message": "client closed the stream before it ended"}
             return
         exc = task.exception() if finished else None
-        if isinstance(exc, httpx.TimeoutException):
+        if state["too_large"]:
+            rec["error"] = {"kind": "reply_too_large", "message": f"upstream stream over {self.max_reply_bytes} bytes "
+                            "(limits.reply_bytes): cut there, the rest neither relayed nor recorded"}
+        elif isinstance(exc, httpx.TimeoutException):
             rec["error"] = {"kind": "timeout", "message": f"upstream stream stalled: {exc!r}"}
         elif isinstance(exc, httpx.HTTPError):
             rec["error"] = {"kind": "connection", "message": f"upstream stream broke off: {exc!r}"}

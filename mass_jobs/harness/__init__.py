@@ -202,6 +202,7 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
         # on its own is refused, whatever it found.
         peers = None if qwen_uid is None else frozenset({qwen_uid} if inp.harness == "qwen-code" else {os.getuid()})
         with RecordingProxy(upstream=inp.endpoint, trace_path=trace_path, timeout_s=inp.limits.request_timeout_s,
+                            max_reply_bytes=inp.limits.reply_bytes,
                             client_token=secrets.token_urlsafe(24), peer_uids=peers) as proxy:
             if inp.harness == "builtin":
                 result = _run_builtin(inp, proxy.endpoint, workspace, sandbox)

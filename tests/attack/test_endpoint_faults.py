@@ -290,3 +290,84 @@ def test_a_gzip_answering_endpoint_is_recorded_and_relayed_as_text(tmp_path, alw
             assert (res.outcome, res.final_report) == ("success", "done")
     finally:
         ep.close()
+
+
+# ---------------------------------------------------------------- replies without end
+
+class EndlessEndpoint(LoopbackEndpoint):
+    """Answers every POST with a body (or an SSE stream) that never ends: `piece` forever."""
+
+    def __init__(self, piece: bytes, content_type: str):
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                self.send_response(200)
+                self.send_header("content-type", content_type)
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                try:
+                    while True:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                except OSError:  # the proxy stopped reading: the point
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self._serve(Handler)
+
+
+REQUEST = {"model": "raw", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("kind", ["body", "stream", "stream-without-separators"])
+def test_a_reply_without_end_is_cut_at_its_byte_limit(tmp_path, kind):
+    """Endless bodies and streams (one without any event separator, once quadratic to assemble)
+    are read up to limits.reply_bytes, the call ends reply_too_large, and the trace line holds at
+    most that much: nothing buffered or recorded past it."""
+    delta = json.dumps({"choices": [{"index": 0, "delta": {"content": "x" * 900}}]})
+    piece = {"body": b"[" + b"0," * 32768, "stream": f"data: {delta}\n\n".encode(),
+             "stream-without-separators": b"data: " + b"x" * 65536}[kind]
+    upstream = EndlessEndpoint(piece, "application/json" if kind == "body" else SSE)
+    limit = 4 * 2**20
+    try:
+        with RecordingProxy(upstream=upstream.endpoint, trace_path=tmp_path / "t.jsonl", max_reply_bytes=limit) as px:
+            body = {**REQUEST, "stream": kind != "body"}
+            with httpx.Client(timeout=120) as client:
+                resp = client.post(f"{px.base_url}/chat/completions", json=body)
+                received = len(resp.content)
+    finally:
+        upstream.close()
+    (rec,) = read_trace(tmp_path / "t.jsonl")
+    assert rec["error"]["kind"] == "reply_too_large", rec["error"]
+    assert received <= limit + 2**16
+    line = (tmp_path / "t.jsonl").read_bytes()
+    assert len(line) <= limit * 1.1, len(line)
+    if kind == "body":
+        assert resp.status_code == 502 and rec["response"] is None
+    elif kind == "stream":
+        assert 0 < len(rec["response"]["message"]["content"]) <= limit
+
+
+def test_the_stream_assembler_is_linear_in_what_it_is_fed():
+    """Fed 16 MiB without a separator in 4 KiB pieces, it searches each byte a bounded number of
+    times (the old one re-copied and re-searched the whole buffer on every piece)."""
+    from mass_jobs.proxy import StreamAssembler
+
+    asm = StreamAssembler()
+    searched = {"bytes": 0}
+    real_end = asm._end
+
+    def counting(since):
+        searched["bytes"] += len(asm._buf) - since
+        return real_end(since)
+
+    asm._end = counting
+    piece = b"x" * 4096
+    for _ in range(4096):
+        asm.feed(piece)
+    assert searched["bytes"] <= 2 * 4096 * 4096
+    asm.feed(b"\n\ndata: {\"choices\": [{\"index\": 0, \"delta\": {\"content\": \"ok\"}}]}\r\n\r\n")
+    assert asm.record()["message"]["content"] == "ok" and asm.bad_events == 0
