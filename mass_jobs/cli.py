@@ -11,6 +11,7 @@ Containers in the Argo templates call exactly these entries.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
@@ -94,6 +95,9 @@ def environment_error(exc: BaseException) -> tuple[int, str] | None:
             return 1, f"Hugging Face Hub: {str(e).splitlines()[0]} (a mistyped local path is taken for a hub id; `mass validate` says which)"
         if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)) and e.filename:
             return 2, f"{e.strerror or name}: {e.filename}"
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a rerun resumes once there is room
+            where = f": {e.filename}" if e.filename else ""
+            return 1, f"{'no space left on the device' if e.errno == errno.ENOSPC else 'disk quota exceeded'}{where}; free room and rerun"
     return None
 
 

@@ -257,6 +257,9 @@ class RecordingProxy:
         self.timeout_s = timeout_s
         # a reply past this is neither buffered nor recorded further: the call ends reply_too_large
         self.max_reply_bytes = max_reply_bytes
+        # the trace could not be written (disk full): every later call is refused, the episode ends
+        # infra_error, and the trace keeps only whole lines
+        self.write_error: OSError | None = None
         self._lock = threading.Lock()
         self._seq = 0
         self._file = None
@@ -284,7 +287,8 @@ class RecordingProxy:
         self._auth = self._api_key or self.upstream.api_key()
         self.trace_path.parent.mkdir(parents=True, exist_ok=True)
         self._seq = len(read_trace(self.trace_path))  # appending to an existing trace continues its numbering
-        self._file = self.trace_path.open("a", encoding="utf-8")
+        # unbuffered bytes: a failed write leaves nothing pending that a later close could tear
+        self._file = self.trace_path.open("ab", buffering=0)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self._port))
@@ -341,9 +345,22 @@ class RecordingProxy:
                 line = json.dumps({"seq": self._seq, **record})
             for sep in LINE_SEPARATORS:  # str.splitlines() of any reader would cut the record there
                 line = line.replace(sep, f"\\u{ord(sep):04x}")
+            if self.write_error is not None:
+                return
+            start = self._file.tell()
+            data = memoryview((line + "\n").encode("utf-8"))
+            try:
+                while data:
+                    data = data[self._file.write(data):]
+            except OSError as exc:  # disk full: cut the torn line off, record nothing more
+                self.write_error = exc
+                try:
+                    self._file.truncate(start)
+                    self._file.seek(start)
+                except (OSError, ValueError):
+                    pass
+                return
             self._seq += 1
-            self._file.write(line + "\n")
-            self._file.flush()
 
     # ------------------------------------------------------------ ASGI
     async def app(self, scope: dict, receive: Any, send: Any) -> None:
@@ -372,6 +389,10 @@ class RecordingProxy:
         if self.client_token and not hmac.compare_digest(headers.get("authorization", "").encode(),
                                                          f"Bearer {self.client_token}".encode()):
             await _send_json(send, 401, {"error": {"message": "this proxy serves its episode's harness only"}})
+            return
+        if self.write_error is not None:  # calls no trace would hold: the episode cannot be taught from
+            await _send_json(send, 507, _error_body(f"the trace could not be written ({self.write_error}); "
+                                                    "no call is served after that", "trace_unwritable", 507))
             return
         sub = path[len("/v1/") :]
         url = self.upstream.url(sub)

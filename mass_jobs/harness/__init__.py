@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -210,6 +210,9 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
                 from mass_jobs.harness.qwen_code import run_qwen_code
 
                 result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, qwen or sandbox)
+            if proxy.write_error is not None:  # the trace lacks calls: no outcome of the model's
+                result = replace(result, outcome="infra_error",
+                                 reason=f"the trace could not be written, calls after it were refused: {proxy.write_error}")
         if handed:
             result = _take_back(sandbox, workspace, result)
     status = {
@@ -233,7 +236,10 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
         )
         validate_status(status)
     status_path = out_dir / "status.json"
-    status_path.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
+    from mass_jobs.store.base import replace_atomically
+
+    # all or nothing: a full disk leaves no torn status (mass episode exits 1 naming it)
+    replace_atomically(status_path, lambda tmp: tmp.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n"))
     return EpisodeResult(
         outcome=result.outcome,
         reason=result.reason,
