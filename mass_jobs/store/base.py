@@ -26,12 +26,18 @@ class UnreadableObject(ValueError):
     """An object that is not what its reader expects (JSON that does not parse); names the key."""
 
 
+MAX_KEY_BYTES = 1024
+
+
 def check_key(key: str, *, allow_empty: bool = False) -> str:
     """Return `key` if it is a clean relative '/'-separated key, else raise ValueError saying why."""
     if not isinstance(key, str):
         raise ValueError(f"store key must be a string, got {type(key).__name__}")
     if key == "" and allow_empty:
         return key
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:  # S3's own limit; deeper nests recursed locally
+        raise ValueError(f"store key {key[:80]!r}... is {len(key.encode('utf-8', 'surrogatepass'))} bytes, "
+                         f"over the {MAX_KEY_BYTES} bytes S3 allows a key")
     if key.startswith("/"):
         raise ValueError(f"store key {key!r} must be relative (no leading '/')")
     if "\\" in key or "\x00" in key:

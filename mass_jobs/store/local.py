@@ -38,7 +38,10 @@ class FileStore(Store):
         return hashlib.sha256(data).hexdigest()
 
     def get_bytes(self, key: str) -> bytes:
-        return self._existing(key).read_bytes()
+        try:
+            return self._existing(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):  # removed between the check and the read
+            raise MissingKey(f"{self.uri}: no object at key {key!r}") from None
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         dest = self._path(key)
@@ -67,11 +70,19 @@ class FileStore(Store):
 
     def get_file(self, key: str, path: str | os.PathLike) -> Path:
         src = self._existing(key)
-        replace_atomically(Path(path), lambda tmp: shutil.copyfile(src, tmp))
+        try:
+            replace_atomically(Path(path), lambda tmp: shutil.copyfile(src, tmp))
+        except FileNotFoundError as err:
+            if err.filename == str(src):  # removed between the check and the copy
+                raise MissingKey(f"{self.uri}: no object at key {key!r}") from None
+            raise
         return Path(path)
 
     def open_read(self, key: str) -> BinaryIO:
-        return open(self._existing(key), "rb")
+        try:
+            return open(self._existing(key), "rb")
+        except (FileNotFoundError, NotADirectoryError):  # removed between the check and the open
+            raise MissingKey(f"{self.uri}: no object at key {key!r}") from None
 
     def list(self, prefix: str = "") -> list[str]:
         check_prefix(prefix)

@@ -233,3 +233,38 @@ def test_a_lone_surrogate_from_a_model_is_stored_escaped_and_read_back(tmp_path)
     assert store.get_json("r/ep/status.json") == doc
     assert store.get_bytes("r/ep/status.json").decode("utf-8")  # valid UTF-8 on disk
     assert hash_inputs(doc) == hash_inputs(dict(doc)) and len(hash_inputs(doc)) == 64
+
+
+def test_a_key_past_s3s_length_is_refused_by_name_not_a_recursion(tmp_path):
+    from mass_jobs.store import open_store
+
+    store = open_store(f"file://{tmp_path / 's'}")
+    deep = "/".join(["a"] * 2000)
+    with pytest.raises(ValueError, match="over the 1024 bytes S3 allows a key"):
+        store.put_bytes(deep, b"x")
+    store.put_bytes("/".join(["a"] * 500), b"x")  # 999 bytes: stored
+    assert store.get_bytes("/".join(["a"] * 500)) == b"x"
+
+
+def test_an_object_removed_while_a_step_checks_it_reads_as_missing(tmp_path, monkeypatch):
+    """Another process restarting the step deletes an output between its stat and its read: the
+    done-check reads it as missing (the step reruns), never FileNotFoundError."""
+    from mass_jobs.store import Step, open_store
+    from mass_jobs.store.base import MissingKey
+
+    store = open_store(f"file://{tmp_path / 's'}")
+    store.put_bytes("run/step/out.json", b"{}")
+    step = Step(store, "run/step", {"x": 1})
+    step.finish(["run/step/out.json"])
+    real = type(store)._existing
+
+    def vanishing(self, key):
+        path = real(self, key)
+        path.unlink()  # the other process's restart, right after the check
+        return path
+
+    monkeypatch.setattr(type(store), "_existing", vanishing)
+    with pytest.raises(MissingKey):
+        store.get_bytes("run/step/out.json")
+    store.put_bytes("run/step/out.json", b"{}")
+    assert step.done is False  # its output went away under it: rerun, no traceback
