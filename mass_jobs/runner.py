@@ -10,15 +10,14 @@ the last of them. A step without an in-process adapter here runs its CLI entry a
 `<run>/run-state.json` says what is running or failed; `mass status SPEC` reads it with the store.
 
 Test tasks never reach search, collection, ranking, rendering, training or selection: the runner
-hands only `train_tasks(spec)` to those steps and checks the stored rank files and SFT windows
-(`check_no_test_leak`) before training starts. The one opt-in exception is checkpoint selection by
+hands only `train_tasks(spec)` to those steps, and the train core checks the stored rank files and
+SFT windows (`split_guard.check_no_test_leak`) before it trains, whatever runs it. The one opt-in exception is checkpoint selection by
 the judge panel (`sft.panel.tasks`, docs/composition.md), which runs the held-out tasks it names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -32,16 +31,13 @@ from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.models import RunSpec, Task
 from mass_jobs.progress import Display, PerKey
+from mass_jobs.split_guard import SplitLeak, check_no_test_leak  # noqa: F401 (the runner's API too)
 
 
 class RunError(StepFailed):
     def __init__(self, message: str, log: Path | None = None):
         super().__init__(message)
         self.log = log  # the subprocess log holding the failure's whole output
-
-
-class SplitLeak(RunError):
-    """A test task reached a training input (never allowed)."""
 
 
 def train_tasks(spec: RunSpec) -> list[Task]:
@@ -51,32 +47,6 @@ def train_tasks(spec: RunSpec) -> list[Task]:
     return tasks
 
 
-def check_no_test_leak(ctx: RunContext, gen: int) -> dict:
-    """Raise SplitLeak when a test task appears in a rank file, a collection or an SFT window."""
-    test_ids = {t.id for t in ctx.spec.resolved_tasks() if t.split == "test"}
-    store = ctx.store
-    found = []
-    for t in sorted(test_ids):
-        for key in (ctx.rank(gen, t), ctx.guard(gen, t)):
-            if store.exists(key):
-                found.append(key)
-        if store.list(ctx.collect(gen, t) + "/"):
-            found.append(ctx.collect(gen, t) + "/")
-    windows = 0
-    for split in ("train", "val"):
-        key = ctx.sft_file(gen, split)
-        if not store.exists(key):
-            continue
-        for n, line in enumerate(store.get_bytes(key).decode("utf-8").splitlines()):
-            if not line.strip():
-                continue
-            windows += 1
-            task = json.loads(line).get("task")
-            if task in test_ids or task is None:
-                found.append(f"{key} line {n + 1}: task {task!r}")
-    if found:
-        raise SplitLeak(f"generation {gen}: test tasks reached training inputs: {found[:10]}")
-    return {"windows_checked": windows, "test_tasks": sorted(test_ids)}
 
 
 # ---------------------------------------------------------------- run state
@@ -280,8 +250,7 @@ class Runner:
         calls = [s.argv(self.spec_path, g, t.id) for t in train_tasks(self.spec)] if s.per_task \
             else [s.argv(self.spec_path, g)]
         for argv in calls:
-            if s.pod == "trainer":
-                check_no_test_leak(self.ctx, g)
+            if s.pod == "trainer":  # the train core checks the split itself (split_guard), on Argo too
                 nproc = max(1, min(self.spec.sft.replicas, os.cpu_count() or 1))
                 self._subprocess([self.python, "-m", "torch.distributed.run", "--standalone",
                                   f"--nproc_per_node={nproc}", "-m", "mass_jobs.cli", *argv, "--quiet"],

@@ -469,6 +469,14 @@ def _upstream_hint(ref: TaskFile, text: str) -> str:
 
 def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
     out: list[SpecIssue] = []
+    embedder = spec.evaluation.embedder
+    try:
+        model_dir = embedder in ("hash", "minilm") or (Path(embedder) / "config.json").is_file()
+    except OSError:  # a name too long for a path: no model dir
+        model_dir = False
+    if not model_dir:
+        out.append(SpecIssue("$.evaluation.embedder", f"expected 'hash', 'minilm' or a model dir with config.json, "
+                                                     f"found {embedder!r}"))
     c = spec.collection
     if c.validation_rank != c.train_ranks + 1:
         out.append(SpecIssue("$.collection.validation_rank", f"expected train_ranks + 1 = {c.train_ranks + 1}, found {c.validation_rank}"))
@@ -626,6 +634,10 @@ def absolute_paths(document: Any, base: Path) -> Any:
         candidate = (base / path).resolve()
         if candidate.exists() or not looks_like_hub_id(value):
             _set(doc, parts, str(candidate))
+    evaluation = doc.get("evaluation")
+    embedder = evaluation.get("embedder") if isinstance(evaluation, dict) else None
+    if isinstance(embedder, str) and embedder not in ("hash", "minilm") and not Path(embedder).expanduser().is_absolute():
+        evaluation["embedder"] = str((base / Path(embedder).expanduser()).resolve())
     model = doc.get("model")
     template = model.get("chat_template") if isinstance(model, dict) else None
     if isinstance(template, str) and template and not Path(template).expanduser().is_absolute():

@@ -185,19 +185,28 @@ def test_transformer_embedder_pools_real_tokens_only(tiny_encoder):
         make_embedder(str(tiny_encoder / "missing"))
 
 
-def test_report_cli_takes_the_embedder(ctx, tiny_encoder, tmp_path, capsys):
+def test_the_reports_embedder_is_the_specs_and_its_done_check_agrees(ctx, tiny_encoder, tmp_path, capsys):
+    """evaluation.embedder decides the information proxies; `mass status` rebuilds the report with
+    the same one, so a report made with a model embedder reads done, not pending."""
     import yaml
 
+    from mass_jobs import pipeline as P
     from mass_jobs.cli import main as cli_main
+    from mass_jobs.spec import load_spec
 
     spec = tmp_path / "spec.yaml"
     (tmp_path / "m").mkdir()  # model locations are checked: the spec's model exists
-    spec.write_text(yaml.safe_dump(ctx.spec.model_dump(mode="json", exclude_defaults=True)))
-    from mass_jobs.spec import load_spec
-
+    doc = ctx.spec.model_dump(mode="json", exclude_defaults=True)
+    doc.setdefault("evaluation", {})["embedder"] = str(tiny_encoder)
+    spec.write_text(yaml.safe_dump(doc))
     RunContext(load_spec(spec), ctx.store).claim_spec()  # the run was started: its store holds its spec
-    assert cli_main(["report", "--spec", str(spec), "--embedder", str(tiny_encoder)]) == 0
+    assert cli_main(["report", "--spec", str(spec)]) == 0
     info_rows = json.loads(ctx.store.get_bytes(f"{RUN}/report/report.json"))["information"]
     assert info_rows[0]["embedder"] == f"transformer-{tiny_encoder.name}" and info_rows[0]["samples"] == 12
-    assert cli_main(["report", "--spec", str(spec), "--embedder", str(tmp_path / "nowhere")]) == 2
-    assert "--embedder: embedder: expected a model dir with config.json" in capsys.readouterr().err
+    assert P.report_done(RunContext(load_spec(spec), ctx.store)) is True
+    hashed = {**doc, "evaluation": {**doc["evaluation"], "embedder": "hash"}}
+    spec.write_text(yaml.safe_dump(hashed))
+    assert P.report_done(RunContext(load_spec(spec), ctx.store)) is False  # another embedder: redo the report
+    spec.write_text(yaml.safe_dump({**doc, "evaluation": {**doc["evaluation"], "embedder": str(tmp_path / "nowhere")}}))
+    assert cli_main(["report", "--spec", str(spec)]) == 2
+    assert "$.evaluation.embedder: expected 'hash', 'minilm' or a model dir with config.json" in capsys.readouterr().err

@@ -249,3 +249,20 @@ def test_model_locations_resolve_through_the_specs_s3_endpoint(tiny_model_dir, s
     local = local_model_dir(ctx, 0, tmp_path / "cache")
     assert (local / "model.safetensors").read_bytes() == (tiny_model_dir / "model.safetensors").read_bytes()
     assert local.is_relative_to(tmp_path / "model-cache")
+
+
+def test_a_bug_in_a_done_check_propagates_instead_of_reading_pending(monkeypatch, make_store, inner_spec):
+    """Inputs not stored (MissingKey, a core's StepFailed) read as pending; any other error is a
+    bug of the check, which would otherwise rerun the step (GPU steps on Argo) on every cycle."""
+    from mass_jobs.steps import rank
+
+    store = make_store("file")
+    ctx = RunContext(inner_spec(store), store)
+    assert P.rank_done(ctx, 0, "t1") is False  # nothing stored: pending
+
+    def broken(*a, **kw):
+        raise KeyError("a typo in the done-check")
+
+    monkeypatch.setattr(rank, "rank_step", broken)
+    with pytest.raises(KeyError, match="a typo in the done-check"):
+        P.rank_done(ctx, 0, "t1")

@@ -425,3 +425,20 @@ def test_failed_run_is_reported_by_status(tmp_path):
     assert rows[(0, "search")] == "failed" and rows[(0, "collect")] == "pending"
     text = mass("status", str(spec))
     assert text.returncode == 0 and "failed: L0 search" in text.stdout
+
+
+def test_the_train_core_refuses_a_test_tasks_windows_on_any_executor(tmp_path):
+    """The PyTorchJob runs `mass train` itself, without the local runner: the core checks the split
+    before it fetches a model or trains, and the step stays not done."""
+    from mass_jobs.steps.train import run_train, train_step
+
+    ctx = small_ctx(tmp_path)
+    window = {"task": "sort", "episode": 0, "role": "worker", "thread": 0, "index": 0, "input_ids": [1], "labels": [1],
+              "n_supervised": 1}
+    ctx.store.put_bytes("ci-e2e/gen-0/sft/train.jsonl", (json.dumps(window) + "\n").encode())
+    from mass_jobs.store import Step
+
+    Step(ctx.store, ctx.sft(0), {"rendered": 1}).finish(["ci-e2e/gen-0/sft/train.jsonl"])  # a render that leaked
+    with pytest.raises(SplitLeak, match="train.jsonl line 1: task 'sort'"):
+        run_train(ctx, 0, tmp_path / "work", progress=False)
+    assert not train_step(ctx, 0, 1).done and not (tmp_path / "work" / "train").exists()

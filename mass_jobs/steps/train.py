@@ -106,6 +106,10 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
     sft_manifest = read_manifest(ctx.store, ctx.sft(gen))
     if step.done:
         return ctx.store.get_json(step.manifest_key)["extra"]
+    if dist.rank == 0:  # before anything trains: a test task's data never does (SplitLeak, the job fails)
+        from mass_jobs.split_guard import check_no_test_leak
+
+        check_no_test_leak(ctx, gen)
     if dist.local_rank == 0:
         if not resume:
             shutil.rmtree(work / "train", ignore_errors=True)
