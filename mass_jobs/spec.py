@@ -476,7 +476,7 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
         model_dir = False
     if not model_dir:
         out.append(SpecIssue("$.evaluation.embedder", f"expected 'hash', 'minilm' or a model dir with config.json, "
-                                                     f"found {embedder!r}"))
+                                                     f"found {_found(embedder)}"))
     c = spec.collection
     if c.validation_rank != c.train_ranks + 1:
         out.append(SpecIssue("$.collection.validation_rank", f"expected train_ranks + 1 = {c.train_ranks + 1}, found {c.validation_rank}"))
