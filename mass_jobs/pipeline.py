@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from mass_jobs.context import RunContext
 
 SCOPES = ("run", "generation", "task", "iteration", "episode")
-PODS = ("step", "agent", "trainer", "server")
+PODS = ("step", "agent", "trainer")  # a CPU step pod, sandboxed agent pods, a PyTorchJob
 PER_TASK = ("task", "iteration", "episode")
 
 
