@@ -95,13 +95,15 @@ def _guarded(check: Callable[[], bool]) -> bool:
     formed, and its core says so with a StepFailed ("search ... is not finished") or the store with
     a MissingKey. Only those: any other error is a bug of the done-check, and reading it as
     "pending" would rerun GPU steps on every cycle, so it propagates."""
+    from pydantic import ValidationError
+
     from mass_jobs.errors import StepFailed
     from mass_jobs.store.base import MissingKey, UnreadableObject
 
     try:
         return bool(check())
-    except (MissingKey, FileNotFoundError, UnreadableObject, StepFailed):
-        return False
+    except (MissingKey, FileNotFoundError, UnreadableObject, ValidationError, StepFailed):  # ValidationError: a stored
+        return False  # object of another shape (damaged, or of an older layout): redone
 
 
 def search_done(ctx: RunContext, gen: int, task: str) -> bool:

@@ -26,7 +26,10 @@ class RunBusy(RuntimeError):
     """Another live writer holds the run (the CLI exits 2 with this message)."""
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid) -> bool:
+    """Whether a process of this host has this pid (0 / -1 would address process groups: never)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -49,7 +52,7 @@ class RunLease:
     def stale(self, held: dict) -> bool:
         if time.time() - float(held.get("renewed", 0)) > self.ttl_s:
             return True
-        return held.get("host") == self.record["host"] and not _alive(int(held.get("pid", 0)))
+        return held.get("host") == self.record["host"] and not pid_alive(held.get("pid"))
 
     def acquire(self) -> None:
         for _ in range(3):  # a lease may vanish between our create and our read: try again

@@ -383,12 +383,6 @@ def _status(state: dict, g: int, name: str, done: bool) -> str:
 
 
 def _alive(pid) -> bool:
-    if not isinstance(pid, int) or pid <= 0:  # 0 / -1 would address process groups, not the runner
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    from mass_jobs.run_lease import pid_alive
+
+    return pid_alive(pid)
