@@ -979,7 +979,8 @@ def run_store(doc: dict):
 
 @pytest.mark.slow
 def test_agent_pod_exit_1_is_retried_then_an_infra_error_episode(cluster):
-    doc, spec_uri = one_generation(cluster, "agent-crash")
+    # two trainer replicas (the two-generation test trains one): Master + 1 Worker through the webhook
+    doc, spec_uri = one_generation(cluster, "agent-crash", **{"sft.replicas": 2})
     # a collect episode, a search rollout and an evaluate rollout whose agent pods always die
     lost = ("gen-0/collect/fib/ep-0", "gen-0/search/primes/reference", "eval/gen-1/sort/rep-0")
     crashed = {r: [] for r in lost}
@@ -1003,6 +1004,11 @@ def test_agent_pod_exit_1_is_retried_then_an_infra_error_episode(cluster):
     outcomes = {e["id"]: e["outcome"] for e in summary["episodes"]}
     assert outcomes["ep-0"] == "infra_error" and "ep-0" not in summary["eligible"]
     assert set(outcomes) == {f"ep-{i}" for i in range(doc["collection"]["episodes"])}
+    job = f"mass-{run}-g0-train"
+    assert [e for e in ex.cluster.events if "PyTorchJob" in e] == [f"create PyTorchJob/{job}"]
+    assert [n.template for n in wf.find(type="Resource") if "train-job" in n.template] == ["train-job"]
+    train = store.get_json(f"{run}/gen-0/train/_manifest.json")["extra"]
+    assert train["world_size"] == 2 and train["steps"] == doc["sft"]["steps"]
 
 
 @pytest.mark.slow

@@ -374,3 +374,25 @@ def test_a_fanned_out_steps_status_is_its_groups(executor_for):
     assert wf.phase == "Succeeded", wf.summary()
     assert sorted(n.phase for n in wf.find(template="code")) == ["Failed", "Succeeded"]
     assert [n.inputs for n in wf.find(template="echo")] == [{"v": "Succeeded"}]
+
+
+# ---------------------------------------------------------------- ephemeral storage
+
+def test_a_pod_past_its_ephemeral_storage_is_evicted(executor_for):
+    """The kubelet's eviction manager: disk use of the pod's emptyDirs past its containers' limits."""
+    templates = [
+        {"name": "main", "steps": [[
+            {"name": "small", "template": "write", "continueOn": {"failed": True},
+             "arguments": {"parameters": [{"name": "mb", "value": "2"}]}},
+            {"name": "big", "template": "write", "continueOn": {"failed": True},
+             "arguments": {"parameters": [{"name": "mb", "value": "64"}]}}]]},
+        {"name": "write", "inputs": {"parameters": [{"name": "mb"}]}, "volumes": VOL,
+         "container": container("head -c {{inputs.parameters.mb}}M /dev/urandom > /tmp/blob; sleep 4",
+                                resources={"limits": {"ephemeral-storage": "16Mi"}})},
+    ]
+    wf = executor_for(wft("eph", templates)).submit("eph", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    by = {n.name.rsplit(".", 1)[-1]: n for n in wf.find(template="write", type="Pod")}
+    assert by["small"].phase == "Succeeded", by["small"].message
+    assert by["big"].phase == "Failed"
+    assert by["big"].message == "Pod ephemeral local storage usage exceeds the total limit of containers 16Mi."
