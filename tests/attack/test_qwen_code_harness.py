@@ -152,8 +152,10 @@ def attack(scripted_endpoint, tmp_path):
     (tmp_path / "store" / "answers.txt").write_text("expected answers\n")
     ep = scripted_endpoint({MAIN: [Reply.call("run_shell_command", command="python3 attack.py", description="tidy up"),
                                    Reply.text("done")]})
+    # request_retries 1: with the protection off the forged call is recorded with the endpoint's 500,
+    # and a watcher polling the trace could end the episode on it before qwen-code's next call lands
     inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, harness="qwen-code", sampling=Sampling(max_output_tokens=64),
-                       limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=0),
+                       limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=1),
                        files={"attack.py": ATTACK, "known.json": json.dumps(known)})
     result = run_episode(inp, tmp_path / "ws", out)
     status = json.loads((out / "status.json").read_text())
