@@ -210,9 +210,10 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
                 from mass_jobs.harness.qwen_code import run_qwen_code
 
                 result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, qwen or sandbox)
-            if proxy.write_error is not None:  # the trace lacks calls: no outcome of the model's
-                result = replace(result, outcome="infra_error",
-                                 reason=f"the trace could not be written, calls after it were refused: {proxy.write_error}")
+        # after the proxy stopped (its last record is written after its reply went out)
+        if proxy.write_error is not None:  # the trace lacks calls: no outcome of the model's
+            result = replace(result, outcome="infra_error",
+                             reason=f"the trace could not be written, calls after it were refused: {proxy.write_error}")
         if handed:
             result = _take_back(sandbox, workspace, result)
     status = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -53,6 +54,10 @@ def test_a_full_disk_leaves_whole_trace_lines_and_refuses_later_calls(small_disk
             url = f"{px.base_url}/chat/completions"
             body = {"model": "raw", "messages": [{"role": "user", "content": "hi"}]}
             assert httpx.post(url, json=body, timeout=30).status_code == 200  # recorded whole
+            for _ in range(200):  # the record is written once the reply went out
+                if read_trace(trace):
+                    break
+                time.sleep(0.01)
             fill(small_disk, leave=20000)  # the next record (about 30 kB) no longer fits
             httpx.post(url, json=body, timeout=30)
             later = httpx.post(url, json=body, timeout=30)
