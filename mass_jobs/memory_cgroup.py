@@ -23,19 +23,6 @@ import uuid
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E|m)?$")
-_FACTOR = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-           "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3}
-
-
-def quantity_bytes(text) -> int:
-    """Bytes of a Kubernetes quantity ("64Gi", "500M", "1e9" is not used by the chart: refused)."""
-    m = _QUANTITY.match(str(text).strip())
-    if not m:
-        raise ValueError(f"expected a Kubernetes memory quantity such as 512Mi or 4Gi, found {text!r}")
-    return int(float(m.group(1)) * _FACTOR[m.group(2)])
-
-
 def _own_cgroups() -> dict[str, str]:
     """Controller (or '' for v2) -> this process's cgroup path."""
     out = {}

@@ -125,10 +125,13 @@ def model_config(spec, config: str | None):
 
 def model_bytes(spec, config) -> int:
     """Bytes of the model's weights in the spec's dtype (from the config, no weights read)."""
+    import torch
+
     from mass_jobs.planning.memory import meta_model
 
-    per = {"bfloat16": 2, "float16": 2, "float32": 4}.get(spec.model.dtype, 2)
-    return sum(p.numel() for p in meta_model(config).parameters()) * per
+    # auto: the checkpoint's own dtype, bf16 for the models this runs
+    itemsize = 2 if spec.model.dtype == "auto" else getattr(torch, spec.model.dtype).itemsize
+    return sum(p.numel() for p in meta_model(config).parameters()) * itemsize
 
 
 def recursion_depth(spec) -> int:
@@ -231,7 +234,7 @@ def checks(spec, values: dict, config=None) -> list[Check]:
         add("GPU jobs at once", jobs, ">= 1", int(jobs) >= 1, "values gpu.concurrentJobs",
             f"expected at least 1 GPU job at once (chart value gpu.concurrentJobs), found {jobs}: train never starts")
     if config is not None:
-        from mass_jobs.memory_cgroup import quantity_bytes
+        from mass_jobs.k8s.pods import quantity_bytes
 
         size = model_bytes(spec, config)
         for pod, copies in (("server", 1), ("trainer", 1), ("merge", 2)):

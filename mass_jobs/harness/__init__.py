@@ -312,7 +312,7 @@ def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path, sandbox
     memory = None
     if t.shell_calls:
         isolated = bool(t.network_isolated)
-        memory = "sampled" if "sampled" in t.memory_limits or not t.memory_limits else sorted(t.memory_limits)[0]
+        memory = "sampled" if "sampled" in t.memory_limits else min(t.memory_limits)  # the weakest that held one
         note = (f"{t.shell_calls} shell command(s) ran sandboxed; network {'isolated' if isolated else 'NOT isolated'}; "
                 f"memory held by {'the kernel (' + memory + ')' if memory != 'sampled' else 'sampling the tree'}")
     else:

@@ -6,7 +6,23 @@ dropped, seccomp RuntimeDefault, CPU/memory limits on every container.
 
 from __future__ import annotations
 
+import re
+
 from mass_jobs.k8s.settings import ClusterSettings, Pod
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E|m)?$")
+_FACTOR = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+           "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3}
+
+
+def quantity_bytes(text) -> int:
+    """Bytes of a Kubernetes memory or storage quantity ("64Gi", "500M"; exponent forms, which the
+    chart never writes, are refused)."""
+    m = _QUANTITY.match(str(text).strip())
+    if not m:
+        raise ValueError(f"expected a Kubernetes quantity such as 512Mi or 4Gi, found {text!r}")
+    return int(float(m.group(1)) * _FACTOR[m.group(2)])
+
 
 UID = 1000
 SANDBOX_UID = 2000  # an agent pod's sandbox container: model-written code never runs as UID
