@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mass {args.command}: {problem}", file=sys.stderr)
         return 2
     from mass_jobs.errors import StepFailed
-    from mass_jobs.run_lease import RunBusy
+    from mass_jobs.store.lease import WriterBusy
     from mass_jobs.spec import SpecError
 
     try:
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as err:  # bad input: every problem listed, nothing written
         print(err, file=sys.stderr)
         return 2
-    except RunBusy as err:  # another writer holds the run: nothing written
+    except WriterBusy as err:  # another writer holds the run or the step: nothing written
         print(f"mass {args.command}: {err}", file=sys.stderr)
         return 2
     except StepFailed as err:

@@ -173,10 +173,9 @@ def merge_done(ctx: RunContext, gen: int, _task=None) -> bool:
 
 
 def evaluate_done(ctx: RunContext, gen: int, _task=None) -> bool:
-    from mass_jobs.steps.evaluate import evaluate_inputs
-    from mass_jobs.store import Step
+    from mass_jobs.steps.evaluate import evaluate_step
 
-    return _guarded(lambda: Step(ctx.store, ctx.eval(gen + 1), evaluate_inputs(ctx, gen + 1)).done)
+    return _guarded(lambda: evaluate_step(ctx, gen + 1).done)
 
 
 def report_done(ctx: RunContext, _gen=None, _task=None) -> bool:

@@ -34,10 +34,10 @@ def run_reporting_failures(args, what: str) -> dict | None:
     try:
         return run(args.spec, work_dir=args.work_dir, progress=not args.no_progress)
     except (RuntimeError, OSError, ValueError) as err:
-        from mass_jobs.run_lease import RunBusy
         from mass_jobs.spec import SpecError
+        from mass_jobs.store.lease import WriterBusy
 
-        if isinstance(err, (SpecError, RunBusy)):  # bad input, another writer: exit 2 (mass_jobs.cli)
+        if isinstance(err, (SpecError, WriterBusy)):  # bad input, another writer: exit 2 (mass_jobs.cli)
             raise
         print(f"{what} failed: {err}\n(`mass status {args.spec}` shows where; rerun to resume)", file=sys.stderr)
         return None

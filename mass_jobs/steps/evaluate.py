@@ -50,6 +50,14 @@ def verdict_prefix(ctx: RunContext) -> str:
     return ctx.verdicts()
 
 
+def evaluate_step(ctx: RunContext, gen: int):
+    """Evaluate's Step: it pins its rollouts' manifests and owns its verdicts."""
+    from mass_jobs.store import Step
+
+    return Step(ctx.store, ctx.eval(gen), evaluate_inputs(ctx, gen), name=f"evaluate gen-{gen}",
+                owns=(ctx.eval_verdicts(gen),))
+
+
 def rollout_prefix(ctx: RunContext, g: int, task: str, rep: int) -> str:
     return ctx.eval_rollout(g, task, rep)
 
@@ -176,9 +184,8 @@ def rollout_generations(gen: int) -> list[int]:
 
 def pending_models(ctx: RunContext, gen: int) -> list[int]:
     """Generations whose model this step still calls: rollouts missing, or self-verdicts missing."""
-    from mass_jobs.store import Step
 
-    if Step(ctx.store, ctx.eval(gen), evaluate_inputs(ctx, gen)).done:
+    if evaluate_step(ctx, gen).done:
         return []
     tasks, reps = ctx.spec.resolved_tasks(), range(ctx.spec.evaluation.rollouts_per_task)
     need = {h for h in rollout_generations(gen) if not all(rollout_done(ctx, h, t, r) for t in tasks for r in reps)}
@@ -312,10 +319,10 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
     """The whole step for L_gen; returns its manifest. Resumes from whatever is already stored.
     With `agent_pods` (the cluster) the rollouts ran in agent pods: a missing one is an error."""
     from mass_jobs.judges import PanelMember, run_panel
-    from mass_jobs.store import Step, read_manifest
+    from mass_jobs.store import read_manifest
 
     spec, store = ctx.spec, ctx.store
-    step = Step(store, ctx.eval(gen), evaluate_inputs(ctx, gen), name=f"evaluate gen-{gen}")
+    step = evaluate_step(ctx, gen)
     if step.done:
         return read_manifest(store, ctx.eval(gen))
     step.start()

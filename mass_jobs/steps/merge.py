@@ -106,4 +106,4 @@ def merge_step(ctx, gen: int):
     return Step(ctx.store, ctx.merge_step(gen), inputs={
         "checkpoint": chosen["checkpoint"], "checkpoint_sha256": ctx.store.sha256(chosen["checkpoint"]),
         "fp8": ctx.spec.sft.fp8_export,
-    })
+    }, owns=(ctx.model(gen + 1) + "/", ctx.model_fp8(gen + 1) + "/"))  # it writes the next generation's model

@@ -218,7 +218,9 @@ class Search:
             "search": self.cfg.model_dump(mode="json", exclude={"iterations"}),
             **({"roles": roles_input(self.spec)} if roles_input(self.spec) else {}),
         }
-        return Step(self.store, self._iter(k), inputs, name=f"search/{self.task.id}/iter-{k}")
+        # iteration 0 also runs the bare reference rollout
+        return Step(self.store, self._iter(k), inputs, name=f"search/{self.task.id}/iter-{k}",
+                    owns=(self._iter("reference") + "/",) if k == 0 else ())
 
     def state(self) -> SearchState | None:
         doc = _get_json(self.store, self.ctx.search_state(self.gen, self.task.id))

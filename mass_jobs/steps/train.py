@@ -124,8 +124,8 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
         ctx.store.put_file(log_key, path.parent / "log.jsonl")
         _put_timing(ctx, gen, path.parent)
 
-    if dist.rank == 0 and not resume:
-        step.start()
+    if dist.rank == 0:
+        step.claim() if resume else step.start()  # a resume keeps the stored checkpoints it continues
     trainer = Trainer(parent, read_windows(inputs / "train.jsonl"), read_windows(inputs / "val.jsonl"),
                       ctx.spec.sft, work / "train", parallel=parallel, on_checkpoint=upload, progress=progress)
     trainer.setup()

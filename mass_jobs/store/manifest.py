@@ -15,16 +15,24 @@ import logging
 from typing import Any
 
 from mass_jobs.store.base import MissingKey, Store, check_key
+from mass_jobs.store.lease import Lease, WriterBusy
 
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "_manifest.json"
+WRITER_NAME = "_writer.json"  # the step's writer lease, beside its manifest
+STEP_RENEW_S, STEP_TTL_S = 5.0, 30.0
+STEP_WAIT_S = STEP_TTL_S + 2 * STEP_RENEW_S  # long enough for a killed writer's lease to go stale
 HASH_ON_DONE = 1 << 20  # outputs this small are re-hashed by Step.done; larger ones are checked by size
 FINISH_ROUNDS = 50  # finish() re-pins while concurrent finishers keep rewriting outputs (they stop when they finish)
 
 
 class CorruptObject(Exception):
     """An object's content no longer matches the sha256 its manifest recorded (or the manifest is broken)."""
+
+
+class StepTakenOver(WriterBusy):
+    """This writer's step lease was taken over (it was frozen past the TTL): what it wrote is not published."""
 
 
 def hash_inputs(obj: Any) -> str:
@@ -123,27 +131,55 @@ def outputs_intact(store: Store, manifest: dict, hash_limit: int = HASH_ON_DONE,
     return None
 
 
-class Step:
-    """One resumable step: done when its manifest has the same input hash and its outputs are intact."""
+def foreign_outputs(owns: tuple[str, ...], outputs) -> list[str]:
+    """Outputs that are not the step's own (under none of the key prefixes it owns); it may pin other
+    steps' manifests (evaluate pins its rollouts': their damage shows)."""
+    return sorted(k for k in outputs if not (k.startswith(owns) or k.endswith("/" + MANIFEST_NAME)))
 
-    def __init__(self, store: Store, prefix: str, inputs: Any, *, name: str | None = None):
+
+class Step:
+    """One resumable step: done when its manifest has the same input hash and its outputs are intact.
+
+    One writer at a time: `start()` (or `finish()` when nothing was started) takes the step's lease
+    (`<prefix>/_writer.json`), waiting up to STEP_WAIT_S for another holder to finish or go stale,
+    else WriterBusy naming it. `finish()` publishes the manifest only while the lease is still
+    this writer's, so a writer frozen past the TTL, whose step another one took over, never pins
+    outputs that are partly the other's.
+    """
+
+    def __init__(self, store: Store, prefix: str, inputs: Any, *, name: str | None = None, owns: tuple[str, ...] = ()):
         self.store, self.prefix, self.inputs = store, check_key(prefix), inputs
         self.name = name or prefix
+        # key prefixes its outputs may have: `prefix/...`, `prefix.<ext>` (a one-file step), `owns`
+        self.owns = (self.prefix + "/", self.prefix + ".", *owns)
         self.input_hash = hash_inputs(inputs)
         self.manifest_key = manifest_key(prefix)
+        self.lease = Lease(store, f"{self.prefix}/{WRITER_NAME}", f"step {self.name!r} in {store.uri}",
+                           ttl_s=STEP_TTL_S, renew_s=STEP_RENEW_S, wait_s=STEP_WAIT_S, reentrant=True)
+        self.started = False  # once started, a lost lease is never taken back: what was written may be mixed
 
     @property
     def done(self) -> bool:
         manifest = read_manifest(self.store, self.prefix)
         if manifest is None or manifest.get("input_hash") != self.input_hash:
             return False
-        problem = outputs_intact(self.store, manifest)
+        foreign = foreign_outputs(self.owns, manifest["outputs"])
+        problem = f"its manifest pins other steps' objects {foreign[:3]}" if foreign else outputs_intact(self.store, manifest)
         if problem:
             log.warning("step %s: %s: rerunning it", self.name, problem)
         return problem is None
 
+    def claim(self) -> None:
+        """Take the step's lease (once; a lease lost since is never taken back)."""
+        if not self.started:
+            self.lease.acquire()
+            self.started = True
+        self._check_lease()
+
     def start(self) -> None:
-        """Drop a manifest of other inputs, so a crash while rewriting outputs never looks done."""
+        """Claim the step, then drop a manifest of other inputs, so a crash while rewriting outputs
+        never looks done."""
+        self.claim()
         self.store.delete(self.manifest_key)
 
     def _versions(self, outputs: list[str]) -> dict[str, tuple[int, str]]:
@@ -174,14 +210,45 @@ class Step:
         if any changed, the outputs are re-hashed and the manifest rewritten: whoever writes a
         manifest last has checked it against what is stored.
         """
+        foreign = foreign_outputs(self.owns, outputs)
+        if foreign:
+            raise ValueError(f"step {self.name!r} cannot pin objects of other steps: {foreign}")
+        self.claim()  # a step that only writes its outputs and manifest claims it here
+        try:
+            return self._publish(outputs, extra)
+        finally:
+            self.lease.release()
+
+    def _publish(self, outputs: list[str], extra: dict | None) -> dict:
         versions, hashes, sizes = self._pin(outputs)
         for _ in range(FINISH_ROUNDS):
+            self._check_lease()
             manifest = {"step": self.name, "input_hash": self.input_hash, "outputs": hashes, "sizes": sizes,
                         "extra": extra or {}}
             self.store.put_json(self.manifest_key, manifest)
+            self._written = self.store.stat(self.manifest_key)[1]
+            if not self.lease.held():  # taken over while we wrote: withdraw ours, unless already replaced
+                self._withdraw()
+                self._check_lease()
             if self._versions(outputs) == versions:
                 return manifest
             log.warning("step %s: an output changed while finishing (a concurrent finisher): re-pinning", self.name)
             versions, hashes, sizes = self._pin(outputs)
         self.store.delete(self.manifest_key)
         raise CorruptObject(f"step {self.name!r}: outputs kept changing while finishing; left not done")
+
+    def _check_lease(self) -> None:
+        if not self.lease.held():
+            raise StepTakenOver(f"step {self.name!r} in {self.store.uri}: its writer lease was taken over by "
+                                "another writer while this one ran (it was stopped past the lease's "
+                                f"{STEP_TTL_S:.0f} s): nothing published; the other writer finishes the step")
+
+    def _withdraw(self) -> None:
+        """Delete the manifest this writer just wrote; one the new holder rewrote since stays (a
+        single store can only say "written in the last instant" by the object's version)."""
+        try:
+            _, version = self.store.stat(self.manifest_key)
+        except MissingKey:
+            return
+        if version == self._written:
+            self.store.delete(self.manifest_key)

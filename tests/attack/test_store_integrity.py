@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from mass_jobs.cli import main as cli_main
-from mass_jobs.store import CorruptObject, Step, read_manifest, verify_manifest
+from mass_jobs.store import CorruptObject, Step, StepTakenOver, read_manifest, verify_manifest
 from mass_jobs.store.manifest import HASH_ON_DONE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,8 +160,11 @@ def test_mass_verify_takes_a_spec_and_refuses_an_empty_run(make_store, tmp_path,
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("b_data", [b"from B, longer", b"from B"], ids=["other-size", "same-size"])
-def test_a_finisher_overtaken_between_hashing_and_writing_its_manifest_re_pins(make_store, kind, b_data, monkeypatch):
-    """A hashes its output; B rewrites it and finishes; then A writes its (stale) manifest."""
+def test_a_finisher_overtaken_between_hashing_and_writing_its_manifest_publishes_nothing(make_store, kind, b_data,
+                                                                                          monkeypatch):
+    """A hashes its output; B takes the step over, rewrites the output and finishes; then A writes
+    its (stale) manifest. A finds its lease gone: it withdraws that manifest and raises, so the step
+    is left not done (a rerun redoes it), never pinned with A's stale hash."""
     store = make_store(kind)
     a, b = Step(store, "s", {"v": 1}), Step(store, "s", {"v": 1})
     store.put_bytes("s/out", b"from A")
@@ -170,15 +173,17 @@ def test_a_finisher_overtaken_between_hashing_and_writing_its_manifest_re_pins(m
     def racing_put_json(key, obj):
         if key == a.manifest_key and not raced:
             raced.append(obj["outputs"]["s/out"])
+            b.start()
             store.put_bytes("s/out", b_data)
             b.finish(["s/out"])
         return write(key, obj)
 
     monkeypatch.setattr(store, "put_json", racing_put_json)
-    manifest = a.finish(["s/out"])
-    assert raced == [sha(b"from A")]  # A's first manifest really was stale
-    assert manifest["outputs"]["s/out"] == sha(b_data) == verify_manifest(store, "s")["outputs"]["s/out"]
-    assert a.done and b.done
+    with pytest.raises(StepTakenOver, match="lease was taken over by another writer"):
+        a.finish(["s/out"])
+    assert raced == [sha(b"from A")]  # A's manifest really was stale
+    assert not store.exists(a.manifest_key) and not a.done and not b.done
+    assert not store.exists("s/_writer.json")  # both leases released
 
 
 FINISHER = textwrap.dedent("""
@@ -268,3 +273,22 @@ def test_an_object_removed_while_a_step_checks_it_reads_as_missing(tmp_path, mon
         store.get_bytes("run/step/out.json")
     store.put_bytes("run/step/out.json", b"{}")
     assert step.done is False  # its output went away under it: rerun, no traceback
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_manifest_naming_another_steps_outputs_is_not_done_and_cannot_be_written(make_store, kind):
+    """A manifest of step X that pins step Y's objects (hashes right) would make X "done" without
+    any output of its own: refused when written, and not believed when found."""
+    store = make_store(kind)
+    store.put_bytes("run/gen-0/collect/t/ep-0/status.json", b'{"outcome": "success"}')
+    x = Step(store, "run/gen-0/rank/t", {"v": 1})
+    with pytest.raises(ValueError, match=r"cannot pin objects of other steps: \['run/gen-0/collect/t/ep-0/status.json'\]"):
+        x.finish(["run/gen-0/collect/t/ep-0/status.json"])
+    key = "run/gen-0/collect/t/ep-0/status.json"
+    store.put_json(x.manifest_key, {"step": x.name, "input_hash": x.input_hash, "outputs": {key: store.sha256(key)},
+                                    "sizes": {key: store.stat(key)[0]}, "extra": {}})
+    assert not x.done
+    store.put_bytes("run/gen-0/rank/t.json", b"{}")  # its own one-file output, and another step's manifest
+    y = Step(store, "run/gen-0/collect/t/ep-0", {"v": 2})
+    y.finish([key])
+    assert x.finish(["run/gen-0/rank/t.json", y.manifest_key]) and x.done

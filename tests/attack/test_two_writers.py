@@ -1,14 +1,18 @@
 """Two writers of one run: the spec claim is atomic (of two different specs one wins, the other is
 refused naming the changed fields), and a writer lease in the store lets one `mass run` at a time
-write a run (a second one exits 2 naming the holder; a killed holder's lease is taken over).
-On the file store and on S3 (moto's server: conditional PUTs)."""
+write a run (a second one exits 2 naming the holder; a killed holder's lease is taken over). Each
+step has a lease of its own: a second writer waits, then exits naming the holder, and a writer
+whose step was taken over publishes nothing. On the file store and on S3 (moto's server:
+conditional PUTs)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -84,8 +88,6 @@ def test_a_lease_not_renewed_or_of_a_dead_process_is_taken_over(make_store, kind
         assert ctx.store.get_json(ctx.writer())["pid"] == os.getpid()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    import socket
-
     ctx.store.put_json(ctx.writer(), {"holder": f"{socket.gethostname()}:{dead.pid}", "host": socket.gethostname(),
                                       "pid": dead.pid, "started": now, "renewed": time.time()})
     with RunLease(ctx):  # this host's writer, killed: its pid is gone
@@ -131,3 +133,113 @@ def test_two_mass_runs_of_one_run(tmp_path, tiny_model_dir):
     s = load_spec(a)
     with RunLease(RunContext(s, open_store(s.store))):  # the killed writer's lease is taken over
         assert yaml.safe_load(lease.read_text())["pid"] == os.getpid()
+
+
+# ---------------------------------------------------------------- one writer per step
+
+STEP_WRITER = textwrap.dedent("""
+    import os, sys
+    from mass_jobs.models import StoreSpec
+    from mass_jobs.store import Step, StepTakenOver, open_store
+    from mass_jobs.store import manifest
+    from mass_jobs.store.lease import WriterBusy
+
+    manifest.STEP_TTL_S, manifest.STEP_RENEW_S, manifest.STEP_WAIT_S = 1.5, 0.2, float(sys.argv[3])
+    store, me = open_store(StoreSpec.model_validate_json(sys.argv[1])), sys.argv[2]
+    step = Step(store, "run/gen-0/rank/t", {"same": "inputs"})
+    try:
+        step.start()
+    except WriterBusy as err:
+        print("BUSY", err, flush=True)
+        sys.exit(2)
+    for key in ("run/gen-0/rank/t/o1", "run/gen-0/rank/t/o2"):
+        store.put_bytes(key, me.encode())
+        print("WROTE", key, flush=True)
+        if me == "B":  # B dies after rewriting o1 only
+            os._exit(9)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    try:
+        step.finish(["run/gen-0/rank/t/o1", "run/gen-0/rank/t/o2"])
+    except StepTakenOver as err:
+        print("TAKEN", err, flush=True)
+        sys.exit(3)
+    print("DONE", flush=True)
+""")
+
+
+def _writer(tmp_path, store, me: str, wait_s: float) -> subprocess.Popen:
+    script = tmp_path / "step_writer.py"
+    script.write_text(STEP_WRITER)
+    return subprocess.Popen([sys.executable, str(script), store.spec.model_dump_json(), me, str(wait_s)],
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _until(proc: subprocess.Popen, word: str) -> str:
+    for line in proc.stdout:
+        if line.startswith(word):
+            return line
+    raise AssertionError(f"writer ended before {word}: {proc.stderr.read()[-2000:]}")
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_a_second_writer_of_a_step_waits_then_exits_naming_the_live_holder(make_store, kind, tmp_path):
+    store = make_store(kind)
+    a = _writer(tmp_path, store, "A", 0)
+    try:
+        _until(a, "READY")
+        b = _writer(tmp_path, store, "B", 1.0)  # waits 1 s for A, who keeps renewing
+        out, err = b.communicate(timeout=120)
+        assert b.returncode == 2 and f"step 'run/gen-0/rank/t' in {store.uri} is being written by " \
+            f"{socket.gethostname()}:{a.pid} (started" in out, out + err
+        assert store.get_bytes("run/gen-0/rank/t/o1") == b"A"  # B wrote nothing
+        a.stdin.write("\n")
+        a.stdin.flush()
+        _until(a, "DONE")
+    finally:
+        a.kill()
+        a.wait()
+    from mass_jobs.store import Step, verify_manifest
+
+    assert Step(store, "run/gen-0/rank/t", {"same": "inputs"}).done
+    assert not store.exists("run/gen-0/rank/t/_writer.json")
+    assert verify_manifest(store, "run/gen-0/rank/t")["outputs"].keys() == {"run/gen-0/rank/t/o1", "run/gen-0/rank/t/o2"}
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_a_killed_writer_never_leaves_a_manifest_of_two_writers_outputs(make_store, kind, tmp_path):
+    """A writes o1 and o2 and is frozen past the lease's TTL; B takes the step over, rewrites o1
+    and is killed; A resumes and finishes: it finds its lease taken, publishes nothing, and the
+    step stays not done until a rerun writes every output itself."""
+    from mass_jobs.store import Step, verify_manifest
+
+    store = make_store(kind)
+    a = _writer(tmp_path, store, "A", 0)
+    try:
+        _until(a, "READY")
+        os.kill(a.pid, signal.SIGSTOP)  # frozen: its lease stops being renewed
+        time.sleep(2.0)
+        b = _writer(tmp_path, store, "B", 5.0)
+        out, err = b.communicate(timeout=120)
+        assert b.returncode == 9 and "WROTE run/gen-0/rank/t/o1" in out, out + err
+        assert store.get_bytes("run/gen-0/rank/t/o1") == b"B" and store.get_bytes("run/gen-0/rank/t/o2") == b"A"
+        os.kill(a.pid, signal.SIGCONT)
+        a.stdin.write("\n")
+        a.stdin.flush()
+        taken = _until(a, "TAKEN")
+        assert "its writer lease was taken over by another writer" in taken
+        assert a.wait(timeout=60) == 3
+    finally:
+        a.kill()
+        a.wait()
+    step = Step(store, "run/gen-0/rank/t", {"same": "inputs"})
+    assert not store.exists(step.manifest_key) and not step.done
+    rerun = _writer(tmp_path, store, "C", 5.0)  # B's lease is stale (its process is gone): taken over
+    _until(rerun, "READY")
+    rerun.stdin.write("\n")
+    rerun.stdin.flush()
+    _until(rerun, "DONE")
+    assert rerun.wait(timeout=60) == 0
+    manifest = verify_manifest(store, "run/gen-0/rank/t")
+    assert {store.get_bytes(k) for k in manifest["outputs"]} == {b"C"} and step.done
