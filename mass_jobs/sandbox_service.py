@@ -181,13 +181,13 @@ class SandboxService:
 
     def start_qwen(self, body: dict) -> dict:
         from mass_jobs.harness import episode_input
-        from mass_jobs.harness.qwen_code import QwenRun
+        from mass_jobs.harness.qwen_code import QwenRun, sandbox_home
         from mass_jobs.llm import Endpoint
 
         inp = episode_input(body["episode"])
         p = body["proxy"]
         run = QwenRun(inp, Endpoint(p["base_url"], p["model"], key=p.get("key")), self.workspace,
-                      shell_socket=self.shell_socket or self.socket_path)
+                      shell_socket=self.shell_socket or self.socket_path, home=sandbox_home(self.workspace))
         run.limits = inp.limits
         with self._lock:
             run_id = str(next(self._ids))

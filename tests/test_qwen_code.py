@@ -9,6 +9,7 @@ absolute `file_path`s).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from mass_jobs.audit import audit_episode, split_threads
 from mass_jobs.harness import EpisodeInput, run_episode, validate_status
@@ -207,3 +208,25 @@ def boilerplate_draw_share(windows, tok) -> float:
     groups = [[w for w in windows if w.role == "orchestrator"], [w for w in windows if w.role != "orchestrator"]]
     weights = [1 / 3, 2 / 3] if all(groups) else [1.0 if g else 0.0 for g in groups]
     return sum(wt * sum(map(only_harness, g)) / len(g) for wt, g in zip(weights, groups) if g)
+
+
+def test_qwen_codes_prompt_does_not_depend_on_where_the_workspace_is(scripted_endpoint, tmp_path):
+    """qwen-code shows its home's files in the system prompt by their path relative to the
+    workspace: in the sandbox its home is one fixed place beside the workspace's folder (as in an
+    agent pod), so two episodes in two folders send the model the same prompt."""
+    import tempfile
+
+    from mass_jobs.harness.qwen_code import sandbox_home
+
+    prompts = []
+    for _ in range(2):
+        ep = scripted_endpoint({"*": [Reply.text("done")]})
+        with tempfile.TemporaryDirectory(prefix="mass-collect-") as tmp:  # as the steps lay out an episode
+            run(ep, Path(tmp))
+            prompts.append(ep.requests[0]["body"]["messages"][0]["content"])
+    assert prompts[0] == prompts[1]
+    assert "Context from: ../../tmp/qwen-home/.qwen/output-language.md" in str(prompts[0])
+    pod = tmp_path / "pod"
+    home = sandbox_home(pod / "workspace" / "ws")  # an agent pod's /workspace/ws: its /tmp/qwen-home
+    assert home == pod / "tmp" / "qwen-home" and home.is_dir()
+    assert sandbox_home(pod / "workspace" / "ws") is None  # taken: never shared by two runs

@@ -24,6 +24,18 @@ from mass_jobs.models import Closed, EpisodeLimits, Sampling
 
 OUTCOMES = ("success", "failed", "turn_limit", "loop_detected", "timeout", "infra_error")
 HARNESSES = ("builtin", "qwen-code")
+# The episode limits (execution.limits) that end an episode, by the outcome each ends it with; the
+# tool-call cap ends it "failed" with this reason (both harnesses word it so).
+CAPS = ("turns_per_agent", "tool_calls", "wall_s", "loop_repeats")
+TOOL_CALL_CAP = "tool-call limit of"
+
+
+def episode_cap(status: dict) -> str | None:
+    """Which cap of execution.limits ended the episode (CAPS), or None when none did."""
+    outcome, reason = status.get("outcome"), str(status.get("reason") or "")
+    if outcome == "failed" and reason.startswith(TOOL_CALL_CAP):
+        return "tool_calls"
+    return {"turn_limit": "turns_per_agent", "timeout": "wall_s", "loop_detected": "loop_repeats"}.get(outcome)
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "episode-status.schema.json"
 
 

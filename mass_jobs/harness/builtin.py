@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mass_jobs.harness import TOOL_CALL_CAP
 from mass_jobs.harness import tools as T
 from mass_jobs.llm import Endpoint, ModelClient, ModelError, parse_tool_calls, usage_tokens
 from mass_jobs.models import EpisodeLimits, Sampling
@@ -157,7 +158,7 @@ class BuiltinHarness:
                         "loop_detected", f"{agent_id} made the same call {name}({key[1][:200]}) {repeats} times in a row"
                     )
                 if self.tally.tool_calls > self.limits.tool_calls:
-                    raise EpisodeStop("failed", f"tool-call limit of {self.limits.tool_calls} reached")
+                    raise EpisodeStop("failed", f"{TOOL_CALL_CAP} {self.limits.tool_calls} reached")
                 result, done = self._run_tool(parsed, allowed, agent_id, role, depth)
                 if result.startswith(T.ERROR_PREFIX):
                     self.tally.tool_errors += 1

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mass_jobs.audit import DELEGATE_TOOLS, split_threads
+from mass_jobs.harness import TOOL_CALL_CAP
 
 if TYPE_CHECKING:
     from mass_jobs.harness import EpisodeInput, HarnessOutcome
@@ -149,7 +150,7 @@ def limit_breach(records: list[dict], inp: EpisodeInput) -> tuple[str, str] | No
                 if repeats >= limits.loop_repeats:
                     return "loop_detected", f"{t.id} made the same call {key[0]}({str(key[1])[:200]}) {repeats} times in a row"
     if calls > limits.tool_calls:
-        return "failed", f"tool-call limit of {limits.tool_calls} reached"
+        return "failed", f"{TOOL_CALL_CAP} {limits.tool_calls} reached"
     return None
 
 
@@ -161,12 +162,12 @@ class QwenRun:
     `bash`, mass_jobs/harness/qwen_shell.py) and run outside its process tree. Its output is read
     from pipes, never from a file a tool could replace. FileNotFoundError when the binary is missing."""
 
-    def __init__(self, inp: EpisodeInput, proxy: Endpoint, workspace: Path, shell_socket: str | Path | None = None):
+    def __init__(self, inp: EpisodeInput, proxy: Endpoint, workspace: Path, shell_socket: str | Path | None = None,
+                 home: Path | None = None):
         from mass_jobs.harness.qwen_shell import install_shim
 
         binary = qwen_binary()
-        self._home = tempfile.TemporaryDirectory(prefix="mass-qwen-home-")
-        home = Path(self._home.name)
+        home = self._home = home or Path(tempfile.mkdtemp(prefix="mass-qwen-home-"))
         (home / ".qwen").mkdir()
         (home / ".qwen" / "settings.json").write_text(json.dumps(settings(inp), indent=2))
         shell_dir = home / ".mass-bin"
@@ -201,7 +202,24 @@ class QwenRun:
     def close(self) -> None:
         if self.proc.poll() is None:
             self.kill()
-        self._home.cleanup()
+        shutil.rmtree(self._home, ignore_errors=True)
+
+
+def sandbox_home(workspace: Path) -> Path | None:
+    """qwen-code's HOME in a sandbox (an agent pod's qwen-code container, or the local sandbox's
+    bwrap, whose /tmp is private to it): `tmp/qwen-home` two folders above the workspace, so
+    /tmp/qwen-home beside the pod's /workspace/ws and the local /tmp/<episode>/workspace alike.
+    qwen-code puts its home's files in the model's prompt by their path relative to the workspace,
+    so one place makes that prompt the same on one machine and on a cluster. None where it cannot
+    be made or is already taken (a workspace elsewhere, another run beside it): a temporary folder
+    then. It is created, never reused, so no two runs share one."""
+    home = Path(workspace).resolve().parent.parent / "tmp" / "qwen-home"
+    try:
+        home.parent.mkdir(parents=True, exist_ok=True)
+        home.mkdir(mode=0o700)
+    except OSError:
+        return None
+    return home
 
 
 class _Tail:
