@@ -98,6 +98,11 @@ def _device(dist_info: Dist):
     if torch.cuda.is_available():
         torch.cuda.set_device(dist_info.local_rank)
         return torch.device("cuda", dist_info.local_rank)
+    if dist_info.world > 1:
+        # One intra-op thread per rank, as torchrun gives processes sharing a node: a CPU kernel's
+        # sums depend on its thread count, so every launcher (torchrun's several processes, or a
+        # PyTorchJob's pods of one each) must agree for replicas to train the same weights.
+        torch.set_num_threads(1)
     return torch.device("cpu")
 
 
