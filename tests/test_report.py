@@ -266,3 +266,40 @@ def test_episodes_are_counted_by_outcome_per_generation_and_stage(built):
     md = rp.render_markdown(doc)
     assert "| generation | stage | episodes | success | turn_limit | infra_error |" in md
     assert "| L0 | collect | 4 | 1 | 2 | 1 |" in md
+
+
+def test_episodes_are_counted_by_the_cap_that_ended_them(built):
+    """Each cap of execution.limits is a column, with the outcome and reason each harness ends it with."""
+    from mass_jobs.harness import CAPS, TOOL_CALL_CAP, episode_cap
+    from mass_jobs.harness.qwen_code import limit_breach
+
+    store = built.store
+    base = {"harness": "qwen-code", "counts": {"turns": 1, "tool_calls": 0, "delegations": 0, "agents": 1},
+            "tokens": {"prompt": 1, "completion": 1}, "timings": {"wall_s": 1.0},
+            "sandbox": {"network_isolated": False, "note": ""}}
+    ended = [("turn_limit", "qwen-code reached its turn limit (2 turns per session)"),
+             ("failed", f"{TOOL_CALL_CAP} 4 reached"), ("failed", f"{TOOL_CALL_CAP} 4 reached"),
+             ("timeout", "wall time of 60s exceeded"), ("loop_detected", "t0 made the same call ls() 3 times in a row"),
+             ("failed", "qwen-code ended with error_max_turns: no"), ("success", "qwen-code finished")]
+    for i, (outcome, reason) in enumerate(ended):
+        store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json", {**base, "outcome": outcome, "reason": reason})
+    doc = rp.build_report(built)
+    rp.validate_report(doc)
+    [collect] = [x for x in doc["outcomes"] if (x["generation"], x["stage"]) == (0, "collect")]
+    assert collect["by_cap"] == {"turns_per_agent": 1, "tool_calls": 2, "wall_s": 1, "loop_repeats": 1}
+    assert list(collect["by_cap"]) == list(CAPS)
+    md = rp.render_markdown(doc)
+    assert "| generation | stage | turns_per_agent | tool_calls | wall_s | loop_repeats |" in md
+    assert "| L0 | collect | 1 | 2 | 1 | 1 |" in md
+    # the qwen-code harness's own tool-call cap words its reason so
+    from mass_jobs.harness import EpisodeInput
+    from mass_jobs.llm import Endpoint
+    from mass_jobs.models import EpisodeLimits, Sampling
+
+    inp = EpisodeInput(prompt="p", endpoint=Endpoint(base_url="http://127.0.0.1:1/v1", model="m"),
+                       limits=EpisodeLimits(tool_calls=1), sampling=Sampling())
+    calls = [{"function": {"name": "ls", "arguments": str(i)}} for i in range(2)]
+    records = [{"request": {"messages": [{"role": "user", "content": "p"}]},
+                "response": {"message": {"role": "assistant", "tool_calls": calls}}}]
+    outcome, reason = limit_breach(records, inp)
+    assert episode_cap({"outcome": outcome, "reason": reason}) == "tool_calls"

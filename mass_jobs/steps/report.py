@@ -30,7 +30,7 @@ from pydantic import Field
 from mass_jobs import metrics
 from mass_jobs.analysis.information import InformationProxy
 from mass_jobs.context import RunContext
-from mass_jobs.harness import OUTCOMES
+from mass_jobs.harness import CAPS, OUTCOMES, episode_cap
 from mass_jobs.models import Closed
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "report.schema.json"
@@ -108,6 +108,8 @@ class Outcomes(Closed):
     episodes: int
     by_outcome: dict[str, int] = Field(description="Episodes per outcome (mass_jobs.harness.OUTCOMES; turn_limit: an "
                                                    "agent used its turns, e.g. qwen-code's --max-session-turns).")
+    by_cap: dict[str, int] = Field(default_factory=dict, description="Episodes ended by each cap of execution.limits "
+                                   "(mass_jobs.harness.CAPS), zeros included: a cap ending many episodes selects for brevity.")
 
 
 class SftData(Closed):
@@ -117,6 +119,10 @@ class SftData(Closed):
         description="Errors found in them: teacher prompt not stripped, thread not renderable, reply too long.")
     episodes_dropped: int = Field(description="Episodes left out of the SFT data for those errors (sft.strict).")
     orchestrator_windows: int = Field(description="Training windows of orchestrator threads.")
+    windows_by_role: dict[str, int] = Field(default_factory=dict, description="Training windows per thread role "
+                                            "(orchestrator, worker, auxiliary: a harness's side calls).")
+    supervised_by_role: dict[str, int] = Field(default_factory=dict, description="Supervised tokens of the training "
+                                               "windows per thread role.")
 
 
 def sft_data(stats: dict | None, g: int) -> SftData | None:
@@ -128,7 +134,9 @@ def sft_data(stats: dict | None, g: int) -> SftData | None:
     return SftData(generation=g, episodes=sum(x["episodes"] for x in splits),
                    episode_errors=sum(len(x.get("episode_errors", [])) for x in splits),
                    episodes_dropped=sum(len(x.get("episodes_dropped", [])) for x in splits),
-                   orchestrator_windows=(stats["train"].get("windows_by_role") or {}).get("orchestrator", 0))
+                   orchestrator_windows=(stats["train"].get("windows_by_role") or {}).get("orchestrator", 0),
+                   windows_by_role=dict(stats["train"].get("windows_by_role") or {}),
+                   supervised_by_role=dict(stats["train"].get("supervised_tokens_by_role") or {}))
 
 
 class SearchCurve(Closed):
@@ -411,8 +419,10 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         for stage, sts in (("search", st_search), ("collect", st_collect), ("evaluate", st_eval)):
             if sts:
                 counted = Counter(str(st.get("outcome")) for st in sts)
+                capped = Counter(episode_cap(st) for st in sts)
                 outcomes.append(Outcomes(generation=g, stage=stage, episodes=len(sts),
-                                         by_outcome={o: counted.get(o, 0) for o in (*OUTCOMES, *sorted(set(counted) - set(OUTCOMES)))}))
+                                         by_outcome={o: counted.get(o, 0) for o in (*OUTCOMES, *sorted(set(counted) - set(OUTCOMES)))},
+                                         by_cap={c: capped.get(c, 0) for c in CAPS}))
         stats = _json_or_none(store, ctx.sft_file(g, "stats"))
         if sft_data(stats, g):
             sft.append(sft_data(stats, g))
@@ -516,6 +526,10 @@ def _ci(ci) -> str:
     return "–" if not ci else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
 
 
+def _by_role(counts: dict | None) -> str:
+    return ", ".join(f"{role} {n:,}" for role, n in (counts or {}).items()) or "-"
+
+
 def render_markdown(doc: dict) -> str:
     lines = [f"# MASS run `{doc['run']}`", "", "## How to read this", "",
              *[f"- {line}" for line in doc["how_to_read"]], "",
@@ -583,11 +597,16 @@ def render_markdown(doc: dict) -> str:
         for x in doc["outcomes"]:
             lines.append(f"| L{x['generation']} | {x['stage']} | {x['episodes']} | "
                          + " | ".join(str(x["by_outcome"].get(o, 0)) for o in names) + " |")
+        lines += ["", "Episodes ended by a cap of `execution.limits`:", "",
+                  "| generation | stage | " + " | ".join(CAPS) + " |", "|---|---|" + "---:|" * len(CAPS)]
+        lines += [f"| L{x['generation']} | {x['stage']} | " + " | ".join(str(x.get("by_cap", {}).get(c, 0)) for c in CAPS)
+                  + " |" for x in doc["outcomes"]]
     if doc["sft"]:
-        lines += ["", "## SFT data", "", "| generation | episodes | episode errors | episodes dropped | orchestrator windows |",
-                  "|---|---:|---:|---:|---:|"]
+        lines += ["", "## SFT data", "", "| generation | episodes | episode errors | episodes dropped | orchestrator windows "
+                  "| windows by role | supervised tokens by role |", "|---|---:|---:|---:|---:|---|---|"]
         lines += [f"| L{d['generation']} | {d['episodes']} | {d['episode_errors']} | {d['episodes_dropped']} "
-                  f"| {d['orchestrator_windows']} |" for d in doc["sft"]]
+                  f"| {d['orchestrator_windows']} | {_by_role(d.get('windows_by_role'))} "
+                  f"| {_by_role(d.get('supervised_by_role'))} |" for d in doc["sft"]]
     lines += ["", "## Workflow search", "", "| generation | tasks | elite beats reference after iteration k |",
               "|---|---:|---|"]
     for s in doc["search"]:
