@@ -8,7 +8,7 @@ NODE_DIR := .tools/qwen-code
 # The paper ran 0.20.0 on Node 22; see README (Setup) for why 0.15.10 is pinned here.
 QWEN_VERSION := 0.15.10
 
-.PHONY: setup demo test attack bench bench-serve vllm-env schemas check-codegen images clean
+.PHONY: setup demo paper-mini test attack bench bench-serve vllm-env schemas check-codegen images clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
@@ -25,6 +25,12 @@ setup: $(STAMP) $(NODE_DIR)/node_modules/.bin/qwen
 
 demo: setup
 	$(VENV)/bin/mass demo examples/tiny.yaml
+
+# examples/paper.yaml at toy size (README: Reproducing the paper); the judges are scripted test fixtures.
+paper-mini: setup
+	test -f build/tiny-hybrid/model.safetensors || $(VENV)/bin/mass model tiny --hybrid --out build/tiny-hybrid
+	$(PY) -m mass_jobs.testing.scripted_judges 8601 8602 & judges=$$!; \
+	  $(VENV)/bin/mass run examples/paper-mini.yaml; rc=$$?; kill $$judges; exit $$rc
 
 test: setup
 	$(PY) -m pytest -q

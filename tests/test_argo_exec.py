@@ -788,7 +788,7 @@ def put_spec(s3: dict, doc: dict, key: str) -> str:
 def cluster(s3_env, tmp_path, tiny_model_dir):
     """An executor over argo/ and moto, the tiny model uploaded where the spec points KServe at it,
     and an external judge (a scripted fixture endpoint)."""
-    from tests.test_run_e2e import HashVerdictJudge
+    from mass_jobs.testing.scripted_judges import HashVerdictJudge
 
     model_uri = upload_dir(s3_env, tiny_model_dir, "models/tiny")
     judge = HashVerdictJudge().__enter__()
@@ -851,7 +851,7 @@ def manifests(store, run: str) -> dict[str, dict]:
 
 @pytest.mark.slow
 def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
-    from tests.test_run_e2e import HashVerdictJudge
+    from mass_jobs.testing.scripted_judges import HashVerdictJudge
 
     s3 = cluster["s3"]
     with HashVerdictJudge() as judge:

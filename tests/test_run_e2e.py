@@ -16,7 +16,6 @@ ties and invalid verdicts per comparison, per task and overall are recounted fro
 files alone (not the report's code) and must equal the report's numbers exactly.
 """
 
-import hashlib
 import json
 import os
 import signal
@@ -34,7 +33,7 @@ from mass_jobs.commands.validate import done_outputs
 from mass_jobs.runner import SplitLeak, check_no_test_leak, step_status, train_tasks
 from mass_jobs.spec import load_spec, validate_document
 from mass_jobs.store import FileStore, read_manifest, verify_manifest
-from mass_jobs.testing.scripted_endpoint import Reply, ScriptedEndpoint
+from mass_jobs.testing.scripted_judges import HashVerdictJudge
 
 SPEC = Path(__file__).parent / "specs" / "ci-e2e.yaml"
 
@@ -98,24 +97,6 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class HashVerdictJudge(ScriptedEndpoint):
-    """TEST FIXTURE, no model: a judge that always answers a valid structured verdict. The label
-    (A, B or tie) comes from a hash of the request's messages and seed, so the same comparison gets
-    the same answer in every run (reruns reproduce the report) while the panel sees a mix."""
-
-    def __init__(self):
-        super().__init__(model="hash-judge")
-        self.answers: list[str] = []  # labels in answer order, to tie stored verdicts to what was said
-
-    def next_reply(self, headers: dict[str, str], body: dict) -> tuple[str, Reply]:
-        request = json.dumps([body.get("messages"), body.get("seed")], sort_keys=True).encode()
-        digest = hashlib.sha256(request).digest()
-        label = ("A", "B", "tie")[int.from_bytes(digest[:8], "big") % 3]
-        with self._lock:
-            self.answers.append(label)
-        return "*", Reply.text(json.dumps({"winner": label, "rationale": f"scripted verdict {digest.hex()[:12]}"}))
 
 
 # Four seeds: each pair is shown twice in each order, and enough independent draws that a change of

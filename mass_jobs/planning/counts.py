@@ -82,7 +82,8 @@ def stored_counts(ctx, g: int) -> dict:
         iters = {k.split("/iter-")[1].split("/")[0] for k in search if "/iter-" in k and k.endswith("/_manifest.json")}
         out["search_iterations"] += len(iters)
         out["optimizer_proposals"] += sum(1 for k in search if k.endswith("/proposal.json"))
-        out["search_rollouts"] += sum(1 for k in search if k.endswith("/status.json"))
+        # an agent pod's input/output copies of a rollout are not rollouts of their own
+        out["search_rollouts"] += sum(1 for k in search if k.endswith("/status.json") and not ctx.is_pod_copy(k))
         collect = store.list(ctx.collect(g, t) + "/")
         out["teacher_episodes"] += sum(1 for k in collect if "/ep-" in k and k.endswith("/_manifest.json"))
         ranking = json.loads(store.get_bytes(ctx.rank(g, t)))
