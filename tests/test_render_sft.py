@@ -433,7 +433,9 @@ def test_render_step_over_the_store(tokenizer, tmp_path):
 
     doc = build_report(ctx)
     assert doc["sft"] == [{"generation": 0, "episodes": 4, "episode_errors": 1, "episodes_dropped": 1,
-                           "orchestrator_windows": 3}]
+                           "orchestrator_windows": 3,
+                           "windows_by_role": {"orchestrator": 3, "worker": 3, "auxiliary": 1},
+                           "supervised_by_role": {"orchestrator": 160, "worker": 88, "auxiliary": 6}}]
     assert "| L0 | 4 | 1 | 1 | 3 |" in render_markdown(doc)
     manifest = read_manifest(ctx.store, "r/gen-0/sft")
     assert manifest["extra"]["stored_supervised_tokens"] == extra["stored_supervised_tokens"]

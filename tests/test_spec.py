@@ -46,6 +46,7 @@ def test_examples_validate(path, capsys, tmp_path):
     # a copy next to the model dirs they name (../build/..., relative to the spec), which `make demo` builds
     shutil.copytree(path.parent, tmp_path / "examples")
     (tmp_path / "build" / "tiny-warm").mkdir(parents=True)
+    (tmp_path / "build" / "tiny-hybrid").mkdir(parents=True)  # paper-mini's (mass model tiny --hybrid)
     assert cli_main(["validate", str(tmp_path / "examples" / path.name)]) == 0
     assert "valid run spec" in capsys.readouterr().out
 
