@@ -11,12 +11,10 @@ holds the run's mutex, and its steps are separate pods (each step's own lease st
 
 from __future__ import annotations
 
-from mass_jobs.store.lease import Lease, WriterBusy, pid_alive
+from mass_jobs.store.lease import Lease, WriterBusy
 
 RENEW_S = 15.0
 TTL_S = 60.0
-
-__all__ = ["RunBusy", "RunLease", "pid_alive"]
 
 
 class RunBusy(WriterBusy):

@@ -383,6 +383,6 @@ def _status(state: dict, g: int, name: str, done: bool) -> str:
 
 
 def _alive(pid) -> bool:
-    from mass_jobs.run_lease import pid_alive
+    from mass_jobs.store.lease import pid_alive
 
     return pid_alive(pid)

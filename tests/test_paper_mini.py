@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 import re
 import subprocess
 import sys
@@ -169,8 +170,8 @@ def figures(store, ctx, spec, tokenizer) -> dict:
         out[g] = {
             "windows_by_role": stats["train"]["windows_by_role"],
             "supervised_tokens_by_role": stats["train"]["supervised_tokens_by_role"],
-            "teacher_episodes_by_outcome": dict(sorted(_count(s["outcome"] for s in statuses).items())),
-            "teacher_episodes_by_cap": dict(sorted(_count(str(episode_cap(s)) for s in statuses).items())),
+            "teacher_episodes_by_outcome": dict(sorted(Counter(s["outcome"] for s in statuses).items())),
+            "teacher_episodes_by_cap": dict(sorted(Counter(str(episode_cap(s)) for s in statuses).items())),
             "train_steps": train_manifest["extra"]["steps"], "world_size": train_manifest["extra"]["world_size"],
             "parallel": train_manifest["extra"]["parallel"], "selected_step": training["selected_step"],
             "windows_with_teacher_text": sum(1 for _, text, _ in windows for t in teacher if t in text),
@@ -179,12 +180,6 @@ def figures(store, ctx, spec, tokenizer) -> dict:
         }
     out["outcomes"] = report["outcomes"]
     return out
-
-
-def _count(items) -> dict:
-    from collections import Counter
-
-    return dict(Counter(items))
 
 
 def check_figures(fig: dict, spec) -> None:
