@@ -149,6 +149,14 @@ class SearchSpec(Closed):
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     proposal_retries: int = Field(default=3, ge=0, le=MAX_RETRIES, description="Retries of a malformed workflow proposal.")
     evidence_bytes: int = Field(default=16384, ge=1024, le=16 << 20, description="Cap on the workspace bundle shown to roles.")
+    selection: Literal["champion", "elite"] = Field(
+        default="champion",
+        description="'champion' (the paper's code, judged against the baseline): every version is judged against "
+        "the bare reference; the first to beat it is the champion, and a later version that beats it too "
+        "replaces it only by winning a direct champion-vs-version verdict. 'elite' (the paper's Algorithm 1): "
+        "each version is judged against the elite and replaces it when preferred; an elite is judged against "
+        "the reference once, when it becomes the elite (docs/parity.md).",
+    )
 
 
 class CollectionSpec(Closed):
@@ -167,11 +175,12 @@ class CollectionSpec(Closed):
         description="Collect only for tasks whose search beat the bare reference (the paper). "
         "false: collect for every training task (smoke runs with an untrained model that never wins).",
     )
-    collect_when: Literal["any_version", "elite"] = Field(
-        default="any_version",
-        description="'any_version' (the paper's code): a task is collected when any workflow version of its "
-        "search was preferred over the bare reference, and the teacher runs the latest such version; "
-        "'elite': only when the final elite was (one judgment).",
+    collect_when: Literal["elite", "any_version"] = Field(
+        default="elite",
+        description="'elite' (the paper's code with search.selection champion): a task is collected when the "
+        "search's final best version (the champion, or Algorithm 1's elite) beat the bare reference, and the "
+        "teacher runs it; 'any_version': when any version judged against the reference beat it, the teacher "
+        "running the latest such version.",
     )
 
 
@@ -321,21 +330,42 @@ class StoreSpec(Closed):
 
 
 class EpisodeLimits(Closed):
-    turns_per_agent: int = Field(default=40, ge=1, le=10_000)
-    tool_calls: int = Field(default=200, ge=1, le=100_000, description="Tool calls per episode, all agents together.")
+    """What ends or bounds an episode. The defaults are upstream's (`runtime/run_episode.sh`): no cap
+    on turns, tool calls or wall time, 600 s per shell command and 1,800 s per model response, so a
+    long team episode is never cut short and ranking never selects for brevity. The caps are the
+    project's bounded setting (docs/parity.md): set them for smoke runs and tiny models; an episode a
+    cap ends is counted by cap in the report."""
+
+    turns_per_agent: int | None = Field(default=None, ge=1, le=10_000,
+                                        description="Model turns per agent thread; null: no cap (upstream).")
+    tool_calls: int | None = Field(default=None, ge=1, le=100_000,
+                                   description="Tool calls per episode, all agents together; null: no cap (upstream).")
     delegation_depth: int = Field(default=1, ge=0, le=16)
-    wall_s: float = Field(default=3600, gt=0, le=DAY_S * 7, description="Wall-clock limit per episode.")
-    loop_repeats: int = Field(default=4, ge=2, le=1000, description="The same call this many times in a row ends the episode.")
-    shell_timeout_s: float = Field(default=120, gt=0, le=DAY_S)
-    cpu_s: int = Field(default=120, ge=1, le=DAY_S, description="rlimit CPU seconds per shell call.")
+    wall_s: float | None = Field(default=None, gt=0, le=DAY_S * 7,
+                                 description="Wall-clock limit per episode; null: none (upstream; on a cluster the "
+                                             "agent pods' deadline still bounds it).")
+    loop_repeats: int | None = Field(default=4, ge=2, le=1000,
+                                     description="The same call this many times in a row ends the episode; null: "
+                                                 "no loop detection of the project's (qwen-code keeps its own).")
+    shell_timeout_s: float = Field(default=600, gt=0, le=DAY_S, description="Per shell command (upstream: 600 s).")
+    cpu_s: int = Field(default=9600, ge=1, le=DAY_S * 64,
+                       description="rlimit CPU seconds per shell call (default: 16 cores busy for the whole "
+                                   "shell timeout, so the wall limit is what ends a command, as upstream).")
     memory_mb: int = Field(default=2048, ge=16, le=1 << 20)
     file_size_mb: int = Field(default=256, ge=1, le=1 << 20)
     processes: int = Field(default=64, ge=1, le=65536)
-    request_timeout_s: float = Field(default=600, gt=0, le=DAY_S)
+    request_timeout_s: float = Field(default=1800, gt=0, le=DAY_S,
+                                     description="Per model response, streamed or not (upstream: 1,800 s).")
     request_retries: int = Field(default=4, ge=0, le=MAX_RETRIES)
     reply_bytes: int = Field(default=64 * 2**20, ge=2**16, le=2**30,
                              description="Bytes of one model reply (body or stream) the recording proxy reads; past "
                                          "it the call ends reply_too_large, nothing more buffered or recorded.")
+
+    @property
+    def wall_bound_s(self) -> float:
+        """The episode's wall limit, or the longest one the spec allows when it has none: the bound of
+        the processes that hold an episode (its sandbox), never a cap on the episode itself."""
+        return self.wall_s if self.wall_s is not None else DAY_S * 7
 
 
 class PodResources(Closed):

@@ -40,6 +40,7 @@ import yaml
 CHART_VALUES = Path(__file__).resolve().parent.parent / "charts" / "mass-jobs" / "values.yaml"
 ARGO_MAX_STACK_DEPTH = 100  # workflow/controller/operator.go: maxAllowedStackDepth
 CYCLE_DEPTH = 8  # mass-run -> cycle -> ... -> an agent pod's template, besides the two recursions
+AGENT_POD_MIN_S = 6 * 3600  # an uncapped paper-scale team episode runs for hours
 AGENT_STOP_S = 300  # the harness stops, uploads and exits after wall_s: an agent pod's deadline must leave this
 
 
@@ -203,10 +204,17 @@ def checks(spec, values: dict, config=None) -> list[Check]:
     deadline = _get(values, "agent.activeDeadlineSeconds")
     if deadline is not None:
         wall = spec.execution.limits.wall_s
-        add("agent pod deadline", f"{deadline} s", f">= wall_s {wall:g} + {AGENT_STOP_S} s",
-            float(deadline) >= wall + AGENT_STOP_S, "$.execution.limits.wall_s",
-            f"expected an episode wall limit at least {AGENT_STOP_S} s below the agent pods' deadline {deadline} s "
-            f"(chart value agent.activeDeadlineSeconds), found {wall:g}")
+        if wall is None:  # upstream's setting: the pods' deadline is then what bounds a team episode
+            add("agent pod deadline", f"{deadline} s", f">= {AGENT_POD_MIN_S} s (no episode wall limit)",
+                float(deadline) >= AGENT_POD_MIN_S, "$.execution.limits.wall_s",
+                f"expected agent pods' deadline (chart value agent.activeDeadlineSeconds) of at least "
+                f"{AGENT_POD_MIN_S} s when episodes have no wall limit, or a wall_s {AGENT_STOP_S} s below it, "
+                f"found {deadline} s")
+        else:
+            add("agent pod deadline", f"{deadline} s", f">= wall_s {wall:g} + {AGENT_STOP_S} s",
+                float(deadline) >= wall + AGENT_STOP_S, "$.execution.limits.wall_s",
+                f"expected an episode wall limit at least {AGENT_STOP_S} s below the agent pods' deadline {deadline} s "
+                f"(chart value agent.activeDeadlineSeconds), found {wall:g}")
     if bucket is not None:
         depth = recursion_depth(spec)
         add("template recursion depth", depth, f"<= {ARGO_MAX_STACK_DEPTH}", depth <= ARGO_MAX_STACK_DEPTH,

@@ -541,7 +541,7 @@ def local_sandbox(workspace: Path, limits: EpisodeLimits):
         real = Path(os.path.realpath(qwen))
         shown.append(str(next((p.parent for p in real.parents if p.name == "node_modules"), real.parent)))
     sl = SandboxLimits.from_episode_limits(
-        limits, timeout_s=limits.wall_s + 120, cpu_s=int(limits.wall_s) + 120, processes=max(limits.processes, 256),
+        limits, timeout_s=limits.wall_bound_s + 120, cpu_s=int(limits.wall_bound_s) + 120, processes=max(limits.processes, 256),
         isolate_network=False, limit_address_space=False, read_only=tuple(shown), writable=(str(sockdir),),
         extra_env={"MASS_QWEN_BIN": str(qwen)} if qwen else {})
     cmd = (f"exec python -m mass_jobs.cli sandbox-serve --socket {shlex.quote(str(sock))} "

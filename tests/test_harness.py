@@ -242,6 +242,21 @@ def test_turn_and_tool_call_limits_fail_the_episode(scripted_endpoint, tmp_path)
     assert status["counts"]["tool_calls"] == 2
 
 
+def test_limits_default_to_upstreams_and_an_uncapped_episode_runs_past_the_old_caps(scripted_endpoint, tmp_path):
+    """Upstream's run_episode.sh caps no turn, tool call or wall time (600 s per shell command,
+    1,800 s per response): the defaults; a 45-turn, 250-call episode (past the project's former
+    40 turns and 200 calls) runs to its own end."""
+    d = EpisodeLimits()
+    assert (d.turns_per_agent, d.tool_calls, d.wall_s, d.shell_timeout_s, d.request_timeout_s) == (None, None, None, 600, 1800)
+    calls = [Reply.call("list_files", path=f"d{i}") for i in range(44)]
+    many = Reply(tool_calls=[{"name": "list_files", "arguments": {"path": f"m{i}"}} for i in range(207)])
+    ep = scripted_endpoint({"orchestrator": calls + [many, Reply.call("finish", summary="done", status="success")]})
+    uncapped = limits(turns_per_agent=None, tool_calls=None, wall_s=None)
+    result, status, trace = episode(ep, tmp_path, limits=uncapped)
+    assert result.outcome == "success", result.reason
+    assert (status["counts"]["turns"], status["counts"]["tool_calls"], len(trace)) == (46, 252, 46)
+
+
 def test_worker_turn_limit_is_an_error_for_the_caller_not_the_episode(scripted_endpoint, tmp_path):
     ep = scripted_endpoint(
         {

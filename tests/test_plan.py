@@ -155,3 +155,22 @@ def test_the_papers_spec_fits_as_written_with_the_fsdp_it_declares():
     assert doc["memory"]["total"] < 80 * 2 ** 30 and doc["fits"] is True
     ddp = subprocess.run([*run[:-1], "--parallel", "ddp"], capture_output=True, text=True, timeout=300)
     assert ddp.returncode == 2 and "ddp over 6 ranks) > the declared 80 GiB GPU" in ddp.stderr
+
+
+def test_uncapped_episodes_leave_the_window_count_unbounded_and_the_table_says_so():
+    """examples/paper.yaml caps no turn or tool call (upstream): the windows a cycle can render have
+    no bound, the table prints `unbounded`, and a stored count is never flagged against it."""
+    spec = load_spec(PAPER)
+    planned = plan_counts(spec)[0]
+    assert planned["sft_windows_max"] is None
+    assert compare(planned, dict(planned, sft_windows_max=10 ** 9)) == []
+    from mass_jobs.models import EpisodeLimits
+
+    limits = EpisodeLimits(turns_per_agent=40, tool_calls=200)
+    capped = plan_counts(spec.model_copy(update={"execution": spec.execution.model_copy(update={"limits": limits})}))[0]
+    n_train = sum(t.split == "train" for t in spec.resolved_tasks())
+    assert capped["sft_windows_max"] == n_train * 16 * 201 * 40 and n_train > 0
+    out = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "plan", str(PAPER), "--config", str(QWEN)],
+                         capture_output=True, text=True, timeout=300)
+    row = next(line for line in out.stdout.splitlines() if line.strip().startswith("sft_windows_max"))
+    assert row.split()[1:] == ["unbounded", "unbounded"], row

@@ -79,8 +79,10 @@ def small(**changes) -> object:
 @pytest.mark.parametrize("changes,values,path,needle", [
     ({"generations": 40, "search__iterations": 60}, {}, "$.search.iterations",
      "(generations - 1) + 8 + search.iterations <= 100 (Argo's maxAllowedStackDepth), found 107"),
-    ({"execution__limits__wall_s": 4000}, {}, "$.execution.limits.wall_s",
-     "at least 300 s below the agent pods' deadline 4200 s (chart value agent.activeDeadlineSeconds), found 4000"),
+    ({"execution__limits__wall_s": 86200}, {}, "$.execution.limits.wall_s",
+     "at least 300 s below the agent pods' deadline 86400 s (chart value agent.activeDeadlineSeconds), found 86200"),
+    ({"execution__limits__wall_s": None}, {"agent": {"activeDeadlineSeconds": 4200}}, "$.execution.limits.wall_s",
+     "of at least 21600 s when episodes have no wall limit, or a wall_s 300 s below it, found 4200 s"),
     ({"sft__checkpoint_selection": "panel", "sft__panel": {"tasks": ["b"]}}, {}, "$.sft.checkpoint_selection",
      "panel selection serves every checkpoint"),
     ({"roles__executor": {"endpoint": "https://other.example.com/v1", "model": "m"}}, {}, "$.roles.executor",
@@ -128,7 +130,7 @@ def test_the_validate_step_gets_every_chart_value_the_preflight_reads():
     assert given == {"model": {k: defaults["model"][k] for k in ("toolCallParser", "reasoningParser")},
                      "agent": {"activeDeadlineSeconds": defaults["agent"]["activeDeadlineSeconds"]},
                      "judges": {"keys": defaults["judges"]["keys"]}}
-    spec = small(execution__vllm__reasoning_parser="deepseek_r1", execution__limits__wall_s=4000,
+    spec = small(execution__vllm__reasoning_parser="deepseek_r1", execution__limits__wall_s=86200,
                  judges=[{"name": "j", "endpoint": "https://j.example.com/v1", "model": "m", "api_key_env": "MINE"}])
     paths = {i.path for i in cluster_issues(spec, "mass-jobs", 32768,
                                             [a.split("=", 1)[1] for a in args if a.startswith("--chart-value=")])}

@@ -191,6 +191,28 @@ def test_qwen_codes_turn_limit_is_a_model_caused_end_of_its_own(scripted_endpoin
     assert len(trace) == 2 and result.status["counts"]["turns"] == 2
 
 
+def test_uncapped_limits_pass_no_turn_limit_and_breach_nothing():
+    """Upstream's default: qwen-code runs without --max-session-turns (its own default is no limit)
+    and a trace of 60 turns and 300 calls breaks no limit; capped, the same trace breaks each."""
+    from mass_jobs.harness.qwen_code import command, limit_breach
+
+    ep = Endpoint("http://127.0.0.1:1/v1", "m")
+    capped = EpisodeInput(prompt="p", endpoint=ep, limits=EpisodeLimits(turns_per_agent=40))
+    assert command(Path("qwen"), capped, ep)[-3:] == ["--max-session-turns", "40", "p"]
+    free = EpisodeInput(prompt="p", endpoint=ep, limits=EpisodeLimits(loop_repeats=None))
+    assert "--max-session-turns" not in command(Path("qwen"), free, ep)
+    call = lambda i: {"function": {"name": "run_shell_command", "arguments": '{"command": "echo %d"}' % (i // 5)}}
+    records = [{"agent": {"id": "main", "role": "orchestrator", "parent": None}, "status": 200,
+                "request": {"messages": [{"role": "user", "content": "p"}] + [{"role": "user", "content": "x"}] * t},
+                "response": {"message": {"role": "assistant", "tool_calls": [call(5 * t + j) for j in range(5)]}}}
+               for t in range(60)]
+    assert limit_breach(records, free) is None
+    for kw, outcome in (({"turns_per_agent": 40}, "turn_limit"), ({"tool_calls": 200}, "failed"),
+                        ({"loop_repeats": 5}, "loop_detected")):
+        lim = EpisodeLimits(**{"loop_repeats": None, **kw})
+        assert limit_breach(records, EpisodeInput(prompt="p", endpoint=ep, limits=lim))[0] == outcome
+
+
 HARNESS_TEXT = ("Got it. Thanks for the context!",)  # qwen-code's canned replies: what the model never said
 
 

@@ -50,10 +50,11 @@ def main(args) -> int:
         print(json.dumps(doc, sort_keys=True))
     else:
         keys = [k for k in counts[0] if k != "gen"]
-        print("counts per generation (exact, or *_max: the bound when every episode is kept)")
+        print("counts per generation (exact, or *_max: the bound when every episode is kept; unbounded: "
+              "execution.limits has no cap on turns or tool calls)")
         print(f"  {'':24}" + "".join(f"{'gen ' + str(c['gen']):>16}" for c in counts))
         for k in keys:
-            print(f"  {k:24}" + "".join(f"{c[k]:>16,}" for c in counts))
+            print(f"  {k:24}" + "".join(f"{'unbounded' if c[k] is None else format(c[k], ','):>16}" for c in counts))
         print(f"training memory per rank ({mem.device}, {mem.parallel} over {mem.world}, window {mem.window}, "
               f"loss chunk {mem.loss_chunk or 'none (whole window)'}, gradient checkpointing "
               f"{'on' if mem.gradient_checkpointing else 'off'})")

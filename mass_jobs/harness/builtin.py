@@ -12,6 +12,7 @@ i.e. `mass episode --in DIR --out DIR`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
@@ -90,7 +91,7 @@ class BuiltinHarness:
     _worker_ids: set[str] = field(default_factory=set)
 
     def run(self, prompt: str) -> tuple[str, str, str]:
-        self.deadline = time.monotonic() + self.limits.wall_s
+        self.deadline = time.monotonic() + self.limits.wall_bound_s
         try:
             if self.single_agent:
                 report = self._agent(SINGLE_AGENT_ID, "worker", None, 0, SINGLE_SYSTEM, prompt)
@@ -116,7 +117,7 @@ class BuiltinHarness:
     def _remaining(self) -> float:
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise EpisodeStop("timeout", f"wall time of {self.limits.wall_s:g}s exceeded")
+            raise EpisodeStop("timeout", f"wall time of {self.limits.wall_bound_s:g}s exceeded")
         return left
 
     def _agent(self, agent_id: str, role: str, parent: str | None, depth: int, system: str, task: str) -> AgentReport:
@@ -130,7 +131,8 @@ class BuiltinHarness:
         last_text = ""
         last_key: tuple[str, str] | None = None
         repeats = 0
-        for _turn in range(self.limits.turns_per_agent):
+        turns = self.limits.turns_per_agent
+        for _turn in range(turns) if turns is not None else itertools.count():
             msg = self._call_model(messages, specs, headers)
             calls = msg.get("tool_calls") or []
             content = msg.get("content") or ""
@@ -153,11 +155,11 @@ class BuiltinHarness:
                 repeats = repeats + 1 if key == last_key else 1
                 last_key = key
                 self.tally.tool_calls += 1
-                if repeats >= self.limits.loop_repeats:
+                if self.limits.loop_repeats is not None and repeats >= self.limits.loop_repeats:
                     raise EpisodeStop(
                         "loop_detected", f"{agent_id} made the same call {name}({key[1][:200]}) {repeats} times in a row"
                     )
-                if self.tally.tool_calls > self.limits.tool_calls:
+                if self.limits.tool_calls is not None and self.tally.tool_calls > self.limits.tool_calls:
                     raise EpisodeStop("failed", f"{TOOL_CALL_CAP} {self.limits.tool_calls} reached")
                 result, done = self._run_tool(parsed, allowed, agent_id, role, depth)
                 if result.startswith(T.ERROR_PREFIX):
@@ -197,7 +199,7 @@ class BuiltinHarness:
         worker.start()
         worker.join(remaining)
         if worker.is_alive():
-            raise EpisodeStop("timeout", f"wall time of {self.limits.wall_s:g}s exceeded in a model call")
+            raise EpisodeStop("timeout", f"wall time of {self.limits.wall_bound_s:g}s exceeded in a model call")
         if "error" in box:
             exc = box["error"]
             if isinstance(exc, ModelError):  # the client already retried: the endpoint is broken, not the episode

@@ -95,7 +95,8 @@ def command(binary: Path, inp: EpisodeInput, proxy: Endpoint) -> list[str]:
         "--openai-base-url", proxy.base_url,
         "--approval-mode", "yolo",
         "--output-format", "json",
-        "--max-session-turns", str(inp.limits.turns_per_agent),
+        # no --max-session-turns when uncapped: qwen-code's own default is no limit (upstream)
+        *(["--max-session-turns", str(inp.limits.turns_per_agent)] if inp.limits.turns_per_agent else []),
         inp.prompt,
     ]  # fmt: skip
 
@@ -138,7 +139,7 @@ def limit_breach(records: list[dict], inp: EpisodeInput) -> tuple[str, str] | No
     calls = 0
     for t in threads:
         last, repeats = None, 0
-        if len(t.records) > limits.turns_per_agent:
+        if limits.turns_per_agent is not None and len(t.records) > limits.turns_per_agent:
             return "turn_limit", f"{t.id} used more than {limits.turns_per_agent} turns"
         for rec in t.records:
             for call in ((rec.get("response") or {}).get("message") or {}).get("tool_calls") or []:
@@ -147,9 +148,9 @@ def limit_breach(records: list[dict], inp: EpisodeInput) -> tuple[str, str] | No
                 repeats = repeats + 1 if key == last else 1
                 last = key
                 calls += 1
-                if repeats >= limits.loop_repeats:
+                if limits.loop_repeats is not None and repeats >= limits.loop_repeats:
                     return "loop_detected", f"{t.id} made the same call {key[0]}({str(key[1])[:200]}) {repeats} times in a row"
-    if calls > limits.tool_calls:
+    if limits.tool_calls is not None and calls > limits.tool_calls:
         return "failed", f"{TOOL_CALL_CAP} {limits.tool_calls} reached"
     return None
 
@@ -283,8 +284,8 @@ def _run(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, 
     try:
         stopped: tuple[str, str] | None = None
         while (code := run.poll()) is None:
-            if time.monotonic() - started > inp.limits.wall_s:
-                stopped = ("timeout", f"wall time of {inp.limits.wall_s:g}s exceeded")
+            if time.monotonic() - started > inp.limits.wall_bound_s:
+                stopped = ("timeout", f"wall time of {inp.limits.wall_bound_s:g}s exceeded")
             else:
                 stopped = limit_breach(read_trace(trace_path), inp)
             if stopped:

@@ -73,7 +73,7 @@ class ClusterSettings:
     max_model_len: str = "32768"
     tool_call_parser: str = TOOL_CALL_PARSER  # the local vllm backend default too
     reasoning_parser: str = REASONING_PARSER
-    agent_deadline_s: str = "4200"  # > the default episode wall_s (3600): the harness times out first
+    agent_deadline_s: str = "86400"  # episodes have no wall limit by default (upstream): a day per agent pod
     agent_parallelism: int | str = 16  # a fan-out's agent pods at once (an integer field of its template)
     agent_pods: str = "16"  # the same value as the agent-pods semaphore: agent pods at once in the namespace
     serve_deadline_s: str = "3600"  # the InferenceService must be Loaded within this

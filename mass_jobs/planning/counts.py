@@ -23,10 +23,13 @@ def world_size(spec: RunSpec) -> int:
     return spec.sft.replicas * max(spec.sft.gpus_per_replica, 1)
 
 
-def replies_per_episode_max(spec: RunSpec) -> int:
+def replies_per_episode_max(spec: RunSpec) -> int | None:
     """Model replies one episode can hold: every agent thread (the orchestrator plus one per
-    delegation, and delegations are tool calls) runs at most `turns_per_agent` turns."""
+    delegation, and delegations are tool calls) runs at most `turns_per_agent` turns. None (no
+    bound) when either cap is off, as upstream runs episodes."""
     lim = spec.execution.limits
+    if lim.tool_calls is None or lim.turns_per_agent is None:
+        return None
     return (lim.tool_calls + 1) * lim.turns_per_agent
 
 
@@ -55,7 +58,7 @@ def generation_counts(spec: RunSpec, g: int) -> dict:
         "search_verdicts_max": n_train * (1 + 2 * k),  # vs the elite, and vs the reference when it changed
         "teacher_episodes": n_train * e,
         "ranking_calls": n_train * per_task_calls,
-        "sft_windows_max": n_train * kept * replies_per_episode_max(spec),
+        "sft_windows_max": None if (r := replies_per_episode_max(spec)) is None else n_train * kept * r,
         "steps": spec.sft.steps,
         "windows_per_step": per_window,
         "processed_tokens_max": spec.sft.steps * per_window * (spec.sft.window - 1),
@@ -111,5 +114,5 @@ def compare(planned: dict, stored: dict) -> list[str]:
     exact = [k for k in EXACT if k != "ranking_calls" or stored.get("all_ranked", True)]
     bad = [f"{k}: planned {planned[k]}, stored {stored[k]}" for k in exact if planned[k] != stored[k]]
     bad += [f"{k}: bound {planned[k]}, stored {stored[k]}" for k in (*BOUNDS, "ranking_calls")
-            if k not in exact and stored[k] > planned[k]]
+            if k not in exact and planned[k] is not None and stored[k] > planned[k]]
     return bad
