@@ -89,7 +89,7 @@ def test_task_that_never_beat_the_reference_is_skipped_and_recorded(make_store, 
     ctx = searched(spec, store, ep, 5, 5)  # a tie with the bare reference does not beat it
     n = len(ep.requests)
     summary = run_collect(ctx, 0, "t1", episode_executor(spec, ep.endpoint))
-    assert summary["skipped"] is True and "never produced an elite that beat" in summary["reason"]
+    assert summary["skipped"] is True and "never produced a version that beat" in summary["reason"]
     assert summary["episodes"] == [] and len(ep.requests) == n
     assert store.get_json("inner/gen-0/collect/t1/summary.json") == summary
 

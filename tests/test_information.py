@@ -90,8 +90,8 @@ WF_GOOD = {"agents": [{"id": "orchestrator", "role": "lead", "instruction": "spl
 WF_BAD = {"agents": [{"id": "orchestrator", "role": "lead", "instruction": "do everything alone quickly"}], "hops": []}
 
 
-def state(records):
-    return {"beats_reference": False, "iterations": records}
+def state(records, selection="elite"):
+    return {"beats_reference": False, "selection": selection, "iterations": records}
 
 
 def rec(k, wf, outcome, won):
@@ -122,6 +122,11 @@ def test_search_samples_and_proxies_from_a_store(ctx):
     samples = info.search_samples({"a": ctx.store.get_json(ctx.search_state(0, "a"))})
     assert [(s["k"], s["outcome"], s["verdict"]) for s in samples] == [
         (0, 1, 1), (1, 0, 0), (2, 1, 1), (3, 0, 0), (4, 0, 1), (5, 1, 1)]  # the failed proposal is no sample
+    # under the champion rule every version's verdict is the one against the reference
+    champ = [dict(r, verdict=None, reference_verdict=r.get("verdict") or r.get("reference_verdict")) for r in
+             ctx.store.get_json(ctx.search_state(0, "a"))["iterations"]]
+    assert [s["verdict"] for s in info.search_samples({"a": state(champ, "champion")})] == [1, 0, 1, 0, 1, 1]
+    assert [s["verdict"] for s in info.search_samples({"a": state(champ, "elite")})] == [1, 0, 0, 0, 0, 0]
     rows = info.workflow_information(ctx)
     assert len(rows) == 1
     r = rows[0]

@@ -74,7 +74,8 @@ def test_paper_defaults():
     s = spec.model.sampling
     assert (s.temperature, s.top_p, s.top_k, s.max_output_tokens, s.context_length) == (0.6, 0.95, 20, 32768, 262144)
     c = spec.collection
-    assert (c.episodes, c.train_ranks, c.validation_rank, c.collect_when) == (18, 15, 16, "any_version")
+    assert (c.episodes, c.train_ranks, c.validation_rank, c.collect_when) == (18, 15, 16, "elite")
+    assert spec.search.selection == "champion"  # upstream's, judged against the baseline
     assert spec.ranking.comparisons_per_episode == 6 and spec.ranking.verdicts_per_pair == 1
     assert (spec.ranking.estimator, spec.ranking.prior) == ("virtual_wins", None)  # None: the estimator's 0.5
     f = spec.sft

@@ -148,7 +148,9 @@ def search_samples(states: dict[str, dict]) -> list[dict]:
             if rec.get("workflow") is None or rec.get("outcome") is None:
                 continue  # a failed proposal: nothing was rolled out
             k = rec["k"]
-            versus = rec.get("reference_verdict") if k == 0 else rec.get("verdict")
+            # the verdict that judged it: against the reference (iteration 0, selection champion), else the elite
+            champion = k == 0 or state.get("selection", "champion") == "champion"
+            versus = rec.get("reference_verdict") if champion else rec.get("verdict")
             won = bool(versus and versus.get("valid") and versus.get("winner") == f"iter-{k}")
             out.append({"task": task, "k": k, "text": render_workflow(Workflow.model_validate(rec["workflow"])),
                         "outcome": int(rec["outcome"] == "success"), "verdict": int(won)})

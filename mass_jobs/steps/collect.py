@@ -5,10 +5,10 @@
     mass collect ... --episode I --phase prepare|ingest          # Argo: around an agent pod
 
 `collection.episodes` episodes per training task run in a thread pool of `execution.concurrency`.
-Which tasks are collected (`collection.collect_when`): by default, as in the paper's code, a task
-whose search produced any version preferred over the bare reference, with the latest such version
-as the teacher's workflow; `elite` collects only when the final elite was. A task that is not
-collected is skipped and the skip recorded. Each episode lands under `collect/<task>/ep-<i>/` (episode.json, protected.json,
+Which tasks are collected (`collection.collect_when`): by default (`elite`), as in the paper's code,
+a task whose search's best version (the champion under `search.selection: champion`) beat the bare
+reference, that version being the teacher's workflow; `any_version` collects when any judged version
+beat it, with the latest such version. A task that is not collected is skipped and the skip recorded. Each episode lands under `collect/<task>/ep-<i>/` (episode.json, protected.json,
 workspace.tar.gz, trace.jsonl, status.json) with its own step manifest, so a rerun only redoes
 missing episodes. Failed, timed-out, loop-detected and infra-error episodes are kept but ineligible.
 
@@ -67,7 +67,7 @@ class Collection:
         """The version that qualifies the task under `collect_when`, None when none does."""
         if self.cfg.collect_when == "elite":
             return self.state.elite if self.state.beats_reference else None
-        return self.state.beat_reference[-1] if self.state.beat_reference else None
+        return self.state.beat_reference[-1] if self.state.beat_reference else None  # any_version
 
     def _teacher_version(self) -> int:
         """The iteration whose workflow the teacher runs (the elite when collection is forced)."""
@@ -77,11 +77,12 @@ class Collection:
     @property
     def skip_reason(self) -> str | None:
         if self.require_beats_reference and self._winning_version() is None:
+            best = "champion" if self.state.selection == "champion" else "elite"
             if self.cfg.collect_when == "elite":
-                return (f"the search never produced an elite that beat the bare reference "
-                        f"(final elite: iteration {self.state.elite}; collection.collect_when: elite)")
-            return (f"the search never produced an elite that beat the bare reference "
-                    f"(no version was preferred over it; final elite: iteration {self.state.elite})")
+                return (f"the search never produced a {best} that beat the bare reference "
+                        f"(final {best}: iteration {self.state.elite}; collection.collect_when: elite)")
+            return (f"the search never produced a version that beat the bare reference "
+                    f"(no version was preferred over it; final {best}: iteration {self.state.elite})")
         return None
 
     def prefix(self, i: int) -> str:

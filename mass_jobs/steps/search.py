@@ -1,19 +1,26 @@
-"""Workflow search per task (the inner loop, weights frozen, elite of size 1).
+"""Workflow search per task (the inner loop, weights frozen, one best version held).
 
     mass search --spec S --gen G --task T [--iteration K]
 
 Iteration 0 runs two rollouts: the bare task prompt (the *reference*, stored under
 `search/<task>/reference/`) and the initial workflow (the task's, or DEFAULT_WORKFLOW), whose
-workspace is the first elite. The elite is then compared with the reference.
-Iterations k = 1..K: the optimizer (current model) sees the task, the previous workflow, the elite
-workflow, the whole feedback history (rationales, what changed between versions) and evidence from
-the last workspace, and proposes W_k as JSON (malformed: retried `search.proposal_retries` times,
-then a failed iteration; the loop goes on). W_k is rolled out; the evaluator compares its workspace
-with the elite's under blind labels in a seeded random order. W_k becomes the elite only when it is
-preferred; feedback is appended either way. Each time the elite changes, the new elite is compared
-with the reference, once: `beat_reference` lists every version so preferred over the bare reference
-run, `beats_reference` says whether the CURRENT elite was. A tie or an invalid verdict does not beat
-it. Which of the two decides collection is `collection.collect_when` (see `mass collect`).
+workspace is the first best version; it is judged against the reference.
+Iterations k = 1..K: the optimizer (current model) sees the task, the current, best and initial
+workflows, the judged history (verdicts, rationales, what changed between versions) and evidence
+from the last workspace, and proposes W_k as JSON (malformed: retried `search.proposal_retries`
+times, then a failed iteration; the loop goes on). W_k is rolled out and judged under blind labels
+in a seeded random order, by `search.selection`:
+
+- `champion` (the paper's code, judged against the baseline): W_k against the bare reference. The
+  first version to beat it becomes the champion; once a champion holds such a win, a later version
+  that beats the reference too replaces it only by winning a direct champion-vs-W_k verdict. A
+  search whose versions never beat the reference keeps v0, without a win.
+- `elite` (the paper's Algorithm 1): W_k against the elite's workspace; W_k becomes the elite when
+  preferred, and a new elite is then judged against the reference, once.
+
+Either way `elite` names the best version, `beats_reference` whether its own verdict against the
+reference was a win, and `beat_reference` every version that won one; a tie or an invalid verdict
+wins nothing. Which decides collection is `collection.collect_when` (see `mass collect`).
 
 Every piece is persisted as soon as it exists (proposal, rollout, verdicts), and an iteration is
 done when its step manifest is written, so a killed search resumes inside the iteration it was in
@@ -67,7 +74,8 @@ Agent ids are lowercase letters, digits and dashes; the first agent is the orche
 
 class Feedback(Closed):
     iteration: int
-    result: Literal["initial", "new_elite", "elite_kept", "invalid_verdict", "proposal_failed"]
+    result: Literal["initial", "new_elite", "elite_kept", "invalid_verdict", "proposal_failed"] = Field(
+        description="new_elite: this version became the best (elite or champion); elite_kept: it did not.")
     changes: list[str] = Field(default_factory=list, description="What changed against the previous workflow.")
     rationale: str = ""
     outcome: str | None = Field(default=None, description="Episode outcome of the rollout.")
@@ -79,10 +87,12 @@ class IterationRecord(Closed):
     proposal_attempts: int = 0
     proposal_errors: list[str] = Field(default_factory=list)
     outcome: str | None = None
-    verdict: Verdict | None = Field(default=None, description="This rollout against the elite it challenged.")
-    preferred: bool = False
-    elite_after: int = Field(description="Iteration whose workflow is the elite after this one.")
-    reference_verdict: Verdict | None = Field(default=None, description="The elite against the bare reference.")
+    verdict: Verdict | None = Field(default=None, description="This rollout against the best version it challenged "
+                                    "(the elite; under selection champion, the champion, only when both beat the reference).")
+    preferred: bool = Field(default=False, description="This version became the best version.")
+    elite_after: int = Field(description="Iteration whose workflow is the best version after this one.")
+    reference_verdict: Verdict | None = Field(default=None, description="This version against the bare reference "
+                                              "(every version under selection champion; a new elite under elite).")
 
 
 class SearchState(Closed):
@@ -90,14 +100,15 @@ class SearchState(Closed):
 
     task: str
     gen: int
+    selection: Literal["champion", "elite"] = Field(default="champion", description="search.selection of the run.")
     iterations_planned: int = Field(description="K of the spec when the state was written.")
     reference_outcome: str | None = None
-    elite: int = Field(description="Iteration whose workflow and workspace are the elite.")
+    elite: int = Field(description="Iteration whose workflow and workspace are the best version (elite or champion).")
     elite_workflow: dict
-    beats_reference: bool = Field(description="The current elite was preferred over the bare reference.")
+    beats_reference: bool = Field(description="The best version's own verdict against the bare reference was a win.")
     beat_reference: list[int] = Field(
         default_factory=list,
-        description="Iterations whose version was preferred over the bare reference (each elite is judged once).",
+        description="Iterations whose version was preferred over the bare reference.",
     )
     feedback: list[Feedback]
     iterations: list[IterationRecord]
@@ -377,16 +388,19 @@ class Search:
             return record, outputs
         wf = Workflow.model_validate(proposal["workflow"])
         status = self._rollout_once(k, wf)
-        outputs += rollout_outputs(self.ctx, prefix) + [self._file(k, "workflow.json"), self._file(k, "verdict.json")]
+        outputs += rollout_outputs(self.ctx, prefix) + [self._file(k, "workflow.json")]
         cap = self.cfg.evidence_bytes
         candidate = (f"iter-{k}", stored_bundle(self.store, prefix, self.task, cap))
-        elite = (f"iter-{state.elite}", stored_bundle(self.store, self._iter(state.elite), self.task, cap))
-        verdict = self._judge(self._file(k, "verdict.json"), k, candidate, elite, "elite")
-        preferred = verdict.valid and verdict.winner == f"iter-{k}"
-        ref_verdict = None
-        if preferred:
-            ref_verdict = self._versus_reference(k)
-            outputs.append(self._file(k, "reference_verdict.json"))
+        best = (f"iter-{state.elite}", stored_bundle(self.store, self._iter(state.elite), self.task, cap))
+
+        def ask(against: str) -> Verdict:
+            if against == "reference":
+                outputs.append(self._file(k, "reference_verdict.json"))
+                return self._versus_reference(k)
+            outputs.append(self._file(k, "verdict.json"))
+            return self._judge(self._file(k, "verdict.json"), k, candidate, best, self.cfg.selection)
+
+        verdict, ref_verdict, preferred = judge_version(self.cfg.selection, k, state.beats_reference, ask)
         record = IterationRecord(
             k=k, workflow=proposal["workflow"], proposal_attempts=proposal["attempts"],
             proposal_errors=proposal["errors"], outcome=status.get("outcome"), verdict=verdict,
@@ -444,16 +458,40 @@ class Search:
         prev = self.state() if k > 0 else None
         records = ([r for r in prev.iterations if r.k < k] if prev else []) + [record]
         state = fold(self.task.id, self.gen, self.cfg.iterations, records,
-                     reference_outcome=_get_json(self.store, self._file("reference", "status.json")))
+                     reference_outcome=_get_json(self.store, self._file("reference", "status.json")),
+                     selection=self.cfg.selection)
         key = self.ctx.search_state(self.gen, self.task.id)
         self.store.put_json(key, state.model_dump(mode="json"))
         self._step(k).finish(outputs, extra={"elite": state.elite, "beats_reference": state.beats_reference})
 
 
-def fold(task: str, gen: int, planned: int, records: list[IterationRecord], reference_outcome: dict | None) -> SearchState:
+def _won(v: Verdict | None, k: int) -> bool:
+    return bool(v is not None and v.valid and v.winner == f"iter-{k}")
+
+
+def judge_version(selection: str, k: int, best_beats_reference: bool,
+                  ask: Callable[[str], Verdict]) -> tuple[Verdict | None, Verdict | None, bool]:
+    """The verdicts version k is judged by and whether it becomes the best version:
+    (against the best, against the reference, preferred). `ask("reference")` / `ask("best")` get one.
+
+    champion: against the reference; a winner takes over outright while the best holds no win of its
+    own, else only by also winning against the best. elite: against the elite; a new elite is then
+    judged against the reference (what `beats_reference` reports)."""
+    if selection == "champion":
+        versus_reference = ask("reference")
+        versus_best = ask("best") if _won(versus_reference, k) and best_beats_reference else None
+        preferred = _won(versus_reference, k) and (not best_beats_reference or _won(versus_best, k))
+        return versus_best, versus_reference, preferred
+    versus_best = ask("best")
+    preferred = _won(versus_best, k)
+    return versus_best, (ask("reference") if preferred else None), preferred
+
+
+def fold(task: str, gen: int, planned: int, records: list[IterationRecord], reference_outcome: dict | None,
+         selection: str = "champion") -> SearchState:
     """The search state as a pure function of the iteration records (so a rerun rebuilds it exactly)."""
     elite = records[0]
-    beats = bool(elite.reference_verdict and elite.reference_verdict.winner == "iter-0")
+    beats = _won(elite.reference_verdict, 0)
     beat = [0] if beats else []
     feedback = [Feedback(iteration=0, result="initial", changes=["initial version"], outcome=elite.outcome,
                          rationale=elite.reference_verdict.rationale if elite.reference_verdict else "")]
@@ -465,17 +503,22 @@ def fold(task: str, gen: int, planned: int, records: list[IterationRecord], refe
         wf = Workflow.model_validate(r.workflow)
         changes = diff_workflows(last_wf, wf)
         last_wf = wf
-        assert r.verdict is not None
-        result = "new_elite" if r.preferred else ("elite_kept" if r.verdict.valid else "invalid_verdict")
-        feedback.append(Feedback(iteration=r.k, result=result, changes=changes, rationale=r.verdict.rationale,
-                                 outcome=r.outcome))
+        # the verdict that decided: against the reference (champion), against the elite (elite)
+        decisive = r.reference_verdict if selection == "champion" else r.verdict
+        assert decisive is not None
+        result = "new_elite" if r.preferred else ("elite_kept" if decisive.valid else "invalid_verdict")
+        rationale = decisive.rationale
+        if selection == "champion" and r.verdict is not None:
+            rationale += f" | against the champion iter-{elite.k}: {r.verdict.rationale}"
+        feedback.append(Feedback(iteration=r.k, result=result, changes=changes, rationale=rationale, outcome=r.outcome))
+        if _won(r.reference_verdict, r.k):
+            beat.append(r.k)
         if r.preferred:
             elite = r
-            beats = bool(r.reference_verdict and r.reference_verdict.winner == f"iter-{r.k}")
-            beat += [r.k] if beats else []
+            beats = _won(r.reference_verdict, r.k)
     assert elite.workflow is not None
     return SearchState(
-        task=task, gen=gen, iterations_planned=planned,
+        task=task, gen=gen, selection=selection, iterations_planned=planned,
         reference_outcome=(reference_outcome or {}).get("outcome"), elite=elite.k, elite_workflow=elite.workflow,
         beats_reference=beats, beat_reference=beat, feedback=feedback, iterations=records, done=records[-1].k >= planned,
     )
