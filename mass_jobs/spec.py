@@ -141,9 +141,12 @@ def _issues_from_error(err: ValidationError, prefix: list, root: dict | None = N
             ranked = sorted(fit, key=fit.get, reverse=True)
             if fit[ranked[0]] > fit[ranked[1]]:
                 return [i for e in by_branch[ranked[0]] for i in _issues_from_error(e, prefix, root)]
-        best = max(err.context, key=lambda e: (len(e.absolute_path), -len(str(e.message))))
+        # a value given for a nullable field is reported against its non-null branch
+        context = [e for e in err.context if not (e.validator == "type" and e.validator_value == "null")]
+        context = context if err.instance is not None and context else list(err.context)
+        best = max(context, key=lambda e: (len(e.absolute_path), -len(str(e.message))))
         deepest = len(best.absolute_path)
-        branch = [e for e in err.context if len(e.absolute_path) == deepest and e.relative_schema_path[0] == best.relative_schema_path[0]]
+        branch = [e for e in context if len(e.absolute_path) == deepest and e.relative_schema_path[0] == best.relative_schema_path[0]]
         if deepest > 0 or all(e.validator not in ("type",) for e in branch):
             out: list[SpecIssue] = []
             for e in branch:

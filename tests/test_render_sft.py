@@ -522,23 +522,28 @@ def test_thinking_template_whole_thread_rendering_cannot_align_but_segments_can(
             assert f"<|im_start|>user\n{query}<|im_end|>" in text and GOT_IT not in text
 
 
-def test_segment_query_is_kept_within_the_context_budget(tokenizer):
+@pytest.mark.parametrize("cut,context", [("tokens", 48), ("blocks", 96)])
+def test_segment_query_is_kept_within_the_context_budget(tokenizer, cut, context):
     msgs = [{"role": "system", "content": "You are the coder."}, {"role": "user", "content": "Context: /ws"},
             {"role": "assistant", "content": "ok"}, {"role": "user", "content": ASSIGNMENT}]
     msgs += long_conversation(20)[2:]
     [_, seg] = render_segments(tokenizer, msgs, WORKER_TOOLS)
     qa, qb = seg.query
     opener = turn_opener(tokenizer)
-    pieces, dropped = cut_windows(seg.ids, seg.mask, seg.header, 400, 48, opener, seg.query)
+    pieces, dropped = cut_windows(seg.ids, seg.mask, seg.header, 400, context, opener, seg.query, cut)
     assert dropped == [] and len(pieces) >= 3
     trained = separate = 0
     for win_ids, labels in pieces:
         assert len(win_ids) <= 400 and win_ids[: seg.header] == seg.ids[: seg.header]
-        # every window shows the query before its replies; other earlier context stays within 48 tokens
+        # every window shows the query before its replies; other earlier context stays within the budget
         first_sup = next(k for k, lab in enumerate(labels) if lab != IGNORE)
         body, query = win_ids[seg.header : first_sup], seg.ids[qa:qb]
         assert any(body[k : k + len(query)] == query for k in range(len(body)))
-        assert len(body) <= max(48, len(query)) + len(opener)  # the query counts against the context budget
+        assert len(body) <= max(context, len(query)) + len(opener)  # the query counts against the context budget
+        if cut == "blocks":  # the query and the context are whole turns: each opens a turn
+            assert body[0] == opener[0]
+            if body[: len(query)] == query:
+                assert body[len(query)] == opener[0]
         separate += body[: len(query)] == query and len(body) > len(query) + len(opener)
         trained += sum(lab != IGNORE for lab in labels)
     assert trained == sum(seg.mask) and separate >= 2  # later windows put the query in apart from the context

@@ -22,7 +22,9 @@ the reply's first characters is context, as in upstream's masks).
 
 Windows hold at most `sft.window` tokens: the masked header (system + tools + first user
 message), the segment's own query when it is not the header's, up to `sft.context` tokens of masked
-earlier context, then new reply blocks; every reply token is trained in exactly one window.
+earlier context, then new reply blocks; every reply token is trained in exactly one window. As
+upstream, context and window ends are whole turns (`sft.cut: blocks`), and a thread whose header
+takes over 90% of the window is refused (`header_over_window`, counted in stats).
 
 Run: `mass render sft --spec SPEC --gen G` (writes `<run>/gen-<g>/sft/{train,val}.jsonl, stats.json`).
 """
@@ -40,6 +42,7 @@ from mass_jobs.harness.delegation import can_delegate
 from mass_jobs.models import SftSpec
 from mass_jobs.workflow import SEPARATOR
 
+HEADER_SHARE = 0.9  # upstream refuses a thread whose header takes more of the window than this
 IGNORE = -100  # label of a position that carries no loss (the value torch's cross entropy skips)
 ROLES = ("orchestrator", "worker", "auxiliary")
 
@@ -568,44 +571,70 @@ def supervised_blocks(mask: list[int], start: int) -> list[tuple[int, int]]:
     return blocks
 
 
+def turn_starts(ids: list[int], header: int, opener: list[int]) -> list[int]:
+    """Where each turn after the header begins: the template's turn-start token (`<|im_start|>`),
+    the first token of its turn opener; none when the template has no opener."""
+    return [p for p in range(header, len(ids)) if ids[p] == opener[0]] if opener else []
+
+
 def cut_windows(
     ids: list[int], mask: list[int], header: int, window: int, context: int, opener: list[int] | None = None,
-    query: tuple[int, int] | None = None,
+    query: tuple[int, int] | None = None, cut: str = "blocks",
 ) -> tuple[list[tuple[list[int], list[int]]], list[tuple[int, int]]]:
     """Greedy windows; returns ([(input_ids, labels)], dropped blocks as [s, e) spans).
 
-    Each window = ids[:header] + [query] + ids[c:end] where [s_first, end) are new blocks and
-    [c, s_first) the block's turn opener (always kept: a reply is learnt after its
-    `<|im_start|>assistant`) plus at most `context` tokens of masked earlier context. `query`
-    (a later segment's own user query) is put in whenever it fits the window, counted against
-    `context`, so every reply is learnt with the request it answers, as upstream does.
+    Each window = ids[:header] + [query] + ids[c:end]: new reply blocks from their turn's start, and
+    before them at most `context` tokens of masked earlier context. `cut="blocks"` (upstream's)
+    takes that context and ends the window in whole turns (a window never starts or stops inside a
+    message or tool output); `cut="tokens"` takes exactly the last `context` tokens before the
+    reply's turn opener and ends at its last supervised token. `query` (a later segment's own user
+    query) is put in whenever it fits, counted against `context`, so every reply is learnt with the
+    request it answers.
     """
     opener = list(opener or [])
     blocks = supervised_blocks(mask, header)
+    starts = turn_starts(ids, header, opener) if cut == "blocks" else []
     qa, qb = query or (0, 0)
 
-    def lead_start(s: int) -> int:
+    def lead_start(s: int) -> int:  # where the reply's turn begins (blocks), or its opener (tokens)
+        if cut == "blocks":
+            return next((p for p in reversed(starts) if p <= s), s)
         k = len(opener)
         return s - k if k and s - k >= header and ids[s - k : s] == opener else s
+
+    def turn_end(e: int) -> int:  # end of the turn holding token e - 1
+        return next((p for p in starts if p >= e), len(ids)) if cut == "blocks" else e
+
+    def context_start(ls: int, lower: int, budget: int) -> int:
+        if budget <= 0:
+            return ls
+        if cut == "tokens":
+            return ls - max(0, min(budget, ls - lower))
+        c = ls
+        for p in reversed([p for p in starts if lower <= p < ls]):
+            if ls - p > budget:
+                break
+            c = p
+        return c
 
     out, dropped, i = [], [], 0
     while i < len(blocks):
         s, e = blocks[i]
         ls = lead_start(s)
-        room = window - header - (e - ls)
+        room = window - header - (turn_end(e) - ls)
         if room < 0:
             dropped.append((s, e))
             i += 1
             continue
-        reach = min(context, ls - header, room)
-        with_query = query is not None and ls - reach > qa and qb - qa <= room
+        c = context_start(ls, header, min(context, room))
+        with_query = query is not None and c > qa and qb - qa <= room and qb <= ls
         if with_query:
-            reach = max(0, min(context - (qb - qa), room - (qb - qa), ls - qb))
-        c, lead = ls - reach, ids[:header] + (ids[qa:qb] if with_query else [])
+            c = context_start(ls, qb, min(context, room) - (qb - qa))
+        lead = ids[:header] + (ids[qa:qb] if with_query else [])
         j = i
-        while j + 1 < len(blocks) and len(lead) + blocks[j + 1][1] - c <= window:
+        while j + 1 < len(blocks) and len(lead) + turn_end(blocks[j + 1][1]) - c <= window:
             j += 1
-        end = blocks[j][1]
+        end = turn_end(blocks[j][1])
         labels = [IGNORE] * len(lead) + [ids[p] if (p >= s and mask[p]) else IGNORE for p in range(c, end)]
         out.append((lead + ids[c:end], labels))
         i = j + 1
@@ -669,11 +698,17 @@ def render_episode(ep: EpisodeTrace, tokenizer, sft: SftSpec, method: str, opene
             out.errors.append({**where, "thread": t_idx, "kind": "thread_not_renderable",
                                "reason": f"thread {t_idx} ({thread.role}): {err}"})
             continue
+        if segments and segments[0].header > HEADER_SHARE * sft.window:
+            out.errors.append({**where, "thread": t_idx, "kind": "header_over_window", "reason": (
+                f"thread {t_idx} ({thread.role}): its header (system, tools, first user message) is "
+                f"{segments[0].header} tokens, over {HEADER_SHARE:.0%} of sft.window={sft.window}")})
+            continue
         out.threads_by_role[thread.role] += 1
         index = 0
         for seg in segments:
             out.segments += 1
-            pieces, lost = cut_windows(seg.ids, seg.mask, seg.header, sft.window, sft.context, opener, seg.query)
+            pieces, lost = cut_windows(seg.ids, seg.mask, seg.header, sft.window, sft.context, opener, seg.query,
+                                       sft.cut)
             for s, e in lost:
                 out.dropped_blocks.append({**where, "thread": t_idx, "role": thread.role, "segment": seg.index,
                                            "block_tokens": e - s, "header_tokens": seg.header, "window": sft.window})
@@ -736,6 +771,7 @@ def window_stats(
         "dropped_supervised_tokens": sum(d["block_tokens"] for d in dropped),
         "episode_errors": errors,
         "teacher_prompt_not_found": [e for e in errors if e["kind"] == "teacher_prompt_not_found"],
+        "threads_refused_header": sum(e["kind"] == "header_over_window" for e in errors),
         "length_cut_responses_dropped": length_cuts,
         "mask_method": method,
     }
