@@ -21,6 +21,7 @@ from transformers import AutoTokenizer
 from mass_jobs.models import SftSpec
 from mass_jobs.steps.render_sft import IGNORE, EpisodeTrace, render_windows
 from tests.fixtures.chat_templates import QWEN3_THINKING
+from tests.fixtures.chat_templates import _first_messages_of_blocks as _blocks_of
 
 THINKING = "<|im_start|>assistant\n<think>\n"
 DENSE = "<|im_start|>assistant\n"
@@ -28,17 +29,6 @@ TOOLS = [{"type": "function", "function": {"name": n, "description": f"{n} a fil
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
          for n in ("read_file", "write_file")]
 WORDS = "alpha beta gamma delta file output value check pass fail run test data".split()
-
-
-def _blocks_of(messages: list[dict]) -> list[int]:
-    """First message of each `<|im_start|>` block (consecutive tool results are one block)."""
-    out, i = [], 0
-    while i < len(messages):
-        out.append(i)
-        i += 1
-        while messages[out[-1]]["role"] == "tool" and i < len(messages) and messages[i]["role"] == "tool":
-            i += 1
-    return out
 
 
 def upstream_segments(tok, messages, tools, thinking: bool):
