@@ -75,7 +75,7 @@ def run_check(check: CheckCommand, workspace: Path, limits: EpisodeLimits) -> tu
 
 def run_checks(job: ChecksFile, workspace: Path, out_dir: Path, sandbox=None) -> dict:
     """Every check of `job` in order, here or in the sandbox container; writes OUT/checks.json."""
-    from mass_jobs.sandbox_service import SandboxError
+    from mass_jobs.errors import SandboxError
 
     results = []
     lost = None

@@ -46,8 +46,10 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mass_jobs.errors import SandboxError  # noqa: F401 (raised by SandboxClient; callers import it here too)
+
 if TYPE_CHECKING:
-    from mass_jobs.harness import EpisodeInput
+    from mass_jobs.harness.episode import EpisodeInput
     from mass_jobs.harness.tools import ToolRun
     from mass_jobs.llm import Endpoint
     from mass_jobs.models import EpisodeLimits
@@ -61,8 +63,6 @@ KEEP_SOCKET_S = 0.2  # how often a service checks that its socket file is still 
 CONNECT_RETRY_S = 10.0  # how long a client retries a connect to a socket being bound again (a loaded node)
 
 
-class SandboxError(RuntimeError):
-    """The sandbox container did not answer as it should (gone, killed, a reply out of bounds)."""
 
 
 # ---------------------------------------------------------------- the service (sandbox container)
@@ -180,7 +180,7 @@ class SandboxService:
                     pass
 
     def start_qwen(self, body: dict) -> dict:
-        from mass_jobs.harness import episode_input
+        from mass_jobs.harness.episode import episode_input
         from mass_jobs.harness.qwen_code import QwenRun, sandbox_home
         from mass_jobs.llm import Endpoint
 
@@ -470,7 +470,7 @@ class SandboxClient:
         return code, str(reply.get("detail", ""))[-DETAIL_CHARS:]
 
     def start_qwen(self, inp: EpisodeInput, proxy: Endpoint) -> RemoteQwenRun:
-        from mass_jobs.harness import episode_file_json
+        from mass_jobs.harness.episode import episode_file_json
 
         reply = self._json("POST", "/qwen", {"episode": episode_file_json(inp),
                                              "proxy": {"base_url": proxy.base_url, "model": proxy.model, "key": proxy.key}})

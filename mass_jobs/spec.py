@@ -426,7 +426,7 @@ def _load_task_file(ref: TaskFile, index: int, read: Callable[..., str]) -> tupl
     except SpecError as exc:  # too large or not UTF-8
         return None, [SpecIssue(where, f"{ref.file}: {i.message}") for i in exc.issues]
     if ref.format == "upstream":
-        from mass_jobs.workflow import import_upstream
+        from mass_jobs.upstream_format import import_upstream
 
         try:
             prompt, workflow = import_upstream(text)
@@ -459,7 +459,7 @@ def task_overrides(ref: TaskFile) -> dict[str, Any]:
 
 def _upstream_hint(ref: TaskFile, text: str) -> str:
     """For a native task file that is really upstream MASS text: say how to load it."""
-    from mass_jobs.workflow import UPSTREAM_MARKER
+    from mass_jobs.upstream_format import UPSTREAM_MARKER
 
     if ref.format == "mass" and (ref.file.endswith(".txt") or UPSTREAM_MARKER in text):
         return ("; an upstream MASS task (text, then an agent list) needs `format: upstream` (with `id` and "

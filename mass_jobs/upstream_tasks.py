@@ -31,7 +31,7 @@ def task_id(name: str) -> str:
 def convert(src: Path) -> tuple[list[dict], list[str]]:
     """(task documents in splits.json order, notes) of the upstream task directory `src`;
     SpecError naming every file or key that is missing or malformed."""
-    from mass_jobs.workflow import WorkflowError, import_upstream
+    from mass_jobs.upstream_format import WorkflowError, import_upstream
 
     src = Path(src)
     where = str(src / "splits.json")

@@ -5,15 +5,14 @@ import json
 import pytest
 
 from mass_jobs.models import Workflow
+from mass_jobs.upstream_format import UPSTREAM_MARKER, import_upstream
 from mass_jobs.workflow import (
     DEFAULT_WORKFLOW,
     DIRECTIVE_HEADER,
     SEPARATOR,
     TEACHER_DIRECTIVE,
-    UPSTREAM_MARKER,
     WorkflowError,
     diff_workflows,
-    import_upstream,
     parse_proposal,
     render_workflow,
     teacher_prompt,

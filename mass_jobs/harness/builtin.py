@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mass_jobs.harness import TOOL_CALL_CAP
+from mass_jobs.harness.episode import TOOL_CALL_CAP
 from mass_jobs.harness import tools as T
 from mass_jobs.llm import Endpoint, ModelClient, ModelError, parse_tool_calls, usage_tokens
 from mass_jobs.models import EpisodeLimits, Sampling

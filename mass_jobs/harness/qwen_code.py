@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mass_jobs.audit import DELEGATE_TOOLS, split_threads
-from mass_jobs.harness import TOOL_CALL_CAP
+from mass_jobs.errors import SandboxError
+from mass_jobs.harness.episode import TOOL_CALL_CAP
 
 if TYPE_CHECKING:
-    from mass_jobs.harness import EpisodeInput, HarnessOutcome
+    from mass_jobs.harness.episode import EpisodeInput, HarnessOutcome
     from mass_jobs.llm import Endpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -258,22 +259,19 @@ def final_result(stdout: str) -> dict[str, Any] | None:
     return results[-1] if results else None
 
 
-def run_qwen_code(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, sandbox=None) -> HarnessOutcome:
-    """One qwen-code episode: started here, or by `sandbox` (a SandboxClient) in the sandbox container;
-    watched through the trace, which only the proxy writes. Started here, its shell commands still
-    go to a shell-only service of this process (mass_jobs/harness/qwen_shell.py)."""
-    if sandbox is None:
-        from mass_jobs.sandbox_service import shell_service
-
-        with shell_service(workspace, inp.limits) as shells:
-            return _run(inp, proxy, workspace, trace_path, None, shells)
-    return _run(inp, proxy, workspace, trace_path, sandbox, None)
+def run_qwen_code(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, sandbox=None,
+                  shells: Path | None = None) -> HarnessOutcome:
+    """One qwen-code episode: started by `sandbox` (a SandboxClient) in the sandbox container, or here
+    with its shell commands sent to the shell-only service at `shells` (mass_jobs/harness/qwen_shell.py);
+    watched through the trace, which only the proxy writes."""
+    if sandbox is None and shells is None:
+        raise ValueError("run_qwen_code: a sandbox or a shell service socket is needed")
+    return _run(inp, proxy, workspace, trace_path, sandbox, shells)
 
 
 def _run(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, sandbox, shells) -> HarnessOutcome:
-    from mass_jobs.harness import HarnessOutcome
+    from mass_jobs.harness.episode import HarnessOutcome
     from mass_jobs.proxy import read_trace
-    from mass_jobs.sandbox_service import SandboxError
 
     started = time.monotonic()
     outcome, reason, report = "infra_error", "", ""

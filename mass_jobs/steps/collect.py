@@ -32,6 +32,7 @@ from typing import Any
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.steps.guard import hash_protected
+from mass_jobs.steps.rollouts import lost_agent_status
 from mass_jobs.steps.search import Execute, SearchState, derived_seed
 from mass_jobs.workflow import teacher_directive, teacher_prompt_parts
 
@@ -231,15 +232,6 @@ class Collection:
         self.store.put_json(key, summary)
         step.finish([key], extra={"skipped": summary["skipped"], "eligible": len(summary["eligible"])})
         return summary
-
-
-def lost_agent_status(harness: str) -> dict:
-    """status.json of an episode whose agent pod left none (failed, evicted or past its deadline)."""
-    return {"outcome": "infra_error", "reason": "the agent pod ended without writing status.json "
-            "(failed, evicted or killed at its deadline; its retries are spent)", "harness": harness,
-            "counts": {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
-            "tokens": {"prompt": 0, "completion": 0}, "timings": {"wall_s": 0},
-            "sandbox": {"network_isolated": False, "note": "no record: the pod left no output"}}
 
 
 def _wf(doc: dict):

@@ -61,13 +61,21 @@ def prepare(ctx: RunContext, prefix: str, inp) -> list[str]:
     return [ctx.agent_input(prefix, "episode.json"), ctx.agent_input(prefix, "workspace.tar.gz")]
 
 
+def lost_agent_status(harness: str) -> dict:
+    """status.json of an episode whose agent pod left none (failed, evicted or past its deadline)."""
+    return {"outcome": "infra_error", "reason": "the agent pod ended without writing status.json "
+            "(failed, evicted or killed at its deadline; its retries are spent)", "harness": harness,
+            "counts": {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
+            "tokens": {"prompt": 0, "completion": 0}, "timings": {"wall_s": 0},
+            "sandbox": {"network_isolated": False, "note": "no record: the pod left no output"}}
+
+
 def agent_result(ctx: RunContext, prefix: str, agent_failed: bool) -> tuple[dict, dict[str, bytes], dict]:
     """(status, {workspace.tar.gz, trace.jsonl: bytes}, episode.json) of the agent pod of `prefix`.
 
     With `agent_failed` (the agent step's phase was Failed or Error) a missing output is the
-    infra_error episode of `collect.lost_agent_status`; otherwise it is an error (not run yet)."""
+    infra_error episode of `lost_agent_status`; otherwise it is an error (not run yet)."""
     from mass_jobs.harness import validate_status
-    from mass_jobs.steps.collect import lost_agent_status
 
     store = ctx.store
     inp_key = ctx.agent_input(prefix, "episode.json")
