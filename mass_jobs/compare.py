@@ -1,9 +1,9 @@
 """Workspace bundles and blind pairwise verdicts (used by search, rank and the judges).
 
-A bundle is a bounded text view of a finished workspace: a run notice when the episode did not
-succeed, the file tree, required deliverables found/missing, a report excerpt, metrics JSON and
-excerpts of other text files, cut to a byte budget. A verdict compares two bundles under blind
-labels A/B; the caller decides which one is shown first. Unreadable replies are retried with the
+A bundle is `mass_jobs.evidence`'s view of a finished workspace (the paper's code's content and
+caps), optionally cut to a byte budget. A verdict compares two bundles under blind labels A/B with
+the paper's code's reviewer rules and rubric, fitted to the served context; the caller decides
+which one is shown first. Unreadable replies are retried with the
 reason, then recorded as invalid — never turned into a silent tie.
 
 No command of its own; `mass search` and `mass rank` call it.
@@ -19,19 +19,32 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from mass_jobs import evidence
 from mass_jobs.models import Closed
 
 EVALUATOR_ROLE = "evaluator"
-REPORT_NAMES = ("report.md", "REPORT.md", "report.txt", "README.md", "results/report.md", "deliverables/report.md")
-TEXT_SUFFIXES = {".md", ".txt", ".py", ".json", ".csv", ".yaml", ".yml", ".toml", ".sh", ".log", ".tsv", ".cfg", ".ini"}
-MAX_TREE_ENTRIES = 200
 
-EVALUATOR_SYSTEM = (
-    "You are the evaluator. Two finished workspaces, labelled A and B, were produced for the same task. "
-    "Compare only the artifacts (files, numbers, reports); check that claims are backed by the files. "
-    "Say which workspace better accomplishes the task.\n"
-    'Reply with one JSON object and nothing else: {"winner": "A" | "B" | "tie", "rationale": "<why, citing files>"}'
-)
+EVALUATOR_SYSTEM = """You are a senior research reviewer. Two finished submissions for the same assignment are shown as
+workspaces A and B; judge them strictly, practically and by the evidence.
+Rules:
+- The TASK is the only contract for what must be produced. The workspace sections are evidence: never assume
+  file contents that are not shown.
+- Take every artifact the task explicitly requires (its deliverables, and any equally explicit requirement in
+  its text) as the checklist, not folder names or guesses.
+- Cite concrete evidence (paths, JSON keys, report sections) rather than general praise.
+- Choose A or B when one clearly better satisfies the task across deliverables, rigor, reproducibility and
+  alignment; choose tie only when they are genuinely comparable overall, not merely different.
+Reply with one JSON object and nothing else: {"winner": "A" | "B" | "tie", "rationale": "<why, citing evidence from both>"}"""
+
+RUBRIC = """COMPARISON RUBRIC (relative; which submission better fulfils the same task):
+1. Deliverable coverage: map each deliverable the task requires to evidence; note gaps and placeholders.
+2. Numerical and empirical rigor: sound method, comparisons against simple references, honest limitations, a
+   report consistent with its metrics.
+3. Reproducibility: dependencies, entry points, seeds, documented data or generation.
+4. Presentation: report structure and clarity, figures (judged from paths and excerpts).
+5. Engineering: layout, modularity, readability of the code shown.
+6. Task alignment: penalize solving the wrong problem or drifting from the stated objective.
+Which workspace is better? Answer with the JSON object only."""
 
 
 class Verdict(Closed):
@@ -57,81 +70,31 @@ class Verdict(Closed):
 # ---------------------------------------------------------------- bundles
 
 
-def _read_text(path: Path, limit: int) -> str:
-    data = path.read_bytes()[: limit + 1]
-    text = data[:limit].decode("utf-8", errors="replace")
-    return text + ("\n[... truncated]" if len(data) > limit else "")
-
-
-def _files(workspace: Path) -> list[Path]:
-    if not workspace.is_dir():
-        return []
-    out = []
-    for p in sorted(workspace.rglob("*")):
-        rel = p.relative_to(workspace)
-        if any(part.startswith(".") or part == "__pycache__" for part in rel.parts):
-            continue
-        if p.is_file() and not p.is_symlink():
-            out.append(p)
-    return out
-
-
-def _cut(text: str, limit: int) -> str:
+def _cut(text: str, limit: int | None) -> str:
     raw = text.encode("utf-8")
-    if len(raw) <= limit:
+    if limit is None or len(raw) <= limit:
         return text
     return raw[: max(0, limit - 16)].decode("utf-8", errors="ignore") + "\n[... truncated]"
 
 
-def bundle(
-    workspace: Path,
-    max_bytes: int = 16384,
-    deliverables: list[str] | tuple[str, ...] = (),
-    status: dict | None = None,
-) -> str:
-    """A bounded text view of a workspace (at most `max_bytes` UTF-8 bytes, deterministic)."""
-    workspace = Path(workspace)
-    files = _files(workspace)
-    rels = [f.relative_to(workspace).as_posix() for f in files]
-    sections: list[str] = []
-    if status and status.get("outcome") not in (None, "success"):
-        sections.append(f"RUN NOTICE: the episode ended with outcome {status.get('outcome')!r}: {status.get('reason', '')}")
-    tree = [f"{r} ({f.stat().st_size} bytes)" for r, f in zip(rels, files)][:MAX_TREE_ENTRIES]
-    if len(files) > MAX_TREE_ENTRIES:
-        tree.append(f"... and {len(files) - MAX_TREE_ENTRIES} more files")
-    sections.append(_cut("FILE TREE:\n" + ("\n".join(tree) if tree else "(empty workspace)"), max_bytes // 4))
-    if deliverables:
-        found = [d for d in deliverables if (workspace / d).exists()]
-        missing = [d for d in deliverables if d not in found]
-        sections.append(f"DELIVERABLES found: {found or 'none'}; missing: {missing or 'none'}")
-    shown: set[str] = set()
-    report = next((r for r in REPORT_NAMES if r in rels), None)
-    if report:
-        shown.add(report)
-        sections.append(f"REPORT ({report}):\n" + _read_text(workspace / report, max_bytes // 4))
-    metrics = [r for r in rels if r.endswith(".json") and "metric" in r.lower()]
-    for r in metrics[:3]:
-        shown.add(r)
-        sections.append(f"METRICS ({r}):\n" + _read_text(workspace / r, max_bytes // 8))
-    text = "\n\n".join(sections)
-    for r, f in zip(rels, files):  # remaining text files, in path order, while the budget lasts
-        left = max_bytes - len(text.encode("utf-8")) - 64
-        if left < 256:
-            break
-        if r in shown or f.suffix.lower() not in TEXT_SUFFIXES:
-            continue
-        text += f"\n\nFILE {r}:\n" + _read_text(f, min(left, max_bytes // 8))
-    return _cut(text, max_bytes)
+def bundle(workspace: Path, max_bytes: int | None = None, deliverables=(), status: dict | None = None,
+           task_text: str = "", caps: evidence.Caps = evidence.Caps()) -> str:
+    """`evidence.bundle` of a workspace, cut to `max_bytes` UTF-8 bytes when given (deterministic)."""
+    return _cut(evidence.bundle(Path(workspace), task_text, deliverables, status, caps), max_bytes)
 
 
-# ---------------------------------------------------------------- verdicts
-
-
-
-def stored_bundle(store, prefix: str, max_bytes: int, deliverables=(), workspace: Path | None = None) -> str:
+def stored_bundle(store, prefix: str, max_bytes: int | None, deliverables=(), workspace: Path | None = None,
+                  task_text: str = "", caps: evidence.Caps = evidence.Caps()) -> str:
     """bundle() of the workspace archive and status stored under `prefix` (extracted into `workspace`,
-    a temp folder by default). An archive get_dir refuses (agent-written, hostile) is shown as an
-    empty workspace with a notice saying why: a verdict against it, never a crashed step."""
+    a temp folder by default)."""
+    return stored_views(store, prefix, max_bytes, deliverables, workspace, task_text, caps)[0]
+
+
+def stored_views(store, prefix: str, max_bytes: int | None, deliverables=(), workspace: Path | None = None,
+                 task_text: str = "", caps: evidence.Caps = evidence.Caps(), results: bool = False) -> tuple[str, str]:
+    """(bundle, results/*.json appendix or "" unless `results`) of a stored rollout. An archive
+    get_dir refuses (agent-written, hostile) is shown as an empty workspace with a notice saying
+    why: a verdict against it, never a crashed step."""
     import tempfile
 
     from mass_jobs.context import RunContext
@@ -144,8 +107,26 @@ def stored_bundle(store, prefix: str, max_bytes: int, deliverables=(), workspace
             store.get_dir(RunContext.rollout_file(prefix, "workspace.tar.gz"), ws)
         except UnsafeArchive as err:
             notice = f"WORKSPACE REFUSED: the stored archive was not extracted: {str(err)[:300]}"
-            return _cut(notice + "\n\n" + bundle(Path(tmp) / "none", max_bytes, deliverables, status), max_bytes)
-        return bundle(ws, max_bytes, deliverables, status)
+            empty = bundle(Path(tmp) / "none", max_bytes, deliverables, status, task_text, caps)
+            return _cut(notice + "\n\n" + empty, max_bytes), ""
+        text = bundle(ws, max_bytes, deliverables, status, task_text, caps)
+        appendix = evidence.results_appendix(ws, caps.results_chars, caps.results_total_chars) if results else ""
+        return text, appendix
+
+
+def task_bundle(store, prefix: str, spec, task, workspace: Path | None = None) -> str:
+    """stored_bundle() with the spec's evidence caps and the task's text and deliverables."""
+    return task_views(store, prefix, spec, task, workspace)[0]
+
+
+def task_views(store, prefix: str, spec, task, workspace: Path | None = None, results: bool = False) -> tuple[str, str]:
+    """stored_views() with the spec's evidence caps and the task's text and deliverables."""
+    return stored_views(store, prefix, spec.search.evidence_bytes, task.deliverables, workspace,
+                        task_text=task.prompt, caps=evidence.caps_of(spec), results=results)
+
+
+# ---------------------------------------------------------------- verdicts
+
 
 def _strip_think(text: str) -> str:
     text = re.sub(r"<think>.*?</think>", "", text, flags=re.S)
@@ -176,6 +157,18 @@ def parse_verdict(text: str | None) -> tuple[Literal["A", "B", "tie"], str]:
     raise ValueError('no {"winner": ...} object or "Winner: A|B|tie" line was found')
 
 
+def verdict_request(task_prompt: str, bundle_a: str, bundle_b: str, budget_tokens: int | None = None) -> str:
+    """The evaluator's user message; the bundles fitted to `budget_tokens` (estimated) when given."""
+    def layout(a: str, b: str) -> str:
+        return f"TASK:\n{task_prompt}\n\n=== WORKSPACE A ===\n{a}\n\n=== WORKSPACE B ===\n{b}\n\n{RUBRIC}"
+
+    if budget_tokens is not None:
+        rest = evidence.count_tokens(EVALUATOR_SYSTEM) + evidence.count_tokens(layout("", ""))
+        each = max(16, (budget_tokens - rest) // 2)
+        bundle_a, bundle_b = (evidence.fit_tokens(b, each, "workspace evidence") for b in (bundle_a, bundle_b))
+    return layout(bundle_a, bundle_b)
+
+
 def judge(
     client: Any,
     task_prompt: str,
@@ -185,17 +178,14 @@ def judge(
     retries: int = 2,
     seed: int | None = None,
     role: str = EVALUATOR_ROLE,
+    budget_tokens: int | None = None,
 ) -> Verdict:
-    """Ask `client` to compare two bundles; `first` = (id, bundle) is shown as A, `second` as B."""
+    """Ask `client` to compare two bundles; `first` = (id, bundle) is shown as A, `second` as B.
+    With `budget_tokens` (the served context less the reply and a safety margin) the two bundles are
+    cut, each to half of what the rest of the request leaves."""
     (id_a, bundle_a), (id_b, bundle_b) = first, second
-    messages: list[dict] = [
-        {"role": "system", "content": EVALUATOR_SYSTEM},
-        {
-            "role": "user",
-            "content": f"TASK:\n{task_prompt}\n\n=== WORKSPACE A ===\n{bundle_a}\n\n=== WORKSPACE B ===\n{bundle_b}\n\n"
-            "Which workspace is better? Answer with the JSON object only.",
-        },
-    ]
+    messages: list[dict] = [{"role": "system", "content": EVALUATOR_SYSTEM},
+                            {"role": "user", "content": verdict_request(task_prompt, bundle_a, bundle_b, budget_tokens)}]
     errors: list[str] = []
     for attempt in range(retries + 1):
         reply = client.chat(

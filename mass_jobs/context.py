@@ -53,6 +53,10 @@ class RunContext:
     def model_fp8(self, g: int) -> str:
         return f"{self.gen(g)}/model-fp8"
 
+    def serving(self, g: int) -> str:
+        """Which weights served generation g and why (mass_jobs.serving_precision)."""
+        return f"{self.gen(g)}/serving.json"
+
     def served_model(self, g) -> str:
         """The name L_g is served under while the inner loop calls it (traces record it)."""
         return served_model_name(self.spec.name if self.spec is not None else self.run, g)

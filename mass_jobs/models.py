@@ -144,11 +144,36 @@ class ModelSpec(Closed):
     sampling: Sampling = Field(default_factory=Sampling)
 
 
+class EvidenceSpec(Closed):
+    """What of a workspace the evaluator and the optimizer see (defaults: the paper's code, local model)."""
+
+    report_chars: int | None = Field(default=28_000, ge=256, le=MAX_TOKENS * 4, description="Report and text excerpt cap, characters.")
+    json_chars: int | None = Field(default=24_000, ge=256, le=MAX_TOKENS * 4, description="JSON excerpt cap, characters.")
+    code_chars: int | None = Field(default=12_000, ge=256, le=MAX_TOKENS * 4, description="Script excerpt cap, characters.")
+    report_tokens: int | None = Field(default=None, ge=64, le=MAX_TOKENS, description="Report excerpt cap, estimated tokens.")
+    json_tokens: int | None = Field(default=50_000, ge=64, le=MAX_TOKENS, description="JSON excerpt cap, estimated tokens.")
+    code_tokens: int | None = Field(default=10_000, ge=64, le=MAX_TOKENS, description="Script excerpt cap, estimated tokens.")
+    code_files: int = Field(default=4, ge=0, le=100, description="Entry scripts excerpted (run_*.py, main.py, pipeline.py).")
+    tree_entries: int = Field(default=400, ge=10, le=100_000, description="File tree entries listed.")
+    tree_depth: int = Field(default=6, ge=1, le=64, description="File tree levels listed.")
+    tree_children: int = Field(default=100, ge=1, le=100_000, description="A folder with more entries is named, not listed.")
+    results_chars: int | None = Field(default=24_000, ge=256, le=MAX_TOKENS * 4,
+                                      description="Optimizer's results/*.json appendix: cap per file, characters.")
+    results_total_chars: int | None = Field(default=120_000, ge=256, le=MAX_TOKENS * 4,
+                                            description="Optimizer's results/*.json appendix: total, characters.")
+    safety_tokens: int = Field(default=8192, ge=0, le=MAX_TOKENS,
+                               description="Context kept free beyond the reply when prompts are fitted to "
+                               "model.sampling.context_length (the served context).")
+
+
 class SearchSpec(Closed):
     iterations: int = Field(default=11, ge=0, le=100, description="K: optimizer proposals per task.")
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     proposal_retries: int = Field(default=3, ge=0, le=MAX_RETRIES, description="Retries of a malformed workflow proposal.")
-    evidence_bytes: int = Field(default=16384, ge=1024, le=16 << 20, description="Cap on the workspace bundle shown to roles.")
+    evidence_bytes: int | None = Field(default=None, ge=1024, le=16 << 20,
+                                       description="Overall cap on one workspace bundle, bytes; null: the per-file "
+                                       "caps of search.evidence and the fit to the served context only (the paper's code).")
+    evidence: EvidenceSpec = Field(default_factory=EvidenceSpec)
     selection: Literal["champion", "elite"] = Field(
         default="champion",
         description="'champion' (the paper's code, judged against the baseline): every version is judged against "
@@ -293,6 +318,11 @@ class SftSpec(Closed):
         "mid-thought). true: smoke runs with an untrained model, whose every reply is cut.",
     )
     fp8_export: bool = Field(default=False, description="Also export a block-FP8 copy of the merged model.")
+    serve_fp8: bool = Field(
+        default=True,
+        description="Serve generations 1+ from the FP8 copy (with fp8_export) where the server reads block-FP8: "
+        "vLLM on a CUDA GPU, as the paper does; elsewhere the BF16 weights, the reason recorded "
+        "(mass_jobs/serving_precision.py, gen-<g>/serving.json).")
 
 
 class Judge(Closed):

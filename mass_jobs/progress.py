@@ -117,7 +117,7 @@ class PerKey:
 
 
 def warm_printer(stream: TextIO | None = None, every: int = 50):
-    """`on_step(step, steps, loss)` for `build_tiny_model(warm=True)`: a line every `every` steps
+    """`on_step(step, steps, loss)` for `tiny_warm.build_warm_model`: a line every `every` steps
     (and the first and last) with the mean loss since the previous line, elapsed time and ETA."""
     out = stream or sys.stderr
     started = time.monotonic()

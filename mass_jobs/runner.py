@@ -205,12 +205,12 @@ class Runner:
         """L_g's endpoint for the inner loop, under the name the cluster's InferenceService has, served
         by execution.serving's backend. `external` serves nothing: every role has its own endpoint."""
         from mass_jobs.backends import serve_model
-        from mass_jobs.steps.evaluate import local_model_dir
+        from mass_jobs.steps.evaluate import served_model_dir
 
         if self.spec.execution.serving == "external":
             raise RuntimeError("execution.serving is 'external': the inner loop uses roles.<role> endpoints "
                                "and starts no model server")
-        with serve_model(self.spec, local_model_dir(self.ctx, g, self.work / "models"), self.ctx.served_model(g),
+        with serve_model(self.spec, served_model_dir(self.ctx, g, self.work / "models"), self.ctx.served_model(g),
                          log_path=self.work / f"serve-gen-{g}.log") as endpoint:
             yield endpoint
 

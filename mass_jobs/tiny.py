@@ -6,8 +6,8 @@ follows Qwen3's layout exactly, so code paths keyed on Qwen3 (the `transformers 
 parser for `<think>` and `<tool_call>`, the assistant-token masks used for SFT) behave as they do
 on a real Qwen3 checkpoint. The same seed gives byte-identical files.
 
-With `warm=True` the random weights are then briefly fine-tuned on synthetic harness
-conversations (`mass_jobs.tiny_warm`) so replies are well-formed tool calls, verdicts and
+`mass_jobs.tiny_warm.build_warm_model` then briefly fine-tunes the random weights on synthetic
+harness conversations so replies are well-formed tool calls, verdicts and
 workflows often enough for a demo report to show numbers.
 
 Run: `mass model tiny --out DIR [--seed N] [--warm]`
@@ -237,15 +237,12 @@ def build_tokenizer():
     )
 
 
-def build_tiny_model(out_dir, seed: int = 0, warm: bool = False, warm_steps: int | None = None,
-                     on_step=None, check: bool | None = None, say=None) -> Path:
+def build_tiny_model(out_dir, seed: int = 0, prepare=None) -> Path:
     """Write config, float32 safetensors weights, generation config and tokenizer to `out_dir`.
 
     float32 because the tiny model runs on CPU in tests; real models default to bfloat16.
-    `warm`: fine-tune on the synthetic harness corpus first (`warm_steps` overrides its length;
-    `on_step(step, steps, loss)` sees every warm-up step). `check` (default: for the full warm-up)
-    measures the behaviours the demo needs before anything is written and raises
-    `tiny_warm_check.WarmCheckFailed` when one misses; `say(line)` hears its rates.
+    `prepare(model, tokenizer, out)` runs before anything is written: the warm build
+    (`tiny_warm.build_warm_model`) fine-tunes and checks the weights there.
     """
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
@@ -283,20 +280,8 @@ def build_tiny_model(out_dir, seed: int = 0, warm: bool = False, warm_steps: int
         top_p=0.9,
         top_k=20,
     )
-    if warm:
-        import time
-
-        from mass_jobs.tiny_warm import WARM_STEPS, write_key, warm_up
-
-        steps = WARM_STEPS if warm_steps is None else warm_steps
-        started = time.monotonic()
-        warm_up(model, tokenizer, seed=seed, steps=steps, on_step=on_step)
-        rates = None
-        if check if check is not None else steps == WARM_STEPS:
-            from mass_jobs.tiny_warm_check import check as check_behaviours
-
-            rates = check_behaviours(model, tokenizer, say=say)
-        write_key(out, seed, steps, time.monotonic() - started, rates)
+    if prepare is not None:
+        prepare(model, tokenizer, out)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out

@@ -89,7 +89,7 @@ class LocalChat:
 
 
 def probe_prompts() -> list[str]:
-    from mass_jobs.tiny_warm import synthetic_task
+    from mass_jobs.tiny_tasks import synthetic_task
 
     rng = random.Random(10_000)
     return [*DEMO_PROMPTS, *(synthetic_task(rng)["prompt"] for _ in range(HELD_OUT_TASKS))]
@@ -102,14 +102,14 @@ def measure(model, tokenizer, prompts: list[str] | None = None, samples: int | N
     from mass_jobs.harness import tools as T
     from mass_jobs.harness.builtin import ORCHESTRATOR_SYSTEM
     from mass_jobs.llm import parse_tool_calls
-    from mass_jobs.steps.search import OPTIMIZER_SYSTEM
+    from mass_jobs import optimizer_brief as ob
     from mass_jobs.workflow import DEFAULT_WORKFLOW, WorkflowError, parse_proposal, workflow_json, workflow_prompt_parts
 
     chat = LocalChat(model, tokenizer)
     tools = [T.DELEGATE, T.READ_FILE, T.LIST_FILES, T.FINISH]
     rates = {k: Rate(0, 0) for k in THRESHOLDS}
-    wf = json.dumps(workflow_json(DEFAULT_WORKFLOW), indent=1)
-    empty = bundle(Path("/nonexistent"), 4096)
+    wf = workflow_json(DEFAULT_WORKFLOW)
+    empty = bundle(Path("/nonexistent"))
     for p, task in enumerate(probe_prompts() if prompts is None else prompts):
         for s in range(samples or SAMPLES_PER_PROMPT):
             seed = 1000 * p + s
@@ -120,11 +120,10 @@ def measure(model, tokenizer, prompts: list[str] | None = None, samples: int | N
                                 for c in parse_tool_calls(reply))
                 rate = rates[f"{kind}_delegates"]
                 rate.hits, rate.n = rate.hits + delegated, rate.n + 1
-            brief = (f"TASK:\n{task}\n\nPREVIOUS WORKFLOW (iteration 0):\n{wf}\n\nELITE WORKFLOW (iteration 0, best so far):\n"
-                     f"{wf}\n\nFEEDBACK HISTORY (oldest first):\n- iteration 0: initial; episode outcome failed; changes: "
-                     f"initial version\n\nEVIDENCE FROM THE LAST WORKSPACE (iteration 0):\n{empty}\n\n"
-                     "Propose the next workflow as the JSON object.")
-            reply = chat.chat([{"role": "system", "content": OPTIMIZER_SYSTEM}, {"role": "user", "content": brief}], seed=seed)
+            brief, _ = ob.build(ob.BriefInput(task=task, current=0, designs={0: wf}, evidence=empty,
+                                              rows=[ob.Row(0, "the bare reference", "loss")],
+                                              status={"outcome": "failed", "reason": "no result"}))
+            reply = chat.chat(brief, seed=seed)
             try:
                 parse_proposal(reply["content"])
                 ok = True
@@ -132,7 +131,7 @@ def measure(model, tokenizer, prompts: list[str] | None = None, samples: int | N
                 ok = False
             rates["proposals_valid"].hits += ok
             rates["proposals_valid"].n += 1
-            verdict = judge(chat, task, ("a", empty), ("b", bundle(Path("/nonexistent"), 4096, status={"outcome": "failed"})),
+            verdict = judge(chat, task, ("a", empty), ("b", bundle(Path("/nonexistent"), status={"outcome": "failed"})),
                             retries=0, seed=seed)
             rates["verdicts_valid"].hits += verdict.valid
             rates["verdicts_valid"].n += 1

@@ -79,9 +79,13 @@ def test_search_k3_replaces_elite_only_when_preferred(store, inner_spec, judging
     # the optimizer saw the history, the elite and the evidence of the last workspace
     briefs = [r["body"]["messages"][1]["content"] for r in ep.requests if r["key"] == "optimizer"]
     assert len(briefs) == 4  # three proposals, one retry of a malformed reply (same brief + the error)
-    assert "iteration 1: new_elite" in briefs[1] and "changes: added agent checker" in briefs[1]
-    assert "iteration 2: elite_kept" in briefs[2] and "ELITE WORKFLOW (iteration 1" in briefs[2]
-    assert "score: 3" in briefs[2] and "DELIVERABLES found: ['report.md']" in briefs[2]
+    assert "- v1 against v0: win" in briefs[1] and '+   "id": "checker",' in briefs[1]
+    assert "- v1 against the bare reference: win" in briefs[1] and "CURRENT WORKFLOW (v1)" in briefs[1]
+    assert "- v2 against v1: loss" in briefs[2] and "PREVIOUS BEST WORKFLOW (v1):" in briefs[2]
+    assert "the judge preferred its deliverables over the current v2's" in briefs[2]
+    assert "ORIGINAL WORKFLOW (v0" in briefs[2] and "3. VERDICTS AGAINST THE BEST VERSION" in briefs[2]
+    assert "score: 3" in briefs[2] and "- report.md: FOUND" in briefs[2]  # v2's workspace
+    assert "score: 7" not in briefs[2]
     # persisted per iteration, with the layout of the docs
     it2 = "inner/gen-0/search/t1/iter-2"
     for name in ("workflow.json", "prompt.txt", "workspace.tar.gz", "trace.jsonl", "status.json", "verdict.json"):
@@ -152,11 +156,13 @@ def test_bundle_is_bounded_and_names_deliverables(tmp_path: Path):
     (tmp_path / "report.md").write_text("# R\n" + "x" * 5000)
     (tmp_path / "code.py").write_text("print(1)\n" * 400)
     (tmp_path / ".hidden").write_text("secret")
-    text = bundle(tmp_path, 2048, ["report.md", "plots/a.png"], {"outcome": "timeout", "reason": "wall"})
-    assert len(text.encode()) <= 2048
+    text = bundle(tmp_path, 4096, ["report.md", "plots/a.png"], {"outcome": "timeout", "reason": "wall"})
+    assert len(text.encode()) <= 4096 and text.endswith("[... truncated]")
     assert text.startswith("RUN NOTICE: the episode ended with outcome 'timeout'")
-    assert "DELIVERABLES found: ['report.md']; missing: ['plots/a.png']" in text
-    assert '"sharpe": 1.2' in text and ".hidden" not in text
+    assert "- report.md: FOUND" in text and "- plots/a.png: MISSING" in text
+    assert ".hidden" not in text and "code.py" in text
+    full = bundle(tmp_path, None, ["report.md"])
+    assert '"sharpe": 1.2' in full and "FILE report.md:" in full and "FILE code.py" not in full
     assert bundle(tmp_path, 2048, ["report.md"]) == bundle(tmp_path, 2048, ["report.md"])
 
 

@@ -140,7 +140,12 @@ def test_validate_writes_argo_outputs(tmp_path, s3_env):
     assert len(episodes) == 2 * 18 and episodes[0] == {"task": "finance-momentum", "episode": 0}
     assert (out / "search-iterations").read_text() == "12"  # iteration 0 + 11 proposals
     assert (out / "store-prefix").read_text() == "paper/paper"
-    assert (out / "model-uri").read_text() == f"s3://{s3_env['bucket']}/paper/paper/gen-1/model/"
+    # L1 is served from the block-FP8 export on the predictor's GPUs, as the paper does, and the run says so
+    assert (out / "model-uri").read_text() == f"s3://{s3_env['bucket']}/paper/paper/gen-1/model-fp8/"
+    from mass_jobs.store import open_store
+
+    served = open_store(doc["store"]["uri"], endpoint_url=s3_env["endpoint_url"]).get_json("paper/gen-1/serving.json")
+    assert served["weights"] == "fp8" and served["backend"] == "kserve-vllm"
     assert (out / "generations").read_text() == "2"
     cli_main(["validate", str(spec), "--gen", "0", "--outputs", str(out), "--quiet"])
     assert (out / "model-uri").read_text() == "hf://Qwen/Qwen3.6-27B"

@@ -220,10 +220,10 @@ DEMO_TASKS = [
 
 
 def test_warm_up_is_deterministic_for_the_seed_and_moves_the_weights(tiny_model_dir, tmp_path):
-    from mass_jobs.tiny import build_tiny_model
+    from mass_jobs.tiny_warm import build_warm_model
 
-    first = file_hashes(build_tiny_model(tmp_path / "a", seed=0, warm=True, warm_steps=6))
-    again = file_hashes(build_tiny_model(tmp_path / "b", seed=0, warm=True, warm_steps=6))
+    first = file_hashes(build_warm_model(tmp_path / "a", seed=0, steps=6))
+    again = file_hashes(build_warm_model(tmp_path / "b", seed=0, steps=6))
     assert first == again
     assert first["model.safetensors"] != file_hashes(tiny_model_dir)["model.safetensors"]
 
@@ -381,24 +381,19 @@ def test_warm_orchestrator_delegates_when_a_workflow_says_so_and_works_alone_on_
 
 
 def test_warm_optimizer_proposes_valid_workflows(warm_server):
-    import json
-
+    from mass_jobs import optimizer_brief as ob
     from mass_jobs.compare import bundle
-    from mass_jobs.steps.search import OPTIMIZER_SYSTEM
     from mass_jobs.tiny_warm_check import THRESHOLDS
     from mass_jobs.workflow import DEFAULT_WORKFLOW, WorkflowError, parse_proposal, workflow_json
 
-    wf = json.dumps(workflow_json(DEFAULT_WORKFLOW), indent=1)
     valid, n = 0, 0
-    for t, task in enumerate(DEMO_TASKS):
-        brief = (f"TASK:\n{task}\n\nPREVIOUS WORKFLOW (iteration 0):\n{wf}\n\nELITE WORKFLOW (iteration 0, best so far):\n"
-                 f"{wf}\n\nFEEDBACK HISTORY (oldest first):\n- iteration 0: initial; episode outcome failed; changes: "
-                 f"initial version\n\nEVIDENCE FROM THE LAST WORKSPACE (iteration 0):\n"
-                 f"{bundle(Path('/nonexistent'), 4096)}\n\nPropose the next workflow as the JSON object.")
+    for t, task in enumerate(DEMO_TASKS):  # the request `mass search` makes after the initial version failed
+        brief, _ = ob.build(ob.BriefInput(task=task, current=0, designs={0: workflow_json(DEFAULT_WORKFLOW)},
+                                          rows=[ob.Row(0, "the bare reference", "loss")], evidence=bundle(Path("/nonexistent")),
+                                          status={"outcome": "failed", "reason": "no result"}))
         clients = [(_client(warm_server, 0.0), None)] + [(_client(warm_server, 0.6), 10 * t + s) for s in SAMPLED_SEEDS[:2]]
         for client, seed in clients:
-            reply = client.chat([{"role": "system", "content": OPTIMIZER_SYSTEM}, {"role": "user", "content": brief}],
-                                seed=seed)
+            reply = client.chat(brief, seed=seed)
             n += 1
             try:
                 parse_proposal(reply["content"])
@@ -425,14 +420,13 @@ def test_the_warm_build_recorded_its_own_check_and_the_machine(warm_tiny_model_d
 def test_a_warm_build_that_misses_a_behaviour_fails_and_writes_nothing(tmp_path, monkeypatch):
     """Three warm-up steps cannot teach the reply shapes: the build's own check refuses the model."""
     import mass_jobs.tiny_warm_check as check
-    from mass_jobs.tiny import build_tiny_model
-    from mass_jobs.tiny_warm import cached_build
+    from mass_jobs.tiny_warm import build_warm_model, cached_build
 
     monkeypatch.setattr(check, "probe_prompts", lambda: [DEMO_TASKS[0]])  # 4 requests, not 128
     monkeypatch.setattr(check, "SAMPLES_PER_PROMPT", 1)
     said = []
     with pytest.raises(check.WarmCheckFailed, match=r"workflow_delegates 0/1.*needs >= 0\.90") as err:
-        build_tiny_model(tmp_path / "m", warm=True, warm_steps=3, check=True, say=said.append)
+        build_warm_model(tmp_path / "m", steps=3, check=True, say=said.append)
     assert said == [str(err.value).split("; below")[0]] and "bare_delegates 0/1" in said[0]
     assert not (tmp_path / "m" / "model.safetensors").exists()
     monkeypatch.setattr("mass_jobs.tiny_warm.WARM_STEPS", 3)  # the full recipe is checked by default

@@ -57,15 +57,16 @@ def main(args) -> int:
         out = build_tiny_hybrid_model(args.out, seed=args.seed)
         print(f"tiny hybrid model (seed {args.seed}) written to {out}")
         return 0
-    from mass_jobs.tiny import build_tiny_model
-
-    on_step = None
     if args.warm:
         from mass_jobs.progress import warm_printer
+        from mass_jobs.tiny_warm import build_warm_model
 
         print("building the tiny model, then warming it up (steps and loss below)", file=sys.stderr, flush=True)
-        on_step = warm_printer(every=args.every)
-    out = build_tiny_model(args.out, seed=args.seed, warm=args.warm, warm_steps=args.steps, on_step=on_step,
-                           say=lambda line: print(line, file=sys.stderr, flush=True))
+        out = build_warm_model(args.out, seed=args.seed, steps=args.steps, on_step=warm_printer(every=args.every),
+                               say=lambda line: print(line, file=sys.stderr, flush=True))
+    else:
+        from mass_jobs.tiny import build_tiny_model
+
+        out = build_tiny_model(args.out, seed=args.seed)
     print(f"tiny{' warm' if args.warm else ''} model (seed {args.seed}) written to {out}")
     return 0

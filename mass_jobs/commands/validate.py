@@ -65,7 +65,8 @@ def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None,
 
 
 def model_uri(spec, gen: int, bucket: str, run_prefix: str) -> str:
-    """The storageUri KServe downloads L_gen from.
+    """The storageUri KServe downloads L_gen from: the FP8 export where `serving_precision.for_cluster`
+    says so, else the BF16 model.
 
     S3 dirs end in '/': KServe lists objects by plain key prefix, so `.../gen-1/model` would also
     download `.../gen-1/model-fp8/` (kserve python/storage/kserve_storage/kserve_storage.py,
@@ -80,8 +81,11 @@ def model_uri(spec, gen: int, bucket: str, run_prefix: str) -> str:
             return base.rstrip("/") + "/"
         repo, _, revision = base.partition("@")
         return f"hf://{repo}" + (f":{revision}" if revision else "")
+    from mass_jobs.serving_precision import for_cluster
+
     ctx = RunContext.template(run_prefix)
-    return f"s3://{bucket}/{ctx.model(gen)}/"
+    key = ctx.model_fp8(gen) if for_cluster(spec, gen).weights == "fp8" else ctx.model(gen)
+    return f"s3://{bucket}/{key}/"
 
 
 def argo_outputs(spec, gen: int) -> dict[str, str]:
@@ -162,6 +166,10 @@ def main(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in {**argo_outputs(spec, args.gen), **done_outputs(ctx, args.gen)}.items():
             (out / name).write_text(text)
+        if args.gen >= 1:  # what this cycle's InferenceService serves, and why
+            from mass_jobs.serving_precision import for_cluster
+
+            ctx.store.put_json(ctx.serving(args.gen), {**for_cluster(spec, args.gen).as_dict(), "backend": "kserve-vllm"})
     elif args.values:
         from mass_jobs import preflight
         from mass_jobs.spec import SpecIssue
@@ -185,8 +193,11 @@ def main(args) -> int:
     if not args.quiet:
         from mass_jobs.spec import model_location_notes
 
+        from mass_jobs.serving_precision import summary
+
         for note in model_location_notes(spec):
             print(f"note: {note}")
+        print(summary(spec))
         tasks = spec.resolved_tasks()
         n_train = sum(t.split == "train" for t in tasks)
         print(f"{args.spec}: valid run spec {spec.name!r}: {len(tasks)} task(s) ({n_train} train, "

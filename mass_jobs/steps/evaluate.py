@@ -274,8 +274,7 @@ class BundleCache:
         if key not in self._cache:
             prefix = rollout_prefix(self.ctx, g, task.id, rep)
             ws = self.root / f"gen-{g}" / task.id / f"rep-{rep}"
-            self._cache[key] = compare.stored_bundle(self.ctx.store, prefix, self.ctx.spec.search.evidence_bytes,
-                                                     task.deliverables, workspace=ws)
+            self._cache[key] = compare.task_bundle(self.ctx.store, prefix, self.ctx.spec, task, workspace=ws)
         return self._cache[key]
 
 
@@ -415,6 +414,26 @@ def local_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> 
     return fetch_stored_model(ctx.store, ctx.model(g), root / ctx.run / f"gen-{g}-{model_digest(ctx, g)[:16]}")
 
 
+def served_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> Path:
+    """The local directory a local server serves L_g from: the FP8 export where this machine's server
+    reads it, else `local_model_dir`; the choice and its reason recorded at `ctx.serving(g)`."""
+    from mass_jobs import serving_precision as sp
+    from mass_jobs.modelio import fetch_stored_model, has_stored_model
+
+    capability = sp.local_capability() if ctx.spec.execution.serving == "vllm" else None
+    choice = sp.for_local(ctx.spec, g, capability)
+    if choice.weights == "fp8" and not has_stored_model(ctx.store, ctx.model_fp8(g)):
+        choice = sp.Choice("bf16", f"no FP8 export is stored under {ctx.model_fp8(g)!r} (merged before sft.fp8_export was set?)")
+    if g > 0:
+        ctx.store.put_json(ctx.serving(g), {**choice.as_dict(), "backend": ctx.spec.execution.serving,
+                                            "capability": list(capability) if capability else None})
+    if choice.weights != "fp8":
+        return local_model_dir(ctx, g, cache_root)
+    root = Path(cache_root or Path(tempfile.gettempdir()) / "mass-models")
+    # the same merge wrote both copies: the BF16 digest names the FP8 one too
+    return fetch_stored_model(ctx.store, ctx.model_fp8(g), root / ctx.run / f"gen-{g}-fp8-{model_digest(ctx, g)[:16]}")
+
+
 def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Path | None = None):
     """(serve_model, serve_judge) that start the spec's serving backend per use; remote judges are used as is."""
     from mass_jobs import backends
@@ -425,7 +444,7 @@ def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Pa
     def serve_model(g: int):
         log = (log_dir / f"serve-gen-{g}.log") if log_dir else None
         # the name L_g's InferenceService has on the cluster, so traces of both executors agree
-        with backends.serve_model(ctx.spec, local_model_dir(ctx, g, cache_root), ctx.served_model(g),
+        with backends.serve_model(ctx.spec, served_model_dir(ctx, g, cache_root), ctx.served_model(g),
                                   log_path=log) as endpoint:
             yield endpoint
 

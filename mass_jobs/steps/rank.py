@@ -21,7 +21,8 @@ from typing import Any
 from pydantic import Field
 
 from mass_jobs.bradley_terry import fit, ranking
-from mass_jobs.compare import Verdict, judge, stored_bundle
+from mass_jobs.compare import Verdict, judge, task_bundle
+from mass_jobs.evidence import prompt_budget
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.models import Closed
@@ -137,11 +138,7 @@ def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
         except RankError as e:
             raise RankError(f"task {task_id}: {e}; excluded: {excluded}") from None
 
-    cap = spec.search.evidence_bytes
-    bundles: dict[str, str] = {}
-    for e in episodes:
-        prefix = ctx.collect_episode(gen, task_id, e)
-        bundles[e] = stored_bundle(store, prefix, cap, task.deliverables)
+    bundles = {e: task_bundle(store, ctx.collect_episode(gen, task_id, e), spec, task) for e in episodes}
 
     plan = schedule(len(episodes), cfg.pairing, cfg.comparisons_per_episode, cfg.verdicts_per_pair,
                     cfg.both_orders, seed=derived_seed(spec.search.seed, task_id, gen, "pairing"))
@@ -153,7 +150,8 @@ def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
             v = Verdict.model_validate(store.get_json(vkey))
         else:
             v = judge(client, task.prompt, (a, bundles[a]), (b, bundles[b]), retries=cfg.verdict_retries,
-                      seed=derived_seed(spec.search.seed, task_id, gen, "rank", n)).model_copy(update={"model": judged_by})
+                      seed=derived_seed(spec.search.seed, task_id, gen, "rank", n),
+                      budget_tokens=prompt_budget(spec)).model_copy(update={"model": judged_by})
             store.put_json(vkey, v.model_dump(mode="json"))
         verdicts.append(v)
 

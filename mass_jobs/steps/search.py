@@ -29,6 +29,7 @@ without asking the model again for what is stored.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -39,11 +40,13 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from mass_jobs.compare import Verdict, blind_judge
-from mass_jobs.compare import stored_bundle as _stored_bundle
+from mass_jobs import optimizer_brief
+from mass_jobs.compare import Verdict, blind_judge, task_bundle, task_views
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
-from mass_jobs.models import Closed, Task, Workflow
+from mass_jobs.evidence import prompt_budget
+from mass_jobs.models import Closed, Workflow
+from mass_jobs.trace_shape import parse_lines
 from mass_jobs.workflow import (
     DEFAULT_WORKFLOW,
     WorkflowError,
@@ -58,15 +61,7 @@ OPTIMIZER_ROLE = "optimizer"
 # execute(prompt, seed files, workspace, out_dir, seed) -> status.json content (out_dir gets trace.jsonl, status.json)
 Execute = Callable[[str, dict, Path, Path, int], dict]
 
-OPTIMIZER_SYSTEM = """You are the workflow optimizer. A team of agents (one orchestrator that delegates to workers,
-all the same model) solves a task by following a workflow appended to the task prompt. Propose the next
-workflow: agents with a role, an instruction and an output contract (what the agent must return: files,
-metrics, errors, checks), and hops (who calls whom, in order, what comes back, and where a failed artifact
-goes for narrowed re-work). Learn from the feedback history and the evidence of the last workspace.
-Reply with one JSON object and nothing else:
-{"agents": [{"id": "orchestrator", "role": "...", "instruction": "...", "contract": "..."}, ...],
- "hops": [{"caller": "orchestrator", "callee": "...", "returns": "...", "on_failure": "<agent id or null>"}]}
-Agent ids are lowercase letters, digits and dashes; the first agent is the orchestrator."""
+
 
 
 # ---------------------------------------------------------------- persisted state
@@ -177,9 +172,45 @@ def rollout_outputs(ctx: RunContext, prefix: str) -> list[str]:
     return [ctx.rollout_file(prefix, n) for n in ROLLOUT_FILES]
 
 
-def stored_bundle(store, prefix: str, task: Task, max_bytes: int) -> str:
-    """The bounded view of a stored rollout's workspace (with its run notice)."""
-    return _stored_bundle(store, prefix, max_bytes, task.deliverables)
+LAST_CALLS, CALL_ARGS_CHARS = 5, 200
+TRACE_TAIL = 16 << 20  # a paper-scale trace is gigabytes: its end holds the last calls
+
+
+def _tail(store, key: str, limit: int = TRACE_TAIL) -> str:
+    """The whole lines of the last `limit` bytes of an object (streamed, never held whole)."""
+    size, _ = store.stat(key)
+    with contextlib.closing(store.open_read(key)) as f:
+        skip = max(0, size - limit)
+        if skip and hasattr(f, "seek") and getattr(f, "seekable", lambda: False)():
+            f.seek(skip)
+        else:
+            while skip:
+                skip -= len(f.read(min(skip, 1 << 20)) or b"") or skip
+        data = f.read()
+    if size > limit:
+        data = data.split(b"\n", 1)[1] if b"\n" in data else b""
+    return data.decode("utf-8", errors="replace")
+
+
+def last_tool_calls(store, prefix: str) -> list[dict]:
+    """The last tool calls of a stored rollout's trace, most recent first (what it did when it ended)."""
+    key = RunContext.rollout_file(prefix, "trace.jsonl")
+    if not store.exists(key):
+        return []
+    records, _ = parse_lines(_tail(store, key))
+    calls: list[dict] = []
+    for rec in reversed(records):
+        msg = ((rec.get("response") or {}).get("message") or {}) if isinstance(rec, dict) else {}
+        agent = ((rec.get("agent") or {}).get("id")) if isinstance(rec.get("agent"), dict) else None
+        for c in reversed(msg.get("tool_calls") or [] if isinstance(msg, dict) else []):
+            fn = c.get("function") if isinstance(c, dict) else None
+            if isinstance(fn, dict):
+                args = fn.get("arguments")
+                args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+                calls.append({"agent": agent, "tool": fn.get("name"), "args": (args or "")[:CALL_ARGS_CHARS]})
+        if len(calls) >= LAST_CALLS:
+            break
+    return calls[:LAST_CALLS]
 
 
 def _get_json(store, key: str):
@@ -350,21 +381,24 @@ class Search:
         self.store.put_json(self._file(k, "workflow.json"), workflow_json(wf))
         return self._run_rollout(k, workflow_prompt_parts(self.task.prompt, wf).text)
 
+    def _bundle(self, k) -> str:
+        """The evidence of rollout k's stored workspace (with its run notice)."""
+        return task_bundle(self.store, self._iter(k), self.spec, self.task)
+
     def _judge(self, key: str, k: int, x: tuple[str, str], y: tuple[str, str], salt: str) -> Verdict:
         stored = _get_json(self.store, key)
         if stored:
             return Verdict.model_validate(stored)
         rng = random.Random(derived_seed(self.cfg.seed, self.task.id, k, salt, "order"))
         v = blind_judge(self.evaluator, self.task.prompt, x, y, rng, retries=self.spec.ranking.verdict_retries,
-                        seed=derived_seed(self.cfg.seed, self.task.id, k, salt))
+                        seed=derived_seed(self.cfg.seed, self.task.id, k, salt), budget_tokens=prompt_budget(self.spec))
         v = v.model_copy(update={"model": self.labels["evaluator"]})
         self.store.put_json(key, v.model_dump(mode="json"))
         return v
 
     def _versus_reference(self, k: int) -> Verdict:
-        cap = self.cfg.evidence_bytes
-        elite = (f"iter-{k}", stored_bundle(self.store, self._iter(k), self.task, cap))
-        reference = ("reference", stored_bundle(self.store, self._iter("reference"), self.task, cap))
+        elite = (f"iter-{k}", self._bundle(k))
+        reference = ("reference", self._bundle("reference"))
         return self._judge(self._file(k, "reference_verdict.json"), k, elite, reference, "reference")
 
     # ------------------------------------------------------------ iterations 1..K
@@ -389,9 +423,8 @@ class Search:
         wf = Workflow.model_validate(proposal["workflow"])
         status = self._rollout_once(k, wf)
         outputs += rollout_outputs(self.ctx, prefix) + [self._file(k, "workflow.json")]
-        cap = self.cfg.evidence_bytes
-        candidate = (f"iter-{k}", stored_bundle(self.store, prefix, self.task, cap))
-        best = (f"iter-{state.elite}", stored_bundle(self.store, self._iter(state.elite), self.task, cap))
+        candidate = (f"iter-{k}", self._bundle(k))
+        best = (f"iter-{state.elite}", self._bundle(state.elite))
 
         def ask(against: str) -> Verdict:
             if against == "reference":
@@ -409,8 +442,10 @@ class Search:
         return record, outputs
 
     def _propose(self, k: int, state: SearchState, history: list[IterationRecord]) -> dict:
-        messages = [{"role": "system", "content": OPTIMIZER_SYSTEM},
-                    {"role": "user", "content": self._optimizer_brief(state, history)}]
+        try:
+            messages, brief = optimizer_brief.build(self._brief_input(state, history), prompt_budget(self.spec))
+        except optimizer_brief.BriefTooLong as e:
+            raise SearchError(f"task {self.task.id}: iteration {k}: {e}") from None
         errors: list[str] = []
         for attempt in range(self.cfg.proposal_retries + 1):
             reply = self.optimizer.chat(messages, seed=derived_seed(self.cfg.seed, self.task.id, k, "proposal", attempt),
@@ -427,31 +462,41 @@ class Search:
                 ]
                 continue
             return {"workflow": workflow_json(wf), "attempts": attempt + 1, "errors": errors,
-                    "model": self.labels["optimizer"]}
+                    "model": self.labels["optimizer"], "brief": brief}
         return {"workflow": None, "attempts": self.cfg.proposal_retries + 1, "errors": errors,
-                "model": self.labels["optimizer"]}
+                "model": self.labels["optimizer"], "brief": brief}
 
-    def _optimizer_brief(self, state: SearchState, history: list[IterationRecord]) -> str:
-        tried = [r for r in history if r.workflow is not None]
-        previous = tried[-1]
-        last_run = next(r for r in reversed(history) if r.outcome is not None)
-        lines = [f"TASK:\n{self.task.prompt}", "",
-                 f"PREVIOUS WORKFLOW (iteration {previous.k}):\n{json.dumps(previous.workflow, indent=1)}", "",
-                 f"ELITE WORKFLOW (iteration {state.elite}, best so far):\n{json.dumps(state.elite_workflow, indent=1)}",
-                 "", "FEEDBACK HISTORY (oldest first):"]
-        for f in state.feedback:
-            item = f"- iteration {f.iteration}: {f.result}"
-            if f.outcome:
-                item += f"; episode outcome {f.outcome}"
-            if f.changes:
-                item += f"; changes: {', '.join(f.changes)}"
-            if f.rationale:
-                item += f"; evaluator: {f.rationale}"
-            lines.append(item)
-        evidence = stored_bundle(self.store, self._iter(last_run.k), self.task, self.cfg.evidence_bytes)
-        lines += ["", f"EVIDENCE FROM THE LAST WORKSPACE (iteration {last_run.k}):", evidence, "",
-                  "Propose the next workflow as the JSON object."]
-        return "\n".join(lines)
+    def _brief_input(self, state: SearchState, history: list[IterationRecord]) -> optimizer_brief.BriefInput:
+        """What the optimizer is shown, gathered from the stored search (module optimizer_brief)."""
+        tried = [r for r in history if r.workflow is not None and r.outcome is not None]
+        current = tried[-1]
+        designs = {r.k: r.workflow for r in tried}
+        against_reference = self.cfg.selection == "champion"
+        rows = []
+        for r in tried:
+            if r.reference_verdict is not None:
+                rows.append(_row(r.k, "the bare reference", r.reference_verdict))
+            if not against_reference and r.verdict is not None:
+                rows.append(_row(r.k, "v" + _other(r.verdict, r.k), r.verdict))
+        best, case, why = None, "preferred", ""
+        if state.elite != current.k and state.elite in designs and (state.beats_reference or not against_reference):
+            best = state.elite
+            won_reference = _won(current.reference_verdict, current.k)
+            if against_reference and not won_reference:
+                case, why = "best_only_won", (current.reference_verdict.rationale if current.reference_verdict else "")
+            else:
+                case, why = ("both_won" if against_reference else "preferred"), (current.verdict.rationale if current.verdict else "")
+        status = _get_json(self.store, self._file(current.k, "status.json"))
+        failed = status is not None and status.get("outcome") != "success"
+        prior = [{"version": r.k, "outcome": r.outcome,
+                  "reason": str((_get_json(self.store, self._file(r.k, "status.json")) or {}).get("reason", ""))[:300]}
+                 for r in tried[:-1] if r.outcome != "success"]
+        main, results = task_views(self.store, self._iter(current.k), self.spec, self.task, results=True)
+        return optimizer_brief.BriefInput(
+            task=self.task.prompt, current=current.k, designs=designs, rows=rows, evidence=main, results=results,
+            status=status, last_calls=last_tool_calls(self.store, self._iter(current.k)) if failed else [],
+            prior_failures=prior, best=best, best_case=case, best_rationale=why, against_reference=against_reference,
+            champion=state.elite if state.beats_reference else None)
 
     # ------------------------------------------------------------ state
     def _save(self, k: int, record: IterationRecord, outputs: list[str]) -> None:
@@ -467,6 +512,17 @@ class Search:
 
 def _won(v: Verdict | None, k: int) -> bool:
     return bool(v is not None and v.valid and v.winner == f"iter-{k}")
+
+
+def _other(v: Verdict, k: int) -> str:
+    """The number of the version that `v` judged version k against."""
+    other = v.second if v.first == f"iter-{k}" else v.first
+    return other.removeprefix("iter-")
+
+
+def _row(k: int, against: str, v: Verdict) -> optimizer_brief.Row:
+    outcome = "invalid" if not v.valid else "tie" if v.winner == "tie" else "win" if v.winner == f"iter-{k}" else "loss"
+    return optimizer_brief.Row(version=k, against=against, outcome=outcome, rationale=v.rationale, model=v.model)
 
 
 def judge_version(selection: str, k: int, best_beats_reference: bool,

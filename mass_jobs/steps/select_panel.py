@@ -104,7 +104,7 @@ def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, mod
 def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable[[], ContextManager[Any]],
                     serve_checkpoint: ServeCheckpoint, serve_judge) -> dict:
     """Run the candidates' and the parent's rollouts and the panel; return the selection record."""
-    from mass_jobs.compare import stored_bundle
+    from mass_jobs.compare import task_bundle
     from mass_jobs.judges import PanelMember, run_panel
     from mass_jobs.steps.evaluate import client_for, model_ref
 
@@ -120,10 +120,9 @@ def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable
             ref = f"checkpoint:{store.sha256(ctx.checkpoint(gen, s))}" if store.exists(ctx.checkpoint(gen, s)) else f"step-{s}"
             for t, r in jobs:
                 run_selection_rollout(ctx, gen, f"step-{s}", t, r, endpoint, ref)
-    cap = spec.search.evidence_bytes
     pairs = [CheckpointPair(task=t.id, replicate=r, candidate=s, baseline=gen, task_prompt=t.prompt,
-                            candidate_bundle=stored_bundle(store, ctx.select_rollout(gen, f"step-{s}", t.id, r), cap, t.deliverables),
-                            baseline_bundle=stored_bundle(store, ctx.select_rollout(gen, "parent", t.id, r), cap, t.deliverables))
+                            candidate_bundle=task_bundle(store, ctx.select_rollout(gen, f"step-{s}", t.id, r), spec, t),
+                            baseline_bundle=task_bundle(store, ctx.select_rollout(gen, "parent", t.id, r), spec, t))
              for s in candidates for t, r in jobs]
     records: list[dict] = []
     for i, judge in enumerate(spec.judges):

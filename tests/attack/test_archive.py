@@ -418,7 +418,7 @@ def test_a_refused_rollout_workspace_is_shown_to_the_judge_as_refused(make_store
                                                  member("ln", kind=SYM, link="/etc/passwd")))
     text = stored_bundle(store, "r", 4096, ["report.md"])
     assert text.startswith("WORKSPACE REFUSED: the stored archive was not extracted: archive symlink 'ln'")
-    assert "score: 9" not in text and "missing: ['report.md']" in text and len(text.encode()) <= 4096
+    assert "score: 9" not in text and "- report.md: MISSING" in text and len(text.encode()) <= 4096
 
 
 def remove_deep_chain(root: Path, name: str) -> None:

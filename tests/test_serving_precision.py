@@ -1,0 +1,123 @@
+"""Which weights serve L1+: the block-FP8 export where vLLM on a GPU reads it, BF16 with the reason
+elsewhere, on both executors; `mass validate` says which; a local run records what it served."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mass_jobs import serving_precision as sp
+from mass_jobs.commands.validate import model_uri
+from tests.fixtures.inner_loop import spec_document
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spec_with(tmp_path, **sections):
+    """A typed spec (the environment checks, e.g. vLLM installed for serving vllm, are not this test's)."""
+    from mass_jobs.models import RunSpec
+
+    return RunSpec.model_validate(spec_document(f"file://{tmp_path}/store", **sections))
+
+
+def example(name: str):
+    import yaml
+
+    from mass_jobs.models import RunSpec
+
+    return RunSpec.model_validate(yaml.safe_load((ROOT / "examples" / name).read_text()))
+
+
+def test_cluster_serves_fp8_on_a_gpu_and_says_why_not_elsewhere(tmp_path):
+    paper = example("paper.yaml")
+    assert sp.for_cluster(paper, 0).weights == "base"
+    assert sp.for_cluster(paper, 1).weights == "fp8" and sp.for_cluster(paper, 2).weights == "fp8"
+    assert model_uri(paper, 1, "b", "runs/paper") == "s3://b/runs/paper/gen-1/model-fp8/"
+    mini = example("paper-mini.yaml")
+    c = sp.for_cluster(mini, 1)
+    assert c.weights == "bf16" and "execution.resources.server.gpu is 0" in c.reason
+    assert model_uri(mini, 1, "b", "runs/mini") == "s3://b/runs/mini/gen-1/model/"
+    no_copy = spec_with(tmp_path, sft={"fp8_export": False}, execution={"mode": "argo"})
+    assert sp.for_cluster(no_copy, 1) == sp.Choice("bf16", "sft.fp8_export is false: the merge writes no FP8 copy")
+    off = spec_with(tmp_path, sft={"fp8_export": True, "serve_fp8": False})
+    assert sp.for_cluster(off, 1).weights == "bf16" and "sft.serve_fp8 is false" in sp.for_cluster(off, 1).reason
+
+
+@pytest.mark.parametrize("capability, weights, words", [
+    (None, "bf16", "no CUDA GPU"), ((7, 0), "bf16", "compute capability 7.0, under the 7.5"),
+    ((8, 0), "fp8", "weight-only W8A16"), ((9, 0), "fp8", "9.0) serves the block-FP8 export, W8A8"),
+])
+def test_local_vllm_choice_follows_the_gpu(tmp_path, capability, weights, words):
+    spec = spec_with(tmp_path, sft={"fp8_export": True}, execution={"serving": "vllm"})
+    c = sp.for_local(spec, 1, capability)
+    assert c.weights == weights and words in c.reason
+
+
+def test_local_embedded_and_external(tmp_path):
+    embedded = spec_with(tmp_path, sft={"fp8_export": True})
+    assert sp.for_local(embedded, 1, (9, 0)).weights == "bf16"
+    assert "transformers' server serves the BF16 weights" in sp.for_local(embedded, 1, (9, 0)).reason
+    assert sp.for_local(embedded, 0, (9, 0)).weights == "base"
+
+
+def test_validate_says_which_weights_serve(tmp_path):
+    def said(path):
+        out = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "validate", str(path)], capture_output=True,
+                             text=True, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        return [line for line in out.stdout.splitlines() if line.startswith("serving:")]
+
+    assert said(ROOT / "examples/paper.yaml") == [
+        "serving: generations 1+ from the FP8 weights: KServe's vLLM runtime on a GPU serves the block-FP8 export "
+        "(W8A8 from compute capability 8.9, weight-only from 7.5)"]
+    doc = spec_document(f"file://{tmp_path}/s", sft={"fp8_export": True})
+    doc["model"]["base"] = "org/name"
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(doc))
+    assert said(path) == ["serving: generations 1+ from the BF16 weights: execution.serving is embedded: "
+                          "transformers' server serves the BF16 weights; the block-FP8 export is served by vLLM on "
+                          "a CUDA GPU"]
+    vllm = spec_with(tmp_path, sft={"fp8_export": True}, execution={"serving": "vllm"})
+    assert "compute capability >= 7.5" in sp.summary(vllm) and "serving.json" in sp.summary(vllm)
+
+
+def test_a_local_server_serves_the_recorded_weights(tmp_path, tiny_model_dir, monkeypatch):
+    """A stored merge (BF16 + its real block-FP8 export): the vLLM backend on an FP8-capable GPU gets
+    the FP8 dir, anything else the BF16 one, and gen-1/serving.json says which and why."""
+    from mass_jobs.context import RunContext
+    from mass_jobs.fp8 import export_fp8
+    from mass_jobs.modelio import store_model_dir
+    from mass_jobs.steps.evaluate import served_model_dir
+    from mass_jobs.store import open_store
+
+    store = open_store(f"file://{tmp_path}/store")
+    export_fp8(tiny_model_dir, tmp_path / "fp8")
+    vllm = RunContext(spec_with(tmp_path, sft={"fp8_export": True}, execution={"serving": "vllm"}), store)
+    store_model_dir(store, vllm.model(1), tiny_model_dir)
+    store_model_dir(store, vllm.model_fp8(1), tmp_path / "fp8")
+
+    monkeypatch.setattr(sp, "local_capability", lambda: (9, 0))  # this machine has no GPU to ask
+    served = served_model_dir(vllm, 1, tmp_path / "cache")
+    assert json.loads((served / "config.json").read_text())["quantization_config"]["weight_block_size"] == [128, 128]
+    rec = store.get_json(vllm.serving(1))
+    assert rec["weights"] == "fp8" and rec["capability"] == [9, 0] and rec["backend"] == "vllm"
+
+    monkeypatch.setattr(sp, "local_capability", lambda: None)
+    served = served_model_dir(vllm, 1, tmp_path / "cache")
+    assert "quantization_config" not in json.loads((served / "config.json").read_text())
+    assert store.get_json(vllm.serving(1)) == {"weights": "bf16", "backend": "vllm", "capability": None,
+                                               "reason": "this machine has no CUDA GPU: vLLM's CPU backend has no "
+                                                         "block-FP8 kernels"}
+    embedded = RunContext(spec_with(tmp_path, sft={"fp8_export": True}), store)
+    served = served_model_dir(embedded, 1, tmp_path / "cache")
+    assert "quantization_config" not in json.loads((served / "config.json").read_text())
+    assert store.get_json(vllm.serving(1))["backend"] == "embedded"
+    # an FP8 choice without a stored export falls back, saying so
+    store2 = open_store(f"file://{tmp_path}/store2")
+    bare = RunContext(vllm.spec, store2)
+    store_model_dir(store2, bare.model(1), tiny_model_dir)
+    monkeypatch.setattr(sp, "local_capability", lambda: (9, 0))
+    served_model_dir(bare, 1, tmp_path / "cache2")
+    assert "no FP8 export is stored" in store2.get_json(bare.serving(1))["reason"]
