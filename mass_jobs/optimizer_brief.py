@@ -178,7 +178,8 @@ def _history(inp: BriefInput) -> str:
 def _execution(inp: BriefInput) -> str:
     if inp.status is None:
         return "- No execution metadata was recorded."
-    meta = {k: inp.status.get(k) for k in ("outcome", "reason", "harness", "counts", "tokens", "timings") if k in inp.status}
+    # no timings: the request must be the same whichever executor ran the episode (and a rerun's)
+    meta = {k: inp.status.get(k) for k in ("outcome", "reason", "harness", "counts", "tokens") if k in inp.status}
     if inp.last_calls:
         meta["last_tool_calls_most_recent_first"] = inp.last_calls
     if inp.prior_failures:

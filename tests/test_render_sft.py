@@ -443,6 +443,13 @@ def test_render_step_over_the_store(tokenizer, tmp_path):
     orch = next(w for w in train if w["role"] == "orchestrator")
     assert WORKFLOW not in tokenizer.decode(orch["input_ids"])
     assert run_render(ctx, 0, tokenizer) == extra  # done: skipped on rerun
+    # every sft field render reads is in its input hash: another cut or window is another render
+    from mass_jobs.steps.render_sft import sft_step
+
+    assert sft_step(ctx, 0)[0].done
+    for change in ({"cut": "tokens"}, {"window": 1024}, {"context": 32}, {"strict": False}, {"keep_length_cut": True}):
+        other = RunContext(ctx.spec.model_copy(update={"sft": ctx.spec.sft.model_copy(update=change)}), ctx.store)
+        assert not sft_step(other, 0)[0].done, change
 
 
 # ---------------------------------------------------------------- multi-query threads (qwen-code's shape)

@@ -856,7 +856,7 @@ def sft_step(ctx, gen: int):
     # the roles kept enter the hash only when they differ from all, so the paper's runs keep theirs
     roles = {} if comp.roles == WINDOW_ROLES else {"roles": list(comp.roles)}
     step = Step(ctx.store, ctx.sft(gen), inputs={
-        "episodes": split_ids, "sft": ctx.spec.sft.model_dump(mode="json", include={"window", "context", "strict", "keep_length_cut"}),
+        "episodes": split_ids, "sft": ctx.spec.sft.model_dump(mode="json", include={"window", "context", "cut", "strict", "keep_length_cut"}),
         "tokenizer": tokenizer, "prompts": {t.id: t.prompt for t in tasks}, **roles,
     })
     return step, tasks, split_ids
