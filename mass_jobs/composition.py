@@ -73,16 +73,6 @@ def keep_window(window, comp: Composition) -> bool:
     return role in comp.roles
 
 
-def compose(windows: Iterable, rankings: dict[str, dict], comp: Composition) -> list:
-    """Rendered windows (records or Window objects, of any ranked episode) -> those `comp` trains on."""
-    out = []
-    for w in windows:
-        task, ep = (w["task"], w["episode"]) if isinstance(w, dict) else (w.task, w.episode)
-        if f"ep-{ep}" in training_episodes(rankings.get(task) or {}, comp) and keep_window(w, comp):
-            out.append(w)
-    return out
-
-
 def counts_by_role(windows: Iterable) -> dict[str, int]:
     c = Counter(w["role"] if isinstance(w, dict) else w.role for w in windows)
     return {r: c.get(r, 0) for r in WINDOW_ROLES}

@@ -8,11 +8,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.composition import PRESETS, compose, composition_of, counts_by_role, training_episodes
+from mass_jobs.composition import PRESETS, composition_of, counts_by_role, keep_window, training_episodes
 from mass_jobs.models import SftSpec
 from mass_jobs.sampler import WindowSampler
 
 FIXTURE = Path(__file__).parent / "fixtures" / "composition"
+
+
+def compose(windows, rankings, comp):
+    """What the render step keeps of rendered windows: the episodes sft_step picks (training_episodes)
+    and the roles run_render keeps (keep_window); the same two product functions, applied per window."""
+    return [w for w in windows if f"ep-{w['episode']}" in training_episodes(rankings.get(w["task"]) or {}, comp)
+            and keep_window(w, comp)]
 
 
 @pytest.fixture(scope="module")

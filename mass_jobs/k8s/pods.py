@@ -82,10 +82,6 @@ def resources(pod: Pod, settings: ClusterSettings) -> dict:
     return {"limits": dict(amounts), "requests": dict(amounts)}
 
 
-def scratch_volumes(*names: str) -> list[dict]:
-    return [{"name": n, "emptyDir": {}} for n in names]
-
-
 def mounts(**paths: str) -> list[dict]:
     """mounts(tmp="/tmp") -> volumeMounts; keyword = volume name."""
     return [{"name": n, "mountPath": p} for n, p in paths.items()]
