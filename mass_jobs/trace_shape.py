@@ -8,6 +8,7 @@ error, recorded and counted, never a crash of the step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -92,3 +93,47 @@ def trace_problems(records: list[Any], parse_problems: list[str] = ()) -> list[s
         if why := record_problem(rec):
             out.append(why)
     return out[:MAX_PROBLEMS]
+
+
+# ---------------------------------------------------------------- the last calls of a stored trace
+
+LAST_CALLS, CALL_ARGS_CHARS = 5, 200
+TRACE_TAIL = 16 << 20  # a paper-scale trace is gigabytes: its end holds the last calls
+
+
+def tail_lines(store, key: str, limit: int | None = None) -> str:
+    """The whole lines of the last `limit` (TRACE_TAIL) bytes of an object, streamed, never held whole."""
+    limit = TRACE_TAIL if limit is None else limit
+    size, _ = store.stat(key)
+    with contextlib.closing(store.open_read(key)) as f:
+        skip = max(0, size - limit)
+        if skip and hasattr(f, "seek") and getattr(f, "seekable", lambda: False)():
+            f.seek(skip)
+        else:
+            while skip:
+                skip -= len(f.read(min(skip, 1 << 20)) or b"") or skip
+        data = f.read()
+    if size > limit:
+        data = data.split(b"\n", 1)[1] if b"\n" in data else b""
+    return data.decode("utf-8", errors="replace")
+
+
+def last_tool_calls(store, key: str) -> list[dict]:
+    """The last tool calls of the stored trace at `key`, most recent first (what the episode was doing
+    when it ended); the optimizer's failure metadata."""
+    if not store.exists(key):
+        return []
+    records, _ = parse_lines(tail_lines(store, key))
+    calls: list[dict] = []
+    for rec in reversed(records):
+        msg = ((rec.get("response") or {}).get("message") or {}) if isinstance(rec, dict) else {}
+        agent = ((rec.get("agent") or {}).get("id")) if isinstance(rec.get("agent"), dict) else None
+        for c in reversed(msg.get("tool_calls") or [] if isinstance(msg, dict) else []):
+            fn = c.get("function") if isinstance(c, dict) else None
+            if isinstance(fn, dict):
+                args = fn.get("arguments")
+                args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+                calls.append({"agent": agent, "tool": fn.get("name"), "args": (args or "")[:CALL_ARGS_CHARS]})
+        if len(calls) >= LAST_CALLS:
+            break
+    return calls[:LAST_CALLS]

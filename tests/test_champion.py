@@ -22,7 +22,8 @@ from mass_jobs.context import RunContext
 from mass_jobs.llm import ModelClient
 from mass_jobs.models import Workflow
 from mass_jobs.steps.collect import Collection
-from mass_jobs.steps.search import IterationRecord, Search, episode_executor, fold, judge_version
+from mass_jobs.steps.search import Search, episode_executor
+from mass_jobs.steps.search_state import IterationRecord, fold, judge_version
 from mass_jobs.testing.scripted_endpoint import Reply
 from mass_jobs.workflow import DEFAULT_WORKFLOW, workflow_json
 from tests.fixtures.inner_loop import add_episodes, episode, proposal

@@ -96,10 +96,11 @@ def test_recurring_issues_are_counted_over_rationales():
 
 def test_failure_metadata_and_notices():
     calls = [{"agent": "worker-1", "tool": "shell", "args": '{"command": "python train.py"}'}]
-    text, _ = brief(status={"outcome": "timeout", "reason": "wall_s reached"}, last_calls=calls,
+    text, _ = brief(status={"outcome": "timeout", "reason": "wall_s reached", "timings": {"wall_s": 12.5}}, last_calls=calls,
                     prior_failures=[{"version": 2, "outcome": "failed", "reason": "worker crashed"}])
     assert '"last_tool_calls_most_recent_first": [' in text and "python train.py" in text
     assert "FAILURE NOTICE" in text and "RECURRING FAILURE" in text and "RESOLVED" not in text
+    assert "wall_s\": 12.5" not in text  # wall time differs between executors and reruns: never in the request
     text, _ = brief(prior_failures=[{"version": 2, "outcome": "failed", "reason": "worker crashed"}])
     assert "RESOLVED FAILURES" in text and "FAILURE NOTICE" not in text
     text, _ = brief()
@@ -132,7 +133,7 @@ def test_last_tool_calls_read_only_the_end_of_a_long_trace(store, monkeypatch):
     """The failure metadata's calls come from the trace's tail, most recent first, on file and S3 stores."""
     import json
 
-    from mass_jobs.steps import search
+    from mass_jobs import trace_shape
 
     def record(i, calls):
         msg = {"role": "assistant", "content": "", "tool_calls": [
@@ -144,9 +145,11 @@ def test_last_tool_calls_read_only_the_end_of_a_long_trace(store, monkeypatch):
     lines = [record(i, [("shell", {"command": f"step {i}"})]) for i in range(400)]
     lines.append(record(400, [("read_file", {"path": "a" * 500}), ("shell", {"command": "last"})]))
     store.put_bytes("p/trace.jsonl", ("\n".join(json.dumps(r) for r in lines) + "\n").encode())
-    monkeypatch.setattr(search, "TRACE_TAIL", 64 << 10)  # ~12 records of the 401
-    calls = search.last_tool_calls(store, "p")
+    monkeypatch.setattr(trace_shape, "TRACE_TAIL", 64 << 10)  # ~12 records of the 401
+    tail = trace_shape.tail_lines(store, "p/trace.jsonl")
+    assert 0 < len(tail.encode()) <= 64 << 10 and tail.startswith('{"seq": ') and tail.count("\n") < 15
+    calls = trace_shape.last_tool_calls(store, "p/trace.jsonl")
     assert [c["args"] for c in calls[:2]] == ['{"command": "last"}', json.dumps({"path": "a" * 500})[:200]]
     assert [c["tool"] for c in calls] == ["shell", "read_file", "shell", "shell", "shell"]
     assert calls[2]["args"] == '{"command": "step 399"}' and calls[2]["agent"] == "worker-1"
-    assert search.last_tool_calls(store, "none") == []
+    assert trace_shape.last_tool_calls(store, "none/trace.jsonl") == []

@@ -33,7 +33,8 @@ from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.steps.guard import hash_protected
 from mass_jobs.steps.rollouts import lost_agent_status
-from mass_jobs.steps.search import Execute, SearchState, derived_seed
+from mass_jobs.steps.search import Execute, derived_seed
+from mass_jobs.steps.search_state import SearchState
 from mass_jobs.workflow import teacher_directive, teacher_prompt_parts
 
 EPISODE_FILES = ("episode.json", "protected.json", "workspace.tar.gz", "trace.jsonl", "status.json")

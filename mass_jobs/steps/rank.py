@@ -27,7 +27,8 @@ from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.models import Closed
 from mass_jobs.pairing import schedule
-from mass_jobs.steps.search import SearchState, derived_seed
+from mass_jobs.steps.search import derived_seed
+from mass_jobs.steps.search_state import SearchState
 
 
 class RankError(StepFailed):

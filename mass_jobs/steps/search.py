@@ -29,28 +29,25 @@ without asking the model again for what is stored.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import random
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import Field
+from typing import Any
 
 from mass_jobs import optimizer_brief
 from mass_jobs.compare import Verdict, blind_judge, task_bundle, task_views
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.evidence import prompt_budget
-from mass_jobs.models import Closed, Workflow
-from mass_jobs.trace_shape import parse_lines
+from mass_jobs.models import Workflow
+from mass_jobs.steps.search_state import IterationRecord, SearchState, fold, judge_version, won
+from mass_jobs.trace_shape import last_tool_calls
 from mass_jobs.workflow import (
     DEFAULT_WORKFLOW,
     WorkflowError,
-    diff_workflows,
     parse_proposal,
     workflow_json,
     workflow_prompt_parts,
@@ -62,52 +59,6 @@ OPTIMIZER_ROLE = "optimizer"
 Execute = Callable[[str, dict, Path, Path, int], dict]
 
 
-
-
-# ---------------------------------------------------------------- persisted state
-
-
-class Feedback(Closed):
-    iteration: int
-    result: Literal["initial", "new_elite", "elite_kept", "invalid_verdict", "proposal_failed"] = Field(
-        description="new_elite: this version became the best (elite or champion); elite_kept: it did not.")
-    changes: list[str] = Field(default_factory=list, description="What changed against the previous workflow.")
-    rationale: str = ""
-    outcome: str | None = Field(default=None, description="Episode outcome of the rollout.")
-
-
-class IterationRecord(Closed):
-    k: int = Field(ge=0)
-    workflow: dict | None = Field(description="The workflow rolled out; null when the proposal failed.")
-    proposal_attempts: int = 0
-    proposal_errors: list[str] = Field(default_factory=list)
-    outcome: str | None = None
-    verdict: Verdict | None = Field(default=None, description="This rollout against the best version it challenged "
-                                    "(the elite; under selection champion, the champion, only when both beat the reference).")
-    preferred: bool = Field(default=False, description="This version became the best version.")
-    elite_after: int = Field(description="Iteration whose workflow is the best version after this one.")
-    reference_verdict: Verdict | None = Field(default=None, description="This version against the bare reference "
-                                              "(every version under selection champion; a new elite under elite).")
-
-
-class SearchState(Closed):
-    """`search/<task>/state.json`: elite, feedback history, beats_reference."""
-
-    task: str
-    gen: int
-    selection: Literal["champion", "elite"] = Field(default="champion", description="search.selection of the run.")
-    iterations_planned: int = Field(description="K of the spec when the state was written.")
-    reference_outcome: str | None = None
-    elite: int = Field(description="Iteration whose workflow and workspace are the best version (elite or champion).")
-    elite_workflow: dict
-    beats_reference: bool = Field(description="The best version's own verdict against the bare reference was a win.")
-    beat_reference: list[int] = Field(
-        default_factory=list,
-        description="Iterations whose version was preferred over the bare reference.",
-    )
-    feedback: list[Feedback]
-    iterations: list[IterationRecord]
-    done: bool = Field(description="True when iteration K is finished.")
 
 
 # ---------------------------------------------------------------- helpers
@@ -143,7 +94,6 @@ ROLLOUT_FILES = ("prompt.txt", "workspace.tar.gz", "trace.jsonl", "status.json")
 
 def rollout(ctx: RunContext, prefix: str, execute: Execute, prompt: str, files: dict, seed: int) -> dict:
     """Run one episode here and persist prompt, workspace, trace and status under `prefix`; return status."""
-    store = ctx.store
     with tempfile.TemporaryDirectory(prefix="mass-rollout-") as tmp:
         workspace, out = Path(tmp) / "workspace", Path(tmp) / "out"
         workspace.mkdir()
@@ -170,47 +120,6 @@ def store_rollout(ctx: RunContext, prefix: str, prompt: str, *, status: dict, tr
 
 def rollout_outputs(ctx: RunContext, prefix: str) -> list[str]:
     return [ctx.rollout_file(prefix, n) for n in ROLLOUT_FILES]
-
-
-LAST_CALLS, CALL_ARGS_CHARS = 5, 200
-TRACE_TAIL = 16 << 20  # a paper-scale trace is gigabytes: its end holds the last calls
-
-
-def _tail(store, key: str, limit: int = TRACE_TAIL) -> str:
-    """The whole lines of the last `limit` bytes of an object (streamed, never held whole)."""
-    size, _ = store.stat(key)
-    with contextlib.closing(store.open_read(key)) as f:
-        skip = max(0, size - limit)
-        if skip and hasattr(f, "seek") and getattr(f, "seekable", lambda: False)():
-            f.seek(skip)
-        else:
-            while skip:
-                skip -= len(f.read(min(skip, 1 << 20)) or b"") or skip
-        data = f.read()
-    if size > limit:
-        data = data.split(b"\n", 1)[1] if b"\n" in data else b""
-    return data.decode("utf-8", errors="replace")
-
-
-def last_tool_calls(store, prefix: str) -> list[dict]:
-    """The last tool calls of a stored rollout's trace, most recent first (what it did when it ended)."""
-    key = RunContext.rollout_file(prefix, "trace.jsonl")
-    if not store.exists(key):
-        return []
-    records, _ = parse_lines(_tail(store, key))
-    calls: list[dict] = []
-    for rec in reversed(records):
-        msg = ((rec.get("response") or {}).get("message") or {}) if isinstance(rec, dict) else {}
-        agent = ((rec.get("agent") or {}).get("id")) if isinstance(rec.get("agent"), dict) else None
-        for c in reversed(msg.get("tool_calls") or [] if isinstance(msg, dict) else []):
-            fn = c.get("function") if isinstance(c, dict) else None
-            if isinstance(fn, dict):
-                args = fn.get("arguments")
-                args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-                calls.append({"agent": agent, "tool": fn.get("name"), "args": (args or "")[:CALL_ARGS_CHARS]})
-        if len(calls) >= LAST_CALLS:
-            break
-    return calls[:LAST_CALLS]
 
 
 def _get_json(store, key: str):
@@ -481,7 +390,7 @@ class Search:
         best, case, why = None, "preferred", ""
         if state.elite != current.k and state.elite in designs and (state.beats_reference or not against_reference):
             best = state.elite
-            won_reference = _won(current.reference_verdict, current.k)
+            won_reference = won(current.reference_verdict, current.k)
             if against_reference and not won_reference:
                 case, why = "best_only_won", (current.reference_verdict.rationale if current.reference_verdict else "")
             else:
@@ -494,7 +403,7 @@ class Search:
         main, results = task_views(self.store, self._iter(current.k), self.spec, self.task, results=True)
         return optimizer_brief.BriefInput(
             task=self.task.prompt, current=current.k, designs=designs, rows=rows, evidence=main, results=results,
-            status=status, last_calls=last_tool_calls(self.store, self._iter(current.k)) if failed else [],
+            status=status, last_calls=last_tool_calls(self.store, self._file(current.k, "trace.jsonl")) if failed else [],
             prior_failures=prior, best=best, best_case=case, best_rationale=why, against_reference=against_reference,
             champion=state.elite if state.beats_reference else None)
 
@@ -510,10 +419,6 @@ class Search:
         self._step(k).finish(outputs, extra={"elite": state.elite, "beats_reference": state.beats_reference})
 
 
-def _won(v: Verdict | None, k: int) -> bool:
-    return bool(v is not None and v.valid and v.winner == f"iter-{k}")
-
-
 def _other(v: Verdict, k: int) -> str:
     """The number of the version that `v` judged version k against."""
     other = v.second if v.first == f"iter-{k}" else v.first
@@ -523,61 +428,6 @@ def _other(v: Verdict, k: int) -> str:
 def _row(k: int, against: str, v: Verdict) -> optimizer_brief.Row:
     outcome = "invalid" if not v.valid else "tie" if v.winner == "tie" else "win" if v.winner == f"iter-{k}" else "loss"
     return optimizer_brief.Row(version=k, against=against, outcome=outcome, rationale=v.rationale, model=v.model)
-
-
-def judge_version(selection: str, k: int, best_beats_reference: bool,
-                  ask: Callable[[str], Verdict]) -> tuple[Verdict | None, Verdict | None, bool]:
-    """The verdicts version k is judged by and whether it becomes the best version:
-    (against the best, against the reference, preferred). `ask("reference")` / `ask("best")` get one.
-
-    champion: against the reference; a winner takes over outright while the best holds no win of its
-    own, else only by also winning against the best. elite: against the elite; a new elite is then
-    judged against the reference (what `beats_reference` reports)."""
-    if selection == "champion":
-        versus_reference = ask("reference")
-        versus_best = ask("best") if _won(versus_reference, k) and best_beats_reference else None
-        preferred = _won(versus_reference, k) and (not best_beats_reference or _won(versus_best, k))
-        return versus_best, versus_reference, preferred
-    versus_best = ask("best")
-    preferred = _won(versus_best, k)
-    return versus_best, (ask("reference") if preferred else None), preferred
-
-
-def fold(task: str, gen: int, planned: int, records: list[IterationRecord], reference_outcome: dict | None,
-         selection: str = "champion") -> SearchState:
-    """The search state as a pure function of the iteration records (so a rerun rebuilds it exactly)."""
-    elite = records[0]
-    beats = _won(elite.reference_verdict, 0)
-    beat = [0] if beats else []
-    feedback = [Feedback(iteration=0, result="initial", changes=["initial version"], outcome=elite.outcome,
-                         rationale=elite.reference_verdict.rationale if elite.reference_verdict else "")]
-    last_wf = Workflow.model_validate(elite.workflow)
-    for r in records[1:]:
-        if r.workflow is None:
-            feedback.append(Feedback(iteration=r.k, result="proposal_failed", rationale="; ".join(r.proposal_errors)))
-            continue
-        wf = Workflow.model_validate(r.workflow)
-        changes = diff_workflows(last_wf, wf)
-        last_wf = wf
-        # the verdict that decided: against the reference (champion), against the elite (elite)
-        decisive = r.reference_verdict if selection == "champion" else r.verdict
-        assert decisive is not None
-        result = "new_elite" if r.preferred else ("elite_kept" if decisive.valid else "invalid_verdict")
-        rationale = decisive.rationale
-        if selection == "champion" and r.verdict is not None:
-            rationale += f" | against the champion iter-{elite.k}: {r.verdict.rationale}"
-        feedback.append(Feedback(iteration=r.k, result=result, changes=changes, rationale=rationale, outcome=r.outcome))
-        if _won(r.reference_verdict, r.k):
-            beat.append(r.k)
-        if r.preferred:
-            elite = r
-            beats = _won(r.reference_verdict, r.k)
-    assert elite.workflow is not None
-    return SearchState(
-        task=task, gen=gen, selection=selection, iterations_planned=planned,
-        reference_outcome=(reference_outcome or {}).get("outcome"), elite=elite.k, elite_workflow=elite.workflow,
-        beats_reference=beats, beat_reference=beat, feedback=feedback, iterations=records, done=records[-1].k >= planned,
-    )
 
 
 def run_search(ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute | None,
