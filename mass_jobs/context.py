@@ -76,10 +76,6 @@ class RunContext:
     def search_iter(self, g: int, task: str, k: int) -> str:
         return f"{self.search(g, task)}/iter-{k}"
 
-    def search_file(self, g: int, task: str, k: int, name: str) -> str:
-        """One stored file of search iteration k (`proposal.json`, `verdict.json`, ...)."""
-        return f"{self.search_iter(g, task, k)}/{name}"
-
     def search_state(self, g: int, task: str) -> str:
         return f"{self.search(g, task)}/state.json"
 
