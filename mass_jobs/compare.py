@@ -83,13 +83,6 @@ def bundle(workspace: Path, max_bytes: int | None = None, deliverables=(), statu
     return _cut(evidence.bundle(Path(workspace), task_text, deliverables, status, caps), max_bytes)
 
 
-def stored_bundle(store, prefix: str, max_bytes: int | None, deliverables=(), workspace: Path | None = None,
-                  task_text: str = "", caps: evidence.Caps = evidence.Caps()) -> str:
-    """bundle() of the workspace archive and status stored under `prefix` (extracted into `workspace`,
-    a temp folder by default)."""
-    return stored_views(store, prefix, max_bytes, deliverables, workspace, task_text, caps)[0]
-
-
 def stored_views(store, prefix: str, max_bytes: int | None, deliverables=(), workspace: Path | None = None,
                  task_text: str = "", caps: evidence.Caps = evidence.Caps(), results: bool = False) -> tuple[str, str]:
     """(bundle, results/*.json appendix or "" unless `results`) of a stored rollout. An archive
@@ -115,7 +108,7 @@ def stored_views(store, prefix: str, max_bytes: int | None, deliverables=(), wor
 
 
 def task_bundle(store, prefix: str, spec, task, workspace: Path | None = None) -> str:
-    """stored_bundle() with the spec's evidence caps and the task's text and deliverables."""
+    """The stored rollout's bundle (task_views without the results appendix)."""
     return task_views(store, prefix, spec, task, workspace)[0]
 
 

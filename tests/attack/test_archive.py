@@ -410,13 +410,13 @@ def test_guard_vetoes_an_episode_whose_archive_is_refused_and_rank_never_shows_i
 
 
 def test_a_refused_rollout_workspace_is_shown_to_the_judge_as_refused(make_store):
-    from mass_jobs.compare import stored_bundle
+    from mass_jobs.compare import stored_views
 
     store = make_store("file")
     store.put_json("r/status.json", {"outcome": "success"})
     store.put_bytes("r/workspace.tar.gz", targz(member("report.md", data=b"score: 9"),
                                                  member("ln", kind=SYM, link="/etc/passwd")))
-    text = stored_bundle(store, "r", 4096, ["report.md"])
+    text, _ = stored_views(store, "r", 4096, ["report.md"])
     assert text.startswith("WORKSPACE REFUSED: the stored archive was not extracted: archive symlink 'ln'")
     assert "score: 9" not in text and "- report.md: MISSING" in text and len(text.encode()) <= 4096
 
