@@ -194,7 +194,7 @@ def rollout_seed(bench: str, task: str, rep: int) -> int:
 
 
 def _step(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, digest: str):
-    from mass_jobs.steps.evaluate import model_ref
+    from mass_jobs.generation_model import model_ref
     from mass_jobs.store import Step
 
     spec = ctx.spec

@@ -231,8 +231,19 @@ class RunContext:
 
     def verdicts(self) -> str:
         """Every stored evaluation verdict (panel and self), one object per (pair, judge, seed)
-        (judges.verdict_key)."""
+        (`verdict_file`)."""
         return f"{self.eval_root()}/verdicts"
+
+    @staticmethod
+    def verdict_pair(candidate: str, baseline: str, task: str, rep: int) -> str:
+        """A compared pair under a verdict prefix: `gen-2-vs-gen-0/<task>/rep-1` (a checkpoint
+        candidate is `step-<n>`). Its bytes also seed the pair's position balance."""
+        return f"{candidate}-vs-{baseline}/{task}/rep-{rep}"
+
+    @staticmethod
+    def verdict_file(prefix: str, pair: str, judge: str, seed: int) -> str:
+        """One judge's verdict with one seed on a pair under `verdicts()` or `select_verdicts(g)`."""
+        return f"{prefix}/{pair}/{judge}-seed-{seed}.json"
 
     def eval_rollout(self, g: int, task: str, rep: int) -> str:
         """Replicate `rep` of L_g's bare-prompt rollout of a task (reused by later comparisons)."""

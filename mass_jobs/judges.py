@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from mass_jobs.context import RunContext
+
 
 class ChatClient(Protocol):
     def chat(self, messages: list[dict], tools: Any = None, seed: int | None = None,
@@ -45,7 +47,7 @@ class PairJob:
 
     @property
     def name(self) -> str:
-        return f"gen-{self.candidate}-vs-gen-{self.baseline}/{self.task}/rep-{self.replicate}"
+        return RunContext.verdict_pair(f"gen-{self.candidate}", f"gen-{self.baseline}", self.task, self.replicate)
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ def ask_verdict(client: ChatClient, job: PairJob, order: str, seed: int, retries
 
 
 def verdict_key(prefix: str, job: PairJob, member: PanelMember, seed: int) -> str:
-    return f"{prefix}/{job.name}/{member.kind}-{member.name}-seed-{seed}.json"
+    return RunContext.verdict_file(prefix, job.name, f"{member.kind}-{member.name}", seed)
 
 
 def run_panel(store, prefix: str, jobs: Iterable[PairJob], members: list[PanelMember], retries: int,

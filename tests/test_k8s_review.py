@@ -361,7 +361,7 @@ def test_the_inference_service_is_owned_locked_released_after_rank_and_deadlined
 
 
 def test_model_uris_are_what_kserve_downloads():
-    from mass_jobs.commands.validate import model_uri
+    from mass_jobs.generation_model import model_uri
     from mass_jobs.spec import validate_document
     from tests.fixtures.inner_loop import spec_document
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mass_jobs import serving_precision as sp
-from mass_jobs.commands.validate import model_uri
+from mass_jobs.generation_model import model_uri
 from tests.fixtures.inner_loop import spec_document
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +89,7 @@ def test_a_local_server_serves_the_recorded_weights(tmp_path, tiny_model_dir, mo
     from mass_jobs.context import RunContext
     from mass_jobs.fp8 import export_fp8
     from mass_jobs.modelio import store_model_dir
-    from mass_jobs.steps.evaluate import served_model_dir
+    from mass_jobs.generation_model import served_model_dir
     from mass_jobs.store import open_store
 
     store = open_store(f"file://{tmp_path}/store")

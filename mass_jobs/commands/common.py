@@ -78,16 +78,6 @@ def work_dir_default() -> str:
     return os.environ.get("MASS_WORK_DIR", ".mass-work")
 
 
-def model_location(ctx, gen: int) -> str:
-    """Where generation g's model lives: gen-0 may be the base; later ones are in the store."""
-    key = ctx.model(gen)
-    if ctx.store.list(key + "/"):
-        return f"{ctx.spec.store.uri.rstrip('/')}/{key}"
-    if gen == 0:
-        return ctx.spec.model.base
-    raise FileNotFoundError(f"no model for generation {gen} at {key}/ (run `mass merge --gen {gen - 1}` first)")
-
-
 @contextlib.contextmanager
 def model_endpoint(args, ctx):
     """The endpoint at --endpoint, or the generation's model served here (execution.serving's backend)
@@ -102,11 +92,14 @@ def model_endpoint(args, ctx):
 
         yield role_endpoint(ctx.spec, "executor")
         return
-    from mass_jobs.backends import serve_model
-    from mass_jobs.modelio import resolve_model
+    from pathlib import Path
 
-    with serve_model(ctx.spec, resolve_model(model_location(ctx, args.gen), store_options=ctx.store_options()),
-                     ctx.served_model(args.gen)) as endpoint:
+    from mass_jobs.backends import serve_model
+    from mass_jobs.generation_model import served_model_dir
+
+    # the directory `mass run` serves too: the spec's chat template on the base, FP8 where it is served
+    models = ctx.work_dir(Path(getattr(args, "work_dir", None) or work_dir_default())) / "models"
+    with serve_model(ctx.spec, served_model_dir(ctx, args.gen, models), ctx.served_model(args.gen)) as endpoint:
         yield endpoint
 
 

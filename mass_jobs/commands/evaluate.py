@@ -57,7 +57,7 @@ def main(args) -> int:
 
     try:
         if args.phase == "plan":
-            from mass_jobs.commands.validate import model_uri
+            from mass_jobs.generation_model import model_uri
 
             # the storageUri of each generation's InferenceService, as the cycle's own model gets it
             bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")

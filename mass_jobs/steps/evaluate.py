@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, ContextManager
 
 from mass_jobs.context import RunContext
+from mass_jobs.generation_model import model_ref, served_model_dir
 from mass_jobs.models import Judge, RunSpec, Task
 
 ROLLOUT_FILES = ("workspace.tar.gz", "trace.jsonl", "status.json", "audit.json")
@@ -77,33 +78,6 @@ def self_evaluators(gen: int) -> list[int]:
 def rollout_seed(task: str, rep: int) -> int:
     """Independent of the generation, so replicate r of a task is matched across generations."""
     return int.from_bytes(hashlib.sha256(f"eval/{task}/{rep}".encode()).digest()[:4], "big") % (2**31)
-
-
-def model_ref(ctx: RunContext, g: int) -> str:
-    """What identifies generation g's weights in input hashes: the base, or a digest of the stored model."""
-    from mass_jobs.modelio import has_stored_model
-
-    if g == 0 and not has_stored_model(ctx.store, ctx.model(0)):
-        return f"base:{ctx.spec.model.base}"
-    return f"gen-{g}:{model_digest(ctx, g)}"
-
-
-def model_digest(ctx: RunContext, g: int) -> str:
-    """sha256 over the stored model's objects: their hashes from the merge manifest when it lists
-    them (no re-reading of the weights), else hashed here; a single archive is hashed as is."""
-    import json
-
-    from mass_jobs.store import read_manifest
-
-    key, store = ctx.model(g), ctx.store
-    if store.exists(key):
-        return store.sha256(key)
-    merge = read_manifest(store, ctx.merge_step(g - 1)) if g > 0 else None
-    listed = {k: v for k, v in ((merge or {}).get("outputs") or {}).items() if k.startswith(key + "/")}
-    objects = store.list(key + "/")
-    if sorted(listed) != objects:
-        listed = {k: store.sha256(k) for k in objects}
-    return hashlib.sha256(json.dumps(listed, sort_keys=True).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------- rollouts
@@ -400,38 +374,6 @@ def _verdict_keys(prefix, jobs, gen: int, spec: RunSpec) -> list[str]:
 
 
 # ---------------------------------------------------------------- local serving
-
-
-def local_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> Path:
-    """A local directory holding L_g: the base model for g = 0 (unless the store has one), else the
-    merged model the merge step stored at `<run>/gen-<g>/model` (extracted once into a cache)."""
-    from mass_jobs.base_model import base_model_dir
-    from mass_jobs.modelio import fetch_stored_model, has_stored_model
-
-    if g == 0 and not has_stored_model(ctx.store, ctx.model(0)):
-        return base_model_dir(ctx, cache_root)
-    root = Path(cache_root or Path(tempfile.gettempdir()) / "mass-models")
-    return fetch_stored_model(ctx.store, ctx.model(g), root / ctx.run / f"gen-{g}-{model_digest(ctx, g)[:16]}")
-
-
-def served_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> Path:
-    """The local directory a local server serves L_g from: the FP8 export where this machine's server
-    reads it, else `local_model_dir`; the choice and its reason recorded at `ctx.serving(g)`."""
-    from mass_jobs import serving_precision as sp
-    from mass_jobs.modelio import fetch_stored_model, has_stored_model
-
-    capability = sp.local_capability() if ctx.spec.execution.serving == "vllm" else None
-    choice = sp.for_local(ctx.spec, g, capability)
-    if choice.weights == "fp8" and not has_stored_model(ctx.store, ctx.model_fp8(g)):
-        choice = sp.Choice("bf16", f"no FP8 export is stored under {ctx.model_fp8(g)!r} (merged before sft.fp8_export was set?)")
-    if g > 0:
-        ctx.store.put_json(ctx.serving(g), {**choice.as_dict(), "backend": ctx.spec.execution.serving,
-                                            "capability": list(capability) if capability else None})
-    if choice.weights != "fp8":
-        return local_model_dir(ctx, g, cache_root)
-    root = Path(cache_root or Path(tempfile.gettempdir()) / "mass-models")
-    # the same merge wrote both copies: the BF16 digest names the FP8 one too
-    return fetch_stored_model(ctx.store, ctx.model_fp8(g), root / ctx.run / f"gen-{g}-fp8-{model_digest(ctx, g)[:16]}")
 
 
 def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Path | None = None):

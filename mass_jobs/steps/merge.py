@@ -74,7 +74,7 @@ def run_merge(ctx, gen: int, work_dir: Path) -> dict:
     """select.json's checkpoint + gen g's model -> `<run>/gen-<g+1>/model/` (+ `model-fp8/`)."""
     from mass_jobs.fp8 import export_fp8
     from mass_jobs.modelio import store_model_dir
-    from mass_jobs.steps.train import parent_model_dir
+    from mass_jobs.generation_model import local_model_dir
     from mass_jobs.store import MODEL_LIMITS
 
     chosen = ctx.store.get_json(ctx.select(gen))
@@ -87,7 +87,7 @@ def run_merge(ctx, gen: int, work_dir: Path) -> dict:
     shutil.rmtree(adapter, ignore_errors=True)
     ctx.store.get_dir(chosen["checkpoint"], adapter, MODEL_LIMITS)
     merged_dir = work / "merged"
-    layers = merge_lora(parent_model_dir(ctx, gen, work / "models"), adapter, merged_dir)
+    layers = merge_lora(local_model_dir(ctx, gen, work / "models"), adapter, merged_dir)
     keys = store_model_dir(ctx.store, ctx.model(gen + 1), merged_dir)
     extra = {"step": chosen["step"], "merged_layers": len(layers), "scaling": next(iter(layers.values()))}
     if ctx.spec.sft.fp8_export:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ContextManager
 
+from mass_jobs.context import RunContext
 from mass_jobs.judges import PairJob
 
 ROLLOUT_FILES = ("workspace.tar.gz", "trace.jsonl", "status.json")
@@ -35,7 +36,7 @@ class CheckpointPair(PairJob):
 
     @property
     def name(self) -> str:
-        return f"step-{self.candidate}-vs-gen-{self.baseline}/{self.task}/rep-{self.replicate}"
+        return RunContext.verdict_pair(f"step-{self.candidate}", f"gen-{self.baseline}", self.task, self.replicate)
 
 
 def panel_candidates(val: dict[int, float], n: int) -> list[int]:
@@ -106,7 +107,8 @@ def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable
     """Run the candidates' and the parent's rollouts and the panel; return the selection record."""
     from mass_jobs.compare import task_bundle
     from mass_jobs.judges import PanelMember, run_panel
-    from mass_jobs.steps.evaluate import client_for, model_ref
+    from mass_jobs.generation_model import model_ref
+    from mass_jobs.steps.evaluate import client_for
 
     spec, store, cfg = ctx.spec, ctx.store, ctx.spec.sft.panel
     tasks = [spec.task(t) for t in cfg.tasks]
@@ -147,7 +149,7 @@ def default_servers(ctx, gen: int, work_dir: Path | None = None):
     from mass_jobs.serve import ModelServer
     from mass_jobs.steps.evaluate import default_servers as eval_servers
     from mass_jobs.steps.merge import merge_lora
-    from mass_jobs.steps.train import parent_model_dir
+    from mass_jobs.generation_model import local_model_dir
     from mass_jobs.store import MODEL_LIMITS
 
     serve_model, serve_judge = eval_servers(ctx)
@@ -158,7 +160,7 @@ def default_servers(ctx, gen: int, work_dir: Path | None = None):
         adapter, merged = work / f"adapter-{step}", work / f"merged-{step}"
         if not (merged / "config.json").exists():
             ctx.store.get_dir(ctx.checkpoint(gen, step), adapter, MODEL_LIMITS)
-            merge_lora(parent_model_dir(ctx, gen, work / "models"), adapter, merged)
+            merge_lora(local_model_dir(ctx, gen, work / "models"), adapter, merged)
         with ModelServer(merged, served_name=f"gen-{gen}-step-{step}", dtype=ctx.spec.model.dtype) as srv:
             yield srv.endpoint
 

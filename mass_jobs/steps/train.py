@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 from mass_jobs.context import RunContext
+from mass_jobs.generation_model import local_model_dir
 from mass_jobs.training.checkpoint import MANIFEST, latest_checkpoint, read_checkpoint
 from mass_jobs.training.loop import Dist, Trainer
 
@@ -23,19 +24,6 @@ from mass_jobs.training.loop import Dist, Trainer
 def read_windows(path: Path) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def parent_model_dir(ctx: RunContext, gen: int, cache_dir: Path) -> Path:
-    """Generation g's model: the stored `gen-<g>/model/` objects, else (gen 0) the spec's base model.
-    The one lookup is evaluate's `local_model_dir`: a stored model is cached under its content
-    digest, so a cache never outlives the model it holds (a run redone after its store was deleted)."""
-    from mass_jobs.modelio import has_stored_model
-    from mass_jobs.steps.evaluate import local_model_dir
-
-    if gen > 0 and not has_stored_model(ctx.store, ctx.model(gen)):
-        raise FileNotFoundError(f"no model for generation {gen} at store key {ctx.model(gen)!r} "
-                                f"(run merge of gen {gen - 1})")
-    return local_model_dir(ctx, gen, Path(cache_dir))
 
 
 def stored_steps(ctx: RunContext, gen: int) -> list[int]:
@@ -53,7 +41,7 @@ def _fetch_inputs(ctx: RunContext, gen: int, work: Path, resume: bool) -> tuple[
     inputs.mkdir(parents=True, exist_ok=True)
     for split in ("train", "val"):
         ctx.store.get_file(ctx.sft_file(gen, split), inputs / f"{split}.jsonl")
-    parent = parent_model_dir(ctx, gen, work / "models")
+    parent = local_model_dir(ctx, gen, work / "models")
     out = work / "train"
     if resume and latest_checkpoint(out) is None:
         # A fresh pod: bring the newest stored checkpoint and the log up to it.
@@ -116,7 +104,7 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
         inputs, parent = _fetch_inputs(ctx, gen, work, resume)
     dist.barrier()
     if dist.local_rank != 0:
-        inputs, parent = work / "inputs", parent_model_dir(ctx, gen, work / "models")
+        inputs, parent = work / "inputs", local_model_dir(ctx, gen, work / "models")
     log_key = ctx.train_log(gen)
 
     def upload(n: int, path: Path) -> None:
