@@ -469,6 +469,10 @@ class RunSpec(Closed):
         assert all(isinstance(t, Task) for t in self.tasks), "use mass_jobs.spec.load_spec"
         return list(self.tasks)  # type: ignore[arg-type]
 
+    def train_tasks(self) -> list[Task]:
+        """The only tasks that may feed search, collection, ranking, SFT and checkpoint selection."""
+        return [t for t in self.resolved_tasks() if t.split == "train"]
+
     def task(self, task_id: str) -> Task:
         for t in self.resolved_tasks():
             if t.id == task_id:

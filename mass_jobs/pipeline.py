@@ -24,6 +24,12 @@ derived from `PIPELINE`; adding a step is one `StepDef` here plus its core (and 
 - `model`: calls the generation's served model (Argo: the InferenceService; locally: one lazy
   server for all such steps of a generation, stopped after the last of them).
 - `gen_offset`: the generation the step's `--gen` names relative to the cycle's (evaluate: g+1).
+- `local`: how the local runner calls the core in-process: the services it takes after
+  (ctx, gen[, task]) from `SERVICES`; None runs the CLI entry as a subprocess, as a container would.
+- `resources`: the cluster settings' pod size the step's container gets (`step`, or `merge`: the
+  merge loads the whole model in memory).
+- `cost(work)`: `mass plan`'s cost model: seconds one unit takes, units, and judge calls after
+  them, from the generation's counts and timings (`Work`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,30 @@ from mass_jobs.context import RunContext
 SCOPES = ("run", "generation", "task", "iteration", "episode")
 PODS = ("step", "agent", "trainer")  # a CPU step pod, sandboxed agent pods, a PyTorchJob
 PER_TASK = ("task", "iteration", "episode")
+# what the local runner hands a core in-process: the generation's chat model, an agent-episode
+# executor, servers of the generations and judges the step names itself, a progress callback
+SERVICES = ("client", "execute", "serve_generation", "serve_judge", "progress")
+RESOURCES = ("step", "merge")
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a step's cost model sees of one generation: `planning.counts` and the timings in force."""
+
+    counts: dict
+    timings: dict
+    n_train: int
+
+    @property
+    def per_task_calls(self) -> int:
+        return self.counts["ranking_calls"] // max(self.n_train, 1)
+
+
+@dataclass(frozen=True)
+class Cost:
+    unit_s: float  # one unit (an episode, a task, the whole step)
+    units: int
+    calls: int = 0  # judge calls after the units, fanned out like them
 
 
 @dataclass(frozen=True)
@@ -53,12 +83,20 @@ class StepDef:
     model: bool = False
     gen_offset: int = 0
     detail: Callable[[RunContext, int], str] | None = None
+    local: tuple[str, ...] | None = None
+    resources: str = "step"
+    cost: Callable[[Work], Cost] | None = None
 
     def __post_init__(self):
         if self.scope not in SCOPES:
             raise ValueError(f"step {self.name}: scope must be one of {SCOPES}, got {self.scope!r}")
         if self.pod not in PODS:
             raise ValueError(f"step {self.name}: pod must be one of {PODS}, got {self.pod!r}")
+        if self.resources not in RESOURCES:
+            raise ValueError(f"step {self.name}: resources must be one of {RESOURCES}, got {self.resources!r}")
+        unknown = [n for n in (self.local or ()) if n not in SERVICES]
+        if unknown:
+            raise ValueError(f"step {self.name}: local services must be among {SERVICES}, got {unknown}")
         for key in (*self.reads, *self.writes):
             if not callable(getattr(RunContext, key, None)):
                 raise ValueError(f"step {self.name}: {key!r} is not a RunContext key method")
@@ -80,6 +118,19 @@ class StepDef:
         if self.per_task:
             out += ["--task", str(task)]
         return out + [a.replace("{gen}", str(g)) for a in self.args]
+
+    def call_local(self, ctx: RunContext, gen: int, task: str | None, services: dict):
+        """The core in-process, with the services it declares (`local`)."""
+        args = [ctx] if self.scope == "run" else [ctx, gen + self.gen_offset]
+        if self.per_task:
+            args.append(task)
+        return self.core_function()(*args, *(services[n] for n in self.local or ()))
+
+    def work(self, w: Work) -> Cost:
+        """`mass plan`'s estimate; a step without a cost model is one fixed unit (per task, per task)."""
+        if self.cost is not None:
+            return self.cost(w)
+        return Cost(w.timings["fixed_s"], w.n_train if self.per_task else 1)
 
     def is_done(self, ctx: RunContext, gen: int, tasks: list[str]) -> bool:
         if self.per_task:
@@ -203,33 +254,64 @@ def _verdicts(ctx: RunContext, g: int) -> str:
     return f"{len(ctx.store.list(ctx.eval_verdicts(g + 1)))} verdicts"
 
 
+# ---------------------------------------------------------------- cost models (`mass plan`)
+
+
+def _search_cost(w: Work) -> Cost:
+    # per task: the reference, the initial elite and one episode per proposal; a proposal and two
+    # verdicts per iteration, and the first judging
+    k = w.counts["optimizer_proposals"] // max(w.n_train, 1)
+    t = w.timings
+    return Cost((k + 2) * t["episode_s"] + (2 * k + 1) * t["call_s"], w.n_train)
+
+
+def _collect_cost(w: Work) -> Cost:
+    return Cost(w.timings["episode_s"], w.counts["teacher_episodes"])
+
+
+def _rank_cost(w: Work) -> Cost:
+    return Cost(w.per_task_calls * w.timings["call_s"], w.n_train)
+
+
+def _train_cost(w: Work) -> Cost:
+    return Cost(w.counts["steps"] * w.timings["step_s"], 1)
+
+
+def _evaluate_cost(w: Work) -> Cost:
+    return Cost(w.timings["episode_s"], w.counts["rollout_episodes"],
+                calls=w.counts["judge_calls"] + w.counts["self_judge_calls"])
+
+
 # ---------------------------------------------------------------- the table
 
 PIPELINE: tuple[StepDef, ...] = (
     StepDef("search", "iteration", "mass_jobs.steps.search:run_search", ("search",), search_done,
             reads=("model",), writes=("search_rollout", "agent_input", "agent_output", "search_state"),
-            pod="agent", model=True),
+            pod="agent", model=True, local=("client", "execute"), cost=_search_cost),
     StepDef("collect", "episode", "mass_jobs.steps.collect:run_collect", ("collect",), collect_done,
             reads=("search_state",), writes=("episode_input", "episode_output", "collect_episode", "collect_summary"),
-            pod="agent", model=True),
+            pod="agent", model=True, local=("execute",), cost=_collect_cost),
     StepDef("guard", "task", "mass_jobs.steps.guard:run_guard", ("guard",), guard_done,
             reads=("collect_summary", "collect_episode"), writes=("guard_checks", "agent_input", "agent_output", "guard"),
-            pod="agent"),
+            pod="agent", local=()),
     StepDef("rank", "task", "mass_jobs.steps.rank:run_rank", ("rank",), rank_done,
-            reads=("guard", "collect_episode"), writes=("rank", "rank_verdicts"), model=True),
+            reads=("guard", "collect_episode"), writes=("rank", "rank_verdicts"), model=True,
+            local=("client",), cost=_rank_cost),
     StepDef("render", "generation", "mass_jobs.steps.render_sft:run_render", ("render", "sft"), render_done,
             reads=("rank", "collect_episode", "model"), writes=("sft",)),
     StepDef("train", "generation", "mass_jobs.steps.train:run_train", ("train",), train_done,
-            args=("--resume",), reads=("sft", "model"), writes=("train",), pod="trainer", detail=_checkpoints),
+            args=("--resume",), reads=("sft", "model"), writes=("train",), pod="trainer", detail=_checkpoints,
+            cost=_train_cost),
     StepDef("select", "generation", "mass_jobs.steps.select:run_select", ("select",), select_done,
             reads=("train", "model"), writes=("select", "select_step", "select_panel")),
     StepDef("merge", "generation", "mass_jobs.steps.merge:run_merge", ("merge",), merge_done,
-            reads=("select", "train", "model"), writes=("merge_step", "model")),
+            reads=("select", "train", "model"), writes=("merge_step", "model"), resources="merge"),
     StepDef("evaluate", "generation", "mass_jobs.steps.evaluate:evaluate", ("evaluate",), evaluate_done,
             reads=("model",), writes=("eval_rollout", "agent_input", "agent_output", "eval", "eval_verdicts"),
-            pod="agent", gen_offset=1, detail=_verdicts),
+            pod="agent", gen_offset=1, detail=_verdicts,
+            local=("serve_generation", "serve_judge", "progress"), cost=_evaluate_cost),
     StepDef("report", "run", "mass_jobs.steps.report:write_report", ("report",), report_done,
-            reads=("eval", "select", "sft", "search_state"), writes=("report",)),
+            reads=("eval", "select", "sft", "search_state"), writes=("report",), local=()),
 )
 
 
@@ -253,20 +335,37 @@ def by_name(name: str, pipeline=None) -> StepDef:
     raise KeyError(f"no step {name!r} in the pipeline: {[s.name for s in steps(pipeline)]}")
 
 
+def trainer_step(pipeline=None) -> StepDef:
+    """The step that trains on a GPU (a PyTorchJob on the cluster)."""
+    return next(s for s in steps(pipeline) if s.pod == "trainer")
+
+
 def done_output(name: str) -> str:
     """The file (and Argo output parameter) where `mass validate --outputs` says a step is stored."""
     return f"done-{name}"
 
 
 def train_task_ids(ctx: RunContext) -> list[str]:
-    return [t.id for t in ctx.spec.resolved_tasks() if t.split == "train"]
+    return [t.id for t in ctx.spec.train_tasks()]
 
 
-def plan(ctx: RunContext, pipeline=None) -> list[tuple[int, str]]:
-    """The local runner's order: (generation, step) for every generation, then the run's steps."""
+@dataclass(frozen=True)
+class Planned:
+    """One step of one generation in an executor's order: the step itself, never its name."""
+
+    gen: int
+    step: StepDef
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return self.gen, self.step.name
+
+
+def plan(ctx: RunContext, pipeline=None) -> list[Planned]:
+    """The local runner's order: every generation's steps, then the run's steps."""
     n = ctx.spec.generations
-    return [(g, s.name) for g in range(n) for s in generation_steps(pipeline)] + \
-           [(n, s.name) for s in run_steps(pipeline)]
+    return [Planned(g, s) for g in range(n) for s in generation_steps(pipeline)] + \
+           [Planned(n, s) for s in run_steps(pipeline)]
 
 
 def table(ctx: RunContext, pipeline=None) -> list[dict]:
@@ -277,13 +376,13 @@ def table(ctx: RunContext, pipeline=None) -> list[dict]:
     """
     tasks = train_task_ids(ctx)
     rows = []
-    for g, name in plan(ctx, pipeline):
-        s = by_name(name, pipeline)
+    for item in plan(ctx, pipeline):
+        s, g = item.step, item.gen
         if s.per_task:
             n = sum(1 for t in tasks if s.done(ctx, g, t))
             done, detail = n == len(tasks), f"{n}/{len(tasks)} tasks"
         else:
             done = s.is_done(ctx, g, tasks)
             detail = s.detail(ctx, g) if s.detail else ""
-        rows.append({"gen": g, "step": name, "status": "done" if done else "pending", "detail": detail})
+        rows.append({"gen": g, "step": s.name, "status": "done" if done else "pending", "detail": detail})
     return rows

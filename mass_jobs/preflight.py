@@ -263,8 +263,12 @@ def trainer_webhook_errors(spec) -> list[str]:
     from mass_jobs.k8s.schemas import webhook_errors
     from mass_jobs.k8s.settings import ClusterSettings
 
+    from mass_jobs.pipeline import trainer_step
+
+    trainer = trainer_step()
     workers = spec.sft.replicas - 1
-    job = training.pytorch_job(ClusterSettings(), training.job_name(spec.name, "0"), ["train"], {},
+    job = training.pytorch_job(ClusterSettings(), training.job_name(spec.name, "0", trainer.name),
+                               trainer.argv("spec.yaml", 0), {},
                                workers=workers if workers > 0 else None,
                                nproc=str(max(1, spec.sft.gpus_per_replica)), gpus=str(spec.sft.gpus_per_replica))
     return webhook_errors(job)

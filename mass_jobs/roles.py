@@ -60,7 +60,7 @@ def recorded_players(ctx) -> dict[str, list[str]]:
     def get(key):
         return store.get_json(key) if store.exists(key) else None
 
-    train = [t.id for t in spec.resolved_tasks() if t.split == "train"]
+    train = [t.id for t in spec.train_tasks()]
     for g in range(spec.generations + 1):
         for t in train:
             state = get(ctx.search_state(g, t)) or {}

@@ -42,9 +42,7 @@ class RunError(StepFailed):
 
 def train_tasks(spec: RunSpec) -> list[Task]:
     """The only tasks that may feed search, collection, ranking, SFT and checkpoint selection."""
-    tasks = [t for t in spec.resolved_tasks() if t.split == "train"]
-    assert all(t.split == "train" for t in tasks)
-    return tasks
+    return spec.train_tasks()
 
 
 
@@ -129,25 +127,12 @@ class Runner:
         self.python = python
         self.on_step = on_step  # test hook: called before each step starts
         self.lazy: LazyServer | None = None
-        # In-process adapters (shared model server, concurrent episodes, progress lines); every
-        # other step runs its CLI entry as a subprocess.
-        self.local: dict[str, Callable[[P.StepDef, int], None]] = {
-            "search": self._per_task(lambda g, t: self._core("search")(self.ctx, g, t, self.client, self.execute)),
-            "collect": self._per_task(lambda g, t: self._core("collect")(self.ctx, g, t, self.execute)),
-            "guard": self._per_task(lambda g, t: self._core("guard")(self.ctx, g, t)),
-            "rank": self._per_task(lambda g, t: self._core("rank")(self.ctx, g, t, self.client)),
-            "evaluate": lambda s, g: self.evaluate(g),
-            "report": lambda s, g: self._core("report")(self.ctx),
-        }
 
-    def plan(self) -> list[tuple[int, str]]:
-        """(generation, step) in the order this runner executes them (from the pipeline table)."""
+    def plan(self) -> list[P.Planned]:
+        """The steps of every generation, then the run's, in the order this runner executes them."""
         return P.plan(self.ctx, self.pipeline)
 
     # ------------------------------------------------------------ helpers
-    def _core(self, name: str):
-        return P.by_name(name, self.pipeline).core_function()
-
     def _env(self) -> dict:
         # One writable work dir for every entry (their --work-dir defaults read it).
         return {**os.environ, "PYTHONUNBUFFERED": "1", "MASS_WORK_DIR": str(self.work_root)}
@@ -205,7 +190,7 @@ class Runner:
         """L_g's endpoint for the inner loop, under the name the cluster's InferenceService has, served
         by execution.serving's backend. `external` serves nothing: every role has its own endpoint."""
         from mass_jobs.backends import serve_model
-        from mass_jobs.steps.evaluate import served_model_dir
+        from mass_jobs.generation_model import served_model_dir
 
         if self.spec.execution.serving == "external":
             raise RuntimeError("execution.serving is 'external': the inner loop uses roles.<role> endpoints "
@@ -234,19 +219,55 @@ class Runner:
                               self._now["of"])
         return status
 
-    def _per_task(self, fn: Callable[[int, str], object]) -> Callable[[P.StepDef, int], None]:
-        def go(s: P.StepDef, g: int) -> None:
+    def _in_process(self, s: P.StepDef, g: int) -> None:
+        """A step that declares `local`: its core here, per task or once, with the services it names."""
+        with self._services(s, g) as services:
+            if not s.per_task:
+                s.call_local(self.ctx, g, None, services)
+                return
             tasks = train_tasks(self.spec)
             # episodes a task may still run: search = reference + initial elite + one per iteration
             of = {"iteration": self.spec.search.iterations + 2, "episode": self.spec.collection.episodes}.get(s.scope)
             for i, t in enumerate(tasks):
                 self._now.update(label=f"{s.name} task {i + 1}/{len(tasks)} {t.id}", episodes=0, of=of)
                 self.display.note(self._now["label"], i, len(tasks))
-                fn(g, t.id)
-        return go
+                s.call_local(self.ctx, g, t.id, services)
+
+    @contextlib.contextmanager
+    def _services(self, s: P.StepDef, g: int):
+        """The services a step declares. Servers of named generations (and judges) are started on
+        first use and shared by the step's calls: rollouts and self-verdicts of one generation share
+        a server (each start costs seconds); all are stopped when the step ends."""
+        services: dict = {"client": self.client, "execute": self.execute, "progress": self._progress()}
+        with contextlib.ExitStack() as servers:
+            if {"serve_generation", "serve_judge"} & set(s.local or ()):
+                from mass_jobs.steps.evaluate import default_servers
+
+                serve_model, serve_judge = default_servers(self.ctx, cache_root=self.work / "models", log_dir=self.work)
+                started: dict[int, object] = {}
+
+                @contextlib.contextmanager
+                def serve_once(h: int):
+                    if h not in started:
+                        started[h] = servers.enter_context(serve_model(h))
+                    yield started[h]
+
+                services.update(serve_generation=serve_once, serve_judge=serve_judge)
+            yield services
+
+    def _progress(self) -> Callable[[str, dict], None]:
+        """A progress line per record a core reports (kind: rollout, verdict, ...), counted per kind
+        and generation."""
+        counts = PerKey()
+
+        def note(kind: str, rec: dict) -> None:
+            n = counts.add((kind, rec.get("gen")))
+            where = " ".join(f"{k} {rec[k]}" for k in ("gen", "task", "replicate", "judge") if k in rec)
+            self.display.note(f"{kind} {n}: {where}", n)
+        return note
 
     def _cli(self, s: P.StepDef, g: int) -> None:
-        """A step without an adapter: its CLI entry per task or once (a trainer under torchrun)."""
+        """A step without `local`: its CLI entry per task or once (a trainer under torchrun)."""
         calls = [s.argv(self.spec_path, g, t.id) for t in train_tasks(self.spec)] if s.per_task \
             else [s.argv(self.spec_path, g)]
         for argv in calls:
@@ -262,36 +283,8 @@ class Runner:
         """Run one step of the table unless its done-check holds; True when it was skipped."""
         if s.is_done(self.ctx, g, [t.id for t in train_tasks(self.spec)]):
             return True
-        self.local.get(s.name, self._cli)(s, g)
+        (self._cli if s.local is None else self._in_process)(s, g)
         return False
-
-    def evaluate(self, g: int) -> None:
-        from mass_jobs.steps.evaluate import default_servers, evaluate
-
-        gen = g + 1
-        counts = PerKey()  # rollouts run for L_gen and each baseline: count per generation
-        total_rollouts = len(self.spec.resolved_tasks()) * self.spec.evaluation.rollouts_per_task
-
-        def progress(kind: str, rec: dict) -> None:
-            n = counts.add((kind, rec["gen"] if kind == "rollout" else None))
-            if kind == "rollout":
-                self.display.note(f"bare-prompt rollouts L{rec['gen']} {rec['task']} rep {rec['replicate']}",
-                                  n, total_rollouts)
-            else:
-                self.display.note(f"verdicts: {n} ({rec['judge']})")
-
-        serve_model, serve_judge = default_servers(self.ctx, cache_root=self.work / "models", log_dir=self.work)
-        with contextlib.ExitStack() as servers:
-            started: dict[int, object] = {}
-
-            @contextlib.contextmanager
-            def serve_once(h: int):
-                # rollouts and self-verdicts of one generation share a server (each start costs seconds)
-                if h not in started:
-                    started[h] = servers.enter_context(serve_model(h))
-                yield started[h]
-
-            evaluate(self.ctx, gen, serve_once, serve_judge, progress=progress)
 
     # ------------------------------------------------------------ the whole run
     def run(self) -> dict:

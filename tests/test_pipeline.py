@@ -39,7 +39,13 @@ def test_the_table_is_well_formed():
     for s in P.PIPELINE:
         assert callable(s.core_function()), s.name
         assert s.entry[0] in COMMANDS, s.name
-        assert s.reads and s.writes and all(callable(getattr(RunContext, k)) for k in (*s.reads, *s.writes))
+    # the table's data flow: every key a step reads is written by an earlier step, or is the model
+    # (L0 is the base, L_g+1 the merge's); a step moved before its producer fails here
+    written = {"model"}
+    for s in P.PIPELINE:
+        missing = set(s.reads) - written
+        assert not missing, f"{s.name} reads {missing} before any step writes them"
+        written |= set(s.writes)
     assert [s.name for s in P.PIPELINE if s.model] == ["search", "collect", "rank"]
     assert {s.pod for s in P.PIPELINE} == {"step", "agent", "trainer"}
     # every step that runs model-written code (episodes, guard checks) runs it in agent pods, never a step pod
@@ -48,55 +54,127 @@ def test_the_table_is_well_formed():
         P.StepDef("x", "generation", "m:f", ("x",), P.render_done, reads=("sft_dir",))
     with pytest.raises(ValueError, match="scope must be one of"):
         P.StepDef("x", "epoch", "m:f", ("x",), P.render_done)
+    with pytest.raises(ValueError, match="local services must be among"):
+        P.StepDef("x", "generation", "m:f", ("x",), P.render_done, local=("gpu",))
+    with pytest.raises(ValueError, match="resources must be one of"):
+        P.StepDef("x", "generation", "m:f", ("x",), P.render_done, resources="huge")
 
 
-def test_argv_is_the_cli_entry_per_scope():
-    by = {s.name: s for s in P.PIPELINE}
-    assert by["guard"].argv("s.yaml", 2, "t1") == ["guard", "--spec", "s.yaml", "--gen", "2", "--task", "t1"]
-    assert by["render"].argv("s.yaml", 0) == ["render", "sft", "--spec", "s.yaml", "--gen", "0"]
-    assert by["train"].argv("s.yaml", 1) == ["train", "--spec", "s.yaml", "--gen", "1", "--resume"]
-    assert by["evaluate"].argv("s.yaml", 1) == ["evaluate", "--spec", "s.yaml", "--gen", "2"]  # evaluates L_g+1
-    assert by["report"].argv("s.yaml", 3) == ["report", "--spec", "s.yaml"]
+def _name_dispatch(source: str, names: set[str]) -> list[int]:
+    """Lines that choose by a step's name: `x.name == "merge"`, `name in ("search", ...)`,
+    `{"search": ...}` tables, `by_name("train")`. (Other uses of the same words, such as the
+    "train" split or the "merge" pod size, choose nothing by step.)"""
+    import ast
+
+    def is_step_name(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(is_step_name(e) for e in node.elts)
+        return False
+
+    def is_name_ref(node) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "name") or \
+            (isinstance(node, ast.Name) and node.id in ("name", "step", "step_name"))
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(is_name_ref(o) for o in operands) and any(is_step_name(o) for o in operands):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Dict) and any(k is not None and is_step_name(k) for k in node.keys):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "by_name":
+            lines.append(node.lineno)
+    return lines
 
 
-def _extended(extra: P.StepDef, before: str) -> tuple:
-    i = [s.name for s in P.PIPELINE].index(before)
-    return (*P.PIPELINE[:i], extra, *P.PIPELINE[i:])
+def test_no_executor_dispatches_on_a_step_name():
+    """The runner, `mass status`, `mass plan` and the Argo compiler read what a step declares; a
+    choice by a step's name in any of them would be an edit that adding a step has to find."""
+    import pathlib
+
+    import mass_jobs
+
+    names = {s.name for s in P.PIPELINE}
+    assert _name_dispatch('if sd.name == "merge": pass\nd = {"search": 1}\nok = kind == "train"\n', names) == [1, 2]
+    root = pathlib.Path(mass_jobs.__file__).parent
+    consumers = ["pipeline.py", "runner.py", "commands/status.py", "commands/plan.py", "commands/validate.py",
+                 "planning/schedule.py", "planning/counts.py", "k8s/argo.py", "k8s/codegen.py", "preflight.py"]
+    found = {rel: _name_dispatch((root / rel).read_text(), names) for rel in consumers}
+    assert {rel: lines for rel, lines in found.items() if lines} == {}
 
 
-def test_a_step_added_to_the_table_appears_in_runner_status_and_templates(monkeypatch, make_store, inner_spec,
-                                                                          tmp_path):
-    """One StepDef, no other edit: the runner plans and runs it, `mass status` lists it, the Argo
-    compiler emits its template and cycle step, and `mass validate --outputs` reports its done flag."""
+def _extended(extra: P.StepDef, before: str, base: tuple = P.PIPELINE) -> tuple:
+    i = [s.name for s in base].index(before)
+    return (*base[:i], extra, *base[i:])
+
+
+def audit_gen_step(ctx, g):
+    return Step(ctx.store, f"{ctx.gen(g)}/audit-gen", {"episodes": ctx.spec.collection.episodes})
+
+
+def count_tasks(ctx, g, task, client):
+    """The core of a test step run in-process: stores what it was handed."""
+    key = f"{ctx.gen(g)}/count/{task}.json"
+    ctx.store.put_json(key, {"task": task, "gen": g, "client": type(client).__name__})
+
+
+def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(monkeypatch, make_store, inner_spec,
+                                                                               tmp_path):
+    """One StepDef, no other edit: the runner plans and runs it (its CLI entry, or its core
+    in-process with the services it declares), `mass status` lists it, `mass plan` schedules it at
+    its cost, the Argo compiler emits its template and cycle step, and `mass validate --outputs`
+    reports its done flag."""
     from mass_jobs.commands.validate import done_outputs
     from mass_jobs.k8s import codegen
-
-    def audit_step(ctx, g):
-        return Step(ctx.store, f"{ctx.gen(g)}/audit-gen", {"episodes": ctx.spec.collection.episodes})
+    from mass_jobs.planning.schedule import DEFAULTS, simulate
 
     extra = P.StepDef("audit-gen", "generation", "mass_jobs.audit:audit_episode", ("audit-gen",),
-                      done=lambda ctx, g, _t: audit_step(ctx, g).done, reads=("collect_episode",), writes=("gen",))
-    monkeypatch.setattr(P, "PIPELINE", _extended(extra, "evaluate"))
+                      done=lambda ctx, g, _t: audit_gen_step(ctx, g).done, reads=("collect_episode",), writes=("gen",),
+                      cost=lambda w: P.Cost(7.0, 3))
+    counting = P.StepDef("count", "task", "tests.test_pipeline:count_tasks", ("count",),
+                         done=lambda ctx, g, t: ctx.store.exists(f"{ctx.gen(g)}/count/{t}.json"),
+                         reads=("collect_episode",), writes=("gen",), model=True, local=("client",))
+    monkeypatch.setattr(P, "PIPELINE", _extended(extra, "evaluate", _extended(counting, "rank")))
+    assert [s.name for s in P.PIPELINE][-4:] == ["merge", "audit-gen", "evaluate", "report"]
     store = make_store("file")
     spec = inner_spec(store, generations=2)
     ctx = RunContext(spec, store)
 
     runner = Runner("spec.yaml", spec, store, work_dir=tmp_path, progress=False)
-    plan = runner.plan()
+    plan = [p.key for p in runner.plan()]
+    assert all(p.step in P.PIPELINE for p in runner.plan())  # the plan holds the steps, not their names
     assert plan.index((0, "audit-gen")) == plan.index((0, "merge")) + 1 == plan.index((0, "evaluate")) - 1
+    assert plan.index((0, "count")) == plan.index((0, "rank")) - 1
     assert (1, "audit-gen") in plan and plan[-1] == (2, "report")
     called = []
     monkeypatch.setattr(runner, "_mass", lambda *argv: called.append(list(argv)))
     assert runner.execute_step(extra, 1) is False  # not stored: its CLI entry runs, as a container would
     assert called == [["audit-gen", "--spec", "spec.yaml", "--gen", "1"]]
+    runner._now = {"label": "", "episodes": 0, "of": None}
+    assert runner.execute_step(counting, 1) is False and called == [called[0]]  # in-process: no subprocess
+    tasks = [t.id for t in spec.train_tasks()]
+    assert [store.get_json(f"{ctx.gen(1)}/count/{t}.json") for t in tasks] == [
+        {"task": t, "gen": 1, "client": "LazyClient"} for t in tasks]  # the lazy client: no server started
+    assert runner.execute_step(counting, 1) is True
 
     rows = {(r["gen"], r["step"]): r["status"] for r in step_status(ctx)}
     assert rows[(0, "audit-gen")] == rows[(1, "audit-gen")] == "pending"
-    audit_step(ctx, 0).finish([])
+    assert (rows[(0, "count")], rows[(1, "count")]) == ("pending", "done")
+    audit_gen_step(ctx, 0).finish([])
     rows = {(r["gen"], r["step"]): r["status"] for r in step_status(ctx)}
     assert (rows[(0, "audit-gen")], rows[(1, "audit-gen")]) == ("done", "pending")
     assert runner.execute_step(extra, 0) is True and len(called) == 1  # stored: skipped
     assert done_outputs(ctx, 0)["done-audit-gen"] == "true" and done_outputs(ctx, 1)["done-audit-gen"] == "false"
+
+    zero = dict(DEFAULTS, episode_s=0.0, call_s=0.0, step_s=0.0, fixed_s=0.0)
+    counts = [{"gen": g, "optimizer_proposals": 0, "teacher_episodes": 0, "ranking_calls": 0, "steps": 0,
+               "rollout_episodes": 0, "judge_calls": 0, "self_judge_calls": 0} for g in range(2)]
+    bars, makespan, serial = simulate(spec, counts, zero, parallelism=4)
+    assert [(b.gen, b.end - b.start) for b in bars if b.step == "audit-gen"] == [(0, 21.0), (1, 21.0)]
+    assert makespan == serial == 42.0  # the added step's cost model is all that costs anything
 
     cycle = load_docs(codegen.argo_files()["argo/mass-cycle.yaml"])[0]
     t = _templates(cycle)
@@ -234,7 +312,7 @@ def test_model_locations_resolve_through_the_specs_s3_endpoint(tiny_model_dir, s
 
     from mass_jobs import modelio
     from mass_jobs.modelio import store_model_dir
-    from mass_jobs.steps.evaluate import local_model_dir
+    from mass_jobs.generation_model import local_model_dir
 
     monkeypatch.setattr(modelio, "DEFAULT_CACHE", tmp_path / "model-cache")  # the base's download cache
     from mass_jobs.store import open_store

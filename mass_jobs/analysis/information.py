@@ -163,7 +163,7 @@ def workflow_information(ctx, embedder=None) -> list[InformationProxy]:
 
     embedder = embedder or make_embedder(ctx.spec.evaluation.embedder)  # the spec's: mass status rebuilds the same
     rows = []
-    train = [t.id for t in ctx.spec.resolved_tasks() if t.split == "train"]
+    train = [t.id for t in ctx.spec.train_tasks()]
     for g in range(ctx.spec.generations + 1):
         keys = {t: ctx.search_state(g, t) for t in train}
         states = {t: ctx.store.get_json(k) for t, k in keys.items() if ctx.store.exists(k)}

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mass_jobs.generation_model import model_uri
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec: a YAML/JSON path or an s3:// URI")
@@ -64,33 +66,9 @@ def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None,
     return issues
 
 
-def model_uri(spec, gen: int, bucket: str, run_prefix: str) -> str:
-    """The storageUri KServe downloads L_gen from: the FP8 export where `serving_precision.for_cluster`
-    says so, else the BF16 model.
-
-    S3 dirs end in '/': KServe lists objects by plain key prefix, so `.../gen-1/model` would also
-    download `.../gen-1/model-fp8/` (kserve python/storage/kserve_storage/kserve_storage.py,
-    Storage._download_s3, v0.20.0). Hub ids become `hf://org/name[:revision]`: KServe's
-    Storage._download_hf splits on exactly one '/' and takes the revision after ':'.
-    """
-    from mass_jobs.context import RunContext
-
-    if gen == 0:
-        base = spec.model.base
-        if base.startswith("s3://"):
-            return base.rstrip("/") + "/"
-        repo, _, revision = base.partition("@")
-        return f"hf://{repo}" + (f":{revision}" if revision else "")
-    from mass_jobs.serving_precision import for_cluster
-
-    ctx = RunContext.template(run_prefix)
-    key = ctx.model_fp8(gen) if for_cluster(spec, gen).weights == "fp8" else ctx.model(gen)
-    return f"s3://{bucket}/{key}/"
-
-
 def argo_outputs(spec, gen: int) -> dict[str, str]:
     """File name -> content of the values a cycle's Argo steps fan out over (ids, counts, URIs)."""
-    train = [t.id for t in spec.resolved_tasks() if t.split == "train"]
+    train = [t.id for t in spec.train_tasks()]
     bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
     run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
     return {
@@ -199,7 +177,7 @@ def main(args) -> int:
             print(f"note: {note}")
         print(summary(spec))
         tasks = spec.resolved_tasks()
-        n_train = sum(t.split == "train" for t in tasks)
+        n_train = len(spec.train_tasks())
         print(f"{args.spec}: valid run spec {spec.name!r}: {len(tasks)} task(s) ({n_train} train, "
               f"{len(tasks) - n_train} test), {spec.generations} generation(s), store {spec.store.uri}")
     return 0

@@ -434,7 +434,7 @@ class _Builder:
         elif sd.pod == "agent":
             self.generation_rollouts(sd)
         else:
-            self.step(sd.name, [*sd.argv(SPEC, GEN), *model], pod=s.merge if sd.name == "merge" else None)
+            self.step(sd.name, [*sd.argv(SPEC, GEN), *model], pod=getattr(s, sd.resources))
 
     def generation_rollouts(self, sd: P.StepDef) -> None:
         """A generation step whose episodes run in agent pods against InferenceServices of the

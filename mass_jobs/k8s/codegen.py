@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mass_jobs.k8s import argo, manifests, pods, serving, training
-from mass_jobs.pipeline import by_name
+from mass_jobs.pipeline import trainer_step
 from mass_jobs.k8s.settings import ClusterSettings, helm_settings
 from mass_jobs.k8s.yamlio import dump_docs, header, helmify
 
@@ -110,6 +110,7 @@ EXAMPLE_S3_PEERS = ({"ipBlock": {"cidr": "198.51.100.0/24"}},)
 
 def _example_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
     labels = serving.example_labels()
+    trainer = trainer_step()
     net = replace(s, api_server_peers=EXAMPLE_API_SERVER_PEERS, s3_peers=EXAMPLE_S3_PEERS)
     return {
         "inferenceservice-base.yaml": (
@@ -122,9 +123,9 @@ def _example_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
             ("PyTorchJob base: the object mass-cycle's train step creates, with example values.",
              ["Master + Workers, container pytorch, torchrun from the operator's PET_* env running mass train.",
               "For reading: mass-cycle creates and deletes it; applying it starts a GPU job."]),
-            [training.pytorch_job(s, training.job_name("demo", "0"),
-                                  by_name("train").argv("s3://mass-jobs/specs/demo.yaml", 0),
-                                  {**labels, "mass-jobs.io/step": "train"}, env=argo.step_env_dicts(s),
+            [training.pytorch_job(s, training.job_name("demo", "0", trainer.name),
+                                  trainer.argv("s3://mass-jobs/specs/demo.yaml", 0),
+                                  {**labels, "mass-jobs.io/step": trainer.name}, env=argo.step_env_dicts(s),
                                   workers=2, nproc="2", gpus="2")]),
         "secret-templates.yaml": (
             (_SECRETS_DOC[0], _SECRETS_DOC[1] + ["Applying this file unedited blanks Secrets of the same names."]),

@@ -19,7 +19,7 @@ SUCCEEDED = "status.replicaStatuses.Master.succeeded > 0"
 FAILED = "status.conditions.1.type == Failed,status.conditions.2.type == Failed,status.replicaStatuses.Master.failed > 0"
 
 
-def job_name(run: str, gen: str, step: str = "train") -> str:
+def job_name(run: str, gen: str, step: str) -> str:
     """One name per run, generation and trainer step: the job a resubmitted run replaces."""
     return f"mass-{run}-g{gen}-{step}"
 

@@ -38,7 +38,7 @@ def generation_counts(spec: RunSpec, g: int) -> dict:
     from mass_jobs.steps.evaluate import baselines, self_evaluators
 
     tasks = spec.resolved_tasks()
-    n_train = sum(1 for t in tasks if t.split == "train")
+    n_train = len(spec.train_tasks())
     n_all = len(tasks)
     k, e = spec.search.iterations, spec.collection.episodes
     rk = spec.ranking
@@ -77,7 +77,7 @@ def stored_counts(ctx, g: int) -> dict:
     import json
 
     store, spec = ctx.store, ctx.spec
-    train = [t.id for t in spec.resolved_tasks() if t.split == "train"]
+    train = [t.id for t in spec.train_tasks()]
     out = {k: 0 for k in (*EXACT, "search_rollouts", "sft_windows_max", "processed_tokens_max")}
     out["gen"], out["all_ranked"] = g, True
     for t in train:

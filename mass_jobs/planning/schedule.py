@@ -16,7 +16,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from mass_jobs.pipeline import steps
+from mass_jobs.pipeline import Work, steps
 
 DEFAULTS = {"episode_s": 600.0, "call_s": 20.0, "step_s": 30.0, "fixed_s": 60.0}
 
@@ -50,39 +50,26 @@ def stored_timings(ctx) -> dict:
     return out
 
 
-def _work(name: str, c: dict, per_task: dict, t: dict, n_train: int) -> tuple[float, float]:
-    """(seconds one unit takes, units): episodes, calls and steps of one step of one generation."""
-    ep, call = t["episode_s"], t["call_s"]
-    if name == "search":
-        k = c["optimizer_proposals"] // max(n_train, 1)
-        return (k + 2) * ep + (2 * k + 1) * call, n_train
-    if name == "collect":
-        return ep, c["teacher_episodes"]
-    if name == "rank":
-        return per_task["ranking_calls"] * call, n_train
-    if name == "train":
-        return c["steps"] * t["step_s"], 1
-    if name == "evaluate":
-        return ep, c["rollout_episodes"]  # plus the panel's calls, added by the caller
-    return t["fixed_s"], (n_train if name == "guard" else 1)
-
-
 def simulate(spec, counts: list[dict], timings: dict, parallelism: int) -> tuple[list[Bar], float, float]:
-    """(bars of the DAG schedule, its makespan, the one-after-another time) in seconds."""
-    n_train = sum(1 for t in spec.resolved_tasks() if t.split == "train")
+    """(bars of the DAG schedule, its makespan, the one-after-another time) in seconds.
+
+    Each step's cost model (`StepDef.work`) gives its units; how they overlap follows from how the
+    workflow runs it: an episode fan-out fills `parallelism` slots, a generation's agent rollouts
+    (and the judge calls after them) run `parallelism` at once, a per-task step runs its tasks
+    side by side, any other step is one unit."""
+    n_train = len(spec.train_tasks())
     bars, now, serial = [], 0.0, 0.0
     for c in counts:
         g = c["gen"]
-        per_task = {"ranking_calls": c["ranking_calls"] // max(n_train, 1)}
         for sd in steps():
             if sd.scope == "run":
                 continue
-            unit, units = _work(sd.name, c, per_task, timings, n_train)
-            if sd.name == "evaluate":
-                calls = c["judge_calls"] + c["self_judge_calls"]
-                dur = math.ceil(units / parallelism) * unit + math.ceil(calls / parallelism) * timings["call_s"]
-                serial += units * unit + calls * timings["call_s"]
-                bars.append(Bar(g, sd.name, "evaluate", now, now + dur))
+            cost = sd.work(Work(c, timings, n_train))
+            unit, units = cost.unit_s, cost.units
+            if sd.scope == "generation" and sd.pod == "agent":
+                dur = math.ceil(units / parallelism) * unit + math.ceil(cost.calls / parallelism) * timings["call_s"]
+                serial += units * unit + cost.calls * timings["call_s"]
+                bars.append(Bar(g, sd.name, sd.name, now, now + dur))
             elif sd.scope == "episode":
                 slots = [now] * min(parallelism, max(units, 1))
                 for i in range(units):
@@ -96,14 +83,15 @@ def simulate(spec, counts: list[dict], timings: dict, parallelism: int) -> tuple
                     bars.append(Bar(g, sd.name, f"{sd.name} task {i}", now, now + unit))
                 dur, serial = unit, serial + units * unit
             else:
-                bars.append(Bar(g, sd.name, sd.name, now, now + unit))
-                dur, serial = unit, serial + unit
+                bars.append(Bar(g, sd.name, sd.name, now, now + unit * units))
+                dur, serial = unit * units, serial + unit * units
             now += dur
     for sd in steps():
         if sd.scope == "run":
-            bars.append(Bar(len(counts), sd.name, sd.name, now, now + timings["fixed_s"]))
-            now += timings["fixed_s"]
-            serial += timings["fixed_s"]
+            unit = sd.work(Work({}, timings, n_train)).unit_s
+            bars.append(Bar(len(counts), sd.name, sd.name, now, now + unit))
+            now += unit
+            serial += unit
     return bars, now, serial
 
 

@@ -846,7 +846,7 @@ def sft_step(ctx, gen: int):
     from mass_jobs.store import Step
 
     comp = composition_of(ctx.spec.sft)
-    ranked = [t for t in ctx.spec.resolved_tasks() if t.split == "train" and ctx.store.exists(ctx.rank(gen, t.id))]
+    ranked = [t for t in ctx.spec.train_tasks() if ctx.store.exists(ctx.rank(gen, t.id))]
     ranks = {t.id: ctx.store.get_json(ctx.rank(gen, t.id)) for t in ranked}
     tasks = [t for t in ranked if not ranks[t.id].get("skipped")]
     split_ids = {t.id: {s: _episode_ids(ranks[t.id], s, ctx.rank(gen, t.id)) for s in ("train", "val")} for t in tasks}
