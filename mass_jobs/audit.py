@@ -12,9 +12,10 @@ Per episode:
     distinct words (the same or a narrowed assignment);
   * rewrite: one worker wrote the same file more than once (each extra write counts one).
 
-Threads (one agent conversation each) come from the `agent` field the harness headers put in each
-record; within one agent id, and for harnesses that send no headers (qwen-code), a record continues
-the thread whose last request messages are a prefix of its own. Without headers a thread whose first
+Threads (one agent conversation each) are `mass_jobs.threads.group_calls`'s, the grouping the
+render step trains on: by the `agent` field the harness headers put in each record, and for
+harnesses that send no headers (qwen-code) by which conversation a request extends. Without
+headers a thread whose first
 user message carries a delegated assignment is a worker, a thread offered the harness's delegation
 tool (`mass_jobs.harness.delegation`, the table the render step uses too) is the orchestrator, and
 any other thread (side calls of a harness) is auxiliary. The harness comes from the episode's
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from mass_jobs.harness.delegation import ANY_DELEGATION_TOOL, can_delegate, delegation_tools
+from mass_jobs.threads import group_calls, text_of
 
 DELEGATE_TOOLS = ANY_DELEGATION_TOOL  # every harness's delegation tool (a trace without its harness)
 WRITE_TOOLS = frozenset({"write_file", "edit", "replace"})
@@ -106,27 +108,6 @@ def load_trace(path: Path) -> list[dict]:
     return sorted(records, key=lambda r: r.get("seq", 0))
 
 
-def text_of(content: Any) -> str:
-    """Message content as text: strings as-is, OpenAI content parts joined."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    return json.dumps(content, sort_keys=True)
-
-
-def _message_key(m: dict) -> str:
-    # Compare what a harness resends, not how it serialises it (content parts vs strings, extra keys).
-    calls = [((c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")) for c in m.get("tool_calls") or []]
-    return json.dumps([m.get("role"), text_of(m.get("content")), m.get("tool_call_id"), calls])
-
-
-def _keys(record: dict) -> list[str]:
-    return [_message_key(m) for m in ((record.get("request") or {}).get("messages") or []) if isinstance(m, dict)]
-
-
 def is_error_result(text: str) -> bool:
     if ERROR_START.match(text):
         return True
@@ -141,25 +122,10 @@ def is_error_result(text: str) -> bool:
 
 
 def split_threads(records: list[dict], harness: str | None = None) -> list[Thread]:
-    threads: list[Thread] = []
-    last_keys: list[list[str]] = []
-    for rec in records:
-        agent = rec.get("agent") or {}
-        agent_id = agent.get("id")
-        keys = _keys(rec)
-        best, best_len = None, -1
-        for i, t in enumerate(threads):
-            prev = last_keys[i]
-            if t.agent_id != agent_id or len(prev) >= len(keys) or keys[: len(prev)] != prev:
-                continue
-            if len(prev) >= best_len:  # the longest prefix; among equals the most recent thread
-                best, best_len = i, len(prev)
-        if best is None:
-            threads.append(Thread(id="", role=agent.get("role") or "", agent_id=agent_id, records=[rec]))
-            last_keys.append(keys)
-        else:
-            threads[best].records.append(rec)
-            last_keys[best] = keys
+    """The trace's conversations (`threads.group_calls`, the grouping the render step trains on),
+    named and given their roles."""
+    threads = [Thread(id="", role=(c.agent or {}).get("role") or "", agent_id=c.agent_id, records=c.calls)
+               for c in group_calls(records)]
     _name_threads(threads, harness)
     return threads
 

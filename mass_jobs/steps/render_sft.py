@@ -35,11 +35,11 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from mass_jobs.errors import StepFailed
 from mass_jobs.harness.delegation import can_delegate
 from mass_jobs.models import SftSpec
+from mass_jobs.threads import group_calls, normal_message, same_turn, text_of
 from mass_jobs.workflow import SEPARATOR
 
 HEADER_SHARE = 0.9  # upstream refuses a thread whose header takes more of the window than this
@@ -73,11 +73,12 @@ class EpisodeTrace:
 
 @dataclass
 class Thread:
-    """One agent conversation rebuilt from consecutive calls that extend each other."""
+    """One agent conversation (`threads.group_calls`) with its final messages and role."""
 
     agent: dict | None
     tools: list | None
     calls: list[dict] = field(default_factory=list)
+    requests: list[list[dict]] = field(default_factory=list)  # each call's request messages, normalised
     role: str = ""
     messages: list[dict] = field(default_factory=list)
     dropped_length_cut: bool = False
@@ -113,109 +114,33 @@ class Window:
 # ---------------------------------------------------------------- threads
 
 
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return str(content)
-
-
-def _arguments(raw: Any) -> Any:
-    """Chat templates serialise arguments themselves, so hand them a parsed object when we can."""
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError:
-            return raw
-    return raw
-
-
-def _normal_message(m: dict) -> dict:
-    out: dict[str, Any] = {"role": m.get("role"), "content": _content_text(m.get("content"))}
-    if m.get("reasoning_content"):
-        out["reasoning_content"] = _content_text(m["reasoning_content"])
-    if m.get("tool_calls"):
-        out["tool_calls"] = [
-            {
-                "id": tc.get("id"),
-                "type": "function",
-                "function": {
-                    "name": (tc.get("function") or {}).get("name"),
-                    "arguments": _arguments((tc.get("function") or {}).get("arguments")),
-                },
-            }
-            for tc in m["tool_calls"]
-        ]
-    for key in ("tool_call_id", "name"):
-        if m.get(key) is not None:
-            out[key] = m[key]
-    return out
-
-
-def _same_turn(a: dict, b: dict) -> bool:
-    """Equality of two messages up to reasoning (harnesses often drop reasoning from history)."""
-    strip = ("reasoning_content",)
-    return {k: v for k, v in a.items() if k not in strip} == {k: v for k, v in b.items() if k not in strip}
-
-
-def _extends(prev: list[dict], new: list[dict]) -> bool:
-    return len(new) >= len(prev) and all(_same_turn(p, n) for p, n in zip(prev, new))
-
-
 def rebuild_threads(records: list[dict], harness: str | None = None, keep_length_cut: bool = False) -> list[Thread]:
-    """Group calls into conversations; a call that does not extend its predecessor starts a new one.
-
-    With the trace's `agent` field, only the same agent's latest thread can be extended; without
-    it, any earlier thread whose messages the call extends (latest first).
-    """
-    threads: list[Thread] = []
-    for rec in sorted(records, key=lambda r: r.get("seq", 0)):
-        req = rec.get("request") or {}
-        msgs = [_normal_message(m) for m in req.get("messages") or []]
-        if not msgs:
-            continue
-        agent = rec.get("agent") or None
-        agent_id = agent.get("id") if agent else None
-        tools = req.get("tools") or None
-        target = None
-        for t in reversed(threads):
-            t_id = t.agent.get("id") if t.agent else None
-            if t_id != agent_id or t.tools != tools:
-                continue
-            if _extends(t.calls[-1]["_messages"], msgs):
-                target = t
-            if agent_id is not None or target is not None:
-                break  # a known agent only continues its latest conversation
-        if target is None:
-            target = Thread(agent=agent, tools=tools)
-            threads.append(target)
-        target.calls.append({**rec, "_messages": msgs})
-    for t in threads:
+    """The trace's conversations (`threads.group_calls`, the grouping the audit measures), each with
+    its final messages and role."""
+    out = [Thread(agent=c.agent, tools=c.tools, calls=c.calls, requests=c.messages) for c in group_calls(records)]
+    for t in out:
         t.messages = _final_messages(t, keep_length_cut)
         t.role = classify(t, harness)
-    return threads
+    return out
 
 
 def _final_messages(t: Thread, keep_length_cut: bool = False) -> list[dict]:
     last = t.calls[-1]
-    msgs = [dict(m) for m in last["_messages"]]
+    msgs = [dict(m) for m in t.requests[-1]]
     # History copies of earlier replies may lack reasoning; the recorded responses have it.
-    for call in t.calls[:-1]:
+    for call, request in zip(t.calls[:-1], t.requests[:-1]):
         resp = (call.get("response") or {}).get("message")
-        idx = len(call["_messages"])
+        idx = len(request)
         if resp and idx < len(msgs) and msgs[idx]["role"] == "assistant":
-            full = _normal_message({**resp, "role": "assistant"})
-            if _same_turn(full, msgs[idx]):
+            full = normal_message({**resp, "role": "assistant"})
+            if same_turn(full, msgs[idx]):
                 msgs[idx] = full
     resp = last.get("response") or {}
     if resp.get("message") and not last.get("error"):
         if resp.get("finish_reason") == "length" and not keep_length_cut:
             t.dropped_length_cut = True  # a reply cut mid-way teaches the model to stop mid-thought
         else:
-            msgs.append(_normal_message({**resp["message"], "role": "assistant"}))
+            msgs.append(normal_message({**resp["message"], "role": "assistant"}))
     return msgs
 
 
@@ -813,7 +738,7 @@ def teacher_prompt_from_trace(records: list[dict], harness: str | None = None) -
     for r in lead[:1]:
         users = [m for m in (r.get("request") or {}).get("messages") or [] if m.get("role") == "user"]
         if users:
-            return _content_text(users[-1].get("content"))
+            return text_of(users[-1].get("content"))
     return None
 
 
