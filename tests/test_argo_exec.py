@@ -999,6 +999,9 @@ def test_agent_pod_exit_1_is_retried_then_an_infra_error_episode(cluster):
     store, run = run_store(doc), doc["name"]
     for r in lost:
         assert store.get_json(f"{run}/{r}/status.json")["outcome"] == "infra_error", r
+    # one agent-pod protocol: collect, search and evaluate record a lost pod alike (harness included)
+    statuses = [store.get_json(f"{run}/{r}/status.json") for r in lost]
+    assert all(st == statuses[0] for st in statuses) and statuses[0]["harness"] == doc.get("execution", {}).get("harness", "builtin")
     assert store.get_json(f"{run}/gen-0/search/primes/state.json")["reference_outcome"] == "infra_error"
     summary = store.get_json(f"{run}/gen-0/collect/fib/summary.json")
     outcomes = {e["id"]: e["outcome"] for e in summary["episodes"]}

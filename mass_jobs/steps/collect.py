@@ -32,7 +32,7 @@ from typing import Any
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.steps.guard import hash_protected
-from mass_jobs.steps.rollouts import lost_agent_status
+from mass_jobs.steps.rollouts import RolloutError, agent_result
 from mass_jobs.steps.search import Execute, derived_seed
 from mass_jobs.steps.search_state import SearchState
 from mass_jobs.workflow import teacher_directive, teacher_prompt_parts
@@ -169,38 +169,21 @@ class Collection:
     def ingest(self, i: int, agent_failed: bool = False) -> dict:
         """Promote the agent pod's output; with `agent_failed` (Argo: the agent step's phase was
         Failed or Error, its retries spent) a missing output is recorded as an infra_error episode."""
-        from mass_jobs.harness import validate_status
-
         step = self.step(i)
         p = self.prefix(i)
         if step.done:
             return self.store.get_json(self.file(i, "status.json"))
-        out = {n: self.ctx.episode_output(self.gen, self.task.id, i, n) for n in ("workspace.tar.gz", "trace.jsonl", "status.json")}
-        if not self.store.exists(self.file(i, "protected.json")) or not self.store.exists(
-                self.ctx.episode_input(self.gen, self.task.id, i, "workspace.tar.gz")):
+        if not self.store.exists(self.file(i, "protected.json")):
             raise CollectError(f"episode {p}: cannot ingest, not prepared (run --phase prepare, then the agent pod)")
-        if self.store.exists(out["status.json"]):
-            missing = [n for n, k in out.items() if not self.store.exists(k)]
-            if missing:
-                raise CollectError(f"episode {p}: cannot ingest, the agent pod's output lacks {missing}")
-            status = self.store.get_json(out["status.json"])
-            validate_status(status)
-            blobs = {n: self.store.get_bytes(k) for n, k in out.items()}
-        elif not agent_failed:
-            raise CollectError(f"episode {p}: cannot ingest, the agent pod's output is missing "
-                               f"(run the agent pod after --phase prepare)")
-        else:  # the pod failed or was killed before writing a status (retries spent): infra_error
-            status = lost_agent_status(self.ctx.spec.execution.harness)
-            validate_status(status)
-            blobs = {"workspace.tar.gz": self.store.get_bytes(self.ctx.episode_input(self.gen, self.task.id, i, "workspace.tar.gz")),
-                     "trace.jsonl": b"", "status.json": None}
+        try:  # the one agent-pod protocol: search, guard and evaluate read their pods' output the same way
+            status, blobs, _ = agent_result(self.ctx, p, agent_failed)
+        except RolloutError as e:
+            raise CollectError(str(e).replace(f"rollout {p}", f"episode {p}")) from None
         step.start()
         self.store.put_json(self.file(i, "episode.json"), self.episode_doc(i))
         for name, blob in blobs.items():
-            if name == "status.json":
-                self.store.put_json(self.file(i, name), status)
-            else:
-                self.store.put_bytes(self.file(i, name), blob)
+            self.store.put_bytes(self.file(i, name), blob)
+        self.store.put_json(self.file(i, "status.json"), status)
         step.finish([self.file(i, n) for n in EPISODE_FILES], extra={"outcome": status.get("outcome")})
         return status
 
