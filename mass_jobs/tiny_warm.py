@@ -195,7 +195,7 @@ def warm_corpus(seed: int, per_kind: int = CONVERSATIONS_PER_KIND) -> list[tuple
 
 def encode(tokenizer, corpus) -> list[tuple[list[int], list[int]]]:
     """(input ids, labels) per conversation: the template's assistant tokens carry the loss."""
-    from mass_jobs.steps.render_sft import IGNORE, tokenize_conversation
+    from mass_jobs.steps.sft_tokens import IGNORE, tokenize_conversation
 
     examples = []
     for messages, tools in corpus:
@@ -217,7 +217,7 @@ def warm_up(model, tokenizer, seed: int = 0, steps: int = WARM_STEPS, lr: float 
     import torch.nn.functional as F
 
     from mass_jobs.models import OptimizerSpec
-    from mass_jobs.steps.render_sft import IGNORE
+    from mass_jobs.steps.sft_tokens import IGNORE
     from mass_jobs.training.schedule import lr_at
 
     examples = encode(tokenizer, warm_corpus(seed))

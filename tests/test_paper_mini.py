@@ -122,7 +122,7 @@ def run_locally(doc: dict, tmp_path: Path, env: dict | None = None) -> None:
 
 def window_texts(store, ctx, gen: int, tokenizer) -> list[tuple[str, str, str]]:
     """(role, decoded text, decoded supervised text) of every stored window of generation `gen`."""
-    from mass_jobs.steps.render_sft import IGNORE
+    from mass_jobs.steps.sft_tokens import IGNORE
 
     out = []
     for split in ("train", "val"):

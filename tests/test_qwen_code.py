@@ -124,7 +124,8 @@ def test_real_qwen_code_episode_renders_with_the_main_session_as_orchestrator(sc
     from transformers import AutoTokenizer
 
     from mass_jobs.models import SftSpec
-    from mass_jobs.steps.render_sft import IGNORE, EpisodeTrace, rebuild_threads, render_windows
+    from mass_jobs.steps.render_sft import EpisodeTrace, rebuild_threads, render_windows
+    from mass_jobs.steps.sft_tokens import IGNORE
     from tests.fixtures.chat_templates import QWEN3_THINKING, upstream_segment_masks
 
     ws = tmp_path / "ws"
@@ -219,7 +220,7 @@ HARNESS_TEXT = ("Got it. Thanks for the context!",)  # qwen-code's canned replie
 def boilerplate_draw_share(windows, tok) -> float:
     """The share of the sampler's draws (orchestrator windows 1/3, the rest 2/3, uniform within;
     mass_jobs.sampler) that land on a window whose supervised text is only harness text."""
-    from mass_jobs.steps.render_sft import IGNORE
+    from mass_jobs.steps.sft_tokens import IGNORE
 
     def only_harness(w) -> bool:
         text = tok.decode([x for x in w.labels if x != IGNORE])

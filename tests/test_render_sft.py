@@ -10,18 +10,15 @@ import pytest
 from transformers import AutoTokenizer
 
 from mass_jobs.models import SftSpec
-from mass_jobs.steps.render_sft import (
+from mass_jobs.steps.render_sft import EpisodeTrace, rebuild_threads, render_windows, teacher_prompt_from_trace
+from mass_jobs.steps.sft_tokens import (
     IGNORE,
     MASK_BY_INCREMENTS,
     MASK_BY_MARKERS,
-    EpisodeTrace,
     RenderError,
     cut_windows,
     mask_method,
-    rebuild_threads,
     render_segments,
-    render_windows,
-    teacher_prompt_from_trace,
     tokenize_conversation,
     turn_opener,
 )

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from mass_jobs import bench
-from mass_jobs.steps.render_sft import IGNORE
+from mass_jobs.steps.sft_tokens import IGNORE
 
 
 def test_windows_are_masked_harness_conversations_of_every_role():

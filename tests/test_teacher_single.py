@@ -80,7 +80,7 @@ def test_single_agent_windows_are_all_non_orchestrator_and_stripped(collected, t
     windows, stats = render_windows(episodes, tok, sft)
     assert len(windows) >= EPISODES and {w.role for w in windows} == {"worker"}
     assert stats["episodes_dropped"] == [] and stats["episode_errors"] == []
-    from mass_jobs.steps.render_sft import mask_method, turn_opener
+    from mass_jobs.steps.sft_tokens import mask_method, turn_opener
 
     rendered = render_episode(episodes[0], tok, sft, mask_method(tok), turn_opener(tok))
     assert rendered.threads_by_role["worker"] == 1 and rendered.threads_by_role["orchestrator"] == 0

@@ -18,7 +18,7 @@ Used by `mass train`; no command of its own.
 
 from __future__ import annotations
 
-from mass_jobs.steps.render_sft import IGNORE
+from mass_jobs.steps.sft_tokens import IGNORE
 
 
 def split_head(model):
