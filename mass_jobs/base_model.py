@@ -80,7 +80,7 @@ def templated_model_dir(base: Path, template: str, cache_root: Path | None = Non
 def base_model_dir(ctx, cache_root: Path | None = None) -> Path:
     """Generation 0's local model directory, with the spec's chat template applied when it has one."""
     from mass_jobs.modelio import resolve_model
-    from mass_jobs.spec import read_template
+    from mass_jobs.spec_locations import read_template
 
     base = resolve_model(ctx.spec.model.base, store_options=ctx.store_options())
     if ctx.spec.model.chat_template:

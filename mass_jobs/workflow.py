@@ -120,7 +120,8 @@ def validate_workflow(obj: Any, where: str = "workflow") -> Workflow:
 
     Same schema and error wording as the spec loader (`$.<where>.agents[0].id: expected ...`).
     """
-    from mass_jobs.spec import schema_issues, workflow_issues
+    from mass_jobs.spec_issues import schema_issues
+    from mass_jobs.spec_rules import workflow_issues
 
     issues = schema_issues("workflow", obj, [where])
     if issues:

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from mass_jobs.cli import main as cli_main
-from mass_jobs.spec import SpecError, generated_schema, load_spec, validate_document
+from mass_jobs.spec import SpecError, load_spec, validate_document
+from mass_jobs.spec_issues import generated_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 INVALID = sorted((ROOT / "tests/specs/invalid").glob("*.yaml"))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from mass_jobs.spec import absolute_paths, load_spec, store_in_folder, validate_document
+from mass_jobs.spec_locations import absolute_paths, store_in_folder
+from mass_jobs.spec import load_spec, validate_document
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,8 @@ def main(args) -> int:
 
     from mass_jobs.commands.common import open_run
     from mass_jobs.commands.run import run_reporting_failures
-    from mass_jobs.spec import absolute_paths, parse_document
+    from mass_jobs.spec_locations import absolute_paths
+    from mass_jobs.spec_bounds import parse_document
 
     spec_path = Path(args.spec)
     if spec_path.is_file():  # build before validating: a missing model dir is an error there

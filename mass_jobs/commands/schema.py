@@ -13,7 +13,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.spec import write_schemas
+    from mass_jobs.spec_issues import write_schemas
 
     for path in write_schemas(Path(args.write)):
         print(path)

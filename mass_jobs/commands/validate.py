@@ -169,7 +169,7 @@ def main(args) -> int:
         if issues:
             raise SpecError(args.spec, issues)
     if not args.quiet:
-        from mass_jobs.spec import model_location_notes
+        from mass_jobs.spec_locations import model_location_notes
 
         from mass_jobs.serving_precision import summary
 
