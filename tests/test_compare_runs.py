@@ -99,7 +99,8 @@ def test_two_presets_side_by_side_in_one_report(tmp_path):
         assert row in md, row
     # each run's own report says its composition, how its checkpoint was chosen and its token totals
     from mass_jobs.commands.common import open_run
-    from mass_jobs.steps.report import build_report, render_markdown
+    from mass_jobs.steps.report import build_report
+    from mass_jobs.steps.report_render import render_markdown
 
     doc = build_report(open_run(str(s)))
     assert doc["composition"] == {"preset": "S+", "teacher": "team", "window_roles": ["worker", "auxiliary"],

@@ -426,7 +426,8 @@ def test_render_step_over_the_store(tokenizer, tmp_path):
         (3, "no orchestrator thread carries the teach")]
     assert stats["train"]["strict"] is True and stats["val"]["episode_errors"] == []
     # the report counts them per generation
-    from mass_jobs.steps.report import build_report, render_markdown
+    from mass_jobs.steps.report import build_report
+    from mass_jobs.steps.report_render import render_markdown
 
     doc = build_report(ctx)
     assert doc["sft"] == [{"generation": 0, "episodes": 4, "episode_errors": 1, "episodes_dropped": 1,

@@ -12,6 +12,8 @@ import pytest
 from mass_jobs.context import RunContext
 from mass_jobs.spec import validate_document
 from mass_jobs.steps import report as rp
+from mass_jobs.steps import report_document as rd
+from mass_jobs.steps import report_render as rr
 from mass_jobs.store import FileStore, read_manifest
 
 RUN = "rep"
@@ -142,7 +144,7 @@ def test_report_files_schema_and_rebuild(built):
     doc = rp.write_report(built)
     files = store.list(f"{RUN}/report/")
     assert sorted(k.rsplit("/", 1)[1] for k in files) == sorted(doc["files"] + ["_manifest.json"])
-    for png in rp.PLOTS:
+    for png in rr.PLOTS:
         assert store.get_bytes(f"{RUN}/report/{png}")[:8] == b"\x89PNG\r\n\x1a\n"
     md = store.get_bytes(f"{RUN}/report/report.md").decode()
     assert "| L1 vs L0 | train | 3 | 1 | 1 | 1 | 75.0% |" in md and "missing fib.py" in md
@@ -154,13 +156,13 @@ def test_report_files_schema_and_rebuild(built):
 
 
 def test_schema_file_is_generated_and_rejects_unknown_keys(built):
-    assert json.loads(rp.SCHEMA_PATH.read_text()) == rp.report_schema()
+    assert json.loads(rd.SCHEMA_PATH.read_text()) == rd.report_schema()
     doc = rp.build_report(built)
-    rp.validate_report(doc)
+    rd.validate_report(doc)
     with pytest.raises(ValueError, match="win_sharee"):
-        rp.validate_report({**doc, "win_sharee": []})
+        rd.validate_report({**doc, "win_sharee": []})
     with pytest.raises(ValueError, match=r"\$\.win_share\.0\.wins"):
-        rp.validate_report({**doc, "win_share": [{**doc["win_share"][0], "wins": "3"}]})
+        rd.validate_report({**doc, "win_share": [{**doc["win_share"][0], "wins": "3"}]})
 
 
 def test_empty_store_still_reports(tmp_path):
@@ -231,8 +233,8 @@ def test_every_plot_says_its_n(biased, built):
     # win share points: (train, test) decisive verdicts of each comparison, read from the figure itself
     for ctx, n_win, n_audit in ((biased, ["n=4", "n=8"], "n=6"), (built, ["n=1", "n=2", "n=2", "n=4"], "n=2")):
         doc = rp.build_report(ctx)
-        figs = dict(rp.figures(doc))
-        assert set(figs) == set(rp.PLOTS)
+        figs = dict(rr.figures(doc))
+        assert set(figs) == set(rr.PLOTS)
         assert sorted(t.get_text() for t in figs["win_share.png"].axes[0].texts) == n_win
         texts = {name: figure_texts(fig) for name, fig in figs.items()}
         assert "n = decisive verdicts per point" in texts["win_share.png"]
@@ -241,7 +243,7 @@ def test_every_plot_says_its_n(biased, built):
         assert "n episodes" in texts["tokens.png"] and "train tasks per generation" in texts["search.png"]
         for fig in figs.values():
             plt.close(fig)
-    figs = {name: figure_texts(fig) for name, fig in rp.figures(rp.build_report(built))}
+    figs = {name: figure_texts(fig) for name, fig in rr.figures(rp.build_report(built))}
     assert "n = 2 train tasks" in figs["search.png"] and "L0 (n=2 tasks)" in figs["search.png"]
     assert "L0 -> L1\nn = 4 steps, 2 val points, 400 tokens" in figs["loss.png"]
     assert "L0\nn=2" in figs["audit.png"] and "1/2" in figs["audit.png"] and "2/2" in figs["audit.png"]
@@ -259,11 +261,11 @@ def test_episodes_are_counted_by_outcome_per_generation_and_stage(built):
         store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json", {**base, "outcome": outcome})
     store.put_json(f"{built.collect_root(0)}/a/ep-9/input/status.json", {**base, "outcome": "success"})  # a pod's copy
     doc = rp.build_report(built)
-    rp.validate_report(doc)
+    rd.validate_report(doc)
     [collect] = [x for x in doc["outcomes"] if (x["generation"], x["stage"]) == (0, "collect")]
     assert collect["episodes"] == 4 and collect["by_outcome"] == {
         "success": 1, "failed": 0, "turn_limit": 2, "loop_detected": 0, "timeout": 0, "infra_error": 1}
-    md = rp.render_markdown(doc)
+    md = rr.render_markdown(doc)
     assert "| generation | stage | episodes | success | turn_limit | infra_error |" in md
     assert "| L0 | collect | 4 | 1 | 2 | 1 |" in md
 
@@ -284,11 +286,11 @@ def test_episodes_are_counted_by_the_cap_that_ended_them(built):
     for i, (outcome, reason) in enumerate(ended):
         store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json", {**base, "outcome": outcome, "reason": reason})
     doc = rp.build_report(built)
-    rp.validate_report(doc)
+    rd.validate_report(doc)
     [collect] = [x for x in doc["outcomes"] if (x["generation"], x["stage"]) == (0, "collect")]
     assert collect["by_cap"] == {"turns_per_agent": 1, "tool_calls": 2, "wall_s": 1, "loop_repeats": 1}
     assert list(collect["by_cap"]) == list(CAPS)
-    md = rp.render_markdown(doc)
+    md = rr.render_markdown(doc)
     assert "| generation | stage | turns_per_agent | tool_calls | wall_s | loop_repeats |" in md
     assert "| L0 | collect | 1 | 2 | 1 | 1 |" in md
     # the qwen-code harness's own tool-call cap words its reason so
