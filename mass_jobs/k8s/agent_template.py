@@ -1,0 +1,111 @@
+"""The agent-episode template: the one sandboxed pod every agent rollout runs in (search, collect,
+guard checks, evaluate, panel selection), with its sidecars, artifacts and limits."""
+
+from __future__ import annotations
+
+from hera.workflows import Container
+from hera.workflows import models as m
+
+from mass_jobs.k8s import labels as L
+from mass_jobs.k8s import manifests as K
+from mass_jobs.k8s import pods
+from mass_jobs.k8s.argo_vocab import (
+    AGENT_RETRY, AGENT_TEMPLATE, EPISODE_KEYS, GEN, QWEN_DIR, QWEN_SOCKET, ROLLOUT, SANDBOX_DIR, SANDBOX_SOCKET,
+    SPEC, TASK, container_security, input_params, no_archive,
+)
+from mass_jobs.k8s.settings import ClusterSettings
+
+
+def agent_container(s: ClusterSettings) -> Container:
+    """The sandboxed agent pod of every episode (search, collect, evaluate): inputs/outputs as
+    Argo S3 artifacts under the rollout's dir, no store credentials, no token, egress limited
+    by the `mass-agent-egress` NetworkPolicy (it selects the agent step label).
+
+    Three uids: the main container (`mass episode --sandbox --qwen`) holds the recording proxy
+    and writes /out; the `sandbox` sidecar (`mass sandbox-serve`, SANDBOX_UID) owns the
+    workspace and runs every tool and shell command; the `qwen` sidecar (QWEN_UID) runs
+    qwen-code on the same workspace volume, its shell commands forwarded to the sandbox. They
+    share Unix sockets' emptyDirs and the loopback, nothing else: no code the model wrote can
+    reach /out, qwen-code's environment (the proxy's token) or its pipes, and the proxy serves
+    only the harness's and qwen-code's uids (see mass_jobs/sandbox_service.py). Argo stops the
+    sidecars when the main container exits.
+
+    Every artifact is `archive: none`: Argo's executor would otherwise untar a .tar.gz input
+    and rename its single top-level entry onto the path, and tar an output directory under
+    its own base name (argo-workflows workflow/executor/executor.go, loadArtifacts and
+    stageArchiveFile, v4.1.2); `mass episode` unpacks and packs the store's own archive format.
+    Outputs are optional: a pod killed at its deadline leaves none, ingest records that."""
+    k = EPISODE_KEYS
+    rollout = k.under_run(ROLLOUT)
+
+    def key(where, name):
+        return m.S3Artifact(key=where(rollout, name))
+
+    sandbox = m.UserContainer(
+        name="sandbox",
+        image=s.images.sandbox,
+        image_pull_policy=s.images.pull_policy,
+        command=["mass"],
+        args=["sandbox-serve", "--socket", SANDBOX_SOCKET, "--workspace", "/workspace/ws"],
+        env=[m.EnvVar(name="HOME", value="/tmp")],
+        working_dir="/tmp",
+        resources=m.ResourceRequirements(**pods.resources(s.agent, s)),
+        security_context=m.SecurityContext(**container_security(pods.sandbox_security_context())),
+        volume_mounts=[m.VolumeMount(name="sandbox-tmp", mount_path="/tmp"),
+                       m.VolumeMount(name="workspace", mount_path="/workspace"),
+                       m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR)],
+    )
+    qwen = m.UserContainer(
+        name="qwen",
+        image=s.images.sandbox,
+        image_pull_policy=s.images.pull_policy,
+        command=["mass"],
+        args=["sandbox-serve", "--socket", QWEN_SOCKET, "--workspace", "/workspace/ws", "--qwen-only",
+              "--shell-socket", SANDBOX_SOCKET],
+        env=[m.EnvVar(name="HOME", value="/tmp"),
+             # qwen-code is on the sandbox image's PATH; name it so the harness never guesses.
+             m.EnvVar(name="MASS_QWEN_BIN", value="/usr/local/bin/qwen")],
+        working_dir="/tmp",
+        resources=m.ResourceRequirements(**pods.resources(s.agent, s)),
+        security_context=m.SecurityContext(**container_security(pods.qwen_security_context())),
+        volume_mounts=[m.VolumeMount(name="qwen-tmp", mount_path="/tmp"),
+                       m.VolumeMount(name="workspace", mount_path="/workspace"),
+                       m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR),
+                       m.VolumeMount(name="qwen", mount_path=QWEN_DIR)],
+    )
+    return Container(
+        name=AGENT_TEMPLATE,
+        image=s.images.sandbox,
+        command=["mass"],
+        args=["episode", "--in", "/in", "--out", "/out", "--sandbox", SANDBOX_SOCKET, "--qwen", QWEN_SOCKET,
+              "--qwen-uid", str(pods.QWEN_UID)],
+        # Key-only S3 artifacts: bucket, endpoint and credentials come from the artifact
+        # repository and are used by Argo's init/wait containers only, never by `mass episode`.
+        inputs=[*input_params("gen", "task", "label", "rollout", "store-prefix"),
+                m.Artifact(name="episode-json", path="/in/episode.json", archive=no_archive(),
+                           s3=key(k.agent_input, "episode.json")),
+                m.Artifact(name="workspace-in", path="/in/workspace.tar.gz", archive=no_archive(),
+                           s3=key(k.agent_input, "workspace.tar.gz"))],
+        # checks.json: a guard's checks job (mass_jobs/check_job.py) writes it instead of the others
+        outputs=[m.Artifact(name=n.split(".")[0], path=f"/out/{n}", archive=no_archive(), optional=True,
+                            s3=key(k.agent_output, n))
+                 for n in ("trace.jsonl", "status.json", "workspace.tar.gz", "checks.json")],
+        env=[m.EnvVar(name="HOME", value="/tmp")],
+        working_dir="/tmp",
+        resources=m.ResourceRequirements(**pods.resources(s.harness, s)),
+        security_context=m.SecurityContext(**container_security(pods.container_security_context())),
+        sidecars=[sandbox, qwen],
+        volumes=[m.Volume(name=n, empty_dir=m.EmptyDirVolumeSource())
+                 for n in ("tmp", "out", "sandbox", "sandbox-tmp", "workspace", "qwen", "qwen-tmp")],
+        volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp"), m.VolumeMount(name="out", mount_path="/out"),
+                       m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR),
+                       m.VolumeMount(name="qwen", mount_path=QWEN_DIR)],
+        active_deadline_seconds=s.agent_deadline_s,
+        # a fan-out's parallelism bounds one task's rollouts; this bounds them all (agent.parallelism)
+        synchronization=m.Synchronization(semaphores=[m.SemaphoreRef(
+            config_map_key_ref=m.ConfigMapKeySelector(name=K.SEMAPHORES, key=K.AGENT_SEMAPHORE_KEY))]),
+        automount_service_account_token=False,
+        labels=L.pod_labels(K.AGENT_STEP, gen=GEN, task=TASK, episode="{{inputs.parameters.label}}"),
+        annotations={f"{L.PREFIX}/spec": SPEC},
+        retry_strategy=AGENT_RETRY,
+    )
