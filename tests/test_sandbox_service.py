@@ -18,7 +18,8 @@ import pytest
 from mass_jobs.harness import EpisodeInput, run_episode, validate_status
 from mass_jobs.models import EpisodeLimits, Sampling
 from mass_jobs.proxy import RecordingProxy, read_trace
-from mass_jobs.sandbox_service import SandboxClient, SandboxError, serve
+from mass_jobs.sandbox_client import SandboxClient
+from mass_jobs.sandbox_service import SandboxError, serve
 from mass_jobs.testing.scripted_endpoint import Reply
 
 

@@ -69,7 +69,7 @@ def main(args) -> int:
         shutil.copytree(in_dir / "workspace", workspace, symlinks=True)
     else:
         workspace.mkdir()
-    from mass_jobs.sandbox_service import SandboxClient
+    from mass_jobs.sandbox_client import SandboxClient
 
     sandbox = SandboxClient(args.sandbox) if args.sandbox else None
     qwen = SandboxClient(args.qwen) if args.qwen else None
