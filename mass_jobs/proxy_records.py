@@ -156,7 +156,11 @@ class StreamAssembler:
         return {"message": normalize_message(message), "finish_reason": self.finish_reason, "usage": self.usage}
 
 
-def read_trace(path: str | Path) -> list[dict]:
-    """All records of a trace file, in file order."""
+def read_trace(path: str | Path, growing: bool = False) -> list[dict]:
+    """All records of a trace file, in file order. `growing`: the proxy is still writing it, and a
+    long line reaches the file in several writes, so a last line without its newline is left for
+    the next read instead of being parsed half-written."""
     text = Path(path).read_text() if Path(path).exists() else ""
+    if growing:
+        text = text[: text.rfind("\n") + 1]
     return [json.loads(line) for line in text.split("\n") if line.strip()]

@@ -268,3 +268,18 @@ def test_mass_proxy_command_records_until_interrupted(scripted_endpoint, tmp_pat
         assert proc.wait(timeout=10) == 0
     [rec] = records(trace)
     assert rec["response"]["message"]["content"] == REASONED.content
+
+
+def test_a_trace_read_while_the_proxy_writes_leaves_the_unfinished_line(tmp_path):
+    """A long record reaches the file in several writes: the harness polls the trace for its limits
+    meanwhile, and must not parse the half-written last line (nor lose the finished ones)."""
+    import json
+
+    path = tmp_path / "trace.jsonl"
+    whole = json.dumps({"seq": 0, "request": {"messages": [{"role": "user", "content": "x" * 40_000}]}})
+    path.write_text(whole + "\n" + whole[:32_709])
+    assert [r["seq"] for r in read_trace(path, growing=True)] == [0]
+    with pytest.raises(json.JSONDecodeError):
+        read_trace(path)  # a finished trace is read whole: a torn line there is damage, not progress
+    path.write_text(whole + "\n" + whole + "\n")
+    assert [r["seq"] for r in read_trace(path, growing=True)] == [0, 0]

@@ -285,7 +285,7 @@ def _run(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, 
             if time.monotonic() - started > inp.limits.wall_bound_s:
                 stopped = ("timeout", f"wall time of {inp.limits.wall_bound_s:g}s exceeded")
             else:
-                stopped = limit_breach(read_trace(trace_path), inp)
+                stopped = limit_breach(read_trace(trace_path, growing=True), inp)
             if stopped:
                 run.kill()
                 break
@@ -293,7 +293,7 @@ def _run(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, 
         code = run.poll()
         stdout, stderr = run.output()
     except SandboxError as exc:  # the sandbox container went away under qwen-code
-        return _outcome(HarnessOutcome, "infra_error", f"sandbox: {exc}", read_trace(trace_path), "")
+        return _outcome(HarnessOutcome, "infra_error", f"sandbox: {exc}", read_trace(trace_path, growing=True), "")
     finally:
         try:
             run.close()
