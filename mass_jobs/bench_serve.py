@@ -78,7 +78,8 @@ def collection_walls(spec, endpoint) -> list[dict]:
     from mass_jobs.commands.common import client_for
     from mass_jobs.context import RunContext
     from mass_jobs.steps.collect import run_collect
-    from mass_jobs.steps.search import episode_executor, run_search
+    from mass_jobs.steps.search import run_search
+    from mass_jobs.steps.rollouts import episode_executor
     from mass_jobs.store import open_store
 
     store = open_store(spec.store.uri)

@@ -207,7 +207,7 @@ def _step(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, digest: str)
 
 def run_one(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, execute, digest: str) -> dict:
     """One bare-prompt rollout of L_g + its grade, stored; skipped when already stored."""
-    from mass_jobs.steps.search import rollout, rollout_outputs
+    from mass_jobs.steps.rollouts import rollout, rollout_outputs
     from mass_jobs.store import read_manifest
 
     spec = ctx.spec
@@ -271,7 +271,7 @@ def run_benchmark(ctx, bench: Benchmark, generations: list[int], serve_model: Se
                   replicates: int | None = None) -> dict:
     """Roll out and grade every task for each generation (serving a generation only when some of its
     rollouts are missing); store and return the score table."""
-    from mass_jobs.steps.search import episode_executor
+    from mass_jobs.steps.rollouts import episode_executor
 
     reps = replicates or bench.replicates
     bench.replicates = reps

@@ -322,7 +322,7 @@ def served_model_name(run: str, g) -> str:
 
 # generations extends the chain; the serving backend is how a model is served, not what a step
 # computes, so a run started on one backend may resume on another; the embedder decides only the
-# report, whose done-check rebuilds it with the spec's (a changed one redoes the report alone).
+# report, whose Step hashes the spec (a changed one redoes the report alone).
 UNCHECKED_SPEC_FIELDS = ("$.generations", "$.execution.serving", "$.execution.continuous_batching",
                          "$.execution.vllm", "$.evaluation.embedder")
 

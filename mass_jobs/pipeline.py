@@ -10,7 +10,10 @@ derived from `PIPELINE`; adding a step is one `StepDef` here plus its core (and 
 - `entry` + `args`: the `mass` CLI entry the Argo container runs (`--spec`, `--gen`, `--task` are
   added by scope; `{gen}` in args is the generation the step works on).
 - `reads` / `writes`: `RunContext` methods naming the store keys (the context owns the layout).
-- `done(ctx, gen, task)`: the core's own `Step.done` (input hash), never "some manifest exists".
+- `steps`: "module:function" giving the Steps that hold the step's output for (ctx, gen[, task]):
+  the core's own Steps, whose inputs are hashed. Done is one generic check for every step: each
+  Step's manifest has its input hash and intact outputs. A Step that cannot be formed yet (an input
+  not stored) is a `Waiting` value, pending with its reason, never an exception.
 - `pod`: `step` (CPU pod with store credentials), `agent`: every episode the step runs is one
   agent pod (`mass episode`: sandboxed, artifacts only, no credential, no token), in one shape:
   `--phase prepare` (step pod: writes the pods' inputs, lists them) -> agent pod per episode ->
@@ -75,7 +78,7 @@ class StepDef:
     scope: str
     core: str
     entry: tuple[str, ...]
-    done: Callable[[RunContext, int, str | None], bool]
+    steps: str
     args: tuple[str, ...] = ()
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
@@ -106,8 +109,12 @@ class StepDef:
         return self.scope in PER_TASK
 
     def core_function(self) -> Callable:
-        module, _, attr = self.core.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return _resolve(self.core)
+
+    def _args(self, ctx: RunContext, gen: int, task: str | None) -> list:
+        """(ctx, gen[, task]) as the core and its Steps take them (gen: the step's own generation)."""
+        args = [ctx] if self.scope == "run" else [ctx, gen + self.gen_offset]
+        return [*args, task] if self.per_task else args
 
     def argv(self, spec: str, gen, task: str | None = None) -> list[str]:
         """The CLI entry's argv after `mass` for one call (gen is the cycle's generation)."""
@@ -121,10 +128,7 @@ class StepDef:
 
     def call_local(self, ctx: RunContext, gen: int, task: str | None, services: dict):
         """The core in-process, with the services it declares (`local`)."""
-        args = [ctx] if self.scope == "run" else [ctx, gen + self.gen_offset]
-        if self.per_task:
-            args.append(task)
-        return self.core_function()(*args, *(services[n] for n in self.local or ()))
+        return self.core_function()(*self._args(ctx, gen, task), *(services[n] for n in self.local or ()))
 
     def work(self, w: Work) -> Cost:
         """`mass plan`'s estimate; a step without a cost model is one fixed unit (per task, per task)."""
@@ -132,117 +136,36 @@ class StepDef:
             return self.cost(w)
         return Cost(w.timings["fixed_s"], w.n_train if self.per_task else 1)
 
+    def stored(self, ctx: RunContext, gen: int, task: str | None = None) -> list:
+        """The Steps holding this step's output (a `Waiting` where one cannot be formed yet).
+
+        An input that is stored but damaged (gone since listed, unreadable, of another shape, or
+        refused by the core with its StepFailed) is waiting too, for the step that rewrites it; any
+        other error is a bug and propagates, since reading it as pending would rerun GPU steps on
+        every cycle."""
+        from pydantic import ValidationError
+
+        from mass_jobs.errors import StepFailed
+        from mass_jobs.store import MissingKey, UnreadableObject, Waiting
+
+        try:
+            out = _resolve(self.steps)(*self._args(ctx, gen, task))
+        except (MissingKey, UnreadableObject, ValidationError, StepFailed) as err:
+            return [Waiting(f"an input is damaged: {err}")]
+        return list(out) if isinstance(out, list | tuple) else [out]
+
+    def done(self, ctx: RunContext, gen: int, task: str | None = None) -> bool:
+        return all(s.done for s in self.stored(ctx, gen, task))
+
     def is_done(self, ctx: RunContext, gen: int, tasks: list[str]) -> bool:
         if self.per_task:
             return all(self.done(ctx, gen, t) for t in tasks)
-        return self.done(ctx, gen, None)
+        return self.done(ctx, gen)
 
 
-# ---------------------------------------------------------------- done-checks (each core's own Step)
-
-
-def _guarded(check: Callable[[], bool]) -> bool:
-    """A step whose inputs are not stored yet (or are damaged) is not done: its Step cannot even be
-    formed, and its core says so with a StepFailed ("search ... is not finished") or the store with
-    a MissingKey. Only those: any other error is a bug of the done-check, and reading it as
-    "pending" would rerun GPU steps on every cycle, so it propagates."""
-    from pydantic import ValidationError
-
-    from mass_jobs.errors import StepFailed
-    from mass_jobs.store.base import MissingKey, UnreadableObject
-
-    try:
-        return bool(check())
-    except (MissingKey, FileNotFoundError, UnreadableObject, ValidationError, StepFailed):  # ValidationError: a stored
-        return False  # object of another shape (damaged, or of an older layout): redone
-
-
-def search_done(ctx: RunContext, gen: int, task: str) -> bool:
-    from mass_jobs.steps.search import Search
-
-    def check():
-        s = Search(ctx, gen, task, None, None)
-        state = s.state()
-        return s.done_through() == ctx.spec.search.iterations and state is not None and state.done
-
-    return _guarded(check)
-
-
-def collect_done(ctx: RunContext, gen: int, task: str) -> bool:
-    from mass_jobs.steps.collect import Collection
-
-    def check():
-        c = Collection(ctx, gen, task)
-        episodes = c.skip_reason is not None or all(c.step(i).done for i in range(ctx.spec.collection.episodes))
-        return episodes and c.summary_step().done
-
-    return _guarded(check)
-
-
-def guard_done(ctx: RunContext, gen: int, task: str) -> bool:
-    from mass_jobs.steps.guard import guard_step
-
-    return _guarded(lambda: guard_step(ctx, gen, task).done)
-
-
-def rank_done(ctx: RunContext, gen: int, task: str) -> bool:
-    from mass_jobs.steps.rank import rank_step
-
-    return _guarded(lambda: rank_step(ctx, gen, task).done)
-
-
-def render_done(ctx: RunContext, gen: int, _task=None) -> bool:
-    from mass_jobs.steps.render_sft import sft_step
-
-    return _guarded(lambda: sft_step(ctx, gen)[0].done)
-
-
-def train_done(ctx: RunContext, gen: int, _task=None) -> bool:
-    """Done for the stored windows and sft settings with the world size that trained it (a local
-    run and a PyTorchJob differ in ranks, and either's checkpoints serve select and merge)."""
-    from mass_jobs.steps.train import train_step
-    from mass_jobs.store import read_manifest
-
-    def check():
-        manifest = read_manifest(ctx.store, ctx.train(gen))
-        world = (manifest or {}).get("extra", {}).get("world_size", 1)
-        return train_step(ctx, gen, world).done
-
-    return _guarded(check)
-
-
-def select_done(ctx: RunContext, gen: int, _task=None) -> bool:
-    from mass_jobs.steps.select import select_step
-
-    return _guarded(lambda: select_step(ctx, gen).done)
-
-
-def merge_done(ctx: RunContext, gen: int, _task=None) -> bool:
-    from mass_jobs.steps.merge import merge_step
-
-    return _guarded(lambda: merge_step(ctx, gen).done)
-
-
-def evaluate_done(ctx: RunContext, gen: int, _task=None) -> bool:
-    from mass_jobs.steps.evaluate import evaluate_step
-
-    return _guarded(lambda: evaluate_step(ctx, gen + 1).done)
-
-
-def report_done(ctx: RunContext, _gen=None, _task=None) -> bool:
-    """The report's input is its own content, rebuilt from the store: done when that matches."""
-    from mass_jobs.steps.report import build_report
-    from mass_jobs.store import Step, read_manifest
-
-    def check():
-        manifest = read_manifest(ctx.store, ctx.report())
-        if manifest is None:
-            return False
-        doc = build_report(ctx)
-        doc["files"] = sorted(k.rsplit("/", 1)[-1] for k in manifest["outputs"])
-        return Step(ctx.store, ctx.report(), doc).done
-
-    return _guarded(check)
+def _resolve(ref: str) -> Callable:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def _checkpoints(ctx: RunContext, g: int) -> str:
@@ -285,32 +208,42 @@ def _evaluate_cost(w: Work) -> Cost:
 # ---------------------------------------------------------------- the table
 
 PIPELINE: tuple[StepDef, ...] = (
-    StepDef("search", "iteration", "mass_jobs.steps.search:run_search", ("search",), search_done,
+    StepDef("search", "iteration", "mass_jobs.steps.search:run_search", ("search",),
+            "mass_jobs.steps.search:search_steps",
             reads=("model",), writes=("search_rollout", "agent_input", "agent_output", "search_state"),
             pod="agent", model=True, local=("client", "execute"), cost=_search_cost),
-    StepDef("collect", "episode", "mass_jobs.steps.collect:run_collect", ("collect",), collect_done,
+    StepDef("collect", "episode", "mass_jobs.steps.collect:run_collect", ("collect",),
+            "mass_jobs.steps.collect:collect_steps",
             reads=("search_state",), writes=("episode_input", "episode_output", "collect_episode", "collect_summary"),
             pod="agent", model=True, local=("execute",), cost=_collect_cost),
-    StepDef("guard", "task", "mass_jobs.steps.guard:run_guard", ("guard",), guard_done,
+    StepDef("guard", "task", "mass_jobs.steps.guard:run_guard", ("guard",),
+            "mass_jobs.steps.guard:guard_step",
             reads=("collect_summary", "collect_episode"), writes=("guard_checks", "agent_input", "agent_output", "guard"),
             pod="agent", local=()),
-    StepDef("rank", "task", "mass_jobs.steps.rank:run_rank", ("rank",), rank_done,
+    StepDef("rank", "task", "mass_jobs.steps.rank:run_rank", ("rank",),
+            "mass_jobs.steps.rank:rank_step",
             reads=("guard", "collect_episode"), writes=("rank", "rank_verdicts"), model=True,
             local=("client",), cost=_rank_cost),
-    StepDef("render", "generation", "mass_jobs.steps.render_sft:run_render", ("render", "sft"), render_done,
+    StepDef("render", "generation", "mass_jobs.steps.render_sft:run_render", ("render", "sft"),
+            "mass_jobs.steps.render_sft:render_step",
             reads=("rank", "collect_episode", "model"), writes=("sft",)),
-    StepDef("train", "generation", "mass_jobs.steps.train:run_train", ("train",), train_done,
+    StepDef("train", "generation", "mass_jobs.steps.train:run_train", ("train",),
+            "mass_jobs.steps.train:stored_train_step",
             args=("--resume",), reads=("sft", "model"), writes=("train",), pod="trainer", detail=_checkpoints,
             cost=_train_cost),
-    StepDef("select", "generation", "mass_jobs.steps.select:run_select", ("select",), select_done,
+    StepDef("select", "generation", "mass_jobs.steps.select:run_select", ("select",),
+            "mass_jobs.steps.select:select_step",
             reads=("train", "model"), writes=("select", "select_step", "select_panel")),
-    StepDef("merge", "generation", "mass_jobs.steps.merge:run_merge", ("merge",), merge_done,
+    StepDef("merge", "generation", "mass_jobs.steps.merge:run_merge", ("merge",),
+            "mass_jobs.steps.merge:merge_step",
             reads=("select", "train", "model"), writes=("merge_step", "model"), resources="merge"),
-    StepDef("evaluate", "generation", "mass_jobs.steps.evaluate:evaluate", ("evaluate",), evaluate_done,
+    StepDef("evaluate", "generation", "mass_jobs.steps.evaluate:evaluate", ("evaluate",),
+            "mass_jobs.steps.evaluate:evaluate_step",
             reads=("model",), writes=("eval_rollout", "agent_input", "agent_output", "eval", "eval_verdicts"),
             pod="agent", gen_offset=1, detail=_verdicts,
             local=("serve_generation", "serve_judge", "progress"), cost=_evaluate_cost),
-    StepDef("report", "run", "mass_jobs.steps.report:write_report", ("report",), report_done,
+    StepDef("report", "run", "mass_jobs.steps.report:write_report", ("report",),
+            "mass_jobs.steps.report:report_step",
             reads=("eval", "select", "sft", "search_state"), writes=("report",), local=()),
 )
 

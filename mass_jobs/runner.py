@@ -208,7 +208,7 @@ class Runner:
 
     def execute(self, *args):
         from mass_jobs.roles import role_endpoint
-        from mass_jobs.steps.search import episode_executor
+        from mass_jobs.steps.rollouts import episode_executor
 
         # roles.executor set: the generation's server is not needed (and not started) for episodes
         endpoint = role_endpoint(self.spec, "executor") or self.lazy.endpoint()

@@ -22,7 +22,8 @@ from mass_jobs.context import RunContext
 from mass_jobs.llm import ModelClient
 from mass_jobs.models import Workflow
 from mass_jobs.steps.collect import Collection
-from mass_jobs.steps.search import Search, episode_executor
+from mass_jobs.steps.search import Search
+from mass_jobs.steps.rollouts import episode_executor
 from mass_jobs.steps.search_state import IterationRecord, fold, judge_version
 from mass_jobs.testing.scripted_endpoint import Reply
 from mass_jobs.workflow import DEFAULT_WORKFLOW, workflow_json

@@ -8,7 +8,8 @@ from mass_jobs.context import RunContext
 from mass_jobs.harness import load_episode_file, run_episode
 from mass_jobs.llm import ModelClient
 from mass_jobs.steps.collect import Collection, CollectError, run_collect
-from mass_jobs.steps.search import episode_executor, run_search
+from mass_jobs.steps.search import run_search
+from mass_jobs.steps.rollouts import episode_executor
 from mass_jobs.workflow import DIRECTIVE_HEADER, TEACHER_DIRECTIVE
 from mass_jobs.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode, proposal

@@ -12,7 +12,8 @@ from mass_jobs.models import Guards
 from mass_jobs.steps.collect import run_collect
 from mass_jobs.steps.guard import check_workspace, hash_protected, run_guard, sandbox_checker
 from mass_jobs.steps.rank import run_rank
-from mass_jobs.steps.search import episode_executor, run_search
+from mass_jobs.steps.search import run_search
+from mass_jobs.steps.rollouts import episode_executor
 from tests.fixtures.inner_loop import add_episodes, episode
 
 SIM = "def push(obj, force):\n    return obj + force\n"

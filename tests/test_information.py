@@ -208,10 +208,10 @@ def test_the_reports_embedder_is_the_specs_and_its_done_check_agrees(ctx, tiny_e
     assert cli_main(["report", "--spec", str(spec)]) == 0
     info_rows = json.loads(ctx.store.get_bytes(f"{RUN}/report/report.json"))["information"]
     assert info_rows[0]["embedder"] == f"transformer-{tiny_encoder.name}" and info_rows[0]["samples"] == 12
-    assert P.report_done(RunContext(load_spec(spec), ctx.store)) is True
+    assert P.by_name("report").done(RunContext(load_spec(spec), ctx.store), 0) is True
     hashed = {**doc, "evaluation": {**doc["evaluation"], "embedder": "hash"}}
     spec.write_text(yaml.safe_dump(hashed))
-    assert P.report_done(RunContext(load_spec(spec), ctx.store)) is False  # another embedder: redo the report
+    assert P.by_name("report").done(RunContext(load_spec(spec), ctx.store), 0) is False  # another embedder: redo the report
     spec.write_text(yaml.safe_dump({**doc, "evaluation": {**doc["evaluation"], "embedder": str(tmp_path / "nowhere")}}))
     assert cli_main(["report", "--spec", str(spec)]) == 2
     assert "$.evaluation.embedder: expected 'hash', 'minilm' or a model dir with config.json" in capsys.readouterr().err

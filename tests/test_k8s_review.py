@@ -208,7 +208,8 @@ def test_ingest_records_a_lost_agent_as_infra_error(make_store, inner_spec, judg
     from mass_jobs.context import RunContext
     from mass_jobs.llm import ModelClient
     from mass_jobs.steps.collect import CollectError, run_collect
-    from mass_jobs.steps.search import episode_executor, run_search
+    from mass_jobs.steps.search import run_search
+    from mass_jobs.steps.rollouts import episode_executor
     from tests.fixtures.inner_loop import add_episodes, episode
 
     store = make_store("file")

@@ -51,13 +51,13 @@ def test_the_table_is_well_formed():
     # every step that runs model-written code (episodes, guard checks) runs it in agent pods, never a step pod
     assert [s.name for s in P.PIPELINE if s.pod == "agent"] == ["search", "collect", "guard", "evaluate"]
     with pytest.raises(ValueError, match="not a RunContext key method"):
-        P.StepDef("x", "generation", "m:f", ("x",), P.render_done, reads=("sft_dir",))
+        P.StepDef("x", "generation", "m:f", ("x",), "m:g", reads=("sft_dir",))
     with pytest.raises(ValueError, match="scope must be one of"):
-        P.StepDef("x", "epoch", "m:f", ("x",), P.render_done)
+        P.StepDef("x", "epoch", "m:f", ("x",), "m:g")
     with pytest.raises(ValueError, match="local services must be among"):
-        P.StepDef("x", "generation", "m:f", ("x",), P.render_done, local=("gpu",))
+        P.StepDef("x", "generation", "m:f", ("x",), "m:g", local=("gpu",))
     with pytest.raises(ValueError, match="resources must be one of"):
-        P.StepDef("x", "generation", "m:f", ("x",), P.render_done, resources="huge")
+        P.StepDef("x", "generation", "m:f", ("x",), "m:g", resources="huge")
 
 
 def _name_dispatch(source: str, names: set[str]) -> list[int]:
@@ -115,10 +115,15 @@ def audit_gen_step(ctx, g):
     return Step(ctx.store, f"{ctx.gen(g)}/audit-gen", {"episodes": ctx.spec.collection.episodes})
 
 
+def count_step(ctx, g, task):
+    return Step(ctx.store, f"{ctx.gen(g)}/count/{task}", {"task": task})
+
+
 def count_tasks(ctx, g, task, client):
-    """The core of a test step run in-process: stores what it was handed."""
-    key = f"{ctx.gen(g)}/count/{task}.json"
+    """The core of a test step run in-process: stores what it was handed, behind its Step."""
+    key = f"{ctx.gen(g)}/count/{task}/seen.json"
     ctx.store.put_json(key, {"task": task, "gen": g, "client": type(client).__name__})
+    count_step(ctx, g, task).finish([key])
 
 
 def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(monkeypatch, make_store, inner_spec,
@@ -132,10 +137,10 @@ def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(m
     from mass_jobs.planning.schedule import DEFAULTS, simulate
 
     extra = P.StepDef("audit-gen", "generation", "mass_jobs.audit:audit_episode", ("audit-gen",),
-                      done=lambda ctx, g, _t: audit_gen_step(ctx, g).done, reads=("collect_episode",), writes=("gen",),
+                      "tests.test_pipeline:audit_gen_step", reads=("collect_episode",), writes=("gen",),
                       cost=lambda w: P.Cost(7.0, 3))
     counting = P.StepDef("count", "task", "tests.test_pipeline:count_tasks", ("count",),
-                         done=lambda ctx, g, t: ctx.store.exists(f"{ctx.gen(g)}/count/{t}.json"),
+                         "tests.test_pipeline:count_step",
                          reads=("collect_episode",), writes=("gen",), model=True, local=("client",))
     monkeypatch.setattr(P, "PIPELINE", _extended(extra, "evaluate", _extended(counting, "rank")))
     assert [s.name for s in P.PIPELINE][-4:] == ["merge", "audit-gen", "evaluate", "report"]
@@ -156,7 +161,7 @@ def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(m
     runner._now = {"label": "", "episodes": 0, "of": None}
     assert runner.execute_step(counting, 1) is False and called == [called[0]]  # in-process: no subprocess
     tasks = [t.id for t in spec.train_tasks()]
-    assert [store.get_json(f"{ctx.gen(1)}/count/{t}.json") for t in tasks] == [
+    assert [store.get_json(f"{ctx.gen(1)}/count/{t}/seen.json") for t in tasks] == [
         {"task": t, "gen": 1, "client": "LazyClient"} for t in tasks]  # the lazy client: no server started
     assert runner.execute_step(counting, 1) is True
 
@@ -188,7 +193,7 @@ def test_task_scoped_and_model_steps_compile_to_fanouts_and_endpoint_flags(monke
     from mass_jobs.k8s import argo
     from mass_jobs.k8s.settings import ClusterSettings
 
-    extra = P.StepDef("score", "task", "mass_jobs.steps.rank:run_rank", ("score",), P.rank_done,
+    extra = P.StepDef("score", "task", "mass_jobs.steps.rank:run_rank", ("score",), "mass_jobs.steps.rank:rank_step",
                       reads=("rank",), writes=("rank",), model=True)
     cycle = argo.mass_cycle(ClusterSettings(), _extended(extra, "render"))
     t = _templates(cycle)
@@ -330,17 +335,40 @@ def test_model_locations_resolve_through_the_specs_s3_endpoint(tiny_model_dir, s
 
 
 def test_a_bug_in_a_done_check_propagates_instead_of_reading_pending(monkeypatch, make_store, inner_spec):
-    """Inputs not stored (MissingKey, a core's StepFailed) read as pending; any other error is a
-    bug of the check, which would otherwise rerun the step (GPU steps on Argo) on every cycle."""
+    """An input not stored is a Waiting value (pending, with its reason); any other error is a bug
+    of the check, which would otherwise rerun the step (GPU steps on Argo) on every cycle."""
     from mass_jobs.steps import rank
+    from mass_jobs.store import Waiting
 
     store = make_store("file")
     ctx = RunContext(inner_spec(store), store)
-    assert P.rank_done(ctx, 0, "t1") is False  # nothing stored: pending
+    step = P.by_name("rank")
+    assert step.done(ctx, 0, "t1") is False  # nothing stored: pending
+    [waiting] = step.stored(ctx, 0, "t1")
+    assert isinstance(waiting, Waiting) and "no guard report at" in waiting.reason
 
     def broken(*a, **kw):
         raise KeyError("a typo in the done-check")
 
     monkeypatch.setattr(rank, "rank_step", broken)
     with pytest.raises(KeyError, match="a typo in the done-check"):
-        P.rank_done(ctx, 0, "t1")
+        step.done(ctx, 0, "t1")
+
+
+def test_on_an_empty_store_every_step_after_the_first_waits_for_the_input_it_names(make_store, inner_spec):
+    """One generic done-check: a step whose input is not stored says which one, as a value."""
+    from mass_jobs.store import Waiting
+
+    store = make_store("file")
+    ctx = RunContext(inner_spec(store), store)
+    waits = {}
+    for s in P.PIPELINE:
+        stored = s.stored(ctx, 0, "t1" if s.per_task else None)
+        assert stored and not s.done(ctx, 0, "t1" if s.per_task else None), s.name
+        waits[s.name] = next((w.reason for w in stored if isinstance(w, Waiting)), None)
+    assert waits["search"] is None  # nothing before it: its iterations' Steps form, not stored
+    assert "search of generation 0 is not finished" in waits["collect"]
+    assert "no collection summary" in waits["guard"] and "no guard report" in waits["rank"]
+    assert "no SFT windows" in waits["train"] and "training has no manifest" in waits["select"]
+    assert "no selected checkpoint" in waits["merge"] and "no merged model" in waits["evaluate"]
+    assert waits["report"] is None  # its inputs are whatever is stored, even nothing

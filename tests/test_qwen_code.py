@@ -124,7 +124,8 @@ def test_real_qwen_code_episode_renders_with_the_main_session_as_orchestrator(sc
     from transformers import AutoTokenizer
 
     from mass_jobs.models import SftSpec
-    from mass_jobs.steps.render_sft import EpisodeTrace, rebuild_threads, render_windows
+    from mass_jobs.steps.sft_threads import EpisodeTrace, rebuild_threads
+    from mass_jobs.steps.render_sft import render_windows
     from mass_jobs.steps.sft_tokens import IGNORE
     from tests.fixtures.chat_templates import QWEN3_THINKING, upstream_segment_masks
 

@@ -14,7 +14,8 @@ from mass_jobs.pairing import is_connected, pairs, schedule
 from mass_jobs.steps.collect import run_collect
 from mass_jobs.steps.guard import run_guard
 from mass_jobs.steps.rank import RankError, Ranking, run_rank, select, step_schema, write_step_schemas
-from mass_jobs.steps.search import Search, episode_executor, run_search
+from mass_jobs.steps.search import Search, run_search
+from mass_jobs.steps.rollouts import episode_executor
 from tests.fixtures.inner_loop import add_episodes, episode
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"

@@ -10,7 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from mass_jobs.models import SftSpec
-from mass_jobs.steps.render_sft import EpisodeTrace, rebuild_threads, render_windows, teacher_prompt_from_trace
+from mass_jobs.steps.render_sft import render_windows
+from mass_jobs.steps.sft_threads import EpisodeTrace, rebuild_threads, teacher_prompt_from_trace
 from mass_jobs.steps.sft_tokens import (
     IGNORE,
     MASK_BY_INCREMENTS,

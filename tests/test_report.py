@@ -151,8 +151,27 @@ def test_report_files_schema_and_rebuild(built):
     assert json.loads(store.get_bytes(f"{RUN}/report/report.json")) == doc
     assert set(read_manifest(store, f"{RUN}/report")["outputs"]) == {f"{RUN}/report/{f}" for f in doc["files"]}
     before = {k: store.get_bytes(k) for k in files}
+    store.delete(f"{RUN}/report/_manifest.json")  # stored already: only a lost manifest rebuilds it
     rp.write_report(built)
     assert {k: store.get_bytes(k) for k in files} == before  # identical bytes, plots included
+
+
+def test_the_reports_done_check_reads_manifests_and_a_finished_step_redoes_it(built, monkeypatch):
+    """`mass status` must not rebuild the report (bootstrap, embeddings) to say it is stored: its
+    Step hashes the spec and the other steps' manifests; a step finished since makes it pending."""
+    from mass_jobs import pipeline as P
+    from mass_jobs.store import Step
+
+    report = P.by_name("report")
+    assert report.done(built, 0) is False
+    doc = rp.write_report(built)
+    monkeypatch.setattr(rp, "build_report", lambda *a, **kw: pytest.fail("the report was rebuilt"))
+    assert report.done(built, 0) is True
+    assert rp.write_report(built) == doc  # stored: returned as is
+    Step(built.store, f"{RUN}/gen-1/late", {"x": 1}).finish([])
+    assert report.done(built, 0) is False
+    monkeypatch.undo()
+    assert rp.write_report(built)["files"] == doc["files"] and report.done(built, 0) is True
 
 
 def test_schema_file_is_generated_and_rejects_unknown_keys(built):

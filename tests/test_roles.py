@@ -10,7 +10,8 @@ from mass_jobs.steps import report as rp
 from mass_jobs.steps.collect import run_collect
 from mass_jobs.steps.guard import run_guard
 from mass_jobs.steps.rank import run_rank
-from mass_jobs.steps.search import episode_executor, run_search
+from mass_jobs.steps.search import run_search
+from mass_jobs.steps.rollouts import episode_executor
 from mass_jobs.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode, proposal
 

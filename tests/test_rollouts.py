@@ -17,7 +17,8 @@ from mass_jobs.cli import main as cli_main
 from mass_jobs.context import RunContext
 from mass_jobs.llm import ModelClient
 from mass_jobs.steps.rollouts import AGENT_OUTPUTS, RolloutError
-from mass_jobs.steps.search import SearchError, episode_executor, run_search
+from mass_jobs.steps.search import SearchError, run_search
+from mass_jobs.steps.rollouts import episode_executor
 from mass_jobs.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode, proposal
 

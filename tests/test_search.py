@@ -8,7 +8,8 @@ import pytest
 from mass_jobs.compare import bundle, judge, parse_verdict
 from mass_jobs.context import RunContext
 from mass_jobs.llm import ModelClient
-from mass_jobs.steps.search import Search, episode_executor, run_search
+from mass_jobs.steps.search import Search, run_search
+from mass_jobs.steps.rollouts import episode_executor
 from mass_jobs.steps.search_state import SearchState
 from mass_jobs.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode, proposal

@@ -15,7 +15,8 @@ from mass_jobs.models import SftSpec
 from mass_jobs.spec import SpecError, validate_document
 from mass_jobs.steps.collect import Collection, run_collect
 from mass_jobs.steps.render_sft import load_episode, render_episode, render_windows
-from mass_jobs.steps.search import episode_executor, run_search
+from mass_jobs.steps.search import run_search
+from mass_jobs.steps.rollouts import episode_executor
 from mass_jobs.testing.scripted_endpoint import Reply
 from mass_jobs.workflow import DIRECTIVE_HEADER, TEACHER_DIRECTIVE, WORKFLOW_HEADER
 from tests.fixtures.inner_loop import add_episodes, episode, spec_document

@@ -7,7 +7,7 @@ render step's threads and the qwen-code harness's turn counts are the same calls
 from __future__ import annotations
 
 from mass_jobs.audit import split_threads
-from mass_jobs.steps.render_sft import rebuild_threads
+from mass_jobs.steps.sft_threads import rebuild_threads
 from mass_jobs.threads import group_calls
 
 LEAD_TOOLS = [{"type": "function", "function": {"name": "agent", "parameters": {}}},

@@ -200,7 +200,7 @@ def test_two_rank_ddp_identical_adapters_and_exact_resume_after_kill(tiny_model_
 
 
 def test_fsdp_precision_matches_the_ddp_path():
-    from mass_jobs.training.loop import fsdp_mixed_precision
+    from mass_jobs.training.dist import fsdp_mixed_precision
 
     gpu = fsdp_mixed_precision(torch.device("cuda", 0))  # a policy object only: no GPU needed to build it
     assert (gpu.param_dtype, gpu.reduce_dtype) == (torch.bfloat16, torch.float32)  # autocast bf16, fp32 grads

@@ -33,7 +33,7 @@ def main(args) -> int:
     def go() -> int:
         from mass_jobs.llm import Endpoint
         from mass_jobs.steps.collect import run_collect
-        from mass_jobs.steps.search import episode_executor
+        from mass_jobs.steps.rollouts import episode_executor
 
         if args.phase in ("prepare", "ingest") and args.episode is None:
             raise ValueError(f"--phase {args.phase} needs --episode")

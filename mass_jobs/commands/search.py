@@ -31,7 +31,8 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     def go() -> int:
-        from mass_jobs.steps.search import episode_executor, run_search
+        from mass_jobs.steps.search import run_search
+        from mass_jobs.steps.rollouts import episode_executor
 
         ctx = open_run(args.spec, args.task)
         spec = ctx.spec

@@ -33,7 +33,7 @@ from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.steps.guard import hash_protected
 from mass_jobs.steps.rollouts import RolloutError, agent_result
-from mass_jobs.steps.search import Execute, derived_seed
+from mass_jobs.steps.rollouts import Execute, derived_seed
 from mass_jobs.steps.search_state import SearchState
 from mass_jobs.workflow import teacher_directive, teacher_prompt_parts
 
@@ -42,6 +42,24 @@ EPISODE_FILES = ("episode.json", "protected.json", "workspace.tar.gz", "trace.js
 
 class CollectError(StepFailed):
     pass
+
+
+def search_finished(ctx: RunContext, gen: int, task_id: str) -> dict | None:
+    """The task's stored search state once the search finished, else None."""
+    key = ctx.search_state(gen, task_id)
+    doc = ctx.store.get_json(key) if ctx.store.exists(key) else None
+    return doc if doc and doc.get("done") else None
+
+
+def collect_steps(ctx: RunContext, gen: int, task_id: str) -> list:
+    """Every episode's Step (none when the task is skipped) and the task's summary Step."""
+    from mass_jobs.store import Waiting
+
+    if search_finished(ctx, gen, task_id) is None:
+        return [Waiting(f"task {task_id}: search of generation {gen} is not finished")]
+    c = Collection(ctx, gen, task_id)
+    episodes = [] if c.skip_reason is not None else [c.step(i) for i in range(c.cfg.episodes)]
+    return [*episodes, c.summary_step()]
 
 
 class Collection:
@@ -56,8 +74,8 @@ class Collection:
         )
         if self.task.split != "train":
             raise CollectError(f"task {task_id} is a {self.task.split} task; only train tasks are collected")
-        doc = self.store.get_json(ctx.search_state(gen, task_id)) if self.store.exists(ctx.search_state(gen, task_id)) else None
-        if doc is None or not doc.get("done"):
+        doc = search_finished(ctx, gen, task_id)
+        if doc is None:
             raise CollectError(f"task {task_id}: search of generation {gen} is not finished; run `mass search` first")
         self.state = SearchState.model_validate(doc)
         self.version = self._teacher_version()

@@ -53,8 +53,11 @@ def verdict_prefix(ctx: RunContext) -> str:
 
 def evaluate_step(ctx: RunContext, gen: int):
     """Evaluate's Step: it pins its rollouts' manifests and owns its verdicts."""
-    from mass_jobs.store import Step
+    from mass_jobs.modelio import has_stored_model
+    from mass_jobs.store import Step, Waiting
 
+    if gen > 0 and not has_stored_model(ctx.store, ctx.model(gen)):
+        return Waiting(f"generation {gen}: no merged model at {ctx.model(gen)} (run `mass merge --gen {gen - 1}` first)")
     return Step(ctx.store, ctx.eval(gen), evaluate_inputs(ctx, gen), name=f"evaluate gen-{gen}",
                 owns=(ctx.eval_verdicts(gen),))
 
@@ -158,8 +161,9 @@ def rollout_generations(gen: int) -> list[int]:
 
 def pending_models(ctx: RunContext, gen: int) -> list[int]:
     """Generations whose model this step still calls: rollouts missing, or self-verdicts missing."""
+    from mass_jobs.store import formed
 
-    if evaluate_step(ctx, gen).done:
+    if formed(evaluate_step(ctx, gen)).done:
         return []
     tasks, reps = ctx.spec.resolved_tasks(), range(ctx.spec.evaluation.rollouts_per_task)
     need = {h for h in rollout_generations(gen) if not all(rollout_done(ctx, h, t, r) for t in tasks for r in reps)}
@@ -292,10 +296,10 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
     """The whole step for L_gen; returns its manifest. Resumes from whatever is already stored.
     With `agent_pods` (the cluster) the rollouts ran in agent pods: a missing one is an error."""
     from mass_jobs.judges import PanelMember, run_panel
-    from mass_jobs.store import read_manifest
+    from mass_jobs.store import formed, read_manifest
 
     spec, store = ctx.spec, ctx.store
-    step = evaluate_step(ctx, gen)
+    step = formed(evaluate_step(ctx, gen))
     if step.done:
         return read_manifest(store, ctx.eval(gen))
     step.start()

@@ -191,8 +191,10 @@ def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
     from mass_jobs.check_job import ChecksFile, checks_digest
     from mass_jobs.steps import rollouts
 
+    from mass_jobs.store import formed
+
     store = ctx.store
-    if guard_step(ctx, gen, task_id).done:
+    if formed(guard_step(ctx, gen, task_id)).done:
         return []
     checks = ctx.spec.task(task_id).guards.checks
     items = []
@@ -241,11 +243,11 @@ def ingest_checks(ctx: RunContext, gen: int, task_id: str, rel: str, agent_faile
 
 def guard_step(ctx: RunContext, gen: int, task_id: str):
     """The guard's Step: its inputs are the task's guards and the stored collection summary."""
-    from mass_jobs.store import Step
+    from mass_jobs.store import Step, Waiting
 
     summary_key = ctx.collect_summary(gen, task_id)
     if not ctx.store.exists(summary_key):
-        raise FileNotFoundError(f"task {task_id}: no collection summary at {summary_key}; run `mass collect` first")
+        return Waiting(f"task {task_id}: no collection summary at {summary_key}; run `mass collect` first")
     return Step(ctx.store, ctx.guard(gen, task_id).removesuffix(".json"),
                 {"guards": ctx.spec.task(task_id).guards.model_dump(mode="json"),
                  "collect": ctx.store.sha256(summary_key)}, name=f"guard/{task_id}")
@@ -255,11 +257,11 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
               agent_pods: bool = False) -> GuardReport:
     """Guard every collected episode of a task; write guard/<task>.json (skipped when done). With
     `agent_pods` (the cluster) the checks ran in agent pods and their stored results are used."""
-    from mass_jobs.store import UnsafeArchive
+    from mass_jobs.store import UnsafeArchive, formed
 
     task = ctx.spec.task(task_id)
     store = ctx.store
-    step = guard_step(ctx, gen, task_id)
+    step = formed(guard_step(ctx, gen, task_id))
     summary = store.get_json(ctx.collect_summary(gen, task_id))
     key = ctx.guard(gen, task_id)
     if step.done:

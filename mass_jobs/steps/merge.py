@@ -75,10 +75,10 @@ def run_merge(ctx, gen: int, work_dir: Path) -> dict:
     from mass_jobs.fp8 import export_fp8
     from mass_jobs.modelio import store_model_dir
     from mass_jobs.generation_model import local_model_dir
-    from mass_jobs.store import MODEL_LIMITS
+    from mass_jobs.store import MODEL_LIMITS, formed
 
+    step = formed(merge_step(ctx, gen), MergeError)
     chosen = ctx.store.get_json(ctx.select(gen))
-    step = merge_step(ctx, gen)
     if step.done:
         return ctx.store.get_json(step.manifest_key)["extra"]
     step.start()
@@ -100,8 +100,10 @@ def run_merge(ctx, gen: int, work_dir: Path) -> dict:
 
 def merge_step(ctx, gen: int):
     """The merge's Step: the selected checkpoint (key and content) and the FP8 export switch."""
-    from mass_jobs.store import Step
+    from mass_jobs.store import Step, Waiting
 
+    if not ctx.store.exists(ctx.select(gen)):
+        return Waiting(f"generation {gen}: no selected checkpoint at {ctx.select(gen)} (run `mass select` first)")
     chosen = ctx.store.get_json(ctx.select(gen))
     return Step(ctx.store, ctx.merge_step(gen), inputs={
         "checkpoint": chosen["checkpoint"], "checkpoint_sha256": ctx.store.sha256(chosen["checkpoint"]),

@@ -27,7 +27,7 @@ from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.models import Closed
 from mass_jobs.pairing import schedule
-from mass_jobs.steps.search import derived_seed
+from mass_jobs.steps.rollouts import derived_seed
 from mass_jobs.steps.search_state import SearchState
 
 
@@ -99,11 +99,11 @@ def select(order: list[str], train_ranks: int, validation_rank: int, fallback: s
 def rank_step(ctx: RunContext, gen: int, task_id: str):
     """The ranking's Step: its inputs are the stored guard report and the ranking settings."""
     from mass_jobs.roles import roles_input
-    from mass_jobs.store import Step
+    from mass_jobs.store import Step, Waiting
 
     guard_key, col, spec = ctx.guard(gen, task_id), ctx.spec.collection, ctx.spec
     if not ctx.store.exists(guard_key):
-        raise RankError(f"task {task_id}: no guard report at {guard_key}; run `mass guard` first")
+        return Waiting(f"task {task_id}: no guard report at {guard_key}; run `mass guard` first")
     return Step(ctx.store, ctx.rank_step(gen, task_id),
                 {"guard": ctx.store.sha256(guard_key), "ranking": ctx.spec.ranking.model_dump(mode="json"),
                  "train_ranks": col.train_ranks, "validation_rank": col.validation_rank,
@@ -114,12 +114,13 @@ def rank_step(ctx: RunContext, gen: int, task_id: str):
 def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
     """Library core of `mass rank` and the local runner."""
     from mass_jobs.roles import role_client, role_label
+    from mass_jobs.store import formed
 
     spec, store = ctx.spec, ctx.store
     task = spec.task(task_id)
     cfg, col = spec.ranking, spec.collection
     client, judged_by = role_client(spec, "evaluator", client), role_label(spec, "evaluator", gen)
-    step = rank_step(ctx, gen, task_id)
+    step = formed(rank_step(ctx, gen, task_id), RankError)
     guard = store.get_json(ctx.guard(gen, task_id))
     key = ctx.rank(gen, task_id)
     if step.done:

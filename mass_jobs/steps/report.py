@@ -306,14 +306,30 @@ def how_to_read(doc: dict) -> list[str]:
     return lines
 
 
-def write_report(ctx: RunContext, embedder=None) -> dict:
-    """Build, validate and store `<run>/report/` (manifest last); returns report.json's content.
-
-    Always rebuilt (it is cheap and its inputs are the whole store); the manifest's input hash is
-    the report's own content, so two runs with equal stored results have equal manifests."""
+def report_step(ctx: RunContext):
+    """The report's Step: its inputs are the spec (without its store) and every other step's stored
+    manifest (input hash and pinned outputs), so a finished step or a changed setting redoes it,
+    and checking it reads manifests only (no bootstrap, no embedding)."""
     from mass_jobs.store import Step
+    from mass_jobs.store.manifest import MANIFEST_NAME
 
-    doc = build_report(ctx, embedder)
+    own = ctx.report() + "/"
+    stored = {}
+    for key in ctx.store.list(ctx.run + "/"):
+        if key.endswith("/" + MANIFEST_NAME) and not key.startswith(own):
+            doc = ctx.store.get_json(key)
+            stored[key] = {"input_hash": doc.get("input_hash"), "outputs": doc.get("outputs")}
+    return Step(ctx.store, ctx.report(), {"spec": ctx.spec.model_dump(mode="json", exclude={"store"}),
+                                          "stored": stored}, name="report")
+
+
+def write_report(ctx: RunContext) -> dict:
+    """Build, validate and store `<run>/report/` (manifest last); returns report.json's content,
+    or the stored one when nothing the report reads changed."""
+    step = report_step(ctx)
+    if step.done:
+        return ctx.store.get_json(ctx.report_file("report.json"))
+    doc = build_report(ctx)
     with tempfile.TemporaryDirectory(prefix="mass-report-") as tmp:
         out = Path(tmp)
         files = sorted(render_plots(doc, out) + ["report.json", "report.md"])
@@ -321,7 +337,6 @@ def write_report(ctx: RunContext, embedder=None) -> dict:
         validate_report(doc)
         (out / "report.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         (out / "report.md").write_text(render_markdown(doc))
-        step = Step(ctx.store, ctx.report(), inputs=doc, name="report")
         step.start()
         for name in files:
             ctx.store.put_file(ctx.report_file(name), out / name)

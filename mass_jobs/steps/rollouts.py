@@ -1,7 +1,8 @@
 """Agent episodes of search and evaluate, in the shape collect has on the cluster.
 
 A rollout is a store dir (`RunContext.search_rollout`, `RunContext.eval_rollout`). Locally the
-episode runs in the calling process (shell commands sandboxed) and its files are stored directly.
+episode runs in the calling process (shell commands sandboxed; `episode_executor`, `rollout`) and
+its files are stored directly; its seed derives from names alone (`derived_seed`).
 On the cluster the step's `--phase prepare` writes the agent pod's input (`input/episode.json` in
 `mass episode`'s format, `input/workspace.tar.gz`, the seeded workspace) and lists the rollouts
 that need an agent pod; the pod runs `mass episode` with no store credential, Argo uploads its
@@ -13,8 +14,12 @@ the same bytes for the same episode.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
@@ -22,6 +27,68 @@ from mass_jobs.errors import StepFailed
 AGENT_OUTPUTS = ("workspace.tar.gz", "trace.jsonl", "status.json")
 ROLLOUTS_OUTPUT = "rollouts"  # `--outputs DIR`: DIR/rollouts, the JSON list the agent fan-out reads
 MODELS_OUTPUT = "models"  # evaluate: DIR/models, the generations whose InferenceServices it needs
+
+
+# execute(prompt, seed files, workspace, out_dir, seed) -> status.json content (out_dir gets trace.jsonl, status.json)
+Execute = Callable[[str, dict, Path, Path, int], dict]
+
+
+def derived_seed(*parts: Any) -> int:
+    """A stable 31-bit seed from the run seed and names (same on every machine and rerun)."""
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def episode_executor(spec, endpoint) -> Execute:
+    """The real rollout: `mass_jobs.harness.run_episode` with the spec's limits, sampling and harness."""
+
+    from mass_jobs.roles import role_endpoint
+
+    endpoint = role_endpoint(spec, "executor") or endpoint  # roles.executor, else the generation
+
+    def execute(prompt: str, files: dict, workspace: Path, out_dir: Path, seed: int, single_agent: bool = False) -> dict:
+        from mass_jobs.harness import EpisodeInput, run_episode
+
+        inp = EpisodeInput(
+            prompt=prompt, endpoint=endpoint, limits=spec.execution.limits, sampling=spec.model.sampling,
+            harness=spec.execution.harness, seed=seed, files=dict(files), single_agent=single_agent,
+        )
+        return run_episode(inp, workspace, out_dir).status
+
+    return execute
+
+
+ROLLOUT_FILES = ("prompt.txt", "workspace.tar.gz", "trace.jsonl", "status.json")
+
+
+def rollout(ctx: RunContext, prefix: str, execute: Execute, prompt: str, files: dict, seed: int) -> dict:
+    """Run one episode here and persist prompt, workspace, trace and status under `prefix`; return status."""
+    with tempfile.TemporaryDirectory(prefix="mass-rollout-") as tmp:
+        workspace, out = Path(tmp) / "workspace", Path(tmp) / "out"
+        workspace.mkdir()
+        out.mkdir()
+        status = execute(prompt, files, workspace, out, seed)
+        trace = out / "trace.jsonl"
+        store_rollout(ctx, prefix, prompt, workspace_archive=None, workspace=workspace,
+                      trace=trace.read_bytes() if trace.exists() else b"", status=status)
+    return status
+
+
+def store_rollout(ctx: RunContext, prefix: str, prompt: str, *, status: dict, trace: bytes,
+                  workspace: Path | None = None, workspace_archive: bytes | None = None) -> None:
+    """ROLLOUT_FILES of one rollout, status last (its presence says the rollout is stored)."""
+    store = ctx.store
+    store.put_bytes(ctx.rollout_file(prefix, "prompt.txt"), prompt.encode())
+    if workspace is not None:
+        store.put_dir(ctx.rollout_file(prefix, "workspace.tar.gz"), workspace)
+    else:
+        store.put_bytes(ctx.rollout_file(prefix, "workspace.tar.gz"), workspace_archive)
+    store.put_bytes(ctx.rollout_file(prefix, "trace.jsonl"), trace)
+    store.put_json(ctx.rollout_file(prefix, "status.json"), status)
+
+
+def rollout_outputs(ctx: RunContext, prefix: str) -> list[str]:
+    return [ctx.rollout_file(prefix, n) for n in ROLLOUT_FILES]
 
 
 class RolloutError(StepFailed):

@@ -29,12 +29,7 @@ without asking the model again for what is stored.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
-import tempfile
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from mass_jobs import optimizer_brief
@@ -43,6 +38,7 @@ from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.evidence import prompt_budget
 from mass_jobs.models import Workflow
+from mass_jobs.steps.rollouts import Execute, derived_seed, rollout, rollout_outputs, store_rollout
 from mass_jobs.steps.search_state import IterationRecord, SearchState, fold, judge_version, won
 from mass_jobs.trace_shape import last_tool_calls
 from mass_jobs.workflow import (
@@ -55,71 +51,8 @@ from mass_jobs.workflow import (
 
 OPTIMIZER_ROLE = "optimizer"
 
-# execute(prompt, seed files, workspace, out_dir, seed) -> status.json content (out_dir gets trace.jsonl, status.json)
-Execute = Callable[[str, dict, Path, Path, int], dict]
 
 
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def derived_seed(*parts: Any) -> int:
-    """A stable 31-bit seed from the run seed and names (same on every machine and rerun)."""
-    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
-
-
-def episode_executor(spec, endpoint) -> Execute:
-    """The real rollout: `mass_jobs.harness.run_episode` with the spec's limits, sampling and harness."""
-
-    from mass_jobs.roles import role_endpoint
-
-    endpoint = role_endpoint(spec, "executor") or endpoint  # roles.executor, else the generation
-
-    def execute(prompt: str, files: dict, workspace: Path, out_dir: Path, seed: int, single_agent: bool = False) -> dict:
-        from mass_jobs.harness import EpisodeInput, run_episode
-
-        inp = EpisodeInput(
-            prompt=prompt, endpoint=endpoint, limits=spec.execution.limits, sampling=spec.model.sampling,
-            harness=spec.execution.harness, seed=seed, files=dict(files), single_agent=single_agent,
-        )
-        return run_episode(inp, workspace, out_dir).status
-
-    return execute
-
-
-ROLLOUT_FILES = ("prompt.txt", "workspace.tar.gz", "trace.jsonl", "status.json")
-
-
-def rollout(ctx: RunContext, prefix: str, execute: Execute, prompt: str, files: dict, seed: int) -> dict:
-    """Run one episode here and persist prompt, workspace, trace and status under `prefix`; return status."""
-    with tempfile.TemporaryDirectory(prefix="mass-rollout-") as tmp:
-        workspace, out = Path(tmp) / "workspace", Path(tmp) / "out"
-        workspace.mkdir()
-        out.mkdir()
-        status = execute(prompt, files, workspace, out, seed)
-        trace = out / "trace.jsonl"
-        store_rollout(ctx, prefix, prompt, workspace_archive=None, workspace=workspace,
-                      trace=trace.read_bytes() if trace.exists() else b"", status=status)
-    return status
-
-
-def store_rollout(ctx: RunContext, prefix: str, prompt: str, *, status: dict, trace: bytes,
-                  workspace: Path | None = None, workspace_archive: bytes | None = None) -> None:
-    """ROLLOUT_FILES of one rollout, status last (its presence says the rollout is stored)."""
-    store = ctx.store
-    store.put_bytes(ctx.rollout_file(prefix, "prompt.txt"), prompt.encode())
-    if workspace is not None:
-        store.put_dir(ctx.rollout_file(prefix, "workspace.tar.gz"), workspace)
-    else:
-        store.put_bytes(ctx.rollout_file(prefix, "workspace.tar.gz"), workspace_archive)
-    store.put_bytes(ctx.rollout_file(prefix, "trace.jsonl"), trace)
-    store.put_json(ctx.rollout_file(prefix, "status.json"), status)
-
-
-def rollout_outputs(ctx: RunContext, prefix: str) -> list[str]:
-    return [ctx.rollout_file(prefix, n) for n in ROLLOUT_FILES]
 
 
 def _get_json(store, key: str):
@@ -131,6 +64,28 @@ def _get_json(store, key: str):
 
 class SearchError(StepFailed):
     pass
+
+
+def iteration_step(ctx: RunContext, gen: int, task_id: str, k: int):
+    """Iteration k's Step: the task, k and the search settings (not how many iterations follow)."""
+    from mass_jobs.roles import roles_input
+    from mass_jobs.store import Step
+
+    inputs = {
+        "task": ctx.spec.task(task_id).model_dump(mode="json"),
+        "k": k,
+        "search": ctx.spec.search.model_dump(mode="json", exclude={"iterations"}),
+        **({"roles": roles_input(ctx.spec)} if roles_input(ctx.spec) else {}),
+    }
+    # iteration 0 also runs the bare reference rollout
+    return Step(ctx.store, ctx.search_rollout(gen, task_id, k), inputs, name=f"search/{task_id}/iter-{k}",
+                owns=(ctx.search_rollout(gen, task_id, "reference") + "/",) if k == 0 else ())
+
+
+def search_steps(ctx: RunContext, gen: int, task_id: str) -> list:
+    """Every iteration's Step: the search is stored when iterations 0..search.iterations all are
+    (the last one wrote the finished state)."""
+    return [iteration_step(ctx, gen, task_id, k) for k in range(ctx.spec.search.iterations + 1)]
 
 
 class Search:
@@ -160,18 +115,7 @@ class Search:
         return self.ctx.search_file(self.gen, self.task.id, k, name)
 
     def _step(self, k: int):
-        from mass_jobs.roles import roles_input
-        from mass_jobs.store import Step
-
-        inputs = {
-            "task": self.task.model_dump(mode="json"),
-            "k": k,
-            "search": self.cfg.model_dump(mode="json", exclude={"iterations"}),
-            **({"roles": roles_input(self.spec)} if roles_input(self.spec) else {}),
-        }
-        # iteration 0 also runs the bare reference rollout
-        return Step(self.store, self._iter(k), inputs, name=f"search/{self.task.id}/iter-{k}",
-                    owns=(self._iter("reference") + "/",) if k == 0 else ())
+        return iteration_step(self.ctx, self.gen, self.task.id, k)
 
     def state(self) -> SearchState | None:
         doc = _get_json(self.store, self.ctx.search_state(self.gen, self.task.id))

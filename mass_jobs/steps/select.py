@@ -49,11 +49,11 @@ def by_panel(ctx) -> bool:
 def select_step(ctx, gen: int):
     """Selection's Step: the stored training outputs (log and checkpoints), plus the panel's settings
     when the panel selects."""
-    from mass_jobs.store import Step, read_manifest
+    from mass_jobs.store import Step, Waiting, read_manifest
 
     train = read_manifest(ctx.store, ctx.train(gen))
     if train is None:
-        raise SelectError(f"generation {gen}: training has no manifest at {ctx.train(gen)!r} (run mass train first)")
+        return Waiting(f"generation {gen}: training has no manifest at {ctx.train(gen)!r} (run mass train first)")
     inputs = {"train": train["outputs"]}
     if by_panel(ctx):
         from mass_jobs.steps.select_panel import panel_inputs
@@ -67,11 +67,11 @@ def run_select(ctx, gen: int, servers=None) -> dict:
 
     `servers`: (serve_parent, serve_checkpoint, serve_judge) for panel selection; the embedded
     server's by default."""
-    from mass_jobs.store import read_manifest
+    from mass_jobs.store import formed, read_manifest
 
     train = read_manifest(ctx.store, ctx.train(gen))
     sft = read_manifest(ctx.store, ctx.sft(gen)) or {}
-    step = select_step(ctx, gen)
+    step = formed(select_step(ctx, gen), SelectError)
     if step.done:
         return ctx.store.get_json(ctx.select(gen))
     step.start()

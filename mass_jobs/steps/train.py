@@ -18,7 +18,8 @@ from pathlib import Path
 from mass_jobs.context import RunContext
 from mass_jobs.generation_model import local_model_dir
 from mass_jobs.training.checkpoint import MANIFEST, latest_checkpoint, read_checkpoint
-from mass_jobs.training.loop import Dist, Trainer
+from mass_jobs.training.dist import Dist
+from mass_jobs.training.loop import Trainer
 
 
 def read_windows(path: Path) -> list[dict]:
@@ -72,15 +73,24 @@ def training_settings(sft) -> dict:
 
 def train_step(ctx: RunContext, gen: int, world_size: int):
     """Training's Step: the stored SFT windows, the sft settings, the parent model, the world size."""
-    from mass_jobs.store import Step, read_manifest
+    from mass_jobs.store import Step, Waiting, read_manifest
 
     sft_manifest = read_manifest(ctx.store, ctx.sft(gen))
     if sft_manifest is None:
-        raise FileNotFoundError(f"generation {gen}: no SFT windows at {ctx.sft(gen)}/ (run `mass render sft` first)")
+        return Waiting(f"generation {gen}: no SFT windows at {ctx.sft(gen)} (run `mass render sft` first)")
     return Step(ctx.store, ctx.train(gen), inputs={
         "sft": sft_manifest.get("outputs"), "sft_spec": training_settings(ctx.spec.sft),
         "parent": ctx.spec.model.base if gen == 0 else ctx.model(gen), "world_size": world_size,
     })
+
+
+def stored_train_step(ctx: RunContext, gen: int):
+    """The train Step as stored: for the world size that trained it (a local run and a PyTorchJob
+    differ in ranks, and either's checkpoints serve select and merge)."""
+    from mass_jobs.store import read_manifest
+
+    manifest = read_manifest(ctx.store, ctx.train(gen))
+    return train_step(ctx, gen, (manifest or {}).get("extra", {}).get("world_size", 1))
 
 
 def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False, parallel: str = "ddp",
@@ -88,9 +98,9 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
     """Train (every rank calls this); returns the train step's manifest `extra` on every rank."""
     dist = Dist.current()
     work = Path(work_dir)
-    from mass_jobs.store import read_manifest
+    from mass_jobs.store import formed, read_manifest
 
-    step = train_step(ctx, gen, dist.world)
+    step = formed(train_step(ctx, gen, dist.world))
     sft_manifest = read_manifest(ctx.store, ctx.sft(gen))
     if step.done:
         return ctx.store.get_json(step.manifest_key)["extra"]

@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
+from mass_jobs.errors import StepFailed
 from mass_jobs.store.base import MissingKey, Store, check_key
 from mass_jobs.store.lease import Lease, WriterBusy
 
@@ -33,6 +35,23 @@ class CorruptObject(Exception):
 
 class StepTakenOver(WriterBusy):
     """This writer's step lease was taken over (it was frozen past the TTL): what it wrote is not published."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A step that cannot be formed yet because an input it hashes is not stored: a value, not an
+    error. It is not done (so a done-check needs no exception handling) and says why; the step's
+    core, which cannot run without that input, raises it (`formed`)."""
+
+    reason: str
+    done: bool = False
+
+
+def formed(step: Step | Waiting, error: type[Exception] = StepFailed) -> Step:
+    """The Step itself, or the Waiting's reason raised as `error` (the core's own error type)."""
+    if isinstance(step, Waiting):
+        raise error(step.reason)
+    return step
 
 
 def hash_inputs(obj: Any) -> str:

@@ -35,6 +35,7 @@ from mass_jobs.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from mass_jobs.training.dist import Dist, autocast, decoder_layers, fsdp_mixed_precision, local_device
 from mass_jobs.training.lora import adapted_summary, attach_lora, resolve_targets, trainable_named_parameters
 from mass_jobs.training.loss import chunked_loss_sum, logits_loss_sum, split_head
 from mass_jobs.training.schedule import lr_at
@@ -49,89 +50,6 @@ class TrainResult:
     log_path: Path | None = None
     param_share: float = 1.0  # share of the model's parameters this rank holds (1/world under FSDP)
     lora: dict = field(default_factory=dict)  # what the adapter covers (training/lora.py adapted_summary)
-
-
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @classmethod
-    def current(cls) -> Dist:
-        import os
-
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return cls()
-        return cls(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
-
-    def all_sum(self, values: list[float], device) -> list[float]:
-        import torch
-        import torch.distributed as dist
-
-        t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in values])
-        if self.world > 1:
-            dist.all_reduce(t)
-        return t.tolist()
-
-    def gather(self, obj) -> list:
-        import torch.distributed as dist
-
-        if self.world == 1:
-            return [obj]
-        out = [None] * self.world
-        dist.all_gather_object(out, obj)
-        return out
-
-    def barrier(self) -> None:
-        import torch.distributed as dist
-
-        if self.world > 1:
-            dist.barrier()
-
-
-def _device(dist_info: Dist):
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.set_device(dist_info.local_rank)
-        return torch.device("cuda", dist_info.local_rank)
-    if dist_info.world > 1:
-        # One intra-op thread per rank, as torchrun gives processes sharing a node: a CPU kernel's
-        # sums depend on its thread count, so every launcher (torchrun's several processes, or a
-        # PyTorchJob's pods of one each) must agree for replicas to train the same weights.
-        torch.set_num_threads(1)
-    return torch.device("cpu")
-
-
-def fsdp_mixed_precision(device):
-    """FSDP's precision, matching the DDP path: on GPU bf16 compute (what autocast does there) with
-    gradients reduced and kept in fp32 like DDP's fp32 LoRA grads; on CPU everything stays fp32."""
-    import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    if device.type == "cuda":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
-
-
-def decoder_layers(model) -> list:
-    """The transformer blocks, FSDP's units: modules of the classes the model declares unsplittable."""
-    names = set(getattr(model.get_base_model(), "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ValueError(f"FSDP found no decoder layers to shard: the model's _no_split_modules is {sorted(names)}")
-    return layers
-
-
-def _autocast(device):
-    import torch
-
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()  # CPU trains in fp32: bf16 on CPU is slow and lossy
 
 
 class Trainer:
@@ -155,7 +73,7 @@ class Trainer:
         self.parallel, self.on_checkpoint, self.progress = parallel, on_checkpoint, progress
         self.total_steps = steps or sft.steps
         self.dist = Dist.current()
-        self.device = _device(self.dist)
+        self.device = local_device(self.dist)
         from mass_jobs.composition import composition_of
 
         self.sampler = WindowSampler(train_windows, composition_of(sft).orchestrator_share, sft.seed)
@@ -337,7 +255,7 @@ class Trainer:
         # FSDP gathers weights collectively in every forward, so all ranks run as many forwards;
         # a rank short of windows repeats one and discards its loss.
         rounds = -(-len(self.val_windows) // self.dist.world) if self.sharded else len(mine)
-        with torch.no_grad(), _autocast(self.device):
+        with torch.no_grad(), autocast(self.device):
             for i in range(rounds):
                 w = mine[i] if i < len(mine) else self.val_windows[0]
                 loss, n = self.window_loss(w)
@@ -415,7 +333,7 @@ class Trainer:
             losses, tokens = [], 0  # the losses stay on the device: one host sync per step, at the sum
             for micro in range(accum):
                 window = self.train_windows[self.sampler.draw(step, self.dist.rank, micro)]
-                with self._grad_sync(micro == accum - 1), _autocast(self.device):
+                with self._grad_sync(micro == accum - 1), autocast(self.device):
                     loss, n = self.window_loss(window)
                     loss = loss / max(n, 1)
                 (loss / accum).backward()

@@ -384,7 +384,8 @@ def test_guard_vetoes_an_episode_whose_archive_is_refused_and_rank_never_shows_i
     from mass_jobs.steps.collect import run_collect
     from mass_jobs.steps.guard import run_guard
     from mass_jobs.steps.rank import run_rank
-    from mass_jobs.steps.search import episode_executor, run_search
+    from mass_jobs.steps.search import run_search
+    from mass_jobs.steps.rollouts import episode_executor
     from tests.fixtures.inner_loop import add_episodes, episode
 
     store = make_store("file")

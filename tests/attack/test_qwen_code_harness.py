@@ -181,7 +181,8 @@ def rendered(trace, tiny_model_dir) -> list[str]:
     from transformers import AutoTokenizer
 
     from mass_jobs.models import SftSpec
-    from mass_jobs.steps.render_sft import EpisodeTrace, render_windows
+    from mass_jobs.steps.sft_threads import EpisodeTrace
+    from mass_jobs.steps.render_sft import render_windows
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     windows, stats = render_windows([EpisodeTrace("t", 0, trace, bare_prompt="Tidy up.", harness="qwen-code")], tok,
@@ -275,7 +276,8 @@ def test_a_malformed_recorded_call_is_a_counted_episode_error_in_render_and_audi
 
     from mass_jobs.audit import audit_episode
     from mass_jobs.models import SftSpec
-    from mass_jobs.steps.render_sft import EpisodeTrace, render_windows
+    from mass_jobs.steps.sft_threads import EpisodeTrace
+    from mass_jobs.steps.render_sft import render_windows
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     good = {"seq": 1, "request": {"messages": [{"role": "user", "content": "Tidy up."}]},
