@@ -41,7 +41,7 @@ from typing import Any, ContextManager
 import yaml
 from pydantic import Field, ValidationError
 
-from mass_jobs.models import ID_PATTERN, Closed
+from mass_jobs.model_base import ID_PATTERN, Closed
 from mass_jobs.spec import SpecError, SpecIssue
 
 ServeModel = Callable[[int], ContextManager[Any]]  # gen -> context manager yielding that generation's Endpoint

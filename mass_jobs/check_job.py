@@ -24,7 +24,9 @@ from typing import Any
 
 from pydantic import Field
 
-from mass_jobs.models import CheckCommand, Closed, EpisodeLimits
+from mass_jobs.model_base import Closed
+from mass_jobs.models import EpisodeLimits
+from mass_jobs.task_models import CheckCommand
 
 DETAIL_CHARS = 300
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from mass_jobs import evidence
-from mass_jobs.models import Closed
+from mass_jobs.model_base import Closed
 
 EVALUATOR_ROLE = "evaluator"
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from mass_jobs.models import Task
+from mass_jobs.task_models import Task
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from pathlib import Path
 from mass_jobs import pipeline as P
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
-from mass_jobs.models import RunSpec, Task
+from mass_jobs.models import RunSpec
+from mass_jobs.task_models import Task
 from mass_jobs.progress import Display, PerKey
 from mass_jobs.split_guard import SplitLeak, check_no_test_leak  # noqa: F401 (the runner's API too)
 

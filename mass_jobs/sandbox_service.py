@@ -133,7 +133,8 @@ class SandboxService:
 
     def check(self, body: dict) -> dict:
         from mass_jobs.check_job import run_check
-        from mass_jobs.models import CheckCommand, EpisodeLimits
+        from mass_jobs.models import EpisodeLimits
+        from mass_jobs.task_models import CheckCommand
 
         check = CheckCommand.model_validate(body["check"])
         self._reap_strays()

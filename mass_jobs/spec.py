@@ -17,7 +17,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from mass_jobs.models import RunSpec, Task, TaskFile
+from mass_jobs.models import RunSpec
+from mass_jobs.task_models import Task, TaskFile
 
 from mass_jobs.spec_bounds import MAX_SPEC_BYTES, decode_bounded, get_bounded, parse_document, read_bounded
 from mass_jobs.spec_issues import SpecError, SpecIssue, found_text, json_path, schema_issues, schema_validator

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mass_jobs.models import RunSpec, Task, Workflow
+from mass_jobs.models import RunSpec
+from mass_jobs.task_models import Task, Workflow
 
 from mass_jobs.spec_issues import SpecIssue, found_text
 

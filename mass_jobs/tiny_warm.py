@@ -51,7 +51,7 @@ def _call(name: str, arguments: dict, i: int) -> dict:
 
 def _synthetic_workflow(rng: random.Random, hops: bool = True):
     """A short valid workflow (appended to some prompts; without hops, what the optimizer proposes)."""
-    from mass_jobs.models import Workflow
+    from mass_jobs.task_models import Workflow
 
     picks = [rng.choice(_AGENT_POOL)]  # one worker agent: longer lists come out with repeated ids
     agents = [{"id": "orchestrator", "role": "orchestrator", "instruction": rng.choice(_ORCHESTRATOR_LINES)}]

@@ -11,7 +11,8 @@ import re
 from typing import Any
 
 from mass_jobs.errors import WorkflowError
-from mass_jobs.models import ID_PATTERN, Agent, Workflow
+from mass_jobs.model_base import ID_PATTERN
+from mass_jobs.task_models import Agent, Workflow
 
 UPSTREAM_MARKER = "Create an agent team with following agent candidates to solve this problem:"
 

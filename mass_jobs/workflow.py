@@ -1,7 +1,7 @@
 """Workflows as data: validate, render as prompt text, teacher prompt (upstream files: upstream_format).
 
 A workflow (agents with role, instruction and output contract; hops = call order) is JSON validated
-against the schema generated from `mass_jobs.models.Workflow`, then rendered into text that is
+against the schema generated from `mass_jobs.task_models.Workflow`, then rendered into text that is
 appended to the task prompt. The prompt pieces are exposed separately (`PromptParts`) so the
 render step can remove exactly the workflow and directive from the orchestrator's first input.
 
@@ -15,7 +15,7 @@ import re
 from typing import Any, NamedTuple
 
 from mass_jobs.errors import WorkflowError
-from mass_jobs.models import Workflow
+from mass_jobs.task_models import Workflow
 from mass_jobs.upstream_format import agents_from_upstream
 
 SEPARATOR = "\n\n"

@@ -20,7 +20,7 @@ import pytest
 from mass_jobs.compare import Verdict
 from mass_jobs.context import RunContext
 from mass_jobs.llm import ModelClient
-from mass_jobs.models import Workflow
+from mass_jobs.task_models import Workflow
 from mass_jobs.steps.collect import Collection
 from mass_jobs.steps.search import Search
 from mass_jobs.steps.rollouts import episode_executor

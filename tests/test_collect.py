@@ -124,7 +124,7 @@ def test_collects_when_any_version_beat_the_reference_with_that_version(make_sto
     """v0 beats the reference, v1 beats v0 but its one reference judgment is unreadable (invalid):
     by default the task is collected with v0's workflow (the latest version that beat the
     reference); `collect_when: elite` skips it."""
-    from mass_jobs.models import Workflow
+    from mass_jobs.task_models import Workflow
     from mass_jobs.workflow import teacher_prompt_parts
 
     store = make_store("file")

@@ -8,7 +8,7 @@ import pytest
 
 from mass_jobs.context import RunContext
 from mass_jobs.llm import ModelClient
-from mass_jobs.models import Guards
+from mass_jobs.task_models import Guards
 from mass_jobs.steps.collect import run_collect
 from mass_jobs.steps.guard import check_workspace, hash_protected, run_guard, sandbox_checker
 from mass_jobs.steps.rank import run_rank

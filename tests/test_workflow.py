@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mass_jobs.models import Workflow
+from mass_jobs.task_models import Workflow
 from mass_jobs.upstream_format import UPSTREAM_MARKER, import_upstream
 from mass_jobs.workflow import (
     DEFAULT_WORKFLOW,

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import Field
 
-from mass_jobs.models import Closed
+from mass_jobs.model_base import Closed
 
 DIMS = 4  # principal components of the embedding kept at most
 RIDGE = 1e-9  # added to the correlation matrix's diagonal: logdet of a rank-deficient sample stays finite
@@ -139,7 +139,7 @@ def analyse(generation: int, samples: list[dict], embedder) -> InformationProxy:
 
 def search_samples(states: dict[str, dict]) -> list[dict]:
     """One sample per rollout with a workflow, from the search states of one generation (task -> state)."""
-    from mass_jobs.models import Workflow
+    from mass_jobs.task_models import Workflow
     from mass_jobs.workflow import render_workflow
 
     out = []

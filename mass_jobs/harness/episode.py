@@ -16,7 +16,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from mass_jobs.llm import Endpoint
-from mass_jobs.models import Closed, EpisodeLimits, Sampling
+from mass_jobs.model_base import Closed
+from mass_jobs.models import EpisodeLimits, Sampling
 
 OUTCOMES = ("success", "failed", "turn_limit", "loop_detected", "timeout", "infra_error")
 HARNESSES = ("builtin", "qwen-code")

@@ -237,7 +237,7 @@ class Collection:
 
 
 def _wf(doc: dict):
-    from mass_jobs.models import Workflow
+    from mass_jobs.task_models import Workflow
 
     return Workflow.model_validate(doc)
 

@@ -36,7 +36,8 @@ from typing import Any, ContextManager
 
 from mass_jobs.context import RunContext
 from mass_jobs.generation_model import model_ref, served_model_dir
-from mass_jobs.models import Judge, RunSpec, Task
+from mass_jobs.models import Judge, RunSpec
+from mass_jobs.task_models import Task
 
 ROLLOUT_FILES = ("workspace.tar.gz", "trace.jsonl", "status.json", "audit.json")
 

@@ -30,7 +30,8 @@ from typing import Any
 from pydantic import Field
 
 from mass_jobs.context import RunContext
-from mass_jobs.models import CheckCommand, Closed, Guards
+from mass_jobs.model_base import Closed
+from mass_jobs.task_models import CheckCommand, Guards
 
 # run_check(command, workspace) -> (exit code, short description when it failed)
 RunCheck = Callable[[CheckCommand, Path], tuple[int, str]]

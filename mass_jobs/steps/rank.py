@@ -25,7 +25,7 @@ from mass_jobs.compare import Verdict, judge, task_bundle
 from mass_jobs.evidence import prompt_budget
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
-from mass_jobs.models import Closed
+from mass_jobs.model_base import Closed
 from mass_jobs.pairing import schedule
 from mass_jobs.steps.rollouts import derived_seed
 from mass_jobs.steps.search_state import SearchState

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from mass_jobs.analysis.information import InformationProxy
-from mass_jobs.models import Closed
+from mass_jobs.model_base import Closed
 
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "report.schema.json"

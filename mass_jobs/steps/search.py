@@ -37,7 +37,7 @@ from mass_jobs.compare import Verdict, blind_judge, task_bundle, task_views
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.evidence import prompt_budget
-from mass_jobs.models import Workflow
+from mass_jobs.task_models import Workflow
 from mass_jobs.steps.rollouts import Execute, derived_seed, rollout, rollout_outputs, store_rollout
 from mass_jobs.steps.search_state import IterationRecord, SearchState, fold, judge_version, won
 from mass_jobs.trace_shape import last_tool_calls

@@ -13,7 +13,8 @@ from typing import Literal
 from pydantic import Field
 
 from mass_jobs.compare import Verdict
-from mass_jobs.models import Closed, Workflow
+from mass_jobs.model_base import Closed
+from mass_jobs.task_models import Workflow
 from mass_jobs.workflow import diff_workflows
 
 
