@@ -42,19 +42,20 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mass_jobs.sandbox_tree import kill_tree, memory_cgroup, over_quota, read_capped, signal_reason, supervise
+from mass_jobs.sandbox_uids import identity_files, lease_uid, own_tree, release_uid
+
 if TYPE_CHECKING:
     from mass_jobs.models import EpisodeLimits
 
-# Only stdlib imports above: this file also runs as a script (the launcher, see `_launch`).
+LAUNCHER = Path(__file__).with_name("sandbox_launch.py")  # stdlib only: run with -I -S
 
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # What the sandbox sees of the host besides the workspace and the interpreter: read-only binds, or
 # the same symlink where the host has one (merged /usr).
 SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 PYTHON_MODES = ("project", "system")
-SAMPLE_S = 0.2  # how often the supervisor samples the tree (and, every 5th time, the workspace)
 
 
 class SandboxEscape(ValueError):
@@ -272,7 +273,7 @@ def bwrap_argv(
         argv += [how, path, path]
         made.add(path)
     if uid is not None:  # the leased uid has a name, as programs that ask for their user expect
-        argv += [a for f in _identity_files(uid) for a in ("--ro-bind", str(f), f"/etc/{f.name.split('-')[0]}")]
+        argv += [a for f in identity_files(uid) for a in ("--ro-bind", str(f), f"/etc/{f.name.split('-')[0]}")]
     argv += ["--remount-ro", "/"]
     if uid is None:
         return argv + ["--chdir", workspace, "--", "/bin/sh", "-c", cmd]
@@ -288,167 +289,6 @@ def _visible_path(path: str, visible_dirs: list[str]) -> str:
     return os.pathsep.join(keep)
 
 
-def _own_tree(root: Path, uid: int, gid: int) -> None:
-    """Hand the workspace to the call's uid so the command can write there (and only there).
-
-    coreutils' chown walks with fts: a tree deeper than PATH_MAX or Python's recursion limit
-    (which a command can make) is handled; links are changed themselves, never followed.
-    """
-    import subprocess
-
-    subprocess.run(["chown", "-R", "-h", "-P", f"{uid}:{gid}", "--", str(root)], check=True, capture_output=True)
-
-
-# ---------------------------------------------------------------- uids, one per workspace in use
-
-_leases: dict[str, list] = {}  # workspace -> [uid, users, lock fd]
-
-
-def _identity_files(uid: int) -> list[Path]:
-    """passwd and group of this host plus a `sandbox` entry for `uid`, shown over /etc in its view."""
-    out = []
-    for name, line in (("passwd", f"sandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/sh\n"), ("group", f"sandbox:x:{uid}:\n")):
-        path = _lease_dir() / f"{name}-{uid}"
-        if not path.exists():
-            host = Path(f"/etc/{name}").read_text() if Path(f"/etc/{name}").exists() else ""
-            tmp = path.with_suffix(f".{os.getpid()}")
-            tmp.write_text(host + ("" if host.endswith("\n") or not host else "\n") + line)
-            tmp.chmod(0o644)
-            os.replace(tmp, path)
-        out.append(path)
-    return out
-
-
-def _lease_dir() -> Path:
-    """One fixed place per host (not $TMPDIR, which callers may vary), owned by us alone."""
-    base = Path("/run") if os.access("/run", os.W_OK) else Path("/tmp")
-    d = base / "mass-sandbox-uids"
-    d.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(d)
-    if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise RuntimeError(f"{d} is not a private directory of uid {os.geteuid()}: refusing to lease sandbox uids there")
-    return d
-
-
-def _lease_uid(workspace: str, limits: SandboxLimits) -> int:
-    """A uid no other workspace uses now, in this process or another (flock, released on death)."""
-    import fcntl
-
-    with _lease_lock:
-        if workspace in _leases:
-            _leases[workspace][1] += 1
-            return _leases[workspace][0]
-        taken = {lease[0] for lease in _leases.values()}
-        for uid in range(limits.uid_base, limits.uid_base + limits.uids):
-            if uid in taken:
-                continue
-            fd = os.open(_lease_dir() / str(uid), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            _leases[workspace] = [uid, 1, fd]
-            return uid
-    raise RuntimeError(f"all {limits.uids} sandbox uids from {limits.uid_base} are in use")
-
-
-def _release_uid(workspace: str) -> None:
-    with _lease_lock:
-        lease = _leases[workspace]
-        lease[1] -= 1
-        if lease[1] == 0:
-            os.close(lease[2])
-            del _leases[workspace]
-
-
-_lease_lock = threading.Lock()
-
-
-# ---------------------------------------------------------------- the supervisor's view of the tree
-
-
-def _tree(root: int) -> list[int]:
-    """`root` and every live descendant (orphans in the PID namespace hang under its init)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def tree_usage(root: int) -> tuple[float, float, int]:
-    """(CPU seconds, memory MB as PSS, processes) of the tree under `root`, reaped children included."""
-    tick = os.sysconf("SC_CLK_TCK")
-    cpu = mem = 0.0
-    pids = _tree(root)
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            cpu += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
-            with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-                for line in f:
-                    if line.startswith(b"Pss:"):
-                        mem += int(line.split()[1]) / 1024
-                        break
-        except (OSError, IndexError, ValueError):
-            continue
-    return cpu, mem, len(pids)
-
-
-def workspace_usage(root: Path) -> tuple[int, int]:
-    """(apparent bytes, entries) under `root`, links not followed, hard links once. coreutils' du
-    walks with fts, so nothing hides past PATH_MAX or a deep recursion."""
-    import subprocess
-
-    def du(*flags: str) -> int:
-        out = subprocess.run(["du", "-s", *flags, "--", str(root)], capture_output=True, text=True)
-        return int(out.stdout.split()[0]) if out.stdout.split() else 0
-
-    return du("-b"), du("--inodes") - 1  # the root itself is not an entry
-
-
-FLOOD_FACTOR, FLOOD_MIN = 64, 64 << 20  # output past max(64 x cap, 64 MiB) ends the call (output_limit)
-
-
-def _reader(stream: Any, cap: int, sink: dict) -> None:
-    buf = bytearray()
-    dropped = 0
-    while True:
-        chunk = stream.read(65536)
-        if not chunk:
-            break
-        room = cap - len(buf)
-        buf += chunk[: max(room, 0)]
-        dropped += max(len(chunk) - max(room, 0), 0)
-        sink["data"], sink["dropped"] = bytes(buf), dropped
-        if dropped > max(FLOOD_FACTOR * cap, FLOOD_MIN):  # an endless stream: stop paying for it
-            sink["flood"] = True
-            break
-    sink["data"], sink["dropped"] = bytes(buf), dropped
-
-
-def _over_quota(workspace: Path, limits: SandboxLimits) -> str | None:
-    size, files = workspace_usage(workspace)
-    if files > limits.workspace_files:
-        return f"workspace holds over {limits.workspace_files} entries"
-    if size > limits.workspace_mb * 1024 * 1024:
-        return f"workspace holds {size} bytes, over its {limits.workspace_mb} MB quota"
-    return None
-
-
 def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None,
                   stop: threading.Event | None = None) -> SandboxResult:
     """Run `/bin/sh -c cmd` in workspace `cwd` under `limits`; see the module docstring. Setting
@@ -461,12 +301,12 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
         raise FileNotFoundError(f"sandbox cwd {workspace} is not a directory")
     as_root = os.geteuid() == 0
     drop = as_root and limits.drop_privileges
-    uid = _lease_uid(str(workspace), limits) if drop else None
+    uid = lease_uid(str(workspace), limits) if drop else None
     host_tmp = None
     try:
         if uid is not None:
             for tree in (workspace, *limits.writable):
-                _own_tree(Path(tree), uid, uid)
+                own_tree(Path(tree), uid, uid)
         bwrap, setpriv_or_reason = _tools()
         if bwrap is None:  # no namespaces: a private temp dir of the host stands in for /tmp
             host_tmp = Path(tempfile.mkdtemp(prefix="mass-sandbox-"))
@@ -479,7 +319,7 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
 
             shutil.rmtree(host_tmp, ignore_errors=True)
         if uid is not None:
-            _release_uid(str(workspace))
+            release_uid(str(workspace))
 
 
 def _run(
@@ -527,8 +367,8 @@ def _run(
         "RLIMIT_CORE": [0, 0],
     }
     launch = {"argv": argv, "rlimits": rlimits, "uid": None if bwrap else uid, "cwd": str(workspace)}
-    cgroup = _memory_cgroup(limits, notes)
-    launcher = [sys.executable, "-I", "-S", str(Path(__file__).resolve()), "--launch", json.dumps(launch)]
+    cgroup = memory_cgroup(limits, notes)
+    launcher = [sys.executable, "-I", "-S", str(LAUNCHER.resolve()), "--launch", json.dumps(launch)]
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -547,12 +387,12 @@ def _run(
         raise
     sinks: dict[str, dict] = {"out": {}, "err": {}}
     readers = [
-        threading.Thread(target=_reader, args=(proc.stdout, limits.output_bytes, sinks["out"]), daemon=True),
-        threading.Thread(target=_reader, args=(proc.stderr, limits.output_bytes, sinks["err"]), daemon=True),
+        threading.Thread(target=read_capped, args=(proc.stdout, limits.output_bytes, sinks["out"]), daemon=True),
+        threading.Thread(target=read_capped, args=(proc.stderr, limits.output_bytes, sinks["err"]), daemon=True),
     ]
     for t in readers:
         t.start()
-    reason, peak, why = _supervise(proc, workspace, limits, t0, sinks, stop, cgroup)
+    reason, peak, why = supervise(proc, workspace, limits, t0, sinks, stop, cgroup)
     if cgroup is not None:
         if cgroup.oom_kills() and reason is None:
             reason, why = "memory_limit", f"the kernel's OOM killer ended the tree at its {limits.memory_mb} MB cgroup limit"
@@ -563,12 +403,12 @@ def _run(
     for t in readers:
         t.join(timeout=2)
     if any(t.is_alive() for t in readers):  # without a PID namespace an escapee may hold the pipes
-        _kill_tree(proc.pid)
+        kill_tree(proc.pid)
         for t in readers:
             t.join(timeout=2)
     duration = time.monotonic() - t0
     killed = reason is not None
-    if not killed and (quota := _over_quota(workspace, limits)):  # written between two samples
+    if not killed and (quota := over_quota(workspace, limits)):  # written between two samples
         reason = "workspace_quota"
         notes.append(quota)
     applied.update(rlimits={k: v[0] for k, v in rlimits.items()}, wall_timeout_s=limits.timeout_s, python=python)
@@ -593,7 +433,7 @@ def _run(
         stdout=out.decode("utf-8", "replace"),
         stderr=err.decode("utf-8", "replace"),
         timed_out=timed_out,
-        killed_reason=reason or _signal_reason(code, limits, peak),
+        killed_reason=reason or signal_reason(code, limits, peak),
         memory_limit=f"cgroup v{cgroup.version}" if cgroup is not None else "sampled",
         network_isolated=bool(applied.get("network_namespace")),
         duration_s=round(duration, 4),
@@ -601,120 +441,3 @@ def _run(
         note="; ".join(notes),
         truncated=bool(dropped),
     )
-
-
-def _memory_cgroup(limits: SandboxLimits, notes: list[str]):
-    """The call's memory cgroup (the kernel holds the whole tree to memory_mb), or None: then only
-    the supervisor's samples and RLIMIT_AS hold it, and a note says so."""
-    from mass_jobs.memory_cgroup import MemoryCgroup
-
-    try:
-        cgroup = MemoryCgroup.create("sandbox", limits.memory_mb * 1024 * 1024)
-    except OSError as exc:
-        notes.append(f"memory held by sampling only: no memory cgroup can be made ({exc.strerror or exc})")
-        return None
-    if cgroup is None:
-        notes.append("memory held by sampling only: no cgroup memory controller is mounted")
-    return cgroup
-
-
-def _supervise(proc: Any, workspace: Path, limits: SandboxLimits, t0: float, sinks: dict,
-               stop: threading.Event | None = None, cgroup=None) -> tuple:
-    """Wait for the call, sampling its tree; kill it on the wall, CPU, memory, workspace or output
-    limit. Returns (reason or None, peak usage, what was over)."""
-    import subprocess
-
-    peak = {"cpu": 0.0, "mem": 0.0}
-    n = 0
-    while True:
-        try:
-            proc.wait(timeout=SAMPLE_S)
-            return None, peak, ""
-        except subprocess.TimeoutExpired:
-            pass
-        n += 1
-        cpu, mem, _ = tree_usage(proc.pid)
-        peak["cpu"], peak["mem"] = max(peak["cpu"], cpu), max(peak["mem"], mem)
-        reason, why = None, ""
-        if stop is not None and stop.is_set():
-            reason, why = "stopped", "stopped by the caller"
-        elif time.monotonic() - t0 >= limits.timeout_s:
-            reason = "wall_timeout"
-        elif cpu > limits.cpu_s + 1:  # a tree of processes each under RLIMIT_CPU
-            reason, why = "cpu_limit", f"tree used {cpu:.1f} CPU s, over {limits.cpu_s}"
-        elif cgroup is not None and cgroup.oom_kills():  # the kernel ended one process: end the tree
-            reason, why = "memory_limit", f"the kernel's OOM killer ended the tree at its {limits.memory_mb} MB cgroup limit"
-        elif mem > limits.memory_mb:
-            reason, why = "memory_limit", f"tree held {mem:.0f} MB, over {limits.memory_mb} MB"
-        elif any(s.get("flood") for s in sinks.values()):
-            reason, why = "output_limit", f"output flood: over {max(FLOOD_FACTOR * limits.output_bytes, FLOOD_MIN)} bytes"
-        elif n % 5 == 0 and (quota := _over_quota(workspace, limits)):
-            reason, why = "workspace_quota", quota
-        if reason:
-            _kill_tree(proc.pid)
-            proc.wait()
-            return reason, peak, why
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL the launcher's group and every descendant (bwrap's PID namespace dies with its init)."""
-    for p in reversed(_tree(pid)):
-        try:
-            os.kill(p, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _signal_reason(code: int, limits: SandboxLimits, peak: dict) -> str | None:
-    """Why the command died, from its exit status (a shell reports a signalled child as 128+N)."""
-    sig = -code if code < 0 else (code - 128 if 128 < code < 128 + 65 else None)
-    if sig is None:
-        return None
-    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and peak["cpu"] >= limits.cpu_s - 0.05):
-        return "cpu_limit"
-    if sig == signal.SIGXFSZ:
-        return "file_size_limit"
-    if sig in (signal.SIGSEGV, signal.SIGKILL, signal.SIGABRT) and peak["mem"] >= 0.9 * limits.memory_mb:
-        return "memory_limit"
-    try:
-        return f"signal:{signal.Signals(sig).name}"
-    except ValueError:
-        return None
-
-
-# ---------------------------------------------------------------- the launcher (runs as a script)
-
-
-def _launch(config: dict) -> None:
-    """Dies with the caller, sets the rlimits, drops to the uid where bwrap does not, then execs."""
-    import ctypes
-    import resource
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() == 1:  # the caller died before the line above
-        os._exit(137)
-    # Python ignores these at startup and exec keeps ignored signals: give the command the defaults.
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_DFL)
-    for name, value in config["rlimits"].items():
-        resource.setrlimit(getattr(resource, name), tuple(value))
-    if config["uid"] is not None:
-        os.setgroups([])
-        os.setgid(config["uid"])
-        os.setuid(config["uid"])
-        libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    try:
-        os.chdir(config["cwd"])
-        os.execv(config["argv"][0], config["argv"])
-    except OSError as exc:  # e.g. no namespaces and the workspace lies under a dir the uid cannot enter
-        os.write(2, f"sandbox: cannot start the command as uid {os.getuid()}: {exc}\n".encode())
-        os._exit(126)
-
-
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--launch":
-    _launch(json.loads(sys.argv[2]))

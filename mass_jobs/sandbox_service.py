@@ -150,12 +150,12 @@ class SandboxService:
         qwen-code, so nothing they leave survives their return either."""
         if not self.reap:
             return
-        from mass_jobs.sandbox import _tree
+        from mass_jobs.sandbox_tree import tree_pids
 
         me = os.getpid()
         for _ in range(REAP_ROUNDS):  # again until a walk finds none: a stray may fork while it is walked
-            keep = {pid for run in self._runs.values() if run.poll() is None for pid in _tree(run.proc.pid)}
-            strays = [pid for pid in reversed(_tree(me)) if pid != me and pid not in keep and not _zombie(pid)]
+            keep = {pid for run in self._runs.values() if run.poll() is None for pid in tree_pids(run.proc.pid)}
+            strays = [pid for pid in reversed(tree_pids(me)) if pid != me and pid not in keep and not _zombie(pid)]
             if not strays:
                 break
             for pid in strays:

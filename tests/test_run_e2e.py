@@ -137,9 +137,9 @@ def status_rows(spec_path: Path) -> dict:
 def freeze(pid: int, sig: int) -> None:
     """Signal the run's whole process tree (SIGSTOP, SIGCONT, SIGKILL): torchrun starts its workers
     in sessions of their own, out of reach of the run's process group."""
-    from mass_jobs.sandbox import _tree
+    from mass_jobs.sandbox_tree import tree_pids
 
-    for p in _tree(pid):
+    for p in tree_pids(pid):
         try:
             os.kill(p, sig)
         except ProcessLookupError:

@@ -335,7 +335,8 @@ def test_user_namespace_path_exposes_its_venv_read_only_and_hides_its_home():
         root.mkdir(mode=0o755)
         home.mkdir(mode=0o700)
         ws.mkdir()
-        shutil.copy(Path(sandbox.__file__), root / "sandbox.py")  # stdlib only: runs from anywhere
+        shutil.copy(Path(sandbox.__file__), root / "sandbox.py")  # its launcher beside it, readable by nobody
+        shutil.copy(sandbox.LAUNCHER, root / sandbox.LAUNCHER.name)
         (home / "decoy").write_text("DECOY-USERNS-4242")
         base = "/usr/bin/python3" if as_root else sys.executable  # nobody cannot enter a private home
         subprocess.run([base, "-m", "venv", "--without-pip", str(home / "venv")], check=True)

@@ -233,7 +233,8 @@ def write_file(workspace: Path, args: dict[str, Any], max_bytes: int) -> str:
 
 
 def _check_quota(workspace: Path, adding: int) -> None:
-    from mass_jobs.sandbox import SandboxLimits, workspace_usage
+    from mass_jobs.sandbox import SandboxLimits
+    from mass_jobs.sandbox_tree import workspace_usage
 
     q = SandboxLimits()
     size, files = workspace_usage(workspace)
