@@ -23,7 +23,8 @@ derived from `PIPELINE`; adding a step is one `StepDef` here plus its core (and 
   commands run the model's code), then `--agent-pods`; `generation` (evaluate) its rollouts against the
   InferenceServices prepare names (created before, deleted after), then `--agent-pods`. The local
   runner runs the same episodes in-process (shell commands sandboxed) through the step's core.
-  `trainer` (PyTorchJob under torchrun), `server` (GPU-sized pod that serves models itself).
+  `trainer`: a PyTorchJob (locally: torchrun). Scope and pod together are the step's typed
+  `shape` (`SHAPES`); a pair with no shape is refused when the step is declared.
 - `model`: calls the generation's served model (Argo: the InferenceService; locally: one lazy
   server for all such steps of a generation, stopped after the last of them).
 - `gen_offset`: the generation the step's `--gen` names relative to the cycle's (evaluate: g+1).
@@ -72,6 +73,63 @@ class Cost:
     calls: int = 0  # judge calls after the units, fanned out like them
 
 
+# ---------------------------------------------------------------- the plan's shapes
+# What one step becomes in an executor, derived once from its scope and pod (`StepDef.shape`): the
+# Argo compiler, `mass plan` and the local runner match on these types, never on a step's name.
+
+
+@dataclass(frozen=True)
+class Container:
+    """One container per generation (`run`: once, after the last generation)."""
+
+    once_per_run: bool = False
+
+
+@dataclass(frozen=True)
+class TaskFanout:
+    """A container per training task, side by side."""
+
+
+@dataclass(frozen=True)
+class Recursion:
+    """Per training task, one iteration per call, K+1 after K (`agent`: each iteration's rollouts
+    run in agent pods between its prepare and its finish)."""
+
+    agent: bool
+
+
+@dataclass(frozen=True)
+class EpisodeFanout:
+    """Per task and episode prepare -> sandboxed agent pod -> ingest, a bounded number at once, then
+    the task's summary."""
+
+
+@dataclass(frozen=True)
+class TaskRollouts:
+    """Per training task prepare -> its agent pods -> finish with their results."""
+
+
+@dataclass(frozen=True)
+class GenerationRollouts:
+    """Once per generation: serve the generations it names, prepare -> agent pods -> finish, release."""
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A multi-process GPU trainer: torchrun locally, a PyTorchJob on the cluster."""
+
+
+Shape = Container | TaskFanout | Recursion | EpisodeFanout | TaskRollouts | GenerationRollouts | Trainer
+# (scope, pod) -> shape; a pair not listed is refused when the step is declared
+SHAPES: dict[tuple[str, str], Shape] = {
+    ("run", "step"): Container(once_per_run=True), ("generation", "step"): Container(),
+    ("task", "step"): TaskFanout(), ("iteration", "step"): Recursion(agent=False),
+    ("iteration", "agent"): Recursion(agent=True), ("episode", "agent"): EpisodeFanout(),
+    ("task", "agent"): TaskRollouts(), ("generation", "agent"): GenerationRollouts(),
+    ("generation", "trainer"): Trainer(),
+}
+
+
 @dataclass(frozen=True)
 class StepDef:
     name: str
@@ -95,6 +153,9 @@ class StepDef:
             raise ValueError(f"step {self.name}: scope must be one of {SCOPES}, got {self.scope!r}")
         if self.pod not in PODS:
             raise ValueError(f"step {self.name}: pod must be one of {PODS}, got {self.pod!r}")
+        if (self.scope, self.pod) not in SHAPES:
+            fits = sorted(sc for sc, pod in SHAPES if pod == self.pod)
+            raise ValueError(f"step {self.name}: a {self.pod!r} pod runs at scope {' or '.join(fits)}, not {self.scope!r}")
         if self.resources not in RESOURCES:
             raise ValueError(f"step {self.name}: resources must be one of {RESOURCES}, got {self.resources!r}")
         unknown = [n for n in (self.local or ()) if n not in SERVICES]
@@ -107,6 +168,11 @@ class StepDef:
     @property
     def per_task(self) -> bool:
         return self.scope in PER_TASK
+
+    @property
+    def shape(self) -> Shape:
+        """What the step becomes in an executor (its scope and pod, typed)."""
+        return SHAPES[(self.scope, self.pod)]
 
     def core_function(self) -> Callable:
         return _resolve(self.core)

@@ -228,7 +228,8 @@ class Runner:
                 return
             tasks = train_tasks(self.spec)
             # episodes a task may still run: search = reference + initial elite + one per iteration
-            of = {"iteration": self.spec.search.iterations + 2, "episode": self.spec.collection.episodes}.get(s.scope)
+            of = self.spec.search.iterations + 2 if isinstance(s.shape, P.Recursion) else \
+                self.spec.collection.episodes if isinstance(s.shape, P.EpisodeFanout) else None
             for i, t in enumerate(tasks):
                 self._now.update(label=f"{s.name} task {i + 1}/{len(tasks)} {t.id}", episodes=0, of=of)
                 self.display.note(self._now["label"], i, len(tasks))
@@ -272,7 +273,7 @@ class Runner:
         calls = [s.argv(self.spec_path, g, t.id) for t in train_tasks(self.spec)] if s.per_task \
             else [s.argv(self.spec_path, g)]
         for argv in calls:
-            if s.pod == "trainer":  # the train core checks the split itself (split_guard), on Argo too
+            if isinstance(s.shape, P.Trainer):  # the train core checks the split itself (split_guard), on Argo too
                 nproc = max(1, min(self.spec.sft.replicas, os.cpu_count() or 1))
                 self._subprocess([self.python, "-m", "torch.distributed.run", "--standalone",
                                   f"--nproc_per_node={nproc}", "-m", "mass_jobs.cli", *argv, "--quiet"],

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import re
+
 import pytest
 import yaml
 
@@ -58,6 +60,13 @@ def test_the_table_is_well_formed():
         P.StepDef("x", "generation", "m:f", ("x",), "m:g", local=("gpu",))
     with pytest.raises(ValueError, match="resources must be one of"):
         P.StepDef("x", "generation", "m:f", ("x",), "m:g", resources="huge")
+    with pytest.raises(ValueError, match="a 'trainer' pod runs at scope generation, not 'task'"):
+        P.StepDef("x", "task", "m:f", ("x",), "m:g", pod="trainer")
+    with pytest.raises(ValueError, match="a 'step' pod runs at scope generation or iteration or run or task, not 'episode'"):
+        P.StepDef("x", "episode", "m:f", ("x",), "m:g")
+    assert [type(s.shape).__name__ for s in P.PIPELINE] == [
+        "Recursion", "EpisodeFanout", "TaskRollouts", "TaskFanout", "Container", "Trainer", "Container", "Container",
+        "GenerationRollouts", "Container"]
 
 
 def _name_dispatch(source: str, names: set[str]) -> list[int]:
@@ -103,6 +112,11 @@ def test_no_executor_dispatches_on_a_step_name():
     consumers = ["pipeline.py", "runner.py", "commands/status.py", "commands/plan.py", "commands/validate.py",
                  "planning/schedule.py", "planning/counts.py", "k8s/argo.py", "k8s/codegen.py", "preflight.py"]
     found = {rel: _name_dispatch((root / rel).read_text(), names) for rel in consumers}
+    assert {rel: lines for rel, lines in found.items() if lines} == {}
+    # nor re-derive what a step becomes from its scope and pod: that is its shape, derived once
+    ladder = re.compile(r"\b(sd|s|step)\.(scope|pod)\b")
+    found = {rel: [n + 1 for n, line in enumerate((root / rel).read_text().splitlines()) if ladder.search(line)]
+             for rel in consumers if rel != "pipeline.py"}
     assert {rel: lines for rel, lines in found.items() if lines} == {}
 
 

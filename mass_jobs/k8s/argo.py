@@ -5,10 +5,11 @@ from the pipeline table (`mass_jobs.pipeline.PIPELINE`).
 ones the local runner uses); parameters are small (URIs, ids) and data moves through S3: the
 store for steps, Argo S3 artifacts for agent pods, which hold no store credentials.
 
-How a step of the table becomes templates, by scope: `generation` and `run` -> one container
-(a `trainer` step -> delete-then-create of a PyTorchJob); `task` -> a container fanned out over the
-training tasks; `iteration` -> bounded recursion `<step>-task` over `--iteration K`; `episode` ->
-a fan-out (at most `agent_parallelism` at once) of `<step>-episode` = prepare (step pod) -> agent
+How a step of the table becomes templates, by its shape (`pipeline.SHAPES`): `Container` -> one
+container (`Trainer` -> delete-then-create of a PyTorchJob); `TaskFanout` -> a container fanned out
+over the training tasks, `TaskRollouts` its prepare -> agent pods -> finish; `Recursion` -> bounded
+recursion `<step>-task` over `--iteration K`; `GenerationRollouts` -> serve, prepare -> agent pods
+-> finish, release; `EpisodeFanout` -> a fan-out (at most `agent_parallelism` at once) of `<step>-episode` = prepare (step pod) -> agent
 pod -> ingest (step pod), then `<step>-summary` per task. The generation's InferenceService is
 created before the first step that uses the model, only when one of those is not stored yet, and
 deleted right after the last of them (and on exit).
@@ -194,8 +195,8 @@ class _Builder:
     # -------------------------------------------------------------- the table's steps
 
     def validate(self) -> Container:
-        names = {**VALIDATE_OUTPUTS, **{P.done_output(sd.name): P.done_output(sd.name) for sd in self.steps
-                                         if sd.scope != "run"}}
+        names = {**VALIDATE_OUTPUTS, **{P.done_output(sd.name): P.done_output(sd.name)
+                                         for sd in P.generation_steps(self.steps)}}
         outputs = [Parameter(name=k, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{f}")) for k, f in names.items()]
         # The chart's values the preflight checks: validate refuses a spec the cluster cannot run.
         chart = [f"--chart-value={key}={value}" for key, value in self.chart_values().items()]
@@ -218,65 +219,61 @@ class _Builder:
         s = self.s
         model = ["--endpoint", serving.openai_base_url(ISVC, NAMESPACE, self.s.cluster_domain),
                  "--served-model", ISVC] if sd.model else []
-        rollouts_out = [Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/rollouts"))]
-        if sd.scope == "iteration" and sd.pod == "agent":
-            # prepare (proposal, agent inputs) -> agent pods -> ingest each -> judge and save
-            argv = [*sd.argv(SPEC, GEN, TASK), "--iteration", "{{inputs.parameters.iteration}}"]
-            self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *model, "--outputs", OUTPUTS_DIR],
-                      inputs=("gen", "task", "iteration"), task=TASK, outputs=rollouts_out)
-            self.rollouts(sd, sd.argv(SPEC, GEN, TASK), ("gen", "task"))
-            self.step(f"{sd.name}-finish", [*argv, "--agent-pods", *model], inputs=("gen", "task", "iteration"), task=TASK)
-            it = step_args(gen=GEN, task=TASK, iteration="{{inputs.parameters.iteration}}")
-            with Steps(name=sd.name, inputs=input_params("gen", "task", "iteration", "store-prefix")):
-                Step(name="prepare", template=f"{sd.name}-prepare", arguments=it)
-                Step(name="rollouts", template=f"{sd.name}-rollouts",
-                     arguments=step_args(gen=GEN, task=TASK, rollouts=ROLLOUTS_PARAM,
+        match sd.shape:
+            case P.Recursion(agent=True):
+                # prepare (proposal, agent inputs) -> agent pods -> ingest each -> judge and save
+                self.agent_block(sd, [*sd.argv(SPEC, GEN, TASK), "--iteration", "{{inputs.parameters.iteration}}"],
+                                 ("gen", "task", "iteration"), model)
+                recursion(sd.name)
+            case P.Recursion():
+                self.step(sd.name, [*sd.argv(SPEC, GEN, TASK), "--iteration", "{{inputs.parameters.iteration}}", *model],
+                          inputs=("gen", "task", "iteration"), task=TASK)
+                recursion(sd.name, agent=False)
+            case P.EpisodeFanout():
+                argv = [*sd.argv(SPEC, GEN, TASK), "--episode", EPISODE]
+                # prepare writes the agent's input in the store and says whether an agent pod must run.
+                self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *model, "--outputs", OUTPUTS_DIR],
+                          inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE,
+                          outputs=[Parameter(name=n, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{n}"))
+                                   for n in ("agent", "rollout")])
+                self.step(f"{sd.name}-ingest", [*argv, "--phase", "ingest", "--agent-status", "{{inputs.parameters.agent-status}}"],
+                          inputs=("gen", "task", "episode", "agent-status"), task=TASK, episode=EPISODE)
+                self.step(f"{sd.name}-summary", [*sd.argv(SPEC, GEN, TASK), "--phase", "summarize"],
+                          inputs=("gen", "task"), task=TASK)
+                episode_steps(sd.name)
+                episode_fanout(sd.name, s.agent_parallelism)
+                # set on the dict: hera wants an int, the chart's value is a Helm placeholder
+                self.parallelism[sd.name] = s.agent_parallelism
+            case P.Trainer():
+                self.trainer(sd)
+            case P.TaskRollouts():
+                # prepare (the jobs, listed) -> agent pods -> ingest each -> finish with their results
+                self.agent_block(sd, sd.argv(SPEC, GEN, TASK), ("gen", "task"), model)
+            case P.TaskFanout():
+                self.step(sd.name, [*sd.argv(SPEC, GEN, TASK), *model], inputs=("gen", "task"), task=TASK)
+            case P.Container(once_per_run=True):
+                self.step(sd.name, [*sd.argv(SPEC, GEN), *model], inputs=())
+            case P.GenerationRollouts():
+                self.generation_rollouts(sd)
+            case P.Container():
+                self.step(sd.name, [*sd.argv(SPEC, GEN), *model], pod=getattr(s, sd.resources))
+
+    def agent_block(self, sd: P.StepDef, argv: list[str], inputs: tuple[str, ...], model: list[str]) -> None:
+        """A task's prepare (step pod: writes the agent pods' inputs, lists them) -> its agent pods
+        (ingested one by one) -> finish (step pod: works with their stored results)."""
+        self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *model, "--outputs", OUTPUTS_DIR],
+                  inputs=inputs, task=TASK,
+                  outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/rollouts"))])
+        self.rollouts(sd, sd.argv(SPEC, GEN, TASK), ("gen", "task"))
+        self.step(f"{sd.name}-finish", [*argv, "--agent-pods", *model], inputs=inputs, task=TASK)
+        args = step_args(gen=GEN, task=TASK,
+                         **({"iteration": "{{inputs.parameters.iteration}}"} if "iteration" in inputs else {}))
+        with Steps(name=sd.name, inputs=input_params(*inputs, "store-prefix")):
+            Step(name="prepare", template=f"{sd.name}-prepare", arguments=args)
+            Step(name="rollouts", template=f"{sd.name}-rollouts",
+                 arguments=step_args(gen=GEN, task=TASK, rollouts=ROLLOUTS_PARAM,
                                      store_prefix="{{inputs.parameters.store-prefix}}"))
-                Step(name="finish", template=f"{sd.name}-finish", arguments=it)
-            recursion(sd.name)
-        elif sd.scope == "iteration":
-            self.step(sd.name, [*sd.argv(SPEC, GEN, TASK), "--iteration", "{{inputs.parameters.iteration}}", *model],
-                      inputs=("gen", "task", "iteration"), task=TASK)
-            recursion(sd.name, agent=False)
-        elif sd.scope == "episode":
-            argv = [*sd.argv(SPEC, GEN, TASK), "--episode", EPISODE]
-            # prepare writes the agent's input in the store and says whether an agent pod must run.
-            self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *model, "--outputs", OUTPUTS_DIR],
-                      inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE,
-                      outputs=[Parameter(name=n, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{n}"))
-                               for n in ("agent", "rollout")])
-            self.step(f"{sd.name}-ingest", [*argv, "--phase", "ingest", "--agent-status", "{{inputs.parameters.agent-status}}"],
-                      inputs=("gen", "task", "episode", "agent-status"), task=TASK, episode=EPISODE)
-            self.step(f"{sd.name}-summary", [*sd.argv(SPEC, GEN, TASK), "--phase", "summarize"],
-                      inputs=("gen", "task"), task=TASK)
-            episode_steps(sd.name)
-            episode_fanout(sd.name, s.agent_parallelism)
-            # set on the dict: hera wants an int, the chart's value is a Helm placeholder
-            self.parallelism[sd.name] = s.agent_parallelism
-        elif sd.pod == "trainer":
-            self.trainer(sd)
-        elif sd.scope == "task" and sd.pod == "agent":
-            # prepare (the jobs, listed) -> agent pods -> ingest each -> finish with their results
-            argv = sd.argv(SPEC, GEN, TASK)
-            self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *model, "--outputs", OUTPUTS_DIR],
-                      inputs=("gen", "task"), task=TASK, outputs=rollouts_out)
-            self.rollouts(sd, argv, ("gen", "task"))
-            self.step(f"{sd.name}-finish", [*argv, "--agent-pods", *model], inputs=("gen", "task"), task=TASK)
-            a = step_args(gen=GEN, task=TASK)
-            with Steps(name=sd.name, inputs=input_params("gen", "task", "store-prefix")):
-                Step(name="prepare", template=f"{sd.name}-prepare", arguments=a)
-                Step(name="rollouts", template=f"{sd.name}-rollouts",
-                     arguments=step_args(gen=GEN, task=TASK, rollouts=ROLLOUTS_PARAM,
-                                     store_prefix="{{inputs.parameters.store-prefix}}"))
-                Step(name="finish", template=f"{sd.name}-finish", arguments=a)
-        elif sd.scope == "task":
-            self.step(sd.name, [*sd.argv(SPEC, GEN, TASK), *model], inputs=("gen", "task"), task=TASK)
-        elif sd.scope == "run":
-            self.step(sd.name, [*sd.argv(SPEC, GEN), *model], inputs=())
-        elif sd.pod == "agent":
-            self.generation_rollouts(sd)
-        else:
-            self.step(sd.name, [*sd.argv(SPEC, GEN), *model], pod=getattr(s, sd.resources))
+            Step(name="finish", template=f"{sd.name}-finish", arguments=args)
 
     def generation_rollouts(self, sd: P.StepDef) -> None:
         """A generation step whose episodes run in agent pods against InferenceServices of the
@@ -309,7 +306,7 @@ class _Builder:
 
     def cycle(self) -> Steps:
         """One generation in table order, behind a per-run mutex (one InferenceService name per run)."""
-        gen_steps = [sd for sd in self.steps if sd.scope != "run"]
+        gen_steps = P.generation_steps(self.steps)
         model_steps = [i for i, sd in enumerate(gen_steps) if sd.model]
         first_model, last_model = (model_steps[0], model_steps[-1]) if model_steps else (-1, -1)
         sync = m.Synchronization(mutexes=[m.Mutex(name=f"mass-run-{RUN_ID}")])
@@ -322,9 +319,8 @@ class _Builder:
                 cycle_step(sd)
                 if i == last_model:  # its last user is done: free the GPU before training
                     Step(name="release-model", template="delete-model", arguments=step_args(gen=GEN))
-            for sd in self.steps:
-                if sd.scope == "run":
-                    cycle_step(sd)
+            for sd in P.run_steps(self.steps):
+                cycle_step(sd)
         return cycle
 
 

@@ -1,5 +1,4 @@
-"""The Steps templates that order a cycle: one cycle step per pipeline step (by its declared scope
-and pod), bounded recursion over search iterations, the episode fan-out, an agent rollout fan-out,
+"""The Steps templates that order a cycle: one cycle step per pipeline step (by its shape), bounded recursion over search iterations, the episode fan-out, an agent rollout fan-out,
 and the exit handler that deletes the run's InferenceServices."""
 
 from __future__ import annotations
@@ -13,28 +12,33 @@ from mass_jobs.k8s.argo_vocab import AGENT_TEMPLATE, EPISODE, GEN, NEXT_GEN, ROL
 
 def cycle_step(sd: P.StepDef) -> None:
     done = f"{V % P.done_output(sd.name)} == false"
-    if sd.scope == "iteration":
-        Step(name=sd.name, template=f"{sd.name}-task", with_param=V % "tasks", when=f"{V % 'iterations'} > 0",
-             arguments=step_args(gen=GEN, task="{{item}}", iteration="0", iterations=V % "iterations",
-                             **({"store_prefix": V % "store-prefix"} if sd.pod == "agent" else {})))
-    elif sd.scope == "episode":
-        Step(name=sd.name, template=sd.name,
-             arguments=step_args(gen=GEN, episodes=V % "episodes", store_prefix=V % "store-prefix"))
-        Step(name=f"{sd.name}-summary", template=f"{sd.name}-summary", with_param=V % "tasks",
-             arguments=step_args(gen=GEN, task="{{item}}"))
-    elif sd.scope == "task":
-        Step(name=sd.name, template=sd.name, with_param=V % "tasks",
-             arguments=step_args(gen=GEN, task="{{item}}", **({"store_prefix": V % "store-prefix"} if sd.pod == "agent" else {})))
-    elif sd.scope == "run":
-        Step(name=sd.name, template=sd.name)
-    else:
-        # GPU pods and InferenceServices start only when the step is not stored yet (a finished run
-        # costs no GPU).
-        gpu = sd.pod in ("trainer", "server", "agent")
-        sizes = {k.replace("-", "_"): V % k for k in ("trainer-workers", "trainer-nproc", "trainer-gpus")}
-        extra = sizes if sd.pod == "trainer" else ({"store_prefix": V % "store-prefix"} if sd.pod == "agent" else {})
-        Step(name=sd.name, template=sd.name, when=done if gpu else None,
-             arguments=step_args(gen=NEXT_GEN if sd.gen_offset else GEN, **extra))
+    agent = {"store_prefix": V % "store-prefix"}  # where the agent pods' artifacts live
+    match sd.shape:
+        case P.Recursion():
+            Step(name=sd.name, template=f"{sd.name}-task", with_param=V % "tasks", when=f"{V % 'iterations'} > 0",
+                 arguments=step_args(gen=GEN, task="{{item}}", iteration="0", iterations=V % "iterations",
+                                     **(agent if sd.shape.agent else {})))
+        case P.EpisodeFanout():
+            Step(name=sd.name, template=sd.name, arguments=step_args(gen=GEN, episodes=V % "episodes", **agent))
+            Step(name=f"{sd.name}-summary", template=f"{sd.name}-summary", with_param=V % "tasks",
+                 arguments=step_args(gen=GEN, task="{{item}}"))
+        case P.TaskFanout() | P.TaskRollouts():
+            Step(name=sd.name, template=sd.name, with_param=V % "tasks",
+                 arguments=step_args(gen=GEN, task="{{item}}", **(agent if isinstance(sd.shape, P.TaskRollouts) else {})))
+        case P.Container(once_per_run=True):
+            Step(name=sd.name, template=sd.name)
+        case P.Trainer():
+            # GPU pods start only when the step is not stored yet (a finished run costs no GPU)
+            sizes = {k.replace("-", "_"): V % k for k in ("trainer-workers", "trainer-nproc", "trainer-gpus")}
+            Step(name=sd.name, template=sd.name, when=done, arguments=step_args(gen=_gen(sd), **sizes))
+        case P.GenerationRollouts():  # and InferenceServices only when it is not stored yet
+            Step(name=sd.name, template=sd.name, when=done, arguments=step_args(gen=_gen(sd), **agent))
+        case P.Container():
+            Step(name=sd.name, template=sd.name, arguments=step_args(gen=_gen(sd)))
+
+
+def _gen(sd: P.StepDef) -> str:
+    return NEXT_GEN if sd.gen_offset else GEN
 
 
 def recursion(name: str, agent: bool = True) -> Steps:

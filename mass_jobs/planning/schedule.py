@@ -16,7 +16,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from mass_jobs.pipeline import Work, steps
+from mass_jobs.pipeline import EpisodeFanout, GenerationRollouts, Work, generation_steps, run_steps
 
 DEFAULTS = {"episode_s": 600.0, "call_s": 20.0, "step_s": 30.0, "fixed_s": 60.0}
 
@@ -61,16 +61,14 @@ def simulate(spec, counts: list[dict], timings: dict, parallelism: int) -> tuple
     bars, now, serial = [], 0.0, 0.0
     for c in counts:
         g = c["gen"]
-        for sd in steps():
-            if sd.scope == "run":
-                continue
+        for sd in generation_steps():
             cost = sd.work(Work(c, timings, n_train))
             unit, units = cost.unit_s, cost.units
-            if sd.scope == "generation" and sd.pod == "agent":
+            if isinstance(sd.shape, GenerationRollouts):
                 dur = math.ceil(units / parallelism) * unit + math.ceil(cost.calls / parallelism) * timings["call_s"]
                 serial += units * unit + cost.calls * timings["call_s"]
                 bars.append(Bar(g, sd.name, sd.name, now, now + dur))
-            elif sd.scope == "episode":
+            elif isinstance(sd.shape, EpisodeFanout):
                 slots = [now] * min(parallelism, max(units, 1))
                 for i in range(units):
                     j = min(range(len(slots)), key=slots.__getitem__)
@@ -86,12 +84,11 @@ def simulate(spec, counts: list[dict], timings: dict, parallelism: int) -> tuple
                 bars.append(Bar(g, sd.name, sd.name, now, now + unit * units))
                 dur, serial = unit * units, serial + unit * units
             now += dur
-    for sd in steps():
-        if sd.scope == "run":
-            unit = sd.work(Work({}, timings, n_train)).unit_s
-            bars.append(Bar(len(counts), sd.name, sd.name, now, now + unit))
-            now += unit
-            serial += unit
+    for sd in run_steps():
+        unit = sd.work(Work({}, timings, n_train)).unit_s
+        bars.append(Bar(len(counts), sd.name, sd.name, now, now + unit))
+        now += unit
+        serial += unit
     return bars, now, serial
 
 
