@@ -164,8 +164,8 @@ class SandboxService:
                 except (ProcessLookupError, PermissionError):
                     pass
             time.sleep(0.02)
-        keep = {pid for run in self._runs.values() for pid in _tree(run.proc.pid)}
-        for pid in _tree(me):  # their zombies are ours to collect now; a qwen-code run's exit is its own
+        keep = {pid for run in self._runs.values() for pid in tree_pids(run.proc.pid)}
+        for pid in tree_pids(me):  # their zombies are ours to collect now; a qwen-code run's exit is its own
             if pid != me and pid not in keep:
                 try:
                     os.waitpid(pid, os.WNOHANG)
