@@ -888,7 +888,9 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
     assert len(got) > 40  # every step of both generations, per task, iteration and episode
     differ = []
     for prefix in want:
-        if got[prefix]["input_hash"] != want[prefix]["input_hash"]:
+        # the report's Step hashes the other manifests, whose pinned traces hold wall-clock fields:
+        # its input differs between any two runs; its content (report.json) is what must not
+        if got[prefix]["input_hash"] != want[prefix]["input_hash"] and prefix != f"{run}/report":
             differ.append(f"{prefix}: input hash")
         if sorted(got[prefix]["outputs"]) != sorted(want[prefix]["outputs"]):
             differ.append(f"{prefix}: output keys")
