@@ -44,7 +44,10 @@ class Waiting:
     core, which cannot run without that input, raises it (`formed`)."""
 
     reason: str
-    done: bool = False
+
+    @property
+    def done(self) -> bool:
+        return False
 
 
 def formed(step: Step | Waiting, error: type[Exception] = StepFailed) -> Step:
