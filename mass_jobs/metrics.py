@@ -144,8 +144,26 @@ def compare(verdicts: Iterable[Mapping], tasks: Iterable[str]) -> Comparison:
     return comp
 
 
+def overall_interval(per_task: Mapping[str, tuple[int, int]], resamples: int, confidence: float = 0.95,
+                     seed: int = 0) -> tuple[float, float] | None:
+    """The pooled win share's interval: the envelope of the bootstrap over tasks (the spread between
+    tasks) and the Wilson interval of the pooled verdicts (the noise of the verdicts themselves).
+
+    Either alone can lie: with one decisive task, or tasks that happen to agree, every task resample
+    has the same share and the bootstrap is a point; with tasks that disagree, the pooled Wilson
+    interval ignores that verdicts within a task are correlated. The envelope is never narrower than
+    either, and never zero-width while a verdict is decisive."""
+    wins = sum(w for w, _ in per_task.values())
+    n = wins + sum(l for _, l in per_task.values())
+    pooled = wilson_interval(wins, n, confidence)
+    tasks = bootstrap_over_tasks(per_task, resamples, confidence, seed)
+    if pooled is None or tasks is None:
+        return pooled or tasks
+    return (min(pooled[0], tasks[0]), max(pooled[1], tasks[1]))
+
+
 def comparison_summary(comp: Comparison, confidence: float, resamples: int, seed: int = 0) -> dict:
-    """JSON block of the report: per-task Wilson intervals, overall bootstrap-over-tasks interval."""
+    """JSON block of the report: per-task Wilson intervals, the overall interval (`overall_interval`)."""
     per_task = {}
     for task, t in comp.per_task.items():
         per_task[task] = {
@@ -158,7 +176,7 @@ def comparison_summary(comp: Comparison, confidence: float, resamples: int, seed
     return {
         **total.as_dict(),
         "win_share": win_share(total.wins, total.losses),
-        "ci": _pair(bootstrap_over_tasks(counts, resamples, confidence, seed)),
+        "ci": _pair(overall_interval(counts, resamples, confidence, seed)),
         "per_task": per_task,
     }
 

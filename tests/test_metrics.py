@@ -68,8 +68,28 @@ def test_comparison_summary_block():
     assert s["wins"] == 7 and s["losses"] == 3 and s["ties"] == 1 and s["win_share"] == pytest.approx(0.7)
     assert s["per_task"]["a"]["ci"] == pytest.approx([0.396773, 0.892200], abs=1e-5)
     assert s["per_task"]["b"]["win_share"] is None and s["per_task"]["b"]["ci"] is None
-    # only task a is decisive, so every usable resample has share 0.7
-    assert s["ci"] == pytest.approx([0.7, 0.7])
+    # only task a is decisive: every task resample has share 0.7, so the verdicts' own Wilson
+    # interval (7 of 10) is what is left, never a point
+    assert s["ci"] == pytest.approx([0.396773, 0.892200], abs=1e-5)
+
+
+@pytest.mark.parametrize("per_task,want", [
+    ({"only": (3, 1)}, (0.300642, 0.954413)),  # one task, 3-1: Wilson 3 of 4, not [75, 75]
+    ({"only": (2, 0)}, (0.342380, 1.0)),  # 2-0 is not distinguishable from noise
+    ({"a": (2, 0), "b": (2, 0)}, (0.510109, 1.0)),  # tasks that agree: the bootstrap is a point
+])
+def test_the_overall_interval_is_never_a_point_while_a_verdict_is_decisive(per_task, want):
+    lo, hi = metrics.overall_interval(per_task, resamples=500)
+    assert (lo, hi) == pytest.approx(want, abs=1e-5) and hi - lo > 0.04
+    assert metrics.overall_interval({"a": (0, 0)}, resamples=500) is None
+
+
+def test_the_overall_interval_keeps_the_spread_between_tasks():
+    counts = {"a": (9, 1), "b": (1, 9), "c": (9, 1)}
+    boot = metrics.bootstrap_over_tasks(counts, 2000, seed=0)
+    pooled = metrics.wilson_interval(19, 30)
+    assert metrics.overall_interval(counts, 2000) == (min(boot[0], pooled[0]), max(boot[1], pooled[1]))
+    assert boot[0] < pooled[0]  # here the tasks' spread is the wider side
 
 
 def test_panel_majority_and_agreement():

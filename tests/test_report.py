@@ -107,7 +107,8 @@ def test_report_numbers_by_hand(built):
     assert tr["per_task"]["a"]["win_share"] == pytest.approx(2 / 3) and tr["per_task"]["b"]["win_share"] == 1.0
     assert tr["per_task"]["a"]["ci"] == pytest.approx([0.207658, 0.938510], abs=1e-5)  # Wilson 2 of 3
     assert ws[(1, 0, "test")]["win_share"] == 0.0 and ws[(1, 0, "all")]["win_share"] == 0.5
-    assert ws[(2, 0, "all")]["win_share"] == 1.0 and ws[(2, 0, "all")]["ci"] == [1.0, 1.0]
+    # 3 of 3 decisive verdicts: the interval is the verdicts' Wilson interval, not the point [1, 1]
+    assert ws[(2, 0, "all")]["win_share"] == 1.0 and ws[(2, 0, "all")]["ci"] == pytest.approx([0.438503, 1.0], abs=1e-5)
     lo, hi = ws[(1, 0, "all")]["ci"]
     assert 0.0 <= lo < 0.5 < hi <= 1.0
     assert doc["verdicts"] == {"panel": {"total": 11, "valid": 10, "invalid": 1},
