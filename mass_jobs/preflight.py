@@ -8,6 +8,8 @@ failing one is also a SpecIssue naming the spec field (exit 2). The `validate` s
 `mass-cycle` runs the same checks with the values the chart gave it (`--chart-value`, `cluster_issues`).
 
 What is checked, and why it would fail on a cluster:
+- the values themselves, against the chart's values.schema.json (Helm refuses the install on a
+  wrong type or an unknown key), and the values the templates require with no default (network peers);
 - the store is in the artifact bucket (agent pods exchange episodes as Argo S3 artifacts), at the
   chart's S3 endpoint (step pods get it as AWS_ENDPOINT_URL), which is a host, not a URL;
 - context length and output tokens fit vLLM's `--max-model-len` (vLLM rejects longer requests);
@@ -38,6 +40,7 @@ from pathlib import Path
 import yaml
 
 CHART_VALUES = Path(__file__).resolve().parent.parent / "charts" / "mass-jobs" / "values.yaml"
+CHART_SCHEMA = CHART_VALUES.with_name("values.schema.json")
 ARGO_MAX_STACK_DEPTH = 100  # workflow/controller/operator.go: maxAllowedStackDepth
 CYCLE_DEPTH = 8  # mass-run -> cycle -> ... -> an agent pod's template, besides the two recursions
 AGENT_POD_MIN_S = 6 * 3600  # an uncapped paper-scale team episode runs for hours
@@ -65,8 +68,18 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
+class ValuesError(ValueError):
+    """Chart values Helm would refuse; `issues` names each key (`values model.maxModelLen`)."""
+
+    def __init__(self, issues: list):
+        self.issues = issues
+        super().__init__("; ".join(str(i) for i in issues))
+
+
 def load_values(files: list[str]) -> dict:
-    """The chart's defaults with each file merged over them (ValueError naming a bad file)."""
+    """The chart's defaults with each file merged over them, checked against the chart's
+    values.schema.json as Helm checks them before rendering (ValueError naming a bad file,
+    ValuesError naming each bad key)."""
     values = yaml.safe_load(CHART_VALUES.read_text()) if CHART_VALUES.is_file() else {}
     for f in files:
         try:
@@ -76,7 +89,37 @@ def load_values(files: list[str]) -> dict:
         if doc is not None and not isinstance(doc, dict):
             raise ValueError(f"--values {f}: expected a mapping of chart values, found {type(doc).__name__}")
         values = merge(values, doc or {})
+    found = schema_issues(values)
+    if found:
+        raise ValuesError(found)
     return values
+
+
+def schema_issues(values: dict) -> list:
+    """What the chart's values.schema.json (JSON Schema draft 7, as Helm applies it) says of `values`."""
+    import json
+
+    from jsonschema import Draft7Validator
+
+    from mass_jobs.spec import SpecIssue
+    from mass_jobs.spec_issues import validator_issues
+
+    found = validator_issues(Draft7Validator(json.loads(CHART_SCHEMA.read_text())), values)
+    return [SpecIssue("values " + i.path.removeprefix("$").removeprefix("."), i.message) for i in found]
+
+
+def required_issues(values: dict) -> list:
+    """The values the chart's templates `require` (no default): Helm stops the install without them."""
+    from mass_jobs.spec import SpecIssue
+
+    out = []
+    if not _get(values, "network.s3.to"):
+        out.append(SpecIssue("values network.s3.to", "required, no default: NetworkPolicy peers of the S3 endpoint "
+                                                     "(ipBlock CIDRs, or the selector of an in-cluster MinIO)"))
+    if not _get(values, "network.apiServer.to") and _get(values, "network.cilium") is not True:
+        out.append(SpecIssue("values network.apiServer.to", "required unless network.cilium, no default: the "
+                                                            "kube-apiserver endpoint IPs as ipBlock peers"))
+    return out
 
 
 def _get(values: dict, dotted: str):
@@ -237,6 +280,9 @@ def checks(spec, values: dict, config=None) -> list[Check]:
         add("trainer job admitted", f"{spec.sft.replicas} replica(s) x {spec.sft.gpus_per_replica} GPU(s)",
             "the operator's webhook", not refused, "$.sft.replicas",
             "expected a PyTorchJob the training operator's webhook admits: " + "; ".join(refused))
+    if "network" in values:  # a whole values file (the cycle's validate step gets single values)
+        for issue in required_issues(values):
+            add(issue.path.removeprefix("values ") + " set", "null", "peers", False, issue.path, issue.message)
     jobs = _get(values, "gpu.concurrentJobs")
     if jobs is not None:
         add("GPU jobs at once", jobs, ">= 1", int(jobs) >= 1, "values gpu.concurrentJobs",

@@ -176,8 +176,12 @@ def _issues_from_error(err: ValidationError, prefix: list, root: dict | None = N
 
 def schema_issues(name: str, document: Any, prefix: list | None = None) -> list[SpecIssue]:
     """Every schema violation of `document`, sorted by path, each naming expected and found."""
+    return validator_issues(schema_validator(name), document, prefix)
+
+
+def validator_issues(validator, document: Any, prefix: list | None = None) -> list[SpecIssue]:
+    """`schema_issues` for any jsonschema validator (the chart's values schema is draft 7)."""
     issues: list[SpecIssue] = []
-    validator = schema_validator(name)
     for err in validator.iter_errors(document):
         issues.extend(_issues_from_error(err, list(prefix or []), validator.schema))
     unique = {(i.path, i.message): i for i in issues}

@@ -19,7 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "mass-jobs"
 
 
-@pytest.mark.parametrize("spec,values", [("examples/k8s-small.yaml", "charts/mass-jobs/values.yaml"),
+def defaults() -> dict:
+    """The chart's defaults plus the values that have none (ci/default-values.yaml: network peers)."""
+    return preflight.load_values([str(CHART / "ci" / "default-values.yaml")])
+
+
+@pytest.mark.parametrize("spec,values", [("examples/k8s-small.yaml", "charts/mass-jobs/ci/default-values.yaml"),
                                          ("examples/paper.yaml", "charts/mass-jobs/ci/paper-values.yaml")])
 def test_the_cluster_examples_pass_with_the_values_they_document(spec, values, capsys):
     assert mass(["validate", str(ROOT / spec), "--values", str(ROOT / values)]) == 0, capsys.readouterr().err
@@ -32,14 +37,45 @@ def test_the_cluster_examples_pass_with_the_values_they_document(spec, values, c
 def test_the_paper_with_the_chart_defaults_names_each_value_to_set(capsys):
     assert mass(["validate", str(ROOT / "examples/paper.yaml"), "--values", str(CHART / "values.yaml")]) == 2
     captured = capsys.readouterr()
-    assert "invalid run spec for this cluster, 4 error(s)" in captured.err
+    assert "invalid run spec for this cluster, 6 error(s)" in captured.err
     for needle in ("$.model.sampling.context_length: expected at most the server's max model length 32768",
                    "$.model.sampling.max_output_tokens: expected less than the server's max model length 32768",
                    "$.judges[0].api_key_env: expected a key of the judge Secret (chart value judges.keys "
-                   "['JUDGE_API_KEY']), found 'JUDGE_A_API_KEY'", "$.judges[1].api_key_env"):
+                   "['JUDGE_API_KEY']), found 'JUDGE_A_API_KEY'", "$.judges[1].api_key_env",
+                   "values network.s3.to: required, no default", "values network.apiServer.to: required unless"):
         assert needle in captured.err
     fails = [line.split("  ")[0] for line in captured.out.splitlines() if line.rstrip().endswith("FAIL")]
-    assert fails == ["context length", "max output tokens", "judge judge-a key", "judge judge-b key"]
+    assert fails == ["context length", "max output tokens", "judge judge-a key", "judge judge-b key",
+                     "network.s3.to set", "network.apiServer.to set"]
+
+
+BAD_VALUES = """\
+model: {maxModelLen: "abc"}
+modle: {maxModelLen: 8192}
+network:
+  s3: {to: [{ipBlock: {cidr: 52.216.0.0/15}}]}
+  apiServer: {to: [{ipBlock: {cidr: 10.0.0.2/32}}]}
+"""
+
+
+@pytest.mark.parametrize("command", [["validate", str(ROOT / "examples" / "k8s-small.yaml")], ["render", "argo"]],
+                         ids=["validate", "render-argo"])
+def test_values_are_checked_against_the_charts_schema_naming_each_key(command, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD_VALUES)
+    out = ["--out", str(tmp_path / "argo")] if command[0] == "render" else []
+    assert mass([*command, *out, "--values", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: invalid chart values, 2 error(s)" in err and "Traceback" not in err
+    assert 'values model.maxModelLen: expected integer, found string "abc"' in err
+    assert "values modle: unknown key; expected one of: agent, clusterDomain" in err
+    assert not (tmp_path / "argo").exists()  # nothing written from values Helm would refuse
+    # the values the chart's templates require, with no default, are named too
+    bad.write_text("model: {maxModelLen: 8192}\n")
+    code = mass([*command, *out, "--values", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2 and "values network.s3.to: required, no default" in err
+    assert "values network.apiServer.to: required unless network.cilium" in err
 
 
 def _cron_scenarios() -> list[str]:
@@ -98,14 +134,14 @@ def small(**changes) -> object:
     ({}, {"gpu": {"concurrentJobs": 0}}, "values gpu.concurrentJobs", "train never starts"),
 ])
 def test_each_check_fails_naming_the_field(changes, values, path, needle):
-    found = preflight.checks(small(**changes), preflight.merge(preflight.load_values([]), values))
+    found = preflight.checks(small(**changes), preflight.merge(defaults(), values))
     failing = [c for c in found if not c.ok]
     assert [c.path for c in failing] == [path], [(c.path, c.why) for c in failing]
     assert needle in failing[0].why
 
 
 def test_an_in_cluster_minio_passes_when_the_spec_names_its_endpoint():
-    values = preflight.merge(preflight.load_values([]), {"s3": {"endpoint": "minio.minio:9000", "insecure": True}})
+    values = preflight.merge(defaults(), {"s3": {"endpoint": "minio.minio:9000", "insecure": True}})
     spec = small(store__endpoint_url="http://minio.minio:9000")
     assert [c.name for c in preflight.checks(spec, values) if not c.ok] == []
 
@@ -126,10 +162,10 @@ def test_the_validate_step_gets_every_chart_value_the_preflight_reads():
                  if d and d["kind"] == "WorkflowTemplate")
     args = next(t for t in cycle["spec"]["templates"] if t["name"] == "validate")["container"]["args"]
     given = preflight.parse_chart_values(a.split("=", 1)[1] for a in args if a.startswith("--chart-value="))
-    defaults = preflight.load_values([])
-    assert given == {"model": {k: defaults["model"][k] for k in ("toolCallParser", "reasoningParser")},
-                     "agent": {"activeDeadlineSeconds": defaults["agent"]["activeDeadlineSeconds"]},
-                     "judges": {"keys": defaults["judges"]["keys"]}}
+    chart = defaults()
+    assert given == {"model": {k: chart["model"][k] for k in ("toolCallParser", "reasoningParser")},
+                     "agent": {"activeDeadlineSeconds": chart["agent"]["activeDeadlineSeconds"]},
+                     "judges": {"keys": chart["judges"]["keys"]}}
     spec = small(execution__vllm__reasoning_parser="deepseek_r1", execution__limits__wall_s=86200,
                  judges=[{"name": "j", "endpoint": "https://j.example.com/v1", "model": "m", "api_key_env": "MINE"}])
     paths = {i.path for i in cluster_issues(spec, "mass-jobs", 32768,
@@ -172,7 +208,7 @@ def test_the_trainer_job_check_runs_the_operators_webhook(monkeypatch):
         return job
 
     monkeypatch.setattr(training, "pytorch_job", zero_workers)
-    found = preflight.checks(small(sft__replicas=1), preflight.load_values([]))
+    found = preflight.checks(small(sft__replicas=1), defaults())
     (bad,) = [c for c in found if not c.ok]
     assert bad.path == "$.sft.replicas" and "Worker replicas must be at least 1, got 0" in bad.why
 

@@ -154,6 +154,8 @@ def main(args) -> int:
 
         try:
             values = preflight.load_values(args.values)
+        except preflight.ValuesError as err:
+            raise SpecError(" ".join(args.values), err.issues, what="chart values") from None
         except ValueError as err:
             raise SpecError(args.spec, [SpecIssue("--values", str(err))], what="arguments") from None
         try:

@@ -43,6 +43,12 @@ def main(args) -> int:
                                                            "reads its values when installed")], what="arguments")
         try:
             values = preflight.load_values(args.values)
+        except preflight.ValuesError as err:
+            raise SpecError(" ".join(args.values), err.issues, what="chart values") from None
+        missing = preflight.required_issues(values)
+        if missing:
+            raise SpecError(" ".join(args.values), missing, what="chart values")
+        try:
             settings = values_settings(values)
         except (ValueError, KeyError, TypeError) as err:
             raise SpecError("mass render argo", [SpecIssue("--values", f"expected chart values ({err})")],
