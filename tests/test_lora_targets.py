@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mass_jobs.models import LoraSpec, OptimizerSpec, SftSpec
-from mass_jobs.tiny import build_tiny_hybrid_model, tiny_hybrid_model
+from mass_jobs.tiny import tiny_hybrid_model
 from mass_jobs.training.lora import adapted_summary, attach_lora, resolve_targets
 from mass_jobs.training.loop import Trainer
 from tests.test_train import synthetic_windows
@@ -62,11 +62,6 @@ def test_listed_names_are_used_and_unknown_ones_are_errors():
         resolve_targets(tiny_hybrid_model(), LoraSpec(target_modules=["qkv_proj"]))
     with pytest.raises(ValueError, match="at least sft.lora.r=4096 wide"):
         resolve_targets(tiny_hybrid_model(), LoraSpec(r=4096))
-
-
-@pytest.fixture(scope="module")
-def hybrid_dir(tmp_path_factory):
-    return build_tiny_hybrid_model(tmp_path_factory.mktemp("tiny-hybrid"))
 
 
 def test_training_moves_the_linear_attention_adapters_and_records_the_count(hybrid_dir, tmp_path):

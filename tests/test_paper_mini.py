@@ -94,13 +94,6 @@ def test_the_hybrid_tiny_model_is_the_qwen35_text_layout_with_a_thinking_templat
 # ---------------------------------------------------------------- end to end
 
 
-@pytest.fixture(scope="module")
-def hybrid_dir(tmp_path_factory) -> Path:
-    from mass_jobs.tiny import build_tiny_hybrid_model
-
-    return build_tiny_hybrid_model(tmp_path_factory.mktemp("tiny-hybrid"))
-
-
 def mini_doc(model: str, store: dict, judges: list[str], mode: str = "local") -> dict:
     """examples/paper-mini.yaml with the model, store and judges of this test."""
     doc = yaml.safe_load(MINI.read_text())

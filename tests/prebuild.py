@@ -1,0 +1,27 @@
+"""The expensive models the suite shares, built before the tests (`make test-models`, part of `make test`).
+
+The warm tiny model takes about 3 minutes on 2 idle cores; built inside the suite it was charged to
+whichever test asked first and ran beside other tests' processes. Built here, with its progress on
+the console, the fixture (`warm_tiny_model_dir`) finds it cached under the same key. Nothing is
+rebuilt while the key (seed, builder version) matches.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tests.fixtures.warm_model import warm_dir
+
+
+def main() -> int:
+    from mass_jobs.progress import clock, warm_printer
+    from mass_jobs.tiny_warm import cached_build
+
+    _, seconds = cached_build(warm_dir(), seed=0, on_step=warm_printer(every=300), say=lambda t: print(t, flush=True))
+    if seconds is not None:
+        print(f"warm tiny model built in {clock(seconds)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
