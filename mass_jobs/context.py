@@ -298,20 +298,36 @@ class RunContext:
         `generations` may change: it extends (or shortens) the chain without touching any step.
         `record=False` only checks (every step entry does; the runner and `mass validate --outputs`,
         the first step of every Argo cycle, record)."""
-        from mass_jobs.spec import SpecError, SpecIssue
+        from mass_jobs.spec import SpecError
 
         current = self.spec.model_dump(mode="json")
         key = self.spec_key()
         if record and self.store.create_json(key, current):  # atomic: of two new claimants one wins
             return
-        if self.store.exists(key):
-            changed = spec_changes(self.store.get_json(key), current)
-            if changed:
-                raise SpecError(f"{self.store.uri.rstrip('/')}/{key}", [
-                    SpecIssue(path, f"stored run has {old!r}, this spec has {new!r} (a changed spec needs a new "
-                                    f"`name` or an empty store)") for path, old, new in changed])
+        changed = self.spec_differences()
+        if changed:
+            raise SpecError(f"{self.store.uri.rstrip('/')}/{key}", changed)
         if record:
             self.store.put_json(key, current)
+
+    def spec_differences(self) -> list:
+        """The one decision every command shares (`mass run`, `mass validate`, `mass status`): the
+        SpecIssues of each field where this spec differs from the run's stored one; [] for a new run."""
+        from mass_jobs.spec import SpecIssue
+
+        key = self.spec_key()
+        if not self.store.exists(key):
+            return []
+        return [SpecIssue(path, f"stored run has {old!r}, this spec has {new!r} (a changed spec needs a new "
+                                f"`name` or an empty store)")
+                for path, old, new in spec_changes(self.store.get_json(key), self.spec.model_dump(mode="json"))]
+
+    def stored_spec(self):
+        """The spec the run's store holds (validated), or None for a run never started."""
+        from mass_jobs.models import RunSpec
+
+        key = self.spec_key()
+        return RunSpec.model_validate(self.store.get_json(key)) if self.store.exists(key) else None
 
 
 def served_model_name(run: str, g) -> str:

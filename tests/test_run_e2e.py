@@ -423,3 +423,39 @@ def test_the_train_core_refuses_a_test_tasks_windows_on_any_executor(tmp_path):
     with pytest.raises(SplitLeak, match="train.jsonl line 1: task 'sort'"):
         run_train(ctx, 0, tmp_path / "work", progress=False)
     assert not train_step(ctx, 0, 1).done and not (tmp_path / "work" / "train").exists()
+
+
+def test_status_validate_and_run_agree_on_a_changed_spec(tmp_path, tiny_model_dir):
+    """One decision (`RunContext.spec_differences`): a field changed after the run started is named
+    by all three commands with exit 2; status shows the stored run's steps, not a mix of two specs."""
+    from mass_jobs.cli import main
+
+    doc = yaml.safe_load(SPEC.read_text())
+    doc["model"]["base"] = doc["judges"][0]["model"] = str(tiny_model_dir)
+    doc["store"]["uri"] = f"file://{tmp_path / 'store'}"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    ctx = open_run(spec)
+    ctx.claim_spec()  # the run has started with this spec
+    for t in ("fib", "primes"):  # and its search is stored
+        ctx.store.put_json(ctx.search_state(0, t), {"done": True})
+    assert main(["validate", str(spec), "--quiet"]) == 0
+    before = mass("status", str(spec), "--json")
+    assert before.returncode == 0 and json.loads(before.stdout)["spec_changes"] == []
+
+    doc["sft"]["steps"] = 6
+    spec.write_text(yaml.safe_dump(doc))
+    field = "$.sft.steps: stored run has 4, this spec has 6"
+    proc = mass("validate", str(spec))
+    assert proc.returncode == 2 and field in proc.stderr, proc.stderr
+    proc = mass("run", str(spec), "--work-dir", str(tmp_path / "work"), "--no-progress")
+    assert proc.returncode == 2 and field in proc.stderr, proc.stderr
+    proc = mass("status", str(spec), "--json")
+    assert proc.returncode == 2
+    shown = json.loads(proc.stdout)
+    assert [c.split(" (")[0] for c in shown["spec_changes"]] == [field]
+    # the stored run's table: nothing after search reads done, and the same as before the change
+    assert shown["steps"] == json.loads(before.stdout)["steps"]
+    text = mass("status", str(spec))
+    assert text.returncode == 2 and "`mass run` and `mass validate` refuse it" in text.stdout
+    assert field in text.stdout

@@ -3,7 +3,8 @@ step of the pipeline table (`mass_jobs.pipeline`).
 
 Done / pending come from the store alone (each step's own done-check), so a run executed by Argo,
 by the local runner or by hand shows the same table; the local runner's `<run>/run-state.json`
-adds running / interrupted / failed. A spec that differs from the run's stored one is named.
+adds running / interrupted / failed. A spec that differs from the run's stored one is named, the
+table is the stored run's, and the exit code is 2, as `mass run` and `mass validate` refuse it.
 """
 
 from __future__ import annotations
@@ -21,22 +22,22 @@ def main(args) -> int:
     from mass_jobs.progress import clock
     from mass_jobs.runner import RunState, progress_summary, step_status
 
-    from mass_jobs.spec import SpecError
+    from mass_jobs.context import RunContext
 
     ctx = open_run(args.spec, check_spec=False)
+    # the decision `mass run` and `mass validate` take too: a changed spec is refused, so the steps
+    # shown are the stored run's (what its store was computed from), not a mix of both specs
+    changed = [str(i) for i in ctx.spec_differences()]
+    if changed:
+        ctx = RunContext(ctx.stored_spec(), ctx.store)
     spec = ctx.spec
-    try:
-        ctx.claim_spec(record=False)
-        changed = []
-    except SpecError as err:
-        changed = [str(i) for i in err.issues]
     rows = step_status(ctx)
     state = RunState(ctx).load()
     summary = progress_summary(rows, state)
     if args.json:
         print(json.dumps({"run": spec.name, "steps": rows, "failed": state.get("failed"), "spec_changes": changed,
                           "progress": summary}, sort_keys=True))
-        return 0
+        return 2 if changed else 0
     from rich.console import Console
     from rich.table import Table
 
@@ -59,6 +60,9 @@ def main(args) -> int:
         console.print(f"[red]failed: L{f['gen']} {f['step']}: {f['error']}", soft_wrap=True)
         for path in f.get("logs") or []:
             console.print(f"logs: {path}", soft_wrap=True)
+    if changed:
+        console.print("[red]this spec differs from the stored run, so `mass run` and `mass validate` refuse it; "
+                      "the table is the stored run's", soft_wrap=True)
     for line in changed:
-        console.print(f"[red]spec differs from the stored run: {line}")
-    return 0
+        console.print(f"[red]spec differs from the stored run: {line}", soft_wrap=True)
+    return 2 if changed else 0

@@ -102,6 +102,28 @@ def done_outputs(ctx, gen: int, pipeline=None) -> dict[str, str]:
     return out
 
 
+def stored_run_check(source: str, spec, quiet: bool) -> None:
+    """A spec that differs from its run's stored one is refused here as `mass run` refuses it
+    (`RunContext.spec_differences`). A store this machine cannot reach (no credentials, offline)
+    is said, not an error: validating before the store exists is what the command is for."""
+    from mass_jobs.cli import environment_error
+    from mass_jobs.context import RunContext
+    from mass_jobs.spec import SpecError
+    from mass_jobs.store import open_store
+
+    try:
+        changed = RunContext(spec, open_store(spec.store)).spec_differences()
+    except Exception as err:  # noqa: BLE001 (only the environment's errors are a note)
+        known = environment_error(err)
+        if known is None:
+            raise
+        if not quiet:
+            print(f"note: the store was not compared with a stored run ({known[1]})")
+        return
+    if changed:
+        raise SpecError(source, changed, what="run spec for its stored run")
+
+
 def _flag(b: bool) -> str:
     return "true" if b else "false"
 
@@ -170,6 +192,8 @@ def main(args) -> int:
         issues = cluster_issues(spec, args.artifact_bucket, args.max_model_len, args.chart_value)
         if issues:
             raise SpecError(args.spec, issues)
+    if not args.outputs:
+        stored_run_check(args.spec, spec, quiet=args.quiet)
     if not args.quiet:
         from mass_jobs.spec_locations import model_location_notes
 
