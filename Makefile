@@ -87,8 +87,15 @@ check-codegen: $(STAMP)
 	git diff --exit-code -- schemas/ argo/ manifests/ examples/k8s/ charts/mass-jobs/templates/
 
 # Container images of the chart's defaults (needs a docker engine; context = repository root).
+# REGISTRY names where your cluster pulls from (then set images.* to the same names); PUSH=1 pushes:
+#   make images REGISTRY=registry.example.com/mass PUSH=1
+REGISTRY ?= ghcr.io/mass-jobs
+IMAGE_TAG ?= 0.1.0
 images:
-	for i in jobs sandbox trainer; do docker build -f images/$$i.Dockerfile -t ghcr.io/mass-jobs/$$i:0.1.0 . || exit 1; done
+	for i in jobs sandbox trainer; do \
+	  docker build -f images/$$i.Dockerfile -t $(REGISTRY)/$$i:$(IMAGE_TAG) . || exit 1; \
+	  if [ -n "$(PUSH)" ]; then docker push $(REGISTRY)/$$i:$(IMAGE_TAG) || exit 1; fi; \
+	done
 
 clean:
 	rm -rf $(VENV) .venv-vllm .tools build .pytest_cache
