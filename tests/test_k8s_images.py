@@ -9,6 +9,7 @@ import re
 import tomllib
 
 import pytest
+import yaml
 
 from tests.fixtures.k8s import CHART, REPO
 
@@ -61,12 +62,21 @@ def test_sandbox_has_python_node_and_qwen_code():
 
 
 def test_make_images_builds_every_dockerfile_with_the_chart_tags():
-    makefile = (REPO / "Makefile").read_text()
-    rule = re.search(r"^images:\n((?:\t.*\n)+)", makefile, re.M)
-    assert rule, "no `images` rule"
-    assert "docker build -f images/$$i.Dockerfile" in rule.group(1)
-    assert set(re.search(r"for i in ([a-z ]+);", rule.group(1)).group(1).split()) == set(DOCKERFILES)
-    values = (CHART / "values.yaml").read_text()
+    """`make -n images`: what it would run, by default with the chart's image names, and with
+    REGISTRY/IMAGE_TAG/PUSH where a cluster pulls from."""
+    import subprocess
+
+    def planned(*args: str) -> str:
+        return subprocess.run(["make", "-n", "images", *args], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["images"]
+    default = planned()
     for name in DOCKERFILES:
-        assert f"ghcr.io/mass-jobs/{name}:0.1.0" in values
-    assert "ghcr.io/mass-jobs/$$i:0.1.0" in rule.group(1)
+        assert values[name] == f"ghcr.io/mass-jobs/{name}:0.1.0"
+    assert "docker build -f images/$i.Dockerfile -t ghcr.io/mass-jobs/$i:0.1.0 ." in default
+    assert set(re.search(r"for i in ([a-z ]+);", default).group(1).split()) == set(DOCKERFILES)
+    assert 'if [ -n "" ]' in default  # no push unless asked
+    mine = planned("REGISTRY=registry.example.com/mass", "IMAGE_TAG=7", "PUSH=1")
+    assert "-t registry.example.com/mass/$i:7 ." in mine and "docker push registry.example.com/mass/$i:7" in mine
+    assert 'if [ -n "1" ]' in mine
