@@ -35,19 +35,23 @@ paper-mini: setup
 # The suite's budget (README, Tests): `.ci/run` whole in 30 minutes on 2 cores, the fast tier in 5;
 # a run past its budget by more than 20% fails, naming its slowest tests (tests/fixtures/budget.py).
 # The fast tier: no end-to-end run, no model build, no executor pod (markers, set by fixture too).
+# Both tiers run in parallel worker processes (pytest-xdist): most tests wait on servers, sandboxes
+# and subprocesses. The slow tier hands tests out one at a time, longest first (slow(cost=...)).
 FAST        := not slow and not argo_exec
 FAST_BUDGET := 300
 SLOW_BUDGET := 1200
+FAST_ARGS   := -q -n 3 --dist worksteal -m "$(FAST)" --budget=$(FAST_BUDGET)
+SLOW_ARGS   := -q -n 2 --dist load --maxschedchunk 1 -m "not ($(FAST))" --budget=$(SLOW_BUDGET)
 
 # What CI runs: the models the suite shares, built first (cached under build/), then both tiers;
 # the second tier runs even when the first fails, so one run shows every failure.
 test: setup test-models
-	$(PY) -m pytest -q -m "$(FAST)" --budget=$(FAST_BUDGET); fast=$$?; \
-	  $(PY) -m pytest -q -m "not ($(FAST))" --budget=$(SLOW_BUDGET); slow=$$?; \
+	$(PY) -m pytest $(FAST_ARGS); fast=$$?; \
+	  $(PY) -m pytest $(SLOW_ARGS); slow=$$?; \
 	  test $$fast -eq 0 && test $$slow -eq 0
 
 test-fast: setup
-	$(PY) -m pytest -q -m "$(FAST)" --budget=$(FAST_BUDGET)
+	$(PY) -m pytest $(FAST_ARGS)
 
 # The warm tiny model (3 minutes) and the hybrid one, where the fixtures look for them.
 test-models: setup

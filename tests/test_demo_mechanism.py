@@ -73,7 +73,7 @@ def _grade_stored(ctx, gen: int, tasks: dict) -> list[float]:
     return scores
 
 
-@pytest.mark.slow
+@pytest.mark.slow(cost=240)
 def test_two_generations_internalise_delegation_on_bare_prompts(tmp_path, warm_tiny_model_dir):
     doc, _ = demo_spec(warm_tiny_model_dir, tmp_path / "store")
     spec_path = tmp_path / "spec.yaml"

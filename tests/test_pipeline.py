@@ -255,8 +255,8 @@ def test_a_changed_spec_on_an_existing_run_is_refused_naming_what_changed(make_s
     with pytest.raises(SpecError, match=r"\$.collection.episodes"):
         Runner(path, validate_document(changed), store, work_dir=tmp_path, progress=False).run()
     assert not store.exists(ctx.run_state())
-    # mass status still reads the run and names the difference
-    assert cli_main(["status", path, "--json"]) == 0
+    # mass status still reads the run (its stored steps) and names the difference, refusing it as run does
+    assert cli_main(["status", path, "--json"]) == 2
     out = json.loads(capsys.readouterr().out)
     assert out["spec_changes"][0].startswith("$.collection.episodes: stored run has 4")
 

@@ -306,7 +306,7 @@ def hash_judge():
         yield judge
 
 
-@pytest.mark.slow
+@pytest.mark.slow(cost=200)
 def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tiny_model_dir, hash_judge):
     dead_port = closed_port()
     a = write_spec(tmp_path, tiny_model_dir, "a", dead_port, hash_judge.base_url)

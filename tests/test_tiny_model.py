@@ -219,6 +219,7 @@ DEMO_TASKS = [
 ]
 
 
+@pytest.mark.slow  # builds warm models (short warm-ups, then the behaviour check)
 def test_warm_up_is_deterministic_for_the_seed_and_moves_the_weights(tiny_model_dir, tmp_path):
     from mass_jobs.tiny_warm import build_warm_model
 
@@ -255,6 +256,7 @@ def test_warm_corpus_delegates_on_workflow_prompts_and_mostly_works_alone_on_bar
         assert json.loads(m[4]["tool_calls"][0]["function"]["arguments"]["content"]) == fib_k[:k]
 
 
+@pytest.mark.slow  # builds warm models (short warm-ups, then the behaviour check)
 def test_warm_build_is_cached_by_its_key_and_rebuilt_when_the_key_differs(tmp_path):
     import json
 
@@ -417,6 +419,7 @@ def test_the_warm_build_recorded_its_own_check_and_the_machine(warm_tiny_model_d
     assert stamp["machine"]["cpu_capability"] and stamp["machine"]["torch"]
 
 
+@pytest.mark.slow  # builds warm models (short warm-ups, then the behaviour check)
 def test_a_warm_build_that_misses_a_behaviour_fails_and_writes_nothing(tmp_path, monkeypatch):
     """Three warm-up steps cannot teach the reply shapes: the build's own check refuses the model."""
     import mass_jobs.tiny_warm_check as check

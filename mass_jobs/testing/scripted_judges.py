@@ -21,6 +21,7 @@ class HashVerdictJudge(ScriptedEndpoint):
     def __init__(self, port: int = 0):
         super().__init__(model="hash-judge", port=port)
         self.answers: list[str] = []  # labels in answer order, to tie stored verdicts to what was said
+        self.asked: list[str] = []  # each request's digest, in order: which questions, however interleaved
 
     def next_reply(self, headers: dict[str, str], body: dict) -> tuple[str, Reply]:
         request = json.dumps([body.get("messages"), body.get("seed")], sort_keys=True).encode()
@@ -28,6 +29,7 @@ class HashVerdictJudge(ScriptedEndpoint):
         label = ("A", "B", "tie")[int.from_bytes(digest[:8], "big") % 3]
         with self._lock:
             self.answers.append(label)
+            self.asked.append(digest.hex())
         return "*", Reply.text(json.dumps({"winner": label, "rationale": f"scripted verdict {digest.hex()[:12]}"}))
 
 
