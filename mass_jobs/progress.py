@@ -3,8 +3,9 @@
     mass run examples/tiny.yaml                 # a live display: steps bar, current step, ETA
     mass run examples/tiny.yaml --no-progress   # the same as plain lines (logs, CI, pipes)
 
-The ETA is the mean wall time of the steps that did work so far times the steps left (stored,
-skipped steps take no time and are not counted): rough, since steps differ, but it moves.
+The ETA sums the steps left, each at this run's mean time of the same step (a second generation's
+train like the first's), a step not timed yet at the mean of those that were (stored, skipped steps
+take no time and are not counted): rough in the first generation, close from the second on.
 """
 
 from __future__ import annotations
@@ -20,24 +21,40 @@ def clock(seconds: float) -> str:
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
 
 
-class Eta:
-    """Remaining time from the mean of the steps that did work (skipped ones cost nothing)."""
+def estimate(left: list[str], timed: dict[str, list[float]]) -> float | None:
+    """Seconds for the steps `left` (step names, e.g. "train"): each at the mean of the same step's
+    timings so far (a generation's train is like the last one's, not like a guard), a step not timed
+    yet at the mean of all timed ones; None when nothing is timed."""
+    every = [x for xs in timed.values() for x in xs]
+    if not every:
+        return None
+    overall = sum(every) / len(every)
+    return sum(sum(timed[n]) / len(timed[n]) if timed.get(n) else overall for n in left)
 
-    def __init__(self, total: int):
-        self.total, self.finished, self.worked, self.worked_s = total, 0, 0, 0.0
+
+class Eta:
+    """Remaining time over the planned steps (their names, in order), from this run's own timings of
+    each step (`estimate`); skipped steps (stored already) cost nothing and are not timed."""
+
+    def __init__(self, names: list[str]):
+        self.names, self.finished = list(names), 0
+        self.timed: dict[str, list[float]] = {}
+
+    @property
+    def total(self) -> int:
+        return len(self.names)
 
     def add(self, seconds: float, skipped: bool) -> None:
-        self.finished += 1
         if not skipped:
-            self.worked, self.worked_s = self.worked + 1, self.worked_s + seconds
+            self.timed.setdefault(self.names[self.finished], []).append(seconds)
+        self.finished += 1
 
     def text(self) -> str:
-        left = self.total - self.finished
-        if left <= 0:
+        left = self.names[self.finished:]
+        if not left:
             return "ETA 0:00"
-        if not self.worked:
-            return "ETA unknown"
-        return f"ETA ~{clock(self.worked_s / self.worked * left)}"
+        eta = estimate(left, self.timed)
+        return "ETA unknown" if eta is None else f"ETA ~{clock(eta)}"
 
 
 class Display:
@@ -45,8 +62,9 @@ class Display:
     step's tasks/episodes/rollouts. `enabled=False` (`--no-progress`) prints the same as lines:
     each step's start and end, and its notes at most every `note_every_s` seconds (plus the last)."""
 
-    def __init__(self, total: int, enabled: bool = True, stream: TextIO | None = None, note_every_s: float = 10.0):
-        self.enabled, self.eta = enabled, Eta(total)
+    def __init__(self, steps: list[str], enabled: bool = True, stream: TextIO | None = None,
+                 note_every_s: float = 10.0):
+        self.enabled, self.eta = enabled, Eta(steps)
         self.stream = stream or sys.stderr
         self.note_every_s, self._last_note = note_every_s, None
         self.label = ""
@@ -57,7 +75,7 @@ class Display:
             self.console = Console(stderr=True)
             self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                      TimeElapsedColumn(), console=self.console, transient=False)
-            self.steps = self.progress.add_task("steps", total=total)
+            self.steps = self.progress.add_task("steps", total=len(steps))
             self.detail = self.progress.add_task("", total=None)
 
     def _line(self, text: str) -> None:
@@ -118,18 +136,24 @@ class PerKey:
 
 def warm_printer(stream: TextIO | None = None, every: int = 50):
     """`on_step(step, steps, loss)` for `tiny_warm.build_warm_model`: a line every `every` steps
-    (and the first and last) with the mean loss since the previous line, elapsed time and ETA."""
+    (and the first and last) with the mean loss since the previous line, elapsed time and ETA. The
+    ETA runs from the end of the first step: the first pays for setting up (threads, kernels,
+    allocations), and counted in the rate it made the first ETA hours long."""
     out = stream or sys.stderr
     started = time.monotonic()
+    first_done: list[float] = []
     window: list[float] = []
 
     def on_step(step: int, steps: int, loss: float) -> None:
         window.append(loss)
+        now = time.monotonic()
+        if step == 1:
+            first_done.append(now)
         if step == 1 or step % every == 0 or step == steps:
-            elapsed = time.monotonic() - started
-            eta = elapsed / step * (steps - step)
+            elapsed = now - started
+            eta = "unknown" if step == 1 else clock((now - first_done[0]) / (step - 1) * (steps - step))
             print(f"warm-up step {step}/{steps}  loss {sum(window) / len(window):.3f}  "
-                  f"elapsed {clock(elapsed)}  ETA {clock(eta)}", file=out, flush=True)
+                  f"elapsed {clock(elapsed)}  ETA {eta}", file=out, flush=True)
             window.clear()
 
     return on_step

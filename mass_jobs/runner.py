@@ -124,7 +124,7 @@ class Runner:
         self.work = self.ctx.work_dir(self.work_root)
         self.work.mkdir(parents=True, exist_ok=True)
         self.state = RunState(self.ctx)
-        self.display = Display(total=len(self.plan()), enabled=progress)
+        self.display = Display([p.step.name for p in self.plan()], enabled=progress)
         self.python = python
         self.on_step = on_step  # test hook: called before each step starts
         self.lazy: LazyServer | None = None
@@ -352,16 +352,23 @@ def step_status(ctx: RunContext, pipeline=None) -> list[dict]:
 
 
 def progress_summary(rows: list[dict], state: dict, now: float | None = None) -> dict:
-    """Steps done / total and an ETA from the run's own timings: the mean time of the steps that did
-    work (skipped ones cost nothing) times the steps left, less the running step's elapsed time."""
+    """Steps done / total and an ETA from the run's own timings (`progress.estimate`: each step left
+    at the mean of the same step's timings, skipped ones costing nothing), less the running step's
+    elapsed time."""
+    from mass_jobs.progress import estimate
+
     done = sum(r["status"] == "done" for r in rows)
-    timings = [t["seconds"] for t in (state.get("timings") or {}).values() if not t.get("skipped")]
-    left = len(rows) - done
+    timed: dict[str, list[float]] = {}
+    for key, t in (state.get("timings") or {}).items():
+        if not t.get("skipped"):
+            timed.setdefault(key.split(":", 1)[-1], []).append(t["seconds"])
+    timings = [x for xs in timed.values() for x in xs]
+    left = [r.get("step", "") for r in rows if r["status"] != "done"]
     eta = None
-    if left == 0:
+    if not left:
         eta = 0.0
     elif timings:
-        eta = sum(timings) / len(timings) * left
+        eta = estimate(left, timed)
         current = state.get("current") or {}
         if state.get("status") == "running" and current.get("started_at"):
             eta = max(0.0, eta - ((now or time.time()) - current["started_at"]))

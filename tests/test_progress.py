@@ -12,7 +12,7 @@ from mass_jobs.progress import Display, Eta, PerKey
 
 def test_plain_display_prints_each_step_its_notes_and_an_eta():
     out = io.StringIO()
-    with Display(total=3, enabled=False, stream=out, note_every_s=3600) as d:
+    with Display(["search", "collect", "guard"], enabled=False, stream=out, note_every_s=3600) as d:
         d.step("L0 search")
         d.note("search task 1/2 fib", 0, 2)  # the first note of a step is printed
         d.note("search task 2/2 primes", 1, 2)  # throttled
@@ -32,16 +32,32 @@ def test_plain_display_prints_each_step_its_notes_and_an_eta():
 
 
 def test_eta_counts_only_steps_that_did_work():
-    eta = Eta(total=10)
+    eta = Eta(["a"] * 4 + ["b", "c"] + ["d"] * 4)
     for _ in range(4):
         eta.add(0.01, skipped=True)
     assert eta.text() == "ETA unknown"
     eta.add(60, skipped=False)
     eta.add(120, skipped=False)
-    assert eta.text() == "ETA ~6:00"  # 4 steps left at a mean of 90 s
+    assert eta.text() == "ETA ~6:00"  # 4 steps never timed, each at the mean of 90 s
     for _ in range(4):
         eta.add(1, skipped=True)
     assert eta.text() == "ETA 0:00"
+
+
+def test_eta_takes_each_step_at_its_own_mean():
+    """Two generations of a short and a long step: from the second on, a step left costs what the
+    same step cost (the mean of all steps said 4 x 3:00 where 2 x 0:10 + 2 x 5:50 is left)."""
+    gen = ["guard", "train"]
+    eta = Eta(gen * 3)
+    eta.add(10, skipped=False)
+    eta.add(350, skipped=False)
+    assert eta.text() == "ETA ~12:00"  # 10 + 350 + 10 + 350
+    eta.add(10, skipped=False)
+    assert eta.text() == "ETA ~11:50"
+    from mass_jobs.progress import estimate
+
+    assert estimate(["train", "merge"], {"train": [300.0, 400.0], "guard": [10.0]}) == 350 + (300 + 400 + 10) / 3
+    assert estimate(["train"], {}) is None
 
 
 def test_rollout_counter_is_per_generation_and_never_passes_its_total():
@@ -57,9 +73,11 @@ def test_warm_build_prints_steps_and_loss(tmp_path, capsys):
 
     assert main(["model", "tiny", "--out", str(tmp_path / "m"), "--warm", "--steps", "4", "--every", "2"]) == 0
     err = capsys.readouterr().err
-    steps = re.findall(r"warm-up step (\d+)/4  loss ([0-9.]+)  elapsed \d+:\d\d  ETA \d+:\d\d", err)
-    assert [int(s) for s, _ in steps] == [1, 2, 4]
-    assert all(math.isfinite(float(loss)) and float(loss) > 0 for _, loss in steps)
+    steps = re.findall(r"warm-up step (\d+)/4  loss ([0-9.]+)  elapsed \d+:\d\d  ETA (\d+:\d\d|unknown)", err)
+    assert [int(s) for s, _, _ in steps] == [1, 2, 4]
+    # the first step pays for the set-up: no rate from it; after it, a clock
+    assert [eta == "unknown" for _, _, eta in steps] == [True, False, False]
+    assert all(math.isfinite(float(loss)) and float(loss) > 0 for _, loss, _ in steps)
     assert (tmp_path / "m" / "model.safetensors").exists()
 
 

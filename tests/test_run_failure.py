@@ -38,11 +38,12 @@ def mass(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
 
 
 def test_progress_summary_counts_done_and_estimates_from_the_runs_own_timings():
-    rows = [{"status": s} for s in ("done", "done", "done", "running", "pending", "pending")]
+    rows = [{"status": s, "step": n} for s, n in (("done", "a"), ("done", "b"), ("done", "c"), ("running", "a"),
+                                                  ("pending", "b"), ("pending", "d"))]
     state = {"status": "running", "current": {"started_at": 1000.0},
              "timings": {"0:a": {"seconds": 10.0, "skipped": False}, "0:b": {"seconds": 30.0, "skipped": False},
                          "0:c": {"seconds": 0.1, "skipped": True}}}
-    # mean of the timed steps that worked (20 s) x 3 steps left, less the 5 s the running one has had
+    # a at its 10 s, b at its 30 s, d (never timed) at the mean of those (20 s), less the 5 s the running one has had
     assert progress_summary(rows, state, now=1005.0) == {"done": 3, "total": 6, "eta_s": 55.0, "timed_steps": 2}
     assert progress_summary(rows, {"status": "failed", "timings": {}})["eta_s"] is None  # nothing timed yet
     assert progress_summary([{"status": "done"}], {})["eta_s"] == 0.0
