@@ -101,3 +101,18 @@ def test_run_without_progress_prints_step_lines(tmp_path):
         "  L0 search: search task 1/1 t [0/1]",
         "run failed: model server exited with code 1 before it was healthy:",
     ]
+
+
+def test_without_a_terminal_the_run_prints_plain_lines(tmp_path):
+    """`make demo | tee log` or CI: the live display would show nothing until it stops; plain lines instead."""
+    import io
+
+    from mass_jobs.commands.run import live_display
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert live_display(False, Tty()) is True
+    assert live_display(True, Tty()) is False  # --no-progress
+    assert live_display(False, io.StringIO()) is False  # a pipe: plain lines

@@ -11,7 +11,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec whose model.base is a local directory")
     parser.add_argument("--work-dir", default=".mass-work", help="local scratch: model cache, logs, checkpoints")
     parser.add_argument("--no-progress", action="store_true",
-                        help="plain lines instead of a live display: each step's start and end with an ETA, and its progress notes")
+                        help="plain lines instead of a live display: each step's start and end with an ETA, and its progress "
+                             "notes (the default without a terminal)")
 
 
 def main(args) -> int:

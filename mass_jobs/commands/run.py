@@ -12,7 +12,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec: a path or an s3:// URI")
     parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local scratch: model cache, logs, checkpoints")
     parser.add_argument("--no-progress", action="store_true",
-                        help="plain lines instead of a live display: each step's start and end with an ETA, and its progress notes")
+                        help="plain lines instead of a live display: each step's start and end with an ETA, and its progress "
+                             "notes (the default without a terminal)")
 
 
 def main(args) -> int:
@@ -27,12 +28,18 @@ def main(args) -> int:
     return 0
 
 
+def live_display(no_progress: bool, stream=None) -> bool:
+    """The live display needs a terminal: without one (a pipe, a log file, CI) it shows nothing
+    until it stops, so the plain lines are printed instead, as with --no-progress."""
+    return not no_progress and (stream or sys.stderr).isatty()
+
+
 def run_reporting_failures(args, what: str) -> dict | None:
     """Run L0 -> L_N; any failure of a step is one message and the hint to resume, not a traceback."""
     from mass_jobs.runner import run
 
     try:
-        return run(args.spec, work_dir=args.work_dir, progress=not args.no_progress)
+        return run(args.spec, work_dir=args.work_dir, progress=live_display(args.no_progress))
     except (RuntimeError, OSError, ValueError) as err:
         from mass_jobs.spec import SpecError
         from mass_jobs.store.lease import WriterBusy
