@@ -19,8 +19,9 @@ What is checked, and why it would fail on a cluster:
   serves no model and gets only those keys), and `roles.*` endpoints, which agent pods cannot
   reach (their egress is DNS, the predictor, the apiserver and S3);
 - an agent pod's deadline leaves the harness time to stop after the episode's wall limit;
-- the deepest template recursion stays within Argo's maxAllowedStackDepth (100, not configurable):
-  generations chain recursively, search iterations too, under about eight levels of cycle steps;
+- the deepest template recursion stays under Argo's maxAllowedStackDepth (the controller errors at
+  depth >= 100 unless its environment sets DISABLE_MAX_RECURSION=true): generations chain
+  recursively, search iterations too, under about eight levels of cycle steps;
 - what a step pod cannot do: panel checkpoint selection (it would serve models in a 1-CPU pod),
   a chat template file (KServe serves `model.base` as stored), a model base that is no s3:// URI
   or hub id;
@@ -260,9 +261,10 @@ def checks(spec, values: dict, config=None) -> list[Check]:
                 f"(chart value agent.activeDeadlineSeconds), found {wall:g}")
     if bucket is not None:
         depth = recursion_depth(spec)
-        add("template recursion depth", depth, f"<= {ARGO_MAX_STACK_DEPTH}", depth <= ARGO_MAX_STACK_DEPTH,
-            "$.search.iterations", f"expected (generations - 1) + {CYCLE_DEPTH} + search.iterations <= "
-            f"{ARGO_MAX_STACK_DEPTH} (Argo's maxAllowedStackDepth), found {depth}")
+        add("template recursion depth", depth, f"< {ARGO_MAX_STACK_DEPTH}", depth < ARGO_MAX_STACK_DEPTH,
+            "$.search.iterations", f"expected (generations - 1) + {CYCLE_DEPTH} + search.iterations < "
+            f"{ARGO_MAX_STACK_DEPTH} (Argo's maxAllowedStackDepth: the controller errors at depth >= "
+            f"{ARGO_MAX_STACK_DEPTH} unless its environment sets DISABLE_MAX_RECURSION=true), found {depth}")
         add("checkpoint selection", spec.sft.checkpoint_selection, "val_loss on the cluster",
             spec.sft.checkpoint_selection != "panel", "$.sft.checkpoint_selection",
             "expected val_loss on the cluster: panel selection serves every checkpoint and runs episodes inside "

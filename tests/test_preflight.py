@@ -112,9 +112,21 @@ def small(**changes) -> object:
     return validate_document(doc)
 
 
+def test_the_recursion_bound_is_argos_exactly():
+    """The executor (as Argo's operator.go) errors at depth >= 100: 99 is the deepest that runs."""
+    from tests.fixtures.argo_exec.controller import MAX_STACK_DEPTH
+
+    assert MAX_STACK_DEPTH == preflight.ARGO_MAX_STACK_DEPTH
+    for iterations, ok in ((91, True), (92, False)):  # depth (1 - 1) + 8 + iterations: 99 runs, 100 errors
+        spec = small(generations=1, search__iterations=iterations)
+        (check,) = [c for c in preflight.checks(spec, defaults()) if c.name == "template recursion depth"]
+        assert (check.value, check.ok) == (str(8 + iterations), ok)
+
+
 @pytest.mark.parametrize("changes,values,path,needle", [
     ({"generations": 40, "search__iterations": 60}, {}, "$.search.iterations",
-     "(generations - 1) + 8 + search.iterations <= 100 (Argo's maxAllowedStackDepth), found 107"),
+     "(generations - 1) + 8 + search.iterations < 100 (Argo's maxAllowedStackDepth: the controller errors at "
+     "depth >= 100 unless its environment sets DISABLE_MAX_RECURSION=true), found 107"),
     ({"execution__limits__wall_s": 86200}, {}, "$.execution.limits.wall_s",
      "at least 300 s below the agent pods' deadline 86400 s (chart value agent.activeDeadlineSeconds), found 86200"),
     ({"execution__limits__wall_s": None}, {"agent": {"activeDeadlineSeconds": 4200}}, "$.execution.limits.wall_s",
