@@ -344,7 +344,9 @@ class ExecutionSpec(Closed):
 class RunSpec(Closed):
     """One MASS run: L0 -> L_N on the given tasks."""
 
-    name: str = Field(pattern=ID_PATTERN, max_length=40, description="Run id: the store prefix and a pod label.")
+    # 36: the longest name Kubernetes derives from it fits 63 characters at the largest generation and
+    # replica count allowed here (mass-<run>-g50-train-worker-1022: tests/test_k8s_names.py)
+    name: str = Field(pattern=ID_PATTERN, max_length=36, description="Run id: the store prefix and a pod label.")
     model: ModelSpec
     generations: int = Field(default=2, ge=1, le=50, description="N: cycles run, L0 -> L_N.")
     tasks: list[Task | TaskFile] = Field(min_length=1)

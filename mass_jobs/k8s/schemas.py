@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from mass_jobs.k8s.serving import NAME_PATTERN
+from mass_jobs.k8s.training import replica_names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 K8S = "kubernetes-v1.35.0-standalone-strict"
@@ -107,6 +108,11 @@ def webhook_errors(doc: dict) -> list[str]:
         if len(name) > 63 or not re.fullmatch(NAME_PATTERN, name):
             errors.append(f"PyTorchJob/{name}: name must be a DNS-1035 label ({NAME_PATTERN}, at most 63 characters)")
         spec = doc.get("spec") or {}
+        workers = ((spec.get("pytorchReplicaSpecs") or {}).get("Worker") or {}).get("replicas")
+        for derived in replica_names(name, workers if isinstance(workers, int) else 0):
+            if len(derived) > 63:
+                errors.append(f"PyTorchJob/{name}: the operator's Service {derived} would be longer than 63 "
+                              f"characters ({len(derived)}): the job would hang")
         for key in ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"):
             value = (spec.get("runPolicy") or {}).get(key)
             if isinstance(value, int) and value < 0:

@@ -25,6 +25,13 @@ def isvc_name(run: str, gen: str) -> str:
     return served_model_name(run, gen)
 
 
+def predictor_names(name: str) -> list[str]:
+    """What KServe's Standard mode names after the InferenceService: the predictor's Deployment and
+    Service (`<name>-predictor`, a DNS-1035 label) and its `app` label value (`isvc.<name>-predictor`);
+    each at most 63 characters."""
+    return [f"{name}-predictor", f"isvc.{name}-predictor"]
+
+
 def openai_base_url(name: str, namespace: str, cluster_domain: str = "cluster.local") -> str:
     """KServe's OpenAI routes on the predictor Service (port 80, prefix /openai); the cluster's DNS
     domain is a setting (kubelet --cluster-domain is not cluster.local everywhere)."""

@@ -24,6 +24,13 @@ def job_name(run: str, gen: str, step: str) -> str:
     return f"mass-{run}-g{gen}-{step}"
 
 
+def replica_names(job: str, workers: int) -> list[str]:
+    """What the training operator names after the job: each replica's pod and its headless Service
+    (`<job>-master-0`, `<job>-worker-<i>`). A Service name is a DNS-1035 label of at most 63
+    characters; past it the operator cannot create the Service and the job hangs."""
+    return [f"{job}-master-0", *(f"{job}-worker-{i}" for i in range(workers))]
+
+
 def train_command(argv: list[str]) -> list[str]:
     """`torchrun --no-python mass <argv>`: the pipeline step's own CLI entry and arguments."""
     return ["torchrun", "--no-python", "mass", *argv]
