@@ -100,6 +100,19 @@ def test_conditions_are_label_selectors_over_gjson_paths():
     assert not matches(job, "status.replicaStatuses.Master.failed > 0")  # missing never compares
 
 
+@pytest.mark.parametrize("before", [[], ["Created"], ["Created", "Running"], ["Created", "Suspended", "Running"],
+                                    ["Created", "Suspended", "Running", "Restarting", "Succeeded"]],
+                         ids=lambda b: "-".join(b) or "first")
+def test_the_trainers_failure_condition_holds_wherever_failed_stands(before):
+    """Kueue's Suspended condition shifts Failed to index 3: the generated condition reads every index."""
+    from mass_jobs.k8s.training import FAILED, SUCCEEDED
+
+    job = {"status": {"conditions": [{"type": t, "status": "True"} for t in [*before, "Failed"]]}}
+    assert check(job, SUCCEEDED, FAILED).startswith("failed")
+    running = {"status": {"conditions": [{"type": t, "status": "True"} for t in before]}}
+    assert check(running, SUCCEEDED, FAILED) is None
+
+
 # ---------------------------------------------------------------- artifacts against moto
 
 @pytest.fixture

@@ -15,8 +15,12 @@ from mass_jobs.k8s.manifests import WORKFLOW_SA
 from mass_jobs.k8s.settings import ClusterSettings
 
 SUCCEEDED = "status.replicaStatuses.Master.succeeded > 0"
-# Conditions run [Created, Running|Restarting, Succeeded|Failed]; each failure clause is an OR.
-FAILED = "status.conditions.1.type == Failed,status.conditions.2.type == Failed,status.replicaStatuses.Master.failed > 0"
+# The operator keeps one condition per type (Created, Running, Restarting, Succeeded, Suspended,
+# Failed) in the order they first happened: Kueue's Suspended puts Failed at index 3. A selector key
+# cannot search a list, so Failed is matched at every index it can hold (each clause is an OR).
+CONDITION_TYPES = 6
+FAILED = ",".join([*(f"status.conditions.{i}.type == Failed" for i in range(CONDITION_TYPES)),
+                   "status.replicaStatuses.Master.failed > 0"])
 
 
 def job_name(run: str, gen: str, step: str) -> str:
