@@ -10,9 +10,9 @@ cluster it runs where agent code runs: an agent pod, through the same `mass epis
 with the episode's stored workspace archive as `DIR/workspace.tar.gz`. The result,
 `OUT/checks.json`, is written by the harness side only: {"checks": [{"name", "exit_code",
 "detail"}], "digest"} in the declared order; `digest` names the checks it answers, so a result
-for checks since changed is never taken. In the sandbox container no process of one check
-outlives it (the service reaps them), so a check cannot tamper with the next one's run; a
-sandbox that stops answering fails the remaining checks.
+for checks since changed is never taken. Each check runs on a fresh copy of the workspace, and in
+the sandbox container no process of one check outlives it (the service reaps them), so a check
+cannot tamper with the next one's run; a sandbox that stops answering fails the remaining checks.
 """
 
 from __future__ import annotations
@@ -59,6 +59,35 @@ def load_checks_file(path: Path) -> ChecksFile | None:
         raise ValueError(f"{path}: invalid checks file:\n" + "\n".join(lines)) from None
 
 
+class fresh_copy:
+    """A copy of a finished workspace for one check (links copied as links, special files left
+    out), removed after it: what one check's run of the episode's code writes, the next never sees,
+    and the workspace the guard reads is never the one a check ran in."""
+
+    def __init__(self, workspace: Path):
+        self.workspace = Path(workspace)
+
+    def __enter__(self) -> Path:
+        import shutil
+        import tempfile
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="mass-check-")
+        copy = Path(self._tmp.name) / "workspace"
+        shutil.copytree(self.workspace, copy, symlinks=True,
+                        ignore=lambda d, names: [n for n in names if _is_special(Path(d) / n)])
+        return copy
+
+    def __exit__(self, *exc) -> None:
+        self._tmp.cleanup()
+
+
+def _is_special(path: Path) -> bool:
+    import stat
+
+    mode = path.lstat().st_mode
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode))
+
+
 def checks_digest(checks: list[CheckCommand]) -> str:
     doc = [c.model_dump(mode="json") for c in checks]
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
@@ -91,7 +120,8 @@ def run_checks(job: ChecksFile, workspace: Path, out_dir: Path, sandbox=None) ->
         if lost is not None:
             code, detail = 1, f"not run: the sandbox failed ({lost})"[:DETAIL_CHARS]
         elif sandbox is None:
-            code, detail = run_check(check, workspace, job.limits)
+            with fresh_copy(workspace) as copy:
+                code, detail = run_check(check, copy, job.limits)
         else:
             try:
                 code, detail = sandbox.check(check, job.limits)

@@ -132,14 +132,15 @@ class SandboxService:
                 self._reap_strays()
 
     def check(self, body: dict) -> dict:
-        from mass_jobs.check_job import run_check
+        from mass_jobs.check_job import fresh_copy, run_check
         from mass_jobs.models import EpisodeLimits
         from mass_jobs.task_models import CheckCommand
 
         check = CheckCommand.model_validate(body["check"])
         self._reap_strays()
         try:
-            code, detail = run_check(check, self.workspace, EpisodeLimits.model_validate(body["limits"]))
+            with fresh_copy(self.workspace) as copy:  # what a check writes, the next one never sees
+                code, detail = run_check(check, copy, EpisodeLimits.model_validate(body["limits"]))
         finally:
             self._reap_strays()
         return {"exit_code": code, "detail": detail}

@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import Field
 
+from mass_jobs.check_job import fresh_copy
 from mass_jobs.context import RunContext
 from mass_jobs.model_base import Closed
 from mass_jobs.task_models import CheckCommand, Guards
@@ -61,23 +62,49 @@ class GuardReport(Closed):
 
 
 def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _kind(path: Path) -> str:
+    """What a workspace entry is, never following a link or opening anything but a regular file
+    (a FIFO would block the reader; a link can loop or leave the workspace)."""
+    import stat
+
+    mode = path.lstat().st_mode
+    if stat.S_ISREG(mode):
+        return _sha(path)
+    return {stat.S_IFLNK: "symlink", stat.S_IFDIR: "directory", stat.S_IFIFO: "fifo",
+            stat.S_IFSOCK: "socket"}.get(stat.S_IFMT(mode), "device")
 
 
 def hash_protected(workspace: Path, paths: list[str]) -> dict[str, dict[str, str]]:
-    """{protected path: {file under it: sha256}}; an absent path maps to {} and must stay absent."""
-    from mass_jobs.sandbox import resolve_in_workspace
+    """{protected path: {entry under it: sha256, or what it is when not a regular file}}; an absent
+    path maps to {} and must stay absent. Whatever the episode left there (a link to itself, a
+    FIFO, a path that leaves the workspace) is recorded as such, never followed: it differs from
+    what the task seeded, so the episode is vetoed, and the guard never fails on it."""
+    import os
 
     out: dict[str, dict[str, str]] = {}
+    root = Path(workspace)
     for rel in paths:
-        target = resolve_in_workspace(workspace, rel)
         files: dict[str, str] = {}
-        if target.is_file():
-            files[rel] = _sha(target)
-        elif target.is_dir():
-            for f in sorted(target.rglob("*")):
-                if f.is_file() or f.is_symlink():
-                    files[f.relative_to(workspace).as_posix()] = _sha(f) if f.is_file() and not f.is_symlink() else "symlink"
+        target = root / rel
+        try:
+            if os.path.lexists(target):
+                if target.is_symlink() or not target.is_dir():
+                    files[rel] = _kind(target)
+                else:
+                    for dirpath, dirnames, filenames in os.walk(target):  # never follows links
+                        for name in sorted(dirnames + filenames):
+                            entry = Path(dirpath) / name
+                            if name in filenames or entry.is_symlink():
+                                files[entry.relative_to(root).as_posix()] = _kind(entry)
+        except (OSError, RuntimeError, ValueError) as err:
+            files = {rel: f"unreadable ({type(err).__name__})"}
         out[rel] = files
     return out
 
@@ -97,42 +124,104 @@ def _lookup(doc: Any, dotted: str) -> Any:
     return cur
 
 
+METRICS_FILE_BYTES = 1 << 20  # a metrics file is a few numbers; past this it is not read
+
+
+class Unreadable(ValueError):
+    """Episode content a guard will not take as it stands (a veto with this reason, never a crash)."""
+
+
+def strict_json(text: str) -> Any:
+    """JSON as a metric may be read: a key twice (the last silently won here while the evaluator
+    read the first) or an integer past exact doubles is Unreadable; NaN, Infinity and 1e400 parse
+    (as non-finite floats, which the bound check vetoes by name)."""
+    def pairs(items):
+        keys = [k for k, _ in items]
+        dup = sorted({k for k in keys if keys.count(k) > 1})
+        if dup:
+            raise Unreadable(f"duplicate key {dup[0]!r}")
+        return dict(items)
+
+    def integer(text):
+        value = int(text)
+        if abs(value) > 2 ** 53:  # past exact doubles: 10**400 passed as a huge int, then crashed the bound check
+            raise Unreadable(f"integer out of range: {text[:40]}")
+        return value
+
+    try:
+        return json.loads(text, object_pairs_hook=pairs, parse_int=integer)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise Unreadable(f"file is not JSON ({str(err)[:120]})") from None
+
+
+def _regular_text(path: Path, limit: int) -> str | None:
+    """The text of a regular file of at most `limit` bytes; None when absent; Unreadable otherwise."""
+    import os
+    import stat
+
+    if not os.path.lexists(path):
+        return None
+    mode = path.lstat().st_mode
+    if not stat.S_ISREG(mode):
+        raise Unreadable(f"not a regular file ({_kind(path)})")
+    if path.lstat().st_size > limit:
+        raise Unreadable(f"larger than {limit} bytes")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise Unreadable("not UTF-8 text") from None
+
+
+def output_issue(workspace: Path, rel: str, seeded: dict[str, str]) -> str | None:
+    """Why a required output is no deliverable: missing, empty, a link or special file, or the seeded
+    stub left as it was (a placeholder passed when only its existence was checked)."""
+    import os
+    import stat
+
+    path = Path(workspace) / rel
+    if not os.path.lexists(path):
+        return f"required output missing: {rel}"
+    mode = path.lstat().st_mode
+    if stat.S_ISDIR(mode):
+        return None if any(path.iterdir()) else f"required output is an empty directory: {rel}"
+    if not stat.S_ISREG(mode):
+        return f"required output is not a regular file ({_kind(path)}): {rel}"
+    if path.lstat().st_size == 0:
+        return f"required output is empty: {rel}"
+    if rel in seeded and _sha(path) == hashlib.sha256(seeded[rel].encode()).hexdigest():
+        return f"required output is the seeded stub, unchanged: {rel}"
+    return None
+
+
 def check_workspace(
     guards: Guards,
     workspace: Path,
     protected_before: dict[str, dict[str, str]],
     run_check: RunCheck | None = None,
     checks: bool = True,
+    seeded: dict[str, str] | None = None,
 ) -> list[str]:
     """Every guard violation of a finished workspace (empty list: all passed); the check commands
-    only with `checks`."""
-    reasons: list[str] = []
-    for rel in guards.required_outputs:
-        if not (workspace / rel).exists():
-            reasons.append(f"required output missing: {rel}")
-    after = hash_protected(workspace, guards.protected_paths)
-    for rel in guards.protected_paths:
-        before = protected_before.get(rel)
-        if before is None:
-            reasons.append(f"protected path {rel}: no hash recorded before the episode")
-        elif after[rel] != before:
-            changed = sorted(k for k in set(before) | set(after[rel]) if before.get(k) != after[rel].get(k))
-            reasons.append(f"protected path modified: {', '.join(changed)}")
+    only with `checks`, each on a fresh copy of the workspace, after which the protected paths are
+    verified again (a check that imports the episode's code must not be able to change them for the
+    next one). `seeded` is the task's seed files (a required output equal to its stub is no output)."""
+    reasons = [why for rel in guards.required_outputs if (why := output_issue(workspace, rel, seeded or {}))]
+    reasons += _protected_issues(guards, workspace, protected_before)
     docs: dict[str, Any] = {}
     for m in guards.metrics:
         where = f"metric {m.file}:{m.key}"
         if m.file not in docs:
-            path = workspace / m.file
             try:
-                docs[m.file] = json.loads(path.read_text()) if path.is_file() else None
-            except (ValueError, UnicodeDecodeError) as e:
+                text = _regular_text(workspace / m.file, METRICS_FILE_BYTES)
+                docs[m.file] = None if text is None else strict_json(text)
+            except Unreadable as e:
                 docs[m.file] = e
         doc = docs[m.file]
         if doc is None:
             reasons.append(f"{where}: file missing")
             continue
         if isinstance(doc, Exception):
-            reasons.append(f"{where}: file is not JSON ({doc})")
+            reasons.append(f"{where}: {doc}" if str(doc).startswith("file is not JSON") else f"{where}: file refused: {doc}")
             continue
         try:
             value = _lookup(doc, m.key)
@@ -150,9 +239,26 @@ def check_workspace(
     for check in guards.checks if checks else []:
         if run_check is None:
             raise ValueError("check commands are declared but no check runner was given")
-        code, detail = run_check(check, workspace)
+        with fresh_copy(workspace) as copy:
+            code, detail = run_check(check, copy)
+            changed = _protected_issues(guards, copy, protected_before)
         if code != 0:
             reasons.append(f"check {check.name} failed (exit {code}){': ' + detail if detail else ''}")
+        reasons += [f"check {check.name} changed what it checks: {why}" for why in changed
+                    if why not in reasons]
+    return reasons
+
+
+def _protected_issues(guards: Guards, workspace: Path, protected_before: dict[str, dict[str, str]]) -> list[str]:
+    after = hash_protected(workspace, guards.protected_paths)
+    reasons = []
+    for rel in guards.protected_paths:
+        before = protected_before.get(rel)
+        if before is None:
+            reasons.append(f"protected path {rel}: no hash recorded before the episode")
+        elif after[rel] != before:
+            changed = sorted(k for k in set(before) | set(after[rel]) if before.get(k) != after[rel].get(k))
+            reasons.append(f"protected path modified: {', '.join(changed)}")
     return reasons
 
 
@@ -283,7 +389,7 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
                 violations = [f"workspace archive refused: {err}"]
             else:
                 violations = check_workspace(task.guards, Path(tmp), store.get_json(ctx.rollout_file(prefix, "protected.json")),
-                                             checker, checks=_needs_checks(ctx, task_id, ep))
+                                             checker, checks=_needs_checks(ctx, task_id, ep), seeded=task.files)
         report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=outcome == "success",
                                                  passed=not violations, reasons=reasons + violations)
     report.vetoed = [e for e, g in report.episodes.items() if not g.passed]

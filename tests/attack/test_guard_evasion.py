@@ -1,0 +1,203 @@
+"""Attacks on the guards: a finished workspace built to pass them, or to make the guard step fail.
+
+Each attempt is a workspace an episode could leave (the guards read it after extraction, as
+`run_guard` does). A faked success must be vetoed with its reason; content that once crashed the
+guard (and so halted the generation on every rerun) must be a veto too, never an exception; a check
+that runs the episode's code must not be able to change what it or a later check reads.
+
+    .venv/bin/python -m pytest -q tests/attack/test_guard_evasion.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from mass_jobs.steps.guard import check_workspace, hash_protected
+from mass_jobs.task_models import CheckCommand, Guards
+
+SIM = "def push(obj, force):\n    return obj + force\n"
+STUB = "# Report\n\nTODO\n"
+GUARDS = Guards(required_outputs=["report.md", "results/metrics.json"], protected_paths=["sim"],
+                metrics=[{"file": "results/metrics.json", "key": "error", "min": 0, "max": 1}])
+
+
+def seeded(tmp_path: Path) -> tuple[Path, dict]:
+    ws = tmp_path / "ws"
+    (ws / "sim").mkdir(parents=True)
+    (ws / "sim" / "push.py").write_text(SIM)
+    (ws / "results").mkdir()
+    (ws / "report.md").write_text(STUB)
+    return ws, hash_protected(ws, ["sim"])
+
+
+def finish(ws: Path, report: str = "error 0.1 measured by sim/push.py\n", metrics: str = '{"error": 0.1}') -> None:
+    (ws / "report.md").write_text(report)
+    (ws / "results" / "metrics.json").write_text(metrics)
+
+
+def test_an_honest_workspace_passes(tmp_path):
+    ws, before = seeded(tmp_path)
+    finish(ws)
+    assert check_workspace(GUARDS, ws, before, seeded={"report.md": STUB}) == []
+
+
+# ---------------------------------------------------------------- the guard step never crashes
+
+
+def test_a_protected_file_linked_to_itself_is_a_veto(tmp_path):
+    ws, before = seeded(tmp_path)
+    finish(ws)
+    (ws / "sim" / "push.py").unlink()
+    os.symlink("push.py", ws / "sim" / "push.py")  # resolving it loops
+    assert check_workspace(GUARDS, ws, before) == ["protected path modified: sim/push.py"]
+
+
+def test_a_protected_path_that_is_itself_a_looping_link_is_a_veto(tmp_path):
+    ws, _ = seeded(tmp_path)
+    guards = Guards(protected_paths=["data.csv"])
+    (ws / "data.csv").write_text("1,2\n")
+    before = hash_protected(ws, ["data.csv"])
+    (ws / "data.csv").unlink()
+    os.symlink("data.csv", ws / "data.csv")
+    assert check_workspace(guards, ws, before) == ["protected path modified: data.csv"]
+
+
+def test_a_fifo_in_a_protected_directory_is_a_veto_and_never_read(tmp_path):
+    ws, before = seeded(tmp_path)
+    finish(ws)
+    os.mkfifo(ws / "sim" / "pipe")  # opening it for reading would block the guard forever
+    assert check_workspace(GUARDS, ws, before) == ["protected path modified: sim/pipe"]
+    assert hash_protected(ws, ["sim"])["sim"]["sim/pipe"] == "fifo"
+
+
+def test_a_link_out_of_the_workspace_in_a_protected_directory_is_recorded_not_followed(tmp_path):
+    ws, before = seeded(tmp_path)
+    finish(ws)
+    os.symlink("/etc/passwd", ws / "sim" / "passwd")
+    assert check_workspace(GUARDS, ws, before) == ["protected path modified: sim/passwd"]
+
+
+@pytest.mark.parametrize("metrics,reason", [
+    ('{"error": 1' + "0" * 400 + "}", "file refused: integer out of range: 1000000000"),
+    ('{"error": 1e400}', "not finite (inf)"),
+    ('{"error": NaN}', "not finite (nan)"),
+    ('{"error": -Infinity}', "not finite (-inf)"),
+    ("[" * 100_000 + "]" * 100_000, "file is not JSON"),
+], ids=["10**400", "1e400", "nan", "-inf", "deep"])
+def test_numbers_and_nesting_that_crashed_the_bound_check_are_vetoes(tmp_path, metrics, reason):
+    ws, before = seeded(tmp_path)
+    finish(ws, metrics=metrics)
+    (got,) = check_workspace(GUARDS, ws, before)
+    assert got.startswith(f"metric results/metrics.json:error: {reason}"), got
+
+
+def test_a_metrics_file_that_is_a_fifo_or_huge_is_refused_unread(tmp_path):
+    ws, before = seeded(tmp_path)
+    finish(ws)
+    (ws / "results" / "metrics.json").unlink()
+    os.mkfifo(ws / "results" / "metrics.json")
+    reasons = check_workspace(GUARDS, ws, before)
+    assert reasons == ["required output is not a regular file (fifo): results/metrics.json",
+                       "metric results/metrics.json:error: file refused: not a regular file (fifo)"]
+    (ws / "results" / "metrics.json").unlink()
+    (ws / "results" / "metrics.json").write_text('{"error": 0.1, "pad": "' + "x" * (1 << 20) + '"}')
+    assert check_workspace(GUARDS, ws, before) == [
+        f"metric results/metrics.json:error: file refused: larger than {1 << 20} bytes"]
+
+
+# ---------------------------------------------------------------- metrics that parse but lie
+
+
+def test_a_metric_given_twice_is_a_veto(tmp_path):
+    # the guard read the last value (in bounds) while the evaluator's reading saw the first
+    ws, before = seeded(tmp_path)
+    finish(ws, metrics='{"error": 7.5, "error": 0.1}')
+    assert check_workspace(GUARDS, ws, before) == [
+        "metric results/metrics.json:error: file refused: duplicate key 'error'"]
+
+
+# ---------------------------------------------------------------- placeholders
+
+
+@pytest.mark.parametrize("report,reason", [
+    ("", "required output is empty: report.md"),
+    (STUB, "required output is the seeded stub, unchanged: report.md"),
+], ids=["empty", "stub"])
+def test_a_placeholder_deliverable_is_a_veto(tmp_path, report, reason):
+    ws, before = seeded(tmp_path)
+    finish(ws, report=report)
+    assert check_workspace(GUARDS, ws, before, seeded={"report.md": STUB}) == [reason]
+
+
+def test_a_deliverable_that_is_a_link_or_an_empty_directory_is_a_veto(tmp_path):
+    ws, before = seeded(tmp_path)
+    finish(ws)
+    (ws / "report.md").unlink()
+    os.symlink("sim/push.py", ws / "report.md")
+    assert check_workspace(GUARDS, ws, before) == ["required output is not a regular file (symlink): report.md"]
+    (ws / "report.md").unlink()
+    (ws / "report.md").mkdir()
+    assert check_workspace(GUARDS, ws, before) == ["required output is an empty directory: report.md"]
+
+
+# ---------------------------------------------------------------- checks cannot change what they check
+
+
+def test_a_check_that_rewrites_the_protected_simulator_is_a_veto_and_the_next_check_sees_the_original(tmp_path):
+    """The first check imports the episode's controller, which rewrites sim/push.py so the box
+    lands on the goal; the second check then runs the simulator. Each check gets a fresh copy, and
+    the protected paths are verified after each."""
+    ws, before = seeded(tmp_path)
+    finish(ws)
+    guards = Guards(protected_paths=["sim"], checks=[CheckCommand(name="controller", command="x"),
+                                                      CheckCommand(name="simulate", command="y")])
+    seen = []
+
+    def run_check(check, workspace: Path):
+        seen.append(hashlib.sha256((workspace / "sim" / "push.py").read_bytes()).hexdigest())
+        if check.name == "controller":
+            (workspace / "sim" / "push.py").write_text("def push(obj, force):\n    return GOAL\n")
+        return 0, ""
+
+    reasons = check_workspace(guards, ws, before, run_check)
+    assert reasons == ["check controller changed what it checks: protected path modified: sim/push.py"]
+    original = hashlib.sha256(SIM.encode()).hexdigest()
+    assert seen == [original, original]  # the simulate check ran on the simulator the task seeded
+    assert (ws / "sim" / "push.py").read_text() == SIM  # and the episode's workspace is untouched
+
+
+def test_a_check_that_leaves_a_file_for_the_next_check_finds_it_gone(tmp_path):
+    ws, before = seeded(tmp_path)
+    finish(ws)
+    guards = Guards(checks=[CheckCommand(name="first", command="x"), CheckCommand(name="second", command="y")])
+    found = []
+
+    def run_check(check, workspace: Path):
+        if check.name == "first":
+            (workspace / "results" / "verdict.txt").write_text("passed")
+        found.append((workspace / "results" / "verdict.txt").exists())
+        return 0, ""
+
+    assert check_workspace(guards, ws, before, run_check) == []
+    assert found == [True, False] and not (ws / "results" / "verdict.txt").exists()
+
+
+def test_the_sandboxed_checks_run_on_a_copy(tmp_path):
+    """The real sandbox: a check command that edits a protected file is vetoed, the workspace kept."""
+    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.steps.guard import sandbox_checker
+
+    ws, before = seeded(tmp_path)
+    finish(ws)
+    guards = Guards(protected_paths=["sim"], checks=[
+        CheckCommand(name="tamper", command="echo 'GOAL = 1' >> sim/push.py"),
+        CheckCommand(name="verify", command="! grep -q GOAL sim/push.py")])
+    reasons = check_workspace(guards, ws, before, sandbox_checker(EpisodeLimits()))
+    assert reasons == ["check tamper changed what it checks: protected path modified: sim/push.py"]
+    assert (ws / "sim" / "push.py").read_text() == SIM
+    assert json.loads(json.dumps(reasons))  # plain strings, stored as the guard's reasons
