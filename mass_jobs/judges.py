@@ -70,8 +70,11 @@ def order_for(job: PairJob, judge_index: int, seed_index: int) -> str:
 
 
 def ask_verdict(client: ChatClient, job: PairJob, order: str, seed: int, retries: int) -> dict:
-    """One verdict via `compare.judge`; an endpoint failure is retried, then recorded invalid (never raised)."""
+    """One verdict via `compare.judge`; an endpoint failure (ModelError: unreachable, timeout, HTTP
+    error, a reply that is no chat completion) is retried, then recorded invalid. Any other error is
+    a bug of this code and propagates: stored as an invalid verdict, `run_panel` would reuse it forever."""
     from mass_jobs import compare
+    from mass_jobs.llm import ModelError
 
     cand, base = ("candidate", job.candidate_bundle), ("baseline", job.baseline_bundle)
     first, second = (cand, base) if order == "candidate_first" else (base, cand)
@@ -79,7 +82,7 @@ def ask_verdict(client: ChatClient, job: PairJob, order: str, seed: int, retries
     for _ in range(retries + 1):
         try:
             v = compare.judge(client, job.task_prompt, first, second, retries=retries, seed=seed)
-        except Exception as e:  # endpoint down, HTTP error, timeout: recorded, retried, never a crash
+        except ModelError as e:  # endpoint down, HTTP error, timeout: recorded, retried, never a crash
             errors.append(f"endpoint: {type(e).__name__}: {e}"[:500])
             continue
         winner = None if not v.valid else "tie" if v.winner == "tie" else ("A" if v.winner == first[0] else "B")

@@ -100,3 +100,25 @@ def test_rerun_skips_stored_verdicts(tmp_path, scripted_endpoint):
     assert len(ep.requests) == 3
     again = judges.run_panel(store, "p", jobs(1), [member(ep, "j")], retries=0)  # the script is empty now
     assert again == first and len(ep.requests) == 3
+
+
+def test_a_bug_in_the_judging_code_propagates_and_stores_nothing(tmp_path, scripted_endpoint, monkeypatch):
+    """An endpoint failure is an invalid verdict; a bug of this code is not one: stored as invalid,
+    the panel would reuse it on every rerun and never ask again."""
+    import pytest
+
+    from mass_jobs import compare
+
+    ep = scripted_endpoint({"*": [verdict("A")] * 6})
+    store = FileStore(tmp_path / "store")
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug in compare.judge")
+
+    monkeypatch.setattr(compare, "judge", broken)
+    with pytest.raises(KeyError, match="a bug in compare.judge"):
+        judges.run_panel(store, "run/eval/verdicts", jobs(1), [member(ep, "x")], retries=1)
+    assert not list((tmp_path / "store").rglob("*.json"))  # nothing stored to be reused
+    monkeypatch.undo()
+    records = judges.run_panel(store, "run/eval/verdicts", jobs(1), [member(ep, "x")], retries=1)
+    assert len(records) == 3 and all(r["valid"] for r in records)
