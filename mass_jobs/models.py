@@ -178,12 +178,14 @@ class SftSpec(Closed):
     panel: PanelSelection | None = Field(default=None, description="Settings of checkpoint selection by the panel.")
     window: int = Field(default=49152, ge=64, le=MAX_TOKENS, description="Max tokens per training window.")
     context: int = Field(default=8192, ge=0, le=MAX_TOKENS, description="Max masked earlier-context tokens prepended.")
-    cut: Literal["blocks", "tokens"] = Field(
+    cut: Literal["blocks", "fit", "tokens"] = Field(
         default="blocks",
-        description="'blocks' (upstream's): earlier context and window ends in whole turns, never inside a message "
-        "or tool output; 'tokens': exactly the last `context` tokens before a reply, which may start mid-message. "
-        "Either way a thread whose header (system + tools + first user message) takes over 90% of the window is "
-        "refused and recorded, as upstream.")
+        description="'blocks' (upstream's make_windows): earlier context and window ends in whole turns, never inside "
+        "a message or tool output; a later user query goes in on top of `context`; a reply whose context overflows "
+        "the window keeps only that query. 'fit': the same whole turns, the query counted in `context`, and on "
+        "overflow the context that still fits kept. 'tokens': exactly the last `context` tokens before a reply, "
+        "which may start mid-message. Either way a thread whose header (system + tools + first user message) takes "
+        "over 90% of the window is refused and recorded, as upstream.")
     orchestrator_share: float = Field(default=1 / 3, ge=0, le=1)
     lora: LoraSpec = Field(default_factory=LoraSpec)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)

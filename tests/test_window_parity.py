@@ -1,14 +1,12 @@
 """Windows at parity with upstream's renderer: whole-turn cutting and the 90% header guard.
 
-`upstream_windows` restates upstream's rule from its behaviour, over the text of each segment split
-at `<|im_start|>` (one block per turn; consecutive tool results share one): the header is the
-blocks through the first user message, and a thread whose header takes over 90% of the window is
-refused; a window holds the header, the segment's own query block when it is not in the context
-and fits, then whole earlier blocks back from the reply's block while they fit `context` (the query
-counting against it), then blocks up to the end of each further reply block that still fits.
-Nothing here imports the product's cutting; the product's windows come from `render_windows` on a
-recorded thread, the path `mass render sft` takes. The grid forces cuts: every case below has a
-segment longer than its window.
+`make_windows` transcribes upstream's function of that name (training/prepare_sft_data.py) over the
+blocks of each segment, split at `<|im_start|>` as upstream splits them (one block per turn;
+consecutive tool results share one): the header is the blocks through the first user message, and
+a thread whose header takes over 90% of the window is refused. Nothing here imports the product's
+cutting; the product's windows come from `render_windows` on a recorded thread, the path `mass
+render sft` takes. The grid forces cuts (every case has a segment longer than its window), holds
+threads of one to three user queries, and contexts that overflow.
 """
 
 from __future__ import annotations
@@ -63,43 +61,62 @@ def upstream_segments(tok, messages, tools, thinking: bool):
     return out
 
 
+def make_windows(body: list[tuple[list[int], list[int]]], header: list[int], query: int | None, window: int,
+                 overlap: int) -> list[tuple[list[int], list[int]]]:
+    """A transcription of upstream's `make_windows` (training/prepare_sft_data.py), over one
+    segment's blocks after the header, each (ids, mask): walk the loss-bearing blocks; before each,
+    earlier blocks back while they fit `overlap`; the segment's query block, if not among them, put
+    first on top of that; when the reply then overflows the window, no context but the query (if it
+    fits beside the reply); a reply longer than the room is skipped; the window runs on over whole
+    blocks while they fit and ends after the last loss-bearing one."""
+    room = window - len(header)
+    loss = [any(m) for _, m in body]
+    size = [len(ids) for ids, _ in body]
+    out, i = [], 0
+    while i < len(body):
+        if not loss[i]:
+            i += 1
+            continue
+        ctx, used, j = [], 0, i - 1
+        while j >= 0 and used + size[j] <= overlap:
+            ctx.insert(0, j)
+            used += size[j]
+            j -= 1
+        if query is not None and query < i and query not in ctx:
+            ctx = [query] + [c for c in ctx if c > query]
+            used = sum(size[c] for c in ctx)
+        if size[i] > room - used:
+            if size[i] > room:
+                i += 1
+                continue
+            ctx = [query] if query is not None and query < i and size[query] + size[i] <= room else []
+            used = sum(size[c] for c in ctx)
+        k, total, last = i, 0, i
+        while k < len(body) and total + size[k] <= room - used:
+            total += size[k]
+            last = k if loss[k] else last
+            k += 1
+        ids, labels = list(header), [IGNORE] * len(header)
+        for c in ctx:
+            ids += body[c][0]
+            labels += [IGNORE] * size[c]
+        for b in range(i, last + 1):
+            ids += body[b][0]
+            labels += [t if m else IGNORE for t, m in zip(*body[b])]
+        out.append((ids, labels))
+        i = last + 1
+    return out
+
+
 def upstream_windows(tok, messages, tools, window: int, context: int, thinking: bool):
-    """[(input_ids, labels)] of the thread, or None when its header is refused."""
+    """[(input_ids, labels)] of the thread by upstream's rule, or None when its header is refused."""
     windows = []
     for ids, mask, spans, header, qblock in upstream_segments(tok, messages, tools, thinking):
         if header > 0.9 * window:
             return None
-        first_block = next(b for b, (a, _) in enumerate(spans) if a >= header)
-        replies = [b for b in range(first_block, len(spans)) if any(mask[spans[b][0]:spans[b][1]])]
-        size = lambda a, b: spans[b][1] - spans[a][0]  # noqa: E731  blocks a..b inclusive
-        i = 0
-        while i < len(replies):
-            r = replies[i]
-            room = window - header - size(r, r)
-            if room < 0:
-                i += 1
-                continue
-
-            def earliest(lowest: int, budget: int) -> int:
-                c = r
-                while c - 1 >= lowest and size(c - 1, r - 1) <= budget:
-                    c -= 1
-                return c
-
-            c = earliest(first_block, min(context, room))
-            lead = list(ids[:header])
-            qlen = size(qblock, qblock) if qblock is not None else 0
-            if qblock is not None and c > qblock and qlen <= room:
-                lead += ids[spans[qblock][0]:spans[qblock][1]]
-                c = earliest(qblock + 1, min(context, room) - qlen)
-            j = i
-            while j + 1 < len(replies) and len(lead) + size(c, replies[j + 1]) <= window:
-                j += 1
-            lo, hi = spans[c][0], spans[replies[j]][1]
-            s = next(p for p in range(spans[r][0], hi) if mask[p])
-            labels = [IGNORE] * len(lead) + [ids[p] if p >= s and mask[p] else IGNORE for p in range(lo, hi)]
-            windows.append((lead + ids[lo:hi], labels))
-            i = j + 1
+        first = next(b for b, (a, _) in enumerate(spans) if a >= header)
+        body = [(ids[a:b], mask[a:b]) for a, b in spans[first:]]
+        windows += make_windows(body, ids[:header], None if qblock is None else qblock - first, window, context)
     return windows
 
 
@@ -170,6 +187,21 @@ def test_windows_equal_upstreams_on_every_forced_cut_case(template):
             assert stats["threads_refused_header"] == 0
     print(f"{'thinking' if thinking else 'dense'}: {cases} forced-cut cases identical, {refused} refused threads")
     assert cases - refused >= 40 and refused >= 3  # the grid really cuts, and really refuses
+
+
+def test_the_fit_option_is_another_rule_the_grid_tells_apart(template):
+    """`sft.cut: fit` (the query inside the context budget, overflow keeping what fits) differs from
+    upstream's on this grid: the parity above is not a property every whole-turn rule has."""
+    thinking, tok = template
+    differ = 0
+    for seed in (1, 2, 4, 5):  # threads of two and three queries
+        msgs = thread(seed, thinking, queries=1 + seed % 3)
+        for window, context in GRID:
+            expected = upstream_windows(tok, msgs, TOOLS, window, context, thinking)
+            windows, _ = render_windows([EpisodeTrace("t", seed, as_trace(msgs), bare_prompt=msgs[1]["content"])],
+                                        tok, SftSpec(window=window, context=context, strict=False, cut="fit"))
+            differ += expected is not None and [(w.input_ids, w.labels) for w in windows] != expected
+    assert differ >= 3, differ
 
 
 def test_the_token_cut_option_starts_windows_mid_message_where_blocks_do_not(template):

@@ -331,26 +331,28 @@ def cut_windows(
     """Greedy windows; returns ([(input_ids, labels)], dropped blocks as [s, e) spans).
 
     Each window = ids[:header] + [query] + ids[c:end]: new reply blocks from their turn's start, and
-    before them at most `context` tokens of masked earlier context. `cut="blocks"` (upstream's)
-    takes that context and ends the window in whole turns (a window never starts or stops inside a
-    message or tool output); `cut="tokens"` takes exactly the last `context` tokens before the
-    reply's turn opener and ends at its last supervised token. `query` (a later segment's own user
-    query) is put in whenever it fits, counted against `context`, so every reply is learnt with the
-    request it answers.
+    before them masked earlier context. `cut="blocks"` is upstream's `make_windows`: whole earlier
+    turns back from the reply while they fit `context`; a later segment's own user `query`, when not
+    among them, goes in on top of that budget; and when the reply and that context overflow the
+    window, the context is dropped (the query kept if it fits beside the reply). `cut="fit"` cuts the
+    same whole turns but counts the query in `context` and, on overflow, keeps the context that still
+    fits. `cut="tokens"` takes exactly the last `context` tokens before the reply's turn opener (the
+    query counted in them) and ends at its last supervised token. A window never starts or stops
+    inside a message or tool output except under `tokens`.
     """
     opener = list(opener or [])
     blocks = supervised_blocks(mask, header)
-    starts = turn_starts(ids, header, opener) if cut == "blocks" else []
+    starts = turn_starts(ids, header, opener) if cut in ("blocks", "fit") else []
     qa, qb = query or (0, 0)
 
-    def lead_start(s: int) -> int:  # where the reply's turn begins (blocks), or its opener (tokens)
-        if cut == "blocks":
+    def lead_start(s: int) -> int:  # where the reply's turn begins (blocks, fit), or its opener (tokens)
+        if cut != "tokens":
             return next((p for p in reversed(starts) if p <= s), s)
         k = len(opener)
         return s - k if k and s - k >= header and ids[s - k : s] == opener else s
 
     def turn_end(e: int) -> int:  # end of the turn holding token e - 1
-        return next((p for p in starts if p >= e), len(ids)) if cut == "blocks" else e
+        return next((p for p in starts if p >= e), len(ids)) if cut != "tokens" else e
 
     def context_start(ls: int, lower: int, budget: int) -> int:
         if budget <= 0:
@@ -368,15 +370,23 @@ def cut_windows(
     while i < len(blocks):
         s, e = blocks[i]
         ls = lead_start(s)
-        room = window - header - (turn_end(e) - ls)
+        reply = turn_end(e) - ls
+        room = window - header - reply
         if room < 0:
             dropped.append((s, e))
             i += 1
             continue
-        c = context_start(ls, header, min(context, room))
-        with_query = query is not None and c > qa and qb - qa <= room and qb <= ls
-        if with_query:
-            c = context_start(ls, qb, min(context, room) - (qb - qa))
+        if cut == "blocks":  # upstream's: the query on top of the context; overflow drops the context
+            c = context_start(ls, header, context)
+            with_query = query is not None and c > qa and qb <= ls
+            if (ls - c) + (qb - qa if with_query else 0) > room:
+                c = ls
+                with_query = query is not None and qb <= ls and qb - qa <= room
+        else:
+            c = context_start(ls, header, min(context, room))
+            with_query = query is not None and c > qa and qb - qa <= room and qb <= ls
+            if with_query:
+                c = context_start(ls, qb, min(context, room) - (qb - qa))
         lead = ids[:header] + (ids[qa:qb] if with_query else [])
         j = i
         while j + 1 < len(blocks) and len(lead) + turn_end(blocks[j + 1][1]) - c <= window:
