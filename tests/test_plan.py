@@ -2,9 +2,8 @@
 the schedule from the pipeline table, and the refusal when training will not fit."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -17,6 +16,17 @@ from mass_jobs.spec import load_spec, validate_document
 ROOT = Path(__file__).parent.parent
 PAPER = ROOT / "examples" / "paper.yaml"
 QWEN = ROOT / "examples" / "qwen3.5-27b-config.json"
+
+
+def mass_plan(capsys, *args: str) -> SimpleNamespace:
+    """`mass plan ARGS` in this process (its CLI entry, as a subprocess would run it, without the
+    interpreter start): returncode, stdout and stderr."""
+    from mass_jobs.cli import main
+
+    capsys.readouterr()
+    code = main(["plan", *args])
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
 
 ATTENTION_MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -100,23 +110,21 @@ def test_memory_grows_with_the_window_and_the_chunk_caps_the_logits():
     assert chunked.weights < ddp.weights / 5  # FSDP: 1/6 of them plus one gathered layer
 
 
-def test_plan_refuses_what_will_not_fit_and_names_the_numbers(tmp_path):
-    run = [sys.executable, "-m", "mass_jobs.cli", "plan", str(PAPER), "--config", str(QWEN)]
-    small = subprocess.run([*run, "--gpu-memory", "40", "--parallel", "ddp"], capture_output=True, text=True, timeout=300)
+def test_plan_refuses_what_will_not_fit_and_names_the_numbers(tmp_path, capsys):
+    run = [str(PAPER), "--config", str(QWEN)]
+    small = mass_plan(capsys, *run, "--gpu-memory", "40", "--parallel", "ddp")
     assert small.returncode == 2, small.stderr
     assert "will not fit" in small.stderr and "> the declared 40 GiB GPU" in small.stderr
     assert "weights 50.1" in small.stderr  # 26.9 B bf16 parameters on every DDP rank
-    big = subprocess.run([*run, "--gpu-memory", "100000", "--json", "--gantt", str(tmp_path / "g.png")],
-                         capture_output=True, text=True, timeout=300)
+    big = mass_plan(capsys, *run, "--gpu-memory", "100000", "--json", "--gantt", str(tmp_path / "g.png"))
     assert big.returncode == 0, big.stderr
     doc = json.loads(big.stdout)
     assert doc["fits"] and doc["counts"][0]["teacher_episodes"] == 2 * 18
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_plan_without_a_config_for_a_hub_id_names_what_to_pass():
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "plan", str(PAPER)], capture_output=True,
-                          text=True, timeout=300)
+def test_plan_without_a_config_for_a_hub_id_names_what_to_pass(capsys):
+    proc = mass_plan(capsys, str(PAPER))
     assert proc.returncode == 2
     assert "$.model.base" in proc.stderr and "'Qwen/Qwen3.6-27B'" in proc.stderr and "--config" in proc.stderr
 
@@ -144,20 +152,20 @@ def test_compare_flags_every_count_a_store_differs_in():
                                         f"{planned['ranking_calls'] - 1}"]
 
 
-def test_the_papers_spec_fits_as_written_with_the_fsdp_it_declares():
+def test_the_papers_spec_fits_as_written_with_the_fsdp_it_declares(capsys):
     """examples/paper.yaml says sft.parallel: fsdp, which the plan, `mass run` and the PyTorchJob's
     `mass train` all take from the spec: the 27B model fits the declared 80 GiB GPU."""
-    run = [sys.executable, "-m", "mass_jobs.cli", "plan", str(PAPER), "--config", str(QWEN), "--json"]
-    out = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    run = [str(PAPER), "--config", str(QWEN), "--json"]
+    out = mass_plan(capsys, *run)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["memory"]["parallel"] == "fsdp" and doc["memory"]["world"] == 6
     assert doc["memory"]["total"] < 80 * 2 ** 30 and doc["fits"] is True
-    ddp = subprocess.run([*run[:-1], "--parallel", "ddp"], capture_output=True, text=True, timeout=300)
+    ddp = mass_plan(capsys, *run[:-1], "--parallel", "ddp")
     assert ddp.returncode == 2 and "ddp over 6 ranks) > the declared 80 GiB GPU" in ddp.stderr
 
 
-def test_uncapped_episodes_leave_the_window_count_unbounded_and_the_table_says_so():
+def test_uncapped_episodes_leave_the_window_count_unbounded_and_the_table_says_so(capsys):
     """examples/paper.yaml caps no turn or tool call (upstream): the windows a cycle can render have
     no bound, the table prints `unbounded`, and a stored count is never flagged against it."""
     spec = load_spec(PAPER)
@@ -170,7 +178,6 @@ def test_uncapped_episodes_leave_the_window_count_unbounded_and_the_table_says_s
     capped = plan_counts(spec.model_copy(update={"execution": spec.execution.model_copy(update={"limits": limits})}))[0]
     n_train = sum(t.split == "train" for t in spec.resolved_tasks())
     assert capped["sft_windows_max"] == n_train * 16 * 201 * 40 and n_train > 0
-    out = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "plan", str(PAPER), "--config", str(QWEN)],
-                         capture_output=True, text=True, timeout=300)
+    out = mass_plan(capsys, str(PAPER), "--config", str(QWEN))
     row = next(line for line in out.stdout.splitlines() if line.strip().startswith("sft_windows_max"))
     assert row.split()[1:] == ["unbounded", "unbounded"], row

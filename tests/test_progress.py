@@ -7,6 +7,8 @@ import io
 import math
 import re
 
+import pytest
+
 from mass_jobs.progress import Display, Eta, PerKey
 
 
@@ -68,6 +70,7 @@ def test_rollout_counter_is_per_generation_and_never_passes_its_total():
     assert max(shown) == 9 and shown[8] == 9 and shown[9] == 1
 
 
+@pytest.mark.slow  # builds a model (4 warm-up steps)
 def test_warm_build_prints_steps_and_loss(tmp_path, capsys):
     from mass_jobs.cli import main
 
