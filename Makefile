@@ -5,7 +5,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 NODE_DIR := .tools/qwen-code
-# The paper ran 0.20.0 on Node 22; see README (Setup) for why 0.15.10 is pinned here.
+# The paper ran 0.20.0 on Node 22; see README (The two commands) for why 0.15.10 is pinned here.
 QWEN_VERSION := 0.15.10
 
 .PHONY: setup demo paper-mini test test-fast test-models attack bench bench-serve vllm-env schemas check-codegen images clean
@@ -26,13 +26,13 @@ setup: $(STAMP) $(NODE_DIR)/node_modules/.bin/qwen
 demo: setup
 	$(VENV)/bin/mass demo examples/tiny.yaml
 
-# examples/paper.yaml at toy size (README: Reproducing the paper); the judges are scripted test fixtures.
+# examples/paper.yaml at toy size (docs/paper.md); the judges are scripted test fixtures.
 paper-mini: setup
 	test -f build/tiny-hybrid/model.safetensors || $(VENV)/bin/mass model tiny --hybrid --out build/tiny-hybrid
 	$(PY) -m mass_jobs.testing.scripted_judges 8601 8602 & judges=$$!; \
 	  $(VENV)/bin/mass run examples/paper-mini.yaml; rc=$$?; kill $$judges; exit $$rc
 
-# The suite's budget (README, Tests): `.ci/run` whole in 30 minutes on 2 cores, the fast tier in 5;
+# The suite's budget (README, "Tests, for contributors"): `.ci/run` whole in 30 minutes on 2 cores, the fast tier in 5;
 # a run past its budget by more than 20% fails, naming its slowest tests (tests/fixtures/budget.py).
 # The fast tier: no end-to-end run, no model build, no executor pod (markers, set by fixture too).
 # Both tiers run in parallel worker processes (pytest-xdist): most tests wait on servers, sandboxes

@@ -297,7 +297,7 @@ def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "a
 
     `continuous_batching` is upstream's `--continuous-batching`: concurrent requests share forward
     passes (paged attention), but the sampling settings of the first request hold for all of them
-    and a request's `seed` is not applied, so it is off by default (see README, "Serving")."""
+    and a request's `seed` is not applied, so it is off by default (docs/running.md, "Serving")."""
     from fastapi.responses import JSONResponse
     from transformers.cli.serving.completion import CompletionHandler
     from transformers.cli.serving.model_manager import ModelManager

@@ -80,3 +80,14 @@ def test_spec_positional_and_flag_are_the_same(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "mass report: expected one run spec (`mass report SPEC`), found none"
     assert main(["guard", "a.yaml", "--spec", "b.yaml", "--gen", "0", "--task", "t"]) == 2
     assert "found a.yaml and b.yaml" in capsys.readouterr().err
+
+
+def test_the_readme_is_what_a_newcomer_needs_first_and_points_to_documents_that_exist():
+    """The README stays short (the rest lives in docs/) and every document it names is there."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) < 15_000
+    named = set(re.findall(r"`(docs/[\w-]+\.md)`", readme))
+    assert {"docs/running.md", "docs/demo.md", "docs/paper.md", "docs/kubernetes.md", "docs/parity.md"} <= named
+    assert all((ROOT / doc).is_file() for doc in named), named
+    for target in ("demo:", "test:", "test-fast:", "paper-mini:", "attack:"):
+        assert f"\n{target}" in (ROOT / "Makefile").read_text(), target

@@ -391,8 +391,8 @@ def test_every_object_under_manifests_is_safe_to_apply_as_is():
     assert sum("Secret" in h for h in moved["examples/k8s/secret-templates.yaml"]) == 2
 
 
-def test_readme_applies_only_manifests_and_argo():
-    readme = (REPO / "README.md").read_text()
+def test_the_kubernetes_guide_applies_only_manifests_and_argo():
+    readme = (REPO / "docs" / "kubernetes.md").read_text()
     applies = re.findall(r"kubectl apply [^\n`]*", readme)
     assert applies and all("examples/k8s" not in a or "networkpolicy-cluster-egress" in a
                            or "ciliumnetworkpolicy" in a for a in applies), applies

@@ -2,7 +2,7 @@
 
 argo/, manifests/, examples/k8s/ and the chart rendered under each ci/*-values.yaml. Containers
 that controllers add carry what the shipped controller settings give them, the prerequisites the
-README documents: Argo's init and wait containers (and the main container of resource templates)
+docs/kubernetes.md documents: Argo's init and wait containers (and the main container of resource templates)
 the controller's `executor.securityContext` (examples/k8s/argo-controller-values.yaml), the
 training operator's Worker init container its template file
 (examples/k8s/training-operator-init-container.yaml), KServe's storage initializer the patched
@@ -139,8 +139,8 @@ def test_pod_level_settings_cover_containers_and_root_is_refused():
         "is None"]
 
 
-def test_readme_names_the_controller_setting_as_a_prerequisite():
-    readme = (REPO / "README.md").read_text()
+def test_the_kubernetes_guide_names_the_controller_setting_as_a_prerequisite():
+    readme = (REPO / "docs" / "kubernetes.md").read_text()
     for name in ("argo-controller-values.yaml", "training-operator-init-container.yaml",
                  "kserve-storage-initializer-patch.yaml"):
         assert f"examples/k8s/{name}" in readme, name

@@ -115,8 +115,8 @@ def test_import_names_what_is_missing(tmp_path, capsys):
     assert "expected an upstream splits.json (FileNotFoundError" in capsys.readouterr().err
 
 
-def test_the_readme_example_loads(tmp_path):
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_the_documented_example_loads(tmp_path):
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "paper.md").read_text()
     block = readme.split("## Upstream tasks", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     [entry] = yaml.safe_load(block)["tasks"]
     (tmp_path / Path(entry["file"]).parent).mkdir(parents=True)
