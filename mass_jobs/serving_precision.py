@@ -87,18 +87,29 @@ def local_capability() -> tuple[int, int] | None:
     return tuple(torch.cuda.get_device_capability(0))  # type: ignore[return-value]
 
 
+def unquantized(spec) -> str:
+    """The merged weights' precision, as served when the FP8 copy is not: the spec's model.dtype
+    (auto: the checkpoint's own, BF16 for the models this runs). "bf16" in serving.json names that
+    copy whatever its dtype."""
+    return {"float32": "FP32", "float16": "FP16"}.get(spec.model.dtype, "BF16")
+
+
 def summary(spec) -> str:
-    """What `mass validate` says about serving L1 and later."""
+    """What `mass validate` says about serving L1 and later, naming the merged weights' real dtype."""
     if spec.generations < 1:
         return "serving: only generation 0 (model.base as given)"
+    word = unquantized(spec)
+
+    def said(c: Choice) -> str:
+        name = word if c.weights == "bf16" else c.weights.upper()
+        return f"serving: generations 1+ from the {name} weights: {c.reason.replace('BF16', word)}"
+
     if spec.execution.mode == "argo":
-        c = for_cluster(spec, 1)
-        return f"serving: generations 1+ from the {c.weights.upper()} weights: {c.reason}"
+        return said(for_cluster(spec, 1))
     fixed = _exported(spec)
     if spec.execution.serving == "vllm" and fixed is None:
         return ("serving: generations 1+ from the FP8 weights when this machine's first CUDA GPU has compute "
-                "capability >= 7.5 (vLLM's FP8 kernels), else from the BF16 weights; gen-<g>/serving.json records "
+                f"capability >= 7.5 (vLLM's FP8 kernels), else from the {word} weights; gen-<g>/serving.json records "
                 "which and why")
     c = for_local(spec, 1, None)
-    return f"serving: generations 1+ from the {c.weights.upper()} weights: {c.reason}" if c.weights != "none" else \
-        f"serving: {c.reason}"
+    return said(c) if c.weights != "none" else f"serving: {c.reason}"

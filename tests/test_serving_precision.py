@@ -81,6 +81,12 @@ def test_validate_says_which_weights_serve(tmp_path):
                           "a CUDA GPU"]
     vllm = spec_with(tmp_path, sft={"fp8_export": True}, execution={"serving": "vllm"})
     assert "compute capability >= 7.5" in sp.summary(vllm) and "serving.json" in sp.summary(vllm)
+    # a float32 model is served as float32: the summary names its dtype, not BF16
+    doc["model"]["dtype"] = "float32"
+    path.write_text(json.dumps(doc))
+    assert said(path) == ["serving: generations 1+ from the FP32 weights: execution.serving is embedded: "
+                          "transformers' server serves the FP32 weights; the block-FP8 export is served by vLLM on "
+                          "a CUDA GPU"]
 
 
 def test_a_local_server_serves_the_recorded_weights(tmp_path, tiny_model_dir, monkeypatch):
