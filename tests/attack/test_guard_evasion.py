@@ -21,7 +21,7 @@ from mass_jobs.steps.guard import check_workspace, hash_protected
 from mass_jobs.task_models import CheckCommand, Guards
 
 SIM = "def push(obj, force):\n    return obj + force\n"
-STUB = "# Report\n\nTODO\n"
+STUB = "# Report\n\n(to be written)\n"
 GUARDS = Guards(required_outputs=["report.md", "results/metrics.json"], protected_paths=["sim"],
                 metrics=[{"file": "results/metrics.json", "key": "error", "min": 0, "max": 1}])
 
