@@ -96,6 +96,12 @@ class CollectionSpec(Closed):
         description="Collect only for tasks whose search beat the bare reference (the paper). "
         "false: collect for every training task (smoke runs with an untrained model that never wins).",
     )
+    keep_no_work: bool = Field(
+        default=False,
+        description="Rank and train on `no_work` episodes (finished without one workspace tool call) as on "
+        "successes. false (the default): they are counted in the report and never reach a training window. "
+        "true only for smoke runs of an untrained model that never calls a tool (examples/paper-mini.yaml).",
+    )
     collect_when: Literal["elite", "any_version"] = Field(
         default="elite",
         description="'elite' (the paper's code with search.selection champion): a task is collected when the "
@@ -103,6 +109,10 @@ class CollectionSpec(Closed):
         "teacher runs it; 'any_version': when any version judged against the reference beat it, the teacher "
         "running the latest such version.",
     )
+
+    def rankable(self, outcome: str | None) -> bool:
+        """Whether a teacher episode with this outcome may be ranked and trained on."""
+        return outcome == "success" or (self.keep_no_work and outcome == "no_work")
 
 
 class RankingSpec(Closed):

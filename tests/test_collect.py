@@ -35,7 +35,8 @@ def test_collects_elite_with_directive_and_reruns_only_missing(make_store, inner
     summary = run_collect(ctx, 0, "t1", execute)
     assert summary["skipped"] is False and summary["beats_reference"] is True
     assert [e["id"] for e in summary["episodes"]] == ["ep-0", "ep-1", "ep-2", "ep-3"]
-    assert summary["eligible"] == ["ep-0", "ep-1", "ep-2", "ep-3"]
+    # an orchestrator that only finishes did no work: never ranked (collection.keep_no_work: false)
+    assert {e["outcome"] for e in summary["episodes"]} == {"no_work"} and summary["eligible"] == []
     prompts = [r["body"]["messages"][1]["content"] for r in ep.requests[-4:]]
     assert len(prompts) == 4
     assert all(p.endswith(f"{DIRECTIVE_HEADER}\n{TEACHER_DIRECTIVE}") and "## Workflow" in p for p in prompts)
@@ -52,7 +53,7 @@ def test_collects_elite_with_directive_and_reruns_only_missing(make_store, inner
     summary2 = run_collect(ctx, 0, "t1", execute)
     assert len(ep.requests) - n == 4  # one episode: orchestrator x2, worker x2
     assert "score: 6" in _report(store, "ep-1")
-    assert summary2["eligible"] == summary["eligible"]
+    assert summary2["eligible"] == ["ep-1"]  # redone with a worker that wrote report.md
 
 
 def _report(store, ep_id):

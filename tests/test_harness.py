@@ -155,7 +155,7 @@ def test_malformed_tool_call_json_goes_back_to_the_model(scripted_endpoint, tmp_
         }
     )
     result, status, trace = episode(ep, tmp_path)
-    assert result.outcome == "success" and result.final_report == "I could not delegate."
+    assert result.outcome == "no_work" and result.final_report == "I could not delegate."  # every call failed
     assert status["counts"] == {"turns": 4, "tool_calls": 3, "delegations": 0, "agents": 1, "tool_errors": 3}
     errors = tool_messages(trace[3])
     assert len(errors) == 3 and all(e.startswith("ERROR:") for e in errors)
@@ -222,7 +222,7 @@ def test_nested_delegation_within_depth_and_beyond(scripted_endpoint, tmp_path):
         }
     )
     result, status, trace = episode(ep, tmp_path, limits=limits(delegation_depth=2))
-    assert result.outcome == "success"
+    assert result.outcome == "no_work"  # delegations all the way down, and nobody touched the workspace
     helper = [r for r in trace if r["agent"]["id"] == "helper"]
     assert helper[0]["agent"]["parent"] == "lead"
     assert "delegate" not in [t["function"]["name"] for t in helper[0]["request"]["tools"]]
@@ -248,7 +248,7 @@ def test_limits_default_to_upstreams_and_an_uncapped_episode_runs_past_the_old_c
     40 turns and 200 calls) runs to its own end."""
     d = EpisodeLimits()
     assert (d.turns_per_agent, d.tool_calls, d.wall_s, d.shell_timeout_s, d.request_timeout_s) == (None, None, None, 600, 1800)
-    calls = [Reply.call("list_files", path=f"d{i}") for i in range(44)]
+    calls = [Reply.call("list_files", path=".")] + [Reply.call("list_files", path=f"d{i}") for i in range(1, 44)]
     many = Reply(tool_calls=[{"name": "list_files", "arguments": {"path": f"m{i}"}} for i in range(207)])
     ep = scripted_endpoint({"orchestrator": calls + [many, Reply.call("finish", summary="done", status="success")]})
     uncapped = limits(turns_per_agent=None, tool_calls=None, wall_s=None)
@@ -311,7 +311,8 @@ def test_tiny_model_episode_ends_with_a_classified_status(tiny_model_dir, tmp_pa
         result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
     status = json.loads((tmp_path / "out" / "status.json").read_text())
     validate_status(status)
-    assert result.outcome in ("success", "failed", "loop_detected") and result.outcome == status["outcome"]
+    assert result.outcome in ("success", "no_work", "failed", "loop_detected") and result.outcome == status["outcome"]
+    assert result.outcome != "success" or status["counts"]["tool_calls"] > 0
     trace = read_trace(tmp_path / "out" / "trace.jsonl")
     assert 1 <= len(trace) == status["counts"]["turns"] <= 2 * status["counts"]["agents"]
     assert all(r["status"] == 200 and r["request"]["sampling"]["max_tokens"] == 32 for r in trace)

@@ -16,6 +16,7 @@ from mass_jobs.steps.guard import run_guard
 from mass_jobs.steps.rank import RankError, Ranking, run_rank, select, step_schema, write_step_schemas
 from mass_jobs.steps.search import Search, run_search
 from mass_jobs.steps.rollouts import episode_executor
+from mass_jobs.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
@@ -70,6 +71,36 @@ def test_too_few_usable_episodes_is_an_error_or_the_documented_fallback(make_sto
     r = run_rank(RunContext(spec2, store), 0, "t1", client)
     assert r.fallback_used and r.train == ["ep-1"] and r.val == "ep-3"
     assert sorted(r.excluded) == ["ep-0", "ep-2"] and "episode outcome failed" in r.excluded["ep-0"][0]
+
+
+IDLE = {"orchestrator": [Reply.text("Done: the report is written and the score is 9.")]}  # a reply, no tool call
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_episodes_that_did_no_work_are_never_ranked_unless_kept(make_store, inner_spec, judging_endpoint, keep):
+    """Two of five teacher episodes claim success in prose and call no tool: `no_work`, vetoed before
+    ranking (so no training window holds them) unless collection.keep_no_work says otherwise."""
+    store = make_store("file")
+    spec = inner_spec(store, search={"iterations": 0}, ranking={"fallback": "use_available"},
+                      collection={"episodes": 5, "train_ranks": 2, "validation_rank": 3, "keep_no_work": keep})
+    ep = judging_endpoint()
+    ctx = RunContext(spec, store)
+    client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
+    execute = episode_executor(spec, ep.endpoint)
+    add_episodes(ep, episode(1), episode(5))
+    run_search(ctx, 0, "t1", client, execute)
+    add_episodes(ep, episode(3), IDLE, episode(8), IDLE, episode(5))
+    summary = run_collect(ctx, 0, "t1", execute)
+    assert [e["outcome"] for e in summary["episodes"]] == ["success", "no_work", "success", "no_work", "success"]
+    guard = run_guard(ctx, 0, "t1")
+    r = run_rank(ctx, 0, "t1", client)
+    if keep:
+        assert guard.usable == [f"ep-{i}" for i in range(5)] and not r.fallback_used
+    else:
+        assert guard.usable == ["ep-0", "ep-2", "ep-4"]
+        assert "episode outcome no_work" in guard.episodes["ep-1"].reasons[0]
+        assert (r.train, r.val) == (["ep-2", "ep-4"], "ep-0")  # by score; the idle ones claimed 9
+        assert sorted(r.excluded) == ["ep-1", "ep-3"]
 
 
 def test_unreadable_verdicts_are_invalid_not_ties(make_store, inner_spec, judging_endpoint):
@@ -159,7 +190,7 @@ def test_tiny_model_runs_the_chain_to_manifests(make_store, inner_spec, tiny_mod
         store,
         model={"base": str(tiny_model_dir), "sampling": {"max_output_tokens": 24}},
         search={"iterations": 1, "proposal_retries": 1, "evidence_bytes": 1024},
-        collection={"episodes": 4, "train_ranks": 2, "validation_rank": 3},
+        collection={"episodes": 4, "train_ranks": 2, "validation_rank": 3, "keep_no_work": True},
         ranking={"comparisons_per_episode": 2, "verdict_retries": 1},
         execution={"concurrency": 2, "limits": {"turns_per_agent": 2, "tool_calls": 4, "wall_s": 120,
                                                 "request_timeout_s": 60, "request_retries": 0}},
@@ -184,7 +215,8 @@ def test_tiny_model_runs_the_chain_to_manifests(make_store, inner_spec, tiny_mod
         # collect anyway (as a forced run does) to take the chain through guard and rank
         summary = run_collect(ctx, 0, "t1", execute, require_beats_reference=False)
         assert [e["id"] for e in summary["episodes"]] == ["ep-0", "ep-1", "ep-2", "ep-3"]
-        assert [e["outcome"] for e in summary["episodes"]] == ["success"] * 4  # the episodes ran to their end
+        # the episodes ran to their end, in prose: no_work, kept for ranking by the spec
+        assert [e["outcome"] for e in summary["episodes"]] == ["no_work"] * 4
         guard = run_guard(ctx, 0, "t1")
         usable = len(guard.usable)
         assert usable == 4

@@ -278,16 +278,45 @@ def test_episodes_are_counted_by_outcome_per_generation_and_stage(built):
             "tokens": {"prompt": 1, "completion": 1}, "timings": {"wall_s": 1.0},
             "sandbox": {"network_isolated": False, "note": ""}}
     for i, outcome in enumerate(["success", "turn_limit", "turn_limit", "infra_error"]):
-        store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json", {**base, "outcome": outcome})
+        calls = {**base["counts"], "tool_calls": 5 if outcome == "success" else 1}
+        store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json", {**base, "outcome": outcome, "counts": calls})
     store.put_json(f"{built.collect_root(0)}/a/ep-9/input/status.json", {**base, "outcome": "success"})  # a pod's copy
     doc = rp.build_report(built)
     rd.validate_report(doc)
     [collect] = [x for x in doc["outcomes"] if (x["generation"], x["stage"]) == (0, "collect")]
     assert collect["episodes"] == 4 and collect["by_outcome"] == {
-        "success": 1, "failed": 0, "turn_limit": 2, "loop_detected": 0, "timeout": 0, "infra_error": 1}
+        "success": 1, "no_work": 0, "failed": 0, "turn_limit": 2, "loop_detected": 0, "timeout": 0, "infra_error": 1}
+    assert (collect["tool_calls"], collect["tool_calls_per_episode"]) == (8, 2.0)
     md = rr.render_markdown(doc)
-    assert "| generation | stage | episodes | success | turn_limit | infra_error |" in md
-    assert "| L0 | collect | 4 | 1 | 2 | 1 |" in md
+    assert "| generation | stage | episodes | tool calls / episode | success | turn_limit | infra_error |" in md
+    assert "| L0 | collect | 4 | 2 | 1 | 2 | 1 |" in md
+    assert doc["warnings"] == [] and "## Warnings" not in md
+
+
+def test_a_run_whose_episodes_did_no_work_says_so_first(built):
+    """Most collect episodes of L0 ended without a workspace tool call: the report opens with it."""
+    store = built.store
+    base = {"reason": "r", "harness": "builtin", "counts": {"turns": 1, "tool_calls": 0, "delegations": 0, "agents": 1},
+            "tokens": {"prompt": 1, "completion": 1}, "timings": {"wall_s": 1.0},
+            "sandbox": {"network_isolated": False, "note": ""}}
+    for i, outcome in enumerate(["no_work", "no_work", "success", "no_work"]):
+        store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json", {**base, "outcome": outcome})
+    doc = rp.build_report(built)
+    rd.validate_report(doc)
+    assert doc["warnings"][0] == ("L0 collect: 3 of 4 episodes did no work (finished without a workspace tool call; "
+                                  "0 tool calls in all)")
+    md = rr.render_markdown(doc)
+    assert md.index("## Warnings") < md.index("## How to read this")
+    assert "| L0 | collect | 4 | 0 | 1 | 3 |" in md
+    # two of four is not most: no warning
+    store.put_json(f"{built.collect_root(0)}/a/ep-3/status.json", {**base, "outcome": "success"})
+    assert not any(w.startswith("L0 collect") for w in rp.build_report(built)["warnings"])
+
+
+def test_mostly_invalid_verdicts_are_a_warning():
+    doc = {"outcomes": [], "verdicts": {"panel": {"total": 8, "valid": 0, "invalid": 8},
+                                        "self": {"total": 4, "valid": 2, "invalid": 2}}}
+    assert rp.run_warnings(doc) == ["panel verdicts: 8 of 8 invalid (the judge's answers could not be read)"]
 
 
 def test_episodes_are_counted_by_the_cap_that_ended_them(built):

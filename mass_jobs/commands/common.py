@@ -71,6 +71,17 @@ def never_ran(ctx) -> str | None:
             f"(start it with `mass run SPEC`, or check the spec's name and store)")
 
 
+def report_lines(ctx, head: str) -> list[str]:
+    """What a finished run prints last: where its report is, then (as the last line) the report's
+    warnings when it has any, so a run that did no work cannot end looking like a good one."""
+    where = f"{ctx.store.uri.rstrip('/')}/{ctx.report()}"
+    lines = [f"{head}report: {where}/report.md (JSON: {where}/report.json)"]
+    warnings = ctx.store.get_json(f"{ctx.report()}/report.json").get("warnings") or []
+    if warnings:
+        lines.append(f"WARNING: {len(warnings)} in the report: " + "; ".join(warnings))
+    return lines
+
+
 def work_dir_default() -> str:
     """--work-dir default of every entry: MASS_WORK_DIR (pods set a writable one), else .mass-work."""
     import os

@@ -42,6 +42,7 @@ def main(args) -> int:
     started = time.monotonic()
     if run_reporting_failures(args, "demo") is None:
         return 1
-    where = f"{ctx.store.uri.rstrip('/')}/{ctx.report()}"
-    print(f"done in {time.monotonic() - started:.0f}s; report: {where}/report.md (JSON: {where}/report.json)")
+    from mass_jobs.commands.common import report_lines
+
+    print("\n".join(report_lines(ctx, f"done in {time.monotonic() - started:.0f}s; ")))
     return 0

@@ -19,12 +19,12 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     from mass_jobs.commands.common import open_run
 
+    from mass_jobs.commands.common import report_lines
+
     ctx = open_run(args.spec)  # a bad spec exits 2 before anything is written
-    manifest = run_reporting_failures(args, "run")
-    if manifest is None:
+    if run_reporting_failures(args, "run") is None:
         return 1
-    where = f"{ctx.store.uri.rstrip('/')}/{ctx.report()}"
-    print(f"report: {where}/report.md (JSON: {where}/report.json; {len(manifest['outputs'])} files)")
+    print("\n".join(report_lines(ctx, "")))
     return 0
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mass_jobs.harness.episode import TOOL_CALL_CAP
+from mass_jobs.harness.episode import TOOL_CALL_CAP, no_work_reason
 from mass_jobs.harness import tools as T
 from mass_jobs.llm import Endpoint, ModelClient, ModelError, parse_tool_calls, usage_tokens
 from mass_jobs.models import EpisodeLimits, Sampling
@@ -73,6 +73,7 @@ class Tally:
     network_isolated: bool | None = None
     memory_limits: set = field(default_factory=set)  # what held each shell command's memory
     shell_calls: int = 0
+    acting_calls: int = 0  # workspace tool calls that ran without error (none: the episode is no_work)
 
 
 @dataclass
@@ -102,6 +103,8 @@ class BuiltinHarness:
         lead = "agent" if self.single_agent else "orchestrator"
         if not report.ok:
             return "failed", f"{lead} reported failure: {report.text[:500]}", report.text
+        if not self.tally.acting_calls:
+            return "no_work", no_work_reason(lead), report.text
         return "success", f"{lead} finished", report.text
 
     # ------------------------------------------------------------------ one agent conversation
@@ -164,6 +167,8 @@ class BuiltinHarness:
                 result, done = self._run_tool(parsed, allowed, agent_id, role, depth)
                 if result.startswith(T.ERROR_PREFIX):
                     self.tally.tool_errors += 1
+                elif name in T.WORKSPACE_TOOLS:
+                    self.tally.acting_calls += 1
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
                 if done is not None and finished is None:
                     finished = done

@@ -19,7 +19,7 @@ from mass_jobs.llm import Endpoint
 from mass_jobs.model_base import Closed
 from mass_jobs.models import EpisodeLimits, Sampling
 
-OUTCOMES = ("success", "failed", "turn_limit", "loop_detected", "timeout", "infra_error")
+OUTCOMES = ("success", "no_work", "failed", "turn_limit", "loop_detected", "timeout", "infra_error")
 HARNESSES = ("builtin", "qwen-code")
 # The episode limits (execution.limits) that end an episode, by the outcome each ends it with; the
 # tool-call cap ends it "failed" with this reason (both harnesses word it so).
@@ -33,6 +33,15 @@ def episode_cap(status: dict) -> str | None:
     if outcome == "failed" and reason.startswith(TOOL_CALL_CAP):
         return "tool_calls"
     return {"turn_limit": "turns_per_agent", "timeout": "wall_s", "loop_detected": "loop_repeats"}.get(outcome)
+
+
+def no_work_reason(lead: str) -> str:
+    """Why a finished episode is `no_work`: no agent made a workspace tool call (file, shell) that ran;
+    delegating, finishing and calls answered with an error do not count. Such an episode is not
+    ranked or trained on by default: a prose reply cut at the length limit is not a finished task."""
+    return f"{lead} finished, but no agent ran a workspace tool (file or shell) call"
+
+
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "episode-status.schema.json"
 
 

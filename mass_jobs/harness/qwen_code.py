@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from mass_jobs.audit import DELEGATE_TOOLS, split_threads
 from mass_jobs.errors import SandboxError
-from mass_jobs.harness.episode import TOOL_CALL_CAP
+from mass_jobs.harness.episode import TOOL_CALL_CAP, no_work_reason
 
 if TYPE_CHECKING:
     from mass_jobs.harness.episode import EpisodeInput, HarnessOutcome
@@ -322,6 +322,8 @@ def _run(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, 
         outcome = "infra_error"
         reason = f"qwen-code exited with code {code} and no result: {(stderr or stdout).strip()[-500:]}"
     result = _outcome(HarnessOutcome, outcome, reason, records, report)
+    if outcome == "success" and result.counts["tool_calls"] == result.counts["delegations"]:
+        result.outcome, result.reason = "no_work", no_work_reason("qwen-code")
     if sandbox is not None:
         result.sandbox_note = SANDBOXED_NOTE
     return result

@@ -228,7 +228,7 @@ class Collection:
                 status = self.store.get_json(self.file(i, "status.json"))
                 summary["episodes"].append({"id": f"ep-{i}", "outcome": status.get("outcome"),
                                             "reason": status.get("reason", "")})
-            summary["eligible"] = [e["id"] for e in summary["episodes"] if e["outcome"] == "success"]
+            summary["eligible"] = [e["id"] for e in summary["episodes"] if self.cfg.rankable(e["outcome"])]
         step = self.summary_step()
         step.start()
         self.store.put_json(key, summary)

@@ -40,7 +40,7 @@ RunCheck = Callable[[CheckCommand, Path], tuple[int, str]]
 
 class EpisodeGuard(Closed):
     outcome: str | None
-    eligible: bool = Field(description="The episode ended with outcome 'success'.")
+    eligible: bool = Field(description="The episode ended with outcome 'success' (or 'no_work' under collection.keep_no_work).")
     passed: bool = Field(description="Every guard passed.")
     reasons: list[str] = Field(default_factory=list, description="Why it is ineligible or vetoed.")
 
@@ -289,7 +289,7 @@ def stored_checker(ctx: RunContext, gen: int, task_id: str, ep: str) -> RunCheck
 
 
 def _needs_checks(ctx: RunContext, task_id: str, ep: dict) -> bool:
-    return bool(ctx.spec.task(task_id).guards.checks) and ep.get("outcome") == "success"
+    return bool(ctx.spec.task(task_id).guards.checks) and ctx.spec.collection.rankable(ep.get("outcome"))
 
 
 def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
@@ -380,7 +380,8 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
     for ep in summary.get("episodes", []):
         prefix = ctx.collect_episode(gen, task_id, ep["id"])
         outcome = ep.get("outcome")
-        reasons = [] if outcome == "success" else [f"episode outcome {outcome}: {ep.get('reason', '')}".strip()]
+        eligible = ctx.spec.collection.rankable(outcome)
+        reasons = [] if eligible else [f"episode outcome {outcome}: {ep.get('reason', '')}".strip()]
         checker = stored_checker(ctx, gen, task_id, ep["id"]) if agent_pods else run_check
         with tempfile.TemporaryDirectory(prefix="mass-guard-") as tmp:
             try:
@@ -390,7 +391,7 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
             else:
                 violations = check_workspace(task.guards, Path(tmp), store.get_json(ctx.rollout_file(prefix, "protected.json")),
                                              checker, checks=_needs_checks(ctx, task_id, ep), seeded=task.files)
-        report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=outcome == "success",
+        report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=eligible,
                                                  passed=not violations, reasons=reasons + violations)
     report.vetoed = [e for e, g in report.episodes.items() if not g.passed]
     report.usable = [e for e, g in report.episodes.items() if g.usable]

@@ -215,9 +215,11 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
             if sts:
                 counted = Counter(str(st.get("outcome")) for st in sts)
                 capped = Counter(episode_cap(st) for st in sts)
+                calls = sum(int((st.get("counts") or {}).get("tool_calls") or 0) for st in sts)
                 outcomes.append(Outcomes(generation=g, stage=stage, episodes=len(sts),
                                          by_outcome={o: counted.get(o, 0) for o in (*OUTCOMES, *sorted(set(counted) - set(OUTCOMES)))},
-                                         by_cap={c: capped.get(c, 0) for c in CAPS}))
+                                         by_cap={c: capped.get(c, 0) for c in CAPS},
+                                         tool_calls=calls, tool_calls_per_episode=round(calls / len(sts), 3)))
         stats = _json_or_none(store, ctx.sft_file(g, "stats"))
         if sft_data(stats, g):
             sft.append(sft_data(stats, g))
@@ -264,7 +266,23 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         information=workflow_information(ctx, embedder), roles=role_players(ctx), composition=run_composition(spec),
     ).model_dump(mode="json")
     doc["how_to_read"] = how_to_read(doc)
+    doc["warnings"] = run_warnings(doc)
     return doc
+
+
+def run_warnings(doc: dict) -> list[str]:
+    """Each stage where most episodes did no work, each verdict set that is mostly invalid: such a
+    run's numbers are not evidence, and what it trained on (under collection.keep_no_work) is not work."""
+    out = []
+    for o in doc["outcomes"]:
+        idle = o["by_outcome"].get("no_work", 0)
+        if 2 * idle > o["episodes"]:
+            out.append(f"L{o['generation']} {o['stage']}: {idle} of {o['episodes']} episodes did no work (finished "
+                       f"without a workspace tool call; {o['tool_calls']} tool calls in all)")
+    for who, v in doc["verdicts"].items():
+        if v["total"] and 2 * v["invalid"] > v["total"]:
+            out.append(f"{who} verdicts: {v['invalid']} of {v['total']} invalid (the judge's answers could not be read)")
+    return out
 
 
 def how_to_read(doc: dict) -> list[str]:

@@ -86,6 +86,8 @@ class Outcomes(Closed):
                                                    "agent used its turns, e.g. qwen-code's --max-session-turns).")
     by_cap: dict[str, int] = Field(default_factory=dict, description="Episodes ended by each cap of execution.limits "
                                    "(mass_jobs.harness.CAPS), zeros included: a cap ending many episodes selects for brevity.")
+    tool_calls: int = Field(default=0, description="Tool calls of these episodes, all agents together.")
+    tool_calls_per_episode: float | None = Field(default=None, description="tool_calls / episodes.")
 
 
 class SftData(Closed):
@@ -171,6 +173,8 @@ class Report(Closed):
 
     run: str
     how_to_read: list[str] = Field(description="What the numbers are and which of them, at this scale, are noise.")
+    warnings: list[str] = Field(default_factory=list, description="What makes the run unusable as evidence or as "
+                                "training data: most episodes of a stage did no work, most verdicts were invalid.")
     generations: int = Field(description="N of the spec.")
     evaluated: list[int] = Field(description="Generations with a finished evaluate step.")
     tasks: dict[str, list[str]] = Field(description="Task ids by split ('train', 'test').")

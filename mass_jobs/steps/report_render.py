@@ -29,7 +29,10 @@ def _by_role(counts: dict | None) -> str:
 
 
 def render_markdown(doc: dict) -> str:
-    lines = [f"# MASS run `{doc['run']}`", "", "## How to read this", "",
+    warnings = doc.get("warnings") or []
+    lines = [f"# MASS run `{doc['run']}`", "",
+             *(["## Warnings", "", *[f"- **{w}**" for w in warnings], ""] if warnings else []),
+             "## How to read this", "",
              *[f"- {line}" for line in doc["how_to_read"]], "",
              f"Generations: {doc['generations']} (evaluated: {', '.join(f'L{g}' for g in doc['evaluated']) or 'none'}). "
              f"Train tasks: {', '.join(doc['tasks']['train']) or '–'}; test tasks: {', '.join(doc['tasks']['test']) or '–'}.",
@@ -90,10 +93,13 @@ def render_markdown(doc: dict) -> str:
                      f"| {_fmt(total('processed_to_selected'))} | {_fmt(total('processed_to_end'))} |")
     if doc.get("outcomes"):
         names = [o for o in OUTCOMES if any(x["by_outcome"].get(o) for x in doc["outcomes"])] or ["success"]
-        lines += ["", "## Episode outcomes", "", "| generation | stage | episodes | " + " | ".join(names) + " |",
-                  "|---|---|---:|" + "---:|" * len(names)]
+        lines += ["", "## Episode outcomes", "",
+                  "no_work: finished without a workspace tool call (not ranked or trained on unless "
+                  "`collection.keep_no_work`).", "",
+                  "| generation | stage | episodes | tool calls / episode | " + " | ".join(names) + " |",
+                  "|---|---|---:|---:|" + "---:|" * len(names)]
         for x in doc["outcomes"]:
-            lines.append(f"| L{x['generation']} | {x['stage']} | {x['episodes']} | "
+            lines.append(f"| L{x['generation']} | {x['stage']} | {x['episodes']} | {_fmt(x.get('tool_calls_per_episode'))} | "
                          + " | ".join(str(x["by_outcome"].get(o, 0)) for o in names) + " |")
         lines += ["", "Episodes ended by a cap of `execution.limits`:", "",
                   "| generation | stage | " + " | ".join(CAPS) + " |", "|---|---|" + "---:|" * len(CAPS)]

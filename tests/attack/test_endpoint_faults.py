@@ -171,7 +171,7 @@ def test_line_separators_in_an_answer_keep_one_trace_record_per_line(raw_endpoin
     text = (tmp_path / "out" / "trace.jsonl").read_text()
     records = [json.loads(line) for line in text.splitlines()]
     assert len(records) == 1 and records[0]["response"]["message"]["content"] == "a\u2028b\u2029c\x85d"
-    assert res.outcome == "success" and res.final_report == "a\u2028b\u2029c\x85d"
+    assert res.outcome == "no_work" and res.final_report == "a\u2028b\u2029c\x85d"
     assert audit_episode(tmp_path / "out").calls == 1
 
 
@@ -287,7 +287,7 @@ def test_a_gzip_answering_endpoint_is_recorded_and_relayed_as_text(tmp_path, alw
         if not stream:  # a whole built-in episode through it ends as the model said
             inp = EpisodeInput(prompt="Do it.", endpoint=ep.endpoint, limits=LIMITS, sampling=Sampling(max_output_tokens=16))
             res = run_episode(inp, tmp_path / "ws", tmp_path / "out")
-            assert (res.outcome, res.final_report) == ("success", "done")
+            assert (res.outcome, res.final_report) == ("no_work", "done")  # a text answer: no tool call
     finally:
         ep.close()
 

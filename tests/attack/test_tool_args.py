@@ -42,10 +42,12 @@ def attack(scripted_endpoint, tmp_path, *calls: Reply) -> tuple[dict, list[str]]
     assert not t.is_alive(), "a tool call blocked past the episode's wall limit"
     status = json.loads((tmp_path / "out" / "status.json").read_text())
     validate_status(status)
-    assert status["outcome"] in OUTCOMES and status["outcome"] == "success", status
     worker = [r for r in read_trace(tmp_path / "out" / "trace.jsonl") if (r["agent"] or {}).get("id") == "w"]
     results = [m["content"] for m in worker[-1]["request"]["messages"] if m["role"] == "tool"]
     assert len(results) == len(calls)
+    # the episode ends normally; one that only drew tool errors did no work
+    acted = any(not r.startswith("ERROR:") for r in results)
+    assert status["outcome"] in OUTCOMES and status["outcome"] == ("success" if acted else "no_work"), status
     return status, results
 
 
