@@ -60,9 +60,10 @@ def load_checks_file(path: Path) -> ChecksFile | None:
 
 
 class fresh_copy:
-    """A copy of a finished workspace for one check (links copied as links, special files left
-    out), removed after it: what one check's run of the episode's code writes, the next never sees,
-    and the workspace the guard reads is never the one a check ran in."""
+    """A copy of a finished workspace for one check (links copied as links, special files and
+    Python bytecode left out), removed after it: what one check's run of the episode's code writes,
+    the next never sees, the workspace the guard reads is never the one a check ran in, and a
+    check imports the sources it can see, not a .pyc the agent compiled from other ones."""
 
     def __init__(self, workspace: Path):
         self.workspace = Path(workspace)
@@ -74,11 +75,15 @@ class fresh_copy:
         self._tmp = tempfile.TemporaryDirectory(prefix="mass-check-")
         copy = Path(self._tmp.name) / "workspace"
         shutil.copytree(self.workspace, copy, symlinks=True,
-                        ignore=lambda d, names: [n for n in names if _is_special(Path(d) / n)])
+                        ignore=lambda d, names: [n for n in names if _is_special(Path(d) / n) or _is_bytecode(n)])
         return copy
 
     def __exit__(self, *exc) -> None:
         self._tmp.cleanup()
+
+
+def _is_bytecode(name: str) -> bool:
+    return name == "__pycache__" or name.endswith((".pyc", ".pyo"))
 
 
 def _is_special(path: Path) -> bool:

@@ -170,6 +170,9 @@ def sandbox_env(
         SHELL="/bin/sh",
         TERM="dumb",
         PYTHONDONTWRITEBYTECODE="1",
+        # Bytecode is read from (and would be written to) this tree only, never a workspace
+        # __pycache__: an unchecked hash-based .pyc the agent left there is not what gets imported.
+        PYTHONPYCACHEPREFIX=str(tmpdir / "pycache"),
         PYTHONUNBUFFERED="1",
         PYTHONNOUSERSITE="1",
         PIP_NO_INPUT="1",

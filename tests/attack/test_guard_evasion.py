@@ -201,3 +201,60 @@ def test_the_sandboxed_checks_run_on_a_copy(tmp_path):
     assert reasons == ["check tamper changed what it checks: protected path modified: sim/push.py"]
     assert (ws / "sim" / "push.py").read_text() == SIM
     assert json.loads(json.dumps(reasons))  # plain strings, stored as the guard's reasons
+
+
+def _forged_bytecode(ws: Path) -> None:
+    """sim/__pycache__/push.cpython-*.pyc compiled from a forged simulator, hash-based and
+    unchecked (PEP 552): CPython imports it without looking at sim/push.py, which stays intact."""
+    import py_compile
+    import sys
+
+    forged = ws.parent / "forged.py"
+    forged.write_text("def push(obj, force):\n    return 'GOAL'\n")
+    tag = sys.implementation.cache_tag
+    py_compile.compile(str(forged), cfile=str(ws / "sim" / "__pycache__" / f"push.{tag}.pyc"),
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH, doraise=True)
+    (ws / "sim" / "__init__.py").write_text("")
+
+
+def test_a_forged_pyc_beside_the_protected_simulator_is_not_what_the_check_imports(tmp_path):
+    """The protected file is byte-identical and the check imports it: without the bytecode
+    defences the check prints GOAL and passes (shown first, with the host's interpreter)."""
+    import subprocess
+    import sys
+
+    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.steps.guard import sandbox_checker
+
+    ws, _ = seeded(tmp_path)
+    _forged_bytecode(ws)
+    guards = Guards(protected_paths=["sim/push.py"],
+                    checks=[CheckCommand(name="simulate", command="python3 -c 'from sim.push import push; "
+                                         "import sys; sys.exit(push(1, 2) == \"GOAL\")'")])
+    before = hash_protected(ws, ["sim/push.py"])
+    finish(ws)
+    plain = subprocess.run([sys.executable, "-c", "from sim.push import push; print(push(1, 2))"], cwd=ws,
+                           capture_output=True, text=True)
+    assert plain.stdout.strip() == "GOAL"  # the attack works on a bare interpreter
+    assert check_workspace(guards, ws, before, sandbox_checker(EpisodeLimits())) == []  # the real push ran
+
+
+def test_the_check_copy_holds_no_bytecode(tmp_path):
+    from mass_jobs.check_job import fresh_copy
+
+    ws, _ = seeded(tmp_path)
+    _forged_bytecode(ws)
+    (ws / "stray.pyc").write_bytes(b"x")
+    with fresh_copy(ws) as copy:
+        assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*")) == [
+            "report.md", "results", "sim", "sim/__init__.py", "sim/push.py"]
+
+
+def test_sandboxed_python_never_reads_a_workspace_pycache(tmp_path):
+    """Agent shells and checks alike: bytecode comes from PYTHONPYCACHEPREFIX, not sim/__pycache__."""
+    from mass_jobs.sandbox import SandboxLimits, run_sandboxed
+
+    ws, _ = seeded(tmp_path)
+    _forged_bytecode(ws)
+    res = run_sandboxed("python3 -c 'from sim.push import push; print(push(1, 2))'", ws, SandboxLimits(timeout_s=60))
+    assert (res.exit_code, res.stdout.strip()) == (0, "3")
