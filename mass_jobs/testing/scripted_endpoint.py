@@ -131,7 +131,7 @@ class ScriptedEndpoint:
         return Endpoint(base_url=self.base_url, model=self.model)
 
     def start(self) -> ScriptedEndpoint:
-        self._server = ThreadingHTTPServer(("127.0.0.1", self._port), _handler_for(self))
+        self._server = _bind(self._port, _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="scripted-endpoint", daemon=True)
         self._thread.start()
@@ -303,3 +303,24 @@ def _handler_for(ep: ScriptedEndpoint) -> type[BaseHTTPRequestHandler]:
             self.wfile.flush()
 
     return Handler
+
+
+def _bind(port: int, handler) -> ThreadingHTTPServer:
+    """The fixture's server on `port`, or with 0 on a free port *below* the kernel's ephemeral range.
+    Model servers and proxies take ephemeral ports (bind to 0) and free them when they stop; a
+    fixture given one of those ports would answer a client still holding the old URL (another
+    test's, on another worker), and record its requests as its own."""
+    import random
+
+    if port:
+        return ThreadingHTTPServer(("127.0.0.1", port), handler)
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for candidate in random.sample(range(max(1024, low - 12000), low), 200):
+        try:
+            return ThreadingHTTPServer(("127.0.0.1", candidate), handler)
+        except OSError:
+            continue
+    return ThreadingHTTPServer(("127.0.0.1", 0), handler)
