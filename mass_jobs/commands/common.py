@@ -76,7 +76,7 @@ def report_lines(ctx, head: str) -> list[str]:
     warnings when it has any, so a run that did no work cannot end looking like a good one."""
     where = f"{ctx.store.uri.rstrip('/')}/{ctx.report()}"
     lines = [f"{head}report: {where}/report.md (JSON: {where}/report.json)"]
-    warnings = ctx.store.get_json(f"{ctx.report()}/report.json").get("warnings") or []
+    warnings = ctx.store.get_json(ctx.report_file("report.json")).get("warnings") or []
     if warnings:
         lines.append(f"WARNING: {len(warnings)} in the report: " + "; ".join(warnings))
     return lines
