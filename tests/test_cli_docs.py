@@ -91,3 +91,29 @@ def test_the_readme_is_what_a_newcomer_needs_first_and_points_to_documents_that_
     assert all((ROOT / doc).is_file() for doc in named), named
     for target in ("demo:", "test:", "test-fast:", "paper-mini:", "attack:"):
         assert f"\n{target}" in (ROOT / "Makefile").read_text(), target
+
+
+def readme_commands() -> list[list[str]]:
+    """Each command line of the README's code blocks, without its comment, split as a shell would."""
+    import shlex
+
+    blocks = re.findall(r"```(?:\w+)?\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return [shlex.split(line.split("  #", 1)[0]) for block in blocks for line in block.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_every_readme_command_exists_with_its_options_and_files():
+    """`make X`: a Makefile target; `mass ...`: parses with the real parser; a spec it names exists."""
+    makefile = (ROOT / "Makefile").read_text()
+    lines = readme_commands()
+    assert len(lines) >= 8
+    for argv in lines:
+        if argv[0] == "make":
+            assert all(re.search(rf"^{re.escape(t)}:", makefile, re.M) for t in argv[1:] if "=" not in t), argv
+            continue
+        if argv[0] in (".venv/bin/mass", "mass"):
+            args = build_parser(argv[1]).parse_args(argv[1:])  # an unknown option exits 2 here
+            assert args.command == argv[1]
+            for word in argv[2:]:
+                if word.endswith((".yaml", ".yml", ".json")) and not word.startswith("s3://"):
+                    assert (ROOT / word).is_file(), f"{' '.join(argv)}: {word} does not exist"
