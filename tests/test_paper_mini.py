@@ -99,6 +99,10 @@ def mini_doc(model: str, store: dict, judges: list[str], mode: str = "local") ->
     (tests/test_argo_exec.py), and a second cycle here doubled the suite's longest test."""
     doc = yaml.safe_load(MINI.read_text())
     doc["generations"] = 1
+    # one train task (primes: its guard protects a seeded file) and the test task, two teacher
+    # episodes each: every path still runs, at half the 28k-token model calls of the example
+    doc["tasks"] = [t for t in doc["tasks"] if t["id"] != "fib"]
+    doc["collection"]["episodes"] = 2
     doc["model"]["base"] = model
     doc["store"] = store
     doc["execution"]["mode"] = mode
@@ -178,7 +182,8 @@ def check_figures(fig: dict, spec) -> None:
         assert f["teacher_texts"] > 0 and f["windows_with_teacher_text"] == 0, f
         assert f["world_size"] == spec.sft.replicas == 2 and f["parallel"] == "fsdp", f
         assert f["train_steps"] == spec.sft.steps and f["selected_step"] in range(1, spec.sft.steps + 1), f
-        assert sum(f["teacher_episodes_by_outcome"].values()) == 2 * spec.collection.episodes, f
+        train_tasks = sum(t.split == "train" for t in spec.resolved_tasks())
+        assert sum(f["teacher_episodes_by_outcome"].values()) == train_tasks * spec.collection.episodes, f
     from mass_jobs.harness import CAPS
 
     for row in fig["outcomes"]:  # every stage of every generation counts episodes by each cap
@@ -222,7 +227,8 @@ def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, hy
     run = argo_doc["name"]
     argo_store, local_store = (open_store(StoreSpec(**d["store"])) for d in (argo_doc, local_doc))
     got, want = manifests(argo_store, run), manifests(local_store, run)
-    assert sorted(got) == sorted(want) and len(want) >= 28  # every step of L0 -> L1, per task, iteration and episode
+    print(f"paper-mini manifests: {len(want)}")
+    assert sorted(got) == sorted(want) and len(want) >= 17  # every step of L0 -> L1, per task, iteration and episode
     # the report's input (the other manifests, wall-clock fields of traces included) differs; its
     # report.json is compared below
     differ = [f"{p}: input hash" for p in want if got[p]["input_hash"] != want[p]["input_hash"] and p != f"{run}/report"]

@@ -101,7 +101,10 @@ def closed_port() -> int:
 
 # Four seeds: each pair is shown twice in each order, and enough independent draws that a change of
 # the rollouts (hence of the hashed requests) still leaves wins, losses and ties to count.
-SCRIPTED_SEEDS = [1, 2, 3, 4]
+# The hash judge answers a question by its digest: a random model leaves the same workspaces in
+# every generation, so the three comparisons share their questions, and 4 seeds gave 12 distinct
+# answers, none of them a tie in 0.8% of workspace draws; 8 seeds make that 0.006%.
+SCRIPTED_SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 def write_spec(tmp_path, tiny_model_dir, name, dead_port, scripted_url) -> Path:
@@ -262,7 +265,7 @@ def check_run(spec_path: Path, scripted_answers: list[str]) -> dict:
     panel = stored_panel_verdicts(ctx)
     pairs = {(1, 0), (2, 0), (2, 1)}
     n_tasks, seeds = len(TRAIN) + len(TEST), sum(len(j.seeds) for j in spec.judges)
-    assert len(panel) == report["verdicts"]["panel"]["total"] == len(pairs) * n_tasks * seeds == 63
+    assert len(panel) == report["verdicts"]["panel"]["total"] == len(pairs) * n_tasks * seeds == 99
     assert report["verdicts"]["panel"]["invalid"] == sum(not v["valid"] for v in panel)
     assert {(r["candidate"], r["baseline"]) for r in report["win_share"]} == pairs
     assert len(report["win_share"]) == len(pairs) * 3  # train, test, all
@@ -313,7 +316,8 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     out = mass_run(a, tmp_path / "a" / "work")
     assert f"report: file://{a.parent / 'store'}/ci-e2e/report/report.md" in out
     answers_a = list(hash_judge.answers)
-    assert {r["headers"].get("x-mass-role") for r in hash_judge.requests} == {"evaluator"}
+    foreign = [r for r in hash_judge.requests if r["headers"].get("x-mass-role") != "evaluator"]
+    assert hash_judge.requests and not foreign, json.dumps(foreign[:2])[:3000]
     report_a = check_run(a, answers_a)
     # what `mass plan` said before the run is what the run stored (exact counts; bounds not exceeded)
     from mass_jobs.planning.counts import compare, plan_counts, stored_counts
