@@ -908,7 +908,8 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
         assert wf.max_depth == bound
         # the panel was asked the same questions by both runs (each as often by one as by the other)
         asked = Counter(judge.asked)
-        assert asked and all(n % 2 == 0 for n in asked.values()), asked
+        odd = {d: judge.senders[d] for d, n in asked.items() if n % 2}
+        assert asked and not odd, f"asked by one run more often than by the other: {odd}"
 
     run = argo_doc["name"]
     argo_store, local_store = (open_store(StoreSpec(**d["store"])) for d in (argo_doc, local_doc))
@@ -1008,43 +1009,6 @@ def run_store(doc: dict):
     return open_store(StoreSpec(**doc["store"]))
 
 
-@pytest.mark.slow(cost=110)
-def test_agent_pod_exit_1_is_retried_then_an_infra_error_episode(cluster):
-    # two trainer replicas (the two-generation test trains one): Master + 1 Worker through the webhook
-    doc, spec_uri = one_generation(cluster, "agent-crash", **{"sft.replicas": 2})
-    # a collect episode, a search rollout and an evaluate rollout whose agent pods always die
-    lost = ("gen-0/collect/fib/ep-0", "gen-0/search/primes/reference", "eval/gen-1/sort/rep-0")
-    crashed = {r: [] for r in lost}
-
-    def crash(template, inputs, attempt):
-        if template == "agent-episode" and inputs.get("rollout") in crashed:
-            crashed[inputs["rollout"]].append(attempt)
-            return 1  # the container dies (OOM, node loss) on every attempt
-        return None
-
-    ex = cluster["make"](faults=crash)
-    wf = ex.submit("mass-cycle", {"spec": spec_uri, "run": doc["name"], "gen": "0"})
-    assert wf.phase == "Succeeded", wf.summary()
-    for attempts in crashed.values():
-        assert len(attempts) > 1 and attempts == list(range(len(attempts)))  # retried before giving up
-    store, run = run_store(doc), doc["name"]
-    for r in lost:
-        assert store.get_json(f"{run}/{r}/status.json")["outcome"] == "infra_error", r
-    # one agent-pod protocol: collect, search and evaluate record a lost pod alike (harness included)
-    statuses = [store.get_json(f"{run}/{r}/status.json") for r in lost]
-    assert all(st == statuses[0] for st in statuses) and statuses[0]["harness"] == doc.get("execution", {}).get("harness", "builtin")
-    assert store.get_json(f"{run}/gen-0/search/primes/state.json")["reference_outcome"] == "infra_error"
-    summary = store.get_json(f"{run}/gen-0/collect/fib/summary.json")
-    outcomes = {e["id"]: e["outcome"] for e in summary["episodes"]}
-    assert outcomes["ep-0"] == "infra_error" and "ep-0" not in summary["eligible"]
-    assert set(outcomes) == {f"ep-{i}" for i in range(doc["collection"]["episodes"])}
-    job = f"mass-{run}-g0-train"
-    assert [e for e in ex.cluster.events if "PyTorchJob" in e] == [f"create PyTorchJob/{job}"]
-    assert [n.template for n in wf.find(type="Resource") if "train-job" in n.template] == ["train-job"]
-    train = store.get_json(f"{run}/gen-0/train/_manifest.json")["extra"]
-    assert train["world_size"] == 2 and train["steps"] == doc["sft"]["steps"]
-
-
 @pytest.mark.slow(cost=100)
 def test_task_that_did_not_beat_its_reference_is_skipped_without_failing(cluster):
     # the random tiny model never wins a comparison: no task beats its bare reference
@@ -1074,12 +1038,28 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.slow(cost=130)
-def test_stopped_during_training_resubmitted_resumes_from_checkpoint(cluster):
+@pytest.mark.slow(cost=150)
+def test_dying_agent_pods_and_a_stopped_training_one_cycle_recovers_from_both(cluster):
+    """One cycle, two failures a cluster has (one run, where each once had its own):
+    agent pods that always die (OOM, node loss) are retried, then stored as infra_error episodes,
+    alike for collect, search and evaluate; and a workflow stopped mid-training, its PyTorchJob
+    (two replicas: Master + Worker through the webhook) still training, resubmitted, resumes from
+    the stored checkpoint after deleting the old job."""
     # enough steps after the first checkpoint that the stop lands mid-training on an idle machine too
-    doc, spec_uri = one_generation(cluster, "resume", **{"sft.steps": 16, "sft.save_every": 2, "sft.val_every": 4})
+    doc, spec_uri = one_generation(cluster, "crash-resume", **{"sft.replicas": 2, "sft.steps": 16,
+                                                                "sft.save_every": 2, "sft.val_every": 4})
+    # a collect episode, a search rollout and an evaluate rollout whose agent pods always die
+    lost = ("gen-0/collect/fib/ep-0", "gen-0/search/primes/reference", "eval/gen-1/sort/rep-0")
+    crashed = {r: [] for r in lost}
+
+    def crash(template, inputs, attempt):
+        if template == "agent-episode" and inputs.get("rollout") in crashed:
+            crashed[inputs["rollout"]].append(attempt)
+            return 1  # the container dies on every attempt
+        return None
+
     store, run = run_store(doc), doc["name"]
-    ex = cluster["make"]()
+    ex = cluster["make"](faults=crash)
     first = ex.submit("mass-cycle", {"spec": spec_uri, "run": run, "gen": "0"}, background=True)
     while not first.done.is_set() and not store.list(f"{run}/gen-0/train/step-"):
         first.done.wait(0.5)
@@ -1114,3 +1094,20 @@ def test_stopped_during_training_resubmitted_resumes_from_checkpoint(cluster):
              for o in client.list_objects_v2(Bucket=s3["bucket"], Prefix=prefix)["Contents"]}
     assert {k: after[k] for k in stored} == stored  # resumed: what was stored before the stop is untouched
     assert store.exists(f"{run}/gen-0/train/_manifest.json") and store.exists(f"{run}/gen-1/model/config.json")
+    train = store.get_json(f"{run}/gen-0/train/_manifest.json")["extra"]
+    assert train["world_size"] == 2 and train["steps"] == doc["sft"]["steps"]
+    assert [n.template for n in second.find(type="Resource") if "train-job" in n.template] == ["train-job"]
+
+    # the dying pods: retried within a submission (search and collect in the first, evaluate in the
+    # second; what the first stored is not asked again), then recorded alike
+    for attempts in crashed.values():
+        assert len(attempts) > 1 and attempts == list(range(len(attempts)))
+    for r in lost:
+        assert store.get_json(f"{run}/{r}/status.json")["outcome"] == "infra_error", r
+    statuses = [store.get_json(f"{run}/{r}/status.json") for r in lost]
+    assert all(st == statuses[0] for st in statuses) and statuses[0]["harness"] == doc.get("execution", {}).get("harness", "builtin")
+    assert store.get_json(f"{run}/gen-0/search/primes/state.json")["reference_outcome"] == "infra_error"
+    summary = store.get_json(f"{run}/gen-0/collect/fib/summary.json")
+    outcomes = {e["id"]: e["outcome"] for e in summary["episodes"]}
+    assert outcomes["ep-0"] == "infra_error" and "ep-0" not in summary["eligible"]
+    assert set(outcomes) == {f"ep-{i}" for i in range(doc["collection"]["episodes"])}

@@ -12,7 +12,7 @@ from mass_jobs.context import RunContext
 from mass_jobs.llm import ModelClient
 from mass_jobs.pairing import is_connected, pairs, schedule
 from mass_jobs.steps.collect import run_collect
-from mass_jobs.steps.guard import run_guard
+from mass_jobs.steps.guard import GuardReport, run_guard
 from mass_jobs.steps.rank import RankError, Ranking, run_rank, select, step_schema, write_step_schemas
 from mass_jobs.steps.search import Search, run_search
 from mass_jobs.steps.rollouts import episode_executor
@@ -22,14 +22,16 @@ from tests.fixtures.inner_loop import add_episodes, episode
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 
 
-def collected(spec, store, ep, scores, failing=()):
-    """Search (K=0) -> collect one scripted episode per score -> guard; returns (ctx, client)."""
+def collected(spec, store, ep, scores, failing=(), scripts=None):
+    """Search (K=0) -> collect one scripted episode per score (or the given `scripts`) -> guard;
+    returns (ctx, client)."""
     ctx = RunContext(spec, store)
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
     execute = episode_executor(spec, ep.endpoint)
     add_episodes(ep, episode(1), episode(5))
     run_search(ctx, 0, "t1", client, execute)
-    add_episodes(ep, *[episode(s, finish_status="failure" if i in failing else "success") for i, s in enumerate(scores)])
+    add_episodes(ep, *(scripts or [episode(s, finish_status="failure" if i in failing else "success")
+                                   for i, s in enumerate(scores)]))
     run_collect(ctx, 0, "t1", execute)
     run_guard(ctx, 0, "t1")
     return ctx, client
@@ -84,15 +86,10 @@ def test_episodes_that_did_no_work_are_never_ranked_unless_kept(make_store, inne
     spec = inner_spec(store, search={"iterations": 0}, ranking={"fallback": "use_available"},
                       collection={"episodes": 5, "train_ranks": 2, "validation_rank": 3, "keep_no_work": keep})
     ep = judging_endpoint()
-    ctx = RunContext(spec, store)
-    client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
-    execute = episode_executor(spec, ep.endpoint)
-    add_episodes(ep, episode(1), episode(5))
-    run_search(ctx, 0, "t1", client, execute)
-    add_episodes(ep, episode(3), IDLE, episode(8), IDLE, episode(5))
-    summary = run_collect(ctx, 0, "t1", execute)
+    ctx, client = collected(spec, store, ep, [], scripts=[episode(3), IDLE, episode(8), IDLE, episode(5)])
+    summary = store.get_json(ctx.collect_summary(0, "t1"))
     assert [e["outcome"] for e in summary["episodes"]] == ["success", "no_work", "success", "no_work", "success"]
-    guard = run_guard(ctx, 0, "t1")
+    guard = GuardReport.model_validate(store.get_json(ctx.guard(0, "t1")))
     r = run_rank(ctx, 0, "t1", client)
     if keep:
         assert guard.usable == [f"ep-{i}" for i in range(5)] and not r.fallback_used

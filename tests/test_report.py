@@ -271,16 +271,20 @@ def test_every_plot_says_its_n(biased, built):
     assert "n episodes" in rows and "4" in rows and "2" in rows  # L0: 4 status records; L1: 2
 
 
+def episode_status(outcome: str, tool_calls: int = 0, harness: str = "qwen-code") -> dict:
+    return {"outcome": outcome, "reason": "r", "harness": harness,
+            "counts": {"turns": 1, "tool_calls": tool_calls, "delegations": 0, "agents": 1},
+            "tokens": {"prompt": 1, "completion": 1}, "timings": {"wall_s": 1.0},
+            "sandbox": {"network_isolated": False, "note": ""}}
+
+
 def test_episodes_are_counted_by_outcome_per_generation_and_stage(built):
     """Every outcome an episode can end with is a column, turn_limit (qwen-code's --max-session-turns) included."""
     store = built.store
-    base = {"reason": "r", "harness": "qwen-code", "counts": {"turns": 1, "tool_calls": 0, "delegations": 0, "agents": 1},
-            "tokens": {"prompt": 1, "completion": 1}, "timings": {"wall_s": 1.0},
-            "sandbox": {"network_isolated": False, "note": ""}}
     for i, outcome in enumerate(["success", "turn_limit", "turn_limit", "infra_error"]):
-        calls = {**base["counts"], "tool_calls": 5 if outcome == "success" else 1}
-        store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json", {**base, "outcome": outcome, "counts": calls})
-    store.put_json(f"{built.collect_root(0)}/a/ep-9/input/status.json", {**base, "outcome": "success"})  # a pod's copy
+        store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json",
+                       episode_status(outcome, tool_calls=5 if outcome == "success" else 1))
+    store.put_json(f"{built.collect_root(0)}/a/ep-9/input/status.json", episode_status("success"))  # a pod's copy
     doc = rp.build_report(built)
     rd.validate_report(doc)
     [collect] = [x for x in doc["outcomes"] if (x["generation"], x["stage"]) == (0, "collect")]
@@ -296,11 +300,8 @@ def test_episodes_are_counted_by_outcome_per_generation_and_stage(built):
 def test_a_run_whose_episodes_did_no_work_says_so_first(built):
     """Most collect episodes of L0 ended without a workspace tool call: the report opens with it."""
     store = built.store
-    base = {"reason": "r", "harness": "builtin", "counts": {"turns": 1, "tool_calls": 0, "delegations": 0, "agents": 1},
-            "tokens": {"prompt": 1, "completion": 1}, "timings": {"wall_s": 1.0},
-            "sandbox": {"network_isolated": False, "note": ""}}
     for i, outcome in enumerate(["no_work", "no_work", "success", "no_work"]):
-        store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json", {**base, "outcome": outcome})
+        store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json", episode_status(outcome, harness="builtin"))
     doc = rp.build_report(built)
     rd.validate_report(doc)
     assert doc["warnings"][0] == ("L0 collect: 3 of 4 episodes did no work (finished without a workspace tool call; "
@@ -309,7 +310,7 @@ def test_a_run_whose_episodes_did_no_work_says_so_first(built):
     assert md.index("## Warnings") < md.index("## How to read this")
     assert "| L0 | collect | 4 | 0 | 1 | 3 |" in md
     # two of four is not most: no warning
-    store.put_json(f"{built.collect_root(0)}/a/ep-3/status.json", {**base, "outcome": "success"})
+    store.put_json(f"{built.collect_root(0)}/a/ep-3/status.json", episode_status("success", harness="builtin"))
     assert not any(w.startswith("L0 collect") for w in rp.build_report(built)["warnings"])
 
 

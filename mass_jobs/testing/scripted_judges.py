@@ -22,14 +22,17 @@ class HashVerdictJudge(ScriptedEndpoint):
         super().__init__(model="hash-judge", port=port)
         self.answers: list[str] = []  # labels in answer order, to tie stored verdicts to what was said
         self.asked: list[str] = []  # each request's digest, in order: which questions, however interleaved
+        self.senders: dict[str, list[dict]] = {}  # digest -> each asking request's headers (who asked)
 
     def next_reply(self, headers: dict[str, str], body: dict) -> tuple[str, Reply]:
         request = json.dumps([body.get("messages"), body.get("seed")], sort_keys=True).encode()
+        # (the label depends on the question only, never on who asked)
         digest = hashlib.sha256(request).digest()
         label = ("A", "B", "tie")[int.from_bytes(digest[:8], "big") % 3]
         with self._lock:
             self.answers.append(label)
             self.asked.append(digest.hex())
+            self.senders.setdefault(digest.hex(), []).append(dict(headers))
         return "*", Reply.text(json.dumps({"winner": label, "rationale": f"scripted verdict {digest.hex()[:12]}"}))
 
 
