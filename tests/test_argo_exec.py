@@ -636,7 +636,7 @@ done
 ls /out >/dev/null 2>&1 && echo "SEES /out" || echo "no /out"
 for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done 2>/dev/null | grep -c -- "--out /ou[t]" | sed 's/^/harness processes seen: /'
 (sleep 2; echo FORGED-RECORD >> /out/trace.jsonl) >/dev/null 2>&1 &
-(setsid sh -c 'sleep 8; echo late > late.txt' >/dev/null 2>&1 &)
+(setsid sh -c 'while [ ! -e go ]; do sleep 0.2; done; echo late > late.txt' >/dev/null 2>&1 &)
 python3 - <<'PY'
 import json, urllib.request
 ports = set()
@@ -649,6 +649,10 @@ for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         local, state = line.split()[1], line.split()[3]
         if state == "0A":
             ports.add(int(local.rsplit(":", 1)[1], 16))
+# the pod shares the host's network here, and other tests' fixture servers listen below the
+# ephemeral range: only ports the kernel hands out (the harness's proxy among them) are tried
+low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+ports = {p for p in ports if low <= p <= high}
 body = json.dumps({"model": "scripted", "messages": [{"role": "user", "content": "FORGED-RECORD"}]}).encode()
 got = []
 for port in sorted(ports):
@@ -680,9 +684,9 @@ def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, s
     ep = scripted_endpoint({
         "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("records tidied")],
         "worker-1": [Reply.call("shell", command=FORGING_COMMAND),
-                     # a daemon left by the command above would write late.txt after 8 s (the sandbox reaps
-                     # it when the command returns: seconds of margin on a loaded machine): none survived it
-                     Reply.call("shell", command="sleep 10; test -e late.txt && echo LATE-WROTE || echo no-late"),
+                     # a daemon left by the command above writes late.txt once `go` exists (the sandbox
+                     # reaps it when the command returns): none survived it
+                     Reply.call("shell", command="touch go; sleep 3; test -e late.txt && echo LATE-WROTE || echo no-late"),
                      Reply.call("finish", summary="tidied")],
     })
     inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, sampling=Sampling(), files={"notes.md": "n\n"},
