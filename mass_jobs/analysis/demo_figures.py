@@ -81,8 +81,10 @@ def run_demo(store: Path, work: Path) -> float:
     """`mass demo examples/tiny.yaml` into `store`; its wall time in seconds."""
     import yaml
 
-    doc = yaml.safe_load(SPEC.read_text())
-    doc["model"]["base"] = doc["judges"][0]["model"] = str((SPEC.parent / doc["model"]["base"]).resolve())
+    from mass_jobs.spec_locations import absolute_paths
+
+    # the spec's model locations resolved as `mass demo` resolves them, its store moved to `store`
+    doc = absolute_paths(yaml.safe_load(SPEC.read_text()), SPEC.parent.resolve())
     doc["store"]["uri"] = f"file://{store}"
     spec = work / "tiny.yaml"
     spec.write_text(yaml.safe_dump(doc))
