@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import urllib.parse
 from collections import Counter
 from pathlib import Path
 
@@ -626,8 +627,8 @@ def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod(
 FORGED = "FORGED-RECORD"
 # What the model's shell command tries from inside the agent pod (the sandbox container): rewrite
 # the records where the harness container keeps them, find the harness's processes, leave a
-# process behind, and make a model call of its own through every loopback port (the proxy's among
-# them) as the orchestrator. Each attempt prints what it got.
+# process behind, and make a model call of its own through every port listening in the pod's network
+# (the proxy's and the policy's way to the model). Each attempt prints what it got.
 FORGING_COMMAND = r"""
 echo "uid=$(id -u)"
 for f in /out/trace.jsonl /out/status.json; do
@@ -649,10 +650,6 @@ for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         local, state = line.split()[1], line.split()[3]
         if state == "0A":
             ports.add(int(local.rsplit(":", 1)[1], 16))
-# the pod shares the host's network here, and other tests' fixture servers listen below the
-# ephemeral range: only ports the kernel hands out (the harness's proxy among them) are tried
-low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
-ports = {p for p in ports if low <= p <= high}
 body = json.dumps({"model": "scripted", "messages": [{"role": "user", "content": "FORGED-RECORD"}]}).encode()
 got = []
 for port in sorted(ports):
@@ -664,7 +661,7 @@ for port in sorted(ports):
         got.append("proxy refused" if b"harness only" in e.read() else e.code)
     except Exception:
         got.append("unreachable")
-print("calls:", sorted(set(map(str, got))) or "no port")
+print("ports:", len(ports), "calls:", sorted(set(map(str, got))) or "no port")
 PY
 echo done > result.txt
 """
@@ -711,6 +708,9 @@ def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, s
     assert f"uid={SANDBOX_UID}" in shell_output and SANDBOX_UID != UID, shell_output
     assert "WROTE" not in shell_output and "no /out" in shell_output and "harness processes seen: 0" in shell_output
     assert "proxy refused" in shell_output, shell_output  # it found the proxy on the pod's loopback: refused
+    # the policy's way to the model answers it too (a call of its own, in no record), and is all it reached
+    assert [r for r in ep.requests if r["headers"].get("x-mass-agent") == "forger"], shell_output
+    assert "ports: 2 " in shell_output and "unreachable" not in shell_output, shell_output
     later = [m["content"] for m in trace[3]["request"]["messages"] if m["role"] == "tool"][-1]
     assert "no-late" in later and "LATE-WROTE" not in later, later  # the sandbox reaped the daemon
     # the workspace Argo uploaded is the sandbox's, result.txt included
@@ -734,9 +734,14 @@ def run_agent_episode(executor_for, name: str, inp, seed: Path):
     main = {"name": "main", "steps": [[{"name": "agent", "template": "agent-episode", "arguments": {
         "parameters": [{"name": k, "value": v} for k, v in args.items()]}}]]}
     semaphores = load_documents([REPO / "manifests" / "semaphores.yaml"])  # every agent pod takes agent-pods
+    # the agent pods' NetworkPolicy: the pod gets a network of its own whose one exit is the model,
+    # exposed as the serve pods the policy allows (nothing else on the host is reachable)
+    policy = load_documents([REPO / "manifests" / "networkpolicy.yaml"])
     ex = executor_for(wft(name, [main, agent], params=("spec", "run"),
                           securityContext=cycle["spec"]["securityContext"], automountServiceAccountToken=False),
-                      *semaphores)
+                      *semaphores, *policy)
+    model = urllib.parse.urlsplit(inp.endpoint.base_url)
+    ex.cluster.expose(f"model.{ex.cluster.namespace}.svc.cluster.local", model.port, {"mass-jobs.io/step": "serve"}, 8080)
     repo = ex._repository("artifact-repositories", "default-v1")
     client = repo.client()
     client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/episode.json",

@@ -318,7 +318,8 @@ def _bind(port: int, handler) -> ThreadingHTTPServer:
         low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
-    for candidate in random.sample(range(max(1024, low - 12000), low), 200):
+    below = range(max(1024, low - 12000), low)
+    for candidate in random.sample(below, min(200, len(below))):
         try:
             return ThreadingHTTPServer(("127.0.0.1", candidate), handler)
         except OSError:
