@@ -100,6 +100,23 @@ def test_episodes_that_did_no_work_are_never_ranked_unless_kept(make_store, inne
         assert sorted(r.excluded) == ["ep-1", "ep-3"]
 
 
+def test_a_task_whose_every_episode_did_no_work_stops_at_rank_saying_why(make_store, inner_spec, judging_endpoint):
+    """Three prose-only teacher episodes (a model that does not call tools): nothing is judged, and
+    the error counts the exclusions by outcome and names the setting, before the excluded list."""
+    store = make_store("file")
+    spec = inner_spec(store, search={"iterations": 0}, collection={"episodes": 3, "train_ranks": 1, "validation_rank": 2})
+    ep = judging_endpoint()
+    ctx, client = collected(spec, store, ep, [], scripts=[IDLE, IDLE, IDLE])
+    asked = len(ep.requests)
+    with pytest.raises(RankError) as err:
+        run_rank(ctx, 0, "t1", client)
+    msg = str(err.value)
+    assert msg.startswith("task t1: 0 usable episode(s), but ranking needs 2"), msg
+    assert "3 excluded (3 no_work): no_work episodes ended without a workspace tool call" in msg
+    assert "collection.keep_no_work: true" in msg and msg.index("3 excluded") < msg.index("excluded: {")
+    assert len(ep.requests) == asked  # no verdict asked for
+
+
 def test_unreadable_verdicts_are_invalid_not_ties(make_store, inner_spec, judging_endpoint):
     store = make_store("file")
     spec = inner_spec(store, search={"iterations": 0}, ranking={"verdict_retries": 1, "comparisons_per_episode": 2})

@@ -96,6 +96,21 @@ def select(order: list[str], train_ranks: int, validation_rank: int, fallback: s
     )
 
 
+def exclusion_summary(excluded: dict[str, list[str]]) -> str:
+    """Why episodes were left out, counted by outcome or guard, with what to change where that is a
+    setting (a run whose agents never called a tool stops here, and should say so first)."""
+    from collections import Counter
+
+    kinds = Counter(r[0].split(":", 1)[0].removeprefix("episode outcome ")
+                    if r and r[0].startswith("episode outcome ") else "vetoed by a guard" for r in excluded.values())
+    text = f"{len(excluded)} excluded (" + ", ".join(f"{n} {k}" for k, n in kinds.most_common()) + ")"
+    if kinds.get("no_work"):
+        text += (": no_work episodes ended without a workspace tool call (a model that does not call tools "
+                 "writes prose); check the model's tool-call format, or set collection.keep_no_work: true "
+                 "to rank them anyway")
+    return text
+
+
 def rank_step(ctx: RunContext, gen: int, task_id: str):
     """The ranking's Step: its inputs are the stored guard report and the ranking settings."""
     from mass_jobs.roles import roles_input
@@ -138,7 +153,7 @@ def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
         try:
             select(episodes, col.train_ranks, col.validation_rank, cfg.fallback)
         except RankError as e:
-            raise RankError(f"task {task_id}: {e}; excluded: {excluded}") from None
+            raise RankError(f"task {task_id}: {e}; {exclusion_summary(excluded)}; excluded: {excluded}") from None
 
     bundles = {e: task_bundle(store, ctx.collect_episode(gen, task_id, e), spec, task) for e in episodes}
 
