@@ -5,7 +5,7 @@ import hashlib
 import pytest
 
 from mass_jobs.context import RunContext
-from mass_jobs.harness import load_episode_file, run_episode
+from mass_jobs.harness import load_episode_file, proof, run_episode
 from mass_jobs.llm import ModelClient
 from mass_jobs.steps.collect import Collection, CollectError, run_collect
 from mass_jobs.steps.search import run_search
@@ -185,7 +185,8 @@ def test_argo_prepare_pod_ingest(make_store, inner_spec, judging_endpoint, tmp_p
     with pytest.raises(CollectError, match="needs the model endpoint"):
         run_collect(ctx, 0, "t1", None, episode=1, phase="prepare")
     out = run_collect(ctx, 0, "t1", None, episode=1, phase="prepare", endpoint=ep.endpoint)
-    assert sorted(out["prepared"]) == [f"{p}/input/episode.json", f"{p}/input/workspace.tar.gz", f"{p}/protected.json"]
+    assert sorted(out["prepared"]) == [f"{p}/input/episode.json", f"{p}/input/episode.key",
+                                       f"{p}/input/workspace.tar.gz", f"{p}/protected.json"]
     with pytest.raises(CollectError, match="cannot ingest"):
         run_collect(ctx, 0, "t1", None, episode=1, phase="ingest")
     # what the agent pod does: `mass episode --in IN --out OUT` on the input artifact
@@ -201,6 +202,10 @@ def test_argo_prepare_pod_ingest(make_store, inner_spec, judging_endpoint, tmp_p
     store.put_dir(f"{p}/output/workspace.tar.gz", tmp_path / "out" / "workspace")
     store.put_file(f"{p}/output/trace.jsonl", tmp_path / "out" / "trace.jsonl")
     store.put_file(f"{p}/output/status.json", tmp_path / "out" / "status.json")
+    # signed as `mass episode` signs, with the key prepare issued (over what was uploaded)
+    store.get_file(f"{p}/output/workspace.tar.gz", tmp_path / "out" / "workspace.tar.gz")
+    proof.sign_outputs(store.get_bytes(f"{p}/input/{proof.KEY}"), tmp_path / "out", proof.EPISODE_OUTPUTS)
+    store.put_file(f"{p}/output/{proof.PROOF}", tmp_path / "out" / proof.PROOF)
     assert run_collect(ctx, 0, "t1", None, episode=1, phase="ingest")["outcome"] == "success"
     assert store.get_json(f"{p}/protected.json") == {"sim/env.py": {"sim/env.py": hashlib.sha256(b"G = 9.8\n").hexdigest()}}
     # the locally run episode 0 and the ingested episode 1 complete the task

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from mass_jobs.harness import proof
+
 from mass_jobs.context import RunContext
 from mass_jobs.llm import ModelClient
 from mass_jobs.task_models import Guards
@@ -157,7 +159,7 @@ def run_checks_pod(ctx, item: dict, tmp: Path) -> None:
     prefix = ctx.under_run(item["rollout"])
     pod = tmp / item["label"]
     (pod / "in").mkdir(parents=True)
-    for name in ("episode.json", "workspace.tar.gz"):
+    for name in ("episode.json", "workspace.tar.gz", proof.KEY):
         (pod / "in" / name).write_bytes(ctx.store.get_bytes(ctx.agent_input(prefix, name)))
     started = threading.Event()
     servers = []
@@ -170,7 +172,8 @@ def run_checks_pod(ctx, item: dict, tmp: Path) -> None:
         assert episode_cmd.main(args) == 0
     finally:
         servers[0].shutdown()
-    ctx.store.put_bytes(ctx.agent_output(prefix, "checks.json"), (pod / "out" / "checks.json").read_bytes())
+    for name in (*proof.CHECK_OUTPUTS, proof.PROOF):
+        ctx.store.put_bytes(ctx.agent_output(prefix, name), (pod / "out" / name).read_bytes())
 
 
 def test_checks_in_agent_pods_give_the_local_verdicts(make_store, inner_spec, judging_endpoint, tmp_path):
@@ -207,21 +210,31 @@ def test_a_lost_or_stale_checks_pod_fails_the_checks(make_store, inner_spec, jud
     run_checks_pod(ctx, items["ep-1"], tmp_path)
     ingest_checks(ctx, 0, "t1", items["ep-1"]["rollout"])
     # ep-0's pod failed for good: its checks are lost; ep-2's result answers other checks than the task's
-    ingest_checks(ctx, 0, "t1", items["ep-0"]["rollout"], agent_failed=True)
+    ingest_checks(ctx, 0, "t1", items["ep-0"]["rollout"], agent_ended=True)
     stale = ctx.rollout_file(ctx.guard_checks(0, "t1", "ep-2"), "checks.json")
     ctx.store.put_json(stale, {"digest": "0" * 64, "checks": [{"name": "report-has-score", "exit_code": 0, "detail": ""},
                                                                 {"name": "score-is-high", "exit_code": 0, "detail": ""}]})
     report = run_guard(ctx, 0, "t1", agent_pods=True)
     assert report.usable == ["ep-1"] and report.vetoed == ["ep-0", "ep-2"]
-    lost = "not run: the checks pod failed (retries spent or past its deadline)"
+    lost = "not run: the checks pod failed (retries spent, past its deadline or its upload cut short)"
     assert report.episodes["ep-0"].reasons == [f"check report-has-score failed (exit 1): {lost}",
                                                f"check score-is-high failed (exit 1): {lost}"]
     assert all("does not answer the task's current checks" in r for r in report.episodes["ep-2"].reasons[1:])
     # an agent pod's malformed result is refused at ingest, and a step that never ran its pod is an error
-    bad = ctx.agent_output(ctx.under_run(items["ep-2"]["rollout"]), "checks.json")
-    ctx.store.put_json(bad, {"digest": "x", "checks": []})
+    # (signed: the harness's own malformed result), while one it did not sign is no result at all
+    rollout = ctx.under_run(items["ep-2"]["rollout"])
+    bad, doc = ctx.agent_output(rollout, "checks.json"), json.dumps({"digest": "x", "checks": []}).encode()
+    ctx.store.put_bytes(bad, doc)
+    key = ctx.store.get_bytes(ctx.agent_input(rollout, proof.KEY))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "checks.json").write_bytes(doc)
+    proof.sign_outputs(key, tmp_path / "bad", proof.CHECK_OUTPUTS)
+    ctx.store.put_bytes(ctx.agent_output(rollout, proof.PROOF), (tmp_path / "bad" / proof.PROOF).read_bytes())
     with pytest.raises(ValueError, match="current checks"):
         ingest_checks(ctx, 0, "t1", items["ep-2"]["rollout"])
+    ctx.store.put_bytes(bad, doc.replace(b'"x"', b'"y"'))
+    assert "checks.json differ" in ingest_checks(ctx, 0, "t1", items["ep-2"]["rollout"])["lost"]
     ctx.store.delete(bad)
+    ctx.store.delete(ctx.agent_output(rollout, proof.PROOF))
     with pytest.raises(RuntimeError, match="output is missing"):
         ingest_checks(ctx, 0, "t1", items["ep-2"]["rollout"])

@@ -244,6 +244,8 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
     assert keys == {
         "/in/episode.json": {"key": f"{ep}/input/episode.json"},
         "/in/workspace.tar.gz": {"key": f"{ep}/input/workspace.tar.gz"},
+        "/in/episode.key": {"key": f"{ep}/input/episode.key"},  # input artifacts reach the main container only
+        "/out/proof.json": {"key": f"{ep}/output/proof.json"},
         "/out/trace.jsonl": {"key": f"{ep}/output/trace.jsonl"},
         "/out/status.json": {"key": f"{ep}/output/status.json"},
         "/out/workspace.tar.gz": {"key": f"{ep}/output/workspace.tar.gz"},

@@ -77,7 +77,7 @@ def test_the_summary_is_written_by_its_own_step_between_collection_and_guard(cyc
 def test_agent_artifacts_are_never_archived_or_unpacked_by_argo(cycle):
     agent = _t(cycle)["agent-episode"]
     arts = agent["inputs"]["artifacts"] + agent["outputs"]["artifacts"]
-    assert len(arts) == 6 and all(a["archive"] == {"none": {}} for a in arts)
+    assert len(arts) == 8 and all(a["archive"] == {"none": {}} for a in arts)
     paths = {a["path"] for a in arts}
     assert {"/in/workspace.tar.gz", "/out/workspace.tar.gz"} <= paths  # files, not directories
     assert all(a["optional"] for a in agent["outputs"]["artifacts"])
@@ -226,10 +226,11 @@ def test_ingest_records_a_lost_agent_as_infra_error(make_store, inner_spec, judg
     store.put_json(ctx.episode_output(0, "t1", 0, "status.json"), {"stale": True})
     run_collect(ctx, 0, "t1", None, episode=0, phase="prepare", endpoint=ep.endpoint)
     assert not store.exists(ctx.episode_output(0, "t1", 0, "status.json"))  # a re-prepare drops stale output
-    with pytest.raises(CollectError, match="output is missing"):
-        run_collect(ctx, 0, "t1", None, episode=0, phase="ingest", agent_status="Succeeded")
-    status = run_collect(ctx, 0, "t1", None, episode=0, phase="ingest", agent_status="Failed")
-    assert status["outcome"] == "infra_error" and "deadline" in status["reason"]
+    with pytest.raises(CollectError, match="output is missing"):  # its pod is not over: awaited
+        run_collect(ctx, 0, "t1", None, episode=0, phase="ingest", agent_status="Running")
+    # Succeeded without output: its upload was cut short (a sidecar can end it early), as lost as a Failed pod's
+    status = run_collect(ctx, 0, "t1", None, episode=0, phase="ingest", agent_status="Succeeded")
+    assert status["outcome"] == "infra_error" and "deadline" in status["reason"] and "cut short" in status["reason"]
     assert run_collect(ctx, 0, "t1", None, episode=0, phase="prepare", endpoint=ep.endpoint)["agent"] is False
     with pytest.raises(CollectError, match="episode 1 is not collected"):
         run_collect(ctx, 0, "t1", None, phase="summarize")

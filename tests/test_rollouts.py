@@ -15,6 +15,7 @@ import pytest
 
 from mass_jobs.cli import main as cli_main
 from mass_jobs.context import RunContext
+from mass_jobs.harness import proof
 from mass_jobs.llm import ModelClient
 from mass_jobs.steps.rollouts import AGENT_OUTPUTS, RolloutError
 from mass_jobs.steps.search import SearchError, run_search
@@ -28,10 +29,10 @@ def agent_pod(ctx: RunContext, rel: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "in", Path(tmp) / "out"
         inp.mkdir()
-        for name in ("episode.json", "workspace.tar.gz"):
+        for name in ("episode.json", "workspace.tar.gz", proof.KEY):
             (inp / name).write_bytes(store.get_bytes(ctx.agent_input(prefix, name)))
         assert cli_main(["episode", "--in", str(inp), "--out", str(out)]) == 0
-        for name in AGENT_OUTPUTS:
+        for name in (*AGENT_OUTPUTS, proof.PROOF):
             store.put_bytes(ctx.agent_output(prefix, name), (out / name).read_bytes())
 
 
@@ -98,8 +99,8 @@ def test_a_lost_search_agent_is_an_infra_error_rollout(make_store, inner_spec, j
     ref, it0 = (i["rollout"] for i in items)
     agent_pod(ctx, ref)
     run_search(ctx, 0, "t1", None, None, phase="ingest", rollout_key=ref)
-    with pytest.raises(RolloutError, match="output is missing"):  # not run yet, and not reported lost
-        run_search(ctx, 0, "t1", None, None, phase="ingest", rollout_key=it0, agent_status="Succeeded")
+    with pytest.raises(RolloutError, match="output is missing"):  # its step not reported over: awaited
+        run_search(ctx, 0, "t1", None, None, phase="ingest", rollout_key=it0, agent_status=None)
     out = run_search(ctx, 0, "t1", None, None, phase="ingest", rollout_key=it0, agent_status="Failed")
     assert out["outcome"] == "infra_error"
     with pytest.raises(RolloutError, match="not a rollout of this step"):

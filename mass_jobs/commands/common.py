@@ -34,9 +34,11 @@ def add_rollout_phases(parser, *, phases: tuple[str, ...], phase: str, outputs: 
     parser.add_argument("--agent-pods", action="store_true", help=agent_pods)
 
 
-def agent_failed(args) -> bool:
-    """--agent-status names a pod that ended without output it could have left (Argo's Failed, Error)."""
-    return (args.agent_status or "") in ("Failed", "Error")
+def agent_ended(args) -> bool:
+    """--agent-status names an agent step that is over (a missing output is lost, not awaited)."""
+    from mass_jobs.steps.rollouts import agent_ended as ended
+
+    return ended(args.agent_status)
 
 
 def add_model(parser) -> None:

@@ -9,7 +9,9 @@ The archives travel as Argo artifacts with `archive: none`, so Argo neither unta
 directory: the bytes the collect step stores are the ones this command wrote. Needs no store
 credentials. Exit 0 for every classified outcome but infra_error (1, so a retry policy can rerun
 it); 2 for a bad episode.json or workspace archive. An episode.json holding `checks` is a guard's
-checks job instead (mass_jobs/check_job.py): it writes OUT/checks.json only.
+checks job instead (mass_jobs/check_job.py): it writes OUT/checks.json only. With DIR/episode.key
+(prepare writes one per rollout) OUT/proof.json, written last, signs the outputs for ingest
+(mass_jobs/harness/proof.py); the key is read before anything runs and goes nowhere else.
 
 With `--sandbox SOCKET` (the agent pod's main container) the workspace and everything that runs
 model-written code live in the pod's sandbox container (`mass sandbox-serve`, another uid); this
@@ -39,9 +41,10 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     from mass_jobs.check_job import load_checks_file, run_checks
-    from mass_jobs.harness import load_episode_file, run_episode
+    from mass_jobs.harness import load_episode_file, proof, run_episode
 
     in_dir, out_dir = Path(args.in_dir), Path(args.out_dir)
+    key = (in_dir / proof.KEY).read_bytes() if (in_dir / proof.KEY).is_file() else None
     try:
         job = load_checks_file(in_dir / "episode.json")
         inp = None if job is not None else load_episode_file(in_dir / "episode.json")
@@ -78,6 +81,8 @@ def main(args) -> int:
         return 2
     if job is not None:  # a guard's checks over a finished episode's workspace: OUT/checks.json
         doc = run_checks(job, workspace, out_dir, sandbox=sandbox)
+        if key is not None:
+            proof.sign_outputs(key, out_dir, proof.CHECK_OUTPUTS)
         print(" ".join(f"{r['name']}: exit {r['exit_code']}" for r in doc["checks"]))
         return 0
     try:
@@ -87,5 +92,7 @@ def main(args) -> int:
         return 2
     with open(out_dir / "workspace.tar.gz", "wb") as f:
         write_dir_archive(workspace, f)
+    if key is not None:
+        proof.sign_outputs(key, out_dir, proof.EPISODE_OUTPUTS)
     print(f"{result.outcome}: {result.reason} (status: {result.status_path})")
     return 1 if result.outcome == "infra_error" else 0

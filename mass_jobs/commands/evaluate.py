@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
-from mass_jobs.commands.common import add_rollout_phases, add_spec, agent_failed, open_run, work_dir_default
+from mass_jobs.commands.common import add_rollout_phases, add_spec, agent_ended, open_run, work_dir_default
 
 
 def add_arguments(parser) -> None:
@@ -73,7 +73,7 @@ def main(args) -> int:
             print(json.dumps(out, sort_keys=True))
             return 0
         if args.phase == "ingest":
-            out = ev.ingest(ctx, args.gen, args.rollout, agent_failed=agent_failed(args))
+            out = ev.ingest(ctx, args.gen, args.rollout, agent_ended=agent_ended(args))
             print(json.dumps(out, sort_keys=True))
             return 0
         if args.agent_pods:

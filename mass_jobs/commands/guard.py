@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from mass_jobs.commands.common import add_common, add_rollout_phases, agent_failed, open_run, run_guarded
+from mass_jobs.commands.common import add_common, add_rollout_phases, agent_ended, open_run, run_guarded
 
 
 def add_arguments(parser) -> None:
@@ -41,7 +41,7 @@ def main(args) -> int:
             print(json.dumps({"rollouts": items}, sort_keys=True))
             return 0
         if args.phase == "ingest":
-            print(json.dumps(guard.ingest_checks(ctx, args.gen, args.task, args.rollout, agent_failed(args)),
+            print(json.dumps(guard.ingest_checks(ctx, args.gen, args.task, args.rollout, agent_ended(args)),
                              sort_keys=True))
             return 0
         report = guard.run_guard(ctx, args.gen, args.task, agent_pods=args.agent_pods)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hera.workflows import Container
 from hera.workflows import models as m
 
+from mass_jobs.harness import proof
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import manifests as K
 from mass_jobs.k8s import pods
@@ -34,7 +35,10 @@ def agent_container(s: ClusterSettings) -> Container:
     and rename its single top-level entry onto the path, and tar an output directory under
     its own base name (argo-workflows workflow/executor/executor.go, loadArtifacts and
     stageArchiveFile, v4.1.2); `mass episode` unpacks and packs the store's own archive format.
-    Outputs are optional: a pod killed at its deadline leaves none, ingest records that."""
+    Outputs are optional: a pod killed at its deadline leaves none, ingest records that. Argo's
+    /var/run/argo is shared by every container (0777, umask 0), so a sidecar can end the upload
+    early through the main container's exit-code file: ingest accepts only outputs proof.json
+    signs with the rollout's key (mass_jobs/harness/proof.py)."""
     k = EPISODE_KEYS
     rollout = k.under_run(ROLLOUT)
 
@@ -85,11 +89,15 @@ def agent_container(s: ClusterSettings) -> Container:
                 m.Artifact(name="episode-json", path="/in/episode.json", archive=no_archive(),
                            s3=key(k.agent_input, "episode.json")),
                 m.Artifact(name="workspace-in", path="/in/workspace.tar.gz", archive=no_archive(),
-                           s3=key(k.agent_input, "workspace.tar.gz"))],
-        # checks.json: a guard's checks job (mass_jobs/check_job.py) writes it instead of the others
+                           s3=key(k.agent_input, "workspace.tar.gz")),
+                # the rollout's signing key: input artifacts reach the main container only, never a sidecar
+                m.Artifact(name="episode-key", path=f"/in/{proof.KEY}", archive=no_archive(),
+                           s3=key(k.agent_input, proof.KEY))],
+        # checks.json: a guard's checks job (mass_jobs/check_job.py) writes it instead of the others;
+        # proof.json signs what the harness wrote, so ingest refuses anything else Argo uploads
         outputs=[m.Artifact(name=n.split(".")[0], path=f"/out/{n}", archive=no_archive(), optional=True,
                             s3=key(k.agent_output, n))
-                 for n in ("trace.jsonl", "status.json", "workspace.tar.gz", "checks.json")],
+                 for n in (*proof.EPISODE_OUTPUTS, *proof.CHECK_OUTPUTS, proof.PROOF)],
         env=[m.EnvVar(name="HOME", value="/tmp")],
         working_dir="/tmp",
         resources=m.ResourceRequirements(**pods.resources(s.harness, s)),

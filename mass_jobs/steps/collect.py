@@ -32,7 +32,8 @@ from typing import Any
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.steps.guard import hash_protected
-from mass_jobs.steps.rollouts import RolloutError, agent_result
+from mass_jobs.harness import proof
+from mass_jobs.steps.rollouts import AGENT_OUTPUTS, RolloutError, agent_ended, agent_result, new_inputs
 from mass_jobs.steps.rollouts import Execute, derived_seed
 from mass_jobs.steps.search_state import SearchState
 from mass_jobs.workflow import teacher_directive, teacher_prompt_parts
@@ -170,8 +171,7 @@ class Collection:
         doc, s = self.episode_doc(i), self.ctx.spec
         endpoint = role_endpoint(s, "executor") or endpoint  # roles.executor, else the generation
         g, t = self.gen, self.task.id
-        for name in ("workspace.tar.gz", "trace.jsonl", "status.json"):
-            self.store.delete(self.ctx.episode_output(g, t, i, name))
+        new_inputs(self.ctx, self.prefix(i), AGENT_OUTPUTS)
         inp = EpisodeInput(prompt=doc["prompt"], endpoint=endpoint, limits=s.execution.limits,
                            sampling=s.model.sampling, harness=s.execution.harness, seed=doc["seed"],
                            files=dict(self.task.files), single_agent=self.single)
@@ -181,11 +181,11 @@ class Collection:
             self.store.put_json(self.file(i, "protected.json"), hash_protected(workspace, self.task.guards.protected_paths))
             self.store.put_json(self.ctx.episode_input(g, t, i, "episode.json"), episode_file_json(inp))
             self.store.put_dir(self.ctx.episode_input(g, t, i, "workspace.tar.gz"), workspace)
-        return [self.ctx.episode_input(g, t, i, "episode.json"), self.ctx.episode_input(g, t, i, "workspace.tar.gz"),
+        return [*(self.ctx.episode_input(g, t, i, n) for n in ("episode.json", "workspace.tar.gz", proof.KEY)),
                 self.file(i, "protected.json")]
 
-    def ingest(self, i: int, agent_failed: bool = False) -> dict:
-        """Promote the agent pod's output; with `agent_failed` (Argo: the agent step's phase was
+    def ingest(self, i: int, agent_ended: bool = False) -> dict:
+        """Promote the agent pod's output; with `agent_ended` (Argo: the agent step's phase was
         Failed or Error, its retries spent) a missing output is recorded as an infra_error episode."""
         step = self.step(i)
         p = self.prefix(i)
@@ -194,7 +194,7 @@ class Collection:
         if not self.store.exists(self.file(i, "protected.json")):
             raise CollectError(f"episode {p}: cannot ingest, not prepared (run --phase prepare, then the agent pod)")
         try:  # the one agent-pod protocol: search, guard and evaluate read their pods' output the same way
-            status, blobs, _ = agent_result(self.ctx, p, agent_failed)
+            status, blobs, _ = agent_result(self.ctx, p, agent_ended)
         except RolloutError as e:
             raise CollectError(str(e).replace(f"rollout {p}", f"episode {p}")) from None
         step.start()
@@ -263,7 +263,7 @@ def run_collect(ctx: RunContext, gen: int, task_id: str, execute: Execute | None
                 return {"prepared": [], "agent": False}
             return {"prepared": c.prepare(episode, endpoint), "agent": True}
         if phase == "ingest":
-            return c.ingest(episode, agent_failed=agent_status in ("Failed", "Error"))
+            return c.ingest(episode, agent_ended=agent_ended(agent_status))
         if phase is not None:
             raise CollectError(f"--phase must be 'prepare', 'ingest' or 'summarize', got {phase!r}")
         assert execute is not None

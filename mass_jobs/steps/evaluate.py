@@ -193,7 +193,7 @@ def prepare(ctx: RunContext, gen: int, endpoint_of: Callable[[int], Any]) -> dic
     return {"rollouts": items, "models": models}
 
 
-def ingest(ctx: RunContext, gen: int, rel: str, agent_failed: bool = False) -> dict:
+def ingest(ctx: RunContext, gen: int, rel: str, agent_ended: bool = False) -> dict:
     """Store the agent pod's output of the rollout `rel` (a key relative to the run), with its audit."""
     from mass_jobs.steps import rollouts
     from mass_jobs.store import read_manifest
@@ -205,7 +205,7 @@ def ingest(ctx: RunContext, gen: int, rel: str, agent_failed: bool = False) -> d
     step = _rollout_step(ctx, h, task, rep)
     if step.done:
         return read_manifest(ctx.store, prefix)["extra"]
-    status, blobs, _ = rollouts.agent_result(ctx, prefix, agent_failed)
+    status, blobs, _ = rollouts.agent_result(ctx, prefix, agent_ended)
     step.start()
     with tempfile.TemporaryDirectory(prefix="mass-eval-ingest-") as tmp:
         out = Path(tmp)

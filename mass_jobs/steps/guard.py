@@ -296,6 +296,7 @@ def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
     """Argo: one checks job per eligible episode whose results are not stored for the current
     checks; returns the agent fan-out items."""
     from mass_jobs.check_job import ChecksFile, checks_digest
+    from mass_jobs.harness import proof
     from mass_jobs.steps import rollouts
 
     from mass_jobs.store import formed
@@ -312,7 +313,7 @@ def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
         stored = ctx.rollout_file(prefix, "checks.json")
         if store.exists(stored) and store.get_json(stored).get("digest") == checks_digest(checks):
             continue
-        store.delete(ctx.agent_output(prefix, "checks.json"))
+        rollouts.new_inputs(ctx, prefix, proof.CHECK_OUTPUTS)
         job = ChecksFile(checks=checks, limits=ctx.spec.execution.limits)
         store.put_json(ctx.agent_input(prefix, "episode.json"), job.model_dump(mode="json"))
         episode = ctx.collect_episode(gen, task_id, ep["id"])
@@ -322,22 +323,25 @@ def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
     return items
 
 
-def ingest_checks(ctx: RunContext, gen: int, task_id: str, rel: str, agent_failed: bool = False) -> dict:
+def ingest_checks(ctx: RunContext, gen: int, task_id: str, rel: str, agent_ended: bool = False) -> dict:
     """Store the checks pod's result for the episode at `rel`; a pod that left none (Failed,
     Error) is stored as lost, which fails the episode's checks."""
     from mass_jobs.check_job import validate_results
+    from mass_jobs.harness import proof
     from mass_jobs.steps import rollouts
 
     summary = ctx.store.get_json(ctx.collect_summary(gen, task_id))
     where = {ctx.guard_checks(gen, task_id, ep["id"]): ep["id"] for ep in summary.get("episodes", [])}
     prefix = rollouts.find_rollout(ctx, rel, list(where))
     checks = ctx.spec.task(task_id).guards.checks
-    out = ctx.agent_output(prefix, "checks.json")
-    if ctx.store.exists(out):
-        doc = ctx.store.get_json(out)
+    files, refused = rollouts.signed_outputs(ctx, prefix, proof.CHECK_OUTPUTS)
+    if refused:  # results its harness did not sign are no results: the episode's checks fail
+        doc = {"lost": f"the checks pod's output was refused: {refused}"}
+    elif files["checks.json"] is not None:
+        doc = json.loads(files["checks.json"])
         validate_results(doc, checks)  # a malformed result is an error of this step, not a pass
-    elif agent_failed:
-        doc = {"lost": "not run: the checks pod failed (retries spent or past its deadline)"}
+    elif agent_ended:
+        doc = {"lost": "not run: the checks pod failed (retries spent, past its deadline or its upload cut short)"}
     else:
         raise rollouts.RolloutError(f"{prefix}: cannot ingest, the checks pod's output is missing "
                                     f"(run the agent pod after --phase prepare)")

@@ -6,10 +6,12 @@ its files are stored directly; its seed derives from names alone (`derived_seed`
 On the cluster the step's `--phase prepare` writes the agent pod's input (`input/episode.json` in
 `mass episode`'s format, `input/workspace.tar.gz`, the seeded workspace) and lists the rollouts
 that need an agent pod; the pod runs `mass episode` with no store credential, Argo uploads its
-`output/{workspace.tar.gz,trace.jsonl,status.json}`, and `--phase ingest --rollout KEY` validates
-and stores them. An agent pod that left no status (failed, evicted, past its deadline, retries
-spent) is stored as an infra_error episode, so one lost pod never fails the step. Both paths store
-the same bytes for the same episode.
+`output/{workspace.tar.gz,trace.jsonl,status.json,proof.json}`, and `--phase ingest --rollout KEY`
+verifies them against the rollout's key (mass_jobs/harness/proof.py), validates and stores them. An
+agent pod that left no status (failed, evicted, past its deadline, retries spent, its upload cut
+short) or outputs its harness did not sign is stored as an infra_error episode, so one lost or
+forged pod never fails the step and never reaches ranking. Both paths store the same bytes for the
+same episode.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from typing import Any
 from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 
-AGENT_OUTPUTS = ("workspace.tar.gz", "trace.jsonl", "status.json")
+from mass_jobs.harness import proof
+
+AGENT_OUTPUTS = proof.EPISODE_OUTPUTS
+ENDED = ("Succeeded", "Failed", "Error")  # Argo phases of an agent step that ran and will not run again
 ROLLOUTS_OUTPUT = "rollouts"  # `--outputs DIR`: DIR/rollouts, the JSON list the agent fan-out reads
 MODELS_OUTPUT = "models"  # evaluate: DIR/models, the generations whose InferenceServices it needs
 
@@ -112,36 +117,65 @@ def write_outputs(out_dir: str | None, **lists: list) -> None:
         (Path(out_dir) / name).write_text(json.dumps(items, sort_keys=True))
 
 
+def agent_ended(phase: str | None) -> bool:
+    """`--agent-status`: the agent step ran and is over, so a missing output is lost, never awaited
+    (a Succeeded pod without output had its upload cut short: a sidecar can end it early)."""
+    return (phase or "") in ENDED
+
+
+def new_inputs(ctx: RunContext, prefix: str, outputs: tuple[str, ...]) -> None:
+    """Before an agent pod's input is written: drop an earlier attempt's output (ingest never
+    promotes a stale one) and issue the rollout a fresh key, which only its harness reads."""
+    for name in (*outputs, proof.PROOF):
+        ctx.store.delete(ctx.agent_output(prefix, name))
+    ctx.store.put_bytes(ctx.agent_input(prefix, proof.KEY), proof.new_key())
+
+
+def signed_outputs(ctx: RunContext, prefix: str, outputs: tuple[str, ...]) -> tuple[dict[str, bytes | None], str | None]:
+    """(name -> uploaded bytes or None, why they are refused or None) of the agent pod of `prefix`."""
+    store = ctx.store
+    files = {n: store.get_bytes(k) if store.exists(k := ctx.agent_output(prefix, n)) else None for n in outputs}
+    key = ctx.agent_input(prefix, proof.KEY)
+    if not store.exists(key):  # prepared before pods signed their outputs: nothing to check against
+        return files, None
+    if all(b is None for b in files.values()) and not store.exists(ctx.agent_output(prefix, proof.PROOF)):
+        return files, None  # nothing uploaded: lost or not run yet, as the caller decides
+    kept = ctx.agent_output(prefix, proof.PROOF)
+    return files, proof.refusal(store.get_bytes(key), store.get_bytes(kept) if store.exists(kept) else None, files)
+
+
 def prepare(ctx: RunContext, prefix: str, inp) -> list[str]:
-    """Write the agent pod's input for the rollout at `prefix` (a harness.EpisodeInput); an earlier
-    attempt's output is dropped so ingest never promotes a stale one."""
+    """Write the agent pod's input for the rollout at `prefix` (a harness.EpisodeInput)."""
     from mass_jobs.harness import episode_file_json, seed_workspace
 
     store = ctx.store
-    for name in AGENT_OUTPUTS:
-        store.delete(ctx.agent_output(prefix, name))
+    new_inputs(ctx, prefix, AGENT_OUTPUTS)
     with tempfile.TemporaryDirectory(prefix="mass-prepare-") as tmp:
         workspace = Path(tmp) / "workspace"
         seed_workspace(workspace, inp.files)
         store.put_json(ctx.agent_input(prefix, "episode.json"), episode_file_json(inp))
         store.put_dir(ctx.agent_input(prefix, "workspace.tar.gz"), workspace)
-    return [ctx.agent_input(prefix, "episode.json"), ctx.agent_input(prefix, "workspace.tar.gz")]
+    return [ctx.agent_input(prefix, n) for n in ("episode.json", "workspace.tar.gz", proof.KEY)]
 
 
-def lost_agent_status(harness: str) -> dict:
-    """status.json of an episode whose agent pod left none (failed, evicted or past its deadline)."""
-    return {"outcome": "infra_error", "reason": "the agent pod ended without writing status.json "
-            "(failed, evicted or killed at its deadline; its retries are spent)", "harness": harness,
+LOST = ("the agent pod ended without writing status.json (failed, evicted, killed at its deadline or "
+        "its upload cut short; its retries are spent)")
+
+
+def lost_agent_status(harness: str, reason: str = LOST) -> dict:
+    """status.json of an episode whose agent pod left none, or none its harness signed."""
+    return {"outcome": "infra_error", "reason": reason, "harness": harness,
             "counts": {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
             "tokens": {"prompt": 0, "completion": 0}, "timings": {"wall_s": 0},
             "sandbox": {"network_isolated": False, "note": "no record: the pod left no output"}}
 
 
-def agent_result(ctx: RunContext, prefix: str, agent_failed: bool) -> tuple[dict, dict[str, bytes], dict]:
+def agent_result(ctx: RunContext, prefix: str, agent_ended: bool) -> tuple[dict, dict[str, bytes], dict]:
     """(status, {workspace.tar.gz, trace.jsonl: bytes}, episode.json) of the agent pod of `prefix`.
 
-    With `agent_failed` (the agent step's phase was Failed or Error) a missing output is the
-    infra_error episode of `lost_agent_status`; otherwise it is an error (not run yet)."""
+    Outputs the rollout's key did not sign are the infra_error episode of `lost_agent_status`
+    naming why, and so is a missing output with `agent_ended` (the agent step is over); a missing
+    output otherwise is an error (not run yet)."""
     from mass_jobs.harness import validate_status
 
     store = ctx.store
@@ -149,18 +183,21 @@ def agent_result(ctx: RunContext, prefix: str, agent_failed: bool) -> tuple[dict
     if not store.exists(inp_key) or not store.exists(ctx.agent_input(prefix, "workspace.tar.gz")):
         raise RolloutError(f"rollout {prefix}: cannot ingest, not prepared (run --phase prepare, then the agent pod)")
     episode = store.get_json(inp_key)
-    out = {n: ctx.agent_output(prefix, n) for n in AGENT_OUTPUTS}
-    if store.exists(out["status.json"]):
-        missing = [n for n, k in out.items() if not store.exists(k)]
+    files, refused = signed_outputs(ctx, prefix, AGENT_OUTPUTS)
+    reason = None
+    if refused:
+        reason = f"the agent pod's outputs were refused, none is stored: {refused}"
+    elif files["status.json"] is not None:
+        missing = [n for n, b in files.items() if b is None]
         if missing:
             raise RolloutError(f"rollout {prefix}: cannot ingest, the agent pod's output lacks {missing}")
-        status = store.get_json(out["status.json"])
+        status = json.loads(files["status.json"])
         validate_status(status)
-        return status, {n: store.get_bytes(out[n]) for n in ("workspace.tar.gz", "trace.jsonl")}, episode
-    if not agent_failed:
+        return status, {n: files[n] for n in ("workspace.tar.gz", "trace.jsonl")}, episode
+    elif not agent_ended:
         raise RolloutError(f"rollout {prefix}: cannot ingest, the agent pod's output is missing "
                            f"(run the agent pod after --phase prepare)")
-    status = lost_agent_status(episode.get("harness", "builtin"))
+    status = lost_agent_status(episode.get("harness", "builtin"), reason or LOST)
     validate_status(status)
     return status, {"workspace.tar.gz": store.get_bytes(ctx.agent_input(prefix, "workspace.tar.gz")),
                     "trace.jsonl": b""}, episode

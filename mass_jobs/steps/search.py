@@ -38,7 +38,7 @@ from mass_jobs.context import RunContext
 from mass_jobs.errors import StepFailed
 from mass_jobs.evidence import prompt_budget
 from mass_jobs.task_models import Workflow
-from mass_jobs.steps.rollouts import Execute, derived_seed, rollout, rollout_outputs, store_rollout
+from mass_jobs.steps.rollouts import Execute, agent_ended, derived_seed, rollout, rollout_outputs, store_rollout
 from mass_jobs.steps.search_state import IterationRecord, SearchState, fold, judge_version, won
 from mass_jobs.trace_shape import last_tool_calls
 from mass_jobs.workflow import (
@@ -197,7 +197,7 @@ class Search:
             items.append(rollouts.fanout_item(self.ctx, self._iter(r), self.task.id, label, self.gen))
         return items
 
-    def ingest(self, rel: str, agent_failed: bool = False) -> dict:
+    def ingest(self, rel: str, agent_ended: bool = False) -> dict:
         """Store the agent pod's output of the rollout `rel` (a key relative to the run)."""
         from mass_jobs.steps import rollouts
 
@@ -205,7 +205,7 @@ class Search:
         prefix = rollouts.find_rollout(self.ctx, rel, candidates)
         if self.store.exists(self.ctx.rollout_file(prefix, "status.json")):
             return self.store.get_json(self.ctx.rollout_file(prefix, "status.json"))
-        status, blobs, episode = rollouts.agent_result(self.ctx, prefix, agent_failed)
+        status, blobs, episode = rollouts.agent_result(self.ctx, prefix, agent_ended)
         store_rollout(self.ctx, prefix, episode["prompt"], status=status, trace=blobs["trace.jsonl"],
                       workspace_archive=blobs["workspace.tar.gz"])
         return status
@@ -392,7 +392,7 @@ def run_search(ctx: RunContext, gen: int, task_id: str, client: Any, execute: Ex
             return {"rollouts": search.prepare(iteration, endpoint)}
         if not rollout_key:
             raise SearchError("--phase ingest needs --rollout (a key the prepare phase listed)")
-        status = search.ingest(rollout_key, agent_failed=agent_status in ("Failed", "Error"))
+        status = search.ingest(rollout_key, agent_ended=agent_ended(agent_status))
         return {"rollout": rollout_key, "outcome": status.get("outcome")}
     if iteration is None:
         state = search.run()
