@@ -13,6 +13,8 @@ with the episode's stored workspace archive as `DIR/workspace.tar.gz`. The resul
 for checks since changed is never taken. Each check runs on a fresh copy of the workspace, and in
 the sandbox container no process of one check outlives it (the service reaps them), so a check
 cannot tamper with the next one's run; a sandbox that stops answering fails the remaining checks.
+Its interpreters put the workspace last on sys.path and its pytest reads no workspace conftest or
+ini file (CHECK_ENV): a module named like the standard library's is not what a check imports.
 """
 
 from __future__ import annotations
@@ -98,11 +100,22 @@ def checks_digest(checks: list[CheckCommand]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+# A check's interpreters: the workspace never ahead of the standard library or installed packages
+# (check_site/sitecustomize.py), and pytest without the workspace's conftest files and ini files
+# (an unprotected conftest.py can rewrite every report; an ini file can add options or plugins) and
+# appending test directories to sys.path rather than prepending them.
+CHECK_SITE = Path(__file__).resolve().parent / "check_site"
+CHECK_ENV = {"PYTHONSAFEPATH": "1", "PYTHONPATH": str(CHECK_SITE),
+             "PYTEST_ADDOPTS": "--noconftest -c /dev/null --rootdir=. --import-mode=append -p no:cacheprovider"}
+
+
 def run_check(check: CheckCommand, workspace: Path, limits: EpisodeLimits) -> tuple[int, str]:
     """(exit code, short description when it failed) of one check, sandboxed in `workspace`."""
     from mass_jobs.sandbox import SandboxLimits, run_sandboxed
 
-    res = run_sandboxed(check.command, workspace, SandboxLimits.from_episode_limits(limits, timeout_s=check.timeout_s))
+    sandbox = SandboxLimits.from_episode_limits(limits, timeout_s=check.timeout_s, extra_env=dict(CHECK_ENV),
+                                                read_only=(str(CHECK_SITE),))
+    res = run_sandboxed(check.command, workspace, sandbox)
     if res.timed_out:
         return (res.exit_code if res.exit_code not in (0, None) else 124), f"timed out after {check.timeout_s:g}s"
     tail = (res.stderr or res.stdout or "").strip()[-DETAIL_CHARS:]

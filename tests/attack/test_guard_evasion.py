@@ -258,3 +258,76 @@ def test_sandboxed_python_never_reads_a_workspace_pycache(tmp_path):
     _forged_bytecode(ws)
     res = run_sandboxed("python3 -c 'from sim.push import push; print(push(1, 2))'", ws, SandboxLimits(timeout_s=60))
     assert (res.exit_code, res.stdout.strip()) == (0, "3")
+
+
+# ---------------------------------------------------------------- import hijacks in a check's interpreter
+
+SIMULATE = "python3 -c 'import json; from sim.push import push; import sys; sys.exit(0 if push(1, 2) == \"GOAL\" else 3)'"
+PUSH_TESTS = "from sim.push import push\n\n\ndef test_push_reaches_the_goal():\n    assert push(1, 2) == 'GOAL'\n"
+FORCE_PASS = ("import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+              "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n")
+
+
+def _hijack(ws: Path, name: str) -> None:
+    """The episode's own files that make the checks below pass without the simulator reaching the goal."""
+    if name == "stdlib module":  # `import json` in the check runs this first: it fakes success
+        (ws / "json.py").write_text("import sys\nsys.exit(0)\n")
+    elif name == "conftest.py":  # every test report rewritten to passed
+        (ws / "conftest.py").write_text(FORCE_PASS)
+    elif name == "pytest.ini":  # collect, run nothing, exit 0
+        (ws / "pytest.ini").write_text("[pytest]\naddopts = --collect-only\n")
+    elif name == "tests/conftest.py":
+        (ws / "tests" / "conftest.py").write_text(FORCE_PASS)
+
+
+@pytest.mark.parametrize("name, command", [
+    ("stdlib module", SIMULATE),
+    ("conftest.py", "python3 -m pytest -q tests/test_push.py"),
+    ("pytest.ini", "python3 -m pytest -q tests/test_push.py"),
+    ("tests/conftest.py", "python3 -m pytest -q tests"),
+])
+def test_a_workspace_module_or_pytest_file_does_not_decide_the_check(tmp_path, name, command):
+    """The simulator and its tests are protected and say the goal is not reached (push gives 3); the
+    episode adds one file. Run as a bare interpreter would run the check, that file makes it pass
+    (shown first); in the check sandbox the workspace is last on sys.path and pytest reads no
+    workspace conftest or ini file, so the check fails and the episode is vetoed."""
+    import subprocess
+
+    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.steps.guard import sandbox_checker
+
+    ws, _ = seeded(tmp_path)
+    (ws / "tests").mkdir()
+    (ws / "tests" / "test_push.py").write_text(PUSH_TESTS)
+    guards = Guards(protected_paths=["sim", "tests/test_push.py"], checks=[CheckCommand(name="goal", command=command)])
+    before = hash_protected(ws, ["sim", "tests/test_push.py"])
+    finish(ws)
+    _hijack(ws, name)
+    bare = subprocess.run(["sh", "-c", command.replace("python3", str(Path(os.sys.executable)))], cwd=ws,
+                          capture_output=True, text=True)
+    assert bare.returncode == 0, bare.stdout + bare.stderr  # the attack works without the defences
+    reasons = check_workspace(guards, ws, before, sandbox_checker(EpisodeLimits()))
+    assert len(reasons) == 1 and reasons[0].startswith("check goal failed"), reasons
+
+
+def test_the_check_interpreter_still_imports_the_workspace_and_the_test_dirs(tmp_path):
+    """What the isolation keeps: the episode's packages import from the working directory, a
+    check script's sibling modules from its directory, and pytest's test modules theirs."""
+    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.steps.guard import sandbox_checker
+
+    ws, _ = seeded(tmp_path)
+    (ws / "sim" / "__init__.py").write_text("")
+    before = hash_protected(ws, ["sim"])
+    finish(ws)
+    (ws / "checks").mkdir()
+    (ws / "checks" / "helper.py").write_text("EXPECTED = 3\n")
+    (ws / "checks" / "verify.py").write_text("from helper import EXPECTED\nimport sys\nsys.path.append('.')\n"
+                                             "from sim.push import push\nassert push(1, 2) == EXPECTED\n")
+    (ws / "tests").mkdir()
+    (ws / "tests" / "test_sim.py").write_text("from sim.push import push\n\n\ndef test_push():\n    assert push(1, 2) == 3\n")
+    guards = Guards(protected_paths=["sim"], checks=[
+        CheckCommand(name="module", command="python3 -c 'import sim.push, json; assert sim.push.push(1, 2) == 3'"),
+        CheckCommand(name="script", command="python3 checks/verify.py"),
+        CheckCommand(name="pytest", command="python3 -m pytest -q tests")])
+    assert check_workspace(guards, ws, before, sandbox_checker(EpisodeLimits())) == []
