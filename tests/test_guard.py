@@ -53,7 +53,9 @@ def test_planted_failures_are_vetoed_even_when_preferred(make_store, inner_spec,
         # finance task 51: a NaN correlation recorded as passed
         episode(9, {"results/metrics.json": '{"correlation": NaN, "check": "passed"}'}),
         honest(5),
-        honest(4, corr=0.2),
+        # its report states a correlation its metrics file does not hold: flagged for review, still ranked
+        episode(4, {"report.md": "# Report\nscore: 4\ncorrelation 0.95\n",
+                    "results/metrics.json": json.dumps({"correlation": 0.2, "check": "passed"})}),
     )
     summary = run_collect(ctx, 0, "t1", execute)
     assert summary["eligible"] == ["ep-0", "ep-1", "ep-2", "ep-3", "ep-4"]  # all "succeeded"
@@ -63,6 +65,8 @@ def test_planted_failures_are_vetoed_even_when_preferred(make_store, inner_spec,
     assert report.usable == ["ep-0", "ep-3", "ep-4"]
     assert report.episodes["ep-1"].reasons == ["protected path modified: sim/physics.py"]
     assert report.episodes["ep-2"].reasons == ["metric results/metrics.json:correlation: not finite (nan)"]
+    assert report.episodes["ep-4"].review == ["report.md states correlation 0.95, results/metrics.json holds 0.2"]
+    assert [e for e, g in report.episodes.items() if g.review] == ["ep-4"]
     assert store.get_json("inner/gen-0/guard/t1.json")["episodes"]["ep-1"]["passed"] is False
 
     before = len(ep.requests)

@@ -43,6 +43,8 @@ class EpisodeGuard(Closed):
     eligible: bool = Field(description="The episode ended with outcome 'success' (or 'no_work' under collection.keep_no_work).")
     passed: bool = Field(description="Every guard passed.")
     reasons: list[str] = Field(default_factory=list, description="Why it is ineligible or vetoed.")
+    review: list[str] = Field(default_factory=list, description="Claims no guard can verify, for a person to read: "
+                              "numbers a deliverable states that its metrics file contradicts (mass_jobs/claims.py).")
 
     @property
     def usable(self) -> bool:
@@ -193,6 +195,19 @@ def output_issue(workspace: Path, rel: str, seeded: dict[str, str]) -> str | Non
     return None
 
 
+GUARD_CLASSES = {  # reason prefix -> the guard that vetoed (the report counts episodes per class)
+    "workspace archive refused": "archive", "required output": "required output", "protected path": "protected path",
+    "metric ": "metric", "text aimed at the judge": "judge directive", "check ": "check",
+}
+
+
+def guard_class(reason: str) -> str:
+    """The guard behind a veto reason (`check tampering` for a check that changed protected paths)."""
+    if reason.startswith("check ") and " changed what it checks: " in reason:
+        return "check tampering"
+    return next((c for prefix, c in GUARD_CLASSES.items() if reason.startswith(prefix)), "other")
+
+
 def check_workspace(
     guards: Guards,
     workspace: Path,
@@ -205,8 +220,11 @@ def check_workspace(
     only with `checks`, each on a fresh copy of the workspace, after which the protected paths are
     verified again (a check that imports the episode's code must not be able to change them for the
     next one). `seeded` is the task's seed files (a required output equal to its stub is no output)."""
+    from mass_jobs import directives
+
     reasons = [why for rel in guards.required_outputs if (why := output_issue(workspace, rel, seeded or {}))]
     reasons += _protected_issues(guards, workspace, protected_before)
+    reasons += [f"text aimed at the judge: {hit}" for hit in directives.scan(workspace, seeded)]
     docs: dict[str, Any] = {}
     for m in guards.metrics:
         where = f"metric {m.file}:{m.key}"
@@ -368,6 +386,7 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
               agent_pods: bool = False) -> GuardReport:
     """Guard every collected episode of a task; write guard/<task>.json (skipped when done). With
     `agent_pods` (the cluster) the checks ran in agent pods and their stored results are used."""
+    from mass_jobs import claims
     from mass_jobs.store import UnsafeArchive, formed
 
     task = ctx.spec.task(task_id)
@@ -391,12 +410,13 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
             try:
                 store.get_dir(ctx.rollout_file(prefix, "workspace.tar.gz"), tmp)
             except UnsafeArchive as err:  # an agent-written archive: vetoed, never extracted
-                violations = [f"workspace archive refused: {err}"]
+                violations, review = [f"workspace archive refused: {err}"], []
             else:
                 violations = check_workspace(task.guards, Path(tmp), store.get_json(ctx.rollout_file(prefix, "protected.json")),
                                              checker, checks=_needs_checks(ctx, task_id, ep), seeded=task.files)
-        report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=eligible,
-                                                 passed=not violations, reasons=reasons + violations)
+                review = claims.contradictions(task.guards, Path(tmp))
+        report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=eligible, passed=not violations,
+                                                 reasons=reasons + violations, review=review)
     report.vetoed = [e for e, g in report.episodes.items() if not g.passed]
     report.usable = [e for e, g in report.episodes.items() if g.usable]
     store.put_json(key, report.model_dump(mode="json"))

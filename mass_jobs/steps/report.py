@@ -28,7 +28,7 @@ from pathlib import Path
 from mass_jobs import metrics
 from mass_jobs.context import RunContext
 from mass_jobs.harness import CAPS, OUTCOMES, episode_cap
-from mass_jobs.steps.report_document import (Agreement, Audit, InvalidVerdict, JudgeInfo, Outcomes, Report,
+from mass_jobs.steps.report_document import (Agreement, Audit, GuardCount, InvalidVerdict, JudgeInfo, Outcomes, Report, Review,
                                              RolePlayer, SearchCurve, Tokens, Training, VerdictCounts,
                                              Veto, WinShare, sft_data, validate_report)
 from mass_jobs.steps.report_render import render_markdown, render_plots
@@ -89,9 +89,26 @@ def selected_step(doc: dict | None) -> int | None:
 
 def guard_vetoes(doc: dict, g: int, task: str) -> list[Veto]:
     """Vetoed episodes of one guard report (`vetoed` ids; reasons from `episodes[id]`)."""
+    from mass_jobs.steps.guard import guard_class
+
     episodes = doc.get("episodes") or {}
-    return [Veto(generation=g, task=task, episode=str(ep), reasons=[str(r) for r in episodes.get(ep, {}).get("reasons", [])])
-            for ep in doc.get("vetoed", [])]
+    out = []
+    for ep in doc.get("vetoed", []):
+        reasons = [str(r) for r in episodes.get(ep, {}).get("reasons", [])]
+        classes = sorted({guard_class(r) for r in reasons if not r.startswith("episode outcome ")})
+        out.append(Veto(generation=g, task=task, episode=str(ep), reasons=reasons, classes=classes))
+    return out
+
+
+def guard_counts(vetoes: list[Veto]) -> list[GuardCount]:
+    tally = Counter((v.generation, c) for v in vetoes for c in v.classes)
+    return [GuardCount(generation=g, guard=c, episodes=n) for (g, c), n in sorted(tally.items())]
+
+
+def guard_reviews(doc: dict, g: int, task: str) -> list[Review]:
+    vetoed = set(doc.get("vetoed", []))
+    return [Review(generation=g, task=task, episode=str(ep), vetoed=ep in vetoed, claims=list(e["review"]))
+            for ep, e in sorted((doc.get("episodes") or {}).items()) if e.get("review")]
 
 
 def stored_supervised(stats: dict | None) -> int | None:
@@ -195,6 +212,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         agreement.append(Agreement(evaluator=h, **metrics.agreement(mine, panel)))
 
     audit, tokens, search, vetoes, training, sft, outcomes = [], [], [], [], [], [], []
+    reviews: list[Review] = []
     rollout_audits = [(ctx.eval_rollout_of(k), k) for k in store.list(ctx.eval_root() + "/") if k.endswith("/audit.json")]
     rollout_audits = [(where, k) for where, k in rollout_audits if where is not None]
     for h in sorted({where[0] for where, _ in rollout_audits}):
@@ -249,6 +267,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
             doc = _json_or_none(store, ctx.guard(g, t))
             if doc:
                 vetoes += guard_vetoes(doc, g, t)
+                reviews += guard_reviews(doc, g, t)
 
     invalid = [InvalidVerdict(candidate=v["candidate"], baseline=v["baseline"], task=v["task"],
                               replicate=v["replicate"], judge=v["judge"], seed=v["seed"], errors=v.get("errors", []))
@@ -262,7 +281,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         judges=[JudgeInfo(name=j.name, model=j.model, seeds=list(j.seeds)) for j in spec.judges],
         verdicts={"panel": count(panel), "self": count(own)},
         win_share=win_share, agreement=agreement, audit=audit, tokens=tokens, outcomes=outcomes, sft=sft, search=search,
-        guard_vetoes=vetoes, training=training, invalid_verdicts=invalid, files=[],
+        guard_vetoes=vetoes, guard_counts=guard_counts(vetoes), review=reviews, training=training, invalid_verdicts=invalid, files=[],
         information=workflow_information(ctx, embedder), roles=role_players(ctx), composition=run_composition(spec),
     ).model_dump(mode="json")
     doc["how_to_read"] = how_to_read(doc)

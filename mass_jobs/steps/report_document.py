@@ -130,6 +130,24 @@ class Veto(Closed):
     task: str
     episode: str
     reasons: list[str]
+    classes: list[str] = Field(default_factory=list, description="The guards that vetoed it (steps/guard.py guard_class).")
+
+
+class GuardCount(Closed):
+    generation: int
+    guard: str = Field(description="A guard class: archive, required output, protected path, metric, check, "
+                                   "check tampering, judge directive.")
+    episodes: int = Field(description="Episodes of the generation this guard vetoed (one may count under several).")
+
+
+class Review(Closed):
+    """An episode whose deliverables claim what no guard can verify, for a person to read."""
+
+    generation: int
+    task: str
+    episode: str
+    vetoed: bool
+    claims: list[str]
 
 
 class Training(Closed):
@@ -190,6 +208,8 @@ class Report(Closed):
     sft: list[SftData] = Field(description="Per generation: episodes rendered, their errors and those dropped.")
     search: list[SearchCurve]
     guard_vetoes: list[Veto]
+    guard_counts: list[GuardCount] = Field(default_factory=list, description="Per generation and guard, episodes vetoed.")
+    review: list[Review] = Field(default_factory=list, description="Episodes flagged for review.")
     training: list[Training]
     invalid_verdicts: list[InvalidVerdict]
     roles: list[RolePlayer] = Field(default_factory=list, description="Which model played which role.")

@@ -123,8 +123,17 @@ def render_markdown(doc: dict) -> str:
         by = " (panel)" if t.get("selected_by") == "panel" else ""
         lines.append(f"| L{t['generation']} | {_fmt(t['selected_step'])}{by} | {_fmt(last)} | {_fmt(best)} |")
     lines += ["", f"## Guard vetoes ({len(doc['guard_vetoes'])})", ""]
+    if doc.get("guard_counts"):
+        lines += ["| generation | guard | episodes vetoed |", "|---|---|---:|"]
+        lines += [f"| L{c['generation']} | {c['guard']} | {c['episodes']} |" for c in doc["guard_counts"]] + [""]
     for x in doc["guard_vetoes"]:
         lines.append(f"- L{x['generation']} {x['task']} episode {x['episode']}: {'; '.join(x['reasons']) or 'vetoed'}")
+    lines += ["", f"## Flagged for review ({len(doc.get('review', []))})", "",
+              "Claims of a deliverable that no guard can verify (a number its metrics file contradicts); "
+              "the episode was ranked unless a guard vetoed it.", ""]
+    for x in doc.get("review", []):
+        lines.append(f"- L{x['generation']} {x['task']} episode {x['episode']}{' (vetoed)' if x['vetoed'] else ''}: "
+                     f"{'; '.join(x['claims'])}")
     lines += ["", f"## Invalid panel verdicts ({len(doc['invalid_verdicts'])})", ""]
     for x in doc["invalid_verdicts"]:
         why = x["errors"][-1] if x["errors"] else "no reason recorded"
