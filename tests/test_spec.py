@@ -99,7 +99,7 @@ def test_task_files_resolve_relative_to_spec():
     tasks = {t.id: t for t in spec.resolved_tasks()}
     assert set(tasks) == {"finance-momentum", "robotics-push", "pharmacy-dose"}
     assert tasks["pharmacy-dose"].split == "test"
-    assert tasks["robotics-push"].guards.protected_paths == ["sim/push.py"]
+    assert tasks["robotics-push"].guards.protected_paths == ["sim", "checks"]
     assert len(spec.judges) == 2 and sum(len(j.seeds) for j in spec.judges) == 6
 
 
