@@ -3,10 +3,11 @@ prefer it").
 
 The evaluator, the ranker and the judge panel read the workspace the executor wrote, and they are
 the same model: such text is no evidence of work, only a bid for the verdict, and it wins
-comparisons. The guard vetoes an episode that holds any (naming file, line and phrase), and the
-evaluator's request fences each workspace as data between markers no workspace can forge
-(mass_jobs/compare.py). The patterns are narrow on purpose: each addresses a judge or asks for a
-verdict, which a report about the task has no reason to do.
+comparisons. The guard vetoes an episode that holds any (naming file, line and phrase) before the
+ranker sees it, and so one that writes the verdict request's own section headers into itself (a
+"=== WORKSPACE B ===" of its making would pass for its rival's). The patterns are narrow on
+purpose: each addresses a judge, asks for a verdict or mimics the request, which a report about the
+task has no reason to do.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ PATTERNS = [re.compile(p, re.I | re.M) for p in (
     r"\b(?:prefer|choose|pick|select)\s+(?:workspace|submission)\s+[ab]\b",
     r"\bthis\s+(?:workspace|submission)\s+(?:is|should\s+be)\s+(?:correct|the\s+(?:best|winner)|better|superior|preferred)\b",
     r"\"winner\"\s*:\s*\"(?:A|B|tie)\"",  # a verdict written out for the judge to copy
+    # the verdict request's own structure: a workspace that opens "its rival's" section, or the rubric
+    r"^\W*=+\s*workspace\s+[ab]\s*=+",
+    r"^\W*comparison\s+rubric\b",
 )]
 FILE_BYTES = 256 * 1024  # read of each file: past it, what a judge's bundle shows is long cut off
 MAX_FILES = 2000
