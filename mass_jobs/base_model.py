@@ -127,6 +127,12 @@ def fitness_issues(spec, model_dir: Path) -> list:
     if missing:
         issues.append(SpecIssue(where, f"{named}: expected a chat template that renders tools, tool calls and "
                                        f"tool results; it drops {', '.join(missing)}{remedy}"))
+    from mass_jobs.spec_rules import vllm_serves
+    from mass_jobs.tool_parsers import parser_issue, written_format
+
+    fmt = written_format(used, PROBE_TOOL["function"]["name"])
+    if vllm_serves(spec) and (why := parser_issue(spec.execution.vllm.tool_call_parser, fmt, f"{named}'s template")):
+        issues.append(SpecIssue("$.execution.vllm.tool_call_parser", why))
     config = AutoConfig.from_pretrained(model_dir)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     positions = getattr(text, "max_position_embeddings", None)

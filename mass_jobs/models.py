@@ -329,7 +329,8 @@ class VllmServing(Closed):
     """`vllm serve` settings for `execution.serving: vllm` (the cluster's KServe runtime gets the same)."""
 
     tool_call_parser: str = Field(default="hermes", pattern=r"^[a-z0-9_]+$",
-                                  description="vLLM tool-call parser (hermes for Qwen3, qwen3_coder for Qwen3-Coder).")
+                                  description="vLLM tool-call parser: hermes for JSON calls (Qwen3), qwen3_coder for the XML "
+                                              "calls of Qwen3.5, Qwen3.6 and Qwen3-Coder (mass_jobs/tool_parsers.py).")
     reasoning_parser: str = Field(default="qwen3", pattern=r"^[a-z0-9_]+$", description="vLLM reasoning parser.")
     max_model_len: int | None = Field(default=None, ge=256, le=MAX_TOKENS,
                                       description="vLLM --max-model-len; null: model.sampling.context_length.")

@@ -71,6 +71,11 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
     return out + serving_issues(spec)
 
 
+def vllm_serves(spec: RunSpec) -> bool:
+    """vLLM serves the run's generations: every cluster run (KServe's runtime) and local `serving: vllm`."""
+    return spec.execution.mode == "argo" or spec.execution.serving == "vllm"
+
+
 def serving_issues(spec: RunSpec) -> list[SpecIssue]:
     """execution.serving needs what it serves with: vLLM installed here (local runs only: Argo runs
     serve with KServe), or for `external` an endpoint for every role."""
@@ -90,6 +95,11 @@ def serving_issues(spec: RunSpec) -> list[SpecIssue]:
     if ex.continuous_batching and ex.serving != "embedded":
         out.append(SpecIssue("$.execution.continuous_batching", f"expected false unless execution.serving is "
                                                                 f"'embedded', found true with {ex.serving!r}"))
+    if vllm_serves(spec):
+        from mass_jobs.tool_parsers import family_format, parser_issue
+
+        if why := parser_issue(ex.vllm.tool_call_parser, family_format(spec.model.base), repr(spec.model.base)):
+            out.append(SpecIssue("$.execution.vllm.tool_call_parser", why))
     if ex.vllm.max_model_len is not None and spec.model.sampling.context_length > ex.vllm.max_model_len:
         out.append(SpecIssue("$.model.sampling.context_length", f"expected at most execution.vllm.max_model_len "
                                                                 f"({ex.vllm.max_model_len}), found {spec.model.sampling.context_length}"))

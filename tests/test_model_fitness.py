@@ -134,3 +134,62 @@ def test_the_request_decides_sampling_when_the_model_config_has_no_do_sample(tin
                                                 max_tokens=16, temperature=temperature, seed=s)
                  .choices[0].message.content for s in (1, 2, 3)}
     assert (len(texts) == 3) if distinct else (len(texts) == 1)
+
+
+# A test fixture template that writes tool calls the way Qwen3.5/3.6 and Qwen3-Coder templates do
+# (an XML function block), offering tools and rendering results; enough for the format probe.
+XML_CALLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t.function.name }}{% endfor %}</tools><|im_end|>\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>\n<function={{ c.function.name }}>\n"
+    "{% for k, v in c.function.arguments.items() %}<parameter={{ k }}>\n{{ v }}\n</parameter>\n{% endfor %}"
+    "</function>\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("template, parser, refused", [
+    (None, "hermes", False), (None, "qwen3_coder", True),  # the tiny model's own template: JSON calls
+    ("xml", "qwen3_coder", False), ("xml", "qwen3_xml", False), ("xml", "hermes", True),
+])
+def test_the_tool_call_parser_must_read_what_the_template_writes(tiny_model_dir, tmp_path, template, parser, refused):
+    """Served by vLLM (a cluster run), a parser that cannot read the template's calls leaves every
+    call in the reply's text: refused naming both. The embedded server picks its own parser."""
+    fields = {"sampling": {"context_length": 4096, "max_output_tokens": 256}}
+    if template:
+        (tmp_path / "xml.jinja").write_text(XML_CALLS_TEMPLATE)
+        fields["chat_template"] = "xml.jinja"
+    path = write_spec(tmp_path, tiny_model_dir, **fields)
+    doc = yaml.safe_load(path.read_text())
+    doc["execution"] = {"mode": "argo", "vllm": {"tool_call_parser": parser}}
+    doc["store"] = {"uri": "s3://mass-runs/fit"}
+    path.write_text(yaml.safe_dump(doc))
+    spec = load_spec(path)
+    issues = [i for i in fitness_issues(spec, base_model_dir(RunContext(spec, None), tmp_path / "cache"))
+              if i.path == "$.execution.vllm.tool_call_parser"]
+    assert bool(issues) is refused, issues
+    if refused:
+        wanted, found = ("<function=NAME>", "<tool_call>{") if template else ("<tool_call>{", "<function=NAME>")
+        assert f"found {parser!r}, which reads" in issues[0].message and wanted in issues[0].message
+        assert issues[0].message.index(wanted) < issues[0].message.index(found)
+    doc["execution"] = {"serving": "embedded", "vllm": {"tool_call_parser": parser}}
+    doc["store"] = {"uri": f"file://{tmp_path / 'store'}"}
+    path.write_text(yaml.safe_dump(doc))
+    spec = load_spec(path)
+    assert not [i for i in fitness_issues(spec, base_model_dir(RunContext(spec, None), tmp_path / "cache"))
+                if i.path == "$.execution.vllm.tool_call_parser"]
+
+
+@pytest.mark.parametrize("parser, valid", [("qwen3_coder", True), ("hermes", False)])
+def test_the_paper_spec_serves_qwen36_with_the_parser_for_its_xml_calls(parser, valid, tmp_path, capsys):
+    doc = yaml.safe_load((ROOT / "examples" / "paper.yaml").read_text())
+    assert doc["execution"]["vllm"] == {"tool_call_parser": "qwen3_coder", "reasoning_parser": "qwen3"}
+    doc["execution"]["vllm"]["tool_call_parser"] = parser
+    import shutil
+
+    shutil.copytree(ROOT / "examples" / "tasks", tmp_path / "tasks")  # its task files, beside it
+    path = tmp_path / "paper.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert mass(["validate", str(path)]) == (0 if valid else 2)
+    err = capsys.readouterr().err
+    assert valid or "$.execution.vllm.tool_call_parser: expected a tool-call parser that reads what " \
+                    "'Qwen/Qwen3.6-27B' writes" in err, err

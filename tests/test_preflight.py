@@ -37,15 +37,17 @@ def test_the_cluster_examples_pass_with_the_values_they_document(spec, values, c
 def test_the_paper_with_the_chart_defaults_names_each_value_to_set(capsys):
     assert mass(["validate", str(ROOT / "examples/paper.yaml"), "--values", str(CHART / "values.yaml")]) == 2
     captured = capsys.readouterr()
-    assert "invalid run spec for this cluster, 6 error(s)" in captured.err
-    for needle in ("$.model.sampling.context_length: expected at most the server's max model length 32768",
+    assert "invalid run spec for this cluster, 7 error(s)" in captured.err
+    for needle in ("$.execution.vllm.tool_call_parser: expected the chart's vLLM tool-call parser 'hermes' "
+                   "(chart value model.toolCallParser), found 'qwen3_coder'",
+                   "$.model.sampling.context_length: expected at most the server's max model length 32768",
                    "$.model.sampling.max_output_tokens: expected less than the server's max model length 32768",
                    "$.judges[0].api_key_env: expected a key of the judge Secret (chart value judges.keys "
                    "['JUDGE_API_KEY']), found 'JUDGE_A_API_KEY'", "$.judges[1].api_key_env",
                    "values network.s3.to: required, no default", "values network.apiServer.to: required unless"):
         assert needle in captured.err
     fails = [line.split("  ")[0] for line in captured.out.splitlines() if line.rstrip().endswith("FAIL")]
-    assert fails == ["context length", "max output tokens", "judge judge-a key", "judge judge-b key",
+    assert fails == ["context length", "max output tokens", "tool-call parser", "judge judge-a key", "judge judge-b key",
                      "network.s3.to set", "network.apiServer.to set"]
 
 
