@@ -302,6 +302,20 @@ def checks(spec, values: dict, config=None) -> list[Check]:
                 quantity_bytes(eph) >= need, f"values resources.{pod}.ephemeralStorage",
                 f"expected at least {need / 2**30:.0f}Gi for {copies} cop{'y' if copies == 1 else 'ies'} of the "
                 f"{size / 1e9:.1f} GB model (chart value resources.{pod}.ephemeralStorage), found {eph}")
+        # host memory: each trainer rank loads the whole model before sharding it; the merge holds the
+        # parent, and the FP8 export every tensor in both precisions (1 + 1/2 of the bf16 bytes)
+        for pod, copies, why in (
+                ("trainer", float(spec.sft.gpus_per_replica), f"{spec.sft.gpus_per_replica} rank(s), each loading the whole"),
+                ("merge", 1.5 if spec.sft.fp8_export else 1.0,
+                 "the merge and its FP8 export of" if spec.sft.fp8_export else "the merge of")):
+            mem = _get(values, f"resources.{pod}.memory")
+            if mem is None:
+                continue
+            need = int(size * copies * 1.1)
+            add(f"{pod} memory", mem, f">= {need / 2**30:.0f}Gi ({copies:g} x {size / 1e9:.1f} GB)",
+                quantity_bytes(mem) >= need, f"values resources.{pod}.memory",
+                f"expected at least {need / 2**30:.0f}Gi of memory for {why} {size / 1e9:.1f} GB model "
+                f"(chart value resources.{pod}.memory), found {mem}")
     return out
 
 
