@@ -224,6 +224,7 @@ class ModelClient:
             "top_k": s.top_k,
             "max_tokens": min(s.max_output_tokens, max_tokens) if max_tokens else s.max_output_tokens,
             "stream": False,
+            **s.pins(),
         }
         if tools:
             body["tools"] = tools

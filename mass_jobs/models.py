@@ -26,6 +26,21 @@ class Sampling(Closed):
     top_k: int = Field(default=20, ge=0, le=1_000_000)
     max_output_tokens: int = Field(default=32768, ge=1, le=MAX_TOKENS)
     context_length: int = Field(default=262144, ge=256, le=MAX_TOKENS)
+    # Pins sent with every request only when set (the server's default otherwise); upstream's
+    # run_episode.sh pins presence_penalty 0, repetition_penalty 1 and thinking on.
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, description="Sent with every request when set.")
+    repetition_penalty: float | None = Field(default=None, gt=0, le=2, description="Sent with every request when set.")
+    enable_thinking: bool | None = Field(
+        default=None, description="chat_template_kwargs.enable_thinking with every request when set (Qwen3 templates "
+        "read it); null: the template's default.")
+
+    def pins(self) -> dict:
+        """The request fields these pins add (OpenAI-compatible, as vLLM reads them)."""
+        out: dict = {k: v for k, v in (("presence_penalty", self.presence_penalty),
+                                       ("repetition_penalty", self.repetition_penalty)) if v is not None}
+        if self.enable_thinking is not None:
+            out["chat_template_kwargs"] = {"enable_thinking": self.enable_thinking}
+        return out
 
 
 class ModelSpec(Closed):

@@ -112,6 +112,31 @@ def test_settings_turn_off_telemetry_and_carry_sampling():
     gen = s["model"]["generationConfig"]
     assert gen["timeout"] == 5000 and gen["maxRetries"] == 2 and gen["extra_body"] == {"seed": 9}
     assert gen["samplingParams"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 32768}
+    assert gen["contextWindowSize"] == 262144  # the served context, not qwen-code's guess for the model name
+
+
+def test_the_paper_specs_harness_settings_are_upstreams():
+    """examples/paper.yaml's settings as qwen-code gets them, beside upstream's run_episode.sh: no
+    retries, the model's 262,144-token window, presence 0, repetition 1, thinking on; the builtin
+    harness and the judges send the same pins with every request."""
+    from mass_jobs.llm import ModelClient
+    from mass_jobs.spec import load_spec
+
+    spec = load_spec(Path(__file__).parents[1] / "examples" / "paper.yaml")
+    inp = EpisodeInput(prompt="p", endpoint=Endpoint("http://127.0.0.1:1/v1", "m"), limits=spec.execution.limits,
+                       sampling=spec.model.sampling, seed=3)
+    gen = settings(inp)["model"]["generationConfig"]
+    upstream = {"maxRetries": 0, "contextWindowSize": 262144, "timeout": 1_800_000}
+    assert {k: gen[k] for k in upstream} == upstream
+    assert gen["samplingParams"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 32768,
+                                     "presence_penalty": 0.0, "repetition_penalty": 1.0}
+    assert gen["extra_body"] == {"seed": 3, "chat_template_kwargs": {"enable_thinking": True}}
+    body = ModelClient(inp.endpoint, spec.model.sampling).request_body([{"role": "user", "content": "hi"}])
+    assert body["presence_penalty"] == 0.0 and body["repetition_penalty"] == 1.0
+    assert body["chat_template_kwargs"] == {"enable_thinking": True}
+    # unset (every other spec): nothing extra is sent
+    plain = ModelClient(inp.endpoint, EpisodeInput(prompt="p", endpoint=inp.endpoint).sampling).request_body([])
+    assert not {"presence_penalty", "repetition_penalty", "chat_template_kwargs"} & set(plain)
 
 
 def teacher_parts():

@@ -61,19 +61,25 @@ def qwen_binary() -> Path:
 def settings(inp: EpisodeInput) -> dict[str, Any]:
     """settings.json for the private HOME: the episode's model, sampling and limits, nothing phoning home."""
     s = inp.sampling
+    pins = s.pins()
     sampling: dict[str, Any] = {
         "temperature": s.temperature,
         "top_p": s.top_p,
         "top_k": s.top_k,
         "max_tokens": s.max_output_tokens,
+        **{k: v for k, v in pins.items() if k != "chat_template_kwargs"},
     }
     generation: dict[str, Any] = {
         "samplingParams": sampling,
         "timeout": int(inp.limits.request_timeout_s * 1000),
         "maxRetries": inp.limits.request_retries,
+        # the served context, not qwen-code's guess for an unknown model name (where its compression starts)
+        "contextWindowSize": s.context_length,
     }
-    if inp.seed is not None:
-        generation["extra_body"] = {"seed": inp.seed}
+    extra = {**({"seed": inp.seed} if inp.seed is not None else {}),
+             **({"chat_template_kwargs": pins["chat_template_kwargs"]} if "chat_template_kwargs" in pins else {})}
+    if extra:
+        generation["extra_body"] = extra
     return {
         "security": {"auth": {"selectedType": "openai"}},
         # No startup context: its environment turn and canned "Got it." reply would open every
