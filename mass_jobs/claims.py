@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,28 +42,30 @@ def agrees(written: str, value: float) -> bool:
     return False
 
 
-def contradictions(guards: Any, workspace: Path) -> list[str]:
-    """`FILE states KEY N, METRICS holds V` for each stated value of a guarded metric that its
-    metrics file contradicts, over the task's required outputs that are text."""
-    from mass_jobs.steps.guard import Unreadable, _lookup, _regular_text, strict_json
+def _text(path: Path) -> str:
+    """A deliverable's text: a regular file (no link) read to TEXT_BYTES, else nothing."""
+    try:
+        if not path.is_file() or path.is_symlink():
+            return ""
+        with open(path, "rb") as f:
+            return f.read(TEXT_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
+
+def contradictions(guards: Any, workspace: Path, metric: Callable[[Any, Path], Any]) -> list[str]:
+    """`FILE states KEY N, METRICS holds V` for each stated value of a guarded metric that its
+    metrics file contradicts, over the task's required outputs that are text. `metric(m, workspace)`
+    is the guard's own strict reading of metric `m` (None where it has none)."""
     out = []
     for m in guards.metrics:
-        try:
-            text = _regular_text(workspace / m.file, TEXT_BYTES)
-            value = _lookup(strict_json(text), m.key) if text is not None else None
-        except (Unreadable, KeyError, ValueError):
-            continue  # the metric guard itself vetoes a missing or unreadable value
+        value = metric(m, workspace)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            continue
+            continue  # the metric guard itself vetoes a missing or unreadable value
         for rel in guards.required_outputs:
             if not rel.endswith(TEXT_SUFFIXES):
                 continue
-            try:
-                doc = _regular_text(workspace / rel, TEXT_BYTES)
-            except Unreadable:
-                continue
-            for written in stated(doc or "", m.key):
+            for written in stated(_text(workspace / rel), m.key):
                 if not agrees(written, float(value)):
                     out.append(f"{rel} states {m.key.rsplit('.', 1)[-1]} {written}, {m.file} holds {value}")
                     break

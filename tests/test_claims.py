@@ -3,6 +3,7 @@
 import pytest
 
 from mass_jobs.claims import agrees, contradictions, stated
+from mass_jobs.steps.guard import metric_value
 from mass_jobs.task_models import Guards
 
 GUARDS = Guards(required_outputs=["report.md", "results/metrics.json"],
@@ -38,7 +39,7 @@ def workspace(tmp_path, report: str, metrics: str):
 
 def test_a_report_that_contradicts_its_metrics_is_flagged(tmp_path):
     ws = workspace(tmp_path, "# Result\n\nThe controller reaches error 0.02 (see metrics).\n", '{"eval": {"error": 0.4}}')
-    assert contradictions(GUARDS, ws) == ["report.md states error 0.02, results/metrics.json holds 0.4"]
+    assert contradictions(GUARDS, ws, metric_value) == ["report.md states error 0.02, results/metrics.json holds 0.4"]
 
 
 @pytest.mark.parametrize("report, metrics", [
@@ -48,4 +49,4 @@ def test_a_report_that_contradicts_its_metrics_is_flagged(tmp_path):
     ("error 0.02\n", "not json"),
 ])
 def test_nothing_is_flagged_without_a_contradiction(tmp_path, report, metrics):
-    assert contradictions(GUARDS, workspace(tmp_path, report, metrics)) == []
+    assert contradictions(GUARDS, workspace(tmp_path, report, metrics), metric_value) == []

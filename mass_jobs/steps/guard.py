@@ -174,6 +174,15 @@ def _regular_text(path: Path, limit: int) -> str | None:
         raise Unreadable("not UTF-8 text") from None
 
 
+def metric_value(m, workspace: Path) -> Any:
+    """Metric `m` as its guard reads it (strictly), or None where that read vetoes or finds none."""
+    try:
+        text = _regular_text(workspace / m.file, METRICS_FILE_BYTES)
+        return None if text is None else _lookup(strict_json(text), m.key)
+    except (Unreadable, KeyError):
+        return None
+
+
 def output_issue(workspace: Path, rel: str, seeded: dict[str, str]) -> str | None:
     """Why a required output is no deliverable: missing, empty, a link or special file, or the seeded
     stub left as it was (a placeholder passed when only its existence was checked)."""
@@ -414,7 +423,7 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
             else:
                 violations = check_workspace(task.guards, Path(tmp), store.get_json(ctx.rollout_file(prefix, "protected.json")),
                                              checker, checks=_needs_checks(ctx, task_id, ep), seeded=task.files)
-                review = claims.contradictions(task.guards, Path(tmp))
+                review = claims.contradictions(task.guards, Path(tmp), metric_value)
         report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=eligible, passed=not violations,
                                                  reasons=reasons + violations, review=review)
     report.vetoed = [e for e, g in report.episodes.items() if not g.passed]

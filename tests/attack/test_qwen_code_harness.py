@@ -54,7 +54,9 @@ envs = [dict(os.environ)] + [e for e in map(env_of, glob.glob("/proc/*/environ")
 tokens = sorted({e["OPENAI_API_KEY"] for e in envs if e.get("OPENAI_API_KEY")})
 report["tokens_found"] = len(tokens)
 urls = {e["OPENAI_BASE_URL"] for e in envs if e.get("OPENAI_BASE_URL")}
-for table in ("/proc/net/tcp", "/proc/net/tcp6"):  # every listening loopback port
+# every listening loopback port of its network namespace (a sandbox's or a pod's own; the host's
+# only with the protection off, where the scan would reach other servers: there the env's URL is it)
+for table in ("/proc/net/tcp", "/proc/net/tcp6") if known.get("scan_ports", True) else ():
     try:
         rows = open(table).read().splitlines()[1:]
     except OSError:
@@ -142,10 +144,10 @@ def daemon_marker(tmp_path) -> str:
     return f"{DAEMON}-{abs(hash(str(tmp_path)))}"
 
 
-def attack(scripted_endpoint, tmp_path):
+def attack(scripted_endpoint, tmp_path, scan_ports: bool = True):
     """Run the attacking episode; (status, trace, the attack's report, out dir)."""
     out = tmp_path / "out"
-    known = {"out": [str(out)], "sockets": [], "daemon": daemon_marker(tmp_path),
+    known = {"out": [str(out)], "sockets": [], "daemon": daemon_marker(tmp_path), "scan_ports": scan_ports,
              "secrets": [str(REPO / "examples" / "tiny.yaml"), str(REPO / "tests" / "specs" / "ci-e2e.yaml"),
                          str(REPO / "mass_jobs" / ".." / "README.md"), str(tmp_path / "store")]}
     (tmp_path / "store").mkdir()
@@ -253,7 +255,7 @@ def test_with_the_protection_off_the_same_attack_forges_the_trace(scripted_endpo
     monkeypatch.setattr(service, "local_sandbox", no_sandbox)
     monkeypatch.setattr(qwen_shell, "install_shim", lambda bin_dir, socket_path, limits: None)
     try:
-        status, trace, report, out = attack(scripted_endpoint, tmp_path)
+        status, trace, report, out = attack(scripted_endpoint, tmp_path, scan_ports=False)
     finally:
         for pid in daemons(daemon_marker(tmp_path)):  # nothing reaps it here: that is the point
             os.kill(pid, 9)
@@ -324,8 +326,8 @@ def test_in_the_agent_pod_the_same_attacks_leave_trace_status_and_windows_unchan
     status = json.loads(output("status.json"))
     report = attack_report(trace)
     # the token is in no process it can see; it found the proxy on the pod's loopback, which refused
-    # it by its uid (the executor's pods share the host's loopback: other servers answered too, the
-    # model's among them, which records nothing); /out, /qwen and the harness's input are not in its
+    # it by its uid (the pod's network, the agent NetworkPolicy's, also holds its way to the model,
+    # which answered and records nothing); /out, /qwen and the harness's input are not in its
     # view; removing the sandbox's socket did not cut the harness off (it is bound again)
     assert report["tokens_found"] == 0 and report["proxy_refusals"] == [403], report
     assert report["out_writes"] == 0 and report["secret_reads"] == [] and report["sockets_removed"] >= 1, report
