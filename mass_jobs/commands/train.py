@@ -44,6 +44,10 @@ def main(args: argparse.Namespace) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"trained {extra['steps']} steps, {extra['processed_supervised_tokens']} supervised tokens; "
                   f"checkpoints {extra['checkpoints']}")
+        if dist.is_initialized():
+            # every rank done before any tears the group down: a gloo peer closing while the other was
+            # still in its last collective aborted that rank ("terminate called without an active exception")
+            dist.barrier()
     except RuntimeError as err:
         print(f"train: {err}", file=sys.stderr)
         return 1
