@@ -293,29 +293,26 @@ def checks(spec, values: dict, config=None) -> list[Check]:
         from mass_jobs.k8s.pods import quantity_bytes
 
         size = model_bytes(spec, config)
-        for pod, copies in (("server", 1), ("trainer", 1), ("merge", 2)):
-            eph = _get(values, f"resources.{pod}.ephemeralStorage")
-            if eph is None:
+        n = spec.sft.gpus_per_replica
+        fp8 = spec.sft.fp8_export
+        # (row, chart key, copies of the bf16 model, for what): where it is downloaded, and host memory:
+        # each trainer rank loads the whole model before sharding it; the merge holds the parent, and
+        # the FP8 export every tensor in both precisions (1 + 1/2 of the bf16 bytes)
+        rows = [(f"{pod} ephemeral storage", f"resources.{pod}.ephemeralStorage", copies,
+                 f"for {copies:g} cop{'y' if copies == 1 else 'ies'} of the")
+                for pod, copies in (("server", 1), ("trainer", 1), ("merge", 2))]
+        rows += [("trainer memory", "resources.trainer.memory", float(n), f"of memory for {n} rank(s), each loading the whole"),
+                 ("merge memory", "resources.merge.memory", 1.5 if fp8 else 1.0,
+                  f"of memory for the merge{' and its FP8 export' if fp8 else ''} of")]
+        for name, key, copies, what in rows:
+            have = _get(values, key)
+            if have is None:
                 continue
             need = int(size * copies * 1.1)
-            add(f"{pod} ephemeral storage", eph, f">= {need / 2**30:.0f}Gi ({copies} x {size / 1e9:.1f} GB)",
-                quantity_bytes(eph) >= need, f"values resources.{pod}.ephemeralStorage",
-                f"expected at least {need / 2**30:.0f}Gi for {copies} cop{'y' if copies == 1 else 'ies'} of the "
-                f"{size / 1e9:.1f} GB model (chart value resources.{pod}.ephemeralStorage), found {eph}")
-        # host memory: each trainer rank loads the whole model before sharding it; the merge holds the
-        # parent, and the FP8 export every tensor in both precisions (1 + 1/2 of the bf16 bytes)
-        for pod, copies, why in (
-                ("trainer", float(spec.sft.gpus_per_replica), f"{spec.sft.gpus_per_replica} rank(s), each loading the whole"),
-                ("merge", 1.5 if spec.sft.fp8_export else 1.0,
-                 "the merge and its FP8 export of" if spec.sft.fp8_export else "the merge of")):
-            mem = _get(values, f"resources.{pod}.memory")
-            if mem is None:
-                continue
-            need = int(size * copies * 1.1)
-            add(f"{pod} memory", mem, f">= {need / 2**30:.0f}Gi ({copies:g} x {size / 1e9:.1f} GB)",
-                quantity_bytes(mem) >= need, f"values resources.{pod}.memory",
-                f"expected at least {need / 2**30:.0f}Gi of memory for {why} {size / 1e9:.1f} GB model "
-                f"(chart value resources.{pod}.memory), found {mem}")
+            add(name, have, f">= {need / 2**30:.0f}Gi ({copies:g} x {size / 1e9:.1f} GB)",
+                quantity_bytes(have) >= need, f"values {key}",
+                f"expected at least {need / 2**30:.0f}Gi {what} "
+                f"{size / 1e9:.1f} GB model (chart value {key}), found {have}")
     return out
 
 
