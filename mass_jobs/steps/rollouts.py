@@ -135,13 +135,13 @@ def signed_outputs(ctx: RunContext, prefix: str, outputs: tuple[str, ...]) -> tu
     """(name -> uploaded bytes or None, why they are refused or None) of the agent pod of `prefix`."""
     store = ctx.store
     files = {n: store.get_bytes(k) if store.exists(k := ctx.agent_output(prefix, n)) else None for n in outputs}
-    key = ctx.agent_input(prefix, proof.KEY)
+    key, kept = ctx.agent_input(prefix, proof.KEY), ctx.agent_output(prefix, proof.PROOF)
     if not store.exists(key):  # prepared before pods signed their outputs: nothing to check against
         return files, None
-    if all(b is None for b in files.values()) and not store.exists(ctx.agent_output(prefix, proof.PROOF)):
+    signed = store.get_bytes(kept) if store.exists(kept) else None
+    if signed is None and all(b is None for b in files.values()):
         return files, None  # nothing uploaded: lost or not run yet, as the caller decides
-    kept = ctx.agent_output(prefix, proof.PROOF)
-    return files, proof.refusal(store.get_bytes(key), store.get_bytes(kept) if store.exists(kept) else None, files)
+    return files, proof.refusal(store.get_bytes(key), signed, files)
 
 
 def prepare(ctx: RunContext, prefix: str, inp) -> list[str]:
