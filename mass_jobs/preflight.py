@@ -27,6 +27,8 @@ What is checked, and why it would fail on a cluster:
   or hub id;
 - the trainer job the spec's `sft.replicas` and `sft.gpus_per_replica` render passes the training
   operator's webhook (one replica: the Master alone), and GPU jobs may run at all;
+- with a Kueue queue whose GPU quota is known (`kueue.gpuQuota`), the trainer job and the
+  predictors evaluate serves together each fit it (Kueue never admits a larger workload);
 - with the model's config (`--config`, or a local model.base), the ephemeral storage of the pods
   that download the weights holds them: the predictor and each trainer replica one copy, merge the
   base and the merged copy (10% headroom).
@@ -285,6 +287,7 @@ def checks(spec, values: dict, config=None) -> list[Check]:
     if "network" in values:  # a whole values file (the cycle's validate step gets single values)
         for issue in required_issues(values):
             add(issue.path.removeprefix("values ") + " set", "null", "peers", False, issue.path, issue.message)
+    out += queue_checks(spec, values)
     jobs = _get(values, "gpu.concurrentJobs")
     if jobs is not None:
         add("GPU jobs at once", jobs, ">= 1", int(jobs) >= 1, "values gpu.concurrentJobs",
@@ -313,6 +316,37 @@ def checks(spec, values: dict, config=None) -> list[Check]:
                 quantity_bytes(have) >= need, f"values {key}",
                 f"expected at least {need / 2**30:.0f}Gi {what} "
                 f"{size / 1e9:.1f} GB model (chart value {key}), found {have}")
+    return out
+
+
+def predictors_at_once(spec) -> int:
+    """The most InferenceServices a run holds at once: evaluate serves the new generation, L_0, the
+    previous one and the self-evaluators together (one of each at generation 1)."""
+    from mass_jobs.steps.evaluate import rollout_generations, self_evaluators
+
+    return max(len({*rollout_generations(g), *self_evaluators(g)}) for g in range(1, spec.generations + 1))
+
+
+def queue_checks(spec, values: dict) -> list[Check]:
+    """With a Kueue queue whose GPU quota is known: a workload that needs more than the quota is
+    never admitted, and predictors served together that need more wait for each other; either
+    way the step waits out its deadline."""
+    queue, quota = _get(values, "kueue.queueName"), _get(values, "kueue.gpuQuota")
+    if not queue or quota is None:
+        return []
+    trainer = spec.sft.replicas * spec.sft.gpus_per_replica
+    server = _get(values, "resources.server.gpu")
+    out = [Check("trainer job within the GPU queue", f"{spec.sft.replicas} x {spec.sft.gpus_per_replica} GPU(s)",
+                 f"<= {quota} (kueue.gpuQuota)", trainer <= quota, "$.sft.replicas",
+                 f"expected a trainer job of at most {quota} GPUs, the nominal quota of Kueue queue {queue!r} "
+                 f"(chart value kueue.gpuQuota), found {trainer}: Kueue never admits it")]
+    if server is not None:
+        n = predictors_at_once(spec)
+        out.append(Check("predictors at once within the GPU queue", f"{n} x {server} GPU(s)",
+                         f"<= {quota} (kueue.gpuQuota)", n * int(server) <= quota, "values resources.server.gpu",
+                         f"expected the {n} InferenceServices evaluate serves together to need at most {quota} GPUs "
+                         f"(chart value kueue.gpuQuota), found {n} x {server}: the last one waits for the others "
+                         f"and they for it"))
     return out
 
 

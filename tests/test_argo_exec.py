@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import urllib.parse
 from collections import Counter
 from pathlib import Path
@@ -458,6 +459,87 @@ def test_the_operator_webhook_refuses_what_the_real_one_refuses(executor_for):
     assert wf.phase == "Failed" and "denied the request" in wf.summary()
     assert "Worker replicas must be at least 1, got 0" in wf.summary()
     assert ex.cluster.get("PyTorchJob", "w0") is None
+
+
+def test_a_trainer_job_queued_in_kueue_waits_without_failing_and_fails_promptly_after_admission(executor_for):
+    """Kueue suspends a labelled job until its queue has the GPUs: the step waits (its Argo deadline
+    includes the queue's bound) and the job's own deadline counts from admission, so a job queued
+    longer than that deadline still trains; one that fails once admitted, `Suspended` among its
+    conditions (Failed at index 3), ends its step Failed within a minute, not at the deadline."""
+    from mass_jobs.k8s import labels
+    from mass_jobs.k8s.settings import ClusterSettings
+    from mass_jobs.k8s.training import FAILED, SUCCEEDED
+
+    s = ClusterSettings(kueue_queue="gpu-team", train_deadline_s="8", queue_wait_s="600")
+    assert (s.job_deadline_s, s.train_step_deadline_s) == (8, "608")
+
+    def job(name: str, script: str) -> dict:
+        pod = {"containers": [container(script, name="pytorch", resources={"requests": {"nvidia.com/gpu": "1"}})],
+               "volumes": [{"name": "tmp", "emptyDir": {}}]}
+        manifest = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                    "metadata": {"name": name, "labels": labels.queue_labels(s)},
+                    "spec": {"runPolicy": {"activeDeadlineSeconds": s.job_deadline_s},
+                             "pytorchReplicaSpecs": {"Master": {"replicas": 1, "restartPolicy": "Never",
+                                                                "template": {"spec": pod}}}}}
+        return {"name": name, "activeDeadlineSeconds": s.train_step_deadline_s,
+                "resource": {"action": "create", "setOwnerReference": True, "manifest": yaml.safe_dump(manifest),
+                             "successCondition": SUCCEEDED, "failureCondition": FAILED}}
+
+    templates = [{"name": "main", "steps": [[{"name": "ok", "template": "ok"}, {"name": "bad", "template": "bad"}]]},
+                 job("ok", "true"), job("bad", "exit 3")]
+    ex = executor_for(wft("kq", templates))
+    queued_for = 2 * s.job_deadline_s
+
+    def admin():  # both jobs sit suspended past their own deadline, then the queue gets one GPU
+        while len(ex.cluster.kueue.pending()) < 2:
+            time.sleep(0.1)
+        time.sleep(queued_for)
+        assert [ex.cluster.get("PyTorchJob", n)["status"]["conditions"][-1]["type"] for n in ("ok", "bad")] == \
+            ["Suspended", "Suspended"]
+        ex.cluster.kueue.set_quota("gpu-team", {"nvidia.com/gpu": 1})
+
+    helper = threading.Thread(target=admin, daemon=True)
+    helper.start()
+    wf = ex.submit("kq", {})
+    helper.join()
+    assert wf.phase == "Failed", wf.summary()
+    (ok,), (bad,) = wf.find(template="ok", type="Resource"), wf.find(template="bad", type="Resource")
+    assert ok.phase == "Succeeded" and bad.phase == "Failed", wf.summary()
+    assert "failure condition 'status.conditions.3.type = Failed' evaluated true" in bad.message
+    conditions = {n: [(c["type"], c["status"]) for c in ex.cluster.get("PyTorchJob", n)["status"]["conditions"]]
+                  for n in ("ok", "bad")}
+    assert conditions == {n: [("Created", "True"), ("Suspended", "False"), ("Running", "True"), (end, "True")]
+                          for n, end in (("ok", "Succeeded"), ("bad", "Failed"))}
+    assert sorted(ex.cluster.kueue.admissions) == [("PyTorchJob", "bad"), ("PyTorchJob", "ok")]  # one at a time
+    assert ok.finished - ok.started > queued_for and bad.finished - bad.started > queued_for
+    assert bad.finished - bad.started < queued_for + 60  # not the step's 608 s deadline
+
+
+def test_a_queued_predictor_loads_only_once_kueue_admits_it(executor_for, s3_env):
+    """The InferenceService the cycle renders with a queue: its pods wait behind Kueue's gate (no
+    download, no failure) until the queue has its GPU; then KServe loads it (here: an empty prefix,
+    so BlockedByFailedLoad, which shows the storage initializer ran)."""
+    from mass_jobs.k8s import labels, serving
+    from mass_jobs.k8s.settings import ClusterSettings
+
+    s = ClusterSettings(kueue_queue="gpu-team")
+    isvc = serving.inference_service(s, "m", f"s3://{s3_env['bucket']}/nothing-here", labels.queue_labels(s))
+    assert isvc["metadata"]["labels"][labels.QUEUE] == "gpu-team"
+    ex = executor_for()
+    ex.cluster.apply(isvc, "apply", None, [])
+    for _ in range(20):  # a second and more: nothing is downloaded while it is queued
+        assert ex.cluster.get("InferenceService", "m")["status"]["modelStatus"]["states"]["targetModelState"] == "Loading"
+        time.sleep(0.1)
+    assert ex.cluster.kueue.pending() == [("InferenceService", "m")]
+    ex.cluster.kueue.set_quota("gpu-team", {"nvidia.com/gpu": 1})
+    for _ in range(300):
+        status = ex.cluster.get("InferenceService", "m")["status"]["modelStatus"]
+        if status["transitionStatus"] == "BlockedByFailedLoad":
+            break
+        time.sleep(0.1)
+    assert "no objects under" in status["lastFailureInfo"]["message"]
+    ex.cluster.delete("InferenceService", "m")
+    assert ex.cluster.kueue.pending() == [] and ex.cluster.kueue.workloads == []
 
 
 def test_generated_trainer_jobs_pass_the_webhook_for_one_replica_and_several():

@@ -53,7 +53,7 @@ def test_generated_dirs_match_generator(folder, files):
 
 
 def test_scenarios_exist():
-    assert set(SCENARIOS) == {"default", "gpu-cluster", "minio-gitops", "cilium", "paper"}
+    assert set(SCENARIOS) == {"default", "gpu-cluster", "minio-gitops", "cilium", "paper", "kueue"}
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -437,3 +437,45 @@ def test_the_hardened_trainer_init_container_gives_up_like_the_operators():
     (init,) = training.operator_init_container_template()
     script = init["command"][-1]
     assert "{{.MaxTries}}" in script and "until" not in script and script.endswith("exit $err")
+
+
+def _queue_labels(objs) -> dict[str, list]:
+    """The queue label of every object and pod template mass-cycle makes, by where it stands."""
+    cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
+    made = [o for o in schemas.embedded_manifests(cycle) if "spec" in o]
+    job = next(o for o in made if o["kind"] == "PyTorchJob")
+    isvc = next(o for o in made if o["kind"] == "InferenceService")
+    pods = [t for t in cycle["spec"]["templates"] if "container" in t or "containerSet" in t]
+    return {"job": [job["metadata"]["labels"].get(labels.QUEUE)],
+            "job pods": [job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["labels"].get(labels.QUEUE)],
+            "isvc": [isvc["metadata"]["labels"].get(labels.QUEUE), isvc["spec"]["predictor"]["labels"].get(labels.QUEUE)],
+            "pods": sorted({str(((t.get("metadata") or {}).get("labels") or {}).get(labels.QUEUE)) for t in pods})}
+
+
+def _deadlines(objs) -> dict[str, int]:
+    cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
+    tmpl = {t["name"]: t for t in cycle["spec"]["templates"]}
+    job = yaml.safe_load(tmpl["train-job-single"]["resource"]["manifest"])
+    return {"job": job["spec"]["runPolicy"]["activeDeadlineSeconds"],
+            "train step": int(tmpl["train-job"]["activeDeadlineSeconds"]),
+            "single step": int(tmpl["train-job-single"]["activeDeadlineSeconds"]),
+            "serve step": int(tmpl["serve-model"]["activeDeadlineSeconds"])}
+
+
+def test_kueue_labels_the_papers_gpu_workloads_and_its_queue_time_extends_only_the_argo_deadlines():
+    """With kueue.queueName the trainer job (not its pods: Kueue admits the job as one Workload) and
+    the predictor carry the queue label; step and agent pods only under the plain-pod integration.
+    The job's own deadline counts from its admission; the Argo steps that wait on a queued object
+    get maxQueueSeconds more."""
+    paper = _scenario("paper")
+    plain = _objects(paper)
+    assert _queue_labels(plain) == {"job": [None], "job pods": [None], "isvc": [None, None], "pods": ["None"]}
+    assert _deadlines(plain) == {"job": 172800, "train step": 172800, "single step": 172800, "serve step": 3600}
+    queued = _objects({**paper, "kueue": {"queueName": "gpu-team", "maxQueueSeconds": 7200}})
+    assert _queue_labels(queued) == {"job": ["gpu-team"], "job pods": [None], "isvc": ["gpu-team", "gpu-team"],
+                                     "pods": ["None"]}
+    assert _deadlines(queued) == {"job": 172800, "train step": 172800 + 7200, "single step": 172800 + 7200,
+                                  "serve step": 3600 + 7200}
+    pods = _objects(_scenario("kueue"))
+    assert _queue_labels(pods) == {"job": ["mass-gpu"], "job pods": [None], "isvc": ["mass-gpu", "mass-gpu"],
+                                   "pods": ["mass-gpu"]}

@@ -146,12 +146,33 @@ def test_the_recursion_bound_is_argos_exactly():
     ({"execution__vllm__reasoning_parser": "deepseek_r1"}, {}, "$.execution.vllm.reasoning_parser",
      "expected the chart's vLLM reasoning parser 'qwen3' (chart value model.reasoningParser)"),
     ({}, {"gpu": {"concurrentJobs": 0}}, "values gpu.concurrentJobs", "train never starts"),
+    ({"sft__replicas": 3, "sft__gpus_per_replica": 4}, {"kueue": {"queueName": "q", "gpuQuota": 8}}, "$.sft.replicas",
+     "expected a trainer job of at most 8 GPUs, the nominal quota of Kueue queue 'q' (chart value kueue.gpuQuota), "
+     "found 12: Kueue never admits it"),
+    ({"generations": 2}, {"kueue": {"queueName": "q", "gpuQuota": 2}}, "values resources.server.gpu",
+     "expected the 3 InferenceServices evaluate serves together to need at most 2 GPUs"),
 ])
 def test_each_check_fails_naming_the_field(changes, values, path, needle):
     found = preflight.checks(small(**changes), preflight.merge(defaults(), values))
     failing = [c for c in found if not c.ok]
     assert [c.path for c in failing] == [path], [(c.path, c.why) for c in failing]
     assert needle in failing[0].why
+
+
+def test_the_gpu_queue_checks_bound_the_largest_workloads_exactly():
+    """At the quota both pass; one GPU less and each fails. Without a queue or a known quota there is
+    nothing to compare (Kueue's quota lives in the cluster)."""
+    spec = small(generations=3, sft__replicas=2, sft__gpus_per_replica=3)
+    assert preflight.predictors_at_once(spec) == 3 and preflight.predictors_at_once(small(generations=1)) == 2
+
+    def verdicts(quota, server=2, queue="q"):
+        values = preflight.merge(defaults(), {"kueue": {"queueName": queue, "gpuQuota": quota},
+                                              "resources": {"server": {"gpu": server}}})
+        return {c.name: c.ok for c in preflight.checks(spec, values) if "GPU queue" in c.name}
+
+    assert verdicts(6) == {"trainer job within the GPU queue": True, "predictors at once within the GPU queue": True}
+    assert verdicts(5) == {"trainer job within the GPU queue": False, "predictors at once within the GPU queue": False}
+    assert verdicts(None) == {} and verdicts(5, queue="") == {}
 
 
 def test_an_in_cluster_minio_passes_when_the_spec_names_its_endpoint():

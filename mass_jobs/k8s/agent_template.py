@@ -113,7 +113,8 @@ def agent_container(s: ClusterSettings) -> Container:
         synchronization=m.Synchronization(semaphores=[m.SemaphoreRef(
             config_map_key_ref=m.ConfigMapKeySelector(name=K.SEMAPHORES, key=K.AGENT_SEMAPHORE_KEY))]),
         automount_service_account_token=False,
-        labels=L.pod_labels(K.AGENT_STEP, gen=GEN, task=TASK, episode="{{inputs.parameters.label}}"),
+        labels={**L.pod_labels(K.AGENT_STEP, gen=GEN, task=TASK, episode="{{inputs.parameters.label}}"),
+                **L.queue_labels(s, plain_pod=True)},
         annotations={f"{L.PREFIX}/spec": SPEC},
         retry_strategy=AGENT_RETRY,
     )

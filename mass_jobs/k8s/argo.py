@@ -87,7 +87,8 @@ class _Builder:
             security_context=m.SecurityContext(**container_security(pods.container_security_context())),
             volumes=[m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource())],
             volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp")],
-            labels=L.pod_labels(label or name, gen=GEN if "gen" in inputs else "", task=task, episode=episode),
+            labels={**L.pod_labels(label or name, gen=GEN if "gen" in inputs else "", task=task, episode=episode),
+                    **L.queue_labels(s, plain_pod=True)},
             annotations={f"{L.PREFIX}/spec": SPEC},
             retry_strategy=STEP_RETRY,
             synchronization=gpu_semaphore() if gpu_semaphore else None,
@@ -112,7 +113,7 @@ class _Builder:
     # -------------------------------------------------------------- resources
 
     def serve_model(self) -> Resource:
-        labels = {**L.pod_labels(K.MODEL_STEP, gen=GEN), L.ARGO_WORKFLOW: "{{workflow.name}}"}
+        labels = {**L.pod_labels(K.MODEL_STEP, gen=GEN), L.ARGO_WORKFLOW: "{{workflow.name}}", **L.queue_labels(self.s)}
         isvc = serving.inference_service(self.s, ISVC, "{{inputs.parameters.model-uri}}", labels,
                                          dtype="{{inputs.parameters.dtype}}")
         return Resource(
@@ -125,7 +126,7 @@ class _Builder:
             success_condition=serving.READY,
             failure_condition=serving.FAILED,
             labels=L.pod_labels(K.MODEL_STEP, gen=GEN),
-            active_deadline_seconds=self.s.serve_deadline_s,
+            active_deadline_seconds=self.s.serve_step_deadline_s,
             retry_strategy=RESOURCE_RETRY,
         )
 
@@ -181,7 +182,7 @@ class _Builder:
                 failure_condition=training.FAILED,
                 labels=L.pod_labels(sd.name, gen=GEN),
                 synchronization=gpu_semaphore(),
-                active_deadline_seconds=self.s.train_deadline_s,
+                active_deadline_seconds=self.s.train_step_deadline_s,
             )
         with Steps(name=sd.name, inputs=input_params(*params), retry_strategy=TRAIN_RETRY):
             Step(name="delete-job", template=f"{sd.name}-delete-job", arguments=step_args(gen=GEN))

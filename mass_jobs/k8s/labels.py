@@ -6,7 +6,7 @@ everything descriptive goes into `mass-jobs.io/*` annotations instead.
 
 from __future__ import annotations
 
-from mass_jobs.k8s.settings import helm_block
+from mass_jobs.k8s.settings import ClusterSettings, helm_block
 
 PREFIX = "mass-jobs.io"
 RUN, GENERATION, TASK, STEP, EPISODE = (f"{PREFIX}/{k}" for k in ("run", "generation", "task", "step", "episode"))
@@ -16,6 +16,8 @@ PART_OF = {"app.kubernetes.io/part-of": "mass-jobs"}
 ARGO_WORKFLOW = "workflows.argoproj.io/workflow"
 
 RUN_PARAM = "{{workflow.parameters.run}}"
+# Kueue admits what carries this label through the named LocalQueue of the object's namespace.
+QUEUE = "kueue.x-k8s.io/queue-name"
 
 
 def pod_labels(step: str, gen: str = "", task: str = "", episode: str = "") -> dict[str, str]:
@@ -29,6 +31,17 @@ def object_labels(component: str, chart: bool) -> dict[str, str]:
     if chart:
         labels[helm_block('include "mass-jobs.labels" .')] = ""
     return labels
+
+
+def queue_labels(s: ClusterSettings, plain_pod: bool = False) -> dict[str, str]:
+    """The Kueue queue label of a GPU workload (a PyTorchJob, a predictor), or with `plain_pod` of an
+    Argo step or agent pod, which Kueue admits only under its plain-pod integration
+    (`kueue.podIntegration`); none when no queue is set. In the chart the label is a values block."""
+    if s.chart:
+        return {helm_block(f'include "mass-jobs.{"kueuePodLabel" if plain_pod else "kueueLabel"}" .'): ""}
+    if s.kueue_queue and (s.kueue_pods or not plain_pod):
+        return {QUEUE: s.kueue_queue}
+    return {}
 
 
 def truncate_name(name: str, limit: int = 63) -> str:

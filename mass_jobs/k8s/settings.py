@@ -78,6 +78,17 @@ class ClusterSettings:
     agent_pods: str = "16"  # the same value as the agent-pods semaphore: agent pods at once in the namespace
     serve_deadline_s: str = "3600"  # the InferenceService must be Loaded within this
     train_deadline_s: str = "172800"  # one PyTorchJob attempt (resumes from its last checkpoint on retry)
+    # Kueue: the LocalQueue GPU workloads (trainer jobs, predictors) are labelled with; "" = none.
+    # `kueue_pods`: Argo's step and agent pods too (Kueue's plain-pod integration). A queued
+    # object's wait counts against its Argo step's deadline, so the step gets `queue_wait_s` more.
+    kueue_queue: str = ""
+    kueue_pods: bool | str = False
+    queue_wait_s: str = "86400"
+    # Derived: the PyTorchJob's own deadline (an integer, counted from admission) and the Argo
+    # steps' deadlines, which include the time queued.
+    job_deadline_s: int | str = field(init=False)
+    train_step_deadline_s: str = field(init=False)
+    serve_step_deadline_s: str = field(init=False)
     schedules: tuple[str, ...] = ("0 3 * * 1",)
     cron_timezone: str = "UTC"
     cron_suspend: bool = True
@@ -93,6 +104,18 @@ class ClusterSettings:
     chart: bool = False  # True only for helm_settings(): builders add the chart's labels block
 
     def __post_init__(self):
+        if self.chart:
+            v, wait = ".Values", '(include "mass-jobs.queueWait" . | atoi)'
+            derived = {"job_deadline_s": helm(f"{v}.resources.trainer.activeDeadlineSeconds"),
+                       "train_step_deadline_s": helm(f"add {v}.resources.trainer.activeDeadlineSeconds {wait} | quote"),
+                       "serve_step_deadline_s": helm(f"add {v}.model.readyDeadlineSeconds {wait} | quote")}
+        else:
+            wait = int(self.queue_wait_s) if self.kueue_queue else 0
+            derived = {"job_deadline_s": int(self.train_deadline_s),
+                       "train_step_deadline_s": str(int(self.train_deadline_s) + wait),
+                       "serve_step_deadline_s": str(int(self.serve_deadline_s) + wait)}
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
         if self.s3_endpoint_url is None:
             scheme = "http" if self.s3_insecure is True else "https"
             object.__setattr__(self, "s3_endpoint_url", f"{scheme}://{self.s3_endpoint}")
@@ -161,6 +184,9 @@ def helm_settings() -> ClusterSettings:
         agent_pods=helm(f"{v}.agent.parallelism | quote"),
         serve_deadline_s=helm(f"{v}.model.readyDeadlineSeconds | quote"),
         train_deadline_s=helm(f"{v}.resources.trainer.activeDeadlineSeconds | quote"),
+        kueue_queue=helm(f"{v}.kueue.queueName | quote"),
+        kueue_pods=helm(f"{v}.kueue.podIntegration"),
+        queue_wait_s=helm(f"{v}.kueue.maxQueueSeconds | quote"),
         schedules=helm_yaml(f"{v}.cron.schedules"),
         cron_timezone=helm(f"{v}.cron.timezone | quote"),
         cron_suspend=helm(f"{v}.cron.suspend"),
@@ -220,6 +246,8 @@ def values_settings(values: dict) -> ClusterSettings:
         agent_deadline_s=str(get("agent.activeDeadlineSeconds")), agent_parallelism=int(get("agent.parallelism")),
         serve_deadline_s=str(get("model.readyDeadlineSeconds")),
         train_deadline_s=str(get("resources.trainer.activeDeadlineSeconds")),
+        kueue_queue=str(get("kueue.queueName") or ""), kueue_pods=bool(get("kueue.podIntegration")),
+        queue_wait_s=str(get("kueue.maxQueueSeconds")),
         schedules=tuple(cron.get("schedules", base.schedules)), cron_timezone=cron.get("timezone", base.cron_timezone),
         cron_suspend=bool(cron.get("suspend", base.cron_suspend)), cron_spec=cron.get("spec", base.cron_spec),
         cron_run=cron.get("run", base.cron_run),

@@ -10,6 +10,7 @@ pkg/controller.v1/common/job.go, deletePodsAndServices), so a failed attempt lea
 
 from __future__ import annotations
 
+from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import pods
 from mass_jobs.k8s.manifests import WORKFLOW_SA
 from mass_jobs.k8s.settings import ClusterSettings
@@ -79,10 +80,13 @@ def pytorch_job(s: ClusterSettings, name: str, argv: list[str], labels: dict[str
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": {"name": name, "labels": dict(labels)},
+        # the queue label on the job alone: Kueue admits the job as one Workload, never its pods
+        "metadata": {"name": name, "labels": {**labels, **L.queue_labels(s)}},
         "spec": {
             "nprocPerNode": nproc,
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0},
+            # The deadline counts from the operator's startTime, which it sets anew when Kueue admits
+            # a suspended job: time in the queue is not training time.
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0, "activeDeadlineSeconds": s.job_deadline_s},
             "pytorchReplicaSpecs": {"Master": replica(1), **({} if workers is None else {"Worker": replica(workers)})},
         },
     }

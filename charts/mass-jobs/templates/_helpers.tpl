@@ -36,3 +36,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   protocol: {{ .protocol }}
 {{- end }}
 {{- end }}
+
+{{/* The Kueue queue label of GPU workloads (trainer jobs, predictors); nothing without kueue.queueName. */}}
+{{- define "mass-jobs.kueueLabel" -}}
+{{- with .Values.kueue.queueName }}
+kueue.x-k8s.io/queue-name: {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The same label on Argo's step and agent pods, under Kueue's plain-pod integration only. */}}
+{{- define "mass-jobs.kueuePodLabel" -}}
+{{- if and .Values.kueue.queueName .Values.kueue.podIntegration }}
+kueue.x-k8s.io/queue-name: {{ .Values.kueue.queueName | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Seconds a queued workload may wait for admission, added to its Argo step's deadline: 0 without Kueue. */}}
+{{- define "mass-jobs.queueWait" -}}
+{{- if .Values.kueue.queueName }}{{ .Values.kueue.maxQueueSeconds }}{{ else }}0{{ end }}
+{{- end }}
