@@ -39,10 +39,12 @@ derived from `PIPELINE`; adding a step is one `StepDef` here plus its core (and 
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from mass_jobs.context import RunContext
+from mass_jobs.generation_model import model_uri
 
 SCOPES = ("run", "generation", "task", "iteration", "episode")
 PODS = ("step", "agent", "trainer")  # a CPU step pod, sandboxed agent pods, a PyTorchJob
@@ -385,3 +387,23 @@ def table(ctx: RunContext, pipeline=None) -> list[dict]:
             detail = s.detail(ctx, g) if s.detail else ""
         rows.append({"gen": g, "step": s.name, "status": "done" if done else "pending", "detail": detail})
     return rows
+
+
+def argo_outputs(spec, gen: int) -> dict[str, str]:
+    """File name -> content of the values a cycle's Argo steps fan out over (ids, counts, URIs)."""
+    train = [t.id for t in spec.train_tasks()]
+    bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
+    run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
+    return {
+        "train-tasks.json": json.dumps(train),
+        "episodes.json": json.dumps([{"task": t, "episode": i} for t in train for i in range(spec.collection.episodes)]),
+        "search-iterations": str(spec.search.iterations + 1),  # iteration 0 runs the reference and initial workflow
+        "model-uri": model_uri(spec, gen, bucket, run_prefix),
+        "dtype": spec.model.dtype,
+        "generations": str(spec.generations),
+        "store-prefix": run_prefix,
+        # the PyTorchJob's world is the spec's: sft.replicas pods x max(1, gpus_per_replica) processes
+        "trainer-workers": str(spec.sft.replicas - 1),
+        "trainer-nproc": str(max(1, spec.sft.gpus_per_replica)),
+        "trainer-gpus": str(spec.sft.gpus_per_replica),
+    }

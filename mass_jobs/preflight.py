@@ -27,6 +27,9 @@ What is checked, and why it would fail on a cluster:
   or hub id;
 - the trainer job the spec's `sft.replicas` and `sft.gpus_per_replica` render passes the training
   operator's webhook (one replica: the Master alone), and GPU jobs may run at all;
+- mass-run's Workflow object after its last generation (estimated from the templates and the spec's
+  fan-outs) fits the controller's MAX_WORKFLOW_SIZE once its nodes are compressed, unless node
+  status is offloaded (`argo.nodeStatusOffload`);
 - with a Kueue queue whose GPU quota is known (`kueue.gpuQuota`), the trainer job and the
   predictors evaluate serves together each fit it (Kueue never admits a larger workload);
 - with the model's config (`--config`, or a local model.base), the ephemeral storage of the pods
@@ -288,6 +291,7 @@ def checks(spec, values: dict, config=None) -> list[Check]:
         for issue in required_issues(values):
             add(issue.path.removeprefix("values ") + " set", "null", "peers", False, issue.path, issue.message)
     out += queue_checks(spec, values)
+    out += size_checks(spec, values)
     jobs = _get(values, "gpu.concurrentJobs")
     if jobs is not None:
         add("GPU jobs at once", jobs, ">= 1", int(jobs) >= 1, "values gpu.concurrentJobs",
@@ -348,6 +352,28 @@ def queue_checks(spec, values: dict) -> list[Check]:
                          f"(chart value kueue.gpuQuota), found {n} x {server}: the last one waits for the others "
                          f"and they for it"))
     return out
+
+
+def size_checks(spec, values: dict) -> list[Check]:
+    """mass-run's Workflow object after the last generation (mass_jobs.k8s.workflow_size) against
+    the controller's limit: past it, compressed, the workflow errors mid-run unless the controller
+    offloads node status to its database."""
+    limit, offload = _get(values, "argo.maxWorkflowSize"), _get(values, "argo.nodeStatusOffload")
+    if limit is None:
+        return []
+    if offload is True:
+        return [Check("workflow object size", "not bounded", "nodes offloaded", True, "values argo.nodeStatusOffload")]
+    from mass_jobs.k8s.workflow_size import estimate
+
+    last = estimate(spec)[-1]
+    kib = f"{last.stored_bytes / 1024:,.0f} KiB"
+    return [Check("workflow object size", f"{kib} ({last.nodes:,} nodes)",
+                  f"<= {limit / 1024:,.0f} KiB (argo.maxWorkflowSize)", last.stored_bytes <= limit, "$.generations",
+                  f"expected mass-run's Workflow object within the controller's MAX_WORKFLOW_SIZE {limit} B (chart "
+                  f"value argo.maxWorkflowSize), found about {last.stored_bytes} B after generation {last.generation} "
+                  f"with its nodes compressed: the workflow would error mid-run. Enable nodeStatusOffLoad (persistence "
+                  f"in workflow-controller-configmap, then argo.nodeStatusOffload: true), raise MAX_WORKFLOW_SIZE, or "
+                  f"run fewer generations per submission")]
 
 
 def trainer_webhook_errors(spec) -> list[str]:

@@ -128,7 +128,7 @@ def test_run_merge_stores_plain_model_objects_that_serve(tiny_model_dir, adapter
 
     import yaml
 
-    from mass_jobs.commands.validate import argo_outputs
+    from mass_jobs.pipeline import argo_outputs
     from mass_jobs.context import RunContext
     from mass_jobs.llm import ModelClient
     from mass_jobs.modelio import resolve_model

@@ -161,6 +161,12 @@ def test_the_papers_spec_fits_as_written_with_the_fsdp_it_declares(capsys):
     doc = json.loads(out.stdout)
     assert doc["memory"]["parallel"] == "fsdp" and doc["memory"]["world"] == 6
     assert doc["memory"]["total"] < 80 * 2 ** 30 and doc["fits"] is True
+    # mass-run's Workflow object: two generations of ~1,300 nodes, about 1 MB of nodes each, which
+    # the controller stores compressed once the object passes 1 MiB
+    sizes = doc["workflow_object"]["after_generation"]
+    assert [s["generation"] for s in sizes] == [0, 1] and 1000 < sizes[0]["nodes"] < sizes[1]["nodes"] < 3000
+    assert sizes[1]["nodes_bytes"] > doc["workflow_object"]["max_workflow_size"] > sizes[1]["stored_bytes"]
+    assert sizes[1]["stored_bytes"] == sizes[1]["fixed_bytes"] + sizes[1]["compressed_bytes"]
     ddp = mass_plan(capsys, *run[:-1], "--parallel", "ddp")
     assert ddp.returncode == 2 and "ddp over 6 ranks) > the declared 80 GiB GPU" in ddp.stderr
 

@@ -70,7 +70,7 @@ def test_values_are_checked_against_the_charts_schema_naming_each_key(command, t
     err = capsys.readouterr().err
     assert f"{bad}: invalid chart values, 2 error(s)" in err and "Traceback" not in err
     assert 'values model.maxModelLen: expected integer, found string "abc"' in err
-    assert "values modle: unknown key; expected one of: agent, clusterDomain" in err
+    assert "values modle: unknown key; expected one of: agent, argo, clusterDomain" in err
     assert not (tmp_path / "argo").exists()  # nothing written from values Helm would refuse
     # the values the chart's templates require, with no default, are named too
     bad.write_text("model: {maxModelLen: 8192}\n")
@@ -126,7 +126,7 @@ def test_the_recursion_bound_is_argos_exactly():
 
 
 @pytest.mark.parametrize("changes,values,path,needle", [
-    ({"generations": 40, "search__iterations": 60}, {}, "$.search.iterations",
+    ({"generations": 40, "search__iterations": 60}, {"argo": {"nodeStatusOffload": True}}, "$.search.iterations",
      "(generations - 1) + 8 + search.iterations < 100 (Argo's maxAllowedStackDepth: the controller errors at "
      "depth >= 100 unless its environment sets DISABLE_MAX_RECURSION=true), found 107"),
     ({"execution__limits__wall_s": 86200}, {}, "$.execution.limits.wall_s",
@@ -173,6 +173,26 @@ def test_the_gpu_queue_checks_bound_the_largest_workloads_exactly():
     assert verdicts(6) == {"trainer job within the GPU queue": True, "predictors at once within the GPU queue": True}
     assert verdicts(5) == {"trainer job within the GPU queue": False, "predictors at once within the GPU queue": False}
     assert verdicts(None) == {} and verdicts(5, queue="") == {}
+
+
+def test_the_workflow_object_must_fit_the_controllers_limit_or_be_offloaded():
+    """The estimate after the last generation against argo.maxWorkflowSize, to the byte; the refusal
+    names nodeStatusOffLoad, and with offloading the size is not bounded (nothing estimated)."""
+    from mass_jobs.k8s.workflow_size import estimate
+
+    spec = small(generations=2)
+    last = estimate(spec)[-1]
+    assert last.generation == 1 and last.stored_bytes == last.fixed_bytes + last.nodes_bytes
+
+    def row(**argo):
+        (check,) = [c for c in preflight.checks(spec, preflight.merge(defaults(), {"argo": argo}))
+                    if c.name == "workflow object size"]
+        return check
+
+    assert row(maxWorkflowSize=last.stored_bytes).ok
+    refused = row(maxWorkflowSize=last.stored_bytes - 1)
+    assert not refused.ok and refused.path == "$.generations" and "Enable nodeStatusOffLoad" in refused.why
+    assert row(maxWorkflowSize=1, nodeStatusOffload=True).ok
 
 
 def test_an_in_cluster_minio_passes_when_the_spec_names_its_endpoint():

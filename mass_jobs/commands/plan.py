@@ -23,6 +23,9 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    import dataclasses
+
+    from mass_jobs.k8s.workflow_size import MAX_WORKFLOW_SIZE, estimate
     from mass_jobs.planning.counts import plan_counts
     from mass_jobs.planning.memory import GIB, fits, load_config, refusal, training_memory
     from mass_jobs.planning.schedule import DEFAULTS, gantt, simulate, stored_timings
@@ -43,9 +46,11 @@ def main(args) -> int:
     bars, makespan, serial = simulate(spec, counts, timings, spec.execution.concurrency)
     if args.gantt:
         gantt(bars, makespan, serial, args.gantt)
+    sizes = [dataclasses.asdict(s) for s in estimate(spec)]
     doc = {"run": spec.name, "counts": counts, "memory": mem.as_dict(), "gpu_memory_gib": args.gpu_memory,
            "fits": fits(mem, args.gpu_memory), "timings": timings,
-           "schedule": {"dag_s": makespan, "one_after_another_s": serial}}
+           "schedule": {"dag_s": makespan, "one_after_another_s": serial},
+           "workflow_object": {"max_workflow_size": MAX_WORKFLOW_SIZE, "after_generation": sizes}}
     if args.json:
         print(json.dumps(doc, sort_keys=True))
     else:
@@ -65,6 +70,12 @@ def main(args) -> int:
         print(f"schedule ({timings['source']}: episode {timings['episode_s']:.0f} s, call {timings['call_s']:.0f} s, "
               f"step {timings['step_s']:.1f} s): Argo DAG {makespan / 3600:.1f} h, every episode one after another "
               f"{serial / 3600:.1f} h")
+        print(f"Argo Workflow object of mass-run after each generation (the controller's MAX_WORKFLOW_SIZE "
+              f"{MAX_WORKFLOW_SIZE / 1024:,.0f} KiB by default; past it the nodes are stored compressed)")
+        for s in sizes:
+            print(f"  gen {s['generation']:<3} {s['nodes']:>8,} nodes  {s['nodes_bytes'] / 1024:>10,.0f} KiB  "
+                  f"compressed {s['compressed_bytes'] / 1024:>8,.0f} KiB  object {s['stored_bytes'] / 1024:>8,.0f} KiB"
+                  + ("" if s["stored_bytes"] <= MAX_WORKFLOW_SIZE else "  over: needs nodeStatusOffLoad"))
     if not doc["fits"]:
         print(f"mass plan: {refusal(mem, args.gpu_memory)}", file=sys.stderr)
         return 2

@@ -9,10 +9,9 @@ values) and writes the small values the templates fan out over and branch on (do
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from mass_jobs.generation_model import model_uri
+from mass_jobs.pipeline import argo_outputs
 
 
 def add_arguments(parser) -> None:
@@ -64,26 +63,6 @@ def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None,
             issues.append(SpecIssue(f"$.store.{field}", f"expected the cluster's {pods!r} ({env} of the step pods, "
                                                         f"chart values s3.*), found {mine!r}"))
     return issues
-
-
-def argo_outputs(spec, gen: int) -> dict[str, str]:
-    """File name -> content of the values a cycle's Argo steps fan out over (ids, counts, URIs)."""
-    train = [t.id for t in spec.train_tasks()]
-    bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
-    run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
-    return {
-        "train-tasks.json": json.dumps(train),
-        "episodes.json": json.dumps([{"task": t, "episode": i} for t in train for i in range(spec.collection.episodes)]),
-        "search-iterations": str(spec.search.iterations + 1),  # iteration 0 runs the reference and initial workflow
-        "model-uri": model_uri(spec, gen, bucket, run_prefix),
-        "dtype": spec.model.dtype,
-        "generations": str(spec.generations),
-        "store-prefix": run_prefix,
-        # the PyTorchJob's world is the spec's: sft.replicas pods x max(1, gpus_per_replica) processes
-        "trainer-workers": str(spec.sft.replicas - 1),
-        "trainer-nproc": str(max(1, spec.sft.gpus_per_replica)),
-        "trainer-gpus": str(spec.sft.gpus_per_replica),
-    }
 
 
 def done_outputs(ctx, gen: int, pipeline=None) -> dict[str, str]:

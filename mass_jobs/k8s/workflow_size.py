@@ -1,0 +1,309 @@
+"""How large a run's Workflow object grows, as the Argo controller measures it, before `argo submit`.
+
+Argo (v4.1) keeps a workflow in one Kubernetes object: its spec, `status.storedTemplates` (every
+template of a WorkflowTemplate it ran, here all of mass-cycle's and mass-run's) and `status.nodes`,
+one entry per node. Before each update it measures the JSON of the whole object; past
+`MAX_WORKFLOW_SIZE` (the controller's environment, 1 MiB by default, under etcd's request limit) it
+replaces `status.nodes` by `status.compressedNodes` (gzip, then base64) and, still past it, fails
+the workflow "workflow is longer than maximum allowed size", unless node status offloading is on
+(`persistence.nodeStatusOffLoad: true` with a Postgres or MySQL database in the
+workflow-controller-configmap), which moves the nodes into the database.
+
+`mass-run` holds every generation's nodes in one Workflow. `estimate` walks the generated templates
+as the controller expands them (a Steps node per steps template, a StepGroup per group, a node per
+fanned-out item named with its item, a Retry node above each retried attempt, a Skipped node for a
+false `when`), with the fan-outs `mass plan` counts (their upper bounds where the data decides) and
+every step succeeding at its first attempt, and sizes the nodes in Argo's NodeStatus shape.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import gzip
+import json
+import re
+from dataclasses import dataclass
+
+MAX_WORKFLOW_SIZE = 1024 * 1024  # the controller's MAX_WORKFLOW_SIZE default
+HOST = "ip-10-0-128-200.ec2.internal"  # a node name of typical length (pods' hostNodeName)
+START = 1_767_225_600  # 2026-01-01: the run's first second; node times follow from each id
+
+
+def _time(seconds: int) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def node_id(workflow: str, name: str) -> str:
+    """Argo's node id: the workflow name and the FNV-1a (32-bit) hash of the node's name."""
+    h = 0x811C9DC5
+    for b in name.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return f"{workflow}-{h}"
+
+
+def node_status(workflow: str, name: str, kind: str, template: str, *, display: str = "", phase: str = "Succeeded",
+                inputs: dict | None = None, outputs: dict | None = None, artifacts: list | None = None,
+                boundary: str = "", children: list[str] = (), message: str = "") -> dict:
+    """One entry of `status.nodes` as the controller writes it (NodeStatus, the fields it sets for a
+    finished node of this kind)."""
+    nid = node_id(workflow, name)
+    # times as distinct as a real run's (they compress as poorly): spread over a week by the id's hash
+    h = int(nid.rsplit("-", 1)[1])
+    started, took = START + h % 604_800, 5 + h % 3_600
+    node = {"id": nid, "name": name, "displayName": display or name.rsplit(".", 1)[-1],
+            "type": kind, "templateName": template, "templateScope": "local/", "phase": phase,
+            "startedAt": _time(started), "finishedAt": _time(started + took), "progress": "1/1"}
+    if boundary:
+        node["boundaryID"] = boundary
+    if message:
+        node["message"] = message
+    if inputs:
+        node["inputs"] = {"parameters": [{"name": k, "value": str(v)} for k, v in inputs.items()]}
+    if kind == "Pod":
+        node["hostNodeName"] = HOST
+        node["resourcesDuration"] = {"cpu": took, "memory": 4 * took}
+        out = {"exitCode": "0"}
+        if outputs:
+            out["parameters"] = [{"name": k, "value": str(v)} for k, v in outputs.items()]
+        if artifacts:
+            out["artifacts"] = artifacts
+        node["outputs"] = out
+    if children:
+        node["children"] = list(children)
+    return node
+
+
+def compressed_size(nodes: dict) -> int:
+    """Bytes of `status.compressedNodes` for these nodes (gzip of their JSON, base64). Children lists
+    (node ids: hashes, which hardly compress) are counted at their full size: the bound errs high."""
+    bare = {i: {k: v for k, v in n.items() if k != "children"} for i, n in nodes.items()}
+    ids = sum(json_size(n["children"]) + len('"children":,') for n in nodes.values() if "children" in n)
+    return len(base64.b64encode(gzip.compress(json.dumps(bare, separators=(",", ":")).encode()))) + ids
+
+
+def json_size(obj) -> int:
+    return len(json.dumps(obj, separators=(",", ":")))
+
+
+_REF = re.compile(r"\{\{\s*(=?[^}]+?)\s*\}\}")
+_PLUS = re.compile(r"^=asInt\(([\w.\-]+)\)\s*\+\s*(\d+)$")
+
+
+def _sub(text: str, scope: dict) -> str:
+    def one(m):
+        expr = m.group(1)
+        if (p := _PLUS.match(expr)) and p.group(1) in scope:
+            return str(int(scope[p.group(1)]) + int(p.group(2)))
+        return str(scope.get(expr, m.group(0)))
+    return _REF.sub(one, str(text))
+
+
+class _Walk:
+    """The controller's expansion of the templates into nodes, on the success path."""
+
+    def __init__(self, spec, workflow: str, docs: dict[str, dict]):
+        from mass_jobs.context import RunContext
+
+        self.spec, self.workflow, self.docs = spec, workflow, docs
+        self.ctx = RunContext(spec, None)
+        self.nodes: dict[str, dict] = {}
+        self.generation: dict[str, int] = {}  # node id -> the generation whose cycle made it
+        self.gen = 0
+
+    def template(self, wft: str, name: str) -> dict:
+        return next(t for t in self.docs[wft]["spec"]["templates"] if t["name"] == name)
+
+    def add(self, name: str, kind: str, template: str, boundary: str, **kw) -> str:
+        node = node_status(self.workflow, name, kind, template, boundary=boundary, **kw)
+        self.nodes[node["id"]] = node
+        self.generation[node["id"]] = self.gen
+        return node["id"]
+
+    def run(self, wft: str, tmpl_name: str, inputs: dict, name: str, boundary: str, display: str = "") -> tuple[str, dict]:
+        """A template invoked as node `name`: (its node id, its output parameters)."""
+        tmpl = self.template(wft, tmpl_name)
+        if tmpl_name == "chain":
+            self.gen = int(inputs["gen"])
+        if "retryStrategy" in tmpl:
+            child, outputs = self.once(wft, tmpl, inputs, f"{name}(0)", boundary)
+            return self.add(name, "Retry", tmpl_name, boundary, display=display, inputs=inputs,
+                            children=[child]), outputs
+        return self.once(wft, tmpl, inputs, name, boundary, display)
+
+    def once(self, wft: str, tmpl: dict, inputs: dict, name: str, boundary: str, display: str = "") -> tuple[str, dict]:
+        if "steps" in tmpl:
+            return self.steps(wft, tmpl, inputs, name, boundary, display)
+        scope = {f"inputs.parameters.{k}": v for k, v in inputs.items()}
+        outputs = self.outputs(tmpl["name"], inputs) if "container" in tmpl else {}
+        artifacts = [{"name": a["name"], "path": a["path"], "s3": {"key": _sub(a["s3"]["key"], scope)}}
+                     for a in (tmpl.get("outputs") or {}).get("artifacts", []) if "s3" in a]
+        return self.add(name, "Pod", tmpl["name"], boundary, display=display, inputs=inputs, outputs=outputs,
+                        artifacts=artifacts), outputs
+
+    def steps(self, wft: str, tmpl: dict, inputs: dict, name: str, boundary: str, display: str) -> tuple[str, dict]:
+        me = node_id(self.workflow, name)
+        scope = {f"inputs.parameters.{k}": v for k, v in inputs.items()}
+        groups = []
+        for gi, group in enumerate(tmpl["steps"]):
+            gname, children = f"{name}[{gi}]", []
+            for step in group:
+                target_wft = (step.get("templateRef") or {}).get("name", wft)
+                target = (step.get("templateRef") or {}).get("template") or step["template"]
+                items = [None]
+                if "withParam" in step:
+                    items = json.loads(_sub(step["withParam"], scope))
+                for i, item in enumerate(items):
+                    item_scope = dict(scope, **self.item_scope(item))
+                    child = f"{gname}.{step['name']}" + ("" if item is None else f"({i}:{self.item_text(item)})")
+                    args = {p["name"]: _sub(p.get("value", ""), item_scope)
+                            for p in (step.get("arguments") or {}).get("parameters", [])}
+                    if "when" in step and not self.when(tmpl["name"], step["name"], args, item_scope):
+                        children.append(self.add(child, "Skipped", target, me, message="when evaluated false"))
+                        continue
+                    cid, outputs = self.run(target_wft, target, args, child, me)
+                    children.append(cid)
+                    for k, v in outputs.items():
+                        scope[f"steps.{step['name']}.outputs.parameters.{k}"] = v
+                    if (hook := (step.get("hooks") or {}).get("exit")) is not None:
+                        hargs = {p["name"]: _sub(p.get("value", ""), item_scope)
+                                 for p in (hook.get("arguments") or {}).get("parameters", [])}
+                        ref = hook.get("templateRef") or {}
+                        children.append(self.run(ref.get("name", wft), ref.get("template") or hook["template"],
+                                                 hargs, f"{child}.onExit", me)[0])
+            groups.append(self.add(gname, "StepGroup", tmpl["name"], me, display=f"[{gi}]", children=children))
+        self.add(name, "Steps", tmpl["name"], boundary, display=display, inputs=inputs, children=groups)
+        return me, {}
+
+    @staticmethod
+    def item_scope(item) -> dict:
+        if item is None:
+            return {}
+        if isinstance(item, dict):
+            return {f"item.{k}": v for k, v in item.items()} | {"item": json.dumps(item)}
+        return {"item": str(item)}
+
+    @staticmethod
+    def item_text(item) -> str:
+        # a map item is its sorted key:value pairs (the controller's node name for it)
+        return ",".join(f"{k}:{v}" for k, v in sorted(item.items())) if isinstance(item, dict) else str(item)
+
+    # -- what the pods answer, on the success path with the counts of `mass plan`
+    def when(self, template: str, step: str, args: dict, scope: dict) -> bool:
+        if (template, step) == ("search-task", "iteration"):
+            return int(args.get("iteration", scope.get("inputs.parameters.iteration", 0))) < \
+                int(scope["inputs.parameters.iterations"])
+        if (template, step) == ("search-task", "next"):
+            return int(scope["inputs.parameters.iteration"]) + 1 < int(scope["inputs.parameters.iterations"])
+        if (template, step) == ("chain", "next"):
+            return int(scope["inputs.parameters.gen"]) + 1 < int(scope["inputs.parameters.generations"])
+        if (template, step) == ("cycle", "search"):
+            return self.spec.search.iterations + 1 > 0
+        if template == "train":
+            workers = int(scope["inputs.parameters.trainer-workers"])
+            return workers > 0 if step == "job" else workers == 0
+        return True  # validate's flags on a run with nothing stored: every step runs
+
+    def outputs(self, template: str, inputs: dict) -> dict:
+        from mass_jobs.pipeline import argo_outputs
+        from mass_jobs.steps import evaluate, rollouts
+
+        spec, ctx = self.spec, self.ctx
+        g = int(inputs.get("gen", 0))
+        if template == "validate":
+            o = argo_outputs(spec, g)
+            return {"tasks": o["train-tasks.json"], "episodes": o["episodes.json"], "iterations": o["search-iterations"],
+                    "model-uri": o["model-uri"], "dtype": o["dtype"], "generations": o["generations"],
+                    "store-prefix": o["store-prefix"], "trainer-workers": o["trainer-workers"],
+                    "trainer-nproc": o["trainer-nproc"], "trainer-gpus": o["trainer-gpus"], "needs-model": "true",
+                    "run-done": "false", **{f"done-{s}": "false" for s in ("search", "collect", "guard", "rank", "render",
+                                                                          "train", "select", "merge", "evaluate")}}
+        if template == "search-prepare":
+            task, k = inputs["task"], int(inputs["iteration"])
+            ks = ["reference", 0] if k == 0 else [k]
+            return {"rollouts": json.dumps([rollouts.fanout_item(ctx, ctx.search_rollout(g, task, r), task,
+                                                                 "reference" if r == "reference" else f"iter-{r}", g)
+                                            for r in ks])}
+        if template == "collect-prepare":
+            return {"agent": "true", "rollout": ctx.relative(ctx.collect_episode(g, inputs["task"], inputs["episode"]))}
+        if template == "guard-prepare":
+            task = inputs["task"]
+            checked = spec.task(task).guards.checks
+            return {"rollouts": json.dumps([rollouts.fanout_item(ctx, ctx.guard_checks(g, task, f"ep-{i}"), task,
+                                                                 f"ep-{i}", g)
+                                            for i in range(spec.collection.episodes if checked else 0)])}
+        if template == "evaluate-plan":
+            new = g + 1
+            o = argo_outputs(spec, new)
+            models = sorted({*evaluate.rollout_generations(new), *evaluate.self_evaluators(new)})
+            return {"models": json.dumps([{"gen": str(h), "model-uri": o["model-uri"].replace(f"gen-{new}", f"gen-{h}"),
+                                           "dtype": o["dtype"]} for h in models])}
+        if template == "evaluate-prepare":
+            new = g + 1
+            fresh = [h for h in evaluate.rollout_generations(new) if h == new or (g == 0 and h == 0)]
+            return {"rollouts": json.dumps([rollouts.fanout_item(ctx, evaluate.rollout_prefix(ctx, h, t.id, r), t.id,
+                                                                 f"rep-{r}", h)
+                                            for h in fresh for t in spec.resolved_tasks()
+                                            for r in range(spec.evaluation.rollouts_per_task)])}
+        return {}
+
+
+@dataclass
+class Size:
+    generation: int  # generations 0..g done
+    nodes: int  # status.nodes entries so far
+    nodes_bytes: int  # their JSON
+    compressed_bytes: int  # status.compressedNodes of them
+    fixed_bytes: int  # the rest of the object: spec and stored templates
+    stored_bytes: int  # what Argo measures: fixed + nodes, or fixed + compressed past the limit
+
+    def fits(self, limit: int = MAX_WORKFLOW_SIZE) -> bool:
+        return self.stored_bytes <= limit
+
+
+def stored_bytes(fixed: int, nodes_bytes: int, compressed: int, limit: int = MAX_WORKFLOW_SIZE) -> int:
+    """What the controller compares with its limit: the object as it is, or with the nodes compressed
+    once that is past the limit."""
+    return fixed + nodes_bytes if fixed + nodes_bytes <= limit else fixed + compressed
+
+
+def estimate(spec, workflow: str = "mass-run-x7k2p") -> list[Size]:
+    """The Workflow object of `argo submit --from workflowtemplate/mass-run` for this spec after each
+    generation."""
+    return [Size(**s) for s in _estimate(spec.model_dump_json(), workflow)]
+
+
+@functools.lru_cache(maxsize=8)
+def _estimate(spec_json: str, workflow: str) -> tuple[dict, ...]:
+    """Once per spec and name: `mass validate` and `mass plan` of one spec walk the templates once."""
+    from mass_jobs.k8s import argo
+    from mass_jobs.models import RunSpec
+
+    spec = RunSpec.model_validate_json(spec_json)
+    from mass_jobs.k8s.settings import ClusterSettings
+
+    s = ClusterSettings()
+    docs = {"mass-run": argo.mass_run(s), "mass-cycle": argo.mass_cycle(s)}
+    fixed = json_size({"metadata": {"name": workflow, "namespace": "mass-jobs", "labels": {}},
+                       "spec": {"workflowTemplateRef": {"name": "mass-run"},
+                                "arguments": {"parameters": [{"name": "spec", "value": f"{spec.store.uri}/spec.yaml"},
+                                                             {"name": "run", "value": spec.name}]}},
+                       "status": {"storedTemplates": {f"namespaced/{w}/{t['name']}": t for w, d in docs.items()
+                                                      for t in d["spec"]["templates"]},
+                                  "storedWorkflowTemplateSpec": docs["mass-run"]["spec"]}})
+    walk = _Walk(spec, workflow, docs)
+    walk.run("mass-run", "main", {}, workflow, "")
+    per_gen: dict[int, dict] = {}
+    for nid, node in walk.nodes.items():
+        per_gen.setdefault(walk.generation[nid], {})[nid] = node
+    # sizes add up generation by generation (a gzip stream of the whole is a few percent smaller
+    # than the sum of its parts: the estimate errs on the safe side)
+    out, nodes, raw, packed = [], 0, 0, 0
+    for g in range(spec.generations):
+        mine = per_gen.get(g, {})
+        nodes, raw, packed = nodes + len(mine), raw + json_size(mine), packed + compressed_size(mine)
+        out.append(dict(generation=g, nodes=nodes, nodes_bytes=raw, compressed_bytes=packed, fixed_bytes=fixed,
+                        stored_bytes=stored_bytes(fixed, raw, packed)))
+    return tuple(out)
