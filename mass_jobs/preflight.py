@@ -119,9 +119,14 @@ def required_issues(values: dict) -> list:
     from mass_jobs.spec import SpecIssue
 
     out = []
-    if not _get(values, "network.s3.to"):
+    fqdns, cilium = _get(values, "network.s3.fqdns"), _get(values, "network.cilium") is True
+    if not _get(values, "network.s3.to") and not fqdns:
         out.append(SpecIssue("values network.s3.to", "required, no default: NetworkPolicy peers of the S3 endpoint "
-                                                     "(ipBlock CIDRs, or the selector of an in-cluster MinIO)"))
+                                                     "(ipBlock CIDRs, or the selector of an in-cluster MinIO; or "
+                                                     "network.s3.fqdns on Cilium)"))
+    if fqdns and not cilium:
+        out.append(SpecIssue("values network.s3.fqdns", "expected network.cilium=true: toFQDNs is a CiliumNetworkPolicy "
+                                                        "rule (other CNIs match addresses only: set network.s3.to)"))
     if not _get(values, "network.apiServer.to") and _get(values, "network.cilium") is not True:
         out.append(SpecIssue("values network.apiServer.to", "required unless network.cilium, no default: the "
                                                             "kube-apiserver endpoint IPs as ipBlock peers"))
@@ -289,7 +294,11 @@ def checks(spec, values: dict, config=None) -> list[Check]:
             "expected a PyTorchJob the training operator's webhook admits: " + "; ".join(refused))
     if "network" in values:  # a whole values file (the cycle's validate step gets single values)
         for issue in required_issues(values):
-            add(issue.path.removeprefix("values ") + " set", "null", "peers", False, issue.path, issue.message)
+            if issue.path.endswith("fqdns"):
+                add("network.s3.fqdns on Cilium", "network.cilium false", "network.cilium true", False, issue.path,
+                    issue.message)
+            else:
+                add(issue.path.removeprefix("values ") + " set", "null", "peers", False, issue.path, issue.message)
     out += queue_checks(spec, values)
     out += size_checks(spec, values)
     jobs = _get(values, "gpu.concurrentJobs")

@@ -75,7 +75,7 @@ def test_manifests_and_example_objects_validate_strictly():
     assert len(docs) == 9
     examples = [d for text in codegen.example_files().values() for d in load_docs(text)
                 if isinstance(d, dict) and "kind" in d]  # not the controller settings
-    assert sorted(d["kind"] for d in examples) == ["CiliumNetworkPolicy", "InferenceService", "NetworkPolicy",
+    assert sorted(d["kind"] for d in examples) == ["CiliumNetworkPolicy", "CiliumNetworkPolicy", "InferenceService", "NetworkPolicy",
                                                    "NetworkPolicy", "PyTorchJob", "Secret", "Secret"]
     assert [e for d in docs + examples for e in _errors(d)] == []
 
@@ -479,3 +479,26 @@ def test_kueue_labels_the_papers_gpu_workloads_and_its_queue_time_extends_only_t
     pods = _objects(_scenario("kueue"))
     assert _queue_labels(pods) == {"job": ["mass-gpu"], "job pods": [None], "isvc": ["mass-gpu", "mass-gpu"],
                                    "pods": ["mass-gpu"]}
+
+
+def test_s3_egress_by_name_on_cilium_replaces_the_cidr_policy():
+    """network.s3.fqdns: the S3 egress as a CiliumNetworkPolicy toFQDNs rule (with the DNS proxy rule
+    Cilium learns the addresses from) instead of the NetworkPolicy of CIDRs, which is then not
+    required; without Cilium the chart refuses the option, and the CIDR form is still the default."""
+    fqdns = [{"matchName": "s3.us-east-1.amazonaws.com"}, {"matchPattern": "*.s3.us-east-1.amazonaws.com"}]
+    objs = _objects({"network": {"cilium": True, "s3": {"fqdns": fqdns, "ports": [{"port": 443, "protocol": "TCP"}]}}})
+    cnp = _by(objs, "CiliumNetworkPolicy", "mass-agent-egress-s3")
+    assert cilium_errors(cnp) == []
+    dns, s3 = cnp["spec"]["egress"]
+    assert s3 == {"toFQDNs": fqdns, "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}]}]}
+    assert dns["toEndpoints"] == [{"matchLabels": {"k8s:io.kubernetes.pod.namespace": "kube-system",
+                                                   "k8s:k8s-app": "kube-dns"}}]
+    assert dns["toPorts"][0]["rules"] == {"dns": [{"matchPattern": "*"}]}
+    assert "mass-agent-egress-s3" not in _agent_egress(objs)  # no NetworkPolicy of CIDRs beside it
+    refused = _render_error({"network": {"apiServer": {"to": _API}, "s3": {"fqdns": fqdns}}})
+    assert "network.s3.fqdns: expected network.cilium=true" in refused
+    cidrs = _objects({"network": {"apiServer": {"to": _API}, "s3": {"to": _S3}}})
+    assert not [o for o in cidrs if o["kind"] == "CiliumNetworkPolicy"] and "mass-agent-egress-s3" in _agent_egress(cidrs)
+    bad = json.loads(json.dumps(cnp))
+    bad["spec"]["egress"][1]["toFQDNs"] = [{"matchName": "s3 .amazonaws.com"}]
+    assert len(cilium_errors(bad)) == 1

@@ -299,3 +299,15 @@ def test_values_files_merge_over_the_chart_defaults_and_bad_files_are_named(tmp_
     assert mass(["validate", str(spec), "--values", str(over)]) == 2
     assert f"--values: --values {over}: expected a mapping of chart values, found list" in capsys.readouterr().err
     assert load_spec(spec).name == "k8s-small"
+
+
+def test_s3_egress_by_name_needs_cilium_and_then_no_cidrs():
+    fqdns = {"fqdns": [{"matchName": "s3.us-east-1.amazonaws.com"}], "to": None}
+    api = {"to": [{"ipBlock": {"cidr": "10.0.0.2/32"}}]}
+    plain = preflight.merge(preflight.load_values([]), {"network": {"apiServer": api, "s3": fqdns}})
+    assert [(i.path, i.message.split(":")[0]) for i in preflight.required_issues(plain)] == [
+        ("values network.s3.fqdns", "expected network.cilium=true")]
+    cilium = preflight.merge(plain, {"network": {"cilium": True}})
+    assert preflight.required_issues(cilium) == []
+    neither = preflight.merge(preflight.load_values([]), {"network": {"apiServer": api}})
+    assert [i.path for i in preflight.required_issues(neither)] == ["values network.s3.to"]

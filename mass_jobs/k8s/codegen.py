@@ -90,6 +90,8 @@ _S3_POLICY_DOC = ("NetworkPolicy: agent pods may reach the S3 endpoint (Argo's a
 _API_POLICY_DOC = ("NetworkPolicy: agent pods may reach the kube-apiserver (Argo's task results).",
                    ["Peers are per cluster (no default): the apiserver's endpoint IPs (`kubectl get endpoints",
                     "kubernetes`); policies see destinations after Service NAT, never the ClusterIP."])
+_S3_FQDN_DOC = ("CiliumNetworkPolicy: agent pods may reach the S3 endpoint by name (toFQDNs).",
+                ["Instead of networkpolicy-s3 when network.s3.fqdns is set: no address ranges to keep up to date."])
 _CILIUM_DOC = ("CiliumNetworkPolicy: agent pods may reach the kube-apiserver (the kube-apiserver entity).",
                ["The Cilium form of the apiserver egress: no IPs to keep up to date."])
 
@@ -99,6 +101,7 @@ def _chart_only_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
         "networkpolicy-s3.yaml": (_S3_POLICY_DOC, [manifests.agent_s3_policy(s)]),
         "networkpolicy-apiserver.yaml": (_API_POLICY_DOC, [manifests.agent_api_server_policy(s)]),
         "ciliumnetworkpolicy-apiserver.yaml": (_CILIUM_DOC, [manifests.agent_api_server_cilium_policy(s)]),
+        "ciliumnetworkpolicy-s3.yaml": (_S3_FQDN_DOC, [manifests.agent_s3_fqdn_policy(s)]),
         "secret-templates.yaml": (_SECRETS_DOC, manifests.secret_templates(s)),
     }
 
@@ -106,6 +109,7 @@ def _chart_only_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
 # Documentation address ranges (RFC 5737): they reach nothing, so an unedited example fails closed.
 EXAMPLE_API_SERVER_PEERS = ({"ipBlock": {"cidr": "192.0.2.10/32"}}, {"ipBlock": {"cidr": "192.0.2.11/32"}})
 EXAMPLE_S3_PEERS = ({"ipBlock": {"cidr": "198.51.100.0/24"}},)
+EXAMPLE_S3_FQDNS = ({"matchName": "s3.us-east-1.amazonaws.com"}, {"matchPattern": "*.s3.us-east-1.amazonaws.com"})
 
 
 def _example_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
@@ -138,6 +142,10 @@ def _example_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
               "On Cilium, ciliumnetworkpolicy-apiserver.yaml replaces the apiserver policy."]),
             [manifests.agent_api_server_policy(net), manifests.agent_s3_policy(net)]),
         "ciliumnetworkpolicy-apiserver.yaml": (_CILIUM_DOC, [manifests.agent_api_server_cilium_policy(s)]),
+        "ciliumnetworkpolicy-s3.yaml": (
+            (_S3_FQDN_DOC[0], ["On Cilium, instead of the S3 policy of networkpolicy-cluster-egress.yaml: AWS S3 in",
+                               "us-east-1 by name (path- and virtual-host-style); replace the region with the bucket's."]),
+            [manifests.agent_s3_fqdn_policy(replace(s, s3_fqdns=EXAMPLE_S3_FQDNS))]),
         "argo-controller-values.yaml": (
             ("Argo Workflows controller settings for Pod Security \"restricted\" (argo-workflows Helm chart values).",
              ["Argo's init and wait containers (and the main container of resource templates) take their",
@@ -186,6 +194,8 @@ _CHART_CONDITIONS = {
     "mass-nightly.yaml": ".Values.cron.enabled",
     "networkpolicy-apiserver.yaml": "not .Values.network.cilium",
     "ciliumnetworkpolicy-apiserver.yaml": ".Values.network.cilium",
+    "networkpolicy-s3.yaml": "not .Values.network.s3.fqdns",
+    "ciliumnetworkpolicy-s3.yaml": ".Values.network.s3.fqdns",
 }
 
 

@@ -116,6 +116,25 @@ def agent_s3_policy(s: ClusterSettings) -> dict:
         {"to": _required(s.s3_peers, "s3_peers"), "ports": _listish(s.s3_ports)}])
 
 
+def agent_s3_fqdn_policy(s: ClusterSettings) -> dict:
+    """The Cilium form of agent_s3_policy: the S3 endpoint by DNS name (toFQDNs), which follows the
+    endpoint's changing IPs where a CIDR list falls behind. Cilium learns a name's addresses from
+    the DNS answers its proxy sees, so the policy also sends the pods' DNS through it."""
+    return {
+        "apiVersion": "cilium.io/v2",
+        "kind": "CiliumNetworkPolicy",
+        "metadata": _meta(f"{AGENT_POLICY}-s3", s, "agent"),
+        "spec": {
+            "endpointSelector": {"matchLabels": {L.STEP: AGENT_STEP}},
+            "egress": [
+                {"toEndpoints": _listish(s.dns_cilium_endpoints),
+                 "toPorts": [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": [{"matchPattern": "*"}]}}]},
+                {"toFQDNs": _required(s.s3_fqdns, "s3_fqdns"), "toPorts": [{"ports": _listish(s.s3_cilium_ports)}]},
+            ],
+        },
+    }
+
+
 def _agent_policy(name: str, s: ClusterSettings, types: list[str], egress: list[dict], **extra) -> dict:
     return {
         "apiVersion": "networking.k8s.io/v1",

@@ -101,6 +101,11 @@ class ClusterSettings:
     api_server_cilium_ports: tuple | str = ()  # the same ports in CiliumNetworkPolicy form (port as a string)
     s3_peers: tuple | str = ()
     s3_ports: tuple | str = ()
+    # Cilium's FQDN form of the S3 egress (toFQDNs: matchName/matchPattern items) instead of s3_peers,
+    # and the DNS endpoints whose answers Cilium's DNS proxy learns the names' addresses from.
+    s3_fqdns: tuple | str = ()
+    s3_cilium_ports: tuple | str = ()
+    dns_cilium_endpoints: tuple | str = ()
     chart: bool = False  # True only for helm_settings(): builders add the chart's labels block
 
     def __post_init__(self):
@@ -122,15 +127,20 @@ class ClusterSettings:
         for name, default in (("api_server_ports", API_SERVER_PORTS), ("s3_ports", S3_PORTS), ("dns_peers", DNS_PEERS)):
             if getattr(self, name) == ():
                 object.__setattr__(self, name, default)
-        if self.api_server_cilium_ports == () and not isinstance(self.api_server_ports, str):
-            object.__setattr__(self, "api_server_cilium_ports", tuple(
-                {"port": str(p["port"]), "protocol": p["protocol"]} for p in self.api_server_ports))
+        for cilium, plain in (("api_server_cilium_ports", "api_server_ports"), ("s3_cilium_ports", "s3_ports")):
+            if getattr(self, cilium) == () and not isinstance(getattr(self, plain), str):
+                object.__setattr__(self, cilium, tuple({"port": str(p["port"]), "protocol": p["protocol"]}
+                                                       for p in getattr(self, plain)))
+        if self.dns_cilium_endpoints == ():
+            object.__setattr__(self, "dns_cilium_endpoints", DNS_CILIUM_ENDPOINTS)
 
 
 DNS_PEERS = (
     {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
      "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},
 )
+# kube-dns as Cilium labels its endpoints: FQDN policies need its answers to pass Cilium's DNS proxy.
+DNS_CILIUM_ENDPOINTS = ({"matchLabels": {"k8s:io.kubernetes.pod.namespace": "kube-system", "k8s:k8s-app": "kube-dns"}},)
 # The wait/init containers of an agent pod talk to the kube-apiserver (task results) and to S3
 # (artifacts). NetworkPolicies match endpoint IPs after Service NAT, so the peers are per cluster
 # and have no default (`kubectl get endpoints kubernetes`, the S3 endpoint's IPs); only ports do.
@@ -197,6 +207,9 @@ def helm_settings() -> ClusterSettings:
         api_server_cilium_ports=helm_yaml('(include "mass-jobs.ciliumPorts" .Values.network.apiServer.ports | fromYamlArray)'),
         s3_peers=helm_yaml(f"(required {_REQUIRED_S3} {v}.network.s3.to)"),
         s3_ports=helm_yaml(f"{v}.network.s3.ports"),
+        s3_fqdns=helm_yaml(f"{v}.network.s3.fqdns"),
+        s3_cilium_ports=helm_yaml('(include "mass-jobs.ciliumPorts" .Values.network.s3.ports | fromYamlArray)'),
+        dns_cilium_endpoints=helm_yaml(f"{v}.network.dns.ciliumEndpoints"),
         chart=True,
     )
 
@@ -255,4 +268,6 @@ def values_settings(values: dict) -> ClusterSettings:
         api_server_ports=tuple((net.get("apiServer") or {}).get("ports") or ()),
         s3_peers=tuple((net.get("s3") or {}).get("to") or ()),
         s3_ports=tuple((net.get("s3") or {}).get("ports") or ()),
+        s3_fqdns=tuple((net.get("s3") or {}).get("fqdns") or ()),
+        dns_cilium_endpoints=tuple((net.get("dns") or {}).get("ciliumEndpoints") or ()),
     )
