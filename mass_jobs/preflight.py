@@ -402,10 +402,14 @@ def trainer_webhook_errors(spec) -> list[str]:
     return webhook_errors(job)
 
 
+PREREQUISITES = "docs/kubernetes.md#cluster-prerequisites"
+
+
 def issues(found: list[Check]) -> list:
+    """A SpecIssue per failing check; each names where the cluster's side of it is documented."""
     from mass_jobs.spec import SpecIssue
 
-    return [SpecIssue(c.path, c.why) for c in found if not c.ok]
+    return [SpecIssue(c.path, f"{c.why} (cluster prerequisites: {PREREQUISITES})") for c in found if not c.ok]
 
 
 def table(found: list[Check]) -> str:

@@ -46,6 +46,9 @@ def test_the_paper_with_the_chart_defaults_names_each_value_to_set(capsys):
                    "['JUDGE_API_KEY']), found 'JUDGE_A_API_KEY'", "$.judges[1].api_key_env",
                    "values network.s3.to: required, no default", "values network.apiServer.to: required unless"):
         assert needle in captured.err
+    # each refusal points to where the cluster's side is documented, a heading that exists
+    assert captured.err.count(f"(cluster prerequisites: {preflight.PREREQUISITES})") == 7
+    assert "\n## Cluster prerequisites\n" in (ROOT / "docs" / "kubernetes.md").read_text()
     fails = [line.split("  ")[0] for line in captured.out.splitlines() if line.rstrip().endswith("FAIL")]
     assert fails == ["context length", "max output tokens", "tool-call parser", "judge judge-a key", "judge judge-b key",
                      "network.s3.to set", "network.apiServer.to set"]
