@@ -139,6 +139,7 @@ def test_cli_rejects_a_generation_out_of_range(tmp_path, capsys):
     assert "--gen: expected 0..1, found [3]" in capsys.readouterr().err
 
 
+@pytest.mark.slow(cost=18)  # serves two generations and runs their episodes: the slow tier
 def test_cli_scores_two_served_generations(tmp_path, tiny_model_dir, capsys):
     """`mass benchmark` end to end on real weights: L0 is the tiny model, L1 the tiny model with a random
     LoRA merged in (stored as the run's generation-1 model); both are served by the embedded server, run

@@ -84,6 +84,7 @@ def test_warm_build_prints_steps_and_loss(tmp_path, capsys):
     assert (tmp_path / "m" / "model.safetensors").exists()
 
 
+@pytest.mark.slow(cost=10)  # `mass run` end to end: the slow tier
 def test_run_without_progress_prints_step_lines(tmp_path):
     """`mass run --no-progress` through the real runner: the first step's start and task lines come
     out before anything fails (an empty model dir: the server cannot start)."""

@@ -396,6 +396,7 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     assert check_run(a, answers_a) == report_a
 
 
+@pytest.mark.slow(cost=12)  # `mass run` end to end: the slow tier
 def test_failed_run_is_reported_by_status(tmp_path):
     """A run whose base model cannot load fails at L0 search with exit 1; status names the step."""
     doc = yaml.safe_load(SPEC.read_text())

@@ -94,6 +94,7 @@ def test_a_lease_not_renewed_or_of_a_dead_process_is_taken_over(make_store, kind
         assert ctx.store.get_json(ctx.writer())["pid"] == os.getpid()
 
 
+@pytest.mark.slow(cost=15)  # `mass run` end to end: the slow tier
 def test_two_mass_runs_of_one_run(tmp_path, tiny_model_dir):
     """The CLI: while one `mass run` holds the run, a second with another spec exits 2 naming the
     changed field and one with the same spec exits 2 naming the holder; once the first is killed,
