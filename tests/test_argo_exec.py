@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import os
 import re
 import signal
@@ -571,6 +572,49 @@ def test_an_oversized_workflow_is_compressed_then_refused_as_argo_does_unless_of
     assert offloaded.phase == "Succeeded"
 
 
+def test_template_metrics_are_emitted_when_their_node_is_fulfilled(executor_for):
+    """The shapes the generated templates use (mass_jobs.k8s.prometheus): a duration histogram by
+    status, a counter labelled by an output parameter, a gauge set from one; a retried template
+    counts once, for its Retry node, in its last attempt's status."""
+    from mass_jobs.k8s import prometheus as PM
+    from mass_jobs.k8s.yamlio import dump_docs
+
+    def metrics(step):
+        built = PM.metrics(PM.step_duration(step), PM.episode_outcomes(step), PM.generation_gauge("render"))
+        return yaml.safe_load(dump_docs([built.dict(by_alias=True, exclude_none=True)]))
+
+    ingest = {"name": "ingest", "inputs": {"parameters": [{"name": "gen"}, {"name": "rc"}, {"name": "o"}]},
+              "container": container("mkdir -p /tmp/o && printf {{inputs.parameters.o}} > /tmp/o/outcome && "
+                                     "printf 42 > /tmp/o/supervised-tokens && exit {{inputs.parameters.rc}}"),
+              "volumes": [{"name": "tmp", "emptyDir": {}}], "retryStrategy": {"limit": "1"},
+              "outputs": {"parameters": [{"name": "outcome", "valueFrom": {"path": "/tmp/o/outcome", "default": "unknown"}},
+                                         {"name": "supervised-tokens", "valueFrom": {"path": "/tmp/o/supervised-tokens"}}]},
+              "metrics": metrics("collect")}
+    fan = [{"gen": "0", "rc": "0", "o": "success"}, {"gen": "0", "rc": "0", "o": "turn_limit"},
+           {"gen": "1", "rc": "0", "o": "success"}, {"gen": "1", "rc": "3", "o": "failed"}]
+    templates = [{"name": "main", "steps": [[{"name": "i", "template": "ingest", "withParam": json.dumps(fan),
+                                              "continueOn": {"failed": True},
+                                              "arguments": {"parameters": [{"name": k, "value": "{{item.%s}}" % k}
+                                                                           for k in ("gen", "rc", "o")]}}]]},
+                 ingest]
+    ex = executor_for(wft("metrics", templates))
+    wf = ex.submit("metrics", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    reg = ex.metrics
+    outcomes = {lab["outcome"]: s["value"] for lab, s in reg.get("mass_episodes_total", step="collect")}
+    assert outcomes == {"success": 2.0, "turn_limit": 1.0, "failed": 1.0}  # a failed pod's outputs are saved too
+    durations = {lab["status"]: s for lab, s in reg.get("mass_step_duration_seconds", step="collect")}
+    assert sorted(durations) == ["Failed", "Succeeded"] and durations["Succeeded"]["count"] == 3
+    assert durations["Failed"]["count"] == 1  # two attempts, one Retry node: counted once
+    assert durations["Succeeded"]["buckets"][float("inf")] == 3 and durations["Succeeded"]["sum"] > 0
+    gauges = {lab["generation"]: s["value"] for lab, s in reg.get("mass_supervised_tokens")}
+    assert gauges == {"0": 42.0, "1": 42.0}
+    assert reg.errors == []
+    # a value that is no number is dropped with an error, as the controller logs and skips it
+    reg.emit([{"name": "mass_win_share", "gauge": {"value": "{{outputs.parameters.w}}"}}], {"outputs.parameters.w": "n/a"})
+    assert reg.get("mass_win_share") == [] and len(reg.errors) == 1
+
+
 def test_generated_trainer_jobs_pass_the_webhook_for_one_replica_and_several():
     """One replica renders the Master alone (job-single), more a Master and Workers (job): each passes
     the webhook; the Worker manifest with 0 workers would not, so the steps choose by `when`."""
@@ -995,6 +1039,24 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
     assert not differ, "\n".join(differ)
     report = f"{run}/report/report.json"
     assert argo_store.get_json(report) == local_store.get_json(report)
+    # the templates' Prometheus metrics, as Argo's metrics server holds them, agree with the store
+    from mass_jobs.store import read_manifest
+
+    reg, ctx = ex.metrics, RunContext(RunSpec.model_validate(argo_doc), argo_store)
+    assert reg.errors == []
+    timed = {lab["step"] for lab, _ in reg.get("mass_step_duration_seconds", status="Succeeded")}
+    assert {"validate", "search-ingest", "collect-prepare", "collect-ingest", "episode", "serve-model", "render",
+            "evaluate-finish", "report"} <= timed and timed & {"train-job", "train-job-single"}, timed
+    episodes = Counter(argo_store.get_json(k)["outcome"] for k in argo_store.list(f"{run}/")
+                       if "/collect/" in k and k.endswith("/status.json") and "/output/" not in k and "/input/" not in k)
+    counted = {lab["outcome"]: int(s["value"]) for lab, s in reg.get("mass_episodes_total", step="collect")}
+    assert counted == dict(episodes) and sum(counted.values()) == 2 * 2 * 3, counted  # 2 gens x 2 tasks x 3 episodes
+    tokens = {lab["generation"]: s["value"] for lab, s in reg.get("mass_supervised_tokens")}
+    assert tokens == {str(g): read_manifest(argo_store, ctx.sft(g))["extra"]["stored_supervised_tokens"] for g in (0, 1)}
+    shares = {lab["generation"]: s["value"] for lab, s in reg.get("mass_win_share")}
+    want = {str(g): read_manifest(argo_store, ctx.eval(g + 1))["extra"]["panel_win_share"] for g in (0, 1)}
+    assert shares.keys() == want.keys() and all((math.isnan(shares[g]) and want[g] is None) or shares[g] == want[g]
+                                                for g in want), (shares, want)
     # every episode (search reference and iterations, collect episodes, evaluate rollouts) ran in an
     # agent pod: the rollouts the agent pods ran are exactly the stored ones, and each stored status
     # is the one its pod uploaded

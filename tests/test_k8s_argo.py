@@ -258,8 +258,9 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
     assert {p["name"]: p["value"] for p in episode["agent"]["arguments"]["parameters"]}["rollout"] == \
         "{{steps.prepare.outputs.parameters.rollout}}"
     assert "--endpoint" in t["collect-prepare"]["container"]["args"]
-    assert t["collect-ingest"]["container"]["args"][-4:] == ["--phase", "ingest", "--agent-status",
-                                                             "{{inputs.parameters.agent-status}}"]
+    assert t["collect-ingest"]["container"]["args"][-6:] == ["--phase", "ingest", "--agent-status",
+                                                             "{{inputs.parameters.agent-status}}", "--outputs",
+                                                             "/tmp/outputs"]
     assert agent["metadata"]["labels"][labels.STEP] == "episode"
 
 

@@ -502,3 +502,23 @@ def test_s3_egress_by_name_on_cilium_replaces_the_cidr_policy():
     bad = json.loads(json.dumps(cnp))
     bad["spec"]["egress"][1]["toFQDNs"] = [{"matchName": "s3 .amazonaws.com"}]
     assert len(cilium_errors(bad)) == 1
+
+
+def test_the_grafana_dashboard_charts_exactly_the_metrics_the_templates_emit():
+    """Every panel queries a metric some generated template emits (with or without the controller's
+    argo_workflows_ prefix), and every emitted metric has a panel; `metrics.dashboard` installs it as
+    a ConfigMap Grafana's sidecar loads, byte for byte the chart's file."""
+    from mass_jobs.k8s import prometheus
+
+    path = CHART / "dashboards" / "mass-jobs.json"
+    dash = json.loads(path.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    queried = {m for e in exprs for m in re.findall(r"\(argo_workflows_\)\?(\w+?)(?:_bucket|_count|_sum)?\"", e)}
+    cycle = yaml.safe_load((REPO / "argo" / "mass-cycle.yaml").read_text().split("\n---\n")[0])
+    emitted = {m["name"] for t in cycle["spec"]["templates"] for m in (t.get("metrics") or {}).get("prometheus", [])}
+    assert queried == emitted == set(prometheus.NAMES), (queried, emitted)
+    assert not [o for o in _objects(_scenario("default")) if o["metadata"]["name"] == "mass-jobs-dashboard"]
+    (cm,) = [o for o in _objects({**_scenario("default"), "metrics": {"dashboard": True}})
+             if o["metadata"]["name"] == "mass-jobs-dashboard"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1" and schemas.all_errors(cm) == []
+    assert cm["data"]["mass-jobs.json"] == path.read_text().rstrip("\n")

@@ -23,7 +23,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--episode", type=int, help="only this episode index (0..collection.episodes-1)")
     parser.add_argument("--phase", choices=["prepare", "ingest", "summarize"],
                         help="Argo: prepare/ingest around an agent pod (need --episode); summarize: the task's summary")
-    parser.add_argument("--outputs", metavar="DIR", help="with --phase prepare: write DIR/agent (true|false)")
+    parser.add_argument("--outputs", metavar="DIR", help="with --phase prepare: write DIR/agent (true|false) and "
+                        "DIR/rollout; with --phase ingest: DIR/outcome (the episode's)")
     parser.add_argument("--agent-status", metavar="PHASE",
                         help="with --phase ingest: the agent step's Argo phase; Failed or Error with no output "
                              "records an infra_error episode")
@@ -43,6 +44,10 @@ def main(args) -> int:
             endpoint = (Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None)
             out = run_collect(ctx, args.gen, args.task, None, episode=args.episode, phase=args.phase, endpoint=endpoint,
                               agent_status=args.agent_status)
+            if args.phase == "ingest":  # the episode's outcome: the ingest template's metric reads it
+                from mass_jobs.steps.rollouts import write_value
+
+                write_value(args.outputs, "outcome", out.get("outcome") or "unknown")
             if args.outputs and args.phase == "prepare":
                 from pathlib import Path
 

@@ -28,7 +28,8 @@ def add_rollout_phases(parser, *, phases: tuple[str, ...], phase: str, outputs: 
     --agent-status, --agent-pods (help texts: what each means for this step)."""
     parser.add_argument("--phase", choices=list(phases), help=f"Argo, around agent pods: {phase}")
     parser.add_argument("--rollout", metavar="KEY", help="with --phase ingest: the rollout (as prepare listed it)")
-    parser.add_argument("--outputs", metavar="DIR", help=f"with --phase prepare: write {outputs}")
+    parser.add_argument("--outputs", metavar="DIR", help=f"with --phase prepare: write {outputs}; with --phase "
+                        "ingest: DIR/outcome (Argo: the template's episode metric)")
     parser.add_argument("--agent-status", metavar="PHASE",
                         help=f"with --phase ingest: the agent step's Argo phase; Failed or Error with no output {lost}")
     parser.add_argument("--agent-pods", action="store_true", help=agent_pods)

@@ -74,6 +74,7 @@ def main(args) -> int:
             return 0
         if args.phase == "ingest":
             out = ev.ingest(ctx, args.gen, args.rollout, agent_ended=agent_ended(args))
+            rollouts.write_value(args.outputs, "outcome", out.get("outcome") or "unknown")
             print(json.dumps(out, sort_keys=True))
             return 0
         if args.agent_pods:
@@ -86,5 +87,6 @@ def main(args) -> int:
     except (RuntimeError, FileNotFoundError, ValueError) as err:
         print(f"evaluate: {err}", file=sys.stderr)
         return 1
+    rollouts.write_value(args.outputs, "win-share", manifest["extra"].get("panel_win_share"))
     print(json.dumps(manifest["extra"], sort_keys=True))
     return 0

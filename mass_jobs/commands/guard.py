@@ -41,8 +41,12 @@ def main(args) -> int:
             print(json.dumps({"rollouts": items}, sort_keys=True))
             return 0
         if args.phase == "ingest":
-            print(json.dumps(guard.ingest_checks(ctx, args.gen, args.task, args.rollout, agent_ended(args)),
-                             sort_keys=True))
+            from mass_jobs.steps.rollouts import write_value
+
+            out = guard.ingest_checks(ctx, args.gen, args.task, args.rollout, agent_ended(args))
+            # a checks job has no episode outcome: whether its results came back
+            write_value(args.outputs, "outcome", "lost" if "lost" in out else "checked")
+            print(json.dumps(out, sort_keys=True))
             return 0
         report = guard.run_guard(ctx, args.gen, args.task, agent_pods=args.agent_pods)
         print(json.dumps({"task": report.task, "skipped": report.skipped, "usable": report.usable,

@@ -43,6 +43,7 @@ class SftCommand:
         parser.add_argument("--spec", required=True, help="run spec: local path or s3:// URI")
         parser.add_argument("--gen", type=int, required=True, help="generation whose collected episodes are rendered")
         parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local cache for the model's tokenizer")
+        parser.add_argument("--outputs", metavar="DIR", help="write DIR/supervised-tokens (Argo: the step's metric)")
 
     @staticmethod
     def main(args: argparse.Namespace) -> int:
@@ -57,6 +58,9 @@ class SftCommand:
         spec = ctx.spec
         where = spec.model.tokenizer or local_model_dir(ctx, args.gen, ctx.work_dir(args.work_dir) / "models")
         extra = run_render(ctx, args.gen, AutoTokenizer.from_pretrained(where))
+        from mass_jobs.steps.rollouts import write_value
+
+        write_value(args.outputs, "supervised-tokens", extra["stored_supervised_tokens"])
         print(f"{extra['windows']} train windows {extra['windows_by_role']}, {extra['val_windows']} val windows, "
               f"{extra['stored_supervised_tokens']} stored supervised tokens")
         return 0

@@ -46,6 +46,8 @@ def main(args) -> int:
                              endpoint=endpoint, rollout_key=args.rollout, agent_status=args.agent_status)
             if args.phase == "prepare":
                 rollouts.write_outputs(args.outputs, **{rollouts.ROLLOUTS_OUTPUT: out["rollouts"]})
+            else:  # the episode's outcome: the ingest template's metric reads it
+                rollouts.write_value(args.outputs, "outcome", out.get("outcome") or "unknown")
             print(json.dumps(out, sort_keys=True))
             return 0
         if args.agent_pods:  # the cluster: rollouts were run by agent pods and ingested

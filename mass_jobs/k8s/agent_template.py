@@ -8,6 +8,7 @@ from hera.workflows import models as m
 
 from mass_jobs.harness import proof
 from mass_jobs.k8s import labels as L
+from mass_jobs.k8s import prometheus as PM
 from mass_jobs.k8s import manifests as K
 from mass_jobs.k8s import pods
 from mass_jobs.k8s.argo_vocab import (
@@ -113,6 +114,7 @@ def agent_container(s: ClusterSettings) -> Container:
         synchronization=m.Synchronization(semaphores=[m.SemaphoreRef(
             config_map_key_ref=m.ConfigMapKeySelector(name=K.SEMAPHORES, key=K.AGENT_SEMAPHORE_KEY))]),
         automount_service_account_token=False,
+        metrics=PM.metrics(PM.step_duration(K.AGENT_STEP)),
         labels={**L.pod_labels(K.AGENT_STEP, gen=GEN, task=TASK, episode="{{inputs.parameters.label}}"),
                 **L.queue_labels(s, plain_pod=True)},
         annotations={f"{L.PREFIX}/spec": SPEC},

@@ -35,6 +35,7 @@ from hera.workflows import models as m
 from mass_jobs import pipeline as P
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import manifests as K
+from mass_jobs.k8s import prometheus as PM
 from mass_jobs.k8s import pods, serving, training
 from mass_jobs.k8s.agent_template import agent_container
 from mass_jobs.k8s.argo_flow import (
@@ -68,9 +69,17 @@ class _Builder:
     # -------------------------------------------------------------- containers
 
     def step(self, name: str, args: list[str], *, inputs=("gen",), task: str = "", episode: str = "",
-             outputs=None, pod=None, env_from=(), label: str | None = None, gpu_semaphore=False) -> Container:
-        """A step pod: store credentials from the S3 Secret, the jobs image, the step retry."""
+             outputs=None, pod=None, env_from=(), label: str | None = None, gpu_semaphore=False,
+             metrics=()) -> Container:
+        """A step pod: store credentials from the S3 Secret, the jobs image, the step retry, its
+        duration metric (and `metrics`, more of them)."""
         s = self.s
+        if (gauge := PM.generation_gauge(name, with_gen="gen" in inputs)) is not None:
+            # the step writes its gauge's value under --outputs; Argo reads it as an output parameter
+            param = PM.GAUGES[name][0]
+            args = [*args, "--outputs", OUTPUTS_DIR]
+            outputs = [*(outputs or []), Parameter(name=param, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{param}"))]
+            metrics = (*metrics, gauge)
         secret_refs = [s.s3_secret, *env_from]
         return Container(
             name=name,
@@ -92,15 +101,24 @@ class _Builder:
             annotations={f"{L.PREFIX}/spec": SPEC},
             retry_strategy=STEP_RETRY,
             synchronization=gpu_semaphore() if gpu_semaphore else None,
+            metrics=PM.metrics(PM.step_duration(name), *metrics),
         )
+
+    @staticmethod
+    def ingest_metrics(step: str) -> dict:
+        """An ingest step's outcome (an output parameter, "unknown" when the step wrote none: a
+        checks job has no episode outcome) and the episode counter that reads it."""
+        return {"outputs": [Parameter(name=PM.OUTCOME, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{PM.OUTCOME}",
+                                                                            default="unknown"))],
+                "metrics": (PM.episode_outcomes(step),)}
 
     def rollouts(self, sd: P.StepDef, ingest_argv: list[str], inputs: tuple[str, ...]) -> None:
         """`<step>-ingest`, `<step>-rollout` (agent pod -> ingest) and `<step>-rollouts`, the fan-out
         over what `<step>-prepare` listed (at most `agent_parallelism` at once)."""
         task = TASK if "task" in inputs else ""
         self.step(f"{sd.name}-ingest", [*ingest_argv, "--phase", "ingest", "--rollout", "{{inputs.parameters.rollout}}",
-                                       "--agent-status", "{{inputs.parameters.agent-status}}"],
-                  inputs=(*inputs, "rollout", "agent-status"), task=task)
+                                       "--agent-status", "{{inputs.parameters.agent-status}}", "--outputs", OUTPUTS_DIR],
+                  inputs=(*inputs, "rollout", "agent-status"), task=task, **self.ingest_metrics(sd.name))
         rollout_steps(sd.name, inputs)
         with Steps(name=f"{sd.name}-rollouts", inputs=input_params(*inputs, "rollouts", "store-prefix")):
             own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
@@ -128,6 +146,7 @@ class _Builder:
             labels=L.pod_labels(K.MODEL_STEP, gen=GEN),
             active_deadline_seconds=self.s.serve_step_deadline_s,
             retry_strategy=RESOURCE_RETRY,
+            metrics=PM.metrics(PM.step_duration("serve-model")),
         )
 
     def delete_model(self) -> Resource:
@@ -183,6 +202,7 @@ class _Builder:
                 labels=L.pod_labels(sd.name, gen=GEN),
                 synchronization=gpu_semaphore(),
                 active_deadline_seconds=self.s.train_step_deadline_s,
+                metrics=PM.metrics(PM.step_duration(f"{sd.name}-job")),
             )
         with Steps(name=sd.name, inputs=input_params(*params), retry_strategy=TRAIN_RETRY):
             Step(name="delete-job", template=f"{sd.name}-delete-job", arguments=step_args(gen=GEN))
@@ -237,8 +257,10 @@ class _Builder:
                           inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE,
                           outputs=[Parameter(name=n, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{n}"))
                                    for n in ("agent", "rollout")])
-                self.step(f"{sd.name}-ingest", [*argv, "--phase", "ingest", "--agent-status", "{{inputs.parameters.agent-status}}"],
-                          inputs=("gen", "task", "episode", "agent-status"), task=TASK, episode=EPISODE)
+                self.step(f"{sd.name}-ingest", [*argv, "--phase", "ingest", "--agent-status", "{{inputs.parameters.agent-status}}",
+                                                "--outputs", OUTPUTS_DIR],
+                          inputs=("gen", "task", "episode", "agent-status"), task=TASK, episode=EPISODE,
+                          **self.ingest_metrics(sd.name))
                 self.step(f"{sd.name}-summary", [*sd.argv(SPEC, GEN, TASK), "--phase", "summarize"],
                           inputs=("gen", "task"), task=TASK)
                 episode_steps(sd.name)

@@ -36,6 +36,7 @@ from typing import Any, ContextManager
 
 from mass_jobs.context import RunContext
 from mass_jobs.generation_model import model_ref, served_model_dir
+from mass_jobs.metrics import outcome, win_share
 from mass_jobs.models import Judge, RunSpec
 from mass_jobs.task_models import Task
 
@@ -337,6 +338,7 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
                 records += run_panel(store, vprefix, jobs, [member], spec.evaluation.verdict_retries, on_verdict=note)
 
         # 3. the external panel; positions alternate across judges, so keep their spec order
+        selves = len(records)
         for ji, judge in enumerate(spec.judges):
             with _endpoint_unless_stored(store, vprefix, jobs, judge.name, "panel", judge.seeds,
                                          lambda judge=judge: serve_judge(judge)) as endpoint:
@@ -349,7 +351,9 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
                for h in sorted({gen, *baselines(gen)}) for t in tasks for r in reps]
     outputs += sorted(_verdict_keys(vprefix, jobs, gen, spec))
     invalid = sum(not r["valid"] for r in records)
-    return step.finish(outputs, extra={"verdicts": len(records), "invalid": invalid})
+    results = [outcome(r) for r in records[selves:]]  # the external panel's: what measures progress
+    share = win_share(results.count("win"), results.count("loss"))
+    return step.finish(outputs, extra={"verdicts": len(records), "invalid": invalid, "panel_win_share": share})
 
 
 def _all_stored(store, prefix, jobs, name: str, kind: str, seeds) -> bool:

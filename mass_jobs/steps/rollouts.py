@@ -106,6 +106,13 @@ def fanout_item(ctx: RunContext, prefix: str, task: str, label: str, gen: int) -
     return {"rollout": ctx.relative(prefix), "gen": str(gen), "task": task, "label": label}
 
 
+def write_value(out_dir: str | None, name: str, value) -> None:
+    """`--outputs DIR`: one value the step's template reads as an output parameter (a metric's)."""
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / name).write_text("NaN" if value is None else str(value))
+
+
 def write_outputs(out_dir: str | None, **lists: list) -> None:
     """`--outputs DIR`: one JSON file per list (Argo output parameters for `withParam`)."""
     import json
