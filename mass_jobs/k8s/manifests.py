@@ -99,15 +99,8 @@ def agent_api_server_policy(s: ClusterSettings) -> dict:
 
 def agent_api_server_cilium_policy(s: ClusterSettings) -> dict:
     """The Cilium form of agent_api_server_policy: the `kube-apiserver` entity, no IPs to keep."""
-    return {
-        "apiVersion": "cilium.io/v2",
-        "kind": "CiliumNetworkPolicy",
-        "metadata": _meta(f"{AGENT_POLICY}-apiserver", s, "agent"),
-        "spec": {
-            "endpointSelector": {"matchLabels": {L.STEP: AGENT_STEP}},
-            "egress": [{"toEntities": ["kube-apiserver"], "toPorts": [{"ports": _listish(s.api_server_cilium_ports)}]}],
-        },
-    }
+    return _cilium_policy(f"{AGENT_POLICY}-apiserver", s, [
+        {"toEntities": ["kube-apiserver"], "toPorts": [{"ports": _listish(s.api_server_cilium_ports)}]}])
 
 
 def agent_s3_policy(s: ClusterSettings) -> dict:
@@ -120,18 +113,19 @@ def agent_s3_fqdn_policy(s: ClusterSettings) -> dict:
     """The Cilium form of agent_s3_policy: the S3 endpoint by DNS name (toFQDNs), which follows the
     endpoint's changing IPs where a CIDR list falls behind. Cilium learns a name's addresses from
     the DNS answers its proxy sees, so the policy also sends the pods' DNS through it."""
+    return _cilium_policy(f"{AGENT_POLICY}-s3", s, [
+        {"toEndpoints": _listish(s.dns_cilium_endpoints),
+         "toPorts": [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": [{"matchPattern": "*"}]}}]},
+        {"toFQDNs": _required(s.s3_fqdns, "s3_fqdns"), "toPorts": [{"ports": _listish(s.s3_cilium_ports)}]}])
+
+
+def _cilium_policy(name: str, s: ClusterSettings, egress: list[dict]) -> dict:
+    """A CiliumNetworkPolicy of the agent pods' egress (cilium.io/v2)."""
     return {
         "apiVersion": "cilium.io/v2",
         "kind": "CiliumNetworkPolicy",
-        "metadata": _meta(f"{AGENT_POLICY}-s3", s, "agent"),
-        "spec": {
-            "endpointSelector": {"matchLabels": {L.STEP: AGENT_STEP}},
-            "egress": [
-                {"toEndpoints": _listish(s.dns_cilium_endpoints),
-                 "toPorts": [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": [{"matchPattern": "*"}]}}]},
-                {"toFQDNs": _required(s.s3_fqdns, "s3_fqdns"), "toPorts": [{"ports": _listish(s.s3_cilium_ports)}]},
-            ],
-        },
+        "metadata": _meta(name, s, "agent"),
+        "spec": {"endpointSelector": {"matchLabels": {L.STEP: AGENT_STEP}}, "egress": egress},
     }
 
 
