@@ -1054,7 +1054,7 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
     tokens = {lab["generation"]: s["value"] for lab, s in reg.get("mass_supervised_tokens")}
     assert tokens == {str(g): read_manifest(argo_store, ctx.sft(g))["extra"]["stored_supervised_tokens"] for g in (0, 1)}
     shares = {lab["generation"]: s["value"] for lab, s in reg.get("mass_win_share")}
-    want = {str(g): read_manifest(argo_store, ctx.eval(g + 1))["extra"]["panel_win_share"] for g in (0, 1)}
+    want = {str(g): read_manifest(argo_store, ctx.eval(g))["extra"]["panel_win_share"] for g in (1, 2)}  # L_G's
     assert shares.keys() == want.keys() and all((math.isnan(shares[g]) and want[g] is None) or shares[g] == want[g]
                                                 for g in want), (shares, want)
     # every episode (search reference and iterations, collect episodes, evaluate rollouts) ran in an

@@ -10,7 +10,8 @@ node's inputs and outputs substituted. What the templates emit:
 - `mass_episodes_total` (counter; step, outcome): each ingested episode by its recorded outcome
   (success, no_work, failed, turn_limit, loop_detected, timeout, infra_error);
 - `mass_supervised_tokens` (gauge; generation): supervised tokens of the rendered SFT windows;
-- `mass_win_share` (gauge; generation): L_G+1's win share against its baselines, from the judges.
+- `mass_win_share` (gauge; generation): L_G's win share against its baselines (L_0, L_G-1) by the
+  external judges, from evaluate of G.
 
 `charts/mass-jobs/dashboards/mass-jobs.json` charts them (Grafana, installed with
 `metrics.dashboard: true`).
@@ -25,7 +26,7 @@ NAMES = ("mass_step_duration_seconds", "mass_episodes_total", "mass_supervised_t
 GEN_LABEL = m.MetricLabel(key="generation", value="{{inputs.parameters.gen}}")
 # A step whose output parameter (a file under the step's --outputs DIR) is a generation's gauge.
 GAUGES = {"render": ("supervised-tokens", "mass_supervised_tokens", "Supervised tokens of the rendered SFT windows."),
-          "evaluate-finish": ("win-share", "mass_win_share", "Win share of the new generation against its baselines.")}
+          "evaluate-finish": ("win-share", "mass_win_share", "Win share of a generation against its baselines, by the external judges.")}
 OUTCOME = "outcome"  # the ingest steps' output parameter
 
 
