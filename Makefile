@@ -29,7 +29,7 @@ demo: setup
 # examples/paper.yaml at toy size (docs/paper.md); the judges are scripted test fixtures.
 paper-mini: setup
 	test -f build/tiny-hybrid/model.safetensors || $(VENV)/bin/mass model tiny --hybrid --out build/tiny-hybrid
-	$(PY) -m mass_jobs.testing.scripted_judges 8601 8602 & judges=$$!; \
+	$(PY) -m mass_jobs.tools.testing.scripted_judges 8601 8602 & judges=$$!; \
 	  $(VENV)/bin/mass run examples/paper-mini.yaml; rc=$$?; kill $$judges; exit $$rc
 
 # The suite's budget (README, "Tests, for contributors"): `.ci/run` whole in 30 minutes on 2 cores, the fast tier in 5;
@@ -67,11 +67,11 @@ attack: setup
 	$(PY) -m pytest -q tests/attack
 
 bench: setup
-	$(PY) -m mass_jobs.bench --out bench/ --profile
+	$(PY) -m mass_jobs.tools.bench --out bench/ --profile
 
 # Adds vLLM rows when vLLM is installed here or in the venv VLLM_PYTHON names (see vllm-env).
 bench-serve: setup
-	$(PY) -m mass_jobs.bench_serve --out bench/
+	$(PY) -m mass_jobs.tools.bench_serve --out bench/
 
 # vLLM in its own venv (it pins its own torch); then: VLLM_PYTHON=.venv-vllm/bin/python make bench bench-serve
 # With a GPU: the optional extra's pin in pyproject.toml. Without one: the CPU build, whose

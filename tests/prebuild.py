@@ -14,8 +14,8 @@ from tests.fixtures.warm_model import warm_dir
 
 
 def main() -> int:
-    from mass_jobs.progress import clock, warm_printer
-    from mass_jobs.tiny_warm import cached_build
+    from mass_jobs.pipeline.progress import clock, warm_printer
+    from mass_jobs.tiny.warm import cached_build
 
     _, seconds = cached_build(warm_dir(), seed=0, on_step=warm_printer(every=300), say=lambda t: print(t, flush=True))
     if seconds is not None:

@@ -35,9 +35,9 @@ import time
 
 import yaml
 
-from mass_jobs.context import RunContext
-from mass_jobs.harness import proof
-from mass_jobs.models import StoreSpec
+from mass_jobs.run.context import RunContext
+from mass_jobs.episodes import proof
+from mass_jobs.config.run_spec import StoreSpec
 from mass_jobs.store import open_store
 from tests.fixtures.argo_exec import ArgoExecutor, load_documents
 from tests.fixtures.argo_exec.artifacts import Repository, load_input, save_output
@@ -372,7 +372,7 @@ def _console_script(path: Path, python: Path) -> None:
     """A `mass` entry point as pip writes one when the interpreter's path has a space in it."""
     q = "'" * 3
     path.write_text(f'#!/bin/sh\n{q}exec\' "{python}" "$0" "$@"\n\' {q}\n'
-                    "import sys\nfrom mass_jobs.cli import main\nsys.exit(main())\n")
+                    "import sys\nfrom mass_jobs.commands.cli import main\nsys.exit(main())\n")
     path.chmod(0o755)
 
 
@@ -785,7 +785,7 @@ def run_agent_episode(executor_for, name: str, inp, seed: Path):
     """One episode through the generated agent-episode template (argo/mass-cycle.yaml, with the
     workflow's pod securityContext): its inputs uploaded where prepare puts them, the workflow
     submitted; (the workflow, output(name) -> the bytes Argo uploaded from /out)."""
-    from mass_jobs.harness import episode_file_json
+    from mass_jobs.episodes.harness import episode_file_json
     from mass_jobs.store.archive import write_dir_archive
 
     cycle = next(d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle")
@@ -855,7 +855,7 @@ class LocalRun:
         spec = tmp_path / "local-run.yaml"
         spec.write_text(yaml.safe_dump(doc))
         self.log = (tmp_path / "local-run.log").open("w+b")
-        self.proc = subprocess.Popen([sys.executable, "-m", "mass_jobs.cli", "run", str(spec), "--work-dir",
+        self.proc = subprocess.Popen([sys.executable, "-m", "mass_jobs.commands.cli", "run", str(spec), "--work-dir",
                                       str(tmp_path / "work"), "--no-progress"], stdout=self.log,
                                      stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
@@ -904,7 +904,7 @@ def put_spec(s3: dict, doc: dict, key: str) -> str:
 def cluster(s3_env, tmp_path, tiny_model_dir):
     """An executor over argo/ and moto, the tiny model uploaded where the spec points KServe at it,
     and an external judge (a scripted fixture endpoint)."""
-    from mass_jobs.testing.scripted_judges import HashVerdictJudge
+    from mass_jobs.tools.testing.scripted_judges import HashVerdictJudge
 
     model_uri = upload_dir(s3_env, tiny_model_dir, "models/tiny")
     judge = HashVerdictJudge().__enter__()
@@ -967,7 +967,7 @@ def manifests(store, run: str) -> dict[str, dict]:
 
 @pytest.mark.slow(cost=250)
 def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
-    from mass_jobs.testing.scripted_judges import HashVerdictJudge
+    from mass_jobs.tools.testing.scripted_judges import HashVerdictJudge
 
     s3 = cluster["s3"]
     with HashVerdictJudge() as judge:
@@ -983,8 +983,8 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
         finally:
             local.wait()
         assert wf.phase == "Succeeded", wf.summary()
-        from mass_jobs import preflight
-        from mass_jobs.models import RunSpec
+        from mass_jobs.k8s import preflight
+        from mass_jobs.config.run_spec import RunSpec
 
         # the preflight's bound on Argo's stack depth holds for the depth this run reached
         bound = preflight.recursion_depth(RunSpec.model_validate(argo_doc))

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs import benchmark as bm
-from mass_jobs.cli import main as cli_main
-from mass_jobs.context import RunContext
-from mass_jobs.spec import validate_document
+from mass_jobs.tools import benchmark as bm
+from mass_jobs.commands.cli import main as cli_main
+from mass_jobs.run.context import RunContext
+from mass_jobs.spec.load import validate_document
 from mass_jobs.store import FileStore
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.fixtures.lora import random_adapter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,7 +146,7 @@ def test_cli_scores_two_served_generations(tmp_path, tiny_model_dir, capsys):
     the shipped benchmark's bare prompts through the harness, and are graded by its grader."""
     import json as _json
 
-    from mass_jobs.modelio import store_model_dir
+    from mass_jobs.serving.model_dirs import store_model_dir
     from mass_jobs.steps.merge import merge_lora
 
     random_adapter(tiny_model_dir, tmp_path / "adapter")

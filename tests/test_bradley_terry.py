@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from scipy.optimize import root
 
-from mass_jobs.bradley_terry import fit, ranking
-from mass_jobs.pairing import pairs
+from mass_jobs.judging.bradley_terry import fit, ranking
+from mass_jobs.judging.pairing import pairs
 from mass_jobs.steps.rank import select
 
 

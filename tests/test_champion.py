@@ -17,16 +17,16 @@ import random
 
 import pytest
 
-from mass_jobs.compare import Verdict
-from mass_jobs.context import RunContext
-from mass_jobs.llm import ModelClient
-from mass_jobs.task_models import Workflow
+from mass_jobs.judging.compare import Verdict
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.llm import ModelClient
+from mass_jobs.config.task_spec import Workflow
 from mass_jobs.steps.collect import Collection
 from mass_jobs.steps.search import Search
-from mass_jobs.steps.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.steps.search_state import IterationRecord, fold, judge_version
-from mass_jobs.testing.scripted_endpoint import Reply
-from mass_jobs.workflow import DEFAULT_WORKFLOW, workflow_json
+from mass_jobs.tools.testing.scripted_endpoint import Reply
+from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, workflow_json
 from tests.fixtures.inner_loop import add_episodes, episode, proposal
 
 K = 11  # the paper's iterations: versions v0..v11

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mass_jobs.models import LoraSpec, OptimizerSpec, SftSpec
+from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
 from mass_jobs.training.loop import Trainer
 from mass_jobs.training.lora import attach_lora, resolve_targets
 from mass_jobs.training.loss import chunked_loss_sum, split_head

@@ -1,10 +1,10 @@
-"""Numbers a report states against its metrics file (mass_jobs/claims.py): flagged, never vetoed."""
+"""Numbers a report states against its metrics file (mass_jobs/judging/claims.py): flagged, never vetoed."""
 
 import pytest
 
-from mass_jobs.claims import agrees, contradictions, stated
+from mass_jobs.judging.claims import agrees, contradictions, stated
 from mass_jobs.steps.guard import metric_value
-from mass_jobs.task_models import Guards
+from mass_jobs.config.task_spec import Guards
 
 GUARDS = Guards(required_outputs=["report.md", "results/metrics.json"],
                 metrics=[{"file": "results/metrics.json", "key": "eval.error", "min": 0, "max": 1}])

@@ -7,23 +7,23 @@ import sys
 
 import pytest
 
-from mass_jobs.cli import COMMANDS
+from mass_jobs.commands.cli import COMMANDS
 
 
 def test_top_level_help_lists_every_command():
-    out = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "--help"], capture_output=True, text=True, check=True).stdout
     for name in COMMANDS:
         assert name in out
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_command_help_runs(name):
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", name, "--help"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", name, "--help"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert f"mass {name}" in proc.stdout
 
 
 def test_unknown_command_is_a_usage_error():
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "frobnicate"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "frobnicate"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "invalid choice" in proc.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.cli import COMMANDS, build_parser, main
+from mass_jobs.commands.cli import COMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = (ROOT / "docs" / "architecture.md").read_text().split("## CLI", 1)[1].split("\n## ", 1)[0]
@@ -53,7 +53,7 @@ def test_every_command_and_sub_command_has_a_row_and_every_row_a_command():
 
 @pytest.mark.parametrize("name", sorted(LEAVES))
 def test_help_and_the_table_agree(name):
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", *name.split(), "--help"],
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", *name.split(), "--help"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     usage, _, rest = proc.stdout.partition("\n\n")

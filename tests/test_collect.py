@@ -4,14 +4,15 @@ import hashlib
 
 import pytest
 
-from mass_jobs.context import RunContext
-from mass_jobs.harness import load_episode_file, proof, run_episode
-from mass_jobs.llm import ModelClient
+from mass_jobs.run.context import RunContext
+from mass_jobs.episodes.harness import load_episode_file, run_episode
+from mass_jobs.episodes import proof
+from mass_jobs.serving.llm import ModelClient
 from mass_jobs.steps.collect import Collection, CollectError, run_collect
 from mass_jobs.steps.search import run_search
-from mass_jobs.steps.rollouts import episode_executor
-from mass_jobs.workflow import DIRECTIVE_HEADER, TEACHER_DIRECTIVE
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.spec.workflow import DIRECTIVE_HEADER, TEACHER_DIRECTIVE
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode, proposal
 
 
@@ -125,8 +126,8 @@ def test_collects_when_any_version_beat_the_reference_with_that_version(make_sto
     """v0 beats the reference, v1 beats v0 but its one reference judgment is unreadable (invalid):
     by default the task is collected with v0's workflow (the latest version that beat the
     reference); `collect_when: elite` skips it."""
-    from mass_jobs.task_models import Workflow
-    from mass_jobs.workflow import teacher_prompt_parts
+    from mass_jobs.config.task_spec import Workflow
+    from mass_jobs.spec.workflow import teacher_prompt_parts
 
     store = make_store("file")
     spec = inner_spec(store, search={"iterations": 1}, collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2},

@@ -5,9 +5,9 @@ import json
 
 import yaml
 
-from mass_jobs.cli import main as cli_main
-from mass_jobs.context import RunContext
-from mass_jobs.spec import load_spec
+from mass_jobs.commands.cli import main as cli_main
+from mass_jobs.run.context import RunContext
+from mass_jobs.spec.load import load_spec
 from mass_jobs.store import open_store
 
 

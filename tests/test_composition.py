@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.composition import PRESETS, composition_of, counts_by_role, keep_window, training_episodes
-from mass_jobs.models import SftSpec
-from mass_jobs.sampler import WindowSampler
+from mass_jobs.config.composition import PRESETS, composition_of, counts_by_role, keep_window, training_episodes
+from mass_jobs.config.run_spec import SftSpec
+from mass_jobs.training.sampler import WindowSampler
 
 FIXTURE = Path(__file__).parent / "fixtures" / "composition"
 
@@ -88,8 +88,8 @@ def test_the_sampler_draws_the_presets_orchestrator_share(rendered):
 
 def store_run(tmp_path, sft: dict, rank: dict):
     """The render-step store of tests/test_render_sft.py (4 episodes of task primes, ep-3 unstrippable)."""
-    from mass_jobs.context import RunContext
-    from mass_jobs.spec import load_spec
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.spec.load import load_spec
     from mass_jobs.store import open_store
     from tests.test_render_sft import BARE, DIRECTIVE, TEACHER, WORKFLOW, qwen_code_episode, teacher_episode
 
@@ -143,7 +143,7 @@ def test_render_step_keeps_the_presets_roles_and_episodes(tiny_model_dir, tmp_pa
 
 
 def test_preset_and_panel_rules_name_the_field(tmp_path):
-    from mass_jobs.spec import SpecError, validate_document
+    from mass_jobs.spec.load import SpecError, validate_document
     from tests.fixtures.inner_loop import spec_document
 
     with pytest.raises(SpecError) as err:

@@ -1,11 +1,11 @@
-"""docs/demo.md's figures are generated (mass_jobs.analysis.demo_figures) and stay equal to the
+"""docs/demo.md's figures are generated (mass_jobs.tools.analysis.demo_figures) and stay equal to the
 last generated file, docs/demo-figures.json, which names the machine they were measured on."""
 
 import json
 
 import pytest
 
-from mass_jobs.analysis import demo_figures as df
+from mass_jobs.tools.analysis import demo_figures as df
 
 REPORT = {"run": "tiny", "warnings": [], "audit": [
     {"generation": g, "split": split, "episodes": n, "delegation": d, "code_handoff": 0, "delegation_rate": None,

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.grade import grade_workspace
-from mass_jobs.spec import load_spec
+from mass_jobs.judging.grade import grade_workspace
+from mass_jobs.spec.load import load_spec
 
 SPEC = Path(__file__).parents[1] / "examples" / "tiny.yaml"  # the demo itself
 
 
 def demo_spec(model_dir: Path, store: Path):
-    from mass_jobs.spec import validate_document
+    from mass_jobs.spec.load import validate_document
 
     doc = yaml.safe_load(SPEC.read_text())
     doc["model"]["base"] = doc["judges"][0]["model"] = str(model_dir)
@@ -51,7 +51,7 @@ def test_grader_checks_deliverables_and_expected_content(tmp_path):
 
 
 def test_expect_must_name_a_deliverable(tmp_path):
-    from mass_jobs.spec import SpecError, validate_document
+    from mass_jobs.spec.load import SpecError, validate_document
 
     doc, _ = demo_spec(tmp_path, tmp_path / "store")
     doc["tasks"][0]["expect"] = {"results/other.json": "[]"}
@@ -78,7 +78,7 @@ def test_two_generations_internalise_delegation_on_bare_prompts(tmp_path, warm_t
     doc, _ = demo_spec(warm_tiny_model_dir, tmp_path / "store")
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(doc))
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "run", str(spec_path), "--work-dir",
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "run", str(spec_path), "--work-dir",
                            str(tmp_path / "work"), "--no-progress"], capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     check_mechanism(spec_path, tmp_path / "store")
@@ -86,7 +86,7 @@ def test_two_generations_internalise_delegation_on_bare_prompts(tmp_path, warm_t
 
 def check_mechanism(spec_path: Path, store_root: Path) -> None:
     """What a finished demo run must show, read from its store (also usable on a `make demo` run)."""
-    from mass_jobs.context import RunContext
+    from mass_jobs.run.context import RunContext
     from mass_jobs.store import FileStore
 
     spec = load_spec(spec_path)

@@ -40,7 +40,7 @@ def write_spec(tmp_path, bucket: str, endpoint_url: str):
 
 
 def mass(env, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mass_jobs.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", *args], capture_output=True, text=True, env=env,
                           timeout=300)
 
 
@@ -84,7 +84,7 @@ def test_spec_on_s3_without_credentials(s3_server, tmp_path):
 
 
 def test_a_real_bug_keeps_its_traceback():
-    from mass_jobs.cli import environment_error
+    from mass_jobs.commands.cli import environment_error
 
     assert environment_error(KeyError("x")) is None
     assert environment_error(FileNotFoundError(2, "No such file or directory", "/nowhere/x")) == (

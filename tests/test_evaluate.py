@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from mass_jobs.context import RunContext
-from mass_jobs.spec import validate_document
+from mass_jobs.run.context import RunContext
+from mass_jobs.spec.load import validate_document
 from mass_jobs.steps import evaluate as ev
 from mass_jobs.store import FileStore, read_manifest
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def judged_run(tmp_path, tiny_model_dir, scripted_endpoint):
     def counting_model(g):
         served.append(f"gen-{g}")
         if g == 0:  # L0 is the base model dir (the spec's model.base)
-            from mass_jobs.serve import ModelServer
+            from mass_jobs.serving.serve import ModelServer
             with ModelServer(tiny_model_dir, served_name="gen-0", dtype="float32") as srv:
                 yield srv.endpoint
             return

@@ -5,8 +5,8 @@ import json
 import os
 from pathlib import Path
 
-from mass_jobs import evidence as ev
-from mass_jobs.compare import EVALUATOR_SYSTEM, RUBRIC, verdict_request
+from mass_jobs.judging import evidence as ev
+from mass_jobs.judging.compare import EVALUATOR_SYSTEM, RUBRIC, verdict_request
 
 
 def write(root: Path, rel: str, text: str) -> Path:
@@ -116,7 +116,7 @@ def test_verdict_request_fits_the_budget_and_keeps_both_workspaces():
 
 
 def test_prompt_budget_is_the_served_context_less_reply_and_margin():
-    from mass_jobs.spec import validate_document
+    from mass_jobs.spec.load import validate_document
 
     spec = validate_document({"name": "b", "model": {"base": "m", "sampling": {"context_length": 65536,
                                                                               "max_output_tokens": 1000}},

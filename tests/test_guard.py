@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.harness import proof
+from mass_jobs.episodes import proof
 
-from mass_jobs.context import RunContext
-from mass_jobs.llm import ModelClient
-from mass_jobs.task_models import Guards
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.llm import ModelClient
+from mass_jobs.config.task_spec import Guards
 from mass_jobs.steps.collect import run_collect
 from mass_jobs.steps.guard import check_workspace, hash_protected, run_guard, sandbox_checker
 from mass_jobs.steps.rank import run_rank
 from mass_jobs.steps.search import run_search
-from mass_jobs.steps.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_executor
 from tests.fixtures.inner_loop import add_episodes, episode
 
 SIM = "def push(obj, force):\n    return obj + force\n"
@@ -112,7 +112,7 @@ def test_check_workspace(tmp_path: Path, files, reasons):
 
 
 def test_protected_directory_gains_a_file_and_sandboxed_checks(tmp_path: Path):
-    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.config.run_spec import EpisodeLimits
 
     (tmp_path / "sim").mkdir()
     (tmp_path / "sim" / "a.py").write_text(SIM)
@@ -158,7 +158,7 @@ def run_checks_pod(ctx, item: dict, tmp: Path) -> None:
     import threading
 
     from mass_jobs.commands import episode as episode_cmd
-    from mass_jobs.sandbox_service import serve
+    from mass_jobs.episodes.sandbox_service import serve
 
     prefix = ctx.under_run(item["rollout"])
     pod = tmp / item["label"]

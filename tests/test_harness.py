@@ -10,13 +10,13 @@ import json
 
 import pytest
 
-from mass_jobs.audit import audit_episode
-from mass_jobs.cli import main as cli_main
-from mass_jobs.harness import OUTCOMES, EpisodeInput, run_episode, validate_status
-from mass_jobs.models import EpisodeLimits, Sampling
-from mass_jobs.proxy import read_trace
-from mass_jobs.sandbox import SandboxLimits, run_sandboxed
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.episodes.audit import audit_episode
+from mass_jobs.commands.cli import main as cli_main
+from mass_jobs.episodes.harness import OUTCOMES, EpisodeInput, run_episode, validate_status
+from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+from mass_jobs.serving.proxy import read_trace
+from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 
 ANALYSIS_PY = "import json\nprint(json.dumps({'mean': sum([1, 2, 3]) / 3}))\n"
 
@@ -298,7 +298,7 @@ def test_shell_cannot_see_secrets_or_files_outside_the_workspace(scripted_endpoi
 
 
 def test_tiny_model_episode_ends_with_a_classified_status(tiny_model_dir, tmp_path):
-    from mass_jobs.serve import ModelServer
+    from mass_jobs.serving.serve import ModelServer
 
     with ModelServer(tiny_model_dir, served_name="tiny") as srv:
         inp = EpisodeInput(

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from mass_jobs.analysis import information as info
-from mass_jobs.analysis.embed import HashEmbedder
-from mass_jobs.context import RunContext
-from mass_jobs.spec import validate_document
+from mass_jobs.judging import information as info
+from mass_jobs.judging.embed import HashEmbedder
+from mass_jobs.run.context import RunContext
+from mass_jobs.spec.load import validate_document
 from mass_jobs.steps import report as rp
 from mass_jobs.store import FileStore
 
@@ -175,7 +175,7 @@ def tiny_encoder(tmp_path_factory):
 
 
 def test_transformer_embedder_pools_real_tokens_only(tiny_encoder):
-    from mass_jobs.analysis.embed import TransformerEmbedder, make_embedder
+    from mass_jobs.judging.embed import TransformerEmbedder, make_embedder
 
     emb = TransformerEmbedder(tiny_encoder, batch_size=8)
     short, long = "the coder writes fib.py", "plot the sharpe ratio and report checks and tests it"
@@ -195,9 +195,9 @@ def test_the_reports_embedder_is_the_specs_and_its_done_check_agrees(ctx, tiny_e
     the same one, so a report made with a model embedder reads done, not pending."""
     import yaml
 
-    from mass_jobs import pipeline as P
-    from mass_jobs.cli import main as cli_main
-    from mass_jobs.spec import load_spec
+    from mass_jobs.pipeline import table as P
+    from mass_jobs.commands.cli import main as cli_main
+    from mass_jobs.spec.load import load_spec
 
     spec = tmp_path / "spec.yaml"
     (tmp_path / "m").mkdir()  # model locations are checked: the spec's model exists

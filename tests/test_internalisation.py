@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mass_jobs.models import LoraSpec, OptimizerSpec, SftSpec
+from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
 from mass_jobs.steps.sft_threads import EpisodeTrace
 from mass_jobs.steps.render_sft import render_windows
 from mass_jobs.training.loop import Trainer

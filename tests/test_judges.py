@@ -4,11 +4,11 @@ and resume. Judges answer through the test-only ScriptedEndpoint over real loopb
 import json
 
 
-from mass_jobs import judges, metrics
-from mass_jobs.llm import ModelClient
-from mass_jobs.models import Sampling
+from mass_jobs.judging import judges, metrics
+from mass_jobs.serving.llm import ModelClient
+from mass_jobs.config.run_spec import Sampling
 from mass_jobs.store import FileStore
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 
 
 def verdict(winner, rationale="the left one has the results file"):
@@ -107,7 +107,7 @@ def test_a_bug_in_the_judging_code_propagates_and_stores_nothing(tmp_path, scrip
     the panel would reuse it on every rerun and never ask again."""
     import pytest
 
-    from mass_jobs import compare
+    from mass_jobs.judging import compare
 
     ep = scripted_endpoint({"*": [verdict("A")] * 6})
     store = FileStore(tmp_path / "store")

@@ -46,7 +46,7 @@ def test_every_step_of_the_cycle_has_an_entry():
 
 @pytest.mark.parametrize("entry", sorted(COMMANDS))
 def test_container_command_is_a_real_cli_entry(entry):
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", *entry.split(), "--help"],
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", *entry.split(), "--help"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"`mass {entry} --help` failed: {proc.stderr[-800:]}"
     missing = sorted(COMMANDS[entry] - documented_flags(proc.stdout))

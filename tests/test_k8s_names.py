@@ -16,15 +16,15 @@ from mass_jobs.k8s.schemas import webhook_errors
 from mass_jobs.k8s.serving import isvc_name, predictor_names
 from mass_jobs.k8s.settings import ClusterSettings
 from mass_jobs.k8s.training import job_name, pytorch_job, replica_names
-from mass_jobs.models import RunSpec
-from mass_jobs.pipeline import trainer_step
+from mass_jobs.config.run_spec import RunSpec
+from mass_jobs.pipeline.table import trainer_step
 
 LIMIT = 63
 FIELDS = RunSpec.model_json_schema()["properties"]
 
 
 def bounds() -> tuple[int, int, int]:
-    from mass_jobs.models import SftSpec
+    from mass_jobs.config.run_spec import SftSpec
 
     sft = SftSpec.model_json_schema()["properties"]
     return FIELDS["name"]["maxLength"], FIELDS["generations"]["maximum"], sft["replicas"]["maximum"]
@@ -73,7 +73,7 @@ def test_the_operator_webhook_refuses_a_job_whose_services_would_not_fit():
 
 
 def test_a_longer_run_name_is_refused_by_the_spec(tmp_path):
-    from mass_jobs.spec import SpecError, validate_document
+    from mass_jobs.spec.load import SpecError, validate_document
 
     doc = {"name": "r" * 37, "model": {"base": "Qwen/Qwen3-4B"}, "store": {"uri": f"file://{tmp_path}"},
            "tasks": [{"id": "a", "split": "train", "prompt": "p"}, {"id": "b", "split": "test", "prompt": "p"}]}

@@ -13,7 +13,7 @@ import re
 import pytest
 import yaml
 
-from mass_jobs.cli import main as cli_main
+from mass_jobs.commands.cli import main as cli_main
 from mass_jobs.k8s import argo as A
 from mass_jobs.k8s import codegen, schemas
 from mass_jobs.k8s.settings import ClusterSettings
@@ -87,7 +87,7 @@ def test_mass_episode_unpacks_and_packs_the_store_archive(scripted_endpoint, tmp
     """A one-entry workspace (which Argo's own unpacking would rename onto the path) round-trips:
     the output archive has the store's layout, so ingest stores bytes `get_dir` restores."""
     from mass_jobs.store.archive import write_dir_archive
-    from mass_jobs.testing.scripted_endpoint import Reply
+    from mass_jobs.tools.testing.scripted_endpoint import Reply
 
     ep = scripted_endpoint({"orchestrator": [Reply.call("list_files", path="."), Reply.text("done")]})
     seed = tmp_path / "seed"
@@ -140,7 +140,7 @@ def test_every_step_and_trainer_pod_works_in_a_mounted_writable_dir():
 def test_every_work_dir_default_is_mass_work_dir(argv, monkeypatch):
     import argparse
 
-    from mass_jobs.cli import COMMANDS
+    from mass_jobs.commands.cli import COMMANDS
 
     monkeypatch.setenv("MASS_WORK_DIR", "/tmp/work-here")
     import importlib
@@ -156,7 +156,7 @@ def test_every_work_dir_default_is_mass_work_dir(argv, monkeypatch):
 
 
 def test_qwen_code_is_found_on_the_path_without_mass_qwen_bin(tmp_path, monkeypatch):
-    from mass_jobs.harness import qwen_code
+    from mass_jobs.episodes import qwen_code
 
     fake = tmp_path / "bin" / "qwen"
     fake.parent.mkdir()
@@ -205,11 +205,11 @@ def test_an_agent_that_fails_is_retried_then_recorded_never_failing_the_generati
 
 
 def test_ingest_records_a_lost_agent_as_infra_error(make_store, inner_spec, judging_endpoint, tmp_path):
-    from mass_jobs.context import RunContext
-    from mass_jobs.llm import ModelClient
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.serving.llm import ModelClient
     from mass_jobs.steps.collect import CollectError, run_collect
     from mass_jobs.steps.search import run_search
-    from mass_jobs.steps.rollouts import episode_executor
+    from mass_jobs.episodes.rollouts import episode_executor
     from tests.fixtures.inner_loop import add_episodes, episode
 
     store = make_store("file")
@@ -363,8 +363,8 @@ def test_the_inference_service_is_owned_locked_released_after_rank_and_deadlined
 
 
 def test_model_uris_are_what_kserve_downloads():
-    from mass_jobs.generation_model import model_uri
-    from mass_jobs.spec import validate_document
+    from mass_jobs.run.generation_model import model_uri
+    from mass_jobs.spec.load import validate_document
     from tests.fixtures.inner_loop import spec_document
 
     def spec(base):
@@ -433,7 +433,7 @@ def test_builder_default_settings_match_the_chart_defaults():
 def test_the_model_has_one_served_name_for_both_executors(cycle, make_store, inner_spec, tmp_path, s3_env, capsys):
     """Traces record the model name: the local inner loop serves L_g under the InferenceService's
     name, which validate ties to the spec (a wrong `-p run=` exits 2)."""
-    from mass_jobs.context import RunContext
+    from mass_jobs.run.context import RunContext
     from mass_jobs.k8s import serving
     from tests.fixtures.inner_loop import spec_document
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mass_jobs.models import LoraSpec, OptimizerSpec, SftSpec
-from mass_jobs.tiny import tiny_hybrid_model
+from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
+from mass_jobs.tiny.build import tiny_hybrid_model
 from mass_jobs.training.lora import adapted_summary, attach_lora, resolve_targets
 from mass_jobs.training.loop import Trainer
 from tests.test_train import synthetic_windows

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from mass_jobs.fp8 import dequantize_block_fp8, error_bound, export_fp8, load_dequantized, quantize_block_fp8
-from mass_jobs.models import LoraSpec
+from mass_jobs.serving.fp8 import dequantize_block_fp8, error_bound, export_fp8, load_dequantized, quantize_block_fp8
+from mass_jobs.config.run_spec import LoraSpec
 from mass_jobs.steps.merge import MergeError, merge_lora
 from mass_jobs.steps.select import SelectError, select_checkpoint
 
@@ -128,12 +128,12 @@ def test_run_merge_stores_plain_model_objects_that_serve(tiny_model_dir, adapter
 
     import yaml
 
-    from mass_jobs.pipeline import argo_outputs
-    from mass_jobs.context import RunContext
-    from mass_jobs.llm import ModelClient
-    from mass_jobs.modelio import resolve_model
-    from mass_jobs.serve import ModelServer
-    from mass_jobs.spec import validate_document
+    from mass_jobs.pipeline.table import argo_outputs
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.serving.llm import ModelClient
+    from mass_jobs.serving.model_dirs import resolve_model
+    from mass_jobs.serving.serve import ModelServer
+    from mass_jobs.spec.load import validate_document
     from mass_jobs.steps.merge import run_merge
     from mass_jobs.store import open_store, read_manifest
 

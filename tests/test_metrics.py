@@ -2,7 +2,7 @@
 
 import pytest
 
-from mass_jobs import metrics
+from mass_jobs.judging import metrics
 
 
 def v(task, winner, order="candidate_first", rep=0, valid=True, cand=1, base=0, judge="j", seed=1):

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.base_model import PROBE_TOOL, base_model_dir, fitness_issues
-from mass_jobs.cli import main as mass
-from mass_jobs.context import RunContext
-from mass_jobs.spec import load_spec
+from mass_jobs.run.base_model import PROBE_TOOL, base_model_dir, fitness_issues
+from mass_jobs.commands.cli import main as mass
+from mass_jobs.run.context import RunContext
+from mass_jobs.spec.load import load_spec
 
 ROOT = Path(__file__).parents[1]
 TOOLS_TEMPLATE = ROOT / "examples" / "templates" / "chatml-tools.jinja"
@@ -51,7 +51,7 @@ def test_a_tool_template_makes_smollm2_valid_and_its_served_prompts_carry_the_to
     from openai import OpenAI
     from transformers import AutoTokenizer
 
-    from mass_jobs.serve import ModelServer
+    from mass_jobs.serving.serve import ModelServer
 
     path = write_spec(tmp_path, smollm2_dir, chat_template=os.path.relpath(TOOLS_TEMPLATE, tmp_path),
                       sampling={"context_length": 8192, "max_output_tokens": 256})
@@ -120,7 +120,7 @@ def test_the_request_decides_sampling_when_the_model_config_has_no_do_sample(tin
 
     from openai import OpenAI
 
-    from mass_jobs.serve import ModelServer
+    from mass_jobs.serving.serve import ModelServer
 
     model = tmp_path / "tiny-greedy-config"
     shutil.copytree(tiny_model_dir, model)

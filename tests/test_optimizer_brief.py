@@ -3,8 +3,8 @@ bounds (rationale excerpts, diffs, action items), and the fit to the served cont
 
 import pytest
 
-from mass_jobs import optimizer_brief as ob
-from mass_jobs.evidence import count_tokens
+from mass_jobs.judging import optimizer_brief as ob
+from mass_jobs.judging.evidence import count_tokens
 
 
 def wf(*workers: str) -> dict:
@@ -133,7 +133,7 @@ def test_last_tool_calls_read_only_the_end_of_a_long_trace(store, monkeypatch):
     """The failure metadata's calls come from the trace's tail, most recent first, on file and S3 stores."""
     import json
 
-    from mass_jobs import trace_shape
+    from mass_jobs.episodes import trace_shape
 
     def record(i, calls):
         msg = {"role": "assistant", "content": "", "tool_calls": [

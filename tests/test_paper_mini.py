@@ -73,7 +73,7 @@ def test_paper_mini_differs_from_the_paper_exactly_where_its_header_says():
 
 
 def test_the_hybrid_tiny_model_is_the_qwen35_text_layout_with_a_thinking_template(tmp_path):
-    from mass_jobs.cli import main
+    from mass_jobs.commands.cli import main
 
     assert main(["model", "tiny", "--hybrid", "--out", str(tmp_path / "m")]) == 0
     config = json.loads((tmp_path / "m" / "config.json").read_text())
@@ -146,7 +146,7 @@ def teacher_texts(store, ctx, gen: int) -> set[str]:
 
 def figures(store, ctx, spec, tokenizer) -> dict:
     """What the test prints and checks, per generation, from the stored run."""
-    from mass_jobs.harness import episode_cap
+    from mass_jobs.episodes.harness import episode_cap
 
     report = store.get_json(ctx.report_file("report.json"))
     out = {}
@@ -184,7 +184,7 @@ def check_figures(fig: dict, spec) -> None:
         assert f["train_steps"] == spec.sft.steps and f["selected_step"] in range(1, spec.sft.steps + 1), f
         train_tasks = sum(t.split == "train" for t in spec.resolved_tasks())
         assert sum(f["teacher_episodes_by_outcome"].values()) == train_tasks * spec.collection.episodes, f
-    from mass_jobs.harness import CAPS
+    from mass_jobs.episodes.harness import CAPS
 
     for row in fig["outcomes"]:  # every stage of every generation counts episodes by each cap
         assert set(row["by_cap"]) == set(CAPS) and sum(row["by_cap"].values()) <= row["episodes"], row
@@ -193,10 +193,10 @@ def check_figures(fig: dict, spec) -> None:
 @pytest.mark.slow(cost=500)
 @pytest.mark.argo_exec
 def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, hybrid_dir, tmp_path):
-    from mass_jobs.context import RunContext
-    from mass_jobs.models import RunSpec, StoreSpec
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.config.run_spec import RunSpec, StoreSpec
     from mass_jobs.store import open_store
-    from mass_jobs.testing.scripted_judges import HashVerdictJudge
+    from mass_jobs.tools.testing.scripted_judges import HashVerdictJudge
     from tests.test_argo_exec import (S3_SECRET, ArgoExecutor, LocalRun, archive_difference, cluster_docs, manifests,
                                       put_spec, timeless, upload_dir)
 
@@ -264,7 +264,7 @@ def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, hy
               f"{ {k: v for k, v in row['by_outcome'].items() if v} } by cap {row['by_cap']}")
     check_figures(fig, spec)
     # what `mass plan` computes for this spec is what both runs stored (exact counts; bounds held)
-    from mass_jobs.planning.counts import compare, plan_counts, stored_counts
+    from mass_jobs.pipeline.planning.counts import compare, plan_counts, stored_counts
 
     for planned in plan_counts(spec):
         for st in (local_store, argo_store):

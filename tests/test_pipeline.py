@@ -1,4 +1,4 @@
-"""The pipeline table (mass_jobs/pipeline.py): one definition the local runner, `mass status` and the
+"""The pipeline table (mass_jobs/pipeline/table.py): one definition the local runner, `mass status` and the
 Argo compiler derive from; done-checks are the cores' own input hashes; a changed spec is refused.
 
     .venv/bin/python -m pytest -q tests/test_pipeline.py
@@ -13,11 +13,11 @@ import re
 import pytest
 import yaml
 
-from mass_jobs import pipeline as P
-from mass_jobs.cli import COMMANDS, main as cli_main
-from mass_jobs.context import RunContext, spec_changes
-from mass_jobs.runner import Runner, step_status
-from mass_jobs.spec import load_spec, SpecError, validate_document
+from mass_jobs.pipeline import table as P
+from mass_jobs.commands.cli import COMMANDS, main as cli_main
+from mass_jobs.run.context import RunContext, spec_changes
+from mass_jobs.pipeline.runner import Runner, step_status
+from mass_jobs.spec.load import load_spec, SpecError, validate_document
 from mass_jobs.store import Step
 from tests.fixtures.inner_loop import add_episodes, episode, spec_document
 from tests.fixtures.k8s import load_docs
@@ -109,14 +109,15 @@ def test_no_executor_dispatches_on_a_step_name():
     names = {s.name for s in P.PIPELINE}
     assert _name_dispatch('if sd.name == "merge": pass\nd = {"search": 1}\nok = kind == "train"\n', names) == [1, 2]
     root = pathlib.Path(mass_jobs.__file__).parent
-    consumers = ["pipeline.py", "runner.py", "commands/status.py", "commands/plan.py", "commands/validate.py",
-                 "planning/schedule.py", "planning/counts.py", "k8s/argo.py", "k8s/codegen.py", "preflight.py"]
+    consumers = ["pipeline/table.py", "pipeline/runner.py", "commands/status.py", "commands/plan.py",
+                 "commands/validate.py", "pipeline/planning/schedule.py", "pipeline/planning/counts.py", "k8s/argo.py",
+                 "k8s/codegen.py", "k8s/preflight.py"]
     found = {rel: _name_dispatch((root / rel).read_text(), names) for rel in consumers}
     assert {rel: lines for rel, lines in found.items() if lines} == {}
     # nor re-derive what a step becomes from its scope and pod: that is its shape, derived once
     ladder = re.compile(r"\b(sd|s|step)\.(scope|pod)\b")
     found = {rel: [n + 1 for n, line in enumerate((root / rel).read_text().splitlines()) if ladder.search(line)]
-             for rel in consumers if rel != "pipeline.py"}
+             for rel in consumers if rel != "pipeline/table.py"}
     assert {rel: lines for rel, lines in found.items() if lines} == {}
 
 
@@ -148,9 +149,9 @@ def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(m
     reports its done flag."""
     from mass_jobs.commands.validate import done_outputs
     from mass_jobs.k8s import codegen
-    from mass_jobs.planning.schedule import DEFAULTS, simulate
+    from mass_jobs.pipeline.planning.schedule import DEFAULTS, simulate
 
-    extra = P.StepDef("audit-gen", "generation", "mass_jobs.audit:audit_episode", ("audit-gen",),
+    extra = P.StepDef("audit-gen", "generation", "mass_jobs.episodes.audit:audit_episode", ("audit-gen",),
                       "tests.test_pipeline:audit_gen_step", reads=("collect_episode",), writes=("gen",),
                       cost=lambda w: P.Cost(7.0, 3))
     counting = P.StepDef("count", "task", "tests.test_pipeline:count_tasks", ("count",),
@@ -329,9 +330,9 @@ def test_model_locations_resolve_through_the_specs_s3_endpoint(tiny_model_dir, s
     the spec's store endpoint, not only when AWS_ENDPOINT_URL happens to be set."""
     import os
 
-    from mass_jobs import modelio
-    from mass_jobs.modelio import store_model_dir
-    from mass_jobs.generation_model import local_model_dir
+    from mass_jobs.serving import model_dirs as modelio
+    from mass_jobs.serving.model_dirs import store_model_dir
+    from mass_jobs.run.generation_model import local_model_dir
 
     monkeypatch.setattr(modelio, "DEFAULT_CACHE", tmp_path / "model-cache")  # the base's download cache
     from mass_jobs.store import open_store

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from mass_jobs.planning.counts import compare, plan_counts
-from mass_jobs.planning.memory import GIB, load_config, training_memory
-from mass_jobs.planning.schedule import DEFAULTS, simulate
-from mass_jobs.spec import load_spec, validate_document
+from mass_jobs.pipeline.planning.counts import compare, plan_counts
+from mass_jobs.pipeline.planning.memory import GIB, load_config, training_memory
+from mass_jobs.pipeline.planning.schedule import DEFAULTS, simulate
+from mass_jobs.spec.load import load_spec, validate_document
 
 ROOT = Path(__file__).parent.parent
 PAPER = ROOT / "examples" / "paper.yaml"
@@ -21,7 +21,7 @@ QWEN = ROOT / "examples" / "qwen3.5-27b-config.json"
 def mass_plan(capsys, *args: str) -> SimpleNamespace:
     """`mass plan ARGS` in this process (its CLI entry, as a subprocess would run it, without the
     interpreter start): returncode, stdout and stderr."""
-    from mass_jobs.cli import main
+    from mass_jobs.commands.cli import main
 
     capsys.readouterr()
     code = main(["plan", *args])
@@ -178,7 +178,7 @@ def test_uncapped_episodes_leave_the_window_count_unbounded_and_the_table_says_s
     planned = plan_counts(spec)[0]
     assert planned["sft_windows_max"] is None
     assert compare(planned, dict(planned, sft_windows_max=10 ** 9)) == []
-    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.config.run_spec import EpisodeLimits
 
     limits = EpisodeLimits(turns_per_agent=40, tool_calls=200)
     capped = plan_counts(spec.model_copy(update={"execution": spec.execution.model_copy(update={"limits": limits})}))[0]

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs import preflight
-from mass_jobs.cli import main as mass
+from mass_jobs.k8s import preflight
+from mass_jobs.commands.cli import main as mass
 from mass_jobs.commands.validate import cluster_issues
-from mass_jobs.spec import load_spec, validate_document
+from mass_jobs.spec.load import load_spec, validate_document
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "mass-jobs"

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from mass_jobs.progress import Display, Eta, PerKey
+from mass_jobs.pipeline.progress import Display, Eta, PerKey
 
 
 def test_plain_display_prints_each_step_its_notes_and_an_eta():
@@ -56,7 +56,7 @@ def test_eta_takes_each_step_at_its_own_mean():
     assert eta.text() == "ETA ~12:00"  # 10 + 350 + 10 + 350
     eta.add(10, skipped=False)
     assert eta.text() == "ETA ~11:50"
-    from mass_jobs.progress import estimate
+    from mass_jobs.pipeline.progress import estimate
 
     assert estimate(["train", "merge"], {"train": [300.0, 400.0], "guard": [10.0]}) == 350 + (300 + 400 + 10) / 3
     assert estimate(["train"], {}) is None
@@ -72,7 +72,7 @@ def test_rollout_counter_is_per_generation_and_never_passes_its_total():
 
 @pytest.mark.slow  # builds a model (4 warm-up steps)
 def test_warm_build_prints_steps_and_loss(tmp_path, capsys):
-    from mass_jobs.cli import main
+    from mass_jobs.commands.cli import main
 
     assert main(["model", "tiny", "--out", str(tmp_path / "m"), "--warm", "--steps", "4", "--every", "2"]) == 0
     err = capsys.readouterr().err
@@ -97,7 +97,7 @@ def test_run_without_progress_prints_step_lines(tmp_path):
     doc = {"name": "p", "model": {"base": "empty"}, "tasks": [{"id": "t", "split": "train", "prompt": "do it"}],
            "store": {"uri": "file://store"}}
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "run", "spec.yaml", "--no-progress", "--work-dir", "w"],
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "run", "spec.yaml", "--no-progress", "--work-dir", "w"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[:3] == [

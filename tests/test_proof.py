@@ -1,12 +1,12 @@
-"""Agent-pod outputs are ingested only as the harness signed them (mass_jobs/harness/proof.py)."""
+"""Agent-pod outputs are ingested only as the harness signed them (mass_jobs/episodes/proof.py)."""
 
 import json
 
 import pytest
 
-from mass_jobs.context import RunContext
-from mass_jobs.harness import proof
-from mass_jobs.steps.rollouts import agent_ended, agent_result, lost_agent_status, new_inputs
+from mass_jobs.run.context import RunContext
+from mass_jobs.episodes import proof
+from mass_jobs.episodes.rollouts import agent_ended, agent_result, lost_agent_status, new_inputs
 
 KEY = proof.new_key()
 ROLLOUT = "run/gen-0/collect/t/ep-0"

@@ -11,10 +11,10 @@ import httpx
 import jsonschema
 import pytest
 
-from mass_jobs.llm import Endpoint, ModelClient
-from mass_jobs.models import Sampling
-from mass_jobs.proxy import RecordingProxy, StreamAssembler, read_trace
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.serving.llm import Endpoint, ModelClient
+from mass_jobs.config.run_spec import Sampling
+from mass_jobs.serving.proxy import RecordingProxy, StreamAssembler, read_trace
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "schemas" / "trace-record.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
@@ -254,7 +254,7 @@ def test_mass_proxy_command_records_until_interrupted(scripted_endpoint, tmp_pat
     trace = tmp_path / "cli.jsonl"
     disposition = signal.SIG_IGN if inherited == "ignored" else signal.SIG_DFL
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mass_jobs.cli", "proxy", "--upstream", ep.base_url, "--model", "scripted",
+        [sys.executable, "-m", "mass_jobs.commands.cli", "proxy", "--upstream", ep.base_url, "--model", "scripted",
          "--trace", str(trace)],
         stdout=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, disposition),
     )  # fmt: skip

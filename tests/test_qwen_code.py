@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mass_jobs.audit import audit_episode, split_threads
-from mass_jobs.harness import EpisodeInput, run_episode, validate_status
-from mass_jobs.harness.qwen_code import DEFAULT_BIN, qwen_binary, settings
-from mass_jobs.llm import Endpoint
-from mass_jobs.models import EpisodeLimits, Sampling
-from mass_jobs.proxy import read_trace
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.episodes.audit import audit_episode, split_threads
+from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_status
+from mass_jobs.episodes.qwen_code import DEFAULT_BIN, qwen_binary, settings
+from mass_jobs.serving.llm import Endpoint
+from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+from mass_jobs.serving.proxy import read_trace
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 
 MAIN = "You are Qwen Code"
 SUB = "You are a general-purpose agent"
@@ -119,8 +119,8 @@ def test_the_paper_specs_harness_settings_are_upstreams():
     """examples/paper.yaml's settings as qwen-code gets them, beside upstream's run_episode.sh: no
     retries, the model's 262,144-token window, presence 0, repetition 1, thinking on; the builtin
     harness and the judges send the same pins with every request."""
-    from mass_jobs.llm import ModelClient
-    from mass_jobs.spec import load_spec
+    from mass_jobs.serving.llm import ModelClient
+    from mass_jobs.spec.load import load_spec
 
     spec = load_spec(Path(__file__).parents[1] / "examples" / "paper.yaml")
     inp = EpisodeInput(prompt="p", endpoint=Endpoint("http://127.0.0.1:1/v1", "m"), limits=spec.execution.limits,
@@ -140,7 +140,7 @@ def test_the_paper_specs_harness_settings_are_upstreams():
 
 
 def teacher_parts():
-    from mass_jobs.workflow import DEFAULT_WORKFLOW, teacher_prompt_parts
+    from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, teacher_prompt_parts
 
     return teacher_prompt_parts("Write analysis.py printing the mean of 1, 2, 3, and check it.", DEFAULT_WORKFLOW)
 
@@ -148,7 +148,7 @@ def teacher_parts():
 def test_real_qwen_code_episode_renders_with_the_main_session_as_orchestrator(scripted_endpoint, tmp_path, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from mass_jobs.models import SftSpec
+    from mass_jobs.config.run_spec import SftSpec
     from mass_jobs.steps.sft_threads import EpisodeTrace, rebuild_threads
     from mass_jobs.steps.render_sft import render_windows
     from mass_jobs.steps.sft_tokens import IGNORE
@@ -221,7 +221,7 @@ def test_qwen_codes_turn_limit_is_a_model_caused_end_of_its_own(scripted_endpoin
 def test_uncapped_limits_pass_no_turn_limit_and_breach_nothing():
     """Upstream's default: qwen-code runs without --max-session-turns (its own default is no limit)
     and a trace of 60 turns and 300 calls breaks no limit; capped, the same trace breaks each."""
-    from mass_jobs.harness.qwen_code import command, limit_breach
+    from mass_jobs.episodes.qwen_code import command, limit_breach
 
     ep = Endpoint("http://127.0.0.1:1/v1", "m")
     capped = EpisodeInput(prompt="p", endpoint=ep, limits=EpisodeLimits(turns_per_agent=40))
@@ -245,7 +245,7 @@ HARNESS_TEXT = ("Got it. Thanks for the context!",)  # qwen-code's canned replie
 
 def boilerplate_draw_share(windows, tok) -> float:
     """The share of the sampler's draws (orchestrator windows 1/3, the rest 2/3, uniform within;
-    mass_jobs.sampler) that land on a window whose supervised text is only harness text."""
+    mass_jobs.training.sampler) that land on a window whose supervised text is only harness text."""
     from mass_jobs.steps.sft_tokens import IGNORE
 
     def only_harness(w) -> bool:
@@ -265,7 +265,7 @@ def test_qwen_codes_prompt_does_not_depend_on_where_the_workspace_is(scripted_en
     agent pod), so two episodes in two folders send the model the same prompt."""
     import tempfile
 
-    from mass_jobs.harness.qwen_code import sandbox_home
+    from mass_jobs.episodes.qwen_code import sandbox_home
 
     prompts = []
     for _ in range(2):

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.bradley_terry import fit
-from mass_jobs.context import RunContext
-from mass_jobs.llm import ModelClient
-from mass_jobs.pairing import is_connected, pairs, schedule
+from mass_jobs.judging.bradley_terry import fit
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.llm import ModelClient
+from mass_jobs.judging.pairing import is_connected, pairs, schedule
 from mass_jobs.steps.collect import run_collect
 from mass_jobs.steps.guard import GuardReport, run_guard
 from mass_jobs.steps.rank import RankError, Ranking, run_rank, select, step_schema, write_step_schemas
 from mass_jobs.steps.search import Search, run_search
-from mass_jobs.steps.rollouts import episode_executor
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
@@ -197,7 +197,7 @@ def test_step_schemas_are_checked_in(tmp_path):
 def test_tiny_model_runs_the_chain_to_manifests(make_store, inner_spec, tiny_model_dir):
     """The untrained tiny model through the embedded server: malformed proposals and verdicts are
     handled as specified, and every step still ends in its manifest."""
-    from mass_jobs.serve import ModelServer
+    from mass_jobs.serving.serve import ModelServer
 
     store = make_store("file")
     spec = inner_spec(

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from transformers import AutoTokenizer
 
-from mass_jobs.models import SftSpec
+from mass_jobs.config.run_spec import SftSpec
 from mass_jobs.steps.render_sft import render_windows
 from mass_jobs.steps.sft_threads import EpisodeTrace, rebuild_threads, teacher_prompt_from_trace
 from mass_jobs.steps.sft_tokens import (
@@ -23,7 +23,7 @@ from mass_jobs.steps.sft_tokens import (
     tokenize_conversation,
     turn_opener,
 )
-from mass_jobs.tiny import CHAT_TEMPLATE
+from mass_jobs.tiny.build import CHAT_TEMPLATE
 from tests.fixtures.chat_templates import QWEN3_THINKING, QWEN3_THINKING_MARKED, upstream_segment_masks
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "schemas" / "sft-window.schema.json").read_text())
@@ -390,8 +390,8 @@ def test_template_that_rewrites_earlier_replies_is_an_episode_error_naming_threa
 def test_render_step_over_the_store(tokenizer, tmp_path):
     import yaml
 
-    from mass_jobs.context import RunContext
-    from mass_jobs.spec import load_spec
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.spec.load import load_spec
     from mass_jobs.steps.render_sft import read_jsonl, run_render
     from mass_jobs.store import open_store, read_manifest
 
@@ -649,11 +649,11 @@ def test_workflow_and_directive_are_removed_when_the_harness_changed_the_task_te
 
 
 def test_real_builtin_episode_renders_with_the_orchestrator_stripped(scripted_endpoint, tmp_path, tokenizer):
-    from mass_jobs.harness import EpisodeInput, run_episode
-    from mass_jobs.models import EpisodeLimits, Sampling
-    from mass_jobs.proxy import read_trace
-    from mass_jobs.testing.scripted_endpoint import Reply
-    from mass_jobs.workflow import DEFAULT_WORKFLOW, teacher_prompt_parts
+    from mass_jobs.episodes.harness import EpisodeInput, run_episode
+    from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+    from mass_jobs.serving.proxy import read_trace
+    from mass_jobs.tools.testing.scripted_endpoint import Reply
+    from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, teacher_prompt_parts
 
     parts = teacher_prompt_parts(BARE, DEFAULT_WORKFLOW)
     ep = scripted_endpoint({

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from mass_jobs.cli import main as mass
+from mass_jobs.commands.cli import main as mass
 from tests.fixtures.k8s import CHART, ci_values_files, load_docs, render_chart
 
 

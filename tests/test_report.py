@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest
 
-from mass_jobs.context import RunContext
-from mass_jobs.spec import validate_document
+from mass_jobs.run.context import RunContext
+from mass_jobs.spec.load import validate_document
 from mass_jobs.steps import report as rp
 from mass_jobs.steps import report_document as rd
 from mass_jobs.steps import report_render as rr
@@ -169,7 +169,7 @@ def test_report_files_schema_and_rebuild(built):
 def test_the_reports_done_check_reads_manifests_and_a_finished_step_redoes_it(built, monkeypatch):
     """`mass status` must not rebuild the report (bootstrap, embeddings) to say it is stored: its
     Step hashes the spec and the other steps' manifests; a step finished since makes it pending."""
-    from mass_jobs import pipeline as P
+    from mass_jobs.pipeline import table as P
     from mass_jobs.store import Step
 
     report = P.by_name("report")
@@ -331,8 +331,8 @@ def test_mostly_invalid_verdicts_are_a_warning():
 
 def test_episodes_are_counted_by_the_cap_that_ended_them(built):
     """Each cap of execution.limits is a column, with the outcome and reason each harness ends it with."""
-    from mass_jobs.harness import CAPS, TOOL_CALL_CAP, episode_cap
-    from mass_jobs.harness.qwen_code import limit_breach
+    from mass_jobs.episodes.harness import CAPS, TOOL_CALL_CAP, episode_cap
+    from mass_jobs.episodes.qwen_code import limit_breach
 
     store = built.store
     base = {"harness": "qwen-code", "counts": {"turns": 1, "tool_calls": 0, "delegations": 0, "agents": 1},
@@ -353,9 +353,9 @@ def test_episodes_are_counted_by_the_cap_that_ended_them(built):
     assert "| generation | stage | turns_per_agent | tool_calls | wall_s | loop_repeats |" in md
     assert "| L0 | collect | 1 | 2 | 1 | 1 |" in md
     # the qwen-code harness's own tool-call cap words its reason so
-    from mass_jobs.harness import EpisodeInput
-    from mass_jobs.llm import Endpoint
-    from mass_jobs.models import EpisodeLimits, Sampling
+    from mass_jobs.episodes.harness import EpisodeInput
+    from mass_jobs.serving.llm import Endpoint
+    from mass_jobs.config.run_spec import EpisodeLimits, Sampling
 
     inp = EpisodeInput(prompt="p", endpoint=Endpoint(base_url="http://127.0.0.1:1/v1", model="m"),
                        limits=EpisodeLimits(tool_calls=1), sampling=Sampling())

@@ -4,15 +4,15 @@ test puts a real served model (the tiny model behind the embedded server) in the
 
 import pytest
 
-from mass_jobs.context import RunContext
-from mass_jobs.llm import ModelClient
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.llm import ModelClient
 from mass_jobs.steps import report as rp
 from mass_jobs.steps.collect import run_collect
 from mass_jobs.steps.guard import run_guard
 from mass_jobs.steps.rank import run_rank
 from mass_jobs.steps.search import run_search
-from mass_jobs.steps.rollouts import episode_executor
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode, proposal
 
 RUN = "inner"
@@ -96,7 +96,7 @@ def test_a_second_served_model_as_optimizer_and_evaluator(make_store, inner_spec
     """A tiny run whose optimizer and evaluator are a second, really served model: its proposals and
     verdicts record that model, the generation's endpoint is asked nothing but rollouts, and the report
     says which model played which role."""
-    from mass_jobs.serve import ModelServer
+    from mass_jobs.serving.serve import ModelServer
 
     gen = judging_endpoint()
     with ModelServer(tiny_model_dir, served_name="strong-tiny", dtype="float32") as srv:
@@ -126,7 +126,7 @@ def test_a_second_served_model_as_optimizer_and_evaluator(make_store, inner_spec
 
 
 def test_role_endpoints_are_validated(tmp_path):
-    from mass_jobs.spec import SpecError, validate_document
+    from mass_jobs.spec.load import SpecError, validate_document
     from tests.fixtures.inner_loop import spec_document
 
     doc = spec_document(f"file://{tmp_path}", roles={"evaluator": {"endpoint": "ftp://x", "model": ""},

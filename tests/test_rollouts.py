@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.cli import main as cli_main
-from mass_jobs.context import RunContext
-from mass_jobs.harness import proof
-from mass_jobs.llm import ModelClient
-from mass_jobs.steps.rollouts import AGENT_OUTPUTS, RolloutError
+from mass_jobs.commands.cli import main as cli_main
+from mass_jobs.run.context import RunContext
+from mass_jobs.episodes import proof
+from mass_jobs.serving.llm import ModelClient
+from mass_jobs.episodes.rollouts import AGENT_OUTPUTS, RolloutError
 from mass_jobs.steps.search import SearchError, run_search
-from mass_jobs.steps.rollouts import episode_executor
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode, proposal
 
 

@@ -28,12 +28,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.context import RunContext
+from mass_jobs.run.context import RunContext
 from mass_jobs.commands.validate import done_outputs
-from mass_jobs.runner import SplitLeak, check_no_test_leak, step_status, train_tasks
-from mass_jobs.spec import load_spec, validate_document
+from mass_jobs.pipeline.runner import SplitLeak, check_no_test_leak, step_status, train_tasks
+from mass_jobs.spec.load import load_spec, validate_document
 from mass_jobs.store import FileStore, read_manifest, verify_manifest
-from mass_jobs.testing.scripted_judges import HashVerdictJudge
+from mass_jobs.tools.testing.scripted_judges import HashVerdictJudge
 
 SPEC = Path(__file__).parent / "specs" / "ci-e2e.yaml"
 
@@ -128,7 +128,7 @@ def open_run(spec_path: Path) -> RunContext:
 
 
 def mass(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mass_jobs.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def status_rows(spec_path: Path) -> dict:
@@ -140,7 +140,7 @@ def status_rows(spec_path: Path) -> dict:
 def freeze(pid: int, sig: int) -> None:
     """Signal the run's whole process tree (SIGSTOP, SIGCONT, SIGKILL): torchrun starts its workers
     in sessions of their own, out of reach of the run's process group."""
-    from mass_jobs.sandbox_tree import tree_pids
+    from mass_jobs.sandbox.tree import tree_pids
 
     for p in tree_pids(pid):
         try:
@@ -153,7 +153,7 @@ def mass_run(spec: Path, work: Path, kill_when=None, before_kill=None, slice_whe
     """Run `mass run` to the end (returns its output), or freeze and SIGKILL its process group once
     kill_when(). From slice_when() on, the run only advances in short slices between frozen looks,
     so a moment kill_when() waits for (a checkpoint) cannot slip by between two polls."""
-    cmd = [sys.executable, "-m", "mass_jobs.cli", "run", str(spec), "--work-dir", str(work), "--no-progress"]
+    cmd = [sys.executable, "-m", "mass_jobs.commands.cli", "run", str(spec), "--work-dir", str(work), "--no-progress"]
     with open(work.parent / "run.out", "w+b") as out:
         proc = subprocess.Popen(cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
         slicing = False
@@ -320,7 +320,7 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     assert hash_judge.requests and not foreign, json.dumps(foreign[:2])[:3000]
     report_a = check_run(a, answers_a)
     # what `mass plan` said before the run is what the run stored (exact counts; bounds not exceeded)
-    from mass_jobs.planning.counts import compare, plan_counts, stored_counts
+    from mass_jobs.pipeline.planning.counts import compare, plan_counts, stored_counts
 
     ctx_plan = open_run(a)
     for planned in plan_counts(ctx_plan.spec):
@@ -433,7 +433,7 @@ def test_the_train_core_refuses_a_test_tasks_windows_on_any_executor(tmp_path):
 def test_status_validate_and_run_agree_on_a_changed_spec(tmp_path, tiny_model_dir):
     """One decision (`RunContext.spec_differences`): a field changed after the run started is named
     by all three commands with exit 2; status shows the stored run's steps, not a mix of two specs."""
-    from mass_jobs.cli import main
+    from mass_jobs.commands.cli import main
 
     doc = yaml.safe_load(SPEC.read_text())
     doc["model"]["base"] = doc["judges"][0]["model"] = str(tiny_model_dir)

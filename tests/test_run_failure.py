@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.runner import progress_summary
+from mass_jobs.pipeline.runner import progress_summary
 
 SPEC = Path(__file__).parent / "specs" / "ci-e2e.yaml"
 
@@ -27,13 +27,13 @@ def broken(ctx, gen, task):
     raise ValueError(f"corrupt collection summary for task {task} (broken on purpose)")
 
 guard.run_guard = broken
-from mass_jobs.cli import main
+from mass_jobs.commands.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
 def mass(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
-    head = ["-c", code] if code else ["-m", "mass_jobs.cli"]
+    head = ["-c", code] if code else ["-m", "mass_jobs.commands.cli"]
     return subprocess.run([sys.executable, *head, *args], capture_output=True, text=True, timeout=300)
 
 
@@ -100,7 +100,7 @@ def test_a_step_broken_on_purpose_is_recorded_with_its_error_and_logs(tmp_path, 
 def test_ctrl_c_in_a_step_reads_interrupted_not_failed(make_store, inner_spec, tmp_path):
     """Ctrl-C (KeyboardInterrupt) stops a step without anything in it failing: the run-state and
     `mass status` say interrupted, as after a kill, and keep no failure record."""
-    from mass_jobs.runner import Runner, step_status
+    from mass_jobs.pipeline.runner import Runner, step_status
 
     store = make_store("file")
     runner = Runner("spec.yaml", inner_spec(store, generations=1), store, work_dir=tmp_path, progress=False)

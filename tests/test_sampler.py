@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from mass_jobs.sampler import WindowSampler
+from mass_jobs.training.sampler import WindowSampler
 
 
 def windows() -> list[dict]:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs import sandbox
-from mass_jobs.models import EpisodeLimits
-from mass_jobs.sandbox import (
+from mass_jobs.sandbox import run as sandbox
+from mass_jobs.config.run_spec import EpisodeLimits
+from mass_jobs.sandbox.run import (
     SandboxEscape,
     SandboxLimits,
     SandboxResult,

@@ -1,5 +1,5 @@
 """The agent pod's two-container split, run here as two processes' worth of code: the harness side
-(`run_episode(..., sandbox=SandboxClient)`) and the sandbox side (`mass_jobs.sandbox_service`)
+(`run_episode(..., sandbox=SandboxClient)`) and the sandbox side (`mass_jobs.episodes.sandbox_service`)
 over a real Unix socket. What runs in the sandbox must give the episode the local path gives it,
 byte for byte, for the built-in harness and for the real qwen-code; and the recording proxy serves
 only the harness that holds its token. The pod shape itself (uids, volumes, the sidecar) runs in
@@ -15,12 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mass_jobs.harness import EpisodeInput, run_episode, validate_status
-from mass_jobs.models import EpisodeLimits, Sampling
-from mass_jobs.proxy import RecordingProxy, read_trace
-from mass_jobs.sandbox_client import SandboxClient
-from mass_jobs.sandbox_service import SandboxError, serve
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_status
+from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+from mass_jobs.serving.proxy import RecordingProxy, read_trace
+from mass_jobs.episodes.sandbox_client import SandboxClient
+from mass_jobs.episodes.sandbox_service import SandboxError, serve
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 
 
 @pytest.fixture

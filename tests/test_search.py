@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.compare import bundle, judge, parse_verdict
-from mass_jobs.context import RunContext
-from mass_jobs.llm import ModelClient
+from mass_jobs.judging.compare import bundle, judge, parse_verdict
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.llm import ModelClient
 from mass_jobs.steps.search import Search, run_search
-from mass_jobs.steps.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.steps.search_state import SearchState
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode, proposal
 
 
@@ -194,7 +194,7 @@ def test_unreadable_verdicts_are_retried_then_invalid(judging_endpoint):
 def test_cli_entries_print_json_and_use_exit_codes(tmp_path, judging_endpoint, capsys):
     import yaml
 
-    from mass_jobs.cli import main
+    from mass_jobs.commands.cli import main
     from tests.fixtures.inner_loop import spec_document
 
     doc = spec_document(f"file://{tmp_path / 'store'}", search={"iterations": 1},

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from mass_jobs.context import RunContext
-from mass_jobs.spec import validate_document
+from mass_jobs.run.context import RunContext
+from mass_jobs.spec.load import validate_document
 from mass_jobs.steps.select import run_select
 from mass_jobs.steps.select_panel import candidate_won, choose, panel_candidates, tally
 from mass_jobs.store import FileStore, Step, read_manifest
@@ -130,7 +130,7 @@ def test_default_servers_merge_a_stored_checkpoint_and_serve_it(tmp_path, tiny_m
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mass_jobs.llm import ModelClient
+    from mass_jobs.serving.llm import ModelClient
     from mass_jobs.steps.select_panel import default_servers
 
     doc = spec_document(f"file://{tmp_path}/s", model={"base": str(tiny_model_dir), "dtype": "float32",

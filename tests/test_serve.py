@@ -14,9 +14,9 @@ import os
 import httpx
 import pytest
 
-from mass_jobs.llm import Endpoint
-from mass_jobs.serve import ModelServer
-from mass_jobs.tiny import SPECIAL_TOKENS
+from mass_jobs.serving.llm import Endpoint
+from mass_jobs.serving.serve import ModelServer
+from mass_jobs.tiny.build import SPECIAL_TOKENS
 
 TOOLS = [
     {
@@ -265,8 +265,8 @@ def test_server_stops_cleanly_and_reports_a_failed_start(tiny_model_dir, tmp_pat
 
 
 def test_the_project_model_client_talks_to_it(server):
-    from mass_jobs.llm import ModelClient
-    from mass_jobs.models import Sampling
+    from mass_jobs.serving.llm import ModelClient
+    from mass_jobs.config.run_spec import Sampling
 
     # ModelClient sends top_k top-level and a seed: both must be accepted (upstream alone answers 422).
     with ModelClient(server.endpoint, Sampling(temperature=1.0, top_k=40), timeout_s=60, retries=0) as client:
@@ -293,7 +293,7 @@ def test_control_tokens_never_reach_a_client(client, tokenizer):
 
 
 def test_token_filter_holds_a_split_token_back_until_it_is_decided():
-    from mass_jobs.serve import TokenFilter
+    from mass_jobs.serving.serve import TokenFilter
 
     flt = TokenFilter(("<|im_end|>",))
     assert [flt.feed(p) for p in ("a <", "|im_", "end|> b <", "c")] == ["a ", "", " b ", "<c"]

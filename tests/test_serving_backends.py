@@ -13,12 +13,12 @@ import httpx
 import pytest
 import yaml
 
-from mass_jobs import backends
-from mass_jobs.cli import main as mass
+from mass_jobs.serving import backends
+from mass_jobs.commands.cli import main as mass
 from mass_jobs.k8s import serving
 from mass_jobs.k8s.settings import ClusterSettings
-from mass_jobs.server_process import ServerProcess, free_port
-from mass_jobs.spec import validate_document
+from mass_jobs.serving.server_process import ServerProcess, free_port
+from mass_jobs.spec.load import validate_document
 from tests.fixtures.inner_loop import spec_document
 
 ENGINE_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser", "--max-model-len", "--dtype")
@@ -125,7 +125,7 @@ def group_members(pgid: int) -> list[int]:
 
 def test_server_process_waits_for_health_and_stops_the_whole_group(tiny_model_dir, tmp_path):
     port = free_port()
-    cmd = [sys.executable, "-m", "mass_jobs.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+    cmd = [sys.executable, "-m", "mass_jobs.commands.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
            "--served-name", "tiny", "--device", "cpu"]
     srv = ServerProcess(cmd, port=port, name="mass serve", log_path=tmp_path / "serve.log")
     with srv:
@@ -147,7 +147,7 @@ def test_server_process_waits_for_health_and_stops_the_whole_group(tiny_model_di
 def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(tiny_model_dir, tmp_path):
     """A server that ignores SIGTERM (a wedged engine) is killed after the grace period."""
     port = free_port()
-    serve = ("import signal, sys, uvicorn.server as u; from mass_jobs.cli import main; "
+    serve = ("import signal, sys, uvicorn.server as u; from mass_jobs.commands.cli import main; "
              "u.HANDLED_SIGNALS = (signal.SIGINT,); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
              f"sys.exit(main(['serve', '--model', {str(tiny_model_dir)!r}, '--port', '{port}', '--device', 'cpu']))")
     srv = ServerProcess([sys.executable, "-c", serve], port=port, stop_grace_s=2, log_path=tmp_path / "s.log")
@@ -163,7 +163,7 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(tiny_model_dir, tmp_p
 
 def test_external_serving_runs_steps_against_a_running_server_and_starts_none(tiny_model_dir, tmp_path, monkeypatch,
                                                                                 capsys):
-    from mass_jobs.serve import ModelServer
+    from mass_jobs.serving.serve import ModelServer
     from mass_jobs.store import open_store
 
     with ModelServer(tiny_model_dir, served_name="outside", device="cpu", log_path=tmp_path / "outside.log") as outside:
@@ -208,8 +208,8 @@ def test_the_vllm_extra_is_pinned_once_and_kept_out_of_the_test_install():
 
 
 def test_a_run_may_resume_on_another_serving_backend_but_not_with_other_numbers(make_store):
-    from mass_jobs.context import RunContext
-    from mass_jobs.spec import SpecError
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.spec.load import SpecError
 
     store = make_store("file")
     doc = spec_document(store.spec.uri)

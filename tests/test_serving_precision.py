@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs import serving_precision as sp
-from mass_jobs.generation_model import model_uri
+from mass_jobs.serving import precision as sp
+from mass_jobs.run.generation_model import model_uri
 from tests.fixtures.inner_loop import spec_document
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def spec_with(tmp_path, **sections):
     """A typed spec (the environment checks, e.g. vLLM installed for serving vllm, are not this test's)."""
-    from mass_jobs.models import RunSpec
+    from mass_jobs.config.run_spec import RunSpec
 
     return RunSpec.model_validate(spec_document(f"file://{tmp_path}/store", **sections))
 
@@ -25,7 +25,7 @@ def spec_with(tmp_path, **sections):
 def example(name: str):
     import yaml
 
-    from mass_jobs.models import RunSpec
+    from mass_jobs.config.run_spec import RunSpec
 
     return RunSpec.model_validate(yaml.safe_load((ROOT / "examples" / name).read_text()))
 
@@ -64,7 +64,7 @@ def test_local_embedded_and_external(tmp_path):
 
 def test_validate_says_which_weights_serve(tmp_path):
     def said(path):
-        out = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "validate", str(path)], capture_output=True,
+        out = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(path)], capture_output=True,
                              text=True, cwd=ROOT)
         assert out.returncode == 0, out.stderr
         return [line for line in out.stdout.splitlines() if line.startswith("serving:")]
@@ -92,10 +92,10 @@ def test_validate_says_which_weights_serve(tmp_path):
 def test_a_local_server_serves_the_recorded_weights(tmp_path, tiny_model_dir, monkeypatch):
     """A stored merge (BF16 + its real block-FP8 export): the vLLM backend on an FP8-capable GPU gets
     the FP8 dir, anything else the BF16 one, and gen-1/serving.json says which and why."""
-    from mass_jobs.context import RunContext
-    from mass_jobs.fp8 import export_fp8
-    from mass_jobs.modelio import store_model_dir
-    from mass_jobs.generation_model import served_model_dir
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.serving.fp8 import export_fp8
+    from mass_jobs.serving.model_dirs import store_model_dir
+    from mass_jobs.run.generation_model import served_model_dir
     from mass_jobs.store import open_store
 
     store = open_store(f"file://{tmp_path}/store")

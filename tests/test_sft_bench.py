@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mass_jobs import bench
+from mass_jobs.tools import bench
 from mass_jobs.steps.sft_tokens import IGNORE
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.cli import main as cli_main
-from mass_jobs.spec import SpecError, load_spec, validate_document
-from mass_jobs.spec_issues import generated_schema
+from mass_jobs.commands.cli import main as cli_main
+from mass_jobs.spec.load import SpecError, load_spec, validate_document
+from mass_jobs.spec.issues import generated_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 INVALID = sorted((ROOT / "tests/specs/invalid").glob("*.yaml"))
@@ -58,7 +58,7 @@ def test_validate_cli_as_a_process_reports_every_error_at_once(tmp_path):
         "name: Bad_Name\nmodel: {base: x, sampling: {temperature: 3, top_kk: 2}}\n"
         "tasks: [{id: a, split: train, prompt: hi}]\ncollection: {episodes: '18'}\nstore: {uri: 'gs://x'}\n"
     )
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "validate", str(bad)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(bad)], capture_output=True, text=True)
     assert proc.returncode == 2
     for fragment in ("$.name:", "$.model.sampling.temperature: expected a number <= 2, found 3",
                      "$.model.sampling.top_kk: unknown key", "$.collection.episodes: expected integer",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from mass_jobs.spec_locations import absolute_paths, store_in_folder
-from mass_jobs.spec import load_spec, validate_document
+from mass_jobs.spec.locations import absolute_paths, store_in_folder
+from mass_jobs.spec.load import load_spec, validate_document
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +24,7 @@ def write(folder: Path, **model) -> Path:
 
 
 def validate(spec: Path, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mass_jobs.cli", "validate", str(spec)], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(spec)], cwd=cwd,
                           capture_output=True, text=True)
 
 
@@ -117,7 +117,7 @@ def test_a_path_taken_for_a_hub_id_fails_naming_the_location(tmp_path):
     import os
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "serve", "--model", "build/tiny-wram"], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "serve", "--model", "build/tiny-wram"], cwd=tmp_path,
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()
@@ -136,7 +136,7 @@ def test_an_s3_spec_whose_task_file_was_not_uploaded_names_it(s3_server, s3_env,
     client.put_object(Bucket=bucket, Key="specs/up.yaml", Body=yaml.safe_dump({
         "name": "up", "model": {"base": "org/model"}, "tasks": [{"file": "tasks/a.yaml"}],
         "store": {"uri": f"s3://{bucket}/runs"}}).encode())
-    from mass_jobs.cli import main
+    from mass_jobs.commands.cli import main
 
     assert main(["validate", f"s3://{bucket}/specs/up.yaml"]) == 2
     err = capsys.readouterr().err

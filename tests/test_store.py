@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.models import StoreSpec
+from mass_jobs.config.run_spec import StoreSpec
 from mass_jobs.store import (
     CorruptObject,
     FileStore,
@@ -467,7 +467,7 @@ def test_corruption_on_disk_is_detected(make_store):
 PIPELINE = textwrap.dedent(
     """
     import sys, time
-    from mass_jobs.models import StoreSpec
+    from mass_jobs.config.run_spec import StoreSpec
     from mass_jobs.store import Step, open_store
 
     store = open_store(StoreSpec.model_validate_json(sys.argv[1]))

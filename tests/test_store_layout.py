@@ -6,7 +6,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "mass_jobs"
 # every module but the owner itself
-MODULES = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if p.name != "context.py")
+MODULES = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if p.relative_to(ROOT).as_posix() != "run/context.py")
 # an s3:// URI built from a key, or a key quoted in an error message, is not a key being spelled
 NOT_A_KEY = re.compile(r"s3://|raise \w+\(")
 # an f-string that starts from a context key or the run name and appends a path piece
@@ -15,7 +15,7 @@ INLINE_KEY = re.compile(r"""f["'][^"']*\{(ctx|self\.ctx)\.[a-z_]+(\([^)]*\))?\}/
 # from values outside the context (a verdict pair, a verdict under a prefix)
 LAYOUT_PIECE = re.compile(r"""f["'][^"']*((gen|rep|ep|iter|step|seed)-\{[^}]*\}/|\{(prefix|key|root)\}/)""")
 # the stores themselves join their own prefix and the key they are given
-STORE_OWN = {"store/s3.py", "store/local.py", "store/manifest.py", "store/archive.py", "modelio.py"}
+STORE_OWN = {"store/s3.py", "store/local.py", "store/manifest.py", "store/archive.py", "serving/model_dirs.py"}
 
 
 def test_no_module_formats_store_keys_inline():
@@ -41,8 +41,8 @@ def test_the_layout_pattern_catches_keys_spelled_from_other_values():
 
 
 def test_verdict_keys_are_the_contexts():
-    from mass_jobs.context import RunContext
-    from mass_jobs.judges import PairJob, PanelMember, verdict_key
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.judging.judges import PairJob, PanelMember, verdict_key
     from mass_jobs.steps.select_panel import CheckpointPair
 
     ctx = RunContext.template("run")
@@ -66,11 +66,11 @@ def test_the_pattern_catches_inline_keys():
 
 
 def test_every_module_is_scanned():
-    assert {"steps/search.py", "steps/evaluate.py", "steps/collect.py", "runner.py", "k8s/argo.py"} <= set(MODULES)
+    assert {"steps/search.py", "steps/evaluate.py", "steps/collect.py", "pipeline/runner.py", "k8s/argo.py"} <= set(MODULES)
 
 
 def test_context_keys_of_the_migrated_layout():
-    from mass_jobs.context import RunContext
+    from mass_jobs.run.context import RunContext
 
     ctx = RunContext.template("run")
     assert ctx.rank_verdict(0, "t", 3, "ep-1", "ep-2", 0) == "run/gen-0/rank/t/verdicts/0003-ep-1-ep-2-0.json"

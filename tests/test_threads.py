@@ -1,4 +1,4 @@
-"""One grouping of a trace into conversations (mass_jobs/threads.py): the audit's threads, the
+"""One grouping of a trace into conversations (mass_jobs/episodes/threads.py): the audit's threads, the
 render step's threads and the qwen-code harness's turn counts are the same calls.
 
     .venv/bin/python -m pytest -q tests/test_threads.py
@@ -6,9 +6,9 @@ render step's threads and the qwen-code harness's turn counts are the same calls
 
 from __future__ import annotations
 
-from mass_jobs.audit import split_threads
+from mass_jobs.episodes.audit import split_threads
 from mass_jobs.steps.sft_threads import rebuild_threads
-from mass_jobs.threads import group_calls
+from mass_jobs.episodes.threads import group_calls
 
 LEAD_TOOLS = [{"type": "function", "function": {"name": "agent", "parameters": {}}},
               {"type": "function", "function": {"name": "write_file", "parameters": {}}}]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.cli import main as cli_main
-from mass_jobs.tiny import SPECIAL_TOKENS
+from mass_jobs.commands.cli import main as cli_main
+from mass_jobs.tiny.build import SPECIAL_TOKENS
 
 TOOLS = [
     {
@@ -148,11 +148,11 @@ def test_assistant_mask_covers_exactly_the_generated_parts(tokenizer):
     assert tokenizer.decode(ids[: mask.index(1)]).endswith("<|im_start|>assistant\n")
 
 
-# ---- model locations (mass_jobs.modelio) ----
+# ---- model locations (mass_jobs.serving.model_dirs) ----
 
 
 def test_resolve_local_dir_and_file_uri(tiny_model_dir):
-    from mass_jobs.modelio import resolve_model
+    from mass_jobs.serving.model_dirs import resolve_model
 
     assert resolve_model(tiny_model_dir) == tiny_model_dir
     assert resolve_model(f"file://{tiny_model_dir}") == tiny_model_dir
@@ -160,7 +160,7 @@ def test_resolve_local_dir_and_file_uri(tiny_model_dir):
 
 @pytest.mark.parametrize("bad", ["/no/such/model/dir", "./missing", "not a hub id!"])
 def test_resolve_rejects_what_is_not_a_model_location(bad):
-    from mass_jobs.modelio import ModelLocationError, resolve_model
+    from mass_jobs.serving.model_dirs import ModelLocationError, resolve_model
 
     with pytest.raises(ModelLocationError, match="no such directory"):
         resolve_model(bad)
@@ -170,7 +170,7 @@ def test_resolve_rejects_what_is_not_a_model_location(bad):
 def test_resolve_s3_downloads_once_and_loads(layout, tiny_model_dir, s3_env, tmp_path):
     import torch
 
-    from mass_jobs.modelio import load_model, load_tokenizer, resolve_model
+    from mass_jobs.serving.model_dirs import load_model, load_tokenizer, resolve_model
     from mass_jobs.store import open_store
 
     options = {"endpoint_url": s3_env["endpoint_url"], "region": s3_env["region"]}
@@ -200,7 +200,7 @@ def test_resolve_s3_downloads_once_and_loads(layout, tiny_model_dir, s3_env, tmp
 
 
 def test_resolve_s3_missing_key_names_it(s3_env, tmp_path):
-    from mass_jobs.modelio import ModelLocationError, resolve_model
+    from mass_jobs.serving.model_dirs import ModelLocationError, resolve_model
 
     options = {"endpoint_url": s3_env["endpoint_url"], "region": s3_env["region"]}
     uri = f"s3://{s3_env['bucket']}/nothing/here"
@@ -209,7 +209,7 @@ def test_resolve_s3_missing_key_names_it(s3_env, tmp_path):
     assert list(tmp_path.iterdir()) == []  # no half-written cache entry left behind
 
 
-# ---- the warm tiny model (mass_jobs.tiny_warm): well-formed replies for the demo ----
+# ---- the warm tiny model (mass_jobs.tiny.warm): well-formed replies for the demo ----
 
 DEMO_TASKS = [
     "Write fib.py that prints the first 10 Fibonacci numbers and save them to results/fib.json.",
@@ -221,7 +221,7 @@ DEMO_TASKS = [
 
 @pytest.mark.slow  # builds warm models (short warm-ups, then the behaviour check)
 def test_warm_up_is_deterministic_for_the_seed_and_moves_the_weights(tiny_model_dir, tmp_path):
-    from mass_jobs.tiny_warm import build_warm_model
+    from mass_jobs.tiny.warm import build_warm_model
 
     first = file_hashes(build_warm_model(tmp_path / "a", seed=0, steps=6))
     again = file_hashes(build_warm_model(tmp_path / "b", seed=0, steps=6))
@@ -232,8 +232,8 @@ def test_warm_up_is_deterministic_for_the_seed_and_moves_the_weights(tiny_model_
 def test_warm_corpus_delegates_on_workflow_prompts_and_mostly_works_alone_on_bare_ones():
     import json
 
-    from mass_jobs.harness.builtin import ORCHESTRATOR_SYSTEM
-    from mass_jobs.tiny_warm import BARE_DELEGATES, warm_corpus
+    from mass_jobs.episodes.builtin import ORCHESTRATOR_SYSTEM
+    from mass_jobs.tiny.warm import BARE_DELEGATES, warm_corpus
 
     seen = {"bare": [], "workflow": []}
     for messages, _ in warm_corpus(0, per_kind=60):
@@ -260,7 +260,7 @@ def test_warm_corpus_delegates_on_workflow_prompts_and_mostly_works_alone_on_bar
 def test_warm_build_is_cached_by_its_key_and_rebuilt_when_the_key_differs(tmp_path):
     import json
 
-    from mass_jobs.tiny_warm import KEY_FILE, cached_build, is_tiny_build, warm_key
+    from mass_jobs.tiny.warm import KEY_FILE, cached_build, is_tiny_build, warm_key
 
     said = []
     path, seconds = cached_build(tmp_path / "warm", seed=0, steps=3, say=said.append)
@@ -279,8 +279,8 @@ def test_warm_build_is_cached_by_its_key_and_rebuilt_when_the_key_differs(tmp_pa
 
 
 def test_warm_corpus_renders_every_role_with_supervised_replies():
-    from mass_jobs.tiny import build_tokenizer
-    from mass_jobs.tiny_warm import encode, warm_corpus
+    from mass_jobs.tiny.build import build_tokenizer
+    from mass_jobs.tiny.warm import encode, warm_corpus
 
     corpus = warm_corpus(0, per_kind=2)
     systems = [messages[0]["content"][:15] for messages, _ in corpus]
@@ -292,21 +292,21 @@ def test_warm_corpus_renders_every_role_with_supervised_replies():
 
 @pytest.fixture(scope="module")
 def warm_server(warm_tiny_model_dir):
-    from mass_jobs.serve import ModelServer
+    from mass_jobs.serving.serve import ModelServer
 
     with ModelServer(warm_tiny_model_dir) as srv:
         yield srv
 
 
 def _client(srv, temperature: float):
-    from mass_jobs.llm import ModelClient
-    from mass_jobs.models import Sampling
+    from mass_jobs.serving.llm import ModelClient
+    from mass_jobs.config.run_spec import Sampling
 
     return ModelClient(srv.endpoint, Sampling(temperature=temperature, max_output_tokens=128), timeout_s=60, retries=0)
 
 
 def _bundles(tmp_path, task_index: int) -> list[tuple[str, str]]:
-    from mass_jobs.compare import bundle
+    from mass_jobs.judging.compare import bundle
 
     layouts = [{"main.py": "print(1)\n", "results/out.json": "[1, 2]\n"}, {"main.py": "print(2)\n"}, {}]
     out = []
@@ -320,7 +320,7 @@ def _bundles(tmp_path, task_index: int) -> list[tuple[str, str]]:
     return out
 
 
-# The warm build checks its own behaviours before it is written (mass_jobs/tiny_warm_check.py:
+# The warm build checks its own behaviours before it is written (mass_jobs/tiny/warm_check.py:
 # THRESHOLDS, on other prompts and seeds); these tests sample the same behaviours through the real
 # server. Each bound below is set so that a model exactly at the build's guaranteed rate fails it by
 # sampling alone with the probability stated (binomial tail, `_tail`), at most 3%.
@@ -335,8 +335,8 @@ def _tail(k: int, n: int, p: float) -> float:
 
 
 def test_warm_model_answers_valid_verdicts_to_compare_requests(warm_server, tmp_path):
-    from mass_jobs import compare
-    from mass_jobs.tiny_warm_check import THRESHOLDS
+    from mass_jobs.judging import compare
+    from mass_jobs.tiny.warm_check import THRESHOLDS
 
     greedy, sampled = _client(warm_server, 0.0), _client(warm_server, 0.6)
     valid, n, labels = 0, 0, []
@@ -358,11 +358,11 @@ def test_warm_model_answers_valid_verdicts_to_compare_requests(warm_server, tmp_
 def test_warm_orchestrator_delegates_when_a_workflow_says_so_and_works_alone_on_a_bare_prompt(warm_server):
     """The behaviour MASS must move: at L0 a bare prompt gets no delegation (the paper's L0: 1/110),
     the same task with a workflow in the prompt gets a well-formed `delegate` call."""
-    from mass_jobs.harness import tools as T
-    from mass_jobs.harness.builtin import ORCHESTRATOR_SYSTEM
-    from mass_jobs.llm import ModelError, parse_tool_calls
-    from mass_jobs.tiny_warm_check import THRESHOLDS
-    from mass_jobs.workflow import DEFAULT_WORKFLOW, workflow_prompt_parts
+    from mass_jobs.episodes import tools as T
+    from mass_jobs.episodes.builtin import ORCHESTRATOR_SYSTEM
+    from mass_jobs.serving.llm import ModelError, parse_tool_calls
+    from mass_jobs.tiny.warm_check import THRESHOLDS
+    from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, workflow_prompt_parts
 
     clients = [(_client(warm_server, 0.0), None)] + [(_client(warm_server, 0.6), s) for s in SAMPLED_SEEDS]
     delegated = {"bare": 0, "workflow": 0}
@@ -383,10 +383,10 @@ def test_warm_orchestrator_delegates_when_a_workflow_says_so_and_works_alone_on_
 
 
 def test_warm_optimizer_proposes_valid_workflows(warm_server):
-    from mass_jobs import optimizer_brief as ob
-    from mass_jobs.compare import bundle
-    from mass_jobs.tiny_warm_check import THRESHOLDS
-    from mass_jobs.workflow import DEFAULT_WORKFLOW, WorkflowError, parse_proposal, workflow_json
+    from mass_jobs.judging import optimizer_brief as ob
+    from mass_jobs.judging.compare import bundle
+    from mass_jobs.tiny.warm_check import THRESHOLDS
+    from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, WorkflowError, parse_proposal, workflow_json
 
     valid, n = 0, 0
     for t, task in enumerate(DEMO_TASKS):  # the request `mass search` makes after the initial version failed
@@ -410,7 +410,7 @@ def test_the_warm_build_recorded_its_own_check_and_the_machine(warm_tiny_model_d
     """The build measured the demo's behaviours before writing the weights and stored the rates."""
     import json
 
-    from mass_jobs.tiny_warm_check import THRESHOLDS, Rate, failures
+    from mass_jobs.tiny.warm_check import THRESHOLDS, Rate, failures
 
     stamp = json.loads((warm_tiny_model_dir / "warm-key.json").read_text())
     assert set(stamp["check"]) == set(THRESHOLDS)
@@ -422,8 +422,8 @@ def test_the_warm_build_recorded_its_own_check_and_the_machine(warm_tiny_model_d
 @pytest.mark.slow  # builds warm models (short warm-ups, then the behaviour check)
 def test_a_warm_build_that_misses_a_behaviour_fails_and_writes_nothing(tmp_path, monkeypatch):
     """Three warm-up steps cannot teach the reply shapes: the build's own check refuses the model."""
-    import mass_jobs.tiny_warm_check as check
-    from mass_jobs.tiny_warm import build_warm_model, cached_build
+    import mass_jobs.tiny.warm_check as check
+    from mass_jobs.tiny.warm import build_warm_model, cached_build
 
     monkeypatch.setattr(check, "probe_prompts", lambda: [DEMO_TASKS[0]])  # 4 requests, not 128
     monkeypatch.setattr(check, "SAMPLES_PER_PROMPT", 1)
@@ -432,7 +432,7 @@ def test_a_warm_build_that_misses_a_behaviour_fails_and_writes_nothing(tmp_path,
         build_warm_model(tmp_path / "m", steps=3, check=True, say=said.append)
     assert said == [str(err.value).split("; below")[0]] and "bare_delegates 0/1" in said[0]
     assert not (tmp_path / "m" / "model.safetensors").exists()
-    monkeypatch.setattr("mass_jobs.tiny_warm.WARM_STEPS", 3)  # the full recipe is checked by default
+    monkeypatch.setattr("mass_jobs.tiny.warm.WARM_STEPS", 3)  # the full recipe is checked by default
     with pytest.raises(check.WarmCheckFailed):
         cached_build(tmp_path / "warm", seed=0, steps=3)
     assert list(tmp_path.iterdir()) == [tmp_path / "m"]  # no cached-looking directory left behind

@@ -11,11 +11,11 @@ import json
 import time
 from pathlib import Path
 
-from mass_jobs.harness import EpisodeInput, run_episode, validate_status
-from mass_jobs.models import EpisodeLimits, Sampling
-from mass_jobs.proxy import read_trace
-from mass_jobs.sandbox import _tools
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_status
+from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+from mass_jobs.serving.proxy import read_trace
+from mass_jobs.sandbox.run import _tools
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 
 FORGED = "FORGED-RECORD"
 
@@ -38,7 +38,7 @@ def forging_command(out: Path, proxy_file: Path) -> str:
 
 
 def test_agent_shell_cannot_rewrite_trace_status_or_proxy(scripted_endpoint, tmp_path):
-    import mass_jobs.proxy as proxy_module
+    import mass_jobs.serving.proxy as proxy_module
 
     bwrap, _ = _tools()
     assert bwrap, "the local sandbox needs bubblewrap (a Debian package) to run agent commands"
@@ -76,12 +76,12 @@ def test_agent_shell_cannot_rewrite_trace_status_or_proxy(scripted_endpoint, tmp
 
 
 def test_qwen_code_shell_cannot_rewrite_trace_or_status(scripted_endpoint, tmp_path):
-    """qwen-code runs its shells itself, so it runs in the sandbox as a whole (mass_jobs.sandbox_service,
+    """qwen-code runs its shells itself, so it runs in the sandbox as a whole (mass_jobs.episodes.sandbox_service,
     under bwrap here): its shell command's attempts on the records fail like the built-in harness's."""
     from tests.test_qwen_code import MAIN
 
     out = tmp_path / "out"
-    proxy_file = Path(__import__("mass_jobs.proxy", fromlist=["x"]).__file__).resolve()
+    proxy_file = Path(__import__("mass_jobs.serving.proxy", fromlist=["x"]).__file__).resolve()
     ep = scripted_endpoint({MAIN: [Reply.call("run_shell_command", command=forging_command(out, proxy_file),
                                               description="tidy the records"),
                                    Reply.text("records tidied")]})

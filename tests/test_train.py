@@ -16,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-from mass_jobs.models import LoraSpec, OptimizerSpec, SftSpec
-from mass_jobs.sampler import WindowSampler
+from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
+from mass_jobs.training.sampler import WindowSampler
 from mass_jobs.training.checkpoint import read_checkpoint
 from mass_jobs.training.loop import Trainer, adapter_digest, finite
 from mass_jobs.training.schedule import lr_at
@@ -124,7 +124,7 @@ def make_run(tmp_path: Path, model_dir: Path, name: str, steps: int, save_every:
 
 def torchrun(spec: Path, work: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "mass_jobs.cli", "train",
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "mass_jobs.commands.cli", "train",
            "--spec", str(spec), "--gen", "0", "--work-dir", str(work), "--quiet", *extra]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -166,7 +166,7 @@ def test_two_rank_ddp_identical_adapters_and_exact_resume_after_kill(tiny_model_
     assert manifest["extra"]["processed_supervised_tokens"] == sum(train_tokens)
 
     # select + merge over the same store, through the CLI entries
-    from mass_jobs.cli import main as mass
+    from mass_jobs.commands.cli import main as mass
 
     assert mass(["select", "--spec", str(spec), "--gen", "0"]) == 0
     chosen = json.loads((store.parent / "select.json").read_text())
@@ -213,8 +213,8 @@ def test_two_rank_fsdp_trains_like_ddp_saves_a_full_adapter_and_resumes(tiny_mod
     from peft import get_peft_model_state_dict
     from safetensors.torch import load_file
 
-    from mass_jobs.cli import main as mass
-    from mass_jobs.spec import load_spec
+    from mass_jobs.commands.cli import main as mass
+    from mass_jobs.spec.load import load_spec
     from mass_jobs.steps.merge import merge_lora
 
     # Same windows, seed and sampler for both; activation checkpointing and 2 micro-steps on; 3 val
@@ -318,7 +318,7 @@ def test_a_deleted_store_run_again_trains_and_selects_with_the_same_or_another_s
     locally instead of recording none. Both then select a checkpoint (`mass run` passes --resume)."""
     import shutil
 
-    from mass_jobs.cli import main as mass
+    from mass_jobs.commands.cli import main as mass
 
     work = tmp_path / "work"
     chosen = {}
@@ -338,7 +338,7 @@ def test_a_deleted_store_run_again_trains_and_selects_with_the_same_or_another_s
 
 def test_a_train_step_that_stored_no_checkpoint_is_not_done(tiny_model_dir, tmp_path, monkeypatch):
     import mass_jobs.steps.train as train_step
-    from mass_jobs.cli import main as mass
+    from mass_jobs.commands.cli import main as mass
 
     spec = make_run(tmp_path, tiny_model_dir, "none", steps=2, save_every=2)
     monkeypatch.setattr(train_step, "stored_steps", lambda ctx, gen: [])  # as if every upload was lost

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from mass_jobs.cli import main
-from mass_jobs.spec import load_spec
-from mass_jobs.upstream_format import UPSTREAM_MARKER, import_upstream
+from mass_jobs.commands.cli import main
+from mass_jobs.spec.load import load_spec
+from mass_jobs.spec.upstream_format import UPSTREAM_MARKER, import_upstream
 
 TASK = "Write fib.py that prints the first 10 Fibonacci numbers.\\n\\nDeliverables:\\n1) fib.py"
 AGENTS = [{"agent_id": "agent_orchestrator", "role": "Lead", "instruction": "Plan and delegate."},

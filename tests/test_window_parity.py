@@ -16,7 +16,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from mass_jobs.models import SftSpec
+from mass_jobs.config.run_spec import SftSpec
 from mass_jobs.steps.sft_threads import EpisodeTrace
 from mass_jobs.steps.render_sft import render_windows
 from mass_jobs.steps.sft_tokens import IGNORE

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from mass_jobs.task_models import Workflow
-from mass_jobs.upstream_format import UPSTREAM_MARKER, import_upstream
-from mass_jobs.workflow import (
+from mass_jobs.config.task_spec import Workflow
+from mass_jobs.spec.upstream_format import UPSTREAM_MARKER, import_upstream
+from mass_jobs.spec.workflow import (
     DEFAULT_WORKFLOW,
     DIRECTIVE_HEADER,
     SEPARATOR,
@@ -142,7 +142,7 @@ def test_diff_workflows_lists_changes():
 
 
 def test_qwen_codes_directive_names_its_delegation_call_and_keeps_the_seven_requirements():
-    from mass_jobs.workflow import QWEN_CODE_DIRECTIVE, TEACHER_DIRECTIVE, teacher_directive
+    from mass_jobs.spec.workflow import QWEN_CODE_DIRECTIVE, TEACHER_DIRECTIVE, teacher_directive
 
     assert teacher_directive("builtin") == TEACHER_DIRECTIVE and teacher_directive("qwen-code") == QWEN_CODE_DIRECTIVE
     for needed in ("`agent`", 'subagent_type: "general-purpose"', "run_in_background: false"):

@@ -1,6 +1,6 @@
 """`mass audit EPISODE_DIR... [--json]`: behaviour audit (delegation D, code handoff H, revisions) per episode.
 
-Reads each EPISODE_DIR/trace.jsonl only (see mass_jobs/audit.py for the definitions) and prints a
+Reads each EPISODE_DIR/trace.jsonl only (see mass_jobs/episodes/audit.py for the definitions) and prints a
 table with a total row, or one JSON document with `--json`. Exit 2 when a directory has no trace. A
 trace whose records cannot be read is that episode's error: shown, counted as unreadable, not measured.
 """
@@ -17,7 +17,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.audit import audit_episode
+    from mass_jobs.episodes.audit import audit_episode
 
     audits = []
     for d in args.episodes:

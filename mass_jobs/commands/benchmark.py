@@ -1,6 +1,6 @@
 """`mass benchmark SPEC --bench DIR --gen G [--gen G2 ...] [--replicates R]`: bare-prompt rollouts of
 each generation on an external benchmark directory, graded by its grader command, and the score table
-(see mass_jobs.benchmark). Models are served here by the embedded server. Prints the table."""
+(see mass_jobs.tools.benchmark). Models are served here by the embedded server. Prints the table."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
 
-    from mass_jobs.benchmark import load_benchmark, render_table, run_benchmark
+    from mass_jobs.tools.benchmark import load_benchmark, render_table, run_benchmark
     from mass_jobs.commands.common import open_run
-    from mass_jobs.spec import SpecError, SpecIssue
+    from mass_jobs.spec.load import SpecError, SpecIssue
     from mass_jobs.steps.evaluate import default_servers
 
     ctx = open_run(args.spec)

@@ -32,9 +32,9 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     def go() -> int:
-        from mass_jobs.llm import Endpoint
+        from mass_jobs.serving.llm import Endpoint
         from mass_jobs.steps.collect import run_collect
-        from mass_jobs.steps.rollouts import episode_executor
+        from mass_jobs.episodes.rollouts import episode_executor
 
         if args.phase in ("prepare", "ingest") and args.episode is None:
             raise ValueError(f"--phase {args.phase} needs --episode")
@@ -45,7 +45,7 @@ def main(args) -> int:
             out = run_collect(ctx, args.gen, args.task, None, episode=args.episode, phase=args.phase, endpoint=endpoint,
                               agent_status=args.agent_status)
             if args.phase == "ingest":  # the episode's outcome: the ingest template's metric reads it
-                from mass_jobs.steps.rollouts import write_value
+                from mass_jobs.episodes.rollouts import write_value
 
                 write_value(args.outputs, "outcome", out.get("outcome") or "unknown")
             if args.outputs and args.phase == "prepare":

@@ -1,6 +1,6 @@
 """What the step commands share: their flags, opening a run, and the generation's model endpoint.
 
-Exit codes are the CLI's (mass_jobs/cli.py): a SpecError (bad spec, unknown task) exits 2 and a
+Exit codes are the CLI's (mass_jobs/commands/cli.py): a SpecError (bad spec, unknown task) exits 2 and a
 StepFailed exits 1, so commands raise and never print-and-return those themselves.
 """
 
@@ -37,7 +37,7 @@ def add_rollout_phases(parser, *, phases: tuple[str, ...], phase: str, outputs: 
 
 def agent_ended(args) -> bool:
     """--agent-status names an agent step that is over (a missing output is lost, not awaited)."""
-    from mass_jobs.steps.rollouts import agent_ended as ended
+    from mass_jobs.episodes.rollouts import agent_ended as ended
 
     return ended(args.agent_status)
 
@@ -52,8 +52,8 @@ def add_model(parser) -> None:
 def open_run(location: str, task: str | None = None, check_spec: bool = True):
     """The RunContext of a validated spec; an unknown task is a spec error (exit 2) naming the choices,
     and so is a spec that differs from the one the run's store holds (`RunContext.claim_spec`)."""
-    from mass_jobs.context import RunContext
-    from mass_jobs.spec import SpecError, SpecIssue, load_spec
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.spec.load import SpecError, SpecIssue, load_spec
     from mass_jobs.store import open_store
 
     spec = load_spec(location)
@@ -96,20 +96,20 @@ def work_dir_default() -> str:
 def model_endpoint(args, ctx):
     """The endpoint at --endpoint, or the generation's model served here (execution.serving's backend)
     for the duration."""
-    from mass_jobs.llm import Endpoint
+    from mass_jobs.serving.llm import Endpoint
 
     if args.endpoint:
         yield Endpoint(base_url=args.endpoint, model=args.served_model, api_key_env=args.api_key_env)
         return
     if ctx.spec.execution.serving == "external":  # every role has an endpoint (spec validation): serve nothing
-        from mass_jobs.roles import role_endpoint
+        from mass_jobs.serving.roles import role_endpoint
 
         yield role_endpoint(ctx.spec, "executor")
         return
     from pathlib import Path
 
-    from mass_jobs.backends import serve_model
-    from mass_jobs.generation_model import served_model_dir
+    from mass_jobs.serving.backends import serve_model
+    from mass_jobs.run.generation_model import served_model_dir
 
     # the directory `mass run` serves too: the spec's chat template on the base, FP8 where it is served
     models = ctx.work_dir(Path(getattr(args, "work_dir", None) or work_dir_default())) / "models"
@@ -117,19 +117,12 @@ def model_endpoint(args, ctx):
         yield endpoint
 
 
-def client_for(spec, endpoint):
-    from mass_jobs.llm import ModelClient
-
-    lim = spec.execution.limits
-    return ModelClient(endpoint, spec.model.sampling, timeout_s=lim.request_timeout_s, retries=lim.request_retries)
-
-
 def run_guarded(fn) -> int:
     """Model-facing steps: a missing input, a model or store failure is one line and exit 1, not a traceback."""
     try:
         return fn()
     except (RuntimeError, FileNotFoundError, ValueError) as exc:
-        from mass_jobs.spec import SpecError
+        from mass_jobs.spec.load import SpecError
 
         if isinstance(exc, SpecError):
             raise

@@ -1,6 +1,6 @@
 """`mass compare-runs SPEC_A SPEC_B [...] --out DIR`: runs side by side (teacher composition, windows by
 role, generated / stored / processed tokens, win share vs L0) from their stores; writes
-DIR/compare.json and DIR/compare.md (see mass_jobs.analysis.composition) and prints the Markdown."""
+DIR/compare.json and DIR/compare.md (see mass_jobs.tools.analysis.composition) and prints the Markdown."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ def main(args) -> int:
     import json
     from pathlib import Path
 
-    from mass_jobs.analysis.composition import compare_runs, render_comparison
+    from mass_jobs.tools.analysis.composition import compare_runs, render_comparison
     from mass_jobs.commands.common import open_run
-    from mass_jobs.spec import SpecError, SpecIssue
+    from mass_jobs.spec.load import SpecError, SpecIssue
 
     if len(args.specs) < 2:
         raise SpecError("compare-runs", [SpecIssue("SPEC", f"expected two or more run specs, found {len(args.specs)}")], what="arguments")

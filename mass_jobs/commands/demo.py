@@ -1,6 +1,6 @@
 """`mass demo SPEC` (what `make demo` runs with examples/tiny.yaml): build the WARM tiny model when
 the spec's `model.base` directory is missing or was built by another version of the builder (the
-build is cached across runs, keyed by seed and builder version: `mass_jobs.tiny_warm.warm_key`),
+build is cached across runs, keyed by seed and builder version: `mass_jobs.tiny.warm.warm_key`),
 run L0 -> L_N, and print where the report is and how long the build and the run took."""
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ def main(args) -> int:
 
     from mass_jobs.commands.common import open_run
     from mass_jobs.commands.run import run_reporting_failures
-    from mass_jobs.spec_locations import absolute_paths
-    from mass_jobs.spec_bounds import parse_document
+    from mass_jobs.spec.locations import absolute_paths
+    from mass_jobs.spec.bounds import parse_document
 
     spec_path = Path(args.spec)
     if spec_path.is_file():  # build before validating: a missing model dir is an error there
         doc = absolute_paths(parse_document(spec_path.read_text(), args.spec), spec_path.parent.resolve())
         model = doc.get("model") if isinstance(doc, dict) else None
         base = Path(str(model.get("base", ""))) if isinstance(model, dict) else Path()
-        from mass_jobs.tiny_warm import cached_build, is_tiny_build
+        from mass_jobs.tiny.warm import cached_build, is_tiny_build
 
         if base.is_absolute() and (not (base / "config.json").exists() or is_tiny_build(base)):
-            from mass_jobs.progress import clock, warm_printer
+            from mass_jobs.pipeline.progress import clock, warm_printer
 
             _, seconds = cached_build(base, seed=0, on_step=warm_printer(every=100),
                                       say=lambda text: print(text, flush=True))

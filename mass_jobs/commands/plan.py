@@ -2,7 +2,7 @@
 
 Reads the spec and the model's config only (no weights, no store unless --timings names a
 previous run). Exit 2 when training will not fit the declared GPU, naming the numbers.
-See `mass_jobs.planning` for where each number comes from.
+See `mass_jobs.pipeline.planning` for where each number comes from.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ def main(args) -> int:
     import dataclasses
 
     from mass_jobs.k8s.workflow_size import MAX_WORKFLOW_SIZE, estimate
-    from mass_jobs.planning.counts import plan_counts
-    from mass_jobs.planning.memory import GIB, fits, load_config, refusal, training_memory
-    from mass_jobs.planning.schedule import DEFAULTS, gantt, simulate, stored_timings
-    from mass_jobs.spec import SpecError, SpecIssue, load_spec
+    from mass_jobs.pipeline.planning.counts import plan_counts
+    from mass_jobs.pipeline.planning.memory import GIB, fits, load_config, refusal, training_memory
+    from mass_jobs.pipeline.planning.schedule import DEFAULTS, gantt, simulate, stored_timings
+    from mass_jobs.spec.load import SpecError, SpecIssue, load_spec
 
     spec = load_spec(args.spec)
     try:

@@ -18,8 +18,8 @@ def main(args) -> int:
     import sys
     import threading
 
-    from mass_jobs.llm import Endpoint, ModelError
-    from mass_jobs.proxy import RecordingProxy
+    from mass_jobs.serving.llm import Endpoint, ModelError
+    from mass_jobs.serving.proxy import RecordingProxy
 
     upstream = Endpoint(base_url=args.upstream, model=args.model, api_key_env=args.api_key_env)
     if not args.upstream.startswith(("http://", "https://")):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-from mass_jobs.commands.common import add_common, add_model, client_for, model_endpoint, open_run, run_guarded
+from mass_jobs.commands.common import add_common, add_model, model_endpoint, open_run, run_guarded
+from mass_jobs.serving.roles import client_for
 
 
 def add_arguments(parser) -> None:

@@ -52,13 +52,13 @@ class SftCommand:
 
         from mass_jobs.commands.common import open_run
         from mass_jobs.steps.render_sft import run_render
-        from mass_jobs.generation_model import local_model_dir
+        from mass_jobs.run.generation_model import local_model_dir
 
         ctx = open_run(args.spec)
         spec = ctx.spec
         where = spec.model.tokenizer or local_model_dir(ctx, args.gen, ctx.work_dir(args.work_dir) / "models")
         extra = run_render(ctx, args.gen, AutoTokenizer.from_pretrained(where))
-        from mass_jobs.steps.rollouts import write_value
+        from mass_jobs.episodes.rollouts import write_value
 
         write_value(args.outputs, "supervised-tokens", extra["stored_supervised_tokens"])
         print(f"{extra['windows']} train windows {extra['windows_by_role']}, {extra['val_windows']} val windows, "

@@ -1,5 +1,5 @@
 """`mass run SPEC`: run generations L0 -> L_N locally, end to end, resuming whatever is stored
-(see mass_jobs.runner). Kill it anywhere and run it again; `mass status SPEC` shows progress."""
+(see mass_jobs.pipeline.runner). Kill it anywhere and run it again; `mass status SPEC` shows progress."""
 
 from __future__ import annotations
 
@@ -36,15 +36,15 @@ def live_display(no_progress: bool, stream=None) -> bool:
 
 def run_reporting_failures(args, what: str) -> dict | None:
     """Run L0 -> L_N; any failure of a step is one message and the hint to resume, not a traceback."""
-    from mass_jobs.runner import run
+    from mass_jobs.pipeline.runner import run
 
     try:
         return run(args.spec, work_dir=args.work_dir, progress=live_display(args.no_progress))
     except (RuntimeError, OSError, ValueError) as err:
-        from mass_jobs.spec import SpecError
+        from mass_jobs.spec.load import SpecError
         from mass_jobs.store.lease import WriterBusy
 
-        if isinstance(err, (SpecError, WriterBusy)):  # bad input, another writer: exit 2 (mass_jobs.cli)
+        if isinstance(err, (SpecError, WriterBusy)):  # bad input, another writer: exit 2 (mass_jobs.commands.cli)
             raise
         print(f"{what} failed: {err}\n(`mass status {args.spec}` shows where; rerun to resume)", file=sys.stderr)
         return None

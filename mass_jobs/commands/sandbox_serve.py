@@ -1,7 +1,7 @@
 """`mass sandbox-serve --socket PATH --workspace DIR`: the sandbox container of an agent pod.
 
 Serves the episode's workspace, its tools and shell commands to `mass episode --sandbox PATH` in
-the pod's main container until the pod ends (see `mass_jobs.sandbox_service`). With `--qwen-only`
+the pod's main container until the pod ends (see `mass_jobs.episodes.sandbox_service`). With `--qwen-only`
 it is the pod's qwen-code container instead: it starts qwen-code on the shared workspace volume,
 its shell commands sent to `--shell-socket`. Each runs as a uid of its own, with no credential
 and no view of the main container's files.
@@ -28,7 +28,7 @@ def main(args) -> int:
     import sys
     from pathlib import Path
 
-    from mass_jobs.sandbox_service import serve
+    from mass_jobs.episodes.sandbox_service import serve
 
     workspace = Path(args.workspace)
     # files the other container of the pod must change are group-writable (the pod's fsGroup)

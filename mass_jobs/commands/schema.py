@@ -1,6 +1,6 @@
 """`mass schema --write schemas/`: regenerate the JSON Schemas of the run spec, task and workflow.
 
-They are generated from mass_jobs/models.py and checked in; tests/test_spec.py fails when they drift.
+They are generated from mass_jobs/config/run_spec.py and checked in; tests/test_spec.py fails when they drift.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.spec_issues import write_schemas
+    from mass_jobs.spec.issues import write_schemas
 
     for path in write_schemas(Path(args.write)):
         print(path)

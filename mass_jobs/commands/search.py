@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 
-from mass_jobs.commands.common import (add_common, add_model, add_rollout_phases, client_for, model_endpoint, open_run,
+from mass_jobs.commands.common import (add_common, add_model, add_rollout_phases, model_endpoint, open_run,
                                       run_guarded)
+from mass_jobs.serving.roles import client_for
 
 
 def add_arguments(parser) -> None:
@@ -32,13 +33,13 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     def go() -> int:
         from mass_jobs.steps.search import run_search
-        from mass_jobs.steps.rollouts import episode_executor
+        from mass_jobs.episodes.rollouts import episode_executor
 
         ctx = open_run(args.spec, args.task)
         spec = ctx.spec
         if args.phase:
-            from mass_jobs.llm import Endpoint
-            from mass_jobs.steps import rollouts
+            from mass_jobs.serving.llm import Endpoint
+            from mass_jobs.episodes import rollouts
 
             endpoint = Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None
             client = client_for(spec, endpoint) if endpoint else None
@@ -51,7 +52,7 @@ def main(args) -> int:
             print(json.dumps(out, sort_keys=True))
             return 0
         if args.agent_pods:  # the cluster: rollouts were run by agent pods and ingested
-            from mass_jobs.llm import Endpoint
+            from mass_jobs.serving.llm import Endpoint
 
             if not args.endpoint:
                 raise ValueError("--agent-pods needs --endpoint (the model the optimizer and evaluator call)")

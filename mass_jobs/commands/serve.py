@@ -24,8 +24,8 @@ def main(args) -> int:
 
     import uvicorn
 
-    from mass_jobs.modelio import ModelLocationError, resolve_model
-    from mass_jobs.serve import build_app, default_served_name
+    from mass_jobs.serving.model_dirs import ModelLocationError, resolve_model
+    from mass_jobs.serving.serve import build_app, default_served_name
 
     try:
         model_dir = resolve_model(args.model)

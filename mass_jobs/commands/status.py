@@ -1,5 +1,5 @@
 """`mass status SPEC`: what is done, running, interrupted, failed or pending, per generation and
-step of the pipeline table (`mass_jobs.pipeline`).
+step of the pipeline table (`mass_jobs.pipeline.table`).
 
 Done / pending come from the store alone (each step's own done-check), so a run executed by Argo,
 by the local runner or by hand shows the same table; the local runner's `<run>/run-state.json`
@@ -19,10 +19,10 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     from mass_jobs.commands.common import open_run
-    from mass_jobs.progress import clock
-    from mass_jobs.runner import RunState, progress_summary, step_status
+    from mass_jobs.pipeline.progress import clock
+    from mass_jobs.pipeline.runner import RunState, progress_summary, step_status
 
-    from mass_jobs.context import RunContext
+    from mass_jobs.run.context import RunContext
 
     ctx = open_run(args.spec, check_spec=False)
     # the decision `mass run` and `mass validate` take too: a changed spec is refused, so the steps

@@ -1,6 +1,6 @@
 """`mass train SPEC --gen G [--resume]`: LoRA SFT; run it under torchrun for data parallelism.
 
-    torchrun --nproc_per_node 2 -m mass_jobs.cli train examples/tiny.yaml --gen 0
+    torchrun --nproc_per_node 2 -m mass_jobs.commands.cli train examples/tiny.yaml --gen 0
 The process group uses gloo on CPU and nccl on GPUs. `--parallel fsdp` shards the model over the
 ranks (one FSDP unit per decoder layer) for models whose training state does not fit one GPU; it
 computes the same losses as DDP and writes the same full adapter. Each rank still reads the whole

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mass_jobs.pipeline import argo_outputs
+from mass_jobs.pipeline.table import argo_outputs
 
 
 def add_arguments(parser) -> None:
@@ -42,12 +42,12 @@ def add_arguments(parser) -> None:
 
 def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None, chart_values=()) -> list:
     """What a spec asks that the cluster it is submitted to cannot give (SpecIssue each): the
-    preflight's checks (mass_jobs/preflight.py) for the chart values the validate step is given,
+    preflight's checks (mass_jobs/k8s/preflight.py) for the chart values the validate step is given,
     and the store endpoint its own pod sees."""
     import os
 
-    from mass_jobs import preflight
-    from mass_jobs.spec import SpecIssue
+    from mass_jobs.k8s import preflight
+    from mass_jobs.spec.load import SpecIssue
 
     values: dict = preflight.parse_chart_values(chart_values)
     if artifact_bucket is not None:
@@ -69,7 +69,7 @@ def done_outputs(ctx, gen: int, pipeline=None) -> dict[str, str]:
     """What is stored already, by each step's own done-check: `done-<step>` for generation `gen`,
     `needs-model` (a model step of it is not done) and `run-done`. The templates skip GPU steps
     and the model server that have nothing to do (a re-submitted or scheduled finished run)."""
-    from mass_jobs import pipeline as P
+    from mass_jobs.pipeline import table as P
 
     spec, tasks = ctx.spec, P.train_task_ids(ctx)
     gen_steps = P.generation_steps(pipeline)
@@ -85,9 +85,9 @@ def stored_run_check(source: str, spec, quiet: bool) -> None:
     """A spec that differs from its run's stored one is refused here as `mass run` refuses it
     (`RunContext.spec_differences`). A store this machine cannot reach (no credentials, offline)
     is said, not an error: validating before the store exists is what the command is for."""
-    from mass_jobs.cli import environment_error
-    from mass_jobs.context import RunContext
-    from mass_jobs.spec import SpecError
+    from mass_jobs.commands.cli import environment_error
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.spec.load import SpecError
     from mass_jobs.store import open_store
 
     try:
@@ -108,24 +108,24 @@ def _flag(b: bool) -> str:
 
 
 def main(args) -> int:
-    from mass_jobs.spec import SpecError, load_spec
+    from mass_jobs.spec.load import SpecError, load_spec
 
-    spec = load_spec(args.spec)  # a SpecError exits 2 listing every issue (mass_jobs.cli)
-    from mass_jobs.base_model import local_fitness_issues
+    spec = load_spec(args.spec)  # a SpecError exits 2 listing every issue (mass_jobs.commands.cli)
+    from mass_jobs.run.base_model import local_fitness_issues
 
     unfit = local_fitness_issues(spec)
     if unfit:
         raise SpecError(args.spec, unfit)
-    from mass_jobs import preflight
-    from mass_jobs.spec import SpecIssue
+    from mass_jobs.k8s import preflight
+    from mass_jobs.spec.load import SpecIssue
 
     try:
         preflight.parse_chart_values(args.chart_value)
     except ValueError as err:
         raise SpecError(args.spec, [SpecIssue("--chart-value", str(err))], what="arguments") from None
     if args.outputs:
-        from mass_jobs.context import RunContext
-        from mass_jobs.spec import SpecIssue
+        from mass_jobs.run.context import RunContext
+        from mass_jobs.spec.load import SpecIssue
         from mass_jobs.store import open_store
 
         issues = []
@@ -146,12 +146,12 @@ def main(args) -> int:
         for name, text in {**argo_outputs(spec, args.gen), **done_outputs(ctx, args.gen)}.items():
             (out / name).write_text(text)
         if args.gen >= 1:  # what this cycle's InferenceService serves, and why
-            from mass_jobs.serving_precision import for_cluster
+            from mass_jobs.serving.precision import for_cluster
 
             ctx.store.put_json(ctx.serving(args.gen), {**for_cluster(spec, args.gen).as_dict(), "backend": "kserve-vllm"})
     elif args.values:
-        from mass_jobs import preflight
-        from mass_jobs.spec import SpecIssue
+        from mass_jobs.k8s import preflight
+        from mass_jobs.spec.load import SpecIssue
 
         try:
             values = preflight.load_values(args.values)
@@ -174,9 +174,9 @@ def main(args) -> int:
     if not args.outputs:
         stored_run_check(args.spec, spec, quiet=args.quiet)
     if not args.quiet:
-        from mass_jobs.spec_locations import model_location_notes
+        from mass_jobs.spec.locations import model_location_notes
 
-        from mass_jobs.serving_precision import summary
+        from mass_jobs.serving.precision import summary
 
         for note in model_location_notes(spec):
             print(f"note: {note}")

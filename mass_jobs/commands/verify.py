@@ -24,7 +24,7 @@ def _locate(where: str):
 
     if where.startswith("file://") or (where.startswith("s3://") and not where.endswith((".yaml", ".yml", ".json"))):
         return open_store(where), ""
-    from mass_jobs.spec import load_spec
+    from mass_jobs.spec.load import load_spec
 
     spec = load_spec(where)
     return open_store(spec.store), f"{spec.name}/"

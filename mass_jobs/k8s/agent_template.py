@@ -6,7 +6,7 @@ from __future__ import annotations
 from hera.workflows import Container
 from hera.workflows import models as m
 
-from mass_jobs.harness import proof
+from mass_jobs.episodes import proof
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import prometheus as PM
 from mass_jobs.k8s import manifests as K
@@ -29,7 +29,7 @@ def agent_container(s: ClusterSettings) -> Container:
     qwen-code on the same workspace volume, its shell commands forwarded to the sandbox. They
     share Unix sockets' emptyDirs and the loopback, nothing else: no code the model wrote can
     reach /out, qwen-code's environment (the proxy's token) or its pipes, and the proxy serves
-    only the harness's and qwen-code's uids (see mass_jobs/sandbox_service.py). Argo stops the
+    only the harness's and qwen-code's uids (see mass_jobs/episodes/sandbox_service.py). Argo stops the
     sidecars when the main container exits.
 
     Every artifact is `archive: none`: Argo's executor would otherwise untar a .tar.gz input
@@ -39,7 +39,7 @@ def agent_container(s: ClusterSettings) -> Container:
     Outputs are optional: a pod killed at its deadline leaves none, ingest records that. Argo's
     /var/run/argo is shared by every container (0777, umask 0), so a sidecar can end the upload
     early through the main container's exit-code file: ingest accepts only outputs proof.json
-    signs with the rollout's key (mass_jobs/harness/proof.py)."""
+    signs with the rollout's key (mass_jobs/episodes/proof.py)."""
     k = EPISODE_KEYS
     rollout = k.under_run(ROLLOUT)
 
@@ -94,7 +94,7 @@ def agent_container(s: ClusterSettings) -> Container:
                 # the rollout's signing key: input artifacts reach the main container only, never a sidecar
                 m.Artifact(name="episode-key", path=f"/in/{proof.KEY}", archive=no_archive(),
                            s3=key(k.agent_input, proof.KEY))],
-        # checks.json: a guard's checks job (mass_jobs/check_job.py) writes it instead of the others;
+        # checks.json: a guard's checks job (mass_jobs/sandbox/check_job.py) writes it instead of the others;
         # proof.json signs what the harness wrote, so ingest refuses anything else Argo uploads
         outputs=[m.Artifact(name=n.split(".")[0], path=f"/out/{n}", archive=no_archive(), optional=True,
                             s3=key(k.agent_output, n))

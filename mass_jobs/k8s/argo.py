@@ -1,5 +1,5 @@
 """The Argo compiler: WorkflowTemplates `mass-cycle` and `mass-run` and a CronWorkflow, built with hera
-from the pipeline table (`mass_jobs.pipeline.PIPELINE`).
+from the pipeline table (`mass_jobs.pipeline.table.PIPELINE`).
 
 `mass render argo --out argo/` writes them. Every container calls a `mass` CLI entry (the same
 ones the local runner uses); parameters are small (URIs, ids) and data moves through S3: the
@@ -32,7 +32,7 @@ from hera.workflows import (
 )
 from hera.workflows import models as m
 
-from mass_jobs import pipeline as P
+from mass_jobs.pipeline import table as P
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import manifests as K
 from mass_jobs.k8s import prometheus as PM
@@ -228,7 +228,7 @@ class _Builder:
                          outputs=outputs)
 
     def chart_values(self) -> dict[str, str]:
-        """Chart values (dotted keys) the validate step hands the preflight (mass_jobs/preflight.py)."""
+        """Chart values (dotted keys) the validate step hands the preflight (mass_jobs/k8s/preflight.py)."""
         s = self.s
         keys = helm('join "," .Values.judges.keys') if s.chart else ",".join(s.judge_keys)
         return {"model.toolCallParser": s.tool_call_parser, "model.reasoningParser": s.reasoning_parser,

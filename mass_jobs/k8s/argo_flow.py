@@ -6,7 +6,7 @@ from __future__ import annotations
 from hera.workflows import Parameter, Step, Steps
 from hera.workflows import models as m
 
-from mass_jobs import pipeline as P
+from mass_jobs.pipeline import table as P
 from mass_jobs.k8s.argo_vocab import AGENT_TEMPLATE, EPISODE, GEN, NEXT_GEN, ROLLOUT, TASK, V, input_params, step_args
 
 

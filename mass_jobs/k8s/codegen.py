@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mass_jobs.k8s import argo, manifests, pods, serving, training
-from mass_jobs.pipeline import trainer_step
+from mass_jobs.pipeline.table import trainer_step
 from mass_jobs.k8s.settings import ClusterSettings, helm_settings
 from mass_jobs.k8s.yamlio import dump_docs, header, helmify
 
@@ -24,7 +24,7 @@ _CYCLE_DOC = (
     "WorkflowTemplate mass-cycle: one MASS generation (L_gen -> L_gen+1).",
     [
         "Inputs (parameters): spec (s3:// URI of the run spec), run (the spec's name), gen (default 0).",
-        "Steps (from mass_jobs/pipeline.py): validate -> serve-model (InferenceService, wait Loaded; only",
+        "Steps (from mass_jobs/pipeline/table.py): validate -> serve-model (InferenceService, wait Loaded; only",
         "when a model step is not stored) -> search per task (bounded recursion over --iteration K) ->",
         "collect per task x episode (prepare, sandboxed agent pod, ingest; parallelism-bounded) ->",
         "collect-summary per task -> guard -> rank -> release-model -> render -> train (PyTorchJob,",

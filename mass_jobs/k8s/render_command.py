@@ -34,9 +34,9 @@ def main(args) -> int:
 
     settings, suffix = None, ""
     if args.values:
-        from mass_jobs import preflight
+        from mass_jobs.k8s import preflight
         from mass_jobs.k8s.settings import values_settings
-        from mass_jobs.spec import SpecError, SpecIssue
+        from mass_jobs.spec.load import SpecError, SpecIssue
 
         if args.chart:
             raise SpecError("mass render argo", [SpecIssue("--values", "expected no --chart with it: the chart "

@@ -20,7 +20,7 @@ FAILED = "status.modelStatus.transitionStatus in (BlockedByFailedLoad, InvalidSp
 
 def isvc_name(run: str, gen: str) -> str:
     """The InferenceService's name, which is also the served model name (`--model_name`)."""
-    from mass_jobs.context import served_model_name
+    from mass_jobs.run.context import served_model_name
 
     return served_model_name(run, gen)
 
@@ -40,8 +40,8 @@ def openai_base_url(name: str, namespace: str, cluster_domain: str = "cluster.lo
 
 def runtime_args(s: ClusterSettings, name: str, dtype: str) -> list[str]:
     """The KServe HuggingFace runtime's arguments: the served name, the vLLM backend and the engine
-    arguments a local `vllm serve` gets too (`mass_jobs.backends.engine_args`)."""
-    from mass_jobs.backends import engine_args
+    arguments a local `vllm serve` gets too (`mass_jobs.serving.backends.engine_args`)."""
+    from mass_jobs.serving.backends import engine_args
 
     return [f"--model_name={name}", "--backend=vllm",
             *engine_args(tool_call_parser=s.tool_call_parser, reasoning_parser=s.reasoning_parser,

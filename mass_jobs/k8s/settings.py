@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from mass_jobs.backends import REASONING_PARSER, TOOL_CALL_PARSER
+from mass_jobs.serving.backends import REASONING_PARSER, TOOL_CALL_PARSER
 
 
 def helm(expr: str) -> str:

@@ -105,7 +105,7 @@ class _Walk:
     """The controller's expansion of the templates into nodes, on the success path."""
 
     def __init__(self, spec, workflow: str, docs: dict[str, dict]):
-        from mass_jobs.context import RunContext
+        from mass_jobs.run.context import RunContext
 
         self.spec, self.workflow, self.docs = spec, workflow, docs
         self.ctx = RunContext(spec, None)
@@ -207,8 +207,9 @@ class _Walk:
         return True  # validate's flags on a run with nothing stored: every step runs
 
     def outputs(self, template: str, inputs: dict) -> dict:
-        from mass_jobs.pipeline import argo_outputs
-        from mass_jobs.steps import evaluate, rollouts
+        from mass_jobs.pipeline.table import argo_outputs
+        from mass_jobs.steps import evaluate
+        from mass_jobs.episodes import rollouts
 
         spec, ctx = self.spec, self.ctx
         g = int(inputs.get("gen", 0))
@@ -279,7 +280,7 @@ def estimate(spec, workflow: str = "mass-run-x7k2p") -> list[Size]:
 def _estimate(spec_json: str, workflow: str) -> tuple[dict, ...]:
     """Once per spec and name: `mass validate` and `mass plan` of one spec walk the templates once."""
     from mass_jobs.k8s import argo
-    from mass_jobs.models import RunSpec
+    from mass_jobs.config.run_spec import RunSpec
 
     spec = RunSpec.model_validate_json(spec_json)
     from mass_jobs.k8s.settings import ClusterSettings

@@ -29,14 +29,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from mass_jobs.context import RunContext
-from mass_jobs.errors import StepFailed
+from mass_jobs.run.context import RunContext
+from mass_jobs.config.errors import StepFailed
 from mass_jobs.steps.guard import hash_protected
-from mass_jobs.harness import proof
-from mass_jobs.steps.rollouts import AGENT_OUTPUTS, RolloutError, agent_ended, agent_result, new_inputs
-from mass_jobs.steps.rollouts import Execute, derived_seed
+from mass_jobs.episodes import proof
+from mass_jobs.episodes.rollouts import AGENT_OUTPUTS, RolloutError, agent_ended, agent_result, new_inputs
+from mass_jobs.episodes.rollouts import Execute, derived_seed
 from mass_jobs.steps.search_state import SearchState
-from mass_jobs.workflow import teacher_directive, teacher_prompt_parts
+from mass_jobs.spec.workflow import teacher_directive, teacher_prompt_parts
 
 EPISODE_FILES = ("episode.json", "protected.json", "workspace.tar.gz", "trace.jsonl", "status.json")
 
@@ -114,7 +114,7 @@ class Collection:
 
     def episode_doc(self, i: int) -> dict:
         """What defines episode i (its step inputs, and the agent pod's episode.json minus the endpoint)."""
-        from mass_jobs.roles import roles_input
+        from mass_jobs.serving.roles import roles_input
 
         s = self.ctx.spec
         return {
@@ -157,7 +157,7 @@ class Collection:
         return status
 
     def _seed(self, workspace: Path) -> None:
-        from mass_jobs.harness import seed_workspace
+        from mass_jobs.episodes.harness import seed_workspace
 
         seed_workspace(workspace, self.task.files)
 
@@ -165,8 +165,8 @@ class Collection:
     def prepare(self, i: int, endpoint) -> list[str]:
         """The agent pod's input (episode.json in `mass episode`'s format, seeded workspace); an
         earlier attempt's output is dropped so ingest never promotes a stale one."""
-        from mass_jobs.harness import EpisodeInput, episode_file_json
-        from mass_jobs.roles import role_endpoint
+        from mass_jobs.episodes.harness import EpisodeInput, episode_file_json
+        from mass_jobs.serving.roles import role_endpoint
 
         doc, s = self.episode_doc(i), self.ctx.spec
         endpoint = role_endpoint(s, "executor") or endpoint  # roles.executor, else the generation
@@ -237,7 +237,7 @@ class Collection:
 
 
 def _wf(doc: dict):
-    from mass_jobs.task_models import Workflow
+    from mass_jobs.config.task_spec import Workflow
 
     return Workflow.model_validate(doc)
 

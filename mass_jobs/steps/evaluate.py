@@ -34,11 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ContextManager
 
-from mass_jobs.context import RunContext
-from mass_jobs.generation_model import model_ref, served_model_dir
-from mass_jobs.metrics import outcome, win_share
-from mass_jobs.models import Judge, RunSpec
-from mass_jobs.task_models import Task
+from mass_jobs.run.context import RunContext
+from mass_jobs.run.generation_model import model_ref, served_model_dir
+from mass_jobs.judging.metrics import outcome, win_share
+from mass_jobs.config.run_spec import Judge, RunSpec
+from mass_jobs.serving.roles import client_for
+from mass_jobs.config.task_spec import Task
 
 ROLLOUT_FILES = ("workspace.tar.gz", "trace.jsonl", "status.json", "audit.json")
 
@@ -55,7 +56,7 @@ def verdict_prefix(ctx: RunContext) -> str:
 
 def evaluate_step(ctx: RunContext, gen: int):
     """Evaluate's Step: it pins its rollouts' manifests and owns its verdicts."""
-    from mass_jobs.modelio import has_stored_model
+    from mass_jobs.serving.model_dirs import has_stored_model
     from mass_jobs.store import Step, Waiting
 
     if gen > 0 and not has_stored_model(ctx.store, ctx.model(gen)):
@@ -115,7 +116,7 @@ def _rollout_step(ctx: RunContext, g: int, task: Task, rep: int):
 
 
 def episode_input(ctx: RunContext, task: Task, rep: int, endpoint):
-    from mass_jobs.harness import EpisodeInput
+    from mass_jobs.episodes.harness import EpisodeInput
 
     spec = ctx.spec
     return EpisodeInput(prompt=task.prompt, endpoint=endpoint, limits=spec.execution.limits,
@@ -125,7 +126,7 @@ def episode_input(ctx: RunContext, task: Task, rep: int, endpoint):
 
 def run_rollout(ctx: RunContext, g: int, task: Task, rep: int, endpoint) -> dict:
     """One bare-prompt episode of L_g run here (sandboxed), stored with its audit; skipped when stored."""
-    from mass_jobs.harness import run_episode
+    from mass_jobs.episodes.harness import run_episode
     from mass_jobs.store import read_manifest
 
     prefix = rollout_prefix(ctx, g, task.id, rep)
@@ -142,7 +143,7 @@ def run_rollout(ctx: RunContext, g: int, task: Task, rep: int, endpoint) -> dict
 
 def _store_rollout(ctx: RunContext, step, prefix: str, out: Path, outcome: str) -> dict:
     """trace, status and audit of a rollout whose workspace is stored; finishes its step."""
-    from mass_jobs.audit import audit_episode
+    from mass_jobs.episodes.audit import audit_episode
 
     audit = audit_episode(out).to_dict()
     audit["episode"] = prefix  # a store key, not a temp path
@@ -178,7 +179,7 @@ def pending_models(ctx: RunContext, gen: int) -> list[int]:
 def prepare(ctx: RunContext, gen: int, endpoint_of: Callable[[int], Any]) -> dict:
     """The agent pods' inputs of every missing rollout; {"rollouts": fan-out items, "models": the
     generations whose InferenceServices the rollouts and self-verdicts call}."""
-    from mass_jobs.steps import rollouts
+    from mass_jobs.episodes import rollouts
 
     models = pending_models(ctx, gen)
     items = []
@@ -196,7 +197,7 @@ def prepare(ctx: RunContext, gen: int, endpoint_of: Callable[[int], Any]) -> dic
 
 def ingest(ctx: RunContext, gen: int, rel: str, agent_ended: bool = False) -> dict:
     """Store the agent pod's output of the rollout `rel` (a key relative to the run), with its audit."""
-    from mass_jobs.steps import rollouts
+    from mass_jobs.episodes import rollouts
     from mass_jobs.store import read_manifest
 
     where = {rollout_prefix(ctx, h, t.id, r): (h, t, r) for h in rollout_generations(gen)
@@ -248,7 +249,7 @@ class BundleCache:
         self._cache: dict[tuple[int, str, int], str] = {}
 
     def get(self, g: int, task: Task, rep: int) -> str:
-        from mass_jobs import compare
+        from mass_jobs.judging import compare
 
         key = (g, task.id, rep)
         if key not in self._cache:
@@ -260,7 +261,7 @@ class BundleCache:
 
 def pair_jobs(ctx: RunContext, gen: int, bundles: BundleCache | None) -> list:
     """Every (L_gen rep r, baseline rep r) pair; without `bundles` only what names them (verdict keys)."""
-    from mass_jobs.judges import PairJob
+    from mass_jobs.judging.judges import PairJob
 
     jobs = []
     for b in baselines(gen):
@@ -270,13 +271,6 @@ def pair_jobs(ctx: RunContext, gen: int, bundles: BundleCache | None) -> list:
                                     candidate_bundle=bundles.get(gen, t, r) if bundles else "",
                                     baseline_bundle=bundles.get(b, t, r) if bundles else ""))
     return jobs
-
-
-def client_for(spec: RunSpec, endpoint):
-    from mass_jobs.llm import ModelClient
-
-    lim = spec.execution.limits
-    return ModelClient(endpoint, spec.model.sampling, timeout_s=lim.request_timeout_s, retries=lim.request_retries)
 
 
 # ---------------------------------------------------------------- the step
@@ -297,7 +291,7 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
              progress: Progress | None = None, agent_pods: bool = False) -> dict:
     """The whole step for L_gen; returns its manifest. Resumes from whatever is already stored.
     With `agent_pods` (the cluster) the rollouts ran in agent pods: a missing one is an error."""
-    from mass_jobs.judges import PanelMember, run_panel
+    from mass_jobs.judging.judges import PanelMember, run_panel
     from mass_jobs.store import formed, read_manifest
 
     spec, store = ctx.spec, ctx.store
@@ -357,7 +351,7 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
 
 
 def _all_stored(store, prefix, jobs, name: str, kind: str, seeds) -> bool:
-    from mass_jobs.judges import PanelMember, verdict_key
+    from mass_jobs.judging.judges import PanelMember, verdict_key
 
     m = PanelMember(name=name, model="", seeds=tuple(seeds), client=None, kind=kind)
     return all(store.exists(verdict_key(prefix, j, m, s)) for j in jobs for s in seeds)
@@ -374,7 +368,7 @@ def _endpoint_unless_stored(store, prefix, jobs, name: str, kind: str, seeds, se
 
 
 def _verdict_keys(prefix, jobs, gen: int, spec: RunSpec) -> list[str]:
-    from mass_jobs.judges import PanelMember, verdict_key
+    from mass_jobs.judging.judges import PanelMember, verdict_key
 
     members = [PanelMember(name=f"gen-{h}", model="", seeds=(spec.search.seed,), client=None, kind="self")
                for h in self_evaluators(gen)]
@@ -387,9 +381,9 @@ def _verdict_keys(prefix, jobs, gen: int, spec: RunSpec) -> list[str]:
 
 def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Path | None = None):
     """(serve_model, serve_judge) that start the spec's serving backend per use; remote judges are used as is."""
-    from mass_jobs import backends
-    from mass_jobs.llm import Endpoint
-    from mass_jobs.modelio import resolve_model
+    from mass_jobs.serving import backends
+    from mass_jobs.serving.llm import Endpoint
+    from mass_jobs.serving.model_dirs import resolve_model
 
     @contextlib.contextmanager
     def serve_model(g: int):
@@ -415,7 +409,7 @@ def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Pa
 def remote_servers(endpoint_of: Callable[[int], Any]):
     """(serve_model, serve_judge) for the cluster: L_g at its InferenceService (`endpoint_of(g)`),
     judges at their external endpoints; a `local` judge would need a GPU in this pod: refused."""
-    from mass_jobs.llm import Endpoint
+    from mass_jobs.serving.llm import Endpoint
 
     @contextlib.contextmanager
     def serve_model(g: int):

@@ -12,7 +12,7 @@ not run: they could not be used either way). Both, with every reason, are writte
 
 Check commands run code the model wrote. Locally they run sandboxed in this process's machine; on
 the cluster the step pod (which holds the store's credentials) never runs them: `--phase prepare`
-writes one checks job per eligible episode (`RunContext.guard_checks`, mass_jobs/check_job.py) and
+writes one checks job per eligible episode (`RunContext.guard_checks`, mass_jobs/sandbox/check_job.py) and
 lists them, an agent pod runs each (`mass episode`), `--phase ingest` stores its checks.json, and
 `--agent-pods` judges with the stored results; a lost check pod fails the episode's checks.
 """
@@ -29,10 +29,10 @@ from typing import Any
 
 from pydantic import Field
 
-from mass_jobs.check_job import fresh_copy
-from mass_jobs.context import RunContext
-from mass_jobs.model_base import Closed
-from mass_jobs.task_models import CheckCommand, Guards
+from mass_jobs.sandbox.check_job import fresh_copy
+from mass_jobs.run.context import RunContext
+from mass_jobs.config.shared import Closed
+from mass_jobs.config.task_spec import CheckCommand, Guards
 
 # run_check(command, workspace) -> (exit code, short description when it failed)
 RunCheck = Callable[[CheckCommand, Path], tuple[int, str]]
@@ -44,7 +44,7 @@ class EpisodeGuard(Closed):
     passed: bool = Field(description="Every guard passed.")
     reasons: list[str] = Field(default_factory=list, description="Why it is ineligible or vetoed.")
     review: list[str] = Field(default_factory=list, description="Claims no guard can verify, for a person to read: "
-                              "numbers a deliverable states that its metrics file contradicts (mass_jobs/claims.py).")
+                              "numbers a deliverable states that its metrics file contradicts (mass_jobs/judging/claims.py).")
 
     @property
     def usable(self) -> bool:
@@ -229,7 +229,7 @@ def check_workspace(
     only with `checks`, each on a fresh copy of the workspace, after which the protected paths are
     verified again (a check that imports the episode's code must not be able to change them for the
     next one). `seeded` is the task's seed files (a required output equal to its stub is no output)."""
-    from mass_jobs import directives
+    from mass_jobs.judging import directives
 
     reasons = [why for rel in guards.required_outputs if (why := output_issue(workspace, rel, seeded or {}))]
     reasons += _protected_issues(guards, workspace, protected_before)
@@ -291,7 +291,7 @@ def _protected_issues(guards: Guards, workspace: Path, protected_before: dict[st
 
 def sandbox_checker(limits) -> RunCheck:
     """Run check commands with the sandbox of agent shell calls (scrubbed env, rlimits, no network)."""
-    from mass_jobs.check_job import run_check
+    from mass_jobs.sandbox.check_job import run_check
 
     return lambda check, workspace: run_check(check, workspace, limits)
 
@@ -299,7 +299,7 @@ def sandbox_checker(limits) -> RunCheck:
 def stored_checker(ctx: RunContext, gen: int, task_id: str, ep: str) -> RunCheck:
     """The results an agent pod stored for the episode's checks (`--agent-pods`): a check with no
     valid result for the task's current checks fails, never passes."""
-    from mass_jobs.check_job import validate_results
+    from mass_jobs.sandbox.check_job import validate_results
 
     checks = ctx.spec.task(task_id).guards.checks
     key = ctx.rollout_file(ctx.guard_checks(gen, task_id, ep), "checks.json")
@@ -322,9 +322,9 @@ def _needs_checks(ctx: RunContext, task_id: str, ep: dict) -> bool:
 def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
     """Argo: one checks job per eligible episode whose results are not stored for the current
     checks; returns the agent fan-out items."""
-    from mass_jobs.check_job import ChecksFile, checks_digest
-    from mass_jobs.harness import proof
-    from mass_jobs.steps import rollouts
+    from mass_jobs.sandbox.check_job import ChecksFile, checks_digest
+    from mass_jobs.episodes import proof
+    from mass_jobs.episodes import rollouts
 
     from mass_jobs.store import formed
 
@@ -353,9 +353,9 @@ def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
 def ingest_checks(ctx: RunContext, gen: int, task_id: str, rel: str, agent_ended: bool = False) -> dict:
     """Store the checks pod's result for the episode at `rel`; a pod that left none (Failed,
     Error) is stored as lost, which fails the episode's checks."""
-    from mass_jobs.check_job import validate_results
-    from mass_jobs.harness import proof
-    from mass_jobs.steps import rollouts
+    from mass_jobs.sandbox.check_job import validate_results
+    from mass_jobs.episodes import proof
+    from mass_jobs.episodes import rollouts
 
     summary = ctx.store.get_json(ctx.collect_summary(gen, task_id))
     where = {ctx.guard_checks(gen, task_id, ep["id"]): ep["id"] for ep in summary.get("episodes", [])}
@@ -395,7 +395,7 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
               agent_pods: bool = False) -> GuardReport:
     """Guard every collected episode of a task; write guard/<task>.json (skipped when done). With
     `agent_pods` (the cluster) the checks ran in agent pods and their stored results are used."""
-    from mass_jobs import claims
+    from mass_jobs.judging import claims
     from mass_jobs.store import UnsafeArchive, formed
 
     task = ctx.spec.task(task_id)

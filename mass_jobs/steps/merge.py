@@ -2,7 +2,7 @@
 
 W += (alpha / r) * B @ A for every adapted linear layer, computed in float32 and stored in the
 parent's dtype, saved as a loadable Hugging Face model dir (safetensors) with the parent's
-tokenizer and chat template. With `sft.fp8_export` a block-FP8 copy (mass_jobs.fp8) is written
+tokenizer and chat template. With `sft.fp8_export` a block-FP8 copy (mass_jobs.serving.fp8) is written
 beside it with its measured dequantisation error.
 
 The merged model is stored as plain objects under `<run>/gen-<g+1>/model/` (config.json,
@@ -19,7 +19,7 @@ import json
 import shutil
 from pathlib import Path
 
-from mass_jobs.errors import StepFailed
+from mass_jobs.config.errors import StepFailed
 
 PREFIX = "base_model.model."
 
@@ -72,9 +72,9 @@ def merge_lora(parent_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
 
 def run_merge(ctx, gen: int, work_dir: Path) -> dict:
     """select.json's checkpoint + gen g's model -> `<run>/gen-<g+1>/model/` (+ `model-fp8/`)."""
-    from mass_jobs.fp8 import export_fp8
-    from mass_jobs.modelio import store_model_dir
-    from mass_jobs.generation_model import local_model_dir
+    from mass_jobs.serving.fp8 import export_fp8
+    from mass_jobs.serving.model_dirs import store_model_dir
+    from mass_jobs.run.generation_model import local_model_dir
     from mass_jobs.store import MODEL_LIMITS, formed
 
     step = formed(merge_step(ctx, gen), MergeError)

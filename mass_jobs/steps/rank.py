@@ -20,14 +20,14 @@ from typing import Any
 
 from pydantic import Field
 
-from mass_jobs.bradley_terry import fit, ranking
-from mass_jobs.compare import Verdict, judge, task_bundle
-from mass_jobs.evidence import prompt_budget
-from mass_jobs.context import RunContext
-from mass_jobs.errors import StepFailed
-from mass_jobs.model_base import Closed
-from mass_jobs.pairing import schedule
-from mass_jobs.steps.rollouts import derived_seed
+from mass_jobs.judging.bradley_terry import fit, ranking
+from mass_jobs.judging.compare import Verdict, judge, task_bundle
+from mass_jobs.judging.evidence import prompt_budget
+from mass_jobs.run.context import RunContext
+from mass_jobs.config.errors import StepFailed
+from mass_jobs.config.shared import Closed
+from mass_jobs.judging.pairing import schedule
+from mass_jobs.episodes.rollouts import derived_seed
 from mass_jobs.steps.search_state import SearchState
 
 
@@ -113,7 +113,7 @@ def exclusion_summary(excluded: dict[str, list[str]]) -> str:
 
 def rank_step(ctx: RunContext, gen: int, task_id: str):
     """The ranking's Step: its inputs are the stored guard report and the ranking settings."""
-    from mass_jobs.roles import roles_input
+    from mass_jobs.serving.roles import roles_input
     from mass_jobs.store import Step, Waiting
 
     guard_key, col, spec = ctx.guard(gen, task_id), ctx.spec.collection, ctx.spec
@@ -128,7 +128,7 @@ def rank_step(ctx: RunContext, gen: int, task_id: str):
 
 def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
     """Library core of `mass rank` and the local runner."""
-    from mass_jobs.roles import role_client, role_label
+    from mass_jobs.serving.roles import role_client, role_label
     from mass_jobs.store import formed
 
     spec, store = ctx.spec, ctx.store

@@ -3,7 +3,7 @@
     mass report --spec S
 
 Reads only the store (verdicts, eval rollouts and their audits, search states, guard verdicts,
-SFT stats, training logs, selection) and recomputes every number with `mass_jobs.metrics`, so the
+SFT stats, training logs, selection) and recomputes every number with `mass_jobs.judging.metrics`, so the
 report of a resumed run equals the report of an uninterrupted one whenever the stored artifacts do.
 report.json is validated against schemas/report.schema.json (generated from `report_document.Report`;
 report.md and the plots are `report_render`'s).
@@ -25,9 +25,9 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from mass_jobs import metrics
-from mass_jobs.context import RunContext
-from mass_jobs.harness import CAPS, OUTCOMES, episode_cap
+from mass_jobs.judging import metrics
+from mass_jobs.run.context import RunContext
+from mass_jobs.episodes.harness import CAPS, OUTCOMES, episode_cap
 from mass_jobs.steps.report_document import (Agreement, Audit, GuardCount, InvalidVerdict, JudgeInfo, Outcomes, Report, Review,
                                              RolePlayer, SearchCurve, Tokens, Training, VerdictCounts,
                                              Veto, WinShare, sft_data, validate_report)
@@ -138,7 +138,7 @@ def loss_curves(log: list[dict]) -> tuple[list[list[float]], list[list[float]]]:
 
 
 def run_composition(spec) -> dict:
-    from mass_jobs.composition import composition_of
+    from mass_jobs.config.composition import composition_of
 
     comp = composition_of(spec.sft)
     return {"preset": comp.preset, "teacher": spec.collection.teacher, "window_roles": list(comp.roles),
@@ -147,7 +147,7 @@ def run_composition(spec) -> dict:
 
 
 def role_players(ctx: RunContext) -> list[RolePlayer]:
-    from mass_jobs.roles import ROLES, recorded_players, role_label
+    from mass_jobs.serving.roles import ROLES, recorded_players, role_label
 
     recorded = recorded_players(ctx)
     return [RolePlayer(role=r, configured=role_label(ctx.spec, r, 0).replace("gen-0", "current generation (L_g)"),
@@ -159,7 +159,7 @@ def rollout_grades(store, audit_keys: list[tuple[str, str]], tasks: dict) -> lis
     import tempfile
     from pathlib import Path
 
-    from mass_jobs.grade import grade_workspace
+    from mass_jobs.judging.grade import grade_workspace
 
     out = []
     for task_id, key in audit_keys:  # (task, key of the rollout's audit.json)
@@ -181,8 +181,8 @@ def task_scores(grades: list) -> dict:
 def build_report(ctx: RunContext, embedder=None) -> dict:
     """report.json content (without `files`), computed from the store alone (`embedder`: of the
     workflow information proxies; the built-in hash embedder when None)."""
-    from mass_jobs.analysis.information import workflow_information
-    from mass_jobs.judges import load_verdicts
+    from mass_jobs.judging.information import workflow_information
+    from mass_jobs.judging.judges import load_verdicts
 
     spec, store = ctx.spec, ctx.store
     tasks = spec.resolved_tasks()

@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from mass_jobs.analysis.information import InformationProxy
-from mass_jobs.model_base import Closed
+from mass_jobs.judging.information import InformationProxy
+from mass_jobs.config.shared import Closed
 
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "report.schema.json"
@@ -62,7 +62,7 @@ class Audit(Closed):
     code_handoff_rate: float | None
     graded: int = Field(default=0, description="Episodes with a deterministic task score (tasks with deliverables).")
     task_score: float | None = Field(
-        default=None, description="Mean task score (mass_jobs.grade: deliverables exist and are correct), 0..1.")
+        default=None, description="Mean task score (mass_jobs.judging.grade: deliverables exist and are correct), 0..1.")
     solved: int = Field(default=0, description="Episodes whose every grader check passed.")
 
 
@@ -82,10 +82,10 @@ class Outcomes(Closed):
     generation: int
     stage: Literal["search", "collect", "evaluate"]
     episodes: int
-    by_outcome: dict[str, int] = Field(description="Episodes per outcome (mass_jobs.harness.OUTCOMES; turn_limit: an "
+    by_outcome: dict[str, int] = Field(description="Episodes per outcome (mass_jobs.episodes.harness.OUTCOMES; turn_limit: an "
                                                    "agent used its turns, e.g. qwen-code's --max-session-turns).")
     by_cap: dict[str, int] = Field(default_factory=dict, description="Episodes ended by each cap of execution.limits "
-                                   "(mass_jobs.harness.CAPS), zeros included: a cap ending many episodes selects for brevity.")
+                                   "(mass_jobs.episodes.harness.CAPS), zeros included: a cap ending many episodes selects for brevity.")
     tool_calls: int = Field(default=0, description="Tool calls of these episodes, all agents together.")
     tool_calls_per_episode: float | None = Field(default=None, description="tool_calls / episodes.")
 

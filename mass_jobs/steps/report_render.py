@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mass_jobs.harness import CAPS, OUTCOMES
+from mass_jobs.episodes.harness import CAPS, OUTCOMES
 
 
 PLOTS = ("win_share.png", "search.png", "loss.png", "audit.png", "tokens.png", "information.png")
@@ -266,7 +266,7 @@ def figures(doc: dict) -> list[tuple[str, Any]]:
     ax.set_title(f"Tokens (n = episodes whose output is counted, {len(doc['tokens'])} generations)")
     figs.append(("tokens.png", fig))
 
-    from mass_jobs.analysis.information import plot_information
+    from mass_jobs.judging.information import plot_information
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
     plot_information(doc.get("information", []), ax)

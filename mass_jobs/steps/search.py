@@ -32,16 +32,16 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from mass_jobs import optimizer_brief
-from mass_jobs.compare import Verdict, blind_judge, task_bundle, task_views
-from mass_jobs.context import RunContext
-from mass_jobs.errors import StepFailed
-from mass_jobs.evidence import prompt_budget
-from mass_jobs.task_models import Workflow
-from mass_jobs.steps.rollouts import Execute, agent_ended, derived_seed, rollout, rollout_outputs, store_rollout
+from mass_jobs.judging import optimizer_brief
+from mass_jobs.judging.compare import Verdict, blind_judge, task_bundle, task_views
+from mass_jobs.run.context import RunContext
+from mass_jobs.config.errors import StepFailed
+from mass_jobs.judging.evidence import prompt_budget
+from mass_jobs.config.task_spec import Workflow
+from mass_jobs.episodes.rollouts import Execute, agent_ended, derived_seed, rollout, rollout_outputs, store_rollout
 from mass_jobs.steps.search_state import IterationRecord, SearchState, fold, judge_version, won
-from mass_jobs.trace_shape import last_tool_calls
-from mass_jobs.workflow import (
+from mass_jobs.episodes.trace_shape import last_tool_calls
+from mass_jobs.spec.workflow import (
     DEFAULT_WORKFLOW,
     WorkflowError,
     parse_proposal,
@@ -68,7 +68,7 @@ class SearchError(StepFailed):
 
 def iteration_step(ctx: RunContext, gen: int, task_id: str, k: int):
     """Iteration k's Step: the task, k and the search settings (not how many iterations follow)."""
-    from mass_jobs.roles import roles_input
+    from mass_jobs.serving.roles import roles_input
     from mass_jobs.store import Step
 
     inputs = {
@@ -96,7 +96,7 @@ class Search:
     judges and saves (it refuses a rollout that is not stored)."""
 
     def __init__(self, ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute | None):
-        from mass_jobs.roles import role_client, role_label
+        from mass_jobs.serving.roles import role_client, role_label
 
         self.ctx, self.gen, self.execute = ctx, gen, execute
         self.store = ctx.store
@@ -179,9 +179,9 @@ class Search:
 
     def prepare(self, k: int, endpoint) -> list[dict]:
         """Write the agent pods' inputs of iteration k; the fan-out items (none when stored)."""
-        from mass_jobs.harness import EpisodeInput
-        from mass_jobs.roles import role_endpoint
-        from mass_jobs.steps import rollouts
+        from mass_jobs.episodes.harness import EpisodeInput
+        from mass_jobs.serving.roles import role_endpoint
+        from mass_jobs.episodes import rollouts
 
         self._check_k(k)
         if self._step(k).done:
@@ -199,7 +199,7 @@ class Search:
 
     def ingest(self, rel: str, agent_ended: bool = False) -> dict:
         """Store the agent pod's output of the rollout `rel` (a key relative to the run)."""
-        from mass_jobs.steps import rollouts
+        from mass_jobs.episodes import rollouts
 
         candidates = [self._iter("reference")] + [self._iter(k) for k in range(self.cfg.iterations + 1)]
         prefix = rollouts.find_rollout(self.ctx, rel, candidates)

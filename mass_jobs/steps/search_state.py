@@ -12,10 +12,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from mass_jobs.compare import Verdict
-from mass_jobs.model_base import Closed
-from mass_jobs.task_models import Workflow
-from mass_jobs.workflow import diff_workflows
+from mass_jobs.judging.compare import Verdict
+from mass_jobs.config.shared import Closed
+from mass_jobs.config.task_spec import Workflow
+from mass_jobs.spec.workflow import diff_workflows
 
 
 class Feedback(Closed):

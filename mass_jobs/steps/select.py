@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 
-from mass_jobs.errors import StepFailed
+from mass_jobs.config.errors import StepFailed
 
 
 class SelectError(StepFailed, ValueError):
@@ -41,7 +41,7 @@ def select_checkpoint(log: list[dict], saved_steps: list[int]) -> dict:
 
 
 def by_panel(ctx) -> bool:
-    from mass_jobs.composition import composition_of
+    from mass_jobs.config.composition import composition_of
 
     return composition_of(ctx.spec.sft).checkpoint == "panel"
 

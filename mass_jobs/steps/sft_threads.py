@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mass_jobs.harness.delegation import can_delegate
-from mass_jobs.threads import group_calls, normal_message, same_turn, text_of
-from mass_jobs.workflow import SEPARATOR
+from mass_jobs.episodes.delegation import can_delegate
+from mass_jobs.episodes.threads import group_calls, normal_message, same_turn, text_of
+from mass_jobs.spec.workflow import SEPARATOR
 
 
 @dataclass

@@ -13,9 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mass_jobs.errors import StepFailed
-
-IGNORE = -100  # label of a position that carries no loss (the value torch's cross entropy skips)
+from mass_jobs.config.errors import StepFailed
+from mass_jobs.training.loss import IGNORE
 
 
 class RenderError(StepFailed, ValueError):

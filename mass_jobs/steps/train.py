@@ -6,7 +6,7 @@ spec's LoRA and optimizer settings, and rank 0 copies each checkpoint (local dir
 continues from the newest checkpoint, local or in the store, and logs the same losses an
 uninterrupted run would have.
 
-Run: `torchrun --nproc_per_node N -m mass_jobs.cli train --spec SPEC --gen G [--resume]`
+Run: `torchrun --nproc_per_node N -m mass_jobs.commands.cli train --spec SPEC --gen G [--resume]`
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 import shutil
 from pathlib import Path
 
-from mass_jobs.context import RunContext
-from mass_jobs.generation_model import local_model_dir
+from mass_jobs.run.context import RunContext
+from mass_jobs.run.generation_model import local_model_dir
 from mass_jobs.training.checkpoint import MANIFEST, latest_checkpoint, read_checkpoint
 from mass_jobs.training.dist import Dist
 from mass_jobs.training.loop import Trainer
@@ -60,7 +60,7 @@ def _fetch_inputs(ctx: RunContext, gen: int, work: Path, resume: bool) -> tuple[
 def training_settings(sft) -> dict:
     """The sft settings training depends on: not how its checkpoint is selected afterwards, and the
     preset and the parallel mode only when not the defaults (earlier runs keep their hashes)."""
-    from mass_jobs.composition import composition_of
+    from mass_jobs.config.composition import composition_of
 
     doc = sft.model_dump(mode="json", exclude={"checkpoint_selection", "panel", "preset", "parallel"})
     if sft.parallel != "ddp":  # DDP runs keep the hashes they had before the field existed
@@ -105,7 +105,7 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
     if step.done:
         return ctx.store.get_json(step.manifest_key)["extra"]
     if dist.rank == 0:  # before anything trains: a test task's data never does (SplitLeak, the job fails)
-        from mass_jobs.split_guard import check_no_test_leak
+        from mass_jobs.steps.split_guard import check_no_test_leak
 
         check_no_test_leak(ctx, gen)
     if dist.local_rank == 0:

@@ -18,7 +18,7 @@ spec or the standard AWS environment (credentials chain, AWS_ENDPOINT_URL, AWS_R
 
 from __future__ import annotations
 
-from mass_jobs.models import StoreSpec
+from mass_jobs.config.run_spec import StoreSpec
 from mass_jobs.store.archive import MODEL_LIMITS, WORKSPACE_LIMITS, ArchiveLimits, UnsafeArchive
 from mass_jobs.store.base import MissingKey, Store, UnreadableObject, check_key
 from mass_jobs.store.local import FileStore

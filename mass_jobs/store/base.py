@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from mass_jobs.models import StoreSpec
+from mass_jobs.config.run_spec import StoreSpec
 from mass_jobs.store.archive import WORKSPACE_LIMITS, ArchiveLimits, extract_dir_archive, write_dir_archive
 
 TMP_PREFIX = ".tmp-"  # in-flight files of the file backend; never listed, never valid in keys

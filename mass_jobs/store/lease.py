@@ -1,4 +1,4 @@
-"""Leases in the store: one writer at a time for a run (`mass_jobs/run_lease.py`) or a step.
+"""Leases in the store: one writer at a time for a run (`mass_jobs/pipeline/run_lease.py`) or a step.
 
 A lease is a small JSON object created atomically (`Store.create_json`: an exclusive create
 locally, a conditional PUT on S3) naming its holder (host, pid, pid namespace, start) and a

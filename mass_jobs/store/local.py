@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 from typing import BinaryIO
 
-from mass_jobs.models import StoreSpec
+from mass_jobs.config.run_spec import StoreSpec
 from mass_jobs.store.base import CHUNK, TMP_PREFIX, MissingKey, Store, check_key, check_prefix, replace_atomically
 
 

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from mass_jobs.errors import StepFailed
+from mass_jobs.config.errors import StepFailed
 from mass_jobs.store.base import MissingKey, Store, check_key
 from mass_jobs.store.lease import Lease, WriterBusy
 

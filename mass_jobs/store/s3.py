@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-from mass_jobs.models import StoreSpec
+from mass_jobs.config.run_spec import StoreSpec
 from mass_jobs.store.base import MissingKey, Store, check_key, check_prefix, replace_atomically, sha256_stream
 
 MiB = 1 << 20

@@ -1,1 +1,4 @@
-"""LoRA SFT internals used by `mass train`: LoRA setup, LR schedule, checkpoints and the training loop."""
+"""LoRA SFT as `mass train` runs it under torchrun or a PyTorchJob: the window sampler (`sampler`:
+task uniform, then orchestrator vs worker/auxiliary), LoRA setup (`lora`), the loss over masked
+windows (`loss`), the LR schedule, data- or fully-sharded ranks (`dist`), resumable checkpoints and the
+loop itself. Reads only the spec's typed sections; never the store or a step."""

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from mass_jobs.models import SftSpec
-from mass_jobs.sampler import WindowSampler
-from mass_jobs.steps.render_sft import ROLES
+from mass_jobs.config.composition import WINDOW_ROLES as ROLES
+from mass_jobs.config.run_spec import SftSpec
+from mass_jobs.training.sampler import WindowSampler
 from mass_jobs.training.checkpoint import (
     latest_checkpoint,
     load_adapter_state,
@@ -74,7 +74,7 @@ class Trainer:
         self.total_steps = steps or sft.steps
         self.dist = Dist.current()
         self.device = local_device(self.dist)
-        from mass_jobs.composition import composition_of
+        from mass_jobs.config.composition import composition_of
 
         self.sampler = WindowSampler(train_windows, composition_of(sft).orchestrator_share, sft.seed)
         self.log_path = self.out_dir / "log.jsonl"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mass_jobs.models import LoraSpec
+from mass_jobs.config.run_spec import LoraSpec
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ Used by `mass train`; no command of its own.
 
 from __future__ import annotations
 
-from mass_jobs.steps.sft_tokens import IGNORE
+IGNORE = -100  # label of a position that carries no loss (the value torch's cross entropy skips)
 
 
 def split_head(model):

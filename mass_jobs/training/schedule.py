@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from mass_jobs.models import OptimizerSpec
+from mass_jobs.config.run_spec import OptimizerSpec
 
 
 def lr_at(step: int, total_steps: int, opt: OptimizerSpec) -> float:

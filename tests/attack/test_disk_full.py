@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mass_jobs.proxy import RecordingProxy, read_trace
+from mass_jobs.serving.proxy import RecordingProxy, read_trace
 from tests.attack.test_endpoint_faults import FINISH, RawEndpoint, completion
 
 
@@ -71,9 +71,9 @@ def test_a_full_disk_leaves_whole_trace_lines_and_refuses_later_calls(small_disk
 
 
 def test_mass_episode_on_a_full_disk_exits_1_naming_it(small_disk, tmp_path):
-    from mass_jobs.harness import EpisodeInput, episode_file_json
-    from mass_jobs.llm import Endpoint
-    from mass_jobs.models import EpisodeLimits, Sampling
+    from mass_jobs.episodes.harness import EpisodeInput, episode_file_json
+    from mass_jobs.serving.llm import Endpoint
+    from mass_jobs.config.run_spec import EpisodeLimits, Sampling
 
     upstream = RawEndpoint(completion({"role": "assistant", "tool_calls": [FINISH]}))
     try:
@@ -83,7 +83,7 @@ def test_mass_episode_on_a_full_disk_exits_1_naming_it(small_disk, tmp_path):
         in_dir.mkdir()
         (in_dir / "episode.json").write_text(json.dumps(episode_file_json(inp)))
         fill(small_disk, leave=0)
-        out = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "episode", "--in", str(in_dir), "--out",
+        out = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "episode", "--in", str(in_dir), "--out",
                               str(small_disk / "out")], capture_output=True, text=True, timeout=300)
     finally:
         upstream.close()
@@ -94,8 +94,8 @@ def test_mass_episode_on_a_full_disk_exits_1_naming_it(small_disk, tmp_path):
 
 
 def test_an_episode_whose_trace_fills_the_disk_ends_infra_error(small_disk):
-    from mass_jobs.harness import EpisodeInput, run_episode
-    from mass_jobs.models import EpisodeLimits, Sampling
+    from mass_jobs.episodes.harness import EpisodeInput, run_episode
+    from mass_jobs.config.run_spec import EpisodeLimits, Sampling
 
     # a long reply the model keeps giving: its record does not fit in what is left
     upstream = RawEndpoint(completion({"role": "assistant", "content": "z" * 40000}))

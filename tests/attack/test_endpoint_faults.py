@@ -12,10 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from mass_jobs.harness import OUTCOMES, EpisodeInput, run_episode, validate_status
-from mass_jobs.llm import Endpoint
-from mass_jobs.models import EpisodeLimits, Sampling
-from mass_jobs.proxy import RecordingProxy, read_trace
+from mass_jobs.episodes.harness import OUTCOMES, EpisodeInput, run_episode, validate_status
+from mass_jobs.serving.llm import Endpoint
+from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+from mass_jobs.serving.proxy import RecordingProxy, read_trace
 
 
 class LoopbackEndpoint:
@@ -163,7 +163,7 @@ def test_the_proxy_answers_the_upstreams_status_never_its_own_500(raw_endpoint, 
 
 def test_line_separators_in_an_answer_keep_one_trace_record_per_line(raw_endpoint, tmp_path):
     """U+2028, U+2029 and NEL are line breaks to str.splitlines(), which several trace readers use."""
-    from mass_jobs.audit import audit_episode
+    from mass_jobs.episodes.audit import audit_episode
 
     ep = raw_endpoint(completion({"role": "assistant", "content": "a\u2028b\u2029c\x85d"}))
     inp = EpisodeInput(prompt="x\u2028y", endpoint=ep.endpoint, limits=LIMITS, sampling=Sampling(max_output_tokens=16))
@@ -354,7 +354,7 @@ def test_a_reply_without_end_is_cut_at_its_byte_limit(tmp_path, kind):
 def test_the_stream_assembler_is_linear_in_what_it_is_fed():
     """Fed 16 MiB without a separator in 4 KiB pieces, it searches each byte a bounded number of
     times (the old one re-copied and re-searched the whole buffer on every piece)."""
-    from mass_jobs.proxy import StreamAssembler
+    from mass_jobs.serving.proxy import StreamAssembler
 
     asm = StreamAssembler()
     searched = {"bytes": 0}

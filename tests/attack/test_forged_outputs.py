@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mass_jobs.harness import proof
+from mass_jobs.episodes import proof
 from mass_jobs.store import open_store
 from tests.test_argo_exec import KEY, PodFiles, executor_for, run_agent_episode, tempfile_dir  # noqa: F401
 
@@ -64,9 +64,9 @@ def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, s
     The worker's shell command attacks the records (FORGING_COMMAND); the artifacts Argo uploads
     are the proxy's records and the harness's status, and the workspace came back from the sandbox."""
     from mass_jobs.k8s.pods import SANDBOX_UID, UID
-    from mass_jobs.harness import EpisodeInput
-    from mass_jobs.models import EpisodeLimits, Sampling
-    from mass_jobs.testing.scripted_endpoint import Reply
+    from mass_jobs.episodes.harness import EpisodeInput
+    from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+    from mass_jobs.tools.testing.scripted_endpoint import Reply
 
     ep = scripted_endpoint({
         "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("records tidied")],
@@ -133,10 +133,10 @@ def test_a_sidecar_that_ends_the_upload_early_leaves_outputs_ingest_refuses(exec
     makes the wait container upload a partial /out while the harness runs on (to a Succeeded pod).
     Ingest finds no proof, stores the episode as infra_error with the reason, and never fails the
     step; without the ended agent step counted (the switch-off) the same upload failed ingest."""
-    from mass_jobs.harness import EpisodeInput
-    from mass_jobs.models import EpisodeLimits, Sampling
-    from mass_jobs.steps.rollouts import RolloutError, agent_ended, agent_result
-    from mass_jobs.testing.scripted_endpoint import Reply
+    from mass_jobs.episodes.harness import EpisodeInput
+    from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+    from mass_jobs.episodes.rollouts import RolloutError, agent_ended, agent_result
+    from mass_jobs.tools.testing.scripted_endpoint import Reply
 
     ep = scripted_endpoint({
         "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("records tidied")],

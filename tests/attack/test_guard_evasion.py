@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mass_jobs.steps.guard import check_workspace, hash_protected
-from mass_jobs.task_models import CheckCommand, Guards
+from mass_jobs.config.task_spec import CheckCommand, Guards
 
 SIM = "def push(obj, force):\n    return obj + force\n"
 STUB = "# Report\n\n(to be written)\n"
@@ -189,7 +189,7 @@ def test_a_check_that_leaves_a_file_for_the_next_check_finds_it_gone(tmp_path):
 
 def test_the_sandboxed_checks_run_on_a_copy(tmp_path):
     """The real sandbox: a check command that edits a protected file is vetoed, the workspace kept."""
-    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.config.run_spec import EpisodeLimits
     from mass_jobs.steps.guard import sandbox_checker
 
     ws, before = seeded(tmp_path)
@@ -223,7 +223,7 @@ def test_a_forged_pyc_beside_the_protected_simulator_is_not_what_the_check_impor
     import subprocess
     import sys
 
-    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.config.run_spec import EpisodeLimits
     from mass_jobs.steps.guard import sandbox_checker
 
     ws, _ = seeded(tmp_path)
@@ -240,7 +240,7 @@ def test_a_forged_pyc_beside_the_protected_simulator_is_not_what_the_check_impor
 
 
 def test_the_check_copy_holds_no_bytecode(tmp_path):
-    from mass_jobs.check_job import fresh_copy
+    from mass_jobs.sandbox.check_job import fresh_copy
 
     ws, _ = seeded(tmp_path)
     _forged_bytecode(ws)
@@ -252,7 +252,7 @@ def test_the_check_copy_holds_no_bytecode(tmp_path):
 
 def test_sandboxed_python_never_reads_a_workspace_pycache(tmp_path):
     """Agent shells and checks alike: bytecode comes from PYTHONPYCACHEPREFIX, not sim/__pycache__."""
-    from mass_jobs.sandbox import SandboxLimits, run_sandboxed
+    from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
 
     ws, _ = seeded(tmp_path)
     _forged_bytecode(ws)
@@ -293,7 +293,7 @@ def test_a_workspace_module_or_pytest_file_does_not_decide_the_check(tmp_path, n
     workspace conftest or ini file, so the check fails and the episode is vetoed."""
     import subprocess
 
-    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.config.run_spec import EpisodeLimits
     from mass_jobs.steps.guard import sandbox_checker
 
     ws, _ = seeded(tmp_path)
@@ -313,7 +313,7 @@ def test_a_workspace_module_or_pytest_file_does_not_decide_the_check(tmp_path, n
 def test_the_check_interpreter_still_imports_the_workspace_and_the_test_dirs(tmp_path):
     """What the isolation keeps: the episode's packages import from the working directory, a
     check script's sibling modules from its directory, and pytest's test modules theirs."""
-    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.config.run_spec import EpisodeLimits
     from mass_jobs.steps.guard import sandbox_checker
 
     ws, _ = seeded(tmp_path)
@@ -349,7 +349,7 @@ def test_the_check_interpreter_still_imports_the_workspace_and_the_test_dirs(tmp
 def test_a_report_that_addresses_the_judge_is_a_veto(tmp_path, planted, monkeypatch):
     """Read word for word by the evaluator, such a line won comparisons; it is no evidence of work.
     Without the scan (switched off) every other guard passes it."""
-    from mass_jobs import directives
+    from mass_jobs.judging import directives
 
     ws, before = seeded(tmp_path)
     finish(ws, report=f"# Push controller\n\nerror 0.1 measured by sim/push.py\n{planted}\n")
@@ -395,7 +395,7 @@ FAKERS = {
 
 
 def _example_task():
-    from mass_jobs.spec import load_spec
+    from mass_jobs.spec.load import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[2] / "examples" / "paper.yaml")
     return next(t for t in spec.resolved_tasks() if t.id == "robotics-push")
@@ -417,7 +417,7 @@ def _pushed(tmp_path: Path, controller: str, claimed: float):
 
 
 def test_the_example_task_passes_an_honest_controller(tmp_path):
-    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.config.run_spec import EpisodeLimits
     from mass_jobs.steps.guard import sandbox_checker
 
     task, ws, before = _pushed(tmp_path, HONEST_CONTROLLER, 1.0)
@@ -426,7 +426,7 @@ def test_the_example_task_passes_an_honest_controller(tmp_path):
 
 @pytest.mark.parametrize("how", sorted(FAKERS))
 def test_the_example_task_recomputes_what_a_faked_success_claims(tmp_path, how):
-    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.config.run_spec import EpisodeLimits
     from mass_jobs.steps.guard import sandbox_checker
 
     task, ws, before = _pushed(tmp_path, FAKERS[how], 0.98)

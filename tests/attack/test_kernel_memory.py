@@ -1,5 +1,5 @@
 """Memory the supervisor's samples miss, held by the kernel: each sandboxed call runs in a memory
-cgroup of its own (mass_jobs/memory_cgroup.py), so a balloon faster than the sampling interval,
+cgroup of its own (mass_jobs/sandbox/memory_cgroup.py), so a balloon faster than the sampling interval,
 memory no process maps (memfds) and descriptors past RLIMIT_NOFILE all stop at the call's limit.
 The host loses at most the limit plus 10% (the cgroup's own peak); the call says what held it."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.memory_cgroup import reason_unavailable
-from mass_jobs.sandbox import SandboxLimits, run_sandboxed
+from mass_jobs.sandbox.memory_cgroup import reason_unavailable
+from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
 
 LIMITS = SandboxLimits(timeout_s=60, cpu_s=30, memory_mb=128, processes=16, limit_address_space=False)
 
@@ -67,8 +67,8 @@ def test_descriptors_stop_at_rlimit_nofile(ws):
 
 
 def test_an_episode_status_says_what_held_memory(ws):
-    from mass_jobs.harness import tools as T
-    from mass_jobs.models import EpisodeLimits
+    from mass_jobs.episodes import tools as T
+    from mass_jobs.config.run_spec import EpisodeLimits
 
     out = T.shell(ws, {"command": "echo hi"}, EpisodeLimits(), 30)
     assert out.ok and out.memory_limit in ("cgroup v1", "cgroup v2")

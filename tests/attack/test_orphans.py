@@ -1,5 +1,5 @@
 """Orphans: a SIGKILLed caller must take its children with it (sandboxed commands and their
-escapees, the `mass serve` a run or step started, anything spawned through mass_jobs.lifeline)."""
+escapees, the `mass serve` a run or step started, anything spawned through mass_jobs.sandbox.lifeline)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def wait_for(path: Path, proc: subprocess.Popen, bound_s: float = 60.0) -> None:
 
 SANDBOX_DRIVER = """
 import sys
-from mass_jobs.sandbox import SandboxLimits, run_sandboxed
+from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
 run_sandboxed(sys.argv[2], sys.argv[1], SandboxLimits(timeout_s=600, cpu_s=600, processes=32))
 """
 
@@ -83,7 +83,7 @@ def test_sigkilled_caller_during_a_fork_bomb_leaves_nothing(tmp_path):
 
 SERVE_DRIVER = """
 import sys, time
-from mass_jobs.serve import ModelServer
+from mass_jobs.serving.serve import ModelServer
 srv = ModelServer(sys.argv[1], served_name="tiny", device="cpu").start()
 print(srv.process.pid, flush=True)
 time.sleep(600)
@@ -105,7 +105,7 @@ def test_sigkilled_run_takes_its_mass_serve_child_with_it(tiny_model_dir):
 
 THREAD_DRIVER = """
 import sys, threading, time
-from mass_jobs import lifeline
+from mass_jobs.sandbox import lifeline
 box = {}
 t = threading.Thread(target=lambda: box.setdefault("p", lifeline.spawn(["sleep", sys.argv[1]], start_new_session=True)))
 t.start(); t.join()  # the spawning thread is gone: PR_SET_PDEATHSIG alone would kill the child now
@@ -126,7 +126,7 @@ def test_a_child_outlives_the_thread_that_spawned_it_but_not_the_process():
 
 
 def test_lifeline_keeps_exit_codes_and_pids_of_a_plain_popen():
-    from mass_jobs import lifeline
+    from mass_jobs.sandbox import lifeline
 
     assert lifeline.run(["sh", "-c", "exit 7"]).returncode == 7
     proc = lifeline.spawn(["sh", "-c", "echo $$"], stdout=subprocess.PIPE, text=True)

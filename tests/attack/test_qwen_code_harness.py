@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.harness import EpisodeInput, run_episode, validate_status
-from mass_jobs.models import EpisodeLimits, Sampling
-from mass_jobs.proxy import read_trace
-from mass_jobs.sandbox import _tools
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_status
+from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+from mass_jobs.serving.proxy import read_trace
+from mass_jobs.sandbox.run import _tools
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.test_argo_exec import executor_for  # noqa: F401  (the test executor's fixture)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,7 +182,7 @@ def attack_report(trace) -> dict | None:
 def rendered(trace, tiny_model_dir) -> list[str]:
     from transformers import AutoTokenizer
 
-    from mass_jobs.models import SftSpec
+    from mass_jobs.config.run_spec import SftSpec
     from mass_jobs.steps.sft_threads import EpisodeTrace
     from mass_jobs.steps.render_sft import render_windows
 
@@ -245,8 +245,8 @@ def test_with_the_protection_off_the_same_attack_forges_the_trace(scripted_endpo
     in the shell's environment and the forged call lands in the trace. The tests above would fail."""
     from contextlib import contextmanager
 
-    import mass_jobs.harness.qwen_shell as qwen_shell
-    import mass_jobs.sandbox_service as service
+    import mass_jobs.episodes.qwen_shell as qwen_shell
+    import mass_jobs.episodes.sandbox_service as service
 
     @contextmanager
     def no_sandbox(workspace, limits):
@@ -276,8 +276,8 @@ MALFORMED = [
 def test_a_malformed_recorded_call_is_a_counted_episode_error_in_render_and_audit(what, record, tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from mass_jobs.audit import audit_episode
-    from mass_jobs.models import SftSpec
+    from mass_jobs.episodes.audit import audit_episode
+    from mass_jobs.config.run_spec import SftSpec
     from mass_jobs.steps.sft_threads import EpisodeTrace
     from mass_jobs.steps.render_sft import render_windows
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.sandbox import SandboxLimits, run_sandboxed
+from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
 
 LIMITS = SandboxLimits(timeout_s=300, cpu_s=200, memory_mb=1024, processes=32)
 

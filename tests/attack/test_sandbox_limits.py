@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.sandbox import SandboxLimits, run_sandboxed
+from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
 
 LIMITS = SandboxLimits(timeout_s=120, cpu_s=60, memory_mb=1024, file_size_mb=64, processes=16)
 
@@ -147,7 +147,7 @@ def test_endless_output_ends_the_call_before_its_wall_limit(ws):
 
 HOLDER = """
 import sys
-from mass_jobs.sandbox import SandboxLimits, run_sandboxed
+from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
 run_sandboxed("id -u > uid; while [ ! -e go ]; do sleep 0.05; done", sys.argv[1], SandboxLimits(timeout_s=120))
 """
 

@@ -19,7 +19,7 @@ import pytest
 
 import yaml
 
-from mass_jobs.cli import main as cli_main
+from mass_jobs.commands.cli import main as cli_main
 
 mass = cli_main
 
@@ -245,7 +245,7 @@ def test_oversized_spec_on_s3_is_refused_before_it_is_read(make_store, capsys, m
 
 
 def test_dates_stay_text(tmp_path):
-    from mass_jobs.spec import load_spec
+    from mass_jobs.spec.load import load_spec
 
     (tmp_path / "2026-01-02").mkdir()
     (tmp_path / "spec.yaml").write_text(spec(name="name: 2026-01-01\n", model="model: {base: 2026-01-02}\n"))
@@ -282,7 +282,7 @@ def test_mass_validate_process_exits_2_without_traceback(tmp_path, data):
     path = tmp_path / "spec.yaml"
     (tmp_path / "m").mkdir(exist_ok=True)  # model locations are checked: the specs' model exists
     path.write_bytes(data)
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.cli", "validate", str(path)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(path)], capture_output=True,
                           text=True, timeout=120, preexec_fn=_limited, cwd=REPO)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and proc.stderr.startswith(f"{path}: invalid run spec, 1 error(s):")
@@ -314,7 +314,7 @@ def test_every_field_of_the_paper_spec_takes_any_value_without_a_crash(path):
 
     import yaml
 
-    from mass_jobs.spec import SpecError, validate_document
+    from mass_jobs.spec.load import SpecError, validate_document
 
     base = yaml.safe_load(PAPER.read_text())
     outcomes = set()

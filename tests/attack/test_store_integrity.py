@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.cli import main as cli_main
+from mass_jobs.commands.cli import main as cli_main
 from mass_jobs.store import CorruptObject, Step, StepTakenOver, read_manifest, verify_manifest
 from mass_jobs.store.manifest import HASH_ON_DONE
 
@@ -188,7 +188,7 @@ def test_a_finisher_overtaken_between_hashing_and_writing_its_manifest_publishes
 
 FINISHER = textwrap.dedent("""
     import sys
-    from mass_jobs.models import StoreSpec
+    from mass_jobs.config.run_spec import StoreSpec
     from mass_jobs.store import Step, open_store
 
     store = open_store(StoreSpec.model_validate_json(sys.argv[1]))

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.harness import OUTCOMES, EpisodeInput, run_episode, validate_status
-from mass_jobs.models import EpisodeLimits, Sampling
-from mass_jobs.proxy import read_trace
-from mass_jobs.testing.scripted_endpoint import Reply
+from mass_jobs.episodes.harness import OUTCOMES, EpisodeInput, run_episode, validate_status
+from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+from mass_jobs.serving.proxy import read_trace
+from mass_jobs.tools.testing.scripted_endpoint import Reply
 
 LIMITS = EpisodeLimits(wall_s=120, request_timeout_s=20, request_retries=0, shell_timeout_s=60, cpu_s=5, loop_repeats=3)
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.context import RunContext
-from mass_jobs.run_lease import RunBusy, RunLease
-from mass_jobs.spec import SpecError, validate_document
+from mass_jobs.run.context import RunContext
+from mass_jobs.pipeline.run_lease import RunBusy, RunLease
+from mass_jobs.spec.load import SpecError, validate_document
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,7 +108,7 @@ def test_two_mass_runs_of_one_run(tmp_path, tiny_model_dir):
     search = doc.get("search") or {}
     b.write_text(yaml.safe_dump({**doc, "search": {**search, "iterations": int(search.get("iterations", 2)) + 1}}))
     env = {**os.environ, "MASS_WORK_DIR": str(tmp_path / "work")}
-    mass = [sys.executable, "-m", "mass_jobs.cli"]
+    mass = [sys.executable, "-m", "mass_jobs.commands.cli"]
     first = subprocess.Popen([*mass, "run", str(a), "--no-progress"], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, start_new_session=True)
     lease = tmp_path / "store" / doc["name"] / "_writer.json"
@@ -128,7 +128,7 @@ def test_two_mass_runs_of_one_run(tmp_path, tiny_model_dir):
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-    from mass_jobs.spec import load_spec
+    from mass_jobs.spec.load import load_spec
     from mass_jobs.store import open_store
 
     s = load_spec(a)
@@ -140,7 +140,7 @@ def test_two_mass_runs_of_one_run(tmp_path, tiny_model_dir):
 
 STEP_WRITER = textwrap.dedent("""
     import os, sys
-    from mass_jobs.models import StoreSpec
+    from mass_jobs.config.run_spec import StoreSpec
     from mass_jobs.store import Step, StepTakenOver, open_store
     from mass_jobs.store import manifest
     from mass_jobs.store.lease import WriterBusy

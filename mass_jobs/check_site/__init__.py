@@ -1,1 +1,0 @@
-"""Holds the sitecustomize.py that guard checks start Python with (mass_jobs/check_job.py CHECK_ENV)."""

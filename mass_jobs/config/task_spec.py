@@ -1,0 +1,100 @@
+"""Typed models of a task and of a workflow, documents of their own (`schemas/task.schema.json`,
+`schemas/workflow.schema.json`) that a run spec holds or names."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from mass_jobs.config.shared import ID_PATTERN, Closed
+
+
+# ---------------------------------------------------------------- workflow
+
+
+class Agent(Closed):
+    id: str = Field(pattern=ID_PATTERN, max_length=40, description="Agent id; the first agent is the orchestrator.")
+    role: str = Field(min_length=1, description="Short role name, e.g. 'data engineer'.")
+    instruction: str = Field(min_length=1, description="What this agent does.")
+    contract: str = Field(
+        default="",
+        description="Output contract: what the agent must return (files, metrics, errors, checks).",
+    )
+
+
+class Hop(Closed):
+    caller: str = Field(description="Agent id that makes the call.")
+    callee: str = Field(description="Agent id that is called.")
+    returns: str = Field(default="", description="What the callee hands back.")
+    on_failure: str | None = Field(
+        default=None,
+        description="Agent id a failed artifact goes back to for narrowed re-work (default: nobody).",
+    )
+
+
+class Workflow(Closed):
+    """A workflow is text appended to the task prompt: agents plus the call order (hops)."""
+
+    agents: list[Agent] = Field(min_length=1)
+    hops: list[Hop] = Field(default_factory=list, description="Ordered steps: who calls whom.")
+
+
+# ---------------------------------------------------------------- task
+
+
+class MetricRange(Closed):
+    file: str = Field(description="Workspace-relative JSON file, e.g. results/metrics.json.")
+    key: str = Field(description="Dotted path of the number inside the file, e.g. 'backtest.sharpe'.")
+    min: float | None = Field(default=None, description="Inclusive lower bound.")
+    max: float | None = Field(default=None, description="Inclusive upper bound.")
+
+
+class CheckCommand(Closed):
+    name: str = Field(pattern=ID_PATTERN)
+    command: str = Field(min_length=1, description="Shell command run sandboxed in the workspace; must exit 0.")
+    timeout_s: float = Field(default=120, gt=0, le=86400)
+
+
+class Guards(Closed):
+    """Deterministic checks beyond the paper; a failing episode is vetoed from ranking and SFT."""
+
+    required_outputs: list[str] = Field(default_factory=list, description="Workspace-relative paths that must exist.")
+    protected_paths: list[str] = Field(
+        default_factory=list, description="Paths that must be byte-identical after the episode."
+    )
+    metrics: list[MetricRange] = Field(default_factory=list, description="Named numbers: finite and in range.")
+    checks: list[CheckCommand] = Field(default_factory=list)
+
+
+class Task(Closed):
+    id: str = Field(pattern=ID_PATTERN, max_length=40)
+    split: Literal["train", "test"]
+    prompt: str = Field(min_length=1, description="The bare task prompt (no workflow, no directive).")
+    deliverables: list[str] = Field(default_factory=list, description="Workspace-relative paths the task asks for.")
+    workflow: Workflow | None = Field(default=None, description="Initial workflow; the default team when absent.")
+    guards: Guards = Field(default_factory=Guards)
+    files: dict[str, str] = Field(
+        default_factory=dict, description="Seed files written into every workspace (path -> text)."
+    )
+    expect: dict[str, str] = Field(
+        default_factory=dict,
+        description="Deliverable path -> its correct content, for the deterministic task score (mass_jobs.judging.grade): "
+        "JSON files compare as parsed values, other files by whitespace-separated tokens.",
+    )
+
+
+class TaskFile(Closed):
+    file: str = Field(min_length=1, description="Path relative to the spec (or an s3:// URI) of a task file: a "
+                      "regular file inside the spec's folder (links resolved) unless outside_spec_folder.")
+    outside_spec_folder: bool = Field(default=False, description="Read `file` although it lies outside the spec's "
+                                      "folder (an absolute path, '..', or a link out); still a regular file only.")
+    format: Literal["mass", "upstream"] = Field(
+        default="mass",
+        description="'mass': a task document (YAML/JSON); 'upstream': MASS task text with an agent list.",
+    )
+    id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=40, description="Overrides the file's id.")
+    split: Literal["train", "test"] | None = Field(default=None, description="Overrides the file's split.")
+    deliverables: list[str] | None = Field(default=None, description="Overrides the file's deliverables.")
+    guards: Guards | None = Field(default=None, description="Overrides the file's guards.")
+    files: dict[str, str] | None = Field(default=None, description="Overrides the file's seed files (path -> text).")

@@ -1,0 +1,177 @@
+"""The episode's data: what a harness is given (EpisodeInput, episode.json), what it hands back
+(HarnessOutcome) and what it leaves (status.json, validated against its schema).
+
+Below every harness and the sandbox service, so they import it and not each other; re-exported by
+`mass_jobs.episodes.harness`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from mass_jobs.serving.llm import Endpoint
+from mass_jobs.config.shared import Closed
+from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+
+OUTCOMES = ("success", "no_work", "failed", "turn_limit", "loop_detected", "timeout", "infra_error")
+HARNESSES = ("builtin", "qwen-code")
+# The episode limits (execution.limits) that end an episode, by the outcome each ends it with; the
+# tool-call cap ends it "failed" with this reason (both harnesses word it so).
+CAPS = ("turns_per_agent", "tool_calls", "wall_s", "loop_repeats")
+TOOL_CALL_CAP = "tool-call limit of"
+
+
+def episode_cap(status: dict) -> str | None:
+    """Which cap of execution.limits ended the episode (CAPS), or None when none did."""
+    outcome, reason = status.get("outcome"), str(status.get("reason") or "")
+    if outcome == "failed" and reason.startswith(TOOL_CALL_CAP):
+        return "tool_calls"
+    return {"turn_limit": "turns_per_agent", "timeout": "wall_s", "loop_detected": "loop_repeats"}.get(outcome)
+
+
+def no_work_reason(lead: str) -> str:
+    """Why a finished episode is `no_work`: no agent made a workspace tool call (file, shell) that ran;
+    delegating, finishing and calls answered with an error do not count. Such an episode is not
+    ranked or trained on by default: a prose reply cut at the length limit is not a finished task."""
+    return f"{lead} finished, but no agent ran a workspace tool (file or shell) call"
+
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "episode-status.schema.json"
+
+
+@dataclass
+class EpisodeInput:
+    prompt: str
+    endpoint: Endpoint
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    sampling: Sampling = field(default_factory=Sampling)
+    harness: str = "builtin"
+    seed: int | None = None
+    files: dict[str, str] = field(default_factory=dict)  # seed files: workspace-relative path -> text
+    single_agent: bool = False  # one agent with the workers' tools and no delegation tool (builtin only)
+
+
+@dataclass
+class EpisodeResult:
+    outcome: str
+    reason: str
+    status: dict[str, Any]  # the content of status.json
+    workspace: Path
+    trace_path: Path
+    status_path: Path
+    final_report: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "success"
+
+
+@dataclass
+class HarnessOutcome:
+    """What a harness hands back to `run_episode`, which adds timings and writes status.json."""
+
+    outcome: str
+    reason: str
+    counts: dict[str, int]
+    tokens: dict[str, int]
+    network_isolated: bool
+    sandbox_note: str
+    final_report: str = ""
+    memory_limit: str | None = None  # what held the shell commands' memory, when any ran
+
+
+class EpisodeEndpointFile(Closed):
+    base_url: str = Field(min_length=1, description="OpenAI-compatible API root, e.g. http://host:8000/v1.")
+    model: str = Field(min_length=1)
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class EpisodeFile(Closed):
+    """`episode.json` of `mass episode --in DIR` (what an agent pod receives besides DIR/workspace/)."""
+
+    prompt: str = Field(min_length=1)
+    endpoint: EpisodeEndpointFile
+    limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
+    sampling: Sampling = Field(default_factory=Sampling)
+    harness: Literal["builtin", "qwen-code"] = "builtin"
+    seed: int | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+    single_agent: bool = Field(default=False, description="One agent, no delegation tool (builtin harness).")
+
+
+def load_episode_file(path: Path) -> EpisodeInput:
+    """Parse and validate episode.json; ValueError names each bad field."""
+    from pydantic import ValidationError
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read episode JSON: {exc}") from None
+    try:
+        return episode_input(data)
+    except ValidationError as exc:
+        lines = [f"$.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ValueError(f"{path}: invalid episode file:\n" + "\n".join(lines)) from None
+
+
+def episode_input(data: Any) -> EpisodeInput:
+    """An episode.json document as an EpisodeInput (pydantic's ValidationError when it is not one)."""
+    f = EpisodeFile.model_validate(data)
+    return EpisodeInput(
+        prompt=f.prompt,
+        endpoint=Endpoint(f.endpoint.base_url, f.endpoint.model, f.endpoint.api_key_env),
+        limits=f.limits,
+        sampling=f.sampling,
+        harness=f.harness,
+        seed=f.seed,
+        files=dict(f.files),
+        single_agent=f.single_agent,
+    )
+
+
+def episode_file_json(inp: EpisodeInput) -> dict[str, Any]:
+    """The episode.json document for `inp` (what a step writes for an agent pod)."""
+    ep = inp.endpoint
+    return EpisodeFile(
+        prompt=inp.prompt,
+        endpoint=EpisodeEndpointFile(base_url=ep.base_url, model=ep.model, api_key_env=ep.api_key_env),
+        limits=inp.limits,
+        sampling=inp.sampling,
+        harness=inp.harness,
+        seed=inp.seed,
+        files=inp.files,
+        single_agent=inp.single_agent,
+    ).model_dump(mode="json", exclude=set() if inp.single_agent else {"single_agent"})  # team files stay as they were
+
+
+@lru_cache(maxsize=1)
+def status_validator():
+    from jsonschema import Draft202012Validator
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def validate_status(status: dict[str, Any]) -> None:
+    """Raise ValueError naming every field of `status` that breaks the episode-status schema."""
+    errors = sorted(status_validator().iter_errors(status), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"$.{'.'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in errors]
+        raise ValueError("status.json does not match episode-status.schema.json:\n" + "\n".join(lines))
+
+
+def seed_workspace(workspace: Path, files: dict[str, str]) -> None:
+    from mass_jobs.sandbox.run import resolve_in_workspace
+
+    workspace.mkdir(parents=True, exist_ok=True)
+    for relpath, text in sorted(files.items()):
+        path = resolve_in_workspace(workspace, relpath)  # a seed file may not escape either
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)

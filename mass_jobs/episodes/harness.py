@@ -1,0 +1,232 @@
+"""Agent episodes: one prompt, one workspace, one model endpoint -> workspace + trace + status.
+
+`run_episode(EpisodeInput(...), workspace, out_dir)` seeds the workspace, starts a RecordingProxy in
+front of the endpoint (every model call of the episode lands in `out_dir/trace.jsonl`), runs the
+chosen harness (`builtin`: the Python orchestrator/worker runtime; `qwen-code`: the npm CLI) and
+writes `out_dir/status.json`, validated against schemas/episode-status.schema.json. It never raises
+for what a model or endpoint does: those end as a classified outcome. Run one episode in a pod or
+locally with `mass episode --in DIR --out DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from mass_jobs.config.errors import SandboxError
+from mass_jobs.episodes.episode import (  # noqa: F401 (the package's names)
+    OUTCOMES,
+    HARNESSES,
+    CAPS,
+    TOOL_CALL_CAP,
+    episode_cap,
+    SCHEMA_PATH,
+    EpisodeInput,
+    EpisodeResult,
+    HarnessOutcome,
+    EpisodeEndpointFile,
+    EpisodeFile,
+    load_episode_file,
+    episode_input,
+    episode_file_json,
+    status_validator,
+    validate_status,
+    seed_workspace,
+)
+from mass_jobs.serving.llm import Endpoint
+
+
+def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None, qwen=None,
+                qwen_uid: int | None = None) -> EpisodeResult:
+    """One episode; see the module docstring. Bad input (unknown harness, escaping seed file) raises ValueError.
+
+    With `sandbox` (a SandboxClient: an agent pod's sandbox container) the seeded workspace is handed
+    to it, every tool and shell command runs there, and its workspace comes back into `workspace` at
+    the end. qwen-code runs in `qwen` (the pod's qwen-code container, on the same workspace volume)
+    when given, else in `sandbox`. With `qwen_uid` the proxy serves only that uid under qwen-code and
+    only this process's uid under the built-in harness (mass_jobs.serving.proxy.peer_uid)."""
+    import os
+    import secrets
+
+    from mass_jobs.serving.proxy import RecordingProxy
+
+    if inp.harness not in HARNESSES:
+        raise ValueError(f"harness: expected one of {', '.join(HARNESSES)}, got {inp.harness!r}")
+    if inp.single_agent and inp.harness != "builtin":
+        raise ValueError(f"single_agent: expected harness 'builtin', got {inp.harness!r}")
+    workspace, out_dir = Path(workspace), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seed_workspace(workspace, inp.files)
+    trace_path = out_dir / "trace.jsonl"
+    trace_path.unlink(missing_ok=True)
+    if sandbox is None and inp.harness == "qwen-code":
+        from mass_jobs.episodes.sandbox_service import local_sandbox
+
+        # qwen-code in a sandbox of its own, its shell commands sandboxed apart from it, the trace out of view
+        with local_sandbox(workspace, inp.limits) as local:
+            if local is not None:
+                return run_episode(inp, workspace, out_dir, sandbox=local)
+    started = time.monotonic()
+    handed = sandbox is not None and not sandbox.shares_workspace
+    lost = _hand_over(sandbox, workspace) if handed else (_wait_ready(sandbox) if sandbox is not None else None)
+    if lost is None and qwen is not None and inp.harness == "qwen-code":
+        lost = _wait_ready(qwen)
+    if lost is not None:
+        result = lost
+    else:
+        # Only the harness holds the proxy's token (qwen-code's shells run elsewhere, without it), and
+        # in a pod only the calling uid the harness needs is served: a call the agent's code makes
+        # on its own is refused, whatever it found.
+        peers = None if qwen_uid is None else frozenset({qwen_uid} if inp.harness == "qwen-code" else {os.getuid()})
+        with RecordingProxy(upstream=inp.endpoint, trace_path=trace_path, timeout_s=inp.limits.request_timeout_s,
+                            max_reply_bytes=inp.limits.reply_bytes,
+                            client_token=secrets.token_urlsafe(24), peer_uids=peers) as proxy:
+            if inp.harness == "builtin":
+                result = _run_builtin(inp, proxy.endpoint, workspace, sandbox)
+            elif qwen or sandbox:
+                from mass_jobs.episodes.qwen_code import run_qwen_code
+
+                result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, qwen or sandbox)
+            else:  # qwen-code started here: its shell commands still go to a shell-only service
+                from mass_jobs.episodes.qwen_code import run_qwen_code
+                from mass_jobs.episodes.sandbox_service import shell_service
+
+                with shell_service(workspace, inp.limits) as shells:
+                    result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, shells=shells)
+        # after the proxy stopped (its last record is written after its reply went out)
+        if proxy.write_error is not None:  # the trace lacks calls: no outcome of the model's
+            result = replace(result, outcome="infra_error",
+                             reason=f"the trace could not be written, calls after it were refused: {proxy.write_error}")
+        if handed:
+            result = _take_back(sandbox, workspace, result)
+    status = {
+        "outcome": result.outcome,
+        "reason": result.reason,
+        "harness": inp.harness,
+        "counts": result.counts,
+        "tokens": result.tokens,
+        "timings": {"wall_s": round(time.monotonic() - started, 3)},
+        "sandbox": {"network_isolated": result.network_isolated, "note": result.sandbox_note,
+                    **({"memory_limit": result.memory_limit} if result.memory_limit else {})},
+    }
+    try:
+        validate_status(status)
+    except ValueError as exc:  # a value nothing should produce: the episode still ends classified
+        status.update(
+            outcome="infra_error",
+            reason=f"episode status did not validate: {exc}"[:4000],
+            counts={k: max(0, int(v)) for k, v in result.counts.items()},
+            tokens={k: max(0, int(v)) for k, v in result.tokens.items()},
+        )
+        validate_status(status)
+    status_path = out_dir / "status.json"
+    from mass_jobs.store.base import replace_atomically
+
+    # all or nothing: a full disk leaves no torn status (mass episode exits 1 naming it)
+    replace_atomically(status_path, lambda tmp: tmp.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n"))
+    return EpisodeResult(
+        outcome=result.outcome,
+        reason=result.reason,
+        status=status,
+        workspace=workspace,
+        trace_path=trace_path,
+        status_path=status_path,
+        final_report=result.final_report,
+    )
+
+
+def _hand_over(sandbox, workspace: Path) -> HarnessOutcome | None:
+    """The seeded workspace goes to the sandbox container (the harness keeps no copy to work on);
+    an infra_error outcome when the sandbox cannot take it."""
+    import shutil
+
+    lost = _wait_ready(sandbox)
+    if lost is not None:
+        return lost
+    try:
+        sandbox.put_workspace(workspace)
+    except SandboxError as exc:
+        return _sandbox_lost(exc)
+    shutil.rmtree(workspace)
+    return None
+
+
+def _wait_ready(sandbox) -> HarnessOutcome | None:
+    try:
+        sandbox.wait_ready()
+    except SandboxError as exc:
+        return _sandbox_lost(exc)
+    return None
+
+
+def _sandbox_lost(exc: Exception) -> HarnessOutcome:
+    """No model call was made: the sandbox never took the episode."""
+    isolated, note = _sandbox_capability()
+    return HarnessOutcome("infra_error", str(exc)[:4000], {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
+                          {"prompt": 0, "completion": 0}, isolated, note)
+
+
+def _take_back(sandbox, workspace: Path, result: HarnessOutcome) -> HarnessOutcome:
+    """The sandbox's workspace back into `workspace`; if it cannot be had, an infra_error episode."""
+    try:
+        sandbox.get_workspace(workspace)
+    except SandboxError as exc:
+        workspace.mkdir(parents=True, exist_ok=True)
+        result.outcome, result.reason = "infra_error", f"{exc}"[:4000]
+    return result
+
+
+def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path, sandbox=None) -> HarnessOutcome:
+    from mass_jobs.episodes.builtin import BuiltinHarness
+
+    harness = BuiltinHarness(endpoint, workspace, inp.limits, inp.sampling, seed=inp.seed, single_agent=inp.single_agent,
+                             sandbox=sandbox)
+    try:
+        outcome, reason, report = harness.run(inp.prompt)
+    except Exception as exc:  # a harness bug must still leave a classified status.json behind
+        outcome, reason, report = "infra_error", f"harness error: {type(exc).__name__}: {exc}", ""
+    t = harness.tally
+    memory = None
+    if t.shell_calls:
+        isolated = bool(t.network_isolated)
+        memory = "sampled" if "sampled" in t.memory_limits else min(t.memory_limits)  # the weakest that held one
+        note = (f"{t.shell_calls} shell command(s) ran sandboxed; network {'isolated' if isolated else 'NOT isolated'}; "
+                f"memory held by {'the kernel (' + memory + ')' if memory != 'sampled' else 'sampling the tree'}")
+    else:
+        isolated, note = _sandbox_capability()
+    return HarnessOutcome(
+        outcome=outcome,
+        reason=reason,
+        counts={
+            "turns": t.turns,
+            "tool_calls": t.tool_calls,
+            "delegations": t.delegations,
+            "agents": t.agents,
+            "tool_errors": t.tool_errors,
+        },
+        tokens={"prompt": t.prompt_tokens, "completion": t.completion_tokens},
+        network_isolated=isolated,
+        sandbox_note=note,
+        final_report=report,
+        memory_limit=memory,
+    )
+
+
+def _sandbox_capability() -> tuple[bool, str]:
+    """No shell command ran, so no isolation was observed; say so rather than guess."""
+    return False, "no shell command ran; network isolation not observed"
+
+
+__all__ = [
+    "EpisodeInput",
+    "EpisodeResult",
+    "EpisodeFile",
+    "HarnessOutcome",
+    "OUTCOMES",
+    "episode_file_json",
+    "load_episode_file",
+    "run_episode",
+    "validate_status",
+]

@@ -1,0 +1,219 @@
+"""Agent episodes of search and evaluate, in the shape collect has on the cluster.
+
+A rollout is a store dir (`RunContext.search_rollout`, `RunContext.eval_rollout`). Locally the
+episode runs in the calling process (shell commands sandboxed; `episode_executor`, `rollout`) and
+its files are stored directly; its seed derives from names alone (`derived_seed`).
+On the cluster the step's `--phase prepare` writes the agent pod's input (`input/episode.json` in
+`mass episode`'s format, `input/workspace.tar.gz`, the seeded workspace) and lists the rollouts
+that need an agent pod; the pod runs `mass episode` with no store credential, Argo uploads its
+`output/{workspace.tar.gz,trace.jsonl,status.json,proof.json}`, and `--phase ingest --rollout KEY`
+verifies them against the rollout's key (mass_jobs/episodes/proof.py), validates and stores them. An
+agent pod that left no status (failed, evicted, past its deadline, retries spent, its upload cut
+short) or outputs its harness did not sign is stored as an infra_error episode, so one lost or
+forged pod never fails the step and never reaches ranking. Both paths store the same bytes for the
+same episode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mass_jobs.run.context import RunContext
+from mass_jobs.config.errors import StepFailed
+
+from mass_jobs.episodes import proof
+
+AGENT_OUTPUTS = proof.EPISODE_OUTPUTS
+ENDED = ("Succeeded", "Failed", "Error")  # Argo phases of an agent step that ran and will not run again
+ROLLOUTS_OUTPUT = "rollouts"  # `--outputs DIR`: DIR/rollouts, the JSON list the agent fan-out reads
+MODELS_OUTPUT = "models"  # evaluate: DIR/models, the generations whose InferenceServices it needs
+
+
+# execute(prompt, seed files, workspace, out_dir, seed) -> status.json content (out_dir gets trace.jsonl, status.json)
+Execute = Callable[[str, dict, Path, Path, int], dict]
+
+
+def derived_seed(*parts: Any) -> int:
+    """A stable 31-bit seed from the run seed and names (same on every machine and rerun)."""
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def episode_executor(spec, endpoint) -> Execute:
+    """The real rollout: `mass_jobs.episodes.harness.run_episode` with the spec's limits, sampling and harness."""
+
+    from mass_jobs.serving.roles import role_endpoint
+
+    endpoint = role_endpoint(spec, "executor") or endpoint  # roles.executor, else the generation
+
+    def execute(prompt: str, files: dict, workspace: Path, out_dir: Path, seed: int, single_agent: bool = False) -> dict:
+        from mass_jobs.episodes.harness import EpisodeInput, run_episode
+
+        inp = EpisodeInput(
+            prompt=prompt, endpoint=endpoint, limits=spec.execution.limits, sampling=spec.model.sampling,
+            harness=spec.execution.harness, seed=seed, files=dict(files), single_agent=single_agent,
+        )
+        return run_episode(inp, workspace, out_dir).status
+
+    return execute
+
+
+ROLLOUT_FILES = ("prompt.txt", "workspace.tar.gz", "trace.jsonl", "status.json")
+
+
+def rollout(ctx: RunContext, prefix: str, execute: Execute, prompt: str, files: dict, seed: int) -> dict:
+    """Run one episode here and persist prompt, workspace, trace and status under `prefix`; return status."""
+    with tempfile.TemporaryDirectory(prefix="mass-rollout-") as tmp:
+        workspace, out = Path(tmp) / "workspace", Path(tmp) / "out"
+        workspace.mkdir()
+        out.mkdir()
+        status = execute(prompt, files, workspace, out, seed)
+        trace = out / "trace.jsonl"
+        store_rollout(ctx, prefix, prompt, workspace_archive=None, workspace=workspace,
+                      trace=trace.read_bytes() if trace.exists() else b"", status=status)
+    return status
+
+
+def store_rollout(ctx: RunContext, prefix: str, prompt: str, *, status: dict, trace: bytes,
+                  workspace: Path | None = None, workspace_archive: bytes | None = None) -> None:
+    """ROLLOUT_FILES of one rollout, status last (its presence says the rollout is stored)."""
+    store = ctx.store
+    store.put_bytes(ctx.rollout_file(prefix, "prompt.txt"), prompt.encode())
+    if workspace is not None:
+        store.put_dir(ctx.rollout_file(prefix, "workspace.tar.gz"), workspace)
+    else:
+        store.put_bytes(ctx.rollout_file(prefix, "workspace.tar.gz"), workspace_archive)
+    store.put_bytes(ctx.rollout_file(prefix, "trace.jsonl"), trace)
+    store.put_json(ctx.rollout_file(prefix, "status.json"), status)
+
+
+def rollout_outputs(ctx: RunContext, prefix: str) -> list[str]:
+    return [ctx.rollout_file(prefix, n) for n in ROLLOUT_FILES]
+
+
+class RolloutError(StepFailed):
+    pass
+
+
+def fanout_item(ctx: RunContext, prefix: str, task: str, label: str, gen: int) -> dict:
+    """One item of the agent fan-out: the rollout's key relative to the run (the agent pod's
+    artifacts live under it) and pod labels (gen, task, episode)."""
+    return {"rollout": ctx.relative(prefix), "gen": str(gen), "task": task, "label": label}
+
+
+def write_value(out_dir: str | None, name: str, value) -> None:
+    """`--outputs DIR`: one value the step's template reads as an output parameter (a metric's)."""
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / name).write_text("NaN" if value is None else str(value))
+
+
+def write_outputs(out_dir: str | None, **lists: list) -> None:
+    """`--outputs DIR`: one JSON file per list (Argo output parameters for `withParam`)."""
+    import json
+
+    if not out_dir:
+        return
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    for name, items in lists.items():
+        (Path(out_dir) / name).write_text(json.dumps(items, sort_keys=True))
+
+
+def agent_ended(phase: str | None) -> bool:
+    """`--agent-status`: the agent step ran and is over, so a missing output is lost, never awaited
+    (a Succeeded pod without output had its upload cut short: a sidecar can end it early)."""
+    return (phase or "") in ENDED
+
+
+def new_inputs(ctx: RunContext, prefix: str, outputs: tuple[str, ...]) -> None:
+    """Before an agent pod's input is written: drop an earlier attempt's output (ingest never
+    promotes a stale one) and issue the rollout a fresh key, which only its harness reads."""
+    for name in (*outputs, proof.PROOF):
+        ctx.store.delete(ctx.agent_output(prefix, name))
+    ctx.store.put_bytes(ctx.agent_input(prefix, proof.KEY), proof.new_key())
+
+
+def signed_outputs(ctx: RunContext, prefix: str, outputs: tuple[str, ...]) -> tuple[dict[str, bytes | None], str | None]:
+    """(name -> uploaded bytes or None, why they are refused or None) of the agent pod of `prefix`."""
+    store = ctx.store
+    files = {n: store.get_bytes(k) if store.exists(k := ctx.agent_output(prefix, n)) else None for n in outputs}
+    key, kept = ctx.agent_input(prefix, proof.KEY), ctx.agent_output(prefix, proof.PROOF)
+    if not store.exists(key):  # prepared before pods signed their outputs: nothing to check against
+        return files, None
+    signed = store.get_bytes(kept) if store.exists(kept) else None
+    if signed is None and all(b is None for b in files.values()):
+        return files, None  # nothing uploaded: lost or not run yet, as the caller decides
+    return files, proof.refusal(store.get_bytes(key), signed, files)
+
+
+def prepare(ctx: RunContext, prefix: str, inp) -> list[str]:
+    """Write the agent pod's input for the rollout at `prefix` (a harness.EpisodeInput)."""
+    from mass_jobs.episodes.harness import episode_file_json, seed_workspace
+
+    store = ctx.store
+    new_inputs(ctx, prefix, AGENT_OUTPUTS)
+    with tempfile.TemporaryDirectory(prefix="mass-prepare-") as tmp:
+        workspace = Path(tmp) / "workspace"
+        seed_workspace(workspace, inp.files)
+        store.put_json(ctx.agent_input(prefix, "episode.json"), episode_file_json(inp))
+        store.put_dir(ctx.agent_input(prefix, "workspace.tar.gz"), workspace)
+    return [ctx.agent_input(prefix, n) for n in ("episode.json", "workspace.tar.gz", proof.KEY)]
+
+
+LOST = ("the agent pod ended without writing status.json (failed, evicted, killed at its deadline or "
+        "its upload cut short; its retries are spent)")
+
+
+def lost_agent_status(harness: str, reason: str = LOST) -> dict:
+    """status.json of an episode whose agent pod left none, or none its harness signed."""
+    return {"outcome": "infra_error", "reason": reason, "harness": harness,
+            "counts": {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
+            "tokens": {"prompt": 0, "completion": 0}, "timings": {"wall_s": 0},
+            "sandbox": {"network_isolated": False, "note": "no record: the pod left no output"}}
+
+
+def agent_result(ctx: RunContext, prefix: str, agent_ended: bool) -> tuple[dict, dict[str, bytes], dict]:
+    """(status, {workspace.tar.gz, trace.jsonl: bytes}, episode.json) of the agent pod of `prefix`.
+
+    Outputs the rollout's key did not sign are the infra_error episode of `lost_agent_status`
+    naming why, and so is a missing output with `agent_ended` (the agent step is over); a missing
+    output otherwise is an error (not run yet)."""
+    from mass_jobs.episodes.harness import validate_status
+
+    store = ctx.store
+    inp_key = ctx.agent_input(prefix, "episode.json")
+    if not store.exists(inp_key) or not store.exists(ctx.agent_input(prefix, "workspace.tar.gz")):
+        raise RolloutError(f"rollout {prefix}: cannot ingest, not prepared (run --phase prepare, then the agent pod)")
+    episode = store.get_json(inp_key)
+    files, refused = signed_outputs(ctx, prefix, AGENT_OUTPUTS)
+    reason = None
+    if refused:
+        reason = f"the agent pod's outputs were refused, none is stored: {refused}"
+    elif files["status.json"] is not None:
+        missing = [n for n, b in files.items() if b is None]
+        if missing:
+            raise RolloutError(f"rollout {prefix}: cannot ingest, the agent pod's output lacks {missing}")
+        status = json.loads(files["status.json"])
+        validate_status(status)
+        return status, {n: files[n] for n in ("workspace.tar.gz", "trace.jsonl")}, episode
+    elif not agent_ended:
+        raise RolloutError(f"rollout {prefix}: cannot ingest, the agent pod's output is missing "
+                           f"(run the agent pod after --phase prepare)")
+    status = lost_agent_status(episode.get("harness", "builtin"), reason or LOST)
+    validate_status(status)
+    return status, {"workspace.tar.gz": store.get_bytes(ctx.agent_input(prefix, "workspace.tar.gz")),
+                    "trace.jsonl": b""}, episode
+
+
+def find_rollout(ctx: RunContext, rel: str, candidates: list[str]) -> str:
+    """The rollout dir named by `--rollout REL` (a key relative to the run), among the step's own."""
+    key = ctx.under_run(rel.strip("/"))
+    if key not in candidates:
+        raise RolloutError(f"--rollout: {rel!r} is not a rollout of this step (expected one of "
+                           f"{[ctx.relative(c) for c in candidates][:6]}...)")
+    return key

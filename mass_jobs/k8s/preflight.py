@@ -1,0 +1,421 @@
+"""Before `argo submit`: every limit that spans the spec, the chart's values and the controllers.
+
+    mass validate SPEC --values VALUES.yaml [--values MORE.yaml]
+
+The values are the chart's defaults (charts/mass-jobs/values.yaml) with each file merged over them,
+as `helm install -f` merges. Each check gives a value, the limit it must keep and a verdict; a
+failing one is also a SpecIssue naming the spec field (exit 2). The `validate` step of every
+`mass-cycle` runs the same checks with the values the chart gave it (`--chart-value`, `cluster_issues`).
+
+What is checked, and why it would fail on a cluster:
+- the values themselves, against the chart's values.schema.json (Helm refuses the install on a
+  wrong type or an unknown key), and the values the templates require with no default (network peers);
+- the store is in the artifact bucket (agent pods exchange episodes as Argo S3 artifacts), at the
+  chart's S3 endpoint (step pods get it as AWS_ENDPOINT_URL), which is a host, not a URL;
+- context length and output tokens fit vLLM's `--max-model-len` (vLLM rejects longer requests);
+- the tool-call and reasoning parsers are the ones the chart gives vLLM (another tool-call parser
+  leaves calls unparsed; another reasoning parser leaves the thinking in the content);
+- judges are external endpoints whose key variables the judge Secret provides (the evaluate pod
+  serves no model and gets only those keys), and `roles.*` endpoints, which agent pods cannot
+  reach (their egress is DNS, the predictor, the apiserver and S3);
+- an agent pod's deadline leaves the harness time to stop after the episode's wall limit;
+- the deepest template recursion stays under Argo's maxAllowedStackDepth (the controller errors at
+  depth >= 100 unless its environment sets DISABLE_MAX_RECURSION=true): generations chain
+  recursively, search iterations too, under about eight levels of cycle steps;
+- what a step pod cannot do: panel checkpoint selection (it would serve models in a 1-CPU pod),
+  a chat template file (KServe serves `model.base` as stored), a model base that is no s3:// URI
+  or hub id;
+- the trainer job the spec's `sft.replicas` and `sft.gpus_per_replica` render passes the training
+  operator's webhook (one replica: the Master alone), and GPU jobs may run at all;
+- mass-run's Workflow object after its last generation (estimated from the templates and the spec's
+  fan-outs) fits the controller's MAX_WORKFLOW_SIZE once its nodes are compressed, unless node
+  status is offloaded (`argo.nodeStatusOffload`);
+- with a Kueue queue whose GPU quota is known (`kueue.gpuQuota`), the trainer job and the
+  predictors evaluate serves together each fit it (Kueue never admits a larger workload);
+- with the model's config (`--config`, or a local model.base), the ephemeral storage of the pods
+  that download the weights holds them: the predictor and each trainer replica one copy, merge the
+  base and the merged copy (10% headroom).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+CHART_VALUES = Path(__file__).resolve().parents[2] / "charts" / "mass-jobs" / "values.yaml"
+CHART_SCHEMA = CHART_VALUES.with_name("values.schema.json")
+ARGO_MAX_STACK_DEPTH = 100  # workflow/controller/operator.go: maxAllowedStackDepth
+CYCLE_DEPTH = 8  # mass-run -> cycle -> ... -> an agent pod's template, besides the two recursions
+AGENT_POD_MIN_S = 6 * 3600  # an uncapped paper-scale team episode runs for hours
+AGENT_STOP_S = 300  # the harness stops, uploads and exits after wall_s: an agent pod's deadline must leave this
+
+
+@dataclass
+class Check:
+    name: str
+    value: str
+    limit: str
+    ok: bool
+    path: str  # the spec field (or value) to change
+    why: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return "ok" if self.ok else "FAIL"
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in (over or {}).items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+class ValuesError(ValueError):
+    """Chart values Helm would refuse; `issues` names each key (`values model.maxModelLen`)."""
+
+    def __init__(self, issues: list):
+        self.issues = issues
+        super().__init__("; ".join(str(i) for i in issues))
+
+
+def load_values(files: list[str]) -> dict:
+    """The chart's defaults with each file merged over them, checked against the chart's
+    values.schema.json as Helm checks them before rendering (ValueError naming a bad file,
+    ValuesError naming each bad key)."""
+    values = yaml.safe_load(CHART_VALUES.read_text()) if CHART_VALUES.is_file() else {}
+    for f in files:
+        try:
+            doc = yaml.safe_load(Path(f).read_text())
+        except (OSError, yaml.YAMLError) as err:
+            raise ValueError(f"--values {f}: expected a readable YAML file ({type(err).__name__}: {err})") from None
+        if doc is not None and not isinstance(doc, dict):
+            raise ValueError(f"--values {f}: expected a mapping of chart values, found {type(doc).__name__}")
+        values = merge(values, doc or {})
+    found = schema_issues(values)
+    if found:
+        raise ValuesError(found)
+    return values
+
+
+def schema_issues(values: dict) -> list:
+    """What the chart's values.schema.json (JSON Schema draft 7, as Helm applies it) says of `values`."""
+    import json
+
+    from jsonschema import Draft7Validator
+
+    from mass_jobs.spec.load import SpecIssue
+    from mass_jobs.spec.issues import validator_issues
+
+    found = validator_issues(Draft7Validator(json.loads(CHART_SCHEMA.read_text())), values)
+    return [SpecIssue("values " + i.path.removeprefix("$").removeprefix("."), i.message) for i in found]
+
+
+def required_issues(values: dict) -> list:
+    """The values the chart's templates `require` (no default): Helm stops the install without them."""
+    from mass_jobs.spec.load import SpecIssue
+
+    out = []
+    fqdns, cilium = _get(values, "network.s3.fqdns"), _get(values, "network.cilium") is True
+    if not _get(values, "network.s3.to") and not fqdns:
+        out.append(SpecIssue("values network.s3.to", "required, no default: NetworkPolicy peers of the S3 endpoint "
+                                                     "(ipBlock CIDRs, or the selector of an in-cluster MinIO; or "
+                                                     "network.s3.fqdns on Cilium)"))
+    if fqdns and not cilium:
+        out.append(SpecIssue("values network.s3.fqdns", "expected network.cilium=true: toFQDNs is a CiliumNetworkPolicy "
+                                                        "rule (other CNIs match addresses only: set network.s3.to)"))
+    if not _get(values, "network.apiServer.to") and _get(values, "network.cilium") is not True:
+        out.append(SpecIssue("values network.apiServer.to", "required unless network.cilium, no default: the "
+                                                            "kube-apiserver endpoint IPs as ipBlock peers"))
+    return out
+
+
+def _get(values: dict, dotted: str):
+    node = values
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+_LISTS = {"judges.keys"}
+_INTS = {"model.maxModelLen", "agent.activeDeadlineSeconds", "gpu.concurrentJobs"}
+
+
+def parse_chart_values(items) -> dict:
+    """`--chart-value KEY=VALUE` items (dotted keys) as nested values (ValueError naming a bad one)."""
+    out: dict = {}
+    for item in items or ():
+        key, sep, value = str(item).partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ValueError(f"expected KEY=VALUE with a dotted chart key (model.toolCallParser=hermes), found {item!r}")
+        if key in _INTS:
+            try:
+                value = int(value)
+            except ValueError:
+                raise ValueError(f"{key}: expected an integer, found {value!r}") from None
+        elif key in _LISTS:
+            value = [v for v in value.split(",") if v]
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def model_config(spec, config: str | None):
+    """The model's config for the storage checks: `config`, else a local model.base's; None when
+    neither is given (the checks that need it are left out of the table)."""
+    from mass_jobs.pipeline.planning.memory import load_config
+
+    if config is None and not (Path(spec.model.base) / "config.json").is_file():
+        return None
+    return load_config(spec, config)
+
+
+def model_bytes(spec, config) -> int:
+    """Bytes of the model's weights in the spec's dtype (from the config, no weights read)."""
+    import torch
+
+    from mass_jobs.pipeline.planning.memory import meta_model
+
+    # auto: the checkpoint's own dtype, bf16 for the models this runs
+    itemsize = 2 if spec.model.dtype == "auto" else getattr(torch, spec.model.dtype).itemsize
+    return sum(p.numel() for p in meta_model(config).parameters()) * itemsize
+
+
+def recursion_depth(spec) -> int:
+    return (spec.generations - 1) + CYCLE_DEPTH + spec.search.iterations
+
+
+def checks(spec, values: dict, config=None) -> list[Check]:
+    """Every check whose chart value is known (a partial `values` skips the others); `config`, the
+    model's, adds the storage checks."""
+    out: list[Check] = []
+
+    def add(name, value, limit, ok, path, why=""):
+        out.append(Check(name, str(value), str(limit), bool(ok), path, why))
+
+    bucket = _get(values, "s3.bucket")
+    if bucket is not None:
+        mine = spec.store.uri.removeprefix("s3://").partition("/")[0] if spec.store.uri.startswith("s3://") else None
+        add("store in the artifact bucket", spec.store.uri, f"s3://{bucket}/...", mine == bucket, "$.store.uri",
+            f"expected a store in the artifact repository's bucket {bucket!r} (chart value s3.bucket), found "
+            + (f"bucket {mine!r}" if mine else f"{spec.store.uri!r}"))
+    endpoint = _get(values, "s3.endpoint")
+    if endpoint is not None:
+        add("S3 endpoint is a host", endpoint, "host[:port], no scheme", "://" not in str(endpoint), "values s3.endpoint",
+            f"expected chart value s3.endpoint as host[:port] (s3.insecure picks http), found {endpoint!r}")
+        scheme = "http" if _get(values, "s3.insecure") is True else "https"
+        theirs = f"{scheme}://{endpoint}".rstrip("/")
+        mine = (spec.store.endpoint_url or "https://s3.amazonaws.com").rstrip("/")
+        add("store endpoint", mine, theirs, mine == theirs or "://" in str(endpoint), "$.store.endpoint_url",
+            f"expected the chart's S3 endpoint {theirs!r} (values s3.endpoint, s3.insecure), found {mine!r}")
+    mml = _get(values, "model.maxModelLen")
+    if mml is not None:
+        s = spec.model.sampling
+        add("context length", s.context_length, f"<= {mml}", s.context_length <= int(mml),
+            "$.model.sampling.context_length",
+            f"expected at most the server's max model length {mml} (chart value model.maxModelLen), "
+            f"found {s.context_length}")
+        add("max output tokens", s.max_output_tokens, f"< {mml}", s.max_output_tokens < int(mml),
+            "$.model.sampling.max_output_tokens",
+            f"expected less than the server's max model length {mml} (chart value model.maxModelLen), "
+            f"found {s.max_output_tokens}")
+    parser = _get(values, "model.toolCallParser")
+    if parser is not None:
+        mine = spec.execution.vllm.tool_call_parser
+        add("tool-call parser", mine, parser, mine == parser, "$.execution.vllm.tool_call_parser",
+            f"expected the chart's vLLM tool-call parser {parser!r} (chart value model.toolCallParser), found {mine!r}")
+    reasoning = _get(values, "model.reasoningParser")
+    if reasoning is not None:
+        mine = spec.execution.vllm.reasoning_parser
+        add("reasoning parser", mine, reasoning, mine == reasoning, "$.execution.vllm.reasoning_parser",
+            f"expected the chart's vLLM reasoning parser {reasoning!r} (chart value model.reasoningParser), "
+            f"found {mine!r}")
+    keys = _get(values, "judges.keys")
+    for i, judge in enumerate(spec.judges):
+        if bucket is not None:
+            add(f"judge {judge.name} endpoint", judge.endpoint, "an external URL", judge.endpoint != "local",
+                f"$.judges[{i}].endpoint", f"expected an external endpoint (an OpenAI-compatible URL) on the "
+                f"cluster, found 'local' (judge {judge.name!r})")
+        if keys is not None and judge.api_key_env:
+            add(f"judge {judge.name} key", judge.api_key_env, f"one of {list(keys)}", judge.api_key_env in keys,
+                f"$.judges[{i}].api_key_env", f"expected a key of the judge Secret (chart value judges.keys "
+                f"{list(keys)}), found {judge.api_key_env!r}")
+    if bucket is not None:
+        for role in ("optimizer", "evaluator", "executor"):
+            model = getattr(spec.roles, role)
+            if model is not None:
+                add(f"roles.{role} reachable", model.endpoint, "the generation's predictor only", False,
+                    f"$.roles.{role}", f"expected no endpoint of its own on the cluster: agent pods reach only DNS, "
+                    f"the predictor, the apiserver and S3, found {model.endpoint!r}")
+    deadline = _get(values, "agent.activeDeadlineSeconds")
+    if deadline is not None:
+        wall = spec.execution.limits.wall_s
+        if wall is None:  # upstream's setting: the pods' deadline is then what bounds a team episode
+            add("agent pod deadline", f"{deadline} s", f">= {AGENT_POD_MIN_S} s (no episode wall limit)",
+                float(deadline) >= AGENT_POD_MIN_S, "$.execution.limits.wall_s",
+                f"expected agent pods' deadline (chart value agent.activeDeadlineSeconds) of at least "
+                f"{AGENT_POD_MIN_S} s when episodes have no wall limit, or a wall_s {AGENT_STOP_S} s below it, "
+                f"found {deadline} s")
+        else:
+            add("agent pod deadline", f"{deadline} s", f">= wall_s {wall:g} + {AGENT_STOP_S} s",
+                float(deadline) >= wall + AGENT_STOP_S, "$.execution.limits.wall_s",
+                f"expected an episode wall limit at least {AGENT_STOP_S} s below the agent pods' deadline {deadline} s "
+                f"(chart value agent.activeDeadlineSeconds), found {wall:g}")
+    if bucket is not None:
+        depth = recursion_depth(spec)
+        add("template recursion depth", depth, f"< {ARGO_MAX_STACK_DEPTH}", depth < ARGO_MAX_STACK_DEPTH,
+            "$.search.iterations", f"expected (generations - 1) + {CYCLE_DEPTH} + search.iterations < "
+            f"{ARGO_MAX_STACK_DEPTH} (Argo's maxAllowedStackDepth: the controller errors at depth >= "
+            f"{ARGO_MAX_STACK_DEPTH} unless its environment sets DISABLE_MAX_RECURSION=true), found {depth}")
+        add("checkpoint selection", spec.sft.checkpoint_selection, "val_loss on the cluster",
+            spec.sft.checkpoint_selection != "panel", "$.sft.checkpoint_selection",
+            "expected val_loss on the cluster: panel selection serves every checkpoint and runs episodes inside "
+            "the select step's CPU pod")
+        add("chat template", spec.model.chat_template or "none", "none on the cluster", not spec.model.chat_template,
+            "$.model.chat_template", "expected none on the cluster (KServe serves model.base as stored): save "
+            "the template into the model dir as chat_template.jinja instead")
+        from mass_jobs.serving.model_dirs import looks_like_hub_id
+
+        base = spec.model.base
+        add("model base downloadable", base, "s3:// URI or hub id", base.startswith("s3://") or looks_like_hub_id(base),
+            "$.model.base", f"expected an s3:// URI or a hub id 'org/name[@revision]' a cluster can download, "
+            f"found {base!r}")
+        refused = trainer_webhook_errors(spec)
+        add("trainer job admitted", f"{spec.sft.replicas} replica(s) x {spec.sft.gpus_per_replica} GPU(s)",
+            "the operator's webhook", not refused, "$.sft.replicas",
+            "expected a PyTorchJob the training operator's webhook admits: " + "; ".join(refused))
+    if "network" in values:  # a whole values file (the cycle's validate step gets single values)
+        for issue in required_issues(values):
+            if issue.path.endswith("fqdns"):
+                add("network.s3.fqdns on Cilium", "network.cilium false", "network.cilium true", False, issue.path,
+                    issue.message)
+            else:
+                add(issue.path.removeprefix("values ") + " set", "null", "peers", False, issue.path, issue.message)
+    out += queue_checks(spec, values)
+    out += size_checks(spec, values)
+    jobs = _get(values, "gpu.concurrentJobs")
+    if jobs is not None:
+        add("GPU jobs at once", jobs, ">= 1", int(jobs) >= 1, "values gpu.concurrentJobs",
+            f"expected at least 1 GPU job at once (chart value gpu.concurrentJobs), found {jobs}: train never starts")
+    if config is not None:
+        from mass_jobs.k8s.pods import quantity_bytes
+
+        size = model_bytes(spec, config)
+        n = spec.sft.gpus_per_replica
+        fp8 = spec.sft.fp8_export
+        # (row, chart key, copies of the bf16 model, for what): where it is downloaded, and host memory:
+        # each trainer rank loads the whole model before sharding it; the merge holds the parent, and
+        # the FP8 export every tensor in both precisions (1 + 1/2 of the bf16 bytes)
+        rows = [(f"{pod} ephemeral storage", f"resources.{pod}.ephemeralStorage", copies,
+                 f"for {copies:g} cop{'y' if copies == 1 else 'ies'} of the")
+                for pod, copies in (("server", 1), ("trainer", 1), ("merge", 2))]
+        rows += [("trainer memory", "resources.trainer.memory", float(n), f"of memory for {n} rank(s), each loading the whole"),
+                 ("merge memory", "resources.merge.memory", 1.5 if fp8 else 1.0,
+                  f"of memory for the merge{' and its FP8 export' if fp8 else ''} of")]
+        for name, key, copies, what in rows:
+            have = _get(values, key)
+            if have is None:
+                continue
+            need = int(size * copies * 1.1)
+            add(name, have, f">= {need / 2**30:.0f}Gi ({copies:g} x {size / 1e9:.1f} GB)",
+                quantity_bytes(have) >= need, f"values {key}",
+                f"expected at least {need / 2**30:.0f}Gi {what} "
+                f"{size / 1e9:.1f} GB model (chart value {key}), found {have}")
+    return out
+
+
+def predictors_at_once(spec) -> int:
+    """The most InferenceServices a run holds at once: evaluate serves the new generation, L_0, the
+    previous one and the self-evaluators together (one of each at generation 1)."""
+    from mass_jobs.steps.evaluate import rollout_generations, self_evaluators
+
+    return max(len({*rollout_generations(g), *self_evaluators(g)}) for g in range(1, spec.generations + 1))
+
+
+def queue_checks(spec, values: dict) -> list[Check]:
+    """With a Kueue queue whose GPU quota is known: a workload that needs more than the quota is
+    never admitted, and predictors served together that need more wait for each other; either
+    way the step waits out its deadline."""
+    queue, quota = _get(values, "kueue.queueName"), _get(values, "kueue.gpuQuota")
+    if not queue or quota is None:
+        return []
+    trainer = spec.sft.replicas * spec.sft.gpus_per_replica
+    server = _get(values, "resources.server.gpu")
+    out = [Check("trainer job within the GPU queue", f"{spec.sft.replicas} x {spec.sft.gpus_per_replica} GPU(s)",
+                 f"<= {quota} (kueue.gpuQuota)", trainer <= quota, "$.sft.replicas",
+                 f"expected a trainer job of at most {quota} GPUs, the nominal quota of Kueue queue {queue!r} "
+                 f"(chart value kueue.gpuQuota), found {trainer}: Kueue never admits it")]
+    if server is not None:
+        n = predictors_at_once(spec)
+        out.append(Check("predictors at once within the GPU queue", f"{n} x {server} GPU(s)",
+                         f"<= {quota} (kueue.gpuQuota)", n * int(server) <= quota, "values resources.server.gpu",
+                         f"expected the {n} InferenceServices evaluate serves together to need at most {quota} GPUs "
+                         f"(chart value kueue.gpuQuota), found {n} x {server}: the last one waits for the others "
+                         f"and they for it"))
+    return out
+
+
+def size_checks(spec, values: dict) -> list[Check]:
+    """mass-run's Workflow object after the last generation (mass_jobs.k8s.workflow_size) against
+    the controller's limit: past it, compressed, the workflow errors mid-run unless the controller
+    offloads node status to its database."""
+    limit, offload = _get(values, "argo.maxWorkflowSize"), _get(values, "argo.nodeStatusOffload")
+    if limit is None:
+        return []
+    if offload is True:
+        return [Check("workflow object size", "not bounded", "nodes offloaded", True, "values argo.nodeStatusOffload")]
+    from mass_jobs.k8s.workflow_size import estimate
+
+    last = estimate(spec)[-1]
+    kib = f"{last.stored_bytes / 1024:,.0f} KiB"
+    return [Check("workflow object size", f"{kib} ({last.nodes:,} nodes)",
+                  f"<= {limit / 1024:,.0f} KiB (argo.maxWorkflowSize)", last.stored_bytes <= limit, "$.generations",
+                  f"expected mass-run's Workflow object within the controller's MAX_WORKFLOW_SIZE {limit} B (chart "
+                  f"value argo.maxWorkflowSize), found about {last.stored_bytes} B after generation {last.generation} "
+                  f"with its nodes compressed: the workflow would error mid-run. Enable nodeStatusOffLoad (persistence "
+                  f"in workflow-controller-configmap, then argo.nodeStatusOffload: true), raise MAX_WORKFLOW_SIZE, or "
+                  f"run fewer generations per submission")]
+
+
+def trainer_webhook_errors(spec) -> list[str]:
+    """What the training operator's webhook says of the PyTorchJob this spec's sft renders."""
+    from mass_jobs.k8s import training
+    from mass_jobs.k8s.schemas import webhook_errors
+    from mass_jobs.k8s.settings import ClusterSettings
+
+    from mass_jobs.pipeline.table import trainer_step
+
+    trainer = trainer_step()
+    workers = spec.sft.replicas - 1
+    job = training.pytorch_job(ClusterSettings(), training.job_name(spec.name, "0", trainer.name),
+                               trainer.argv("spec.yaml", 0), {},
+                               workers=workers if workers > 0 else None,
+                               nproc=str(max(1, spec.sft.gpus_per_replica)), gpus=str(spec.sft.gpus_per_replica))
+    return webhook_errors(job)
+
+
+PREREQUISITES = "docs/kubernetes.md#cluster-prerequisites"
+
+
+def issues(found: list[Check]) -> list:
+    """A SpecIssue per failing check; each names where the cluster's side of it is documented."""
+    from mass_jobs.spec.load import SpecIssue
+
+    return [SpecIssue(c.path, f"{c.why} (cluster prerequisites: {PREREQUISITES})") for c in found if not c.ok]
+
+
+def table(found: list[Check]) -> str:
+    rows = [("check", "value", "limit", "verdict")] + [(c.name, c.value, c.limit, c.verdict) for c in found]
+    rows = [tuple(x if len(x) <= 60 else x[:57] + "..." for x in r) for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

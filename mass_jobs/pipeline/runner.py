@@ -1,0 +1,390 @@
+"""`mass run SPEC`: the local chain L0 -> L_N, resumable anywhere, derived from `mass_jobs.pipeline.table`.
+
+Per generation g the steps of `PIPELINE` run in order (search -> collect -> guard -> rank -> render
+-> train (torchrun subprocess) -> select -> merge (-> L_{g+1}) -> evaluate L_{g+1}), then the run's
+steps (report). A step whose done-check (its core's input hash) holds is skipped, so killing the
+run at any point and rerunning redoes only unfinished work (training resumes from its newest
+checkpoint). Steps that call the generation's model share one lazily started server, stopped after
+the last of them. A step without an in-process adapter here runs its CLI entry as a subprocess (a
+`trainer` pod under torchrun), exactly as an Argo container would. A small run-state record at
+`<run>/run-state.json` says what is running or failed; `mass status SPEC` reads it with the store.
+
+Test tasks never reach search, collection, ranking, rendering, training or selection: the runner
+hands only `train_tasks(spec)` to those steps, and the train core checks the stored rank files and
+SFT windows (`split_guard.check_no_test_leak`) before it trains, whatever runs it. The one opt-in exception is checkpoint selection by
+the judge panel (`sft.panel.tasks`, docs/composition.md), which runs the held-out tasks it names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mass_jobs.pipeline import table as P
+from mass_jobs.run.context import RunContext
+from mass_jobs.config.errors import StepFailed
+from mass_jobs.config.run_spec import RunSpec
+from mass_jobs.config.task_spec import Task
+from mass_jobs.pipeline.progress import Display, PerKey
+from mass_jobs.steps.split_guard import SplitLeak, check_no_test_leak  # noqa: F401 (the runner's API too)
+
+
+class RunError(StepFailed):
+    def __init__(self, message: str, log: Path | None = None):
+        super().__init__(message)
+        self.log = log  # the subprocess log holding the failure's whole output
+
+
+def train_tasks(spec: RunSpec) -> list[Task]:
+    """The only tasks that may feed search, collection, ranking, SFT and checkpoint selection."""
+    return spec.train_tasks()
+
+
+
+
+# ---------------------------------------------------------------- run state
+
+
+@dataclass
+class RunState:
+    """`<run>/run-state.json`: what the runner is doing now, and the last failure."""
+
+    ctx: RunContext
+    doc: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.ctx.run_state()
+
+    def load(self) -> dict:
+        self.doc = self.ctx.store.get_json(self.key) if self.ctx.store.exists(self.key) else {}
+        return self.doc
+
+    def set(self, **kw) -> None:
+        self.doc.update(kw, updated_at=time.time(), pid=os.getpid())
+        self.ctx.store.put_json(self.key, self.doc)
+
+
+# ---------------------------------------------------------------- lazy serving
+
+
+class LazyServer:
+    """Starts the model server on first use (thread-safe) and stops it on exit, if it ever started."""
+
+    def __init__(self, make):
+        import threading
+
+        self._make, self._lock = make, threading.Lock()
+        self._stack = contextlib.ExitStack()
+        self._endpoint = None
+        self.started = 0
+
+    def endpoint(self):
+        with self._lock:
+            if self._endpoint is None:
+                self._endpoint = self._stack.enter_context(self._make())
+                self.started += 1
+            return self._endpoint
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+
+
+class LazyClient:
+    """A chat client made on the first call, so a fully stored step never serves a model."""
+
+    def __init__(self, make):
+        self._make, self._client = make, None
+
+    def chat(self, *args, **kwargs):
+        if self._client is None:
+            self._client = self._make()
+        return self._client.chat(*args, **kwargs)
+
+
+# ---------------------------------------------------------------- the runner
+
+
+class Runner:
+    def __init__(self, spec_path: str, spec: RunSpec, store, *, work_dir: Path, progress: bool = True,
+                 python: str = sys.executable, on_step: Callable[[str], None] | None = None, pipeline=None):
+        self.spec_path, self.spec = str(spec_path), spec
+        self.ctx = RunContext(spec, store)
+        self.pipeline = P.steps(pipeline)
+        self.work_root = Path(work_dir).resolve()
+        self.work = self.ctx.work_dir(self.work_root)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.state = RunState(self.ctx)
+        self.display = Display([p.step.name for p in self.plan()], enabled=progress)
+        self.python = python
+        self.on_step = on_step  # test hook: called before each step starts
+        self.lazy: LazyServer | None = None
+
+    def plan(self) -> list[P.Planned]:
+        """The steps of every generation, then the run's, in the order this runner executes them."""
+        return P.plan(self.ctx, self.pipeline)
+
+    # ------------------------------------------------------------ helpers
+    def _env(self) -> dict:
+        # One writable work dir for every entry (their --work-dir defaults read it).
+        return {**os.environ, "PYTHONUNBUFFERED": "1", "MASS_WORK_DIR": str(self.work_root)}
+
+    def _mass(self, *args: str) -> None:
+        """One CLI entry as a subprocess (the same entries Argo containers call)."""
+        cmd = [self.python, "-m", "mass_jobs.commands.cli", *args]
+        self._subprocess(cmd, label=args[0])
+
+    def _subprocess(self, cmd: list[str], label: str) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        log = self.work / f"{label}.log"
+        with open(log, "ab") as f:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=self._env())
+        if proc.returncode != 0:
+            tail = log.read_bytes()[-3000:].decode("utf-8", errors="replace")
+            raise RunError(f"`{' '.join(cmd[2:])}` exited {proc.returncode}; log {log}:\n{tail}", log=log)
+
+    def _run_step(self, g: int, name: str, fn: Callable[[], bool]) -> None:
+        """fn() does the step and returns True when it was already done (skipped)."""
+        label = f"L{g} {name}"
+        if self.on_step:
+            self.on_step(f"{g}:{name}")
+        self.display.step(label)
+        self.state.set(status="running", current={"gen": g, "step": name, "started_at": time.time()}, failed=None)
+        started = time.monotonic()
+        try:
+            skipped = fn()
+        except KeyboardInterrupt:
+            # Ctrl-C stopped the step; nothing in it failed: `mass status` says interrupted, as after a kill
+            self.state.set(status="interrupted")
+            raise
+        except BaseException as e:
+            self.state.set(status="failed", current=None, failed={
+                "gen": g, "step": name, "error": f"{type(e).__name__}: {e}"[:2000], "logs": self.logs_of(g, e),
+                "at": time.time()})
+            raise
+        seconds = time.monotonic() - started
+        self.display.done(label, skipped, seconds)
+        # the run's own timings: `mass status` shows them and its ETA from them
+        timings = self.state.doc.setdefault("timings", {})
+        timings[f"{g}:{name}"] = {"seconds": round(seconds, 3), "skipped": skipped}
+        self.state.set()
+
+    def logs_of(self, g: int, err: BaseException) -> list[str]:
+        """Where a failed step's output is: its subprocess log, else the generation's model-server log
+        and the work dir (in-process steps write their errors to the run's own output)."""
+        if isinstance(err, RunError) and err.log:
+            return [str(err.log)]
+        serve_log = self.work / f"serve-gen-{g}.log"
+        return [str(p) for p in (serve_log, self.work) if p.exists()]
+
+    @contextlib.contextmanager
+    def serve(self, g: int):
+        """L_g's endpoint for the inner loop, under the name the cluster's InferenceService has, served
+        by execution.serving's backend. `external` serves nothing: every role has its own endpoint."""
+        from mass_jobs.serving.backends import serve_model
+        from mass_jobs.run.generation_model import served_model_dir
+
+        if self.spec.execution.serving == "external":
+            raise RuntimeError("execution.serving is 'external': the inner loop uses roles.<role> endpoints "
+                               "and starts no model server")
+        with serve_model(self.spec, served_model_dir(self.ctx, g, self.work / "models"), self.ctx.served_model(g),
+                         log_path=self.work / f"serve-gen-{g}.log") as endpoint:
+            yield endpoint
+
+    # ------------------------------------------------------------ model access for model steps
+    @property
+    def client(self):
+        from mass_jobs.serving.roles import client_for
+
+        return LazyClient(lambda: client_for(self.spec, self.lazy.endpoint()))
+
+    def execute(self, *args):
+        from mass_jobs.serving.roles import role_endpoint
+        from mass_jobs.episodes.rollouts import episode_executor
+
+        # roles.executor set: the generation's server is not needed (and not started) for episodes
+        endpoint = role_endpoint(self.spec, "executor") or self.lazy.endpoint()
+        status = episode_executor(self.spec, endpoint)(*args)
+        with self._lock:  # collect runs episodes concurrently
+            self._now["episodes"] += 1
+            self.display.note(f"{self._now['label']}: episode {self._now['episodes']}", self._now["episodes"],
+                              self._now["of"])
+        return status
+
+    def _in_process(self, s: P.StepDef, g: int) -> None:
+        """A step that declares `local`: its core here, per task or once, with the services it names."""
+        with self._services(s, g) as services:
+            if not s.per_task:
+                s.call_local(self.ctx, g, None, services)
+                return
+            tasks = train_tasks(self.spec)
+            # episodes a task may still run: search = reference + initial elite + one per iteration
+            of = self.spec.search.iterations + 2 if isinstance(s.shape, P.Recursion) else \
+                self.spec.collection.episodes if isinstance(s.shape, P.EpisodeFanout) else None
+            for i, t in enumerate(tasks):
+                self._now.update(label=f"{s.name} task {i + 1}/{len(tasks)} {t.id}", episodes=0, of=of)
+                self.display.note(self._now["label"], i, len(tasks))
+                s.call_local(self.ctx, g, t.id, services)
+
+    @contextlib.contextmanager
+    def _services(self, s: P.StepDef, g: int):
+        """The services a step declares. Servers of named generations (and judges) are started on
+        first use and shared by the step's calls: rollouts and self-verdicts of one generation share
+        a server (each start costs seconds); all are stopped when the step ends."""
+        services: dict = {"client": self.client, "execute": self.execute, "progress": self._progress()}
+        with contextlib.ExitStack() as servers:
+            if {"serve_generation", "serve_judge"} & set(s.local or ()):
+                from mass_jobs.steps.evaluate import default_servers
+
+                serve_model, serve_judge = default_servers(self.ctx, cache_root=self.work / "models", log_dir=self.work)
+                started: dict[int, object] = {}
+
+                @contextlib.contextmanager
+                def serve_once(h: int):
+                    if h not in started:
+                        started[h] = servers.enter_context(serve_model(h))
+                    yield started[h]
+
+                services.update(serve_generation=serve_once, serve_judge=serve_judge)
+            yield services
+
+    def _progress(self) -> Callable[[str, dict], None]:
+        """A progress line per record a core reports (kind: rollout, verdict, ...), counted per kind
+        and generation."""
+        counts = PerKey()
+
+        def note(kind: str, rec: dict) -> None:
+            n = counts.add((kind, rec.get("gen")))
+            where = " ".join(f"{k} {rec[k]}" for k in ("gen", "task", "replicate", "judge") if k in rec)
+            self.display.note(f"{kind} {n}: {where}", n)
+        return note
+
+    def _cli(self, s: P.StepDef, g: int) -> None:
+        """A step without `local`: its CLI entry per task or once (a trainer under torchrun)."""
+        calls = [s.argv(self.spec_path, g, t.id) for t in train_tasks(self.spec)] if s.per_task \
+            else [s.argv(self.spec_path, g)]
+        for argv in calls:
+            if isinstance(s.shape, P.Trainer):  # the train core checks the split itself (split_guard), on Argo too
+                nproc = max(1, min(self.spec.sft.replicas, os.cpu_count() or 1))
+                self._subprocess([self.python, "-m", "torch.distributed.run", "--standalone",
+                                  f"--nproc_per_node={nproc}", "-m", "mass_jobs.commands.cli", *argv, "--quiet"],
+                                 label=s.name)
+            else:
+                self._mass(*argv)
+
+    def execute_step(self, s: P.StepDef, g: int) -> bool:
+        """Run one step of the table unless its done-check holds; True when it was skipped."""
+        if s.is_done(self.ctx, g, [t.id for t in train_tasks(self.spec)]):
+            return True
+        (self._cli if s.local is None else self._in_process)(s, g)
+        return False
+
+    # ------------------------------------------------------------ the whole run
+    def run(self) -> dict:
+        from mass_jobs.pipeline.run_lease import RunLease
+
+        self.ctx.claim_spec()  # a changed spec on an existing run is refused (SpecError, exit 2)
+        with RunLease(self.ctx):  # one local writer per run: a second one exits 2 naming this one
+            return self._run_all()
+
+    def _run_all(self) -> dict:
+        import threading
+
+        from mass_jobs.store import read_manifest
+
+        self.state.load()
+        self.state.set(status="running", spec=self.spec_path, failed=None)
+        self._lock, self._now = threading.Lock(), {"label": "", "episodes": 0, "of": None}
+        steps = P.generation_steps(self.pipeline)
+        last_model = max((i for i, s in enumerate(steps) if s.model), default=-1)
+        with self.display:
+            for g in range(self.spec.generations):
+                with LazyServer(lambda g=g: self.serve(g)) as self.lazy:
+                    for i, s in enumerate(steps):
+                        self._run_step(g, s.name, lambda s=s: self.execute_step(s, g))
+                        if i == last_model:
+                            self.lazy.__exit__(None, None, None)  # rank is its last user: free it for training
+            for s in P.run_steps(self.pipeline):
+                self._run_step(self.spec.generations, s.name, lambda s=s: self.execute_step(s, self.spec.generations))
+        self.state.set(status="done", current=None, failed=None)
+        return read_manifest(self.ctx.store, self.ctx.report())
+
+
+def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, on_step=None) -> dict:
+    """Load the spec, open its store and run L0 -> L_N (resuming whatever is stored)."""
+    from mass_jobs.run.base_model import local_fitness_issues
+    from mass_jobs.spec.load import SpecError, load_spec
+    from mass_jobs.store import open_store
+
+    spec = load_spec(spec_path)
+    unfit = local_fitness_issues(spec)  # a template without tools would train on one-turn episodes
+    if unfit:
+        raise SpecError(spec_path, unfit)
+    store = open_store(spec.store)
+    return Runner(spec_path, spec, store, work_dir=Path(work_dir or os.environ.get("MASS_WORK_DIR", ".mass-work")),
+                  progress=progress, on_step=on_step).run()
+
+
+# ---------------------------------------------------------------- status
+
+
+def step_status(ctx: RunContext, pipeline=None) -> list[dict]:
+    """One row per (generation, step): the store's done / pending (`pipeline.table`, the same for
+    any executor), with the local runner's running / interrupted / failed and its step timings
+    (`seconds`, None when this runner did not time it) from its run-state."""
+    state = RunState(ctx).load()
+    timings = state.get("timings") or {}
+    rows = P.table(ctx, pipeline)
+    for r in rows:
+        r["status"] = _status(state, r["gen"], r["step"], r["status"] == "done")
+        t = timings.get(f"{r['gen']}:{r['step']}") or {}
+        r["seconds"] = t.get("seconds") if r["status"] == "done" else None
+    return rows
+
+
+def progress_summary(rows: list[dict], state: dict, now: float | None = None) -> dict:
+    """Steps done / total and an ETA from the run's own timings (`progress.estimate`: each step left
+    at the mean of the same step's timings, skipped ones costing nothing), less the running step's
+    elapsed time."""
+    from mass_jobs.pipeline.progress import estimate
+
+    done = sum(r["status"] == "done" for r in rows)
+    timed: dict[str, list[float]] = {}
+    for key, t in (state.get("timings") or {}).items():
+        if not t.get("skipped"):
+            timed.setdefault(key.split(":", 1)[-1], []).append(t["seconds"])
+    timings = [x for xs in timed.values() for x in xs]
+    left = [r.get("step", "") for r in rows if r["status"] != "done"]
+    eta = None
+    if not left:
+        eta = 0.0
+    elif timings:
+        eta = estimate(left, timed)
+        current = state.get("current") or {}
+        if state.get("status") == "running" and current.get("started_at"):
+            eta = max(0.0, eta - ((now or time.time()) - current["started_at"]))
+    return {"done": done, "total": len(rows), "eta_s": eta, "timed_steps": len(timings)}
+
+
+def _status(state: dict, g: int, name: str, done: bool) -> str:
+    failed, current = state.get("failed") or {}, state.get("current") or {}
+    if failed.get("gen") == g and failed.get("step") == name:
+        return "failed"
+    if state.get("status") in ("running", "interrupted") and current.get("gen") == g and current.get("step") == name:
+        return "running" if state["status"] == "running" and _alive(state.get("pid")) else "interrupted"
+    return "done" if done else "pending"
+
+
+def _alive(pid) -> bool:
+    from mass_jobs.store.lease import pid_alive
+
+    return pid_alive(pid)

@@ -1,0 +1,409 @@
+"""The pipeline, spelled once: every step of a MASS run, in order, with what each one needs.
+
+The local runner (`mass run`), `mass status` and the Argo compiler (`mass render argo`) are all
+derived from `PIPELINE`; adding a step is one `StepDef` here plus its core (and its CLI entry).
+
+- `scope`: how often the step runs: once per `run`, per `generation`, per training `task`, per
+  task and search `iteration` (Argo: bounded recursion), per task and `episode` (Argo: a fan-out
+  of prepare -> sandboxed agent pod -> ingest, then the task's summary).
+- `core`: "module:function", the pure core the CLI entry and the local runner call.
+- `entry` + `args`: the `mass` CLI entry the Argo container runs (`--spec`, `--gen`, `--task` are
+  added by scope; `{gen}` in args is the generation the step works on).
+- `reads` / `writes`: `RunContext` methods naming the store keys (the context owns the layout).
+- `steps`: "module:function" giving the Steps that hold the step's output for (ctx, gen[, task]):
+  the core's own Steps, whose inputs are hashed. Done is one generic check for every step: each
+  Step's manifest has its input hash and intact outputs. A Step that cannot be formed yet (an input
+  not stored) is a `Waiting` value, pending with its reason, never an exception.
+- `pod`: `step` (CPU pod with store credentials), `agent`: every episode the step runs is one
+  agent pod (`mass episode`: sandboxed, artifacts only, no credential, no token), in one shape:
+  `--phase prepare` (step pod: writes the pods' inputs, lists them) -> agent pod per episode ->
+  `--phase ingest` (step pod: validates and stores its output); by scope: `episode` (collect) one
+  episode per prepare, then `--phase summarize`; `iteration` (search) the iteration's rollouts,
+  then `--agent-pods` judges and saves it; `task` (guard) a checks job per episode (its check
+  commands run the model's code), then `--agent-pods`; `generation` (evaluate) its rollouts against the
+  InferenceServices prepare names (created before, deleted after), then `--agent-pods`. The local
+  runner runs the same episodes in-process (shell commands sandboxed) through the step's core.
+  `trainer`: a PyTorchJob (locally: torchrun). Scope and pod together are the step's typed
+  `shape` (`SHAPES`); a pair with no shape is refused when the step is declared.
+- `model`: calls the generation's served model (Argo: the InferenceService; locally: one lazy
+  server for all such steps of a generation, stopped after the last of them).
+- `gen_offset`: the generation the step's `--gen` names relative to the cycle's (evaluate: g+1).
+- `local`: how the local runner calls the core in-process: the services it takes after
+  (ctx, gen[, task]) from `SERVICES`; None runs the CLI entry as a subprocess, as a container would.
+- `resources`: the cluster settings' pod size the step's container gets (`step`, or `merge`: the
+  merge loads the whole model in memory).
+- `cost(work)`: `mass plan`'s cost model: seconds one unit takes, units, and judge calls after
+  them, from the generation's counts and timings (`Work`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mass_jobs.run.context import RunContext
+from mass_jobs.run.generation_model import model_uri
+
+SCOPES = ("run", "generation", "task", "iteration", "episode")
+PODS = ("step", "agent", "trainer")  # a CPU step pod, sandboxed agent pods, a PyTorchJob
+PER_TASK = ("task", "iteration", "episode")
+# what the local runner hands a core in-process: the generation's chat model, an agent-episode
+# executor, servers of the generations and judges the step names itself, a progress callback
+SERVICES = ("client", "execute", "serve_generation", "serve_judge", "progress")
+RESOURCES = ("step", "merge")
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a step's cost model sees of one generation: `planning.counts` and the timings in force."""
+
+    counts: dict
+    timings: dict
+    n_train: int
+
+    @property
+    def per_task_calls(self) -> int:
+        return self.counts["ranking_calls"] // max(self.n_train, 1)
+
+
+@dataclass(frozen=True)
+class Cost:
+    unit_s: float  # one unit (an episode, a task, the whole step)
+    units: int
+    calls: int = 0  # judge calls after the units, fanned out like them
+
+
+# ---------------------------------------------------------------- the plan's shapes
+# What one step becomes in an executor, derived once from its scope and pod (`StepDef.shape`): the
+# Argo compiler, `mass plan` and the local runner match on these types, never on a step's name.
+
+
+@dataclass(frozen=True)
+class Container:
+    """One container per generation (`run`: once, after the last generation)."""
+
+    once_per_run: bool = False
+
+
+@dataclass(frozen=True)
+class TaskFanout:
+    """A container per training task, side by side."""
+
+
+@dataclass(frozen=True)
+class Recursion:
+    """Per training task, one iteration per call, K+1 after K (`agent`: each iteration's rollouts
+    run in agent pods between its prepare and its finish)."""
+
+    agent: bool
+
+
+@dataclass(frozen=True)
+class EpisodeFanout:
+    """Per task and episode prepare -> sandboxed agent pod -> ingest, a bounded number at once, then
+    the task's summary."""
+
+
+@dataclass(frozen=True)
+class TaskRollouts:
+    """Per training task prepare -> its agent pods -> finish with their results."""
+
+
+@dataclass(frozen=True)
+class GenerationRollouts:
+    """Once per generation: serve the generations it names, prepare -> agent pods -> finish, release."""
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A multi-process GPU trainer: torchrun locally, a PyTorchJob on the cluster."""
+
+
+Shape = Container | TaskFanout | Recursion | EpisodeFanout | TaskRollouts | GenerationRollouts | Trainer
+# (scope, pod) -> shape; a pair not listed is refused when the step is declared
+SHAPES: dict[tuple[str, str], Shape] = {
+    ("run", "step"): Container(once_per_run=True), ("generation", "step"): Container(),
+    ("task", "step"): TaskFanout(), ("iteration", "step"): Recursion(agent=False),
+    ("iteration", "agent"): Recursion(agent=True), ("episode", "agent"): EpisodeFanout(),
+    ("task", "agent"): TaskRollouts(), ("generation", "agent"): GenerationRollouts(),
+    ("generation", "trainer"): Trainer(),
+}
+
+
+@dataclass(frozen=True)
+class StepDef:
+    name: str
+    scope: str
+    core: str
+    entry: tuple[str, ...]
+    steps: str
+    args: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    pod: str = "step"
+    model: bool = False
+    gen_offset: int = 0
+    detail: Callable[[RunContext, int], str] | None = None
+    local: tuple[str, ...] | None = None
+    resources: str = "step"
+    cost: Callable[[Work], Cost] | None = None
+
+    def __post_init__(self):
+        if self.scope not in SCOPES:
+            raise ValueError(f"step {self.name}: scope must be one of {SCOPES}, got {self.scope!r}")
+        if self.pod not in PODS:
+            raise ValueError(f"step {self.name}: pod must be one of {PODS}, got {self.pod!r}")
+        if (self.scope, self.pod) not in SHAPES:
+            fits = sorted(sc for sc, pod in SHAPES if pod == self.pod)
+            raise ValueError(f"step {self.name}: a {self.pod!r} pod runs at scope {' or '.join(fits)}, not {self.scope!r}")
+        if self.resources not in RESOURCES:
+            raise ValueError(f"step {self.name}: resources must be one of {RESOURCES}, got {self.resources!r}")
+        unknown = [n for n in (self.local or ()) if n not in SERVICES]
+        if unknown:
+            raise ValueError(f"step {self.name}: local services must be among {SERVICES}, got {unknown}")
+        for key in (*self.reads, *self.writes):
+            if not callable(getattr(RunContext, key, None)):
+                raise ValueError(f"step {self.name}: {key!r} is not a RunContext key method")
+
+    @property
+    def per_task(self) -> bool:
+        return self.scope in PER_TASK
+
+    @property
+    def shape(self) -> Shape:
+        """What the step becomes in an executor (its scope and pod, typed)."""
+        return SHAPES[(self.scope, self.pod)]
+
+    def core_function(self) -> Callable:
+        return _resolve(self.core)
+
+    def _args(self, ctx: RunContext, gen: int, task: str | None) -> list:
+        """(ctx, gen[, task]) as the core and its Steps take them (gen: the step's own generation)."""
+        args = [ctx] if self.scope == "run" else [ctx, gen + self.gen_offset]
+        return [*args, task] if self.per_task else args
+
+    def argv(self, spec: str, gen, task: str | None = None) -> list[str]:
+        """The CLI entry's argv after `mass` for one call (gen is the cycle's generation)."""
+        if self.scope == "run":
+            return [*self.entry, "--spec", spec, *self.args]
+        g = gen + self.gen_offset if isinstance(gen, int) else gen
+        out = [*self.entry, "--spec", spec, "--gen", str(g)]
+        if self.per_task:
+            out += ["--task", str(task)]
+        return out + [a.replace("{gen}", str(g)) for a in self.args]
+
+    def call_local(self, ctx: RunContext, gen: int, task: str | None, services: dict):
+        """The core in-process, with the services it declares (`local`)."""
+        return self.core_function()(*self._args(ctx, gen, task), *(services[n] for n in self.local or ()))
+
+    def work(self, w: Work) -> Cost:
+        """`mass plan`'s estimate; a step without a cost model is one fixed unit (per task, per task)."""
+        if self.cost is not None:
+            return self.cost(w)
+        return Cost(w.timings["fixed_s"], w.n_train if self.per_task else 1)
+
+    def stored(self, ctx: RunContext, gen: int, task: str | None = None) -> list:
+        """The Steps holding this step's output (a `Waiting` where one cannot be formed yet).
+
+        An input that is stored but damaged (gone since listed, unreadable, of another shape, or
+        refused by the core with its StepFailed) is waiting too, for the step that rewrites it; any
+        other error is a bug and propagates, since reading it as pending would rerun GPU steps on
+        every cycle."""
+        from pydantic import ValidationError
+
+        from mass_jobs.config.errors import StepFailed
+        from mass_jobs.store import MissingKey, UnreadableObject, Waiting
+
+        try:
+            out = _resolve(self.steps)(*self._args(ctx, gen, task))
+        except (MissingKey, UnreadableObject, ValidationError, StepFailed) as err:
+            return [Waiting(f"an input is damaged: {err}")]
+        return list(out) if isinstance(out, list | tuple) else [out]
+
+    def done(self, ctx: RunContext, gen: int, task: str | None = None) -> bool:
+        return all(s.done for s in self.stored(ctx, gen, task))
+
+    def is_done(self, ctx: RunContext, gen: int, tasks: list[str]) -> bool:
+        if self.per_task:
+            return all(self.done(ctx, gen, t) for t in tasks)
+        return self.done(ctx, gen)
+
+
+def _resolve(ref: str) -> Callable:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _checkpoints(ctx: RunContext, g: int) -> str:
+    n = len([k for k in ctx.store.list(ctx.train_checkpoints(g)) if "/" not in k[len(ctx.train_checkpoints(g)):]])
+    return f"{n} checkpoints"
+
+
+def _verdicts(ctx: RunContext, g: int) -> str:
+    return f"{len(ctx.store.list(ctx.eval_verdicts(g + 1)))} verdicts"
+
+
+# ---------------------------------------------------------------- cost models (`mass plan`)
+
+
+def _search_cost(w: Work) -> Cost:
+    # per task: the reference, the initial elite and one episode per proposal; a proposal and two
+    # verdicts per iteration, and the first judging
+    k = w.counts["optimizer_proposals"] // max(w.n_train, 1)
+    t = w.timings
+    return Cost((k + 2) * t["episode_s"] + (2 * k + 1) * t["call_s"], w.n_train)
+
+
+def _collect_cost(w: Work) -> Cost:
+    return Cost(w.timings["episode_s"], w.counts["teacher_episodes"])
+
+
+def _rank_cost(w: Work) -> Cost:
+    return Cost(w.per_task_calls * w.timings["call_s"], w.n_train)
+
+
+def _train_cost(w: Work) -> Cost:
+    return Cost(w.counts["steps"] * w.timings["step_s"], 1)
+
+
+def _evaluate_cost(w: Work) -> Cost:
+    return Cost(w.timings["episode_s"], w.counts["rollout_episodes"],
+                calls=w.counts["judge_calls"] + w.counts["self_judge_calls"])
+
+
+# ---------------------------------------------------------------- the table
+
+PIPELINE: tuple[StepDef, ...] = (
+    StepDef("search", "iteration", "mass_jobs.steps.search:run_search", ("search",),
+            "mass_jobs.steps.search:search_steps",
+            reads=("model",), writes=("search_rollout", "agent_input", "agent_output", "search_state"),
+            pod="agent", model=True, local=("client", "execute"), cost=_search_cost),
+    StepDef("collect", "episode", "mass_jobs.steps.collect:run_collect", ("collect",),
+            "mass_jobs.steps.collect:collect_steps",
+            reads=("search_state",), writes=("episode_input", "episode_output", "collect_episode", "collect_summary"),
+            pod="agent", model=True, local=("execute",), cost=_collect_cost),
+    StepDef("guard", "task", "mass_jobs.steps.guard:run_guard", ("guard",),
+            "mass_jobs.steps.guard:guard_step",
+            reads=("collect_summary", "collect_episode"), writes=("guard_checks", "agent_input", "agent_output", "guard"),
+            pod="agent", local=()),
+    StepDef("rank", "task", "mass_jobs.steps.rank:run_rank", ("rank",),
+            "mass_jobs.steps.rank:rank_step",
+            reads=("guard", "collect_episode"), writes=("rank", "rank_verdicts"), model=True,
+            local=("client",), cost=_rank_cost),
+    StepDef("render", "generation", "mass_jobs.steps.render_sft:run_render", ("render", "sft"),
+            "mass_jobs.steps.render_sft:render_step",
+            reads=("rank", "collect_episode", "model"), writes=("sft",)),
+    StepDef("train", "generation", "mass_jobs.steps.train:run_train", ("train",),
+            "mass_jobs.steps.train:stored_train_step",
+            args=("--resume",), reads=("sft", "model"), writes=("train",), pod="trainer", detail=_checkpoints,
+            cost=_train_cost),
+    StepDef("select", "generation", "mass_jobs.steps.select:run_select", ("select",),
+            "mass_jobs.steps.select:select_step",
+            reads=("train", "model"), writes=("select", "select_step", "select_panel")),
+    StepDef("merge", "generation", "mass_jobs.steps.merge:run_merge", ("merge",),
+            "mass_jobs.steps.merge:merge_step",
+            reads=("select", "train", "model"), writes=("merge_step", "model"), resources="merge"),
+    StepDef("evaluate", "generation", "mass_jobs.steps.evaluate:evaluate", ("evaluate",),
+            "mass_jobs.steps.evaluate:evaluate_step",
+            reads=("model",), writes=("eval_rollout", "agent_input", "agent_output", "eval", "eval_verdicts"),
+            pod="agent", gen_offset=1, detail=_verdicts,
+            local=("serve_generation", "serve_judge", "progress"), cost=_evaluate_cost),
+    StepDef("report", "run", "mass_jobs.steps.report:write_report", ("report",),
+            "mass_jobs.steps.report:report_step",
+            reads=("eval", "select", "sft", "search_state"), writes=("report",), local=()),
+)
+
+
+def steps(pipeline=None) -> tuple[StepDef, ...]:
+    """The table in force (tests pass an extended one)."""
+    return PIPELINE if pipeline is None else tuple(pipeline)
+
+
+def generation_steps(pipeline=None) -> list[StepDef]:
+    return [s for s in steps(pipeline) if s.scope != "run"]
+
+
+def run_steps(pipeline=None) -> list[StepDef]:
+    return [s for s in steps(pipeline) if s.scope == "run"]
+
+
+def by_name(name: str, pipeline=None) -> StepDef:
+    for s in steps(pipeline):
+        if s.name == name:
+            return s
+    raise KeyError(f"no step {name!r} in the pipeline: {[s.name for s in steps(pipeline)]}")
+
+
+def trainer_step(pipeline=None) -> StepDef:
+    """The step that trains on a GPU (a PyTorchJob on the cluster)."""
+    return next(s for s in steps(pipeline) if s.pod == "trainer")
+
+
+def done_output(name: str) -> str:
+    """The file (and Argo output parameter) where `mass validate --outputs` says a step is stored."""
+    return f"done-{name}"
+
+
+def train_task_ids(ctx: RunContext) -> list[str]:
+    return [t.id for t in ctx.spec.train_tasks()]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One step of one generation in an executor's order: the step itself, never its name."""
+
+    gen: int
+    step: StepDef
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return self.gen, self.step.name
+
+
+def plan(ctx: RunContext, pipeline=None) -> list[Planned]:
+    """The local runner's order: every generation's steps, then the run's steps."""
+    n = ctx.spec.generations
+    return [Planned(g, s) for g in range(n) for s in generation_steps(pipeline)] + \
+           [Planned(n, s) for s in run_steps(pipeline)]
+
+
+def table(ctx: RunContext, pipeline=None) -> list[dict]:
+    """One row per (generation, step) from the store alone: done or pending, and a detail.
+
+    This is what any executor leaves (local runner, Argo, a person calling the CLI entries); the
+    local runner's run-state only adds running / interrupted / failed on top (`runner.step_status`).
+    """
+    tasks = train_task_ids(ctx)
+    rows = []
+    for item in plan(ctx, pipeline):
+        s, g = item.step, item.gen
+        if s.per_task:
+            n = sum(1 for t in tasks if s.done(ctx, g, t))
+            done, detail = n == len(tasks), f"{n}/{len(tasks)} tasks"
+        else:
+            done = s.is_done(ctx, g, tasks)
+            detail = s.detail(ctx, g) if s.detail else ""
+        rows.append({"gen": g, "step": s.name, "status": "done" if done else "pending", "detail": detail})
+    return rows
+
+
+def argo_outputs(spec, gen: int) -> dict[str, str]:
+    """File name -> content of the values a cycle's Argo steps fan out over (ids, counts, URIs)."""
+    train = [t.id for t in spec.train_tasks()]
+    bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
+    run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
+    return {
+        "train-tasks.json": json.dumps(train),
+        "episodes.json": json.dumps([{"task": t, "episode": i} for t in train for i in range(spec.collection.episodes)]),
+        "search-iterations": str(spec.search.iterations + 1),  # iteration 0 runs the reference and initial workflow
+        "model-uri": model_uri(spec, gen, bucket, run_prefix),
+        "dtype": spec.model.dtype,
+        "generations": str(spec.generations),
+        "store-prefix": run_prefix,
+        # the PyTorchJob's world is the spec's: sft.replicas pods x max(1, gpus_per_replica) processes
+        "trainer-workers": str(spec.sft.replicas - 1),
+        "trainer-nproc": str(max(1, spec.sft.gpus_per_replica)),
+        "trainer-gpus": str(spec.sft.gpus_per_replica),
+    }

@@ -1,0 +1,446 @@
+"""Local sandbox for the shell commands an agent writes and for guard checks.
+
+`run_sandboxed(cmd, cwd, limits)` runs `/bin/sh -c cmd` in the workspace `cwd`, one fresh process
+tree per call. The filesystem view and namespaces come from bubblewrap (`bwrap`, a Debian
+package): a read-only empty root holding only /usr, /etc (and the /bin, /lib links), the project's
+interpreter dirs read-only, the workspace read-write and private size-capped tmpfs at /tmp and
+/dev/shm that die with the call. Nothing else of the host exists in there: no /run, /var, /home,
+no host unix socket to connect to. New PID, network (private loopback only), IPC, UTS and cgroup
+namespaces; `--die-with-parent` and a PID namespace, so a killed caller takes the whole tree with it.
+
+As root, every concurrently used workspace gets its own uid from `SandboxLimits.uid_base ...
++uids` (leased with a lock file, so several processes on one host never share one); the command
+runs as that uid with no capabilities and no_new_privs, so RLIMIT_NPROC is a budget of this
+call's tree alone and one episode's fork bomb cannot starve another's. Limits:
+- per process: rlimits on CPU seconds, address space, file size, process count, no core dumps;
+- per tree (a supervisor thread samples every process of the tree): total CPU seconds and total
+  memory (PSS), and a workspace quota (bytes and files); over any of them, the tree is killed;
+- a wall-clock timeout that kills the tree;
+- a scrubbed environment (an allow-list: PATH, HOME=workspace, TMPDIR=/tmp, LANG, ...).
+The project's own interpreter (this process's venv and its base installation) is `python`, first on
+PATH; `SandboxLimits(python="system")` keeps the host's PATH and exposes no interpreter dir.
+
+Without bwrap (or where it cannot create namespaces, e.g. a pod without user namespaces) the
+command still gets the uid, rlimits and tree limits, and `note` says that the filesystem and network
+stayed the host's; `network_isolated` is then False. Pods add their own boundary (non-root,
+read-only root filesystem, NetworkPolicy).
+
+`resolve_in_workspace(workspace, rel)` maps a file-tool path into the workspace or raises
+`SandboxEscape` (absolute paths, `..` escapes, symlinks pointing outside).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mass_jobs.sandbox.tree import kill_tree, memory_cgroup, over_quota, read_capped, signal_reason, supervise
+from mass_jobs.sandbox.uids import identity_files, lease_uid, own_tree, release_uid
+
+if TYPE_CHECKING:
+    from mass_jobs.config.run_spec import EpisodeLimits
+
+LAUNCHER = Path(__file__).with_name("launch.py")  # stdlib only: run with -I -S
+
+ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# What the sandbox sees of the host besides the workspace and the interpreter: read-only binds, or
+# the same symlink where the host has one (merged /usr).
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+PYTHON_MODES = ("project", "system")
+
+
+class SandboxEscape(ValueError):
+    """A path that would leave the workspace."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    timeout_s: float = 120
+    cpu_s: int = 120  # per process (RLIMIT_CPU) and for the whole tree
+    memory_mb: int = 2048  # per process (RLIMIT_AS) and for the whole tree (PSS)
+    file_size_mb: int = 256
+    processes: int = 64  # RLIMIT_NPROC of the call's own uid
+    open_files: int = 1024  # RLIMIT_NOFILE per process: descriptors (socket pairs, memfds) are kernel memory too
+    workspace_mb: int = 4096  # workspace quota, bytes (apparent size of all files)
+    workspace_files: int = 100_000  # workspace quota, entries
+    tmp_mb: int = 256  # size of each private tmpfs (/tmp, /dev/shm)
+    isolate_network: bool = True
+    drop_privileges: bool = True  # as root: run the command as a leased uid of its own
+    uid_base: int = 1_900_000  # leased uids: uid_base .. uid_base + uids - 1 (gid = uid)
+    uids: int = 1000
+    output_bytes: int = 1_000_000  # per stream; the rest is counted and dropped
+    extra_env: dict[str, str] = field(default_factory=dict)
+    python: str = "project"  # project: this process's interpreter, read-only, first on PATH; system: host PATH
+    read_only: tuple[str, ...] = ()  # more host folders shown read-only (e.g. the checkout, for `mass ...`)
+    writable: tuple[str, ...] = ()  # more host folders shown writable, handed to the call's uid like the workspace
+    # RLIMIT_AS = memory_mb per process; off for runtimes that reserve address space they never use
+    # (node's WebAssembly): the tree's memory (PSS) is still held to memory_mb by the supervisor.
+    limit_address_space: bool = True
+
+    def __post_init__(self) -> None:
+        if self.python not in PYTHON_MODES:
+            raise ValueError(f"SandboxLimits.python must be one of {PYTHON_MODES}, got {self.python!r}")
+
+    @classmethod
+    def from_episode_limits(cls, limits: EpisodeLimits, **overrides: Any) -> SandboxLimits:
+        values = dict(
+            timeout_s=limits.shell_timeout_s,
+            cpu_s=limits.cpu_s,
+            memory_mb=limits.memory_mb,
+            file_size_mb=limits.file_size_mb,
+            processes=limits.processes,
+        )
+        return cls(**{**values, **overrides})
+
+
+MEMORY_LIMITS = ("cgroup v1", "cgroup v2", "sampled")  # SandboxResult.memory_limit
+
+
+@dataclass
+class SandboxResult:
+    exit_code: int  # negative: killed by that signal (Popen convention)
+    stdout: str
+    stderr: str
+    timed_out: bool
+    # wall_timeout | cpu_limit | file_size_limit | memory_limit | workspace_quota | output_limit | stopped | signal:NAME | None
+    killed_reason: str | None
+    network_isolated: bool
+    duration_s: float
+    applied: dict = field(default_factory=dict)
+    note: str = ""
+    truncated: bool = False
+    # what held the tree's memory: "cgroup v1" / "cgroup v2" (the kernel, every page of every
+    # process: page cache, memfds, socket buffers) or "sampled" (the supervisor's PSS samples)
+    memory_limit: str = "sampled"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- file tools
+
+
+def resolve_in_workspace(workspace: str | Path, relpath: str | Path) -> Path:
+    """The absolute path of `relpath` inside `workspace`; raises SandboxEscape if it would leave it.
+
+    Symlinks are resolved (also for a path that does not exist yet: its existing parents are), so a
+    link inside the workspace that points outside is an escape too.
+    """
+    rel = str(relpath)
+    if not rel.strip():
+        raise SandboxEscape("empty path: expected a path relative to the workspace")
+    if "\x00" in rel:
+        raise SandboxEscape(f"path {rel!r} contains a NUL byte")
+    if os.path.isabs(rel) or rel.startswith("~"):
+        raise SandboxEscape(f"path {rel!r} is absolute: expected a path relative to the workspace")
+    root = Path(workspace).resolve()
+    target = (root / rel).resolve()  # strict=False: resolves every existing component, links included
+    if target != root and root not in target.parents:
+        raise SandboxEscape(f"path {rel!r} leaves the workspace (resolves to {target})")
+    return target
+
+
+# ---------------------------------------------------------------- parent side
+
+
+def sandbox_env(
+    workspace: Path, tmpdir: Path, extra: dict[str, str] | None = None, path_first: str | None = None
+) -> dict[str, str]:
+    """The child's whole environment: an allow-list, never the host's secrets."""
+    env = {k: os.environ[k] for k in ENV_ALLOW if os.environ.get(k)}
+    env.setdefault("PATH", DEFAULT_PATH)
+    if path_first:
+        env["PATH"] = os.pathsep.join([path_first, *(p for p in env["PATH"].split(os.pathsep) if p != path_first)])
+    env.setdefault("LANG", "C.UTF-8")
+    env.update(
+        HOME=str(workspace),
+        TMPDIR=str(tmpdir),
+        PWD=str(workspace),
+        USER="sandbox",
+        LOGNAME="sandbox",
+        SHELL="/bin/sh",
+        TERM="dumb",
+        PYTHONDONTWRITEBYTECODE="1",
+        # Bytecode is read from (and would be written to) this tree only, never a workspace
+        # __pycache__: an unchecked hash-based .pyc the agent left there is not what gets imported.
+        PYTHONPYCACHEPREFIX=str(tmpdir / "pycache"),
+        PYTHONUNBUFFERED="1",
+        PYTHONNOUSERSITE="1",
+        PIP_NO_INPUT="1",
+        # Caches would otherwise land in HOME, i.e. in the workspace that gets bundled and compared.
+        XDG_CACHE_HOME=str(tmpdir / "cache"),
+        MPLCONFIGDIR=str(tmpdir / "matplotlib"),
+        MPLBACKEND="Agg",  # no display: plots go to files
+    )
+    env.update(extra or {})
+    return env
+
+
+def _within(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _topmost(dirs: list[str]) -> list[str]:
+    """`dirs` without those lying inside another one of them."""
+    return sorted(d for d in set(dirs) if not any(o != d and _within(d, o) for o in dirs))
+
+
+def project_interpreter() -> tuple[str, list[str]]:
+    """(bin dir to put first on PATH, directories it needs) of the interpreter running this process.
+
+    The bin dir stays unresolved so `python` finds its venv's pyvenv.cfg; the directories are the venv
+    and the installation it was made from (where the real binary, stdlib and libpython live).
+    """
+    exe = os.path.abspath(sys.executable)
+    real_bin = os.path.dirname(os.path.realpath(exe))
+    prefixes = (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)
+    return os.path.dirname(exe), _topmost([os.path.realpath(p) for p in prefixes] + [real_bin])
+
+
+@lru_cache(maxsize=1)
+def _tools() -> tuple[str | None, str | None]:
+    """(bwrap, setpriv) when bwrap can build a sandbox on this machine, else (None, reason)."""
+    import shutil
+    import subprocess
+
+    bwrap, setpriv = shutil.which("bwrap"), shutil.which("setpriv")
+    if not bwrap:
+        return None, "bwrap (bubblewrap) is not installed"
+    if os.geteuid() == 0 and not (setpriv and _within(os.path.realpath(setpriv), "/usr")):
+        return None, "setpriv (util-linux) is not installed under /usr"
+    # The mounts every call makes, too: in a container a new PID namespace may be allowed while
+    # mounting its /proc is not, and every command would then fail instead of falling back.
+    probe = [bwrap, *_namespace_flags(os.geteuid() == 0, True), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+             "--tmpfs", "/tmp", "true"]
+    try:
+        out = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"bwrap cannot start: {exc}"
+    if out.returncode != 0:
+        return None, f"bwrap cannot create namespaces here: {out.stderr.strip()[:300]}"
+    return bwrap, setpriv
+
+
+def _namespace_flags(as_root: bool, isolate_network: bool) -> list[str]:
+    flags = ["--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-uts"]
+    flags += ["--unshare-cgroup-try"] + (["--unshare-net"] if isolate_network else [])
+    # As root no user namespace: its uid map would make the command host root (and exempt from
+    # RLIMIT_NPROC); setpriv drops to the leased uid instead. As a user: a user namespace.
+    return flags + ([] if as_root else ["--unshare-user"])
+
+
+def bwrap_argv(
+    bwrap: str, setpriv: str | None, cmd: str, workspace: str, read_only: list[str], limits: SandboxLimits,
+    uid: int | None,
+) -> list[str]:  # fmt: skip
+    """The bwrap command line of one call (see the module docstring for the view it builds)."""
+    as_root = os.geteuid() == 0
+    argv = [bwrap, *_namespace_flags(as_root, limits.isolate_network), "--cap-drop", "ALL"]
+    if uid is not None:  # setpriv needs these three to drop to the uid; it then drops them all
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            argv += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            argv += ["--ro-bind", d, d]
+    tmp_bytes = str(limits.tmp_mb * 1024 * 1024)
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    # The new /proc still writes host-wide kernel settings (a root command without capabilities
+    # could set core_pattern): read-only over it.
+    argv += [a for p in ("/proc/sys", "/proc/sysrq-trigger") if os.path.exists(p) for a in ("--ro-bind", p, p)]
+    argv += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    argv += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/tmp"]
+    system = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    binds = [(d, "--ro-bind") for d in _topmost(read_only) if not any(_within(d, s) for s in system)]
+    binds += [(os.path.realpath(d), "--bind") for d in limits.writable]
+    binds.append((workspace, "--bind"))
+    made: set[str] = {"/", "/tmp", "/dev", "/proc"}
+    for path, how in binds:
+        parents = []
+        p = os.path.dirname(path)
+        while p not in made and p != "/":
+            parents.append(p)
+            p = os.path.dirname(p)
+        for p in reversed(parents):  # enterable by the uid, unlike a private home on the host
+            argv += ["--perms", "0755", "--dir", p]
+            made.add(p)
+        argv += [how, path, path]
+        made.add(path)
+    if uid is not None:  # the leased uid has a name, as programs that ask for their user expect
+        argv += [a for f in identity_files(uid) for a in ("--ro-bind", str(f), f"/etc/{f.name.split('-')[0]}")]
+    argv += ["--remount-ro", "/"]
+    if uid is None:
+        return argv + ["--chdir", workspace, "--", "/bin/sh", "-c", cmd]
+    argv += ["--", setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
+    # The workspace may be 0700 (owned by the uid): entered as the uid, not by capless root.
+    enter = 'cd -- "$1" || exit 126; exec /bin/sh -c "$2"'
+    return argv + ["--bounding-set=-all", "--no-new-privs", "--", "/bin/sh", "-c", enter, "sh", workspace, cmd]
+
+
+def _visible_path(path: str, visible_dirs: list[str]) -> str:
+    """PATH without the host's entries that the sandbox does not show (e.g. ~/.cargo/bin)."""
+    keep = [e for e in path.split(os.pathsep) if e and any(_within(os.path.realpath(e), d) for d in visible_dirs)]
+    return os.pathsep.join(keep)
+
+
+def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None,
+                  stop: threading.Event | None = None) -> SandboxResult:
+    """Run `/bin/sh -c cmd` in workspace `cwd` under `limits`; see the module docstring. Setting
+    `stop` kills the tree at the next sample (killed_reason "stopped")."""
+    import tempfile
+
+    limits = limits or SandboxLimits()
+    workspace = Path(cwd).resolve()
+    if not workspace.is_dir():
+        raise FileNotFoundError(f"sandbox cwd {workspace} is not a directory")
+    as_root = os.geteuid() == 0
+    drop = as_root and limits.drop_privileges
+    uid = lease_uid(str(workspace), limits) if drop else None
+    host_tmp = None
+    try:
+        if uid is not None:
+            for tree in (workspace, *limits.writable):
+                own_tree(Path(tree), uid, uid)
+        bwrap, setpriv_or_reason = _tools()
+        if bwrap is None:  # no namespaces: a private temp dir of the host stands in for /tmp
+            host_tmp = Path(tempfile.mkdtemp(prefix="mass-sandbox-"))
+            if uid is not None:
+                os.chown(host_tmp, uid, uid)
+        return _run(cmd, workspace, limits, uid, bwrap, setpriv_or_reason, host_tmp, stop)
+    finally:
+        if host_tmp is not None:
+            import shutil
+
+            shutil.rmtree(host_tmp, ignore_errors=True)
+        if uid is not None:
+            release_uid(str(workspace))
+
+
+def _run(
+    cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, bwrap: str | None, tool: str | None,
+    host_tmp: Path | None, stop: threading.Event | None = None,
+) -> SandboxResult:  # fmt: skip
+    import subprocess
+    import threading
+
+    as_root = os.geteuid() == 0
+    python: dict[str, Any] = {"mode": limits.python}
+    read_only: list[str] = []
+    if limits.python == "project":
+        python["path_first"], python["read_only"] = project_interpreter()
+        read_only = list(python["read_only"])
+    read_only += [os.path.realpath(d) for d in limits.read_only]
+    tmp = Path("/tmp") if bwrap else host_tmp
+    assert tmp is not None
+    env = sandbox_env(workspace, tmp, limits.extra_env, python.get("path_first"))
+    notes: list[str] = []
+    applied: dict[str, Any] = {"backend": "bwrap" if bwrap else "none"}
+    if bwrap:
+        env["PATH"] = _visible_path(env["PATH"], [*SYSTEM_DIRS, *read_only, str(workspace)])
+        argv = bwrap_argv(bwrap, tool, cmd, str(workspace), read_only, limits, uid)
+        applied.update(
+            pid_namespace=True, mount_namespace=True, network_namespace=limits.isolate_network,
+            exposed={**{d: "ro" for d in _topmost(read_only)}, **{d: "rw" for d in limits.writable}, str(workspace): "rw"},
+            private_tmpfs={"/tmp": limits.tmp_mb, "/dev/shm": limits.tmp_mb},
+        )  # fmt: skip
+        if not as_root:
+            applied["user_namespace"] = True
+    else:
+        argv = ["/bin/sh", "-c", cmd]
+        applied.update(pid_namespace=False, mount_namespace=False, network_namespace=False)
+        notes.append(f"no sandbox namespaces ({tool}): network reachable, host filesystem visible")
+    if not limits.isolate_network:
+        notes.append("network isolation switched off by the limits")
+    mb = 1024 * 1024
+    rlimits = {
+        "RLIMIT_CPU": [limits.cpu_s, limits.cpu_s + 1],  # SIGXCPU first, SIGKILL a second later
+        "RLIMIT_AS": [limits.memory_mb * mb if limits.limit_address_space else -1] * 2,  # -1: RLIM_INFINITY
+        "RLIMIT_FSIZE": [limits.file_size_mb * mb] * 2,
+        "RLIMIT_NPROC": [limits.processes] * 2,
+        "RLIMIT_NOFILE": [limits.open_files] * 2,
+        "RLIMIT_CORE": [0, 0],
+    }
+    launch = {"argv": argv, "rlimits": rlimits, "uid": None if bwrap else uid, "cwd": str(workspace)}
+    cgroup = memory_cgroup(limits, notes)
+    launcher = [sys.executable, "-I", "-S", str(LAUNCHER.resolve()), "--launch", json.dumps(launch)]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            cgroup.wrap(launcher) if cgroup else launcher,
+            cwd=workspace,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # own process group: the timeout kills all of it
+            close_fds=True,
+        )
+    except BaseException:
+        if cgroup is not None:
+            cgroup.remove()
+        raise
+    sinks: dict[str, dict] = {"out": {}, "err": {}}
+    readers = [
+        threading.Thread(target=read_capped, args=(proc.stdout, limits.output_bytes, sinks["out"]), daemon=True),
+        threading.Thread(target=read_capped, args=(proc.stderr, limits.output_bytes, sinks["err"]), daemon=True),
+    ]
+    for t in readers:
+        t.start()
+    reason, peak, why = supervise(proc, workspace, limits, t0, sinks, stop, cgroup)
+    if cgroup is not None:
+        if cgroup.oom_kills() and reason is None:
+            reason, why = "memory_limit", f"the kernel's OOM killer ended the tree at its {limits.memory_mb} MB cgroup limit"
+        peak["mem"] = max(peak["mem"], cgroup.peak_bytes() / (1024 * 1024))
+        cgroup.remove()  # and with it anything of the tree still alive
+    if why:
+        notes.append(why)
+    for t in readers:
+        t.join(timeout=2)
+    if any(t.is_alive() for t in readers):  # without a PID namespace an escapee may hold the pipes
+        kill_tree(proc.pid)
+        for t in readers:
+            t.join(timeout=2)
+    duration = time.monotonic() - t0
+    killed = reason is not None
+    if not killed and (quota := over_quota(workspace, limits)):  # written between two samples
+        reason = "workspace_quota"
+        notes.append(quota)
+    applied.update(rlimits={k: v[0] for k, v in rlimits.items()}, wall_timeout_s=limits.timeout_s, python=python)
+    applied["tree_limits"] = {
+        "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
+        "workspace_mb": limits.workspace_mb, "workspace_files": limits.workspace_files,
+    }  # fmt: skip
+    applied["uid"] = applied["gid"] = uid if uid is not None else os.getuid()
+    applied["usage"] = {"cpu_s": round(peak["cpu"], 3), "max_memory_mb": round(peak["mem"], 1)}
+    if as_root and uid is None:
+        notes.append("ran as root (drop_privileges off): NPROC not enforced, files outside the workspace writable")
+    elif not as_root:
+        notes.append(f"ran as the caller's uid {os.getuid()}: its process budget is shared with the caller")
+    out, err = sinks["out"].get("data", b""), sinks["err"].get("data", b"")
+    dropped = sinks["out"].get("dropped", 0) + sinks["err"].get("dropped", 0)
+    if dropped:
+        notes.append(f"output over {limits.output_bytes} bytes per stream: {dropped} bytes dropped")
+    code = proc.returncode
+    timed_out = reason == "wall_timeout"
+    return SandboxResult(
+        exit_code=-signal.SIGKILL if killed else code,
+        stdout=out.decode("utf-8", "replace"),
+        stderr=err.decode("utf-8", "replace"),
+        timed_out=timed_out,
+        killed_reason=reason or signal_reason(code, limits, peak),
+        memory_limit=f"cgroup v{cgroup.version}" if cgroup is not None else "sampled",
+        network_isolated=bool(applied.get("network_namespace")),
+        duration_s=round(duration, 4),
+        applied=applied,
+        note="; ".join(notes),
+        truncated=bool(dropped),
+    )

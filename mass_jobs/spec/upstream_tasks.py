@@ -1,0 +1,87 @@
+"""Upstream MASS task directories -> native task files (YAML, `schemas/task.schema.json`).
+
+    mass import upstream UPSTREAM_TASKS_DIR --out examples/tasks/upstream
+
+An upstream task directory holds `splits.json` (`designated_train`, `test`, and the file patterns
+`task_prompt_pattern` / `initial_workflow_pattern`), the bare prompts (`bare/query<id>.txt`) and
+the task-plus-agent-list files (`initial/query<id>_ourTeam.txt`). Each task becomes one native
+file: id from the bare prompt's name, split from splits.json, the bare prompt (upstream's own,
+else the text around the agent list), and the agent list as the initial workflow. Deliverables,
+seed files and guards are not in the upstream format: add them to the written files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from mass_jobs.spec.load import SpecError, SpecIssue
+
+WHAT = "upstream task directory"
+DEFAULT_PATTERNS = {"task_prompt_pattern": "bare/query{task_id}.txt",
+                    "initial_workflow_pattern": "initial/query{task_id}_ourTeam.txt"}
+
+
+def task_id(name: str) -> str:
+    """A file stem as a task id (DNS-label shaped: lower case, digits, dashes)."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", name.lower())).strip("-")[:40] or "task"
+
+
+def convert(src: Path) -> tuple[list[dict], list[str]]:
+    """(task documents in splits.json order, notes) of the upstream task directory `src`;
+    SpecError naming every file or key that is missing or malformed."""
+    from mass_jobs.spec.upstream_format import WorkflowError, import_upstream
+
+    src = Path(src)
+    where = str(src / "splits.json")
+    try:
+        splits = json.loads((src / "splits.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(where, [SpecIssue("$", f"expected an upstream splits.json ({exc.__class__.__name__}: {exc})")],
+                         what=WHAT)
+    issues = [SpecIssue(f"$.{k}", "expected a list of task ids") for k in ("designated_train", "test")
+              if not isinstance(splits.get(k), list)] if isinstance(splits, dict) else [SpecIssue("$", "expected an object")]
+    if issues:
+        raise SpecError(where, issues, what=WHAT)
+    patterns = {k: splits.get(k, v) for k, v in DEFAULT_PATTERNS.items()}
+    docs, notes = [], []
+    for split, key in (("train", "designated_train"), ("test", "test")):
+        for i, tid in enumerate(splits[key]):
+            initial = src / patterns["initial_workflow_pattern"].format(task_id=tid)
+            bare = src / patterns["task_prompt_pattern"].format(task_id=tid)
+            try:
+                prompt, workflow = import_upstream(initial.read_text())
+            except OSError as exc:
+                issues.append(SpecIssue(f"$.{key}[{i}]", f"expected the file {initial} ({exc.__class__.__name__})"))
+                continue
+            except WorkflowError as exc:
+                issues.append(SpecIssue(f"$.{key}[{i}]", f"{initial}: {exc}"))
+                continue
+            if bare.is_file():
+                prompt = bare.read_text().strip()
+            docs.append({"id": task_id(bare.stem), "split": split, "prompt": prompt,
+                         "workflow": workflow.model_dump(mode="json", exclude_defaults=True)})
+    if issues:
+        raise SpecError(where, issues, what=WHAT)
+    if (src / "teacher_directive.txt").is_file():
+        notes.append("upstream's teacher_directive.txt is not imported: the teacher prompt uses the spec's "
+                     "collection.directive, whose default (null) is the built-in wording of the same seven "
+                     "requirements for the run's harness; to use upstream's text, set collection.directive to it")
+    excluded = splits.get("excluded_from_teacher_collection") or {}
+    if excluded:
+        notes.append(f"upstream excluded {sorted(excluded)} from teacher collection; the spec has no such "
+                     "per-task switch (collection.require_beats_reference decides per run)")
+    return docs, notes
+
+
+def write(docs: list[dict], out: Path) -> list[Path]:
+    import yaml
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for doc in docs:
+        path = out / f"{doc['id']}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100))
+        paths.append(path)
+    return paths
