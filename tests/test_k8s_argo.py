@@ -160,7 +160,10 @@ def test_search_is_bounded_recursion_and_collect_fans_out_over_task_episode(argo
     # one iteration: prepare (proposal, agent inputs) -> agent pods -> ingest each -> judge and save
     assert [s["template"] for s in _steps(t["search"])] == ["search-prepare", "search-rollouts", "search-finish"]
     assert all("--iteration" in t[n]["container"]["args"] for n in ("search-prepare", "search-finish"))
-    assert "--agent-pods" in t["search-finish"]["container"]["args"]
+
+    for name in ("search-prepare", "search-ingest", "search-finish"):  # one phase each, in episodes.rollouts.Phase's words
+        args = t[name]["container"]["args"]
+        assert args.count("--phase") == 1 and args[args.index("--phase") + 1] == name.rpartition("-")[2]
     assert [s["template"] for s in _steps(t["search-rollout"])] == ["agent-episode", "search-ingest"]
     assert _steps(t["search-rollouts"])[0]["withParam"] == "{{inputs.parameters.rollouts}}"
     cycle = {s["name"]: s for s in _steps(t["cycle"])}

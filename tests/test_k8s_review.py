@@ -65,10 +65,10 @@ def test_the_summary_is_written_by_its_own_step_between_collection_and_guard(cyc
     order = _order(cycle)
     assert order.index("collect") < order.index("collect-summary") < order.index("guard") < order.index("rank")
     summary = _t(cycle)["collect-summary"]["container"]["args"]
-    assert summary[0] == "collect" and summary[-2:] == ["--phase", "summarize"] and "--episode" not in summary
+    assert summary[0] == "collect" and summary[-2:] == ["--phase", "finish"] and "--episode" not in summary
     # prepare and ingest of one episode never summarize
     for name in ("collect-prepare", "collect-ingest"):
-        assert "summarize" not in _t(cycle)[name]["container"]["args"]
+        assert "finish" not in _t(cycle)[name]["container"]["args"]
 
 
 # ---------------------------------------------------------------- archives
@@ -233,7 +233,7 @@ def test_ingest_records_a_lost_agent_as_infra_error(make_store, inner_spec, judg
     assert status["outcome"] == "infra_error" and "deadline" in status["reason"] and "cut short" in status["reason"]
     assert run_collect(ctx, 0, "t1", None, episode=0, phase="prepare", endpoint=ep.endpoint)["agent"] is False
     with pytest.raises(CollectError, match="episode 1 is not collected"):
-        run_collect(ctx, 0, "t1", None, phase="summarize")
+        run_collect(ctx, 0, "t1", None, phase="finish")
 
 
 # ---------------------------------------------------------------- S3 endpoint and region

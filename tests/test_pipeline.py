@@ -303,7 +303,7 @@ def test_status_is_read_from_the_store_whatever_executed_the_steps(make_store, i
         assert (out / "agent").read_text() == "false"
     assert not store.list(ctx.collect(0, "t1") + "/")  # no input, no summary before the summary step
     assert rows()["collect"] == "pending"
-    assert cli_main(["collect", *base, "--phase", "summarize"]) == 0
+    assert cli_main(["collect", *base, "--phase", "finish"]) == 0
     assert cli_main(["guard", *base]) == 0
     assert cli_main(["rank", *base, *model]) == 0
     capsys.readouterr()

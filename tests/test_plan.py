@@ -112,7 +112,7 @@ def test_memory_grows_with_the_window_and_the_chunk_caps_the_logits():
 
 def test_plan_refuses_what_will_not_fit_and_names_the_numbers(tmp_path, capsys):
     run = [str(PAPER), "--config", str(QWEN)]
-    small = mass_plan(capsys, *run, "--gpu-memory", "40", "--parallel", "ddp")
+    small = mass_plan(capsys, *run, "--gpu-memory", "40", "--set", "sft.parallel=ddp")
     assert small.returncode == 2, small.stderr
     assert "will not fit" in small.stderr and "> the declared 40 GiB GPU" in small.stderr
     assert "weights 50.1" in small.stderr  # 26.9 B bf16 parameters on every DDP rank
@@ -167,7 +167,7 @@ def test_the_papers_spec_fits_as_written_with_the_fsdp_it_declares(capsys):
     assert [s["generation"] for s in sizes] == [0, 1] and 1000 < sizes[0]["nodes"] < sizes[1]["nodes"] < 3000
     assert sizes[1]["nodes_bytes"] > doc["workflow_object"]["max_workflow_size"] > sizes[1]["stored_bytes"]
     assert sizes[1]["stored_bytes"] == sizes[1]["fixed_bytes"] + sizes[1]["compressed_bytes"]
-    ddp = mass_plan(capsys, *run[:-1], "--parallel", "ddp")
+    ddp = mass_plan(capsys, *run[:-1], "--set", "sft.parallel=ddp")
     assert ddp.returncode == 2 and "ddp over 6 ranks) > the declared 80 GiB GPU" in ddp.stderr
 
 

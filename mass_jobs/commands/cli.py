@@ -15,6 +15,8 @@ import errno
 import importlib
 import sys
 
+from mass_jobs.spec.overrides import SpecSource
+
 # name -> (module, one-line help). The single list of entries; tests check each `--help` runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("mass_jobs.commands.validate", "validate a run spec (YAML or JSON); exit 2 lists every error"),
@@ -116,9 +118,20 @@ def spec_either_way(parser: argparse.ArgumentParser) -> None:
             action.nargs, action.default, action.required = "?", None, False
             action.metavar, action.help = "SPEC", SPEC_HELP
             parser.add_argument("--spec", dest="spec_flag", metavar="SPEC", help="the same as SPEC")
+            overrides(parser)
         elif action.dest == "spec":  # --spec: add a positional SPEC
             action.required, action.metavar, action.help = False, "SPEC", "the same as SPEC"
             parser.add_argument("spec_flag", nargs="?", metavar="SPEC", help=SPEC_HELP)
+            overrides(parser)
+
+
+def overrides(parser: argparse.ArgumentParser) -> None:
+    """Changes to the spec itself (spec/overrides.py): every command that reads a spec takes them, and
+    they reach hashes, the run's claimed spec and manifests as the spec file's own values would."""
+    parser.add_argument("--overlay", action="append", default=[], metavar="FILE",
+                        help="a YAML mapping merged into the spec (repeat; applied in order, before --set)")
+    parser.add_argument("--set", dest="set_values", action="append", default=[], metavar="PATH=VALUE",
+                        help="one spec value, e.g. sft.parallel=fsdp or tasks.0.split=test (VALUE read as YAML; repeat)")
 
 
 def merge_spec(args: argparse.Namespace) -> str | None:
@@ -129,8 +142,8 @@ def merge_spec(args: argparse.Namespace) -> str | None:
     if len(given) != 1:
         found = " and ".join(sorted(given)) or "none"
         return f"expected one run spec (`mass {args.command} SPEC`), found {found}"
-    args.spec = given.pop()
-    del args.spec_flag
+    args.spec = SpecSource(given.pop(), args.overlay, args.set_values)
+    del args.spec_flag, args.overlay, args.set_values
     return None
 
 

@@ -1,11 +1,11 @@
-"""`mass collect SPEC --gen G --task T [--episode I [--phase prepare|ingest]] [--phase summarize]`: teacher episodes.
+"""`mass collect SPEC --gen G --task T [--episode I [--phase prepare|ingest]] [--phase finish]`: teacher episodes.
 
 Without --episode every missing episode runs here (execution.concurrency at once) and the task's
 summary is written. `--episode I` runs one episode here; with `--phase prepare` it only writes the
 agent pod's input (needs --endpoint: the model the pod will call) and, with `--outputs DIR`, writes
 `DIR/agent` = true|false (whether an agent pod must run: false for a skipped task or a stored
 episode) and `DIR/rollout` (the episode's dir relative to the run, where the pod's artifacts live); with `--phase ingest` it checks and stores the pod's output (none after `--agent-status
-Failed|Error`: an infra_error episode). `--phase summarize` (no --episode) only writes the task's summary, refusing while an
+Failed|Error`: an infra_error episode). `--phase finish` (no --episode) only writes the task's summary, refusing while an
 episode is missing. Prints one JSON line.
 """
 
@@ -14,20 +14,16 @@ from __future__ import annotations
 import contextlib
 import json
 
-from mass_jobs.commands.common import add_common, add_model, model_endpoint, open_run, run_guarded
+from mass_jobs.commands.common import add_common, add_model, add_rollout_phases, model_endpoint, open_run, run_guarded
 
 
 def add_arguments(parser) -> None:
     add_common(parser)
     add_model(parser)
     parser.add_argument("--episode", type=int, help="only this episode index (0..collection.episodes-1)")
-    parser.add_argument("--phase", choices=["prepare", "ingest", "summarize"],
-                        help="Argo: prepare/ingest around an agent pod (need --episode); summarize: the task's summary")
-    parser.add_argument("--outputs", metavar="DIR", help="with --phase prepare: write DIR/agent (true|false) and "
-                        "DIR/rollout; with --phase ingest: DIR/outcome (the episode's)")
-    parser.add_argument("--agent-status", metavar="PHASE",
-                        help="with --phase ingest: the agent step's Argo phase; Failed or Error with no output "
-                             "records an infra_error episode")
+    add_rollout_phases(parser, phase="prepare/ingest around an agent pod (need --episode); finish: the task's "
+                                     "summary, once every episode is stored", outputs="DIR/agent (true|false) and DIR/rollout",
+                       lost="records an infra_error episode", rollout=False)
 
 
 def main(args) -> int:

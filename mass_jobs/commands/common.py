@@ -23,16 +23,17 @@ def add_common(parser) -> None:
     add_spec(parser, gen="generation g (the model L_g does the work)", task=True)
 
 
-def add_rollout_phases(parser, *, phases: tuple[str, ...], phase: str, outputs: str, lost: str, agent_pods: str) -> None:
-    """The flags of a step whose work runs in agent pods on Argo: --phase, --rollout, --outputs,
-    --agent-status, --agent-pods (help texts: what each means for this step)."""
+def add_rollout_phases(parser, *, phases: tuple[str, ...] = ("prepare", "ingest", "finish"), phase: str, outputs: str,
+                       lost: str, rollout: bool = True) -> None:
+    """The flags of a step whose episodes run in agent pods on Argo (episodes.rollouts.Phase): --phase,
+    --rollout, --outputs, --agent-status (help texts: what each means for this step)."""
     parser.add_argument("--phase", choices=list(phases), help=f"Argo, around agent pods: {phase}")
-    parser.add_argument("--rollout", metavar="KEY", help="with --phase ingest: the rollout (as prepare listed it)")
+    if rollout:
+        parser.add_argument("--rollout", metavar="KEY", help="with --phase ingest: the rollout (as prepare listed it)")
     parser.add_argument("--outputs", metavar="DIR", help=f"with --phase prepare: write {outputs}; with --phase "
                         "ingest: DIR/outcome (Argo: the template's episode metric)")
     parser.add_argument("--agent-status", metavar="PHASE",
                         help=f"with --phase ingest: the agent step's Argo phase; Failed or Error with no output {lost}")
-    parser.add_argument("--agent-pods", action="store_true", help=agent_pods)
 
 
 def agent_ended(args) -> bool:

@@ -7,7 +7,7 @@ L_0, L_G-1 and L_G's InferenceServices): `--phase plan --outputs DIR` writes DIR
 generations whose InferenceServices must serve: rollouts or self-verdicts missing); once they are
 up, `--phase prepare --outputs DIR` writes the rollouts' agent inputs and DIR/rollouts (the agent
 fan-out); `--phase ingest --rollout KEY [--agent-status PHASE]` stores one pod's output;
-`--agent-pods` runs the panel and the self-evaluators against the InferenceServices and external
+`--phase finish` runs the panel and the self-evaluators against the InferenceServices and external
 judges, refusing a missing rollout."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ def add_arguments(parser) -> None:
     add_spec(parser, gen="generation G >= 1 (L_G vs L_0 and L_{G-1})")
     parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local cache for model dirs and server logs")
     parser.add_argument("--generation-endpoint", nargs=3, action="append", default=[], metavar=("G", "URL", "NAME"),
-                        help="with --phase prepare / --agent-pods: L_G's OpenAI base URL and model name (repeat)")
-    add_rollout_phases(parser, phases=("plan", "prepare", "ingest"),
-                       phase="the models to serve, prepare the missing rollouts, or ingest one (--rollout)",
-                       outputs="DIR/rollouts and DIR/models", lost="stores an infra_error rollout",
-                       agent_pods="rollouts ran in agent pods: judge against --endpoint, never run one here")
+                        help="with --phase prepare / finish: L_G's OpenAI base URL and model name (repeat)")
+    add_rollout_phases(parser, phases=("plan", "prepare", "ingest", "finish"),
+                       phase="plan: the models to serve; prepare the missing rollouts; ingest one (--rollout); "
+                             "finish: the rollouts ran in agent pods, judge against the endpoints, never run one here",
+                       outputs="DIR/rollouts and DIR/models", lost="stores an infra_error rollout")
 
 
 def main(args) -> int:
@@ -77,13 +77,13 @@ def main(args) -> int:
             rollouts.write_value(args.outputs, "outcome", out.get("outcome") or "unknown")
             print(json.dumps(out, sort_keys=True))
             return 0
-        if args.agent_pods:
+        if args.phase == "finish":
             serve_model, serve_judge = ev.remote_servers(endpoint_of)
         else:
             work = ctx.work_dir(args.work_dir)
             work.mkdir(parents=True, exist_ok=True)
             serve_model, serve_judge = ev.default_servers(ctx, cache_root=work / "models", log_dir=work)
-        manifest = ev.evaluate(ctx, args.gen, serve_model, serve_judge, agent_pods=args.agent_pods)
+        manifest = ev.evaluate(ctx, args.gen, serve_model, serve_judge, agent_pods=args.phase == "finish")
     except (RuntimeError, FileNotFoundError, ValueError) as err:
         print(f"evaluate: {err}", file=sys.stderr)
         return 1

@@ -6,7 +6,7 @@ Needs no model.
 On the cluster, around agent pods (the check commands run code the model wrote, so never in this
 step's pod): `--phase prepare --outputs DIR` writes a checks job per eligible episode and
 DIR/rollouts (the agent fan-out); `--phase ingest --rollout KEY [--agent-status PHASE]` stores
-one pod's results; `--agent-pods` judges with the stored results.
+one pod's results; `--phase finish` judges with the stored results.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from mass_jobs.commands.common import add_common, add_rollout_phases, agent_ende
 
 def add_arguments(parser) -> None:
     add_common(parser)
-    add_rollout_phases(parser, phases=("prepare", "ingest"),
-                       phase="prepare the checks jobs, or ingest one (--rollout)", outputs="DIR/rollouts",
-                       lost="stores the checks as lost (they fail)",
-                       agent_pods="check commands ran in agent pods: use their stored results, never run one here")
+    add_rollout_phases(parser, phase="prepare the checks jobs, ingest one (--rollout), or finish: the check commands "
+                                     "ran in agent pods, judge with their stored results, never run one here",
+                       outputs="DIR/rollouts", lost="stores the checks as lost (they fail)")
 
 
 def main(args) -> int:
@@ -49,7 +48,7 @@ def main(args) -> int:
             write_value(args.outputs, "outcome", "lost" if "lost" in out else "checked")
             print(json.dumps(out, sort_keys=True))
             return 0
-        report = guard.run_guard(ctx, args.gen, args.task, agent_pods=args.agent_pods)
+        report = guard.run_guard(ctx, args.gen, args.task, agent_pods=args.phase == "finish")
         print(json.dumps({"task": report.task, "skipped": report.skipped, "usable": report.usable,
                           "vetoed": {e: report.episodes[e].reasons for e in report.vetoed}}, sort_keys=True))
         return 0

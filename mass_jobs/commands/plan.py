@@ -14,8 +14,6 @@ import sys
 def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec: a path or an s3:// URI")
     parser.add_argument("--config", help="the model's config.json (or a model dir); default: model.base when local")
-    parser.add_argument("--parallel", choices=["ddp", "fsdp"], default=None,
-                        help="the trainer's mode; default: the spec's sft.parallel")
     parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB of one training GPU (default 80)")
     parser.add_argument("--timings", help="a previous run's spec: episode and step times from its store")
     parser.add_argument("--gantt", help="write the simulated schedule as a PNG here")
@@ -37,7 +35,7 @@ def main(args) -> int:
     except ValueError as err:
         raise SpecError(args.spec, [SpecIssue("$.model.base", str(err))]) from err
     counts = plan_counts(spec)
-    mem = training_memory(spec, config, parallel=args.parallel or spec.sft.parallel)
+    mem = training_memory(spec, config, parallel=spec.sft.parallel)
     timings = dict(DEFAULTS, source="defaults")
     if args.timings:
         from mass_jobs.commands.common import open_run

@@ -6,7 +6,7 @@ The model is the one at --endpoint (e.g. the generation's InferenceService), or,
 generation's model served here by the embedded server; rollouts run here, sandboxed. On the cluster
 they run only in agent pods: `--phase prepare` writes their inputs (and W_K's proposal, asked of
 the optimizer) and lists them in `--outputs DIR/rollouts`; `--phase ingest --rollout KEY` stores
-one pod's output; `--agent-pods` then judges and saves the iteration, refusing a rollout that is
+one pod's output; `--phase finish` then judges and saves the iteration, refusing a rollout that is
 not stored.
 """
 
@@ -23,11 +23,10 @@ def add_arguments(parser) -> None:
     add_common(parser)
     add_model(parser)
     parser.add_argument("--iteration", type=int, help="run only this iteration (0..search.iterations)")
-    add_rollout_phases(parser, phases=("prepare", "ingest"),
-                       phase="prepare an iteration's rollouts (needs --iteration, --endpoint; --outputs DIR gets "
-                             "DIR/rollouts) or ingest one (--rollout)",
-                       outputs="DIR/rollouts (JSON list)", lost="stores an infra_error rollout",
-                       agent_pods="rollouts ran in agent pods (prepare/ingest): judge and save only, never run one here")
+    add_rollout_phases(parser, phase="prepare an iteration's rollouts (needs --iteration, --endpoint; --outputs DIR "
+                             "gets DIR/rollouts), ingest one (--rollout), or finish: the rollouts ran in agent pods, "
+                             "judge and save the iteration (needs --endpoint), never run one here",
+                       outputs="DIR/rollouts (JSON list)", lost="stores an infra_error rollout")
 
 
 def main(args) -> int:
@@ -37,7 +36,7 @@ def main(args) -> int:
 
         ctx = open_run(args.spec, args.task)
         spec = ctx.spec
-        if args.phase:
+        if args.phase in ("prepare", "ingest"):
             from mass_jobs.serving.llm import Endpoint
             from mass_jobs.episodes import rollouts
 
@@ -51,13 +50,14 @@ def main(args) -> int:
                 rollouts.write_value(args.outputs, "outcome", out.get("outcome") or "unknown")
             print(json.dumps(out, sort_keys=True))
             return 0
-        if args.agent_pods:  # the cluster: rollouts were run by agent pods and ingested
+        if args.phase == "finish":  # the cluster: rollouts were run by agent pods and ingested
             from mass_jobs.serving.llm import Endpoint
 
             if not args.endpoint:
-                raise ValueError("--agent-pods needs --endpoint (the model the optimizer and evaluator call)")
+                raise ValueError("--phase finish needs --endpoint (the model the optimizer and evaluator call)")
             endpoint = Endpoint(args.endpoint, args.served_model, args.api_key_env)
-            out = run_search(ctx, args.gen, args.task, client_for(spec, endpoint), None, iteration=args.iteration)
+            out = run_search(ctx, args.gen, args.task, client_for(spec, endpoint), None, iteration=args.iteration,
+                             phase="finish")
             print(json.dumps(out, sort_keys=True))
             return 0
         with model_endpoint(args, ctx) as endpoint:

@@ -1,10 +1,10 @@
 """`mass train SPEC --gen G [--resume]`: LoRA SFT; run it under torchrun for data parallelism.
 
     torchrun --nproc_per_node 2 -m mass_jobs.commands.cli train examples/tiny.yaml --gen 0
-The process group uses gloo on CPU and nccl on GPUs. `--parallel fsdp` shards the model over the
-ranks (one FSDP unit per decoder layer) for models whose training state does not fit one GPU; it
-computes the same losses as DDP and writes the same full adapter. Each rank still reads the whole
-parent into host memory before sharding it, and a resume must use the checkpoint's --parallel.
+The process group uses gloo on CPU and nccl on GPUs. `sft.parallel: fsdp` (or `--set sft.parallel=fsdp`)
+shards the model over the ranks (one FSDP unit per decoder layer) for models whose training state does
+not fit one GPU; it computes the same losses as DDP and writes the same full adapter. Each rank still
+reads the whole parent into host memory before sharding it, and a resume must use the checkpoint's mode.
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ from mass_jobs.commands.common import add_spec, open_run, work_dir_default
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec(parser, gen="generation g whose model is trained")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    parser.add_argument("--parallel", choices=["ddp", "fsdp"], default=None,
-                        help="ddp: one model copy per rank; fsdp: shard it (models larger than one GPU); "
-                             "default: the spec's sft.parallel, which the runner and the PyTorchJob use")
     parser.add_argument("--work-dir", default=work_dir_default(),
                         help="local dir for inputs and checkpoints before they reach the store")
     parser.add_argument("--quiet", action="store_true", help="no per-step console lines (log.jsonl is kept)")
@@ -34,13 +31,11 @@ def main(args: argparse.Namespace) -> int:
     from mass_jobs.steps.train import run_train
 
     ctx = open_run(args.spec)
-    spec = ctx.spec
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
         work = ctx.work_dir(args.work_dir) / f"gen-{args.gen}"
-        extra = run_train(ctx, args.gen, work, resume=args.resume, parallel=args.parallel or spec.sft.parallel,
-                          progress=not args.quiet)
+        extra = run_train(ctx, args.gen, work, resume=args.resume, progress=not args.quiet)
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"trained {extra['steps']} steps, {extra['processed_supervised_tokens']} supervised tokens; "
                   f"checkpoints {extra['checkpoints']}")

@@ -45,8 +45,26 @@ def no_work_reason(lead: str) -> str:
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "episode-status.schema.json"
 
 
+@dataclass(frozen=True)
+class EpisodeRequest:
+    """What a step decides about one episode; the spec and the model it calls decide the rest."""
+
+    prompt: str
+    files: dict[str, str]  # seed files: workspace-relative path -> text
+    seed: int
+    single_agent: bool = False  # one agent with the workers' tools and no delegation tool (builtin only)
+
+
+def status_text(status: dict[str, Any]) -> str:
+    """status.json's bytes as every path writes them (the harness, a lost pod's record, the store)."""
+    return json.dumps(status, indent=2, sort_keys=True) + "\n"
+
+
 @dataclass
 class EpisodeInput:
+    """Everything an episode runs with. Steps build it with `from_spec` only, so an execution setting
+    reaches every episode (search, collect, evaluate, panel selection, benchmark) from one place."""
+
     prompt: str
     endpoint: Endpoint
     limits: EpisodeLimits = field(default_factory=EpisodeLimits)
@@ -55,6 +73,13 @@ class EpisodeInput:
     seed: int | None = None
     files: dict[str, str] = field(default_factory=dict)  # seed files: workspace-relative path -> text
     single_agent: bool = False  # one agent with the workers' tools and no delegation tool (builtin only)
+
+    @classmethod
+    def from_spec(cls, spec, endpoint: Endpoint, request: EpisodeRequest) -> EpisodeInput:
+        """The episode of `request` as the spec runs it: its limits, sampling and harness, against `endpoint`."""
+        return EpisodeInput(prompt=request.prompt, endpoint=endpoint, limits=spec.execution.limits,
+                            sampling=spec.model.sampling, harness=spec.execution.harness, seed=request.seed,
+                            files=dict(request.files), single_agent=request.single_agent)
 
 
 @dataclass
@@ -123,7 +148,7 @@ def load_episode_file(path: Path) -> EpisodeInput:
 def episode_input(data: Any) -> EpisodeInput:
     """An episode.json document as an EpisodeInput (pydantic's ValidationError when it is not one)."""
     f = EpisodeFile.model_validate(data)
-    return EpisodeInput(
+    return EpisodeInput(  # the pod's side: what prepare wrote with from_spec, read back
         prompt=f.prompt,
         endpoint=Endpoint(f.endpoint.base_url, f.endpoint.model, f.endpoint.api_key_env),
         limits=f.limits,

@@ -1,6 +1,6 @@
 """Agent episodes: one prompt, one workspace, one model endpoint -> workspace + trace + status.
 
-`run_episode(EpisodeInput(...), workspace, out_dir)` seeds the workspace, starts a RecordingProxy in
+`run_episode(EpisodeInput.from_spec(spec, endpoint, request), workspace, out_dir)` seeds the workspace, starts a RecordingProxy in
 front of the endpoint (every model call of the episode lands in `out_dir/trace.jsonl`), runs the
 chosen harness (`builtin`: the Python orchestrator/worker runtime; `qwen-code`: the npm CLI) and
 writes `out_dir/status.json`, validated against schemas/episode-status.schema.json. It never raises
@@ -10,7 +10,6 @@ locally with `mass episode --in DIR --out DIR`.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +23,7 @@ from mass_jobs.episodes.episode import (  # noqa: F401 (the package's names)
     episode_cap,
     SCHEMA_PATH,
     EpisodeInput,
+    EpisodeRequest,
     EpisodeResult,
     HarnessOutcome,
     EpisodeEndpointFile,
@@ -34,6 +34,7 @@ from mass_jobs.episodes.episode import (  # noqa: F401 (the package's names)
     status_validator,
     validate_status,
     seed_workspace,
+    status_text,
 )
 from mass_jobs.serving.llm import Endpoint
 
@@ -125,7 +126,7 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
     from mass_jobs.store.base import replace_atomically
 
     # all or nothing: a full disk leaves no torn status (mass episode exits 1 naming it)
-    replace_atomically(status_path, lambda tmp: tmp.write_text(json.dumps(status, indent=2, sort_keys=True) + "\n"))
+    replace_atomically(status_path, lambda tmp: tmp.write_text(status_text(status)))
     return EpisodeResult(
         outcome=result.outcome,
         reason=result.reason,

@@ -1,32 +1,38 @@
-"""Agent episodes of search and evaluate, in the shape collect has on the cluster.
+"""The one protocol every agent episode runs by: search, collect, guard's checks, evaluate, panel
+selection and the benchmark.
 
-A rollout is a store dir (`RunContext.search_rollout`, `RunContext.eval_rollout`). Locally the
-episode runs in the calling process (shell commands sandboxed; `episode_executor`, `rollout`) and
-its files are stored directly; its seed derives from names alone (`derived_seed`).
-On the cluster the step's `--phase prepare` writes the agent pod's input (`input/episode.json` in
-`mass episode`'s format, `input/workspace.tar.gz`, the seeded workspace) and lists the rollouts
-that need an agent pod; the pod runs `mass episode` with no store credential, Argo uploads its
-`output/{workspace.tar.gz,trace.jsonl,status.json,proof.json}`, and `--phase ingest --rollout KEY`
-verifies them against the rollout's key (mass_jobs/episodes/proof.py), validates and stores them. An
-agent pod that left no status (failed, evicted, past its deadline, retries spent, its upload cut
-short) or outputs its harness did not sign is stored as an infra_error episode, so one lost or
-forged pod never fails the step and never reaches ranking. Both paths store the same bytes for the
-same episode.
+A step decides an `EpisodeRequest` (prompt, seed files, seed); `EpisodeInput.from_spec` adds what the
+spec and the called model decide. Locally `run_here` runs it in this process (shell commands
+sandboxed) and `store_record` stores it under the episode's store dir. On the cluster the step runs
+in `Phase`s: `prepare` writes the agent pod's input (`input/episode.json` in `mass episode`'s
+format, `input/workspace.tar.gz`, a fresh key) and lists the pods to run; the pod runs `mass
+episode` with no store credential, Argo uploads its `output/{workspace.tar.gz,trace.jsonl,
+status.json,proof.json}`; `ingest --rollout KEY` verifies them against the key
+(mass_jobs/episodes/proof.py) and stores them with the same `store_record`; `finish` does the step's
+own work. An agent pod that left no status (failed, evicted, past its deadline, retries spent, its
+upload cut short) or outputs its harness did not sign is stored as an infra_error episode, so one
+lost or forged pod never fails the step and never reaches ranking. Both paths store the same bytes
+for the same episode; seeds derive from names alone (`derived_seed`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
-
 from mass_jobs.episodes import proof
+from mass_jobs.episodes.episode import (EpisodeInput, EpisodeRequest, episode_file_json, seed_workspace, status_text,
+                                        validate_status)
+from mass_jobs.episodes.harness import run_episode
+from mass_jobs.run.context import RunContext
 
 AGENT_OUTPUTS = proof.EPISODE_OUTPUTS
 ENDED = ("Succeeded", "Failed", "Error")  # Argo phases of an agent step that ran and will not run again
@@ -34,8 +40,34 @@ ROLLOUTS_OUTPUT = "rollouts"  # `--outputs DIR`: DIR/rollouts, the JSON list the
 MODELS_OUTPUT = "models"  # evaluate: DIR/models, the generations whose InferenceServices it needs
 
 
-# execute(prompt, seed files, workspace, out_dir, seed) -> status.json content (out_dir gets trace.jsonl, status.json)
-Execute = Callable[[str, dict, Path, Path, int], dict]
+class Phase(str, Enum):
+    """Where a step stands with its agent pods on Argo, in the order the cycle runs them. Locally no
+    phase is given: the step runs its episodes here and does its own work in one call."""
+
+    PLAN = "plan"  # evaluate: the generations whose InferenceServices its pods will call
+    PREPARE = "prepare"  # each missing episode's pod input, and the fan-out items
+    INGEST = "ingest"  # one pod's signed outputs stored (a lost or forged pod as an infra_error episode)
+    FINISH = "finish"  # the step's own work over what the pods left; never runs an episode here
+
+
+AGENT_PHASES = (Phase.PREPARE, Phase.INGEST, Phase.FINISH)
+
+
+def phase_of(value: str | Phase | None, allowed: tuple[Phase, ...] = AGENT_PHASES, step: str = "this step") -> Phase | None:
+    """`--phase VALUE` as a Phase this step has (None: the local call that runs everything)."""
+    if value is None:
+        return None
+    try:
+        phase = Phase(value)
+    except ValueError:
+        phase = None
+    if phase not in allowed:
+        raise RolloutError(f"--phase: {step} has {', '.join(p.value for p in allowed)}, got {value!r}")
+    return phase
+
+
+# execute(request, workspace, out_dir) -> status.json's content; out_dir gets trace.jsonl and status.json
+Execute = Callable[[EpisodeRequest, Path, Path], dict]
 
 
 def derived_seed(*parts: Any) -> int:
@@ -44,52 +76,85 @@ def derived_seed(*parts: Any) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-def episode_executor(spec, endpoint) -> Execute:
-    """The real rollout: `mass_jobs.episodes.harness.run_episode` with the spec's limits, sampling and harness."""
-
+def executor_endpoint(spec, endpoint):
+    """The model a teacher or search episode calls: roles.executor when set, else the generation."""
     from mass_jobs.serving.roles import role_endpoint
 
-    endpoint = role_endpoint(spec, "executor") or endpoint  # roles.executor, else the generation
+    return role_endpoint(spec, "executor") or endpoint
 
-    def execute(prompt: str, files: dict, workspace: Path, out_dir: Path, seed: int, single_agent: bool = False) -> dict:
-        from mass_jobs.episodes.harness import EpisodeInput, run_episode
 
-        inp = EpisodeInput(
-            prompt=prompt, endpoint=endpoint, limits=spec.execution.limits, sampling=spec.model.sampling,
-            harness=spec.execution.harness, seed=seed, files=dict(files), single_agent=single_agent,
-        )
-        return run_episode(inp, workspace, out_dir).status
+def episode_executor(spec, endpoint, *, executor_role: bool = True) -> Execute:
+    """The real rollout: `run_episode` of `EpisodeInput.from_spec`. Evaluation and panel selection
+    measure a generation itself, so they pass `executor_role=False` (roles.executor never plays it)."""
+    endpoint = executor_endpoint(spec, endpoint) if executor_role else endpoint
+
+    def execute(request: EpisodeRequest, workspace: Path, out_dir: Path) -> dict:
+        return run_episode(EpisodeInput.from_spec(spec, endpoint, request), workspace, out_dir).status
 
     return execute
 
 
-ROLLOUT_FILES = ("prompt.txt", "workspace.tar.gz", "trace.jsonl", "status.json")
+RECORD = ("workspace.tar.gz", "trace.jsonl", "status.json")  # every stored episode; status.json last
+ROLLOUT_FILES = ("prompt.txt", *RECORD)  # a search rollout: its prompt first
 
 
-def rollout(ctx: RunContext, prefix: str, execute: Execute, prompt: str, files: dict, seed: int) -> dict:
-    """Run one episode here and persist prompt, workspace, trace and status under `prefix`; return status."""
-    with tempfile.TemporaryDirectory(prefix="mass-rollout-") as tmp:
+@dataclass
+class Ran:
+    """An episode that ran here, before anything of it is stored."""
+
+    status: dict
+    workspace: Path
+    out_dir: Path  # trace.jsonl, status.json as the harness wrote them
+
+    @property
+    def trace(self) -> bytes:
+        trace = self.out_dir / "trace.jsonl"
+        return trace.read_bytes() if trace.exists() else b""
+
+
+@contextlib.contextmanager
+def run_here(execute: Execute, request: EpisodeRequest, seeded: Callable[[Path], None] | None = None) -> Iterator[Ran]:
+    """Run one episode in this process (its shell commands sandboxed) in a workspace of its own,
+    seeded from the request's files; `seeded(workspace)` sees it before the agent does."""
+    with tempfile.TemporaryDirectory(prefix="mass-episode-") as tmp:
         workspace, out = Path(tmp) / "workspace", Path(tmp) / "out"
-        workspace.mkdir()
         out.mkdir()
-        status = execute(prompt, files, workspace, out, seed)
-        trace = out / "trace.jsonl"
-        store_rollout(ctx, prefix, prompt, workspace_archive=None, workspace=workspace,
-                      trace=trace.read_bytes() if trace.exists() else b"", status=status)
-    return status
+        seed_workspace(workspace, request.files)
+        if seeded is not None:
+            seeded(workspace)
+        yield Ran(execute(request, workspace, out), workspace, out)
 
 
-def store_rollout(ctx: RunContext, prefix: str, prompt: str, *, status: dict, trace: bytes,
-                  workspace: Path | None = None, workspace_archive: bytes | None = None) -> None:
-    """ROLLOUT_FILES of one rollout, status last (its presence says the rollout is stored)."""
-    store = ctx.store
-    store.put_bytes(ctx.rollout_file(prefix, "prompt.txt"), prompt.encode())
+def store_record(ctx: RunContext, prefix: str, *, status: dict, trace: bytes, workspace: Path | None = None,
+                 workspace_archive: bytes | None = None, first: dict[str, Any] | None = None) -> list[str]:
+    """The one writer of a stored episode: `first` (name -> text, bytes or JSON: what the step adds, its
+    prompt or episode document, an audit), then RECORD, status.json last (its presence says the episode
+    is stored) and in the bytes the harness writes. Returns the keys written, in order."""
+    store, keys = ctx.store, []
+    for name, value in (first or {}).items():
+        key = ctx.rollout_file(prefix, name)
+        if isinstance(value, bytes):
+            store.put_bytes(key, value)
+        elif isinstance(value, str):
+            store.put_bytes(key, value.encode())
+        else:
+            store.put_json(key, value)
+        keys.append(key)
     if workspace is not None:
         store.put_dir(ctx.rollout_file(prefix, "workspace.tar.gz"), workspace)
     else:
         store.put_bytes(ctx.rollout_file(prefix, "workspace.tar.gz"), workspace_archive)
     store.put_bytes(ctx.rollout_file(prefix, "trace.jsonl"), trace)
-    store.put_json(ctx.rollout_file(prefix, "status.json"), status)
+    store.put_bytes(ctx.rollout_file(prefix, "status.json"), status_text(status).encode())
+    return keys + [ctx.rollout_file(prefix, n) for n in RECORD]
+
+
+def rollout(ctx: RunContext, prefix: str, execute: Execute, request: EpisodeRequest) -> dict:
+    """A search rollout run here and stored under `prefix` (its prompt, then RECORD); its status."""
+    with run_here(execute, request) as ran:
+        store_record(ctx, prefix, status=ran.status, trace=ran.trace, workspace=ran.workspace,
+                     first={"prompt.txt": request.prompt})
+    return ran.status
 
 
 def rollout_outputs(ctx: RunContext, prefix: str) -> list[str]:
@@ -151,15 +216,16 @@ def signed_outputs(ctx: RunContext, prefix: str, outputs: tuple[str, ...]) -> tu
     return files, proof.refusal(store.get_bytes(key), signed, files)
 
 
-def prepare(ctx: RunContext, prefix: str, inp) -> list[str]:
-    """Write the agent pod's input for the rollout at `prefix` (a harness.EpisodeInput)."""
-    from mass_jobs.episodes.harness import episode_file_json, seed_workspace
-
+def prepare(ctx: RunContext, prefix: str, inp: EpisodeInput, seeded: Callable[[Path], None] | None = None) -> list[str]:
+    """Write the agent pod's input for the rollout at `prefix`: episode.json and the seeded workspace
+    (`seeded(workspace)` sees it first, as in `run_here`), after a fresh key (`new_inputs`)."""
     store = ctx.store
     new_inputs(ctx, prefix, AGENT_OUTPUTS)
     with tempfile.TemporaryDirectory(prefix="mass-prepare-") as tmp:
         workspace = Path(tmp) / "workspace"
         seed_workspace(workspace, inp.files)
+        if seeded is not None:
+            seeded(workspace)
         store.put_json(ctx.agent_input(prefix, "episode.json"), episode_file_json(inp))
         store.put_dir(ctx.agent_input(prefix, "workspace.tar.gz"), workspace)
     return [ctx.agent_input(prefix, n) for n in ("episode.json", "workspace.tar.gz", proof.KEY)]
@@ -183,8 +249,6 @@ def agent_result(ctx: RunContext, prefix: str, agent_ended: bool) -> tuple[dict,
     Outputs the rollout's key did not sign are the infra_error episode of `lost_agent_status`
     naming why, and so is a missing output with `agent_ended` (the agent step is over); a missing
     output otherwise is an error (not run yet)."""
-    from mass_jobs.episodes.harness import validate_status
-
     store = ctx.store
     inp_key = ctx.agent_input(prefix, "episode.json")
     if not store.exists(inp_key) or not store.exists(ctx.agent_input(prefix, "workspace.tar.gz")):

@@ -32,6 +32,7 @@ from hera.workflows import (
 )
 from hera.workflows import models as m
 
+from mass_jobs.episodes.rollouts import Phase
 from mass_jobs.pipeline import table as P
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import manifests as K
@@ -116,7 +117,7 @@ class _Builder:
         """`<step>-ingest`, `<step>-rollout` (agent pod -> ingest) and `<step>-rollouts`, the fan-out
         over what `<step>-prepare` listed (at most `agent_parallelism` at once)."""
         task = TASK if "task" in inputs else ""
-        self.step(f"{sd.name}-ingest", [*ingest_argv, "--phase", "ingest", "--rollout", "{{inputs.parameters.rollout}}",
+        self.step(f"{sd.name}-ingest", [*ingest_argv, "--phase", Phase.INGEST.value, "--rollout", "{{inputs.parameters.rollout}}",
                                        "--agent-status", "{{inputs.parameters.agent-status}}", "--outputs", OUTPUTS_DIR],
                   inputs=(*inputs, "rollout", "agent-status"), task=task, **self.ingest_metrics(sd.name))
         rollout_steps(sd.name, inputs)
@@ -253,15 +254,15 @@ class _Builder:
             case P.EpisodeFanout():
                 argv = [*sd.argv(SPEC, GEN, TASK), "--episode", EPISODE]
                 # prepare writes the agent's input in the store and says whether an agent pod must run.
-                self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *model, "--outputs", OUTPUTS_DIR],
+                self.step(f"{sd.name}-prepare", [*argv, "--phase", Phase.PREPARE.value, *model, "--outputs", OUTPUTS_DIR],
                           inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE,
                           outputs=[Parameter(name=n, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{n}"))
                                    for n in ("agent", "rollout")])
-                self.step(f"{sd.name}-ingest", [*argv, "--phase", "ingest", "--agent-status", "{{inputs.parameters.agent-status}}",
+                self.step(f"{sd.name}-ingest", [*argv, "--phase", Phase.INGEST.value, "--agent-status", "{{inputs.parameters.agent-status}}",
                                                 "--outputs", OUTPUTS_DIR],
                           inputs=("gen", "task", "episode", "agent-status"), task=TASK, episode=EPISODE,
                           **self.ingest_metrics(sd.name))
-                self.step(f"{sd.name}-summary", [*sd.argv(SPEC, GEN, TASK), "--phase", "summarize"],
+                self.step(f"{sd.name}-summary", [*sd.argv(SPEC, GEN, TASK), "--phase", Phase.FINISH.value],
                           inputs=("gen", "task"), task=TASK)
                 episode_steps(sd.name)
                 episode_fanout(sd.name, s.agent_parallelism)
@@ -284,11 +285,11 @@ class _Builder:
     def agent_block(self, sd: P.StepDef, argv: list[str], inputs: tuple[str, ...], model: list[str]) -> None:
         """A task's prepare (step pod: writes the agent pods' inputs, lists them) -> its agent pods
         (ingested one by one) -> finish (step pod: works with their stored results)."""
-        self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *model, "--outputs", OUTPUTS_DIR],
+        self.step(f"{sd.name}-prepare", [*argv, "--phase", Phase.PREPARE.value, *model, "--outputs", OUTPUTS_DIR],
                   inputs=inputs, task=TASK,
                   outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/rollouts"))])
         self.rollouts(sd, sd.argv(SPEC, GEN, TASK), ("gen", "task"))
-        self.step(f"{sd.name}-finish", [*argv, "--agent-pods", *model], inputs=inputs, task=TASK)
+        self.step(f"{sd.name}-finish", [*argv, "--phase", Phase.FINISH.value, *model], inputs=inputs, task=TASK)
         args = step_args(gen=GEN, task=TASK,
                          **({"iteration": "{{inputs.parameters.iteration}}"} if "iteration" in inputs else {}))
         with Steps(name=sd.name, inputs=input_params(*inputs, "store-prefix")):
@@ -308,13 +309,13 @@ class _Builder:
             isvc = serving.isvc_name(RUN_ID, g)
             flags += ["--generation-endpoint", g, serving.openai_base_url(isvc, NAMESPACE, self.s.cluster_domain), isvc]
         argv = sd.argv(SPEC, GEN)
-        self.step(f"{sd.name}-plan", [*argv, "--phase", "plan", "--outputs", OUTPUTS_DIR],
+        self.step(f"{sd.name}-plan", [*argv, "--phase", Phase.PLAN.value, "--outputs", OUTPUTS_DIR],
                   outputs=[Parameter(name="models", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/models"))])
-        self.step(f"{sd.name}-prepare", [*argv, "--phase", "prepare", *flags, "--outputs", OUTPUTS_DIR],
+        self.step(f"{sd.name}-prepare", [*argv, "--phase", Phase.PREPARE.value, *flags, "--outputs", OUTPUTS_DIR],
                   outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/rollouts"))])
         self.rollouts(sd, argv, ("gen",))
         # judge API keys come from an optional Secret (the spec names them: api_key_env)
-        self.step(f"{sd.name}-finish", [*argv, "--agent-pods", *flags], env_from=(self.s.judge_secret,))
+        self.step(f"{sd.name}-finish", [*argv, "--phase", Phase.FINISH.value, *flags], env_from=(self.s.judge_secret,))
         served = "{{steps.plan.outputs.parameters.models}}"
         with Steps(name=sd.name, inputs=input_params("gen", "store-prefix")):
             Step(name="plan", template=f"{sd.name}-plan", arguments=step_args(gen=GEN))

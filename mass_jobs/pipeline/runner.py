@@ -117,7 +117,7 @@ class LazyClient:
 class Runner:
     def __init__(self, spec_path: str, spec: RunSpec, store, *, work_dir: Path, progress: bool = True,
                  python: str = sys.executable, on_step: Callable[[str], None] | None = None, pipeline=None):
-        self.spec_path, self.spec = str(spec_path), spec
+        self.spec_path, self.spec = spec_path if isinstance(spec_path, str) else str(spec_path), spec  # keeps its overrides
         self.ctx = RunContext(spec, store)
         self.pipeline = P.steps(pipeline)
         self.work_root = Path(work_dir).resolve()
@@ -208,11 +208,10 @@ class Runner:
         return LazyClient(lambda: client_for(self.spec, self.lazy.endpoint()))
 
     def execute(self, *args):
-        from mass_jobs.serving.roles import role_endpoint
-        from mass_jobs.episodes.rollouts import episode_executor
+        from mass_jobs.episodes.rollouts import episode_executor, executor_endpoint
 
         # roles.executor set: the generation's server is not needed (and not started) for episodes
-        endpoint = role_endpoint(self.spec, "executor") or self.lazy.endpoint()
+        endpoint = executor_endpoint(self.spec, None) or self.lazy.endpoint()
         status = episode_executor(self.spec, endpoint)(*args)
         with self._lock:  # collect runs episodes concurrently
             self._now["episodes"] += 1

@@ -18,10 +18,10 @@ derived from `PIPELINE`; adding a step is one `StepDef` here plus its core (and 
   agent pod (`mass episode`: sandboxed, artifacts only, no credential, no token), in one shape:
   `--phase prepare` (step pod: writes the pods' inputs, lists them) -> agent pod per episode ->
   `--phase ingest` (step pod: validates and stores its output); by scope: `episode` (collect) one
-  episode per prepare, then `--phase summarize`; `iteration` (search) the iteration's rollouts,
-  then `--agent-pods` judges and saves it; `task` (guard) a checks job per episode (its check
-  commands run the model's code), then `--agent-pods`; `generation` (evaluate) its rollouts against the
-  InferenceServices prepare names (created before, deleted after), then `--agent-pods`. The local
+  episode per prepare, then `--phase finish`; `iteration` (search) the iteration's rollouts,
+  then `--phase finish` judges and saves it; `task` (guard) a checks job per episode (its check
+  commands run the model's code), then `--phase finish`; `generation` (evaluate) its rollouts against the
+  InferenceServices prepare names (created before, deleted after), then `--phase finish`. The local
   runner runs the same episodes in-process (shell commands sandboxed) through the step's core.
   `trainer`: a PyTorchJob (locally: torchrun). Scope and pod together are the step's typed
   `shape` (`SHAPES`); a pair with no shape is refused when the step is declared.
@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import model_uri
+from mass_jobs.spec.overrides import spec_argv
 
 SCOPES = ("run", "generation", "task", "iteration", "episode")
 PODS = ("step", "agent", "trainer")  # a CPU step pod, sandboxed agent pods, a PyTorchJob
@@ -185,11 +186,12 @@ class StepDef:
         return [*args, task] if self.per_task else args
 
     def argv(self, spec: str, gen, task: str | None = None) -> list[str]:
-        """The CLI entry's argv after `mass` for one call (gen is the cycle's generation)."""
+        """The CLI entry's argv after `mass` for one call (gen is the cycle's generation); a spec given
+        with overrides (spec/overrides.py) hands them on."""
         if self.scope == "run":
-            return [*self.entry, "--spec", spec, *self.args]
+            return [*self.entry, "--spec", spec, *spec_argv(spec), *self.args]
         g = gen + self.gen_offset if isinstance(gen, int) else gen
-        out = [*self.entry, "--spec", spec, "--gen", str(g)]
+        out = [*self.entry, "--spec", spec, *spec_argv(spec), "--gen", str(g)]
         if self.per_task:
             out += ["--task", str(task)]
         return out + [a.replace("{gen}", str(g)) for a in self.args]

@@ -22,6 +22,7 @@ from mass_jobs.config.task_spec import Task, TaskFile
 
 from mass_jobs.spec.bounds import MAX_SPEC_BYTES, decode_bounded, get_bounded, parse_document, read_bounded
 from mass_jobs.spec.issues import SpecError, SpecIssue, found_text, json_path, schema_issues, schema_validator
+from mass_jobs.spec.overrides import SpecSource, apply_overrides
 from mass_jobs.spec.locations import absolute_paths, chat_template_issues, model_location_issues, store_in_folder
 from mass_jobs.spec.rules import cross_field_issues
 
@@ -242,7 +243,9 @@ def _typed_stages(document: Any, read: Callable[..., str] | None) -> tuple[RunSp
 
 
 def load_spec(location: str | Path) -> RunSpec:
-    """Load a spec from a local path or an s3:// URI (task files resolved next to it)."""
+    """Load a spec from a local path or an s3:// URI (task files resolved next to it), with the
+    overrides a SpecSource carries (spec/overrides.py) applied before anything is validated."""
+    source = location if isinstance(location, SpecSource) else str(location)
     location = str(location)
     if location.startswith("s3://"):
         from mass_jobs.store import open_store
@@ -267,6 +270,7 @@ def load_spec(location: str | Path) -> RunSpec:
         text = read_bounded(path, location)
         read = _read_local(path.parent)
         folder = path.parent.resolve()
-        spec = validate_document(absolute_paths(parse_document(text, location), folder), location, read, folder)
+        document = apply_overrides(parse_document(text, source), source)
+        spec = validate_document(absolute_paths(document, folder), location, read, folder)
         return store_in_folder(spec, folder)
-    return validate_document(parse_document(text, location), location, read)
+    return validate_document(apply_overrides(parse_document(text, location), source), location, read)

@@ -18,13 +18,13 @@ whether an agent pod must run (not for a skipped task or an episode already stor
 outputs are uploaded to `ep-<i>/output/{workspace.tar.gz,trace.jsonl,status.json}`; `ingest`
 validates them, promotes them to the episode's keys and writes the episode manifest. An agent pod
 that failed or was killed (its retries spent) leaves no status: ingest records the episode as
-`infra_error` (ineligible), so one lost pod never fails the generation. `summarize` (no episode)
+`infra_error` (ineligible), so one lost pod never fails the generation. `finish` (no episode)
 writes the task's summary once every episode is stored: only after it may guard and rank run.
 """
 
 from __future__ import annotations
 
-import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,13 +32,13 @@ from typing import Any
 from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.steps.guard import hash_protected
-from mass_jobs.episodes import proof
-from mass_jobs.episodes.rollouts import AGENT_OUTPUTS, RolloutError, agent_ended, agent_result, new_inputs
-from mass_jobs.episodes.rollouts import Execute, derived_seed
+from mass_jobs.episodes import rollouts
+from mass_jobs.episodes.episode import EpisodeInput, EpisodeRequest
+from mass_jobs.episodes.rollouts import Execute, Phase, RolloutError, agent_ended, derived_seed
 from mass_jobs.steps.search_state import SearchState
 from mass_jobs.spec.workflow import teacher_directive, teacher_prompt_parts
 
-EPISODE_FILES = ("episode.json", "protected.json", "workspace.tar.gz", "trace.jsonl", "status.json")
+EPISODE_FILES = ("protected.json", "episode.json", *rollouts.RECORD)
 
 
 class CollectError(StepFailed):
@@ -135,54 +135,33 @@ class Collection:
 
         return Step(self.store, self.prefix(i), self.episode_doc(i), name=f"collect/{self.task.id}/ep-{i}")
 
-    # ------------------------------------------------------------ local episodes
+    # ------------------------------------------------------------ one episode, by the rollout protocol
+    def request(self, i: int) -> EpisodeRequest:
+        doc = self.episode_doc(i)
+        return EpisodeRequest(prompt=doc["prompt"], files=dict(self.task.files), seed=doc["seed"], single_agent=self.single)
+
+    def _protect(self, i: int) -> Callable[[Path], None]:
+        """Hash the protected paths of the seeded workspace, before the agent sees it (guard compares)."""
+        return lambda workspace: self.store.put_json(self.file(i, "protected.json"),
+                                                     hash_protected(workspace, self.task.guards.protected_paths))
+
     def run_episode(self, i: int, execute: Execute) -> dict:
         step = self.step(i)
         if step.done:
             return self.store.get_json(self.file(i, "status.json"))
         step.start()
-        doc = self.episode_doc(i)
-        with tempfile.TemporaryDirectory(prefix="mass-collect-") as tmp:
-            workspace, out = Path(tmp) / "workspace", Path(tmp) / "out"
-            out.mkdir()
-            self._seed(workspace)
-            self.store.put_json(self.file(i, "protected.json"), hash_protected(workspace, self.task.guards.protected_paths))
-            self.store.put_json(self.file(i, "episode.json"), doc)
-            status = execute(doc["prompt"], self.task.files, workspace, out, doc["seed"], *([True] if self.single else []))
-            self.store.put_dir(self.file(i, "workspace.tar.gz"), workspace)
-            trace = out / "trace.jsonl"
-            self.store.put_bytes(self.file(i, "trace.jsonl"), trace.read_bytes() if trace.exists() else b"")
-            self.store.put_json(self.file(i, "status.json"), status)
-        step.finish([self.file(i, n) for n in EPISODE_FILES], extra={"outcome": status.get("outcome")})
-        return status
+        with rollouts.run_here(execute, self.request(i), seeded=self._protect(i)) as ran:
+            keys = rollouts.store_record(self.ctx, self.prefix(i), status=ran.status, trace=ran.trace,
+                                         workspace=ran.workspace, first={"episode.json": self.episode_doc(i)})
+        step.finish([self.file(i, "protected.json"), *keys], extra={"outcome": ran.status.get("outcome")})
+        return ran.status
 
-    def _seed(self, workspace: Path) -> None:
-        from mass_jobs.episodes.harness import seed_workspace
-
-        seed_workspace(workspace, self.task.files)
-
-    # ------------------------------------------------------------ Argo phases
     def prepare(self, i: int, endpoint) -> list[str]:
         """The agent pod's input (episode.json in `mass episode`'s format, seeded workspace); an
         earlier attempt's output is dropped so ingest never promotes a stale one."""
-        from mass_jobs.episodes.harness import EpisodeInput, episode_file_json
-        from mass_jobs.serving.roles import role_endpoint
-
-        doc, s = self.episode_doc(i), self.ctx.spec
-        endpoint = role_endpoint(s, "executor") or endpoint  # roles.executor, else the generation
-        g, t = self.gen, self.task.id
-        new_inputs(self.ctx, self.prefix(i), AGENT_OUTPUTS)
-        inp = EpisodeInput(prompt=doc["prompt"], endpoint=endpoint, limits=s.execution.limits,
-                           sampling=s.model.sampling, harness=s.execution.harness, seed=doc["seed"],
-                           files=dict(self.task.files), single_agent=self.single)
-        with tempfile.TemporaryDirectory(prefix="mass-prepare-") as tmp:
-            workspace = Path(tmp) / "workspace"
-            self._seed(workspace)
-            self.store.put_json(self.file(i, "protected.json"), hash_protected(workspace, self.task.guards.protected_paths))
-            self.store.put_json(self.ctx.episode_input(g, t, i, "episode.json"), episode_file_json(inp))
-            self.store.put_dir(self.ctx.episode_input(g, t, i, "workspace.tar.gz"), workspace)
-        return [*(self.ctx.episode_input(g, t, i, n) for n in ("episode.json", "workspace.tar.gz", proof.KEY)),
-                self.file(i, "protected.json")]
+        endpoint = rollouts.executor_endpoint(self.ctx.spec, endpoint)
+        inp = EpisodeInput.from_spec(self.ctx.spec, endpoint, self.request(i))
+        return [*rollouts.prepare(self.ctx, self.prefix(i), inp, seeded=self._protect(i)), self.file(i, "protected.json")]
 
     def ingest(self, i: int, agent_ended: bool = False) -> dict:
         """Promote the agent pod's output; with `agent_ended` (Argo: the agent step's phase was
@@ -194,15 +173,13 @@ class Collection:
         if not self.store.exists(self.file(i, "protected.json")):
             raise CollectError(f"episode {p}: cannot ingest, not prepared (run --phase prepare, then the agent pod)")
         try:  # the one agent-pod protocol: search, guard and evaluate read their pods' output the same way
-            status, blobs, _ = agent_result(self.ctx, p, agent_ended)
+            status, blobs, _ = rollouts.agent_result(self.ctx, p, agent_ended)
         except RolloutError as e:
             raise CollectError(str(e).replace(f"rollout {p}", f"episode {p}")) from None
         step.start()
-        self.store.put_json(self.file(i, "episode.json"), self.episode_doc(i))
-        for name, blob in blobs.items():
-            self.store.put_bytes(self.file(i, name), blob)
-        self.store.put_json(self.file(i, "status.json"), status)
-        step.finish([self.file(i, n) for n in EPISODE_FILES], extra={"outcome": status.get("outcome")})
+        keys = rollouts.store_record(self.ctx, p, status=status, trace=blobs["trace.jsonl"],
+                                     workspace_archive=blobs["workspace.tar.gz"], first={"episode.json": self.episode_doc(i)})
+        step.finish([self.file(i, "protected.json"), *keys], extra={"outcome": status.get("outcome")})
         return status
 
     # ------------------------------------------------------------ the task
@@ -243,29 +220,28 @@ def _wf(doc: dict):
 
 
 def run_collect(ctx: RunContext, gen: int, task_id: str, execute: Execute | None, *, episode: int | None = None,
-                phase: str | None = None, endpoint=None, require_beats_reference: bool | None = None,
+                phase: str | Phase | None = None, endpoint=None, require_beats_reference: bool | None = None,
                 agent_status: str | None = None) -> dict:
     """Library core of `mass collect` and the local runner; returns the summary (or the one episode's status)."""
     c = Collection(ctx, gen, task_id, require_beats_reference)
-    if phase == "summarize":
+    phase = rollouts.phase_of(phase, step="collect")
+    if phase is Phase.FINISH:
         if episode is not None:
-            raise CollectError("--phase summarize is per task: drop --episode")
+            raise CollectError("--phase finish is per task: drop --episode")
         return c.summarize()
     if episode is not None:
         if not 0 <= episode < c.cfg.episodes:
             raise CollectError(f"--episode must be in 0..{c.cfg.episodes - 1} (collection.episodes), got {episode}")
         if c.skip_reason:
             return {"skipped": True, "reason": c.skip_reason, "agent": False}
-        if phase == "prepare":
+        if phase is Phase.PREPARE:
             if endpoint is None:
                 raise CollectError("--phase prepare needs the model endpoint the agent pod will call (--endpoint)")
             if c.step(episode).done:  # stored already: no agent pod (a resumed workflow)
                 return {"prepared": [], "agent": False}
             return {"prepared": c.prepare(episode, endpoint), "agent": True}
-        if phase == "ingest":
+        if phase is Phase.INGEST:
             return c.ingest(episode, agent_ended=agent_ended(agent_status))
-        if phase is not None:
-            raise CollectError(f"--phase must be 'prepare', 'ingest' or 'summarize', got {phase!r}")
         assert execute is not None
         return c.run_episode(episode, execute)
     if c.skip_reason is None:

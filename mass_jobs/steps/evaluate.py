@@ -15,7 +15,7 @@
 Locally the rollouts run in this process (shell commands sandboxed) against a server started per
 generation. On the cluster they run in agent pods against InferenceServices of L_0, L_{G-1} and
 L_G: `--phase prepare` writes the pods' inputs and names the generations to serve, `--phase ingest`
-stores each pod's output (steps/rollouts.py), and `--agent-pods` then runs the panel (judges are
+stores each pod's output (episodes/rollouts.py), and `--phase finish` then runs the panel (judges are
 external endpoints there) and the self-evaluators against the InferenceServices.
 
 Evaluation is reporting only: nothing here is read by search, ranking, rendering, training or
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,10 +37,12 @@ from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import model_ref, served_model_dir
 from mass_jobs.judging.metrics import outcome, win_share
 from mass_jobs.config.run_spec import Judge, RunSpec
+from mass_jobs.episodes import rollouts
+from mass_jobs.episodes.episode import EpisodeInput, EpisodeRequest, status_text
 from mass_jobs.serving.roles import client_for
 from mass_jobs.config.task_spec import Task
 
-ROLLOUT_FILES = ("workspace.tar.gz", "trace.jsonl", "status.json", "audit.json")
+ROLLOUT_FILES = ("audit.json", *rollouts.RECORD)
 
 # gen -> a context manager serving that generation's model (yields an Endpoint)
 ServeModel = Callable[[int], ContextManager[Any]]
@@ -115,18 +116,14 @@ def _rollout_step(ctx: RunContext, g: int, task: Task, rep: int):
                 name=f"eval-rollout gen-{g} {task.id} rep-{rep}")
 
 
-def episode_input(ctx: RunContext, task: Task, rep: int, endpoint):
-    from mass_jobs.episodes.harness import EpisodeInput
-
-    spec = ctx.spec
-    return EpisodeInput(prompt=task.prompt, endpoint=endpoint, limits=spec.execution.limits,
-                        sampling=spec.model.sampling, harness=spec.execution.harness,
-                        seed=rollout_seed(task.id, rep), files=dict(task.files))
+def episode_request(task: Task, rep: int) -> EpisodeRequest:
+    """Replicate `rep` of the bare task: the same prompt, files and seed for every generation."""
+    return EpisodeRequest(prompt=task.prompt, files=dict(task.files), seed=rollout_seed(task.id, rep))
 
 
 def run_rollout(ctx: RunContext, g: int, task: Task, rep: int, endpoint) -> dict:
-    """One bare-prompt episode of L_g run here (sandboxed), stored with its audit; skipped when stored."""
-    from mass_jobs.episodes.harness import run_episode
+    """One bare-prompt episode of L_g run here (sandboxed), stored with its audit; skipped when stored.
+    L_g itself plays it: roles.executor never stands in for the generation being measured."""
     from mass_jobs.store import read_manifest
 
     prefix = rollout_prefix(ctx, g, task.id, rep)
@@ -134,24 +131,25 @@ def run_rollout(ctx: RunContext, g: int, task: Task, rep: int, endpoint) -> dict
     if step.done:
         return read_manifest(ctx.store, prefix)["extra"]
     step.start()
-    with tempfile.TemporaryDirectory(prefix="mass-eval-") as tmp:
-        ws, out = Path(tmp) / "workspace", Path(tmp) / "out"
-        result = run_episode(episode_input(ctx, task, rep, endpoint), ws, out)
-        ctx.store.put_dir(ctx.rollout_file(prefix, "workspace.tar.gz"), ws)
-        return _store_rollout(ctx, step, prefix, out, result.outcome)
+    execute = rollouts.episode_executor(ctx.spec, endpoint, executor_role=False)
+    with rollouts.run_here(execute, episode_request(task, rep)) as ran:
+        return _store_rollout(ctx, step, prefix, ran.status, ran.trace, workspace=ran.workspace)
 
 
-def _store_rollout(ctx: RunContext, step, prefix: str, out: Path, outcome: str) -> dict:
-    """trace, status and audit of a rollout whose workspace is stored; finishes its step."""
+def _store_rollout(ctx: RunContext, step, prefix: str, status: dict, trace: bytes, *, workspace: Path | None = None,
+                   workspace_archive: bytes | None = None) -> dict:
+    """The rollout's audit, then its record (rollouts.store_record); finishes its step."""
     from mass_jobs.episodes.audit import audit_episode
 
-    audit = audit_episode(out).to_dict()
+    with tempfile.TemporaryDirectory(prefix="mass-eval-audit-") as tmp:  # the audit reads an episode's out dir
+        (Path(tmp) / "trace.jsonl").write_bytes(trace)
+        (Path(tmp) / "status.json").write_text(status_text(status))
+        audit = audit_episode(Path(tmp)).to_dict()
     audit["episode"] = prefix  # a store key, not a temp path
-    ctx.store.put_file(ctx.rollout_file(prefix, "trace.jsonl"), out / "trace.jsonl")
-    ctx.store.put_file(ctx.rollout_file(prefix, "status.json"), out / "status.json")
-    ctx.store.put_json(ctx.rollout_file(prefix, "audit.json"), audit)
-    extra = {"outcome": outcome, "delegation": audit["delegation"], "code_handoff": audit["code_handoff"]}
-    step.finish([ctx.rollout_file(prefix, name) for name in ROLLOUT_FILES], extra=extra)
+    keys = rollouts.store_record(ctx, prefix, status=status, trace=trace, workspace=workspace,
+                                 workspace_archive=workspace_archive, first={"audit.json": audit})
+    extra = {"outcome": status.get("outcome"), "delegation": audit["delegation"], "code_handoff": audit["code_handoff"]}
+    step.finish(keys, extra=extra)
     return extra
 
 
@@ -179,7 +177,6 @@ def pending_models(ctx: RunContext, gen: int) -> list[int]:
 def prepare(ctx: RunContext, gen: int, endpoint_of: Callable[[int], Any]) -> dict:
     """The agent pods' inputs of every missing rollout; {"rollouts": fan-out items, "models": the
     generations whose InferenceServices the rollouts and self-verdicts call}."""
-    from mass_jobs.episodes import rollouts
 
     models = pending_models(ctx, gen)
     items = []
@@ -190,14 +187,13 @@ def prepare(ctx: RunContext, gen: int, endpoint_of: Callable[[int], Any]) -> dic
                     if rollout_done(ctx, h, t, r):
                         continue
                     prefix = rollout_prefix(ctx, h, t.id, r)
-                    rollouts.prepare(ctx, prefix, episode_input(ctx, t, r, endpoint_of(h)))
+                    rollouts.prepare(ctx, prefix, EpisodeInput.from_spec(ctx.spec, endpoint_of(h), episode_request(t, r)))
                     items.append(rollouts.fanout_item(ctx, prefix, t.id, f"rep-{r}", h))
     return {"rollouts": items, "models": models}
 
 
 def ingest(ctx: RunContext, gen: int, rel: str, agent_ended: bool = False) -> dict:
     """Store the agent pod's output of the rollout `rel` (a key relative to the run), with its audit."""
-    from mass_jobs.episodes import rollouts
     from mass_jobs.store import read_manifest
 
     where = {rollout_prefix(ctx, h, t.id, r): (h, t, r) for h in rollout_generations(gen)
@@ -209,16 +205,7 @@ def ingest(ctx: RunContext, gen: int, rel: str, agent_ended: bool = False) -> di
         return read_manifest(ctx.store, prefix)["extra"]
     status, blobs, _ = rollouts.agent_result(ctx, prefix, agent_ended)
     step.start()
-    with tempfile.TemporaryDirectory(prefix="mass-eval-ingest-") as tmp:
-        out = Path(tmp)
-        (out / "trace.jsonl").write_bytes(blobs["trace.jsonl"])
-        pod_status = ctx.agent_output(prefix, "status.json")
-        if ctx.store.exists(pod_status):  # the bytes `mass episode` wrote, as a local rollout stores them
-            (out / "status.json").write_bytes(ctx.store.get_bytes(pod_status))
-        else:
-            (out / "status.json").write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
-        ctx.store.put_bytes(ctx.rollout_file(prefix, "workspace.tar.gz"), blobs["workspace.tar.gz"])
-        return _store_rollout(ctx, step, prefix, out, status.get("outcome"))
+    return _store_rollout(ctx, step, prefix, status, blobs["trace.jsonl"], workspace_archive=blobs["workspace.tar.gz"])
 
 
 def run_rollouts(ctx: RunContext, g: int, endpoint, progress: Progress | None = None) -> None:

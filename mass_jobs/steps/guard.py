@@ -14,7 +14,7 @@ Check commands run code the model wrote. Locally they run sandboxed in this proc
 the cluster the step pod (which holds the store's credentials) never runs them: `--phase prepare`
 writes one checks job per eligible episode (`RunContext.guard_checks`, mass_jobs/sandbox/check_job.py) and
 lists them, an agent pod runs each (`mass episode`), `--phase ingest` stores its checks.json, and
-`--agent-pods` judges with the stored results; a lost check pod fails the episode's checks.
+`--phase finish` judges with the stored results; a lost check pod fails the episode's checks.
 """
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ def sandbox_checker(limits) -> RunCheck:
 
 
 def stored_checker(ctx: RunContext, gen: int, task_id: str, ep: str) -> RunCheck:
-    """The results an agent pod stored for the episode's checks (`--agent-pods`): a check with no
+    """The results an agent pod stored for the episode's checks (`--phase finish`): a check with no
     valid result for the task's current checks fails, never passes."""
     from mass_jobs.sandbox.check_job import validate_results
 

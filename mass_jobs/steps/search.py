@@ -38,7 +38,9 @@ from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.judging.evidence import prompt_budget
 from mass_jobs.config.task_spec import Workflow
-from mass_jobs.episodes.rollouts import Execute, agent_ended, derived_seed, rollout, rollout_outputs, store_rollout
+from mass_jobs.episodes import rollouts
+from mass_jobs.episodes.episode import EpisodeInput, EpisodeRequest
+from mass_jobs.episodes.rollouts import Execute, Phase, agent_ended, derived_seed, rollout_outputs
 from mass_jobs.steps.search_state import IterationRecord, SearchState, fold, judge_version, won
 from mass_jobs.episodes.trace_shape import last_tool_calls
 from mass_jobs.spec.workflow import (
@@ -174,40 +176,30 @@ class Search:
         todo.append((k, workflow_prompt_parts(self.task.prompt, wf).text))
         return [(r, p) for r, p in todo if not self.store.exists(self._file(r, "status.json"))]
 
-    def _seed(self, rollout) -> int:
-        return derived_seed(self.cfg.seed, self.task.id, rollout)
+    def _request(self, r, prompt: str) -> EpisodeRequest:
+        return EpisodeRequest(prompt=prompt, files=dict(self.task.files), seed=derived_seed(self.cfg.seed, self.task.id, r))
 
     def prepare(self, k: int, endpoint) -> list[dict]:
         """Write the agent pods' inputs of iteration k; the fan-out items (none when stored)."""
-        from mass_jobs.episodes.harness import EpisodeInput
-        from mass_jobs.serving.roles import role_endpoint
-        from mass_jobs.episodes import rollouts
-
         self._check_k(k)
         if self._step(k).done:
             return []
-        endpoint = role_endpoint(self.spec, "executor") or endpoint  # roles.executor, else the generation
-        s, items = self.spec, []
+        endpoint, items = rollouts.executor_endpoint(self.spec, endpoint), []
         for r, prompt in self._rollouts(k):
-            inp = EpisodeInput(prompt=prompt, endpoint=endpoint, limits=s.execution.limits,
-                               sampling=s.model.sampling, harness=s.execution.harness, seed=self._seed(r),
-                               files=dict(self.task.files))
-            rollouts.prepare(self.ctx, self._iter(r), inp)
+            rollouts.prepare(self.ctx, self._iter(r), EpisodeInput.from_spec(self.spec, endpoint, self._request(r, prompt)))
             label = "reference" if r == "reference" else f"iter-{r}"
             items.append(rollouts.fanout_item(self.ctx, self._iter(r), self.task.id, label, self.gen))
         return items
 
     def ingest(self, rel: str, agent_ended: bool = False) -> dict:
         """Store the agent pod's output of the rollout `rel` (a key relative to the run)."""
-        from mass_jobs.episodes import rollouts
-
         candidates = [self._iter("reference")] + [self._iter(k) for k in range(self.cfg.iterations + 1)]
         prefix = rollouts.find_rollout(self.ctx, rel, candidates)
         if self.store.exists(self.ctx.rollout_file(prefix, "status.json")):
             return self.store.get_json(self.ctx.rollout_file(prefix, "status.json"))
         status, blobs, episode = rollouts.agent_result(self.ctx, prefix, agent_ended)
-        store_rollout(self.ctx, prefix, episode["prompt"], status=status, trace=blobs["trace.jsonl"],
-                      workspace_archive=blobs["workspace.tar.gz"])
+        rollouts.store_record(self.ctx, prefix, status=status, trace=blobs["trace.jsonl"],
+                              workspace_archive=blobs["workspace.tar.gz"], first={"prompt.txt": episode["prompt"]})
         return status
 
     def _run_rollout(self, r, prompt: str) -> dict:
@@ -217,7 +209,7 @@ class Search:
         if self.execute is None:
             raise SearchError(f"task {self.task.id}: rollout {self._iter(r)} is not stored "
                               f"(run --phase prepare, its agent pod and --phase ingest first)")
-        return rollout(self.ctx, self._iter(r), self.execute, prompt, self.task.files, self._seed(r))
+        return rollouts.rollout(self.ctx, self._iter(r), self.execute, self._request(r, prompt))
 
     # ------------------------------------------------------------ iteration 0
     def _initial(self) -> tuple[IterationRecord, list[str]]:
@@ -375,18 +367,17 @@ def _row(k: int, against: str, v: Verdict) -> optimizer_brief.Row:
 
 
 def run_search(ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute | None,
-               iteration: int | None = None, *, phase: str | None = None, endpoint=None,
+               iteration: int | None = None, *, phase: str | Phase | None = None, endpoint=None,
                rollout_key: str | None = None, agent_status: str | None = None) -> dict:
     """Library core used by `mass search` and the local runner: the whole loop, or one iteration.
 
     Phases (the cluster, around agent pods): `prepare` (needs `iteration` and `endpoint`) returns
-    {"rollouts": [fan-out items]}; `ingest` (needs `rollout_key`) stores one agent pod's output; the
-    call without a phase then judges and saves the iteration from the stored rollouts."""
+    {"rollouts": [fan-out items]}; `ingest` (needs `rollout_key`) stores one agent pod's output;
+    `finish` (or no phase) then judges and saves the iteration from the stored rollouts."""
     search = Search(ctx, gen, task_id, client, execute)
-    if phase is not None:
-        if phase not in ("prepare", "ingest"):
-            raise SearchError(f"--phase must be 'prepare' or 'ingest', got {phase!r}")
-        if phase == "prepare":
+    phase = rollouts.phase_of(phase, step="search")
+    if phase in (Phase.PREPARE, Phase.INGEST):
+        if phase is Phase.PREPARE:
             if iteration is None or endpoint is None:
                 raise SearchError("--phase prepare needs --iteration and the model endpoint the agent pods call (--endpoint)")
             return {"rollouts": search.prepare(iteration, endpoint)}

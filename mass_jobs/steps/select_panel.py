@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ContextManager
 
-from mass_jobs.run.context import RunContext
+from mass_jobs.episodes import rollouts
 from mass_jobs.judging.judges import PairJob
-
-ROLLOUT_FILES = ("workspace.tar.gz", "trace.jsonl", "status.json")
+from mass_jobs.run.context import RunContext
 # step -> a context manager serving the parent merged with that checkpoint (yields an Endpoint)
 ServeCheckpoint = Callable[[int], ContextManager[Any]]
 
@@ -78,8 +77,7 @@ def panel_inputs(ctx, gen: int) -> dict:
 
 def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, model_ref: str) -> None:
     """One bare-prompt episode behind its own Step manifest (skipped when stored)."""
-    from mass_jobs.episodes.harness import EpisodeInput, run_episode
-    from mass_jobs.steps.evaluate import rollout_seed
+    from mass_jobs.steps.evaluate import episode_request, rollout_seed
     from mass_jobs.store import Step
 
     spec = ctx.spec
@@ -91,15 +89,10 @@ def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, mod
     if step.done:
         return
     step.start()
-    with tempfile.TemporaryDirectory(prefix="mass-select-") as tmp:
-        ws, out = Path(tmp) / "workspace", Path(tmp) / "out"
-        run_episode(EpisodeInput(prompt=task.prompt, endpoint=endpoint, limits=spec.execution.limits,
-                                 sampling=spec.model.sampling, harness=spec.execution.harness,
-                                 seed=rollout_seed(task.id, rep), files=dict(task.files)), ws, out)
-        ctx.store.put_dir(ctx.select_rollout(gen, who, task.id, rep, "workspace.tar.gz"), ws)
-        for name in ("trace.jsonl", "status.json"):
-            ctx.store.put_file(ctx.select_rollout(gen, who, task.id, rep, name), out / name)
-    step.finish([ctx.select_rollout(gen, who, task.id, rep, n) for n in ROLLOUT_FILES])
+    execute = rollouts.episode_executor(spec, endpoint, executor_role=False)  # the candidate itself plays it
+    with rollouts.run_here(execute, episode_request(task, rep)) as ran:
+        keys = rollouts.store_record(ctx, prefix, status=ran.status, trace=ran.trace, workspace=ran.workspace)
+    step.finish(keys)
 
 
 def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable[[], ContextManager[Any]],

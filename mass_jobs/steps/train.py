@@ -93,9 +93,10 @@ def stored_train_step(ctx: RunContext, gen: int):
     return train_step(ctx, gen, (manifest or {}).get("extra", {}).get("world_size", 1))
 
 
-def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False, parallel: str = "ddp",
-              progress: bool = True) -> dict:
-    """Train (every rank calls this); returns the train step's manifest `extra` on every rank."""
+def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False, progress: bool = True) -> dict:
+    """Train (every rank calls this) in the spec's sft.parallel mode; returns the train step's
+    manifest `extra` on every rank."""
+    parallel = ctx.spec.sft.parallel
     dist = Dist.current()
     work = Path(work_dir)
     from mass_jobs.store import formed, read_manifest

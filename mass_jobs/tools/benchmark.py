@@ -207,6 +207,7 @@ def _step(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, digest: str)
 
 def run_one(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, execute, digest: str) -> dict:
     """One bare-prompt rollout of L_g + its grade, stored; skipped when already stored."""
+    from mass_jobs.episodes.episode import EpisodeRequest
     from mass_jobs.episodes.rollouts import rollout, rollout_outputs
     from mass_jobs.store import read_manifest
 
@@ -215,7 +216,8 @@ def run_one(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, execute, d
     if step.done:
         return read_manifest(ctx.store, prefix)["extra"]
     step.start()
-    status = rollout(ctx, prefix, execute, task.prompt, task.files, rollout_seed(bench.name, task.id, rep))
+    status = rollout(ctx, prefix, execute, EpisodeRequest(prompt=task.prompt, files=dict(task.files),
+                                                           seed=rollout_seed(bench.name, task.id, rep)))
     with tempfile.TemporaryDirectory(prefix="mass-bench-ws-") as tmp:
         ctx.store.get_dir(ctx.benchmark_rollout(bench.name, g, task.id, rep, "workspace.tar.gz"), tmp)
         result = grade(bench, task, Path(tmp), spec.execution.limits)
@@ -284,7 +286,8 @@ def run_benchmark(ctx, bench: Benchmark, generations: list[int], serve_model: Se
             results[g] = []
             for t, r in jobs:
                 if execute is None and not _step(ctx, bench, g, t, r, digest)[1].done:
-                    execute = episode_executor(ctx.spec, stack.enter_context(serve_model(g)))
+                    # L_g itself: roles.executor never stands in for the generation being measured
+                    execute = episode_executor(ctx.spec, stack.enter_context(serve_model(g)), executor_role=False)
                 results[g].append({"task": t.id, **run_one(ctx, bench, g, t, r, execute, digest)})
     table = score_table(bench, results)
     ctx.store.put_json(ctx.benchmark(bench.name, "scores.json"), table)

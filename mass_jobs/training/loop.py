@@ -176,7 +176,7 @@ class Trainer:
         if meta["sampler"]["fingerprint"] != self.sampler.fingerprint:
             raise ValueError(f"checkpoint {path.name} was trained on other windows (sampler fingerprint differs)")
         if meta["parallel"] != self.parallel:
-            raise ValueError(f"checkpoint {path.name} was written with --parallel {meta['parallel']}, this run uses "
+            raise ValueError(f"checkpoint {path.name} was written with sft.parallel {meta['parallel']}, this run uses "
                              f"{self.parallel}: their optimizer states differ in layout, resume with the same")
         adapter = load_adapter_state(path)
         if self.sharded:

@@ -26,7 +26,7 @@ A rank holds (bytes):
 
 The tests hold this against the measured peak of a real training step of the tiny model on CPU.
 
-    mass plan SPEC [--config CONFIG] [--parallel ddp|fsdp] [--gpu-memory GIB]
+    mass plan SPEC [--config CONFIG] [--gpu-memory GIB] [--set sft.parallel=ddp|fsdp]
 """
 
 from __future__ import annotations

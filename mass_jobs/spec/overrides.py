@@ -1,0 +1,98 @@
+"""Changes to a spec given beside it on the command line, applied to its document before validation.
+
+    mass run examples/paper.yaml --set sft.parallel=fsdp --set collection.episodes=2
+    mass plan examples/paper.yaml --overlay cluster-a100.yaml
+
+`--overlay FILE` merges a YAML mapping into the spec (mappings key by key, any other value
+replaces), in the order given; then each `--set PATH=VALUE` sets one value: PATH is dotted keys
+(a number indexes a list: `tasks.0.prompt`), VALUE is read as YAML (`2`, `true`, `fsdp`, `[a, b]`).
+Since they change the document itself, the input hashes, the run's claimed spec and every manifest
+see them; a command has no flag of its own that changes what a step computes.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from mass_jobs.spec.bounds import parse_document, read_bounded
+from mass_jobs.spec.issues import SpecError, SpecIssue
+
+
+class SpecSource(str):
+    """A spec's location with the overrides given beside it; `load_spec` applies them, and `argv()`
+    hands them on to a step the runner starts as a subprocess."""
+
+    overlays: tuple[str, ...]
+    sets: tuple[str, ...]
+
+    def __new__(cls, location: str, overlays=(), sets=()) -> SpecSource:
+        obj = super().__new__(cls, location)
+        obj.overlays, obj.sets = tuple(overlays), tuple(sets)
+        return obj
+
+    def argv(self) -> list[str]:
+        return [*(a for f in self.overlays for a in ("--overlay", f)), *(a for s in self.sets for a in ("--set", s))]
+
+
+def spec_argv(location: str) -> list[str]:
+    """The override flags of `location` (none for a plain path or an Argo placeholder)."""
+    return location.argv() if isinstance(location, SpecSource) else []
+
+
+def merge(base: Any, overlay: Any) -> Any:
+    """`overlay` onto `base`: mappings key by key, anything else replaced."""
+    if isinstance(base, dict) and isinstance(overlay, dict):
+        out = dict(base)
+        for k, v in overlay.items():
+            out[k] = merge(base[k], v) if k in base else copy.deepcopy(v)
+        return out
+    return copy.deepcopy(overlay)
+
+
+def set_value(document: Any, assignment: str, source: str) -> Any:
+    """`document` with PATH=VALUE applied; SpecError naming the --set and what was expected."""
+    path, eq, text = assignment.partition("=")
+    keys = path.split(".") if path else []
+    if not eq or not keys or any(not k for k in keys):
+        raise SpecError(source, [SpecIssue("--set", f"expected PATH=VALUE with a dotted PATH (sft.parallel=fsdp), "
+                                                   f"found {assignment!r}")], what="arguments")
+    value = parse_document(text or '""', f"--set {path}")
+    out = copy.deepcopy(document) if isinstance(document, (dict, list)) else {}
+    node = out
+    for i, key in enumerate(keys):
+        last, where = i == len(keys) - 1, ".".join(keys[: i + 1])
+        if isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise SpecError(source, [SpecIssue(f"--set {path}", f"expected an index below {len(node)} at {where}, "
+                                                                    f"found {key!r}")], what="arguments")
+            key = int(key)
+        elif not isinstance(node, dict):
+            raise SpecError(source, [SpecIssue(f"--set {path}", f"expected a mapping or a list at "
+                                                                f"{'.'.join(keys[:i]) or 'the top'}, found "
+                                                                f"{type(node).__name__}")], what="arguments")
+        if last:
+            node[key] = value
+        else:
+            if isinstance(node, dict) and node.get(key) is None:  # a section the spec leaves out
+                node[key] = {}
+            node = node[key]
+    return out
+
+
+def apply_overrides(document: Any, location: str) -> Any:
+    """The spec document with the overlays and sets `location` carries (unchanged for a plain path)."""
+    if not isinstance(location, SpecSource):
+        return document
+    for f in location.overlays:
+        if not Path(f).is_file():
+            raise SpecError(f, [SpecIssue("--overlay", f"expected a YAML file, found nothing at {f!r}")], what="arguments")
+        overlay = parse_document(read_bounded(Path(f), f), f)
+        if not isinstance(overlay, dict):
+            raise SpecError(f, [SpecIssue("--overlay", f"expected a mapping, found {type(overlay).__name__}")],
+                            what="arguments")
+        document = merge(document, overlay)
+    for assignment in location.sets:
+        document = set_value(document, assignment, str(location))
+    return document
