@@ -6,11 +6,12 @@ derived from `PIPELINE`; adding a step is one `StepDef` here plus its core (and 
 - `scope`: how often the step runs: once per `run`, per `generation`, per training `task`, per
   task and search `iteration` (Argo: bounded recursion), per task and `episode` (Argo: a fan-out
   of prepare -> sandboxed agent pod -> ingest, then the task's summary).
-- `core`: "module:function", the pure core the CLI entry and the local runner call.
+- `core`: the pure core the CLI entry and the local runner call (a function; "module:function" for
+  a step defined outside the package).
 - `entry` + `args`: the `mass` CLI entry the Argo container runs (`--spec`, `--gen`, `--task` are
   added by scope; `{gen}` in args is the generation the step works on).
 - `reads` / `writes`: `RunContext` methods naming the store keys (the context owns the layout).
-- `steps`: "module:function" giving the Steps that hold the step's output for (ctx, gen[, task]):
+- `steps`: the function giving the Steps that hold the step's output for (ctx, gen[, task]):
   the core's own Steps, whose inputs are hashed. Done is one generic check for every step: each
   Step's manifest has its input hash and intact outputs. A Step that cannot be formed yet (an input
   not stored) is a `Waiting` value, pending with its reason, never an exception.
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 
 from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import model_uri
+from mass_jobs.steps import collect, evaluate, guard, merge, rank, render_sft, report, search, select, train
 from mass_jobs.spec.overrides import spec_argv
 
 SCOPES = ("run", "generation", "task", "iteration", "episode")
@@ -137,9 +139,9 @@ SHAPES: dict[tuple[str, str], Shape] = {
 class StepDef:
     name: str
     scope: str
-    core: str
+    core: Callable | str
     entry: tuple[str, ...]
-    steps: str
+    steps: Callable | str
     args: tuple[str, ...] = ()
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
@@ -233,7 +235,9 @@ class StepDef:
         return self.done(ctx, gen)
 
 
-def _resolve(ref: str) -> Callable:
+def _resolve(ref: Callable | str) -> Callable:
+    if callable(ref):
+        return ref
     module, _, attr = ref.partition(":")
     return getattr(importlib.import_module(module), attr)
 
@@ -278,42 +282,42 @@ def _evaluate_cost(w: Work) -> Cost:
 # ---------------------------------------------------------------- the table
 
 PIPELINE: tuple[StepDef, ...] = (
-    StepDef("search", "iteration", "mass_jobs.steps.search:run_search", ("search",),
-            "mass_jobs.steps.search:search_steps",
+    StepDef("search", "iteration", search.run_search, ("search",),
+            search.search_steps,
             reads=("model",), writes=("search_rollout", "agent_input", "agent_output", "search_state"),
             pod="agent", model=True, local=("client", "execute"), cost=_search_cost),
-    StepDef("collect", "episode", "mass_jobs.steps.collect:run_collect", ("collect",),
-            "mass_jobs.steps.collect:collect_steps",
+    StepDef("collect", "episode", collect.run_collect, ("collect",),
+            collect.collect_steps,
             reads=("search_state",), writes=("episode_input", "episode_output", "collect_episode", "collect_summary"),
             pod="agent", model=True, local=("execute",), cost=_collect_cost),
-    StepDef("guard", "task", "mass_jobs.steps.guard:run_guard", ("guard",),
-            "mass_jobs.steps.guard:guard_step",
+    StepDef("guard", "task", guard.run_guard, ("guard",),
+            guard.guard_step,
             reads=("collect_summary", "collect_episode"), writes=("guard_checks", "agent_input", "agent_output", "guard"),
             pod="agent", local=()),
-    StepDef("rank", "task", "mass_jobs.steps.rank:run_rank", ("rank",),
-            "mass_jobs.steps.rank:rank_step",
+    StepDef("rank", "task", rank.run_rank, ("rank",),
+            rank.rank_step,
             reads=("guard", "collect_episode"), writes=("rank", "rank_verdicts"), model=True,
             local=("client",), cost=_rank_cost),
-    StepDef("render", "generation", "mass_jobs.steps.render_sft:run_render", ("render", "sft"),
-            "mass_jobs.steps.render_sft:render_step",
+    StepDef("render", "generation", render_sft.run_render, ("render", "sft"),
+            render_sft.render_step,
             reads=("rank", "collect_episode", "model"), writes=("sft",)),
-    StepDef("train", "generation", "mass_jobs.steps.train:run_train", ("train",),
-            "mass_jobs.steps.train:stored_train_step",
+    StepDef("train", "generation", train.run_train, ("train",),
+            train.stored_train_step,
             args=("--resume",), reads=("sft", "model"), writes=("train",), pod="trainer", detail=_checkpoints,
             cost=_train_cost),
-    StepDef("select", "generation", "mass_jobs.steps.select:run_select", ("select",),
-            "mass_jobs.steps.select:select_step",
+    StepDef("select", "generation", select.run_select, ("select",),
+            select.select_step,
             reads=("train", "model"), writes=("select", "select_step", "select_panel")),
-    StepDef("merge", "generation", "mass_jobs.steps.merge:run_merge", ("merge",),
-            "mass_jobs.steps.merge:merge_step",
+    StepDef("merge", "generation", merge.run_merge, ("merge",),
+            merge.merge_step,
             reads=("select", "train", "model"), writes=("merge_step", "model"), resources="merge"),
-    StepDef("evaluate", "generation", "mass_jobs.steps.evaluate:evaluate", ("evaluate",),
-            "mass_jobs.steps.evaluate:evaluate_step",
+    StepDef("evaluate", "generation", evaluate.evaluate, ("evaluate",),
+            evaluate.evaluate_step,
             reads=("model",), writes=("eval_rollout", "agent_input", "agent_output", "eval", "eval_verdicts"),
             pod="agent", gen_offset=1, detail=_verdicts,
             local=("serve_generation", "serve_judge", "progress"), cost=_evaluate_cost),
-    StepDef("report", "run", "mass_jobs.steps.report:write_report", ("report",),
-            "mass_jobs.steps.report:report_step",
+    StepDef("report", "run", report.write_report, ("report",),
+            report.report_step,
             reads=("eval", "select", "sft", "search_state"), writes=("report",), local=()),
 )
 
