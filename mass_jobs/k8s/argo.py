@@ -282,28 +282,38 @@ class _Builder:
             case P.Container():
                 self.step(sd.name, [*sd.argv(SPEC, GEN), *model], pod=getattr(s, sd.resources))
 
-    def agent_block(self, sd: P.StepDef, argv: list[str], inputs: tuple[str, ...], model: list[str]) -> None:
-        """A task's prepare (step pod: writes the agent pods' inputs, lists them) -> its agent pods
-        (ingested one by one) -> finish (step pod: works with their stored results)."""
+    def agent_block(self, sd: P.StepDef, argv: list[str], inputs: tuple[str, ...], model: list[str], *,
+                    ingest_argv: list[str] | None = None, finish_env=(), before=(), after=()) -> None:
+        """Every agent fan-out of the cycle, by the episodes' one protocol (episodes.rollouts.Phase):
+        prepare (step pod: writes the agent pods' inputs, lists them) -> its agent pods (ingested one
+        by one) -> finish (step pod: works with their stored results). `before` and `after` are
+        (name, template, with_param, arguments) steps around them (evaluate: serve, then release)."""
+        task = TASK if "task" in inputs else ""
+        own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
         self.step(f"{sd.name}-prepare", [*argv, "--phase", Phase.PREPARE.value, *model, "--outputs", OUTPUTS_DIR],
-                  inputs=inputs, task=TASK,
+                  inputs=inputs, task=task,
                   outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/rollouts"))])
-        self.rollouts(sd, sd.argv(SPEC, GEN, TASK), ("gen", "task"))
-        self.step(f"{sd.name}-finish", [*argv, "--phase", Phase.FINISH.value, *model], inputs=inputs, task=TASK)
-        args = step_args(gen=GEN, task=TASK,
-                         **({"iteration": "{{inputs.parameters.iteration}}"} if "iteration" in inputs else {}))
+        fanout = tuple(n for n in inputs if n in ("gen", "task"))
+        self.rollouts(sd, ingest_argv or sd.argv(SPEC, GEN, TASK if task else None), fanout)
+        self.step(f"{sd.name}-finish", [*argv, "--phase", Phase.FINISH.value, *model], inputs=inputs, task=task,
+                  env_from=finish_env)
+        args = step_args(**{n.replace("-", "_"): v for n, v in own.items()})
         with Steps(name=sd.name, inputs=input_params(*inputs, "store-prefix")):
+            for name, template, with_param, arguments in before:
+                Step(name=name, template=template, with_param=with_param, arguments=arguments)
             Step(name="prepare", template=f"{sd.name}-prepare", arguments=args)
             Step(name="rollouts", template=f"{sd.name}-rollouts",
-                 arguments=step_args(gen=GEN, task=TASK, rollouts=ROLLOUTS_PARAM,
+                 arguments=step_args(**{n: own[n] for n in fanout}, rollouts=ROLLOUTS_PARAM,
                                      store_prefix="{{inputs.parameters.store-prefix}}"))
             Step(name="finish", template=f"{sd.name}-finish", arguments=args)
+            for name, template, with_param, arguments in after:
+                Step(name=name, template=template, with_param=with_param, arguments=arguments)
 
     def generation_rollouts(self, sd: P.StepDef) -> None:
         """A generation step whose episodes run in agent pods against InferenceServices of the
         generations it names (evaluate of G: L_0, L_G-1, L_G), created and deleted here like the
-        generation's own model: plan (which to serve) -> serve -> prepare -> agent pods -> ingest
-        each -> finish -> release. The step pods are CPU pods: the judges are external endpoints."""
+        generation's own model: plan (which to serve) -> serve -> the agent block -> release. The
+        step pods are CPU pods: the judges are external endpoints."""
         flags = []
         for g in ("0", PREV_GEN, GEN):  # evaluate of G compares L_G with L_0 and L_G-1
             isvc = serving.isvc_name(RUN_ID, g)
@@ -311,22 +321,15 @@ class _Builder:
         argv = sd.argv(SPEC, GEN)
         self.step(f"{sd.name}-plan", [*argv, "--phase", Phase.PLAN.value, "--outputs", OUTPUTS_DIR],
                   outputs=[Parameter(name="models", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/models"))])
-        self.step(f"{sd.name}-prepare", [*argv, "--phase", Phase.PREPARE.value, *flags, "--outputs", OUTPUTS_DIR],
-                  outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/rollouts"))])
-        self.rollouts(sd, argv, ("gen",))
-        # judge API keys come from an optional Secret (the spec names them: api_key_env)
-        self.step(f"{sd.name}-finish", [*argv, "--phase", Phase.FINISH.value, *flags], env_from=(self.s.judge_secret,))
         served = "{{steps.plan.outputs.parameters.models}}"
-        with Steps(name=sd.name, inputs=input_params("gen", "store-prefix")):
-            Step(name="plan", template=f"{sd.name}-plan", arguments=step_args(gen=GEN))
-            # the agent inputs name the InferenceServices' URLs: they exist before prepare runs
-            Step(name="serve", template="serve-model", with_param=served,
-                 arguments=step_args(gen="{{item.gen}}", model_uri="{{item.model-uri}}", dtype="{{item.dtype}}"))
-            Step(name="prepare", template=f"{sd.name}-prepare", arguments=step_args(gen=GEN))
-            Step(name="rollouts", template=f"{sd.name}-rollouts",
-                 arguments=step_args(gen=GEN, rollouts=ROLLOUTS_PARAM, store_prefix="{{inputs.parameters.store-prefix}}"))
-            Step(name="finish", template=f"{sd.name}-finish", arguments=step_args(gen=GEN))
-            Step(name="release", template="delete-model", with_param=served, arguments=step_args(gen="{{item.gen}}"))
+        # the agent inputs name the InferenceServices' URLs: they exist before prepare runs
+        before = [("plan", f"{sd.name}-plan", None, step_args(gen=GEN)),
+                  ("serve", "serve-model", served,
+                   step_args(gen="{{item.gen}}", model_uri="{{item.model-uri}}", dtype="{{item.dtype}}"))]
+        after = [("release", "delete-model", served, step_args(gen="{{item.gen}}"))]
+        # judge API keys come from an optional Secret (the spec names them: api_key_env)
+        self.agent_block(sd, argv, ("gen",), flags, ingest_argv=argv, finish_env=(self.s.judge_secret,),
+                         before=before, after=after)
 
     def cycle(self) -> Steps:
         """One generation in table order, behind a per-run mutex (one InferenceService name per run)."""
