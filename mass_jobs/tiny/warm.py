@@ -258,7 +258,8 @@ def warm_up(model, tokenizer, seed: int = 0, steps: int = WARM_STEPS, lr: float 
 # is rebuilt. v2: bare prompts mostly work alone, workflow/teacher prompts delegate, true results.
 # v3: twice the steps and the corpus, and the build checks its own behaviours (tiny_warm_check).
 # v4: the evaluator's and the optimizer's requests carry the paper's code's evidence and history.
-BUILDER_VERSION = 4
+# v5: the evaluator's request fences each workspace as data (compare.fence_tag).
+BUILDER_VERSION = 5
 KEY_FILE = "warm-key.json"
 
 
