@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
+from mass_jobs.episodes.audit import audit_episode
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("episodes", nargs="+", metavar="EPISODE_DIR", help="episode output dirs (with trace.jsonl)")
@@ -17,7 +19,6 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.episodes.audit import audit_episode
 
     audits = []
     for d in args.episodes:

@@ -4,7 +4,10 @@ each generation on an external benchmark directory, graded by its grader command
 
 from __future__ import annotations
 
-from mass_jobs.commands.common import add_spec
+from mass_jobs.commands.common import add_spec, open_run
+from mass_jobs.spec.load import SpecError, SpecIssue
+from mass_jobs.steps.evaluate import default_servers
+from mass_jobs.tools.benchmark import load_benchmark, render_table, run_benchmark
 
 
 def add_arguments(parser) -> None:
@@ -18,10 +21,6 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
 
-    from mass_jobs.tools.benchmark import load_benchmark, render_table, run_benchmark
-    from mass_jobs.commands.common import open_run
-    from mass_jobs.spec.load import SpecError, SpecIssue
-    from mass_jobs.steps.evaluate import default_servers
 
     ctx = open_run(args.spec)
     bad = [g for g in args.gen if not 0 <= g <= ctx.spec.generations]

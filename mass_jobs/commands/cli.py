@@ -16,6 +16,9 @@ import importlib
 import sys
 
 from mass_jobs.spec.overrides import SpecSource
+from mass_jobs.config.errors import StepFailed
+from mass_jobs.spec.load import SpecError
+from mass_jobs.store.lease import WriterBusy
 
 # name -> (module, one-line help). The single list of entries; tests check each `--help` runs.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -171,9 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"mass {args.command}: {problem}", file=sys.stderr)
         return 2
-    from mass_jobs.config.errors import StepFailed
-    from mass_jobs.store.lease import WriterBusy
-    from mass_jobs.spec.load import SpecError
 
     try:
         return int(importlib.import_module(COMMANDS[args.command][0]).main(args) or 0)

@@ -15,6 +15,9 @@ import contextlib
 import json
 
 from mass_jobs.commands.common import add_common, add_model, add_rollout_phases, model_endpoint, open_run, run_guarded
+from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.serving.llm import Endpoint
+from mass_jobs.steps.collect import run_collect
 
 
 def add_arguments(parser) -> None:
@@ -28,9 +31,6 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     def go() -> int:
-        from mass_jobs.serving.llm import Endpoint
-        from mass_jobs.steps.collect import run_collect
-        from mass_jobs.episodes.rollouts import episode_executor
 
         if args.phase in ("prepare", "ingest") and args.episode is None:
             raise ValueError(f"--phase {args.phase} needs --episode")

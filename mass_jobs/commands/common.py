@@ -9,6 +9,14 @@ from __future__ import annotations
 import contextlib
 import sys
 
+from mass_jobs.episodes.rollouts import agent_ended as ended
+from mass_jobs.run.context import RunContext
+from mass_jobs.run.generation_model import served_model_dir
+from mass_jobs.serving.backends import serve_model
+from mass_jobs.serving.llm import Endpoint
+from mass_jobs.spec.load import SpecError, SpecIssue, load_spec
+from mass_jobs.store import open_store
+
 
 def add_spec(parser, *, gen: str | None = None, task: bool = False) -> None:
     """--spec, and --gen with its help text when the command works on one generation, and --task."""
@@ -38,7 +46,6 @@ def add_rollout_phases(parser, *, phases: tuple[str, ...] = ("prepare", "ingest"
 
 def agent_ended(args) -> bool:
     """--agent-status names an agent step that is over (a missing output is lost, not awaited)."""
-    from mass_jobs.episodes.rollouts import agent_ended as ended
 
     return ended(args.agent_status)
 
@@ -53,9 +60,6 @@ def add_model(parser) -> None:
 def open_run(location: str, task: str | None = None, check_spec: bool = True):
     """The RunContext of a validated spec; an unknown task is a spec error (exit 2) naming the choices,
     and so is a spec that differs from the one the run's store holds (`RunContext.claim_spec`)."""
-    from mass_jobs.run.context import RunContext
-    from mass_jobs.spec.load import SpecError, SpecIssue, load_spec
-    from mass_jobs.store import open_store
 
     spec = load_spec(location)
     if task is not None and task not in {t.id for t in spec.resolved_tasks()}:
@@ -97,7 +101,6 @@ def work_dir_default() -> str:
 def model_endpoint(args, ctx):
     """The endpoint at --endpoint, or the generation's model served here (execution.serving's backend)
     for the duration."""
-    from mass_jobs.serving.llm import Endpoint
 
     if args.endpoint:
         yield Endpoint(base_url=args.endpoint, model=args.served_model, api_key_env=args.api_key_env)
@@ -109,8 +112,6 @@ def model_endpoint(args, ctx):
         return
     from pathlib import Path
 
-    from mass_jobs.serving.backends import serve_model
-    from mass_jobs.run.generation_model import served_model_dir
 
     # the directory `mass run` serves too: the spec's chat template on the base, FP8 where it is served
     models = ctx.work_dir(Path(getattr(args, "work_dir", None) or work_dir_default())) / "models"

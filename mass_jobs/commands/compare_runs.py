@@ -4,6 +4,10 @@ DIR/compare.json and DIR/compare.md (see mass_jobs.tools.analysis.composition) a
 
 from __future__ import annotations
 
+from mass_jobs.commands.common import never_ran, open_run
+from mass_jobs.spec.load import SpecError, SpecIssue
+from mass_jobs.tools.analysis.composition import compare_runs, render_comparison
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("specs", nargs="+", metavar="SPEC", help="run specs (paths or s3:// URIs), two or more")
@@ -14,15 +18,11 @@ def main(args) -> int:
     import json
     from pathlib import Path
 
-    from mass_jobs.tools.analysis.composition import compare_runs, render_comparison
-    from mass_jobs.commands.common import open_run
-    from mass_jobs.spec.load import SpecError, SpecIssue
 
     if len(args.specs) < 2:
         raise SpecError("compare-runs", [SpecIssue("SPEC", f"expected two or more run specs, found {len(args.specs)}")], what="arguments")
     import sys
 
-    from mass_jobs.commands.common import never_ran
 
     contexts = [open_run(s) for s in args.specs]
     empty = [why for c in contexts if (why := never_ran(c))]

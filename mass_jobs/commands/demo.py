@@ -5,6 +5,11 @@ run L0 -> L_N, and print where the report is and how long the build and the run 
 
 from __future__ import annotations
 
+from mass_jobs.commands.common import open_run, report_lines
+from mass_jobs.commands.run import run_reporting_failures
+from mass_jobs.spec.bounds import parse_document
+from mass_jobs.spec.locations import absolute_paths
+
 
 
 def add_arguments(parser) -> None:
@@ -19,10 +24,6 @@ def main(args) -> int:
     import time
     from pathlib import Path
 
-    from mass_jobs.commands.common import open_run
-    from mass_jobs.commands.run import run_reporting_failures
-    from mass_jobs.spec.locations import absolute_paths
-    from mass_jobs.spec.bounds import parse_document
 
     spec_path = Path(args.spec)
     if spec_path.is_file():  # build before validating: a missing model dir is an error there
@@ -42,7 +43,6 @@ def main(args) -> int:
     started = time.monotonic()
     if run_reporting_failures(args, "demo") is None:
         return 1
-    from mass_jobs.commands.common import report_lines
 
     print("\n".join(report_lines(ctx, f"done in {time.monotonic() - started:.0f}s; ")))
     return 0

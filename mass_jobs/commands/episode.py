@@ -26,6 +26,12 @@ import shutil
 import sys
 from pathlib import Path
 
+from mass_jobs.episodes import proof
+from mass_jobs.episodes.harness import load_episode_file, run_episode
+from mass_jobs.episodes.sandbox_client import SandboxClient
+from mass_jobs.sandbox.check_job import load_checks_file, run_checks
+from mass_jobs.store.archive import UnsafeArchive, extract_dir_archive, write_dir_archive
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--in", dest="in_dir", required=True, metavar="DIR", help="holds episode.json and workspace/")
@@ -40,9 +46,6 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.sandbox.check_job import load_checks_file, run_checks
-    from mass_jobs.episodes.harness import load_episode_file, run_episode
-    from mass_jobs.episodes import proof
 
     in_dir, out_dir = Path(args.in_dir), Path(args.out_dir)
     key = (in_dir / proof.KEY).read_bytes() if (in_dir / proof.KEY).is_file() else None
@@ -58,7 +61,6 @@ def main(args) -> int:
         return 2
     import tarfile
 
-    from mass_jobs.store.archive import UnsafeArchive, extract_dir_archive, write_dir_archive
 
     out_dir.mkdir(parents=True, exist_ok=True)
     if (in_dir / "workspace.tar.gz").is_file():
@@ -73,7 +75,6 @@ def main(args) -> int:
         shutil.copytree(in_dir / "workspace", workspace, symlinks=True)
     else:
         workspace.mkdir()
-    from mass_jobs.episodes.sandbox_client import SandboxClient
 
     sandbox = SandboxClient(args.sandbox) if args.sandbox else None
     qwen = SandboxClient(args.qwen) if args.qwen else None

@@ -16,6 +16,9 @@ import json
 import sys
 
 from mass_jobs.commands.common import add_rollout_phases, add_spec, agent_ended, open_run, work_dir_default
+from mass_jobs.episodes import rollouts
+from mass_jobs.serving.llm import Endpoint
+from mass_jobs.steps import evaluate as ev
 
 
 def add_arguments(parser) -> None:
@@ -31,9 +34,6 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
 
-    from mass_jobs.serving.llm import Endpoint
-    from mass_jobs.steps import evaluate as ev
-    from mass_jobs.episodes import rollouts
 
     ctx = open_run(args.spec)
     spec = ctx.spec

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 
 from mass_jobs.commands.common import add_common, add_rollout_phases, agent_ended, open_run, run_guarded
+from mass_jobs.episodes import rollouts
+from mass_jobs.steps import guard
 
 
 def add_arguments(parser) -> None:
@@ -31,8 +33,6 @@ def main(args) -> int:
         return 2
 
     def go() -> int:
-        from mass_jobs.steps import guard
-        from mass_jobs.episodes import rollouts
 
         ctx = open_run(args.spec, args.task)
         if args.phase == "prepare":

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mass_jobs.spec.upstream_tasks import convert, write
+
 
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="import_what", metavar="FORMAT", required=True)
@@ -17,7 +19,6 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.spec.upstream_tasks import convert, write
 
     docs, notes = convert(Path(args.dir))  # a SpecError exits 2 naming every missing file or key
     paths = write(docs, Path(args.out))

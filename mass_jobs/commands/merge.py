@@ -6,6 +6,7 @@ import argparse
 import json
 
 from mass_jobs.commands.common import add_spec, open_run, work_dir_default
+from mass_jobs.steps.merge import run_merge
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +16,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from mass_jobs.steps.merge import run_merge
 
     ctx = open_run(args.spec)
     extra = run_merge(ctx, args.gen, ctx.work_dir(args.work_dir) / f"gen-{args.gen}" / "merge")

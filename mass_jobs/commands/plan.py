@@ -10,6 +10,12 @@ from __future__ import annotations
 import json
 import sys
 
+from mass_jobs.k8s.workflow_size import MAX_WORKFLOW_SIZE, estimate
+from mass_jobs.pipeline.planning.counts import plan_counts
+from mass_jobs.pipeline.planning.memory import GIB, fits, load_config, refusal, training_memory
+from mass_jobs.pipeline.planning.schedule import DEFAULTS, gantt, simulate, stored_timings
+from mass_jobs.spec.load import SpecError, SpecIssue, load_spec
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec: a path or an s3:// URI")
@@ -23,11 +29,6 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     import dataclasses
 
-    from mass_jobs.k8s.workflow_size import MAX_WORKFLOW_SIZE, estimate
-    from mass_jobs.pipeline.planning.counts import plan_counts
-    from mass_jobs.pipeline.planning.memory import GIB, fits, load_config, refusal, training_memory
-    from mass_jobs.pipeline.planning.schedule import DEFAULTS, gantt, simulate, stored_timings
-    from mass_jobs.spec.load import SpecError, SpecIssue, load_spec
 
     spec = load_spec(args.spec)
     try:

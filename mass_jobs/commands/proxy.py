@@ -3,6 +3,9 @@ in front of an OpenAI-compatible server until Ctrl-C; every chat call becomes on
 
 from __future__ import annotations
 
+from mass_jobs.serving.llm import Endpoint, ModelError
+from mass_jobs.serving.proxy import RecordingProxy
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--upstream", required=True, help="upstream API root, e.g. http://host:8000/v1 or .../openai/v1")
@@ -18,8 +21,6 @@ def main(args) -> int:
     import sys
     import threading
 
-    from mass_jobs.serving.llm import Endpoint, ModelError
-    from mass_jobs.serving.proxy import RecordingProxy
 
     upstream = Endpoint(base_url=args.upstream, model=args.model, api_key_env=args.api_key_env)
     if not args.upstream.startswith(("http://", "https://")):

@@ -10,6 +10,7 @@ import json
 
 from mass_jobs.commands.common import add_common, add_model, model_endpoint, open_run, run_guarded
 from mass_jobs.serving.roles import client_for
+from mass_jobs.steps.rank import run_rank
 
 
 def add_arguments(parser) -> None:
@@ -19,7 +20,6 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     def go() -> int:
-        from mass_jobs.steps.rank import run_rank
 
         ctx = open_run(args.spec, args.task)
         spec = ctx.spec

@@ -11,6 +11,11 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from mass_jobs.commands.common import open_run, work_dir_default
+from mass_jobs.episodes.rollouts import write_value
+from mass_jobs.run.generation_model import local_model_dir
+from mass_jobs.steps.render_sft import run_render
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("mass_jobs.commands.render:SftCommand", "masked SFT windows: <run>/gen-<g>/sft/{train,val}.jsonl"),
     "argo": ("mass_jobs.k8s.render_command", "Argo WorkflowTemplates + CronWorkflow (--manifests, --chart: the rest)"),
@@ -38,7 +43,6 @@ class SftCommand:
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        from mass_jobs.commands.common import work_dir_default
 
         parser.add_argument("--spec", required=True, help="run spec: local path or s3:// URI")
         parser.add_argument("--gen", type=int, required=True, help="generation whose collected episodes are rendered")
@@ -50,15 +54,11 @@ class SftCommand:
 
         from transformers import AutoTokenizer
 
-        from mass_jobs.commands.common import open_run
-        from mass_jobs.steps.render_sft import run_render
-        from mass_jobs.run.generation_model import local_model_dir
 
         ctx = open_run(args.spec)
         spec = ctx.spec
         where = spec.model.tokenizer or local_model_dir(ctx, args.gen, ctx.work_dir(args.work_dir) / "models")
         extra = run_render(ctx, args.gen, AutoTokenizer.from_pretrained(where))
-        from mass_jobs.episodes.rollouts import write_value
 
         write_value(args.outputs, "supervised-tokens", extra["stored_supervised_tokens"])
         print(f"{extra['windows']} train windows {extra['windows_by_role']}, {extra['val_windows']} val windows, "

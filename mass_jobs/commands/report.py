@@ -3,7 +3,8 @@ artifacts alone and print where it is."""
 
 from __future__ import annotations
 
-from mass_jobs.commands.common import add_spec
+from mass_jobs.commands.common import add_spec, never_ran, open_run
+from mass_jobs.steps.report import write_report
 
 
 def add_arguments(parser) -> None:
@@ -11,12 +12,9 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.commands.common import open_run
-    from mass_jobs.steps.report import write_report
 
     import sys
 
-    from mass_jobs.commands.common import never_ran
 
     ctx = open_run(args.spec)
     if why := never_ran(ctx):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from mass_jobs.commands.common import work_dir_default
+from mass_jobs.commands.common import open_run, report_lines, work_dir_default
+from mass_jobs.pipeline.runner import run
 
 
 def add_arguments(parser) -> None:
@@ -17,9 +18,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.commands.common import open_run
 
-    from mass_jobs.commands.common import report_lines
 
     ctx = open_run(args.spec)  # a bad spec exits 2 before anything is written
     if run_reporting_failures(args, "run") is None:
@@ -36,7 +35,6 @@ def live_display(no_progress: bool, stream=None) -> bool:
 
 def run_reporting_failures(args, what: str) -> dict | None:
     """Run L0 -> L_N; any failure of a step is one message and the hint to resume, not a traceback."""
-    from mass_jobs.pipeline.runner import run
 
     try:
         return run(args.spec, work_dir=args.work_dir, progress=live_display(args.no_progress))

@@ -9,6 +9,8 @@ and no view of the main container's files.
 
 from __future__ import annotations
 
+from mass_jobs.episodes.sandbox_service import serve
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--socket", required=True, metavar="PATH", help="Unix socket to serve (in a volume both containers mount)")
@@ -28,7 +30,6 @@ def main(args) -> int:
     import sys
     from pathlib import Path
 
-    from mass_jobs.episodes.sandbox_service import serve
 
     workspace = Path(args.workspace)
     # files the other container of the pod must change are group-writable (the pod's fsGroup)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mass_jobs.spec.issues import write_schemas
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--write", metavar="DIR", default="schemas", help="output directory (default: schemas)")
 
 
 def main(args) -> int:
-    from mass_jobs.spec.issues import write_schemas
 
     for path in write_schemas(Path(args.write)):
         print(path)

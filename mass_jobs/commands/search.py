@@ -17,6 +17,8 @@ import json
 from mass_jobs.commands.common import (add_common, add_model, add_rollout_phases, model_endpoint, open_run,
                                       run_guarded)
 from mass_jobs.serving.roles import client_for
+from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.steps.search import run_search
 
 
 def add_arguments(parser) -> None:
@@ -31,8 +33,6 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     def go() -> int:
-        from mass_jobs.steps.search import run_search
-        from mass_jobs.episodes.rollouts import episode_executor
 
         ctx = open_run(args.spec, args.task)
         spec = ctx.spec

@@ -7,6 +7,7 @@ import argparse
 import json
 
 from mass_jobs.commands.common import add_spec, open_run
+from mass_jobs.steps.select import run_select
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,7 +15,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from mass_jobs.steps.select import run_select
 
     chosen = run_select(open_run(args.spec), args.gen)
     print(json.dumps({k: chosen.get(k) for k in ("step", "by", "val_loss", "processed_supervised_tokens")}))

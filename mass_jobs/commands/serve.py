@@ -5,6 +5,9 @@ Control tokens such as <|im_end|> never reach a client, streamed or not."""
 
 from __future__ import annotations
 
+from mass_jobs.serving.model_dirs import ModelLocationError, resolve_model
+from mass_jobs.serving.serve import build_app, default_served_name
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, help="model location: local dir, s3://bucket/key or hub id")
@@ -24,8 +27,6 @@ def main(args) -> int:
 
     import uvicorn
 
-    from mass_jobs.serving.model_dirs import ModelLocationError, resolve_model
-    from mass_jobs.serving.serve import build_app, default_served_name
 
     try:
         model_dir = resolve_model(args.model)

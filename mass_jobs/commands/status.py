@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import json
 
+from mass_jobs.commands.common import open_run
+from mass_jobs.pipeline.progress import clock
+from mass_jobs.pipeline.runner import RunState, progress_summary, step_status
+from mass_jobs.run.context import RunContext
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec: a path or an s3:// URI")
@@ -18,11 +23,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.commands.common import open_run
-    from mass_jobs.pipeline.progress import clock
-    from mass_jobs.pipeline.runner import RunState, progress_summary, step_status
 
-    from mass_jobs.run.context import RunContext
 
     ctx = open_run(args.spec, check_spec=False)
     # the decision `mass run` and `mass validate` take too: a changed spec is refused, so the steps

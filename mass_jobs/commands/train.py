@@ -14,6 +14,7 @@ import os
 import sys
 
 from mass_jobs.commands.common import add_spec, open_run, work_dir_default
+from mass_jobs.steps.train import run_train
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +29,6 @@ def main(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from mass_jobs.steps.train import run_train
 
     ctx = open_run(args.spec)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():

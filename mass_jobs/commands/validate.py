@@ -12,6 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from mass_jobs.pipeline.table import argo_outputs
+from mass_jobs.commands.cli import environment_error
+from mass_jobs.k8s import preflight
+from mass_jobs.pipeline import table as P
+from mass_jobs.run.base_model import local_fitness_issues
+from mass_jobs.run.context import RunContext
+from mass_jobs.spec.load import SpecError, SpecIssue, load_spec
+from mass_jobs.store import open_store
 
 
 def add_arguments(parser) -> None:
@@ -46,8 +53,6 @@ def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None,
     and the store endpoint its own pod sees."""
     import os
 
-    from mass_jobs.k8s import preflight
-    from mass_jobs.spec.load import SpecIssue
 
     values: dict = preflight.parse_chart_values(chart_values)
     if artifact_bucket is not None:
@@ -69,7 +74,6 @@ def done_outputs(ctx, gen: int, pipeline=None) -> dict[str, str]:
     """What is stored already, by each step's own done-check: `done-<step>` for generation `gen`,
     `needs-model` (a model step of it is not done) and `run-done`. The templates skip GPU steps
     and the model server that have nothing to do (a re-submitted or scheduled finished run)."""
-    from mass_jobs.pipeline import table as P
 
     spec, tasks = ctx.spec, P.train_task_ids(ctx)
     gen_steps = P.generation_steps(pipeline)
@@ -85,10 +89,6 @@ def stored_run_check(source: str, spec, quiet: bool) -> None:
     """A spec that differs from its run's stored one is refused here as `mass run` refuses it
     (`RunContext.spec_differences`). A store this machine cannot reach (no credentials, offline)
     is said, not an error: validating before the store exists is what the command is for."""
-    from mass_jobs.commands.cli import environment_error
-    from mass_jobs.run.context import RunContext
-    from mass_jobs.spec.load import SpecError
-    from mass_jobs.store import open_store
 
     try:
         changed = RunContext(spec, open_store(spec.store)).spec_differences()
@@ -108,10 +108,8 @@ def _flag(b: bool) -> str:
 
 
 def main(args) -> int:
-    from mass_jobs.spec.load import SpecError, load_spec
 
     spec = load_spec(args.spec)  # a SpecError exits 2 listing every issue (mass_jobs.commands.cli)
-    from mass_jobs.run.base_model import local_fitness_issues
 
     unfit = local_fitness_issues(spec)
     if unfit:

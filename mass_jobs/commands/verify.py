@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import sys
 
+from mass_jobs.spec.load import load_spec
+from mass_jobs.store import CorruptObject, MissingKey, open_store, verify_manifest
+from mass_jobs.store.manifest import MANIFEST_NAME
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("run", metavar="RUN_OR_SPEC", help="a run spec (path or s3:// URI) or a store URI of a run")
@@ -20,19 +24,15 @@ def add_arguments(parser) -> None:
 
 def _locate(where: str):
     """(store, key prefix) of a spec's run, or of a store URI given directly."""
-    from mass_jobs.store import open_store
 
     if where.startswith("file://") or (where.startswith("s3://") and not where.endswith((".yaml", ".yml", ".json"))):
         return open_store(where), ""
-    from mass_jobs.spec.load import load_spec
 
     spec = load_spec(where)
     return open_store(spec.store), f"{spec.name}/"
 
 
 def main(args) -> int:
-    from mass_jobs.store import CorruptObject, MissingKey, verify_manifest
-    from mass_jobs.store.manifest import MANIFEST_NAME
 
     store, prefix = _locate(args.run)
     steps = [k.removesuffix(f"/{MANIFEST_NAME}") for k in store.list(prefix) if k.endswith(f"/{MANIFEST_NAME}")]

@@ -35,6 +35,7 @@ from typing import Any
 
 from mass_jobs.episodes.delegation import ANY_DELEGATION_TOOL, can_delegate, delegation_tools
 from mass_jobs.episodes.threads import group_calls, text_of
+from mass_jobs.episodes.trace_shape import parse_lines, trace_problems
 
 DELEGATE_TOOLS = ANY_DELEGATION_TOOL  # every harness's delegation tool (a trace without its harness)
 WRITE_TOOLS = frozenset({"write_file", "edit", "replace"})
@@ -100,7 +101,6 @@ class EpisodeAudit:
 def load_trace(path: Path) -> list[dict]:
     """Records of a trace.jsonl in call order; a torn last line (a killed episode) is skipped.
     ValueError names the first thing that makes it unreadable (mass_jobs.episodes.trace_shape)."""
-    from mass_jobs.episodes.trace_shape import parse_lines, trace_problems
 
     records, problems = parse_lines(Path(path).read_bytes().decode("utf-8", "replace"))
     if problems := trace_problems(records, problems):
@@ -262,7 +262,6 @@ def unreadable(episode: str, why: str) -> EpisodeAudit:
 
 
 def audit_records(records: list[dict], episode: str = "", harness: str | None = None) -> EpisodeAudit:
-    from mass_jobs.episodes.trace_shape import trace_problems
 
     if problems := trace_problems(records):
         return unreadable(episode, "; ".join(problems))

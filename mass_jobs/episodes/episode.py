@@ -18,6 +18,7 @@ from pydantic import Field
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.config.shared import Closed
 from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+from mass_jobs.sandbox.run import resolve_in_workspace
 
 OUTCOMES = ("success", "no_work", "failed", "turn_limit", "loop_detected", "timeout", "infra_error")
 HARNESSES = ("builtin", "qwen-code")
@@ -193,7 +194,6 @@ def validate_status(status: dict[str, Any]) -> None:
 
 
 def seed_workspace(workspace: Path, files: dict[str, str]) -> None:
-    from mass_jobs.sandbox.run import resolve_in_workspace
 
     workspace.mkdir(parents=True, exist_ok=True)
     for relpath, text in sorted(files.items()):

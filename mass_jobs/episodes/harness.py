@@ -37,6 +37,9 @@ from mass_jobs.episodes.episode import (  # noqa: F401 (the package's names)
     status_text,
 )
 from mass_jobs.serving.llm import Endpoint
+from mass_jobs.episodes.builtin import BuiltinHarness
+from mass_jobs.serving.proxy import RecordingProxy
+from mass_jobs.store.base import replace_atomically
 
 
 def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None, qwen=None,
@@ -51,7 +54,6 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
     import os
     import secrets
 
-    from mass_jobs.serving.proxy import RecordingProxy
 
     if inp.harness not in HARNESSES:
         raise ValueError(f"harness: expected one of {', '.join(HARNESSES)}, got {inp.harness!r}")
@@ -123,7 +125,6 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
         )
         validate_status(status)
     status_path = out_dir / "status.json"
-    from mass_jobs.store.base import replace_atomically
 
     # all or nothing: a full disk leaves no torn status (mass episode exits 1 naming it)
     replace_atomically(status_path, lambda tmp: tmp.write_text(status_text(status)))
@@ -180,7 +181,6 @@ def _take_back(sandbox, workspace: Path, result: HarnessOutcome) -> HarnessOutco
 
 
 def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path, sandbox=None) -> HarnessOutcome:
-    from mass_jobs.episodes.builtin import BuiltinHarness
 
     harness = BuiltinHarness(endpoint, workspace, inp.limits, inp.sampling, seed=inp.seed, single_agent=inp.single_agent,
                              sandbox=sandbox)

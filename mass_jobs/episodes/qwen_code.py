@@ -27,10 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from mass_jobs.episodes.audit import DELEGATE_TOOLS, split_threads
 from mass_jobs.config.errors import SandboxError
-from mass_jobs.episodes.episode import TOOL_CALL_CAP, no_work_reason
+from mass_jobs.episodes.episode import HarnessOutcome, no_work_reason, TOOL_CALL_CAP
+from mass_jobs.episodes.qwen_shell import install_shim
+from mass_jobs.sandbox.run import sandbox_env
+from mass_jobs.serving.proxy import read_trace
 
 if TYPE_CHECKING:
-    from mass_jobs.episodes.episode import EpisodeInput, HarnessOutcome
+    from mass_jobs.episodes.episode import EpisodeInput
     from mass_jobs.serving.llm import Endpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +115,6 @@ def environment(workspace: Path, home: Path, proxy: Endpoint, model: str, binary
                 shell_dir: Path | None = None) -> dict[str, str]:
     """The sandbox's scrubbed environment plus what qwen-code needs (node on PATH, the proxy);
     `shell_dir` (the forwarding `bash`, mass_jobs/episodes/qwen_shell.py) goes first on PATH."""
-    from mass_jobs.sandbox.run import sandbox_env
 
     (home / "tmp").mkdir(exist_ok=True)
     env = sandbox_env(workspace, home / "tmp")
@@ -172,7 +174,6 @@ class QwenRun:
 
     def __init__(self, inp: EpisodeInput, proxy: Endpoint, workspace: Path, shell_socket: str | Path | None = None,
                  home: Path | None = None):
-        from mass_jobs.episodes.qwen_shell import install_shim
 
         binary = qwen_binary()
         home = self._home = home or Path(tempfile.mkdtemp(prefix="mass-qwen-home-"))
@@ -276,8 +277,6 @@ def run_qwen_code(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_pat
 
 
 def _run(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, sandbox, shells) -> HarnessOutcome:
-    from mass_jobs.episodes.episode import HarnessOutcome
-    from mass_jobs.serving.proxy import read_trace
 
     started = time.monotonic()
     outcome, reason, report = "infra_error", "", ""

@@ -19,6 +19,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mass_jobs.episodes.tools import COMMAND_MAX_BYTES, sandbox_limits
+from mass_jobs.sandbox.run import SandboxEscape, resolve_in_workspace, run_sandboxed
+
 if TYPE_CHECKING:
     from mass_jobs.config.run_spec import EpisodeLimits
 
@@ -82,8 +85,6 @@ def run_shell(workspace: Path, command: object, cwd: object, limits: EpisodeLimi
     """What `POST /shell` answers: the command run by bash in `cwd` (a folder of the workspace) under
     the episode's shell limits; {exit_code, stdout, stderr, network_isolated}. A folder outside the
     workspace or a malformed request is the command's failure (exit 126), never the service's."""
-    from mass_jobs.episodes.tools import COMMAND_MAX_BYTES, sandbox_limits
-    from mass_jobs.sandbox.run import SandboxEscape, resolve_in_workspace, run_sandboxed
 
     root = Path(workspace).resolve()
     if not isinstance(command, str) or not command.strip() or "\x00" in command:

@@ -33,6 +33,7 @@ from mass_jobs.episodes.episode import (EpisodeInput, EpisodeRequest, episode_fi
                                         validate_status)
 from mass_jobs.episodes.harness import run_episode
 from mass_jobs.run.context import RunContext
+from mass_jobs.serving.roles import role_endpoint
 
 AGENT_OUTPUTS = proof.EPISODE_OUTPUTS
 ENDED = ("Succeeded", "Failed", "Error")  # Argo phases of an agent step that ran and will not run again
@@ -78,7 +79,6 @@ def derived_seed(*parts: Any) -> int:
 
 def executor_endpoint(spec, endpoint):
     """The model a teacher or search episode calls: roles.executor when set, else the generation."""
-    from mass_jobs.serving.roles import role_endpoint
 
     return role_endpoint(spec, "executor") or endpoint
 

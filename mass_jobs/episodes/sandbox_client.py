@@ -14,10 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mass_jobs.config.errors import SandboxError
+from mass_jobs.episodes.episode import episode_file_json
+from mass_jobs.episodes.tools import ToolError, ToolRun, truncate
+from mass_jobs.sandbox.check_job import DETAIL_CHARS
+from mass_jobs.sandbox.run import MEMORY_LIMITS
+from mass_jobs.store.archive import UnsafeArchive, extract_dir_archive, write_dir_archive
 
 if TYPE_CHECKING:
     from mass_jobs.episodes.episode import EpisodeInput
-    from mass_jobs.episodes.tools import ToolRun
     from mass_jobs.serving.llm import Endpoint
     from mass_jobs.config.run_spec import EpisodeLimits
 
@@ -99,7 +103,6 @@ class SandboxClient:
                 time.sleep(0.2)
 
     def put_workspace(self, workspace: Path) -> None:
-        from mass_jobs.store.archive import write_dir_archive
 
         buf = io.BytesIO()
         write_dir_archive(workspace, buf)
@@ -107,7 +110,6 @@ class SandboxClient:
 
     def get_workspace(self, into: Path) -> None:
         """The sandbox's workspace, extracted (hostile-proof) into the empty or missing `into`."""
-        from mass_jobs.store.archive import UnsafeArchive, extract_dir_archive
 
         status, data = self._call("GET", "/workspace", limit=ARCHIVE_LIMIT)
         self._check(status, data, "GET /workspace")
@@ -123,13 +125,11 @@ class SandboxClient:
 
     def tool(self, name: str, args: dict, limits: EpisodeLimits, timeout_s: float) -> ToolRun:
         """A workspace tool in the sandbox; a ToolError there is a ToolError here."""
-        from mass_jobs.episodes.tools import ToolError, ToolRun, truncate
 
         reply = self._json("POST", "/tool", {"name": name, "args": args, "limits": limits.model_dump(mode="json"),
                                              "timeout_s": timeout_s}, timeout_s=timeout_s + self.timeout_s)
         if "tool_error" in reply:
             raise ToolError(truncate(str(reply["tool_error"])))
-        from mass_jobs.sandbox.run import MEMORY_LIMITS
 
         isolated, memory = reply.get("network_isolated"), reply.get("memory_limit")
         return ToolRun(truncate(str(reply.get("text", ""))), isolated if isinstance(isolated, bool) else None,
@@ -137,7 +137,6 @@ class SandboxClient:
 
     def check(self, check, limits: EpisodeLimits) -> tuple[int, str]:
         """A guard check (CheckCommand) in the sandbox's workspace: (exit code, detail)."""
-        from mass_jobs.sandbox.check_job import DETAIL_CHARS
 
         reply = self._json("POST", "/check", {"check": check.model_dump(mode="json"), "limits": limits.model_dump(mode="json")},
                            timeout_s=check.timeout_s + self.timeout_s)
@@ -147,7 +146,6 @@ class SandboxClient:
         return code, str(reply.get("detail", ""))[-DETAIL_CHARS:]
 
     def start_qwen(self, inp: EpisodeInput, proxy: Endpoint) -> RemoteQwenRun:
-        from mass_jobs.episodes.episode import episode_file_json
 
         reply = self._json("POST", "/qwen", {"episode": episode_file_json(inp),
                                              "proxy": {"base_url": proxy.base_url, "model": proxy.model, "key": proxy.key}})

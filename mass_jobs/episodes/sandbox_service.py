@@ -42,13 +42,21 @@ import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mass_jobs.config.errors import SandboxError  # noqa: F401 (raised by SandboxClient; callers import it here too)
 from mass_jobs.episodes.sandbox_client import ARCHIVE_LIMIT, REQUEST_LIMIT, SandboxClient
-
-if TYPE_CHECKING:
-    from mass_jobs.config.run_spec import EpisodeLimits
+from mass_jobs.config.run_spec import EpisodeLimits
+from mass_jobs.config.task_spec import CheckCommand
+from mass_jobs.episodes import tools as T
+from mass_jobs.episodes.episode import episode_input
+from mass_jobs.episodes.qwen_code import QwenRun, qwen_binary, sandbox_home
+from mass_jobs.episodes.qwen_shell import run_shell
+from mass_jobs.sandbox.check_job import fresh_copy, run_check
+from mass_jobs.sandbox.run import SandboxLimits, _tools, run_sandboxed
+from mass_jobs.sandbox.tree import tree_pids
+from mass_jobs.serving.llm import Endpoint
+from mass_jobs.store.archive import extract_dir_archive, write_dir_archive
 
 PR_SET_CHILD_SUBREAPER = 36
 REAP_ROUNDS = 50  # walks of the tree after a command, until one finds no stray left
@@ -78,7 +86,6 @@ class SandboxService:
         self._lock = threading.Lock()
 
     def put_workspace(self, archive: bytes) -> None:
-        from mass_jobs.store.archive import extract_dir_archive
 
         if self.workspace.exists() and any(self.workspace.iterdir()):
             raise ValueError("the workspace is seeded once per episode")
@@ -86,15 +93,12 @@ class SandboxService:
         _group_writable(self.workspace)  # an agent pod's qwen-code container works on it too
 
     def get_workspace(self) -> bytes:
-        from mass_jobs.store.archive import write_dir_archive
 
         buf = io.BytesIO()
         write_dir_archive(self.workspace, buf)
         return buf.getvalue()
 
     def tool(self, body: dict) -> dict:
-        from mass_jobs.episodes import tools as T
-        from mass_jobs.config.run_spec import EpisodeLimits
 
         limits = EpisodeLimits.model_validate(body["limits"])
         try:
@@ -111,8 +115,6 @@ class SandboxService:
         the forwarder names (an agent pod's sandbox, whose qwen-code runs in another container)."""
         from pydantic import ValidationError
 
-        from mass_jobs.episodes.qwen_shell import run_shell
-        from mass_jobs.config.run_spec import EpisodeLimits
 
         limits = self.limits or next((run.limits for run in self._runs.values()), None)
         if limits is None:
@@ -132,9 +134,6 @@ class SandboxService:
                 self._reap_strays()
 
     def check(self, body: dict) -> dict:
-        from mass_jobs.sandbox.check_job import fresh_copy, run_check
-        from mass_jobs.config.run_spec import EpisodeLimits
-        from mass_jobs.config.task_spec import CheckCommand
 
         check = CheckCommand.model_validate(body["check"])
         self._reap_strays()
@@ -151,7 +150,6 @@ class SandboxService:
         qwen-code, so nothing they leave survives their return either."""
         if not self.reap:
             return
-        from mass_jobs.sandbox.tree import tree_pids
 
         me = os.getpid()
         for _ in range(REAP_ROUNDS):  # again until a walk finds none: a stray may fork while it is walked
@@ -174,9 +172,6 @@ class SandboxService:
                     pass
 
     def start_qwen(self, body: dict) -> dict:
-        from mass_jobs.episodes.episode import episode_input
-        from mass_jobs.episodes.qwen_code import QwenRun, sandbox_home
-        from mass_jobs.serving.llm import Endpoint
 
         inp = episode_input(body["episode"])
         p = body["proxy"]
@@ -361,8 +356,6 @@ def local_sandbox(workspace: Path, limits: EpisodeLimits):
     import shutil
     import tempfile
 
-    from mass_jobs.episodes.qwen_code import qwen_binary
-    from mass_jobs.sandbox.run import SandboxLimits, _tools, run_sandboxed
 
     if _tools()[0] is None:
         yield None

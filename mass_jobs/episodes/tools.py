@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from mass_jobs.config.run_spec import EpisodeLimits
+from mass_jobs.sandbox.run import SandboxEscape, SandboxLimits, resolve_in_workspace, run_sandboxed
+from mass_jobs.sandbox.tree import workspace_usage
 
 TOOL_OUTPUT_CHARS = 16_000  # what one tool result may put into the context
 LIST_MAX_ENTRIES = 500
@@ -143,7 +145,6 @@ def _check_path(relpath: str) -> None:
 
 
 def _resolve(workspace: Path, relpath: str) -> Path:
-    from mass_jobs.sandbox.run import SandboxEscape, resolve_in_workspace
 
     _check_path(relpath)
     try:
@@ -233,8 +234,6 @@ def write_file(workspace: Path, args: dict[str, Any], max_bytes: int) -> str:
 
 
 def _check_quota(workspace: Path, adding: int) -> None:
-    from mass_jobs.sandbox.run import SandboxLimits
-    from mass_jobs.sandbox.tree import workspace_usage
 
     q = SandboxLimits()
     size, files = workspace_usage(workspace)
@@ -278,7 +277,6 @@ class ShellOutcome:
 
 
 def shell(workspace: Path, args: dict[str, Any], limits: EpisodeLimits, timeout_s: float) -> ShellOutcome:
-    from mass_jobs.sandbox.run import run_sandboxed
 
     command = require_str(args, "command")
     if not command.strip():
@@ -308,7 +306,6 @@ def shell(workspace: Path, args: dict[str, Any], limits: EpisodeLimits, timeout_
 
 def sandbox_limits(limits: EpisodeLimits, timeout_s: float):
     """The episode's per-command limits, with the timeout cut to what is left of the wall time."""
-    from mass_jobs.sandbox.run import SandboxLimits
 
     return SandboxLimits.from_episode_limits(limits, timeout_s=timeout_s)
 

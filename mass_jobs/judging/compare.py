@@ -25,6 +25,8 @@ from pydantic import Field
 
 from mass_jobs.judging import evidence
 from mass_jobs.config.shared import Closed
+from mass_jobs.run.context import RunContext
+from mass_jobs.store import UnsafeArchive
 
 EVALUATOR_ROLE = "evaluator"
 
@@ -96,8 +98,6 @@ def stored_views(store, prefix: str, max_bytes: int | None, deliverables=(), wor
     why: a verdict against it, never a crashed step."""
     import tempfile
 
-    from mass_jobs.run.context import RunContext
-    from mass_jobs.store import UnsafeArchive
 
     status = store.get_json(RunContext.rollout_file(prefix, "status.json"))
     with tempfile.TemporaryDirectory(prefix="mass-bundle-") as tmp:

@@ -25,6 +25,9 @@ import numpy as np
 from pydantic import Field
 
 from mass_jobs.config.shared import Closed
+from mass_jobs.config.task_spec import Workflow
+from mass_jobs.judging.embed import make_embedder
+from mass_jobs.spec.workflow import render_workflow
 
 DIMS = 4  # principal components of the embedding kept at most
 RIDGE = 1e-9  # added to the correlation matrix's diagonal: logdet of a rank-deficient sample stays finite
@@ -139,8 +142,6 @@ def analyse(generation: int, samples: list[dict], embedder) -> InformationProxy:
 
 def search_samples(states: dict[str, dict]) -> list[dict]:
     """One sample per rollout with a workflow, from the search states of one generation (task -> state)."""
-    from mass_jobs.config.task_spec import Workflow
-    from mass_jobs.spec.workflow import render_workflow
 
     out = []
     for task, state in sorted(states.items()):
@@ -159,7 +160,6 @@ def search_samples(states: dict[str, dict]) -> list[dict]:
 
 def workflow_information(ctx, embedder=None) -> list[InformationProxy]:
     """Per generation with stored search states, the proxies over its training tasks' rollouts."""
-    from mass_jobs.judging.embed import make_embedder
 
     embedder = embedder or make_embedder(ctx.spec.evaluation.embedder)  # the spec's: mass status rebuilds the same
     rows = []

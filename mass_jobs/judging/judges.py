@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mass_jobs.run.context import RunContext
+from mass_jobs.judging import compare
+from mass_jobs.serving.llm import ModelError
 
 
 class ChatClient(Protocol):
@@ -73,8 +75,6 @@ def ask_verdict(client: ChatClient, job: PairJob, order: str, seed: int, retries
     """One verdict via `compare.judge`; an endpoint failure (ModelError: unreachable, timeout, HTTP
     error, a reply that is no chat completion) is retried, then recorded invalid. Any other error is
     a bug of this code and propagates: stored as an invalid verdict, `run_panel` would reuse it forever."""
-    from mass_jobs.judging import compare
-    from mass_jobs.serving.llm import ModelError
 
     cand, base = ("candidate", job.candidate_bundle), ("baseline", job.baseline_bundle)
     first, second = (cand, base) if order == "candidate_first" else (base, cand)

@@ -45,6 +45,16 @@ from pathlib import Path
 
 import yaml
 
+from mass_jobs.k8s import training
+from mass_jobs.k8s.schemas import webhook_errors
+from mass_jobs.k8s.settings import ClusterSettings
+from mass_jobs.k8s.workflow_size import estimate
+from mass_jobs.pipeline.planning.memory import load_config, meta_model
+from mass_jobs.pipeline.table import trainer_step
+from mass_jobs.spec.issues import validator_issues
+from mass_jobs.spec.load import SpecIssue
+from mass_jobs.steps.evaluate import rollout_generations, self_evaluators
+
 CHART_VALUES = Path(__file__).resolve().parents[2] / "charts" / "mass-jobs" / "values.yaml"
 CHART_SCHEMA = CHART_VALUES.with_name("values.schema.json")
 ARGO_MAX_STACK_DEPTH = 100  # workflow/controller/operator.go: maxAllowedStackDepth
@@ -107,8 +117,6 @@ def schema_issues(values: dict) -> list:
 
     from jsonschema import Draft7Validator
 
-    from mass_jobs.spec.load import SpecIssue
-    from mass_jobs.spec.issues import validator_issues
 
     found = validator_issues(Draft7Validator(json.loads(CHART_SCHEMA.read_text())), values)
     return [SpecIssue("values " + i.path.removeprefix("$").removeprefix("."), i.message) for i in found]
@@ -116,7 +124,6 @@ def schema_issues(values: dict) -> list:
 
 def required_issues(values: dict) -> list:
     """The values the chart's templates `require` (no default): Helm stops the install without them."""
-    from mass_jobs.spec.load import SpecIssue
 
     out = []
     fqdns, cilium = _get(values, "network.s3.fqdns"), _get(values, "network.cilium") is True
@@ -171,7 +178,6 @@ def parse_chart_values(items) -> dict:
 def model_config(spec, config: str | None):
     """The model's config for the storage checks: `config`, else a local model.base's; None when
     neither is given (the checks that need it are left out of the table)."""
-    from mass_jobs.pipeline.planning.memory import load_config
 
     if config is None and not (Path(spec.model.base) / "config.json").is_file():
         return None
@@ -182,7 +188,6 @@ def model_bytes(spec, config) -> int:
     """Bytes of the model's weights in the spec's dtype (from the config, no weights read)."""
     import torch
 
-    from mass_jobs.pipeline.planning.memory import meta_model
 
     # auto: the checkpoint's own dtype, bf16 for the models this runs
     itemsize = 2 if spec.model.dtype == "auto" else getattr(torch, spec.model.dtype).itemsize
@@ -335,7 +340,6 @@ def checks(spec, values: dict, config=None) -> list[Check]:
 def predictors_at_once(spec) -> int:
     """The most InferenceServices a run holds at once: evaluate serves the new generation, L_0, the
     previous one and the self-evaluators together (one of each at generation 1)."""
-    from mass_jobs.steps.evaluate import rollout_generations, self_evaluators
 
     return max(len({*rollout_generations(g), *self_evaluators(g)}) for g in range(1, spec.generations + 1))
 
@@ -372,7 +376,6 @@ def size_checks(spec, values: dict) -> list[Check]:
         return []
     if offload is True:
         return [Check("workflow object size", "not bounded", "nodes offloaded", True, "values argo.nodeStatusOffload")]
-    from mass_jobs.k8s.workflow_size import estimate
 
     last = estimate(spec)[-1]
     kib = f"{last.stored_bytes / 1024:,.0f} KiB"
@@ -387,11 +390,7 @@ def size_checks(spec, values: dict) -> list[Check]:
 
 def trainer_webhook_errors(spec) -> list[str]:
     """What the training operator's webhook says of the PyTorchJob this spec's sft renders."""
-    from mass_jobs.k8s import training
-    from mass_jobs.k8s.schemas import webhook_errors
-    from mass_jobs.k8s.settings import ClusterSettings
 
-    from mass_jobs.pipeline.table import trainer_step
 
     trainer = trainer_step()
     workers = spec.sft.replicas - 1
@@ -407,7 +406,6 @@ PREREQUISITES = "docs/kubernetes.md#cluster-prerequisites"
 
 def issues(found: list[Check]) -> list:
     """A SpecIssue per failing check; each names where the cluster's side of it is documented."""
-    from mass_jobs.spec.load import SpecIssue
 
     return [SpecIssue(c.path, f"{c.why} (cluster prerequisites: {PREREQUISITES})") for c in found if not c.ok]
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from mass_jobs.k8s import codegen
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="directory of the Argo YAML (argo/)")
@@ -30,7 +32,6 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from mass_jobs.k8s import codegen
 
     settings, suffix = None, ""
     if args.values:

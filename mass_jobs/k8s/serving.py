@@ -6,10 +6,11 @@ Created by the `serve-model` resource template of `mass-cycle` and deleted by it
 
 from __future__ import annotations
 
-from mass_jobs.k8s import labels as L
-from mass_jobs.k8s import pods
+from mass_jobs.k8s import labels as L, pods
 from mass_jobs.k8s.manifests import MODEL_SA, MODEL_STEP
 from mass_jobs.k8s.settings import ClusterSettings
+from mass_jobs.run.context import served_model_name
+from mass_jobs.serving.backends import engine_args
 
 # KServe webhook: InferenceService names must be DNS-1035 labels.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -20,7 +21,6 @@ FAILED = "status.modelStatus.transitionStatus in (BlockedByFailedLoad, InvalidSp
 
 def isvc_name(run: str, gen: str) -> str:
     """The InferenceService's name, which is also the served model name (`--model_name`)."""
-    from mass_jobs.run.context import served_model_name
 
     return served_model_name(run, gen)
 
@@ -41,7 +41,6 @@ def openai_base_url(name: str, namespace: str, cluster_domain: str = "cluster.lo
 def runtime_args(s: ClusterSettings, name: str, dtype: str) -> list[str]:
     """The KServe HuggingFace runtime's arguments: the served name, the vLLM backend and the engine
     arguments a local `vllm serve` gets too (`mass_jobs.serving.backends.engine_args`)."""
-    from mass_jobs.serving.backends import engine_args
 
     return [f"--model_name={name}", "--backend=vllm",
             *engine_args(tool_call_parser=s.tool_call_parser, reasoning_parser=s.reasoning_parser,

@@ -25,6 +25,14 @@ import json
 import re
 from dataclasses import dataclass
 
+from mass_jobs.config.run_spec import RunSpec
+from mass_jobs.episodes import rollouts
+from mass_jobs.k8s import argo
+from mass_jobs.k8s.settings import ClusterSettings
+from mass_jobs.pipeline.table import argo_outputs
+from mass_jobs.run.context import RunContext
+from mass_jobs.steps import evaluate
+
 MAX_WORKFLOW_SIZE = 1024 * 1024  # the controller's MAX_WORKFLOW_SIZE default
 HOST = "ip-10-0-128-200.ec2.internal"  # a node name of typical length (pods' hostNodeName)
 START = 1_767_225_600  # 2026-01-01: the run's first second; node times follow from each id
@@ -105,7 +113,6 @@ class _Walk:
     """The controller's expansion of the templates into nodes, on the success path."""
 
     def __init__(self, spec, workflow: str, docs: dict[str, dict]):
-        from mass_jobs.run.context import RunContext
 
         self.spec, self.workflow, self.docs = spec, workflow, docs
         self.ctx = RunContext(spec, None)
@@ -207,9 +214,6 @@ class _Walk:
         return True  # validate's flags on a run with nothing stored: every step runs
 
     def outputs(self, template: str, inputs: dict) -> dict:
-        from mass_jobs.pipeline.table import argo_outputs
-        from mass_jobs.steps import evaluate
-        from mass_jobs.episodes import rollouts
 
         spec, ctx = self.spec, self.ctx
         g = int(inputs.get("gen", 0))
@@ -279,11 +283,8 @@ def estimate(spec, workflow: str = "mass-run-x7k2p") -> list[Size]:
 @functools.lru_cache(maxsize=8)
 def _estimate(spec_json: str, workflow: str) -> tuple[dict, ...]:
     """Once per spec and name: `mass validate` and `mass plan` of one spec walk the templates once."""
-    from mass_jobs.k8s import argo
-    from mass_jobs.config.run_spec import RunSpec
 
     spec = RunSpec.model_validate_json(spec_json)
-    from mass_jobs.k8s.settings import ClusterSettings
 
     s = ClusterSettings()
     docs = {"mass-run": argo.mass_run(s), "mass-cycle": argo.mass_cycle(s)}

@@ -31,8 +31,17 @@ from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.config.task_spec import Task
-from mass_jobs.pipeline.progress import Display, PerKey
+from mass_jobs.pipeline.progress import Display, estimate, PerKey
 from mass_jobs.steps.split_guard import SplitLeak, check_no_test_leak  # noqa: F401 (the runner's API too)
+from mass_jobs.episodes.rollouts import episode_executor, executor_endpoint
+from mass_jobs.pipeline.run_lease import RunLease
+from mass_jobs.run.base_model import local_fitness_issues
+from mass_jobs.run.generation_model import served_model_dir
+from mass_jobs.serving.backends import serve_model
+from mass_jobs.serving.roles import client_for
+from mass_jobs.spec.load import SpecError, load_spec
+from mass_jobs.store import open_store, read_manifest
+from mass_jobs.store.lease import pid_alive
 
 
 class RunError(StepFailed):
@@ -190,8 +199,6 @@ class Runner:
     def serve(self, g: int):
         """L_g's endpoint for the inner loop, under the name the cluster's InferenceService has, served
         by execution.serving's backend. `external` serves nothing: every role has its own endpoint."""
-        from mass_jobs.serving.backends import serve_model
-        from mass_jobs.run.generation_model import served_model_dir
 
         if self.spec.execution.serving == "external":
             raise RuntimeError("execution.serving is 'external': the inner loop uses roles.<role> endpoints "
@@ -203,12 +210,10 @@ class Runner:
     # ------------------------------------------------------------ model access for model steps
     @property
     def client(self):
-        from mass_jobs.serving.roles import client_for
 
         return LazyClient(lambda: client_for(self.spec, self.lazy.endpoint()))
 
     def execute(self, *args):
-        from mass_jobs.episodes.rollouts import episode_executor, executor_endpoint
 
         # roles.executor set: the generation's server is not needed (and not started) for episodes
         endpoint = executor_endpoint(self.spec, None) or self.lazy.endpoint()
@@ -289,7 +294,6 @@ class Runner:
 
     # ------------------------------------------------------------ the whole run
     def run(self) -> dict:
-        from mass_jobs.pipeline.run_lease import RunLease
 
         self.ctx.claim_spec()  # a changed spec on an existing run is refused (SpecError, exit 2)
         with RunLease(self.ctx):  # one local writer per run: a second one exits 2 naming this one
@@ -298,7 +302,6 @@ class Runner:
     def _run_all(self) -> dict:
         import threading
 
-        from mass_jobs.store import read_manifest
 
         self.state.load()
         self.state.set(status="running", spec=self.spec_path, failed=None)
@@ -320,9 +323,6 @@ class Runner:
 
 def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, on_step=None) -> dict:
     """Load the spec, open its store and run L0 -> L_N (resuming whatever is stored)."""
-    from mass_jobs.run.base_model import local_fitness_issues
-    from mass_jobs.spec.load import SpecError, load_spec
-    from mass_jobs.store import open_store
 
     spec = load_spec(spec_path)
     unfit = local_fitness_issues(spec)  # a template without tools would train on one-turn episodes
@@ -354,7 +354,6 @@ def progress_summary(rows: list[dict], state: dict, now: float | None = None) ->
     """Steps done / total and an ETA from the run's own timings (`progress.estimate`: each step left
     at the mean of the same step's timings, skipped ones costing nothing), less the running step's
     elapsed time."""
-    from mass_jobs.pipeline.progress import estimate
 
     done = sum(r["status"] == "done" for r in rows)
     timed: dict[str, list[float]] = {}
@@ -384,6 +383,5 @@ def _status(state: dict, g: int, name: str, done: bool) -> str:
 
 
 def _alive(pid) -> bool:
-    from mass_jobs.store.lease import pid_alive
 
     return pid_alive(pid)

@@ -48,6 +48,8 @@ from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import model_uri
 from mass_jobs.steps import collect, evaluate, guard, merge, rank, render_sft, report, search, select, train
 from mass_jobs.spec.overrides import spec_argv
+from mass_jobs.config.errors import StepFailed
+from mass_jobs.store import MissingKey, UnreadableObject, Waiting
 
 SCOPES = ("run", "generation", "task", "iteration", "episode")
 PODS = ("step", "agent", "trainer")  # a CPU step pod, sandboxed agent pods, a PyTorchJob
@@ -217,8 +219,6 @@ class StepDef:
         every cycle."""
         from pydantic import ValidationError
 
-        from mass_jobs.config.errors import StepFailed
-        from mass_jobs.store import MissingKey, UnreadableObject, Waiting
 
         try:
             out = _resolve(self.steps)(*self._args(ctx, gen, task))

@@ -23,6 +23,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.model_dirs import resolve_model
+from mass_jobs.serving.tool_parsers import parser_issue, written_format
+from mass_jobs.spec.load import SpecIssue
+from mass_jobs.spec.locations import read_template
+from mass_jobs.spec.rules import vllm_serves
+
 TEMPLATE_FILE = "chat_template.jinja"
 PROBE_TOOL = {"type": "function", "function": {
     "name": "mass_fitness_probe", "description": "A probe of the chat template.",
@@ -79,8 +86,6 @@ def templated_model_dir(base: Path, template: str, cache_root: Path | None = Non
 
 def base_model_dir(ctx, cache_root: Path | None = None) -> Path:
     """Generation 0's local model directory, with the spec's chat template applied when it has one."""
-    from mass_jobs.serving.model_dirs import resolve_model
-    from mass_jobs.spec.locations import read_template
 
     base = resolve_model(ctx.spec.model.base, store_options=ctx.store_options())
     if ctx.spec.model.chat_template:
@@ -107,7 +112,6 @@ def fitness_issues(spec, model_dir: Path) -> list:
     """SpecIssues of a local model dir the run cannot train with (see the module docstring)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from mass_jobs.spec.load import SpecIssue
 
     where = "$.model.chat_template" if spec.model.chat_template else "$.model.base"
     named = f"model {spec.model.base!r}" + (f" with chat template {spec.model.chat_template!r}"
@@ -127,8 +131,6 @@ def fitness_issues(spec, model_dir: Path) -> list:
     if missing:
         issues.append(SpecIssue(where, f"{named}: expected a chat template that renders tools, tool calls and "
                                        f"tool results; it drops {', '.join(missing)}{remedy}"))
-    from mass_jobs.spec.rules import vllm_serves
-    from mass_jobs.serving.tool_parsers import parser_issue, written_format
 
     fmt = written_format(used, PROBE_TOOL["function"]["name"])
     if vllm_serves(spec) and (why := parser_issue(spec.execution.vllm.tool_call_parser, fmt, f"{named}'s template")):
@@ -146,7 +148,6 @@ def fitness_issues(spec, model_dir: Path) -> list:
 def local_fitness_issues(spec) -> list:
     """fitness_issues when generation 0 is a local model dir (what `mass validate` and `mass run`
     check before anything starts); a hub id or an s3:// model is checked where it is served."""
-    from mass_jobs.run.context import RunContext
 
     if not (Path(spec.model.base) / "config.json").is_file():
         return []

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mass_jobs.config.run_spec import RunSpec
+from mass_jobs.spec.load import SpecError, SpecIssue
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,6 @@ class RunContext:
         `generations` may change: it extends (or shortens) the chain without touching any step.
         `record=False` only checks (every step entry does; the runner and `mass validate --outputs`,
         the first step of every Argo cycle, record)."""
-        from mass_jobs.spec.load import SpecError
 
         current = self.spec.model_dump(mode="json")
         key = self.spec_key()
@@ -313,7 +313,6 @@ class RunContext:
     def spec_differences(self) -> list:
         """The one decision every command shares (`mass run`, `mass validate`, `mass status`): the
         SpecIssues of each field where this spec differs from the run's stored one; [] for a new run."""
-        from mass_jobs.spec.load import SpecIssue
 
         key = self.spec_key()
         if not self.store.exists(key):
@@ -324,7 +323,6 @@ class RunContext:
 
     def stored_spec(self):
         """The spec the run's store holds (validated), or None for a run never started."""
-        from mass_jobs.config.run_spec import RunSpec
 
         key = self.spec_key()
         return RunSpec.model_validate(self.store.get_json(key)) if self.store.exists(key) else None

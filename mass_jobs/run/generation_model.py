@@ -18,6 +18,8 @@ from mass_jobs.run.base_model import base_model_dir
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.model_dirs import fetch_stored_model, has_stored_model
 from mass_jobs.store import read_manifest
+from mass_jobs.serving import precision as sp
+from mass_jobs.serving.precision import for_cluster
 
 
 def model_ref(ctx: RunContext, g: int) -> str:
@@ -58,7 +60,6 @@ def local_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> 
 def served_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> Path:
     """The local directory a local server serves L_g from: the FP8 export where this machine's server
     reads it, else `local_model_dir`; the choice and its reason recorded at `ctx.serving(g)`."""
-    from mass_jobs.serving import precision as sp
 
     capability = sp.local_capability() if ctx.spec.execution.serving == "vllm" else None
     choice = sp.for_local(ctx.spec, g, capability)
@@ -89,7 +90,6 @@ def model_uri(spec, gen: int, bucket: str, run_prefix: str) -> str:
             return base.rstrip("/") + "/"
         repo, _, revision = base.partition("@")
         return f"hf://{repo}" + (f":{revision}" if revision else "")
-    from mass_jobs.serving.precision import for_cluster
 
     ctx = RunContext.template(run_prefix)
     key = ctx.model_fp8(gen) if for_cluster(spec, gen).weights == "fp8" else ctx.model(gen)

@@ -29,6 +29,8 @@ from pydantic import Field
 from mass_jobs.config.shared import Closed
 from mass_jobs.config.run_spec import EpisodeLimits
 from mass_jobs.config.task_spec import CheckCommand
+from mass_jobs.config.errors import SandboxError
+from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
 
 DETAIL_CHARS = 300
 
@@ -111,7 +113,6 @@ CHECK_ENV = {"PYTHONSAFEPATH": "1", "PYTHONPATH": str(CHECK_SITE),
 
 def run_check(check: CheckCommand, workspace: Path, limits: EpisodeLimits) -> tuple[int, str]:
     """(exit code, short description when it failed) of one check, sandboxed in `workspace`."""
-    from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
 
     sandbox = SandboxLimits.from_episode_limits(limits, timeout_s=check.timeout_s, extra_env=dict(CHECK_ENV),
                                                 read_only=(str(CHECK_SITE),))
@@ -124,7 +125,6 @@ def run_check(check: CheckCommand, workspace: Path, limits: EpisodeLimits) -> tu
 
 def run_checks(job: ChecksFile, workspace: Path, out_dir: Path, sandbox=None) -> dict:
     """Every check of `job` in order, here or in the sandbox container; writes OUT/checks.json."""
-    from mass_jobs.config.errors import SandboxError
 
     results = []
     lost = None

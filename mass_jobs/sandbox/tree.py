@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mass_jobs.sandbox.memory_cgroup import MemoryCgroup
+
 SAMPLE_S = 0.2  # how often the supervisor samples the tree (and, every 5th time, the workspace)
 
 
@@ -99,7 +101,6 @@ def over_quota(workspace: Path, limits: Any) -> str | None:
 def memory_cgroup(limits: Any, notes: list[str]):
     """The call's memory cgroup (the kernel holds the whole tree to memory_mb), or None: then only
     the supervisor's samples and RLIMIT_AS hold it, and a note says so."""
-    from mass_jobs.sandbox.memory_cgroup import MemoryCgroup
 
     try:
         cgroup = MemoryCgroup.create("sandbox", limits.memory_mb * 1024 * 1024)

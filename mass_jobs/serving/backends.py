@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 
 from mass_jobs.serving.server_process import ServerProcess
+from mass_jobs.serving.llm import Endpoint
+from mass_jobs.serving.serve import ModelServer
 
 # The parsers the cluster's model server is started with (chart values model.toolCallParser and the
 # fixed qwen3 reasoning parser): Qwen3 writes <tool_call> JSON (hermes) and <think> blocks.
@@ -116,7 +118,6 @@ class VllmServer(ServerProcess):
 
     @property
     def endpoint(self):
-        from mass_jobs.serving.llm import Endpoint
 
         return Endpoint(base_url=f"{self.base_url}/v1", model=self.served_name)
 
@@ -126,7 +127,6 @@ def serve_model(spec, model_dir, served_name: str, log_path=None):
     """Serve a local model dir with the spec's backend for the duration; yields its Endpoint.
     `external` has no server of its own for a model's weights: steps that need one (a generation's
     evaluation rollouts, a `local` judge) use the embedded server."""
-    from mass_jobs.serving.serve import ModelServer
 
     ex = spec.execution
     if ex.serving == "vllm":

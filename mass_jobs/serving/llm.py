@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mass_jobs.config.run_spec import Sampling
+
 if TYPE_CHECKING:
     import httpx
-
-    from mass_jobs.config.run_spec import Sampling
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,6 @@ class ModelClient:
     ):
         import httpx
 
-        from mass_jobs.config.run_spec import Sampling
 
         self.endpoint = endpoint
         self.sampling = sampling or Sampling()

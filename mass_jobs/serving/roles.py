@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mass_jobs.serving.llm import Endpoint, ModelClient
+
 ROLES = ("optimizer", "evaluator", "executor")
 
 
@@ -23,7 +25,6 @@ def role_spec(spec, role: str):
 
 def role_endpoint(spec, role: str):
     """The role's own Endpoint, or None when the current generation plays it."""
-    from mass_jobs.serving.llm import Endpoint
 
     r = role_spec(spec, role)
     return None if r is None else Endpoint(base_url=r.endpoint, model=r.model, api_key_env=r.api_key_env)
@@ -37,7 +38,6 @@ def role_client(spec, role: str, generation_client: Any) -> Any:
 
 def client_for(spec, endpoint) -> Any:
     """A ModelClient of `endpoint` with the spec's sampling and request limits."""
-    from mass_jobs.serving.llm import ModelClient
 
     lim = spec.execution.limits
     return ModelClient(endpoint, spec.model.sampling, timeout_s=lim.request_timeout_s, retries=lim.request_retries)

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from mass_jobs.serving.server_process import ServerProcess
+from mass_jobs.serving.llm import Endpoint
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Sampling knobs our clients send that transformers' chat route rejects as "Unexpected fields".
@@ -367,6 +368,5 @@ class ModelServer(ServerProcess):
 
     @property
     def endpoint(self):
-        from mass_jobs.serving.llm import Endpoint
 
         return Endpoint(base_url=f"{self.base_url}/v1", model=self.served_name)

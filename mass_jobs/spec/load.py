@@ -25,6 +25,7 @@ from mass_jobs.spec.issues import SpecError, SpecIssue, found_text, json_path, s
 from mass_jobs.spec.overrides import SpecSource, apply_overrides
 from mass_jobs.spec.locations import absolute_paths, chat_template_issues, model_location_issues, store_in_folder
 from mass_jobs.spec.rules import cross_field_issues
+from mass_jobs.spec.upstream_format import UPSTREAM_MARKER
 
 # the entry points, and the error types every caller catches (the stages' helpers are their modules')
 __all__ = ["SpecError", "SpecIssue", "load_spec", "validate_document"]
@@ -131,7 +132,6 @@ def task_overrides(ref: TaskFile) -> dict[str, Any]:
 
 def _upstream_hint(ref: TaskFile, text: str) -> str:
     """For a native task file that is really upstream MASS text: say how to load it."""
-    from mass_jobs.spec.upstream_format import UPSTREAM_MARKER
 
     if ref.format == "mass" and (ref.file.endswith(".txt") or UPSTREAM_MARKER in text):
         return ("; an upstream MASS task (text, then an agent list) needs `format: upstream` (with `id` and "

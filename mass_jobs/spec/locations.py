@@ -9,6 +9,7 @@ from typing import Any
 from mass_jobs.config.run_spec import RunSpec
 
 from mass_jobs.spec.issues import SpecIssue, json_path
+from mass_jobs.serving.model_dirs import looks_like_hub_id
 
 
 # ---------------------------------------------------------------- model locations and local paths
@@ -40,7 +41,6 @@ def absolute_paths(document: Any, base: Path) -> Any:
     A relative value that does not exist there and looks like 'org/name' stays: a hub id."""
     import copy
 
-    from mass_jobs.serving.model_dirs import looks_like_hub_id
 
     if not isinstance(document, dict):
         return document
@@ -84,7 +84,6 @@ def model_location_issues(document: Any, base: Path | None) -> list[SpecIssue]:
     """A model location must be an existing directory, an s3:// URI or a hub id 'org/name[@rev]'.
     A hub-id-shaped value whose first part is a folder next to the spec is a mistyped path.
     `base` None (a spec read from s3://): local directories cannot be checked from here."""
-    from mass_jobs.serving.model_dirs import looks_like_hub_id
 
     out: list[SpecIssue] = []
     for parts, value in model_locations(document):

@@ -9,6 +9,8 @@ from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.config.task_spec import Task, Workflow
 
 from mass_jobs.spec.issues import SpecIssue, found_text
+from mass_jobs.config.composition import composition_of
+from mass_jobs.serving.roles import ROLES
 
 
 # ---------------------------------------------------------------- cross-field rules
@@ -79,7 +81,6 @@ def vllm_serves(spec: RunSpec) -> bool:
 def serving_issues(spec: RunSpec) -> list[SpecIssue]:
     """execution.serving needs what it serves with: vLLM installed here (local runs only: Argo runs
     serve with KServe), or for `external` an endpoint for every role."""
-    from mass_jobs.serving.roles import ROLES
 
     ex, out = spec.execution, []
     if ex.serving == "vllm" and ex.mode == "local":
@@ -108,7 +109,6 @@ def serving_issues(spec: RunSpec) -> list[SpecIssue]:
 
 def composition_issues(spec: RunSpec) -> list[SpecIssue]:
     """A preset fixes the share and the selection; panel selection needs judges and held-out tasks."""
-    from mass_jobs.config.composition import composition_of
 
     out: list[SpecIssue] = []
     s = spec.sft

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from mass_jobs.spec.load import SpecError, SpecIssue
+from mass_jobs.spec.upstream_format import WorkflowError, import_upstream
 
 WHAT = "upstream task directory"
 DEFAULT_PATTERNS = {"task_prompt_pattern": "bare/query{task_id}.txt",
@@ -31,7 +32,6 @@ def task_id(name: str) -> str:
 def convert(src: Path) -> tuple[list[dict], list[str]]:
     """(task documents in splits.json order, notes) of the upstream task directory `src`;
     SpecError naming every file or key that is missing or malformed."""
-    from mass_jobs.spec.upstream_format import WorkflowError, import_upstream
 
     src = Path(src)
     where = str(src / "splits.json")

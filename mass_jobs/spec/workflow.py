@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 from mass_jobs.config.errors import WorkflowError
 from mass_jobs.config.task_spec import Workflow
 from mass_jobs.spec.upstream_format import agents_from_upstream
+from mass_jobs.spec.issues import schema_issues
+from mass_jobs.spec.rules import workflow_issues
 
 SEPARATOR = "\n\n"
 WORKFLOW_HEADER = "## Workflow"
@@ -120,8 +122,6 @@ def validate_workflow(obj: Any, where: str = "workflow") -> Workflow:
 
     Same schema and error wording as the spec loader (`$.<where>.agents[0].id: expected ...`).
     """
-    from mass_jobs.spec.issues import schema_issues
-    from mass_jobs.spec.rules import workflow_issues
 
     issues = schema_issues("workflow", obj, [where])
     if issues:

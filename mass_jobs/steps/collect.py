@@ -37,6 +37,9 @@ from mass_jobs.episodes.episode import EpisodeInput, EpisodeRequest
 from mass_jobs.episodes.rollouts import Execute, Phase, RolloutError, agent_ended, derived_seed
 from mass_jobs.steps.search_state import SearchState
 from mass_jobs.spec.workflow import teacher_directive, teacher_prompt_parts
+from mass_jobs.config.task_spec import Workflow
+from mass_jobs.serving.roles import roles_input
+from mass_jobs.store import Step, Waiting
 
 EPISODE_FILES = ("protected.json", "episode.json", *rollouts.RECORD)
 
@@ -54,7 +57,6 @@ def search_finished(ctx: RunContext, gen: int, task_id: str) -> dict | None:
 
 def collect_steps(ctx: RunContext, gen: int, task_id: str) -> list:
     """Every episode's Step (none when the task is skipped) and the task's summary Step."""
-    from mass_jobs.store import Waiting
 
     if search_finished(ctx, gen, task_id) is None:
         return [Waiting(f"task {task_id}: search of generation {gen} is not finished")]
@@ -114,7 +116,6 @@ class Collection:
 
     def episode_doc(self, i: int) -> dict:
         """What defines episode i (its step inputs, and the agent pod's episode.json minus the endpoint)."""
-        from mass_jobs.serving.roles import roles_input
 
         s = self.ctx.spec
         return {
@@ -131,7 +132,6 @@ class Collection:
         }
 
     def step(self, i: int):
-        from mass_jobs.store import Step
 
         return Step(self.store, self.prefix(i), self.episode_doc(i), name=f"collect/{self.task.id}/ep-{i}")
 
@@ -184,7 +184,6 @@ class Collection:
 
     # ------------------------------------------------------------ the task
     def summary_step(self):
-        from mass_jobs.store import Step
 
         return Step(self.store, self.ctx.collect(self.gen, self.task.id),
                     {"episodes": self.cfg.episodes, "skip": self.skip_reason, "elite": self.workflow},
@@ -214,7 +213,6 @@ class Collection:
 
 
 def _wf(doc: dict):
-    from mass_jobs.config.task_spec import Workflow
 
     return Workflow.model_validate(doc)
 

@@ -41,6 +41,13 @@ from mass_jobs.episodes import rollouts
 from mass_jobs.episodes.episode import EpisodeInput, EpisodeRequest, status_text
 from mass_jobs.serving.roles import client_for
 from mass_jobs.config.task_spec import Task
+from mass_jobs.episodes.audit import audit_episode
+from mass_jobs.judging import compare
+from mass_jobs.judging.judges import PairJob, PanelMember, run_panel, verdict_key
+from mass_jobs.serving import backends
+from mass_jobs.serving.llm import Endpoint
+from mass_jobs.serving.model_dirs import has_stored_model, resolve_model
+from mass_jobs.store import Step, Waiting, formed, read_manifest
 
 ROLLOUT_FILES = ("audit.json", *rollouts.RECORD)
 
@@ -57,8 +64,6 @@ def verdict_prefix(ctx: RunContext) -> str:
 
 def evaluate_step(ctx: RunContext, gen: int):
     """Evaluate's Step: it pins its rollouts' manifests and owns its verdicts."""
-    from mass_jobs.serving.model_dirs import has_stored_model
-    from mass_jobs.store import Step, Waiting
 
     if gen > 0 and not has_stored_model(ctx.store, ctx.model(gen)):
         return Waiting(f"generation {gen}: no merged model at {ctx.model(gen)} (run `mass merge --gen {gen - 1}` first)")
@@ -104,13 +109,11 @@ def rollout_inputs(ctx: RunContext, g: int, task: Task, rep: int) -> dict:
 
 
 def rollout_done(ctx: RunContext, g: int, task: Task, rep: int) -> bool:
-    from mass_jobs.store import Step
 
     return Step(ctx.store, rollout_prefix(ctx, g, task.id, rep), rollout_inputs(ctx, g, task, rep)).done
 
 
 def _rollout_step(ctx: RunContext, g: int, task: Task, rep: int):
-    from mass_jobs.store import Step
 
     return Step(ctx.store, rollout_prefix(ctx, g, task.id, rep), rollout_inputs(ctx, g, task, rep),
                 name=f"eval-rollout gen-{g} {task.id} rep-{rep}")
@@ -124,7 +127,6 @@ def episode_request(task: Task, rep: int) -> EpisodeRequest:
 def run_rollout(ctx: RunContext, g: int, task: Task, rep: int, endpoint) -> dict:
     """One bare-prompt episode of L_g run here (sandboxed), stored with its audit; skipped when stored.
     L_g itself plays it: roles.executor never stands in for the generation being measured."""
-    from mass_jobs.store import read_manifest
 
     prefix = rollout_prefix(ctx, g, task.id, rep)
     step = _rollout_step(ctx, g, task, rep)
@@ -139,7 +141,6 @@ def run_rollout(ctx: RunContext, g: int, task: Task, rep: int, endpoint) -> dict
 def _store_rollout(ctx: RunContext, step, prefix: str, status: dict, trace: bytes, *, workspace: Path | None = None,
                    workspace_archive: bytes | None = None) -> dict:
     """The rollout's audit, then its record (rollouts.store_record); finishes its step."""
-    from mass_jobs.episodes.audit import audit_episode
 
     with tempfile.TemporaryDirectory(prefix="mass-eval-audit-") as tmp:  # the audit reads an episode's out dir
         (Path(tmp) / "trace.jsonl").write_bytes(trace)
@@ -162,7 +163,6 @@ def rollout_generations(gen: int) -> list[int]:
 
 def pending_models(ctx: RunContext, gen: int) -> list[int]:
     """Generations whose model this step still calls: rollouts missing, or self-verdicts missing."""
-    from mass_jobs.store import formed
 
     if formed(evaluate_step(ctx, gen)).done:
         return []
@@ -194,7 +194,6 @@ def prepare(ctx: RunContext, gen: int, endpoint_of: Callable[[int], Any]) -> dic
 
 def ingest(ctx: RunContext, gen: int, rel: str, agent_ended: bool = False) -> dict:
     """Store the agent pod's output of the rollout `rel` (a key relative to the run), with its audit."""
-    from mass_jobs.store import read_manifest
 
     where = {rollout_prefix(ctx, h, t.id, r): (h, t, r) for h in rollout_generations(gen)
              for t in ctx.spec.resolved_tasks() for r in range(ctx.spec.evaluation.rollouts_per_task)}
@@ -236,7 +235,6 @@ class BundleCache:
         self._cache: dict[tuple[int, str, int], str] = {}
 
     def get(self, g: int, task: Task, rep: int) -> str:
-        from mass_jobs.judging import compare
 
         key = (g, task.id, rep)
         if key not in self._cache:
@@ -248,7 +246,6 @@ class BundleCache:
 
 def pair_jobs(ctx: RunContext, gen: int, bundles: BundleCache | None) -> list:
     """Every (L_gen rep r, baseline rep r) pair; without `bundles` only what names them (verdict keys)."""
-    from mass_jobs.judging.judges import PairJob
 
     jobs = []
     for b in baselines(gen):
@@ -278,8 +275,6 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
              progress: Progress | None = None, agent_pods: bool = False) -> dict:
     """The whole step for L_gen; returns its manifest. Resumes from whatever is already stored.
     With `agent_pods` (the cluster) the rollouts ran in agent pods: a missing one is an error."""
-    from mass_jobs.judging.judges import PanelMember, run_panel
-    from mass_jobs.store import formed, read_manifest
 
     spec, store = ctx.spec, ctx.store
     step = formed(evaluate_step(ctx, gen))
@@ -338,7 +333,6 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
 
 
 def _all_stored(store, prefix, jobs, name: str, kind: str, seeds) -> bool:
-    from mass_jobs.judging.judges import PanelMember, verdict_key
 
     m = PanelMember(name=name, model="", seeds=tuple(seeds), client=None, kind=kind)
     return all(store.exists(verdict_key(prefix, j, m, s)) for j in jobs for s in seeds)
@@ -355,7 +349,6 @@ def _endpoint_unless_stored(store, prefix, jobs, name: str, kind: str, seeds, se
 
 
 def _verdict_keys(prefix, jobs, gen: int, spec: RunSpec) -> list[str]:
-    from mass_jobs.judging.judges import PanelMember, verdict_key
 
     members = [PanelMember(name=f"gen-{h}", model="", seeds=(spec.search.seed,), client=None, kind="self")
                for h in self_evaluators(gen)]
@@ -368,9 +361,6 @@ def _verdict_keys(prefix, jobs, gen: int, spec: RunSpec) -> list[str]:
 
 def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Path | None = None):
     """(serve_model, serve_judge) that start the spec's serving backend per use; remote judges are used as is."""
-    from mass_jobs.serving import backends
-    from mass_jobs.serving.llm import Endpoint
-    from mass_jobs.serving.model_dirs import resolve_model
 
     @contextlib.contextmanager
     def serve_model(g: int):
@@ -396,7 +386,6 @@ def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Pa
 def remote_servers(endpoint_of: Callable[[int], Any]):
     """(serve_model, serve_judge) for the cluster: L_g at its InferenceService (`endpoint_of(g)`),
     judges at their external endpoints; a `local` judge would need a GPU in this pod: refused."""
-    from mass_jobs.serving.llm import Endpoint
 
     @contextlib.contextmanager
     def serve_model(g: int):

@@ -29,10 +29,13 @@ from typing import Any
 
 from pydantic import Field
 
-from mass_jobs.sandbox.check_job import fresh_copy
+from mass_jobs.sandbox.check_job import checks_digest, ChecksFile, fresh_copy, run_check, validate_results
 from mass_jobs.run.context import RunContext
 from mass_jobs.config.shared import Closed
 from mass_jobs.config.task_spec import CheckCommand, Guards
+from mass_jobs.episodes import proof, rollouts
+from mass_jobs.judging import claims, directives
+from mass_jobs.store import Step, UnsafeArchive, Waiting, formed
 
 # run_check(command, workspace) -> (exit code, short description when it failed)
 RunCheck = Callable[[CheckCommand, Path], tuple[int, str]]
@@ -229,7 +232,6 @@ def check_workspace(
     only with `checks`, each on a fresh copy of the workspace, after which the protected paths are
     verified again (a check that imports the episode's code must not be able to change them for the
     next one). `seeded` is the task's seed files (a required output equal to its stub is no output)."""
-    from mass_jobs.judging import directives
 
     reasons = [why for rel in guards.required_outputs if (why := output_issue(workspace, rel, seeded or {}))]
     reasons += _protected_issues(guards, workspace, protected_before)
@@ -291,7 +293,6 @@ def _protected_issues(guards: Guards, workspace: Path, protected_before: dict[st
 
 def sandbox_checker(limits) -> RunCheck:
     """Run check commands with the sandbox of agent shell calls (scrubbed env, rlimits, no network)."""
-    from mass_jobs.sandbox.check_job import run_check
 
     return lambda check, workspace: run_check(check, workspace, limits)
 
@@ -299,7 +300,6 @@ def sandbox_checker(limits) -> RunCheck:
 def stored_checker(ctx: RunContext, gen: int, task_id: str, ep: str) -> RunCheck:
     """The results an agent pod stored for the episode's checks (`--phase finish`): a check with no
     valid result for the task's current checks fails, never passes."""
-    from mass_jobs.sandbox.check_job import validate_results
 
     checks = ctx.spec.task(task_id).guards.checks
     key = ctx.rollout_file(ctx.guard_checks(gen, task_id, ep), "checks.json")
@@ -322,11 +322,7 @@ def _needs_checks(ctx: RunContext, task_id: str, ep: dict) -> bool:
 def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
     """Argo: one checks job per eligible episode whose results are not stored for the current
     checks; returns the agent fan-out items."""
-    from mass_jobs.sandbox.check_job import ChecksFile, checks_digest
-    from mass_jobs.episodes import proof
-    from mass_jobs.episodes import rollouts
 
-    from mass_jobs.store import formed
 
     store = ctx.store
     if formed(guard_step(ctx, gen, task_id)).done:
@@ -353,9 +349,6 @@ def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
 def ingest_checks(ctx: RunContext, gen: int, task_id: str, rel: str, agent_ended: bool = False) -> dict:
     """Store the checks pod's result for the episode at `rel`; a pod that left none (Failed,
     Error) is stored as lost, which fails the episode's checks."""
-    from mass_jobs.sandbox.check_job import validate_results
-    from mass_jobs.episodes import proof
-    from mass_jobs.episodes import rollouts
 
     summary = ctx.store.get_json(ctx.collect_summary(gen, task_id))
     where = {ctx.guard_checks(gen, task_id, ep["id"]): ep["id"] for ep in summary.get("episodes", [])}
@@ -381,7 +374,6 @@ def ingest_checks(ctx: RunContext, gen: int, task_id: str, rel: str, agent_ended
 
 def guard_step(ctx: RunContext, gen: int, task_id: str):
     """The guard's Step: its inputs are the task's guards and the stored collection summary."""
-    from mass_jobs.store import Step, Waiting
 
     summary_key = ctx.collect_summary(gen, task_id)
     if not ctx.store.exists(summary_key):
@@ -395,8 +387,6 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
               agent_pods: bool = False) -> GuardReport:
     """Guard every collected episode of a task; write guard/<task>.json (skipped when done). With
     `agent_pods` (the cluster) the checks ran in agent pods and their stored results are used."""
-    from mass_jobs.judging import claims
-    from mass_jobs.store import UnsafeArchive, formed
 
     task = ctx.spec.task(task_id)
     store = ctx.store

@@ -20,6 +20,10 @@ import shutil
 from pathlib import Path
 
 from mass_jobs.config.errors import StepFailed
+from mass_jobs.run.generation_model import local_model_dir
+from mass_jobs.serving.fp8 import export_fp8
+from mass_jobs.serving.model_dirs import store_model_dir
+from mass_jobs.store import MODEL_LIMITS, Step, Waiting, formed
 
 PREFIX = "base_model.model."
 
@@ -72,10 +76,6 @@ def merge_lora(parent_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
 
 def run_merge(ctx, gen: int, work_dir: Path) -> dict:
     """select.json's checkpoint + gen g's model -> `<run>/gen-<g+1>/model/` (+ `model-fp8/`)."""
-    from mass_jobs.serving.fp8 import export_fp8
-    from mass_jobs.serving.model_dirs import store_model_dir
-    from mass_jobs.run.generation_model import local_model_dir
-    from mass_jobs.store import MODEL_LIMITS, formed
 
     step = formed(merge_step(ctx, gen), MergeError)
     chosen = ctx.store.get_json(ctx.select(gen))
@@ -100,7 +100,6 @@ def run_merge(ctx, gen: int, work_dir: Path) -> dict:
 
 def merge_step(ctx, gen: int):
     """The merge's Step: the selected checkpoint (key and content) and the FP8 export switch."""
-    from mass_jobs.store import Step, Waiting
 
     if not ctx.store.exists(ctx.select(gen)):
         return Waiting(f"generation {gen}: no selected checkpoint at {ctx.select(gen)} (run `mass select` first)")

@@ -29,6 +29,8 @@ from mass_jobs.config.shared import Closed
 from mass_jobs.judging.pairing import schedule
 from mass_jobs.episodes.rollouts import derived_seed
 from mass_jobs.steps.search_state import SearchState
+from mass_jobs.serving.roles import role_client, role_label, roles_input
+from mass_jobs.store import Step, Waiting, formed
 
 
 class RankError(StepFailed):
@@ -113,8 +115,6 @@ def exclusion_summary(excluded: dict[str, list[str]]) -> str:
 
 def rank_step(ctx: RunContext, gen: int, task_id: str):
     """The ranking's Step: its inputs are the stored guard report and the ranking settings."""
-    from mass_jobs.serving.roles import roles_input
-    from mass_jobs.store import Step, Waiting
 
     guard_key, col, spec = ctx.guard(gen, task_id), ctx.spec.collection, ctx.spec
     if not ctx.store.exists(guard_key):
@@ -128,8 +128,6 @@ def rank_step(ctx: RunContext, gen: int, task_id: str):
 
 def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
     """Library core of `mass rank` and the local runner."""
-    from mass_jobs.serving.roles import role_client, role_label
-    from mass_jobs.store import formed
 
     spec, store = ctx.spec, ctx.store
     task = spec.task(task_id)

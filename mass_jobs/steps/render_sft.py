@@ -38,12 +38,15 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from mass_jobs.config.composition import WINDOW_ROLES as ROLES
+from mass_jobs.config.composition import (composition_of, counts_by_role, keep_window, training_episodes,
+                                          WINDOW_ROLES as ROLES, WINDOW_ROLES)
 from mass_jobs.config.run_spec import SftSpec
 from mass_jobs.steps.sft_threads import (EpisodeTrace, is_lead, rebuild_threads, strip_teacher_prompt,
                                          teacher_prompt_from_trace, teacher_text_left)
 from mass_jobs.steps.sft_tokens import (IGNORE, RenderError, cut_windows, mask_method, render_segments,
                                         turn_opener)
+from mass_jobs.episodes.trace_shape import parse_lines, trace_problems
+from mass_jobs.store import Step
 
 HEADER_SHARE = 0.9  # upstream refuses a thread whose header takes more of the window than this
 
@@ -96,7 +99,6 @@ def render_episode(ep: EpisodeTrace, tokenizer, sft: SftSpec, method: str, opene
     When no orchestrator thread carried a strippable teacher prompt, no orchestrator thread gives
     windows either: whatever its prompt became, it was not the bare task.
     """
-    from mass_jobs.episodes.trace_shape import trace_problems
 
     out = EpisodeRender()
     where = {"task": ep.task, "episode": ep.episode}
@@ -239,7 +241,6 @@ def _episode_ids(manifest: dict, split: str, key: str) -> list[int]:
 
 
 def load_episode(ctx, gen: int, task, i: int) -> EpisodeTrace:
-    from mass_jobs.episodes.trace_shape import parse_lines
 
     raw = ctx.store.get_bytes(ctx.episode_file(gen, task.id, i, "trace.jsonl"))
     records, problems = parse_lines(raw.decode("utf-8", "replace"))
@@ -250,7 +251,6 @@ def load_episode(ctx, gen: int, task, i: int) -> EpisodeTrace:
     doc = ctx.store.get_json(doc_key) if ctx.store.exists(doc_key) else {}
     harness = doc.get("harness") or ctx.spec.execution.harness
     parts = doc.get("prompt_parts") or {}
-    from mass_jobs.episodes.trace_shape import trace_problems
 
     readable = not trace_problems(records, problems)
     return EpisodeTrace(task.id, i, records, bare_prompt=task.prompt.strip(),
@@ -263,8 +263,6 @@ def sft_step(ctx, gen: int):
     """The render Step, its tasks and their train/val episode ids (the composition's: winners or all
     ranked episodes). The tokenizer enters the inputs as the location the spec names (not the local
     dir it was loaded from), so every executor computes the same hash."""
-    from mass_jobs.config.composition import WINDOW_ROLES, composition_of, training_episodes
-    from mass_jobs.store import Step
 
     comp = composition_of(ctx.spec.sft)
     ranked = [t for t in ctx.spec.train_tasks() if ctx.store.exists(ctx.rank(gen, t.id))]
@@ -297,7 +295,6 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
     import tempfile
     from pathlib import Path
 
-    from mass_jobs.config.composition import composition_of, counts_by_role, keep_window
 
     step, tasks, split_ids = sft_step(ctx, gen)
     if step.done:

@@ -32,6 +32,14 @@ from mass_jobs.steps.report_document import (Agreement, Audit, GuardCount, Inval
                                              RolePlayer, SearchCurve, Tokens, Training, VerdictCounts,
                                              Veto, WinShare, sft_data, validate_report)
 from mass_jobs.steps.report_render import render_markdown, render_plots
+from mass_jobs.config.composition import composition_of
+from mass_jobs.judging.grade import grade_workspace
+from mass_jobs.judging.information import workflow_information
+from mass_jobs.judging.judges import load_verdicts
+from mass_jobs.serving.roles import ROLES, recorded_players, role_label
+from mass_jobs.steps.guard import guard_class
+from mass_jobs.store import Step, read_manifest
+from mass_jobs.store.manifest import MANIFEST_NAME
 
 
 # ---------------------------------------------------------------- reading the store
@@ -62,7 +70,6 @@ def _statuses(store, prefix: str) -> list[dict]:
 
 
 def evaluated_generations(ctx: RunContext) -> list[int]:
-    from mass_jobs.store import read_manifest
 
     return [g for g in range(1, ctx.spec.generations + 1) if read_manifest(ctx.store, ctx.eval(g)) is not None]
 
@@ -89,7 +96,6 @@ def selected_step(doc: dict | None) -> int | None:
 
 def guard_vetoes(doc: dict, g: int, task: str) -> list[Veto]:
     """Vetoed episodes of one guard report (`vetoed` ids; reasons from `episodes[id]`)."""
-    from mass_jobs.steps.guard import guard_class
 
     episodes = doc.get("episodes") or {}
     out = []
@@ -138,7 +144,6 @@ def loss_curves(log: list[dict]) -> tuple[list[list[float]], list[list[float]]]:
 
 
 def run_composition(spec) -> dict:
-    from mass_jobs.config.composition import composition_of
 
     comp = composition_of(spec.sft)
     return {"preset": comp.preset, "teacher": spec.collection.teacher, "window_roles": list(comp.roles),
@@ -147,7 +152,6 @@ def run_composition(spec) -> dict:
 
 
 def role_players(ctx: RunContext) -> list[RolePlayer]:
-    from mass_jobs.serving.roles import ROLES, recorded_players, role_label
 
     recorded = recorded_players(ctx)
     return [RolePlayer(role=r, configured=role_label(ctx.spec, r, 0).replace("gen-0", "current generation (L_g)"),
@@ -159,7 +163,6 @@ def rollout_grades(store, audit_keys: list[tuple[str, str]], tasks: dict) -> lis
     import tempfile
     from pathlib import Path
 
-    from mass_jobs.judging.grade import grade_workspace
 
     out = []
     for task_id, key in audit_keys:  # (task, key of the rollout's audit.json)
@@ -181,8 +184,6 @@ def task_scores(grades: list) -> dict:
 def build_report(ctx: RunContext, embedder=None) -> dict:
     """report.json content (without `files`), computed from the store alone (`embedder`: of the
     workflow information proxies; the built-in hash embedder when None)."""
-    from mass_jobs.judging.information import workflow_information
-    from mass_jobs.judging.judges import load_verdicts
 
     spec, store = ctx.spec, ctx.store
     tasks = spec.resolved_tasks()
@@ -347,8 +348,6 @@ def report_step(ctx: RunContext):
     """The report's Step: its inputs are the spec (without its store) and every other step's stored
     manifest (input hash and pinned outputs), so a finished step or a changed setting redoes it,
     and checking it reads manifests only (no bootstrap, no embedding)."""
-    from mass_jobs.store import Step
-    from mass_jobs.store.manifest import MANIFEST_NAME
 
     own = ctx.report() + "/"
     stored = {}

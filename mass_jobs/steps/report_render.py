@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mass_jobs.episodes.harness import CAPS, OUTCOMES
+from mass_jobs.judging.information import plot_information
 
 
 PLOTS = ("win_share.png", "search.png", "loss.png", "audit.png", "tokens.png", "information.png")
@@ -266,7 +267,6 @@ def figures(doc: dict) -> list[tuple[str, Any]]:
     ax.set_title(f"Tokens (n = episodes whose output is counted, {len(doc['tokens'])} generations)")
     figs.append(("tokens.png", fig))
 
-    from mass_jobs.judging.information import plot_information
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
     plot_information(doc.get("information", []), ax)

@@ -50,6 +50,8 @@ from mass_jobs.spec.workflow import (
     workflow_json,
     workflow_prompt_parts,
 )
+from mass_jobs.serving.roles import role_client, role_label, roles_input
+from mass_jobs.store import Step
 
 OPTIMIZER_ROLE = "optimizer"
 
@@ -70,8 +72,6 @@ class SearchError(StepFailed):
 
 def iteration_step(ctx: RunContext, gen: int, task_id: str, k: int):
     """Iteration k's Step: the task, k and the search settings (not how many iterations follow)."""
-    from mass_jobs.serving.roles import roles_input
-    from mass_jobs.store import Step
 
     inputs = {
         "task": ctx.spec.task(task_id).model_dump(mode="json"),
@@ -98,7 +98,6 @@ class Search:
     judges and saves (it refuses a rollout that is not stored)."""
 
     def __init__(self, ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute | None):
-        from mass_jobs.serving.roles import role_client, role_label
 
         self.ctx, self.gen, self.execute = ctx, gen, execute
         self.store = ctx.store

@@ -15,6 +15,8 @@ import json
 import math
 
 from mass_jobs.config.errors import StepFailed
+from mass_jobs.config.composition import composition_of
+from mass_jobs.store import Step, Waiting, formed, read_manifest
 
 
 class SelectError(StepFailed, ValueError):
@@ -41,7 +43,6 @@ def select_checkpoint(log: list[dict], saved_steps: list[int]) -> dict:
 
 
 def by_panel(ctx) -> bool:
-    from mass_jobs.config.composition import composition_of
 
     return composition_of(ctx.spec.sft).checkpoint == "panel"
 
@@ -49,7 +50,6 @@ def by_panel(ctx) -> bool:
 def select_step(ctx, gen: int):
     """Selection's Step: the stored training outputs (log and checkpoints), plus the panel's settings
     when the panel selects."""
-    from mass_jobs.store import Step, Waiting, read_manifest
 
     train = read_manifest(ctx.store, ctx.train(gen))
     if train is None:
@@ -67,7 +67,6 @@ def run_select(ctx, gen: int, servers=None) -> dict:
 
     `servers`: (serve_parent, serve_checkpoint, serve_judge) for panel selection; the embedded
     server's by default."""
-    from mass_jobs.store import formed, read_manifest
 
     train = read_manifest(ctx.store, ctx.train(gen))
     sft = read_manifest(ctx.store, ctx.sft(gen)) or {}

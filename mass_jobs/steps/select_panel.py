@@ -23,8 +23,15 @@ from pathlib import Path
 from typing import Any, ContextManager
 
 from mass_jobs.episodes import rollouts
-from mass_jobs.judging.judges import PairJob
+from mass_jobs.judging.judges import PairJob, PanelMember, run_panel
 from mass_jobs.run.context import RunContext
+from mass_jobs.judging.compare import task_bundle
+from mass_jobs.run.generation_model import local_model_dir, model_ref
+from mass_jobs.serving.roles import client_for
+from mass_jobs.serving.serve import ModelServer
+from mass_jobs.steps.evaluate import default_servers as eval_servers, episode_request, rollout_seed
+from mass_jobs.steps.merge import merge_lora
+from mass_jobs.store import MODEL_LIMITS, Step
 # step -> a context manager serving the parent merged with that checkpoint (yields an Endpoint)
 ServeCheckpoint = Callable[[int], ContextManager[Any]]
 
@@ -77,8 +84,6 @@ def panel_inputs(ctx, gen: int) -> dict:
 
 def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, model_ref: str) -> None:
     """One bare-prompt episode behind its own Step manifest (skipped when stored)."""
-    from mass_jobs.steps.evaluate import episode_request, rollout_seed
-    from mass_jobs.store import Step
 
     spec = ctx.spec
     prefix = ctx.select_rollout(gen, who, task.id, rep)
@@ -98,10 +103,6 @@ def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, mod
 def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable[[], ContextManager[Any]],
                     serve_checkpoint: ServeCheckpoint, serve_judge) -> dict:
     """Run the candidates' and the parent's rollouts and the panel; return the selection record."""
-    from mass_jobs.judging.compare import task_bundle
-    from mass_jobs.judging.judges import PanelMember, run_panel
-    from mass_jobs.run.generation_model import model_ref
-    from mass_jobs.serving.roles import client_for
 
     spec, store, cfg = ctx.spec, ctx.store, ctx.spec.sft.panel
     tasks = [spec.task(t) for t in cfg.tasks]
@@ -139,11 +140,6 @@ def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable
 def default_servers(ctx, gen: int, work_dir: Path | None = None):
     """(serve_parent, serve_checkpoint, serve_judge) on the embedded server: the parent L_g, the parent
     merged with a stored checkpoint (merged once per step into the work dir), the spec's judges."""
-    from mass_jobs.serving.serve import ModelServer
-    from mass_jobs.steps.evaluate import default_servers as eval_servers
-    from mass_jobs.steps.merge import merge_lora
-    from mass_jobs.run.generation_model import local_model_dir
-    from mass_jobs.store import MODEL_LIMITS
 
     serve_model, serve_judge = eval_servers(ctx)
     work = Path(work_dir or tempfile.mkdtemp(prefix="mass-select-panel-"))

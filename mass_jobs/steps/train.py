@@ -20,6 +20,8 @@ from mass_jobs.run.generation_model import local_model_dir
 from mass_jobs.training.checkpoint import MANIFEST, latest_checkpoint, read_checkpoint
 from mass_jobs.training.dist import Dist
 from mass_jobs.training.loop import Trainer
+from mass_jobs.config.composition import composition_of
+from mass_jobs.store import Step, Waiting, formed, read_manifest
 
 
 def read_windows(path: Path) -> list[dict]:
@@ -60,7 +62,6 @@ def _fetch_inputs(ctx: RunContext, gen: int, work: Path, resume: bool) -> tuple[
 def training_settings(sft) -> dict:
     """The sft settings training depends on: not how its checkpoint is selected afterwards, and the
     preset and the parallel mode only when not the defaults (earlier runs keep their hashes)."""
-    from mass_jobs.config.composition import composition_of
 
     doc = sft.model_dump(mode="json", exclude={"checkpoint_selection", "panel", "preset", "parallel"})
     if sft.parallel != "ddp":  # DDP runs keep the hashes they had before the field existed
@@ -73,7 +74,6 @@ def training_settings(sft) -> dict:
 
 def train_step(ctx: RunContext, gen: int, world_size: int):
     """Training's Step: the stored SFT windows, the sft settings, the parent model, the world size."""
-    from mass_jobs.store import Step, Waiting, read_manifest
 
     sft_manifest = read_manifest(ctx.store, ctx.sft(gen))
     if sft_manifest is None:
@@ -87,7 +87,6 @@ def train_step(ctx: RunContext, gen: int, world_size: int):
 def stored_train_step(ctx: RunContext, gen: int):
     """The train Step as stored: for the world size that trained it (a local run and a PyTorchJob
     differ in ranks, and either's checkpoints serve select and merge)."""
-    from mass_jobs.store import read_manifest
 
     manifest = read_manifest(ctx.store, ctx.train(gen))
     return train_step(ctx, gen, (manifest or {}).get("extra", {}).get("world_size", 1))
@@ -99,7 +98,6 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
     parallel = ctx.spec.sft.parallel
     dist = Dist.current()
     work = Path(work_dir)
-    from mass_jobs.store import formed, read_manifest
 
     step = formed(train_step(ctx, gen, dist.world))
     sft_manifest = read_manifest(ctx.store, ctx.sft(gen))

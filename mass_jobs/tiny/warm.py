@@ -23,6 +23,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mass_jobs.tiny.tasks import synthetic_task
+from mass_jobs.config.run_spec import OptimizerSpec
+from mass_jobs.config.task_spec import Workflow
+from mass_jobs.episodes import tools as T
+from mass_jobs.episodes.builtin import ORCHESTRATOR_SYSTEM, WORKER_SYSTEM
+from mass_jobs.judging import optimizer_brief as ob
+from mass_jobs.judging.compare import EVALUATOR_SYSTEM, bundle, verdict_request
+from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, teacher_prompt, workflow_json, workflow_prompt_parts
+from mass_jobs.steps.sft_tokens import IGNORE, tokenize_conversation
+from mass_jobs.tiny.build import ARCH, build_tiny_model
+from mass_jobs.tiny.warm_check import check as check_behaviours
+from mass_jobs.training.schedule import lr_at
 
 # 1,800 steps over 128 conversations per kind: the shapes hold with margin whatever the float
 # kernels (measured on one machine with torch's AVX512 and AVX2 kernels, 1 and 2 threads, seeds 0
@@ -51,7 +62,6 @@ def _call(name: str, arguments: dict, i: int) -> dict:
 
 def _synthetic_workflow(rng: random.Random, hops: bool = True):
     """A short valid workflow (appended to some prompts; without hops, what the optimizer proposes)."""
-    from mass_jobs.config.task_spec import Workflow
 
     picks = [rng.choice(_AGENT_POOL)]  # one worker agent: longer lists come out with repeated ids
     agents = [{"id": "orchestrator", "role": "orchestrator", "instruction": rng.choice(_ORCHESTRATOR_LINES)}]
@@ -67,9 +77,6 @@ def orchestrator_conversation(rng: random.Random, task: dict) -> tuple[list[dict
     prompt -> mostly work alone (look at the workspace, finish without delegating), as the paper's
     L0 model does on a bare prompt; only `BARE_DELEGATES` of bare prompts delegate, so MASS has a
     behaviour to internalise: its teacher prompts delegate and its SFT data pairs that with the bare task."""
-    from mass_jobs.episodes import tools as T
-    from mass_jobs.episodes.builtin import ORCHESTRATOR_SYSTEM
-    from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, teacher_prompt, workflow_prompt_parts
 
     tools = [T.DELEGATE, T.READ_FILE, T.LIST_FILES, T.FINISH]
     style = rng.choices(["bare", "workflow", "teacher"], weights=BARE_WORKFLOW_TEACHER)[0]
@@ -104,8 +111,6 @@ def orchestrator_conversation(rng: random.Random, task: dict) -> tuple[list[dict
 
 def worker_conversation(rng: random.Random, task: dict) -> tuple[list[dict], list[dict]]:
     """Assignment -> write the script -> write the result file -> finish with a report."""
-    from mass_jobs.episodes import tools as T
-    from mass_jobs.episodes.builtin import WORKER_SYSTEM
 
     script, result = task["deliverables"]
     system = WORKER_SYSTEM.format(agent_id=f"worker-{rng.randint(1, 3)}", role="worker")
@@ -122,7 +127,6 @@ def worker_conversation(rng: random.Random, task: dict) -> tuple[list[dict], lis
 
 def _workspace_bundle(rng: random.Random, task: dict, root: Path) -> tuple[str, int]:
     """A real `compare.bundle` of a workspace holding some of the deliverables; (bundle, how many)."""
-    from mass_jobs.judging.compare import bundle
 
     root.mkdir(parents=True)
     for rel, text in task["files"].items():
@@ -139,7 +143,6 @@ def _workspace_bundle(rng: random.Random, task: dict, root: Path) -> tuple[str, 
 
 def evaluator_conversation(rng: random.Random, task: dict, scratch: Path) -> tuple[list[dict], None]:
     """The verdict request exactly as `compare.judge` sends it; the fuller workspace wins, else a tie."""
-    from mass_jobs.judging.compare import EVALUATOR_SYSTEM, verdict_request
 
     bundle_a, score_a = _workspace_bundle(rng, task, scratch / "a")
     bundle_b, score_b = _workspace_bundle(rng, task, scratch / "b")
@@ -156,8 +159,6 @@ def evaluator_conversation(rng: random.Random, task: dict, scratch: Path) -> tup
 
 def optimizer_conversation(rng: random.Random, task: dict, scratch: Path) -> tuple[list[dict], None]:
     """A search request as `mass search` builds it (`optimizer_brief.build`) -> a short valid workflow JSON."""
-    from mass_jobs.judging import optimizer_brief as ob
-    from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, workflow_json
 
     current = rng.choice([0, 0, 1, 2])  # the first proposal (after v0 alone) is the commonest request
     designs = {0: workflow_json(DEFAULT_WORKFLOW) if rng.random() < 0.6 else _synthetic_workflow(rng)[1]}
@@ -195,7 +196,6 @@ def warm_corpus(seed: int, per_kind: int = CONVERSATIONS_PER_KIND) -> list[tuple
 
 def encode(tokenizer, corpus) -> list[tuple[list[int], list[int]]]:
     """(input ids, labels) per conversation: the template's assistant tokens carry the loss."""
-    from mass_jobs.steps.sft_tokens import IGNORE, tokenize_conversation
 
     examples = []
     for messages, tools in corpus:
@@ -216,9 +216,6 @@ def warm_up(model, tokenizer, seed: int = 0, steps: int = WARM_STEPS, lr: float 
     import torch
     import torch.nn.functional as F
 
-    from mass_jobs.config.run_spec import OptimizerSpec
-    from mass_jobs.steps.sft_tokens import IGNORE
-    from mass_jobs.training.schedule import lr_at
 
     examples = encode(tokenizer, warm_corpus(seed))
     schedule = OptimizerSpec(lr=lr, warmup_steps=max(1, steps // 20), min_lr_ratio=0.1)
@@ -273,7 +270,6 @@ def warm_key(seed: int = 0, steps: int = WARM_STEPS) -> dict:
 def is_tiny_build(path) -> bool:
     """A directory this module (or an older version of it) built: a key, or the tiny architecture.
     Anything else (a real model someone named in the spec) is never rebuilt over."""
-    from mass_jobs.tiny.build import ARCH
 
     path = Path(path)
     if (path / KEY_FILE).is_file():
@@ -306,8 +302,6 @@ def build_warm_model(out_dir, seed: int = 0, steps: int | None = None, on_step=N
     misses; `say(line)` hears its rates."""
     import time
 
-    from mass_jobs.tiny.build import build_tiny_model
-    from mass_jobs.tiny.warm_check import check as check_behaviours
 
     steps = WARM_STEPS if steps is None else steps
 

@@ -19,6 +19,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from mass_jobs.episodes import tools as T
+from mass_jobs.episodes.builtin import ORCHESTRATOR_SYSTEM
+from mass_jobs.judging import optimizer_brief as ob
+from mass_jobs.judging.compare import bundle, judge
+from mass_jobs.serving.llm import parse_tool_calls
+from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, WorkflowError, parse_proposal, workflow_json, workflow_prompt_parts
+from mass_jobs.tiny.tasks import synthetic_task
+
 # rate name -> (comparison, bound). The tests and the demo assert below these with stated margins.
 THRESHOLDS = {
     "bare_delegates": ("<=", 0.10),
@@ -89,7 +97,6 @@ class LocalChat:
 
 
 def probe_prompts() -> list[str]:
-    from mass_jobs.tiny.tasks import synthetic_task
 
     rng = random.Random(10_000)
     return [*DEMO_PROMPTS, *(synthetic_task(rng)["prompt"] for _ in range(HELD_OUT_TASKS))]
@@ -98,12 +105,6 @@ def probe_prompts() -> list[str]:
 def measure(model, tokenizer, prompts: list[str] | None = None, samples: int | None = None) -> dict[str, Rate]:
     """Every rate of THRESHOLDS on `model` over `prompts` (default `probe_prompts()`) x `samples`
     seeds, deterministic for the weights."""
-    from mass_jobs.judging.compare import bundle, judge
-    from mass_jobs.episodes import tools as T
-    from mass_jobs.episodes.builtin import ORCHESTRATOR_SYSTEM
-    from mass_jobs.serving.llm import parse_tool_calls
-    from mass_jobs.judging import optimizer_brief as ob
-    from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, WorkflowError, parse_proposal, workflow_json, workflow_prompt_parts
 
     chat = LocalChat(model, tokenizer)
     tools = [T.DELEGATE, T.READ_FILE, T.LIST_FILES, T.FINISH]

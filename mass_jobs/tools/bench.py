@@ -32,6 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
+from mass_jobs.tiny.build import build_tiny_model, build_tokenizer
+from mass_jobs.tiny.warm import encode, warm_corpus
+from mass_jobs.training.loop import Trainer
+from mass_jobs.training.sampler import WindowSampler
+
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
 OPT = {"lr": 1e-3, "warmup_steps": 5, "min_lr_ratio": 0.1}
 EMBED_SCALE = 3.0
@@ -44,8 +50,6 @@ PAPER_TOKENS_PER_S_PER_GPU = 39.47e6 / (19 * 3600 * 6)  # 39.47M supervised toke
 
 def corpus_windows(n: int, length: int, seed: int) -> list[dict]:
     """`n` windows: the last `length` tokens of warm-corpus conversations, their template's masks."""
-    from mass_jobs.tiny.build import build_tokenizer
-    from mass_jobs.tiny.warm import encode, warm_corpus
 
     roles = ("orchestrator", "orchestrator", "worker", "auxiliary", "auxiliary")  # warm_corpus's order
     examples = encode(build_tokenizer(), warm_corpus(seed, per_kind=-(-n // len(roles))))[:n]
@@ -62,7 +66,6 @@ def bench_model(out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mass_jobs.tiny.build import build_tiny_model
 
     base = build_tiny_model(out / "tiny", seed=0)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
@@ -118,8 +121,6 @@ def _peak_memory_mb(device) -> float:
 def run_mass(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dict:
     import torch
 
-    from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
-    from mass_jobs.training.loop import Trainer
 
     sft = SftSpec(window=max(4096, *(len(w["input_ids"]) for w in windows)), context=0, steps=steps, val_every=10**6, save_every=10**6, seed=0,
                   gradient_checkpointing=True, lora=LoraSpec(**LORA), optimizer=OptimizerSpec(**OPT))
@@ -144,8 +145,6 @@ def run_trl(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dict
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from mass_jobs.config.run_spec import SftSpec
-    from mass_jobs.training.sampler import WindowSampler
 
     sampler = WindowSampler(windows, SftSpec().orchestrator_share, seed=0)
     drawn = [windows[sampler.draw(s, 0)] for s in range(1, steps + 1)]  # the exact sequence mass train sees
@@ -387,7 +386,6 @@ def main(argv: list[str] | None = None) -> int:
         return _child(args)
     import torch
 
-    from mass_jobs.config.run_spec import SftSpec
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -24,6 +24,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.backends import serve_model, vllm_launcher
+from mass_jobs.serving.roles import client_for
+from mass_jobs.spec.load import validate_document
+from mass_jobs.steps.collect import run_collect
+from mass_jobs.steps.search import run_search
+from mass_jobs.store import open_store
+
 LEVELS = (1, 2, 4, 8)
 COLLECT_LEVELS = (1, 4)
 # backend label -> execution section of the spec that serves it
@@ -55,7 +64,6 @@ def measure(base_url: str, model: str, concurrency: int, requests: int, max_toke
 
 def bench_spec(model_dir, store_uri: str, execution: dict, episodes: int, max_tokens: int, dtype: str):
     """A one-task spec whose collection step is small: `episodes` teacher episodes of short turns."""
-    from mass_jobs.spec.load import validate_document
 
     doc = {
         "name": "bench", "generations": 1,
@@ -75,12 +83,6 @@ def bench_spec(model_dir, store_uri: str, execution: dict, episodes: int, max_to
 
 def collection_walls(spec, endpoint) -> list[dict]:
     """Wall time of the whole collection step at each execution.concurrency (the same K=0 search first)."""
-    from mass_jobs.serving.roles import client_for
-    from mass_jobs.run.context import RunContext
-    from mass_jobs.steps.collect import run_collect
-    from mass_jobs.steps.search import run_search
-    from mass_jobs.episodes.rollouts import episode_executor
-    from mass_jobs.store import open_store
 
     store = open_store(spec.store.uri)
     run_search(RunContext(spec, store), 0, "t1", client_for(spec, endpoint), episode_executor(spec, endpoint))
@@ -99,7 +101,6 @@ def collection_walls(spec, endpoint) -> list[dict]:
 
 
 def run_backend(label: str, model_dir, tmp: Path, args, dtype: str) -> dict:
-    from mass_jobs.serving.backends import serve_model
 
     spec = bench_spec(model_dir, f"file://{tmp / label.replace(' ', '-')}", BACKENDS[label], args.episodes,
                       args.max_tokens, dtype)
@@ -160,7 +161,6 @@ def write(out: Path, results: list[dict], meta: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from mass_jobs.serving.backends import vllm_launcher
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/")

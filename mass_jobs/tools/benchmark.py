@@ -43,6 +43,11 @@ from pydantic import Field, ValidationError
 
 from mass_jobs.config.shared import ID_PATTERN, Closed
 from mass_jobs.spec.load import SpecError, SpecIssue
+from mass_jobs.episodes.episode import EpisodeRequest
+from mass_jobs.episodes.rollouts import episode_executor, rollout, rollout_outputs
+from mass_jobs.run.generation_model import model_ref
+from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
+from mass_jobs.store import Step, read_manifest
 
 ServeModel = Callable[[int], ContextManager[Any]]  # gen -> context manager yielding that generation's Endpoint
 
@@ -160,7 +165,6 @@ def parse_score(stdout: str) -> float:
 
 def grade(bench: Benchmark, task: BenchTask, workspace: Path, limits) -> dict:
     """Run the grader sandboxed against a copy of the workspace; {"score", "error", "exit_code"}."""
-    from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
 
     with tempfile.TemporaryDirectory(prefix="mass-grade-") as tmp:
         scratch = Path(tmp)
@@ -194,8 +198,6 @@ def rollout_seed(bench: str, task: str, rep: int) -> int:
 
 
 def _step(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, digest: str):
-    from mass_jobs.run.generation_model import model_ref
-    from mass_jobs.store import Step
 
     spec = ctx.spec
     inputs = {"model": model_ref(ctx, g), "benchmark": digest, "task": task.id, "replicate": rep,
@@ -207,9 +209,6 @@ def _step(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, digest: str)
 
 def run_one(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, execute, digest: str) -> dict:
     """One bare-prompt rollout of L_g + its grade, stored; skipped when already stored."""
-    from mass_jobs.episodes.episode import EpisodeRequest
-    from mass_jobs.episodes.rollouts import rollout, rollout_outputs
-    from mass_jobs.store import read_manifest
 
     spec = ctx.spec
     prefix, step = _step(ctx, bench, g, task, rep, digest)
@@ -273,7 +272,6 @@ def run_benchmark(ctx, bench: Benchmark, generations: list[int], serve_model: Se
                   replicates: int | None = None) -> dict:
     """Roll out and grade every task for each generation (serving a generation only when some of its
     rollouts are missing); store and return the score table."""
-    from mass_jobs.episodes.rollouts import episode_executor
 
     reps = replicates or bench.replicates
     bench.replicates = reps

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from mass_jobs.config.composition import WINDOW_ROLES as ROLES
+from mass_jobs.config.composition import composition_of, WINDOW_ROLES as ROLES
 from mass_jobs.config.run_spec import SftSpec
 from mass_jobs.training.sampler import WindowSampler
 from mass_jobs.training.checkpoint import (
@@ -74,7 +74,6 @@ class Trainer:
         self.total_steps = steps or sft.steps
         self.dist = Dist.current()
         self.device = local_device(self.dist)
-        from mass_jobs.config.composition import composition_of
 
         self.sampler = WindowSampler(train_windows, composition_of(sft).orchestrator_share, sft.seed)
         self.log_path = self.out_dir / "log.jsonl"

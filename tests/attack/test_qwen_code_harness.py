@@ -245,7 +245,7 @@ def test_with_the_protection_off_the_same_attack_forges_the_trace(scripted_endpo
     in the shell's environment and the forged call lands in the trace. The tests above would fail."""
     from contextlib import contextmanager
 
-    import mass_jobs.episodes.qwen_shell as qwen_shell
+    import mass_jobs.episodes.qwen_code as qwen_code
     import mass_jobs.episodes.sandbox_service as service
 
     @contextmanager
@@ -253,7 +253,7 @@ def test_with_the_protection_off_the_same_attack_forges_the_trace(scripted_endpo
         yield None
 
     monkeypatch.setattr(service, "local_sandbox", no_sandbox)
-    monkeypatch.setattr(qwen_shell, "install_shim", lambda bin_dir, socket_path, limits: None)
+    monkeypatch.setattr(qwen_code, "install_shim", lambda bin_dir, socket_path, limits: None)
     try:
         status, trace, report, out = attack(scripted_endpoint, tmp_path, scan_ports=False)
     finally:

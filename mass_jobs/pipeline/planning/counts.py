@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.judging.pairing import schedule
+from mass_jobs.steps.evaluate import baselines, self_evaluators
 
 # counts a tiny run's store must equal exactly / may only stay below
 EXACT = ("search_iterations", "optimizer_proposals", "teacher_episodes", "ranking_calls", "steps",
@@ -35,7 +36,6 @@ def replies_per_episode_max(spec: RunSpec) -> int | None:
 
 def generation_counts(spec: RunSpec, g: int) -> dict:
     """The counts of cycle g (L_g -> L_{g+1}); see the module docstring for exact vs bound."""
-    from mass_jobs.steps.evaluate import baselines, self_evaluators
 
     tasks = spec.resolved_tasks()
     n_train = len(spec.train_tasks())

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mass_jobs.config.run_spec import RunSpec
+from mass_jobs.training.lora import resolve_targets
 
 GIB = 2**30
 CUDA_RUNTIME = 1 * GIB  # CUDA context, cuBLAS/NCCL workspaces: a fixed allowance per GPU
@@ -70,7 +71,6 @@ def lora_targets(model, lora) -> list[str]:
     """Full names of the adapted modules, resolved by the trainer's own rule."""
     import torch.nn as nn
 
-    from mass_jobs.training.lora import resolve_targets
 
     targets = resolve_targets(model, lora)
     names = list(targets.modules)

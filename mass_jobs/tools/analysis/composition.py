@@ -15,6 +15,8 @@ generation against L0.
 from __future__ import annotations
 
 from mass_jobs.steps.report import build_report
+from mass_jobs.config.composition import composition_of
+from mass_jobs.serving.roles import ROLES, role_label
 
 
 SELECTION = {"val_loss": "validation loss", "panel": "judge panel"}
@@ -25,8 +27,6 @@ TOKEN_LABELS = ("generated", "stored supervised", "processed to selected", "proc
 def composition(spec) -> dict:
     """The settings that make up a run's teacher and student data (what a composition comparison
     varies): the teacher, the preset's windows, shares and checkpoint selection, the role models."""
-    from mass_jobs.config.composition import composition_of
-    from mass_jobs.serving.roles import ROLES, role_label
 
     comp = composition_of(spec.sft)
     return {

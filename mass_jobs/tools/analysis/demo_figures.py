@@ -20,6 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from mass_jobs.run.context import RunContext
+from mass_jobs.spec.locations import absolute_paths
+from mass_jobs.store import FileStore
+from mass_jobs.tiny.warm_check import machine as kernels
+
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = ROOT / "examples" / "tiny.yaml"
 FIGURES = ROOT / "docs" / "demo-figures.json"
@@ -29,7 +34,6 @@ START, END = "<!-- demo-figures:start (python -m mass_jobs.tools.analysis.demo_f
 
 def machine() -> dict:
     """Where the figures were measured: the CPU, cores and torch's kernels (floats depend on them)."""
-    from mass_jobs.tiny.warm_check import machine as kernels
 
     return {**kernels(), "cores": os.cpu_count() or 0, "python": sys.version.split()[0]}
 
@@ -81,7 +85,6 @@ def run_demo(store: Path, work: Path) -> float:
     """`mass demo examples/tiny.yaml` into `store`; its wall time in seconds."""
     import yaml
 
-    from mass_jobs.spec.locations import absolute_paths
 
     # the spec's model locations resolved as `mass demo` resolves them, its store moved to `store`
     doc = absolute_paths(yaml.safe_load(SPEC.read_text()), SPEC.parent.resolve())
@@ -101,8 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=FIGURES)
     p.add_argument("--doc", type=Path, default=DOC)
     args = p.parse_args(argv)
-    from mass_jobs.run.context import RunContext
-    from mass_jobs.store import FileStore
 
     with tempfile.TemporaryDirectory(prefix="mass-demo-figures-") as tmp:
         wall = None
