@@ -24,6 +24,16 @@ def test_command_help_runs(name):
     assert f"mass {name}" in proc.stdout
 
 
+def test_the_dispatcher_and_help_import_only_the_standard_library():
+    """`mass --help` must run where no dependency is importable yet (an image's code check in a pod)."""
+    probe = ("import sys, mass_jobs.commands.cli as c\n"
+             "c.build_parser()\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'mass_jobs'}\n"
+             "             - {m for m in sys.modules if m.startswith('_')}))")  # the interpreter's site hooks
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_unknown_command_is_a_usage_error():
     proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "frobnicate"], capture_output=True, text=True)
     assert proc.returncode == 2

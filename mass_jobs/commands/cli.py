@@ -15,10 +15,9 @@ import errno
 import importlib
 import sys
 
-from mass_jobs.spec.overrides import SpecSource
-from mass_jobs.config.errors import StepFailed
-from mass_jobs.spec.load import SpecError
-from mass_jobs.store.lease import WriterBusy
+# The dispatcher imports only the standard library at module level: `mass --help` runs wherever the
+# package's code is, before any dependency is importable (a pod's image check); what a command needs
+# is imported when it runs.
 
 # name -> (module, one-line help). The single list of entries; tests check each `--help` runs.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -145,6 +144,8 @@ def merge_spec(args: argparse.Namespace) -> str | None:
     if len(given) != 1:
         found = " and ".join(sorted(given)) or "none"
         return f"expected one run spec (`mass {args.command} SPEC`), found {found}"
+    from mass_jobs.spec.overrides import SpecSource
+
     args.spec = SpecSource(given.pop(), args.overlay, args.set_values)
     del args.spec_flag, args.overlay, args.set_values
     return None
@@ -174,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"mass {args.command}: {problem}", file=sys.stderr)
         return 2
+
+    from mass_jobs.config.errors import StepFailed
+    from mass_jobs.spec.load import SpecError
+    from mass_jobs.store.lease import WriterBusy
 
     try:
         return int(importlib.import_module(COMMANDS[args.command][0]).main(args) or 0)
