@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 from mass_jobs.serving.server_process import ServerProcess
 from mass_jobs.serving.llm import Endpoint
