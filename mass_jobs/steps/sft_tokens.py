@@ -10,6 +10,7 @@ rendered once per user query (segment), and windows are cut greedily along super
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -38,8 +39,36 @@ def mask_method(tokenizer) -> str:
     return MASK_BY_INCREMENTS
 
 
+def as_served(messages: list[dict]) -> list[dict]:
+    """The messages as a server hands them to the template: a tool call's `arguments` string parsed
+    into its object (vLLM and transformers serve both do; the family's templates iterate it as a
+    mapping, so an unparsed string would drop every argument from the training text)."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls and any(isinstance((c.get("function") or c).get("arguments"), str) for c in calls):
+            m = {**m, "tool_calls": [_parsed_call(c) for c in calls]}
+        out.append(m)
+    return out
+
+
+def _parsed_call(call: dict) -> dict:
+    fn = call.get("function") or call
+    args = fn.get("arguments")
+    if not isinstance(args, str):
+        return call
+    try:
+        parsed = json.loads(args)
+    except ValueError:
+        return call  # a malformed call stays text, as the servers leave it
+    if not isinstance(parsed, dict):
+        return call
+    return {**call, "function": {**fn, "arguments": parsed}} if "function" in call else {**call, "arguments": parsed}
+
+
 def _render_text(tokenizer, messages: list[dict], tools: list | None, generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+    return tokenizer.apply_chat_template(as_served(messages), tools=tools, tokenize=False,
+                                         add_generation_prompt=generation_prompt)
 
 
 @dataclass(frozen=True)
@@ -158,7 +187,7 @@ def marker_spans(tokenizer, messages: list[dict], tools: list | None) -> tuple[s
     from transformers.utils.chat_template_utils import render_jinja_template
 
     rendered, spans = render_jinja_template(
-        conversations=[messages], tools=tools, chat_template=tokenizer.get_chat_template(None, tools),
+        conversations=[as_served(messages)], tools=tools, chat_template=tokenizer.get_chat_template(None, tools),
         return_assistant_tokens_mask=True, **tokenizer.special_tokens_map,
     )
     text = rendered[0]
