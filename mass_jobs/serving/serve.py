@@ -292,6 +292,37 @@ def _tolerate_malformed_tool_calls() -> None:
     chat_completion._mass_tolerant = True
 
 
+def text_model_manager(base):
+    """transformers' model manager, loading every checkpoint as its causal LM with its tokenizer. Agent
+    episodes are text: a multimodal checkpoint (the paper's Qwen3.6 wraps its text model with a vision
+    tower) is served without the tower, and its image and video processors (which need torchvision)
+    are never loaded. A text checkpoint loads as before."""
+
+    class TextModelManager(base):
+        def _load_processor(self, model_id_and_revision, gguf_file=None):
+            from transformers import AutoTokenizer
+            from transformers.cli.serving.utils import split_revision
+
+            model_id, revision = split_revision(model_id_and_revision)
+            return AutoTokenizer.from_pretrained(model_id, revision=revision, gguf_file=gguf_file,
+                                                 trust_remote_code=self.trust_remote_code)
+
+        def _load_model(self, model_id_and_revision, tqdm_class=None, progress_callback=None, gguf_file=None):
+            from transformers import AutoModelForCausalLM
+            from transformers.cli.serving.utils import split_revision
+
+            model_id, revision = split_revision(model_id_and_revision)
+            kwargs = {"revision": revision, "attn_implementation": self.attn_implementation, "dtype": self.dtype,
+                      "device_map": self.device, "trust_remote_code": self.trust_remote_code,
+                      "tqdm_class": tqdm_class, "gguf_file": gguf_file}
+            quantization = self.get_quantization_config()
+            if quantization is not None:
+                kwargs["quantization_config"] = quantization
+            return AutoModelForCausalLM.from_pretrained(model_id, **{k: v for k, v in kwargs.items() if v is not None})
+
+    return TextModelManager
+
+
 def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "auto", continuous_batching: bool = False):
     """The FastAPI app: transformers' server wired as `transformers serve MODEL` wires it, with our
     chat handler. Loads the model before returning, so `/health` is only up once it can answer.
@@ -309,7 +340,7 @@ def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "a
     from transformers.cli.serving.utils import GenerationState
 
     _tolerate_malformed_tool_calls()
-    manager = ModelManager(device=device, dtype=dtype, force_model=str(model_dir), continuous_batching=continuous_batching)
+    manager = text_model_manager(ModelManager)(device=device, dtype=dtype, force_model=str(model_dir), continuous_batching=continuous_batching)
     state = GenerationState(continuous_batching=continuous_batching)
     chat = make_chat_handler_class()(model_manager=manager, generation_state=state)
     chat.served_name = served_name
