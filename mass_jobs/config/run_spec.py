@@ -52,6 +52,12 @@ class ModelSpec(Closed):
         "models whose template has no tools; its calls must be <tool_call>{json}</tool_call> (the hermes parser's "
         "format). Local runs only: on the cluster, store the template in the model dir.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    serve: str | None = Field(
+        default=None, min_length=1,
+        description="The weights generation 0 is served from where vLLM on a CUDA GPU serves it: the base model's "
+        "official FP8 checkpoint (local dir, hub id or s3:// URI, e.g. Qwen/Qwen3.6-27B-FP8), as the paper serves "
+        "L0's episodes, verdicts and proposals. Training and the merge read model.base. Elsewhere L0 is served "
+        "from model.base; `mass validate` prints which, gen-0/serving.json records it.")
     sampling: Sampling = Field(default_factory=Sampling)
 
 
@@ -241,6 +247,12 @@ class SftSpec(Closed):
         "mid-thought). true: smoke runs with an untrained model, whose every reply is cut.",
     )
     fp8_export: bool = Field(default=False, description="Also export a block-FP8 copy of the merged model.")
+    fp8_reference: str | None = Field(
+        default=None, min_length=1,
+        description="The official FP8 checkpoint of the base model (local dir, hub id or s3:// URI), e.g. "
+        "Qwen/Qwen3.6-27B-FP8: with fp8_export the copy takes its layout, as the paper's code does (a tensor "
+        "is FP8 iff it is there; its scale dtype, shards, config and tokenizer files). Unset: every "
+        "decoder-layer projection is quantized by name, with float32 scales.")
     serve_fp8: bool = Field(
         default=True,
         description="Serve generations 1+ from the FP8 copy (with fp8_export) where the server reads block-FP8: "

@@ -16,14 +16,17 @@ from mass_jobs.serving.model_dirs import looks_like_hub_id
 
 
 def model_locations(document: Any) -> list[tuple[list, str]]:
-    """(JSON path parts, value) of every model location a spec names: model.base, model.tokenizer
-    and the models of judges served here (endpoint 'local')."""
+    """(JSON path parts, value) of every model location a spec names: model.base, model.tokenizer,
+    sft.fp8_reference and the models of judges served here (endpoint 'local')."""
     if not isinstance(document, dict):
         return []
     out: list[tuple[list, str]] = []
     model = document.get("model")
     if isinstance(model, dict):
-        out += [(["model", k], model[k]) for k in ("base", "tokenizer") if isinstance(model.get(k), str)]
+        out += [(["model", k], model[k]) for k in ("base", "tokenizer", "serve") if isinstance(model.get(k), str)]
+    sft = document.get("sft")
+    if isinstance(sft, dict) and isinstance(sft.get("fp8_reference"), str):
+        out.append((["sft", "fp8_reference"], sft["fp8_reference"]))
     judges = document.get("judges")
     for i, j in enumerate(judges if isinstance(judges, list) else []):
         if isinstance(j, dict) and j.get("endpoint") == "local" and isinstance(j.get("model"), str):

@@ -59,6 +59,9 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
     s = spec.sft
     if s.context >= s.window:
         out.append(SpecIssue("$.sft.context", f"expected < window ({s.window}), found {s.context}"))
+    if s.fp8_reference and not s.fp8_export:
+        out.append(SpecIssue("$.sft.fp8_reference", f"expected sft.fp8_export: true to use a reference, found "
+                                                    f"{s.fp8_reference!r} with no FP8 export"))
     out.extend(composition_issues(spec))
     m = spec.model.sampling
     if m.max_output_tokens > m.context_length:
