@@ -32,7 +32,8 @@ def example(name: str):
 
 def test_cluster_serves_fp8_on_a_gpu_and_says_why_not_elsewhere(tmp_path):
     paper = example("paper.yaml")
-    assert sp.for_cluster(paper, 0).weights == "base"
+    assert sp.for_cluster(paper, 0).weights == "serve"  # model.serve: the official FP8 checkpoint
+    assert model_uri(paper, 0, "b", "runs/paper") == "hf://Qwen/Qwen3.6-27B-FP8"
     assert sp.for_cluster(paper, 1).weights == "fp8" and sp.for_cluster(paper, 2).weights == "fp8"
     assert model_uri(paper, 1, "b", "runs/paper") == "s3://b/runs/paper/gen-1/model-fp8/"
     mini = example("paper-mini.yaml")
@@ -70,6 +71,8 @@ def test_validate_says_which_weights_serve(tmp_path):
         return [line for line in out.stdout.splitlines() if line.startswith("serving:")]
 
     assert said(ROOT / "examples/paper.yaml") == [
+        "serving: generation 0 from model.serve (Qwen/Qwen3.6-27B-FP8): KServe's vLLM runtime on a GPU serves "
+        "generation 0 from model.serve (Qwen/Qwen3.6-27B-FP8), as the paper does",
         "serving: generations 1+ from the FP8 weights: KServe's vLLM runtime on a GPU serves the block-FP8 export "
         "(W8A8 from compute capability 8.9, weight-only from 7.5)"]
     doc = spec_document(f"file://{tmp_path}/s", sft={"fp8_export": True})
@@ -127,3 +130,49 @@ def test_a_local_server_serves_the_recorded_weights(tmp_path, tiny_model_dir, mo
     monkeypatch.setattr(sp, "local_capability", lambda: (9, 0))
     served_model_dir(bare, 1, tmp_path / "cache2")
     assert "no FP8 export is stored" in store2.get_json(bare.serving(1))["reason"]
+
+
+@pytest.mark.parametrize("section, capability, weights, words", [
+    ({"mode": "argo"}, None, "serve", "serves generation 0 from model.serve (org/name-FP8)"),
+    ({"mode": "argo", "resources": {"server": {"gpu": 0}}}, None, "base", "server.gpu is 0"),
+    ({"serving": "embedded"}, (9, 0), "base", "transformers' server cannot serve model.serve"),
+    ({"serving": "vllm"}, (9, 0), "serve", "(compute capability 9.0) serves model.serve, W8A8 for generation 0"),
+    ({"serving": "vllm"}, (7, 0), "base", "under the 7.5 vLLM's FP8 kernels need, so generation 0 is model.base"),
+    ({"serving": "vllm"}, None, "base", "no CUDA GPU"),
+])
+def test_generation_0_is_served_from_model_serve_where_fp8_runs(tmp_path, section, capability, weights, words):
+    """The paper serves L0 from the official FP8 checkpoint: model.serve, where vLLM on a GPU serves;
+    model.base elsewhere, with why. Without model.serve, L0 is model.base everywhere."""
+    store = "s3://b/runs" if section.get("mode") == "argo" else f"file://{tmp_path}/s"
+    doc = spec_document(store, execution=section)
+    doc["model"]["serve"] = "org/name-FP8"
+    from mass_jobs.config.run_spec import RunSpec
+
+    spec = RunSpec.model_validate(doc)
+    c = sp.for_cluster(spec, 0) if section.get("mode") == "argo" else sp.for_local(spec, 0, capability)
+    assert c.weights == weights and words in c.reason, c
+    if section.get("mode") == "argo":  # what KServe downloads
+        assert ("FP8" in model_uri(spec, 0, "b", "runs/x")) is (weights == "serve")
+    del doc["model"]["serve"]
+    plain = RunSpec.model_validate(doc)
+    assert (sp.for_cluster(plain, 0) if section.get("mode") == "argo" else sp.for_local(plain, 0, capability)) == sp.BASE
+
+
+def test_a_local_vllm_serves_l0_from_model_serve_and_records_it(tmp_path, paper_layout_dirs, monkeypatch):
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.run.generation_model import model_ref, served_model_dir
+    from mass_jobs.store import open_store
+
+    base, reference = paper_layout_dirs
+    doc = spec_document(f"file://{tmp_path}/store", execution={"serving": "vllm"})
+    doc["model"].update(base=str(base), serve=str(reference))
+    from mass_jobs.config.run_spec import RunSpec
+
+    ctx = RunContext(RunSpec.model_validate(doc), open_store(f"file://{tmp_path}/store"))
+    monkeypatch.setattr(sp, "local_capability", lambda: (9, 0))
+    assert served_model_dir(ctx, 0, tmp_path / "cache") == reference
+    assert ctx.store.get_json(ctx.serving(0))["weights"] == "serve"
+    monkeypatch.setattr(sp, "local_capability", lambda: None)
+    assert served_model_dir(ctx, 0, tmp_path / "cache") == base
+    assert ctx.store.get_json(ctx.serving(0))["weights"] == "base"
+    assert model_ref(ctx, 0) == f"base:{base}|serve:{reference}"  # the serving weights are in L0's identity

@@ -143,7 +143,7 @@ def main(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in {**argo_outputs(spec, args.gen), **done_outputs(ctx, args.gen)}.items():
             (out / name).write_text(text)
-        if args.gen >= 1:  # what this cycle's InferenceService serves, and why
+        if args.gen >= 1 or spec.model.serve:  # what this cycle's InferenceService serves, and why
             from mass_jobs.serving.precision import for_cluster
 
             ctx.store.put_json(ctx.serving(args.gen), {**for_cluster(spec, args.gen).as_dict(), "backend": "kserve-vllm"})

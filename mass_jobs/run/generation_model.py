@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mass_jobs.run.base_model import base_model_dir
 from mass_jobs.run.context import RunContext
-from mass_jobs.serving.model_dirs import fetch_stored_model, has_stored_model
+from mass_jobs.serving.model_dirs import fetch_stored_model, has_stored_model, resolve_model
 from mass_jobs.store import read_manifest
 from mass_jobs.serving import precision as sp
 from mass_jobs.serving.precision import for_cluster
@@ -25,7 +25,8 @@ from mass_jobs.serving.precision import for_cluster
 def model_ref(ctx: RunContext, g: int) -> str:
     """What identifies generation g's weights in input hashes: the base, or a digest of the stored model."""
     if g == 0 and not has_stored_model(ctx.store, ctx.model(0)):
-        return f"base:{ctx.spec.model.base}"
+        # the weights that serve L0 are part of what made its data (only when set: earlier hashes stay)
+        return f"base:{ctx.spec.model.base}" + (f"|serve:{ctx.spec.model.serve}" if ctx.spec.model.serve else "")
     return f"gen-{g}:{model_digest(ctx, g)}"
 
 
@@ -58,16 +59,19 @@ def local_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> 
 
 
 def served_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> Path:
-    """The local directory a local server serves L_g from: the FP8 export where this machine's server
-    reads it, else `local_model_dir`; the choice and its reason recorded at `ctx.serving(g)`."""
+    """The local directory a local server serves L_g from: the FP8 export (for L0 `model.serve`) where
+    this machine's server reads it, else `local_model_dir`; the choice and its reason recorded at
+    `ctx.serving(g)` (for L0 when `model.serve` is set)."""
 
     capability = sp.local_capability() if ctx.spec.execution.serving == "vllm" else None
     choice = sp.for_local(ctx.spec, g, capability)
     if choice.weights == "fp8" and not has_stored_model(ctx.store, ctx.model_fp8(g)):
         choice = sp.Choice("bf16", f"no FP8 export is stored under {ctx.model_fp8(g)!r} (merged before sft.fp8_export was set?)")
-    if g > 0:
+    if g > 0 or ctx.spec.model.serve:
         ctx.store.put_json(ctx.serving(g), {**choice.as_dict(), "backend": ctx.spec.execution.serving,
                                             "capability": list(capability) if capability else None})
+    if choice.weights == "serve":
+        return resolve_model(ctx.spec.model.serve, store_options=ctx.store_options())
     if choice.weights != "fp8":
         return local_model_dir(ctx, g, cache_root)
     root = Path(cache_root or Path(tempfile.gettempdir()) / "mass-models")
@@ -85,7 +89,7 @@ def model_uri(spec, gen: int, bucket: str, run_prefix: str) -> str:
     Storage._download_hf splits on exactly one '/' and takes the revision after ':'.
     """
     if gen == 0:
-        base = spec.model.base
+        base = spec.model.serve if for_cluster(spec, 0).weights == "serve" else spec.model.base
         if base.startswith("s3://"):
             return base.rstrip("/") + "/"
         repo, _, revision = base.partition("@")

@@ -7,7 +7,9 @@ come from the FP8 weights. Here a generation g >= 1 is served from `gen-<g>/mode
     >= 1, or a local `execution.serving: vllm` whose first CUDA device has compute capability >= 7.5
     (vLLM runs FP8 weights as W8A8 from 8.9 and weight-only W8A16 through its Marlin kernels from 7.5);
 and from the BF16 `gen-<g>/model/` otherwise, the reason recorded: transformers' embedded server,
-vLLM's CPU backend and an older GPU have no block-FP8 path. Generation 0 is `model.base` as given.
+vLLM's CPU backend and an older GPU have no block-FP8 path. Generation 0 is `model.base` as given,
+or with `model.serve` (the official FP8 checkpoint) served from that where vLLM on a GPU serves, as
+the paper serves L0.
 `mass validate` prints the decision for the spec (`summary`); a local run records what it served in
 `gen-<g>/serving.json` (the report's and an operator's answer to "which weights made this data").
 """
@@ -23,7 +25,7 @@ W8A8_CAPABILITY = (8, 9)
 
 @dataclass(frozen=True)
 class Choice:
-    weights: Literal["base", "fp8", "bf16", "none"]
+    weights: Literal["base", "serve", "fp8", "bf16", "none"]  # serve: model.serve, generation 0
     reason: str
 
     def as_dict(self) -> dict:
@@ -49,10 +51,19 @@ def on_gpu(capability: tuple[int, int] | None, where: str) -> Choice:
     return Choice("fp8", f"vLLM on {where}'s CUDA GPU (compute capability {a}.{b}) serves the block-FP8 export, {mode}")
 
 
+BASE = Choice("base", "generation 0 is model.base as given")
+
+
 def for_cluster(spec, gen: int) -> Choice:
     """What KServe's vLLM runtime serves generation `gen` from."""
     if gen == 0:
-        return Choice("base", "generation 0 is model.base as given")
+        if not spec.model.serve:
+            return BASE
+        if spec.execution.resources.server.gpu < 1:
+            return Choice("base", "execution.resources.server.gpu is 0: vLLM's CPU backend cannot serve model.serve's "
+                                  "FP8 weights, so generation 0 is model.base")
+        return Choice("serve", f"KServe's vLLM runtime on a GPU serves generation 0 from model.serve "
+                               f"({spec.model.serve}), as the paper does")
     fixed = _exported(spec)
     if fixed:
         return fixed
@@ -64,11 +75,19 @@ def for_cluster(spec, gen: int) -> Choice:
 
 def for_local(spec, gen: int, capability: tuple[int, int] | None) -> Choice:
     """What a local run serves generation `gen` from, given the local CUDA device (None: none)."""
-    if gen == 0:
-        return Choice("base", "generation 0 is model.base as given")
     serving = spec.execution.serving
     if serving == "external":
         return Choice("none", "execution.serving is external: the roles' endpoints serve their own models")
+    if gen == 0:
+        if not spec.model.serve:
+            return BASE
+        if serving == "embedded":
+            return Choice("base", "execution.serving is embedded: transformers' server cannot serve model.serve's FP8 "
+                                  "weights, so generation 0 is model.base")
+        gpu = on_gpu(capability, "this machine")
+        if gpu.weights != "fp8":
+            return Choice("base", f"{gpu.reason}, so generation 0 is model.base, not model.serve")
+        return Choice("serve", f"{gpu.reason.replace('the block-FP8 export', 'model.serve')} for generation 0")
     fixed = _exported(spec)
     if fixed:
         return fixed
@@ -95,7 +114,23 @@ def unquantized(spec) -> str:
 
 
 def summary(spec) -> str:
-    """What `mass validate` says about serving L1 and later, naming the merged weights' real dtype."""
+    """What `mass validate` says about serving: generation 0 when `model.serve` is set, then L1 and later."""
+    later = _later(spec)
+    if not spec.model.serve:
+        return later
+    if spec.execution.mode == "argo":
+        c = for_cluster(spec, 0)
+    elif spec.execution.serving == "vllm":
+        c = Choice("maybe", "vLLM serves model.serve where this machine's first CUDA GPU has compute capability "
+                            ">= 7.5, else model.base; gen-0/serving.json records which and why")
+    else:
+        c = for_local(spec, 0, None)
+    where = {"serve": f"model.serve ({spec.model.serve})", "base": "model.base"}.get(c.weights, "model.serve or model.base")
+    return f"serving: generation 0 from {where}: {c.reason}\n{later}"
+
+
+def _later(spec) -> str:
+    """The line on serving L1 and later, naming the merged weights' real dtype."""
     if spec.generations < 1:
         return "serving: only generation 0 (model.base as given)"
     word = unquantized(spec)
