@@ -255,22 +255,25 @@ def test_model_size_against_the_pods_ephemeral_storage(capsys):
 
 
 def test_model_size_against_the_merge_and_trainer_pods_memory(capsys):
-    """The paper's 27B model with the chart's default 64Gi: its merge and FP8 export hold 1.5 copies
-    (81 GB), each of a trainer pod's 2 ranks loads one (108 GB): both refused, naming the value."""
+    """The paper's 27B model with the chart's default 64Gi: each of a trainer pod's 2 ranks loads one
+    copy (108 GB): refused, naming the value. The merge streams shard by shard, so 64Gi holds it;
+    8Gi does not hold two 5 GB shards."""
     paper = ROOT / "examples" / "paper.yaml"
     config = ROOT / "examples" / "qwen3.5-27b-config.json"
     assert mass(["validate", str(paper), "--values", str(CHART / "ci" / "paper-values.yaml"), "--config", str(config)]) == 0
     out = capsys.readouterr().out
-    assert "merge memory" in out and "1.5 x 53.8 GB" in out and "trainer memory" in out and "2 x 53.8 GB" in out
+    assert "merge memory" in out and "2 x 5 GB shards" in out and "trainer memory" in out and "2 x 53.8 GB" in out
     spec = load_spec(paper)
-    found = preflight.checks(spec, preflight.merge(preflight.load_values([str(CHART / "ci" / "paper-values.yaml")]), {
-        "resources": {"merge": {"memory": "64Gi"}, "trainer": {"memory": "64Gi"}}}), preflight.model_config(spec, str(config)))
-    failing = {c.path: c.why for c in found if not c.ok}
-    assert sorted(failing) == ["values resources.merge.memory", "values resources.trainer.memory"]
-    assert "expected at least 83Gi of memory for the merge and its FP8 export of 53.8 GB model" in failing[
-        "values resources.merge.memory"] and "found 64Gi" in failing["values resources.merge.memory"]
-    assert "expected at least 110Gi of memory for 2 rank(s), each loading the whole 53.8 GB model" in failing[
-        "values resources.trainer.memory"]
+    for merge_memory, refused in (("64Gi", False), ("8Gi", True)):
+        found = preflight.checks(spec, preflight.merge(preflight.load_values([str(CHART / "ci" / "paper-values.yaml")]), {
+            "resources": {"merge": {"memory": merge_memory}, "trainer": {"memory": "64Gi"}}}),
+            preflight.model_config(spec, str(config)))
+        failing = {c.path: c.why for c in found if not c.ok}
+        assert sorted(failing) == sorted(["values resources.trainer.memory"] + ["values resources.merge.memory"] * refused)
+        assert "expected at least 110Gi of memory for 2 rank(s), each loading the whole 53.8 GB model" in failing[
+            "values resources.trainer.memory"]
+    assert "expected at least 13Gi of memory for the merge and its FP8 export, which hold one input and one output " \
+           "shard of up to 5 GB (chart value resources.merge.memory), found 8Gi" in failing["values resources.merge.memory"]
 
 
 def test_the_trainer_job_check_runs_the_operators_webhook(monkeypatch):

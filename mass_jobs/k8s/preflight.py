@@ -34,7 +34,8 @@ What is checked, and why it would fail on a cluster:
   predictors evaluate serves together each fit it (Kueue never admits a larger workload);
 - with the model's config (`--config`, or a local model.base), the ephemeral storage of the pods
   that download the weights holds them: the predictor and each trainer replica one copy, merge the
-  base and the merged copy (10% headroom).
+  base and the merged copy (10% headroom); each trainer rank's host memory one copy; the merge's memory
+  one input and one output shard (it streams).
 """
 
 from __future__ import annotations
@@ -184,6 +185,11 @@ def model_config(spec, config: str | None):
     return load_config(spec, config)
 
 
+# Checkpoint shards on the hub are at most 5 GB (transformers' max_shard_size the model families use).
+MERGE_SHARD_BYTES = 5e9
+MERGE_PROCESS_BYTES = 4 * 2**30  # python, torch and the adapter
+
+
 def model_bytes(spec, config) -> int:
     """Bytes of the model's weights in the spec's dtype (from the config, no weights read)."""
     import torch
@@ -317,14 +323,11 @@ def checks(spec, values: dict, config=None) -> list[Check]:
         n = spec.sft.gpus_per_replica
         fp8 = spec.sft.fp8_export
         # (row, chart key, copies of the bf16 model, for what): where it is downloaded, and host memory:
-        # each trainer rank loads the whole model before sharding it; the merge holds the parent, and
-        # the FP8 export every tensor in both precisions (1 + 1/2 of the bf16 bytes)
+        # each trainer rank loads the whole model before sharding it
         rows = [(f"{pod} ephemeral storage", f"resources.{pod}.ephemeralStorage", copies,
                  f"for {copies:g} cop{'y' if copies == 1 else 'ies'} of the")
                 for pod, copies in (("server", 1), ("trainer", 1), ("merge", 2))]
-        rows += [("trainer memory", "resources.trainer.memory", float(n), f"of memory for {n} rank(s), each loading the whole"),
-                 ("merge memory", "resources.merge.memory", 1.5 if fp8 else 1.0,
-                  f"of memory for the merge{' and its FP8 export' if fp8 else ''} of")]
+        rows += [("trainer memory", "resources.trainer.memory", float(n), f"of memory for {n} rank(s), each loading the whole")]
         for name, key, copies, what in rows:
             have = _get(values, key)
             if have is None:
@@ -334,6 +337,16 @@ def checks(spec, values: dict, config=None) -> list[Check]:
                 quantity_bytes(have) >= need, f"values {key}",
                 f"expected at least {need / 2**30:.0f}Gi {what} "
                 f"{size / 1e9:.1f} GB model (chart value {key}), found {have}")
+        have = _get(values, "resources.merge.memory")
+        if have is not None:
+            # the merge and the FP8 export go shard by shard (mass_jobs.serving.shards): one shard read
+            # tensor by tensor, one output shard held, plus the process
+            need = int(2 * MERGE_SHARD_BYTES + MERGE_PROCESS_BYTES)
+            add("merge memory", have, f">= {need / 2**30:.0f}Gi (2 x {MERGE_SHARD_BYTES / 1e9:.0f} GB shards)",
+                quantity_bytes(have) >= need, "values resources.merge.memory",
+                f"expected at least {need / 2**30:.0f}Gi of memory for the merge{' and its FP8 export' if fp8 else ''}, "
+                f"which hold one input and one output shard of up to {MERGE_SHARD_BYTES / 1e9:.0f} GB "
+                f"(chart value resources.merge.memory), found {have}")
     return out
 
 
