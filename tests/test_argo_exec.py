@@ -671,12 +671,13 @@ def chart_docs(values: dict | None = None) -> list[dict]:
             for d in yaml.safe_load_all(text) if d]
 
 
-def cluster_docs(s3: dict) -> list[dict]:
-    """What `helm install -f values.yaml` puts in the cluster, with this S3 (moto) as the `s3.*` values:
-    the WorkflowTemplates (the files in argo/ are this chart rendered with its defaults), ConfigMaps
-    and the NetworkPolicies (the executor holds the agent pods to them)."""
+def cluster_docs(s3: dict, values: dict | None = None) -> list[dict]:
+    """What `helm install -f values.yaml` puts in the cluster, with this S3 (moto) as the `s3.*` values
+    (and `values` over the defaults): the WorkflowTemplates (the files in argo/ are this chart rendered
+    with its defaults), ConfigMaps and the NetworkPolicies (the executor holds the agent pods to them)."""
     host = s3["endpoint_url"].removeprefix("http://")
-    docs = chart_docs({"s3": {"bucket": s3["bucket"], "endpoint": host, "insecure": True, "region": s3["region"]}})
+    docs = chart_docs({**(values or {}),
+                       "s3": {"bucket": s3["bucket"], "endpoint": host, "insecure": True, "region": s3["region"]}})
     return [d for d in docs if d["kind"] in ("WorkflowTemplate", "ConfigMap", "NetworkPolicy")]
 
 

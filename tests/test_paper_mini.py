@@ -2,8 +2,9 @@
 
 Fast: the spec differs from examples/paper.yaml exactly where its header says. Slow: `mass run` of
 it locally and `mass-run` of the same spec under the Argo test executor against moto's S3 server
-store the same manifests and report (qwen-code, the hybrid-attention tiny model with its thinking
-template, FSDP over two trainer replicas, FP8 export, two scripted judges, L0 -> L1), and
+store the same manifests and report (qwen-code, the tiny model in the paper's checkpoint layout with
+its family's template, FSDP over two trainer replicas, FP8 export in its reference's layout, two
+scripted judges, L0 -> L1), and
 the report shows what the paper's configuration must: orchestrator windows, no harness side-call
 windows, no workflow text in any window, and how episodes ended, by outcome and cap.
 """
@@ -92,7 +93,7 @@ def test_the_hybrid_tiny_model_is_the_qwen35_text_layout_with_a_thinking_templat
 # ---------------------------------------------------------------- end to end
 
 
-def mini_doc(model: str, store: dict, judges: list[str], mode: str = "local") -> dict:
+def mini_doc(model: str, store: dict, judges: list[str], mode: str = "local", fp8_reference: str | None = None) -> dict:
     """examples/paper-mini.yaml with the model, store and judges of this test, for one generation:
     L0 -> L1 (trained, merged, FP8-exported, served and judged) shows every path of the paper's
     configuration; chaining generations is the two-generation executor comparison's
@@ -104,6 +105,7 @@ def mini_doc(model: str, store: dict, judges: list[str], mode: str = "local") ->
     doc["tasks"] = [t for t in doc["tasks"] if t["id"] != "fib"]
     doc["collection"]["episodes"] = 2
     doc["model"]["base"] = model
+    doc["sft"]["fp8_reference"] = doc["model"]["serve"] = fp8_reference
     doc["store"] = store
     doc["execution"]["mode"] = mode
     for judge, url in zip(doc["judges"], judges, strict=True):
@@ -192,7 +194,7 @@ def check_figures(fig: dict, spec) -> None:
 
 @pytest.mark.slow(cost=500)
 @pytest.mark.argo_exec
-def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, hybrid_dir, tmp_path):
+def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, paper_layout_dirs, tmp_path):
     from mass_jobs.run.context import RunContext
     from mass_jobs.config.run_spec import RunSpec, StoreSpec
     from mass_jobs.store import open_store
@@ -201,17 +203,19 @@ def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, hy
                                       put_spec, timeless, upload_dir)
 
     s3 = s3_env
-    model_uri = upload_dir(s3, hybrid_dir, "models/tiny-hybrid")
+    model_uri = upload_dir(s3, paper_layout_dirs[0], "models/tiny-paper")
+    reference_uri = upload_dir(s3, paper_layout_dirs[1], "models/tiny-paper-fp8")
 
     def store(prefix: str) -> dict:
         return {"uri": f"s3://{s3['bucket']}/{prefix}", "endpoint_url": s3["endpoint_url"], "region": s3["region"]}
 
     with HashVerdictJudge() as judge_a, HashVerdictJudge() as judge_b:
         judges = [judge_a.base_url, judge_b.base_url]
-        argo_doc = mini_doc(model_uri, store("paper-mini-argo"), judges, mode="argo")
-        local_doc = mini_doc(model_uri, store("paper-mini-local"), judges)
+        argo_doc = mini_doc(model_uri, store("paper-mini-argo"), judges, mode="argo", fp8_reference=reference_uri)
+        local_doc = mini_doc(model_uri, store("paper-mini-local"), judges, fp8_reference=reference_uri)
         secrets = {S3_SECRET: {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}}
-        ex = ArgoExecutor(cluster_docs(s3), secrets, tmp_path / "cluster")
+        # the chart serves the model with its XML tool-call parser, as the spec asks (paper-values.yaml)
+        ex = ArgoExecutor(cluster_docs(s3, {"model": {"toolCallParser": "qwen3_coder"}}), secrets, tmp_path / "cluster")
         try:
             wf = ex.submit("mass-run", {"spec": put_spec(s3, argo_doc, "specs/paper-mini.yaml"), "run": argo_doc["name"]})
             assert wf.phase == "Succeeded", wf.summary()
@@ -256,13 +260,22 @@ def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, hy
 
     spec = RunSpec.model_validate(local_doc)
     ctx = RunContext(spec, local_store)
-    fig = figures(local_store, ctx, spec, AutoTokenizer.from_pretrained(hybrid_dir))
+    fig = figures(local_store, ctx, spec, AutoTokenizer.from_pretrained(paper_layout_dirs[0]))
     for g in range(spec.generations):
         print(f"paper-mini L{g}: {json.dumps(fig[g], sort_keys=True)}")
     for row in fig["outcomes"]:
         print(f"paper-mini episodes L{row['generation']} {row['stage']}: {row['episodes']} by outcome "
               f"{ {k: v for k, v in row['by_outcome'].items() if v} } by cap {row['by_cap']}")
     check_figures(fig, spec)
+    # L1 as stored: every tensor of L0 (vision tower and MTP weights included), and its FP8 copy in the
+    # reference's layout, name by name (dtype and shape)
+    from mass_jobs.serving.model_dirs import fetch_stored_model
+    from mass_jobs.serving.shards import TensorReader
+
+    l1 = fetch_stored_model(local_store, ctx.model(1), tmp_path / "l1")
+    l1_fp8 = fetch_stored_model(local_store, ctx.model_fp8(1), tmp_path / "l1-fp8")
+    assert TensorReader(l1).meta() == TensorReader(paper_layout_dirs[0]).meta()
+    assert TensorReader(l1_fp8).meta() == TensorReader(paper_layout_dirs[1]).meta()
     # what `mass plan` computes for this spec is what both runs stored (exact counts; bounds held)
     from mass_jobs.pipeline.planning.counts import compare, plan_counts, stored_counts
 
