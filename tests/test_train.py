@@ -390,3 +390,28 @@ def test_tiny_training_reproduces_its_golden_losses(tiny_model_dir, tmp_path):
     # the tolerance catches a change of one rule: LoRA's scaling (alpha/r) halved
     _, halved = golden_run(tiny_model_dir, tmp_path / "halved", alpha=4)
     assert halved[-1][1] != pytest.approx(GOLDEN_VAL[-1][1], rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_only_rank_0_reads_the_weights_and_every_rank_holds_them(tiny_model_dir, tmp_path, parallel):
+    """A pod of n ranks holds one copy of the model in host memory: rank 0 reads the parent, the others
+    build it on the meta device and receive its weights, LoRA init and buffers from rank 0; each then
+    holds exactly what one process that read the weights itself holds."""
+    from mass_jobs.spec.load import load_spec
+    from tests.dist_probe.trainer_setup import state_digest, digest
+
+    spec = make_run(tmp_path, tiny_model_dir, "probe", steps=1, save_every=1)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node", "2",
+                           str(ROOT / "tests" / "dist_probe" / "trainer_setup.py"), str(spec), parallel, str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["read_weights"] for r in ranks] == [True, False]
+    alone = Trainer(tiny_model_dir, synthetic_windows(1, 0), [], load_spec(spec).sft, tmp_path / "alone", parallel=parallel, progress=False)
+    alone.setup()
+    params, buffers = state_digest(alone)
+    expected = {"params": params, "buffers": buffers, "head": digest([("head", alone.head_weight)])}
+    for rank in ranks:
+        assert {k: rank[k] for k in expected} == expected

@@ -34,8 +34,8 @@ What is checked, and why it would fail on a cluster:
   predictors evaluate serves together each fit it (Kueue never admits a larger workload);
 - with the model's config (`--config`, or a local model.base), the ephemeral storage of the pods
   that download the weights holds them: the predictor and each trainer replica one copy, merge the
-  base and the merged copy (10% headroom); each trainer rank's host memory one copy; the merge's memory
-  one input and one output shard (it streams).
+  base and the merged copy (10% headroom); a trainer pod's memory one copy (rank 0 alone reads the
+  model); the merge's memory one input and one output shard (it streams).
 """
 
 from __future__ import annotations
@@ -323,11 +323,12 @@ def checks(spec, values: dict, config=None) -> list[Check]:
         n = spec.sft.gpus_per_replica
         fp8 = spec.sft.fp8_export
         # (row, chart key, copies of the bf16 model, for what): where it is downloaded, and host memory:
-        # each trainer rank loads the whole model before sharding it
+        # rank 0 alone reads the model (the other ranks build it on meta and receive its weights)
         rows = [(f"{pod} ephemeral storage", f"resources.{pod}.ephemeralStorage", copies,
                  f"for {copies:g} cop{'y' if copies == 1 else 'ies'} of the")
                 for pod, copies in (("server", 1), ("trainer", 1), ("merge", 2))]
-        rows += [("trainer memory", "resources.trainer.memory", float(n), f"of memory for {n} rank(s), each loading the whole")]
+        rows += [("trainer memory", "resources.trainer.memory", 1.0,
+                  f"of memory for the trainer pod whose rank 0 (of {n} per pod) reads the whole")]
         for name, key, copies, what in rows:
             have = _get(values, key)
             if have is None:

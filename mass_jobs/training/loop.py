@@ -7,7 +7,10 @@ Validation runs every `sft.val_every` steps and at the last; checkpoints are sav
 `sft.save_every` steps and at the last, and only those with a validation loss can be selected (the
 paper: validation every 150, checkpoints every 50 steps).
 FSDP (`parallel="fsdp"`, FSDP2 `fully_shard`, one unit per decoder layer) runs the same math on
-sharded parameters; its checkpoints hold the same full adapter as DDP's.
+sharded parameters; its checkpoints hold the same full adapter as DDP's. Only rank 0 reads the
+parent's weights: the other ranks build the model on the meta device and receive its weights, LoRA
+init and buffers (DDP's wrap broadcasts them; under FSDP each rank takes its shard of rank 0's state),
+so a pod holds one copy of the model in host memory, not one per rank.
 Validation loss is token-weighted (sum of token losses / supervised tokens), overall, per role
 and per task. Processed supervised tokens are counted per step over every rank's windows.
 
@@ -82,11 +85,10 @@ class Trainer:
     # ------------------------------------------------------------ setup
     def setup(self) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
 
-        torch.manual_seed(self.sft.seed)  # same LoRA init on every rank (DDP also broadcasts it)
+        torch.manual_seed(self.sft.seed)  # same LoRA init on every rank (rank 0's is broadcast anyway)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        base = AutoModelForCausalLM.from_pretrained(self.parent_dir, dtype=dtype)
+        base = self._load_base(dtype)
         base.config.use_cache = False
         if self.sft.gradient_checkpointing:
             # non-reentrant: works with DDP, with FSDP and with frozen inputs (LoRA leaves embeddings frozen)
@@ -95,12 +97,19 @@ class Trainer:
         # The output layer leaves the forward pass and the loss applies it in chunks (training/loss.py),
         # unless the spec adapts the head itself: then the head stays and the logits are full.
         adapts_head = any(n == "lm_head" or n.endswith(".lm_head") for n in targets.modules)
-        self.head_weight = None if adapts_head else split_head(base).to(self.device)
+        self.head_weight = None if adapts_head else self._from_rank0(split_head(base))
         self.peft_model = attach_lora(base, self.sft.lora, targets)
         self.lora_summary = adapted_summary(self.peft_model, targets)
+        full = self.peft_model.state_dict() if self.sharded and self.dist.rank == 0 else {}
         if not self.sharded:
-            self.peft_model.to(self.device)  # FSDP moves each layer's shard to the device as it wraps it
+            if self.holds_weights:
+                self.peft_model.to(self.device)
+            else:  # DDP broadcasts rank 0's parameters and buffers as it wraps the model
+                self.peft_model.to_empty(device=self.device)
         self.model = self._wrap(self.peft_model)
+        if self.sharded:
+            self._load_shards(full)
+        del full
         params = list(trainable_named_parameters(self.peft_model).values())
         opt = self.sft.optimizer
         self.optimizer = torch.optim.AdamW(
@@ -114,6 +123,45 @@ class Trainer:
     @property
     def sharded(self) -> bool:
         return self.parallel == "fsdp" and self.dist.world > 1
+
+    @property
+    def holds_weights(self) -> bool:
+        """Only rank 0 reads the parent's weights: every other rank builds the model on the meta device
+        and receives them, so a pod of n ranks holds one copy of the model in host memory, not n."""
+        return self.dist.rank == 0
+
+    def _load_base(self, dtype):
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        if self.holds_weights:
+            return AutoModelForCausalLM.from_pretrained(self.parent_dir, dtype=dtype)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.parent_dir), dtype=dtype)
+
+    def _from_rank0(self, tensor):
+        """`tensor` on this rank's device with rank 0's values (the others built it on meta)."""
+        import torch
+        import torch.distributed as dist
+
+        if self.dist.world == 1:
+            return tensor.to(self.device)
+        out = tensor.to(self.device) if self.holds_weights else torch.empty_like(tensor, device=self.device)
+        dist.broadcast(out, src=0)
+        return out
+
+    def _load_shards(self, full: dict) -> None:
+        """FSDP: the ranks that built the model on meta allocate their shards, every rank takes its
+        shard of rank 0's full state, and buffers outside the state dict (rotary frequencies) come
+        from rank 0 too."""
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if not self.holds_weights:
+            self.model.to_empty(device=self.device)
+        set_model_state_dict(self.model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        for buffer in self.model.buffers():
+            dist.broadcast(buffer, src=0)
 
     def _wrap(self, model):
         if self.dist.world == 1:
