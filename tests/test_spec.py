@@ -47,7 +47,8 @@ def test_examples_validate(path, capsys, tmp_path):
     # a copy next to the model dirs they name (../build/..., relative to the spec), which `make demo` builds
     shutil.copytree(path.parent, tmp_path / "examples")
     (tmp_path / "build" / "tiny-warm").mkdir(parents=True)
-    (tmp_path / "build" / "tiny-hybrid").mkdir(parents=True)  # paper-mini's (mass model tiny --hybrid)
+    for name in ("tiny-paper", "tiny-paper-fp8"):  # paper-mini's (mass model tiny --paper-layout --fp8-reference)
+        (tmp_path / "build" / name).mkdir(parents=True)
     assert cli_main(["validate", str(tmp_path / "examples" / path.name)]) == 0
     assert "valid run spec" in capsys.readouterr().out
 
@@ -149,7 +150,10 @@ def test_validate_writes_argo_outputs(tmp_path, s3_env):
     assert served["weights"] == "fp8" and served["backend"] == "kserve-vllm"
     assert (out / "generations").read_text() == "2"
     cli_main(["validate", str(spec), "--gen", "0", "--outputs", str(out), "--quiet"])
-    assert (out / "model-uri").read_text() == "hf://Qwen/Qwen3.6-27B"
+    # L0 from the official FP8 checkpoint (model.serve), as the paper serves it
+    assert (out / "model-uri").read_text() == "hf://Qwen/Qwen3.6-27B-FP8"
+    assert open_store(doc["store"]["uri"], endpoint_url=s3_env["endpoint_url"]).get_json(
+        "paper/gen-0/serving.json")["weights"] == "serve"
 
 
 def test_validate_outputs_refuse_a_local_store(tmp_path, capsys):
