@@ -55,11 +55,9 @@ SPLIT_PATTERN = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-# Qwen3 layout. Everything the model generates inside an assistant turn (reasoning, text, tool
-# calls and the closing <|im_end|>) sits in {% generation %} so assistant-token masks cover it.
-# Reasoning is kept only for assistant turns after the last user message, as Qwen3 does: earlier
-# turns' thoughts are not part of the context the model sees at inference.
-CHAT_TEMPLATE = r"""
+# How the family's templates open (this one and tiny.paper_layout's): a message's text (a string
+# or text parts), the index of the last user message, and the system turn that lists the tools.
+TEMPLATE_HEAD = r"""
 {%- macro text(c) -%}
   {%- if c is string -%}{{- c -}}
   {%- elif c is iterable and c is not mapping -%}
@@ -71,10 +69,18 @@ CHAT_TEMPLATE = r"""
 {%- if tools -%}
   {{- '<|im_start|>system\n' -}}
   {%- if messages and messages[0].role == 'system' -%}{{- text(messages[0].content) + '\n\n' -}}{%- endif -%}
-  {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' -}}
-  {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
-  {%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
-  {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
+""".lstrip("\n")
+# A tool result is a user turn of <tool_response> blocks, consecutive results in one turn.
+TOOL_TURNS = r"""
+  {%- elif m.role == 'tool' -%}
+    {%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+    {{- '\n<tool_response>\n' + content + '\n</tool_response>' -}}
+    {%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
+  {%- endif -%}
+{%- endfor -%}
+""".lstrip("\n")
+# The system turn without tools, then each message's turn up to the assistant's generated part.
+TURNS_OPEN = r"""
 {%- elif messages and messages[0].role == 'system' -%}
   {{- '<|im_start|>system\n' + text(messages[0].content) + '<|im_end|>\n' -}}
 {%- endif -%}
@@ -86,6 +92,17 @@ CHAT_TEMPLATE = r"""
   {%- elif m.role == 'assistant' -%}
     {{- '<|im_start|>assistant\n' -}}
     {%- generation -%}
+""".lstrip("\n")
+# Qwen3 layout. Everything the model generates inside an assistant turn (reasoning, text, tool
+# calls and the closing <|im_end|>) sits in {% generation %} so assistant-token masks cover it.
+# Reasoning is kept only for assistant turns after the last user message, as Qwen3 does: earlier
+# turns' thoughts are not part of the context the model sees at inference.
+CHAT_TEMPLATE = (TEMPLATE_HEAD + r"""
+  {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' -}}
+  {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
+  {%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+  {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
+""".lstrip("\n") + TURNS_OPEN + r"""
       {%- if m.reasoning_content is string and loop.index0 > ns.last_user -%}
         {{- '<think>\n' + m.reasoning_content.strip('\n') + '\n</think>\n\n' -}}
       {%- endif -%}
@@ -100,17 +117,12 @@ CHAT_TEMPLATE = r"""
       {{- '<|im_end|>' -}}
     {%- endgeneration -%}
     {{- '\n' -}}
-  {%- elif m.role == 'tool' -%}
-    {%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
-    {{- '\n<tool_response>\n' + content + '\n</tool_response>' -}}
-    {%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
-  {%- endif -%}
-{%- endfor -%}
+""".lstrip("\n") + TOOL_TURNS + r"""
 {%- if add_generation_prompt -%}
   {{- '<|im_start|>assistant\n' -}}
   {%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}
 {%- endif -%}
-""".strip()
+""".lstrip("\n")).strip()
 
 _WORDS = (
     "the a an and or but if then else when while for to of in on at by with from into over under about "

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mass_jobs.tiny.build import ARCH, HYBRID_VISION, build_tokenizer
+from mass_jobs.tiny.build import ARCH, HYBRID_VISION, TEMPLATE_HEAD, TOOL_TURNS, TURNS_OPEN, build_tokenizer
 
 # Qwen3.5/3.6's own special tokens for images and video, beside the tiny tokenizer's.
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -55,34 +55,13 @@ SHARDS = 3
 # blocks, reasoning kept for the turns after the last user query, and a generation prompt that
 # opens <think> (closed and empty when thinking is off). {% generation %} marks what the model
 # writes, for assistant-token masks.
-PAPER_TEMPLATE = r"""
-{%- macro text(c) -%}
-  {%- if c is string -%}{{- c -}}
-  {%- elif c is iterable and c is not mapping -%}
-    {%- for p in c -%}{%- if p.type == 'text' -%}{{- p.text -}}{%- endif -%}{%- endfor -%}
-  {%- endif -%}
-{%- endmacro -%}
-{%- set ns = namespace(last_user=-1) -%}
-{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
-{%- if tools -%}
-  {{- '<|im_start|>system\n' -}}
-  {%- if messages and messages[0].role == 'system' -%}{{- text(messages[0].content) + '\n\n' -}}{%- endif -%}
+PAPER_TEMPLATE = (TEMPLATE_HEAD + r"""
   {{- '# Tools\n\nThese functions are available:\n\n<tools>' -}}
   {%- for tool in tools -%}{{- '\n' + ((tool.function if tool.function is defined else tool) | tojson) -}}{%- endfor -%}
   {{- '\n</tools>\n\nTo call a function, answer with exactly this block and nothing after it:\n\n' -}}
   {{- '<tool_call>\n<function=NAME>\n<parameter=ARGUMENT>\nVALUE\n</parameter>\n</function>\n</tool_call>\n\n' -}}
   {{- 'One <parameter> block per argument; a value may span lines.<|im_end|>\n' -}}
-{%- elif messages and messages[0].role == 'system' -%}
-  {{- '<|im_start|>system\n' + text(messages[0].content) + '<|im_end|>\n' -}}
-{%- endif -%}
-{%- for m in messages -%}
-  {%- set content = text(m.content) -%}
-  {%- if m.role == 'system' and loop.first -%}
-  {%- elif m.role == 'user' or m.role == 'system' -%}
-    {{- '<|im_start|>' + m.role + '\n' + content + '<|im_end|>\n' -}}
-  {%- elif m.role == 'assistant' -%}
-    {{- '<|im_start|>assistant\n' -}}
-    {%- generation -%}
+""".lstrip("\n") + TURNS_OPEN + r"""
       {%- if loop.index0 > ns.last_user -%}
         {{- '<think>\n' + ((m.reasoning_content or '') | string).strip('\n') + '\n</think>\n\n' -}}
       {%- endif -%}
@@ -101,18 +80,13 @@ PAPER_TEMPLATE = r"""
       {{- '<|im_end|>' -}}
     {%- endgeneration -%}
     {{- '\n' -}}
-  {%- elif m.role == 'tool' -%}
-    {%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
-    {{- '\n<tool_response>\n' + content + '\n</tool_response>' -}}
-    {%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
-  {%- endif -%}
-{%- endfor -%}
+""".lstrip("\n") + TOOL_TURNS + r"""
 {%- if add_generation_prompt -%}
   {{- '<|im_start|>assistant\n' -}}
   {%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\n\n</think>\n\n' -}}
   {%- else -%}{{- '<think>\n' -}}{%- endif -%}
 {%- endif -%}
-""".strip()
+""".lstrip("\n")).strip()
 
 
 def paper_tokenizer():
