@@ -193,3 +193,17 @@ def test_the_paper_spec_serves_qwen36_with_the_parser_for_its_xml_calls(parser, 
     err = capsys.readouterr().err
     assert valid or "$.execution.vllm.tool_call_parser: expected a tool-call parser that reads what " \
                     "'Qwen/Qwen3.6-27B' writes" in err, err
+
+
+@pytest.mark.parametrize("example, base, parser", [
+    ("paper.yaml", "Qwen/Qwen3.6-27B", "qwen3_coder"), ("paper.yaml", "Qwen/Qwen3.5-27B", "qwen3_coder"),
+    ("paper.yaml", "Qwen/Qwen3-Coder-30B-A3B-Instruct", "qwen3_coder"), ("paper.yaml", "Qwen/Qwen3-8B", "hermes"),
+])
+def test_an_unset_parser_follows_the_models_family(example, base, parser):
+    """Left out, the tool-call parser is the one that reads what the base model's family writes."""
+    from mass_jobs.config.run_spec import RunSpec
+
+    doc = yaml.safe_load((ROOT / "examples" / example).read_text())
+    del doc["execution"]["vllm"]["tool_call_parser"]
+    doc["model"]["base"] = base
+    assert RunSpec.model_validate(doc).execution.vllm.tool_call_parser == parser

@@ -9,9 +9,11 @@ is the one entry point that validates against the schema and applies the cross-f
 
 from __future__ import annotations
 
+import re
+
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from mass_jobs.config.shared import (DAY_S, ID_PATTERN, MAX_EPISODES, MAX_RETRIES, MAX_SEED, MAX_STEPS, MAX_TOKENS, URL,
                                   URL_OR_LOCAL, Closed)
@@ -352,12 +354,24 @@ class Resources(Closed):
     server: PodResources = Field(default_factory=lambda: PodResources(cpu="8", memory="64Gi", gpu=1))
 
 
+# Model families whose own chat templates write tool calls as XML function blocks (vLLM's qwen3_coder
+# reads them); the others' write JSON (hermes).
+XML_CALL_FAMILIES = re.compile(r"qwen3\.5|qwen3\.6|qwen3-coder", re.I)
+
+
+def family_tool_call_parser(model: str) -> str:
+    """The vLLM tool-call parser for what `model`'s family writes, by its name."""
+    return "qwen3_coder" if XML_CALL_FAMILIES.search(model) else "hermes"
+
+
 class VllmServing(Closed):
     """`vllm serve` settings for `execution.serving: vllm` (the cluster's KServe runtime gets the same)."""
 
-    tool_call_parser: str = Field(default="hermes", pattern=r"^[a-z0-9_]+$",
-                                  description="vLLM tool-call parser: hermes for JSON calls (Qwen3), qwen3_coder for the XML "
-                                              "calls of Qwen3.5, Qwen3.6 and Qwen3-Coder (mass_jobs/serving/tool_parsers.py).")
+    tool_call_parser: str | None = Field(
+        default=None, pattern=r"^[a-z0-9_]+$",
+        description="vLLM tool-call parser: hermes for JSON calls (Qwen3), qwen3_coder for the XML calls of Qwen3.5, "
+                    "Qwen3.6 and Qwen3-Coder (mass_jobs/serving/tool_parsers.py). null: by model.base's family, "
+                    "qwen3_coder for those three, else hermes; mass validate checks it against the model's own template.")
     reasoning_parser: str = Field(default="qwen3", pattern=r"^[a-z0-9_]+$", description="vLLM reasoning parser.")
     max_model_len: int | None = Field(default=None, ge=256, le=MAX_TOKENS,
                                       description="vLLM --max-model-len; null: model.sampling.context_length.")
@@ -401,6 +415,13 @@ class RunSpec(Closed):
     store: StoreSpec
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
     roles: Roles = Field(default_factory=Roles, description="Per-role models (stronger optimizer/evaluator ablations).")
+
+    @model_validator(mode="after")
+    def _parser_by_family(self) -> RunSpec:
+        """An unset tool-call parser follows the base model's family (an explicit one is checked)."""
+        if self.execution.vllm.tool_call_parser is None:
+            self.execution.vllm.tool_call_parser = family_tool_call_parser(self.model.base)
+        return self
 
     def resolved_tasks(self) -> list[Task]:
         """Tasks after loading; `load_spec` replaces every TaskFile by its Task."""

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import re
 
+from mass_jobs.config.run_spec import XML_CALL_FAMILIES
+
 READS = {"hermes": "json", "qwen3_coder": "xml", "qwen3_xml": "xml"}
 SHOWN = {"json": '<tool_call>{"name": ..., "arguments": {...}}</tool_call>',
          "xml": "<tool_call><function=NAME><parameter=ARG>VALUE</parameter></function></tool_call>"}
-# hub ids of the families whose own templates write XML calls (checked where the template is not here)
-XML_FAMILIES = re.compile(r"qwen3\.5|qwen3\.6|qwen3-coder", re.I)
 
 
 def written_format(rendered: str, tool: str) -> str | None:
@@ -29,7 +29,8 @@ def written_format(rendered: str, tool: str) -> str | None:
 
 
 def family_format(model_id: str) -> str | None:
-    return "xml" if XML_FAMILIES.search(model_id) else None
+    """'xml' for the families whose own templates write XML calls (checked where the template is not here)."""
+    return "xml" if XML_CALL_FAMILIES.search(model_id) else None
 
 
 def parser_issue(parser: str, fmt: str | None, model: str) -> str | None:
