@@ -255,14 +255,15 @@ def test_model_size_against_the_pods_ephemeral_storage(capsys):
 
 
 def test_model_size_against_the_merge_and_trainer_pods_memory(capsys):
-    """The paper's 27B model (53.8 GB): a trainer pod holds one copy (rank 0 alone reads it), so the
-    chart's default 64Gi holds it and 48Gi does not; the merge streams shard by shard, so 64Gi holds
+    """The paper's 27B model (53.8 GB): a trainer pod holds one copy (rank 0 alone reads it) and 1 GiB of
+    memory-backed /dev/shm per rank for NCCL, so the chart's default 64Gi holds it and 48Gi does not; the merge streams shard by shard, so 64Gi holds
     it and 8Gi does not hold two 5 GB shards. Each refusal names the value."""
     paper = ROOT / "examples" / "paper.yaml"
     config = ROOT / "examples" / "qwen3.5-27b-config.json"
     assert mass(["validate", str(paper), "--values", str(CHART / "ci" / "paper-values.yaml"), "--config", str(config)]) == 0
     out = capsys.readouterr().out
-    assert "merge memory" in out and "2 x 5 GB shards" in out and "trainer memory" in out and "1 x 53.8 GB" in out
+    assert "merge memory" in out and "2 x 5 GB shards" in out and "trainer memory" in out and \
+        "1 x 53.8 GB + /dev/shm" in out
     spec = load_spec(paper)
     for memory, refused in (("64Gi", False), ("48Gi", True), ("8Gi", True)):
         found = preflight.checks(spec, preflight.merge(preflight.load_values([str(CHART / "ci" / "paper-values.yaml")]), {
@@ -272,8 +273,9 @@ def test_model_size_against_the_merge_and_trainer_pods_memory(capsys):
         expected = (["values resources.trainer.memory"] if refused else []) + \
             (["values resources.merge.memory"] if memory == "8Gi" else [])
         assert sorted(failing) == sorted(expected), (memory, failing)
-    assert "expected at least 55Gi of memory for the trainer pod whose rank 0 (of 2 per pod) reads the whole 53.8 GB " \
-           "model (chart value resources.trainer.memory), found 8Gi" in failing["values resources.trainer.memory"]
+    assert "expected at least 57Gi of memory for a trainer pod: the whole 53.8 GB model, which its rank 0 reads, and " \
+           "2Gi of /dev/shm for NCCL (2 rank(s) per pod; memory-backed, it counts against the pod's limit) (chart " \
+           "value resources.trainer.memory), found 8Gi" in failing["values resources.trainer.memory"]
     assert "expected at least 13Gi of memory for the merge and its FP8 export, which hold one input and one output " \
            "shard of up to 5 GB (chart value resources.merge.memory), found 8Gi" in failing["values resources.merge.memory"]
 

@@ -35,7 +35,7 @@ What is checked, and why it would fail on a cluster:
 - with the model's config (`--config`, or a local model.base), the ephemeral storage of the pods
   that download the weights holds them: the predictor and each trainer replica one copy, merge the
   base and the merged copy (10% headroom); a trainer pod's memory one copy (rank 0 alone reads the
-  model); the merge's memory one input and one output shard (it streams).
+  model) and 1 GiB of /dev/shm per rank (memory-backed); the merge's memory one input and one output shard (it streams).
 """
 
 from __future__ import annotations
@@ -188,6 +188,8 @@ def model_config(spec, config: str | None):
 # Checkpoint shards on the hub are at most 5 GB (transformers' max_shard_size the model families use).
 MERGE_SHARD_BYTES = 5e9
 MERGE_PROCESS_BYTES = 4 * 2**30  # python, torch and the adapter
+# NCCL's shared-memory transport between the ranks of a pod: its buffers per peer and channel, with room
+SHM_PER_RANK_BYTES = 2**30
 
 
 def model_bytes(spec, config) -> int:
@@ -327,8 +329,6 @@ def checks(spec, values: dict, config=None) -> list[Check]:
         rows = [(f"{pod} ephemeral storage", f"resources.{pod}.ephemeralStorage", copies,
                  f"for {copies:g} cop{'y' if copies == 1 else 'ies'} of the")
                 for pod, copies in (("server", 1), ("trainer", 1), ("merge", 2))]
-        rows += [("trainer memory", "resources.trainer.memory", 1.0,
-                  f"of memory for the trainer pod whose rank 0 (of {n} per pod) reads the whole")]
         for name, key, copies, what in rows:
             have = _get(values, key)
             if have is None:
@@ -338,6 +338,19 @@ def checks(spec, values: dict, config=None) -> list[Check]:
                 quantity_bytes(have) >= need, f"values {key}",
                 f"expected at least {need / 2**30:.0f}Gi {what} "
                 f"{size / 1e9:.1f} GB model (chart value {key}), found {have}")
+        have = _get(values, "resources.trainer.memory")
+        if have is not None:
+            # rank 0 alone reads the model (the others build it on meta), and NCCL's /dev/shm is a
+            # memory-backed emptyDir: what it holds counts against the pod's memory limit
+            ranks = max(n, 1)
+            shm = ranks * SHM_PER_RANK_BYTES
+            need = int(size * 1.1 + shm)
+            add("trainer memory", have, f">= {need / 2**30:.0f}Gi (1 x {size / 1e9:.1f} GB + /dev/shm)",
+                quantity_bytes(have) >= need, "values resources.trainer.memory",
+                f"expected at least {need / 2**30:.0f}Gi of memory for a trainer pod: the whole {size / 1e9:.1f} GB "
+                f"model, which its rank 0 reads, and {shm / 2**30:.0f}Gi of /dev/shm for NCCL ({ranks} rank(s) per "
+                f"pod; memory-backed, it counts against the pod's limit) (chart value resources.trainer.memory), "
+                f"found {have}")
         have = _get(values, "resources.merge.memory")
         if have is not None:
             # the merge and the FP8 export go shard by shard (mass_jobs.serving.shards): one shard read
