@@ -18,7 +18,7 @@ import yaml
 
 from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
 from mass_jobs.training.sampler import WindowSampler
-from mass_jobs.training.checkpoint import read_checkpoint
+from mass_jobs.training.checkpoint import MANIFEST, latest_checkpoint, read_checkpoint
 from mass_jobs.training.loop import Trainer, adapter_digest, finite
 from mass_jobs.training.schedule import lr_at
 
@@ -415,3 +415,31 @@ def test_only_rank_0_reads_the_weights_and_every_rank_holds_them(tiny_model_dir,
     expected = {"params": params, "buffers": buffers, "head": digest([("head", alone.head_weight)])}
     for rank in ranks:
         assert {k: rank[k] for k in expected} == expected
+
+
+def test_every_rank_resumes_from_the_newest_stored_checkpoint(tiny_model_dir, tmp_path):
+    """Rank 0 saved step-4 locally and was restarted before its upload; the worker holds an older
+    copy or none. Both resume from the store's newest (step-2): a local checkpoint the store lacks is
+    dropped, an older or missing one is fetched. Ranks on different steps would wait on each other's
+    collectives for ever."""
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.spec.load import load_spec
+    from mass_jobs.steps.train import _fetch_inputs
+    from mass_jobs.store import open_store
+
+    spec = load_spec(make_run(tmp_path, tiny_model_dir, "resume", steps=4, save_every=2))
+    ctx = RunContext(spec, open_store(spec.store))
+
+    def checkpoint(root: Path, step: int) -> Path:
+        (root / f"step-{step}").mkdir(parents=True)
+        (root / f"step-{step}" / MANIFEST).write_text(json.dumps({"step": step}))
+        return root / f"step-{step}"
+
+    ctx.store.put_dir(ctx.checkpoint(0, 2), checkpoint(tmp_path / "stored", 2))
+    master, worker, fresh = tmp_path / "master", tmp_path / "worker", tmp_path / "fresh"
+    checkpoint(master / "train", 2), checkpoint(master / "train", 4)
+    checkpoint(worker / "train", 0)
+    for work in (master, worker, fresh):
+        _fetch_inputs(ctx, 0, work, resume=True)
+        assert sorted(p.name for p in (work / "train").glob("step-*") if p.name != "step-0") == ["step-2"]
+        assert latest_checkpoint(work / "train").name == "step-2"

@@ -46,14 +46,22 @@ def _fetch_inputs(ctx: RunContext, gen: int, work: Path, resume: bool) -> tuple[
         ctx.store.get_file(ctx.sft_file(gen, split), inputs / f"{split}.jsonl")
     parent = local_model_dir(ctx, gen, work / "models")
     out = work / "train"
-    if resume and latest_checkpoint(out) is None:
-        # A fresh pod: bring the newest stored checkpoint and the log up to it.
+    if resume:
+        # Every rank resumes from the newest stored checkpoint: a local one the store does not hold
+        # (rank 0 saved it, a restart came before its upload) is not durable and no other rank has it,
+        # and ranks resuming from different steps would wait on each other's collectives for ever.
         steps = stored_steps(ctx, gen)
-        if steps:
+        newest = steps[-1] if steps else 0
+        for local in Path(out).glob("step-*"):
+            if local.name[5:].isdigit() and int(local.name[5:]) > newest:
+                shutil.rmtree(local)
+        latest = latest_checkpoint(out)
+        if steps and (latest is None or latest.name != f"step-{newest}"):
+            # a fresh pod, or one whose newest copy is older: bring the stored one and the log up to it
             from mass_jobs.store import MODEL_LIMITS
 
-            shutil.rmtree(out / f"step-{steps[-1]}", ignore_errors=True)  # a half-written local copy
-            ctx.store.get_dir(ctx.checkpoint(gen, steps[-1]), out / f"step-{steps[-1]}", MODEL_LIMITS)
+            shutil.rmtree(out / f"step-{newest}", ignore_errors=True)  # a half-written local copy
+            ctx.store.get_dir(ctx.checkpoint(gen, newest), out / f"step-{newest}", MODEL_LIMITS)
             if ctx.store.exists(ctx.train_log(gen)):
                 ctx.store.get_file(ctx.train_log(gen), out / "log.jsonl")
     return inputs, parent

@@ -212,6 +212,10 @@ class Trainer:
         from peft import set_peft_model_state_dict
 
         path = latest_checkpoint(self.out_dir)
+        steps = self.dist.gather(int(path.name[5:]) if path else 0)
+        if len(set(steps)) != 1:  # they would wait on each other's collectives for ever
+            raise ValueError(f"ranks would resume from different checkpoints (steps by rank: {steps}); "
+                             "each must hold the newest stored one")
         if path is None:
             return 0, 0
         meta = read_checkpoint(path)
