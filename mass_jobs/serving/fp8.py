@@ -60,10 +60,10 @@ def error_bound(w, scale_inv, block: int = BLOCK):
     return torch.maximum(w.float().abs() * REL_STEP, per_elem_scale * SUB_STEP) * (1 + 1e-6)
 
 
-def quantizable(name: str, tensor) -> bool:
+def quantizable(name: str, shape: tuple[int, ...]) -> bool:
     """Without a reference: linear weights of the decoder blocks; embeddings, norms and the LM head
     stay in full precision."""
-    return tensor.dim() == 2 and ".layers." in name and name.endswith("_proj.weight")
+    return len(shape) == 2 and ".layers." in name and name.endswith("_proj.weight")
 
 
 class Fp8ExportError(ValueError):
@@ -113,27 +113,32 @@ def _summary(block: int, written: dict, copied: int, **extra) -> dict:
     }
 
 
-def export_fp8(model_dir: Path, out_dir: Path, block: int = BLOCK) -> dict:
-    """Block-FP8 copy of a safetensors model dir by the name rule (`quantizable`), float32 scales,
-    shard by shard as the source is laid out; returns the measured error report. A model with an
-    official FP8 checkpoint is exported by `export_like` instead."""
+def export_fp8(model_dir: Path, out_dir: Path, block: int = BLOCK, rule=quantizable, scale_dtype=None,
+               report: bool = True) -> dict:
+    """Block-FP8 copy of a safetensors model dir, quantizing the tensors `rule(name, shape)` picks
+    (default: the name rule, float32 scales), shard by shard as the source is laid out; the config's
+    `quantization_config` lists the 2-D weights left unconverted. Returns the measured error report
+    (written beside the weights with `report`). A model with an official FP8 checkpoint is exported
+    by `export_like` instead."""
     import torch
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     reader = TensorReader(model_dir)
-    layout = by_shard(reader.map)
     meta = reader.meta()
-    quantize = {n for n, (_, shape) in meta.items()
-                if len(shape) == 2 and ".layers." in n and n.endswith("_proj.weight")}
-    written = _write(model_dir, out_dir, layout, quantize, block, torch.float32)
+    quantize = {n for n, (_, shape) in meta.items() if rule(n, shape)}
+    written = _write(model_dir, out_dir, by_shard(reader.map), quantize, block, scale_dtype or torch.float32)
     copy_side_files(model_dir, out_dir)
+    kept = sorted(n[: -len(".weight")] for n, (_, shape) in meta.items()
+                  if n not in quantize and len(shape) == 2 and n.endswith(".weight") and "norm" not in n
+                  and "embed" not in n)
     config = json.loads((out_dir / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": [block, block]}
+                                     "weight_block_size": [block, block], "modules_to_not_convert": kept}
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     summary = _summary(block, written, len(meta) - len(quantize), reference=None)
-    (out_dir / "fp8_report.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    if report:
+        (out_dir / "fp8_report.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     return summary
 
 
@@ -146,7 +151,8 @@ def export_like(model_dir: Path, reference_dir: Path, out_dir: Path, reference: 
     Refuses, naming them, tensors one side has and the other lacks, or whose shapes differ. The report
     names the reference as `reference` gives it (the spec's location), else by its directory."""
     model_dir, reference_dir, out_dir = Path(model_dir), Path(reference_dir), Path(out_dir)
-    ref = TensorReader(reference_dir).meta()
+    ref_reader = TensorReader(reference_dir)
+    ref = ref_reader.meta()
     src = TensorReader(model_dir).meta()
     scaled = {n[: -len("_scale_inv")] for n in ref if n.endswith("_scale_inv")}
     weights = {n for n in ref if not n.endswith("_scale_inv")}
@@ -163,8 +169,8 @@ def export_like(model_dir: Path, reference_dir: Path, out_dir: Path, reference: 
     import torch
 
     scale_dtype = {"BF16": torch.bfloat16, "F16": torch.float16}.get(next(iter(scale_dtypes), "F32"), torch.float32)
-    ref_map = TensorReader(reference_dir).map
-    layout = {shard: [n for n in names if not n.endswith("_scale_inv")] for shard, names in by_shard(ref_map).items()}
+    layout = {shard: [n for n in names if not n.endswith("_scale_inv")]
+              for shard, names in by_shard(ref_reader.map).items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     written = _write(model_dir, out_dir, layout, scaled, block, scale_dtype)
     copy_side_files(reference_dir, out_dir)

@@ -188,33 +188,8 @@ def build_fp8_reference(src_dir, out_dir) -> Path:
     the official rule: same shards, float8 weights with bfloat16 `weight_scale_inv`, the config's
     `quantization_config` with the linear modules left unconverted."""
     import torch
-    from safetensors.torch import save_file
 
-    from mass_jobs.serving.fp8 import quantize_block_fp8
-    from mass_jobs.serving.shards import TensorReader, by_shard, copy_side_files, nbytes, write_index
+    from mass_jobs.serving.fp8 import export_fp8
 
-    src, out = Path(src_dir), Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    reader = TensorReader(src)
-    mapping, total, kept = {}, 0, []
-    for shard, names in by_shard(reader.map).items():
-        tensors = {}
-        for n in names:
-            t = reader.get(n)
-            if official_fp8_rule(n, tuple(t.shape)):
-                q, s = quantize_block_fp8(t, BLOCK)
-                tensors[n], tensors[n[: -len("weight")] + "weight_scale_inv"] = q, s.to(torch.bfloat16)
-            else:
-                tensors[n] = t
-                if t.dim() == 2 and n.endswith(".weight") and "norm" not in n and "embed" not in n:
-                    kept.append(n[: -len(".weight")])
-        save_file(tensors, out / shard, metadata={"format": "pt"})
-        mapping.update({n: shard for n in tensors})
-        total += nbytes(tensors)
-    write_index(out, mapping, total)
-    copy_side_files(src, out)
-    config = json.loads((out / "config.json").read_text())
-    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                     "weight_block_size": [BLOCK, BLOCK], "modules_to_not_convert": sorted(kept)}
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return out
+    export_fp8(src_dir, out_dir, BLOCK, rule=official_fp8_rule, scale_dtype=torch.bfloat16, report=False)
+    return Path(out_dir)
