@@ -940,7 +940,14 @@ def timeless(store, key: str):
 
 
 def archive_difference(a, b, key: str) -> str:
-    """For a put_dir archive, which members differ (name, mode or bytes), so a failure says why."""
+    """For a put_dir archive, which members differ (name, mode or bytes); for a JSON object, which
+    fields; so a failure says why."""
+    if key.endswith(".json"):
+        ja, jb = a.get_json(key), b.get_json(key)
+        if isinstance(ja, dict) and isinstance(jb, dict):
+            return " " + "; ".join(f"{n}: {json.dumps(ja.get(n))[:200]} vs {json.dumps(jb.get(n))[:200]}"
+                                   for n in sorted(set(ja) | set(jb)) if ja.get(n) != jb.get(n))
+        return ""
     if not key.split("/")[-1].startswith("step-") and not key.endswith(".tar.gz"):
         return ""
     import hashlib

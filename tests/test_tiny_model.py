@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -170,7 +171,7 @@ def test_resolve_rejects_what_is_not_a_model_location(bad):
 def test_resolve_s3_downloads_once_and_loads(layout, tiny_model_dir, s3_env, tmp_path):
     import torch
 
-    from mass_jobs.serving.model_dirs import load_model, load_tokenizer, resolve_model
+    from mass_jobs.serving.model_dirs import ModelLocationError, load_model, load_tokenizer, resolve_model
     from mass_jobs.store import open_store
 
     options = {"endpoint_url": s3_env["endpoint_url"], "region": s3_env["region"]}
@@ -188,15 +189,35 @@ def test_resolve_s3_downloads_once_and_loads(layout, tiny_model_dir, s3_env, tmp
     assert local.parent == cache
     assert {k: v for k, v in file_hashes(local).items() if not k.startswith(".")} == file_hashes(tiny_model_dir)
 
-    # Cached by URI: with the objects gone, the same location still resolves to the same copy.
-    for k in store.list(key):
-        store.delete(k)
+    # Used again while the objects are the ones it holds: not fetched a second time
+    marker = local / ".mass-complete"
+    fetched = marker.stat().st_mtime_ns
     assert resolve_model(uri, cache_dir=cache, store_options=options) == local
+    assert marker.stat().st_mtime_ns == fetched
 
     model = load_model(uri, dtype="float32", cache_dir=cache, store_options=options)
     reference = load_model(tiny_model_dir, dtype="float32")
     assert torch.equal(model.model.embed_tokens.weight, reference.model.embed_tokens.weight)
     assert load_tokenizer(uri, cache_dir=cache, store_options=options).eos_token == "<|im_end|>"
+
+    # A model re-uploaded to the same location is fetched anew, not served from the old copy (a
+    # cache keyed by the URI alone kept the first upload's files for ever)
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_model_dir, changed)
+    config = json.loads((changed / "config.json").read_text())
+    (changed / "config.json").write_text(json.dumps({**config, "rope_theta": 12345.0}))
+    if layout == "objects":
+        store.put_file(f"{key}/config.json", changed / "config.json")
+    else:
+        store.put_dir(key, changed)
+    again = resolve_model(uri, cache_dir=cache, store_options=options)
+    assert again == local and json.loads((again / "config.json").read_text())["rope_theta"] == 12345.0
+
+    # Gone from the store: an error naming the location, not the stale copy
+    for k in store.list(key):
+        store.delete(k)
+    with pytest.raises(ModelLocationError, match="no objects under"):
+        resolve_model(uri, cache_dir=cache, store_options=options)
 
 
 def test_resolve_s3_missing_key_names_it(s3_env, tmp_path):

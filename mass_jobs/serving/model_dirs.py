@@ -3,7 +3,8 @@
 A location is one of:
 - a local directory (or `file:///abs/dir`): used as is;
 - `s3://bucket/key`: either a directory of objects under `key/` or one `put_dir` archive at `key`
-  (how steps store model dirs), downloaded once into a cache dir keyed by the URI;
+  (how steps store model dirs), downloaded into a cache dir keyed by the URI and used again while
+  the objects there are the ones it holds (their sizes and versions; a re-upload is fetched anew);
 - a Hugging Face Hub id (`org/name`, optionally `org/name@revision`): `huggingface_hub.snapshot_download`.
 
 Used by every step that needs weights (`mass serve`, train, merge, evaluate).
@@ -45,7 +46,7 @@ def resolve_model(location, cache_dir=None, store_options: dict | None = None) -
     """Return a local directory holding the model at `location` (see the module docstring).
 
     `store_options` go to `mass_jobs.store.open_store` for s3:// (endpoint_url, region, ...).
-    Cached s3 copies are reused by URI: store keys of a run are written once and never change.
+    A cached s3 copy is used again while the objects at the URI are unchanged (`stored_version`).
     """
     loc = str(location)
     if loc.startswith("file://"):
@@ -75,14 +76,24 @@ def resolve_model(location, cache_dir=None, store_options: dict | None = None) -
 
 
 def _download_s3(uri: str, dest: Path, store_options: dict) -> Path:
-
-    if (dest / COMPLETE_MARKER).exists():
-        return dest
     bucket, _, key = uri[len("s3://") :].partition("/")
     key = key.strip("/")
     if not bucket or not key:
         raise ModelLocationError(f"model location {uri!r}: expected s3://bucket/key")
-    return fetch_stored_model(open_store(f"s3://{bucket}", **store_options), key, dest, label=uri)
+    store = open_store(f"s3://{bucket}", **store_options)
+    # A location outside a run's store can be overwritten (a model re-uploaded to the same path, or
+    # another server's bucket of the same name): the cache holds only while the objects are its own.
+    return fetch_stored_model(store, key, dest, label=uri, version=stored_version(store, key))
+
+
+def stored_version(store, key: str) -> str:
+    """A digest of what is stored at `key` (each object's name, size and version): it changes when any
+    object is rewritten, added or removed. Empty when nothing is there (the fetch then says so)."""
+    keys = store.list(key + "/") or ([key] if store.exists(key) else [])
+    if not keys:
+        return ""
+    rows = [f"{k}\t{size}\t{version}" for k in keys for size, version in [store.stat(k)]]
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------- model dirs in a run's store
@@ -106,12 +117,14 @@ def has_stored_model(store, key: str) -> bool:
     return bool(store.list(key + "/")) or store.exists(key)
 
 
-def fetch_stored_model(store, key: str, dest, label: str | None = None) -> Path:
+def fetch_stored_model(store, key: str, dest, label: str | None = None, version: str | None = None) -> Path:
     """Download the model stored at `key` (objects under `key/`, else an archive at `key`) into `dest`
-    once: a complete download leaves a marker, and a crash never leaves a half model behind it."""
+    once: a complete download leaves a marker, and a crash never leaves a half model behind it. With
+    `version` (`stored_version`), a copy whose marker records another version is fetched again."""
     dest = Path(dest)
     label = label or key
-    if (dest / COMPLETE_MARKER).exists():
+    marker = dest / COMPLETE_MARKER
+    if marker.exists() and (version is None or marker.read_text().splitlines()[1:2] == [version]):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
@@ -126,7 +139,7 @@ def fetch_stored_model(store, key: str, dest, label: str | None = None) -> Path:
             store.get_dir(key, tmp, MODEL_LIMITS)
         else:
             raise ModelLocationError(f"model location {label!r}: no objects under {key + '/'!r} and no archive at {key!r}")
-        (tmp / COMPLETE_MARKER).write_text(label + "\n")
+        (tmp / COMPLETE_MARKER).write_text(label + "\n" + (f"{version}\n" if version is not None else ""))
         if dest.exists():
             shutil.rmtree(dest)
         tmp.rename(dest)
