@@ -172,7 +172,7 @@ def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(m
     assert plan.index((0, "count")) == plan.index((0, "rank")) - 1
     assert (1, "audit-gen") in plan and plan[-1] == (2, "report")
     called = []
-    monkeypatch.setattr(runner, "_mass", lambda *argv: called.append(list(argv)))
+    monkeypatch.setattr(runner, "mass", lambda *argv, **kw: called.append(list(argv)))
     assert runner.execute_step(extra, 1) is False  # not stored: its CLI entry runs, as a container would
     assert called == [["audit-gen", "--spec", "spec.yaml", "--gen", "1"]]
     runner._now = {"label": "", "episodes": 0, "of": None}
@@ -389,3 +389,39 @@ def test_on_an_empty_store_every_step_after_the_first_waits_for_the_input_it_nam
     assert "no SFT windows" in waits["train"] and "training has no manifest" in waits["select"]
     assert "no selected checkpoint" in waits["merge"] and "no merged model" in waits["evaluate"]
     assert waits["report"] is None  # its inputs are whatever is stored, even nothing
+
+
+def test_the_compiled_plan_has_every_node_with_its_argv_pod_size_and_credentials(make_store, inner_spec):
+    """Step x generation x training task, in the runner's order: each node's container command, the
+    pod size it gets and what it may hold; test tasks never reach a node."""
+    from mass_jobs.pipeline import nodes as N
+    from mass_jobs.pipeline.handlers import without_secrets
+
+    spec = inner_spec(make_store("file"), generations=2, tasks=[
+        {"id": i, "split": split, "prompt": f"Write report.md about {i}.", "deliverables": ["report.md"]}
+        for i, split in (("t1", "train"), ("t2", "train"), ("held", "test"))])
+    tasks = [t.id for t in spec.train_tasks()]
+    assert len(tasks) >= 2 and len(tasks) < len(spec.resolved_tasks())  # a test task exists and is left out
+    plan = N.compile_plan("s3://b/spec.yaml", spec)
+    per_gen = sum(len(tasks) if s.per_task else 1 for s in P.generation_steps())
+    assert len(plan.nodes) == 2 * per_gen + len(P.run_steps())
+    assert [g.key for g in plan.groups()][:3] == [(0, "search"), (0, "collect"), (0, "guard")]
+    assert [g.key for g in plan.groups()][-1] == (2, "report")
+    by_key = {n.key: n for n in plan.nodes}
+    collect = by_key[(1, "collect", tasks[1])]
+    assert collect.argv == ("collect", "--spec", "s3://b/spec.yaml", "--gen", "1", "--task", tasks[1])
+    assert (collect.credentials, collect.agent_credentials, collect.resources) == ("store", "none", "step")
+    assert by_key[(0, "evaluate", None)].argv[-2:] == ("--gen", "1")  # cycle 0 judges L1
+    assert by_key[(0, "merge", None)].resources == "merge"
+    train = by_key[(1, "train", None)]
+    assert (train.resources, train.credentials, train.agent_credentials) == ("trainer", "store", None)
+    assert train.argv[-1] == "--resume" and train.reads == ("sft", "model")
+    # the phases' command lines, as the argv handler runs them and the Argo templates spell them
+    assert N.prepare(collect.argv, N.model_flags("http://m/v1", "mass-g1"), "/o") == [
+        *collect.argv, "--phase", "prepare", "--endpoint", "http://m/v1", "--served-model", "mass-g1", "--outputs", "/o"]
+    assert N.ingest(["guard"], "Failed", "/o", rollout="gen-0/x") == [
+        "guard", "--phase", "ingest", "--rollout", "gen-0/x", "--agent-status", "Failed", "--outputs", "/o"]
+    # an agent episode's environment: no store credential, API key or token
+    env = without_secrets({"PATH": "/bin", "AWS_ACCESS_KEY_ID": "a", "AWS_ENDPOINT_URL": "u", "OPENAI_API_KEY": "k",
+                           "HF_TOKEN": "t", "MASS_WORK_DIR": "/w", "DB_PASSWORD": "p"})
+    assert env == {"PATH": "/bin", "MASS_WORK_DIR": "/w"}

@@ -167,6 +167,14 @@ def test_the_papers_spec_fits_as_written_with_the_fsdp_it_declares(capsys):
     assert [s["generation"] for s in sizes] == [0, 1] and 1000 < sizes[0]["nodes"] < sizes[1]["nodes"] < 3000
     assert sizes[1]["nodes_bytes"] > doc["workflow_object"]["max_workflow_size"] > sizes[1]["stored_bytes"]
     assert sizes[1]["stored_bytes"] == sizes[1]["fixed_bytes"] + sizes[1]["compressed_bytes"]
+    # the compiled plan's nodes: per generation, 4 per-task steps x the train tasks and 5 others; then the report
+    nodes = doc["nodes"]
+    n_train = sum(t.split == "train" for t in load_spec(PAPER).resolved_tasks())
+    assert len(nodes) == 2 * (4 * n_train + 5) + 1 and nodes[-1]["argv"] == ["report", "--spec", str(PAPER)]
+    train = next(n for n in nodes if n["step"] == "train" and n["gen"] == 1)
+    assert (train["pod"], train["resources"], train["credentials"]) == ("trainer", "trainer", "store")
+    assert train["argv"] == ["train", "--spec", str(PAPER), "--gen", "1", "--resume"]
+    assert {n["agent_credentials"] for n in nodes if n["pod"] == "agent"} == {"none"}
     ddp = mass_plan(capsys, *run[:-1], "--set", "sft.parallel=ddp")
     assert ddp.returncode == 2 and "ddp over 6 ranks) > the declared 80 GiB GPU" in ddp.stderr
 

@@ -149,11 +149,12 @@ def freeze(pid: int, sig: int) -> None:
             pass
 
 
-def mass_run(spec: Path, work: Path, kill_when=None, before_kill=None, slice_when=None) -> str:
+def mass_run(spec: Path, work: Path, kill_when=None, before_kill=None, slice_when=None, handler="in-process") -> str:
     """Run `mass run` to the end (returns its output), or freeze and SIGKILL its process group once
     kill_when(). From slice_when() on, the run only advances in short slices between frozen looks,
     so a moment kill_when() waits for (a checkpoint) cannot slip by between two polls."""
-    cmd = [sys.executable, "-m", "mass_jobs.commands.cli", "run", str(spec), "--work-dir", str(work), "--no-progress"]
+    cmd = [sys.executable, "-m", "mass_jobs.commands.cli", "run", str(spec), "--work-dir", str(work), "--no-progress",
+           "--handler", handler]
     with open(work.parent / "run.out", "w+b") as out:
         proc = subprocess.Popen(cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
         slicing = False
@@ -309,8 +310,11 @@ def hash_judge():
         yield judge
 
 
-@pytest.mark.slow(cost=200)
+@pytest.mark.slow(cost=250)
 def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tiny_model_dir, hash_judge):
+    """Run a in-process; run b, the same spec, under the argv handler (every node as the cluster runs
+    it: prepare, one `mass episode` per rollout given only its artifacts, ingest, finish), killed
+    during training and resumed: both store the same run, manifest by manifest."""
     dead_port = closed_port()
     a = write_spec(tmp_path, tiny_model_dir, "a", dead_port, hash_judge.base_url)
     out = mass_run(a, tmp_path / "a" / "work")
@@ -358,7 +362,10 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
         seen.update(status_rows(b))
 
     assert mass_run(b, tmp_path / "b" / "work", kill_when=first_checkpoint, before_kill=note_status,
-                    slice_when=training) == "killed"
+                    slice_when=training, handler="argv") == "killed"
+    # the argv handler ran agent episodes as their own processes, from their artifacts alone
+    assert list((tmp_path / "b" / "work").glob("*/agent-episode.log"))
+    assert not list((tmp_path / "a" / "work").glob("*/agent-episode.log"))
     assert seen[(0, "train")] == "running"
     killed = status_rows(b)
     assert killed[(0, "train")] == "interrupted"
@@ -368,7 +375,7 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     stored_ckpts = {k: (ctx_b.store.root / k).stat().st_mtime_ns for k in ctx_b.store.list(f"{ctx_b.train(0)}/step-")}
     assert len(hash_judge.answers) == len(answers_a)  # no verdict is asked before evaluation
 
-    mass_run(b, tmp_path / "b" / "work")
+    mass_run(b, tmp_path / "b" / "work", handler="argv")
     # training resumed from its checkpoint: what was stored before the kill was never rewritten
     assert {k: (ctx_b.store.root / k).stat().st_mtime_ns for k in stored_ckpts} == stored_ckpts
     answers_b = hash_judge.answers[len(answers_a):]
@@ -379,6 +386,16 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
         assert train_losses(ctx_b, g) == train_losses(ctx_a, g)
     assert report_b == report_a
     assert set(status_rows(b).values()) == {"done"}
+    # every step's manifest alike: input hash, and each output's content (wall-clock fields aside); the
+    # report's input (the other manifests, wall-clock fields included) differs, its report.json not
+    from tests.test_argo_exec import manifests, timeless
+
+    got, want = manifests(ctx_b.store, "ci-e2e"), manifests(ctx_a.store, "ci-e2e")
+    assert sorted(got) == sorted(want) and len(want) >= 40
+    differ = [p for p in want if got[p]["input_hash"] != want[p]["input_hash"] and p != "ci-e2e/report"]
+    differ += [k for p in want for k, d in want[p]["outputs"].items()
+               if got[p]["outputs"].get(k) != d and timeless(ctx_b.store, k) != timeless(ctx_a.store, k)]
+    assert not differ, differ
 
     # A damaged (not missing) evaluation rollout: its steps read pending, and `mass run` redoes them.
     from mass_jobs.steps.evaluate import rollout_prefix

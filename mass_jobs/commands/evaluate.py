@@ -26,6 +26,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local cache for model dirs and server logs")
     parser.add_argument("--generation-endpoint", nargs=3, action="append", default=[], metavar=("G", "URL", "NAME"),
                         help="with --phase prepare / finish: L_G's OpenAI base URL and model name (repeat)")
+    parser.add_argument("--judge-endpoint", nargs=3, action="append", default=[], metavar=("NAME", "URL", "MODEL"),
+                        help="with --phase finish: where the executor serves the judge NAME of `endpoint: local` "
+                             "(repeat; the cluster has none: its judges are external)")
     add_rollout_phases(parser, phases=("plan", "prepare", "ingest", "finish"),
                        phase="plan: the models to serve; prepare the missing rollouts; ingest one (--rollout); "
                              "finish: the rollouts ran in agent pods, judge against the endpoints, never run one here",
@@ -78,7 +81,12 @@ def main(args) -> int:
             print(json.dumps(out, sort_keys=True))
             return 0
         if args.phase == "finish":
-            serve_model, serve_judge = ev.remote_servers(endpoint_of)
+            local = {name: Endpoint(base_url=url, model=model) for name, url, model in args.judge_endpoint}
+            unknown = sorted(set(local) - {j.name for j in spec.judges if j.endpoint == "local"})
+            if unknown:
+                print(f"--judge-endpoint: {unknown} are no judges of endpoint 'local' in the spec", file=sys.stderr)
+                return 2
+            serve_model, serve_judge = ev.remote_servers(endpoint_of, local)
         else:
             work = ctx.work_dir(args.work_dir)
             work.mkdir(parents=True, exist_ok=True)

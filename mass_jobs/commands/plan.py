@@ -11,6 +11,7 @@ import json
 import sys
 
 from mass_jobs.k8s.workflow_size import MAX_WORKFLOW_SIZE, estimate
+from mass_jobs.pipeline.nodes import compile_plan
 from mass_jobs.pipeline.planning.counts import plan_counts
 from mass_jobs.pipeline.planning.memory import GIB, fits, load_config, refusal, training_memory
 from mass_jobs.pipeline.planning.schedule import DEFAULTS, gantt, simulate, stored_timings
@@ -23,6 +24,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB of one training GPU (default 80)")
     parser.add_argument("--timings", help="a previous run's spec: episode and step times from its store")
     parser.add_argument("--gantt", help="write the simulated schedule as a PNG here")
+    parser.add_argument("--nodes", action="store_true",
+                        help="also list the compiled plan's nodes: step x generation x task, each with its pod, pod "
+                             "size, credentials and container command (always in --json)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of tables")
 
 
@@ -49,7 +53,8 @@ def main(args) -> int:
     doc = {"run": spec.name, "counts": counts, "memory": mem.as_dict(), "gpu_memory_gib": args.gpu_memory,
            "fits": fits(mem, args.gpu_memory), "timings": timings,
            "schedule": {"dag_s": makespan, "one_after_another_s": serial},
-           "workflow_object": {"max_workflow_size": MAX_WORKFLOW_SIZE, "after_generation": sizes}}
+           "workflow_object": {"max_workflow_size": MAX_WORKFLOW_SIZE, "after_generation": sizes},
+           "nodes": [n.as_dict() for n in compile_plan(args.spec, spec).nodes]}
     if args.json:
         print(json.dumps(doc, sort_keys=True))
     else:
@@ -75,6 +80,13 @@ def main(args) -> int:
             print(f"  gen {s['generation']:<3} {s['nodes']:>8,} nodes  {s['nodes_bytes'] / 1024:>10,.0f} KiB  "
                   f"compressed {s['compressed_bytes'] / 1024:>8,.0f} KiB  object {s['stored_bytes'] / 1024:>8,.0f} KiB"
                   + ("" if s["stored_bytes"] <= MAX_WORKFLOW_SIZE else "  over: needs nodeStatusOffLoad"))
+        print(f"nodes: {len(doc['nodes'])} (step x generation x training task)"
+              + ("" if args.nodes else "; --nodes lists them"))
+        for n in doc["nodes"] if args.nodes else []:
+            pods = {"trainer": "PyTorchJob", "agent": "step pods + agent pods"}.get(n["pod"], "step pod")
+            print(f"  L{n['gen']} {n['step']:9} {n['task'] or '-':18} {pods:23} size {n['resources']:8} "
+                  f"credentials {n['credentials']}{'/' + n['agent_credentials'] if n['agent_credentials'] else '':6} "
+                  f"mass {' '.join(n['argv'])}")
     if not doc["fits"]:
         print(f"mass plan: {refusal(mem, args.gpu_memory)}", file=sys.stderr)
         return 2

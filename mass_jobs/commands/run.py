@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from mass_jobs.commands.common import open_run, report_lines, work_dir_default
+from mass_jobs.pipeline.handlers import HANDLERS
 from mass_jobs.pipeline.runner import run
 
 
@@ -15,6 +16,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-progress", action="store_true",
                         help="plain lines instead of a live display: each step's start and end with an ETA, and its progress "
                              "notes (the default without a terminal)")
+    parser.add_argument("--handler", choices=HANDLERS, default="in-process",
+                        help="how each node runs: in-process (cores here, sandboxed episodes; default) or argv (every "
+                             "node's container command as a subprocess, agent steps in the cluster's phases: prepare, "
+                             "one `mass episode` per rollout with no store credential, ingest, finish); both store "
+                             "the same run")
 
 
 def main(args) -> int:
@@ -37,7 +43,8 @@ def run_reporting_failures(args, what: str) -> dict | None:
     """Run L0 -> L_N; any failure of a step is one message and the hint to resume, not a traceback."""
 
     try:
-        return run(args.spec, work_dir=args.work_dir, progress=live_display(args.no_progress))
+        return run(args.spec, work_dir=args.work_dir, progress=live_display(args.no_progress),
+                   handler=getattr(args, "handler", "in-process"))
     except (RuntimeError, OSError, ValueError) as err:
         from mass_jobs.spec.load import SpecError
         from mass_jobs.store.lease import WriterBusy

@@ -7,6 +7,7 @@ from hera.workflows import Container
 from hera.workflows import models as m
 
 from mass_jobs.episodes import proof
+from mass_jobs.pipeline import nodes as N
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import prometheus as PM
 from mass_jobs.k8s import manifests as K
@@ -82,7 +83,7 @@ def agent_container(s: ClusterSettings) -> Container:
         name=AGENT_TEMPLATE,
         image=s.images.sandbox,
         command=["mass"],
-        args=["episode", "--in", "/in", "--out", "/out", "--sandbox", SANDBOX_SOCKET, "--qwen", QWEN_SOCKET,
+        args=[*N.agent("/in", "/out"), "--sandbox", SANDBOX_SOCKET, "--qwen", QWEN_SOCKET,
               "--qwen-uid", str(pods.QWEN_UID)],
         # Key-only S3 artifacts: bucket, endpoint and credentials come from the artifact
         # repository and are used by Argo's init/wait containers only, never by `mass episode`.

@@ -32,7 +32,7 @@ from hera.workflows import (
 )
 from hera.workflows import models as m
 
-from mass_jobs.episodes.rollouts import Phase
+from mass_jobs.pipeline import nodes as N
 from mass_jobs.pipeline import table as P
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import manifests as K
@@ -117,8 +117,8 @@ class _Builder:
         """`<step>-ingest`, `<step>-rollout` (agent pod -> ingest) and `<step>-rollouts`, the fan-out
         over what `<step>-prepare` listed (at most `agent_parallelism` at once)."""
         task = TASK if "task" in inputs else ""
-        self.step(f"{sd.name}-ingest", [*ingest_argv, "--phase", Phase.INGEST.value, "--rollout", "{{inputs.parameters.rollout}}",
-                                       "--agent-status", "{{inputs.parameters.agent-status}}", "--outputs", OUTPUTS_DIR],
+        self.step(f"{sd.name}-ingest", N.ingest(ingest_argv, "{{inputs.parameters.agent-status}}", OUTPUTS_DIR,
+                                               rollout="{{inputs.parameters.rollout}}"),
                   inputs=(*inputs, "rollout", "agent-status"), task=task, **self.ingest_metrics(sd.name))
         rollout_steps(sd.name, inputs)
         with Steps(name=f"{sd.name}-rollouts", inputs=input_params(*inputs, "rollouts", "store-prefix")):
@@ -239,30 +239,28 @@ class _Builder:
     def templates_of(self, sd: P.StepDef) -> None:
         """The templates of one table step (they register with the enclosing WorkflowTemplate)."""
         s = self.s
-        model = ["--endpoint", serving.openai_base_url(ISVC, NAMESPACE, self.s.cluster_domain),
-                 "--served-model", ISVC] if sd.model else []
+        model = N.model_flags(serving.openai_base_url(ISVC, NAMESPACE, self.s.cluster_domain), ISVC) if sd.model else []
         match sd.shape:
             case P.Recursion(agent=True):
                 # prepare (proposal, agent inputs) -> agent pods -> ingest each -> judge and save
-                self.agent_block(sd, [*sd.argv(SPEC, GEN, TASK), "--iteration", "{{inputs.parameters.iteration}}"],
+                self.agent_block(sd, N.with_iteration(sd.argv(SPEC, GEN, TASK), "{{inputs.parameters.iteration}}"),
                                  ("gen", "task", "iteration"), model)
                 recursion(sd.name)
             case P.Recursion():
-                self.step(sd.name, [*sd.argv(SPEC, GEN, TASK), "--iteration", "{{inputs.parameters.iteration}}", *model],
+                self.step(sd.name, [*N.with_iteration(sd.argv(SPEC, GEN, TASK), "{{inputs.parameters.iteration}}"), *model],
                           inputs=("gen", "task", "iteration"), task=TASK)
                 recursion(sd.name, agent=False)
             case P.EpisodeFanout():
-                argv = [*sd.argv(SPEC, GEN, TASK), "--episode", EPISODE]
+                argv = N.with_episode(sd.argv(SPEC, GEN, TASK), EPISODE)
                 # prepare writes the agent's input in the store and says whether an agent pod must run.
-                self.step(f"{sd.name}-prepare", [*argv, "--phase", Phase.PREPARE.value, *model, "--outputs", OUTPUTS_DIR],
+                self.step(f"{sd.name}-prepare", N.prepare(argv, model, OUTPUTS_DIR),
                           inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE,
                           outputs=[Parameter(name=n, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{n}"))
                                    for n in ("agent", "rollout")])
-                self.step(f"{sd.name}-ingest", [*argv, "--phase", Phase.INGEST.value, "--agent-status", "{{inputs.parameters.agent-status}}",
-                                                "--outputs", OUTPUTS_DIR],
+                self.step(f"{sd.name}-ingest", N.ingest(argv, "{{inputs.parameters.agent-status}}", OUTPUTS_DIR),
                           inputs=("gen", "task", "episode", "agent-status"), task=TASK, episode=EPISODE,
                           **self.ingest_metrics(sd.name))
-                self.step(f"{sd.name}-summary", [*sd.argv(SPEC, GEN, TASK), "--phase", Phase.FINISH.value],
+                self.step(f"{sd.name}-summary", N.finish(sd.argv(SPEC, GEN, TASK)),
                           inputs=("gen", "task"), task=TASK)
                 episode_steps(sd.name)
                 episode_fanout(sd.name, s.agent_parallelism)
@@ -290,12 +288,12 @@ class _Builder:
         (name, template, with_param, arguments) steps around them (evaluate: serve, then release)."""
         task = TASK if "task" in inputs else ""
         own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
-        self.step(f"{sd.name}-prepare", [*argv, "--phase", Phase.PREPARE.value, *model, "--outputs", OUTPUTS_DIR],
+        self.step(f"{sd.name}-prepare", N.prepare(argv, model, OUTPUTS_DIR),
                   inputs=inputs, task=task,
                   outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/rollouts"))])
         fanout = tuple(n for n in inputs if n in ("gen", "task"))
         self.rollouts(sd, ingest_argv or sd.argv(SPEC, GEN, TASK if task else None), fanout)
-        self.step(f"{sd.name}-finish", [*argv, "--phase", Phase.FINISH.value, *model], inputs=inputs, task=task,
+        self.step(f"{sd.name}-finish", N.finish(argv, model), inputs=inputs, task=task,
                   env_from=finish_env)
         args = step_args(**{n.replace("-", "_"): v for n, v in own.items()})
         with Steps(name=sd.name, inputs=input_params(*inputs, "store-prefix")):
@@ -314,12 +312,11 @@ class _Builder:
         generations it names (evaluate of G: L_0, L_G-1, L_G), created and deleted here like the
         generation's own model: plan (which to serve) -> serve -> the agent block -> release. The
         step pods are CPU pods: the judges are external endpoints."""
-        flags = []
-        for g in ("0", PREV_GEN, GEN):  # evaluate of G compares L_G with L_0 and L_G-1
-            isvc = serving.isvc_name(RUN_ID, g)
-            flags += ["--generation-endpoint", g, serving.openai_base_url(isvc, NAMESPACE, self.s.cluster_domain), isvc]
+        # evaluate of G compares L_G with L_0 and L_G-1
+        flags = N.generation_endpoints((g, serving.openai_base_url(isvc, NAMESPACE, self.s.cluster_domain), isvc)
+                                       for g in ("0", PREV_GEN, GEN) for isvc in [serving.isvc_name(RUN_ID, g)])
         argv = sd.argv(SPEC, GEN)
-        self.step(f"{sd.name}-plan", [*argv, "--phase", Phase.PLAN.value, "--outputs", OUTPUTS_DIR],
+        self.step(f"{sd.name}-plan", N.plan_models(argv, OUTPUTS_DIR),
                   outputs=[Parameter(name="models", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/models"))])
         served = "{{steps.plan.outputs.parameters.models}}"
         # the agent inputs name the InferenceServices' URLs: they exist before prepare runs

@@ -1,2 +1,3 @@
-"""The run as a whole: the step table every executor reads (`table.PIPELINE`), the local runner
-(`runner`, `run_lease`, `progress`) and `mass plan`'s arithmetic (`planning`)."""
+"""The run as a whole: the step table (`table.PIPELINE`) and the compiled plan every executor reads
+(`nodes`), the local runner and its node handlers (`runner`, `handlers`, `run_lease`, `progress`)
+and `mass plan`'s arithmetic (`planning`)."""

@@ -26,19 +26,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mass_jobs.pipeline import handlers, nodes as N
 from mass_jobs.pipeline import table as P
 from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.config.task_spec import Task
-from mass_jobs.pipeline.progress import Display, estimate, PerKey
+from mass_jobs.pipeline.progress import Display, estimate
 from mass_jobs.steps.split_guard import SplitLeak, check_no_test_leak  # noqa: F401 (the runner's API too)
-from mass_jobs.episodes.rollouts import episode_executor, executor_endpoint
 from mass_jobs.pipeline.run_lease import RunLease
 from mass_jobs.run.base_model import local_fitness_issues
 from mass_jobs.run.generation_model import served_model_dir
 from mass_jobs.serving.backends import serve_model
-from mass_jobs.serving.roles import client_for
 from mass_jobs.spec.load import SpecError, load_spec
 from mass_jobs.store import open_store, read_manifest
 from mass_jobs.store.lease import pid_alive
@@ -108,24 +107,13 @@ class LazyServer:
         self._stack.close()
 
 
-class LazyClient:
-    """A chat client made on the first call, so a fully stored step never serves a model."""
-
-    def __init__(self, make):
-        self._make, self._client = make, None
-
-    def chat(self, *args, **kwargs):
-        if self._client is None:
-            self._client = self._make()
-        return self._client.chat(*args, **kwargs)
-
-
 # ---------------------------------------------------------------- the runner
 
 
 class Runner:
     def __init__(self, spec_path: str, spec: RunSpec, store, *, work_dir: Path, progress: bool = True,
-                 python: str = sys.executable, on_step: Callable[[str], None] | None = None, pipeline=None):
+                 python: str = sys.executable, on_step: Callable[[str], None] | None = None, pipeline=None,
+                 handler: str = "in-process"):
         self.spec_path, self.spec = spec_path if isinstance(spec_path, str) else str(spec_path), spec  # keeps its overrides
         self.ctx = RunContext(spec, store)
         self.pipeline = P.steps(pipeline)
@@ -133,33 +121,50 @@ class Runner:
         self.work = self.ctx.work_dir(self.work_root)
         self.work.mkdir(parents=True, exist_ok=True)
         self.state = RunState(self.ctx)
+        self.compiled = N.compile_plan(self.spec_path, spec, self.pipeline)
         self.display = Display([p.step.name for p in self.plan()], enabled=progress)
         self.python = python
         self.on_step = on_step  # test hook: called before each step starts
         self.lazy: LazyServer | None = None
+        self.handler = handlers.handler(handler, self)
 
-    def plan(self) -> list[P.Planned]:
-        """The steps of every generation, then the run's, in the order this runner executes them."""
-        return P.plan(self.ctx, self.pipeline)
+    def plan(self) -> list[N.Group]:
+        """The steps of every generation, then the run's, in the order this runner executes them
+        (each with its nodes: one per training task for a per-task step)."""
+        return self.compiled.groups()
 
     # ------------------------------------------------------------ helpers
-    def _env(self) -> dict:
+    def env(self) -> dict:
         # One writable work dir for every entry (their --work-dir defaults read it).
         return {**os.environ, "PYTHONUNBUFFERED": "1", "MASS_WORK_DIR": str(self.work_root)}
 
-    def _mass(self, *args: str) -> None:
-        """One CLI entry as a subprocess (the same entries Argo containers call)."""
+    def mass(self, *args: str, env: dict | None = None, check: bool = True, label: str | None = None) -> bool:
+        """One CLI entry as a subprocess (the same entries Argo containers call); False when it failed
+        and `check` is off."""
         cmd = [self.python, "-m", "mass_jobs.commands.cli", *args]
-        self._subprocess(cmd, label=args[0])
+        return self._subprocess(cmd, label=label or args[0], env=env, check=check)
 
-    def _subprocess(self, cmd: list[str], label: str) -> None:
+    def torchrun(self, argv) -> None:
+        """A trainer node: its CLI entry under torchrun, one process per replica this machine holds."""
+        nproc = max(1, min(self.spec.sft.replicas, os.cpu_count() or 1))
+        self._subprocess([self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                          "-m", "mass_jobs.commands.cli", *argv, "--quiet"], label=argv[0])
+
+    def _subprocess(self, cmd: list[str], label: str, env: dict | None = None, check: bool = True) -> bool:
         self.work.mkdir(parents=True, exist_ok=True)
         log = self.work / f"{label}.log"
         with open(log, "ab") as f:
-            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=self._env())
-        if proc.returncode != 0:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env if env is not None else self.env())
+        if proc.returncode != 0 and check:
             tail = log.read_bytes()[-3000:].decode("utf-8", errors="replace")
             raise RunError(f"`{' '.join(cmd[2:])}` exited {proc.returncode}; log {log}:\n{tail}", log=log)
+        return proc.returncode == 0
+
+    def servers(self):
+        """(serve_generation, serve_judge): the spec's serving backend per use, logs in the work dir."""
+        from mass_jobs.steps.evaluate import default_servers
+
+        return default_servers(self.ctx, cache_root=self.work / "models", log_dir=self.work)
 
     def _run_step(self, g: int, name: str, fn: Callable[[], bool]) -> None:
         """fn() does the step and returns True when it was already done (skipped)."""
@@ -207,89 +212,15 @@ class Runner:
                          log_path=self.work / f"serve-gen-{g}.log") as endpoint:
             yield endpoint
 
-    # ------------------------------------------------------------ model access for model steps
-    @property
-    def client(self):
-
-        return LazyClient(lambda: client_for(self.spec, self.lazy.endpoint()))
-
-    def execute(self, *args):
-
-        # roles.executor set: the generation's server is not needed (and not started) for episodes
-        endpoint = executor_endpoint(self.spec, None) or self.lazy.endpoint()
-        status = episode_executor(self.spec, endpoint)(*args)
-        with self._lock:  # collect runs episodes concurrently
-            self._now["episodes"] += 1
-            self.display.note(f"{self._now['label']}: episode {self._now['episodes']}", self._now["episodes"],
-                              self._now["of"])
-        return status
-
-    def _in_process(self, s: P.StepDef, g: int) -> None:
-        """A step that declares `local`: its core here, per task or once, with the services it names."""
-        with self._services(s, g) as services:
-            if not s.per_task:
-                s.call_local(self.ctx, g, None, services)
-                return
-            tasks = train_tasks(self.spec)
-            # episodes a task may still run: search = reference + initial elite + one per iteration
-            of = self.spec.search.iterations + 2 if isinstance(s.shape, P.Recursion) else \
-                self.spec.collection.episodes if isinstance(s.shape, P.EpisodeFanout) else None
-            for i, t in enumerate(tasks):
-                self._now.update(label=f"{s.name} task {i + 1}/{len(tasks)} {t.id}", episodes=0, of=of)
-                self.display.note(self._now["label"], i, len(tasks))
-                s.call_local(self.ctx, g, t.id, services)
-
-    @contextlib.contextmanager
-    def _services(self, s: P.StepDef, g: int):
-        """The services a step declares. Servers of named generations (and judges) are started on
-        first use and shared by the step's calls: rollouts and self-verdicts of one generation share
-        a server (each start costs seconds); all are stopped when the step ends."""
-        services: dict = {"client": self.client, "execute": self.execute, "progress": self._progress()}
-        with contextlib.ExitStack() as servers:
-            if {"serve_generation", "serve_judge"} & set(s.local or ()):
-                from mass_jobs.steps.evaluate import default_servers
-
-                serve_model, serve_judge = default_servers(self.ctx, cache_root=self.work / "models", log_dir=self.work)
-                started: dict[int, object] = {}
-
-                @contextlib.contextmanager
-                def serve_once(h: int):
-                    if h not in started:
-                        started[h] = servers.enter_context(serve_model(h))
-                    yield started[h]
-
-                services.update(serve_generation=serve_once, serve_judge=serve_judge)
-            yield services
-
-    def _progress(self) -> Callable[[str, dict], None]:
-        """A progress line per record a core reports (kind: rollout, verdict, ...), counted per kind
-        and generation."""
-        counts = PerKey()
-
-        def note(kind: str, rec: dict) -> None:
-            n = counts.add((kind, rec.get("gen")))
-            where = " ".join(f"{k} {rec[k]}" for k in ("gen", "task", "replicate", "judge") if k in rec)
-            self.display.note(f"{kind} {n}: {where}", n)
-        return note
-
-    def _cli(self, s: P.StepDef, g: int) -> None:
-        """A step without `local`: its CLI entry per task or once (a trainer under torchrun)."""
-        calls = [s.argv(self.spec_path, g, t.id) for t in train_tasks(self.spec)] if s.per_task \
-            else [s.argv(self.spec_path, g)]
-        for argv in calls:
-            if isinstance(s.shape, P.Trainer):  # the train core checks the split itself (split_guard), on Argo too
-                nproc = max(1, min(self.spec.sft.replicas, os.cpu_count() or 1))
-                self._subprocess([self.python, "-m", "torch.distributed.run", "--standalone",
-                                  f"--nproc_per_node={nproc}", "-m", "mass_jobs.commands.cli", *argv, "--quiet"],
-                                 label=s.name)
-            else:
-                self._mass(*argv)
-
     def execute_step(self, s: P.StepDef, g: int) -> bool:
-        """Run one step of the table unless its done-check holds; True when it was skipped."""
-        if s.is_done(self.ctx, g, [t.id for t in train_tasks(self.spec)]):
+        """Run one step of one generation, its plan nodes through the handler, unless its done-check
+        holds; True when it was skipped."""
+        group = next((x for x in self.compiled.groups() if x.step is s and x.gen == g), None)
+        if group is None:
+            raise ValueError(f"step {s.name}: no nodes at generation {g} in the plan")
+        if all(node.done(self.ctx) for node in group.nodes):
             return True
-        (self._cli if s.local is None else self._in_process)(s, g)
+        self.handler.run(group)
         return False
 
     # ------------------------------------------------------------ the whole run
@@ -300,28 +231,25 @@ class Runner:
             return self._run_all()
 
     def _run_all(self) -> dict:
-        import threading
-
-
         self.state.load()
         self.state.set(status="running", spec=self.spec_path, failed=None)
-        self._lock, self._now = threading.Lock(), {"label": "", "episodes": 0, "of": None}
-        steps = P.generation_steps(self.pipeline)
-        last_model = max((i for i, s in enumerate(steps) if s.model), default=-1)
         with self.display:
             for g in range(self.spec.generations):
+                groups = self.compiled.generation(g)
+                last_model = max((i for i, x in enumerate(groups) if x.step.model), default=-1)
                 with LazyServer(lambda g=g: self.serve(g)) as self.lazy:
-                    for i, s in enumerate(steps):
-                        self._run_step(g, s.name, lambda s=s: self.execute_step(s, g))
+                    for i, x in enumerate(groups):
+                        self._run_step(g, x.step.name, lambda x=x: self.execute_step(x.step, x.gen))
                         if i == last_model:
                             self.lazy.__exit__(None, None, None)  # rank is its last user: free it for training
-            for s in P.run_steps(self.pipeline):
-                self._run_step(self.spec.generations, s.name, lambda s=s: self.execute_step(s, self.spec.generations))
+            for x in self.compiled.run_groups():
+                self._run_step(x.gen, x.step.name, lambda x=x: self.execute_step(x.step, x.gen))
         self.state.set(status="done", current=None, failed=None)
         return read_manifest(self.ctx.store, self.ctx.report())
 
 
-def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, on_step=None) -> dict:
+def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, on_step=None,
+        handler: str = "in-process") -> dict:
     """Load the spec, open its store and run L0 -> L_N (resuming whatever is stored)."""
 
     spec = load_spec(spec_path)
@@ -330,7 +258,7 @@ def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, 
         raise SpecError(spec_path, unfit)
     store = open_store(spec.store)
     return Runner(spec_path, spec, store, work_dir=Path(work_dir or os.environ.get("MASS_WORK_DIR", ".mass-work")),
-                  progress=progress, on_step=on_step).run()
+                  progress=progress, on_step=on_step, handler=handler).run()
 
 
 # ---------------------------------------------------------------- status
@@ -342,7 +270,7 @@ def step_status(ctx: RunContext, pipeline=None) -> list[dict]:
     (`seconds`, None when this runner did not time it) from its run-state."""
     state = RunState(ctx).load()
     timings = state.get("timings") or {}
-    rows = P.table(ctx, pipeline)
+    rows = N.table(ctx, pipeline)
     for r in rows:
         r["status"] = _status(state, r["gen"], r["step"], r["status"] == "done")
         t = timings.get(f"{r['gen']}:{r['step']}") or {}

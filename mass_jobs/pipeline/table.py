@@ -1,7 +1,8 @@
 """The pipeline, spelled once: every step of a MASS run, in order, with what each one needs.
 
-The local runner (`mass run`), `mass status` and the Argo compiler (`mass render argo`) are all
-derived from `PIPELINE`; adding a step is one `StepDef` here plus its core (and its CLI entry).
+The compiled plan (`pipeline.nodes`: every node of a run, with its container's argv) is expanded
+from `PIPELINE`, and the local runner (`mass run`), `mass status`, `mass plan` and the Argo compiler
+(`mass render argo`) read that; adding a step is one `StepDef` here plus its core (and its CLI entry).
 
 - `scope`: how often the step runs: once per `run`, per `generation`, per training `task`, per
   task and search `iteration` (Argo: bounded recursion), per task and `episode` (Argo: a fan-out
@@ -354,45 +355,6 @@ def done_output(name: str) -> str:
 
 def train_task_ids(ctx: RunContext) -> list[str]:
     return [t.id for t in ctx.spec.train_tasks()]
-
-
-@dataclass(frozen=True)
-class Planned:
-    """One step of one generation in an executor's order: the step itself, never its name."""
-
-    gen: int
-    step: StepDef
-
-    @property
-    def key(self) -> tuple[int, str]:
-        return self.gen, self.step.name
-
-
-def plan(ctx: RunContext, pipeline=None) -> list[Planned]:
-    """The local runner's order: every generation's steps, then the run's steps."""
-    n = ctx.spec.generations
-    return [Planned(g, s) for g in range(n) for s in generation_steps(pipeline)] + \
-           [Planned(n, s) for s in run_steps(pipeline)]
-
-
-def table(ctx: RunContext, pipeline=None) -> list[dict]:
-    """One row per (generation, step) from the store alone: done or pending, and a detail.
-
-    This is what any executor leaves (local runner, Argo, a person calling the CLI entries); the
-    local runner's run-state only adds running / interrupted / failed on top (`runner.step_status`).
-    """
-    tasks = train_task_ids(ctx)
-    rows = []
-    for item in plan(ctx, pipeline):
-        s, g = item.step, item.gen
-        if s.per_task:
-            n = sum(1 for t in tasks if s.done(ctx, g, t))
-            done, detail = n == len(tasks), f"{n}/{len(tasks)} tasks"
-        else:
-            done = s.is_done(ctx, g, tasks)
-            detail = s.detail(ctx, g) if s.detail else ""
-        rows.append({"gen": g, "step": s.name, "status": "done" if done else "pending", "detail": detail})
-    return rows
 
 
 def argo_outputs(spec, gen: int) -> dict[str, str]:

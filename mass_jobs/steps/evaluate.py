@@ -383,9 +383,10 @@ def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Pa
     return serve_model, serve_judge
 
 
-def remote_servers(endpoint_of: Callable[[int], Any]):
+def remote_servers(endpoint_of: Callable[[int], Any], local_judges: dict | None = None):
     """(serve_model, serve_judge) for the cluster: L_g at its InferenceService (`endpoint_of(g)`),
-    judges at their external endpoints; a `local` judge would need a GPU in this pod: refused."""
+    judges at their external endpoints; a `local` judge is where `local_judges` (name -> Endpoint)
+    says its executor serves it, else refused: it would need a GPU in this pod."""
 
     @contextlib.contextmanager
     def serve_model(g: int):
@@ -393,6 +394,9 @@ def remote_servers(endpoint_of: Callable[[int], Any]):
 
     @contextlib.contextmanager
     def serve_judge(judge: Judge):
+        if judge.endpoint == "local" and judge.name in (local_judges or {}):
+            yield local_judges[judge.name]
+            return
         if judge.endpoint == "local":
             raise ValueError(f"judges: {judge.name!r} has endpoint 'local'; on the cluster judges are external "
                              f"endpoints (an OpenAI-compatible URL), the evaluate pod serves no model")

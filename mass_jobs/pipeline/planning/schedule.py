@@ -1,7 +1,7 @@
 """The pipeline table simulated as the Argo DAG runs it, against one episode after another.
 
-Each `PIPELINE` step is a stage after the previous one, generation after generation (as the
-compiled workflow orders them): a per-task step runs its tasks side by side, the episode fan-out
+Each step of the compiled plan (`pipeline.nodes`) is a stage after the previous one, generation
+after generation (as the compiled workflow orders them): a per-task step runs its tasks side by side, the episode fan-out
 runs every episode of the generation at most `parallelism` at once, and the rest runs once.
 Upstream's loop runs every episode, verdict and step one after another: its time is the sum.
 Durations: a stored run's timings when given (episode wall time from its status files, training
@@ -16,7 +16,8 @@ import json
 import math
 from dataclasses import dataclass
 
-from mass_jobs.pipeline.table import EpisodeFanout, GenerationRollouts, Work, generation_steps, run_steps
+from mass_jobs.pipeline.nodes import compile_plan
+from mass_jobs.pipeline.table import EpisodeFanout, GenerationRollouts, Work
 
 DEFAULTS = {"episode_s": 600.0, "call_s": 20.0, "step_s": 30.0, "fixed_s": 60.0}
 
@@ -58,10 +59,11 @@ def simulate(spec, counts: list[dict], timings: dict, parallelism: int) -> tuple
     (and the judge calls after them) run `parallelism` at once, a per-task step runs its tasks
     side by side, any other step is one unit."""
     n_train = len(spec.train_tasks())
+    plan = compile_plan("SPEC", spec)
     bars, now, serial = [], 0.0, 0.0
     for c in counts:
         g = c["gen"]
-        for sd in generation_steps():
+        for sd in (group.step for group in plan.generation(g)):
             cost = sd.work(Work(c, timings, n_train))
             unit, units = cost.unit_s, cost.units
             if isinstance(sd.shape, GenerationRollouts):
@@ -84,7 +86,7 @@ def simulate(spec, counts: list[dict], timings: dict, parallelism: int) -> tuple
                 bars.append(Bar(g, sd.name, sd.name, now, now + unit * units))
                 dur, serial = unit * units, serial + unit * units
             now += dur
-    for sd in run_steps():
+    for sd in (group.step for group in plan.run_groups()):
         unit = sd.work(Work({}, timings, n_train)).unit_s
         bars.append(Bar(len(counts), sd.name, sd.name, now, now + unit))
         now += unit

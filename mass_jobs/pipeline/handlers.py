@@ -1,0 +1,262 @@
+"""How the local runner executes a node of the compiled plan (`pipeline.nodes`).
+
+- `InProcess` (the default): a step that declares `local` runs its core here with the services it
+  names (the generation's lazy chat client, a sandboxed episode executor, servers); any other runs
+  its CLI entry as a subprocess (a trainer under torchrun).
+- `Argv`: every node runs as the cluster runs it, container by container: the node's argv, and for
+  an agent step its phases around agent pods (prepare -> one `mass episode` per listed rollout,
+  given its input artifacts and no store credential, whose outputs are uploaded as Argo's wait
+  container would -> ingest, told how the episode ended -> finish). Models are served here where
+  the cluster has InferenceServices. A run under it stores what an in-process run stores
+  (tests/test_run_e2e.py), so the phases a cluster runs are exercised on one machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from mass_jobs.episodes import proof
+from mass_jobs.episodes.rollouts import MODELS_OUTPUT, ROLLOUTS_OUTPUT, episode_executor, executor_endpoint
+from mass_jobs.pipeline import nodes as N
+from mass_jobs.pipeline import table as P
+from mass_jobs.pipeline.progress import PerKey
+from mass_jobs.serving.roles import client_for
+
+HANDLERS = ("in-process", "argv")
+AGENT_INPUTS = ("episode.json", "workspace.tar.gz", proof.KEY)
+AGENT_OUTPUTS = (*proof.EPISODE_OUTPUTS, *proof.CHECK_OUTPUTS, proof.PROOF)
+# what an agent pod never holds: store credentials, API keys, tokens
+_SECRET = re.compile(r"^AWS_|KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+
+
+def handler(name: str, runner):
+    if name not in HANDLERS:
+        raise ValueError(f"handler: expected one of {HANDLERS}, got {name!r}")
+    return (InProcess if name == "in-process" else Argv)(runner)
+
+
+class LazyClient:
+    """A chat client made on the first call, so a fully stored step never serves a model."""
+
+    def __init__(self, make):
+        self._make, self._client = make, None
+
+    def chat(self, *args, **kwargs):
+        if self._client is None:
+            self._client = self._make()
+        return self._client.chat(*args, **kwargs)
+
+
+class InProcess:
+    name = "in-process"
+
+    def __init__(self, runner):
+        self.r = runner
+        self._lock = threading.Lock()
+        self._now = {"label": "", "episodes": 0, "of": None}
+
+    def run(self, group: N.Group) -> None:
+        (self._cli if group.step.local is None else self._in_process)(group)
+
+    # ------------------------------------------------------------ services
+    @property
+    def client(self):
+        return LazyClient(lambda: client_for(self.r.spec, self.r.lazy.endpoint()))
+
+    def execute(self, *args):
+        # roles.executor set: the generation's server is not needed (and not started) for episodes
+        endpoint = executor_endpoint(self.r.spec, None) or self.r.lazy.endpoint()
+        status = episode_executor(self.r.spec, endpoint)(*args)
+        with self._lock:  # collect runs episodes concurrently
+            self._now["episodes"] += 1
+            self.r.display.note(f"{self._now['label']}: episode {self._now['episodes']}", self._now["episodes"],
+                                self._now["of"])
+        return status
+
+    def _in_process(self, group: N.Group) -> None:
+        """A step that declares `local`: its core here, per task or once, with the services it names."""
+        s, g = group.step, group.gen
+        with self._services(s, g) as services:
+            if not s.per_task:
+                s.call_local(self.r.ctx, g, None, services)
+                return
+            # episodes a task may still run: search = reference + initial elite + one per iteration
+            of = self.r.spec.search.iterations + 2 if isinstance(s.shape, P.Recursion) else \
+                self.r.spec.collection.episodes if isinstance(s.shape, P.EpisodeFanout) else None
+            for i, node in enumerate(group.nodes):
+                self._now.update(label=f"{s.name} task {i + 1}/{len(group.nodes)} {node.task}", episodes=0, of=of)
+                self.r.display.note(self._now["label"], i, len(group.nodes))
+                s.call_local(self.r.ctx, g, node.task, services)
+
+    @contextlib.contextmanager
+    def _services(self, s: P.StepDef, g: int):
+        """The services a step declares. Servers of named generations (and judges) are started on
+        first use and shared by the step's calls: rollouts and self-verdicts of one generation share
+        a server (each start costs seconds); all are stopped when the step ends."""
+        services: dict = {"client": self.client, "execute": self.execute, "progress": self._progress()}
+        with contextlib.ExitStack() as servers:
+            if {"serve_generation", "serve_judge"} & set(s.local or ()):
+                serve_generation, serve_judge = self.r.servers()
+                started: dict[int, object] = {}
+
+                @contextlib.contextmanager
+                def serve_once(h: int):
+                    if h not in started:
+                        started[h] = servers.enter_context(serve_generation(h))
+                    yield started[h]
+
+                services.update(serve_generation=serve_once, serve_judge=serve_judge)
+            yield services
+
+    def _progress(self) -> Callable[[str, dict], None]:
+        """A progress line per record a core reports (kind: rollout, verdict, ...), counted per kind
+        and generation."""
+        counts = PerKey()
+
+        def note(kind: str, rec: dict) -> None:
+            n = counts.add((kind, rec.get("gen")))
+            where = " ".join(f"{k} {rec[k]}" for k in ("gen", "task", "replicate", "judge") if k in rec)
+            self.r.display.note(f"{kind} {n}: {where}", n)
+        return note
+
+    def _cli(self, group: N.Group) -> None:
+        """A step without `local`: its CLI entry per node (a trainer under torchrun)."""
+        for node in group.nodes:
+            if isinstance(node.shape, P.Trainer):  # the train core checks the split itself (split_guard), on Argo too
+                self.r.torchrun(node.argv)
+            else:
+                self.r.mass(*node.argv)
+
+
+class Argv:
+    name = "argv"
+
+    def __init__(self, runner):
+        self.r = runner
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def run(self, group: N.Group) -> None:
+        for node in group.nodes:
+            self.node(node)
+
+    def node(self, n: N.Node) -> None:
+        argv = list(n.argv)
+        match n.shape:
+            case P.Trainer():
+                self.r.torchrun(argv)
+            case P.Recursion(agent=True):
+                for k in range(self.r.spec.search.iterations + 1):  # iteration 0: the reference and initial workflow
+                    it = N.with_iteration(argv, k)
+                    self.rollouts(n, it, ingest_argv=argv, model=self.model(n))
+            case P.Recursion():
+                for k in range(self.r.spec.search.iterations + 1):
+                    self.r.mass(*N.with_iteration(argv, k), *self.model(n))
+            case P.EpisodeFanout():
+                self.fan_out([lambda e=e: self.episode(n, N.with_episode(argv, e))
+                              for e in range(self.r.spec.collection.episodes)])
+                self.r.mass(*N.finish(argv))
+            case P.TaskRollouts():
+                self.rollouts(n, argv, ingest_argv=argv, model=self.model(n))
+            case P.GenerationRollouts():
+                self.generation_rollouts(n, argv)
+            case _:
+                self.r.mass(*argv, *self.model(n))
+
+    # ------------------------------------------------------------ the cluster's shapes, here
+    def model(self, n: N.Node) -> list[str]:
+        """The generation's model as a node that calls it is told (the cluster: its InferenceService)."""
+        if not n.step.model:
+            return []
+        endpoint = self.r.lazy.endpoint()
+        return N.model_flags(endpoint.base_url, endpoint.model)
+
+    def rollouts(self, n: N.Node, argv: list[str], *, ingest_argv: list[str], model: list[str],
+                 finish_extra: list[str] | None = None) -> None:
+        """prepare (lists the rollouts) -> an agent per rollout -> ingest each -> finish."""
+        with self.outputs() as out:
+            self.r.mass(*N.prepare(argv, model, str(out)))
+            items = json.loads((out / ROLLOUTS_OUTPUT).read_text())
+
+        def one(item: dict) -> None:
+            status = self.agent(item["rollout"], label=f"{n.step.name} {item.get('label', '')}")
+            with self.outputs() as out:
+                self.r.mass(*N.ingest(ingest_argv, status, str(out), rollout=item["rollout"]))
+
+        self.fan_out([lambda item=item: one(item) for item in items])
+        self.r.mass(*N.finish(argv, [*model, *(finish_extra or [])]))
+
+    def episode(self, n: N.Node, argv: list[str]) -> None:
+        """One collect episode: prepare says whether an agent must run and where its artifacts are."""
+        with self.outputs() as out:
+            self.r.mass(*N.prepare(argv, self.model(n), str(out)))
+            if (out / "agent").read_text().strip() != "true":
+                return
+            rollout = (out / "rollout").read_text().strip()
+        status = self.agent(rollout, label=f"{n.step.name} {n.task}")
+        with self.outputs() as out:
+            self.r.mass(*N.ingest(argv, status, str(out)))
+
+    def generation_rollouts(self, n: N.Node, argv: list[str]) -> None:
+        """evaluate: plan -> serve the generations it names (and the spec's local judges) -> the
+        rollouts against them -> finish; every server stopped after."""
+        with self.outputs() as out:
+            self.r.mass(*N.plan_models(argv, str(out)))
+            models = json.loads((out / MODELS_OUTPUT).read_text())
+        serve_generation, serve_judge = self.r.servers()
+        with contextlib.ExitStack() as servers:
+            served = [(m["gen"], servers.enter_context(serve_generation(int(m["gen"])))) for m in models]
+            flags = N.generation_endpoints((g, e.base_url, e.model) for g, e in served)
+            judges = []
+            for judge in self.r.spec.judges:
+                if judge.endpoint == "local" and models:
+                    e = servers.enter_context(serve_judge(judge))
+                    judges += ["--judge-endpoint", judge.name, e.base_url, e.model]
+            self.rollouts(n, argv, ingest_argv=argv, model=flags, finish_extra=judges)
+
+    def agent(self, rollout: str, label: str) -> str:
+        """One agent pod: its input artifacts in, `mass episode` with no store credential, its
+        outputs uploaded; the phase Argo would give ingest."""
+        ctx = self.r.ctx
+        prefix = ctx.under_run(rollout)
+        with tempfile.TemporaryDirectory(prefix="mass-agent-", dir=self.r.work) as tmp:
+            in_dir, out_dir = Path(tmp) / "in", Path(tmp) / "out"
+            in_dir.mkdir()
+            out_dir.mkdir()
+            for name in AGENT_INPUTS:
+                if ctx.store.exists(key := ctx.agent_input(prefix, name)):
+                    ctx.store.get_file(key, in_dir / name)
+            ok = self.r.mass(*N.agent(str(in_dir), str(out_dir)), env=without_secrets(self.r.env()), check=False,
+                             label="agent-episode")
+            for name in AGENT_OUTPUTS:
+                if (out_dir / name).is_file():
+                    ctx.store.put_file(ctx.agent_output(prefix, name), out_dir / name)
+        with self._lock:
+            self._count += 1
+            self.r.display.note(f"{label}: agent {self._count}", self._count)
+        return "Succeeded" if ok else "Failed"
+
+    @contextlib.contextmanager
+    def outputs(self):
+        """The `--outputs DIR` a step container writes its output parameters to."""
+        self.r.work.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="outputs-", dir=self.r.work) as tmp:
+            yield Path(tmp)
+
+    def fan_out(self, calls: list[Callable[[], None]]) -> None:
+        """A fan-out, `execution.concurrency` at once (the cluster: the chart's agent parallelism)."""
+        with ThreadPoolExecutor(max_workers=max(1, min(self.r.spec.execution.concurrency, len(calls) or 1))) as pool:
+            for f in [pool.submit(c) for c in calls]:
+                f.result()
+
+
+def without_secrets(env: dict) -> dict:
+    """The environment an agent pod gets: no store credential, API key or token."""
+    return {k: v for k, v in env.items() if not _SECRET.search(k)}
