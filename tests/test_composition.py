@@ -8,18 +8,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.config.composition import PRESETS, composition_of, counts_by_role, keep_window, training_episodes
+from mass_jobs.config.composition import PRESETS, composition_of, counts_by_role
 from mass_jobs.config.run_spec import SftSpec
+from mass_jobs.steps.render_sft import composition_split, kept_windows
 from mass_jobs.training.sampler import WindowSampler
 
 FIXTURE = Path(__file__).parent / "fixtures" / "composition"
 
 
 def compose(windows, rankings, comp):
-    """What the render step keeps of rendered windows: the episodes sft_step picks (training_episodes)
-    and the roles run_render keeps (keep_window); the same two product functions, applied per window."""
-    return [w for w in windows if f"ep-{w['episode']}" in training_episodes(rankings.get(w["task"]) or {}, comp)
-            and keep_window(w, comp)]
+    """What the render step keeps of the fixture's rendered windows: the training episodes its
+    `composition_split` gives each task, then the windows its `kept_windows` stores (the fixture
+    stands in for rendering those episodes)."""
+    train = {task: set(composition_split(ranking, comp)["train"]) for task, ranking in rankings.items()}
+    return kept_windows([w for w in windows if w["episode"] in train.get(w["task"], ())], comp)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +68,9 @@ def test_presets_as_data():
     assert (default.roles, default.episodes, default.orchestrator_share, default.checkpoint) == (
         PRESETS["M"].roles, "winners", 1 / 3, "val_loss")
     assert composition_of(SftSpec(orchestrator_share=0.5)).orchestrator_share == 0.5
-    assert training_episodes({"order": ["ep-3", "ep-1", "ep-0"], "train": ["ep-3"], "val": "ep-1"}, PRESETS["X"]) == [
-        "ep-3", "ep-0"]
+    ranking = {"order": ["ep-3", "ep-1", "ep-0"], "train": ["ep-3"], "val": "ep-1"}
+    assert composition_split(ranking, PRESETS["X"]) == {"train": [3, 0], "val": [1]}
+    assert composition_split(ranking, PRESETS["M"]) == {"train": [3], "val": [1]}
 
 
 def test_the_sampler_draws_the_presets_orchestrator_share(rendered):

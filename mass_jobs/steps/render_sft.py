@@ -227,6 +227,18 @@ def read_jsonl(path) -> list[dict]:
 # ---------------------------------------------------------------- the step over the store
 
 
+def composition_split(ranking: dict, comp, key: str = "rank manifest") -> dict[str, list[int]]:
+    """The episode indices a task's rank manifest (at `key`) gives to `train` under the composition
+    (its winners, or every ranked episode but the validation one) and to `val`."""
+    return {"train": _episode_ids({"train": training_episodes(ranking, comp)}, "train", key),
+            "val": _episode_ids(ranking, "val", key)}
+
+
+def kept_windows(windows: list, comp) -> list:
+    """The rendered windows the composition stores: those of its roles (the others are only counted)."""
+    return [w for w in windows if keep_window(w, comp)]
+
+
 def _episode_ids(manifest: dict, split: str, key: str) -> list[int]:
     """Episode indices of a rank manifest: `train` is a list of "ep-<i>", `val` one "ep-<i>" or null."""
     raw = manifest.get(split)
@@ -268,9 +280,7 @@ def sft_step(ctx, gen: int):
     ranked = [t for t in ctx.spec.train_tasks() if ctx.store.exists(ctx.rank(gen, t.id))]
     ranks = {t.id: ctx.store.get_json(ctx.rank(gen, t.id)) for t in ranked}
     tasks = [t for t in ranked if not ranks[t.id].get("skipped")]
-    split_ids = {t.id: {s: _episode_ids(ranks[t.id], s, ctx.rank(gen, t.id)) for s in ("train", "val")} for t in tasks}
-    for t in tasks:
-        split_ids[t.id]["train"] = _episode_ids({"train": training_episodes(ranks[t.id], comp)}, "train", ctx.rank(gen, t.id))
+    split_ids = {t.id: composition_split(ranks[t.id], comp, ctx.rank(gen, t.id)) for t in tasks}
     tokenizer = ctx.spec.model.tokenizer or (ctx.spec.model.base if gen == 0 else ctx.model(gen))
     # the roles kept enter the hash only when they differ from all, so the paper's runs keep theirs
     roles = {} if comp.roles == WINDOW_ROLES else {"roles": list(comp.roles)}
@@ -306,7 +316,7 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
         episodes = [load_episode(ctx, gen, t, i) for t in tasks for i in split_ids[t.id][split]]
         windows, stats[split] = render_windows(episodes, tokenizer, ctx.spec.sft)
         # the composition's roles: windows of other roles are counted, not stored
-        out[split] = [w for w in windows if keep_window(w, comp)]
+        out[split] = kept_windows(windows, comp)
         stats[split]["windows_left_out_by_role"] = {r: n - counts_by_role(out[split])[r]
                                                      for r, n in counts_by_role(windows).items()}
         stats[split].update(window_stats(out[split], stats[split]["dropped_blocks"], stats[split]["episode_errors"],
