@@ -243,6 +243,14 @@ class SftSpec(Closed):
         "thread cannot be rendered or a reply cannot fit a window (as upstream's --strict); false: drop only the "
         "offending thread or reply. Either way the episode's errors are recorded in sft/stats.json.",
     )
+    thread_roles: Literal["prompt", "tools"] = Field(
+        default="prompt",
+        description="How a qwen-code thread (it sends no role header) gets its role. prompt (the paper's code): "
+        "the orchestrator's is the thread whose first user message carries the episode's prompt once, or whose "
+        "system prompt is qwen-code's main one; one whose system prompt is qwen-code's sub-agent one is a "
+        "worker's; any other (side calls) auxiliary. tools: a thread offered the delegation tool is the "
+        "orchestrator's, one offered other tools a worker's, one without tools auxiliary (the rule for any "
+        "harness's threads without a role header).")
     keep_length_cut: bool = Field(
         default=False,
         description="Train on replies that hit max_output_tokens (dropped by default: they teach stopping "

@@ -106,7 +106,8 @@ def render_episode(ep: EpisodeTrace, tokenizer, sft: SftSpec, method: str, opene
         out.errors.append({**where, "thread": None, "kind": "trace_malformed",
                            "reason": f"the recorded calls cannot be read: {'; '.join(problems)}"[:2000]})
         return out
-    threads = rebuild_threads(ep.records, ep.harness, sft.keep_length_cut)
+    threads = rebuild_threads(ep.records, ep.harness, sft.keep_length_cut, sft.thread_roles,
+                              ep.teacher_prompt or ep.bare_prompt)
     conversations, stripped = [], False
     for thread in threads:
         messages = thread.messages
@@ -285,7 +286,8 @@ def sft_step(ctx, gen: int):
     # the roles kept enter the hash only when they differ from all, so the paper's runs keep theirs
     roles = {} if comp.roles == WINDOW_ROLES else {"roles": list(comp.roles)}
     step = Step(ctx.store, ctx.sft(gen), inputs={
-        "episodes": split_ids, "sft": ctx.spec.sft.model_dump(mode="json", include={"window", "context", "cut", "strict", "keep_length_cut"}),
+        "episodes": split_ids, "sft": ctx.spec.sft.model_dump(mode="json", include={"window", "context", "cut", "strict",
+                                                                                    "keep_length_cut", "thread_roles"}),
         "tokenizer": tokenizer, "prompts": {t.id: t.prompt for t in tasks}, **roles,
     })
     return step, tasks, split_ids

@@ -44,13 +44,15 @@ class Thread:
     dropped_length_cut: bool = False
 
 
-def rebuild_threads(records: list[dict], harness: str | None = None, keep_length_cut: bool = False) -> list[Thread]:
+def rebuild_threads(records: list[dict], harness: str | None = None, keep_length_cut: bool = False,
+                    roles: str = "tools", prompt: str | None = None) -> list[Thread]:
     """The trace's conversations (`threads.group_calls`, the grouping the audit measures), each with
-    its final messages and role."""
+    its final messages and role (`classify` under the `sft.thread_roles` rule; `prompt`: the one the
+    episode was given, teacher or bare)."""
     out = [Thread(agent=c.agent, tools=c.tools, calls=c.calls, requests=c.messages) for c in group_calls(records)]
     for t in out:
         t.messages = _final_messages(t, keep_length_cut)
-        t.role = classify(t, harness)
+        t.role = classify(t, harness, roles, prompt)
     return out
 
 
@@ -74,17 +76,54 @@ def _final_messages(t: Thread, keep_length_cut: bool = False) -> list[dict]:
     return msgs
 
 
-def classify(t: Thread, harness: str | None = None) -> str:
-    """The harness's role header when it sent one; else the thread offered the delegation tool leads."""
+# qwen-code's system prompts: its main session's, and its general-purpose sub-agent's (0.20.0, 0.15.10)
+QWEN_MAIN_SYSTEM = "You are Qwen Code"
+QWEN_SUB_SYSTEMS = ("You are a general-purpose subagent", "You are a general-purpose agent")
+
+
+def classify(t: Thread, harness: str | None = None, roles: str = "tools", prompt: str | None = None) -> str:
+    """The harness's role header when it sent one; else the `roles` rule (`sft.thread_roles`):
+    `prompt_role` for qwen-code's threads (the system prompts it knows are qwen-code's), or the
+    thread offered the delegation tool leads."""
     agent = t.agent or {}
     role = str(agent.get("role") or "").lower()
     if role == "orchestrator" or agent.get("id") == "orchestrator":
         return "orchestrator"
     if role in ("worker", "auxiliary"):
         return role
+    if not agent and roles == "prompt" and harness == "qwen-code":
+        return prompt_role(t.messages, prompt)
     if not agent and can_delegate(t.tools, harness):
         return "orchestrator"
     return "worker" if t.tools else "auxiliary"
+
+
+def prompt_role(messages: list[dict], prompt: str | None) -> str:
+    """The paper's code's rule (prepare_sft_data.thread_role): the orchestrator's thread carries the
+    episode's prompt once in its first user message, or opens with qwen-code's main system prompt; a
+    sub-agent's system prompt makes a worker; anything else (side calls) is auxiliary."""
+    system = text_of(messages[0].get("content")) if messages and messages[0].get("role") == "system" else ""
+    first = text_of(messages[1].get("content")) if len(messages) > 1 else ""
+    if carries_once(first, prompt) or system.startswith(QWEN_MAIN_SYSTEM):
+        return "orchestrator"
+    if system.startswith(QWEN_SUB_SYSTEMS):
+        return "worker"
+    return "auxiliary"
+
+
+def carries_once(text: str, prompt: str | None) -> bool:
+    """The prompt occurs exactly once in `text`, as given, stripped, or as qwen-code presents it (its
+    @-command processor spaces an unresolved `precision@k` / `recall@k`). The first form found decides,
+    as in the code; more than one occurrence is no match (the code refuses the thread)."""
+    if not prompt:
+        return False
+    spaced = prompt.replace("precision@k", "precision @k").replace("recall@k", "recall @k").strip() \
+        if ("precision@k" in prompt or "recall@k" in prompt) else prompt
+    for form in dict.fromkeys((prompt, prompt.strip(), spaced, spaced.strip())):
+        hits = text.count(form) if form else 0
+        if hits:
+            return hits == 1
+    return False
 
 
 def is_lead(t: Thread) -> bool:
