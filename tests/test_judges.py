@@ -122,3 +122,38 @@ def test_a_bug_in_the_judging_code_propagates_and_stores_nothing(tmp_path, scrip
     monkeypatch.undo()
     records = judges.run_panel(store, "run/eval/verdicts", jobs(1), [member(ep, "x")], retries=1)
     assert len(records) == 3 and all(r["valid"] for r in records)
+
+
+def upstream_swapped(seed: int) -> bool:
+    """The paper's code's presentation rule (mass/judging.py external_judgments), transcribed: one
+    draw per seed, the same for every judge; swapped shows the second workspace (the baseline) first."""
+    import random
+
+    return random.Random(seed).choice([False, True])
+
+
+def test_the_seeded_panel_order_is_the_codes(tmp_path, scripted_endpoint):
+    # judge x always picks A: its outcomes follow the order, which the seed alone decides
+    ep_x = scripted_endpoint({"*": [verdict("A")] * 6})
+    ep_y = scripted_endpoint({"*": [verdict("A")] * 6})
+    store = FileStore(tmp_path / "store")
+    members = [member(ep_x, "x", seeds=(42, 43, 44)), member(ep_y, "y", seeds=(42, 43, 44))]
+    records = judges.run_panel(store, "run/eval/verdicts", jobs(1), members, retries=0, order="seeded")
+    assert [(r["judge"], r["seed"], r["order"]) for r in records] == [
+        (j, s, "baseline_first" if upstream_swapped(s) else "candidate_first") for j in ("x", "y") for s in (42, 43, 44)]
+    # the code's seeds: the candidate first in 4 of the pair's 6 verdicts, in both judges alike
+    assert [r["order"] for r in records].count("candidate_first") == 4
+    assert [metrics.outcome(r) for r in records] == ["win", "win", "loss"] * 2
+    # and what the judge saw first is what the record says
+    for req, rec in zip(ep_x.requests, records[:3]):
+        user = req["body"]["messages"][1]["content"]
+        assert (user.index("NEWER-") < user.index("OLDER-")) == (rec["order"] == "candidate_first")
+
+
+def test_the_paper_spec_judges_as_the_code_does():
+    from pathlib import Path
+
+    from mass_jobs.spec.load import load_spec
+
+    spec = load_spec(Path(__file__).parents[1] / "examples" / "paper.yaml")
+    assert spec.evaluation.panel_order == "seeded" and [j.seeds for j in spec.judges] == [[42, 43, 44]] * 2

