@@ -50,10 +50,9 @@ FAST_ARGS   := -q -n 3 --dist worksteal -m "$(FAST)" --budget=$(FAST_BUDGET)
 SLOW_ARGS   := -q -n 2 --dist load --maxschedchunk 1 -m "not ($(FAST))" --budget=$(SLOW_BUDGET)
 
 # What CI runs: the models the suite shares, built first (cached under build/), then both tiers;
-# the second tier runs even when the first fails, so one run shows every failure. vLLM's venv
-# installs beside the model build: one waits on the disk, the other on the CPU.
-test: setup
-	$(MAKE) -j2 test-models vllm-env
+# the second tier runs even when the first fails, so one run shows every failure. (vLLM's install
+# beside the model build gained nothing: its byte-compiling slowed the warm-up as much.)
+test: setup test-models vllm-env
 	$(TEST_ENV) $(PY) -m pytest $(FAST_ARGS); fast=$$?; \
 	  $(TEST_ENV) $(PY) -m pytest $(SLOW_ARGS); slow=$$?; \
 	  test $$fast -eq 0 && test $$slow -eq 0
