@@ -312,9 +312,10 @@ def hash_judge():
 
 @pytest.mark.slow(cost=250)
 def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tiny_model_dir, hash_judge):
-    """Run a in-process; run b, the same spec, under the argv handler (every node as the cluster runs
-    it: prepare, one `mass episode` per rollout given only its artifacts, ingest, finish), killed
-    during training and resumed: both store the same run, manifest by manifest."""
+    """Run a in-process; run b, the same spec, killed during training and resumed under the argv
+    handler (every node as the cluster runs it: prepare, one `mass episode` per rollout given only its
+    artifacts, ingest, finish), so generation 1 runs every step that way: both store the same run,
+    manifest by manifest."""
     dead_port = closed_port()
     a = write_spec(tmp_path, tiny_model_dir, "a", dead_port, hash_judge.base_url)
     out = mass_run(a, tmp_path / "a" / "work")
@@ -362,10 +363,7 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
         seen.update(status_rows(b))
 
     assert mass_run(b, tmp_path / "b" / "work", kill_when=first_checkpoint, before_kill=note_status,
-                    slice_when=training, handler="argv") == "killed"
-    # the argv handler ran agent episodes as their own processes, from their artifacts alone
-    assert list((tmp_path / "b" / "work").glob("*/agent-episode.log"))
-    assert not list((tmp_path / "a" / "work").glob("*/agent-episode.log"))
+                    slice_when=training) == "killed"
     assert seen[(0, "train")] == "running"
     killed = status_rows(b)
     assert killed[(0, "train")] == "interrupted"
@@ -376,6 +374,9 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     assert len(hash_judge.answers) == len(answers_a)  # no verdict is asked before evaluation
 
     mass_run(b, tmp_path / "b" / "work", handler="argv")
+    # the argv handler ran agent episodes as their own processes, from their artifacts alone
+    assert list((tmp_path / "b" / "work").glob("*/agent-episode.log"))
+    assert not list((tmp_path / "a" / "work").glob("*/agent-episode.log"))
     # training resumed from its checkpoint: what was stored before the kill was never rewritten
     assert {k: (ctx_b.store.root / k).stat().st_mtime_ns for k in stored_ckpts} == stored_ckpts
     answers_b = hash_judge.answers[len(answers_a):]
