@@ -50,7 +50,16 @@ def env_of(path):
     return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
 
 
-envs = [dict(os.environ)] + [e for e in map(env_of, glob.glob("/proc/*/environ")) if e]
+# scope (the unprotected control only): this host runs other tests, whose processes the control
+# would otherwise reach; it keeps to processes, homes and sockets of its own test
+scope = known.get("scope")
+
+
+def ours(e):
+    return scope is None or any(e.get(k, "").startswith(scope) for k in ("HOME", "PWD"))
+
+
+envs = [dict(os.environ)] + [e for e in map(env_of, glob.glob("/proc/*/environ")) if e and ours(e)]
 tokens = sorted({e["OPENAI_API_KEY"] for e in envs if e.get("OPENAI_API_KEY")})
 report["tokens_found"] = len(tokens)
 urls = {e["OPENAI_BASE_URL"] for e in envs if e.get("OPENAI_BASE_URL")}
@@ -115,7 +124,7 @@ for secret in known["secrets"]:
         pass
 report["secret_reads"] = reads
 removed = 0
-for sock in glob.glob("/tmp/mass-*/*.sock") + known["sockets"]:
+for sock in [s for s in glob.glob("/tmp/mass-*/*.sock") if scope is None or s.startswith(scope)] + known["sockets"]:
     try:
         os.remove(sock)
         removed += 1
@@ -144,10 +153,10 @@ def daemon_marker(tmp_path) -> str:
     return f"{DAEMON}-{abs(hash(str(tmp_path)))}"
 
 
-def attack(scripted_endpoint, tmp_path, scan_ports: bool = True):
+def attack(scripted_endpoint, tmp_path, scan_ports: bool = True, scope: str | None = None):
     """Run the attacking episode; (status, trace, the attack's report, out dir)."""
     out = tmp_path / "out"
-    known = {"out": [str(out)], "sockets": [], "daemon": daemon_marker(tmp_path), "scan_ports": scan_ports,
+    known = {"out": [str(out)], "sockets": [], "daemon": daemon_marker(tmp_path), "scan_ports": scan_ports, "scope": scope,
              "secrets": [str(REPO / "examples" / "tiny.yaml"), str(REPO / "tests" / "specs" / "ci-e2e.yaml"),
                          str(REPO / "mass_jobs" / ".." / "README.md"), str(tmp_path / "store")]}
     (tmp_path / "store").mkdir()
@@ -255,7 +264,7 @@ def test_with_the_protection_off_the_same_attack_forges_the_trace(scripted_endpo
     monkeypatch.setattr(service, "local_sandbox", no_sandbox)
     monkeypatch.setattr(qwen_code, "install_shim", lambda bin_dir, socket_path, limits: None)
     try:
-        status, trace, report, out = attack(scripted_endpoint, tmp_path, scan_ports=False)
+        status, trace, report, out = attack(scripted_endpoint, tmp_path, scan_ports=False, scope=str(tmp_path))
     finally:
         for pid in daemons(daemon_marker(tmp_path)):  # nothing reaps it here: that is the point
             os.kill(pid, 9)
