@@ -250,6 +250,7 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
         "/in/episode.key": {"key": f"{ep}/input/episode.key"},  # input artifacts reach the main container only
         "/out/proof.json": {"key": f"{ep}/output/proof.json"},
         "/out/trace.jsonl": {"key": f"{ep}/output/trace.jsonl"},
+        "/out/network.jsonl": {"key": f"{ep}/output/network.jsonl"},  # the egress proxy's records, where it ran
         "/out/status.json": {"key": f"{ep}/output/status.json"},
         "/out/workspace.tar.gz": {"key": f"{ep}/output/workspace.tar.gz"},
         "/out/checks.json": {"key": f"{ep}/output/checks.json"},

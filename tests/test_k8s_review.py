@@ -77,7 +77,7 @@ def test_the_summary_is_written_by_its_own_step_between_collection_and_guard(cyc
 def test_agent_artifacts_are_never_archived_or_unpacked_by_argo(cycle):
     agent = _t(cycle)["agent-episode"]
     arts = agent["inputs"]["artifacts"] + agent["outputs"]["artifacts"]
-    assert len(arts) == 8 and all(a["archive"] == {"none": {}} for a in arts)
+    assert len(arts) == 9 and all(a["archive"] == {"none": {}} for a in arts)
     paths = {a["path"] for a in arts}
     assert {"/in/workspace.tar.gz", "/out/workspace.tar.gz"} <= paths  # files, not directories
     assert all(a["optional"] for a in agent["outputs"]["artifacts"])

@@ -32,8 +32,9 @@ def agent_pod(ctx: RunContext, rel: str) -> None:
         for name in ("episode.json", "workspace.tar.gz", proof.KEY):
             (inp / name).write_bytes(store.get_bytes(ctx.agent_input(prefix, name)))
         assert cli_main(["episode", "--in", str(inp), "--out", str(out)]) == 0
-        for name in (*AGENT_OUTPUTS, proof.PROOF):
-            store.put_bytes(ctx.agent_output(prefix, name), (out / name).read_bytes())
+        for name in (*AGENT_OUTPUTS, proof.PROOF):  # what the pod wrote (network.jsonl only with a network)
+            if (out / name).exists():
+                store.put_bytes(ctx.agent_output(prefix, name), (out / name).read_bytes())
 
 
 def script(ep) -> None:

@@ -13,7 +13,7 @@ import re
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from mass_jobs.config.shared import (DAY_S, ID_PATTERN, MAX_EPISODES, MAX_RETRIES, MAX_SEED, MAX_STEPS, MAX_TOKENS, URL,
                                   URL_OR_LOCAL, Closed)
@@ -406,7 +406,29 @@ class ExecutionSpec(Closed):
                     "request's sampling settings hold for the batch and per-request seeds are not applied.")
     vllm: VllmServing = Field(default_factory=VllmServing)
     limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
+    network: Literal["off"] | list[Annotated[str, Field(min_length=1, max_length=260)]] = Field(
+        default="off",
+        description="What model-written code may reach. off: nothing (every sandboxed command has no network). A list "
+                    "of hosts ('pypi.org', '*.example.org', 'host:port', an address; without a port, 80 and 443): "
+                    "shell commands reach those through the episode's recording egress proxy (HTTP(S)_PROXY), each "
+                    "request recorded in network.jsonl beside the trace and counted in the report.")
     resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("network")
+    @classmethod
+    def _network_hosts(cls, network, info):
+        from mass_jobs.config.hosts import host_rule_error
+
+        if isinstance(network, list):
+            if info.data.get("mode") == "argo":  # agent pods reach the model server only: refused, not run offline
+                raise ValueError("argo runs have no egress proxy yet (agent pods reach only the model server); "
+                                 "run with mode local or network off")
+            if not network:
+                raise ValueError("an empty list allows nothing; write off")
+            bad = [f"[{i}] {why}" for i, e in enumerate(network) if (why := host_rule_error(e)) is not None]
+            if bad:
+                raise ValueError("; ".join(bad))
+        return network
 
 
 class RunSpec(Closed):

@@ -87,6 +87,7 @@ class BuiltinHarness:
     seed: int | None = None
     single_agent: bool = False  # one worker-role agent, no delegation tool (the single-agent teacher control)
     sandbox: Any = None  # a SandboxClient: workspace tools run in the sandbox container, not in this process
+    egress: str | None = None  # the episode's egress proxy socket (execution.network); None: no network
     tally: Tally = field(default_factory=Tally)
     deadline: float = 0.0
     _worker_ids: set[str] = field(default_factory=set)
@@ -238,7 +239,7 @@ class BuiltinHarness:
             if name in T.WORKSPACE_TOOLS:
                 timeout = min(self.limits.shell_timeout_s, self._remaining())
                 if self.sandbox is None:
-                    out = T.run_workspace_tool(self.workspace, name, args, self.limits, timeout)
+                    out = T.run_workspace_tool(self.workspace, name, args, self.limits, timeout, self.egress)
                 else:  # the workspace lives in the agent pod's sandbox container
                     out = self.sandbox.tool(name, args, self.limits, timeout)
                 if name == "shell":

@@ -74,13 +74,15 @@ class EpisodeInput:
     seed: int | None = None
     files: dict[str, str] = field(default_factory=dict)  # seed files: workspace-relative path -> text
     single_agent: bool = False  # one agent with the workers' tools and no delegation tool (builtin only)
+    network: tuple[str, ...] | None = None  # hosts shell commands reach through the egress proxy; None: no network
 
     @classmethod
     def from_spec(cls, spec, endpoint: Endpoint, request: EpisodeRequest) -> EpisodeInput:
         """The episode of `request` as the spec runs it: its limits, sampling and harness, against `endpoint`."""
         return EpisodeInput(prompt=request.prompt, endpoint=endpoint, limits=spec.execution.limits,
                             sampling=spec.model.sampling, harness=spec.execution.harness, seed=request.seed,
-                            files=dict(request.files), single_agent=request.single_agent)
+                            files=dict(request.files), single_agent=request.single_agent,
+                            network=None if spec.execution.network == "off" else tuple(spec.execution.network))
 
 
 @dataclass
@@ -129,6 +131,7 @@ class EpisodeFile(Closed):
     seed: int | None = None
     files: dict[str, str] = Field(default_factory=dict)
     single_agent: bool = Field(default=False, description="One agent, no delegation tool (builtin harness).")
+    network: list[str] | None = Field(default=None, description="execution.network's hosts; absent: no network.")
 
 
 def load_episode_file(path: Path) -> EpisodeInput:
@@ -158,6 +161,7 @@ def episode_input(data: Any) -> EpisodeInput:
         seed=f.seed,
         files=dict(f.files),
         single_agent=f.single_agent,
+        network=None if f.network is None else tuple(f.network),
     )
 
 
@@ -173,7 +177,9 @@ def episode_file_json(inp: EpisodeInput) -> dict[str, Any]:
         seed=inp.seed,
         files=inp.files,
         single_agent=inp.single_agent,
-    ).model_dump(mode="json", exclude=set() if inp.single_agent else {"single_agent"})  # team files stay as they were
+        network=None if inp.network is None else list(inp.network),
+    ).model_dump(mode="json", exclude={k for k, keep in (("single_agent", inp.single_agent), ("network", inp.network))
+                                       if not keep})  # files without them stay as they were
 
 
 @lru_cache(maxsize=1)

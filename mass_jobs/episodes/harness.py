@@ -11,6 +11,7 @@ locally with `mass episode --in DIR --out DIR`.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,14 +44,18 @@ from mass_jobs.store.base import replace_atomically
 
 
 def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None, qwen=None,
-                qwen_uid: int | None = None) -> EpisodeResult:
+                qwen_uid: int | None = None, egress=None) -> EpisodeResult:
     """One episode; see the module docstring. Bad input (unknown harness, escaping seed file) raises ValueError.
 
     With `sandbox` (a SandboxClient: an agent pod's sandbox container) the seeded workspace is handed
     to it, every tool and shell command runs there, and its workspace comes back into `workspace` at
     the end. qwen-code runs in `qwen` (the pod's qwen-code container, on the same workspace volume)
     when given, else in `sandbox`. With `qwen_uid` the proxy serves only that uid under qwen-code and
-    only this process's uid under the built-in harness (mass_jobs.serving.proxy.peer_uid)."""
+    only this process's uid under the built-in harness (mass_jobs.serving.proxy.peer_uid).
+
+    With `inp.network` (execution.network's hosts) an EgressProxy of this process is the only way
+    out of the shell commands run on this machine, recording into `out_dir/network.jsonl`; status.json
+    counts its requests."""
     import os
     import secrets
 
@@ -64,13 +69,17 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
     seed_workspace(workspace, inp.files)
     trace_path = out_dir / "trace.jsonl"
     trace_path.unlink(missing_ok=True)
+    if inp.network is not None and egress is None and sandbox is None:
+        with _egress_proxy(inp.network, out_dir) as proxy:
+            return run_episode(inp, workspace, out_dir, qwen=qwen, qwen_uid=qwen_uid, egress=proxy)
+    egress_socket = str(egress.socket_path) if egress is not None else None
     if sandbox is None and inp.harness == "qwen-code":
         from mass_jobs.episodes.sandbox_service import local_sandbox
 
         # qwen-code in a sandbox of its own, its shell commands sandboxed apart from it, the trace out of view
-        with local_sandbox(workspace, inp.limits) as local:
+        with local_sandbox(workspace, inp.limits, egress_socket) as local:
             if local is not None:
-                return run_episode(inp, workspace, out_dir, sandbox=local)
+                return run_episode(inp, workspace, out_dir, sandbox=local, egress=egress)
     started = time.monotonic()
     handed = sandbox is not None and not sandbox.shares_workspace
     lost = _hand_over(sandbox, workspace) if handed else (_wait_ready(sandbox) if sandbox is not None else None)
@@ -87,7 +96,7 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
                             max_reply_bytes=inp.limits.reply_bytes,
                             client_token=secrets.token_urlsafe(24), peer_uids=peers) as proxy:
             if inp.harness == "builtin":
-                result = _run_builtin(inp, proxy.endpoint, workspace, sandbox)
+                result = _run_builtin(inp, proxy.endpoint, workspace, sandbox, egress_socket)
             elif qwen or sandbox:
                 from mass_jobs.episodes.qwen_code import run_qwen_code
 
@@ -96,7 +105,7 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
                 from mass_jobs.episodes.qwen_code import run_qwen_code
                 from mass_jobs.episodes.sandbox_service import shell_service
 
-                with shell_service(workspace, inp.limits) as shells:
+                with shell_service(workspace, inp.limits, egress_socket) as shells:
                     result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, shells=shells)
         # after the proxy stopped (its last record is written after its reply went out)
         if proxy.write_error is not None:  # the trace lacks calls: no outcome of the model's
@@ -114,6 +123,8 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
         "sandbox": {"network_isolated": result.network_isolated, "note": result.sandbox_note,
                     **({"memory_limit": result.memory_limit} if result.memory_limit else {})},
     }
+    if egress is not None:  # what the shell commands' code reached, as the egress proxy recorded it
+        status["network"] = egress.settled_summary()
     try:
         validate_status(status)
     except ValueError as exc:  # a value nothing should produce: the episode still ends classified
@@ -137,6 +148,22 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
         status_path=status_path,
         final_report=result.final_report,
     )
+
+
+@contextmanager
+def _egress_proxy(hosts: tuple[str, ...], out_dir: Path):
+    """The episode's egress proxy on a socket in a private folder (the sandboxes get the socket alone)."""
+    import shutil
+    import tempfile
+
+    from mass_jobs.sandbox.egress import EgressProxy
+
+    sockdir = Path(tempfile.mkdtemp(prefix="mass-egress-"))
+    try:
+        with EgressProxy(list(hosts), out_dir / "network.jsonl", sockdir / "egress.sock") as proxy:
+            yield proxy
+    finally:
+        shutil.rmtree(sockdir, ignore_errors=True)
 
 
 def _hand_over(sandbox, workspace: Path) -> HarnessOutcome | None:
@@ -180,10 +207,11 @@ def _take_back(sandbox, workspace: Path, result: HarnessOutcome) -> HarnessOutco
     return result
 
 
-def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path, sandbox=None) -> HarnessOutcome:
+def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path, sandbox=None,
+                 egress: str | None = None) -> HarnessOutcome:
 
     harness = BuiltinHarness(endpoint, workspace, inp.limits, inp.sampling, seed=inp.seed, single_agent=inp.single_agent,
-                             sandbox=sandbox)
+                             sandbox=sandbox, egress=egress)
     try:
         outcome, reason, report = harness.run(inp.prompt)
     except Exception as exc:  # a harness bug must still leave a classified status.json behind

@@ -22,7 +22,8 @@ from pathlib import Path
 
 KEY = "episode.key"  # an input of the pod, beside episode.json
 PROOF = "proof.json"  # an output of the pod, written after every other one
-EPISODE_OUTPUTS = ("workspace.tar.gz", "trace.jsonl", "status.json")  # what an episode's pod signs
+# what an episode's pod signs; network.jsonl only where its shell commands had the egress proxy
+EPISODE_OUTPUTS = ("workspace.tar.gz", "trace.jsonl", "network.jsonl", "status.json")
 CHECK_OUTPUTS = ("checks.json",)  # what a guard's checks pod signs
 
 

@@ -81,7 +81,7 @@ def install_shim(bin_dir: Path, socket_path: str | Path, limits: EpisodeLimits) 
     return path
 
 
-def run_shell(workspace: Path, command: object, cwd: object, limits: EpisodeLimits) -> dict:
+def run_shell(workspace: Path, command: object, cwd: object, limits: EpisodeLimits, egress: str | None = None) -> dict:
     """What `POST /shell` answers: the command run by bash in `cwd` (a folder of the workspace) under
     the episode's shell limits; {exit_code, stdout, stderr, network_isolated}. A folder outside the
     workspace or a malformed request is the command's failure (exit 126), never the service's."""
@@ -99,7 +99,7 @@ def run_shell(workspace: Path, command: object, cwd: object, limits: EpisodeLimi
         except SandboxEscape as exc:
             return _refused(f"the working folder is outside the workspace: {exc}")
     script = f"cd -- {shlex.quote(rel)} && exec bash -c {shlex.quote(command)}"
-    result = run_sandboxed(script, root, sandbox_limits(limits, limits.shell_timeout_s))
+    result = run_sandboxed(script, root, sandbox_limits(limits, limits.shell_timeout_s, egress))
     stderr = result.stderr
     if result.timed_out or result.killed_reason:
         stderr += f"\n[killed: {result.killed_reason or 'timeout'}]"

@@ -95,6 +95,7 @@ def episode_executor(spec, endpoint, *, executor_role: bool = True) -> Execute:
 
 
 RECORD = ("workspace.tar.gz", "trace.jsonl", "status.json")  # every stored episode; status.json last
+NETWORK = "network.jsonl"  # beside the trace, where the episode's shell commands had the egress proxy
 ROLLOUT_FILES = ("prompt.txt", *RECORD)  # a search rollout: its prompt first
 
 
@@ -111,6 +112,12 @@ class Ran:
         trace = self.out_dir / "trace.jsonl"
         return trace.read_bytes() if trace.exists() else b""
 
+    @property
+    def network(self) -> bytes | None:
+        """The egress proxy's records (execution.network), None when the episode had no network."""
+        path = self.out_dir / NETWORK
+        return path.read_bytes() if path.exists() else None
+
 
 @contextlib.contextmanager
 def run_here(execute: Execute, request: EpisodeRequest, seeded: Callable[[Path], None] | None = None) -> Iterator[Ran]:
@@ -126,10 +133,12 @@ def run_here(execute: Execute, request: EpisodeRequest, seeded: Callable[[Path],
 
 
 def store_record(ctx: RunContext, prefix: str, *, status: dict, trace: bytes, workspace: Path | None = None,
-                 workspace_archive: bytes | None = None, first: dict[str, Any] | None = None) -> list[str]:
+                 workspace_archive: bytes | None = None, first: dict[str, Any] | None = None,
+                 network: bytes | None = None) -> list[str]:
     """The one writer of a stored episode: `first` (name -> text, bytes or JSON: what the step adds, its
     prompt or episode document, an audit), then RECORD, status.json last (its presence says the episode
-    is stored) and in the bytes the harness writes. Returns the keys written, in order."""
+    is stored) and in the bytes the harness writes; `network`, the egress proxy's records, beside the
+    trace when the episode had any. Returns the keys written, in order."""
     store, keys = ctx.store, []
     for name, value in (first or {}).items():
         key = ctx.rollout_file(prefix, name)
@@ -145,6 +154,9 @@ def store_record(ctx: RunContext, prefix: str, *, status: dict, trace: bytes, wo
     else:
         store.put_bytes(ctx.rollout_file(prefix, "workspace.tar.gz"), workspace_archive)
     store.put_bytes(ctx.rollout_file(prefix, "trace.jsonl"), trace)
+    if network is not None:
+        store.put_bytes(ctx.rollout_file(prefix, NETWORK), network)
+        keys.append(ctx.rollout_file(prefix, NETWORK))
     store.put_bytes(ctx.rollout_file(prefix, "status.json"), status_text(status).encode())
     return keys + [ctx.rollout_file(prefix, n) for n in RECORD]
 
@@ -153,7 +165,7 @@ def rollout(ctx: RunContext, prefix: str, execute: Execute, request: EpisodeRequ
     """A search rollout run here and stored under `prefix` (its prompt, then RECORD); its status."""
     with run_here(execute, request) as ran:
         store_record(ctx, prefix, status=ran.status, trace=ran.trace, workspace=ran.workspace,
-                     first={"prompt.txt": request.prompt})
+                     first={"prompt.txt": request.prompt}, network=ran.network)
     return ran.status
 
 
@@ -259,12 +271,13 @@ def agent_result(ctx: RunContext, prefix: str, agent_ended: bool) -> tuple[dict,
     if refused:
         reason = f"the agent pod's outputs were refused, none is stored: {refused}"
     elif files["status.json"] is not None:
-        missing = [n for n, b in files.items() if b is None]
+        missing = [n for n, b in files.items() if b is None and n != NETWORK]
         if missing:
             raise RolloutError(f"rollout {prefix}: cannot ingest, the agent pod's output lacks {missing}")
         status = json.loads(files["status.json"])
         validate_status(status)
-        return status, {n: files[n] for n in ("workspace.tar.gz", "trace.jsonl")}, episode
+        kept = ("workspace.tar.gz", "trace.jsonl", *((NETWORK,) if files.get(NETWORK) is not None else ()))
+        return status, {n: files[n] for n in kept}, episode
     elif not agent_ended:
         raise RolloutError(f"rollout {prefix}: cannot ingest, the agent pod's output is missing "
                            f"(run the agent pod after --phase prepare)")

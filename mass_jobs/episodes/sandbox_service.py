@@ -72,13 +72,14 @@ class SandboxService:
     """The sandbox side: its own workspace, the tools run in it, qwen-code runs started in it."""
 
     def __init__(self, workspace: Path, reap: bool = False, shell_socket: Path | None = None,
-                 routes: frozenset[str] | None = None, limits: EpisodeLimits | None = None):
+                 routes: frozenset[str] | None = None, limits: EpisodeLimits | None = None, egress: str | None = None):
         self.workspace = Path(workspace)
         self.server: Any = None
         self.reap = reap  # only in its own process (the pod's sidecar): it kills its whole subtree
         self.shell_socket = shell_socket  # where qwen-code's shell commands go (None: this service)
         self.routes = routes  # None: every route; else only these (a shell-only service)
         self.limits = limits  # a shell-only service's episode limits (else each request's)
+        self.egress = egress  # the episode's egress proxy socket for shell commands (None: no network)
         self.socket_path: Path | None = None
         self._runs: dict[str, Any] = {}
         self._shells = 0  # shell commands in flight: strays are reaped when none is
@@ -125,7 +126,7 @@ class SandboxService:
         with self._lock:
             self._shells += 1
         try:
-            return run_shell(self.workspace, body.get("command"), body.get("cwd"), limits)
+            return run_shell(self.workspace, body.get("command"), body.get("cwd"), limits, self.egress)
         finally:
             with self._lock:
                 self._shells -= 1
@@ -340,7 +341,7 @@ def _keep_socket(server: _Server, path: Path) -> None:
 
 
 @contextmanager
-def local_sandbox(workspace: Path, limits: EpisodeLimits):
+def local_sandbox(workspace: Path, limits: EpisodeLimits, egress: str | None = None):
     """The sandbox container on one machine, for qwen-code: the same service, started through
     `run_sandboxed` in the episode's workspace (bwrap: the workspace and the sockets' folder
     writable; read-only only what it needs to run, the `mass_jobs` package, the interpreter and the
@@ -348,7 +349,8 @@ def local_sandbox(workspace: Path, limits: EpisodeLimits):
     over the episode) with the network shared, since qwen-code must reach the recording proxy on
     loopback. qwen-code's shell commands come back out through a shell-only service of this process
     (`shell.sock`) and each runs sandboxed on its own, as the built-in harness's do: namespaces of
-    its own and no network, so none of them sees qwen-code, its environment or the proxy. The
+    its own and no network (with `egress`, only the episode's egress proxy), so none of them sees
+    qwen-code, its environment or the recording proxy. The
     trace and the status are outside every view. On leaving, whatever the sandbox still runs is
     killed within seconds. Yields None where bwrap cannot run (qwen-code then runs in this
     process, as the status's sandbox note says)."""
@@ -362,7 +364,7 @@ def local_sandbox(workspace: Path, limits: EpisodeLimits):
         return
     sockdir = Path(tempfile.mkdtemp(prefix="mass-sandbox-"))
     sock, shell_sock = sockdir / "sandbox.sock", sockdir / "shell.sock"
-    shells = _shell_server(shell_sock, workspace, limits)
+    shells = _shell_server(shell_sock, workspace, limits, egress)
     try:
         qwen = qwen_binary()
     except FileNotFoundError:
@@ -399,25 +401,25 @@ def local_sandbox(workspace: Path, limits: EpisodeLimits):
         shutil.rmtree(sockdir, ignore_errors=True)
 
 
-def _shell_server(path: Path, workspace: Path, limits: EpisodeLimits) -> _Server:
+def _shell_server(path: Path, workspace: Path, limits: EpisodeLimits, egress: str | None = None) -> _Server:
     """A shell-only service at `path`, served by a thread of this process (shutdown() ends it)."""
     server = _Server(str(path), _Handler)
     os.chmod(path, 0o666)
-    server.service = SandboxService(workspace, routes=frozenset({"shell", "health"}), limits=limits)
+    server.service = SandboxService(workspace, routes=frozenset({"shell", "health"}), limits=limits, egress=egress)
     server.service.server = server
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
     return server
 
 
 @contextmanager
-def shell_service(workspace: Path, limits: EpisodeLimits):
+def shell_service(workspace: Path, limits: EpisodeLimits, egress: str | None = None):
     """The socket of a shell-only service in this process, for a qwen-code run started here (where
     bwrap cannot run): its shell commands still leave qwen-code's process tree and environment."""
     import shutil
     import tempfile
 
     sockdir = Path(tempfile.mkdtemp(prefix="mass-shell-"))
-    server = _shell_server(sockdir / "shell.sock", workspace, limits)
+    server = _shell_server(sockdir / "shell.sock", workspace, limits, egress)
     try:
         yield sockdir / "shell.sock"
     finally:

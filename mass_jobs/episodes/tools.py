@@ -276,7 +276,8 @@ class ShellOutcome:
     memory_limit: str = "sampled"  # what held its memory (sandbox.SandboxResult.memory_limit)
 
 
-def shell(workspace: Path, args: dict[str, Any], limits: EpisodeLimits, timeout_s: float) -> ShellOutcome:
+def shell(workspace: Path, args: dict[str, Any], limits: EpisodeLimits, timeout_s: float,
+          egress: str | None = None) -> ShellOutcome:
 
     command = require_str(args, "command")
     if not command.strip():
@@ -285,7 +286,7 @@ def shell(workspace: Path, args: dict[str, Any], limits: EpisodeLimits, timeout_
         raise ToolError("argument 'command' contains a NUL byte")
     if len(_utf8(command, "command")) > COMMAND_MAX_BYTES:
         raise ToolError(f"command is over {COMMAND_MAX_BYTES} bytes: write it to a script file and run that")
-    result = run_sandboxed(command, workspace, sandbox_limits(limits, timeout_s))
+    result = run_sandboxed(command, workspace, sandbox_limits(limits, timeout_s, egress))
     parts = [f"exit_code: {result.exit_code}"]
     if result.timed_out or result.killed_reason:
         parts.append(f"killed: {result.killed_reason or 'timeout'}")
@@ -304,10 +305,11 @@ def shell(workspace: Path, args: dict[str, Any], limits: EpisodeLimits, timeout_
     )
 
 
-def sandbox_limits(limits: EpisodeLimits, timeout_s: float):
-    """The episode's per-command limits, with the timeout cut to what is left of the wall time."""
+def sandbox_limits(limits: EpisodeLimits, timeout_s: float, egress: str | None = None):
+    """The episode's per-command limits, with the timeout cut to what is left of the wall time; with
+    `egress` (the episode's egress proxy socket) the command's only way out is that proxy."""
 
-    return SandboxLimits.from_episode_limits(limits, timeout_s=timeout_s)
+    return SandboxLimits.from_episode_limits(limits, timeout_s=timeout_s, egress_socket=egress)
 
 
 WORKSPACE_TOOLS = ("read_file", "write_file", "list_files", "shell")  # the tools that touch the workspace
@@ -322,7 +324,8 @@ class ToolRun:
     memory_limit: str | None = None  # for `shell`: "cgroup v1" / "cgroup v2" (the kernel) or "sampled"
 
 
-def run_workspace_tool(workspace: Path, name: str, args: dict[str, Any], limits: EpisodeLimits, timeout_s: float) -> ToolRun:
+def run_workspace_tool(workspace: Path, name: str, args: dict[str, Any], limits: EpisodeLimits, timeout_s: float,
+                       egress: str | None = None) -> ToolRun:
     """One call of a WORKSPACE_TOOLS tool in `workspace`, wherever that lives: in the harness's own
     process locally, in an agent pod's sandbox container (`mass_jobs.episodes.sandbox_service`) on a cluster.
     A mistake of the model's raises ToolError."""
@@ -333,7 +336,7 @@ def run_workspace_tool(workspace: Path, name: str, args: dict[str, Any], limits:
     if name == "list_files":
         return ToolRun(list_files(workspace, args))
     if name == "shell":
-        out = shell(workspace, args, limits, timeout_s)
+        out = shell(workspace, args, limits, timeout_s, egress)
         return ToolRun(out.text, out.network_isolated, out.memory_limit)
     raise ToolError(f"tool {name!r} is not a workspace tool")
 

@@ -7,6 +7,9 @@ interpreter dirs read-only, the workspace read-write and private size-capped tmp
 /dev/shm that die with the call. Nothing else of the host exists in there: no /run, /var, /home,
 no host unix socket to connect to. New PID, network (private loopback only), IPC, UTS and cgroup
 namespaces; `--die-with-parent` and a PID namespace, so a killed caller takes the whole tree with it.
+With `egress_socket` (execution.network) the episode's egress proxy socket is bound in at
+/run/mass-egress.sock and a relay on the namespace's loopback, started first, is the command's
+only way out (`HTTP(S)_PROXY`; mass_jobs/sandbox/egress.py).
 
 As root, every concurrently used workspace gets its own uid from `SandboxLimits.uid_base ...
 +uids` (leased with a lock file, so several processes on one host never share one); the command
@@ -42,6 +45,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mass_jobs.sandbox.egress import FORWARDER, SANDBOX_PORT, SANDBOX_SOCKET, sandbox_proxy_env
 from mass_jobs.sandbox.tree import kill_tree, memory_cgroup, over_quota, read_capped, signal_reason, supervise
 from mass_jobs.sandbox.uids import identity_files, lease_uid, own_tree, release_uid
 
@@ -85,6 +89,9 @@ class SandboxLimits:
     # RLIMIT_AS = memory_mb per process; off for runtimes that reserve address space they never use
     # (node's WebAssembly): the tree's memory (PSS) is still held to memory_mb by the supervisor.
     limit_address_space: bool = True
+    # the episode's egress proxy (mass_jobs/sandbox/egress.py): its Unix socket is bound into the
+    # sandbox and a relay on the sandbox's loopback is the command's only way out; None: no network
+    egress_socket: str | None = None
 
     def __post_init__(self) -> None:
         if self.python not in PYTHON_MODES:
@@ -275,6 +282,8 @@ def bwrap_argv(
             made.add(p)
         argv += [how, path, path]
         made.add(path)
+    if limits.egress_socket and limits.isolate_network:
+        argv += ["--dir", "/run", "--ro-bind", limits.egress_socket, SANDBOX_SOCKET]
     if uid is not None:  # the leased uid has a name, as programs that ask for their user expect
         argv += [a for f in identity_files(uid) for a in ("--ro-bind", str(f), f"/etc/{f.name.split('-')[0]}")]
     argv += ["--remount-ro", "/"]
@@ -344,13 +353,23 @@ def _run(
     env = sandbox_env(workspace, tmp, limits.extra_env, python.get("path_first"))
     notes: list[str] = []
     applied: dict[str, Any] = {"backend": "bwrap" if bwrap else "none"}
+    egress = bool(bwrap and limits.egress_socket and limits.isolate_network)
+    if egress:  # the relay first; the command starts once it listens (it is the command's only way out)
+        import shlex
+
+        relay = shlex.join([sys.executable if limits.python == "project" else "python3", "-I", "-S", "-c", FORWARDER,
+                            str(SANDBOX_PORT), SANDBOX_SOCKET])
+        cmd = f"{relay} </dev/null >/dev/null 2>&1 || {{ echo 'the egress relay did not start' >&2; exit 125; }}\n{cmd}"
+        env.update(sandbox_proxy_env())
+    elif limits.egress_socket:
+        notes.append("egress proxy not used: the command's network is not isolated here")
     if bwrap:
         env["PATH"] = _visible_path(env["PATH"], [*SYSTEM_DIRS, *read_only, str(workspace)])
         argv = bwrap_argv(bwrap, tool, cmd, str(workspace), read_only, limits, uid)
         applied.update(
             pid_namespace=True, mount_namespace=True, network_namespace=limits.isolate_network,
             exposed={**{d: "ro" for d in _topmost(read_only)}, **{d: "rw" for d in limits.writable}, str(workspace): "rw"},
-            private_tmpfs={"/tmp": limits.tmp_mb, "/dev/shm": limits.tmp_mb},
+            private_tmpfs={"/tmp": limits.tmp_mb, "/dev/shm": limits.tmp_mb}, egress_proxy=egress,
         )  # fmt: skip
         if not as_root:
             applied["user_namespace"] = True

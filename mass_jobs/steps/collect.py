@@ -152,7 +152,8 @@ class Collection:
         step.start()
         with rollouts.run_here(execute, self.request(i), seeded=self._protect(i)) as ran:
             keys = rollouts.store_record(self.ctx, self.prefix(i), status=ran.status, trace=ran.trace,
-                                         workspace=ran.workspace, first={"episode.json": self.episode_doc(i)})
+                                         workspace=ran.workspace, first={"episode.json": self.episode_doc(i)},
+                                         network=ran.network)
         step.finish([self.file(i, "protected.json"), *keys], extra={"outcome": ran.status.get("outcome")})
         return ran.status
 
@@ -178,7 +179,8 @@ class Collection:
             raise CollectError(str(e).replace(f"rollout {p}", f"episode {p}")) from None
         step.start()
         keys = rollouts.store_record(self.ctx, p, status=status, trace=blobs["trace.jsonl"],
-                                     workspace_archive=blobs["workspace.tar.gz"], first={"episode.json": self.episode_doc(i)})
+                                     workspace_archive=blobs["workspace.tar.gz"], first={"episode.json": self.episode_doc(i)},
+                                     network=blobs.get("network.jsonl"))
         step.finish([self.file(i, "protected.json"), *keys], extra={"outcome": status.get("outcome")})
         return status
 

@@ -135,11 +135,11 @@ def run_rollout(ctx: RunContext, g: int, task: Task, rep: int, endpoint) -> dict
     step.start()
     execute = rollouts.episode_executor(ctx.spec, endpoint, executor_role=False)
     with rollouts.run_here(execute, episode_request(task, rep)) as ran:
-        return _store_rollout(ctx, step, prefix, ran.status, ran.trace, workspace=ran.workspace)
+        return _store_rollout(ctx, step, prefix, ran.status, ran.trace, workspace=ran.workspace, network=ran.network)
 
 
 def _store_rollout(ctx: RunContext, step, prefix: str, status: dict, trace: bytes, *, workspace: Path | None = None,
-                   workspace_archive: bytes | None = None) -> dict:
+                   workspace_archive: bytes | None = None, network: bytes | None = None) -> dict:
     """The rollout's audit, then its record (rollouts.store_record); finishes its step."""
 
     with tempfile.TemporaryDirectory(prefix="mass-eval-audit-") as tmp:  # the audit reads an episode's out dir
@@ -148,7 +148,7 @@ def _store_rollout(ctx: RunContext, step, prefix: str, status: dict, trace: byte
         audit = audit_episode(Path(tmp)).to_dict()
     audit["episode"] = prefix  # a store key, not a temp path
     keys = rollouts.store_record(ctx, prefix, status=status, trace=trace, workspace=workspace,
-                                 workspace_archive=workspace_archive, first={"audit.json": audit})
+                                 workspace_archive=workspace_archive, first={"audit.json": audit}, network=network)
     extra = {"outcome": status.get("outcome"), "delegation": audit["delegation"], "code_handoff": audit["code_handoff"]}
     step.finish(keys, extra=extra)
     return extra
@@ -204,7 +204,8 @@ def ingest(ctx: RunContext, gen: int, rel: str, agent_ended: bool = False) -> di
         return read_manifest(ctx.store, prefix)["extra"]
     status, blobs, _ = rollouts.agent_result(ctx, prefix, agent_ended)
     step.start()
-    return _store_rollout(ctx, step, prefix, status, blobs["trace.jsonl"], workspace_archive=blobs["workspace.tar.gz"])
+    return _store_rollout(ctx, step, prefix, status, blobs["trace.jsonl"], workspace_archive=blobs["workspace.tar.gz"],
+                          network=blobs.get("network.jsonl"))
 
 
 def run_rollouts(ctx: RunContext, g: int, endpoint, progress: Progress | None = None) -> None:

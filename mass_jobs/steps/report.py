@@ -28,7 +28,7 @@ from pathlib import Path
 from mass_jobs.judging import metrics
 from mass_jobs.run.context import RunContext
 from mass_jobs.episodes.harness import CAPS, OUTCOMES, episode_cap
-from mass_jobs.steps.report_document import (Agreement, Audit, GuardCount, InvalidVerdict, JudgeInfo, Outcomes, Report, Review,
+from mass_jobs.steps.report_document import (Agreement, Audit, GuardCount, InvalidVerdict, JudgeInfo, NetworkCounts, Outcomes, Report, Review,
                                              RolePlayer, SearchCurve, Tokens, Training, VerdictCounts,
                                              Veto, WinShare, sft_data, validate_report)
 from mass_jobs.steps.report_render import render_markdown, render_plots
@@ -235,7 +235,12 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
                 counted = Counter(str(st.get("outcome")) for st in sts)
                 capped = Counter(episode_cap(st) for st in sts)
                 calls = sum(int((st.get("counts") or {}).get("tool_calls") or 0) for st in sts)
-                outcomes.append(Outcomes(generation=g, stage=stage, episodes=len(sts),
+                online = [st["network"] for st in sts if isinstance(st.get("network"), dict)]
+                network = None if not online else NetworkCounts(
+                    episodes=len(online), **{k: sum(int(n.get(k, 0)) for n in online)
+                                             for k in ("requests", "allowed", "denied", "bytes_down")},
+                    hosts=sorted({h for n in online for h in n.get("hosts", [])}))
+                outcomes.append(Outcomes(generation=g, stage=stage, episodes=len(sts), network=network,
                                          by_outcome={o: counted.get(o, 0) for o in (*OUTCOMES, *sorted(set(counted) - set(OUTCOMES)))},
                                          by_cap={c: capped.get(c, 0) for c in CAPS},
                                          tool_calls=calls, tool_calls_per_episode=round(calls / len(sts), 3)))

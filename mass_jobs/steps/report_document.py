@@ -78,6 +78,15 @@ class Tokens(Closed):
     processed_to_end: int | None
 
 
+class NetworkCounts(Closed):
+    episodes: int = Field(description="Episodes whose shell commands had the egress proxy.")
+    requests: int
+    allowed: int
+    denied: int = Field(description="Requests the allow-list refused (each one recorded in its episode's network.jsonl).")
+    bytes_down: int = Field(description="Bytes the allowed requests brought in.")
+    hosts: list[str] = Field(description="Hosts reached, over all these episodes.")
+
+
 class Outcomes(Closed):
     generation: int
     stage: Literal["search", "collect", "evaluate"]
@@ -88,6 +97,8 @@ class Outcomes(Closed):
                                    "(mass_jobs.episodes.harness.CAPS), zeros included: a cap ending many episodes selects for brevity.")
     tool_calls: int = Field(default=0, description="Tool calls of these episodes, all agents together.")
     tool_calls_per_episode: float | None = Field(default=None, description="tool_calls / episodes.")
+    network: NetworkCounts | None = Field(default=None, description="What these episodes' shell commands reached "
+                                          "through their egress proxies (execution.network); null when it was off.")
 
 
 class SftData(Closed):

@@ -106,6 +106,15 @@ def render_markdown(doc: dict) -> str:
                   "| generation | stage | " + " | ".join(CAPS) + " |", "|---|---|" + "---:|" * len(CAPS)]
         lines += [f"| L{x['generation']} | {x['stage']} | " + " | ".join(str(x.get("by_cap", {}).get(c, 0)) for c in CAPS)
                   + " |" for x in doc["outcomes"]]
+        online = [x for x in doc["outcomes"] if x.get("network")]
+        if online:
+            lines += ["", "Network of the shell commands (`execution.network`, every request in the episode's "
+                      "`network.jsonl`):", "",
+                      "| generation | stage | episodes | requests | allowed | denied | bytes in | hosts |",
+                      "|---|---|---:|---:|---:|---:|---:|---|"]
+            lines += [f"| L{x['generation']} | {x['stage']} | {n['episodes']} | {n['requests']} | {n['allowed']} "
+                      f"| {n['denied']} | {n['bytes_down']} | {', '.join(n['hosts'][:8]) or '-'} |"
+                      for x in online for n in [x["network"]]]
     if doc["sft"]:
         lines += ["", "## SFT data", "", "| generation | episodes | episode errors | episodes dropped | orchestrator windows "
                   "| windows by role | supervised tokens by role |", "|---|---:|---:|---:|---:|---|---|"]

@@ -198,7 +198,8 @@ class Search:
             return self.store.get_json(self.ctx.rollout_file(prefix, "status.json"))
         status, blobs, episode = rollouts.agent_result(self.ctx, prefix, agent_ended)
         rollouts.store_record(self.ctx, prefix, status=status, trace=blobs["trace.jsonl"],
-                              workspace_archive=blobs["workspace.tar.gz"], first={"prompt.txt": episode["prompt"]})
+                              workspace_archive=blobs["workspace.tar.gz"], first={"prompt.txt": episode["prompt"]},
+                              network=blobs.get("network.jsonl"))
         return status
 
     def _run_rollout(self, r, prompt: str) -> dict:

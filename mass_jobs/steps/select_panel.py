@@ -96,7 +96,8 @@ def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, mod
     step.start()
     execute = rollouts.episode_executor(spec, endpoint, executor_role=False)  # the candidate itself plays it
     with rollouts.run_here(execute, episode_request(task, rep)) as ran:
-        keys = rollouts.store_record(ctx, prefix, status=ran.status, trace=ran.trace, workspace=ran.workspace)
+        keys = rollouts.store_record(ctx, prefix, status=ran.status, trace=ran.trace, workspace=ran.workspace,
+                                     network=ran.network)
     step.finish(keys)
 
 

@@ -109,7 +109,8 @@ def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, s
         assert tar.extractfile("result.txt").read() == b"done\n"
     assert "notes.md" in names and "result.txt" in names and "late.txt" not in names, names
     # and the harness signed exactly what Argo uploaded
-    uploaded = {n: output(n) for n in proof.EPISODE_OUTPUTS}
+    uploaded = {n: output(n) for n in proof.EPISODE_OUTPUTS if n != "network.jsonl"}  # no network: none written
+    uploaded["network.jsonl"] = None
     assert proof.refusal(KEY, output(proof.PROOF), uploaded) is None
 
 

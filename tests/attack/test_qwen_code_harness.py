@@ -258,7 +258,7 @@ def test_with_the_protection_off_the_same_attack_forges_the_trace(scripted_endpo
     import mass_jobs.episodes.sandbox_service as service
 
     @contextmanager
-    def no_sandbox(workspace, limits):
+    def no_sandbox(workspace, limits, egress=None):
         yield None
 
     monkeypatch.setattr(service, "local_sandbox", no_sandbox)

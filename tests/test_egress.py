@@ -1,0 +1,255 @@
+"""execution.network: model-written code reaches allowed hosts through the episode's recording egress
+proxy and nothing else, with every request recorded outside the agent's view.
+
+The hosts are HTTP servers of this test on loopback, allowed by address (a name that resolves to an
+internal address is refused, so an allowed name cannot be pointed at the host's own services). The
+sandbox's own loopback is not the host's: without the proxy the same URLs are unreachable.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from mass_jobs.config.run_spec import EpisodeLimits, RunSpec, Sampling
+from mass_jobs.episodes.harness import EpisodeInput, episode_file_json, episode_input, run_episode, validate_status
+from mass_jobs.sandbox.egress import AllowList, EgressProxy, summarize
+from mass_jobs.sandbox.run import SandboxLimits, _tools, run_sandboxed
+from mass_jobs.serving.proxy import read_trace
+from mass_jobs.tools.testing.scripted_endpoint import Reply
+
+needs_bwrap = pytest.mark.skipif(_tools()[0] is None, reason="bwrap cannot build a sandbox here")
+LIMITS = SandboxLimits(timeout_s=30, cpu_s=20, memory_mb=1024, processes=32)
+
+
+class _Page(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"page {self.server.name} {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def hosts():
+    """Two HTTP servers on loopback: `allowed` and `denied` (name -> port)."""
+    servers = {}
+    for name in ("allowed", "denied"):
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
+        srv.name = name
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers[name] = srv
+    yield {n: s.server_address[1] for n, s in servers.items()}
+    for s in servers.values():
+        s.shutdown()
+        s.server_close()
+
+
+FETCH = ("import sys, urllib.request\n"
+         "for url in sys.argv[1:]:\n"
+         "    try:\n"
+         "        print(url, urllib.request.urlopen(url, timeout=10).read().decode())\n"
+         "    except Exception as exc:\n"
+         "        print(url, 'FAILED', getattr(exc, 'code', type(exc).__name__))\n")
+
+
+def records(path: Path) -> list[dict]:
+    """The proxy's records in order of arrival (each is written when its connection ends)."""
+    return sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda r: r["seq"])
+
+
+@needs_bwrap
+def test_a_command_reaches_an_allowed_host_through_the_proxy_and_not_a_denied_one(hosts, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "fetch.py").write_text(FETCH)
+    a, d = (f"http://127.0.0.1:{hosts[n]}/data.csv" for n in ("allowed", "denied"))
+    with EgressProxy([f"127.0.0.1:{hosts['allowed']}"], tmp_path / "out" / "network.jsonl", tmp_path / "egress.sock") as proxy:
+        limits = SandboxLimits(**{**LIMITS.__dict__, "egress_socket": str(proxy.socket_path)})
+        r = run_sandboxed(
+            f"python fetch.py {a} {d}; "
+            # https goes as a CONNECT tunnel (curl -p forces one for http too); no proxy: nothing is there
+            f"curl -sS -p {a}; echo; curl -sS --noproxy '*' {a} >/dev/null 2>&1 || echo direct-failed; "
+            "ls -A /run", ws, limits)
+        summary = proxy.settled_summary()
+    assert r.exit_code == 0 and r.applied["egress_proxy"] is True, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:2] == [f"{a} page allowed /data.csv", f"{d} FAILED 403"]
+    assert lines[2:] == ["page allowed /data.csv", "direct-failed", "mass-egress.sock"]
+    got = records(tmp_path / "out" / "network.jsonl")
+    assert [(x["method"], x["port"], x["allowed"], x["status"]) for x in got] == [
+        ("GET", hosts["allowed"], True, 200), ("GET", hosts["denied"], False, 403), ("CONNECT", hosts["allowed"], True, 200)]
+    assert got[1]["reason"] == f"127.0.0.1:{hosts['denied']} is not on the allow-list" and got[1]["bytes_down"] == 0
+    assert all(x["bytes_down"] > len("page allowed /data.csv") and x["bytes_up"] > 0 for x in got if x["allowed"])
+    assert summary == {**summarize(got), "requests": 3, "allowed": 2, "denied": 1, "hosts": ["127.0.0.1"]}
+
+
+@needs_bwrap
+def test_with_the_network_off_neither_host_is_reached(hosts, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "fetch.py").write_text(FETCH)
+    urls = [f"http://127.0.0.1:{hosts[n]}/x" for n in ("allowed", "denied")]
+    r = run_sandboxed(f"python fetch.py {' '.join(urls)}; echo proxy: ${{HTTPS_PROXY:-none}}", ws, LIMITS)
+    assert r.exit_code == 0 and r.applied["egress_proxy"] is False
+    assert [line.split(" ", 1)[1] for line in r.stdout.splitlines()] == ["FAILED URLError", "FAILED URLError", "none"]
+
+
+@needs_bwrap
+def test_code_that_talks_to_the_socket_itself_still_meets_the_allow_list(hosts, tmp_path):
+    """The relay in the sandbox is the agent's to replace: a CONNECT written straight to the socket is
+    refused and recorded all the same, and the record file is nowhere in the sandbox's view."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    raw = ("import socket, sys, os\n"
+           "s = socket.socket(socket.AF_UNIX); s.connect('/run/mass-egress.sock')\n"
+           "s.sendall(b'CONNECT 127.0.0.1:%s HTTP/1.1\\r\\nProxy-Authorization: Basic eA==\\r\\n\\r\\n' % sys.argv[1].encode())\n"
+           "print(s.recv(200).split(b'\\r\\n')[0].decode())\n"
+           "print([p for p in ('/out', '/run/network.jsonl') if os.path.exists(p)])\n")
+    (ws / "raw.py").write_text(raw)
+    out = tmp_path / "out"
+    with EgressProxy([f"127.0.0.1:{hosts['allowed']}"], out / "network.jsonl", tmp_path / "egress.sock") as proxy:
+        limits = SandboxLimits(**{**LIMITS.__dict__, "egress_socket": str(proxy.socket_path)})
+        r = run_sandboxed(f"python raw.py {hosts['denied']}; [ -e {out}/network.jsonl ] && echo seen || echo unseen", ws, limits)
+    assert r.stdout.splitlines() == ["HTTP/1.1 403 Refused", "[]", "unseen"], r.stderr
+    [rec] = records(out / "network.jsonl")
+    assert (rec["method"], rec["allowed"], rec["port"]) == ("CONNECT", False, hosts["denied"])
+
+
+def test_the_allow_list_matches_names_ports_and_refuses_internal_addresses_behind_a_name():
+    rules = AllowList(["pypi.org", "*.stooq.com", "files.example.org:8443", "127.0.0.1:9"])
+    assert rules.decide("example.com", 443) == (None, "example.com:443 is not on the allow-list")
+    assert rules.decide("pypi.org", 8080)[0] is None  # a name alone allows 80 and 443 only
+    assert rules.decide("files.example.org", 443)[0] is None  # a port given is the only one
+    assert rules.decide("stooq.com", 443)[0] is None  # '*.stooq.com' is its subdomains
+    assert rules.decide("127.0.0.1", 9) == (("127.0.0.1", 9), "")
+    named = AllowList(["localhost:9"])
+    addr, why = named.decide("localhost", 9)
+    assert addr is None and "resolves to an internal address only" in why
+    with pytest.raises(ValueError, match="'bad host' is not a host name"):
+        AllowList(["bad host"])
+
+
+def spec_doc(network, mode="local") -> dict:
+    return {"name": "n", "model": {"base": "org/m"}, "store": {"uri": "file:///tmp/s"},
+            "tasks": [{"id": "a", "prompt": "p", "split": "train"}, {"id": "b", "prompt": "p", "split": "test"}],
+            "execution": {"mode": mode, "network": network}}
+
+
+def test_the_spec_field_names_each_bad_entry_refuses_argo_and_reaches_the_episode_file():
+    from pydantic import ValidationError
+
+    from mass_jobs.episodes.episode import EpisodeRequest
+    from mass_jobs.serving.llm import Endpoint
+
+    with pytest.raises(ValidationError) as err:
+        RunSpec.model_validate(spec_doc(["pypi.org", "no spaces", "x:70000"]))
+    text = str(err.value)
+    assert "execution.network" in text and "[1] 'no spaces'" in text and "[2] 'x:70000' names a port" in text
+    with pytest.raises(ValidationError, match="argo runs have no egress proxy yet"):
+        RunSpec.model_validate(spec_doc(["pypi.org"], mode="argo"))
+    with pytest.raises(ValidationError, match="an empty list allows nothing"):
+        RunSpec.model_validate(spec_doc([]))
+    ep = Endpoint("http://127.0.0.1:1/v1", "m")
+    request = EpisodeRequest(prompt="p", seed=1, files={})
+    on = EpisodeInput.from_spec(RunSpec.model_validate(spec_doc(["pypi.org", "*.stooq.com"])), ep, request)
+    off = EpisodeInput.from_spec(RunSpec.model_validate(spec_doc("off")), ep, request)
+    assert (on.network, off.network) == (("pypi.org", "*.stooq.com"), None)
+    assert episode_input(episode_file_json(on)).network == on.network  # what an agent pod receives
+    assert "network" not in episode_file_json(off)  # files of runs without network stay as they were
+
+
+@needs_bwrap
+@pytest.mark.parametrize("network", [True, False], ids=["network", "off"])
+def test_a_builtin_episode_records_its_requests_beside_the_trace_and_counts_them(scripted_endpoint, hosts, tmp_path,
+                                                                                network):
+    a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
+    ep = scripted_endpoint({
+        "orchestrator": [Reply.call("delegate", agent_id="worker-1", role="fetcher", assignment="Fetch the prices."),
+                         Reply.call("finish", summary="fetched", status="success")],
+        "worker-1": [Reply.call("write_file", path="fetch.py", content=FETCH),
+                     Reply.call("shell", command=f"python fetch.py {a} {d}"),
+                     Reply.call("finish", summary="fetched")]})
+    inp = EpisodeInput(prompt="Fetch the prices.", endpoint=ep.endpoint, sampling=Sampling(),
+                       limits=EpisodeLimits(wall_s=60, turns_per_agent=5, memory_mb=1024),
+                       network=(f"127.0.0.1:{hosts['allowed']}",) if network else None)
+    result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
+    validate_status(result.status)
+    tool_text = json.dumps([r["request"]["messages"] for r in read_trace(tmp_path / "out" / "trace.jsonl")])
+    if network:
+        assert f"{a} page allowed /prices.csv" in tool_text and f"{d} FAILED 403" in tool_text
+        got = records(tmp_path / "out" / "network.jsonl")
+        assert [(x["port"], x["allowed"]) for x in got] == [(hosts["allowed"], True), (hosts["denied"], False)]
+        assert result.status["network"] == summarize(got) and result.status["network"]["denied"] == 1
+    else:
+        assert tool_text.count("FAILED URLError") == 2
+        assert "network" not in result.status and not (tmp_path / "out" / "network.jsonl").exists()
+
+
+@needs_bwrap
+def test_a_qwen_code_episode_s_shell_commands_use_the_proxy(scripted_endpoint, hosts, tmp_path):
+    """The paper's harness: qwen-code's shell commands leave its sandbox through the shell service,
+    each in a sandbox of its own whose only way out is the episode's egress proxy."""
+    a, d = (f"http://127.0.0.1:{hosts[n]}/series.csv" for n in ("allowed", "denied"))
+    ep = scripted_endpoint({"You are Qwen Code": [
+        Reply.call("run_shell_command", command=f"python fetch.py {a} {d}", description="fetch the series"),
+        Reply.text("done")]})
+    inp = EpisodeInput(prompt="Fetch the series.", endpoint=ep.endpoint, harness="qwen-code",
+                       sampling=Sampling(max_output_tokens=64), files={"fetch.py": FETCH},
+                       limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=0),
+                       network=(f"127.0.0.1:{hosts['allowed']}",))
+    result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
+    assert result.outcome == "success", result.reason
+    tool_text = json.dumps([r["request"]["messages"] for r in read_trace(tmp_path / "out" / "trace.jsonl")])
+    assert f"{a} page allowed /series.csv" in tool_text and f"{d} FAILED 403" in tool_text
+    got = records(tmp_path / "out" / "network.jsonl")
+    assert [(x["port"], x["allowed"], x["status"]) for x in got] == [(hosts["allowed"], True, 200), (hosts["denied"], False, 403)]
+    assert result.status["network"] == summarize(got)
+
+
+def test_the_report_counts_each_stage_s_requests(tmp_path):
+    from mass_jobs.run.context import RunContext
+    from mass_jobs.steps import report as rp, report_document as rd, report_render as rr
+    from mass_jobs.store import FileStore
+    from tests.test_report import episode_status, spec
+
+    store = FileStore(tmp_path / "s")
+    ctx = RunContext(spec(tmp_path / "s"), store)
+    net = [{"requests": 3, "allowed": 2, "denied": 1, "bytes_up": 10, "bytes_down": 500, "hosts": ["pypi.org"]},
+           {"requests": 1, "allowed": 1, "denied": 0, "bytes_up": 5, "bytes_down": 70, "hosts": ["stooq.com"]}, None]
+    for i, n in enumerate(net):
+        store.put_json(f"{ctx.collect_root(0)}/a/ep-{i}/status.json",
+                       {**episode_status("success", 1), **({"network": n} if n else {})})
+    store.put_json(f"{ctx.search_root(0)}/a/r-0/status.json", episode_status("success", 1))
+    doc = rp.build_report(ctx)
+    rd.validate_report(doc)
+    rows = {x["stage"]: x.get("network") for x in doc["outcomes"] if x["generation"] == 0}
+    assert rows["search"] is None
+    assert rows["collect"] == {"episodes": 2, "requests": 4, "allowed": 3, "denied": 1, "bytes_down": 570,
+                               "hosts": ["pypi.org", "stooq.com"]}
+    assert "| L0 | collect | 2 | 4 | 3 | 1 | 570 | pypi.org, stooq.com |" in rr.render_markdown(doc)
+
+
+def test_a_network_record_the_harness_did_not_write_is_refused_at_ingest(tmp_path):
+    """network.jsonl is one of the outputs an agent pod's harness signs: one written by anything else
+    (a sidecar adding records to an episode that had none, or editing them) fails the proof."""
+    from mass_jobs.episodes import proof
+
+    key = proof.new_key()
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, blob in (("workspace.tar.gz", b"ws"), ("trace.jsonl", b""), ("status.json", b"{}")):
+        (out / name).write_bytes(blob)
+    proof.sign_outputs(key, out, proof.EPISODE_OUTPUTS)
+    uploaded = {n: (out / n).read_bytes() if (out / n).exists() else None for n in proof.EPISODE_OUTPUTS}
+    assert uploaded["network.jsonl"] is None and proof.refusal(key, (out / proof.PROOF).read_bytes(), uploaded) is None
+    forged = {**uploaded, "network.jsonl": b'{"host": "pypi.org", "allowed": true}\n'}
+    assert "network.jsonl differ" in proof.refusal(key, (out / proof.PROOF).read_bytes(), forged)
