@@ -104,6 +104,10 @@ def mini_doc(model: str, store: dict, judges: list[str], mode: str = "local", fp
     # episodes each: every path still runs, at half the 28k-token model calls of the example
     doc["tasks"] = [t for t in doc["tasks"] if t["id"] != "fib"]
     doc["collection"]["episodes"] = 2
+    # one FSDP step (its validation and checkpoint included): the example's second 28k-token step and
+    # its validation cost each of the two runs about 35 s; choosing among checkpoints by validation
+    # loss is tests/test_train.py's
+    doc["sft"]["steps"] = 1
     doc["model"]["base"] = model
     doc["sft"]["fp8_reference"] = doc["model"]["serve"] = fp8_reference
     doc["store"] = store
