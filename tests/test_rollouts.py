@@ -52,16 +52,19 @@ def timeless(store, key: str):
     return store.get_bytes(key)
 
 
-def test_search_in_agent_pods_stores_what_the_local_search_stores(make_store, inner_spec, judging_endpoint):
+@pytest.mark.parametrize("network", ["off", ["pypi.org"]], ids=["offline", "network"])
+def test_search_in_agent_pods_stores_what_the_local_search_stores(make_store, inner_spec, judging_endpoint, network):
+    """With execution.network the egress proxy's records travel as the trace does: episode.json
+    carries the hosts, the pod's harness writes and signs network.jsonl, ingest stores it beside the trace."""
     ep = judging_endpoint()  # one per run: its tool-call ids count up
     local, pods = make_store("file"), make_store("file")
-    spec = inner_spec(local, search={"iterations": 1})
+    spec = inner_spec(local, search={"iterations": 1}, execution={"network": network})
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
     a = RunContext(spec, local)
     script(ep)
     run_search(a, 0, "t1", client, episode_executor(spec, ep.endpoint))
 
-    b = RunContext(inner_spec(pods, search={"iterations": 1}), pods)
+    b = RunContext(inner_spec(pods, search={"iterations": 1}, execution={"network": network}), pods)
     ep = judging_endpoint()
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
     script(ep)
@@ -83,6 +86,11 @@ def test_search_in_agent_pods_stores_what_the_local_search_stores(make_store, in
         for name in ("prompt.txt", "workspace.tar.gz", "trace.jsonl", "status.json"):
             key = a.search_file(0, "t1", r, name)
             assert timeless(local, key) == timeless(pods, key), key
+        key = a.search_file(0, "t1", r, "network.jsonl")
+        assert [c.store.exists(key) for c in (a, b)] == [network != "off"] * 2, key
+        if network != "off":
+            assert local.get_bytes(key) == pods.get_bytes(key) == b""  # no command asked for a host
+            assert local.get_json(a.search_file(0, "t1", r, "status.json"))["network"]["requests"] == 0
     for k in (0, 1):
         manifest = [c.store.get_json(f"{c.search_iter(0, 't1', k)}/_manifest.json") for c in (a, b)]
         assert manifest[0]["input_hash"] == manifest[1]["input_hash"]
