@@ -253,3 +253,65 @@ def test_a_network_record_the_harness_did_not_write_is_refused_at_ingest(tmp_pat
     assert uploaded["network.jsonl"] is None and proof.refusal(key, (out / proof.PROOF).read_bytes(), uploaded) is None
     forged = {**uploaded, "network.jsonl": b'{"host": "pypi.org", "allowed": true}\n'}
     assert "network.jsonl differ" in proof.refusal(key, (out / proof.PROOF).read_bytes(), forged)
+
+
+def _index(root: Path) -> Path:
+    """A package index (PEP 503 simple layout) with one pure wheel, `tinypkg` 1.0."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {"tinypkg/__init__.py": "VALUE = 42\n",
+             "tinypkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+             "tinypkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+
+    def digest(text: str) -> str:
+        return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{p},{digest(c)},{len(c.encode())}\n" for p, c in files.items()) + "tinypkg-1.0.dist-info/RECORD,,\n"
+    wheel = "tinypkg-1.0-py3-none-any.whl"
+    (root / "simple" / "tinypkg").mkdir(parents=True)
+    with zipfile.ZipFile(root / "simple" / "tinypkg" / wheel, "w") as z:
+        for path, text in {**files, "tinypkg-1.0.dist-info/RECORD": record}.items():
+            z.writestr(path, text)
+    (root / "simple" / "tinypkg" / "index.html").write_text(f'<a href="{wheel}">{wheel}</a>')
+    (root / "simple" / "index.html").write_text('<a href="tinypkg/">tinypkg</a>')
+    return root
+
+
+@needs_bwrap
+def test_uv_adds_a_package_from_an_allowed_index_and_not_from_a_denied_one(tmp_path):
+    """What the paper's tasks do (`uv add`): uv, on the sandbox's PATH, installs through the proxy."""
+    import functools
+
+    _index(tmp_path / "index")
+    servers = []
+    for _ in range(2):
+        handler = functools.partial(_Quiet, directory=str(tmp_path / "index"))
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+    allowed, denied = (s.server_address[1] for s in servers)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    install = "uv pip install -q --python .venv/bin/python --index-url http://127.0.0.1:{}/simple tinypkg"
+    try:
+        with EgressProxy([f"127.0.0.1:{allowed}"], tmp_path / "network.jsonl", tmp_path / "egress.sock") as proxy:
+            limits = SandboxLimits(**{**LIMITS.__dict__, "egress_socket": str(proxy.socket_path), "limit_address_space": False})
+            r = run_sandboxed(f"uv venv -q .venv && {install.format(denied)} >/dev/null 2>&1; echo denied=$?; "
+                              f"{install.format(allowed)} && .venv/bin/python -c 'import tinypkg; print(tinypkg.VALUE)'",
+                              ws, limits)
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.split() == ["denied=1", "42"]
+    got = records(tmp_path / "network.jsonl")
+    assert {x["port"] for x in got if not x["allowed"]} == {denied} and {x["port"] for x in got if x["allowed"]} == {allowed}
+    assert any(x["allowed"] and x["status"] == 200 and x["bytes_down"] > 500 for x in got)  # the wheel
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
