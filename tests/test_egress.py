@@ -208,7 +208,11 @@ def test_a_qwen_code_episode_s_shell_commands_use_the_proxy(scripted_endpoint, h
                        network=(f"127.0.0.1:{hosts['allowed']}",))
     result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
     assert result.outcome == "success", result.reason
-    tool_text = json.dumps([r["request"]["messages"] for r in read_trace(tmp_path / "out" / "trace.jsonl")])
+    trace = read_trace(tmp_path / "out" / "trace.jsonl")
+    # qwen-code's own fetch tool is not offered: its process is not behind the egress proxy
+    offered = {t["function"]["name"] for t in trace[0]["request"]["tools"]}
+    assert "run_shell_command" in offered and "web_fetch" not in offered
+    tool_text = json.dumps([r["request"]["messages"] for r in trace])
     assert f"{a} page allowed /series.csv" in tool_text and f"{d} FAILED 403" in tool_text
     got = records(tmp_path / "out" / "network.jsonl")
     assert [(x["port"], x["allowed"], x["status"]) for x in got] == [(hosts["allowed"], True, 200), (hosts["denied"], False, 403)]

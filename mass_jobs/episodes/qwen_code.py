@@ -89,6 +89,10 @@ def settings(inp: EpisodeInput) -> dict[str, Any]:
         # thread and become windows whose only supervised tokens are qwen-code's, not the model's;
         # upstream's renderer reads traces without them (the task at messages[1]).
         "model": {"name": inp.endpoint.model, "generationConfig": generation, "skipStartupContext": True},
+        # qwen-code fetches for web_fetch from its own process, which must reach the recording proxy and
+        # so has a network; the model's only way out is its shell commands, through the episode's
+        # egress proxy when execution.network allows hosts, recorded (docs/parity.md)
+        "tools": {"exclude": ["web_fetch"]},
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
         "memory": {"enableManagedAutoMemory": False, "enableAutoSkill": False},
