@@ -121,6 +121,17 @@ class Store(ABC):
     def delete(self, key: str) -> None:
         """Remove the object; a missing key is not an error."""
 
+    def delete_if_version(self, key: str, version: str) -> bool:
+        """Remove the object only while it is the one `stat` gave `version` for; False when it was
+        rewritten or is gone. Backends make this one operation; this fallback checks, then deletes."""
+        try:
+            if self.stat(key)[1] != version:
+                return False
+        except MissingKey:
+            return False
+        self.delete(key)
+        return True
+
     @property
     @abstractmethod
     def spec(self) -> StoreSpec:

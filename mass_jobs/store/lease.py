@@ -84,6 +84,17 @@ class Lease:
             return None
         return held if isinstance(held, dict) else {}
 
+    def _read_versioned(self) -> tuple[dict | None, str | None]:
+        """(the stored lease, its version), (None, None) when it is gone or was rewritten while read."""
+        try:
+            _, version = self.store.stat(self.key)
+            held = self.store.get_json(self.key)
+            if self.store.stat(self.key)[1] != version:
+                return None, None
+        except (MissingKey, UnreadableObject, OSError):
+            return None, None
+        return (held if isinstance(held, dict) else {}), version
+
     def busy_message(self, held: dict) -> str:
         now = time.time()
         return (f"{self.what} is being written by {held.get('holder')} (started "
@@ -96,11 +107,13 @@ class Lease:
         while True:
             if self.store.create_json(self.key, self.record):
                 break
-            held = self._read()
+            held, version = self._read_versioned()
             if held is None:  # released between our create and our read
                 changes += 1
             elif self.stale(held):
-                self.store.delete(self.key)  # its writer is gone
+                # its writer is gone: delete that lease, never one a live writer took since we read it
+                # (a holder that released and exited while we looked, its key then taken by another)
+                self.store.delete_if_version(self.key, version)
                 changes += 1
             elif time.monotonic() >= deadline:
                 raise WriterBusy(self.busy_message(held))
@@ -139,9 +152,10 @@ class Lease:
         with self._lock:
             self.active = False
             self._stop.set()
-            try:
-                if self.held():
-                    self.store.delete(self.key)
+            try:  # ours, and only the version we read: a lease taken over meanwhile stays its new holder's
+                held, version = self._read_versioned()
+                if held and held.get("token") == self.record["token"]:
+                    self.store.delete_if_version(self.key, version)
             except OSError:
                 pass
 

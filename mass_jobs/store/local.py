@@ -114,3 +114,24 @@ class FileStore(Store):
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    def delete_if_version(self, key: str, version: str) -> bool:
+        """Moved aside in one rename (no one else can then delete or replace it), deleted if it is
+        the version asked for, else put back unless a newer object took the key meanwhile."""
+        dest = self._path(key)
+        aside = dest.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}-{dest.name}"
+        try:
+            os.rename(dest, aside)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
+            st = os.stat(aside)
+            if f"{st.st_ino}-{st.st_mtime_ns}" == version:
+                return True
+            try:
+                os.link(aside, dest)
+            except FileExistsError:
+                pass
+            return False
+        finally:
+            aside.unlink(missing_ok=True)
+

@@ -166,3 +166,17 @@ class S3Store(Store):
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
+    def delete_if_version(self, key: str, version: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:  # S3 conditional delete (If-Match: the ETag stat gave)
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key), IfMatch=version)
+            return True
+        except ClientError as err:
+            code = err.response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or self._missing(err):
+                return False
+            if code == "NotImplemented":  # a server without conditional deletes: check, then delete
+                return super().delete_if_version(key, version)
+            raise
+

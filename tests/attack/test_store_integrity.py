@@ -219,6 +219,63 @@ def test_concurrent_finisher_processes_leave_a_manifest_that_verifies(make_store
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_delete_if_version_removes_only_the_version_it_names(make_store, kind):
+    store = make_store(kind)
+    store.put_bytes("v/obj", b"first")
+    first = store.stat("v/obj")[1]
+    store.put_bytes("v/obj", b"second")
+    assert store.delete_if_version("v/obj", first) is False and store.get_bytes("v/obj") == b"second"
+    assert store.delete_if_version("v/obj", store.stat("v/obj")[1]) is True and not store.exists("v/obj")
+    assert store.delete_if_version("v/obj", first) is False  # gone: nothing to delete
+    assert store.list("v/") == []  # nothing left aside
+
+
+class _SwapAfterRead:
+    """The store as a lease-taker sees it, with another writer acting at one instant: right after the
+    taker has read a dead holder's lease (its second stat), that lease is released and a live writer
+    creates its own under the same key."""
+
+    def __init__(self, store, key: str, live: dict):
+        self._store, self._key, self._live, self._stats = store, key, live, 0
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def stat(self, key):
+        out = self._store.stat(key)
+        if key == self._key:
+            self._stats += 1
+            if self._stats == 2:
+                self._store.delete(key)
+                assert self._store.create_json(key, self._live)
+        return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_taking_over_a_dead_writers_lease_never_deletes_the_live_one_that_replaced_it(make_store, kind):
+    """The race behind a flaky finisher: a writer read the lease of a holder that had just released it
+    and exited, found that holder dead, and deleted the key, by then a live writer's lease, which
+    then found itself taken over. The takeover deletes only the version it read."""
+    import socket
+    import time
+
+    from mass_jobs.store.lease import Lease, WriterBusy, _pid_namespace
+
+    store = make_store(kind)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    now = time.time()
+    holder = {"host": socket.gethostname(), "pidns": _pid_namespace(), "started": now, "renewed": now}
+    key = "race/_writer.json"
+    assert store.create_json(key, {**holder, "holder": "gone", "pid": dead.pid, "token": "dead"})
+    live = {**holder, "holder": "live", "pid": os.getppid(), "token": "live"}  # a process that is alive
+    lease = Lease(_SwapAfterRead(store, key, live), key, "step race", ttl_s=30, renew_s=5, wait_s=0)
+    with pytest.raises(WriterBusy, match="being written by live"):
+        lease.acquire()
+    assert store.get_json(key)["token"] == "live"
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_broken_manifest_is_never_a_crash_for_readers(make_store, kind):
     store, _ = finished(make_store, kind)
     store.put_bytes("p/_manifest.json", b'{"outputs": ')
