@@ -39,19 +39,22 @@ paper-mini: setup
 # Both tiers run in parallel worker processes (pytest-xdist): most tests wait on servers, sandboxes
 # and subprocesses. The slow tier hands tests out one at a time, longest first (slow(cost=...)).
 FAST        := not slow and not argo_exec
-# The slow tier's budget is 20 minutes (a clean clone measured 16, most of it paper-mini's two runs
-# of 28k-token calls).
+# The slow tier's budget is 20 minutes (a clean clone measured 16 on a faster machine, 22.8 on a slower
+# one; most of it paper-mini's two runs of 28k-token calls). It runs three workers: paper-mini waits
+# on one single-threaded model server at a time (0.7 of a core on average), and a third worker
+# uses the rest (21:41 against 22:47 with two, on the slower machine).
 FAST_BUDGET := 300
 SLOW_BUDGET := 1200
 # One torch/OpenMP thread per process: the workers' model servers and trainers share two cores, and
 # two processes of two threads each ran a forward pass 2.6x slower than two of one thread (measured).
 TEST_ENV    := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 FAST_ARGS   := -q -n 3 --dist worksteal -m "$(FAST)" --budget=$(FAST_BUDGET)
-SLOW_ARGS   := -q -n 2 --dist load --maxschedchunk 1 -m "not ($(FAST))" --budget=$(SLOW_BUDGET)
+SLOW_ARGS   := -q -n 3 --dist load --maxschedchunk 1 -m "not ($(FAST))" --budget=$(SLOW_BUDGET)
 
 # What CI runs: the models the suite shares, built first (cached under build/), then both tiers;
 # the second tier runs even when the first fails, so one run shows every failure. (vLLM's install
-# beside the model build gained nothing: its byte-compiling slowed the warm-up as much.)
+# beside the model build gained nothing: its byte-compiling slowed the warm-up as much; .ci/run
+# installs it beside the project's venv instead.)
 test: setup test-models vllm-env
 	$(TEST_ENV) $(PY) -m pytest $(FAST_ARGS); fast=$$?; \
 	  $(TEST_ENV) $(PY) -m pytest $(SLOW_ARGS); slow=$$?; \
