@@ -8,6 +8,7 @@ absolute `file_path`s).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -137,6 +138,53 @@ def test_the_paper_specs_harness_settings_are_upstreams():
     # unset (every other spec): nothing extra is sent
     plain = ModelClient(inp.endpoint, EpisodeInput(prompt="p", endpoint=inp.endpoint).sampling).request_body([])
     assert not {"presence_penalty", "repetition_penalty", "chat_template_kwargs"} & set(plain)
+
+
+# upstream's runtime/run_episode.sh, the settings block it writes for qwen-code, and where each value
+# shows on the wire of an episode's first request (None: in qwen-code's settings, not the request)
+UPSTREAM_EPISODE_SETTINGS = {
+    "temperature": (0.6, "temperature"), "top_p": (0.95, "top_p"), "top_k": (20, "top_k"),
+    "max_tokens": (32768, "max_tokens"), "presence_penalty": (0.0, "presence_penalty"),
+    "repetition_penalty": (1.0, "repetition_penalty"),
+    "enable_thinking": (True, "chat_template_kwargs.enable_thinking"),
+    "maxRetries": (0, None), "contextWindowSize": (262144, None), "timeout (ms)": (1_800_000, None),
+}
+
+
+def test_a_real_qwen_code_episodes_first_request_under_the_paper_spec_is_upstreams(scripted_endpoint, tmp_path):
+    """qwen-code itself, configured from examples/paper.yaml, against the scripted endpoint: its first
+    request's sampling fields, and its settings, beside upstream's block, field by field; a failed
+    request is not retried (upstream's maxRetries 0)."""
+    from mass_jobs.spec.load import load_spec
+
+    spec = load_spec(Path(__file__).parents[1] / "examples" / "paper.yaml")
+    ep = scripted_endpoint({MAIN: [Reply.text("Done.")]})
+    inp = EpisodeInput(prompt="Write analysis.py and check it.", endpoint=ep.endpoint, limits=spec.execution.limits,
+                       sampling=spec.model.sampling, harness="qwen-code", seed=3)
+    result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
+    first = next(r["body"] for r in ep.requests if r["path"].endswith("/chat/completions"))
+    gen = settings(inp)["model"]["generationConfig"]
+    ours = {"maxRetries": gen["maxRetries"], "contextWindowSize": gen["contextWindowSize"],
+            "timeout (ms)": gen["timeout"]}
+    rows = []
+    for name, (upstream, wire) in UPSTREAM_EPISODE_SETTINGS.items():
+        if wire is None:
+            got = ours[name]
+        else:
+            got = first
+            for part in wire.split("."):
+                got = got.get(part, "<absent>") if isinstance(got, dict) else "<absent>"
+        rows.append((name, upstream, got))
+        print(f"{name:<20} upstream {upstream!s:<10} first request / settings {got}")
+    assert [r for r in rows if r[1] != r[2]] == [], rows
+    assert first["seed"] == 3 and first["stream"] is True
+    assert "web_fetch" not in {t["function"]["name"] for t in first["tools"]}  # docs/parity.md says why
+    assert result.outcome == "no_work"  # the scripted reply did nothing: the episode ran to its end
+
+    failing = scripted_endpoint({MAIN: [Reply.fail(500)]}, repeat_last=True)
+    failed = run_episode(dataclasses.replace(inp, endpoint=failing.endpoint), tmp_path / "ws2", tmp_path / "out2")
+    assert failed.outcome == "infra_error"
+    assert len([r for r in failing.requests if r["path"].endswith("/chat/completions")]) == 1
 
 
 def teacher_parts():
