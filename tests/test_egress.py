@@ -319,3 +319,117 @@ def test_uv_adds_a_package_from_an_allowed_index_and_not_from_a_denied_one(tmp_p
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *a):
         pass
+
+
+# ---------------------------------------------------------------- the run's proxy (agent pods on a cluster)
+
+def _sandbox_service(tmp_path: Path):
+    """An agent pod's sandbox container in a thread: its commands get no namespace of their own."""
+    from mass_jobs.episodes.sandbox_client import SandboxClient
+    from mass_jobs.episodes.sandbox_service import serve
+
+    started, servers = threading.Event(), []
+    sock = tmp_path / "sbx" / "sandbox.sock"
+    sock.parent.mkdir()
+
+    def ready(server):
+        servers.append(server)
+        started.set()
+
+    threading.Thread(target=serve, args=(sock, tmp_path / "sbx" / "ws"), kwargs={"ready": ready}, daemon=True).start()
+    assert started.wait(10)
+    return SandboxClient(sock), servers
+
+
+def _get(url: str, proxy: str) -> str:
+    import urllib.error
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy}))
+    try:
+        return opener.open(url, timeout=10).read().decode()
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+
+
+def test_the_run_s_proxy_counts_a_request_for_the_rollout_whose_key_made_its_token(hosts, tmp_path):
+    """One proxy for all agent pods: a rollout's token (HMAC of its key) is its only way to be served,
+    and what it sent is in its ledger alone; a wrong token, another run's rollout or none: 407."""
+    from mass_jobs.sandbox.egress_service import EgressService, client_id, proxy_url, token
+
+    keys = {"gen-0/collect/a/ep-0": b"k" * 32, "gen-0/collect/a/ep-1": b"j" * 32}
+    a, d = (f"http://127.0.0.1:{hosts[n]}/x.csv" for n in ("allowed", "denied"))
+    with EgressService([f"127.0.0.1:{hosts['allowed']}"], keys.get, ("127.0.0.1", 0), log=lambda doc: None) as s:
+        addr = f"http://127.0.0.1:{s.address[1]}"
+        p0, p1 = (proxy_url(addr, r, k) for r, k in keys.items())
+        assert _get(a, p0) == "page allowed /x.csv" and _get(d, p0) == "HTTP 403" and _get(a, p1) == "page allowed /x.csv"
+        forged = f"http://{client_id('gen-0/collect/a/ep-0')}:{token(b'x' * 32)}@127.0.0.1:{s.address[1]}"
+        other = proxy_url(addr, "gen-0/collect/a/ep-9", b"k" * 32)  # a key, but not this rollout's
+        assert _get(a, forged) == _get(a, other) == _get(a, addr) == "HTTP 407"
+        e0, e1 = (s.ledgers[r].settle(5) for r in keys)
+        assert [(r["port"], r["allowed"], r["status"]) for r in sorted(e0, key=lambda r: r["seq"])] == [
+            (hosts["allowed"], True, 200), (hosts["denied"], False, 403)]
+        assert [(r["port"], r["allowed"]) for r in e1] == [(hosts["allowed"], True)]
+        assert set(s.ledgers) == set(keys)  # the refused ones opened no ledger
+
+
+@pytest.mark.parametrize("network", [True, False], ids=["network", "off"])
+def test_an_agent_pod_s_commands_go_through_the_run_s_proxy_and_its_record_is_the_rollout_s(
+        scripted_endpoint, hosts, tmp_path, network):
+    """The agent pod's flow without the cluster: the harness takes the cursor, hands the proxy to the
+    sandbox container, and writes what the proxy recorded for this rollout (and nothing another
+    rollout sent meanwhile) to network.jsonl; status.json counts it. Network off: no proxy at all."""
+    from mass_jobs.sandbox.egress_service import EgressService, RemoteEgress, proxy_url
+
+    rollout, key = "gen-0/collect/a/ep-0", b"k" * 32
+    a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
+    ep = scripted_endpoint({
+        "orchestrator": [Reply.call("delegate", agent_id="worker-1", role="fetcher", assignment="Fetch the prices."),
+                         Reply.call("finish", summary="fetched", status="success")],
+        "worker-1": [Reply.call("write_file", path="fetch.py", content=FETCH),
+                     Reply.call("shell", command=f"python3 fetch.py {a} {d}"),
+                     Reply.call("finish", summary="fetched")]})
+    inp = EpisodeInput(prompt="Fetch the prices.", endpoint=ep.endpoint, sampling=Sampling(),
+                       limits=EpisodeLimits(wall_s=60, turns_per_agent=5, memory_mb=1024),
+                       network=(f"127.0.0.1:{hosts['allowed']}",) if network else None)
+    client, servers = _sandbox_service(tmp_path)
+    keys = {rollout: key, "gen-0/collect/a/ep-1": b"j" * 32}
+    with EgressService([f"127.0.0.1:{hosts['allowed']}"], keys.get, ("127.0.0.1", 0), log=lambda doc: None) as s:
+        addr = f"http://127.0.0.1:{s.address[1]}"
+        _get(a, proxy_url(addr, "gen-0/collect/a/ep-1", b"j" * 32))  # another rollout, before and apart
+        egress = RemoteEgress(addr, rollout, key, tmp_path / "out" / "network.jsonl") if network else None
+        (tmp_path / "out").mkdir()
+        result = run_episode(inp, tmp_path / "ws", tmp_path / "out", sandbox=client, egress=egress)
+    servers[0].shutdown()
+    validate_status(result.status)
+    assert result.outcome == "success", result.reason
+    tool_text = json.dumps([r["request"]["messages"] for r in read_trace(tmp_path / "out" / "trace.jsonl")])
+    if network:
+        assert f"{a} page allowed /prices.csv" in tool_text and f"{d} FAILED 403" in tool_text
+        got = records(tmp_path / "out" / "network.jsonl")
+        assert [(x["port"], x["allowed"]) for x in got] == [(hosts["allowed"], True), (hosts["denied"], False)]
+        assert result.status["network"] == summarize(got) and result.status["network"]["denied"] == 1
+    else:  # no proxy named: the commands' own isolation holds them (in a pod, the policy)
+        assert "network" not in result.status and not (tmp_path / "out" / "network.jsonl").exists()
+        assert tool_text.count("FAILED URLError") == 2
+
+
+def test_an_unreachable_or_restarted_run_proxy_makes_the_episode_an_infra_error(scripted_endpoint, hosts, tmp_path):
+    from mass_jobs.sandbox.egress_service import EgressService, RemoteEgress
+
+    ep = scripted_endpoint({"orchestrator": [Reply.call("finish", summary="nothing", status="success")]})
+    inp = EpisodeInput(prompt="p", endpoint=ep.endpoint, sampling=Sampling(), limits=EpisodeLimits(wall_s=30),
+                       network=("pypi.org",))
+    client, servers = _sandbox_service(tmp_path)
+    (tmp_path / "out").mkdir()
+    gone = RemoteEgress("http://127.0.0.1:9", "gen-0/a/ep-0", b"k" * 32, tmp_path / "out" / "network.jsonl", timeout_s=2)
+    result = run_episode(inp, tmp_path / "ws", tmp_path / "out", sandbox=client, egress=gone)
+    servers[0].shutdown()
+    assert result.outcome == "infra_error" and "egress proxy" in result.reason, result.reason
+    # a proxy that restarted between the cursor and the record: the record is not whole
+    with EgressService([], {"r": b"k" * 32}.get, ("127.0.0.1", 0), log=lambda doc: None) as s:
+        remote = RemoteEgress(f"http://127.0.0.1:{s.address[1]}", "r", b"k" * 32, tmp_path / "n.jsonl")
+        remote.begin()
+        s.boot = "another"
+        with pytest.raises(Exception, match="restarted during the episode"):
+            remote.settled_summary()

@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "proxy": ("mass_jobs.commands.proxy", "recording proxy for an OpenAI-compatible server: one trace line per call"),
     "episode": ("mass_jobs.commands.episode", "run one agent episode: --in DIR (episode.json, workspace/) --out DIR"),
     "sandbox-serve": ("mass_jobs.commands.sandbox_serve", "an agent pod's sandbox container: workspace, tools, qwen-code"),
+    "egress-serve": ("mass_jobs.commands.egress_serve", "the run's egress proxy for agent pods (execution.network), "
+                     "recording each rollout's requests"),
     "audit": ("mass_jobs.commands.audit", "behaviour audit per episode: delegation D, code handoff H, revisions"),
     "serve": ("mass_jobs.commands.serve", "serve a model over the OpenAI chat API (transformers serve) until Ctrl-C; "
               "concurrent requests are served one after another"),

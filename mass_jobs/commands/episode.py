@@ -40,6 +40,11 @@ def add_arguments(parser) -> None:
                         help="run tools and shell commands in the sandbox container serving this Unix socket")
     parser.add_argument("--qwen", default=None, metavar="SOCKET",
                         help="start qwen-code in the qwen-code container serving this Unix socket (with --sandbox)")
+    parser.add_argument("--egress-proxy", default=None, metavar="URL",
+                        help="the run's egress proxy (http://host:port; an agent pod's): with execution.network, "
+                             "shell commands reach out through it, and its record of --rollout is network.jsonl")
+    parser.add_argument("--rollout", default=None, metavar="PATH",
+                        help="this rollout's path in the run: the egress proxy's user (its key is DIR/episode.key)")
     parser.add_argument("--qwen-uid", type=int, default=None, metavar="UID",
                         help="the qwen-code container's uid: with it the proxy serves only that uid's calls under "
                              "qwen-code and only this process's under the built-in harness")
@@ -87,8 +92,21 @@ def main(args) -> int:
             proof.sign_outputs(key, out_dir, proof.CHECK_OUTPUTS)
         print(" ".join(f"{r['name']}: exit {r['exit_code']}" for r in doc["checks"]))
         return 0
+    egress = None
+    if args.egress_proxy and inp.network is not None:
+        from mass_jobs.sandbox.egress_service import RemoteEgress
+
+        if sandbox is None or key is None or not args.rollout:
+            print("mass episode --egress-proxy: expected --sandbox, --rollout and DIR/episode.key too "
+                  "(the proxy knows a rollout by its key)", file=sys.stderr)
+            return 2
+        try:
+            egress = RemoteEgress(args.egress_proxy, args.rollout, key, out_dir / "network.jsonl")
+        except ValueError as exc:
+            print(f"mass episode: {exc}", file=sys.stderr)
+            return 2
     try:
-        result = run_episode(inp, workspace, out_dir, sandbox=sandbox, qwen=qwen, qwen_uid=args.qwen_uid)
+        result = run_episode(inp, workspace, out_dir, sandbox=sandbox, qwen=qwen, qwen_uid=args.qwen_uid, egress=egress)
     except ValueError as exc:
         print(f"mass episode: {exc}", file=sys.stderr)
         return 2

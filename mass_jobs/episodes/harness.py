@@ -55,7 +55,8 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
 
     With `inp.network` (execution.network's hosts) an EgressProxy of this process is the only way
     out of the shell commands run on this machine, recording into `out_dir/network.jsonl`; status.json
-    counts its requests."""
+    counts its requests. In an agent pod `egress` is the run's proxy instead (a RemoteEgress: the
+    pod's NetworkPolicy is the boundary), whose record of this rollout lands in the same file."""
     import os
     import secrets
 
@@ -72,7 +73,7 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
     if inp.network is not None and egress is None and sandbox is None:
         with _egress_proxy(inp.network, out_dir) as proxy:
             return run_episode(inp, workspace, out_dir, qwen=qwen, qwen_uid=qwen_uid, egress=proxy)
-    egress_socket = str(egress.socket_path) if egress is not None else None
+    egress_socket = egress.way if egress is not None else None
     if sandbox is None and inp.harness == "qwen-code":
         from mass_jobs.episodes.sandbox_service import local_sandbox
 
@@ -85,6 +86,8 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
     lost = _hand_over(sandbox, workspace) if handed else (_wait_ready(sandbox) if sandbox is not None else None)
     if lost is None and qwen is not None and inp.harness == "qwen-code":
         lost = _wait_ready(qwen)
+    if lost is None and sandbox is not None and egress is not None and hasattr(egress, "begin"):
+        lost = _reach_egress(egress, sandbox)
     if lost is not None:
         result = lost
     else:
@@ -124,7 +127,12 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
                     **({"memory_limit": result.memory_limit} if result.memory_limit else {})},
     }
     if egress is not None:  # what the shell commands' code reached, as the egress proxy recorded it
-        status["network"] = egress.settled_summary()
+        from mass_jobs.sandbox.egress_service import EgressUnavailable
+
+        try:
+            status["network"] = egress.settled_summary()
+        except EgressUnavailable as exc:  # what the code reached is not known: nothing to learn from
+            status.update(outcome="infra_error", reason=str(exc)[:4000])
     try:
         validate_status(status)
     except ValueError as exc:  # a value nothing should produce: the episode still ends classified
@@ -186,6 +194,18 @@ def _wait_ready(sandbox) -> HarnessOutcome | None:
     try:
         sandbox.wait_ready()
     except SandboxError as exc:
+        return _sandbox_lost(exc)
+    return None
+
+
+def _reach_egress(egress, sandbox) -> HarnessOutcome | None:
+    """The run's egress proxy (an agent pod's): its cursor taken, its address given to the sandbox."""
+    from mass_jobs.sandbox.egress_service import EgressUnavailable
+
+    try:
+        egress.begin()
+        sandbox.set_egress(egress.way)
+    except (EgressUnavailable, SandboxError) as exc:
         return _sandbox_lost(exc)
     return None
 

@@ -123,6 +123,10 @@ class SandboxClient:
         if status != 200:
             raise SandboxError(f"sandbox: {what}: HTTP {status}: {data[:2000].decode('utf-8', 'replace')}")
 
+    def set_egress(self, url: str) -> None:
+        """Shell commands there reach out through the run's egress proxy at `url` (with its credentials)."""
+        self._json("POST", "/egress", {"url": url})
+
     def tool(self, name: str, args: dict, limits: EpisodeLimits, timeout_s: float) -> ToolRun:
         """A workspace tool in the sandbox; a ToolError there is a ToolError here."""
 

@@ -21,6 +21,7 @@ fails the remaining checks, never passes them.
 
     PUT  /workspace          a put_dir archive -> the workspace (once, before the first tool)
     GET  /workspace          the workspace as a put_dir archive
+    POST /egress             {url}: the run's egress proxy for shell commands (an agent pod's, once)
     POST /tool               {name, args, limits, timeout_s} -> {text, network_isolated} | {tool_error}
     POST /check              {check, limits} -> {exit_code, detail} (a guard check, mass_jobs/sandbox/check_job.py)
     POST /qwen               {episode, proxy: {base_url, model, key}} -> {id}
@@ -99,11 +100,19 @@ class SandboxService:
         write_dir_archive(self.workspace, buf)
         return buf.getvalue()
 
+    def set_egress(self, url: object) -> None:
+        """The run's egress proxy for the shell commands here (an agent pod's: the harness names it
+        once per episode). Only an http:// URL: a local proxy's socket is this service's from the start."""
+        if not isinstance(url, str) or not url.startswith("http://") or self.egress is not None:
+            raise ValueError("egress: expected the run's proxy as an http:// URL, once")
+        self.egress = url
+
     def tool(self, body: dict) -> dict:
 
         limits = EpisodeLimits.model_validate(body["limits"])
         try:
-            out = T.run_workspace_tool(self.workspace, str(body["name"]), body["args"], limits, float(body["timeout_s"]))
+            out = T.run_workspace_tool(self.workspace, str(body["name"]), body["args"], limits, float(body["timeout_s"]),
+                                       self.egress)
         except T.ToolError as exc:
             return {"tool_error": str(exc)}
         finally:
@@ -257,6 +266,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._reply(200, {"ok": True})
             if parts == ["workspace"] and method == "GET":
                 return self._reply(200, svc.get_workspace(), "application/gzip")
+            if parts == ["egress"] and method == "POST":
+                svc.set_egress(json.loads(self._body(REQUEST_LIMIT)).get("url"))
+                return self._reply(200, {"ok": True})
             if parts == ["tool"] and method == "POST":
                 return self._reply(200, svc.tool(json.loads(self._body(REQUEST_LIMIT))))
             if parts == ["shell"] and method == "POST":

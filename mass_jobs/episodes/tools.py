@@ -307,8 +307,11 @@ def shell(workspace: Path, args: dict[str, Any], limits: EpisodeLimits, timeout_
 
 def sandbox_limits(limits: EpisodeLimits, timeout_s: float, egress: str | None = None):
     """The episode's per-command limits, with the timeout cut to what is left of the wall time; with
-    `egress` (the episode's egress proxy socket) the command's only way out is that proxy."""
+    `egress` (the episode's egress proxy socket) the command's only way out is that proxy. An
+    `http://` egress is the run's proxy on a cluster, where the pod's NetworkPolicy holds the command."""
 
+    if egress is not None and egress.startswith("http://"):
+        return SandboxLimits.from_episode_limits(limits, timeout_s=timeout_s, egress_url=egress, isolate_network=False)
     return SandboxLimits.from_episode_limits(limits, timeout_s=timeout_s, egress_socket=egress)
 
 

@@ -93,15 +93,20 @@ class EgressProxy:
 
     def __init__(self, allow: list[str] | tuple[str, ...], record_path: Path, socket_path: Path,
                  connect_timeout_s: float = 30, idle_timeout_s: float = 600):
-        self.allow = AllowList(allow)
         self.record_path = Path(record_path)
         self.socket_path = Path(socket_path)
         self.connect_timeout_s, self.idle_timeout_s = connect_timeout_s, idle_timeout_s
-        self.records: list[dict] = []
-        self.active = 0  # connections being served (each records when it ends)
-        self.started = 0  # connections accepted: a record's `seq`, its place in order of arrival
-        self._lock = threading.Lock()
+        self.ledger = Ledger(AllowList(allow), write=self._write)
         self._server: _Server | None = None
+
+    @property
+    def way(self) -> str:
+        """What a sandboxed command is given to get out: this proxy's socket (bound in, relayed)."""
+        return str(self.socket_path)
+
+    @property
+    def records(self) -> list[dict]:
+        return self.ledger.records
 
     def __enter__(self) -> EgressProxy:
         import os
@@ -110,7 +115,8 @@ class EgressProxy:
         self.record_path.write_text("")
         self.socket_path.unlink(missing_ok=True)
         self._server = _Server(str(self.socket_path), _Handler)
-        self._server.proxy = self
+        self._server.admit = lambda *_: self.ledger  # type: ignore[attr-defined]
+        self._server.connect_timeout_s, self._server.idle_timeout_s = self.connect_timeout_s, self.idle_timeout_s
         os.chmod(self.socket_path, 0o666)  # the sandbox's leased uid connects
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
         return self
@@ -121,20 +127,14 @@ class EgressProxy:
             self._server.server_close()
             self.socket_path.unlink(missing_ok=True)
 
-    def record(self, rec: dict) -> None:
-        with self._lock:
-            self.records.append(rec)
-            with self.record_path.open("a") as f:
-                f.write(json.dumps(rec, sort_keys=True) + "\n")
+    def _write(self, rec: dict) -> None:
+        with self.record_path.open("a") as f:
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
 
     def settled_summary(self, wait_s: float = 5) -> dict:
         """The summary once the connections still open have ended and recorded (the sandboxes that
         made them are gone by now), waiting at most `wait_s`."""
-        deadline = time.monotonic() + wait_s
-        while self.active and time.monotonic() < deadline:
-            time.sleep(0.02)
-        with self._lock:
-            return summarize(self.records)
+        return summarize(self.ledger.settle(wait_s))
 
 
 def summarize(records: list[dict]) -> dict:
@@ -152,87 +152,132 @@ def summarize(records: list[dict]) -> dict:
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
-    proxy: EgressProxy
+
+
+class Ledger:
+    """Where one client's requests are counted and recorded: an episode's (the Unix-socket proxy has
+    one; the run's proxy, egress_service.py, one per rollout). `seq`: a connection's place in the
+    order of arrival."""
+
+    def __init__(self, allow: AllowList, write=None):
+        self.allow = allow
+        self.records: list[dict] = []
+        self.active = 0  # connections being served (each records when it ends)
+        self.started = 0
+        self._write = write  # persists each record too (the episode's network.jsonl)
+        self._lock = threading.Lock()
+
+    def open(self) -> int:
+        with self._lock:
+            self.active += 1
+            seq, self.started = self.started, self.started + 1
+            return seq
+
+    def close(self, rec: dict) -> None:
+        with self._lock:
+            self.active -= 1
+            self.records.append(rec)
+            if self._write is not None:
+                self._write(rec)
+
+    def settle(self, wait_s: float) -> list[dict]:
+        """The records once the connections still open have ended (waiting at most `wait_s`)."""
+        deadline = time.monotonic() + wait_s
+        while self.active and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with self._lock:
+            return list(self.records)
 
 
 class _Handler(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        proxy: EgressProxy = self.server.proxy  # type: ignore[attr-defined]
-        with proxy._lock:
-            proxy.active += 1
-            seq, proxy.started = proxy.started, proxy.started + 1
-        try:
-            self._serve(proxy, seq)
-        finally:
-            with proxy._lock:
-                proxy.active -= 1
+    """One client connection. The server's `admit(method, target, headers)` names the Ledger it counts
+    in, or refuses it (_Refused: then only the server's `refused` hook, if any, sees it); a request
+    in origin form (`GET /path`) is for the proxy itself: its `control` hook answers, if it has one."""
 
-    def _serve(self, proxy: EgressProxy, seq: int) -> None:
+    def handle(self) -> None:
+        server = self.server
         client: socket.socket = self.request
-        client.settimeout(proxy.idle_timeout_s)
+        client.settimeout(server.idle_timeout_s)  # type: ignore[attr-defined]
         started = time.time()
-        rec: dict = {"seq": seq, "t": round(started, 3), "method": "", "host": "", "port": 0, "allowed": False, "status": 0,
-                     "bytes_up": 0, "bytes_down": 0}
+        rec: dict = {"seq": 0, "t": round(started, 3), "method": "", "host": "", "port": 0, "allowed": False,
+                     "status": 0, "bytes_up": 0, "bytes_down": 0}
+        ledger: Ledger | None = None
         try:
             head, rest = _read_head(client)
             method, target, version, headers = _parse_head(head)
+            control = getattr(server, "control", None)
+            if target.startswith("/") and control is not None:
+                status, doc = control(method, target, headers)
+                _send(client, status, json.dumps(doc, sort_keys=True).encode(), "application/json")
+                return
             rec["method"] = method
-            if method == "CONNECT":
-                host, port = _split_host(target, 443)
-                path = ""
-            else:
-                m = re.match(r"^http://([^/?#]+)([^#]*)$", target, re.I)
-                if not m:
-                    raise _Refused(400, "expected CONNECT host:port or an absolute http:// URL")
-                host, port = _split_host(m.group(1), 80)
-                path = m.group(2) or "/"
-            rec.update(host=host, port=port)
-            addr, why = proxy.allow.decide(host, port)
-            if addr is None:
-                raise _Refused(403, why)
-            try:
-                upstream = socket.create_connection(addr, timeout=proxy.connect_timeout_s)
-            except OSError as exc:
-                raise _Refused(502, f"cannot connect to {host}:{port}: {exc}") from exc
-            rec["allowed"] = True
-            with upstream:
-                upstream.settimeout(proxy.idle_timeout_s)
-                if method == "CONNECT":
-                    client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                    rec["status"] = 200
-                    up, down = _relay(client, upstream, rest)
-                else:
-                    kept = [(k, v) for k, v in headers if not k.lower().startswith("proxy-")
-                            and k.lower() not in ("connection", "keep-alive")]
-                    out = f"{method} {path} {version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in kept)
-                    sent = (out + "Connection: close\r\n\r\n").encode("latin-1")
-                    upstream.sendall(sent)
-                    first: list[bytes] = []
-                    up, down = _relay(client, upstream, rest, first_reply=first)
-                    up += len(sent)
-                    rec["status"] = _status_of(b"".join(first))
-                rec["bytes_up"], rec["bytes_down"] = up, down
+            ledger = server.admit(method, target, headers)  # type: ignore[attr-defined]
+            rec["seq"] = ledger.open()
+            _forward(server, ledger.allow, client, rec, method, target, version, headers, rest)
         except _Refused as exc:
-            rec["reason"] = exc.why
-            rec["status"] = exc.status
-            body = f"mass-jobs egress proxy: {exc.why}\n".encode()
-            try:
-                client.sendall(f"HTTP/1.1 {exc.status} Refused\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}"
-                               f"\r\nConnection: close\r\n\r\n".encode() + body)
-            except OSError:
-                pass
+            rec.update(reason=exc.why, status=exc.status)
+            _send(client, exc.status, f"mass-jobs egress proxy: {exc.why}\n".encode(), "text/plain", exc.extra)
+            if ledger is None and rec["method"] and getattr(server, "refused", None) is not None:
+                server.refused(dict(rec, client=str(self.client_address[0]) if self.client_address else ""))
         except OSError as exc:
             rec.setdefault("reason", f"connection ended: {exc}")
         finally:
-            rec["duration_s"] = round(time.time() - started, 3)
-            if rec["method"]:  # a connection that never sent a request line records nothing
-                proxy.record(rec)
+            if ledger is not None:
+                rec["duration_s"] = round(time.time() - started, 3)
+                ledger.close(rec)
+
+
+def _forward(server, allow: AllowList, client: socket.socket, rec: dict, method: str, target: str, version: str,
+             headers: list[tuple[str, str]], rest: bytes) -> None:
+    if method == "CONNECT":
+        host, port = _split_host(target, 443)
+        path = ""
+    else:
+        m = re.match(r"^http://([^/?#]+)([^#]*)$", target, re.I)
+        if not m:
+            raise _Refused(400, "expected CONNECT host:port or an absolute http:// URL")
+        host, port = _split_host(m.group(1), 80)
+        path = m.group(2) or "/"
+    rec.update(host=host, port=port)
+    addr, why = allow.decide(host, port)
+    if addr is None:
+        raise _Refused(403, why)
+    try:
+        upstream = socket.create_connection(addr, timeout=server.connect_timeout_s)
+    except OSError as exc:
+        raise _Refused(502, f"cannot connect to {host}:{port}: {exc}") from exc
+    rec["allowed"] = True
+    with upstream:
+        upstream.settimeout(server.idle_timeout_s)
+        if method == "CONNECT":
+            client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            rec["status"] = 200
+            up, down = _relay(client, upstream, rest)
+        else:
+            kept = [(k, v) for k, v in headers if not k.lower().startswith("proxy-")
+                    and k.lower() not in ("connection", "keep-alive")]
+            out = f"{method} {path} {version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in kept)
+            sent = (out + "Connection: close\r\n\r\n").encode("latin-1")
+            upstream.sendall(sent)
+            first: list[bytes] = []
+            up, down = _relay(client, upstream, rest, first_reply=first)
+            up += len(sent)
+            rec["status"] = _status_of(b"".join(first))
+        rec["bytes_up"], rec["bytes_down"] = up, down
+
+
+def _send(client: socket.socket, status: int, body: bytes, ctype: str, extra: str = "") -> None:
+    try:
+        client.sendall(f"HTTP/1.1 {status} {'OK' if status == 200 else 'Refused'}\r\nContent-Type: {ctype}\r\n"
+                       f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n".encode() + body)
+    except OSError:
+        pass
 
 
 class _Refused(Exception):
-    def __init__(self, status: int, why: str):
+    def __init__(self, status: int, why: str, extra: str = ""):
         super().__init__(why)
-        self.status, self.why = status, why
+        self.status, self.why, self.extra = status, why, extra  # extra: more header lines
 
 
 def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
@@ -354,7 +399,8 @@ while True:
 """
 
 
-def sandbox_proxy_env() -> dict[str, str]:
-    """The proxy variables a sandboxed command gets (curl reads the lower-case ones, most tools either)."""
-    url = f"http://127.0.0.1:{SANDBOX_PORT}"
+def sandbox_proxy_env(url: str | None = None) -> dict[str, str]:
+    """The proxy variables a sandboxed command gets (curl reads the lower-case ones, most tools either):
+    the relay on its own loopback, or `url` (the run's proxy on a cluster)."""
+    url = url or f"http://127.0.0.1:{SANDBOX_PORT}"
     return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url, "NO_PROXY": "", "no_proxy": ""}

@@ -92,6 +92,9 @@ class SandboxLimits:
     # the episode's egress proxy (mass_jobs/sandbox/egress.py): its Unix socket is bound into the
     # sandbox and a relay on the sandbox's loopback is the command's only way out; None: no network
     egress_socket: str | None = None
+    # the run's egress proxy on a cluster (mass_jobs/sandbox/egress_service.py), http://ID:TOKEN@HOST:PORT:
+    # the pod's NetworkPolicy is the boundary there (no namespace of its own), the command gets HTTP(S)_PROXY
+    egress_url: str | None = None
 
     def __post_init__(self) -> None:
         if self.python not in PYTHON_MODES:
@@ -363,6 +366,9 @@ def _run(
         env.update(sandbox_proxy_env())
     elif limits.egress_socket:
         notes.append("egress proxy not used: the command's network is not isolated here")
+    elif limits.egress_url:
+        env.update(sandbox_proxy_env(limits.egress_url))
+        notes.append("network: the pod's NetworkPolicy, through the run's egress proxy")
     if bwrap:
         env["PATH"] = _visible_path(env["PATH"], [*SYSTEM_DIRS, *read_only, str(workspace)])
         argv = bwrap_argv(bwrap, tool, cmd, str(workspace), read_only, limits, uid)
@@ -377,7 +383,7 @@ def _run(
         argv = ["/bin/sh", "-c", cmd]
         applied.update(pid_namespace=False, mount_namespace=False, network_namespace=False)
         notes.append(f"no sandbox namespaces ({tool}): network reachable, host filesystem visible")
-    if not limits.isolate_network:
+    if not limits.isolate_network and not limits.egress_url:
         notes.append("network isolation switched off by the limits")
     mb = 1024 * 1024
     rlimits = {
