@@ -784,35 +784,50 @@ def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod(
 
 def run_agent_episode(executor_for, name: str, inp, seed: Path):
     """One episode through the generated agent-episode template (argo/mass-cycle.yaml, with the
-    workflow's pod securityContext): its inputs uploaded where prepare puts them, the workflow
-    submitted; (the workflow, output(name) -> the bytes Argo uploaded from /out)."""
+    workflow's pod securityContext), after the run's egress proxy as the cycle starts it (a daemon
+    step of the generated egress-proxy template, which reads the run's spec and the rollout's key
+    from S3): its inputs uploaded where prepare puts them, the workflow submitted; (the workflow,
+    output(name) -> the bytes Argo uploaded from /out)."""
     from mass_jobs.episodes.harness import episode_file_json
     from mass_jobs.store.archive import write_dir_archive
 
     cycle = next(d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle")
     agent = next(t for t in cycle["spec"]["templates"] if t["name"] == "agent-episode")
+    proxy = next(t for t in cycle["spec"]["templates"] if t["name"] == "egress-proxy")
     prefix, rollout = f"runs/{name}", "gen-0/collect/t/ep-0"
-    args = {"gen": "0", "task": "t", "label": "ep-0", "rollout": rollout, "store-prefix": prefix}
-    main = {"name": "main", "steps": [[{"name": "agent", "template": "agent-episode", "arguments": {
-        "parameters": [{"name": k, "value": v} for k, v in args.items()]}}]]}
+    args = {"gen": "0", "task": "t", "label": "ep-0", "rollout": rollout, "store-prefix": prefix,
+            "egress": "{{steps.egress.ip}}"}
+    main = {"name": "main", "steps": [
+        [{"name": "egress", "template": "egress-proxy", "arguments": {"parameters": [{"name": "gen", "value": "0"}]}}],
+        [{"name": "agent", "template": "agent-episode", "arguments": {
+            "parameters": [{"name": k, "value": v} for k, v in args.items()]}}]]}
     semaphores = load_documents([REPO / "manifests" / "semaphores.yaml"])  # every agent pod takes agent-pods
-    # the agent pods' NetworkPolicy: the pod gets a network of its own whose one exit is the model,
-    # exposed as the serve pods the policy allows (nothing else on the host is reachable)
+    # the agent pods' NetworkPolicy: the pod gets a network of its own whose exits are the model,
+    # exposed as the serve pods the policy allows, and the run's egress proxy (nothing else on the host)
     policy = load_documents([REPO / "manifests" / "networkpolicy.yaml"])
-    ex = executor_for(wft(name, [main, agent], params=("spec", "run"),
+    ex = executor_for(wft(name, [main, agent, proxy], params=("spec", "run"),
                           securityContext=cycle["spec"]["securityContext"], automountServiceAccountToken=False),
                       *semaphores, *policy)
     model = urllib.parse.urlsplit(inp.endpoint.base_url)
     ex.cluster.expose(f"model.{ex.cluster.namespace}.svc.cluster.local", model.port, {"mass-jobs.io/step": "serve"}, 8080)
     repo = ex._repository("artifact-repositories", "default-v1")
+    endpoint = ("http://" if repo.insecure else "https://") + repo.endpoint
+    # the chart's S3 value, as the step pods get it
+    for var in proxy["container"]["env"]:
+        if var["name"] == "AWS_ENDPOINT_URL":
+            var["value"] = endpoint
     client = repo.client()
+    spec = {"name": name, "model": {"base": "org/m"}, "store": {"uri": f"s3://{repo.bucket}/runs", "endpoint_url": endpoint},
+            "tasks": [{"id": "t", "prompt": "p", "split": "train"}, {"id": "u", "prompt": "q", "split": "test"}],
+            "execution": {"mode": "argo", "network": list(inp.network) if inp.network else "off"}}
+    client.put_object(Bucket=repo.bucket, Key=f"specs/{name}.yaml", Body=yaml.safe_dump(spec).encode())
     client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/episode.json",
                       Body=json.dumps(episode_file_json(inp)).encode())
     buf = io.BytesIO()
     write_dir_archive(seed, buf)
     client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/workspace.tar.gz", Body=buf.getvalue())
     client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/{proof.KEY}", Body=KEY)  # as prepare does
-    wf = ex.submit(name, {"spec": "s3://b/spec.yaml", "run": name})
+    wf = ex.submit(name, {"spec": f"s3://{repo.bucket}/specs/{name}.yaml", "run": name})
 
     def output(file: str) -> bytes:
         return client.get_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/output/{file}")["Body"].read()

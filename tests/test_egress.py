@@ -21,6 +21,7 @@ from mass_jobs.sandbox.egress import AllowList, EgressProxy, summarize
 from mass_jobs.sandbox.run import SandboxLimits, _tools, run_sandboxed
 from mass_jobs.serving.proxy import read_trace
 from mass_jobs.tools.testing.scripted_endpoint import Reply
+from tests.test_argo_exec import executor_for  # noqa: F401 (a fixture)
 
 needs_bwrap = pytest.mark.skipif(_tools()[0] is None, reason="bwrap cannot build a sandbox here")
 LIMITS = SandboxLimits(timeout_s=30, cpu_s=20, memory_mb=1024, processes=32)
@@ -144,7 +145,7 @@ def spec_doc(network, mode="local") -> dict:
             "execution": {"mode": mode, "network": network}}
 
 
-def test_the_spec_field_names_each_bad_entry_refuses_argo_and_reaches_the_episode_file():
+def test_the_spec_field_names_each_bad_entry_and_reaches_the_episode_file():
     from pydantic import ValidationError
 
     from mass_jobs.episodes.episode import EpisodeRequest
@@ -154,8 +155,7 @@ def test_the_spec_field_names_each_bad_entry_refuses_argo_and_reaches_the_episod
         RunSpec.model_validate(spec_doc(["pypi.org", "no spaces", "x:70000"]))
     text = str(err.value)
     assert "execution.network" in text and "[1] 'no spaces'" in text and "[2] 'x:70000' names a port" in text
-    with pytest.raises(ValidationError, match="argo runs have no egress proxy yet"):
-        RunSpec.model_validate(spec_doc(["pypi.org"], mode="argo"))
+    assert RunSpec.model_validate(spec_doc(["pypi.org"], mode="argo")).execution.network == ["pypi.org"]
     with pytest.raises(ValidationError, match="an empty list allows nothing"):
         RunSpec.model_validate(spec_doc([]))
     ep = Endpoint("http://127.0.0.1:1/v1", "m")
@@ -433,3 +433,46 @@ def test_an_unreachable_or_restarted_run_proxy_makes_the_episode_an_infra_error(
         s.boot = "another"
         with pytest.raises(Exception, match="restarted during the episode"):
             remote.settled_summary()
+
+
+@pytest.mark.argo_exec
+@pytest.mark.parametrize("network", [True, False], ids=["network", "off"])
+def test_through_the_agent_pod_template_a_command_reaches_an_allowed_host_and_not_a_denied_one(
+        executor_for, s3_env, scripted_endpoint, hosts, network):
+    """The generated templates under the test executor: the cycle's egress-proxy daemon (`mass
+    egress-serve`, the spec and the rollout's key read from S3), then the agent pod, whose
+    NetworkPolicy lets it reach the model and that daemon only. The sandbox container's command
+    fetches through the proxy (allowed: the page; denied: 403) and directly (unreachable: the
+    policy); the record Argo uploads beside the trace is the proxy's, signed by the harness."""
+    from mass_jobs.episodes import proof
+    from tests.test_argo_exec import KEY, run_agent_episode, tempfile_dir
+
+    a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
+    command = (f"python3 fetch.py {a} {d}; env -u http_proxy -u HTTP_PROXY python3 fetch.py {a}")
+    ep = scripted_endpoint({
+        "orchestrator": [Reply.call("delegate", assignment="Fetch the prices."), Reply.text("fetched")],
+        "worker-1": [Reply.call("write_file", path="fetch.py", content=FETCH), Reply.call("shell", command=command),
+                     Reply.call("finish", summary="fetched")]})
+    inp = EpisodeInput(prompt="Fetch the prices.", endpoint=ep.endpoint, sampling=Sampling(),
+                       limits=EpisodeLimits(wall_s=90, request_timeout_s=20, request_retries=0, shell_timeout_s=30),
+                       network=(f"127.0.0.1:{hosts['allowed']}",) if network else None)
+    with tempfile_dir() as seed:
+        wf, output = run_agent_episode(executor_for, f"net-{'on' if network else 'off'}", inp, seed)
+    assert wf.phase == "Succeeded", wf.summary()
+    status = json.loads(output("status.json"))
+    assert status["outcome"] == "success", status
+    trace = [json.loads(x) for x in output("trace.jsonl").decode().splitlines()]
+    shell_output = [m["content"] for m in trace[3]["request"]["messages"] if m["role"] == "tool"][-1]
+    lines = [x for x in shell_output.splitlines() if x.startswith("http://")]
+    if network:
+        assert lines == [f"{a} page allowed /prices.csv", f"{d} FAILED 403", f"{a} FAILED URLError"], shell_output
+        got = sorted((json.loads(x) for x in output("network.jsonl").decode().splitlines()), key=lambda r: r["seq"])
+        assert [(r["port"], r["allowed"], r["status"]) for r in got] == [
+            (hosts["allowed"], True, 200), (hosts["denied"], False, 403)]
+        assert status["network"] == summarize(got)
+        signed = {n: output(n) for n in proof.EPISODE_OUTPUTS}
+    else:  # no proxy for the command, and the policy drops the direct connections
+        assert lines == [f"{a} FAILED URLError", f"{d} FAILED URLError", f"{a} FAILED URLError"], shell_output
+        assert "network" not in status
+        signed = {n: output(n) for n in proof.EPISODE_OUTPUTS if n != "network.jsonl"} | {"network.jsonl": None}
+    assert proof.refusal(KEY, output(proof.PROOF), signed) is None

@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked == 54
+    assert checked == 55
 
 
 def _used_params(obj, scope: str) -> set[str]:
@@ -172,7 +172,8 @@ def test_search_is_bounded_recursion_and_collect_fans_out_over_task_episode(argo
     assert _steps(t["collect"])[0]["withParam"] == "{{inputs.parameters.episodes}}"
     assert [s["template"] for s in _steps(t["collect-episode"])] == ["collect-prepare", "agent-episode", "collect-ingest"]
     order = [s["name"] for s in _steps(t["cycle"])]
-    assert order == ["validate", "serve-model", "search", "collect", "collect-summary", "guard", "rank",
+    # the run's egress proxy, a daemon of the cycle, starts before anything that runs agent pods
+    assert order == ["validate", "egress", "serve-model", "search", "collect", "collect-summary", "guard", "rank",
                      "release-model", "render", "train", "select", "merge", "evaluate", "report"]
     assert argo_docs["mass-cycle"]["spec"]["onExit"] == "exit-handler"
     assert _steps(t["exit-handler"])[0]["template"] == "delete-models"
@@ -208,7 +209,7 @@ def test_every_pod_has_labels_security_and_limits(argo_docs):
             assert {"cpu", "memory"} <= set(side["resources"]["limits"]), side["name"]
         assert t["retryStrategy"]["limit"] == "3"
         n += 1
-    assert n == 20
+    assert n == 21
     for doc in argo_docs.values():
         spec = doc["spec"]
         if doc["kind"] == "WorkflowTemplate":
@@ -222,7 +223,8 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
     agent = _templates(argo_docs["mass-cycle"])["agent-episode"]
     assert agent["container"]["command"] + agent["container"]["args"] == \
         ["mass", "episode", "--in", "/in", "--out", "/out", "--sandbox", "/sandbox/sandbox.sock",
-         "--qwen", "/qwen/qwen.sock", "--qwen-uid", "3000"]
+         "--qwen", "/qwen/qwen.sock", "--qwen-uid", "3000",
+         "--egress-proxy", "http://{{inputs.parameters.egress}}:3128", "--rollout", "{{inputs.parameters.rollout}}"]
     assert {v["mountPath"] for v in agent["container"]["volumeMounts"]} == {"/tmp", "/out", "/sandbox", "/qwen"}
     sandbox, qwen = agent["sidecars"]
     assert sandbox["command"] + sandbox["args"] == \

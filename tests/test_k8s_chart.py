@@ -267,13 +267,19 @@ def test_agent_network_policy_selects_the_agent_pods(argo_docs):
     assert all(agent["metadata"]["labels"][k] == v for k, v in selector.items())
     assert policy["spec"]["ingress"] == [] and policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     ports = [p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]]
-    assert ports == [53, 53, 8080]  # the plain manifests carry no cluster address at all
+    assert ports == [53, 53, 8080, 3128]  # the plain manifests carry no cluster address at all
     assert "ipBlock" not in json.dumps(policy)
     model_rule = policy["spec"]["egress"][1]["to"][0]["podSelector"]["matchLabels"]
     isvc = next(o for o in schemas.embedded_manifests(argo_docs["mass-cycle"]) if o["kind"] == "InferenceService"
                 and "spec" in o)
     assert all(isvc["spec"]["predictor"]["labels"][k] == v for k, v in model_rule.items())
     assert labels.STEP in model_rule
+    # and the run's egress proxy: the daemon pod of each cycle, on the port it listens on
+    proxy_rule = policy["spec"]["egress"][2]
+    proxy = next(t for t in argo_docs["mass-cycle"]["spec"]["templates"] if t["name"] == "egress-proxy")
+    assert proxy.get("daemon") is True
+    assert all(proxy["metadata"]["labels"][k] == v for k, v in proxy_rule["to"][0]["podSelector"]["matchLabels"].items())
+    assert [p["port"] for p in proxy_rule["ports"]] == [c["containerPort"] for c in proxy["container"]["ports"]]
     # every agent egress policy of the chart (all scenarios) selects exactly those pods
     for name in SCENARIOS:
         for o in _objects(_scenario(name)):

@@ -41,7 +41,7 @@ COMMANDS = _commands()
 
 def test_every_step_of_the_cycle_has_an_entry():
     assert set(COMMANDS) == {"validate", "search", "collect", "episode", "guard", "rank", "render sft", "train",
-                             "select", "merge", "evaluate", "report"}
+                             "select", "merge", "evaluate", "report", "egress-serve"}
 
 
 @pytest.mark.parametrize("entry", sorted(COMMANDS))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec (path or s3:// URI)")
-    parser.add_argument("--listen", default="0.0.0.0:3128", metavar="HOST:PORT",
-                        help="where agent pods reach it (default 0.0.0.0:3128)")
+    parser.add_argument("--listen", default=":3128", metavar="[HOST]:PORT",
+                        help="where agent pods reach it; no HOST: $POD_IP (a pod's own address), else 0.0.0.0")
 
 
 def main(args) -> int:
@@ -21,10 +21,13 @@ def main(args) -> int:
     from mass_jobs.episodes import proof
     from mass_jobs.sandbox.egress_service import EgressService
 
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
-        print(f"mass egress-serve --listen: expected HOST:PORT, got {args.listen!r}", file=sys.stderr)
+    import os
+
+    host, colon, port = args.listen.rpartition(":")
+    if not colon or not port.isdigit():
+        print(f"mass egress-serve --listen: expected [HOST]:PORT, got {args.listen!r}", file=sys.stderr)
         return 2
+    host = host or os.environ.get("POD_IP") or "0.0.0.0"
     ctx = open_run(args.spec, check_spec=False)
     network = ctx.spec.execution.network
     allow = [] if network == "off" else list(network)
@@ -34,7 +37,8 @@ def main(args) -> int:
         return ctx.store.get_bytes(where) if ctx.store.exists(where) else None
 
     with EgressService(allow, key, (host, int(port))) as service:
-        print(f"egress proxy for run {ctx.run} on {service.address[0]}:{service.address[1]}; "
+        run = ctx.run
+        print(f"egress proxy for run {run} on {service.address[0]}:{service.address[1]}; "
               f"allowed: {', '.join(allow) or 'nothing (execution.network: off)'}", flush=True)
         import threading
 

@@ -411,7 +411,8 @@ class ExecutionSpec(Closed):
         description="What model-written code may reach. off: nothing (every sandboxed command has no network). A list "
                     "of hosts ('pypi.org', '*.example.org', 'host:port', an address; without a port, 80 and 443): "
                     "shell commands reach those through the episode's recording egress proxy (HTTP(S)_PROXY), each "
-                    "request recorded in network.jsonl beside the trace and counted in the report.")
+                    "request recorded in network.jsonl beside the trace and counted in the report. On a cluster the "
+                    "proxy is the run's (a daemon of each cycle) and the agent pods' NetworkPolicy the boundary.")
     resources: Resources = Field(default_factory=Resources)
 
     @field_validator("network")
@@ -420,9 +421,6 @@ class ExecutionSpec(Closed):
         from mass_jobs.config.hosts import host_rule_error
 
         if isinstance(network, list):
-            if info.data.get("mode") == "argo":  # agent pods reach the model server only: refused, not run offline
-                raise ValueError("argo runs have no egress proxy yet (agent pods reach only the model server); "
-                                 "run with mode local or network off")
             if not network:
                 raise ValueError("an empty list allows nothing; write off")
             bad = [f"[{i}] {why}" for i, e in enumerate(network) if (why := host_rule_error(e)) is not None]

@@ -13,10 +13,11 @@ from mass_jobs.k8s import prometheus as PM
 from mass_jobs.k8s import manifests as K
 from mass_jobs.k8s import pods
 from mass_jobs.k8s.argo_vocab import (
-    AGENT_RETRY, AGENT_TEMPLATE, EPISODE_KEYS, GEN, QWEN_DIR, QWEN_SOCKET, ROLLOUT, SANDBOX_DIR, SANDBOX_SOCKET,
+    AGENT_RETRY, AGENT_TEMPLATE, EGRESS_IN, EPISODE_KEYS, GEN, QWEN_DIR, QWEN_SOCKET, ROLLOUT, SANDBOX_DIR, SANDBOX_SOCKET,
     SPEC, TASK, container_security, input_params, no_archive,
 )
 from mass_jobs.k8s.settings import ClusterSettings
+from mass_jobs.sandbox.egress_service import PORT as EGRESS_PORT
 
 
 def agent_container(s: ClusterSettings) -> Container:
@@ -84,10 +85,12 @@ def agent_container(s: ClusterSettings) -> Container:
         image=s.images.sandbox,
         command=["mass"],
         args=[*N.agent("/in", "/out"), "--sandbox", SANDBOX_SOCKET, "--qwen", QWEN_SOCKET,
-              "--qwen-uid", str(pods.QWEN_UID)],
+              "--qwen-uid", str(pods.QWEN_UID),
+              # used with execution.network only: the run's proxy knows this rollout by its key
+              "--egress-proxy", f"http://{EGRESS_IN}:{EGRESS_PORT}", "--rollout", ROLLOUT],
         # Key-only S3 artifacts: bucket, endpoint and credentials come from the artifact
         # repository and are used by Argo's init/wait containers only, never by `mass episode`.
-        inputs=[*input_params("gen", "task", "label", "rollout", "store-prefix"),
+        inputs=[*input_params("gen", "task", "label", "rollout", "store-prefix", "egress"),
                 m.Artifact(name="episode-json", path="/in/episode.json", archive=no_archive(),
                            s3=key(k.agent_input, "episode.json")),
                 m.Artifact(name="workspace-in", path="/in/workspace.tar.gz", archive=no_archive(),

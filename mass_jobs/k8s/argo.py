@@ -43,7 +43,7 @@ from mass_jobs.k8s.argo_flow import (
     cycle_step, delete_models_steps, episode_fanout, episode_steps, recursion, rollout_steps,
 )
 from mass_jobs.k8s.argo_vocab import (
-    CRON, CYCLE, EPISODE, GEN, ISVC, NAMESPACE, OUTPUTS_DIR, PREV_GEN, RESOURCE_RETRY, ROLLOUTS_PARAM, RUN, RUN_ID,
+    CRON, CYCLE, EGRESS_IN, EGRESS_TEMPLATE, EPISODE, GEN, ISVC, NAMESPACE, OUTPUTS_DIR, PREV_GEN, RESOURCE_RETRY, ROLLOUTS_PARAM, RUN, RUN_ID,
     SPEC, STEP_RETRY, TASK, TRAIN_RETRY, V, VALIDATE_OUTPUTS, WORK_DIR, container_security, gpu_semaphore,
     input_params, step_args,
 )
@@ -121,12 +121,12 @@ class _Builder:
                                                rollout="{{inputs.parameters.rollout}}"),
                   inputs=(*inputs, "rollout", "agent-status"), task=task, **self.ingest_metrics(sd.name))
         rollout_steps(sd.name, inputs)
-        with Steps(name=f"{sd.name}-rollouts", inputs=input_params(*inputs, "rollouts", "store-prefix")):
+        with Steps(name=f"{sd.name}-rollouts", inputs=input_params(*inputs, "rollouts", "store-prefix", "egress")):
             own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
             Step(name="rollout", template=f"{sd.name}-rollout", with_param="{{inputs.parameters.rollouts}}",
                  arguments=[*(Parameter(name=n, value=v) for n, v in own.items()),
                             *step_args(rollout="{{item.rollout}}", model_gen="{{item.gen}}", item_task="{{item.task}}",
-                                   label="{{item.label}}", store_prefix="{{inputs.parameters.store-prefix}}")])
+                                   label="{{item.label}}", store_prefix="{{inputs.parameters.store-prefix}}", egress=EGRESS_IN)])
         self.parallelism[f"{sd.name}-rollouts"] = self.s.agent_parallelism
 
     # -------------------------------------------------------------- resources
@@ -216,6 +216,22 @@ class _Builder:
 
     # -------------------------------------------------------------- the table's steps
 
+    def egress_proxy(self) -> Container:
+        """The run's egress proxy (`mass egress-serve`), a daemon of each cycle: Argo starts the cycle's
+        next steps once it is ready and ends it with the cycle; the agent pods get its pod IP. A step
+        pod (it reads the rollouts' keys from the store), on its pod IP only."""
+        from mass_jobs.sandbox.egress_service import PORT
+
+        c = self.step(EGRESS_TEMPLATE, ["egress-serve", SPEC, "--listen", f":{PORT}"], label=K.EGRESS_STEP)
+        c.daemon = True
+        c.env = [*c.env, m.EnvVar(name="POD_IP", value_from=m.EnvVarSource(
+            field_ref=m.ObjectFieldSelector(field_path="status.podIP")))]
+        c.ports = [m.ContainerPort(name="proxy", container_port=PORT, protocol="TCP")]
+        # the port by name: Argo's schema types it a string, hera an int (set in mass_cycle)
+        c.readiness_probe = m.Probe(http_get=m.HTTPGetAction(path="/healthz", port=PORT),
+                                    period_seconds=2, failure_threshold=30)
+        return c
+
     def validate(self) -> Container:
         names = {**VALIDATE_OUTPUTS, **{P.done_output(sd.name): P.done_output(sd.name)
                                          for sd in P.generation_steps(self.steps)}}
@@ -296,13 +312,13 @@ class _Builder:
         self.step(f"{sd.name}-finish", N.finish(argv, model), inputs=inputs, task=task,
                   env_from=finish_env)
         args = step_args(**{n.replace("-", "_"): v for n, v in own.items()})
-        with Steps(name=sd.name, inputs=input_params(*inputs, "store-prefix")):
+        with Steps(name=sd.name, inputs=input_params(*inputs, "store-prefix", "egress")):
             for name, template, with_param, arguments in before:
                 Step(name=name, template=template, with_param=with_param, arguments=arguments)
             Step(name="prepare", template=f"{sd.name}-prepare", arguments=args)
             Step(name="rollouts", template=f"{sd.name}-rollouts",
                  arguments=step_args(**{n: own[n] for n in fanout}, rollouts=ROLLOUTS_PARAM,
-                                     store_prefix="{{inputs.parameters.store-prefix}}"))
+                                     store_prefix="{{inputs.parameters.store-prefix}}", egress=EGRESS_IN))
             Step(name="finish", template=f"{sd.name}-finish", arguments=args)
             for name, template, with_param, arguments in after:
                 Step(name=name, template=template, with_param=with_param, arguments=arguments)
@@ -336,6 +352,7 @@ class _Builder:
         sync = m.Synchronization(mutexes=[m.Mutex(name=f"mass-run-{RUN_ID}")])
         with Steps(name="cycle", inputs=input_params("gen"), synchronization=sync) as cycle:
             Step(name="validate", template="validate", arguments=step_args(gen=GEN))
+            Step(name="egress", template=EGRESS_TEMPLATE, arguments=step_args(gen=GEN))
             for i, sd in enumerate(gen_steps):
                 if i == first_model:
                     Step(name="serve-model", template="serve-model", when=f"{V % 'needs-model'} == true",
@@ -397,6 +414,7 @@ def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:
             Step(name="delete-models", template="delete-models", arguments=step_args(gen="{{workflow.parameters.gen}}"))
         b.cycle()
         b.validate()
+        b.egress_proxy()
         for sd in b.steps:
             b.templates_of(sd)  # templates register themselves with the enclosing WorkflowTemplate
         agent_container(s)
@@ -408,6 +426,8 @@ def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:
         if "container" in t:
             # hera checks the pull policy against its enum; the chart's value is a Helm placeholder.
             t["container"]["imagePullPolicy"] = s.images.pull_policy
+            if "readinessProbe" in t["container"]:
+                t["container"]["readinessProbe"]["httpGet"]["port"] = t["container"]["ports"][0]["name"]
         if t["name"] in b.parallelism:
             t["parallelism"] = b.parallelism[t["name"]]
     return d

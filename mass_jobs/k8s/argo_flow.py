@@ -7,12 +7,12 @@ from hera.workflows import Parameter, Step, Steps
 from hera.workflows import models as m
 
 from mass_jobs.pipeline import table as P
-from mass_jobs.k8s.argo_vocab import AGENT_TEMPLATE, EPISODE, GEN, NEXT_GEN, ROLLOUT, TASK, V, input_params, step_args
+from mass_jobs.k8s.argo_vocab import AGENT_TEMPLATE, EGRESS_IN, EGRESS_IP, EPISODE, GEN, NEXT_GEN, ROLLOUT, TASK, V, input_params, step_args
 
 
 def cycle_step(sd: P.StepDef) -> None:
     done = f"{V % P.done_output(sd.name)} == false"
-    agent = {"store_prefix": V % "store-prefix"}  # where the agent pods' artifacts live
+    agent = {"store_prefix": V % "store-prefix", "egress": EGRESS_IP}  # where the agent pods' artifacts live, their way out
     match sd.shape:
         case P.Recursion():
             Step(name=sd.name, template=f"{sd.name}-task", with_param=V % "tasks", when=f"{V % 'iterations'} > 0",
@@ -45,9 +45,9 @@ def recursion(name: str, agent: bool = True) -> Steps:
     """Bounded recursion: one iteration K per call (`mass <step> --iteration K`, or its prepare ->
     agent pods -> finish), then K+1 while K+1 < n."""
     nxt = "{{=asInt(inputs.parameters.iteration) + 1}}"
-    sp = {"store_prefix": "{{inputs.parameters.store-prefix}}"} if agent else {}
+    sp = {"store_prefix": "{{inputs.parameters.store-prefix}}", "egress": EGRESS_IN} if agent else {}
     with Steps(name=f"{name}-task", inputs=input_params("gen", "task", "iteration", "iterations",
-                                                    *(["store-prefix"] if agent else []))) as loop:
+                                                    *(["store-prefix", "egress"] if agent else []))) as loop:
         Step(name="iteration", template=name,
              when="{{inputs.parameters.iteration}} < {{inputs.parameters.iterations}}",
              arguments=step_args(gen=GEN, task=TASK, iteration="{{inputs.parameters.iteration}}", **sp))
@@ -65,11 +65,11 @@ def episode_steps(name: str) -> Steps:
     phase, records infra_error."""
     a = step_args(gen=GEN, task=TASK, episode=EPISODE)
     agent = "{{steps.prepare.outputs.parameters.agent}} == true"
-    with Steps(name=f"{name}-episode", inputs=input_params("gen", "task", "episode", "store-prefix")) as st:
+    with Steps(name=f"{name}-episode", inputs=input_params("gen", "task", "episode", "store-prefix", "egress")) as st:
         Step(name="prepare", template=f"{name}-prepare", arguments=a)
         Step(name="agent", template=AGENT_TEMPLATE, when=agent, continue_on=m.ContinueOn(failed=True, error=True),
              arguments=step_args(gen=GEN, task=TASK, label=EPISODE, rollout="{{steps.prepare.outputs.parameters.rollout}}",
-                             store_prefix="{{inputs.parameters.store-prefix}}"))
+                             store_prefix="{{inputs.parameters.store-prefix}}", egress=EGRESS_IN))
         Step(name="ingest", template=f"{name}-ingest", when=agent,
              arguments=[*a, Parameter(name="agent-status", value="{{steps.agent.status}}")])
     return st
@@ -80,11 +80,11 @@ def rollout_steps(name: str, inputs: tuple[str, ...]) -> Steps:
     `<step>-ingest`, told the agent's phase (no output after Failed/Error: an infra_error episode)."""
     own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
     with Steps(name=f"{name}-rollout", inputs=input_params(*inputs, "rollout", "model-gen", "item-task", "label",
-                                                       "store-prefix")) as st:
+                                                       "store-prefix", "egress")) as st:
         Step(name="agent", template=AGENT_TEMPLATE, continue_on=m.ContinueOn(failed=True, error=True),
              arguments=step_args(gen="{{inputs.parameters.model-gen}}", task="{{inputs.parameters.item-task}}",
                              label="{{inputs.parameters.label}}", rollout=ROLLOUT,
-                             store_prefix="{{inputs.parameters.store-prefix}}"))
+                             store_prefix="{{inputs.parameters.store-prefix}}", egress=EGRESS_IN))
         Step(name="ingest", template=f"{name}-ingest",
              arguments=[*(Parameter(name=n, value=v) for n, v in own.items()),
                         *step_args(rollout=ROLLOUT, agent_status="{{steps.agent.status}}")])
@@ -98,10 +98,10 @@ def episode_fanout(name: str, parallelism) -> Steps:
     collect-episode (a Steps node: prepare, agent, ingest) takes one slot (argo-workflows v4.1.2
     workflow/controller/operator.go, checkParallelism and countActiveChildren). It is an integer
     field, not a parameter, hence a chart value rather than the spec's execution.concurrency."""
-    with Steps(name=name, inputs=input_params("gen", "episodes", "store-prefix")) as st:
+    with Steps(name=name, inputs=input_params("gen", "episodes", "store-prefix", "egress")) as st:
         Step(name="episode", template=f"{name}-episode", with_param="{{inputs.parameters.episodes}}",
              arguments=step_args(gen=GEN, task="{{item.task}}", episode="{{item.episode}}",
-                             store_prefix="{{inputs.parameters.store-prefix}}"))
+                             store_prefix="{{inputs.parameters.store-prefix}}", egress=EGRESS_IN))
     return st
 
 

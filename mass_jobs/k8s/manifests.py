@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s.settings import ClusterSettings
+from mass_jobs.sandbox.egress_service import PORT as EGRESS_PORT
 
 EXECUTOR_SA = "mass-executor"  # Argo's wait/init containers and resource templates
 WORKFLOW_SA = "mass-workflow"  # main containers: no API rights, token not mounted
@@ -23,6 +24,7 @@ S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # The agent pods' step label: the NetworkPolicy selects on it.
 AGENT_STEP = "episode"
 MODEL_STEP = "serve"
+EGRESS_STEP = "egress-proxy"  # the run's egress proxy (a daemon of each cycle)
 PREDICTOR_PORT = 8080  # container port behind the `<isvc>-predictor` Service (80)
 
 
@@ -79,7 +81,8 @@ def rbac(s: ClusterSettings) -> list[dict]:
 
 
 def agent_network_policy(s: ClusterSettings) -> dict:
-    """Agent pods: no ingress; egress to DNS and the model predictor only. The apiserver and S3
+    """Agent pods: no ingress; egress to DNS, the model predictor and the run's egress proxy only (the
+    proxy holds model-written code to the spec's execution.network and records it). The apiserver and S3
     egress of Argo's wait/init containers are separate policies (allows add up), because their
     peers are per cluster: see agent_api_server_policy, agent_api_server_cilium_policy, agent_s3_policy."""
     dns_ports = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
@@ -87,6 +90,8 @@ def agent_network_policy(s: ClusterSettings) -> dict:
         {"to": _listish(s.dns_peers), "ports": dns_ports},
         {"to": [{"podSelector": {"matchLabels": {L.STEP: MODEL_STEP}}}],
          "ports": [{"port": PREDICTOR_PORT, "protocol": "TCP"}]},
+        {"to": [{"podSelector": {"matchLabels": {L.STEP: EGRESS_STEP}}}],
+         "ports": [{"port": EGRESS_PORT, "protocol": "TCP"}]},
     ], ingress=[])
 
 

@@ -19,7 +19,8 @@ FORGED = "FORGED-RECORD"
 # What the model's shell command tries from inside the agent pod (the sandbox container): rewrite
 # the records where the harness container keeps them, find the harness's processes, leave a
 # process behind, and make a model call of its own through every port listening in the pod's network
-# (the proxy's and the policy's way to the model). Each attempt prints what it got.
+# (the proxy's and the policy's way to the model, and the way to the run's egress proxy). Each
+# attempt prints what it got.
 FORGING_COMMAND = r"""
 echo "uid=$(id -u)"
 for f in /out/trace.jsonl /out/status.json; do
@@ -40,11 +41,13 @@ for name in ("/proc/net/tcp", "/proc/net/tcp6"):
     for line in lines:
         local, state = line.split()[1], line.split()[3]
         if state == "0A":
-            ports.add(int(local.rsplit(":", 1)[1], 16))
+            addr, port = local.rsplit(":", 1)
+            ip = ".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)) if len(addr) == 8 else "127.0.0.1"
+            ports.add((ip, int(port, 16)))
 body = json.dumps({"model": "scripted", "messages": [{"role": "user", "content": "FORGED-RECORD"}]}).encode()
 got = []
-for port in sorted(ports):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, method="POST",
+for ip, port in sorted(ports):
+    req = urllib.request.Request(f"http://{ip}:{port}/v1/chat/completions", data=body, method="POST",
                                  headers={"content-type": "application/json", "x-mass-agent": "forger"})
     try:
         got.append(urllib.request.urlopen(req, timeout=3).status)
@@ -98,9 +101,10 @@ def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, s
     assert f"uid={SANDBOX_UID}" in shell_output and SANDBOX_UID != UID, shell_output
     assert "WROTE" not in shell_output and "no /out" in shell_output and "harness processes seen: 0" in shell_output
     assert "proxy refused" in shell_output, shell_output  # it found the proxy on the pod's loopback: refused
-    # the policy's way to the model answers it too (a call of its own, in no record), and is all it reached
+    # the policy's way to the model answers it too (a call of its own, in no record); the third is the
+    # run's egress proxy, which serves no model route (404); that is all it reached
     assert [r for r in ep.requests if r["headers"].get("x-mass-agent") == "forger"], shell_output
-    assert "ports: 2 " in shell_output and "unreachable" not in shell_output, shell_output
+    assert "ports: 3 " in shell_output and "'404'" in shell_output and "unreachable" not in shell_output, shell_output
     later = [m["content"] for m in trace[3]["request"]["messages"] if m["role"] == "tool"][-1]
     assert "no-late" in later and "LATE-WROTE" not in later, later  # the sandbox reaped the daemon
     # the workspace Argo uploaded is the sandbox's, result.txt included
