@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
 from pathlib import Path
 
@@ -476,3 +477,33 @@ def test_through_the_agent_pod_template_a_command_reaches_an_allowed_host_and_no
         assert "network" not in status
         signed = {n: output(n) for n in proof.EPISODE_OUTPUTS if n != "network.jsonl"} | {"network.jsonl": None}
     assert proof.refusal(KEY, output(proof.PROOF), signed) is None
+
+
+def test_a_flood_of_requests_is_refused_past_the_cap_and_the_episode_loses_its_record(hosts, tmp_path):
+    """Past the cap a proxy refuses (429) and only counts, so a flood costs it no memory; the record
+    is then not whole, which the harness makes an infra_error (locally and from the run's proxy)."""
+    from mass_jobs.sandbox.egress_service import EgressService, EgressUnavailable, RemoteEgress, proxy_url
+
+    a = f"http://127.0.0.1:{hosts['allowed']}/x"
+    with EgressService([f"127.0.0.1:{hosts['allowed']}"], {"r": b"k" * 32}.get, ("127.0.0.1", 0),
+                       log=lambda doc: None) as s:
+        addr = f"http://127.0.0.1:{s.address[1]}"
+        remote = RemoteEgress(addr, "r", b"k" * 32, tmp_path / "network.jsonl")
+        remote.begin()
+        s.ledger("r").cap = 3
+        got = [_get(a, proxy_url(addr, "r", b"k" * 32)) for _ in range(5)]
+        assert got == ["page allowed /x"] * 3 + ["HTTP 429"] * 2
+        assert len(s.ledger("r").records) == 3 and s.ledger("r").overflow == 2
+        with pytest.raises(EgressUnavailable, match="over 3 network requests"):
+            remote.settled_summary()
+    with EgressProxy([f"127.0.0.1:{hosts['allowed']}"], tmp_path / "local.jsonl", tmp_path / "e.sock") as local:
+        local.ledger.cap = 1
+        replies = []
+        for _ in range(2):  # as the relay in a sandbox sends them, onto the episode proxy's socket
+            with socket.socket(socket.AF_UNIX) as c:
+                c.connect(str(local.socket_path))
+                c.sendall(f"GET {a} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                replies.append(c.makefile("rb").readline().split()[1])
+        assert replies == [b"200", b"429"]
+        with pytest.raises(EgressUnavailable, match="over 1 network requests"):
+            local.settled_summary()

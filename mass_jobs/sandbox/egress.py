@@ -39,6 +39,7 @@ DEFAULT_PORTS = (80, 443)
 SANDBOX_PORT = 3128  # where the relay listens on the sandbox's own loopback
 SANDBOX_SOCKET = "/run/mass-egress.sock"  # where the proxy's socket shows inside the sandbox
 HEAD_LIMIT = 64 * 1024  # request line and headers
+MAX_REQUESTS = 10_000  # per episode: past it requests are refused and only counted
 CHUNK = 64 * 1024
 
 
@@ -133,8 +134,14 @@ class EgressProxy:
 
     def settled_summary(self, wait_s: float = 5) -> dict:
         """The summary once the connections still open have ended and recorded (the sandboxes that
-        made them are gone by now), waiting at most `wait_s`."""
-        return summarize(self.ledger.settle(wait_s))
+        made them are gone by now), waiting at most `wait_s`. EgressUnavailable when the record is
+        not whole (requests past the cap)."""
+        records = self.ledger.settle(wait_s)
+        if (why := self.ledger.over_cap()) is not None:
+            from mass_jobs.sandbox.egress_service import EgressUnavailable
+
+            raise EgressUnavailable(why)
+        return summarize(records)
 
 
 def summarize(records: list[dict]) -> dict:
@@ -159,19 +166,31 @@ class Ledger:
     one; the run's proxy, egress_service.py, one per rollout). `seq`: a connection's place in the
     order of arrival."""
 
-    def __init__(self, allow: AllowList, write=None):
+    def __init__(self, allow: AllowList, write=None, cap: int = MAX_REQUESTS):
         self.allow = allow
         self.records: list[dict] = []
         self.active = 0  # connections being served (each records when it ends)
         self.started = 0
+        self.overflow = 0  # requests refused past `cap`, not recorded one by one
+        self.cap = cap
         self._write = write  # persists each record too (the episode's network.jsonl)
         self._lock = threading.Lock()
 
     def open(self) -> int:
+        """The new connection's seq; past `cap` requests it is refused (429) and only counted, so a
+        flood costs the proxy no memory (and the episode its record: see over_cap)."""
         with self._lock:
+            if self.started >= self.cap:
+                self.overflow += 1
+                raise _Refused(429, f"over {self.cap} requests in this episode")
             self.active += 1
             seq, self.started = self.started, self.started + 1
             return seq
+
+    def over_cap(self) -> str | None:
+        """Why the record is not whole (requests past the cap), or None."""
+        return (f"the episode's code made over {self.cap} network requests ({self.overflow} more were refused "
+                "unrecorded)") if self.overflow else None
 
     def close(self, rec: dict) -> None:
         with self._lock:
@@ -191,7 +210,7 @@ class Ledger:
 
 class _Handler(socketserver.BaseRequestHandler):
     """One client connection. The server's `admit(method, target, headers)` names the Ledger it counts
-    in, or refuses it (_Refused: then only the server's `refused` hook, if any, sees it); a request
+    in, or refuses it (_Refused 407: then only the server's `refused` hook, if any, sees it); a request
     in origin form (`GET /path`) is for the proxy itself: its `control` hook answers, if it has one."""
 
     def handle(self) -> None:
@@ -211,13 +230,14 @@ class _Handler(socketserver.BaseRequestHandler):
                 _send(client, status, json.dumps(doc, sort_keys=True).encode(), "application/json")
                 return
             rec["method"] = method
-            ledger = server.admit(method, target, headers)  # type: ignore[attr-defined]
-            rec["seq"] = ledger.open()
+            admitted = server.admit(method, target, headers)  # type: ignore[attr-defined]
+            rec["seq"] = admitted.open()
+            ledger = admitted
             _forward(server, ledger.allow, client, rec, method, target, version, headers, rest)
         except _Refused as exc:
             rec.update(reason=exc.why, status=exc.status)
             _send(client, exc.status, f"mass-jobs egress proxy: {exc.why}\n".encode(), "text/plain", exc.extra)
-            if ledger is None and rec["method"] and getattr(server, "refused", None) is not None:
+            if exc.status == 407 and getattr(server, "refused", None) is not None:  # nobody's: the proxy's log
                 server.refused(dict(rec, client=str(self.client_address[0]) if self.client_address else ""))
         except OSError as exc:
             rec.setdefault("reason", f"connection ended: {exc}")

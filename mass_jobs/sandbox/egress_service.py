@@ -159,7 +159,7 @@ class EgressService:
         except ValueError:
             return 400, {"error": "from: expected an integer"}
         records = sorted((r for r in ledger.settle(SETTLE_S) if r["seq"] >= start), key=lambda r: r["seq"])
-        return 200, {"boot": self.boot, "records": records, "open": ledger.active}
+        return 200, {"boot": self.boot, "records": records, "open": ledger.active, "over_cap": ledger.over_cap()}
 
 
 class _TcpServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
@@ -217,6 +217,8 @@ class RemoteEgress:
         doc = self._get(f"/egress/record?from={int(self._cursor['next'])}")
         if doc.get("boot") != self._cursor.get("boot"):
             raise EgressUnavailable("the run's egress proxy restarted during the episode: its record is not whole")
+        if doc.get("over_cap"):
+            raise EgressUnavailable(str(doc["over_cap"]))
         records = doc.get("records")
         if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
             raise EgressUnavailable("the run's egress proxy sent no list of records")
