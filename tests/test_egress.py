@@ -168,31 +168,42 @@ def test_the_spec_field_names_each_bad_entry_and_reaches_the_episode_file():
     assert "network" not in episode_file_json(off)  # files of runs without network stay as they were
 
 
-@needs_bwrap
-@pytest.mark.parametrize("network", [True, False], ids=["network", "off"])
-def test_a_builtin_episode_records_its_requests_beside_the_trace_and_counts_them(scripted_endpoint, hosts, tmp_path,
-                                                                                network):
+def fetch_episode(scripted_endpoint, hosts, network: bool, python: str = "python") -> tuple[EpisodeInput, str, str]:
+    """A builtin episode whose worker fetches the allowed host's page and the denied one's; (input, a, d)."""
     a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
     ep = scripted_endpoint({
         "orchestrator": [Reply.call("delegate", agent_id="worker-1", role="fetcher", assignment="Fetch the prices."),
                          Reply.call("finish", summary="fetched", status="success")],
         "worker-1": [Reply.call("write_file", path="fetch.py", content=FETCH),
-                     Reply.call("shell", command=f"python fetch.py {a} {d}"),
+                     Reply.call("shell", command=f"{python} fetch.py {a} {d}"),
                      Reply.call("finish", summary="fetched")]})
     inp = EpisodeInput(prompt="Fetch the prices.", endpoint=ep.endpoint, sampling=Sampling(),
                        limits=EpisodeLimits(wall_s=60, turns_per_agent=5, memory_mb=1024),
                        network=(f"127.0.0.1:{hosts['allowed']}",) if network else None)
-    result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
+    return inp, a, d
+
+
+def check_fetch_record(result, out: Path, hosts, a: str, d: str, network: bool) -> None:
+    """What the fetch episode's trace, network.jsonl and status show, with the network or without."""
     validate_status(result.status)
-    tool_text = json.dumps([r["request"]["messages"] for r in read_trace(tmp_path / "out" / "trace.jsonl")])
+    tool_text = json.dumps([r["request"]["messages"] for r in read_trace(out / "trace.jsonl")])
     if network:
         assert f"{a} page allowed /prices.csv" in tool_text and f"{d} FAILED 403" in tool_text
-        got = records(tmp_path / "out" / "network.jsonl")
+        got = records(out / "network.jsonl")
         assert [(x["port"], x["allowed"]) for x in got] == [(hosts["allowed"], True), (hosts["denied"], False)]
         assert result.status["network"] == summarize(got) and result.status["network"]["denied"] == 1
-    else:
+    else:  # no proxy named: the commands' own isolation holds them (in a pod, the policy)
         assert tool_text.count("FAILED URLError") == 2
-        assert "network" not in result.status and not (tmp_path / "out" / "network.jsonl").exists()
+        assert "network" not in result.status and not (out / "network.jsonl").exists()
+
+
+@needs_bwrap
+@pytest.mark.parametrize("network", [True, False], ids=["network", "off"])
+def test_a_builtin_episode_records_its_requests_beside_the_trace_and_counts_them(scripted_endpoint, hosts, tmp_path,
+                                                                                network):
+    inp, a, d = fetch_episode(scripted_endpoint, hosts, network)
+    result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
+    check_fetch_record(result, tmp_path / "out", hosts, a, d, network)
 
 
 @needs_bwrap
@@ -383,16 +394,7 @@ def test_an_agent_pod_s_commands_go_through_the_run_s_proxy_and_its_record_is_th
     from mass_jobs.sandbox.egress_service import EgressService, RemoteEgress, proxy_url
 
     rollout, key = "gen-0/collect/a/ep-0", b"k" * 32
-    a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
-    ep = scripted_endpoint({
-        "orchestrator": [Reply.call("delegate", agent_id="worker-1", role="fetcher", assignment="Fetch the prices."),
-                         Reply.call("finish", summary="fetched", status="success")],
-        "worker-1": [Reply.call("write_file", path="fetch.py", content=FETCH),
-                     Reply.call("shell", command=f"python3 fetch.py {a} {d}"),
-                     Reply.call("finish", summary="fetched")]})
-    inp = EpisodeInput(prompt="Fetch the prices.", endpoint=ep.endpoint, sampling=Sampling(),
-                       limits=EpisodeLimits(wall_s=60, turns_per_agent=5, memory_mb=1024),
-                       network=(f"127.0.0.1:{hosts['allowed']}",) if network else None)
+    inp, a, d = fetch_episode(scripted_endpoint, hosts, network, python="python3")
     client, servers = _sandbox_service(tmp_path)
     keys = {rollout: key, "gen-0/collect/a/ep-1": b"j" * 32}
     with EgressService([f"127.0.0.1:{hosts['allowed']}"], keys.get, ("127.0.0.1", 0), log=lambda doc: None) as s:
@@ -402,17 +404,8 @@ def test_an_agent_pod_s_commands_go_through_the_run_s_proxy_and_its_record_is_th
         (tmp_path / "out").mkdir()
         result = run_episode(inp, tmp_path / "ws", tmp_path / "out", sandbox=client, egress=egress)
     servers[0].shutdown()
-    validate_status(result.status)
     assert result.outcome == "success", result.reason
-    tool_text = json.dumps([r["request"]["messages"] for r in read_trace(tmp_path / "out" / "trace.jsonl")])
-    if network:
-        assert f"{a} page allowed /prices.csv" in tool_text and f"{d} FAILED 403" in tool_text
-        got = records(tmp_path / "out" / "network.jsonl")
-        assert [(x["port"], x["allowed"]) for x in got] == [(hosts["allowed"], True), (hosts["denied"], False)]
-        assert result.status["network"] == summarize(got) and result.status["network"]["denied"] == 1
-    else:  # no proxy named: the commands' own isolation holds them (in a pod, the policy)
-        assert "network" not in result.status and not (tmp_path / "out" / "network.jsonl").exists()
-        assert tool_text.count("FAILED URLError") == 2
+    check_fetch_record(result, tmp_path / "out", hosts, a, d, network)
 
 
 def test_an_unreachable_or_restarted_run_proxy_makes_the_episode_an_infra_error(scripted_endpoint, hosts, tmp_path):
