@@ -127,7 +127,7 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
                     **({"memory_limit": result.memory_limit} if result.memory_limit else {})},
     }
     if egress is not None:  # what the shell commands' code reached, as the egress proxy recorded it
-        from mass_jobs.sandbox.egress_service import EgressUnavailable
+        from mass_jobs.sandbox.egress import EgressUnavailable
 
         try:
             status["network"] = egress.settled_summary()
@@ -200,7 +200,7 @@ def _wait_ready(sandbox) -> HarnessOutcome | None:
 
 def _reach_egress(egress, sandbox) -> HarnessOutcome | None:
     """The run's egress proxy (an agent pod's): its cursor taken, its address given to the sandbox."""
-    from mass_jobs.sandbox.egress_service import EgressUnavailable
+    from mass_jobs.sandbox.egress import EgressUnavailable
 
     try:
         egress.begin()

@@ -43,6 +43,10 @@ MAX_REQUESTS = 10_000  # per episode: past it requests are refused and only coun
 CHUNK = 64 * 1024
 
 
+class EgressUnavailable(Exception):
+    """The episode's record of its network is not whole: a proxy unreachable, restarted, or past its cap."""
+
+
 @dataclass(frozen=True)
 class Rule:
     host: str  # a name, '*.domain' or an address
@@ -138,8 +142,6 @@ class EgressProxy:
         not whole (requests past the cap)."""
         records = self.ledger.settle(wait_s)
         if (why := self.ledger.over_cap()) is not None:
-            from mass_jobs.sandbox.egress_service import EgressUnavailable
-
             raise EgressUnavailable(why)
         return summarize(records)
 

@@ -36,7 +36,7 @@ import threading
 import urllib.parse
 from typing import Callable
 
-from mass_jobs.sandbox.egress import AllowList, Ledger, _Handler, _Refused
+from mass_jobs.sandbox.egress import AllowList, EgressUnavailable, Ledger, _Handler, _Refused
 
 PORT = 3128
 TOKEN_MESSAGE = b"mass-egress"
@@ -165,10 +165,6 @@ class EgressService:
 class _TcpServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
     allow_reuse_address = True
-
-
-class EgressUnavailable(Exception):
-    """The run's proxy did not answer, or answered with a record that is not whole."""
 
 
 class RemoteEgress:
