@@ -422,11 +422,23 @@ def test_an_unreachable_or_restarted_run_proxy_makes_the_episode_an_infra_error(
     assert result.outcome == "infra_error" and "egress proxy" in result.reason, result.reason
     # a proxy that restarted between the cursor and the record: the record is not whole
     with EgressService([], {"r": b"k" * 32}.get, ("127.0.0.1", 0), log=lambda doc: None) as s:
-        remote = RemoteEgress(f"http://127.0.0.1:{s.address[1]}", "r", b"k" * 32, tmp_path / "n.jsonl")
-        remote.begin()
-        s.boot = "another"
-        with pytest.raises(Exception, match="restarted during the episode"):
-            remote.settled_summary()
+        answer = s._server.control
+
+        def restart_after_the_cursor(method, target, headers):
+            reply = answer(method, target, headers)
+            if target.startswith("/egress/cursor"):
+                s.boot = "another"
+            return reply
+
+        s._server.control = restart_after_the_cursor
+        remote = RemoteEgress(f"http://127.0.0.1:{s.address[1]}", "r", b"k" * 32, tmp_path / "out2" / "network.jsonl")
+        (tmp_path / "out2").mkdir()
+        (tmp_path / "again").mkdir()
+        client, servers = _sandbox_service(tmp_path / "again")
+        result = run_episode(inp, tmp_path / "ws2", tmp_path / "out2", sandbox=client, egress=remote)
+        servers[0].shutdown()
+    assert result.outcome == result.status["outcome"] == "infra_error"
+    assert "restarted during the episode" in result.reason
 
 
 @pytest.mark.argo_exec

@@ -15,13 +15,13 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    import os
     import sys
+    import threading
 
     from mass_jobs.commands.common import open_run
     from mass_jobs.episodes import proof
     from mass_jobs.sandbox.egress_service import EgressService
-
-    import os
 
     host, colon, port = args.listen.rpartition(":")
     if not colon or not port.isdigit():
@@ -40,7 +40,5 @@ def main(args) -> int:
         run = ctx.run
         print(f"egress proxy for run {run} on {service.address[0]}:{service.address[1]}; "
               f"allowed: {', '.join(allow) or 'nothing (execution.network: off)'}", flush=True)
-        import threading
-
         threading.Event().wait()
     return 0

@@ -132,7 +132,8 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
         try:
             status["network"] = egress.settled_summary()
         except EgressUnavailable as exc:  # what the code reached is not known: nothing to learn from
-            status.update(outcome="infra_error", reason=str(exc)[:4000])
+            result.outcome, result.reason = "infra_error", str(exc)[:4000]
+            status.update(outcome=result.outcome, reason=result.reason)
     try:
         validate_status(status)
     except ValueError as exc:  # a value nothing should produce: the episode still ends classified
