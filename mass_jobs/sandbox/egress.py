@@ -109,10 +109,6 @@ class EgressProxy:
         """What a sandboxed command is given to get out: this proxy's socket (bound in, relayed)."""
         return str(self.socket_path)
 
-    @property
-    def records(self) -> list[dict]:
-        return self.ledger.records
-
     def __enter__(self) -> EgressProxy:
         import os
 

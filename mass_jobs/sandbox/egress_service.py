@@ -96,9 +96,6 @@ class EgressService:
         self._server.shutdown()
         self._server.server_close()
 
-    def serve_forever(self) -> None:
-        self._server.serve_forever(poll_interval=0.5)
-
     # -- who is asking
     def _rollout(self, headers: list[tuple[str, str]]) -> str:
         value = next((v for k, v in headers if k.lower() == "proxy-authorization"), "")
