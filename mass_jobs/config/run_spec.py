@@ -101,6 +101,14 @@ class SearchSpec(Closed):
         "each version is judged against the elite and replaces it when preferred; an elite is judged against "
         "the reference once, when it becomes the elite (docs/parity.md).",
     )
+    workflow_format: Literal["structured", "upstream"] = Field(
+        default="structured",
+        description="How a workflow reaches the prompt and what the optimizer proposes. 'structured': agents with "
+        "role, instruction and output contract plus hops, validated, rendered as a '## Workflow' section after the "
+        "task; the optimizer answers with that JSON. 'upstream' (the paper's code): the task text as written with "
+        "its design block (the agent-team line, the raw JSON agent list) before the general rules; the optimizer "
+        "answers with a free-text replacement of that block (docs/parity.md).",
+    )
 
 
 class CollectionSpec(Closed):

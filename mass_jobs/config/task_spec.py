@@ -73,6 +73,12 @@ class Task(Closed):
     prompt: str = Field(min_length=1, description="The bare task prompt (no workflow, no directive).")
     deliverables: list[str] = Field(default_factory=list, description="Workspace-relative paths the task asks for.")
     workflow: Workflow | None = Field(default=None, description="Initial workflow; the default team when absent.")
+    upstream_text: str | None = Field(
+        default=None, min_length=1,
+        description="The upstream MASS task text as written (the task, the agent-team line, the JSON agent list, "
+        "the general rules after it): under search.workflow_format upstream the search rewrites its design "
+        "block in place. Set by `format: upstream` task files and `mass import upstream`.",
+    )
     guards: Guards = Field(default_factory=Guards)
     files: dict[str, str] = Field(
         default_factory=dict, description="Seed files written into every workspace (path -> text)."

@@ -25,9 +25,8 @@ import numpy as np
 from pydantic import Field
 
 from mass_jobs.config.shared import Closed
-from mass_jobs.config.task_spec import Workflow
 from mass_jobs.judging.embed import make_embedder
-from mass_jobs.spec.workflow import render_workflow
+from mass_jobs.spec.workflow_docs import text_of
 
 DIMS = 4  # principal components of the embedding kept at most
 RIDGE = 1e-9  # added to the correlation matrix's diagonal: logdet of a rank-deficient sample stays finite
@@ -153,7 +152,7 @@ def search_samples(states: dict[str, dict]) -> list[dict]:
             champion = k == 0 or state.get("selection", "champion") == "champion"
             versus = rec.get("reference_verdict") if champion else rec.get("verdict")
             won = bool(versus and versus.get("valid") and versus.get("winner") == f"iter-{k}")
-            out.append({"task": task, "k": k, "text": render_workflow(Workflow.model_validate(rec["workflow"])),
+            out.append({"task": task, "k": k, "text": text_of(rec["workflow"]),
                         "outcome": int(rec["outcome"] == "success"), "verdict": int(won)})
     return out
 

@@ -10,7 +10,9 @@ Sections of the user message, in order:
      elite under elite): a scoreboard, then per verdict its rationale, the action items it names and
      the workflow change behind it (a unified diff, fuller for the three most recent);
   3b. the issues the rationales keep naming, counted;
-  4. the instructions and the reply contract (the workflow JSON).
+  4. the instructions and the reply contract: the workflow JSON, or under `search.workflow_format:
+     upstream` the paper's reply (a whole replacement design block, with its explanation lists), the
+     versions shown as their design blocks and the task's rules after the block shown apart.
 `build` fits the request to the served context by cutting the evidence (results appendix first,
 then the workspace view) and refuses, naming the spec fields, when the rest alone does not fit.
 Pure: `steps/search.py` gathers the inputs from the store.
@@ -24,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 
 from mass_jobs.judging.evidence import count_tokens, fit_tokens
+from mass_jobs.spec.upstream_format import UPSTREAM_MARKER
 
 SYSTEM = """You are a principal prompt engineer for teams of autonomous coding agents. A team (one orchestrator that
 delegates to workers, all the same model) executed the task below by following a workflow appended to its
@@ -37,6 +40,15 @@ Reply with one JSON object and nothing else:
 {"agents": [{"id": "orchestrator", "role": "...", "instruction": "...", "contract": "..."}, ...],
  "hops": [{"caller": "orchestrator", "callee": "...", "returns": "...", "on_failure": "<agent id or null>"}]}
 Agent ids are lowercase letters, digits and dashes; the first agent is the orchestrator."""
+
+# the same request when a version is a free-text design block inside the task text (the paper's reply)
+UPSTREAM_SYSTEM = SYSTEM.split("Reply with one JSON object", 1)[0].replace(
+    "a workflow appended to its\nprompt", "a workflow (the design block) written into its\nprompt") + f"""Reply with one JSON object and nothing else:
+{{"improved_multi_agent_design": "<the whole replacement design block>",
+ "changes_from_previous": ["..."], "why_it_should_improve": ["..."], "evidence_used": ["..."],
+ "expected_impact": ["..."], "verification_checks": ["..."]}}
+The design block starts with "{UPSTREAM_MARKER}" and holds the agent list and whatever
+the team must follow; it never repeats the task or the rules after it."""
 
 CUES = ("fail", "missing", "inconsistent", "mismatch", "not ", "lack", "weak", "nan", "null", "error", "defect",
         "reproducib")
@@ -85,6 +97,13 @@ class BriefInput:
     best_rationale: str = ""
     against_reference: bool = True
     champion: int | None = None  # starred on the scoreboard (a proven best)
+    workflow_format: str = "structured"  # "upstream": versions are {"design": block}
+    rules: str = ""  # upstream: the task's rules after the design block, as written
+
+
+def shown(wf: dict) -> str:
+    """A version as the optimizer reads it: the design block, or the workflow JSON."""
+    return wf["design"] if "design" in wf else json.dumps(wf, indent=1)
 
 
 def shorten(text: str, limit: int) -> str:
@@ -123,7 +142,7 @@ def recurring_issues(rationales: list[str]) -> str:
 
 
 def _design_text(wf: dict) -> list[str]:
-    return json.dumps(wf, indent=1, sort_keys=False).splitlines()
+    return shown(wf).splitlines()
 
 
 def design_diff(older: dict, newer: dict, a: int, b: int, limit: int) -> str:
@@ -249,20 +268,24 @@ def _instructions(inp: BriefInput) -> str:
         "Be specific: cite files, metrics and verdicts from the evidence; explain the mechanism of each change and "
         "its expected effect rather than general claims.",
         "Change only the workflow, not the task.",
-        f"Propose workflow v{n}: one JSON object with its agents and hops, nothing else.",
+        f"Propose workflow v{n}: one JSON object with its agents and hops, nothing else." if inp.workflow_format != "upstream"
+        else f"Propose workflow v{n}: the JSON object of the reply contract; its improved_multi_agent_design starts "
+             f"with '{UPSTREAM_MARKER}' and holds the whole block.",
     ])
 
 
 def sections(inp: BriefInput, evidence: str, results: str) -> list[str]:
-    cur = json.dumps(inp.designs[inp.current], indent=1)
+    cur = shown(inp.designs[inp.current])
     out = ["1. THE TASK AND ITS WORKFLOWS", f"TASK:\n{inp.task}", f"CURRENT WORKFLOW (v{inp.current}):\n{cur}"]
     if inp.best is not None:
-        out.append(f"PREVIOUS BEST WORKFLOW (v{inp.best}):\n{_best_note(inp)}\n{json.dumps(inp.designs[inp.best], indent=1)}")
+        out.append(f"PREVIOUS BEST WORKFLOW (v{inp.best}):\n{_best_note(inp)}\n{shown(inp.designs[inp.best])}")
     if inp.current >= 1 and inp.best != 0 and 0 in inp.designs:
         out.append("ORIGINAL WORKFLOW (v0, where the track started):\nNOTE: the root of the versions whose changes "
                    "the history below shows; use it to follow how the workflow evolved and to notice drift from its "
                    "intent. The current and best workflows supersede it: do not revert to it wholesale.\n"
-                   + json.dumps(inp.designs[0], indent=1))
+                   + shown(inp.designs[0]))
+    if inp.workflow_format == "upstream" and inp.rules:
+        out.append(f"RULES AFTER THE DESIGN BLOCK (part of the task, kept as they are):\n{inp.rules}")
     out += [f"2. EVIDENCE: THE CURRENT VERSION'S WORKSPACE (v{inp.current})\n{evidence}"]
     if results:
         out.append(f"{RESULTS_HEAD}\n{results}")
@@ -279,8 +302,10 @@ def build(inp: BriefInput, budget_tokens: int | None = None) -> tuple[list[dict]
     def render(evidence: str, results: str) -> str:
         return "\n\n".join(sections(inp, evidence, results))
 
+    system = UPSTREAM_SYSTEM if inp.workflow_format == "upstream" else SYSTEM
+
     def total(user: str) -> int:
-        return count_tokens(SYSTEM) + count_tokens(user)
+        return count_tokens(system) + count_tokens(user)
 
     evidence, results, cut = inp.evidence, inp.results, []
     user = render(evidence, results)
@@ -298,4 +323,4 @@ def build(inp: BriefInput, budget_tokens: int | None = None) -> tuple[list[dict]
             evidence = fit_tokens(evidence, room, "workspace evidence")
         user = render(evidence, results)
     info = {"tokens": total(user), "budget_tokens": budget_tokens, "cut": cut}
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}], info
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}], info

@@ -109,7 +109,7 @@ def _load_task_file(ref: TaskFile, index: int, read: Callable[..., str]) -> tupl
         if missing:
             return None, [SpecIssue(f"$.tasks[{index}].{key}", "required next to `format: upstream` (an upstream "
                                     "task file has no id or split of its own)") for key in missing]
-        doc: Any = {"prompt": prompt, "workflow": workflow.model_dump(mode="json")}
+        doc: Any = {"prompt": prompt, "workflow": workflow.model_dump(mode="json"), "upstream_text": text}
     else:
         try:
             doc = parse_document(text, ref.file)

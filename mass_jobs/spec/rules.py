@@ -11,6 +11,7 @@ from mass_jobs.config.task_spec import Task, Workflow
 from mass_jobs.spec.issues import SpecIssue, found_text
 from mass_jobs.config.composition import composition_of
 from mass_jobs.serving.roles import ROLES
+from mass_jobs.spec.upstream_format import DESIGN_END, UPSTREAM_MARKER
 
 
 # ---------------------------------------------------------------- cross-field rules
@@ -55,6 +56,13 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
             out.extend(workflow_issues(t.workflow, f"$.tasks[{i}].workflow"))
     for i, t in enumerate(tasks):
         out.extend(workspace_path_issues(t, f"$.tasks[{i}]"))
+    if spec.search.workflow_format == "upstream":
+        for i, t in enumerate(tasks):
+            text = t.upstream_text
+            if text is not None and not 0 <= text.find(UPSTREAM_MARKER) < text.rfind(DESIGN_END):
+                out.append(SpecIssue(f"$.tasks[{i}].upstream_text", f"expected the line {UPSTREAM_MARKER!r}, then "
+                                     f"the agent list, then the rules opening {DESIGN_END!r} (search.workflow_format: "
+                                     "upstream rewrites the block between them), found no such block"))
 
     s = spec.sft
     if s.context >= s.window:

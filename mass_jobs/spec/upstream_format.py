@@ -15,6 +15,8 @@ from mass_jobs.config.shared import ID_PATTERN
 from mass_jobs.config.task_spec import Agent, Workflow
 
 UPSTREAM_MARKER = "Create an agent team with following agent candidates to solve this problem:"
+# the general rules after the agent list open with this phrase (its last occurrence ends the design block)
+DESIGN_END = "Use uv for all Python workflows"
 
 
 def _agent_id(raw: str, taken: set[str]) -> str:

@@ -6,7 +6,8 @@ An upstream task directory holds `splits.json` (`designated_train`, `test`, and 
 `task_prompt_pattern` / `initial_workflow_pattern`), the bare prompts (`bare/query<id>.txt`) and
 the task-plus-agent-list files (`initial/query<id>_ourTeam.txt`). Each task becomes one native
 file: id from the bare prompt's name, split from splits.json, the bare prompt (upstream's own,
-else the text around the agent list), and the agent list as the initial workflow. Deliverables,
+else the text around the agent list), the agent list as the initial workflow, and the task text as
+written (`upstream_text`, for `search.workflow_format: upstream`). Deliverables,
 seed files and guards are not in the upstream format: add them to the written files.
 """
 
@@ -51,7 +52,8 @@ def convert(src: Path) -> tuple[list[dict], list[str]]:
             initial = src / patterns["initial_workflow_pattern"].format(task_id=tid)
             bare = src / patterns["task_prompt_pattern"].format(task_id=tid)
             try:
-                prompt, workflow = import_upstream(initial.read_text())
+                text = initial.read_text()
+                prompt, workflow = import_upstream(text)
             except OSError as exc:
                 issues.append(SpecIssue(f"$.{key}[{i}]", f"expected the file {initial} ({exc.__class__.__name__})"))
                 continue
@@ -61,7 +63,7 @@ def convert(src: Path) -> tuple[list[dict], list[str]]:
             if bare.is_file():
                 prompt = bare.read_text().strip()
             docs.append({"id": task_id(bare.stem), "split": split, "prompt": prompt,
-                         "workflow": workflow.model_dump(mode="json", exclude_defaults=True)})
+                         "workflow": workflow.model_dump(mode="json", exclude_defaults=True), "upstream_text": text})
     if issues:
         raise SpecError(where, issues, what=WHAT)
     if (src / "teacher_directive.txt").is_file():

@@ -103,15 +103,18 @@ def teacher_directive(harness: str) -> str:
 
 
 class PromptParts(NamedTuple):
-    """The exact pieces of a prompt; `text` joins them with SEPARATOR (empty pieces left out)."""
+    """The exact pieces of a prompt; `text` joins them with SEPARATOR (empty pieces left out), unless
+    the prompt is laid out otherwise (`whole`: an upstream design block sits inside the task text)."""
 
     task: str
     workflow: str
     directive: str
+    whole: str = ""
+    agent_rules: tuple[str, ...] = ()  # more text the bare prompt lacks (upstream rules that speak of agents)
 
     @property
     def text(self) -> str:
-        return SEPARATOR.join(p for p in (self.task, self.workflow, self.directive) if p)
+        return self.whole or SEPARATOR.join(p for p in (self.task, self.workflow, self.directive) if p)
 
 
 # ---------------------------------------------------------------- validation
@@ -181,7 +184,8 @@ def teacher_prompt(task_prompt: str, wf: Workflow, directive: str | None = None)
 # ---------------------------------------------------------------- optimizer proposals
 
 
-def _json_candidates(text: str):
+def json_candidates(text: str):
+    """JSON values in a reply (fenced blocks first, then bare ones outside those already offered)."""
     text = re.sub(r"<think>.*?</think>", "", text, flags=re.S)
     for m in re.finditer(r"```(?:json)?\s*\n(.*?)```", text, flags=re.S):
         yield m.group(1).strip()
@@ -203,7 +207,7 @@ def parse_proposal(text: str | None) -> Workflow:
     if not text or not text.strip():
         raise WorkflowError(["proposal: the reply is empty"])
     last_errors: list[str] | None = None
-    for cand in _json_candidates(text):
+    for cand in json_candidates(text):
         if isinstance(cand, str):
             try:
                 cand = json.loads(cand)

@@ -36,8 +36,8 @@ from mass_jobs.episodes import rollouts
 from mass_jobs.episodes.episode import EpisodeInput, EpisodeRequest
 from mass_jobs.episodes.rollouts import Execute, Phase, RolloutError, agent_ended, derived_seed
 from mass_jobs.steps.search_state import SearchState
-from mass_jobs.spec.workflow import teacher_directive, teacher_prompt_parts
-from mass_jobs.config.task_spec import Workflow
+from mass_jobs.spec.workflow import teacher_directive
+from mass_jobs.spec.workflow_docs import teacher_parts
 from mass_jobs.serving.roles import roles_input
 from mass_jobs.store import Step, Waiting
 
@@ -84,7 +84,7 @@ class Collection:
         self.version = self._teacher_version()
         self.workflow = next(r.workflow for r in self.state.iterations if r.k == self.version)
         directive = self.cfg.directive if self.cfg.directive is not None else teacher_directive(ctx.spec.execution.harness)
-        self.parts = teacher_prompt_parts(self.task.prompt, _wf(self.workflow), directive)
+        self.parts = teacher_parts(self.task, self.workflow, directive)
 
     def _winning_version(self) -> int | None:
         """The version that qualifies the task under `collect_when`, None when none does."""
@@ -121,7 +121,9 @@ class Collection:
         return {
             "task": self.task.id, "gen": self.gen, "index": i,
             "prompt": self.parts.text,
-            "prompt_parts": {"task": self.parts.task, "workflow": self.parts.workflow, "directive": self.parts.directive},
+            "prompt_parts": {"task": self.parts.task, "workflow": self.parts.workflow, "directive": self.parts.directive,
+                             # an upstream block's rules that name agents: stripped with it (absent otherwise)
+                             **({"agent_rules": list(self.parts.agent_rules)} if self.parts.agent_rules else {})},
             "elite_iteration": self.version,
             "seed": derived_seed(s.search.seed, self.task.id, self.gen, "collect", i),
             "files": self.task.files, "harness": s.execution.harness,
@@ -212,11 +214,6 @@ class Collection:
         self.store.put_json(key, summary)
         step.finish([key], extra={"skipped": summary["skipped"], "eligible": len(summary["eligible"])})
         return summary
-
-
-def _wf(doc: dict):
-
-    return Workflow.model_validate(doc)
 
 
 def run_collect(ctx: RunContext, gen: int, task_id: str, execute: Execute | None, *, episode: int | None = None,

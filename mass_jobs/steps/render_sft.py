@@ -268,7 +268,8 @@ def load_episode(ctx, gen: int, task, i: int) -> EpisodeTrace:
     readable = not trace_problems(records, problems)
     return EpisodeTrace(task.id, i, records, bare_prompt=task.prompt.strip(),
                         teacher_prompt=doc.get("prompt") or (teacher_prompt_from_trace(records, harness) if readable else None),
-                        harness=harness, strip_pieces=tuple(parts.get(k) or "" for k in ("workflow", "directive")),
+                        harness=harness, strip_pieces=tuple(parts.get(k) or "" for k in ("workflow", "directive"))
+                        + tuple(parts.get("agent_rules") or ()),
                         problems=tuple(problems))
 
 

@@ -37,19 +37,14 @@ from mass_jobs.judging.compare import Verdict, blind_judge, task_bundle, task_vi
 from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.judging.evidence import prompt_budget
-from mass_jobs.config.task_spec import Workflow
 from mass_jobs.episodes import rollouts
 from mass_jobs.episodes.episode import EpisodeInput, EpisodeRequest
 from mass_jobs.episodes.rollouts import Execute, Phase, agent_ended, derived_seed, rollout_outputs
 from mass_jobs.steps.search_state import IterationRecord, SearchState, fold, judge_version, won
 from mass_jobs.episodes.trace_shape import last_tool_calls
-from mass_jobs.spec.workflow import (
-    DEFAULT_WORKFLOW,
-    WorkflowError,
-    parse_proposal,
-    workflow_json,
-    workflow_prompt_parts,
-)
+from mass_jobs.spec import workflow_docs
+from mass_jobs.spec.upstream_design import DesignTemplate
+from mass_jobs.spec.workflow import WorkflowError, workflow_prompt_parts
 from mass_jobs.serving.roles import role_client, role_label, roles_input
 from mass_jobs.store import Step
 
@@ -73,10 +68,13 @@ class SearchError(StepFailed):
 def iteration_step(ctx: RunContext, gen: int, task_id: str, k: int):
     """Iteration k's Step: the task, k and the search settings (not how many iterations follow)."""
 
+    task, search = ctx.spec.task(task_id), ctx.spec.search
+    # fields at their defaults that earlier versions lacked stay out, so a stored search keeps its identity
     inputs = {
-        "task": ctx.spec.task(task_id).model_dump(mode="json"),
+        "task": task.model_dump(mode="json", exclude={"upstream_text"} if task.upstream_text is None else None),
         "k": k,
-        "search": ctx.spec.search.model_dump(mode="json", exclude={"iterations"}),
+        "search": search.model_dump(mode="json", exclude={"iterations"} | (
+            {"workflow_format"} if search.workflow_format == "structured" else set())),
         **({"roles": roles_input(ctx.spec)} if roles_input(ctx.spec) else {}),
     }
     # iteration 0 also runs the bare reference rollout
@@ -162,7 +160,7 @@ class Search:
         todo = []
         if k == 0:
             todo.append(("reference", workflow_prompt_parts(self.task.prompt, None).text))
-            wf = self.task.workflow or DEFAULT_WORKFLOW
+            wf = self._initial_doc()
         else:
             state = self.state()
             if state is None:
@@ -170,9 +168,9 @@ class Search:
             proposal = self._proposal(k, state)
             if proposal["workflow"] is None:
                 return []
-            wf = Workflow.model_validate(proposal["workflow"])
-        self.store.put_json(self._file(k, "workflow.json"), workflow_json(wf))
-        todo.append((k, workflow_prompt_parts(self.task.prompt, wf).text))
+            wf = proposal["workflow"]
+        self.store.put_json(self._file(k, "workflow.json"), wf)
+        todo.append((k, workflow_docs.prompt(self.task, wf)))
         return [(r, p) for r, p in todo if not self.store.exists(self._file(r, "status.json"))]
 
     def _request(self, r, prompt: str) -> EpisodeRequest:
@@ -215,16 +213,19 @@ class Search:
     def _initial(self) -> tuple[IterationRecord, list[str]]:
         ref = self._iter("reference")
         self._run_rollout("reference", workflow_prompt_parts(self.task.prompt, None).text)
-        wf = self.task.workflow or DEFAULT_WORKFLOW
+        wf = self._initial_doc()
         status = self._rollout_once(0, wf)
-        record = IterationRecord(k=0, workflow=workflow_json(wf), outcome=status.get("outcome"), preferred=True,
+        record = IterationRecord(k=0, workflow=wf, outcome=status.get("outcome"), preferred=True,
                                  elite_after=0, reference_verdict=self._versus_reference(0))
         return record, rollout_outputs(self.ctx, ref) + rollout_outputs(self.ctx, self._iter(0)) + [
             self._file(0, "workflow.json"), self._file(0, "reference_verdict.json")]
 
-    def _rollout_once(self, k: int, wf: Workflow) -> dict:
-        self.store.put_json(self._file(k, "workflow.json"), workflow_json(wf))
-        return self._run_rollout(k, workflow_prompt_parts(self.task.prompt, wf).text)
+    def _initial_doc(self) -> dict:
+        return workflow_docs.initial(self.task, self.cfg.workflow_format)
+
+    def _rollout_once(self, k: int, wf: dict) -> dict:
+        self.store.put_json(self._file(k, "workflow.json"), wf)
+        return self._run_rollout(k, workflow_docs.prompt(self.task, wf))
 
     def _bundle(self, k) -> str:
         """The evidence of rollout k's stored workspace (with its run notice)."""
@@ -265,8 +266,7 @@ class Search:
             record = IterationRecord(k=k, workflow=None, proposal_attempts=proposal["attempts"],
                                      proposal_errors=proposal["errors"], elite_after=state.elite)
             return record, outputs
-        wf = Workflow.model_validate(proposal["workflow"])
-        status = self._rollout_once(k, wf)
+        status = self._rollout_once(k, proposal["workflow"])
         outputs += rollout_outputs(self.ctx, prefix) + [self._file(k, "workflow.json")]
         candidate = (f"iter-{k}", self._bundle(k))
         best = (f"iter-{state.elite}", self._bundle(state.elite))
@@ -292,22 +292,24 @@ class Search:
         except optimizer_brief.BriefTooLong as e:
             raise SearchError(f"task {self.task.id}: iteration {k}: {e}") from None
         errors: list[str] = []
+        fmt = self.cfg.workflow_format
         for attempt in range(self.cfg.proposal_retries + 1):
             reply = self.optimizer.chat(messages, seed=derived_seed(self.cfg.seed, self.task.id, k, "proposal", attempt),
                                      headers={"X-Mass-Role": OPTIMIZER_ROLE, "X-Mass-Agent": OPTIMIZER_ROLE})
             content = reply.get("content") or ""
             try:
-                wf = parse_proposal(content)
+                wf, explanation = workflow_docs.parse_reply(self.task, fmt, content)
             except WorkflowError as e:
                 errors.append(f"attempt {attempt + 1}: " + "; ".join(e.errors))
                 messages = messages[:2] + [
                     {"role": "assistant", "content": content},
                     {"role": "user", "content": "That proposal could not be used:\n" + "\n".join(e.errors)
-                     + "\nReply with the corrected workflow JSON object only."},
+                     + "\n" + workflow_docs.RETRY[fmt]},
                 ]
                 continue
-            return {"workflow": workflow_json(wf), "attempts": attempt + 1, "errors": errors,
-                    "model": self.labels["optimizer"], "brief": brief}
+            return {"workflow": wf, "attempts": attempt + 1, "errors": errors,
+                    "model": self.labels["optimizer"], "brief": brief,
+                    **({"explanation": explanation} if explanation else {})}
         return {"workflow": None, "attempts": self.cfg.proposal_retries + 1, "errors": errors,
                 "model": self.labels["optimizer"], "brief": brief}
 
@@ -337,11 +339,14 @@ class Search:
                   "reason": str((_get_json(self.store, self._file(r.k, "status.json")) or {}).get("reason", ""))[:300]}
                  for r in tried[:-1] if r.outcome != "success"]
         main, results = task_views(self.store, self._iter(current.k), self.spec, self.task, results=True)
+        upstream = self.cfg.workflow_format == "upstream"
+        template = DesignTemplate.of_task(self.task) if upstream else None
         return optimizer_brief.BriefInput(
-            task=self.task.prompt, current=current.k, designs=designs, rows=rows, evidence=main, results=results,
+            task=template.task_text if template else self.task.prompt, current=current.k, designs=designs, rows=rows, evidence=main, results=results,
             status=status, last_calls=last_tool_calls(self.store, self._file(current.k, "trace.jsonl")) if failed else [],
             prior_failures=prior, best=best, best_case=case, best_rationale=why, against_reference=against_reference,
-            champion=state.elite if state.beats_reference else None)
+            champion=state.elite if state.beats_reference else None,
+            workflow_format=self.cfg.workflow_format, rules=template.after.strip() if template else "")
 
     # ------------------------------------------------------------ state
     def _save(self, k: int, record: IterationRecord, outputs: list[str]) -> None:

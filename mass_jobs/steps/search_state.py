@@ -14,8 +14,7 @@ from pydantic import Field
 
 from mass_jobs.judging.compare import Verdict
 from mass_jobs.config.shared import Closed
-from mass_jobs.config.task_spec import Workflow
-from mass_jobs.spec.workflow import diff_workflows
+from mass_jobs.spec.workflow_docs import changes as version_changes
 
 
 class Feedback(Closed):
@@ -91,14 +90,13 @@ def fold(task: str, gen: int, planned: int, records: list[IterationRecord], refe
     beat = [0] if beats else []
     feedback = [Feedback(iteration=0, result="initial", changes=["initial version"], outcome=elite.outcome,
                          rationale=elite.reference_verdict.rationale if elite.reference_verdict else "")]
-    last_wf = Workflow.model_validate(elite.workflow)
+    last_wf = elite.workflow
     for r in records[1:]:
         if r.workflow is None:
             feedback.append(Feedback(iteration=r.k, result="proposal_failed", rationale="; ".join(r.proposal_errors)))
             continue
-        wf = Workflow.model_validate(r.workflow)
-        changes = diff_workflows(last_wf, wf)
-        last_wf = wf
+        changes = version_changes(last_wf, r.workflow)
+        last_wf = r.workflow
         # the verdict that decided: against the reference (champion), against the elite (elite)
         decisive = r.reference_verdict if selection == "champion" else r.verdict
         assert decisive is not None

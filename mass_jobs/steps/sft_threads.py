@@ -139,8 +139,9 @@ def strip_teacher_prompt(
     """Replace the teacher prompt by the bare task in every user message that carries it.
 
     A harness may hand the model a changed task text (qwen-code trims the prompt and spaces out
-    unresolved @-paths); a message holding every piece (workflow, directive) still loses them, each
-    with its separator, and keeps the task as the harness sent it. Returns (messages, messages changed).
+    unresolved @-paths); a message holding every piece (workflow, directive, an upstream block's rules
+    that name agents) still loses them, each with the blank line or line break before it, and keeps the
+    task as the harness sent it. Returns (messages, messages changed).
     """
     out, replaced = [], 0
     pieces = tuple(p for p in pieces if p)
@@ -151,7 +152,7 @@ def strip_teacher_prompt(
             replaced += 1
         elif m["role"] == "user" and pieces and all(p in text for p in pieces):
             for p in pieces:
-                text = text.replace(SEPARATOR + p, "").replace(p, "")
+                text = text.replace(SEPARATOR + p, "").replace("\n" + p, "").replace(p, "")
             m = {**m, "content": text}
             replaced += 1
         out.append(m)
