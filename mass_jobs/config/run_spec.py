@@ -421,6 +421,13 @@ class ExecutionSpec(Closed):
                     "shell commands reach those through the episode's recording egress proxy (HTTP(S)_PROXY), each "
                     "request recorded in network.jsonl beside the trace and counted in the report. On a cluster the "
                     "proxy is the run's (a daemon of each cycle) and the agent pods' NetworkPolicy the boundary.")
+    startup_context: Literal["off", "reminder"] = Field(
+        default="off",
+        description="qwen-code's startup view (working directory, date, OS, folder tree) in every thread's first "
+                    "request. off: none (skipStartupContext). reminder: the form the paper's qwen-code release sent, "
+                    "a <system-reminder> text part before the task in the same user message; the pinned release's "
+                    "own form (a user turn and a canned model reply) is rewritten into it by the recording proxy "
+                    "(docs/parity.md). qwen-code only.")
     resources: Resources = Field(default_factory=Resources)
 
     @field_validator("network")

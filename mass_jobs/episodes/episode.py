@@ -75,6 +75,7 @@ class EpisodeInput:
     files: dict[str, str] = field(default_factory=dict)  # seed files: workspace-relative path -> text
     single_agent: bool = False  # one agent with the workers' tools and no delegation tool (builtin only)
     network: tuple[str, ...] | None = None  # hosts shell commands reach through the egress proxy; None: no network
+    startup_context: str = "off"  # execution.startup_context: qwen-code's startup view, "reminder" or none
 
     @classmethod
     def from_spec(cls, spec, endpoint: Endpoint, request: EpisodeRequest) -> EpisodeInput:
@@ -82,7 +83,8 @@ class EpisodeInput:
         return EpisodeInput(prompt=request.prompt, endpoint=endpoint, limits=spec.execution.limits,
                             sampling=spec.model.sampling, harness=spec.execution.harness, seed=request.seed,
                             files=dict(request.files), single_agent=request.single_agent,
-                            network=None if spec.execution.network == "off" else tuple(spec.execution.network))
+                            network=None if spec.execution.network == "off" else tuple(spec.execution.network),
+                            startup_context=spec.execution.startup_context)
 
 
 @dataclass
@@ -132,6 +134,7 @@ class EpisodeFile(Closed):
     files: dict[str, str] = Field(default_factory=dict)
     single_agent: bool = Field(default=False, description="One agent, no delegation tool (builtin harness).")
     network: list[str] | None = Field(default=None, description="execution.network's hosts; absent: no network.")
+    startup_context: Literal["off", "reminder"] = Field(default="off", description="execution.startup_context.")
 
 
 def load_episode_file(path: Path) -> EpisodeInput:
@@ -162,6 +165,7 @@ def episode_input(data: Any) -> EpisodeInput:
         files=dict(f.files),
         single_agent=f.single_agent,
         network=None if f.network is None else tuple(f.network),
+        startup_context=f.startup_context,
     )
 
 
@@ -178,7 +182,9 @@ def episode_file_json(inp: EpisodeInput) -> dict[str, Any]:
         files=inp.files,
         single_agent=inp.single_agent,
         network=None if inp.network is None else list(inp.network),
-    ).model_dump(mode="json", exclude={k for k, keep in (("single_agent", inp.single_agent), ("network", inp.network))
+        startup_context=inp.startup_context,
+    ).model_dump(mode="json", exclude={k for k, keep in (("single_agent", inp.single_agent), ("network", inp.network),
+                                                         ("startup_context", inp.startup_context != "off"))
                                        if not keep})  # files without them stay as they were
 
 

@@ -40,6 +40,7 @@ from mass_jobs.episodes.episode import (  # noqa: F401 (the package's names)
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.episodes.builtin import BuiltinHarness
 from mass_jobs.serving.proxy import RecordingProxy
+from mass_jobs.serving.startup_view import as_reminder
 from mass_jobs.store.base import replace_atomically
 
 
@@ -95,9 +96,10 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
         # in a pod only the calling uid the harness needs is served: a call the agent's code makes
         # on its own is refused, whatever it found.
         peers = None if qwen_uid is None else frozenset({qwen_uid} if inp.harness == "qwen-code" else {os.getuid()})
+        view = as_reminder if inp.harness == "qwen-code" and inp.startup_context == "reminder" else None
         with RecordingProxy(upstream=inp.endpoint, trace_path=trace_path, timeout_s=inp.limits.request_timeout_s,
                             max_reply_bytes=inp.limits.reply_bytes,
-                            client_token=secrets.token_urlsafe(24), peer_uids=peers) as proxy:
+                            client_token=secrets.token_urlsafe(24), peer_uids=peers, rewrite=view) as proxy:
             if inp.harness == "builtin":
                 result = _run_builtin(inp, proxy.endpoint, workspace, sandbox, egress_socket)
             elif qwen or sandbox:

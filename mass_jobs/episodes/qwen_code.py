@@ -85,10 +85,12 @@ def settings(inp: EpisodeInput) -> dict[str, Any]:
         generation["extra_body"] = extra
     return {
         "security": {"auth": {"selectedType": "openai"}},
-        # No startup context: its environment turn and canned "Got it." reply would open every
-        # thread and become windows whose only supervised tokens are qwen-code's, not the model's;
-        # upstream's renderer reads traces without them (the task at messages[1]).
-        "model": {"name": inp.endpoint.model, "generationConfig": generation, "skipStartupContext": True},
+        # The startup view only when asked for (execution.startup_context: reminder), and then the
+        # recording proxy turns this release's environment turn and canned "Got it." reply into the
+        # paper's release's form (serving/startup_view.py): a canned reply would become windows whose
+        # only supervised tokens are qwen-code's, not the model's.
+        "model": {"name": inp.endpoint.model, "generationConfig": generation,
+                  "skipStartupContext": inp.startup_context == "off"},
         # qwen-code fetches for web_fetch from its own process, which must reach the recording proxy and
         # so has a network; the model's only way out is its shell commands, through the episode's
         # egress proxy when execution.network allows hosts, recorded (docs/parity.md)

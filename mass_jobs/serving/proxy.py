@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.serving.proxy_records import (StreamAssembler, agent_from_headers, read_trace, request_record,
@@ -99,6 +99,7 @@ class RecordingProxy:
         client_token: str | None = None,
         peer_uids: frozenset[int] | None = None,
         max_reply_bytes: int = 64 * 2**20,
+        rewrite: Callable[[list], list | None] | None = None,
     ):
         self.upstream = upstream
         self.trace_path = Path(trace_path)
@@ -109,6 +110,8 @@ class RecordingProxy:
         self.timeout_s = timeout_s
         # a reply past this is neither buffered nor recorded further: the call ends reply_too_large
         self.max_reply_bytes = max_reply_bytes
+        # messages -> the messages the model is sent instead (None: as they came); the record is what it got
+        self.rewrite = rewrite
         # the trace could not be written (disk full): every later call is refused, the episode ends
         # infra_error, and the trace keeps only whole lines
         self.write_error: OSError | None = None
@@ -277,6 +280,11 @@ class RecordingProxy:
             body = json.loads(raw)
         except (ValueError, RecursionError):
             body = None
+        if self.rewrite is not None and isinstance(body, dict):
+            messages = self.rewrite(body.get("messages"))
+            if messages is not None:
+                body = {**body, "messages": messages}
+                raw = json.dumps(body, ensure_ascii=False).encode()
         rec: dict[str, Any] = {
             "started_at": utc_now(),
             "duration_s": 0.0,

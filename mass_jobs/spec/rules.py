@@ -32,6 +32,9 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
         out.append(SpecIssue("$.collection.validation_rank", f"expected train_ranks + 1 = {c.train_ranks + 1}, found {c.validation_rank}"))
     if c.episodes < c.validation_rank:
         out.append(SpecIssue("$.collection.episodes", f"expected >= validation_rank ({c.validation_rank}), found {c.episodes}"))
+    if spec.execution.startup_context != "off" and spec.execution.harness != "qwen-code":
+        out.append(SpecIssue("$.execution.startup_context", f"expected 'off' with harness {spec.execution.harness!r} "
+                             "(the startup view is qwen-code's), found " + repr(spec.execution.startup_context)))
     if c.teacher == "single" and spec.execution.harness != "builtin":
         out.append(SpecIssue("$.collection.teacher", f"expected 'team' with harness {spec.execution.harness!r} "
                              "('single' runs on the builtin harness), found 'single'"))
