@@ -102,6 +102,21 @@ def test_search_k3_replaces_elite_only_when_preferred(store, inner_spec, judging
     assert run_k3(spec, store, ep).run() == state and len(ep.requests) == n
 
 
+def test_the_papers_fixed_order_shows_the_reference_or_the_best_version_first(store, inner_spec, judging_endpoint):
+    """search.judge_order: fixed (examples/paper.yaml): as in the paper's code, the baseline (or the
+    version a new one challenges) is A in every verdict; the decisions are the seeded order's, since
+    this fixture's evaluator judges by content."""
+    spec = inner_spec(store, search={"judge_order": "fixed"})
+    ep = judging_endpoint()
+    script_k3(ep)
+    state = run_k3(spec, store, ep).run()
+    assert [r.preferred for r in state.iterations] == [True, True, False, True]
+    shown_first = [(r.k, r.reference_verdict and r.reference_verdict.first, r.verdict and r.verdict.first)
+                   for r in state.iterations]
+    assert shown_first == [(0, "reference", None), (1, "reference", "iter-0"), (2, None, "iter-1"),
+                           (3, "reference", "iter-1")]
+
+
 def test_killed_search_resumes_equal_to_uninterrupted(make_store, inner_spec, judging_endpoint):
     full_store, killed_store = make_store("file"), make_store("file")
     spec = inner_spec(full_store)

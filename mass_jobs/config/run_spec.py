@@ -101,6 +101,12 @@ class SearchSpec(Closed):
         "each version is judged against the elite and replaces it when preferred; an elite is judged against "
         "the reference once, when it becomes the elite (docs/parity.md).",
     )
+    judge_order: Literal["seeded", "fixed"] = Field(
+        default="seeded",
+        description="Which workspace the search's evaluator sees first. 'seeded': a draw per verdict from "
+        "search.seed, so position bias favours no side on average. 'fixed' (the paper's code): the bare reference, "
+        "or the best version a new one challenges, always first; the new version second (docs/parity.md).",
+    )
     workflow_format: Literal["structured", "upstream"] = Field(
         default="structured",
         description="How a workflow reaches the prompt and what the optimizer proposes. 'structured': agents with "

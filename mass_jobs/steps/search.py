@@ -33,7 +33,7 @@ import random
 from typing import Any
 
 from mass_jobs.judging import optimizer_brief
-from mass_jobs.judging.compare import Verdict, blind_judge, task_bundle, task_views
+from mass_jobs.judging.compare import Verdict, blind_judge, judge, task_bundle, task_views
 from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.judging.evidence import prompt_budget
@@ -73,8 +73,9 @@ def iteration_step(ctx: RunContext, gen: int, task_id: str, k: int):
     inputs = {
         "task": task.model_dump(mode="json", exclude={"upstream_text"} if task.upstream_text is None else None),
         "k": k,
-        "search": search.model_dump(mode="json", exclude={"iterations"} | (
-            {"workflow_format"} if search.workflow_format == "structured" else set())),
+        "search": search.model_dump(mode="json", exclude={"iterations"} | {
+            k for k, default in (("workflow_format", "structured"), ("judge_order", "seeded"))
+            if getattr(search, k) == default}),
         **({"roles": roles_input(ctx.spec)} if roles_input(ctx.spec) else {}),
     }
     # iteration 0 also runs the bare reference rollout
@@ -232,12 +233,17 @@ class Search:
         return task_bundle(self.store, self._iter(k), self.spec, self.task)
 
     def _judge(self, key: str, k: int, x: tuple[str, str], y: tuple[str, str], salt: str) -> Verdict:
+        """Version k (`x`) against the reference or the best version (`y`), stored once."""
         stored = _get_json(self.store, key)
         if stored:
             return Verdict.model_validate(stored)
-        rng = random.Random(derived_seed(self.cfg.seed, self.task.id, k, salt, "order"))
-        v = blind_judge(self.evaluator, self.task.prompt, x, y, rng, retries=self.spec.ranking.verdict_retries,
-                        seed=derived_seed(self.cfg.seed, self.task.id, k, salt), budget_tokens=prompt_budget(self.spec))
+        kw = {"retries": self.spec.ranking.verdict_retries, "seed": derived_seed(self.cfg.seed, self.task.id, k, salt),
+              "budget_tokens": prompt_budget(self.spec)}
+        if self.cfg.judge_order == "fixed":  # the paper's code: the baseline (or the champion) is A
+            v = judge(self.evaluator, self.task.prompt, y, x, **kw)
+        else:
+            rng = random.Random(derived_seed(self.cfg.seed, self.task.id, k, salt, "order"))
+            v = blind_judge(self.evaluator, self.task.prompt, x, y, rng, **kw)
         v = v.model_copy(update={"model": self.labels["evaluator"]})
         self.store.put_json(key, v.model_dump(mode="json"))
         return v
