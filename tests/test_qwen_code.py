@@ -161,18 +161,39 @@ def startup_view(first: dict) -> str:
     return "reminder before the task" if ok else "absent"
 
 
-def test_a_real_qwen_code_episodes_first_request_under_the_paper_spec_is_upstreams(scripted_endpoint, tmp_path):
+def test_a_real_qwen_code_episodes_first_request_under_the_paper_spec_is_upstreams(scripted_endpoint, tmp_path,
+                                                                                  tiny_model_dir):
     """qwen-code itself, configured from examples/paper.yaml, against the scripted endpoint: its first
     request's sampling fields, and its settings, beside upstream's block, field by field; a failed
-    request is not retried (upstream's maxRetries 0)."""
+    request is not retried (upstream's maxRetries 0).
+
+    The startup view (execution.startup_context: reminder): qwen-code 0.15.10 writes it (working
+    directory, date, OS, folder tree) as a user turn and a canned reply; the model gets it as the
+    paper's release sent it (measured on 0.21.2, the first release after 0.20.0 that npm has): a
+    `<system-reminder>` text part before the task in one user message, in every thread. No request,
+    trace or window holds the canned reply, and the render step still finds and strips the teacher prompt."""
+    from transformers import AutoTokenizer
+
+    from mass_jobs.config.run_spec import SftSpec
     from mass_jobs.spec.load import load_spec
+    from mass_jobs.steps.render_sft import render_windows
+    from mass_jobs.steps.sft_threads import EpisodeTrace, rebuild_threads
+    from mass_jobs.steps.sft_tokens import IGNORE
 
     spec = load_spec(Path(__file__).parents[1] / "examples" / "paper.yaml")
-    ep = scripted_endpoint({MAIN: [Reply.text("Done.")]})
-    inp = EpisodeInput(prompt="Write analysis.py and check it.", endpoint=ep.endpoint, limits=spec.execution.limits,
-                       sampling=spec.model.sampling, harness="qwen-code", seed=3,
+    ws = tmp_path / "ws"
+    ep = scripted_endpoint({
+        SUB: [Reply.call("write_file", file_path=str(ws / "analysis.py"), content="print(2.0)\n"),
+              Reply.text("Wrote analysis.py")],
+        MAIN: [Reply.call("agent", description="write code", prompt="Write analysis.py printing 2.0.",
+                          subagent_type="general-purpose"),
+               Reply.text("Done: analysis.py prints 2.0")],
+    })
+    parts = teacher_parts()
+    inp = EpisodeInput(prompt=parts.text, endpoint=ep.endpoint, limits=spec.execution.limits,
+                       sampling=spec.model.sampling, harness="qwen-code", seed=3, files={"data/prices.csv": "date,close\n"},
                        startup_context=spec.execution.startup_context)
-    result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
+    result = run_episode(inp, ws, tmp_path / "out")
     first = next(r["body"] for r in ep.requests if r["path"].endswith("/chat/completions"))
     gen = settings(inp)["model"]["generationConfig"]
     ours = {"maxRetries": gen["maxRetries"], "contextWindowSize": gen["contextWindowSize"],
@@ -192,7 +213,37 @@ def test_a_real_qwen_code_episodes_first_request_under_the_paper_spec_is_upstrea
     assert [r for r in rows if r[1] != r[2]] == [], rows
     assert first["seed"] == 3 and first["stream"] is True
     assert "web_fetch" not in {t["function"]["name"] for t in first["tools"]}  # docs/parity.md says why
-    assert result.outcome == "no_work"  # the scripted reply did nothing: the episode ran to its end
+
+    trace = read_trace(tmp_path / "out" / "trace.jsonl")
+    assert result.outcome == "success" and len(trace) == 4
+    sent = [r["body"]["messages"] for r in ep.requests if r["path"].endswith("/chat/completions")]
+    assert [m["messages"] for m in (r["request"] for r in trace)] == sent  # the trace is what the model got
+    for messages in sent:  # every request of both threads: one user message opens it, view first
+        assert messages[1]["role"] == "user" and all(m["role"] != "user" for m in messages[2:3])
+        view, *task = messages[1]["content"]
+        assert view["text"].startswith("<system-reminder>\nThis is the Qwen Code. We are setting up the context")
+        assert view["text"].endswith("\n</system-reminder>")
+        for line in ("My operating system is: linux", "I'm currently working in the directory: ",
+                     "Here is the folder structure of the current working directories:", "prices.csv"):
+            assert line in view["text"], line
+        assert "Today's date is " in view["text"]
+    main = [m for m in sent if m[0]["content"] and MAIN in json.dumps(m[0]["content"])]
+    assert main[0][1]["content"][1:] == [{"type": "text", "text": parts.text}]
+    assert "Got it. Thanks for the context!" not in json.dumps(trace)
+
+    episode = EpisodeTrace("mean", 0, trace, bare_prompt=parts.task, teacher_prompt=parts.text, harness="qwen-code",
+                           strip_pieces=(parts.workflow, parts.directive))
+    assert [t.role for t in rebuild_threads(trace, "qwen-code", roles="prompt", prompt=parts.text)] == [
+        "orchestrator", "worker"]
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    windows, stats = render_windows([episode], tok, SftSpec(window=65536, context=512))
+    assert stats["episode_errors"] == [] and stats["windows_by_role"] == {"orchestrator": 1, "worker": 1, "auxiliary": 0}
+    texts = [tok.decode(w.input_ids) for w in windows]
+    orch = next(t for w, t in zip(windows, texts) if w.role == "orchestrator")
+    assert "</system-reminder>" + parts.task in orch and parts.workflow not in orch  # the view stays, the workflow goes
+    assert all("<system-reminder>" in t for t in texts)
+    supervised = [tok.decode([x for x in w.labels if x != IGNORE]) for w in windows]
+    assert not any("Got it" in s or "system-reminder" in s for s in supervised)
 
     failing = scripted_endpoint({MAIN: [Reply.fail(500)]}, repeat_last=True)
     failed = run_episode(dataclasses.replace(inp, endpoint=failing.endpoint), tmp_path / "ws2", tmp_path / "out2")
@@ -340,61 +391,3 @@ def test_qwen_codes_prompt_does_not_depend_on_where_the_workspace_is(scripted_en
     home = sandbox_home(pod / "workspace" / "ws")  # an agent pod's /workspace/ws: its /tmp/qwen-home
     assert home == pod / "tmp" / "qwen-home" and home.is_dir()
     assert sandbox_home(pod / "workspace" / "ws") is None  # taken: never shared by two runs
-
-
-def test_the_startup_view_reaches_every_thread_as_the_papers_release_sent_it(scripted_endpoint, tmp_path, tiny_model_dir):
-    """execution.startup_context: reminder (examples/paper.yaml). qwen-code 0.15.10 itself writes the
-    view (working directory, date, OS, folder tree) as a user turn and a canned reply; the model gets
-    it as the paper's release sent it (measured on 0.21.2, the first release after 0.20.0 that npm
-    has): a `<system-reminder>` text part before the task in one user message. No request, trace or
-    window holds the canned reply, and the render step still finds and strips the teacher prompt."""
-    from transformers import AutoTokenizer
-
-    from mass_jobs.config.run_spec import SftSpec
-    from mass_jobs.steps.render_sft import render_windows
-    from mass_jobs.steps.sft_threads import EpisodeTrace, rebuild_threads
-    from mass_jobs.steps.sft_tokens import IGNORE
-
-    ws = tmp_path / "ws"
-    ep = scripted_endpoint({
-        SUB: [Reply.call("write_file", file_path=str(ws / "analysis.py"), content="print(2.0)\n"),
-              Reply.text("Wrote analysis.py")],
-        MAIN: [Reply.call("agent", description="write code", prompt="Write analysis.py printing 2.0.",
-                          subagent_type="general-purpose"),
-               Reply.text("Done: analysis.py prints 2.0")],
-    })
-    parts = teacher_parts()
-    limits = EpisodeLimits(wall_s=90, request_retries=0, request_timeout_s=30)
-    inp = EpisodeInput(prompt=parts.text, endpoint=ep.endpoint, limits=limits, sampling=Sampling(max_output_tokens=256),
-                       harness="qwen-code", seed=3, files={"data/prices.csv": "date,close\n"}, startup_context="reminder")
-    result = run_episode(inp, ws, tmp_path / "out")
-    trace = read_trace(tmp_path / "out" / "trace.jsonl")
-    assert result.outcome == "success" and len(trace) == 4
-    sent = [r["body"]["messages"] for r in ep.requests if r["path"].endswith("/chat/completions")]
-    assert [m["messages"] for m in (r["request"] for r in trace)] == sent  # the trace is what the model got
-    for messages in sent:  # every request of both threads: one user message opens it, view first
-        assert messages[1]["role"] == "user" and all(m["role"] != "user" for m in messages[2:3])
-        view, *task = messages[1]["content"]
-        assert view["text"].startswith("<system-reminder>\nThis is the Qwen Code. We are setting up the context")
-        assert view["text"].endswith("\n</system-reminder>")
-        for line in ("My operating system is: linux", "I'm currently working in the directory: ",
-                     "Here is the folder structure of the current working directories:", "prices.csv"):
-            assert line in view["text"], line
-        assert "Today's date is " in view["text"]
-    main = [m for m in sent if m[0]["content"] and MAIN in json.dumps(m[0]["content"])]
-    assert main[0][1]["content"][1:] == [{"type": "text", "text": parts.text}]
-    assert "Got it. Thanks for the context!" not in json.dumps(trace)
-
-    episode = EpisodeTrace("mean", 0, trace, bare_prompt=parts.task, teacher_prompt=parts.text, harness="qwen-code",
-                           strip_pieces=(parts.workflow, parts.directive))
-    assert [t.role for t in rebuild_threads(trace, "qwen-code", roles="prompt", prompt=parts.text)] == [
-        "orchestrator", "worker"]
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    windows, stats = render_windows([episode], tok, SftSpec(window=65536, context=512))
-    assert stats["episode_errors"] == [] and stats["windows_by_role"] == {"orchestrator": 1, "worker": 1, "auxiliary": 0}
-    texts = [tok.decode(w.input_ids) for w in windows]
-    orch = next(t for w, t in zip(windows, texts) if w.role == "orchestrator")
-    assert "</system-reminder>" + parts.task in orch and parts.workflow not in orch  # the view stays, the workflow goes
-    assert all("<system-reminder>" in t for t in texts)
-    supervised = [tok.decode([x for x in w.labels if x != IGNORE]) for w in windows]
-    assert not any("Got it" in s or "system-reminder" in s for s in supervised)

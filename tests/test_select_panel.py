@@ -124,6 +124,7 @@ def test_pure_rules():
     assert step == 4 and "no decisive panel verdict" in why
 
 
+@pytest.mark.slow(cost=20)  # merges a checkpoint and starts two model servers: the slow tier
 def test_default_servers_merge_a_stored_checkpoint_and_serve_it(tmp_path, tiny_model_dir):
     """The embedded-server path `mass select` takes: a stored LoRA checkpoint is merged into the parent
     once and served under its own name; the parent is served as L_g."""
