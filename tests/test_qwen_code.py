@@ -235,15 +235,23 @@ def test_a_real_qwen_code_episodes_first_request_under_the_paper_spec_is_upstrea
                            strip_pieces=(parts.workflow, parts.directive))
     assert [t.role for t in rebuild_threads(trace, "qwen-code", roles="prompt", prompt=parts.text)] == [
         "orchestrator", "worker"]
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    windows, stats = render_windows([episode], tok, SftSpec(window=65536, context=512))
-    assert stats["episode_errors"] == [] and stats["windows_by_role"] == {"orchestrator": 1, "worker": 1, "auxiliary": 0}
-    texts = [tok.decode(w.input_ids) for w in windows]
-    orch = next(t for w, t in zip(windows, texts) if w.role == "orchestrator")
-    assert "</system-reminder>" + parts.task in orch and parts.workflow not in orch  # the view stays, the workflow goes
-    assert all("<system-reminder>" in t for t in texts)
-    supervised = [tok.decode([x for x in w.labels if x != IGNORE]) for w in windows]
-    assert not any("Got it" in s or "system-reminder" in s for s in supervised)
+    from tests.fixtures.chat_templates import QWEN3_THINKING
+
+    stock = AutoTokenizer.from_pretrained(tiny_model_dir)
+    thinking = AutoTokenizer.from_pretrained(tiny_model_dir)
+    thinking.chat_template = QWEN3_THINKING
+    for tok in (stock, thinking):
+        windows, stats = render_windows([episode], tok, SftSpec(window=65536, context=512))
+        assert stats["episode_errors"] == [] and stats["windows_by_role"] == {"orchestrator": 1, "worker": 1,
+                                                                                "auxiliary": 0}
+        texts = [tok.decode(w.input_ids) for w in windows]
+        orch = next(t for w, t in zip(windows, texts) if w.role == "orchestrator")
+        assert "</system-reminder>" + parts.task in orch  # the view stays, the workflow and directive go
+        assert not any(parts.workflow in t or parts.directive in t for t in texts)
+        assert all("<system-reminder>" in t for t in texts)
+        supervised = [tok.decode([x for x in w.labels if x != IGNORE]) for w in windows]
+        assert not any("Got it" in s or "system-reminder" in s for s in supervised)
+        assert boilerplate_draw_share(windows, tok) == 0.0
 
     failing = scripted_endpoint({MAIN: [Reply.fail(500)]}, repeat_last=True)
     failed = run_episode(dataclasses.replace(inp, endpoint=failing.endpoint), tmp_path / "ws2", tmp_path / "out2")
