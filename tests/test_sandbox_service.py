@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import threading
 from pathlib import Path
 
@@ -134,8 +135,13 @@ def test_proxy_serves_only_the_holder_of_its_token(scripted_endpoint, tmp_path):
 
 def test_a_sandbox_that_never_comes_up_is_an_infra_error_episode(scripted_endpoint, tmp_path):
     ep = scripted_endpoint(builtin_script())
+    from mass_jobs.episodes.sandbox_client import CONNECT_RETRY_S
+
     client = SandboxClient(tmp_path / "nobody.sock", ready_s=1)
+    started = time.monotonic()
     result = run_episode(episode(ep), tmp_path / "ws", tmp_path / "out", sandbox=client)
+    # ready_s bounds the wait: a connect's own retry (for a socket being bound again) does not outlast it
+    assert time.monotonic() - started < CONNECT_RETRY_S
     validate_status(result.status)
     assert result.outcome == "infra_error" and "did not come up within 1s" in result.reason
     assert read_trace(tmp_path / "out" / "trace.jsonl") == [] and ep.requests == []

@@ -32,12 +32,12 @@ CONNECT_RETRY_S = 10.0  # how long a client retries a connect to a socket being 
 
 
 class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
+    def __init__(self, path: str, timeout: float, connect_retry_s: float = CONNECT_RETRY_S):
         super().__init__("sandbox", timeout=timeout)
-        self._path = path
+        self._path, self._connect_retry_s = path, connect_retry_s
 
     def connect(self) -> None:
-        deadline = time.monotonic() + CONNECT_RETRY_S
+        deadline = time.monotonic() + self._connect_retry_s
         while True:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.settimeout(self.timeout)
@@ -63,8 +63,8 @@ class SandboxClient:
         self.shares_workspace = shares_workspace  # works in the harness's workspace folder: nothing to hand over
 
     def _call(self, method: str, route: str, body: bytes = b"", timeout_s: float | None = None,
-              limit: int = REPLY_LIMIT) -> tuple[int, bytes]:
-        conn = _UnixConnection(self.path, timeout_s or self.timeout_s)
+              limit: int = REPLY_LIMIT, connect_retry_s: float = CONNECT_RETRY_S) -> tuple[int, bytes]:
+        conn = _UnixConnection(self.path, timeout_s or self.timeout_s, connect_retry_s)
         try:
             conn.request(method, route, body=body, headers={"Content-Length": str(len(body))})
             resp = conn.getresponse()
@@ -77,8 +77,10 @@ class SandboxClient:
             raise SandboxError(f"sandbox at {self.path}: {method} {route}: reply over {limit} bytes")
         return resp.status, data
 
-    def _json(self, method: str, route: str, doc: dict | None = None, timeout_s: float | None = None) -> dict:
-        status, data = self._call(method, route, json.dumps(doc).encode() if doc is not None else b"", timeout_s)
+    def _json(self, method: str, route: str, doc: dict | None = None, timeout_s: float | None = None,
+              connect_retry_s: float = CONNECT_RETRY_S) -> dict:
+        status, data = self._call(method, route, json.dumps(doc).encode() if doc is not None else b"", timeout_s,
+                                  connect_retry_s=connect_retry_s)
         try:
             reply = json.loads(data)
         except ValueError:
@@ -94,8 +96,9 @@ class SandboxClient:
         timeout_s = self.ready_s
         deadline = time.monotonic() + timeout_s
         while True:
-            try:
-                self._json("GET", "/health", timeout_s=5)
+            try:  # this loop is the retry: a connect may not outwait ready_s on its own
+                self._json("GET", "/health", timeout_s=5,
+                           connect_retry_s=max(0.0, min(CONNECT_RETRY_S, deadline - time.monotonic())))
                 return self
             except SandboxError as exc:
                 if time.monotonic() > deadline:
