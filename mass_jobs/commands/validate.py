@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mass_jobs.pipeline.table import argo_outputs
 from mass_jobs.commands.cli import environment_error
-from mass_jobs.k8s import preflight
-from mass_jobs.pipeline import table as P
 from mass_jobs.run.base_model import local_fitness_issues
 from mass_jobs.run.context import RunContext
 from mass_jobs.spec.load import SpecError, SpecIssue, load_spec
@@ -53,6 +50,7 @@ def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None,
     and the store endpoint its own pod sees."""
     import os
 
+    from mass_jobs.k8s import preflight
 
     values: dict = preflight.parse_chart_values(chart_values)
     if artifact_bucket is not None:
@@ -74,6 +72,8 @@ def done_outputs(ctx, gen: int, pipeline=None) -> dict[str, str]:
     """What is stored already, by each step's own done-check: `done-<step>` for generation `gen`,
     `needs-model` (a model step of it is not done) and `run-done`. The templates skip GPU steps
     and the model server that have nothing to do (a re-submitted or scheduled finished run)."""
+    from mass_jobs.pipeline import table as P  # every step's module: only the cluster's validate step asks
+
 
     spec, tasks = ctx.spec, P.train_task_ids(ctx)
     gen_steps = P.generation_steps(pipeline)
@@ -141,6 +141,8 @@ def main(args) -> int:
         ctx.claim_spec()  # a changed spec on an existing run: SpecError naming each changed field
         out = Path(args.outputs)
         out.mkdir(parents=True, exist_ok=True)
+        from mass_jobs.pipeline.table import argo_outputs
+
         for name, text in {**argo_outputs(spec, args.gen), **done_outputs(ctx, args.gen)}.items():
             (out / name).write_text(text)
         if args.gen >= 1 or spec.model.serve:  # what this cycle's InferenceService serves, and why

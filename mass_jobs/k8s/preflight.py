@@ -49,9 +49,7 @@ import yaml
 from mass_jobs.k8s import training
 from mass_jobs.k8s.schemas import webhook_errors
 from mass_jobs.k8s.settings import ClusterSettings
-from mass_jobs.k8s.workflow_size import estimate
 from mass_jobs.pipeline.planning.memory import load_config, meta_model
-from mass_jobs.pipeline.table import trainer_step
 from mass_jobs.spec.issues import validator_issues
 from mass_jobs.spec.load import SpecIssue
 from mass_jobs.steps.evaluate import rollout_generations, self_evaluators
@@ -404,6 +402,8 @@ def size_checks(spec, values: dict) -> list[Check]:
     if offload is True:
         return [Check("workflow object size", "not bounded", "nodes offloaded", True, "values argo.nodeStatusOffload")]
 
+    from mass_jobs.k8s.workflow_size import estimate  # the templates' models: 1.4 s to import
+
     last = estimate(spec)[-1]
     kib = f"{last.stored_bytes / 1024:,.0f} KiB"
     return [Check("workflow object size", f"{kib} ({last.nodes:,} nodes)",
@@ -418,6 +418,8 @@ def size_checks(spec, values: dict) -> list[Check]:
 def trainer_webhook_errors(spec) -> list[str]:
     """What the training operator's webhook says of the PyTorchJob this spec's sft renders."""
 
+
+    from mass_jobs.pipeline.table import trainer_step  # every step's module
 
     trainer = trainer_step()
     workers = spec.sft.replicas - 1
