@@ -446,8 +446,12 @@ def test_a_warm_build_that_misses_a_behaviour_fails_and_writes_nothing(tmp_path,
     import mass_jobs.tiny.warm_check as check
     from mass_jobs.tiny.warm import build_warm_model, cached_build
 
+    import mass_jobs.tiny.warm as warm
+
     monkeypatch.setattr(check, "probe_prompts", lambda: [DEMO_TASKS[0]])  # 4 requests, not 128
     monkeypatch.setattr(check, "SAMPLES_PER_PROMPT", 1)
+    corpus = warm.warm_corpus  # three steps see three conversations: encoding all 640 was most of the test
+    monkeypatch.setattr(warm, "warm_corpus", lambda seed: corpus(seed, per_kind=2))
     said = []
     with pytest.raises(check.WarmCheckFailed, match=r"workflow_delegates 0/1.*needs >= 0\.90") as err:
         build_warm_model(tmp_path / "m", steps=3, check=True, say=said.append)
