@@ -482,3 +482,28 @@ def test_status_validate_and_run_agree_on_a_changed_spec(tmp_path, tiny_model_di
     text = mass("status", str(spec))
     assert text.returncode == 2 and "`mass run` and `mass validate` refuse it" in text.stdout
     assert field in text.stdout
+
+
+def test_until_stops_at_a_step_of_the_plan_and_names_the_steps_it_takes(tmp_path, tiny_model_dir, capsys):
+    """`mass run --until G:STEP` accepts a generation step of the spec's plan (tests/test_paper_mini.py
+    runs one to L0's render and resumes nothing) and refuses anything else before any work, listing them."""
+    from mass_jobs.commands.cli import main as cli_main
+    from mass_jobs.pipeline import nodes as N
+    from mass_jobs.pipeline.runner import stop_after
+    from mass_jobs.spec.load import SpecError
+
+    ctx = small_ctx(tmp_path)
+    groups = N.compile_plan(str(SPEC), ctx.spec, None).groups()
+    assert stop_after("0:render", groups) == (0, "render") and stop_after("1:evaluate", groups) == (1, "evaluate")
+    for bad in ("2:render", "0:report", "render", "0:Render", "-1:search", ""):
+        with pytest.raises(SpecError, match=r"--until: expected GEN:STEP, one of 0:search, .*1:evaluate; found"):
+            stop_after(bad, groups)
+    doc = yaml.safe_load(SPEC.read_text())
+    doc["store"]["uri"] = f"file://{tmp_path / 'store'}"
+    doc["model"]["base"] = doc["judges"][0]["model"] = str(tiny_model_dir)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    capsys.readouterr()
+    assert cli_main(["run", str(spec), "--until", "3:train", "--work-dir", str(tmp_path / "w")]) == 2
+    assert "--until: expected GEN:STEP" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()  # refused before anything was written

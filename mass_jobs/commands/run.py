@@ -21,14 +21,22 @@ def add_arguments(parser) -> None:
                              "node's container command as a subprocess, agent steps in the cluster's phases: prepare, "
                              "one `mass episode` per rollout with no store credential, ingest, finish); both store "
                              "the same run")
+    parser.add_argument("--until", metavar="GEN:STEP",
+                        help="stop once this step of this generation is done, e.g. 0:render to read L0's training "
+                             "windows before any training; `mass run` without it goes on from there")
 
 
 def main(args) -> int:
 
 
     ctx = open_run(args.spec)  # a bad spec exits 2 before anything is written
-    if run_reporting_failures(args, "run") is None:
+    result = run_reporting_failures(args, "run")
+    if result is None:
         return 1
+    if result and "stopped_after" in result:
+        at = result["stopped_after"]
+        print(f"stopped after L{at['gen']} {at['step']} (--until); `mass run {args.spec}` goes on from there")
+        return 0
     print("\n".join(report_lines(ctx, "")))
     return 0
 
@@ -44,7 +52,7 @@ def run_reporting_failures(args, what: str) -> dict | None:
 
     try:
         return run(args.spec, work_dir=args.work_dir, progress=live_display(args.no_progress),
-                   handler=getattr(args, "handler", "in-process"))
+                   handler=getattr(args, "handler", "in-process"), until=getattr(args, "until", None))
     except (RuntimeError, OSError, ValueError) as err:
         from mass_jobs.spec.load import SpecError
         from mass_jobs.store.lease import WriterBusy

@@ -113,7 +113,7 @@ class LazyServer:
 class Runner:
     def __init__(self, spec_path: str, spec: RunSpec, store, *, work_dir: Path, progress: bool = True,
                  python: str = sys.executable, on_step: Callable[[str], None] | None = None, pipeline=None,
-                 handler: str = "in-process"):
+                 handler: str = "in-process", until: str | None = None):
         self.spec_path, self.spec = spec_path if isinstance(spec_path, str) else str(spec_path), spec  # keeps its overrides
         self.ctx = RunContext(spec, store)
         self.pipeline = P.steps(pipeline)
@@ -127,6 +127,7 @@ class Runner:
         self.on_step = on_step  # test hook: called before each step starts
         self.lazy: LazyServer | None = None
         self.handler = handlers.handler(handler, self)
+        self.until = stop_after(until, self.plan()) if until else None
 
     def plan(self) -> list[N.Group]:
         """The steps of every generation, then the run's, in the order this runner executes them
@@ -240,6 +241,8 @@ class Runner:
                 with LazyServer(lambda g=g: self.serve(g)) as self.lazy:
                     for i, x in enumerate(groups):
                         self._run_step(g, x.step.name, lambda x=x: self.execute_step(x.step, x.gen))
+                        if (g, x.step.name) == self.until:
+                            return self._stopped()
                         if i == last_model:
                             self.lazy.__exit__(None, None, None)  # rank is its last user: free it for training
             for x in self.compiled.run_groups():
@@ -247,10 +250,29 @@ class Runner:
         self.state.set(status="done", current=None, failed=None)
         return read_manifest(self.ctx.store, self.ctx.report())
 
+    def _stopped(self) -> dict:
+        """--until's step is done: the run stops there, resumable (`mass status` shows the rest pending)."""
+        g, name = self.until
+        self.state.set(status="stopped", current=None, failed=None, stopped_after={"gen": g, "step": name})
+        return {"stopped_after": {"gen": g, "step": name}}
+
+
+def stop_after(until: str, groups) -> tuple[int, str]:
+    """`G:STEP` (e.g. 0:render) as (generation, step), one of the plan's generation steps."""
+    valid = [f"{x.gen}:{x.step.name}" for x in groups if x.step.name != "report"]
+    gen, _, name = until.partition(":")
+    if not gen.isdigit() or f"{int(gen)}:{name}" not in valid:
+        from mass_jobs.spec.issues import SpecError, SpecIssue
+
+        raise SpecError("mass run", [SpecIssue("--until", f"expected GEN:STEP, one of {', '.join(valid)}; "
+                                                          f"found {until!r}")], what="command-line arguments")
+    return int(gen), name
+
 
 def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, on_step=None,
-        handler: str = "in-process") -> dict:
-    """Load the spec, open its store and run L0 -> L_N (resuming whatever is stored)."""
+        handler: str = "in-process", until: str | None = None) -> dict:
+    """Load the spec, open its store and run L0 -> L_N (resuming whatever is stored), or only up to
+    `until` (`G:STEP`): then the manifest-like {"stopped_after": {"gen", "step"}}."""
 
     spec = load_spec(spec_path)
     unfit = local_fitness_issues(spec)  # a template without tools would train on one-turn episodes
@@ -258,7 +280,7 @@ def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, 
         raise SpecError(spec_path, unfit)
     store = open_store(spec.store)
     return Runner(spec_path, spec, store, work_dir=Path(work_dir or os.environ.get("MASS_WORK_DIR", ".mass-work")),
-                  progress=progress, on_step=on_step, handler=handler).run()
+                  progress=progress, on_step=on_step, handler=handler, until=until).run()
 
 
 # ---------------------------------------------------------------- status
