@@ -867,18 +867,20 @@ class LocalRun:
     """`mass run` of a spec as a child process, started at once and waited for later: the executor's
     run goes on beside it (each is half idle, waiting on servers, sandboxes and subprocesses)."""
 
-    def __init__(self, doc: dict, tmp_path: Path, env: dict | None = None):
+    def __init__(self, doc: dict, tmp_path: Path, env: dict | None = None, args: tuple[str, ...] = ()):
         spec = tmp_path / "local-run.yaml"
         spec.write_text(yaml.safe_dump(doc))
         self.log = (tmp_path / "local-run.log").open("w+b")
         self.proc = subprocess.Popen([sys.executable, "-m", "mass_jobs.commands.cli", "run", str(spec), "--work-dir",
-                                      str(tmp_path / "work"), "--no-progress"], stdout=self.log,
+                                      str(tmp_path / "work"), "--no-progress", *args], stdout=self.log,
                                      stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
-    def wait(self, timeout: float = 2400) -> None:
+    def wait(self, timeout: float = 2400) -> str:
         code = self.proc.wait(timeout)
         self.log.seek(0)
-        assert code == 0, self.log.read().decode(errors="replace")[-8000:]
+        out = self.log.read().decode(errors="replace")
+        assert code == 0, out[-8000:]
+        return out
 
 
 def upload_dir(s3: dict, local: Path, prefix: str) -> str:

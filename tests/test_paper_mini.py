@@ -1,12 +1,15 @@
 """examples/paper-mini.yaml: the paper's configuration at toy size, end to end.
 
-Fast: the spec differs from examples/paper.yaml exactly where its header says. Slow: `mass run` of
-it locally and `mass-run` of the same spec under the Argo test executor against moto's S3 server
-store the same manifests and report (qwen-code, the tiny model in the paper's checkpoint layout with
-its family's template, FSDP over two trainer replicas, FP8 export in its reference's layout, two
-scripted judges, L0 -> L1), and
-the report shows what the paper's configuration must: orchestrator windows, no harness side-call
-windows, no workflow text in any window, and how episodes ended, by outcome and cap.
+Fast: the spec differs from examples/paper.yaml exactly where its header says. Slow: `mass-run` of
+it under the Argo test executor against moto's S3 server (qwen-code in agent pods, the tiny model in
+the paper's checkpoint layout with its family's template, FSDP over two trainer replicas as a
+PyTorchJob, FP8 export in its reference's layout, two scripted judges, L0 -> L1), and `mass run
+--until 0:render` of the same spec locally: both store the same training data, manifest by manifest
+(every qwen-code episode, verdict, rank and window), and the executor's report shows what the paper's
+configuration must: orchestrator windows, no harness side-call windows, no workflow text in any
+window, and how episodes ended, by outcome and cap. (Training, merging and evaluating alike on both
+executors is the two-generation comparison's, tests/test_argo_exec.py: here the local run stopping
+at the data halves the test's 28k-token model calls and trainer steps.)
 """
 
 from __future__ import annotations
@@ -227,19 +230,23 @@ def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, pa
                 f"create PyTorchJob/mass-paper-mini-g{g}-train" for g in range(argo_doc["generations"])]
         finally:
             ex.close()
-        # one after the other (same judges: their endpoints are part of the spec both runs hash): side
-        # by side, their 28k-token requests on two cores made one run's evaluation several times slower
-        LocalRun(local_doc, tmp_path, env={"AWS_ENDPOINT_URL": s3["endpoint_url"]}).wait()
-        questions = [(Counter(j.asked), j.senders) for j in (judge_a, judge_b)]
+        # after the executor's run (same judges: their endpoints are part of the spec both runs hash):
+        # side by side, their 28k-token requests on two cores made each several times slower
+        asked = [len(j.asked) for j in (judge_a, judge_b)]
+        out = LocalRun(local_doc, tmp_path, env={"AWS_ENDPOINT_URL": s3["endpoint_url"]}, args=("--until", "0:render")).wait()
+        assert "stopped after L0 render (--until)" in out
+        assert [len(j.asked) for j in (judge_a, judge_b)] == asked and all(asked)  # only evaluation asks the panel
 
     run = argo_doc["name"]
     argo_store, local_store = (open_store(StoreSpec(**d["store"])) for d in (argo_doc, local_doc))
     got, want = manifests(argo_store, run), manifests(local_store, run)
-    print(f"paper-mini manifests: {len(want)}")
-    assert sorted(got) == sorted(want) and len(want) >= 17  # every step of L0 -> L1, per task, iteration and episode
-    # the report's input (the other manifests, wall-clock fields of traces included) differs; its
-    # report.json is compared below
-    differ = [f"{p}: input hash" for p in want if got[p]["input_hash"] != want[p]["input_hash"] and p != f"{run}/report"]
+    print(f"paper-mini manifests: {len(want)} local, {len(got)} under the executor")
+    # the local run stopped at render: every manifest of the steps up to it (per task, search iteration
+    # and episode), nothing after; the executor's run is whole, L0 -> L1
+    data = {p for p in got if p.split("/")[1:3] in (["gen-0", s] for s in ("search", "collect", "guard", "rank", "sft"))}
+    assert sorted(want) == sorted(data) and len(want) >= 8 and f"{run}/gen-0/sft" in want
+    assert len(got) >= 17 and argo_store.exists(f"{run}/report/report.json")
+    differ = [f"{p}: input hash" for p in want if got[p]["input_hash"] != want[p]["input_hash"]]
     for prefix in want:
         for key, digest in want[prefix]["outputs"].items():
             if got[prefix]["outputs"].get(key) != digest and timeless(argo_store, key) != timeless(local_store, key):
@@ -253,18 +260,12 @@ def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, pa
                 (Path(dump) / name / key).parent.mkdir(parents=True, exist_ok=True)
                 (Path(dump) / name / key).write_bytes(st.get_bytes(key))
     assert not differ, f"{len(differ)} differences between the executor's and the local run (printed above)"
-    # the panel was asked the same questions by both runs: each request (messages and seed) as often by one as by the other
-    for asked, senders in questions:
-        odd = {d: senders[d] for d, n in asked.items() if n % 2}
-        assert asked and not odd, f"asked by one run more often than by the other: {odd}"
-    report = f"{run}/report/report.json"
-    assert argo_store.get_json(report) == local_store.get_json(report)
 
     from transformers import AutoTokenizer
 
-    spec = RunSpec.model_validate(local_doc)
-    ctx = RunContext(spec, local_store)
-    fig = figures(local_store, ctx, spec, AutoTokenizer.from_pretrained(paper_layout_dirs[0]))
+    spec = RunSpec.model_validate(argo_doc)
+    ctx = RunContext(spec, argo_store)
+    fig = figures(argo_store, ctx, spec, AutoTokenizer.from_pretrained(paper_layout_dirs[0]))
     for g in range(spec.generations):
         print(f"paper-mini L{g}: {json.dumps(fig[g], sort_keys=True)}")
     for row in fig["outcomes"]:
@@ -276,14 +277,13 @@ def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, pa
     from mass_jobs.serving.model_dirs import fetch_stored_model
     from mass_jobs.serving.shards import TensorReader
 
-    l1 = fetch_stored_model(local_store, ctx.model(1), tmp_path / "l1")
-    l1_fp8 = fetch_stored_model(local_store, ctx.model_fp8(1), tmp_path / "l1-fp8")
+    l1 = fetch_stored_model(argo_store, ctx.model(1), tmp_path / "l1")
+    l1_fp8 = fetch_stored_model(argo_store, ctx.model_fp8(1), tmp_path / "l1-fp8")
     assert TensorReader(l1).meta() == TensorReader(paper_layout_dirs[0]).meta()
     assert TensorReader(l1_fp8).meta() == TensorReader(paper_layout_dirs[1]).meta()
-    # what `mass plan` computes for this spec is what both runs stored (exact counts; bounds held)
+    # what `mass plan` computes for this spec is what the executor's run stored (exact counts; bounds held)
     from mass_jobs.pipeline.planning.counts import compare, plan_counts, stored_counts
 
     for planned in plan_counts(spec):
-        for st in (local_store, argo_store):
-            assert compare(planned, stored_counts(RunContext(spec, st), planned["gen"])) == [], planned
+        assert compare(planned, stored_counts(RunContext(spec, argo_store), planned["gen"])) == [], planned
         print(f"paper-mini plan = stored, L{planned['gen']}: {json.dumps(planned, sort_keys=True)}")
