@@ -493,7 +493,8 @@ def test_until_stops_at_a_step_of_the_plan_and_names_the_steps_it_takes(tmp_path
     from mass_jobs.spec.load import SpecError
 
     ctx = small_ctx(tmp_path)
-    groups = N.compile_plan(str(SPEC), ctx.spec, None).groups()
+    plan = N.compile_plan(str(SPEC), ctx.spec, None)
+    groups = [x for g in range(ctx.spec.generations) for x in plan.generation(g)]
     assert stop_after("0:render", groups) == (0, "render") and stop_after("1:evaluate", groups) == (1, "evaluate")
     for bad in ("2:render", "0:report", "render", "0:Render", "-1:search", ""):
         with pytest.raises(SpecError, match=r"--until: expected GEN:STEP, one of 0:search, .*1:evaluate; found"):

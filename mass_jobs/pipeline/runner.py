@@ -127,7 +127,8 @@ class Runner:
         self.on_step = on_step  # test hook: called before each step starts
         self.lazy: LazyServer | None = None
         self.handler = handlers.handler(handler, self)
-        self.until = stop_after(until, self.plan()) if until else None
+        self.until = stop_after(until, [x for g in range(spec.generations) for x in self.compiled.generation(g)]) \
+            if until else None
 
     def plan(self) -> list[N.Group]:
         """The steps of every generation, then the run's, in the order this runner executes them
@@ -258,8 +259,8 @@ class Runner:
 
 
 def stop_after(until: str, groups) -> tuple[int, str]:
-    """`G:STEP` (e.g. 0:render) as (generation, step), one of the plan's generation steps."""
-    valid = [f"{x.gen}:{x.step.name}" for x in groups if x.step.name != "report"]
+    """`G:STEP` (e.g. 0:render) as (generation, step), one of `groups` (the plan's generation steps)."""
+    valid = [f"{x.gen}:{x.step.name}" for x in groups]
     gen, _, name = until.partition(":")
     if not gen.isdigit() or f"{int(gen)}:{name}" not in valid:
         from mass_jobs.spec.issues import SpecError, SpecIssue
