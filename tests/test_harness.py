@@ -297,6 +297,7 @@ def test_shell_cannot_see_secrets_or_files_outside_the_workspace(scripted_endpoi
     assert status["counts"]["tool_errors"] == 3
 
 
+@pytest.mark.slow(cost=10)  # a model server and a whole episode on it: the slow tier
 def test_tiny_model_episode_ends_with_a_classified_status(tiny_model_dir, tmp_path):
     from mass_jobs.serving.serve import ModelServer
 

@@ -120,6 +120,7 @@ def test_fp8_export_of_merged_model(tiny_model_dir, adapter, tmp_path):
     assert float((got - want).norm() / want.norm()) < 0.1
 
 
+@pytest.mark.slow(cost=10)  # a merge, then a model server on its output: the slow tier
 def test_run_merge_stores_plain_model_objects_that_serve(tiny_model_dir, adapter, tmp_path, s3_env):
     """L_1 lands as plain objects under <run>/gen-1/model/ on S3 (what KServe's storage initializer
     downloads), at the URI `mass validate --outputs` hands Argo, and that URI serves."""

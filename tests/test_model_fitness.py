@@ -113,6 +113,7 @@ def test_the_cluster_refuses_a_chat_template_it_cannot_apply(tiny_model_dir, tmp
         write_spec(tmp_path, tiny_model_dir)), "mass-runs", None))
 
 
+@pytest.mark.slow(cost=10)  # a model server per case: the slow tier
 @pytest.mark.parametrize("temperature,distinct", [(1.0, True), (0.0, False)])
 def test_the_request_decides_sampling_when_the_model_config_has_no_do_sample(tiny_model_dir, tmp_path,
                                                                              temperature, distinct):

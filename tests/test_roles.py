@@ -92,6 +92,7 @@ def test_executor_role_runs_the_rollouts_and_teacher_episodes(setup, judging_end
         f"executor-model @ {worker_model.base_url}"]
 
 
+@pytest.mark.slow(cost=10)  # a second model server: the slow tier
 def test_a_second_served_model_as_optimizer_and_evaluator(make_store, inner_spec, judging_endpoint, tiny_model_dir):
     """A tiny run whose optimizer and evaluator are a second, really served model: its proposals and
     verdicts record that model, the generation's endpoint is asked nothing but rollouts, and the report

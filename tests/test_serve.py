@@ -248,6 +248,7 @@ def test_malformed_requests_get_4xx_and_the_server_survives(server, body, status
     assert httpx.get(f"{server.base_url}/health").status_code == 200
 
 
+@pytest.mark.slow(cost=10)  # two server starts: the slow tier
 def test_server_stops_cleanly_and_reports_a_failed_start(tiny_model_dir, tmp_path):
     srv = ModelServer(tiny_model_dir, device="cpu")
     assert srv.served_name == tiny_model_dir.name

@@ -144,6 +144,7 @@ def test_server_process_waits_for_health_and_stops_the_whole_group(tiny_model_di
     assert "serving" in (tmp_path / "serve.log").read_text()
 
 
+@pytest.mark.slow(cost=10)  # a model server, started and killed: the slow tier
 def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(tiny_model_dir, tmp_path):
     """A server that ignores SIGTERM (a wedged engine) is killed after the grace period."""
     port = free_port()
@@ -161,6 +162,7 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(tiny_model_dir, tmp_p
     assert group_members(pid) == []
 
 
+@pytest.mark.slow(cost=12)  # a model server and the steps that use it: the slow tier
 def test_external_serving_runs_steps_against_a_running_server_and_starts_none(tiny_model_dir, tmp_path, monkeypatch,
                                                                                 capsys):
     from mass_jobs.serving.serve import ModelServer

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -90,6 +92,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow(cost=12)  # a run and its model server, killed: the slow tier (`make attack` runs it too)
 def test_sigkilled_run_takes_its_mass_serve_child_with_it(tiny_model_dir):
     """`mass run` and the steps start `mass serve` through ModelServer (own session, so no
     terminal signal reaches it): the healthy server must die with a SIGKILLed caller."""
