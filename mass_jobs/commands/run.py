@@ -33,7 +33,7 @@ def main(args) -> int:
     result = run_reporting_failures(args, "run")
     if result is None:
         return 1
-    if result and "stopped_after" in result:
+    if "stopped_after" in result:
         at = result["stopped_after"]
         print(f"stopped after L{at['gen']} {at['step']} (--until); `mass run {args.spec}` goes on from there")
         return 0

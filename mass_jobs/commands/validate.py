@@ -74,7 +74,6 @@ def done_outputs(ctx, gen: int, pipeline=None) -> dict[str, str]:
     and the model server that have nothing to do (a re-submitted or scheduled finished run)."""
     from mass_jobs.pipeline import table as P  # every step's module: only the cluster's validate step asks
 
-
     spec, tasks = ctx.spec, P.train_task_ids(ctx)
     gen_steps = P.generation_steps(pipeline)
     done = {s.name: gen >= spec.generations or s.is_done(ctx, gen, tasks) for s in gen_steps}
