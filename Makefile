@@ -8,7 +8,7 @@ NODE_DIR := .tools/qwen-code
 # The paper ran 0.20.0 on Node 22; see README (The two commands) for why 0.15.10 is pinned here.
 QWEN_VERSION := 0.15.10
 
-.PHONY: setup demo paper-mini test test-fast test-models attack bench bench-serve vllm-env schemas check-codegen images clean
+.PHONY: bwrap setup demo paper-mini test test-fast test-models attack bench bench-serve vllm-env schemas check-codegen images clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
@@ -21,7 +21,20 @@ $(NODE_DIR)/node_modules/.bin/qwen:
 	mkdir -p $(NODE_DIR)
 	cd $(NODE_DIR) && npm install --silent --no-audit --no-fund @qwen-code/qwen-code@$(QWEN_VERSION)
 
-setup: $(STAMP) $(NODE_DIR)/node_modules/.bin/qwen
+# bubblewrap builds the sandbox that every model-written command runs in; without it nothing
+# model-written runs (execution.sandbox). Installed here as root with apt; otherwise the command to run.
+bwrap:
+	@command -v bwrap >/dev/null && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "setup: installing bubblewrap (apt-get)"; \
+	  apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; \
+	else \
+	  echo "setup: bubblewrap is missing; model-written code does not run without it. Install it:"; \
+	  echo "  sudo apt-get install bubblewrap   (Debian/Ubuntu; Fedora: sudo dnf install bubblewrap)"; \
+	  exit 2; \
+	fi
+
+setup: bwrap $(STAMP) $(NODE_DIR)/node_modules/.bin/qwen
 
 demo: setup
 	$(VENV)/bin/mass demo examples/tiny.yaml

@@ -329,6 +329,18 @@ def test_mostly_invalid_verdicts_are_a_warning():
     assert rp.run_warnings(doc) == ["panel verdicts: 8 of 8 invalid (the judge's answers could not be read)"]
 
 
+def test_episodes_without_a_sandbox_are_a_warning_naming_the_setting():
+    outcomes = [{"generation": 0, "stage": "collect", "episodes": 4, "by_outcome": {"success": 4}, "tool_calls": 9,
+                 "unsandboxed": 4},
+                {"generation": 0, "stage": "evaluate", "episodes": 2, "by_outcome": {"success": 2}, "tool_calls": 3,
+                 "unsandboxed": 0}]
+    doc = {"outcomes": outcomes, "verdicts": {}}
+    assert rp.run_warnings(doc) == ["execution.sandbox: none: 4 episodes ran model-written code without a sandbox, "
+                                    "with this machine's filesystem and network (L0 collect 4)"]
+    outcomes[0]["unsandboxed"] = 0
+    assert rp.run_warnings(doc) == []
+
+
 def test_episodes_are_counted_by_the_cap_that_ended_them(built):
     """Each cap of execution.limits is a column, with the outcome and reason each harness ends it with."""
     from mass_jobs.episodes.harness import CAPS, TOOL_CALL_CAP, episode_cap

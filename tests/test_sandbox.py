@@ -369,26 +369,57 @@ def test_user_namespace_path_exposes_its_venv_read_only_and_hides_its_home():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_without_bwrap_the_command_still_gets_its_uid_limits_and_says_what_is_missing(ws, monkeypatch):
-    """Where bwrap cannot run (a pod without user namespaces): uid, rlimits and tree limits hold,
-    the note says that filesystem and network are the host's, and network_isolated is False."""
+def test_without_bwrap_nothing_runs_and_the_refusal_names_bubblewrap(ws, monkeypatch, tmp_path):
+    """Fail closed: where bwrap cannot build the sandbox and no outer boundary was declared, a command
+    that would write outside its workspace never starts."""
+    monkeypatch.setattr(sandbox, "_tools", lambda: (None, "bwrap (bubblewrap) is not installed"))
+    monkeypatch.delenv(sandbox.BOUNDARY_ENV, raising=False)
+    outside = tmp_path / "outside.txt"
+    with pytest.raises(sandbox.SandboxUnavailable) as err:
+        run_sandboxed(f"echo forged > {outside}", ws, FAST)
+    assert not outside.exists()
+    assert "bubblewrap" in str(err.value) and "apt-get install bubblewrap" in str(err.value)
+    assert "execution.sandbox: none" in str(err.value)
+    monkeypatch.setenv(sandbox.BOUNDARY_ENV, "anything")  # only a known boundary stands in for bwrap
+    with pytest.raises(sandbox.SandboxUnavailable):
+        run_sandboxed(f"echo forged > {outside}", ws, FAST)
+    assert not outside.exists()
+
+
+@pytest.mark.parametrize("boundary", ["pod", "none"])
+def test_without_bwrap_a_declared_boundary_still_gets_the_limits_and_says_what_is_missing(monkeypatch, boundary):
+    """An agent pod's container (or execution.sandbox: none): the uid where it can run the interpreter,
+    rlimits and tree limits hold, the note and `applied` say the filesystem and network are the host's."""
     import tempfile
 
     monkeypatch.setattr(sandbox, "_tools", lambda: (None, "bwrap is not installed"))
-    private = run_sandboxed("true", ws, FAST)  # under pytest's 0700 dir, and no mount namespace to reach it
-    assert private.exit_code == 126 and "cannot start the command as uid" in private.stderr
+    monkeypatch.setenv(sandbox.BOUNDARY_ENV, boundary)  # undone after the test
     ws = Path(tempfile.mkdtemp(prefix="mass-sandbox-test-", dir="/tmp"))  # /tmp: enterable by anyone
     try:
         r = run_sandboxed("id -u; echo $TMPDIR; touch $TMPDIR/t && echo tmp-ok; echo x > inside.txt", ws, FAST)
         assert r.exit_code == 0, r.stderr
         uid, tmpdir, tmp_ok = r.stdout.split()
         assert tmp_ok == "tmp-ok" and (ws / "inside.txt").exists()
-        assert int(uid) == r.applied["uid"] and r.applied["uid"] in range(FAST.uid_base, FAST.uid_base + FAST.uids)
+        assert int(uid) == r.applied["uid"]
+        if os.geteuid() == 0 and sandbox._open_to_others(sys.executable):
+            assert r.applied["uid"] in range(FAST.uid_base, FAST.uid_base + FAST.uids)
         assert not Path(tmpdir).exists()  # the call's host temp dir went with it
-        assert r.applied["backend"] == "none" and r.network_isolated is False
+        assert r.applied["backend"] == "none" and r.applied["boundary"] == boundary and r.network_isolated is False
         assert "no sandbox namespaces (bwrap is not installed)" in r.note
+        assert sandbox.OUTER_BOUNDARIES[boundary] in r.note
         burn = "python3 -c 'import time; t=time.process_time()\nwhile time.process_time()-t<0.8: pass'"
         chain = run_sandboxed(f"for i in 1 2 3 4 5 6; do {burn}; done", ws, SandboxLimits(timeout_s=60, cpu_s=1, processes=16))
         assert chain.killed_reason == "cpu_limit"  # each under 1 s, the tree over it
     finally:
         shutil.rmtree(ws)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a leased uid is a root caller's")
+def test_without_bwrap_as_root_a_workspace_no_leased_uid_can_reach_runs_as_the_caller(ws, monkeypatch):
+    """The leased uid cannot enter pytest's 0700 folders: rather than fail every command (126), the
+    command runs as the caller, and the note says why."""
+    monkeypatch.setattr(sandbox, "_tools", lambda: (None, "bwrap is not installed"))
+    monkeypatch.setenv(sandbox.BOUNDARY_ENV, "none")
+    r = run_sandboxed("id -u", ws, FAST)
+    assert r.exit_code == 0 and r.stdout.strip() == "0", r.stderr
+    assert "no other uid can reach the interpreter or the workspace" in r.note

@@ -30,6 +30,7 @@ from mass_jobs.episodes import proof
 from mass_jobs.episodes.harness import load_episode_file, run_episode
 from mass_jobs.episodes.sandbox_client import SandboxClient
 from mass_jobs.sandbox.check_job import load_checks_file, run_checks
+from mass_jobs.sandbox.run import BOUNDARY_ENV, sandbox_refusal
 from mass_jobs.store.archive import UnsafeArchive, extract_dir_archive, write_dir_archive
 
 
@@ -59,6 +60,9 @@ def main(args) -> int:
         inp = None if job is not None else load_episode_file(in_dir / "episode.json")
     except ValueError as exc:
         print(f"mass episode: {exc}", file=sys.stderr)
+        return 2
+    if not args.sandbox and (refusal := sandbox_refusal()) is not None:  # its model-written code would run here
+        print(f"mass episode: {refusal} (by hand, without a run's spec: {BOUNDARY_ENV}=none)", file=sys.stderr)
         return 2
     workspace = out_dir / "workspace"
     if workspace.exists():

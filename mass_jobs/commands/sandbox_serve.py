@@ -32,6 +32,10 @@ def main(args) -> int:
 
 
     workspace = Path(args.workspace)
+    if not args.in_place:  # an agent pod's container: its uid, seccomp profile and NetworkPolicy bound what it runs
+        from mass_jobs.sandbox.run import declare_outer_boundary
+
+        declare_outer_boundary("pod")
     # files the other container of the pod must change are group-writable (the pod's fsGroup)
     os.umask(0o002)
     if args.qwen_only:

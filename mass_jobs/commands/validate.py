@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mass_jobs.commands.cli import environment_error
 from mass_jobs.run.base_model import local_fitness_issues
+from mass_jobs.run.sandboxing import sandbox_issues
 from mass_jobs.run.context import RunContext
 from mass_jobs.spec.load import SpecError, SpecIssue, load_spec
 from mass_jobs.store import open_store
@@ -110,7 +111,7 @@ def main(args) -> int:
 
     spec = load_spec(args.spec)  # a SpecError exits 2 listing every issue (mass_jobs.commands.cli)
 
-    unfit = local_fitness_issues(spec)
+    unfit = local_fitness_issues(spec) + sandbox_issues(spec)
     if unfit:
         raise SpecError(args.spec, unfit)
     from mass_jobs.k8s import preflight

@@ -427,6 +427,14 @@ class ExecutionSpec(Closed):
                     "shell commands reach those through the episode's recording egress proxy (HTTP(S)_PROXY), each "
                     "request recorded in network.jsonl beside the trace and counted in the report. On a cluster the "
                     "proxy is the run's (a daemon of each cycle) and the agent pods' NetworkPolicy the boundary.")
+    sandbox: Literal["bwrap", "none"] = Field(
+        default="bwrap",
+        description="What bounds model-written code (shell commands, qwen-code, guard checks) on a local machine. "
+                    "bwrap: bubblewrap's namespaces, a view of the workspace alone, no network but the egress proxy; "
+                    "where it cannot build them, mass run, mass episode and guard checks refuse before the first "
+                    "episode. none: a machine you trust, where that code runs with the host's filesystem and "
+                    "network (still its limits); every episode's status and the report say so. On a cluster the "
+                    "agent pod is the boundary either way.")
     startup_context: Literal["off", "reminder"] = Field(
         default="off",
         description="qwen-code's startup view (working directory, date, OS, folder tree) in every thread's first "

@@ -39,6 +39,7 @@ from mass_jobs.episodes.episode import (  # noqa: F401 (the package's names)
 )
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.episodes.builtin import BuiltinHarness
+from mass_jobs.sandbox.run import outer_boundary
 from mass_jobs.serving.proxy import RecordingProxy
 from mass_jobs.serving.startup_view import as_reminder
 from mass_jobs.store.base import replace_atomically
@@ -126,6 +127,7 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
         "tokens": result.tokens,
         "timings": {"wall_s": round(time.monotonic() - started, 3)},
         "sandbox": {"network_isolated": result.network_isolated, "note": result.sandbox_note,
+                    "boundary": "pod" if handed else (outer_boundary() or "bwrap"),
                     **({"memory_limit": result.memory_limit} if result.memory_limit else {})},
     }
     if egress is not None:  # what the shell commands' code reached, as the egress proxy recorded it

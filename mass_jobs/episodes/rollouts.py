@@ -33,6 +33,7 @@ from mass_jobs.episodes.episode import (EpisodeInput, EpisodeRequest, episode_fi
                                         validate_status)
 from mass_jobs.episodes.harness import run_episode
 from mass_jobs.run.context import RunContext
+from mass_jobs.run.sandboxing import apply_sandbox
 from mass_jobs.serving.roles import role_endpoint
 
 AGENT_OUTPUTS = proof.EPISODE_OUTPUTS
@@ -87,6 +88,7 @@ def episode_executor(spec, endpoint, *, executor_role: bool = True) -> Execute:
     """The real rollout: `run_episode` of `EpisodeInput.from_spec`. Evaluation and panel selection
     measure a generation itself, so they pass `executor_role=False` (roles.executor never plays it)."""
     endpoint = executor_endpoint(spec, endpoint) if executor_role else endpoint
+    apply_sandbox(spec)  # SandboxUnavailable before the first episode where nothing may run
 
     def execute(request: EpisodeRequest, workspace: Path, out_dir: Path) -> dict:
         return run_episode(EpisodeInput.from_spec(spec, endpoint, request), workspace, out_dir).status

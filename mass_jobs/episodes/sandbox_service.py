@@ -54,7 +54,7 @@ from mass_jobs.episodes.episode import episode_input
 from mass_jobs.episodes.qwen_code import QwenRun, qwen_binary, sandbox_home
 from mass_jobs.episodes.qwen_shell import run_shell
 from mass_jobs.sandbox.check_job import fresh_copy, run_check
-from mass_jobs.sandbox.run import SandboxLimits, _tools, run_sandboxed
+from mass_jobs.sandbox.run import SandboxLimits, SandboxUnavailable, _tools, run_sandboxed, sandbox_refusal
 from mass_jobs.sandbox.tree import tree_pids
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.store.archive import extract_dir_archive, write_dir_archive
@@ -364,14 +364,17 @@ def local_sandbox(workspace: Path, limits: EpisodeLimits, egress: str | None = N
     its own and no network (with `egress`, only the episode's egress proxy), so none of them sees
     qwen-code, its environment or the recording proxy. The
     trace and the status are outside every view. On leaving, whatever the sandbox still runs is
-    killed within seconds. Yields None where bwrap cannot run (qwen-code then runs in this
-    process, as the status's sandbox note says)."""
+    killed within seconds. Where bwrap cannot run it raises SandboxUnavailable, unless this process
+    declared an outer boundary (execution.sandbox: none): then it yields None and qwen-code runs in
+    this process, as the status's sandbox note says."""
     import shlex
     import shutil
     import tempfile
 
 
     if _tools()[0] is None:
+        if (refusal := sandbox_refusal()) is not None:
+            raise SandboxUnavailable(refusal)
         yield None
         return
     sockdir = Path(tempfile.mkdtemp(prefix="mass-sandbox-"))

@@ -36,6 +36,7 @@ from mass_jobs.pipeline.progress import Display, estimate
 from mass_jobs.steps.split_guard import SplitLeak, check_no_test_leak  # noqa: F401 (the runner's API too)
 from mass_jobs.pipeline.run_lease import RunLease
 from mass_jobs.run.base_model import local_fitness_issues
+from mass_jobs.run.sandboxing import apply_sandbox, sandbox_issues
 from mass_jobs.run.generation_model import served_model_dir
 from mass_jobs.serving.backends import serve_model
 from mass_jobs.spec.load import SpecError, load_spec
@@ -276,9 +277,11 @@ def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, 
     `until` (`G:STEP`): then the manifest-like {"stopped_after": {"gen", "step"}}."""
 
     spec = load_spec(spec_path)
-    unfit = local_fitness_issues(spec)  # a template without tools would train on one-turn episodes
+    # a template without tools would train on one-turn episodes; without bwrap nothing model-written may run
+    unfit = local_fitness_issues(spec) + sandbox_issues(spec)
     if unfit:
         raise SpecError(spec_path, unfit)
+    apply_sandbox(spec)  # execution.sandbox for this process and the episodes it starts
     store = open_store(spec.store)
     return Runner(spec_path, spec, store, work_dir=Path(work_dir or os.environ.get("MASS_WORK_DIR", ".mass-work")),
                   progress=progress, on_step=on_step, handler=handler, until=until).run()

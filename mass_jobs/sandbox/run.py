@@ -23,10 +23,14 @@ call's tree alone and one episode's fork bomb cannot starve another's. Limits:
 The project's own interpreter (this process's venv and its base installation) is `python`, first on
 PATH; `SandboxLimits(python="system")` keeps the host's PATH and exposes no interpreter dir.
 
-Without bwrap (or where it cannot create namespaces, e.g. a pod without user namespaces) the
-command still gets the uid, rlimits and tree limits, and `note` says that the filesystem and network
-stayed the host's; `network_isolated` is then False. Pods add their own boundary (non-root,
-read-only root filesystem, NetworkPolicy).
+Without bwrap (or where it cannot create namespaces) nothing runs: `run_sandboxed` raises
+SandboxUnavailable naming bubblewrap and how to install it, unless this process declared an outer
+boundary (`MASS_SANDBOX`, OUTER_BOUNDARIES): `pod`, an agent pod's sandbox container, whose uid,
+seccomp profile and NetworkPolicy bound it (`mass sandbox-serve` declares it), or `none`, the spec's
+`execution.sandbox: none` on a machine its user trusts. Then the command still gets the rlimits and
+tree limits (and a leased uid where that uid can run the interpreter), `note` and
+`applied["boundary"]` say that the filesystem and network stayed the host's, and
+`network_isolated` is False.
 
 `resolve_in_workspace(workspace, rel)` maps a file-tool path into the workspace or raises
 `SandboxEscape` (absolute paths, `..` escapes, symlinks pointing outside).
@@ -64,6 +68,50 @@ PYTHON_MODES = ("project", "system")
 
 class SandboxEscape(ValueError):
     """A path that would leave the workspace."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap cannot build the sandbox here and no outer boundary was declared: nothing model-written runs."""
+
+
+# What may stand in for bubblewrap's namespaces, declared by the process through MASS_SANDBOX (and so
+# inherited by the episodes and checks it starts); anything else is refused.
+BOUNDARY_ENV = "MASS_SANDBOX"
+OUTER_BOUNDARIES = {
+    "pod": "an agent pod's container (a uid of its own, no capabilities, seccomp RuntimeDefault, the NetworkPolicy)",
+    "none": "execution.sandbox: none (a machine its user trusts: the host's filesystem and network)",
+}
+INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; "
+                "`make setup` does it as root), or set execution.sandbox: none on a machine you trust")
+
+
+def outer_boundary() -> str | None:
+    """The outer boundary this process declared (OUTER_BOUNDARIES), or None."""
+    value = os.environ.get(BOUNDARY_ENV)
+    return value if value in OUTER_BOUNDARIES else None
+
+
+def declare_outer_boundary(kind: str | None) -> None:
+    """Declare (or with None withdraw) what bounds model-written code here where bwrap cannot."""
+    if kind is None:
+        os.environ.pop(BOUNDARY_ENV, None)
+        return
+    if kind not in OUTER_BOUNDARIES:
+        raise ValueError(f"{BOUNDARY_ENV}: expected one of {sorted(OUTER_BOUNDARIES)}, got {kind!r}")
+    os.environ[BOUNDARY_ENV] = kind
+
+
+def bwrap_refusal() -> str | None:
+    """None where bubblewrap builds the sandbox here; else one line saying why not and what to install."""
+    bwrap, why = _tools()
+    if bwrap is not None:
+        return None
+    return f"bubblewrap cannot build the sandbox here ({why}): model-written code does not run; {INSTALL_HINT}"
+
+
+def sandbox_refusal() -> str | None:
+    """None where model-written code may run in this process (bwrap, or a declared outer boundary)."""
+    return None if outer_boundary() is not None else bwrap_refusal()
 
 
 @dataclass(frozen=True)
@@ -314,8 +362,13 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
     workspace = Path(cwd).resolve()
     if not workspace.is_dir():
         raise FileNotFoundError(f"sandbox cwd {workspace} is not a directory")
+    if (refusal := sandbox_refusal()) is not None:
+        raise SandboxUnavailable(refusal)
     as_root = os.geteuid() == 0
-    drop = as_root and limits.drop_privileges
+    # Without namespaces a leased uid runs the host's paths as they are: one that cannot enter the
+    # interpreter's folders (a venv under a 0700 home) would fail every command with 126.
+    drop = as_root and limits.drop_privileges and (
+        _tools()[0] is not None or (_open_to_others(sys.executable) and _open_to_others(str(workspace.parent))))
     uid = lease_uid(str(workspace), limits) if drop else None
     host_tmp = None
     try:
@@ -337,6 +390,17 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
             release_uid(str(workspace))
 
 
+def _open_to_others(path: str) -> bool:
+    """Whether any uid can reach `path` and run (or enter) it: it and every folder above it open to others."""
+    import stat
+
+    real = Path(os.path.realpath(path))
+    try:
+        return all(p.stat().st_mode & stat.S_IXOTH for p in (real, *real.parents))
+    except OSError:
+        return False
+
+
 def _run(
     cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, bwrap: str | None, tool: str | None,
     host_tmp: Path | None, stop: threading.Event | None = None,
@@ -355,7 +419,7 @@ def _run(
     assert tmp is not None
     env = sandbox_env(workspace, tmp, limits.extra_env, python.get("path_first"))
     notes: list[str] = []
-    applied: dict[str, Any] = {"backend": "bwrap" if bwrap else "none"}
+    applied: dict[str, Any] = {"backend": "bwrap" if bwrap else "none", "boundary": "bwrap" if bwrap else None}
     egress = bool(bwrap and limits.egress_socket and limits.isolate_network)
     if egress:  # the relay first; the command starts once it listens (it is the command's only way out)
         import shlex
@@ -381,8 +445,9 @@ def _run(
             applied["user_namespace"] = True
     else:
         argv = ["/bin/sh", "-c", cmd]
-        applied.update(pid_namespace=False, mount_namespace=False, network_namespace=False)
-        notes.append(f"no sandbox namespaces ({tool}): network reachable, host filesystem visible")
+        applied.update(pid_namespace=False, mount_namespace=False, network_namespace=False, boundary=outer_boundary())
+        notes.append(f"no sandbox namespaces ({tool}): network reachable, host filesystem visible; "
+                     f"bounded by {OUTER_BOUNDARIES[outer_boundary() or 'none']}")
     if not limits.isolate_network and not limits.egress_url:
         notes.append("network isolation switched off by the limits")
     mb = 1024 * 1024
@@ -447,7 +512,8 @@ def _run(
     applied["uid"] = applied["gid"] = uid if uid is not None else os.getuid()
     applied["usage"] = {"cpu_s": round(peak["cpu"], 3), "max_memory_mb": round(peak["mem"], 1)}
     if as_root and uid is None:
-        notes.append("ran as root (drop_privileges off): NPROC not enforced, files outside the workspace writable")
+        why = "drop_privileges off" if not limits.drop_privileges else "no other uid can reach the interpreter or the workspace"
+        notes.append(f"ran as root ({why}): NPROC not enforced, files outside the workspace writable")
     elif not as_root:
         notes.append(f"ran as the caller's uid {os.getuid()}: its process budget is shared with the caller")
     out, err = sinks["out"].get("data", b""), sinks["err"].get("data", b"")

@@ -31,6 +31,7 @@ from pydantic import Field
 
 from mass_jobs.sandbox.check_job import checks_digest, ChecksFile, fresh_copy, run_check, validate_results
 from mass_jobs.run.context import RunContext
+from mass_jobs.run.sandboxing import apply_sandbox
 from mass_jobs.config.shared import Closed
 from mass_jobs.config.task_spec import CheckCommand, Guards
 from mass_jobs.episodes import proof, rollouts
@@ -397,6 +398,7 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
         return GuardReport.model_validate(store.get_json(key))
     step.start()
     if run_check is None and task.guards.checks:
+        apply_sandbox(ctx.spec)  # SandboxUnavailable: the step fails, no episode is vetoed for it
         run_check = sandbox_checker(ctx.spec.execution.limits)
     report = GuardReport(task=task_id, gen=gen, skipped=summary.get("skipped", False))
     for ep in summary.get("episodes", []):

@@ -243,7 +243,8 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
                 outcomes.append(Outcomes(generation=g, stage=stage, episodes=len(sts), network=network,
                                          by_outcome={o: counted.get(o, 0) for o in (*OUTCOMES, *sorted(set(counted) - set(OUTCOMES)))},
                                          by_cap={c: capped.get(c, 0) for c in CAPS},
-                                         tool_calls=calls, tool_calls_per_episode=round(calls / len(sts), 3)))
+                                         tool_calls=calls, tool_calls_per_episode=round(calls / len(sts), 3),
+                                         unsandboxed=sum((st.get("sandbox") or {}).get("boundary") == "none" for st in sts)))
         stats = _json_or_none(store, ctx.sft_file(g, "stats"))
         if sft_data(stats, g):
             sft.append(sft_data(stats, g))
@@ -304,6 +305,11 @@ def run_warnings(doc: dict) -> list[str]:
         if 2 * idle > o["episodes"]:
             out.append(f"L{o['generation']} {o['stage']}: {idle} of {o['episodes']} episodes did no work (finished "
                        f"without a workspace tool call; {o['tool_calls']} tool calls in all)")
+    bare = [o for o in doc["outcomes"] if o.get("unsandboxed")]
+    if bare:
+        out.append(f"execution.sandbox: none: {sum(o['unsandboxed'] for o in bare)} episodes ran model-written code "
+                   "without a sandbox, with this machine's filesystem and network ("
+                   + ", ".join(f"L{o['generation']} {o['stage']} {o['unsandboxed']}" for o in bare) + ")")
     for who, v in doc["verdicts"].items():
         if v["total"] and 2 * v["invalid"] > v["total"]:
             out.append(f"{who} verdicts: {v['invalid']} of {v['total']} invalid (the judge's answers could not be read)")

@@ -99,6 +99,8 @@ class Outcomes(Closed):
     tool_calls_per_episode: float | None = Field(default=None, description="tool_calls / episodes.")
     network: NetworkCounts | None = Field(default=None, description="What these episodes' shell commands reached "
                                           "through their egress proxies (execution.network); null when it was off.")
+    unsandboxed: int = Field(default=0, description="Episodes whose model-written code ran without a sandbox "
+                             "(execution.sandbox: none, their status's sandbox.boundary).")
 
 
 class SftData(Closed):
