@@ -127,7 +127,8 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
         "tokens": result.tokens,
         "timings": {"wall_s": round(time.monotonic() - started, 3)},
         "sandbox": {"network_isolated": result.network_isolated, "note": result.sandbox_note,
-                    "boundary": "pod" if handed else (outer_boundary() or "bwrap"),
+                    # the opt-out is on record in every episode it touched (a pod's or bwrap's is the norm)
+                    **({"boundary": "none"} if not handed and outer_boundary() == "none" else {}),
                     **({"memory_limit": result.memory_limit} if result.memory_limit else {})},
     }
     if egress is not None:  # what the shell commands' code reached, as the egress proxy recorded it

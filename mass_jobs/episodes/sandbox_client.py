@@ -142,10 +142,11 @@ class SandboxClient:
         return ToolRun(truncate(str(reply.get("text", ""))), isolated if isinstance(isolated, bool) else None,
                        memory if memory in MEMORY_LIMITS else None)
 
-    def check(self, check, limits: EpisodeLimits) -> tuple[int, str]:
-        """A guard check (CheckCommand) in the sandbox's workspace: (exit code, detail)."""
+    def check(self, check, limits: EpisodeLimits, protected=()) -> tuple[int, str]:
+        """A guard check (CheckCommand) in the sandbox's workspace, `protected` read-only: (exit code, detail)."""
 
-        reply = self._json("POST", "/check", {"check": check.model_dump(mode="json"), "limits": limits.model_dump(mode="json")},
+        reply = self._json("POST", "/check", {"check": check.model_dump(mode="json"), "limits": limits.model_dump(mode="json"),
+                                              "protected": list(protected)},
                            timeout_s=check.timeout_s + self.timeout_s)
         code = reply.get("exit_code")
         if isinstance(code, bool) or not isinstance(code, int):

@@ -23,7 +23,7 @@ fails the remaining checks, never passes them.
     GET  /workspace          the workspace as a put_dir archive
     POST /egress             {url}: the run's egress proxy for shell commands (an agent pod's, once)
     POST /tool               {name, args, limits, timeout_s} -> {text, network_isolated} | {tool_error}
-    POST /check              {check, limits} -> {exit_code, detail} (a guard check, mass_jobs/sandbox/check_job.py)
+    POST /check              {check, limits, protected} -> {exit_code, detail} (a guard check, mass_jobs/sandbox/check_job.py)
     POST /qwen               {episode, proxy: {base_url, model, key}} -> {id}
     GET  /qwen/ID            {returncode, stdout, stderr} (outputs once exited)
     POST /qwen/ID/kill       kill qwen-code's process group
@@ -149,7 +149,8 @@ class SandboxService:
         self._reap_strays()
         try:
             with fresh_copy(self.workspace) as copy:  # what a check writes, the next one never sees
-                code, detail = run_check(check, copy, EpisodeLimits.model_validate(body["limits"]))
+                protected = [str(p) for p in body.get("protected") or [] if isinstance(p, str)]
+                code, detail = run_check(check, copy, EpisodeLimits.model_validate(body["limits"]), protected)
         finally:
             self._reap_strays()
         return {"exit_code": code, "detail": detail}

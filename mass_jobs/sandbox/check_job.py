@@ -40,6 +40,7 @@ class ChecksFile(Closed):
 
     checks: list[CheckCommand] = Field(min_length=1)
     limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
+    protected: list[str] = Field(default_factory=list, description="The task's protected paths: read-only to each check.")
 
 
 def is_checks_file(data: Any) -> bool:
@@ -111,11 +112,13 @@ CHECK_ENV = {"PYTHONSAFEPATH": "1", "PYTHONPATH": str(CHECK_SITE),
              "PYTEST_ADDOPTS": "--noconftest -c /dev/null --rootdir=. --import-mode=append -p no:cacheprovider"}
 
 
-def run_check(check: CheckCommand, workspace: Path, limits: EpisodeLimits) -> tuple[int, str]:
-    """(exit code, short description when it failed) of one check, sandboxed in `workspace`."""
+def run_check(check: CheckCommand, workspace: Path, limits: EpisodeLimits, protected=()) -> tuple[int, str]:
+    """(exit code, short description when it failed) of one check, sandboxed in `workspace`, with the
+    task's `protected` paths read-only: a check never changes what it checks, and a hardened one
+    (`python -I`, which ignores PYTHONPYCACHEPREFIX) leaves no bytecode there to count as a change."""
 
     sandbox = SandboxLimits.from_episode_limits(limits, timeout_s=check.timeout_s, extra_env=dict(CHECK_ENV),
-                                                read_only=(str(CHECK_SITE),))
+                                                read_only=(str(CHECK_SITE),), read_only_paths=tuple(protected))
     res = run_sandboxed(check.command, workspace, sandbox)
     if res.timed_out:
         return (res.exit_code if res.exit_code not in (0, None) else 124), f"timed out after {check.timeout_s:g}s"
@@ -139,10 +142,10 @@ def run_checks(job: ChecksFile, workspace: Path, out_dir: Path, sandbox=None) ->
             code, detail = 1, f"not run: the sandbox failed ({lost})"[:DETAIL_CHARS]
         elif sandbox is None:
             with fresh_copy(workspace) as copy:
-                code, detail = run_check(check, copy, job.limits)
+                code, detail = run_check(check, copy, job.limits, job.protected)
         else:
             try:
-                code, detail = sandbox.check(check, job.limits)
+                code, detail = sandbox.check(check, job.limits, job.protected)
             except SandboxError as exc:
                 lost = str(exc)
                 code, detail = 1, f"the sandbox failed: {exc}"[:DETAIL_CHARS]

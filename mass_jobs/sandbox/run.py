@@ -134,6 +134,9 @@ class SandboxLimits:
     python: str = "project"  # project: this process's interpreter, read-only, first on PATH; system: host PATH
     read_only: tuple[str, ...] = ()  # more host folders shown read-only (e.g. the checkout, for `mass ...`)
     writable: tuple[str, ...] = ()  # more host folders shown writable, handed to the call's uid like the workspace
+    # workspace-relative paths shown read-only (a guard check's protected paths): neither the check nor
+    # the agent code it runs can write there, and an interpreter's bytecode cache is simply not written
+    read_only_paths: tuple[str, ...] = ()
     # RLIMIT_AS = memory_mb per process; off for runtimes that reserve address space they never use
     # (node's WebAssembly): the tree's memory (PSS) is still held to memory_mb by the supervisor.
     limit_address_space: bool = True
@@ -333,6 +336,8 @@ def bwrap_argv(
             made.add(p)
         argv += [how, path, path]
         made.add(path)
+    for inside in _inside_workspace(workspace, limits.read_only_paths):
+        argv += ["--ro-bind", inside, inside]
     if limits.egress_socket and limits.isolate_network:
         argv += ["--dir", "/run", "--ro-bind", limits.egress_socket, SANDBOX_SOCKET]
     if uid is not None:  # the leased uid has a name, as programs that ask for their user expect
@@ -344,6 +349,30 @@ def bwrap_argv(
     # The workspace may be 0700 (owned by the uid): entered as the uid, not by capless root.
     enter = 'cd -- "$1" || exit 126; exec /bin/sh -c "$2"'
     return argv + ["--bounding-set=-all", "--no-new-privs", "--", "/bin/sh", "-c", enter, "sh", workspace, cmd]
+
+
+def _inside_workspace(workspace: str, rels: tuple[str, ...]) -> list[str]:
+    """The existing paths of `rels` in the workspace, resolved, those that would leave it left out."""
+    out = []
+    for rel in rels:
+        try:
+            path = resolve_in_workspace(workspace, rel)
+        except SandboxEscape:
+            continue
+        if path.exists() and str(path) != str(Path(workspace).resolve()):
+            out.append(str(path))
+    return out
+
+
+def _seal(workspace: Path, rels: tuple[str, ...]) -> None:
+    """Without a mount namespace: the write bits off `rels` (their owner could set them again, so a
+    write still shows as a changed protected path; an interpreter simply writes no bytecode there)."""
+    import stat
+
+    for top in _inside_workspace(str(workspace), rels):
+        for p in [Path(top), *(Path(top).rglob("*") if Path(top).is_dir() else [])]:
+            if not p.is_symlink():
+                p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
 
 
 def _visible_path(path: str, visible_dirs: list[str]) -> str:
@@ -440,11 +469,13 @@ def _run(
             pid_namespace=True, mount_namespace=True, network_namespace=limits.isolate_network,
             exposed={**{d: "ro" for d in _topmost(read_only)}, **{d: "rw" for d in limits.writable}, str(workspace): "rw"},
             private_tmpfs={"/tmp": limits.tmp_mb, "/dev/shm": limits.tmp_mb}, egress_proxy=egress,
+            read_only_in_workspace=[os.path.relpath(p, workspace) for p in _inside_workspace(str(workspace), limits.read_only_paths)],
         )  # fmt: skip
         if not as_root:
             applied["user_namespace"] = True
     else:
         argv = ["/bin/sh", "-c", cmd]
+        _seal(workspace, limits.read_only_paths)
         applied.update(pid_namespace=False, mount_namespace=False, network_namespace=False, boundary=outer_boundary())
         notes.append(f"no sandbox namespaces ({tool}): network reachable, host filesystem visible; "
                      f"bounded by {OUTER_BOUNDARIES[outer_boundary() or 'none']}")

@@ -292,10 +292,11 @@ def _protected_issues(guards: Guards, workspace: Path, protected_before: dict[st
     return reasons
 
 
-def sandbox_checker(limits) -> RunCheck:
-    """Run check commands with the sandbox of agent shell calls (scrubbed env, rlimits, no network)."""
+def sandbox_checker(limits, protected=()) -> RunCheck:
+    """Run check commands with the sandbox of agent shell calls (scrubbed env, rlimits, no network),
+    the task's `protected` paths read-only."""
 
-    return lambda check, workspace: run_check(check, workspace, limits)
+    return lambda check, workspace: run_check(check, workspace, limits, protected)
 
 
 def stored_checker(ctx: RunContext, gen: int, task_id: str, ep: str) -> RunCheck:
@@ -328,7 +329,8 @@ def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
     store = ctx.store
     if formed(guard_step(ctx, gen, task_id)).done:
         return []
-    checks = ctx.spec.task(task_id).guards.checks
+    guards = ctx.spec.task(task_id).guards
+    checks = guards.checks
     items = []
     for ep in store.get_json(ctx.collect_summary(gen, task_id)).get("episodes", []):
         if not _needs_checks(ctx, task_id, ep):
@@ -338,7 +340,7 @@ def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
         if store.exists(stored) and store.get_json(stored).get("digest") == checks_digest(checks):
             continue
         rollouts.new_inputs(ctx, prefix, proof.CHECK_OUTPUTS)
-        job = ChecksFile(checks=checks, limits=ctx.spec.execution.limits)
+        job = ChecksFile(checks=checks, limits=ctx.spec.execution.limits, protected=guards.protected_paths)
         store.put_json(ctx.agent_input(prefix, "episode.json"), job.model_dump(mode="json"))
         episode = ctx.collect_episode(gen, task_id, ep["id"])
         store.put_bytes(ctx.agent_input(prefix, "workspace.tar.gz"),
@@ -399,7 +401,7 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
     step.start()
     if run_check is None and task.guards.checks:
         apply_sandbox(ctx.spec)  # SandboxUnavailable: the step fails, no episode is vetoed for it
-        run_check = sandbox_checker(ctx.spec.execution.limits)
+        run_check = sandbox_checker(ctx.spec.execution.limits, task.guards.protected_paths)
     report = GuardReport(task=task_id, gen=gen, skipped=summary.get("skipped", False))
     for ep in summary.get("episodes", []):
         prefix = ctx.collect_episode(gen, task_id, ep["id"])

@@ -203,6 +203,59 @@ def test_the_sandboxed_checks_run_on_a_copy(tmp_path):
     assert json.loads(json.dumps(reasons))  # plain strings, stored as the guard's reasons
 
 
+# A task that hardens its checks: an isolated interpreter (`python -I` ignores PYTHONDONTWRITEBYTECODE
+# and PYTHONPYCACHEPREFIX, so it writes bytecode beside the sources it imports), pytest with its cache
+# off, over protected directories.
+HARDENED_TEST = ("import os, sys\nsys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))\n"
+                 "from sim.push import push\n\n\ndef test_push():\n    assert push(1, 2) == 3\n")
+HARDENED = Guards(protected_paths=["sim", "tests"], checks=[
+    CheckCommand(name="tests", command="python -I -m pytest -q -p no:cacheprovider tests"),
+    CheckCommand(name="simulate", command="python -I -c 'import sys; sys.path.insert(0, \".\"); "
+                                          "from sim.push import push; sys.exit(0 if push(1, 2) == 3 else 1)'")])
+
+
+def hardened(tmp_path: Path) -> tuple[Path, dict]:
+    ws, _ = seeded(tmp_path)
+    (ws / "sim" / "__init__.py").write_text("")
+    (ws / "tests").mkdir()
+    (ws / "tests" / "test_sim.py").write_text(HARDENED_TEST)
+    return ws, hash_protected(ws, HARDENED.protected_paths)
+
+
+def test_a_hardened_check_keeps_an_honest_episode(tmp_path):
+    """The isolated interpreter's own bytecode would land in sim/__pycache__ and tests/__pycache__ and
+    count as a change to what the check checks (shown first, without the read-only protected paths);
+    with them read-only it is simply not written, and the honest episode passes."""
+    from mass_jobs.config.run_spec import EpisodeLimits
+    from mass_jobs.steps.guard import sandbox_checker
+
+    ws, before = hardened(tmp_path)
+    finish(ws)
+    writable = check_workspace(HARDENED, ws, before, sandbox_checker(EpisodeLimits()))
+    assert any("changed what it checks: protected path modified" in r and "__pycache__" in r for r in writable)
+    assert check_workspace(HARDENED, ws, before, sandbox_checker(EpisodeLimits(), HARDENED.protected_paths)) == []
+
+
+def test_a_hardened_task_still_vetoes_planted_bytecode_and_a_write_during_its_check(tmp_path):
+    from mass_jobs.config.run_spec import EpisodeLimits
+    from mass_jobs.steps.guard import sandbox_checker
+
+    ws, before = hardened(tmp_path)
+    finish(ws)
+    _forged_bytecode(ws)
+    planted = check_workspace(HARDENED, ws, before, sandbox_checker(EpisodeLimits(), HARDENED.protected_paths))
+    assert any(r.startswith("protected path modified:") and "sim/__pycache__/push." in r for r in planted)
+
+    ws, before = hardened(tmp_path / "again")
+    finish(ws)
+    (ws / "controller.py").write_text("open('sim/push.py', 'a').write('GOAL = 1\\n')\n")  # the agent's code
+    guards = HARDENED.model_copy(update={"checks": [CheckCommand(name="run", command="python -I controller.py"),
+                                                    *HARDENED.checks]})
+    reasons = check_workspace(guards, ws, before, sandbox_checker(EpisodeLimits(), guards.protected_paths))
+    assert len(reasons) == 1 and reasons[0].startswith("check run failed (exit 1)") and "Read-only file system" in reasons[0]
+    assert (ws / "sim" / "push.py").read_text() == SIM
+
+
 def _forged_bytecode(ws: Path) -> None:
     """sim/__pycache__/push.cpython-*.pyc compiled from a forged simulator, hash-based and
     unchecked (PEP 552): CPython imports it without looking at sim/push.py, which stays intact."""
