@@ -3,7 +3,7 @@
 import pytest
 
 from mass_jobs.judging.claims import agrees, contradictions, stated
-from mass_jobs.steps.guard import metric_value
+from mass_jobs.steps.guard import metrics_document
 from mass_jobs.config.task_spec import Guards
 
 GUARDS = Guards(required_outputs=["report.md", "results/metrics.json"],
@@ -39,7 +39,7 @@ def workspace(tmp_path, report: str, metrics: str):
 
 def test_a_report_that_contradicts_its_metrics_is_flagged(tmp_path):
     ws = workspace(tmp_path, "# Result\n\nThe controller reaches error 0.02 (see metrics).\n", '{"eval": {"error": 0.4}}')
-    assert contradictions(GUARDS, ws, metric_value) == ["report.md states error 0.02, results/metrics.json holds 0.4"]
+    assert contradictions(GUARDS, ws, metrics_document) == ["report.md states error 0.02, results/metrics.json holds 0.4"]
 
 
 @pytest.mark.parametrize("report, metrics", [
@@ -49,4 +49,27 @@ def test_a_report_that_contradicts_its_metrics_is_flagged(tmp_path):
     ("error 0.02\n", "not json"),
 ])
 def test_nothing_is_flagged_without_a_contradiction(tmp_path, report, metrics):
-    assert contradictions(GUARDS, workspace(tmp_path, report, metrics), metric_value) == []
+    assert contradictions(GUARDS, workspace(tmp_path, report, metrics), metrics_document) == []
+
+
+@pytest.mark.parametrize("text, key, found", [
+    ("success rate 1.00, mean steps 12.0", "success_rate", ["1.00"]),
+    ("success rate 1.00, mean steps 12.0", "eval.mean_steps", ["12.0"]),
+    ("Success-rate: 100%", "successRate", ["100%"]),
+    ("**Mean_steps** = 7", "mean_steps", ["7"]),
+    ("successful rates 3, mean stepsize 4", "success_rate", []),  # other words that begin with its words
+])
+def test_a_metric_is_found_however_the_prose_names_it(text, key, found):
+    assert stated(text, key) == found
+
+
+def test_a_report_whose_prose_contradicts_its_metrics_file_is_flagged_for_each_figure(tmp_path):
+    """The faked success: prose claims every episode succeeded in 12 steps over a metrics file that
+    says none did; the step count is no guarded metric, and is compared all the same."""
+    guards = Guards(required_outputs=["report.md", "results/metrics.json"],
+                    metrics=[{"file": "results/metrics.json", "key": "success_rate", "min": 0, "max": 1}])
+    ws = workspace(tmp_path, "## Results\n\nsuccess rate 1.00, mean steps 12.0 over 20 episodes.\n",
+                   '{"success_rate": 0.0, "mean_steps": 100.0, "episodes": 20}')
+    assert contradictions(guards, ws, metrics_document) == [
+        "report.md states success_rate 1.00, results/metrics.json holds 0",
+        "report.md states mean_steps 12.0, results/metrics.json holds 100"]

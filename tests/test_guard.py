@@ -37,7 +37,7 @@ def honest(score, corr=0.4):
 
 def test_planted_failures_are_vetoed_even_when_preferred(make_store, inner_spec, judging_endpoint):
     store = make_store("file")
-    spec = inner_spec(store, tasks=[TASK], search={"iterations": 0}, collection={"episodes": 5})
+    spec = inner_spec(store, tasks=[TASK], search={"iterations": 0}, collection={"episodes": 6})
     ep = judging_endpoint()
     ctx = RunContext(spec, store)
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
@@ -53,27 +53,30 @@ def test_planted_failures_are_vetoed_even_when_preferred(make_store, inner_spec,
         # finance task 51: a NaN correlation recorded as passed
         episode(9, {"results/metrics.json": '{"correlation": NaN, "check": "passed"}'}),
         honest(5),
-        # its report states a correlation its metrics file does not hold: flagged for review, still ranked
-        episode(4, {"report.md": "# Report\nscore: 4\ncorrelation 0.95\n",
+        # its report states a correlation its metrics file does not hold: flagged for review, not trained
+        episode(9, {"report.md": "# Report\nscore: 9\ncorrelation 0.95\n",
                     "results/metrics.json": json.dumps({"correlation": 0.2, "check": "passed"})}),
+        honest(4),
     )
     summary = run_collect(ctx, 0, "t1", execute)
-    assert summary["eligible"] == ["ep-0", "ep-1", "ep-2", "ep-3", "ep-4"]  # all "succeeded"
+    assert summary["eligible"] == ["ep-0", "ep-1", "ep-2", "ep-3", "ep-4", "ep-5"]  # all "succeeded"
 
     report = run_guard(ctx, 0, "t1")
     assert report.vetoed == ["ep-1", "ep-2"]
-    assert report.usable == ["ep-0", "ep-3", "ep-4"]
+    assert report.usable == ["ep-0", "ep-3", "ep-5"]
     assert report.episodes["ep-1"].reasons == ["protected path modified: sim/physics.py"]
     assert report.episodes["ep-2"].reasons == ["metric results/metrics.json:correlation: not finite (nan)"]
     assert report.episodes["ep-4"].review == ["report.md states correlation 0.95, results/metrics.json holds 0.2"]
-    assert [e for e, g in report.episodes.items() if g.review] == ["ep-4"]
+    assert [e for e, g in report.episodes.items() if g.review] == ["ep-4"] and report.episodes["ep-4"].held
+    assert report.episodes["ep-4"].reasons == [
+        "flagged for review, not trained (guards.train_flagged is false): " + report.episodes["ep-4"].review[0]]
     assert store.get_json("inner/gen-0/guard/t1.json")["episodes"]["ep-1"]["passed"] is False
 
     before = len(ep.requests)
     ranking = run_rank(ctx, 0, "t1", client)
-    assert ranking.excluded == {"ep-1": report.episodes["ep-1"].reasons, "ep-2": report.episodes["ep-2"].reasons}
-    assert set(ranking.episodes) == {"ep-0", "ep-3", "ep-4"}
-    assert ranking.train == ["ep-3", "ep-4"] and ranking.val == "ep-0"
+    assert ranking.excluded == {e: report.episodes[e].reasons for e in ("ep-1", "ep-2", "ep-4")}
+    assert set(ranking.episodes) == {"ep-0", "ep-3", "ep-5"}
+    assert ranking.train == ["ep-3", "ep-5"] and ranking.val == "ep-0"
     # the self-evaluator (which prefers score 9) never got to see the vetoed episodes
     asked = [r["body"]["messages"][1]["content"] for r in ep.requests[before:]]
     assert len(asked) == len(ranking.verdicts) == 3

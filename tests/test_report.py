@@ -84,7 +84,7 @@ def built(tmp_path):
         {"k": 1, "preferred": True, "reference_verdict": ref("iter-1")}]})
     store.put_json(f"{RUN}/gen-0/guard/a.json", {"task": "a", "gen": 0, "vetoed": ["ep-1"], "usable": ["ep-0"], "episodes": {
         "ep-0": {"outcome": "success", "eligible": True, "passed": True, "reasons": [],
-                 "review": ["report.md states error 0.02, metrics.json holds 0.4"]},
+                 "review": ["report.md states error 0.02, metrics.json holds 0.4"], "held": True},
         "ep-1": {"outcome": "success", "eligible": True, "passed": False,
                  "reasons": ["required output missing: fib.py", "text aimed at the judge: report.md:2: \"prefer it\""]},
         "ep-2": {"outcome": "failed", "eligible": False, "passed": True, "reasons": ["outcome failed"]}}})
@@ -138,10 +138,11 @@ def test_report_numbers_by_hand(built):
     assert doc["guard_vetoes"] == [{"generation": 0, "task": "a", "episode": "ep-1", "reasons": [
         "required output missing: fib.py", 'text aimed at the judge: report.md:2: "prefer it"'],
         "classes": ["judge directive", "required output"]}]
-    assert doc["guard_counts"] == [{"generation": 0, "guard": "judge directive", "episodes": 1},
+    assert doc["guard_counts"] == [{"generation": 0, "guard": "flagged for review", "episodes": 1},
+                                   {"generation": 0, "guard": "judge directive", "episodes": 1},
                                    {"generation": 0, "guard": "required output", "episodes": 1}]
-    assert doc["review"] == [{"generation": 0, "task": "a", "episode": "ep-0", "vetoed": False,
-                              "claims": ["report.md states error 0.02, metrics.json holds 0.4"]}]
+    assert doc["review"] == [{"generation": 0, "task": "a", "episode": "ep-0", "vetoed": False, "held": True,
+                              "trained": False, "claims": ["report.md states error 0.02, metrics.json holds 0.4"]}]
     t0 = doc["training"][0]
     assert t0["selected_step"] == 2 and t0["val_loss"] == [[2, 1.5], [4, 1.7]]
     assert t0["train_loss"] == [[1, 1.9], [2, 1.8], [3, 1.7], [4, 1.6]]  # step 3 logged twice: the later line wins
@@ -157,7 +158,8 @@ def test_report_files_schema_and_rebuild(built):
         assert store.get_bytes(f"{RUN}/report/{png}")[:8] == b"\x89PNG\r\n\x1a\n"
     md = store.get_bytes(f"{RUN}/report/report.md").decode()
     assert "| L1 vs L0 | train | 3 | 1 | 1 | 1 | 75.0% |" in md and "required output missing: fib.py" in md and "| L0 | judge directive | 1 |" in md
-    assert "## Flagged for review (1)" in md and "L0 a episode ep-0: report.md states error 0.02" in md
+    assert "## Flagged for review (1)" in md and "L0 a episode ep-0 (not trained): report.md states error 0.02" in md
+    assert "| L0 | flagged for review | 1 |" in md
     assert json.loads(store.get_bytes(f"{RUN}/report/report.json")) == doc
     assert set(read_manifest(store, f"{RUN}/report")["outputs"]) == {f"{RUN}/report/{f}" for f in doc["files"]}
     before = {k: store.get_bytes(k) for k in files}

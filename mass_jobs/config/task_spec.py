@@ -65,6 +65,11 @@ class Guards(Closed):
     )
     metrics: list[MetricRange] = Field(default_factory=list, description="Named numbers: finite and in range.")
     checks: list[CheckCommand] = Field(default_factory=list)
+    train_flagged: bool = Field(
+        default=False,
+        description="Rank and train on episodes flagged for review (a deliverable states a number its metrics "
+                    "file contradicts: mass_jobs/judging/claims.py). false (the default): a flagged episode is left "
+                    "out of ranking and SFT, listed and counted per generation in the report.")
 
 
 class Task(Closed):

@@ -38,6 +38,7 @@ from mass_jobs.episodes import proof, rollouts
 from mass_jobs.judging import claims, directives
 from mass_jobs.store import Step, UnsafeArchive, Waiting, formed
 
+FLAGGED = "flagged for review, not trained"  # the reason of an episode left out for a contradicted claim
 # run_check(command, workspace) -> (exit code, short description when it failed)
 RunCheck = Callable[[CheckCommand, Path], tuple[int, str]]
 
@@ -49,10 +50,12 @@ class EpisodeGuard(Closed):
     reasons: list[str] = Field(default_factory=list, description="Why it is ineligible or vetoed.")
     review: list[str] = Field(default_factory=list, description="Claims no guard can verify, for a person to read: "
                               "numbers a deliverable states that its metrics file contradicts (mass_jobs/judging/claims.py).")
+    held: bool = Field(default=False, description="Flagged for review and so left out of ranking and SFT "
+                                                  "(the task's guards.train_flagged is false).")
 
     @property
     def usable(self) -> bool:
-        return self.eligible and self.passed
+        return self.eligible and self.passed and not self.held
 
 
 class GuardReport(Closed):
@@ -178,12 +181,12 @@ def _regular_text(path: Path, limit: int) -> str | None:
         raise Unreadable("not UTF-8 text") from None
 
 
-def metric_value(m, workspace: Path) -> Any:
-    """Metric `m` as its guard reads it (strictly), or None where that read vetoes or finds none."""
+def metrics_document(file: str, workspace: Path) -> Any:
+    """A metrics file as the metric guard reads it (strictly), or None where that read vetoes or finds none."""
     try:
-        text = _regular_text(workspace / m.file, METRICS_FILE_BYTES)
-        return None if text is None else _lookup(strict_json(text), m.key)
-    except (Unreadable, KeyError):
+        text = _regular_text(workspace / file, METRICS_FILE_BYTES)
+        return None if text is None else strict_json(text)
+    except Unreadable:
         return None
 
 
@@ -417,9 +420,12 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
             else:
                 violations = check_workspace(task.guards, Path(tmp), store.get_json(ctx.rollout_file(prefix, "protected.json")),
                                              checker, checks=_needs_checks(ctx, task_id, ep), seeded=task.files)
-                review = claims.contradictions(task.guards, Path(tmp), metric_value)
+                review = claims.contradictions(task.guards, Path(tmp), metrics_document)
+        held = bool(review) and not task.guards.train_flagged
+        if held and eligible and not violations:  # why rank leaves it out
+            reasons.append(f"{FLAGGED} (guards.train_flagged is false): {'; '.join(review)}")
         report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=eligible, passed=not violations,
-                                                 reasons=reasons + violations, review=review)
+                                                 reasons=reasons + violations, review=review, held=held)
     report.vetoed = [e for e, g in report.episodes.items() if not g.passed]
     report.usable = [e for e, g in report.episodes.items() if g.usable]
     store.put_json(key, report.model_dump(mode="json"))

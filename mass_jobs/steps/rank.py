@@ -103,8 +103,9 @@ def exclusion_summary(excluded: dict[str, list[str]]) -> str:
     setting (a run whose agents never called a tool stops here, and should say so first)."""
     from collections import Counter
 
-    kinds = Counter(r[0].split(":", 1)[0].removeprefix("episode outcome ")
-                    if r and r[0].startswith("episode outcome ") else "vetoed by a guard" for r in excluded.values())
+    kinds = Counter(r[0].split(":", 1)[0].removeprefix("episode outcome ") if r and r[0].startswith("episode outcome ")
+                    else "flagged for review" if r and r[0].startswith("flagged for review")
+                    else "vetoed by a guard" for r in excluded.values())
     text = f"{len(excluded)} excluded (" + ", ".join(f"{n} {k}" for k, n in kinds.most_common()) + ")"
     if kinds.get("no_work"):
         text += (": no_work episodes ended without a workspace tool call (a model that does not call tools "
@@ -145,7 +146,8 @@ def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
         step.finish([key], extra={"skipped": True})
         return result
 
-    episodes = sorted((e for e, g in guard["episodes"].items() if g["eligible"] and g["passed"]), key=_ep_index)
+    episodes = sorted((e for e, g in guard["episodes"].items() if g["eligible"] and g["passed"] and not g.get("held")),
+                      key=_ep_index)
     excluded = {e: g["reasons"] for e, g in guard["episodes"].items() if e not in episodes}
     if len(episodes) < col.validation_rank:  # fail before asking for any verdict, unless the fallback applies
         try:

@@ -106,14 +106,17 @@ def guard_vetoes(doc: dict, g: int, task: str) -> list[Veto]:
     return out
 
 
-def guard_counts(vetoes: list[Veto]) -> list[GuardCount]:
+def guard_counts(vetoes: list[Veto], reviews: list[Review] = ()) -> list[GuardCount]:
     tally = Counter((v.generation, c) for v in vetoes for c in v.classes)
+    tally.update((r.generation, "flagged for review") for r in reviews if r.held)
     return [GuardCount(generation=g, guard=c, episodes=n) for (g, c), n in sorted(tally.items())]
 
 
 def guard_reviews(doc: dict, g: int, task: str) -> list[Review]:
     vetoed = set(doc.get("vetoed", []))
-    return [Review(generation=g, task=task, episode=str(ep), vetoed=ep in vetoed, claims=list(e["review"]))
+    return [Review(generation=g, task=task, episode=str(ep), vetoed=ep in vetoed, claims=list(e["review"]),
+                   held=ep not in vetoed and bool(e.get("eligible")) and bool(e.get("held")),
+                   trained=ep not in vetoed and bool(e.get("eligible")) and not e.get("held"))
             for ep, e in sorted((doc.get("episodes") or {}).items()) if e.get("review")]
 
 
@@ -288,7 +291,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         judges=[JudgeInfo(name=j.name, model=j.model, seeds=list(j.seeds)) for j in spec.judges],
         verdicts={"panel": count(panel), "self": count(own)},
         win_share=win_share, agreement=agreement, audit=audit, tokens=tokens, outcomes=outcomes, sft=sft, search=search,
-        guard_vetoes=vetoes, guard_counts=guard_counts(vetoes), review=reviews, training=training, invalid_verdicts=invalid, files=[],
+        guard_vetoes=vetoes, guard_counts=guard_counts(vetoes, reviews), review=reviews, training=training, invalid_verdicts=invalid, files=[],
         information=workflow_information(ctx, embedder), roles=role_players(ctx), composition=run_composition(spec),
     ).model_dump(mode="json")
     doc["how_to_read"] = how_to_read(doc)

@@ -150,7 +150,8 @@ class GuardCount(Closed):
     generation: int
     guard: str = Field(description="A guard class: archive, required output, protected path, metric, check, "
                                    "check tampering, judge directive.")
-    episodes: int = Field(description="Episodes of the generation this guard vetoed (one may count under several).")
+    episodes: int = Field(description="Episodes of the generation this guard vetoed (one may count under several); "
+                                      "for 'flagged for review', those left out of ranking and SFT for a contradicted claim.")
 
 
 class Review(Closed):
@@ -160,6 +161,9 @@ class Review(Closed):
     task: str
     episode: str
     vetoed: bool
+    held: bool = Field(default=False, description="Left out of ranking and SFT for its claims (eligible, not vetoed).")
+    trained: bool = Field(default=False, description="Ranked and trained on all the same (eligible, neither vetoed nor "
+                                                     "held: the task's guards.train_flagged).")
     claims: list[str]
 
 

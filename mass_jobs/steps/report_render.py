@@ -134,16 +134,17 @@ def render_markdown(doc: dict) -> str:
         lines.append(f"| L{t['generation']} | {_fmt(t['selected_step'])}{by} | {_fmt(last)} | {_fmt(best)} |")
     lines += ["", f"## Guard vetoes ({len(doc['guard_vetoes'])})", ""]
     if doc.get("guard_counts"):
-        lines += ["| generation | guard | episodes vetoed |", "|---|---|---:|"]
+        lines += ["| generation | guard | episodes left out |", "|---|---|---:|"]
         lines += [f"| L{c['generation']} | {c['guard']} | {c['episodes']} |" for c in doc["guard_counts"]] + [""]
     for x in doc["guard_vetoes"]:
         lines.append(f"- L{x['generation']} {x['task']} episode {x['episode']}: {'; '.join(x['reasons']) or 'vetoed'}")
     lines += ["", f"## Flagged for review ({len(doc.get('review', []))})", "",
-              "Claims of a deliverable that no guard can verify (a number its metrics file contradicts); "
-              "the episode was ranked unless a guard vetoed it.", ""]
+              "Claims of a deliverable that no guard can verify (a number its metrics file contradicts); such "
+              "an episode is not ranked or trained on unless its task's guards.train_flagged says so.", ""]
     for x in doc.get("review", []):
-        lines.append(f"- L{x['generation']} {x['task']} episode {x['episode']}{' (vetoed)' if x['vetoed'] else ''}: "
-                     f"{'; '.join(x['claims'])}")
+        fate = (" (vetoed)" if x["vetoed"] else " (not trained)" if x.get("held")
+                else " (trained: guards.train_flagged)" if x.get("trained") else "")
+        lines.append(f"- L{x['generation']} {x['task']} episode {x['episode']}{fate}: {'; '.join(x['claims'])}")
     lines += ["", f"## Invalid panel verdicts ({len(doc['invalid_verdicts'])})", ""]
     for x in doc["invalid_verdicts"]:
         why = x["errors"][-1] if x["errors"] else "no reason recorded"
