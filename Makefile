@@ -58,11 +58,14 @@ FAST        := not slow and not argo_exec
 # uses the rest (21:41 against 22:47 with two, on the slower machine).
 FAST_BUDGET := 300
 SLOW_BUDGET := 1200
+# How far past its budget a tier may run before it fails: 20% by hand; CI passes 0.5, since its
+# machine varies by about a third in speed and a correct change must not be refused for that.
+SLACK       ?= 0.2
 # One torch/OpenMP thread per process: the workers' model servers and trainers share two cores, and
 # two processes of two threads each ran a forward pass 2.6x slower than two of one thread (measured).
 TEST_ENV    := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-FAST_ARGS   := -q -n 3 --dist worksteal -m "$(FAST)" --budget=$(FAST_BUDGET)
-SLOW_ARGS   := -q -n 3 --dist load --maxschedchunk 1 -m "not ($(FAST))" --budget=$(SLOW_BUDGET)
+FAST_ARGS   := -q -n 3 --dist worksteal -m "$(FAST)" --budget=$(FAST_BUDGET) --budget-slack=$(SLACK)
+SLOW_ARGS   := -q -n 3 --dist load --maxschedchunk 1 -m "not ($(FAST))" --budget=$(SLOW_BUDGET) --budget-slack=$(SLACK)
 
 # What CI runs: the models the suite shares, built first (cached under build/), then both tiers;
 # the second tier runs even when the first fails, so one run shows every failure. (vLLM's install

@@ -333,3 +333,16 @@ def test_status_schema_is_closed_and_names_bad_fields():
         validate_status({**good, "counts": {**good["counts"], "turn": 1}})
     with pytest.raises(ValueError, match=r"\$\.outcome: 'crashed' is not one of"):
         validate_status({**good, "outcome": "crashed"})
+
+
+def test_a_no_work_reason_says_that_its_tool_calls_ran_and_were_killed(scripted_endpoint, tmp_path):
+    """Every shell call killed by a limit is no work, and the reason points at the limit, not at a
+    model that never called a tool."""
+    ep = scripted_endpoint({"*": [Reply.call("shell", command="sleep 5"), Reply.call("shell", command="sleep 6"),
+                                  Reply.text("done")]})
+    limits = EpisodeLimits(shell_timeout_s=0.5)
+    inp = EpisodeInput(prompt="Sleep.", endpoint=ep.endpoint, limits=limits, single_agent=True, seed=0)
+    result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
+    assert (result.outcome, result.reason) == (
+        "no_work", "agent finished, but every workspace tool call failed: 2 ran and failed; "
+                   "2 killed by a limit (wall_timeout)")

@@ -378,3 +378,13 @@ def test_episodes_are_counted_by_the_cap_that_ended_them(built):
                 "response": {"message": {"role": "assistant", "tool_calls": calls}}}]
     outcome, reason = limit_breach(records, inp)
     assert episode_cap({"outcome": outcome, "reason": reason}) == "tool_calls"
+
+
+def test_training_on_no_work_episodes_is_a_warning_naming_the_setting():
+    doc = {"outcomes": [{"generation": 0, "stage": "collect", "episodes": 3, "by_outcome": {"no_work": 3}},
+                        {"generation": 0, "stage": "evaluate", "episodes": 2, "by_outcome": {"no_work": 2}},
+                        {"generation": 1, "stage": "collect", "episodes": 3, "by_outcome": {"no_work": 1}}]}
+    assert rp.trained_no_work(doc, keep_no_work=True) == [
+        "collection.keep_no_work is true: 4 teacher episodes that did no work were ranked and trained on as "
+        "successes (L0 3, L1 1)"]
+    assert rp.trained_no_work(doc, keep_no_work=False) == []

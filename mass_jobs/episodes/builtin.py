@@ -74,6 +74,8 @@ class Tally:
     memory_limits: set = field(default_factory=set)  # what held each shell command's memory
     shell_calls: int = 0
     acting_calls: int = 0  # workspace tool calls that ran without error (none: the episode is no_work)
+    failed_workspace_calls: int = 0  # workspace tool calls answered with an error
+    killed: list = field(default_factory=list)  # the limit that killed each shell command that one did
 
 
 @dataclass
@@ -105,7 +107,7 @@ class BuiltinHarness:
         if not report.ok:
             return "failed", f"{lead} reported failure: {report.text[:500]}", report.text
         if not self.tally.acting_calls:
-            return "no_work", no_work_reason(lead), report.text
+            return "no_work", no_work_reason(lead, self.tally.failed_workspace_calls, tuple(self.tally.killed)), report.text
         return "success", f"{lead} finished", report.text
 
     # ------------------------------------------------------------------ one agent conversation
@@ -168,6 +170,10 @@ class BuiltinHarness:
                 result, done = self._run_tool(parsed, allowed, agent_id, role, depth)
                 if result.startswith(T.ERROR_PREFIX):
                     self.tally.tool_errors += 1
+                    if name in T.WORKSPACE_TOOLS:
+                        self.tally.failed_workspace_calls += 1
+                        if (killed := re.search(r"^killed: (\S+)", result, flags=re.M)) is not None:
+                            self.tally.killed.append(killed.group(1))
                 elif name in T.WORKSPACE_TOOLS:
                     self.tally.acting_calls += 1
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})

@@ -36,11 +36,16 @@ def episode_cap(status: dict) -> str | None:
     return {"turn_limit": "turns_per_agent", "timeout": "wall_s", "loop_detected": "loop_repeats"}.get(outcome)
 
 
-def no_work_reason(lead: str) -> str:
+def no_work_reason(lead: str, failed: int = 0, killed: tuple[str, ...] = ()) -> str:
     """Why a finished episode is `no_work`: no agent made a workspace tool call (file, shell) that ran;
     delegating, finishing and calls answered with an error do not count. Such an episode is not
-    ranked or trained on by default: a prose reply cut at the length limit is not a finished task."""
-    return f"{lead} finished, but no agent ran a workspace tool (file or shell) call"
+    ranked or trained on by default: a prose reply cut at the length limit is not a finished task.
+    `failed` workspace calls ran and failed, `killed` of them by these limits (a shell's
+    killed_reason): then the reason says so, since the limits, not the model, may be at fault."""
+    if not failed:
+        return f"{lead} finished, but no agent ran a workspace tool (file or shell) call"
+    why = f"; {len(killed)} killed by a limit ({', '.join(sorted(set(killed)))})" if killed else ""
+    return f"{lead} finished, but every workspace tool call failed: {failed} ran and failed{why}"
 
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "episode-status.schema.json"

@@ -295,8 +295,17 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         information=workflow_information(ctx, embedder), roles=role_players(ctx), composition=run_composition(spec),
     ).model_dump(mode="json")
     doc["how_to_read"] = how_to_read(doc)
-    doc["warnings"] = run_warnings(doc)
+    doc["warnings"] = run_warnings(doc) + trained_no_work(doc, spec.collection.keep_no_work)
     return doc
+
+
+def trained_no_work(doc: dict, keep_no_work: bool) -> list[str]:
+    """Under collection.keep_no_work, how many teacher episodes that did no work were ranked for training."""
+    idle = [(o["generation"], o["by_outcome"].get("no_work", 0)) for o in doc["outcomes"] if o["stage"] == "collect"]
+    if not keep_no_work or not any(n for _, n in idle):
+        return []
+    return [f"collection.keep_no_work is true: {sum(n for _, n in idle)} teacher episodes that did no work were "
+            "ranked and trained on as successes (" + ", ".join(f"L{g} {n}" for g, n in idle if n) + ")"]
 
 
 def run_warnings(doc: dict) -> list[str]:
