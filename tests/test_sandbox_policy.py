@@ -100,7 +100,7 @@ def test_the_opt_out_is_recorded_in_the_episode_status(tmp_path, monkeypatch, sc
     from mass_jobs.tools.testing.scripted_endpoint import Reply
 
     monkeypatch.setattr(sandbox, "_tools", lambda: (None, "bwrap (bubblewrap) is not installed"))
-    monkeypatch.delenv(sandbox.BOUNDARY_ENV, raising=False)
+    monkeypatch.setenv(sandbox.BOUNDARY_ENV, "")  # so that what the spec declares is undone after the test
     ep = scripted_endpoint({"*": [Reply.call("shell", command="echo hi > a.py"), Reply.text("wrote a.py")]})
     execute = episode_executor(load_spec(str(write_spec(tmp_path, sandbox="none"))), ep.endpoint)
     (tmp_path / "ws").mkdir()
