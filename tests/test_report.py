@@ -114,7 +114,8 @@ def test_report_numbers_by_hand(built):
     lo, hi = ws[(1, 0, "all")]["ci"]
     assert 0.0 <= lo < 0.5 < hi <= 1.0
     assert doc["verdicts"] == {"panel": {"total": 11, "valid": 10, "invalid": 1},
-                               "self": {"total": 5, "valid": 4, "invalid": 1}}
+                               "self": {"total": 5, "valid": 4, "invalid": 1},
+                               "rank": {"total": 0, "valid": 0, "invalid": 0}}  # no rank step stored here
     assert doc["invalid_verdicts"] == [{"candidate": 1, "baseline": 0, "task": "b", "replicate": 0, "judge": "j1",
                                         "seed": 2, "errors": ["format: no JSON"]}]
     agree = {a["evaluator"]: a for a in doc["agreement"]}
@@ -388,3 +389,15 @@ def test_training_on_no_work_episodes_is_a_warning_naming_the_setting():
         "collection.keep_no_work is true: 4 teacher episodes that did no work were ranked and trained on as "
         "successes (L0 3, L1 1)"]
     assert rp.trained_no_work(doc, keep_no_work=False) == []
+
+
+def test_invalid_ranking_verdicts_are_counted_in_the_report_and_in_status(built):
+    from mass_jobs.pipeline.table import _rank_verdicts
+
+    verdicts = [{"valid": True}, {"valid": False}, {"valid": False}]
+    built.store.put_json(built.rank(0, "a"), {"task": "a", "gen": 0, "verdicts": verdicts, "invalid_verdicts": 2})
+    doc = rp.build_report(built)
+    assert doc["verdicts"]["rank"] == {"total": 3, "valid": 1, "invalid": 2}
+    assert "ranking self-verdicts: 2 of 3 invalid (the judge's answers could not be read)" in doc["warnings"]
+    assert "ranking 3 (2 invalid: left out of the Bradley-Terry fit)" in rr.render_markdown(doc)
+    assert _rank_verdicts(built, 0) == "3 verdicts, 2 invalid" and _rank_verdicts(built, 1) == ""

@@ -188,10 +188,8 @@ def table(ctx, pipeline=None) -> list[dict]:
     for group in compile_plan("SPEC", ctx.spec, pipeline).groups():
         s, g = group.step, group.gen
         done_nodes = sum(1 for node in group.nodes if node.done(ctx))
-        if s.per_task:
-            detail = f"{done_nodes}/{len(group.nodes)} tasks"
-        else:
-            detail = s.detail(ctx, g) if s.detail else ""
+        detail = ", ".join(d for d in (f"{done_nodes}/{len(group.nodes)} tasks" if s.per_task else "",
+                                        s.detail(ctx, g) if s.detail else "") if d)
         rows.append({"gen": g, "step": s.name, "status": "done" if done_nodes == len(group.nodes) else "pending",
                      "detail": detail})
     return rows

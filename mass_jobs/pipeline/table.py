@@ -248,6 +248,13 @@ def _checkpoints(ctx: RunContext, g: int) -> str:
     return f"{n} checkpoints"
 
 
+def _rank_verdicts(ctx: RunContext, g: int) -> str:
+    """The rank steps' verdicts of generation g and how many of them could not be read (left out of the fit)."""
+    docs = [ctx.store.get_json(k) for t in ctx.spec.train_tasks() if ctx.store.exists(k := ctx.rank(g, t.id))]
+    total = sum(len(d.get("verdicts") or []) for d in docs)
+    return f"{total} verdicts, {sum(int(d.get('invalid_verdicts') or 0) for d in docs)} invalid" if total else ""
+
+
 def _verdicts(ctx: RunContext, g: int) -> str:
     return f"{len(ctx.store.list(ctx.eval_verdicts(g + 1)))} verdicts"
 
@@ -298,7 +305,7 @@ PIPELINE: tuple[StepDef, ...] = (
     StepDef("rank", "task", rank.run_rank, ("rank",),
             rank.rank_step,
             reads=("guard", "collect_episode"), writes=("rank", "rank_verdicts"), model=True,
-            local=("client",), cost=_rank_cost),
+            local=("client",), cost=_rank_cost, detail=_rank_verdicts),
     StepDef("render", "generation", render_sft.run_render, ("render", "sft"),
             render_sft.render_step,
             reads=("rank", "collect_episode", "model"), writes=("sft",)),

@@ -448,7 +448,7 @@ def _run(
     assert tmp is not None
     env = sandbox_env(workspace, tmp, limits.extra_env, python.get("path_first"))
     notes: list[str] = []
-    applied: dict[str, Any] = {"backend": "bwrap" if bwrap else "none", "boundary": "bwrap" if bwrap else None}
+    applied: dict[str, Any] = {"backend": "bwrap" if bwrap else "none", "boundary": "bwrap" if bwrap else outer_boundary()}
     egress = bool(bwrap and limits.egress_socket and limits.isolate_network)
     if egress:  # the relay first; the command starts once it listens (it is the command's only way out)
         import shlex
@@ -476,7 +476,7 @@ def _run(
     else:
         argv = ["/bin/sh", "-c", cmd]
         _seal(workspace, limits.read_only_paths)
-        applied.update(pid_namespace=False, mount_namespace=False, network_namespace=False, boundary=outer_boundary())
+        applied.update(pid_namespace=False, mount_namespace=False, network_namespace=False)
         notes.append(f"no sandbox namespaces ({tool}): network reachable, host filesystem visible; "
                      f"bounded by {OUTER_BOUNDARIES[outer_boundary() or 'none']}")
     if not limits.isolate_network and not limits.egress_url:

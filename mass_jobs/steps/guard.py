@@ -50,8 +50,8 @@ class EpisodeGuard(Closed):
     reasons: list[str] = Field(default_factory=list, description="Why it is ineligible or vetoed.")
     review: list[str] = Field(default_factory=list, description="Claims no guard can verify, for a person to read: "
                               "numbers a deliverable states that its metrics file contradicts (mass_jobs/judging/claims.py).")
-    held: bool = Field(default=False, description="Flagged for review and so left out of ranking and SFT "
-                                                  "(the task's guards.train_flagged is false).")
+    held: bool = Field(default=False, description="Eligible, passed, and flagged for review: so left out of ranking "
+                                                  "and SFT (the task's guards.train_flagged is false).")
 
     @property
     def usable(self) -> bool:
@@ -421,8 +421,8 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
                 violations = check_workspace(task.guards, Path(tmp), store.get_json(ctx.rollout_file(prefix, "protected.json")),
                                              checker, checks=_needs_checks(ctx, task_id, ep), seeded=task.files)
                 review = claims.contradictions(task.guards, Path(tmp), metrics_document)
-        held = bool(review) and not task.guards.train_flagged
-        if held and eligible and not violations:  # why rank leaves it out
+        held = bool(review) and eligible and not violations and not task.guards.train_flagged
+        if held:  # why rank leaves it out
             reasons.append(f"{FLAGGED} (guards.train_flagged is false): {'; '.join(review)}")
         report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=eligible, passed=not violations,
                                                  reasons=reasons + violations, review=review, held=held)

@@ -28,6 +28,7 @@ from mass_jobs.config.errors import StepFailed
 from mass_jobs.config.shared import Closed
 from mass_jobs.judging.pairing import schedule
 from mass_jobs.episodes.rollouts import derived_seed
+from mass_jobs.steps.guard import FLAGGED
 from mass_jobs.steps.search_state import SearchState
 from mass_jobs.serving.roles import role_client, role_label, roles_input
 from mass_jobs.store import Step, Waiting, formed
@@ -104,7 +105,7 @@ def exclusion_summary(excluded: dict[str, list[str]]) -> str:
     from collections import Counter
 
     kinds = Counter(r[0].split(":", 1)[0].removeprefix("episode outcome ") if r and r[0].startswith("episode outcome ")
-                    else "flagged for review" if r and r[0].startswith("flagged for review")
+                    else "flagged for review" if r and r[0].startswith(FLAGGED)
                     else "vetoed by a guard" for r in excluded.values())
     text = f"{len(excluded)} excluded (" + ", ".join(f"{n} {k}" for k, n in kinds.most_common()) + ")"
     if kinds.get("no_work"):

@@ -115,7 +115,7 @@ def guard_counts(vetoes: list[Veto], reviews: list[Review] = ()) -> list[GuardCo
 def guard_reviews(doc: dict, g: int, task: str) -> list[Review]:
     vetoed = set(doc.get("vetoed", []))
     return [Review(generation=g, task=task, episode=str(ep), vetoed=ep in vetoed, claims=list(e["review"]),
-                   held=ep not in vetoed and bool(e.get("eligible")) and bool(e.get("held")),
+                   held=bool(e.get("held")),
                    trained=ep not in vetoed and bool(e.get("eligible")) and not e.get("held"))
             for ep, e in sorted((doc.get("episodes") or {}).items()) if e.get("review")]
 
@@ -217,6 +217,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
 
     audit, tokens, search, vetoes, training, sft, outcomes = [], [], [], [], [], [], []
     reviews: list[Review] = []
+    ranked: list[dict] = []  # every rank step's verdicts (the self-judged pairs that chose the training data)
     rollout_audits = [(ctx.eval_rollout_of(k), k) for k in store.list(ctx.eval_root() + "/") if k.endswith("/audit.json")]
     rollout_audits = [(where, k) for where, k in rollout_audits if where is not None]
     for h in sorted({where[0] for where, _ in rollout_audits}):
@@ -278,6 +279,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
             if doc:
                 vetoes += guard_vetoes(doc, g, t)
                 reviews += guard_reviews(doc, g, t)
+            ranked += (_json_or_none(store, ctx.rank(g, t)) or {}).get("verdicts") or []
 
     invalid = [InvalidVerdict(candidate=v["candidate"], baseline=v["baseline"], task=v["task"],
                               replicate=v["replicate"], judge=v["judge"], seed=v["seed"], errors=v.get("errors", []))
@@ -289,7 +291,7 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         intervals={"per_task": "wilson score interval",
                    "overall": f"percentile bootstrap over tasks, {ev.bootstrap} resamples, seed 0"},
         judges=[JudgeInfo(name=j.name, model=j.model, seeds=list(j.seeds)) for j in spec.judges],
-        verdicts={"panel": count(panel), "self": count(own)},
+        verdicts={"panel": count(panel), "self": count(own), "rank": count(ranked)},
         win_share=win_share, agreement=agreement, audit=audit, tokens=tokens, outcomes=outcomes, sft=sft, search=search,
         guard_vetoes=vetoes, guard_counts=guard_counts(vetoes, reviews), review=reviews, training=training, invalid_verdicts=invalid, files=[],
         information=workflow_information(ctx, embedder), roles=role_players(ctx), composition=run_composition(spec),
@@ -324,7 +326,8 @@ def run_warnings(doc: dict) -> list[str]:
                    + ", ".join(f"L{o['generation']} {o['stage']} {o['unsandboxed']}" for o in bare) + ")")
     for who, v in doc["verdicts"].items():
         if v["total"] and 2 * v["invalid"] > v["total"]:
-            out.append(f"{who} verdicts: {v['invalid']} of {v['total']} invalid (the judge's answers could not be read)")
+            name = "ranking self-verdicts" if who == "rank" else f"{who} verdicts"
+            out.append(f"{name}: {v['invalid']} of {v['total']} invalid (the judge's answers could not be read)")
     return out
 
 

@@ -161,7 +161,7 @@ class Review(Closed):
     task: str
     episode: str
     vetoed: bool
-    held: bool = Field(default=False, description="Left out of ranking and SFT for its claims (eligible, not vetoed).")
+    held: bool = Field(default=False, description="Left out of ranking and SFT for its claims (the guard report's held).")
     trained: bool = Field(default=False, description="Ranked and trained on all the same (eligible, neither vetoed nor "
                                                      "held: the task's guards.train_flagged).")
     claims: list[str]
@@ -216,7 +216,8 @@ class Report(Closed):
     confidence: float
     intervals: dict[str, str]
     judges: list[JudgeInfo]
-    verdicts: dict[str, VerdictCounts] = Field(description="'panel' and 'self' verdict counts.")
+    verdicts: dict[str, VerdictCounts] = Field(description="'panel' and 'self' verdict counts, and 'rank': the "
+                                               "self-judged pairs of the rank steps that chose the training data.")
     win_share: list[WinShare]
     agreement: list[Agreement]
     audit: list[Audit]

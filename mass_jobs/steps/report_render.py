@@ -62,7 +62,9 @@ def render_markdown(doc: dict) -> str:
                          f"| {t['invalid']} | {_fmt(t['win_share'], True)} | {_ci(t['ci'])} |")
     v = doc["verdicts"]
     lines += ["", f"Verdicts: panel {v['panel']['total']} ({v['panel']['invalid']} invalid), "
-              f"self-evaluator {v['self']['total']} ({v['self']['invalid']} invalid).", "",
+              f"self-evaluator {v['self']['total']} ({v['self']['invalid']} invalid), ranking "
+              f"{v.get('rank', {}).get('total', 0)} ({v.get('rank', {}).get('invalid', 0)} invalid: left out of the "
+              "Bradley-Terry fit).", "",
               "## Evaluator agreement with the panel majority", "",
               "A pair counts when the self-evaluator gave a valid verdict and more than half of the panel's valid "
               "verdicts made the same call; a split panel is 'no majority', neither agreement nor disagreement.", "",
