@@ -9,6 +9,7 @@ values) and writes the small values the templates fan out over and branch on (do
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from mass_jobs.commands.cli import environment_error
@@ -173,6 +174,10 @@ def main(args) -> int:
             raise SpecError(args.spec, issues)
     if not args.outputs:
         stored_run_check(args.spec, spec, quiet=args.quiet)
+    from mass_jobs.spec.check_imports import check_import_warnings
+
+    for warning in check_import_warnings(spec):
+        print(f"warning: {warning}", file=sys.stderr)
     if not args.quiet:
         from mass_jobs.spec.locations import model_location_notes
 

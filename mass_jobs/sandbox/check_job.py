@@ -20,6 +20,7 @@ ini file (CHECK_ENV): a module named like the standard library's is not what a c
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from mass_jobs.config.shared import Closed
 from mass_jobs.config.run_spec import EpisodeLimits
 from mass_jobs.config.task_spec import CheckCommand
 from mass_jobs.config.errors import SandboxError
-from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
+from mass_jobs.sandbox.run import POLICY_SITE, SandboxLimits, run_sandboxed
 
 DETAIL_CHARS = 300
 
@@ -108,7 +109,7 @@ def checks_digest(checks: list[CheckCommand]) -> str:
 # (an unprotected conftest.py can rewrite every report; an ini file can add options or plugins) and
 # appending test directories to sys.path rather than prepending them.
 CHECK_SITE = Path(__file__).resolve().parent / "check_site"
-CHECK_ENV = {"PYTHONSAFEPATH": "1", "PYTHONPATH": str(CHECK_SITE),
+CHECK_ENV = {"PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join([str(CHECK_SITE), str(POLICY_SITE)]),
              "PYTEST_ADDOPTS": "--noconftest -c /dev/null --rootdir=. --import-mode=append -p no:cacheprovider"}
 
 

@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     from mass_jobs.config.run_spec import EpisodeLimits
 
 LAUNCHER = Path(__file__).with_name("launch.py")  # stdlib only: run with -I -S
+# mass_policy (the policy host), on PYTHONPATH and read-only for every sandboxed project interpreter
+POLICY_SITE = Path(__file__).resolve().with_name("policy_site")
 
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -236,6 +238,7 @@ def sandbox_env(
         PYTHONPYCACHEPREFIX=str(tmpdir / "pycache"),
         PYTHONUNBUFFERED="1",
         PYTHONNOUSERSITE="1",
+        PYTHONPATH=str(POLICY_SITE),
         PIP_NO_INPUT="1",
         # Caches would otherwise land in HOME, i.e. in the workspace that gets bundled and compared.
         XDG_CACHE_HOME=str(tmpdir / "cache"),
@@ -442,7 +445,7 @@ def _run(
     read_only: list[str] = []
     if limits.python == "project":
         python["path_first"], python["read_only"] = project_interpreter()
-        read_only = list(python["read_only"])
+        read_only = [*python["read_only"], *([str(POLICY_SITE)] if POLICY_SITE.is_dir() else [])]
     read_only += [os.path.realpath(d) for d in limits.read_only]
     tmp = Path("/tmp") if bwrap else host_tmp
     assert tmp is not None
