@@ -401,3 +401,16 @@ def test_invalid_ranking_verdicts_are_counted_in_the_report_and_in_status(built)
     assert "ranking self-verdicts: 2 of 3 invalid (the judge's answers could not be read)" in doc["warnings"]
     assert "ranking 3 (2 invalid: left out of the Bradley-Terry fit)" in rr.render_markdown(doc)
     assert _rank_verdicts(built, 0) == "3 verdicts, 2 invalid" and _rank_verdicts(built, 1) == ""
+
+
+def test_episodes_their_agent_pod_ended_are_counted_per_task(built):
+    from mass_jobs.episodes.rollouts import ENDED_BY_POD, lost_agent_status
+
+    for ep in ("ep-7", "ep-8"):
+        status = lost_agent_status("builtin", f"{ENDED_BY_POD}; no proof.json", "pod")
+        built.store.put_json(f"{built.collect_root(0)}/a/{ep}/status.json", status)
+    doc = rp.build_report(built)
+    collect = next(o for o in doc["outcomes"] if o["generation"] == 0 and o["stage"] == "collect")
+    assert collect["ended_by_pod"] == {"a": 2}
+    assert any(w.startswith("2 episodes were ended by their agent pod, not their harness") and w.endswith("L0 collect a 2")
+               for w in doc["warnings"]), doc["warnings"]

@@ -249,12 +249,23 @@ LOST = ("the agent pod ended without writing status.json (failed, evicted, kille
         "its upload cut short; its retries are spent)")
 
 
-def lost_agent_status(harness: str, reason: str = LOST) -> dict:
-    """status.json of an episode whose agent pod left none, or none its harness signed."""
+# On Argo's emissary any container of the pod may write /var/run/argo/ctr/main/signal (the main
+# container, the harness, is then killed) or ctr/main/exitcode (its outputs are uploaded mid-episode):
+# code the model wrote can end any episode it likes as infra_error. It cannot forge one (the outputs
+# are signed), so what ingest can do is say so: outputs uploaded without the harness's proof.
+ENDED_BY_POD = ("the harness did not end this episode: the pod uploaded outputs it had not signed (a signal "
+                "or an exit-code file written in the pod, which Argo's emissary obeys from any container, "
+                "or an upload cut short)")
+
+
+def lost_agent_status(harness: str, reason: str = LOST, ended_by: str | None = None) -> dict:
+    """status.json of an episode whose agent pod left none, or none its harness signed; `ended_by`
+    "pod" where the pod uploaded outputs its harness had not signed (ENDED_BY_POD)."""
     return {"outcome": "infra_error", "reason": reason, "harness": harness,
             "counts": {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
             "tokens": {"prompt": 0, "completion": 0}, "timings": {"wall_s": 0},
-            "sandbox": {"network_isolated": False, "note": "no record: the pod left no output"}}
+            "sandbox": {"network_isolated": False, "note": "no record: the pod left no output"},
+            **({"ended_by": ended_by} if ended_by else {})}
 
 
 def agent_result(ctx: RunContext, prefix: str, agent_ended: bool) -> tuple[dict, dict[str, bytes], dict]:
@@ -283,7 +294,9 @@ def agent_result(ctx: RunContext, prefix: str, agent_ended: bool) -> tuple[dict,
     elif not agent_ended:
         raise RolloutError(f"rollout {prefix}: cannot ingest, the agent pod's output is missing "
                            f"(run the agent pod after --phase prepare)")
-    status = lost_agent_status(episode.get("harness", "builtin"), reason or LOST)
+    uploaded = refused is not None and any(b is not None for b in files.values())
+    status = lost_agent_status(episode.get("harness", "builtin"),
+                               f"{ENDED_BY_POD}; {reason}" if uploaded else reason or LOST, "pod" if uploaded else None)
     validate_status(status)
     return status, {"workspace.tar.gz": store.get_bytes(ctx.agent_input(prefix, "workspace.tar.gz")),
                     "trace.jsonl": b""}, episode

@@ -62,10 +62,10 @@ def _jsonl(store, key: str) -> list[dict]:
 
 
 def _statuses(store, prefix: str) -> list[dict]:
-    """Episode statuses under prefix; an agent pod's input/ and output/ copies (collect episodes,
-    search and evaluate rollouts) are not episodes (ingest promotes output/ to the rollout's own
-    files, which are counted)."""
-    return [store.get_json(k) for k in store.list(prefix + "/")
+    """Episode statuses under prefix (`PREFIX/<task>/...`), each with its task as `_task`; an agent
+    pod's input/ and output/ copies (collect episodes, search and evaluate rollouts) are not episodes
+    (ingest promotes output/ to the rollout's own files, which are counted)."""
+    return [{**store.get_json(k), "_task": k[len(prefix) + 1:].split("/", 1)[0]} for k in store.list(prefix + "/")
             if k.endswith("/status.json") and not RunContext.is_pod_copy(k)]
 
 
@@ -248,7 +248,9 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
                                          by_outcome={o: counted.get(o, 0) for o in (*OUTCOMES, *sorted(set(counted) - set(OUTCOMES)))},
                                          by_cap={c: capped.get(c, 0) for c in CAPS},
                                          tool_calls=calls, tool_calls_per_episode=round(calls / len(sts), 3),
-                                         unsandboxed=sum((st.get("sandbox") or {}).get("boundary") == "none" for st in sts)))
+                                         unsandboxed=sum((st.get("sandbox") or {}).get("boundary") == "none" for st in sts),
+                                         ended_by_pod=dict(sorted(Counter(st["_task"] for st in sts
+                                                                          if st.get("ended_by") == "pod").items()))))
         stats = _json_or_none(store, ctx.sft_file(g, "stats"))
         if sft_data(stats, g):
             sft.append(sft_data(stats, g))
@@ -319,6 +321,11 @@ def run_warnings(doc: dict) -> list[str]:
         if 2 * idle > o["episodes"]:
             out.append(f"L{o['generation']} {o['stage']}: {idle} of {o['episodes']} episodes did no work (finished "
                        f"without a workspace tool call; {o['tool_calls']} tool calls in all)")
+    ended = [(o, t, n) for o in doc["outcomes"] for t, n in (o.get("ended_by_pod") or {}).items()]
+    if ended:
+        out.append(f"{sum(n for _, _, n in ended)} episodes were ended by their agent pod, not their harness (a signal "
+                   "or exit-code file written in the pod, or an upload cut short): "
+                   + ", ".join(f"L{o['generation']} {o['stage']} {t} {n}" for o, t, n in ended))
     bare = [o for o in doc["outcomes"] if o.get("unsandboxed")]
     if bare:
         out.append(f"execution.sandbox: none: {sum(o['unsandboxed'] for o in bare)} episodes ran model-written code "

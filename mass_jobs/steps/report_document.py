@@ -99,6 +99,10 @@ class Outcomes(Closed):
     tool_calls_per_episode: float | None = Field(default=None, description="tool_calls / episodes.")
     network: NetworkCounts | None = Field(default=None, description="What these episodes' shell commands reached "
                                           "through their egress proxies (execution.network); null when it was off.")
+    ended_by_pod: dict[str, int] = Field(default_factory=dict, description="Task -> episodes whose agent pod, not "
+                                         "their harness, ended the record (status ended_by: pod): outputs uploaded "
+                                         "unsigned, after a signal or exit-code file written in the pod (Argo's "
+                                         "emissary obeys them from any container) or an upload cut short.")
     unsandboxed: int = Field(default=0, description="Episodes whose model-written code ran without a sandbox "
                              "(execution.sandbox: none, their status's sandbox.boundary).")
 

@@ -167,6 +167,7 @@ def test_a_sidecar_that_ends_the_upload_early_leaves_outputs_ingest_refuses(exec
     status, blobs, _ = agent_result(pod, "runs/early/gen-0/collect/t/ep-0", agent_ended("Succeeded"))
     assert status["outcome"] == "infra_error" and "outputs were refused" in status["reason"], status
     assert "no proof.json" in status["reason"] and blobs["trace.jsonl"] == b""
+    assert status["ended_by"] == "pod" and status["reason"].startswith("the harness did not end this episode")
     # switched off (no key, a Succeeded agent step not counted as over): the partial upload failed the step
     store.delete(f"runs/early/gen-0/collect/t/ep-0/input/{proof.KEY}")
     with pytest.raises(RolloutError, match="output is missing"):
