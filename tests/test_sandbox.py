@@ -315,7 +315,7 @@ def test_system_python_mode_keeps_the_host_path_and_exposes_nothing(ws):
 USERNS_DRIVER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from sandbox import SandboxLimits, run_sandboxed
+from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
 r = run_sandboxed(sys.argv[3], sys.argv[2], SandboxLimits(timeout_s=20, cpu_s=10, memory_mb=512, processes=16))
 print(json.dumps(r.to_dict()))
 """
@@ -335,8 +335,9 @@ def test_user_namespace_path_exposes_its_venv_read_only_and_hides_its_home():
         root.mkdir(mode=0o755)
         home.mkdir(mode=0o700)
         ws.mkdir()
-        shutil.copy(Path(sandbox.__file__), root / "sandbox.py")  # its launcher beside it, readable by nobody
-        shutil.copy(sandbox.LAUNCHER, root / sandbox.LAUNCHER.name)
+        # the package, readable by nobody, wherever the checkout lies (a 0700 home's checkout is not)
+        shutil.copytree(Path(sandbox.__file__).parents[1], root / "mass_jobs",
+                        ignore=shutil.ignore_patterns("__pycache__"))
         (home / "decoy").write_text("DECOY-USERNS-4242")
         base = "/usr/bin/python3" if as_root else sys.executable  # nobody cannot enter a private home
         subprocess.run([base, "-m", "venv", "--without-pip", str(home / "venv")], check=True)
@@ -348,14 +349,12 @@ def test_user_namespace_path_exposes_its_venv_read_only_and_hides_its_home():
             f"command -v python; python -c 'import sys; print(sys.prefix)'; cat {home}/decoy; echo rc=$?; "
             f"touch {home}/venv/x; echo rc=$?; echo ok > out.txt"
         )
-        out = subprocess.run(
+        proc = subprocess.run(
             [*prefix, str(home / "venv" / "bin" / "python"), "-c", USERNS_DRIVER, str(root), str(ws), cmd],
-            env={"PATH": os.environ["PATH"], "HOME": str(home)},
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        r = json.loads(out)
+            env={"PATH": os.environ["PATH"], "HOME": str(home)}, cwd=root, capture_output=True, text=True,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        r = json.loads(proc.stdout)
         where, prefix_inside, cat_rc, touch_rc = r["stdout"].split()
         assert (where, prefix_inside) == (f"{home}/venv/bin/python", f"{home}/venv")
         assert cat_rc == "rc=1" and "DECOY-USERNS-4242" not in r["stdout"] + r["stderr"]
