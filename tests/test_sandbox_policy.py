@@ -85,10 +85,17 @@ def test_an_episode_runner_refuses_before_its_first_episode(tmp_path, monkeypatc
 
     monkeypatch.setattr(sandbox, "_tools", lambda: (None, "bwrap (bubblewrap) is not installed"))
     monkeypatch.setenv(sandbox.BOUNDARY_ENV, "pod")  # a boundary left in the environment does not stand in
+    from mass_jobs.episodes.episode import EpisodeRequest
+
     endpoint = Endpoint("http://127.0.0.1:9/v1", "m")
+    execute = episode_executor(load_spec(str(write_spec(tmp_path))), endpoint)  # a step whose pods run them: fine
+    (tmp_path / "ws").mkdir()
     with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
-        episode_executor(load_spec(str(write_spec(tmp_path))), endpoint)
-    episode_executor(load_spec(str(write_spec(tmp_path, sandbox="none"))), endpoint)
+        execute(EpisodeRequest(prompt="x", files={"a.txt": "a"}, seed=0), tmp_path / "ws", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "ws" / "a.txt").exists()  # no episode began
+    monkeypatch.setattr("mass_jobs.episodes.rollouts.run_episode", lambda *a, **k: type("R", (), {"status": {}})())
+    episode_executor(load_spec(str(write_spec(tmp_path, sandbox="none"))), endpoint)(
+        EpisodeRequest(prompt="x", files={}, seed=0), tmp_path / "ws", tmp_path / "out")
     assert os.environ[sandbox.BOUNDARY_ENV] == "none"  # what the run's episodes and `mass episode` children inherit
 
 
@@ -108,3 +115,11 @@ def test_the_opt_out_is_recorded_in_the_episode_status(tmp_path, monkeypatch, sc
     assert status["outcome"] == "success", status
     assert (tmp_path / "ws" / "a.py").read_text() == "hi\n"
     assert status["sandbox"]["boundary"] == "none" and status["sandbox"]["network_isolated"] is False
+
+
+def test_the_argo_cycle_s_validate_step_needs_no_bwrap_in_its_step_pod(tmp_path):
+    """`mass validate --outputs` is the first step of every Argo cycle: its episodes run in agent
+    pods, so a step pod without namespaces is no reason to refuse (the laptop's validate is)."""
+    spec = write_spec(tmp_path)
+    proc = mass(without_bwrap(tmp_path), "validate", str(spec), "--outputs", str(tmp_path / "outputs"))
+    assert "$.execution.sandbox" not in proc.stderr, proc.stderr[-3000:]

@@ -88,9 +88,11 @@ def episode_executor(spec, endpoint, *, executor_role: bool = True) -> Execute:
     """The real rollout: `run_episode` of `EpisodeInput.from_spec`. Evaluation and panel selection
     measure a generation itself, so they pass `executor_role=False` (roles.executor never plays it)."""
     endpoint = executor_endpoint(spec, endpoint) if executor_role else endpoint
-    apply_sandbox(spec)  # SandboxUnavailable before the first episode where nothing may run
 
     def execute(request: EpisodeRequest, workspace: Path, out_dir: Path) -> dict:
+        # where episodes run here: SandboxUnavailable before the first one if nothing may run (a step
+        # whose episodes run in agent pods builds this runner too, and never calls it)
+        apply_sandbox(spec)
         return run_episode(EpisodeInput.from_spec(spec, endpoint, request), workspace, out_dir).status
 
     return execute

@@ -402,7 +402,7 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
     if step.done:
         return GuardReport.model_validate(store.get_json(key))
     step.start()
-    if run_check is None and task.guards.checks:
+    if run_check is None and task.guards.checks and not agent_pods:
         apply_sandbox(ctx.spec)  # SandboxUnavailable: the step fails, no episode is vetoed for it
         run_check = sandbox_checker(ctx.spec.execution.limits, task.guards.protected_paths)
     report = GuardReport(task=task_id, gen=gen, skipped=summary.get("skipped", False))
