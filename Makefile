@@ -8,7 +8,7 @@ NODE_DIR := .tools/qwen-code
 # The paper ran 0.20.0 on Node 22; see README (The two commands) for why 0.15.10 is pinned here.
 QWEN_VERSION := 0.15.10
 
-.PHONY: bwrap setup demo paper-mini test test-fast test-models attack bench bench-serve vllm-env schemas check-codegen images clean
+.PHONY: bwrap setup demo paper-mini test test-unit test-fast test-models attack bench bench-serve vllm-env schemas check-codegen images clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
@@ -56,6 +56,7 @@ FAST        := not slow and not argo_exec
 # one; most of it paper-mini's two runs of 28k-token calls). It runs three workers: paper-mini waits
 # on one single-threaded model server at a time (0.7 of a core on average), and a third worker
 # uses the rest (21:41 against 22:47 with two, on the slower machine).
+UNIT_BUDGET := 120
 FAST_BUDGET := 300
 SLOW_BUDGET := 1200
 # How far past its budget a tier may run before it fails: 20% by hand; CI passes 0.5, since its
@@ -78,6 +79,10 @@ test: setup test-models vllm-env
 
 test-fast: setup vllm-env
 	$(TEST_ENV) $(PY) -m pytest $(FAST_ARGS)
+
+# The first check of an edit: no process, server or sandbox (tests/fixtures/unit.py keeps it so).
+test-unit: $(STAMP)
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 -m "unit and not slow" --budget=$(UNIT_BUDGET) --budget-slack=$(SLACK)
 
 # The warm tiny model (3 minutes) and the hybrid one, where the fixtures look for them.
 test-models: setup

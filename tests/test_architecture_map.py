@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 from tests.test_package_layers import LAYERS
+import pytest
+
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "architecture.md"

@@ -18,6 +18,8 @@ from mass_jobs.judging.bradley_terry import fit, ranking
 from mass_jobs.judging.pairing import pairs
 from mass_jobs.steps.rank import select
 
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
+
 
 def choix_scores(n, outcomes, prior):
     """virtual_ties through choix: scale so ties and the prior's virtual ties are whole games."""

@@ -8,6 +8,9 @@ import yaml
 from mass_jobs.commands.cli import main as cli_main
 from mass_jobs.config.task_spec import Task
 from mass_jobs.spec.check_imports import in_process_imports
+import pytest
+
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 
 EVALUATE = ("import json\nimport sys\nsys.path.insert(0, 'sim')\nimport push\n"
             "sys.path.insert(0, 'src')\nfrom controller import act\nimport numpy\n")

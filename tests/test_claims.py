@@ -6,6 +6,8 @@ from mass_jobs.judging.claims import agrees, contradictions, stated
 from mass_jobs.steps.guard import metrics_document
 from mass_jobs.config.task_spec import Guards
 
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
+
 GUARDS = Guards(required_outputs=["report.md", "results/metrics.json"],
                 metrics=[{"file": "results/metrics.json", "key": "eval.error", "min": 0, "max": 1}])
 

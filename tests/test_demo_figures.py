@@ -7,6 +7,8 @@ import pytest
 
 from mass_jobs.tools.analysis import demo_figures as df
 
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
+
 REPORT = {"run": "tiny", "warnings": [], "audit": [
     {"generation": g, "split": split, "episodes": n, "delegation": d, "code_handoff": 0, "delegation_rate": None,
      "code_handoff_rate": None, "graded": n, "task_score": s, "solved": 0}

@@ -19,6 +19,8 @@ from mass_jobs.k8s.training import job_name, pytorch_job, replica_names
 from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.pipeline.table import trainer_step
 
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
+
 LIMIT = 63
 FIELDS = RunSpec.model_json_schema()["properties"]
 

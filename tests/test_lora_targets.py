@@ -12,6 +12,8 @@ from mass_jobs.training.lora import adapted_summary, attach_lora, resolve_target
 from mass_jobs.training.loop import Trainer
 from tests.test_train import synthetic_windows
 
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
+
 ATTENTION = ["k_proj", "o_proj", "q_proj", "v_proj"]
 MLP = ["down_proj", "gate_proj", "up_proj"]
 LINEAR_ATTENTION = ["in_proj_qkv", "in_proj_z", "out_proj"]

@@ -4,6 +4,8 @@ import pytest
 
 from mass_jobs.judging import metrics
 
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
+
 
 def v(task, winner, order="candidate_first", rep=0, valid=True, cand=1, base=0, judge="j", seed=1):
     return {"task": task, "replicate": rep, "candidate": cand, "baseline": base, "judge": judge, "seed": seed,

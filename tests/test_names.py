@@ -4,6 +4,9 @@ callers (a local import renamed in one loop and not the next) fails here, not in
 from pathlib import Path
 
 from pyflakes import api, messages, reporter
+import pytest
+
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 UNDEFINED = (messages.UndefinedName, messages.UndefinedExport, messages.UndefinedLocal)

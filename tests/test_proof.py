@@ -8,6 +8,8 @@ from mass_jobs.run.context import RunContext
 from mass_jobs.episodes import proof
 from mass_jobs.episodes.rollouts import agent_ended, agent_result, lost_agent_status, new_inputs
 
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
+
 KEY = proof.new_key()
 ROLLOUT = "run/gen-0/collect/t/ep-0"
 

@@ -16,6 +16,8 @@ from mass_jobs.steps import report_document as rd
 from mass_jobs.steps import report_render as rr
 from mass_jobs.store import FileStore, read_manifest
 
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
+
 RUN = "rep"
 
 

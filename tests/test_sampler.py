@@ -8,6 +8,8 @@ import pytest
 
 from mass_jobs.training.sampler import WindowSampler
 
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
+
 
 def windows() -> list[dict]:
     out = []

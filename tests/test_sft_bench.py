@@ -11,6 +11,8 @@ import pytest
 from mass_jobs.tools import bench
 from mass_jobs.steps.sft_tokens import IGNORE
 
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
+
 
 def test_windows_are_masked_harness_conversations_of_every_role():
     windows = bench.corpus_windows(10, 512, seed=7)

@@ -3,6 +3,9 @@ never join a key from a context value and a literal path piece themselves."""
 
 import re
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 
 ROOT = Path(__file__).resolve().parents[1] / "mass_jobs"
 # every module but the owner itself

@@ -11,6 +11,8 @@ import pytest
 from mass_jobs.config.run_spec import SftSpec
 from mass_jobs.steps.sft_threads import Thread, classify, prompt_role
 
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
+
 
 class Refused(ValueError):
     pass

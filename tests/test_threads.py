@@ -9,6 +9,9 @@ from __future__ import annotations
 from mass_jobs.episodes.audit import split_threads
 from mass_jobs.steps.sft_threads import rebuild_threads
 from mass_jobs.episodes.threads import group_calls
+import pytest
+
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 
 LEAD_TOOLS = [{"type": "function", "function": {"name": "agent", "parameters": {}}},
               {"type": "function", "function": {"name": "write_file", "parameters": {}}}]

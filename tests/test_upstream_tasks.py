@@ -13,6 +13,9 @@ import yaml
 from mass_jobs.commands.cli import main
 from mass_jobs.spec.load import load_spec
 from mass_jobs.spec.upstream_format import UPSTREAM_MARKER, import_upstream
+import pytest
+
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 
 TASK = "Write fib.py that prints the first 10 Fibonacci numbers.\\n\\nDeliverables:\\n1) fib.py"
 AGENTS = [{"agent_id": "agent_orchestrator", "role": "Lead", "instruction": "Plan and delegate."},

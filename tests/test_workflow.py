@@ -21,6 +21,8 @@ from mass_jobs.spec.workflow import (
     workflow_prompt_parts,
 )
 
+pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
+
 UPSTREAM = f"""Build a momentum backtest on prices.csv and write results/metrics.json.
 Report the Sharpe ratio.
 
