@@ -10,8 +10,6 @@ from mass_jobs.config.task_spec import Task
 from mass_jobs.spec.check_imports import in_process_imports
 import pytest
 
-pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
-
 EVALUATE = ("import json\nimport sys\nsys.path.insert(0, 'sim')\nimport push\n"
             "sys.path.insert(0, 'src')\nfrom controller import act\nimport numpy\n")
 HOSTED = "import json\nfrom mass_policy import Policy\nimport sys\nsys.path.insert(0, 'sim')\nimport push\n"
@@ -23,6 +21,7 @@ def task(evaluate: str, command: str = "python3 checks/evaluate.py", protected=(
             "guards": {"protected_paths": list(protected), "checks": [{"name": "recompute", "command": command}]}}
 
 
+@pytest.mark.unit
 def test_an_in_process_import_of_the_episode_s_code_is_named():
     assert in_process_imports(Task.model_validate(task(EVALUATE))) == [
         "task push: check recompute: checks/evaluate.py imports 'controller' into its own process, and 'controller' "
@@ -30,6 +29,7 @@ def test_an_in_process_import_of_the_episode_s_code_is_named():
         "through the policy host (mass_policy.Policy, docs/running.md)"]
 
 
+@pytest.mark.unit
 def test_the_policy_host_stdlib_installed_and_shipped_protected_modules_are_not():
     assert in_process_imports(Task.model_validate(task(HOSTED))) == []
     # an unprotected script is no evaluator the episode cannot change (the protected-path guard's case)
@@ -38,7 +38,7 @@ def test_the_policy_host_stdlib_installed_and_shipped_protected_modules_are_not(
     assert in_process_imports(Task.model_validate(task(EVALUATE, command="python3 -c 'import controller'"))) == []
 
 
-def test_mass_validate_prints_the_warning_and_still_exits_0(tmp_path, capsys):
+def test_mass_validate_prints_the_warning_and_still_exits_0(tmp_path, capsys):  # probes bwrap: not unit
     (tmp_path / "model").mkdir()
     spec = {"name": "imports", "model": {"base": str(tmp_path / "model")}, "tasks": [task(EVALUATE)],
             "store": {"uri": f"file://{tmp_path}/store"}}
