@@ -123,6 +123,32 @@ def test_seeded_text_does_not_depend_on_concurrent_requests(client, tokenizer):
     assert together == alone and len(set(alone)) == len(seeds)
 
 
+def test_a_shared_prefix_is_reused_and_the_reply_is_unchanged(server, client, tokenizer):
+    """The agent's case: a long system prompt and tool list in every request. The second request
+    with it prefills only its own tail (the /prefix_cache counters), and the seeded text on a hit is
+    the text of the miss, streamed or not."""
+    system = {"role": "system", "content": " ".join(f"rule {i}: keep files under src/." for i in range(160))}
+    convo = lambda q: [system, {"role": "user", "content": q}]  # noqa: E731
+    stats = lambda: httpx.get(f"{server.base_url}/prefix_cache").json()  # noqa: E731
+    before = stats()
+    body = {**sampled(tokenizer, 5), "messages": convo("What is in a.txt?"), "tools": TOOLS}
+    miss = client.chat.completions.create(**body).choices[0].message.content
+    prompt_len = len(tokenizer.apply_chat_template(body["messages"], tools=TOOLS, add_generation_prompt=True,
+                                                   return_dict=True)["input_ids"])
+    assert prompt_len > 2 * before["block"]
+    hit = client.chat.completions.create(**body).choices[0].message.content
+    stream = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**body, stream=True)
+                     if c.choices)
+    other = client.chat.completions.create(**{**body, "messages": convo("And b.txt?")}).choices[0].message.content
+    after = stats()
+    assert miss == hit and stream.strip() == hit.strip() and other  # (non-streamed content comes stripped)
+    whole = (prompt_len - 1) // before["block"] * before["block"]
+    assert after["requests"] - before["requests"] == 4
+    # The repeats reuse every whole block; the other question at least the system prompt's.
+    assert after["reused_tokens"] - before["reused_tokens"] >= 2 * whole + whole - before["block"]
+    assert 0 < after["bytes"] <= after["budget_bytes"]
+
+
 def test_streaming_chunks_reassemble_to_the_non_streaming_answer(client, tokenizer):
     whole = client.chat.completions.create(**sampled(tokenizer, 7)).choices[0].message.content
     chunks = list(client.chat.completions.create(stream=True, **sampled(tokenizer, 7)))

@@ -418,6 +418,10 @@ class ExecutionSpec(Closed):
         default=False,
         description="Embedded server: batch concurrent requests (faster at concurrency > 1), but the first "
                     "request's sampling settings hold for the batch and per-request seeds are not applied.")
+    prefix_cache_gib: float = Field(
+        default=2.0, ge=0, le=1024,
+        description="Embedded server: GiB of KV state of shared prompt prefixes (system prompt, tools, earlier "
+                    "turns) kept for later requests; 0 keeps none. Replies are the same either way.")
     vllm: VllmServing = Field(default_factory=VllmServing)
     limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
     network: Literal["off"] | list[Annotated[str, Field(min_length=1, max_length=260)]] = Field(

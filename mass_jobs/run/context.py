@@ -338,6 +338,7 @@ def served_model_name(run: str, g) -> str:
 # computes, so a run started on one backend may resume on another; the embedder decides only the
 # report, whose Step hashes the spec (a changed one redoes the report alone).
 UNCHECKED_SPEC_FIELDS = ("$.generations", "$.execution.serving", "$.execution.continuous_batching",
+                         "$.execution.prefix_cache_gib",
                          "$.execution.vllm", "$.evaluation.embedder")
 
 

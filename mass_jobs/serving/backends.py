@@ -132,6 +132,7 @@ def serve_model(spec, model_dir, served_name: str, log_path=None):
         server = VllmServer(model_dir, served_name, spec_engine_args(spec), log_path=log_path)
     else:
         server = ModelServer(model_dir, served_name=served_name, dtype=spec.model.dtype,
-                             continuous_batching=ex.continuous_batching, log_path=log_path)
+                             continuous_batching=ex.continuous_batching, prefix_cache_gib=ex.prefix_cache_gib,
+                             log_path=log_path)
     with server as srv:
         yield srv.endpoint

@@ -21,8 +21,10 @@ import os
 import sys
 from pathlib import Path
 
-from mass_jobs.serving.server_process import ServerProcess
 from mass_jobs.serving.llm import Endpoint
+from mass_jobs.serving.prefix_cache import DEFAULT_BUDGET_GIB, PrefixCache
+from mass_jobs.serving.prefix_cache import install as install_prefix_cache
+from mass_jobs.serving.server_process import ServerProcess
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Sampling knobs our clients send that transformers' chat route rejects as "Unexpected fields".
@@ -110,10 +112,12 @@ def make_chat_handler_class():
           model's generation config says (upstream keeps its `do_sample`, greedy when it has none);
         - `seed` seeds torch on the inference thread right before that request's generate()
           (upstream seeds when the request arrives, so concurrent requests share one RNG stream
-          and the same seeded request gives different text depending on what else is running).
+          and the same seeded request gives different text depending on what else is running);
+        - the KV state of prompt prefixes is reused across requests (`prefix_cache`), replies unchanged.
         """
 
         served_name: str = ""
+        prefix_cache = None  # a PrefixCache, set by build_app
 
         def _validate_request(self, body: dict) -> None:
             reason = invalid_request_reason(body)
@@ -128,6 +132,8 @@ def make_chat_handler_class():
             body["model"] = None
             _model_id, model, processor = super()._resolve_model(body)
             _seed_per_request(model)
+            if self.prefix_cache is not None:
+                install_prefix_cache(model, self.prefix_cache)
             return self.served_name, model, processor
 
         def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
@@ -323,9 +329,14 @@ def text_model_manager(base):
     return TextModelManager
 
 
-def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "auto", continuous_batching: bool = False):
+def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "auto", continuous_batching: bool = False,
+              prefix_cache_gib: float = DEFAULT_BUDGET_GIB):
     """The FastAPI app: transformers' server wired as `transformers serve MODEL` wires it, with our
     chat handler. Loads the model before returning, so `/health` is only up once it can answer.
+
+    `prefix_cache_gib` bounds the KV state of prompt prefixes kept for reuse (0: none kept; the
+    prefill is cut at the same block boundaries either way, so replies are the same). `GET
+    /prefix_cache` answers its counters: prompt tokens seen, reused and prefilled.
 
     `continuous_batching` is upstream's `--continuous-batching`: concurrent requests share forward
     passes (paged attention), but the sampling settings of the first request hold for all of them
@@ -344,6 +355,8 @@ def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "a
     state = GenerationState(continuous_batching=continuous_batching)
     chat = make_chat_handler_class()(model_manager=manager, generation_state=state)
     chat.served_name = served_name
+    cache = PrefixCache(int(prefix_cache_gib * 2**30))
+    chat.prefix_cache = cache
     app = build_server(
         manager,
         chat,
@@ -359,6 +372,11 @@ def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "a
     @app.get("/v1/models")
     def list_models():
         return JSONResponse({"object": "list", "data": [{"id": served_name, "object": "model", "owned_by": "local", "created": 0}]})
+
+    @app.get("/prefix_cache")
+    def prefix_cache_stats():
+        return JSONResponse({**cache.stats.as_dict(), "entries": len(cache.entries), "bytes": cache.bytes,
+                             "budget_bytes": cache.budget_bytes, "block": cache.block})
 
     return app
 
@@ -380,6 +398,7 @@ class ModelServer(ServerProcess):
         device: str = "auto",
         dtype: str = "auto",
         continuous_batching: bool = False,
+        prefix_cache_gib: float = DEFAULT_BUDGET_GIB,
         startup_timeout_s: float = 180.0,
         log_path: str | os.PathLike | None = None,
     ):
@@ -389,11 +408,13 @@ class ModelServer(ServerProcess):
         self.served_name = served_name or default_served_name(model_dir)
         self.device, self.dtype = device, dtype
         self.continuous_batching = continuous_batching
+        self.prefix_cache_gib = prefix_cache_gib
 
     def command(self) -> list[str]:
         return [
             sys.executable, "-m", "mass_jobs.commands.cli", "serve", "--model", self.model_dir, "--host", self.host,
             "--port", str(self.port), "--served-name", self.served_name, "--device", self.device, "--dtype", self.dtype,
+            "--prefix-cache-gib", str(self.prefix_cache_gib),
             *(["--continuous-batching"] if self.continuous_batching else []),
         ]  # fmt: skip
 

@@ -151,7 +151,8 @@ def default_servers(ctx, gen: int, work_dir: Path | None = None):
         if not (merged / "config.json").exists():
             ctx.store.get_dir(ctx.checkpoint(gen, step), adapter, MODEL_LIMITS)
             merge_lora(local_model_dir(ctx, gen, work / "models"), adapter, merged)
-        with ModelServer(merged, served_name=f"gen-{gen}-step-{step}", dtype=ctx.spec.model.dtype) as srv:
+        with ModelServer(merged, served_name=f"gen-{gen}-step-{step}", dtype=ctx.spec.model.dtype,
+                         prefix_cache_gib=ctx.spec.execution.prefix_cache_gib) as srv:
             yield srv.endpoint
 
     return (lambda: serve_model(gen)), serve_checkpoint, serve_judge
