@@ -8,7 +8,7 @@ NODE_DIR := .tools/qwen-code
 # The paper ran 0.20.0 on Node 22; see README (The two commands) for why 0.15.10 is pinned here.
 QWEN_VERSION := 0.15.10
 
-.PHONY: bwrap setup demo paper-mini test test-unit test-fast test-models attack bench bench-serve vllm-env schemas check-codegen images clean
+.PHONY: bwrap setup demo paper-mini test test-unit test-fast test-models attack bench bench-serve gpu-check vllm-env schemas check-codegen images clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
@@ -92,8 +92,18 @@ test-models: setup
 attack: setup
 	$(PY) -m pytest -q tests/attack
 
+# The trainer against TRL, then a shared 28k-token prompt prefix through each serving backend.
 bench: setup
 	$(PY) -m mass_jobs.tools.bench --out bench/ --profile
+	OMP_NUM_THREADS=1 $(PY) -m mass_jobs.tools.bench_prefix --out bench/
+
+# What needs an accelerator, in one table (bench/gpu-check.md): vLLM serving the paper-layout model and
+# its FP8 export with the InferenceService's arguments, an episode through it, an FSDP step, make bench
+# on CUDA. Without a GPU it runs what it can and says what it skipped and why. Needs no network: on an
+# offline GPU machine, install the venv and vLLM (make setup vllm-env) before it goes offline.
+gpu-check: $(STAMP)
+	VLLM_PYTHON=$${VLLM_PYTHON:-$$(test -x .venv-vllm/bin/python && echo .venv-vllm/bin/python)} \
+	  $(PY) -m mass_jobs.tools.gpu_check --out bench/
 
 # Adds vLLM rows when vLLM is installed here or in the venv VLLM_PYTHON names (see vllm-env).
 bench-serve: setup
