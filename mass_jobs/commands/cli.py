@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mass {args.command}: {problem}", file=sys.stderr)
         return 2
 
-    from mass_jobs.config.errors import StepFailed
+    from mass_jobs.config.errors import REPEATS, StepFailed
     from mass_jobs.spec.load import SpecError
     from mass_jobs.store.lease import WriterBusy
 
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mass {args.command}: {err}", file=sys.stderr)
         return 2
     except StepFailed as err:
-        print(f"mass {args.command}: {err}", file=sys.stderr)
+        print(f"mass {args.command}: {err}" + (f"\n({REPEATS})" if err.repeats else ""), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"mass {args.command}: interrupted (rerun to resume)", file=sys.stderr)

@@ -8,6 +8,7 @@ import sys
 from mass_jobs.commands.common import open_run, report_lines, work_dir_default
 from mass_jobs.pipeline.handlers import HANDLERS
 from mass_jobs.pipeline.runner import run
+from mass_jobs.spec.overrides import spec_words
 
 
 def add_arguments(parser) -> None:
@@ -35,7 +36,7 @@ def main(args) -> int:
         return 1
     if "stopped_after" in result:
         at = result["stopped_after"]
-        print(f"stopped after L{at['gen']} {at['step']} (--until); `mass run {args.spec}` goes on from there")
+        print(f"stopped after L{at['gen']} {at['step']} (--until); `mass run {spec_words(args.spec)}` goes on from there")
         return 0
     print("\n".join(report_lines(ctx, "")))
     return 0
@@ -59,5 +60,16 @@ def run_reporting_failures(args, what: str) -> dict | None:
 
         if isinstance(err, (SpecError, WriterBusy)):  # bad input, another writer: exit 2 (mass_jobs.commands.cli)
             raise
-        print(f"{what} failed: {err}\n(`mass status {args.spec}` shows where; rerun to resume)", file=sys.stderr)
+        print(f"{what} failed: {err}\n({failure_hint(err, what, args.spec)})", file=sys.stderr)
         return None
+
+
+def failure_hint(err: BaseException, what: str, spec) -> str:
+    """What to do after a failed run, naming this run (its overrides too): rerun to resume, unless
+    the failure repeats on every rerun, which only a change of what it names ends."""
+    from mass_jobs.config.errors import REPEATS
+
+    words = spec_words(spec)
+    if getattr(err, "repeats", False) or REPEATS in str(err):
+        return f"{REPEATS}; `mass status {words}` shows where, then `mass {what} {words}` goes on"
+    return f"`mass status {words}` shows where; `mass {what} {words}` resumes"

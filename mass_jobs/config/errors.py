@@ -3,7 +3,14 @@ what a workflow document or an optimizer proposal fails with."""
 
 
 class StepFailed(RuntimeError):
-    """A step could not do its work for a reason one line explains; `mass` prints it and exits 1."""
+    """A step could not do its work for a reason one line explains; `mass` prints it and exits 1.
+    `repeats`: the same spec and store fail the same way again, so a hint says what to change, not
+    to rerun (`mass` adds REPEATS to the message, which a runner reads back from a step's log)."""
+
+    repeats = False
+
+
+REPEATS = "a rerun fails the same way until what this names changes"
 
 
 class WorkflowError(ValueError):

@@ -36,6 +36,14 @@ class SpecSource(str):
         return [*(a for f in self.overlays for a in ("--overlay", f)), *(a for s in self.sets for a in ("--set", s))]
 
 
+def spec_words(location: str) -> str:
+    """The location and its overrides as a shell would take them: what a hint must repeat, or the
+    command it names opens another run (the spec file's own `name`, not the --set one)."""
+    import shlex
+
+    return shlex.join([str.__str__(location), *spec_argv(location)])
+
+
 def spec_argv(location: str) -> list[str]:
     """The override flags of `location` (none for a plain path or an Argo placeholder)."""
     return location.argv() if isinstance(location, SpecSource) else []

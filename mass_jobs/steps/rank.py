@@ -35,7 +35,9 @@ from mass_jobs.store import Step, Waiting, formed
 
 
 class RankError(StepFailed):
-    pass
+    """Too few usable episodes: the stored episodes and guards decide it, so a rerun repeats it."""
+
+    repeats = True
 
 
 class Ranking(Closed):
