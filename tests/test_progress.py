@@ -24,25 +24,30 @@ def test_plain_display_prints_each_step_its_notes_and_an_eta():
         d.done("L0 collect", skipped=True, seconds=0.1)
     lines = out.getvalue().splitlines()
     assert lines == [
-        "start L0 search (step 1/3, ETA unknown)",
+        "start L0 search (step 1/3, ETA unknown: 3 steps left not timed yet)",
         "  L0 search: search task 1/2 fib [0/2]",
         "  L0 search: episode 5 [5/5]",
-        "done L0 search (30.0s; 1/3 steps, ETA ~1:00)",
-        "start L0 collect (step 2/3, ETA ~1:00)",
-        "skip L0 collect (0.1s; 2/3 steps, ETA ~0:30)",
+        "done L0 search (30.0s; 1/3 steps, ETA unknown: 2 steps left not timed yet)",
+        "start L0 collect (step 2/3, ETA unknown: 2 steps left not timed yet)",
+        "skip L0 collect (0.1s; 2/3 steps, ETA unknown: 1 steps left not timed yet)",
     ]
 
 
-def test_eta_counts_only_steps_that_did_work():
-    eta = Eta(["a"] * 4 + ["b", "c"] + ["d"] * 4)
+def test_eta_counts_only_steps_that_did_work_and_is_unknown_while_a_step_left_is_untimed():
+    """A guess from other steps' times said 0:45 for fourteen steps that took four minutes: the
+    steps a run reaches last are its longest, so a step left without a time of its own is unknown."""
+    eta = Eta(["a"] * 4 + ["b", "c"] + ["d"] * 4 + ["b", "c"])
     for _ in range(4):
         eta.add(0.01, skipped=True)
-    assert eta.text() == "ETA unknown"
+    assert eta.text() == "ETA unknown: 8 steps left not timed yet"
     eta.add(60, skipped=False)
     eta.add(120, skipped=False)
-    assert eta.text() == "ETA ~6:00"  # 4 steps never timed, each at the mean of 90 s
+    assert eta.text() == "ETA unknown: 4 steps left not timed yet"  # d never ran: no guess
     for _ in range(4):
-        eta.add(1, skipped=True)
+        eta.add(1, skipped=True)  # stored: they cost nothing and time nothing
+    assert eta.text() == "ETA ~3:00"  # b and c again, at their own times
+    eta.add(50, skipped=False)
+    eta.add(100, skipped=False)
     assert eta.text() == "ETA 0:00"
 
 
@@ -58,8 +63,26 @@ def test_eta_takes_each_step_at_its_own_mean():
     assert eta.text() == "ETA ~11:50"
     from mass_jobs.pipeline.progress import estimate
 
-    assert estimate(["train", "merge"], {"train": [300.0, 400.0], "guard": [10.0]}) == 350 + (300 + 400 + 10) / 3
-    assert estimate(["train"], {}) is None
+    assert estimate(["train", "train"], {"train": [300.0, 400.0], "guard": [10.0]}) == 700
+    assert estimate(["train", "merge"], {"train": [300.0, 400.0], "guard": [10.0]}) is None
+    assert estimate(["train"], {}) is None and estimate([], {}) == 0
+
+
+def test_status_eta_is_each_step_left_at_its_mean_less_the_running_steps_time():
+    """`mass status`: a run whose every step left has run once; the running step counts what is
+    left of its mean, and past its mean the ETA is a floor (it said ~0:00 before 9.6 more minutes)."""
+    from mass_jobs.pipeline.runner import progress_summary
+
+    rows = [{"gen": g, "step": s, "status": "done" if g == 0 else "pending"} for g in (0, 1) for s in ("a", "b")]
+    rows[2]["status"] = "running"
+    state = {"status": "running", "timings": {"0:a": {"seconds": 100.0}, "0:b": {"seconds": 300.0}},
+             "current": {"gen": 1, "step": "a", "started_at": 1000.0}}
+    early = progress_summary(rows, state, now=1040.0)
+    assert (early["eta_s"], early["overrun"], early["untimed_left"]) == (360.0, False, 0)  # 60 of a + 300 of b
+    late = progress_summary(rows, state, now=1500.0)
+    assert (late["eta_s"], late["overrun"]) == (300.0, True)  # a is past its 100 s: b's 300 s at least
+    unknown = progress_summary(rows + [{"gen": 1, "step": "c", "status": "pending"}], state, now=1040.0)
+    assert unknown["eta_s"] is None and unknown["untimed_left"] == 1
 
 
 def test_rollout_counter_is_per_generation_and_never_passes_its_total():
@@ -101,7 +124,7 @@ def test_run_without_progress_prints_step_lines(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[:3] == [
-        "start L0 search (step 1/19, ETA unknown)",  # 9 steps x 2 generations + the report
+        "start L0 search (step 1/19, ETA unknown: 19 steps left not timed yet)",  # 9 steps x 2 generations + the report
         "  L0 search: search task 1/1 t [0/1]",
         "run failed: model server exited with code 1 before it was healthy:",
     ]

@@ -53,8 +53,11 @@ def main(args) -> int:
     console = Console(width=max(100, Console().width))
     console.print(table)
     eta = ("all done" if summary["done"] == summary["total"]
-           else "ETA unknown (no step timed by this run yet)" if summary["eta_s"] is None
-           else f"ETA ~{clock(summary['eta_s'])} (mean of {summary['timed_steps']} timed steps x steps left)")
+           else f"ETA unknown ({summary['untimed_left']} of the steps left have not run in this run yet)"
+           if summary["eta_s"] is None
+           else f"ETA at least ~{clock(summary['eta_s'])} (the running step is past its measured time)"
+           if summary["overrun"]
+           else f"ETA ~{clock(summary['eta_s'])} (each step left at its measured mean)")
     console.print(f"{summary['done']}/{summary['total']} steps done; {eta}")
     if state.get("failed"):
         f = state["failed"]

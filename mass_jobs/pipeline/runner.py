@@ -32,7 +32,7 @@ from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.config.task_spec import Task
-from mass_jobs.pipeline.progress import Display, estimate
+from mass_jobs.pipeline.progress import Display, estimate, untimed
 from mass_jobs.steps.split_guard import SplitLeak, check_no_test_leak  # noqa: F401 (the runner's API too)
 from mass_jobs.pipeline.run_lease import RunLease
 from mass_jobs.run.base_model import local_fitness_issues
@@ -306,25 +306,25 @@ def step_status(ctx: RunContext, pipeline=None) -> list[dict]:
 
 def progress_summary(rows: list[dict], state: dict, now: float | None = None) -> dict:
     """Steps done / total and an ETA from the run's own timings (`progress.estimate`: each step left
-    at the mean of the same step's timings, skipped ones costing nothing), less the running step's
-    elapsed time."""
+    at the mean of the same step's timings, skipped ones costing nothing; None while a step left has
+    none), less the running step's elapsed time. `overrun`: the running step is past its mean, so
+    the ETA is a floor."""
 
     done = sum(r["status"] == "done" for r in rows)
     timed: dict[str, list[float]] = {}
     for key, t in (state.get("timings") or {}).items():
         if not t.get("skipped"):
             timed.setdefault(key.split(":", 1)[-1], []).append(t["seconds"])
-    timings = [x for xs in timed.values() for x in xs]
     left = [r.get("step", "") for r in rows if r["status"] != "done"]
-    eta = None
-    if not left:
-        eta = 0.0
-    elif timings:
-        eta = estimate(left, timed)
-        current = state.get("current") or {}
-        if state.get("status") == "running" and current.get("started_at"):
-            eta = max(0.0, eta - ((now or time.time()) - current["started_at"]))
-    return {"done": done, "total": len(rows), "eta_s": eta, "timed_steps": len(timings)}
+    eta, overrun = (0.0 if not left else estimate(left, timed)), False
+    current = state.get("current") or {}
+    if eta and state.get("status") == "running" and current.get("started_at") and current.get("step") in timed:
+        mean = sum(timed[current["step"]]) / len(timed[current["step"]])
+        elapsed = (now or time.time()) - current["started_at"]
+        overrun = elapsed > mean
+        eta -= min(elapsed, mean)
+    return {"done": done, "total": len(rows), "eta_s": eta, "timed_steps": sum(map(len, timed.values())),
+            "untimed_left": untimed(left, timed), "overrun": overrun}
 
 
 def _status(state: dict, g: int, name: str, done: bool) -> str:
