@@ -123,10 +123,19 @@ def test_plan_refuses_what_will_not_fit_and_names_the_numbers(tmp_path, capsys):
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_plan_without_a_config_for_a_hub_id_names_what_to_pass(capsys):
-    proc = mass_plan(capsys, str(PAPER))
+def test_plan_of_the_papers_example_needs_no_flag_and_says_which_config_it_read(capsys):
+    bare = mass_plan(capsys, str(PAPER), "--json")
+    assert bare.returncode == 0, bare.stderr
+    assert f"planning with the config shipped for it, {QWEN}" in bare.stderr
+    given = mass_plan(capsys, str(PAPER), "--config", str(QWEN), "--json")
+    assert json.loads(given.stdout) == json.loads(bare.stdout) and "shipped" not in given.stderr
+
+
+def test_plan_without_a_config_for_another_hub_id_names_the_flag_and_a_value(capsys):
+    proc = mass_plan(capsys, str(PAPER), "--set", "model.base=org/unknown-model")
     assert proc.returncode == 2
-    assert "$.model.base" in proc.stderr and "'Qwen/Qwen3.6-27B'" in proc.stderr and "--config" in proc.stderr
+    assert "$.model.base" in proc.stderr and "'org/unknown-model'" in proc.stderr
+    assert "pass --config PATH" in proc.stderr and "--config examples/qwen3.5-27b-config.json" in proc.stderr
 
 
 def test_schedule_runs_episodes_side_by_side_and_sums_them_one_after_another():

@@ -13,7 +13,7 @@ import sys
 from mass_jobs.k8s.workflow_size import MAX_WORKFLOW_SIZE, estimate
 from mass_jobs.pipeline.nodes import compile_plan
 from mass_jobs.pipeline.planning.counts import plan_counts
-from mass_jobs.pipeline.planning.memory import GIB, fits, load_config, refusal, training_memory
+from mass_jobs.pipeline.planning.memory import EXAMPLES, GIB, config_source, fits, load_config, refusal, training_memory
 from mass_jobs.pipeline.planning.schedule import DEFAULTS, gantt, simulate, stored_timings
 from mass_jobs.spec.load import SpecError, SpecIssue, load_spec
 
@@ -36,6 +36,10 @@ def main(args) -> int:
 
     spec = load_spec(args.spec)
     try:
+        source = config_source(spec, args.config)
+        if args.config is None and source.parent == EXAMPLES:
+            print(f"mass plan: model.base {spec.model.base} is a hub id: planning with the config shipped for it, "
+                  f"{source} (--config names another)", file=sys.stderr)
         config = load_config(spec, args.config)
     except ValueError as err:
         raise SpecError(args.spec, [SpecIssue("$.model.base", str(err))]) from err

@@ -49,7 +49,7 @@ import yaml
 from mass_jobs.k8s import training
 from mass_jobs.k8s.schemas import webhook_errors
 from mass_jobs.k8s.settings import ClusterSettings
-from mass_jobs.pipeline.planning.memory import load_config, meta_model
+from mass_jobs.pipeline.planning.memory import load_config, meta_model, shipped_config
 from mass_jobs.spec.issues import validator_issues
 from mass_jobs.spec.load import SpecIssue
 from mass_jobs.steps.evaluate import rollout_generations, self_evaluators
@@ -178,7 +178,7 @@ def model_config(spec, config: str | None):
     """The model's config for the storage checks: `config`, else a local model.base's; None when
     neither is given (the checks that need it are left out of the table)."""
 
-    if config is None and not (Path(spec.model.base) / "config.json").is_file():
+    if config is None and not (Path(spec.model.base) / "config.json").is_file() and not shipped_config(spec.model.base):
         return None
     return load_config(spec, config)
 

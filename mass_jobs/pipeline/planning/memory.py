@@ -42,16 +42,41 @@ GIB = 2**30
 CUDA_RUNTIME = 1 * GIB  # CUDA context, cuBLAS/NCCL workspaces: a fixed allowance per GPU
 
 
-def load_config(spec: RunSpec, config: str | None = None):
-    """The model's config: `config` (a config.json or a model dir), else the spec's local base model."""
-    from transformers import AutoConfig
+# Configs shipped beside the examples for hub ids a spec may name (no hub access to read theirs):
+# the paper's Qwen3.6-27B has the Qwen3.5-27B text layout.
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+SHIPPED_CONFIGS = {"Qwen/Qwen3.6-27B": "qwen3.5-27b-config.json", "Qwen/Qwen3.6-27B-FP8": "qwen3.5-27b-config.json",
+                   "Qwen/Qwen3.5-27B": "qwen3.5-27b-config.json"}
 
+
+def shipped_config(base: str) -> Path | None:
+    """The shipped config for hub id `base`, where this checkout has it; None otherwise."""
+    name = SHIPPED_CONFIGS.get(base)
+    return EXAMPLES / name if name and (EXAMPLES / name).is_file() else None
+
+
+def config_source(spec: RunSpec, config: str | None = None) -> Path:
+    """Where the model's config is read: `config`, the spec's local base model, or the config shipped
+    for its hub id; ValueError naming the flag and a value to give it otherwise."""
     where = Path(config) if config else Path(spec.model.base)
     if where.is_dir():
         where = where / "config.json"
-    if not where.is_file():
-        raise ValueError(f"model.base {spec.model.base!r} is no local model dir with a config.json: pass "
-                         "--config with the model's config.json (a hub id's config, e.g. examples/)")
+    if where.is_file():
+        return where
+    if config is None and (shipped := shipped_config(spec.model.base)) is not None:
+        return shipped
+    known = ", ".join(sorted(SHIPPED_CONFIGS))
+    raise ValueError(f"model.base {spec.model.base!r} is no local model dir with a config.json: pass --config PATH "
+                     f"with the model's config.json (a model dir works too); configs ship for {known} "
+                     f"(--config examples/qwen3.5-27b-config.json from a checkout)")
+
+
+def load_config(spec: RunSpec, config: str | None = None):
+    """The model's config: `config` (a config.json or a model dir), else the spec's local base model,
+    else the config shipped for its hub id (`config_source`)."""
+    from transformers import AutoConfig
+
+    where = config_source(spec, config)
     doc = json.loads(where.read_text())
     if "model_type" not in doc:
         raise ValueError(f"{where}: a model config needs a model_type")
