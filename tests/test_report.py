@@ -263,6 +263,23 @@ def test_split_panel_reads_no_majority_and_position_bias_is_noted(biased):
     assert "(n = 6 per generation)" in how[4]
 
 
+def test_win_share_marks_position_bias_per_point_not_per_series():
+    """One biased point of a series is hollow; the series' other points stay filled."""
+    from matplotlib.colors import to_rgba
+
+    point = {"split": "train", "baseline": 0, "wins": 3, "losses": 1, "ci": [0.3, 0.9]}
+    doc = {"win_share": [{**point, "candidate": 1, "win_share": 0.75, "note": None},
+                         {**point, "candidate": 2, "win_share": 0.5, "note": "position bias: all 4 chose A"}],
+           "evaluated": [1, 2], "verdicts": {"panel": {"valid": 8, "total": 8, "invalid": 0}}}
+    import matplotlib.pyplot as plt
+
+    fig, ax = rr.win_share_figure(doc)
+    [dots] = [c for c in ax.collections if c.get_label() == "train vs L0"]
+    faces = [tuple(f) for f in dots.get_facecolors()]
+    assert faces == [to_rgba("tab:blue"), to_rgba("white")]
+    plt.close(fig)
+
+
 def test_every_plot_says_its_n(biased, built):
     # win share points: (train, test) decisive verdicts of each comparison, read from the figure itself
     for ctx, n_win, n_audit in ((biased, ["n=4", "n=8"], "n=6"), (built, ["n=1", "n=2", "n=2", "n=4"], "n=2")):

@@ -175,14 +175,12 @@ def render_markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def figures(doc: dict) -> list[tuple[str, Any]]:
-    """The report's plots as (file name, matplotlib figure), each saying its n in its texts."""
+def win_share_figure(doc: dict):
+    """(figure, axes) of the panel's win share per generation, series by split and baseline."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    figs = []
 
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     series = [(b, s) for b in ("L0", "prev") for s in ("train", "test")]
@@ -197,8 +195,10 @@ def figures(doc: dict) -> list[tuple[str, Any]]:
         ys = [w["win_share"] for w in pts]
         err = [[y - (w["ci"] or [y, y])[0] for y, w in zip(ys, pts)], [(w["ci"] or [y, y])[1] - y
                                                                         for y, w in zip(ys, pts)]]
-        ax.errorbar(xs, ys, yerr=err, marker=marker, color=color, capsize=3, ls="none",
-                    mfc="white" if any(w["note"] for w in pts) else color, label=f"{split} vs {base_kind}")
+        ax.errorbar(xs, ys, yerr=err, marker="none", color=color, capsize=3, ls="none")
+        # hollow per point: a judge biased at one generation says nothing of the others
+        ax.scatter(xs, ys, marker=marker, s=36, zorder=3, edgecolors=color, label=f"{split} vs {base_kind}",
+                   facecolors=["white" if w["note"] else color for w in pts])
         for x, y, w in zip(xs, ys, pts):  # n to the right: clear of the vertical error bars
             ax.annotate(f"n={w['wins'] + w['losses']}", (x, y), textcoords="offset points", xytext=(5, 0),
                         ha="left", va="center", fontsize=7, color=color,
@@ -217,7 +217,17 @@ def figures(doc: dict) -> list[tuple[str, Any]]:
     else:  # say why the plot is empty instead of showing bare axes
         ax.text(0.5, 0.7, f"no decisive panel verdict\n{p['total']} verdicts, {p['invalid']} invalid",
                 transform=ax.transAxes, ha="center", va="center", fontsize=10, color="dimgrey")
-    figs.append(("win_share.png", fig))
+    return fig, ax
+
+
+def figures(doc: dict) -> list[tuple[str, Any]]:
+    """The report's plots as (file name, matplotlib figure), each saying its n in its texts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = [("win_share.png", win_share_figure(doc)[0])]
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for s in doc["search"]:
