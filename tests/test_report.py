@@ -171,6 +171,22 @@ def test_report_files_schema_and_rebuild(built):
     assert {k: store.get_bytes(k) for k in files} == before  # identical bytes, plots included
 
 
+def test_a_finished_run_prints_its_figures_with_what_each_shows(built):
+    from mass_jobs.commands.common import report_lines
+
+    doc = rp.write_report(built)
+    lines = report_lines(built, "done; ")
+    where = built.store.uri.removeprefix("file://").rstrip("/") + f"/{RUN}/report"
+    assert lines[0] == f"done; report: {where}/report.md (JSON: {where}/report.json)" and lines[1] == "figures:"
+    assert [ln.split()[0] for ln in lines[2:2 + len(rr.PLOTS)]] == [f"{where}/{p}" for p in rr.CAPTIONS]
+    every = [w for w in doc["win_share"] if w["split"] == "all"]
+    assert len(every) >= 2
+    assert lines[2 + len(rr.PLOTS)] == "  win share: " + "; ".join(
+        f"L{w['candidate']} vs L{w['baseline']} {w['win_share']:.0%} [{w['ci'][0]:.0%}, {w['ci'][1]:.0%}], "
+        f"n={w['wins'] + w['losses']}" for w in every)
+    assert lines[-1].startswith("WARNING: ") == bool(doc["warnings"])
+
+
 def test_the_reports_done_check_reads_manifests_and_a_finished_step_redoes_it(built, monkeypatch):
     """`mass status` must not rebuild the report (bootstrap, embeddings) to say it is stored: its
     Step hashes the spec and the other steps' manifests; a step finished since makes it pending."""

@@ -319,7 +319,12 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     dead_port = closed_port()
     a = write_spec(tmp_path, tiny_model_dir, "a", dead_port, hash_judge.base_url)
     out = mass_run(a, tmp_path / "a" / "work")
-    assert f"report: file://{a.parent / 'store'}/ci-e2e/report/report.md" in out
+    report_dir = a.parent / "store" / "ci-e2e" / "report"
+    assert f"report: {report_dir}/report.md" in out
+    # the figures follow, each a path the terminal opens with what it shows, the win share in numbers
+    assert f"  {report_dir}/win_share.png  the panel's win share per generation" in out
+    assert all(f"  {report_dir}/{name}  " in out for name in ("search.png", "loss.png", "audit.png"))
+    assert "  win share: L1 vs L0 " in out
     answers_a = list(hash_judge.answers)
     foreign = [r for r in hash_judge.requests if r["headers"].get("x-mass-role") != "evaluator"]
     assert hash_judge.requests and not foreign, json.dumps(foreign[:2])[:3000]

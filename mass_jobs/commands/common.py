@@ -80,11 +80,21 @@ def never_ran(ctx) -> str | None:
 
 
 def report_lines(ctx, head: str) -> list[str]:
-    """What a finished run prints last: where its report is, then (as the last line) the report's
-    warnings when it has any, so a run that did no work cannot end looking like a good one."""
+    """What a finished run prints last: where its report is, its figures (each with what it shows,
+    the win share in numbers), then (as the last line) the report's warnings when it has any, so a
+    run that did no work cannot end looking like a good one."""
+    from mass_jobs.steps.report_render import CAPTIONS, win_share_summary
+
     where = f"{ctx.store.uri.rstrip('/')}/{ctx.report()}"
-    lines = [f"{head}report: {where}/report.md (JSON: {where}/report.json)"]
-    warnings = ctx.store.get_json(ctx.report_file("report.json")).get("warnings") or []
+    if where.startswith("file://"):  # a path the terminal can open
+        where = where.removeprefix("file://")
+    doc = ctx.store.get_json(ctx.report_file("report.json"))
+    lines = [f"{head}report: {where}/report.md (JSON: {where}/report.json)", "figures:"]
+    for name, caption in CAPTIONS.items():
+        if ctx.store.exists(ctx.report_file(name)):
+            lines.append(f"  {where}/{name}  {caption}")
+    lines.append(f"  win share: {win_share_summary(doc)}")
+    warnings = doc.get("warnings") or []
     if warnings:
         lines.append(f"WARNING: {len(warnings)} in the report: " + "; ".join(warnings))
     return lines

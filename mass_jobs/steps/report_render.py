@@ -11,6 +11,26 @@ from mass_jobs.judging.information import plot_information
 
 
 PLOTS = ("win_share.png", "search.png", "loss.png", "audit.png", "tokens.png", "information.png")
+# What each plot shows, in the words a finished run prints beside its path.
+CAPTIONS = {"win_share.png": "the panel's win share per generation, with 95% intervals",
+            "search.png": "workflow search: tasks whose elite beats the reference, per iteration",
+            "loss.png": "training and validation loss per generation",
+            "audit.png": "delegation and code handoff per generation",
+            "tokens.png": "tokens per episode by role",
+            "information.png": "what the panel's verdicts can tell apart"}
+
+
+def win_share_summary(doc: dict) -> str:
+    """The win-share plot in one line: each comparison of all tasks with its interval and n."""
+    parts = []
+    for w in doc.get("win_share") or []:
+        if w.get("split") != "all" or w.get("win_share") is None:
+            continue
+        lo, hi = w.get("ci") or (None, None)
+        ci = f" [{lo:.0%}, {hi:.0%}]" if lo is not None else ""
+        bias = " (position-biased)" if w.get("note") else ""
+        parts.append(f"L{w['candidate']} vs L{w['baseline']} {w['win_share']:.0%}{ci}, n={w['wins'] + w['losses']}{bias}")
+    return "; ".join(parts) or "no decisive panel verdict"
 
 
 def _fmt(x: Any, pct: bool = False) -> str:
