@@ -208,3 +208,23 @@ def test_an_unset_parser_follows_the_models_family(example, base, parser):
     del doc["execution"]["vllm"]["tool_call_parser"]
     doc["model"]["base"] = base
     assert RunSpec.model_validate(doc).execution.vllm.tool_call_parser == parser
+
+
+def test_the_shipped_smollm2_example_validates_as_given(smollm2_dir, tmp_path, capsys):
+    """examples/smollm2.yaml, unchanged, in a checkout's layout (its model under build/, its template
+    beside it): valid; with its chat_template removed, refused with a hint whose path works when copied."""
+    root = tmp_path / "checkout"
+    (root / "examples").mkdir(parents=True)
+    (root / "build").mkdir()
+    (root / "build" / "smollm2").symlink_to(smollm2_dir)
+    (root / "examples" / "templates").symlink_to(ROOT / "examples" / "templates")
+    example = root / "examples" / "smollm2.yaml"
+    text = (ROOT / "examples" / "smollm2.yaml").read_text()
+    example.write_text(text)
+    capsys.readouterr()
+    assert mass(["validate", str(example)]) == 0, capsys.readouterr().err
+    example.write_text(text.replace("  chat_template: templates/chatml-tools.jinja\n", ""))
+    assert mass(["validate", str(example)]) == 2
+    err = capsys.readouterr().err
+    hint = err.split("this checkout's ChatML one: ", 1)[1].split(";", 1)[0]
+    assert Path(hint).is_absolute() and Path(hint).is_file()

@@ -108,6 +108,10 @@ def _probe(tokenizer) -> tuple[str, str]:
     return offered, used
 
 
+# A tool-calling ChatML template shipped with the examples (absolute, so the hint works when copied).
+SHIPPED_TEMPLATE = Path(__file__).resolve().parents[2] / "examples" / "templates" / "chatml-tools.jinja"
+
+
 def fitness_issues(spec, model_dir: Path) -> list:
     """SpecIssues of a local model dir the run cannot train with (see the module docstring)."""
     from transformers import AutoConfig, AutoTokenizer
@@ -116,8 +120,10 @@ def fitness_issues(spec, model_dir: Path) -> list:
     where = "$.model.chat_template" if spec.model.chat_template else "$.model.base"
     named = f"model {spec.model.base!r}" + (f" with chat template {spec.model.chat_template!r}"
                                             if spec.model.chat_template else "")
-    remedy = "" if spec.model.chat_template else (" (give one with tools in model.chat_template, e.g. "
-                                                  "examples/templates/chatml-tools.jinja)")
+    remedy = "" if spec.model.chat_template else (
+        f" (give one with tools in model.chat_template, a path relative to the spec's folder; this checkout's "
+        f"ChatML one: {SHIPPED_TEMPLATE}; examples/smollm2.yaml uses it)" if SHIPPED_TEMPLATE.is_file() else
+        " (give one with tools in model.chat_template, a path relative to the spec's folder)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(spec.model.tokenizer or model_dir)
         offered, used = _probe(tokenizer)
