@@ -38,7 +38,9 @@ def test_plain_yaml_with_values_is_what_the_chart_renders_with_them(scenario, tm
     assert mass(["render", "argo", "--out", str(argo), "--manifests", str(manifests),
                  "--values", str(CHART / "ci" / scenario)]) == 0
     plain = _objects({p.name: p.read_text() for d in (argo, manifests) for p in d.iterdir()})
-    assert set(plain) <= set(chart), set(plain) - set(chart)  # the chart adds only its own (Secrets, policies)
+    # every object the chart installs for these values, its network policies and Secret templates
+    # included (Cilium's where the values say so): nothing left to copy from examples/k8s/ and edit
+    assert set(plain) == set(chart), (set(plain) ^ set(chart))
     assert len(plain) >= 11
     for key, obj in plain.items():
         theirs = chart[key]
@@ -62,3 +64,19 @@ def test_values_reach_the_plain_yaml_and_the_chart_flag_is_refused(tmp_path, cap
     assert mass(["render", "argo", "--out", str(tmp_path / "b"), "--chart", str(tmp_path / "c"),
                  "--values", str(minio)]) == 2
     assert "--values: expected no --chart with it" in capsys.readouterr().err
+
+
+def test_the_policies_the_values_describe_are_written_ciliums_included(tmp_path):
+    """network.cilium with network.s3.fqdns: the two CiliumNetworkPolicies and none of the plain
+    ones; without --manifests they land beside the Argo YAML, their header naming the command."""
+    values = CHART / "ci" / "paper-values.yaml"
+    assert yaml.safe_load(values.read_text())["network"]["cilium"] is True
+    assert mass(["render", "argo", "--out", str(tmp_path / "a"), "--values", str(values)]) == 0
+    written = {p.name for p in (tmp_path / "a").iterdir()}
+    assert {"ciliumnetworkpolicy-apiserver.yaml", "ciliumnetworkpolicy-s3.yaml"} <= written
+    assert not written & {"networkpolicy-apiserver.yaml", "networkpolicy-s3.yaml"}
+    s3 = (tmp_path / "a" / "ciliumnetworkpolicy-s3.yaml").read_text()
+    assert f"mass render argo --out {tmp_path / 'a'} --values {values}" in s3
+    [policy] = load_docs(s3)
+    assert policy["spec"]["egress"][1]["toFQDNs"][0] == {"matchName": "s3.us-east-1.amazonaws.com"}
+    assert policy["spec"]["egress"][1]["toPorts"] == [{"ports": [{"port": "443", "protocol": "TCP"}]}]

@@ -97,14 +97,17 @@ _CILIUM_DOC = ("CiliumNetworkPolicy: agent pods may reach the kube-apiserver (th
                ["The Cilium form of the apiserver egress: no IPs to keep up to date."])
 
 
-def _chart_only_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
-    return {
-        "networkpolicy-s3.yaml": (_S3_POLICY_DOC, [manifests.agent_s3_policy(s)]),
-        "networkpolicy-apiserver.yaml": (_API_POLICY_DOC, [manifests.agent_api_server_policy(s)]),
-        "ciliumnetworkpolicy-apiserver.yaml": (_CILIUM_DOC, [manifests.agent_api_server_cilium_policy(s)]),
-        "ciliumnetworkpolicy-s3.yaml": (_S3_FQDN_DOC, [manifests.agent_s3_fqdn_policy(s)]),
-        "secret-templates.yaml": (_SECRETS_DOC, manifests.secret_templates(s)),
+def _chart_only_docs(s: ClusterSettings, only=None) -> dict[str, tuple[tuple, list[dict]]]:
+    """The chart's conditional objects (`_CHART_CONDITIONS`); `only`: the names to build (a policy
+    refuses to build without its peers, which only the selected ones have)."""
+    build = {
+        "networkpolicy-s3.yaml": lambda: (_S3_POLICY_DOC, [manifests.agent_s3_policy(s)]),
+        "networkpolicy-apiserver.yaml": lambda: (_API_POLICY_DOC, [manifests.agent_api_server_policy(s)]),
+        "ciliumnetworkpolicy-apiserver.yaml": lambda: (_CILIUM_DOC, [manifests.agent_api_server_cilium_policy(s)]),
+        "ciliumnetworkpolicy-s3.yaml": lambda: (_S3_FQDN_DOC, [manifests.agent_s3_fqdn_policy(s)]),
+        "secret-templates.yaml": lambda: (_SECRETS_DOC, manifests.secret_templates(s)),
     }
+    return {name: make() for name, make in build.items() if only is None or name in only}
 
 
 # Documentation address ranges (RFC 5737): they reach nothing, so an unedited example fails closed.
@@ -210,6 +213,19 @@ def chart_files() -> dict[str, str]:
             body = f"{{{{- if {_CHART_CONDITIONS[name]} }}}}\n{body}{{{{- end }}}}\n"
         out[f"charts/mass-jobs/templates/{name}"] = body
     return out
+
+
+def values_policy_files(settings: ClusterSettings, values: dict, prefix: str, command: str) -> dict[str, str]:
+    """What the chart installs beside the manifests for these values, as plain YAML: the network
+    policies its `network.*` values select (Cilium's when `network.cilium`, the FQDN S3 policy when
+    `network.s3.fqdns`), and the Secret templates when `secretTemplates.create`. The same
+    conditions as the chart's templates (`_CHART_CONDITIONS`)."""
+    net = values.get("network") or {}
+    cilium, fqdns = net.get("cilium") is True, bool((net.get("s3") or {}).get("fqdns"))
+    on = {"networkpolicy-apiserver.yaml": not cilium, "ciliumnetworkpolicy-apiserver.yaml": cilium,
+          "networkpolicy-s3.yaml": not fqdns, "ciliumnetworkpolicy-s3.yaml": fqdns,
+          "secret-templates.yaml": (values.get("secretTemplates") or {}).get("create") is True}
+    return _render(_chart_only_docs(settings, only={name for name, yes in on.items() if yes}), prefix, command)
 
 
 def write(files: dict[str, str], root: Path) -> list[Path]:

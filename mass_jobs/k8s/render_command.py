@@ -7,7 +7,11 @@
 
 Without --values the files carry the chart's defaults (AWS S3, bucket mass-jobs, the published
 images); with it they carry the chart's defaults with those files merged over them, as `helm
-install -f` would, for clusters installed with `kubectl apply` instead of Helm.
+install -f` would, for clusters installed with `kubectl apply` instead of Helm. With --values the
+objects the chart adds for them come too, beside the manifests (--manifests DIR, else --out DIR):
+the network policies its `network.*` values describe (CiliumNetworkPolicies under network.cilium,
+the FQDN S3 policy under network.s3.fqdns) and the Secret templates under secretTemplates.create,
+so nothing under examples/k8s/ needs editing.
 """
 
 from __future__ import annotations
@@ -65,6 +69,10 @@ def main(args) -> int:
         targets[0][1].pop("argo/mass-nightly.yaml", None)
     if args.manifests:
         targets.append((args.manifests, made(codegen.manifest_files, "--manifests", args.manifests), "manifests/"))
+    if settings:
+        where, flag = (args.manifests, "--manifests") if args.manifests else (args.out, "--out")
+        targets.append((where, codegen.values_policy_files(settings, values, "policies/",
+                                                           f"mass render argo {flag} {where}{suffix}"), "policies/"))
     if args.examples:
         targets.append((args.examples, made(codegen.example_files, "--examples", args.examples), "examples/k8s/"))
     if args.chart:

@@ -269,5 +269,7 @@ def values_settings(values: dict) -> ClusterSettings:
         s3_peers=tuple((net.get("s3") or {}).get("to") or ()),
         s3_ports=tuple((net.get("s3") or {}).get("ports") or ()),
         s3_fqdns=tuple((net.get("s3") or {}).get("fqdns") or ()),
+        # Cilium's port lists follow the ports above (derived again, not the defaults' own)
+        s3_cilium_ports=(), api_server_cilium_ports=(),
         dns_cilium_endpoints=tuple((net.get("dns") or {}).get("ciliumEndpoints") or ()),
     )
