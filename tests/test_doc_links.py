@@ -54,3 +54,15 @@ def test_every_relative_link_names_a_file_of_the_repository(page):
     assert broken == [], f"{page.relative_to(ROOT)}: links to nothing: {broken}"
     missing = sorted({t for t in repo_paths(page) if not (ROOT / t).exists()})
     assert missing == [], f"{page.relative_to(ROOT)}: names paths the repository does not have: {missing}"
+
+
+def test_the_charts_notes_point_to_the_install_page_and_name_files_that_exist():
+    import yaml
+
+    notes = (ROOT / "charts" / "mass-jobs" / "templates" / "NOTES.txt").read_text()
+    named = set(re.findall(r"\b((?:docs|examples)/[\w./-]+\w)", notes))
+    assert "docs/install.md" in named and "examples/k8s-small.yaml" in named
+    assert [p for p in named if not (ROOT / p).exists()] == []
+    # the run it submits is the example's own name (`run` labels every pod)
+    name = yaml.safe_load((ROOT / "examples" / "k8s-small.yaml").read_text())["name"]
+    assert notes.count(f"-p run={name}") == 2 and "specs/demo.yaml" not in notes
