@@ -36,5 +36,5 @@ def test_the_dispatcher_and_help_import_only_the_standard_library():
 
 def test_unknown_command_is_a_usage_error():
     proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "frobnicate"], capture_output=True, text=True)
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stderr[-3000:]
     assert "invalid choice" in proc.stderr

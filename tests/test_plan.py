@@ -133,7 +133,7 @@ def test_plan_of_the_papers_example_needs_no_flag_and_says_which_config_it_read(
 
 def test_plan_without_a_config_for_another_hub_id_names_the_flag_and_a_value(capsys):
     proc = mass_plan(capsys, str(PAPER), "--set", "model.base=org/unknown-model")
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stderr[-3000:]
     assert "$.model.base" in proc.stderr and "'org/unknown-model'" in proc.stderr
     assert "pass --config PATH" in proc.stderr and "--config examples/qwen3.5-27b-config.json" in proc.stderr
 

@@ -122,7 +122,7 @@ def test_run_without_progress_prints_step_lines(tmp_path):
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
     proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "run", "spec.yaml", "--no-progress", "--work-dir", "w"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 1
+    assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.splitlines()[:3] == [
         "start L0 search (step 1/19, ETA unknown: 19 steps left not timed yet)",  # 9 steps x 2 generations + the report
         "  L0 search: search task 1/1 t [0/1]",

@@ -479,7 +479,7 @@ def test_status_validate_and_run_agree_on_a_changed_spec(tmp_path, tiny_model_di
     proc = mass("run", str(spec), "--work-dir", str(tmp_path / "work"), "--no-progress")
     assert proc.returncode == 2 and field in proc.stderr, proc.stderr
     proc = mass("status", str(spec), "--json")
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stderr[-3000:]
     shown = json.loads(proc.stdout)
     assert [c.split(" (")[0] for c in shown["spec_changes"]] == [field]
     # the stored run's table: nothing after search reads done, and the same as before the change

@@ -91,7 +91,7 @@ def test_a_step_broken_on_purpose_is_recorded_with_its_error_and_logs(tmp_path, 
     assert doc["progress"]["eta_s"] is None and doc["progress"]["untimed_left"] == 15
 
     table = mass("status", str(spec))
-    assert table.returncode == 0
+    assert table.returncode == 0, table.stderr[-3000:]
     out = table.stdout
     assert "2/19 steps done; ETA unknown (15 of the steps left have not run in this run yet)" in out
     assert "failed: L0 guard: ValueError: corrupt collection summary for task fib (broken on purpose)" in out

@@ -61,7 +61,7 @@ def test_validate_cli_as_a_process_reports_every_error_at_once(tmp_path):
         "tasks: [{id: a, split: train, prompt: hi}]\ncollection: {episodes: '18'}\nstore: {uri: 'gs://x'}\n"
     )
     proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(bad)], capture_output=True, text=True)
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stderr[-3000:]
     for fragment in ("$.name:", "$.model.sampling.temperature: expected a number <= 2, found 3",
                      "$.model.sampling.top_kk: unknown key", "$.collection.episodes: expected integer",
                      "$.store.uri: expected a string matching",

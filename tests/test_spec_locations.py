@@ -32,7 +32,7 @@ def test_mistyped_model_dir_is_an_error_naming_field_and_path(tmp_path):
     (tmp_path / "build" / "tiny-warm").mkdir(parents=True)
     spec = write(tmp_path, base="build/tiny-wram")
     proc = validate(spec, cwd=tmp_path)
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.splitlines() == [
         f"{spec}: invalid run spec, 1 error(s):",
         f"  $.model.base: expected a model directory, found none at '{tmp_path / 'build/tiny-wram'}' "
@@ -48,7 +48,7 @@ def test_dot_paths_tokenizer_and_local_judges_are_checked(tmp_path):
                       {"name": "there", "endpoint": "http://127.0.0.1:1/v1", "model": "/not/checked"}]}
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
     proc = validate(tmp_path / "spec.yaml", cwd=tmp_path)
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stderr[-3000:]
     expected = "expected a model directory, an s3:// URI or a hub id 'org/name', found nothing at"
     assert proc.stderr.splitlines()[1:] == [
         f"  $.judges[0].model: {expected} '/nowhere/judge'",
@@ -74,7 +74,8 @@ def test_relative_paths_resolve_against_the_spec_folder_from_any_directory(tmp_p
     spec = write(folder, base="models/m")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    assert validate(spec, cwd=elsewhere).returncode == 0
+    ran = validate(spec, cwd=elsewhere)
+    assert ran.returncode == 0, ran.stderr[-3000:]
     loaded = load_spec(spec)
     assert loaded.model.base == str(folder / "models" / "m")
     assert loaded.store.uri == f"file://{folder / 'runs'}"
@@ -96,7 +97,7 @@ def test_errors_of_every_stage_come_in_one_list(tmp_path):
            "sft": {"window": 128, "context": 256}, "store": {"uri": "file://runs"}}
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
     proc = validate(tmp_path / "spec.yaml", cwd=tmp_path)
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stderr[-3000:]
     assert [line.split(":")[0].strip() for line in proc.stderr.splitlines()[1:]] == [
         "$.colour", "$.generations", "$.model.base", "$.sft.context"]
     assert "  $.sft.context: expected < window (128), found 256" in proc.stderr.splitlines()
@@ -119,7 +120,7 @@ def test_a_path_taken_for_a_hub_id_fails_naming_the_location(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "serve", "--model", "build/tiny-wram"], cwd=tmp_path,
                           capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stderr[-3000:]
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"mass serve --model: model location 'build/tiny-wram': no such directory "
                            f"({tmp_path / 'build/tiny-wram'}), so it was taken for a hub id, and fetching it from "
