@@ -10,6 +10,7 @@ import pytest
 from mass_jobs.tools import gpu_check
 
 
+@pytest.mark.slow(cost=20)  # builds the paper-layout model and runs torchrun: the slow tier
 @pytest.mark.skipif(gpu_check.cuda(), reason="asserts the CPU machine's skips; a GPU machine runs them")
 def test_without_a_gpu_it_runs_what_it_can_and_says_what_it_skipped(tmp_path, capsys):
     assert gpu_check.main(["--out", str(tmp_path)]) == 0
