@@ -27,6 +27,7 @@ from pathlib import Path
 
 from mass_jobs.serving.backends import REASONING_PARSER, TOOL_CALL_PARSER, VllmServer, engine_args, vllm_launcher
 from mass_jobs.serving.serve import ModelServer
+from mass_jobs.tools.bench_serve import grouped_bars
 
 # What vLLM documents for automatic prefix caching (docs.vllm.ai, "Automatic Prefix Caching"): a new
 # request that shares a prefix with an earlier one reuses its KV blocks and skips their prefill; it
@@ -137,12 +138,8 @@ def write(out: Path, results: list[dict], meta: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    width = 0.8 / len(results)
-    kinds = [r["kind"] for r in results[0]["requests"]]
-    for k, b in enumerate(results):
-        ax.bar([i + k * width for i in range(len(kinds))], [r["wall_s"] for r in b["requests"]], width,
-               label=b["backend"])
-    ax.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(kinds))], kinds)
+    grouped_bars(ax, [r["kind"] for r in results[0]["requests"]],
+                 {b["backend"]: [r["wall_s"] for r in b["requests"]] for b in results})
     ax.set_ylabel("request wall s")
     ax.set_yscale("log")
     ax.legend(fontsize=7)

@@ -111,6 +111,14 @@ def run_backend(label: str, model_dir, tmp: Path, args, dtype: str) -> dict:
     return {"backend": label, "chat": chat, "collect": collect}
 
 
+def grouped_bars(ax, groups: list[str], series: dict[str, list[float]]) -> None:
+    """One bar per series side by side in each group, the group's label under the middle."""
+    width = 0.8 / len(series)
+    for k, (label, values) in enumerate(series.items()):
+        ax.bar([i + k * width for i in range(len(groups))], values, width, label=label)
+    ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(groups))], groups)
+
+
 def write(out: Path, results: list[dict], meta: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve.json").write_text(json.dumps({"meta": meta, "backends": results}, indent=2))
@@ -146,12 +154,8 @@ def write(out: Path, results: list[dict], meta: dict) -> None:
     ax.set_xlabel("chat requests in flight")
     ax.set_ylabel("generated tokens/s")
     ax.legend(fontsize=7)
-    width = 0.8 / len(results)
-    for k, b in enumerate(results):
-        xs = [i + k * width for i in range(len(COLLECT_LEVELS))]
-        bx.bar(xs, [r["wall_s"] for r in b["collect"]], width, label=b["backend"])
-    bx.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(COLLECT_LEVELS))],
-                  [f"concurrency {c}" for c in COLLECT_LEVELS])
+    grouped_bars(bx, [f"concurrency {c}" for c in COLLECT_LEVELS],
+                 {b["backend"]: [r["wall_s"] for r in b["collect"]] for b in results})
     bx.set_ylabel("collection step wall s")
     fig.tight_layout()
     fig.savefig(out / "serve.png", dpi=110)
