@@ -19,8 +19,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mass_jobs.k8s import codegen
-
 
 def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="directory of the Argo YAML (argo/)")
@@ -36,6 +34,8 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    # here, not at the top: `mass render sft` builds this parser too, in every render step's process
+    from mass_jobs.k8s import codegen
 
     settings, suffix = None, ""
     if args.values:
