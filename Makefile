@@ -89,7 +89,8 @@ test-fast: setup vllm-env
 test-unit: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 -m "unit and not slow" --budget=$(UNIT_BUDGET) --budget-slack=$(SLACK)
 
-# The warm tiny model (3 minutes) and the hybrid one, where the fixtures look for them.
+# The warm tiny model where the fixtures look for it: the committed models/tiny-warm while its key matches
+# (otherwise rebuilt there, 5 minutes on 2 cores).
 test-models: setup
 	$(PY) -m tests.prebuild
 

@@ -1,6 +1,6 @@
 """The demo reproduces MASS's mechanism at tiny scale (examples/tiny.yaml, what `make demo` runs).
 
-The warm tiny model (build/tiny-warm, cached across runs) works alone on a bare prompt and delegates
+The warm tiny model (models/tiny-warm, shipped with the repository) works alone on a bare prompt and delegates
 when a workflow in its prompt tells it to. Two generations of search -> teacher collection (workflow
 + directive in the prompt, so the teacher delegates) -> SFT on the bare task must make delegation
 the model's own: the report's bare-prompt delegation D at L2 exceeds D at L0. The grader's task

@@ -46,8 +46,8 @@ def test_invalid_spec_exits_2_with_exactly_its_messages(path, capsys):
 def test_examples_validate(path, capsys, tmp_path):
     # a copy next to the model dirs they name (../build/..., relative to the spec), which `make demo` builds
     shutil.copytree(path.parent, tmp_path / "examples")
-    for name in ("tiny-warm", "smollm2"):  # make demo's, and mass model smollm2's
-        (tmp_path / "build" / name).mkdir(parents=True)
+    for name in ("models/tiny-warm", "build/smollm2"):  # the shipped warm model, and mass model smollm2's
+        (tmp_path / name).mkdir(parents=True)
     for name in ("tiny-paper", "tiny-paper-fp8"):  # paper-mini's (mass model tiny --paper-layout --fp8-reference)
         (tmp_path / "build" / name).mkdir(parents=True)
     assert cli_main(["validate", str(tmp_path / "examples" / path.name)]) == 0
@@ -159,8 +159,8 @@ def test_validate_writes_argo_outputs(tmp_path, s3_env):
 
 def test_validate_outputs_refuse_a_local_store(tmp_path, capsys):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    for name in ("tiny-warm", "smollm2"):  # make demo's, and mass model smollm2's
-        (tmp_path / "build" / name).mkdir(parents=True)
+    for name in ("models/tiny-warm", "build/smollm2"):  # the shipped warm model, and mass model smollm2's
+        (tmp_path / name).mkdir(parents=True)
     out = tmp_path / "out"
     out.mkdir()
     assert cli_main(["validate", str(tmp_path / "examples/tiny.yaml"), "--outputs", str(out)]) == 2

@@ -81,11 +81,11 @@ def test_relative_paths_resolve_against_the_spec_folder_from_any_directory(tmp_p
     assert loaded.store.uri == f"file://{folder / 'runs'}"
 
 
-def test_the_examples_point_at_the_repository_build_dir():
+def test_the_examples_point_at_the_repository_model_dirs():
     doc = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
     resolved = absolute_paths(doc, ROOT / "examples")
-    assert resolved["model"]["base"] == str(ROOT / "build" / "tiny-warm")
-    assert resolved["judges"][0]["model"] == str(ROOT / "build" / "tiny-warm")
+    assert resolved["model"]["base"] == str(ROOT / "models" / "tiny-warm")
+    assert resolved["judges"][0]["model"] == str(ROOT / "models" / "tiny-warm")
     spec = validate_document({**doc, "model": {"base": "Qwen/Qwen3-0.6B"}, "judges": []})
     assert store_in_folder(spec, ROOT / "examples").store.uri == f"file://{ROOT / 'runs'}"
 

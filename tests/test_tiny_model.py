@@ -440,6 +440,25 @@ def test_the_warm_build_recorded_its_own_check_and_the_machine(warm_tiny_model_d
     assert stamp["machine"]["cpu_capability"] and stamp["machine"]["torch"]
 
 
+@pytest.mark.slow(cost=20)  # two scratch tiny models and their warm corpora
+def test_the_shipped_warm_model_was_built_from_what_the_current_code_trains_on(warm_tiny_model_dir, monkeypatch):
+    """models/tiny-warm is committed, so CI does not spend 5 minutes rebuilding it: its key must be the
+    current recipe's, and the digest it recorded must be that of the initial weights and the encoded
+    corpus the current code would train on (any prompt, tool, template or tokenizer change moves it)."""
+    import json
+
+    from mass_jobs.tiny import warm
+
+    stamp = json.loads((warm_tiny_model_dir / "warm-key.json").read_text())
+    rebuild = ("the warm model's recipe or inputs changed: bump BUILDER_VERSION in mass_jobs/tiny/warm.py, "
+               "run `make test-models` (rebuilds models/tiny-warm, about 5 minutes) and commit models/tiny-warm")
+    assert stamp["key"] == warm.warm_key(0), rebuild
+    assert stamp["inputs_sha256"] == warm.current_inputs_digest(0), rebuild
+    # the digest sees a change of one system prompt
+    monkeypatch.setattr(warm, "WORKER_SYSTEM", warm.WORKER_SYSTEM + " ")
+    assert warm.current_inputs_digest(0) != stamp["inputs_sha256"]
+
+
 @pytest.mark.slow  # builds warm models (short warm-ups, then the behaviour check)
 def test_a_warm_build_that_misses_a_behaviour_fails_and_writes_nothing(tmp_path, monkeypatch):
     """Three warm-up steps cannot teach the reply shapes: the build's own check refuses the model."""

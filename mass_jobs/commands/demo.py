@@ -1,7 +1,8 @@
 """`mass demo SPEC` (what `make demo` runs with examples/tiny.yaml): build the WARM tiny model when
 the spec's `model.base` directory is missing or was built by another version of the builder (the
-build is cached across runs, keyed by seed and builder version: `mass_jobs.tiny.warm.warm_key`),
-run L0 -> L_N, and print where the report is and how long the build and the run took."""
+build is cached in that directory, keyed by seed and builder version: `mass_jobs.tiny.warm.warm_key`;
+the repository ships it built in models/tiny-warm), run L0 -> L_N, and print where the report is
+and how long the build and the run took."""
 
 from __future__ import annotations
 

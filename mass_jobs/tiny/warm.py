@@ -282,10 +282,40 @@ def is_tiny_build(path) -> bool:
     return isinstance(config, dict) and all(config.get(k) == ARCH[k] for k in keys)
 
 
-def write_key(path, seed: int, steps: int, seconds: float, rates=None) -> None:
-    """Record what a warm build was made from, how long it took and, when the build checked its
-    behaviours, the measured rates ([hits, n]) and the machine they were measured on."""
+def inputs_digest(model, tokenizer, seed: int = 0) -> str:
+    """sha256 of everything a warm build trains from: the initial weights (architecture, init, seed)
+    and the encoded corpus (prompts, tools, template, tokenizer). The weights that come out also
+    depend on the machine's float kernels, so a committed model is checked against this, not its bytes."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().contiguous().numpy().tobytes())
+    for ids, labels in encode(tokenizer, warm_corpus(seed)):
+        h.update(json.dumps([ids, labels], separators=(",", ":")).encode())
+    return h.hexdigest()
+
+
+def current_inputs_digest(seed: int = 0) -> str:
+    """`inputs_digest` of what the current code would train from (a scratch tiny model, ~15 s)."""
+    found: list[str] = []
+
+    def digest_only(model, tokenizer, out) -> None:
+        found.append(inputs_digest(model, tokenizer, seed))
+
+    with tempfile.TemporaryDirectory(prefix="mass-warm-inputs-") as tmp:
+        build_tiny_model(Path(tmp) / "model", seed=seed, prepare=digest_only)
+    return found[0]
+
+
+def write_key(path, seed: int, steps: int, seconds: float, rates=None, inputs: str | None = None) -> None:
+    """Record what a warm build was made from (the key, and the digest of its initial weights and
+    corpus), how long it took and, when the build checked its behaviours, the measured rates
+    ([hits, n]) and the machine they were measured on."""
     doc: dict[str, Any] = {"key": warm_key(seed, steps), "build_s": round(seconds, 1)}
+    if inputs is not None:
+        doc["inputs_sha256"] = inputs
     if rates is not None:
         from mass_jobs.tiny.warm_check import machine  # noqa: I001 (one direction: the check never imports this)
 
@@ -307,9 +337,10 @@ def build_warm_model(out_dir, seed: int = 0, steps: int | None = None, on_step=N
 
     def prepare(model, tokenizer, out: Path) -> None:
         started = time.monotonic()
+        inputs = inputs_digest(model, tokenizer, seed)  # before training moves the weights
         warm_up(model, tokenizer, seed=seed, steps=steps, on_step=on_step)
         rates = check_behaviours(model, tokenizer, say=say) if (check if check is not None else steps == WARM_STEPS) else None
-        write_key(out, seed, steps, time.monotonic() - started, rates)
+        write_key(out, seed, steps, time.monotonic() - started, rates, inputs)
 
     return build_tiny_model(out_dir, seed=seed, prepare=prepare)
 
