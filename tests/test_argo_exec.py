@@ -50,6 +50,8 @@ pytestmark = pytest.mark.argo_exec
 REPO = Path(__file__).resolve().parents[1]
 JOBS_IMAGE = "ghcr.io/mass-jobs/jobs:0.1.0"
 S3_SECRET = "mass-s3-credentials"
+# the chart's judge Secret and the key its default values list (judges.secretName / judges.keys)
+JUDGE_SECRET, JUDGE_KEY_ENV, JUDGE_KEY = "mass-judge-keys", "JUDGE_API_KEY", "test-judge-key"
 
 
 # ---------------------------------------------------------------- expressions and substitution
@@ -898,7 +900,8 @@ def ci_spec(s3: dict, model_uri: str, store_prefix: str, judge_url: str, **overr
     doc = yaml.safe_load(CI_SPEC.read_text())
     doc["model"]["base"] = model_uri
     doc["model"]["sampling"]["context_length"] = 32768  # the chart's default vLLM --max-model-len
-    doc["judges"] = [{"name": "scripted-judge", "endpoint": judge_url, "model": "hash-judge", "seeds": [1, 2]}]
+    doc["judges"] = [{"name": "scripted-judge", "endpoint": judge_url, "model": "hash-judge", "seeds": [1, 2],
+                      "api_key_env": JUDGE_KEY_ENV}]
     doc["store"] = {"uri": f"s3://{s3['bucket']}/{store_prefix}", "endpoint_url": s3["endpoint_url"],
                     "region": s3["region"]}
     for path, value in overrides.items():
@@ -928,9 +931,10 @@ def cluster(s3_env, tmp_path, tiny_model_dir):
     judge = HashVerdictJudge().__enter__()
     made = []
 
-    def make(s3_secret_extra: dict | None = None, **kw):
+    def make(s3_secret_extra: dict | None = None, judge_keys: dict | None = None, **kw):
         secrets = {S3_SECRET: {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                               **(s3_secret_extra or {})}}
+                               **(s3_secret_extra or {})},
+                   JUDGE_SECRET: {JUDGE_KEY_ENV: JUDGE_KEY} if judge_keys is None else judge_keys}
         ex = ArgoExecutor(cluster_docs(s3_env), secrets, tmp_path / f"cluster{len(made)}", **kw)
         made.append(ex)
         return ex
@@ -1001,7 +1005,7 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
         # the local run beside the executor's; the model base and the judge model are s3:// on moto:
         # the standard AWS chain points at it, as the pods' env does
         local_doc = ci_spec(s3, cluster["model_uri"], "local-run", judge.base_url)
-        local = LocalRun(local_doc, tmp_path, env={"AWS_ENDPOINT_URL": s3["endpoint_url"]})
+        local = LocalRun(local_doc, tmp_path, env={"AWS_ENDPOINT_URL": s3["endpoint_url"], JUDGE_KEY_ENV: JUDGE_KEY})
         ex = cluster["make"]()
         try:
             wf = ex.submit("mass-run", {"spec": spec_uri, "run": argo_doc["name"]})
@@ -1031,6 +1035,8 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
         asked = Counter(judge.asked)
         odd = {d: judge.senders[d] for d, n in asked.items() if n % 2}
         assert asked and not odd, f"asked by one run more often than by the other: {odd}"
+        # each verdict request carried the judge's key: from the Secret on the cluster, the env locally
+        assert {r["headers"].get("authorization") for r in judge.requests} == {f"Bearer {JUDGE_KEY}"}
 
     run = argo_doc["name"]
     argo_store, local_store = (open_store(StoreSpec(**d["store"])) for d in (argo_doc, local_doc))
@@ -1146,6 +1152,19 @@ def one_generation(cluster, prefix: str, **overrides) -> tuple[dict, str]:
 
 def run_store(doc: dict):
     return open_store(StoreSpec(**doc["store"]))
+
+
+@pytest.mark.slow(cost=15)
+def test_a_judge_key_missing_from_its_secret_stops_the_cycle_at_validate(cluster):
+    """The judge Secret is optional to the pods (a run without keyed judges needs none): validate
+    mounts it as evaluate's finish does and refuses a key it lacks, before any model is served."""
+    doc, spec_uri = one_generation(cluster, "no-key")
+    ex = cluster["make"](judge_keys={"ANOTHER_KEY": "x"})
+    wf = ex.submit("mass-cycle", {"spec": spec_uri, "run": doc["name"], "gen": "0"})
+    assert wf.phase == "Failed" and {n.template for n in wf.failures()} == {"validate"}, wf.summary()
+    log = "".join(n.log.read_text() for n in wf.failures())
+    assert f"$.judges[0].api_key_env: expected {JUDGE_KEY_ENV} in the judge Secret" in log, log[-2000:]
+    assert not [e for e in ex.cluster.events if "InferenceService" in e or "PyTorchJob" in e]
 
 
 @pytest.mark.slow(cost=100)

@@ -235,6 +235,25 @@ def test_the_validate_step_gets_every_chart_value_the_preflight_reads():
         preflight.parse_chart_values(["agent.activeDeadlineSeconds=soon"])
 
 
+def test_the_validate_step_mounts_the_judge_secret_and_refuses_a_key_it_lacks():
+    """The judge Secret is optional to the pods: validate reads it as evaluate's finish does, so a key
+    a judge names but the Secret lacks stops the cycle in its first step, named, not at the first verdict."""
+    cycle = next(d for d in yaml.safe_load_all((ROOT / "argo" / "mass-cycle.yaml").read_text())
+                 if d and d["kind"] == "WorkflowTemplate")
+    mounted = {t["name"]: [e["secretRef"]["name"] for e in t["container"].get("envFrom", [])]
+               for t in cycle["spec"]["templates"] if "container" in t}
+    assert defaults()["judges"]["secretName"] in mounted["validate"]
+    assert mounted["validate"] == mounted["evaluate-finish"]
+    keyed = {"endpoint": "https://j.example.com/v1", "model": "m", "api_key_env": "JUDGE_API_KEY"}
+    spec = small(judges=[{"name": "a", **keyed}, {"name": "b", **keyed, "api_key_env": "OTHER_KEY"},
+                         {"name": "c", "endpoint": "https://c.example.com/v1", "model": "m"}])
+    found = preflight.judge_key_issues(spec, {"JUDGE_API_KEY": "k", "OTHER_KEY": ""})
+    assert [(i.path, i.message) for i in found] == [(
+        "$.judges[1].api_key_env", "expected OTHER_KEY in the judge Secret (chart value judges.secretName; validate "
+        "and evaluate's finish read it from there), found it unset or empty (judge 'b')")]
+    assert preflight.judge_key_issues(spec, {"JUDGE_API_KEY": "k", "OTHER_KEY": "o"}) == []
+
+
 def test_model_size_against_the_pods_ephemeral_storage(capsys):
     """From the model's config (no weights): a 27B bf16 model needs 54 GB where it is downloaded."""
     paper = ROOT / "examples" / "paper.yaml"

@@ -3,12 +3,13 @@
 With `--gen G --outputs DIR` it is the first step of every Argo cycle: it records the spec in the
 run's store (refusing, exit 2, a spec that differs from the one an existing run was made with),
 checks the spec against the cluster it runs on (`--artifact-bucket`, `--max-model-len`: the chart's
-values) and writes the small values the templates fan out over and branch on (docs/architecture.md,
+values; each external judge's key in the judge Secret it mounts) and writes the small values the templates fan out over and branch on (docs/architecture.md,
 "Argo"), so a bad spec stops the workflow before anything is created.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -134,6 +135,7 @@ def main(args) -> int:
         if not spec.store.uri.startswith("s3://"):
             issues.append(SpecIssue("$.store.uri", f"expected an s3:// URI for Argo outputs, found {spec.store.uri!r}"))
         issues += cluster_issues(spec, args.artifact_bucket, args.max_model_len, args.chart_value)
+        issues += preflight.judge_key_issues(spec, os.environ)
         if args.run is not None and args.run != spec.name:
             issues.append(SpecIssue("--run", f"expected the spec's name {spec.name!r} (argo submit -p run=...), "
                                              f"found {args.run!r}"))

@@ -242,7 +242,9 @@ class _Builder:
                                       "--artifact-bucket", self.s.bucket,
                                       # one argument: the chart's value is an unquoted Helm action
                                       f"--max-model-len={self.s.max_model_len}", *chart],
-                         outputs=outputs)
+                         # the judge Secret as evaluate's finish mounts it: a key it lacks fails here,
+                         # in the cycle's first minute, not at the first verdict after training
+                         outputs=outputs, env_from=(self.s.judge_secret,))
 
     def chart_values(self) -> dict[str, str]:
         """Chart values (dotted keys) the validate step hands the preflight (mass_jobs/k8s/preflight.py)."""

@@ -433,6 +433,17 @@ def trainer_webhook_errors(spec) -> list[str]:
 PREREQUISITES = "docs/kubernetes.md#cluster-prerequisites"
 
 
+def judge_key_issues(spec, env) -> list:
+    """In the cycle's validate pod, which mounts the judge Secret as evaluate's finish does: each
+    external judge's api_key_env must be set there. The Secret is optional to the pods (a run without
+    keyed judges needs none), so a key it lacks would otherwise surface at the first verdict, after
+    a generation's training."""
+    return [SpecIssue(f"$.judges[{i}].api_key_env",
+                      f"expected {j.api_key_env} in the judge Secret (chart value judges.secretName; validate and "
+                      f"evaluate's finish read it from there), found it unset or empty (judge {j.name!r})")
+            for i, j in enumerate(spec.judges) if j.endpoint != "local" and j.api_key_env and not env.get(j.api_key_env)]
+
+
 def issues(found: list[Check]) -> list:
     """A SpecIssue per failing check; each names where the cluster's side of it is documented."""
 
