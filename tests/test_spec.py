@@ -127,9 +127,13 @@ def test_schemas_are_closed(name):
             assert obj.get("additionalProperties") is False, obj.get("title")
 
 
-def test_validate_writes_argo_outputs(tmp_path, s3_env):
+def test_validate_writes_argo_outputs(tmp_path, s3_env, monkeypatch):
     """The paper's spec, its store moved to the test S3 server (validate --outputs records the spec there)."""
     import shutil
+
+    # the validate pod holds the judges' keys from the judge Secret (without them it refuses the spec)
+    monkeypatch.setenv("JUDGE_A_API_KEY", "a")
+    monkeypatch.setenv("JUDGE_B_API_KEY", "b")
 
     shutil.copytree(ROOT / "examples" / "tasks", tmp_path / "tasks")
     doc = yaml.safe_load((ROOT / "examples/paper.yaml").read_text())
