@@ -3,8 +3,9 @@
 With `--gen G --outputs DIR` it is the first step of every Argo cycle: it records the spec in the
 run's store (refusing, exit 2, a spec that differs from the one an existing run was made with),
 checks the spec against the cluster it runs on (`--artifact-bucket`, `--max-model-len`: the chart's
-values; each external judge's key in the judge Secret it mounts) and writes the small values the templates fan out over and branch on (docs/architecture.md,
-"Argo"), so a bad spec stops the workflow before anything is created.
+values; each external judge's key in the judge Secret it mounts) and writes the small values the
+templates fan out over and branch on (docs/architecture.md, "Argo"), so a bad spec stops the
+workflow before anything is created.
 """
 
 from __future__ import annotations

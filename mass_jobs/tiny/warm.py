@@ -205,7 +205,7 @@ def encode(tokenizer, corpus) -> list[tuple[list[int], list[int]]]:
 
 
 def warm_up(model, tokenizer, seed: int = 0, steps: int = WARM_STEPS, lr: float = WARM_LR,
-            on_step: Callable[[int, int, float], None] | None = None) -> list[float]:
+            on_step: Callable[[int, int, float], None] | None = None, examples=None) -> list[float]:
     """Fine-tune every weight of `model` in place on the warm corpus; returns the per-step losses.
     `on_step(step, steps, loss)` is called after every step (progress display).
 
@@ -217,7 +217,7 @@ def warm_up(model, tokenizer, seed: int = 0, steps: int = WARM_STEPS, lr: float 
     import torch.nn.functional as F
 
 
-    examples = encode(tokenizer, warm_corpus(seed))
+    examples = encode(tokenizer, warm_corpus(seed)) if examples is None else examples
     schedule = OptimizerSpec(lr=lr, warmup_steps=max(1, steps // 20), min_lr_ratio=0.1)
     order = random.Random(seed + 1)
     losses: list[float] = []
@@ -282,7 +282,7 @@ def is_tiny_build(path) -> bool:
     return isinstance(config, dict) and all(config.get(k) == ARCH[k] for k in keys)
 
 
-def inputs_digest(model, tokenizer, seed: int = 0) -> str:
+def inputs_digest(model, examples) -> str:
     """sha256 of everything a warm build trains from: the initial weights (architecture, init, seed)
     and the encoded corpus (prompts, tools, template, tokenizer). The weights that come out also
     depend on the machine's float kernels, so a committed model is checked against this, not its bytes."""
@@ -292,7 +292,7 @@ def inputs_digest(model, tokenizer, seed: int = 0) -> str:
     for name, tensor in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(tensor.detach().contiguous().numpy().tobytes())
-    for ids, labels in encode(tokenizer, warm_corpus(seed)):
+    for ids, labels in examples:
         h.update(json.dumps([ids, labels], separators=(",", ":")).encode())
     return h.hexdigest()
 
@@ -302,7 +302,7 @@ def current_inputs_digest(seed: int = 0) -> str:
     found: list[str] = []
 
     def digest_only(model, tokenizer, out) -> None:
-        found.append(inputs_digest(model, tokenizer, seed))
+        found.append(inputs_digest(model, encode(tokenizer, warm_corpus(seed))))
 
     with tempfile.TemporaryDirectory(prefix="mass-warm-inputs-") as tmp:
         build_tiny_model(Path(tmp) / "model", seed=seed, prepare=digest_only)
@@ -337,8 +337,9 @@ def build_warm_model(out_dir, seed: int = 0, steps: int | None = None, on_step=N
 
     def prepare(model, tokenizer, out: Path) -> None:
         started = time.monotonic()
-        inputs = inputs_digest(model, tokenizer, seed)  # before training moves the weights
-        warm_up(model, tokenizer, seed=seed, steps=steps, on_step=on_step)
+        examples = encode(tokenizer, warm_corpus(seed))
+        inputs = inputs_digest(model, examples)  # before training moves the weights
+        warm_up(model, tokenizer, seed=seed, steps=steps, on_step=on_step, examples=examples)
         rates = check_behaviours(model, tokenizer, say=say) if (check if check is not None else steps == WARM_STEPS) else None
         write_key(out, seed, steps, time.monotonic() - started, rates, inputs)
 
