@@ -16,6 +16,7 @@ the error back to the model as a tool result.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -26,7 +27,19 @@ from typing import TYPE_CHECKING, Any
 from mass_jobs.config.run_spec import Sampling
 
 if TYPE_CHECKING:
+    import ssl
+
     import httpx
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The process's one TLS context for model traffic, as httpx builds it (certifi, or
+    SSL_CERT_FILE / SSL_CERT_DIR). Loading the CA bundle costs about 40 ms of CPU, and a client
+    is made per model call: a context per client made that the larger part of a call's cost."""
+    import httpx
+
+    return httpx.create_ssl_context()
 
 
 @dataclass(frozen=True)
@@ -191,14 +204,13 @@ class ModelClient:
     ):
         import httpx
 
-
         self.endpoint = endpoint
         self.sampling = sampling or Sampling()
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.headers = dict(headers or {})
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s))
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s), verify=tls_context())
         self._rng = random.Random()
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from mass_jobs.serving.llm import Endpoint
+from mass_jobs.serving.llm import Endpoint, tls_context
 from mass_jobs.serving.proxy_records import (StreamAssembler, agent_from_headers, read_trace, request_record,
                                      response_record, utc_now)
 
@@ -168,7 +168,7 @@ class RecordingProxy:
     async def _serve(self, sock: socket.socket) -> None:
         import httpx
 
-        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s)) as http:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s), verify=tls_context()) as http:
             self._http = http
             await self._server.serve(sockets=[sock])
 

@@ -139,7 +139,9 @@ class Search:
     def _check_k(self, k: int) -> None:
         if not 0 <= k <= self.cfg.iterations:
             raise SearchError(f"--iteration must be in 0..{self.cfg.iterations} (search.iterations), got {k}")
-        if k > 0 and self.done_through() < k - 1:
+        # k - 1 alone: it was started only once k - 2 was done, and checking every earlier
+        # iteration re-hashed all their outputs before each iteration (quadratic in iterations)
+        if k > 0 and not self._step(k - 1).done:
             raise SearchError(f"task {self.task.id}: iteration {k - 1} is not finished; run it first")
 
     def iteration(self, k: int) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 from typing import BinaryIO
 
@@ -12,6 +13,25 @@ from mass_jobs.store.base import MissingKey, Store, check_key, check_prefix, rep
 
 MiB = 1 << 20
 S3_MIN_PART = 5 * MiB  # S3 rejects multipart parts below 5 MiB (except the last one)
+
+# botocore's data files (the S3 service model, endpoints) are loaded once per process and shared:
+# a new session loads them again, 180 ms of CPU per store against 30 ms with the loader shared.
+# Each store still gets a session of its own, so credentials and settings are read from the
+# environment as it is when the store is made. Made under a lock: sessions are not thread-safe.
+_loader: list = []
+_loader_lock = threading.Lock()
+
+
+def _client(**kwargs):
+    import boto3
+    import botocore.session
+
+    with _loader_lock:
+        core = botocore.session.get_session()
+        if not _loader:
+            _loader.append(core.get_component("data_loader"))
+        core.register_component("data_loader", _loader[0])
+        return boto3.session.Session(botocore_session=core).client("s3", **kwargs)
 
 
 class S3Store(Store):
@@ -33,7 +53,6 @@ class S3Store(Store):
         connect_timeout: float = 10,
         read_timeout: float = 60,
     ):
-        import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
@@ -48,9 +67,7 @@ class S3Store(Store):
             # Custom endpoints (MinIO, Ceph, an IP) rarely resolve bucket subdomains.
             s3={"addressing_style": "path" if self.endpoint_url else "auto"},
         )
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint_url, region_name=self.region, config=config
-        )
+        self.client = _client(endpoint_url=self.endpoint_url, region_name=self.region, config=config)
         part = max(multipart_threshold, S3_MIN_PART)
         self.transfer = TransferConfig(multipart_threshold=multipart_threshold, multipart_chunksize=part)
 
