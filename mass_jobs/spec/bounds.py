@@ -4,7 +4,9 @@ error within seconds."""
 
 from __future__ import annotations
 
+import copy
 import math
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,23 @@ from mass_jobs.spec.issues import SpecError, SpecIssue, json_path
 
 def parse_document(text: str, source: str) -> Any:
     """YAML or JSON (YAML is a superset: one parser for both) within the input bounds below."""
+    # A spec's task files are parsed again each time the spec is loaded (a step loads it more than
+    # once); PyYAML's pure-Python parser takes 5 ms for one of the paper's. A small text's document
+    # is kept and handed out as a copy; a refused text is parsed again, to name its source.
+    if len(text) <= _KEPT_TEXT:
+        return copy.deepcopy(_parse_kept(text, source))
+    return _parse(text, source)
+
+
+_KEPT_TEXT = 64 << 10
+
+
+@lru_cache(maxsize=32)
+def _parse_kept(text: str, source: str) -> Any:
+    return _parse(text, source)
+
+
+def _parse(text: str, source: str) -> Any:
     if len(text) > MAX_SPEC_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
         raise SpecError(source, [SpecIssue("$", f"expected a document of at most {MAX_SPEC_BYTES} bytes, "
                                                 f"found {len(text.encode('utf-8', 'surrogatepass'))}")])
