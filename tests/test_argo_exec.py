@@ -206,7 +206,7 @@ def executor_for(s3_env, tmp_path):
         host = s3_env["endpoint_url"].removeprefix("http://")
         cm = {"kind": "ConfigMap", "metadata": {"name": "artifact-repositories", "annotations": {
             "workflows.argoproj.io/default-artifact-repository": "default-v1"}},
-              "data": {"default-v1": yaml.safe_dump({"s3": {
+              "data": {"default-v1": yaml.safe_dump({"archiveLogs": True, "s3": {
                   "bucket": s3_env["bucket"], "endpoint": host, "insecure": True, "region": "us-east-1",
                   "keyFormat": "argo-artifacts/{{workflow.name}}/{{pod.name}}",
                   "accessKeySecret": {"name": S3_SECRET, "key": "AWS_ACCESS_KEY_ID"},
@@ -552,7 +552,7 @@ def test_an_oversized_workflow_is_compressed_then_refused_as_argo_does_unless_of
     templates = [{"name": "main", "steps": [[{"name": "fan", "template": "echo", "withParam": json.dumps(
                      [{"task": f"task-{i}", "rollout": f"gen-0/search/task-{i}/iter-0"} for i in range(12)]),
                      "arguments": {"parameters": [{"name": "r", "value": "{{item.rollout}}"}]}}]]},
-                 {"name": "echo", "inputs": {"parameters": [{"name": "r"}]},
+                 {"name": "echo", "inputs": {"parameters": [{"name": "r"}]}, "retryStrategy": {"limit": "1"},
                   "container": container("echo {{inputs.parameters.r}}"), "volumes": [{"name": "tmp", "emptyDir": {}}]}]
 
     def run(**kw):
@@ -564,6 +564,18 @@ def test_an_oversized_workflow_is_compressed_then_refused_as_argo_does_unless_of
     raw, packed, stored = wf.size()
     assert wf.phase == "Succeeded" and stored == wf.fixed_bytes + raw and packed < raw / 3, wf.summary()
     assert len([n for n in wf.nodes if n.type == "Pod"]) == 12 and [n.type for n in wf.nodes][:2] == ["Steps", "StepGroup"]
+    # the nodes as the controller writes them: each pod's archived log is an artifact of its node
+    # (and of its Retry node, which takes its attempt's outputs); attempts are flagged retried
+    nodes = wf.argo_nodes()
+    pods = [n for n in nodes.values() if n["type"] == "Pod"]
+    retries = [n for n in nodes.values() if n["type"] == "Retry"]
+    assert len(retries) == 12 and all(p["nodeFlag"] == {"retried": True} for p in pods)
+    for p in pods:
+        (log,) = [a for a in p["outputs"]["artifacts"] if a["name"] == "main-logs"]
+        body = wf.repo.client().get_object(Bucket=wf.repo.bucket, Key=log["s3"]["key"])["Body"].read().decode()
+        assert body.startswith("gen-0/search/task-"), body
+    assert sorted(r["outputs"]["artifacts"][0]["s3"]["key"] for r in retries) == \
+        sorted(p["outputs"]["artifacts"][0]["s3"]["key"] for p in pods)
     squeezed, _ = run(max_workflow_size=wf.fixed_bytes + 2 * packed)  # fits once compressed
     assert squeezed.phase == "Succeeded" and squeezed.size()[2] < squeezed.fixed_bytes + raw
     over, _ = run(max_workflow_size=wf.fixed_bytes + packed // 2)
@@ -577,7 +589,9 @@ def test_an_oversized_workflow_is_compressed_then_refused_as_argo_does_unless_of
 def test_template_metrics_are_emitted_when_their_node_is_fulfilled(executor_for):
     """The shapes the generated templates use (mass_jobs.k8s.prometheus): a duration histogram by
     status, a counter labelled by an output parameter, a gauge set from one; a retried template
-    counts once, for its Retry node, in its last attempt's status."""
+    counts once, for its Retry node, in its last attempt's status; the counter and the gauge only for
+    a node that succeeded (a failed ingest stored no episode); each series labelled by its run, so
+    two runs on one controller keep theirs apart."""
     from mass_jobs.k8s import prometheus as PM
     from mass_jobs.k8s.yamlio import dump_docs
 
@@ -599,19 +613,25 @@ def test_template_metrics_are_emitted_when_their_node_is_fulfilled(executor_for)
                                               "arguments": {"parameters": [{"name": k, "value": "{{item.%s}}" % k}
                                                                            for k in ("gen", "rc", "o")]}}]]},
                  ingest]
-    ex = executor_for(wft("metrics", templates))
-    wf = ex.submit("metrics", {})
+    ex = executor_for(wft("metrics", templates, params=("run",)))
+    wf = ex.submit("metrics", {"run": "first"})
     assert wf.phase == "Succeeded", wf.summary()
     reg = ex.metrics
-    outcomes = {lab["outcome"]: s["value"] for lab, s in reg.get("mass_episodes_total", step="collect")}
-    assert outcomes == {"success": 2.0, "turn_limit": 1.0, "failed": 1.0}  # a failed pod's outputs are saved too
+    outcomes = {lab["outcome"]: s["value"] for lab, s in reg.get("mass_episodes_total", step="collect", run="first")}
+    assert outcomes == {"success": 2.0, "turn_limit": 1.0}  # the failed ingest (outcome "failed" written) is not one
     durations = {lab["status"]: s for lab, s in reg.get("mass_step_duration_seconds", step="collect")}
     assert sorted(durations) == ["Failed", "Succeeded"] and durations["Succeeded"]["count"] == 3
     assert durations["Failed"]["count"] == 1  # two attempts, one Retry node: counted once
     assert durations["Succeeded"]["buckets"][float("inf")] == 3 and durations["Succeeded"]["sum"] > 0
     gauges = {lab["generation"]: s["value"] for lab, s in reg.get("mass_supervised_tokens")}
     assert gauges == {"0": 42.0, "1": 42.0}
-    assert reg.errors == []
+    assert reg.errors == []  # the failed node's gauge was not read: no MetricsError
+    # a second run on the same controller: its series are its own, the first run's stay as they were
+    assert ex.submit("metrics", {"run": "second"}).phase == "Succeeded"
+    for run in ("first", "second"):
+        assert {lab["outcome"]: s["value"] for lab, s in reg.get("mass_episodes_total", run=run)} == outcomes
+        assert {lab["generation"]: s["value"] for lab, s in reg.get("mass_supervised_tokens", run=run)} == gauges
+    assert {lab["run"] for name in PM.NAMES[:3] for lab, _ in reg.get(name)} == {"first", "second"}
     # a value that is no number is dropped with an error, as the controller logs and skips it
     reg.emit([{"name": "mass_win_share", "gauge": {"value": "{{outputs.parameters.w}}"}}], {"outputs.parameters.w": "n/a"})
     assert reg.get("mass_win_share") == [] and len(reg.errors) == 1

@@ -523,8 +523,67 @@ def test_the_grafana_dashboard_charts_exactly_the_metrics_the_templates_emit():
     cycle = yaml.safe_load((REPO / "argo" / "mass-cycle.yaml").read_text().split("\n---\n")[0])
     emitted = {m["name"] for t in cycle["spec"]["templates"] for m in (t.get("metrics") or {}).get("prometheus", [])}
     assert queried == emitted == set(prometheus.NAMES), (queried, emitted)
+    # one run at a time (the dashboard's run variable): every series the templates emit has the label
+    assert all('run="$run"' in e for e in exprs), exprs
+    assert [v["name"] for v in dash["templating"]["list"]] == ["datasource", "run"]
+    assert all(any(lab["key"] == "run" for lab in m.get("labels") or [])
+               for t in cycle["spec"]["templates"] for m in (t.get("metrics") or {}).get("prometheus", []))
+    (egress,) = [t for t in cycle["spec"]["templates"] if t["name"] == "egress-proxy"]
+    assert "metrics" not in egress  # a daemon's metrics fire when it is ready, in status Running
     assert not [o for o in _objects(_scenario("default")) if o["metadata"]["name"] == "mass-jobs-dashboard"]
     (cm,) = [o for o in _objects({**_scenario("default"), "metrics": {"dashboard": True}})
              if o["metadata"]["name"] == "mass-jobs-dashboard"]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1" and schemas.all_errors(cm) == []
     assert cm["data"]["mass-jobs.json"] == path.read_text().rstrip("\n")
+
+
+def _placements(objs) -> dict[str, set]:
+    """Each class of pods mass-cycle makes -> the scheduling fields its pods carry (as JSON)."""
+    from mass_jobs.k8s.argo import SCHEDULED_AS
+
+    cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
+    made = [o for o in schemas.embedded_manifests(cycle) if "spec" in o]
+    fields = ("nodeSelector", "tolerations", "affinity", "priorityClassName")
+
+    def of(spec: dict) -> str:
+        return json.dumps({k: spec[k] for k in fields if k in spec}, sort_keys=True)
+
+    out: dict[str, set] = {}
+    for t in cycle["spec"]["templates"]:
+        if "container" in t:
+            out.setdefault(SCHEDULED_AS.get(t["name"], "steps"), set()).add(of(t))
+    for job in (o for o in made if o["kind"] == "PyTorchJob"):
+        for replica in job["spec"]["pytorchReplicaSpecs"].values():
+            out.setdefault("trainer", set()).add(of(replica["template"]["spec"]))
+    for isvc in (o for o in made if o["kind"] == "InferenceService"):
+        out.setdefault("server", set()).add(of(isvc["spec"]["predictor"]))
+    return out
+
+
+def test_each_class_of_pods_gets_its_scheduling_values_and_every_pod_the_pull_secrets():
+    """A tainted GPU pool (gpu-cluster values): the trainer's replicas and the predictor tolerate it
+    and select it; step, agent, egress and merge pods carry nothing and stay off it. Every pod's
+    ServiceAccount has the registry's pull Secret. Defaults: no field anywhere, no pull Secret."""
+    gpu = _scenario("gpu-cluster")
+    objs = _objects(gpu)
+    toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    pool = {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    got = _placements(objs)
+    assert got["trainer"] == {json.dumps({"nodeSelector": pool, "priorityClassName": "gpu-training",
+                                          "tolerations": toleration}, sort_keys=True)}
+    assert got["server"] == {json.dumps({"nodeSelector": pool, "tolerations": toleration}, sort_keys=True)}
+    assert {c: v for c, v in got.items() if c not in ("trainer", "server")} == \
+        {c: {"{}"} for c in ("steps", "agents", "egress", "merge")}
+    sas = [o for o in objs if o["kind"] == "ServiceAccount"]
+    assert len(sas) == 3 and all(o["imagePullSecrets"] == [{"name": "registry-credentials"}] for o in sas)
+    assert all(_errors(o) == [] for o in objs if o["kind"] in ("WorkflowTemplate", "ServiceAccount"))
+    for o in (m for w in objs if w["kind"] == "WorkflowTemplate" for m in schemas.embedded_manifests(w) if "spec" in m):
+        assert schemas.all_errors(o) == [], o["kind"]
+    # one class at a time: agents onto a node pool of their own, by affinity
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["agents"]}]}]}}}
+    agents = _placements(_objects({**gpu, "scheduling": {"agents": {"affinity": affinity}}}))
+    assert agents["agents"] == {json.dumps({"affinity": affinity}, sort_keys=True)} and agents["steps"] == {"{}"}
+    default = _objects(_scenario("default"))
+    assert set().union(*_placements(default).values()) == {"{}"}
+    assert not any("imagePullSecrets" in o for o in default if o["kind"] == "ServiceAccount")

@@ -43,7 +43,7 @@ from mass_jobs.k8s.argo_flow import (
     cycle_step, delete_models_steps, episode_fanout, episode_steps, recursion, rollout_steps,
 )
 from mass_jobs.k8s.argo_vocab import (
-    CRON, CYCLE, EGRESS_IN, EGRESS_TEMPLATE, EPISODE, GEN, ISVC, NAMESPACE, OUTPUTS_DIR, PREV_GEN, RESOURCE_RETRY, ROLLOUTS_PARAM, RUN, RUN_ID,
+    AGENT_TEMPLATE, CRON, CYCLE, EGRESS_IN, EGRESS_TEMPLATE, EPISODE, GEN, ISVC, NAMESPACE, OUTPUTS_DIR, PREV_GEN, RESOURCE_RETRY, ROLLOUTS_PARAM, RUN, RUN_ID,
     SPEC, STEP_RETRY, TASK, TRAIN_RETRY, V, VALIDATE_OUTPUTS, WORK_DIR, container_security, gpu_semaphore,
     input_params, step_args,
 )
@@ -224,6 +224,7 @@ class _Builder:
 
         c = self.step(EGRESS_TEMPLATE, ["egress-serve", SPEC, "--listen", f":{PORT}"], label=K.EGRESS_STEP)
         c.daemon = True
+        c.metrics = None  # a daemon's metrics are emitted once it is ready, in status Running: no duration
         c.env = [*c.env, m.EnvVar(name="POD_IP", value_from=m.EnvVarSource(
             field_ref=m.ObjectFieldSelector(field_path="status.podIP")))]
         c.ports = [m.ContainerPort(name="proxy", container_port=PORT, protocol="TCP")]
@@ -399,6 +400,11 @@ def _workflow_defaults(s: ClusterSettings) -> dict:
     )
 
 
+# Each pod template's scheduling class (values scheduling.<class>); the trainer's and the server's
+# pods are the PyTorchJob's and the InferenceService's (training.py, serving.py).
+SCHEDULED_AS = {AGENT_TEMPLATE: "agents", EGRESS_TEMPLATE: "egress", "merge": "merge"}
+
+
 def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:
     b = _Builder(s, pipeline)
     with WorkflowTemplate(
@@ -428,6 +434,7 @@ def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:
         if "container" in t:
             # hera checks the pull policy against its enum; the chart's value is a Helm placeholder.
             t["container"]["imagePullPolicy"] = s.images.pull_policy
+            t.update(pods.placement(s, SCHEDULED_AS.get(t["name"], "steps")))
             if "readinessProbe" in t["container"]:
                 t["container"]["readinessProbe"]["httpGet"]["port"] = t["container"]["ports"][0]["name"]
         if t["name"] in b.parallelism:

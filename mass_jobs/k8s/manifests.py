@@ -36,8 +36,11 @@ def _meta(name: str, settings: ClusterSettings, component: str, **extra) -> dict
 
 
 def service_accounts(s: ClusterSettings) -> list[dict]:
+    from mass_jobs.k8s.pods import pull_secrets
+
     def sa(name, component, **extra):
-        return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, s, component), **extra}
+        return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, s, component), **extra,
+                **pull_secrets(s)}
 
     return [
         sa(EXECUTOR_SA, "executor"),
@@ -156,6 +159,10 @@ def _listish(v):
     return v if isinstance(v, str) else [dict(x) for x in v]
 
 
+# Where Argo keeps each pod's artifacts and, with archiveLogs, its `main-logs` (<prefix>/main.log).
+ARTIFACT_KEY_FORMAT = "argo-artifacts/{{workflow.name}}/{{pod.name}}"
+
+
 def artifact_repositories(s: ClusterSettings) -> dict:
     """The S3 artifact repository Argo uses for agent inputs/outputs (Argo reads its `data`)."""
     import yaml
@@ -167,7 +174,7 @@ def artifact_repositories(s: ClusterSettings) -> dict:
             "endpoint": s.s3_endpoint,
             "insecure": s.s3_insecure,
             "region": s.s3_region,
-            "keyFormat": "argo-artifacts/{{workflow.name}}/{{pod.name}}",
+            "keyFormat": ARTIFACT_KEY_FORMAT,
             "accessKeySecret": {"name": s.s3_secret, "key": S3_KEYS[0]},
             "secretKeySecret": {"name": s.s3_secret, "key": S3_KEYS[1]},
         },

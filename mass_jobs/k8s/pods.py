@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from mass_jobs.k8s.settings import ClusterSettings, Pod
+from mass_jobs.k8s.settings import ClusterSettings, Pod, helm_block
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E|m)?$")
 _FACTOR = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
@@ -85,3 +85,21 @@ def resources(pod: Pod, settings: ClusterSettings) -> dict:
 def mounts(**paths: str) -> list[dict]:
     """mounts(tmp="/tmp") -> volumeMounts; keyword = volume name."""
     return [{"name": n, "mountPath": p} for n, p in paths.items()]
+
+
+def placement(s: ClusterSettings, cls: str) -> dict:
+    """The scheduling fields of a class of pods (nodeSelector, tolerations, affinity,
+    priorityClassName), only those set; in the chart a block of `scheduling.<cls>`."""
+    if s.chart:
+        return {helm_block(f'include "mass-jobs.placement" .Values.scheduling.{cls}'): ""}
+    p = s.scheduling[cls]
+    fields = {"nodeSelector": dict(p.node_selector), "tolerations": [dict(t) for t in p.tolerations],
+              "affinity": dict(p.affinity), "priorityClassName": p.priority_class}
+    return {k: v for k, v in fields.items() if v}
+
+
+def pull_secrets(s: ClusterSettings) -> dict:
+    """`imagePullSecrets` of a ServiceAccount: the pods using it pull with them (values imagePullSecrets)."""
+    if s.chart:
+        return {helm_block('include "mass-jobs.pullSecrets" .'): ""}
+    return {"imagePullSecrets": [{"name": n} for n in s.image_pull_secrets]} if s.image_pull_secrets else {}

@@ -13,8 +13,15 @@ node's inputs and outputs substituted. What the templates emit:
 - `mass_win_share` (gauge; generation): L_G's win share against its baselines (L_0, L_G-1) by the
   external judges, from evaluate of G.
 
+Every series has a `run` label (the workflow's `run` parameter, the spec's name): one controller
+serves every run in the cluster, and two runs' gauges would otherwise overwrite each other. Counters
+and gauges are emitted only for a node that Succeeded: a failed attempt has no outcome or value
+(an empty value is a MetricsError condition on the workflow), and its retry is counted when it
+succeeds, so each episode counts once. The egress proxy, a daemon, has no duration: Argo emits a
+daemon's metrics when it is ready, in status Running, every cycle.
+
 `charts/mass-jobs/dashboards/mass-jobs.json` charts them (Grafana, installed with
-`metrics.dashboard: true`).
+`metrics.dashboard: true`), a run at a time.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from hera.workflows import models as m
 DURATION_BUCKETS = [10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0]
 NAMES = ("mass_step_duration_seconds", "mass_episodes_total", "mass_supervised_tokens", "mass_win_share")
 GEN_LABEL = m.MetricLabel(key="generation", value="{{inputs.parameters.gen}}")
+RUN_LABEL = m.MetricLabel(key="run", value="{{workflow.parameters.run}}")
+SUCCEEDED = "{{status}} == Succeeded"
 # A step whose output parameter (a file under the step's --outputs DIR) is a generation's gauge.
 GAUGES = {"render": ("supervised-tokens", "mass_supervised_tokens", "Supervised tokens of the rendered SFT windows."),
           "evaluate-finish": ("win-share", "mass_win_share", "Win share of a generation against its baselines, by the external judges.")}
@@ -32,23 +41,24 @@ OUTCOME = "outcome"  # the ingest steps' output parameter
 
 def step_duration(step: str) -> m.Prometheus:
     return m.Prometheus(name="mass_step_duration_seconds", help="Duration of a step, agent pod or resource step.",
-                        labels=[m.MetricLabel(key="step", value=step), m.MetricLabel(key="status", value="{{status}}")],
+                        labels=[RUN_LABEL, m.MetricLabel(key="step", value=step),
+                                m.MetricLabel(key="status", value="{{status}}")],
                         histogram=m.Histogram(buckets=DURATION_BUCKETS, value="{{duration}}"))
 
 
 def episode_outcomes(step: str) -> m.Prometheus:
     return m.Prometheus(name="mass_episodes_total", help="Episodes ingested, by their recorded outcome.",
-                        labels=[m.MetricLabel(key="step", value=step),
+                        labels=[RUN_LABEL, m.MetricLabel(key="step", value=step),
                                 m.MetricLabel(key="outcome", value="{{outputs.parameters.%s}}" % OUTCOME)],
-                        counter=m.Counter(value="1"))
+                        counter=m.Counter(value="1"), when=SUCCEEDED)
 
 
 def generation_gauge(step: str, with_gen: bool = True) -> m.Prometheus | None:
     if step not in GAUGES:
         return None
     param, name, help_text = GAUGES[step]
-    return m.Prometheus(name=name, help=help_text, labels=[GEN_LABEL] if with_gen else None,
-                        gauge=m.Gauge(value="{{outputs.parameters.%s}}" % param, realtime=False))
+    return m.Prometheus(name=name, help=help_text, labels=[RUN_LABEL, *([GEN_LABEL] if with_gen else [])],
+                        gauge=m.Gauge(value="{{outputs.parameters.%s}}" % param, realtime=False), when=SUCCEEDED)
 
 
 def metrics(*entries: m.Prometheus | None) -> m.Metrics:

@@ -68,6 +68,7 @@ def inference_service(s: ClusterSettings, name: str, storage_uri: str, labels: d
                 "maxReplicas": 1,
                 "serviceAccountName": MODEL_SA,
                 "labels": dict(labels),
+                **pods.placement(s, "server"),
                 "securityContext": pods.pod_security_context(),
                 "model": {
                     "modelFormat": {"name": "huggingface"},

@@ -45,6 +45,22 @@ class Pod:
     ephemeral: str = "1Gi"  # ephemeral-storage: emptyDirs, logs and a model downloaded into the pod
 
 
+# Classes of pods that are scheduled alike (values `scheduling.<class>`): the trainer's and the
+# model server's pods need the GPU pool, the others usually must stay off it.
+SCHEDULING_CLASSES = ("steps", "agents", "egress", "merge", "trainer", "server")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one class of pods may run: the pod fields the scheduler reads. GPU pools are usually
+    tainted (AKS, EKS node groups, Karpenter): a pod without the matching toleration never schedules."""
+
+    node_selector: dict = field(default_factory=dict)
+    tolerations: tuple = ()
+    affinity: dict = field(default_factory=dict)
+    priority_class: str = ""
+
+
 @dataclass(frozen=True)
 class ClusterSettings:
     # Object names are fixed (one install per namespace) so `argo submit --from
@@ -106,6 +122,10 @@ class ClusterSettings:
     s3_fqdns: tuple | str = ()
     s3_cilium_ports: tuple | str = ()
     dns_cilium_endpoints: tuple | str = ()
+    # Scheduling per class of pods (SCHEDULING_CLASSES), and the registry's pull Secrets, set on the
+    # chart's ServiceAccounts so that every pod of the release (predictors and trainers included) has them.
+    scheduling: dict = field(default_factory=lambda: {c: Placement() for c in SCHEDULING_CLASSES})
+    image_pull_secrets: tuple = ()
     chart: bool = False  # True only for helm_settings(): builders add the chart's labels block
 
     def __post_init__(self):
@@ -242,6 +262,13 @@ def values_settings(values: dict) -> ClusterSettings:
     net = values.get("network") or {}
     cron = values.get("cron") or {}
     base = ClusterSettings()
+    sched = values.get("scheduling") or {}
+
+    def placement(cls: str) -> Placement:
+        v = sched.get(cls) or {}
+        return Placement(node_selector=dict(v.get("nodeSelector") or {}), tolerations=tuple(v.get("tolerations") or ()),
+                         affinity=dict(v.get("affinity") or {}), priority_class=str(v.get("priorityClassName") or ""))
+
     return replace(
         base,
         namespace=values.get("namespace") or None,
@@ -272,4 +299,6 @@ def values_settings(values: dict) -> ClusterSettings:
         # Cilium's port lists follow the ports above (derived again, not the defaults' own)
         s3_cilium_ports=(), api_server_cilium_ports=(),
         dns_cilium_endpoints=tuple((net.get("dns") or {}).get("ciliumEndpoints") or ()),
+        scheduling={c: placement(c) for c in SCHEDULING_CLASSES},
+        image_pull_secrets=tuple(p["name"] for p in values.get("imagePullSecrets") or ()),
     )

@@ -59,6 +59,7 @@ def pytorch_job(s: ClusterSettings, name: str, argv: list[str], labels: dict[str
                 "spec": {
                     "serviceAccountName": WORKFLOW_SA,
                     "automountServiceAccountToken": False,
+                    **pods.placement(s, "trainer"),
                     "securityContext": pods.pod_security_context(),
                     "containers": [{
                         "name": "pytorch",

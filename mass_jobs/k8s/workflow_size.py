@@ -22,12 +22,14 @@ import base64
 import functools
 import gzip
 import json
+import math
 import re
 from dataclasses import dataclass
 
 from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.episodes import rollouts
 from mass_jobs.k8s import argo
+from mass_jobs.k8s.manifests import ARTIFACT_KEY_FORMAT
 from mass_jobs.k8s.settings import ClusterSettings
 from mass_jobs.pipeline.table import argo_outputs
 from mass_jobs.run.context import RunContext
@@ -54,46 +56,83 @@ def node_id(workflow: str, name: str) -> str:
 
 def node_status(workflow: str, name: str, kind: str, template: str, *, display: str = "", phase: str = "Succeeded",
                 inputs: dict | None = None, outputs: dict | None = None, artifacts: list | None = None,
-                boundary: str = "", children: list[str] = (), message: str = "") -> dict:
-    """One entry of `status.nodes` as the controller writes it (NodeStatus, the fields it sets for a
-    finished node of this kind)."""
+                boundary: str = "", children: list[str] = (), message: str = "", retried: bool = False,
+                exit_code: str | None = None) -> dict:
+    """One entry of `status.nodes` as the controller writes it: the fields it sets for a finished node
+    of this kind, in NodeStatus's field order (Go marshals a struct's fields in declaration order).
+    A Pod node, and a Retry node (which takes its last attempt's outputs), carries `outputs`;
+    an attempt under a Retry node is flagged `retried`."""
     nid = node_id(workflow, name)
     # times as distinct as a real run's (they compress as poorly): spread over a week by the id's hash
     h = int(nid.rsplit("-", 1)[1])
     started, took = START + h % 604_800, 5 + h % 3_600
     node = {"id": nid, "name": name, "displayName": display or name.rsplit(".", 1)[-1],
-            "type": kind, "templateName": template, "templateScope": "local/", "phase": phase,
-            "startedAt": _time(started), "finishedAt": _time(started + took), "progress": "1/1"}
+            "type": kind, "templateName": template, "templateScope": "local/", "phase": phase}
     if boundary:
         node["boundaryID"] = boundary
     if message:
         node["message"] = message
+    node |= {"startedAt": _time(started), "finishedAt": _time(started + took), "progress": "1/1"}
+    if kind == "Pod":
+        node["resourcesDuration"] = {"cpu": took, "memory": 4 * took}
+    if retried:
+        node["nodeFlag"] = {"retried": True}
     if inputs:
         node["inputs"] = {"parameters": [{"name": k, "value": str(v)} for k, v in inputs.items()]}
-    if kind == "Pod":
-        node["hostNodeName"] = HOST
-        node["resourcesDuration"] = {"cpu": took, "memory": 4 * took}
-        out = {"exitCode": "0"}
+    if kind in ("Pod", "Retry") and (outputs or artifacts or exit_code is not None or kind == "Pod"):
+        out = {}  # Outputs' field order: parameters, artifacts, result, exitCode
         if outputs:
             out["parameters"] = [{"name": k, "value": str(v)} for k, v in outputs.items()]
         if artifacts:
-            out["artifacts"] = artifacts
+            out["artifacts"] = list(artifacts)
+        out["exitCode"] = "0" if exit_code is None else exit_code
         node["outputs"] = out
     if children:
         node["children"] = list(children)
+    if kind == "Pod":
+        node["hostNodeName"] = HOST
     return node
 
 
+def pod_name(workflow: str, template: str, node_name: str) -> str:
+    """The pod's name (POD_NAMES=v2, the controller's default): workflow-template-hash of the node's name."""
+    return f"{workflow}-{template}-{node_id(workflow, node_name).rsplit('-', 1)[1]}"
+
+
+def log_artifact(key_format: str, workflow: str, pod: str) -> dict:
+    """The `main-logs` artifact the executor saves for each pod when the repository archives logs."""
+    prefix = key_format.replace("{{workflow.name}}", workflow).replace("{{pod.name}}", pod)
+    return {"name": "main-logs", "s3": {"key": f"{prefix}/main.log"}}
+
+
+def nodes_json(nodes: dict) -> bytes:
+    """`json.Marshal(status.nodes)` as Go writes it: the map's keys (node ids) sorted, each struct's
+    fields in their order, `<`, `>` and `&` escaped, UTF-8 as is."""
+    return _go_json({k: nodes[k] for k in sorted(nodes)})
+
+
+# The controller's gzip is Go's (compress/flate, or klauspost's pgzip) at the default level, not
+# zlib's: the two differ by a few percent on the same bytes, so the estimate adds this much.
+DEFLATE_MARGIN = 1.05
+
+
 def compressed_size(nodes: dict) -> int:
-    """Bytes of `status.compressedNodes` for these nodes (gzip of their JSON, base64). Children lists
-    (node ids: hashes, which hardly compress) are counted at their full size: the bound errs high."""
+    """Bytes of `status.compressedNodes` for these nodes (the controller's CompressEncodeString: gzip
+    of their JSON, then base64), with DEFLATE_MARGIN for the compressor's implementation. Children
+    lists (node ids: hashes, which hardly compress) are counted at their full size: the bound errs high."""
     bare = {i: {k: v for k, v in n.items() if k != "children"} for i, n in nodes.items()}
     ids = sum(json_size(n["children"]) + len('"children":,') for n in nodes.values() if "children" in n)
-    return len(base64.b64encode(gzip.compress(json.dumps(bare, separators=(",", ":")).encode()))) + ids
+    return math.ceil(len(base64.b64encode(gzip.compress(nodes_json(bare), compresslevel=6))) * DEFLATE_MARGIN) + ids
 
 
 def json_size(obj) -> int:
-    return len(json.dumps(obj, separators=(",", ":")))
+    """Bytes of `obj` as Go's json.Marshal writes it (the object's own key order)."""
+    return len(_go_json(obj))
+
+
+def _go_json(obj) -> bytes:
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
 
 
 _REF = re.compile(r"\{\{\s*(=?[^}]+?)\s*\}\}")
@@ -135,20 +174,24 @@ class _Walk:
         if tmpl_name == "chain":
             self.gen = int(inputs["gen"])
         if "retryStrategy" in tmpl:
-            child, outputs = self.once(wft, tmpl, inputs, f"{name}(0)", boundary)
-            return self.add(name, "Retry", tmpl_name, boundary, display=display, inputs=inputs,
-                            children=[child]), outputs
+            child, outputs = self.once(wft, tmpl, inputs, f"{name}(0)", boundary, retried=True)
+            done = self.nodes[child].get("outputs") or {}  # the Retry node takes its last attempt's outputs
+            return self.add(name, "Retry", tmpl_name, boundary, display=display, inputs=inputs, children=[child],
+                            outputs=outputs, artifacts=done.get("artifacts"), exit_code=done.get("exitCode")), outputs
         return self.once(wft, tmpl, inputs, name, boundary, display)
 
-    def once(self, wft: str, tmpl: dict, inputs: dict, name: str, boundary: str, display: str = "") -> tuple[str, dict]:
+    def once(self, wft: str, tmpl: dict, inputs: dict, name: str, boundary: str, display: str = "",
+             retried: bool = False) -> tuple[str, dict]:
         if "steps" in tmpl:
             return self.steps(wft, tmpl, inputs, name, boundary, display)
         scope = {f"inputs.parameters.{k}": v for k, v in inputs.items()}
         outputs = self.outputs(tmpl["name"], inputs) if "container" in tmpl else {}
         artifacts = [{"name": a["name"], "path": a["path"], "s3": {"key": _sub(a["s3"]["key"], scope)}}
                      for a in (tmpl.get("outputs") or {}).get("artifacts", []) if "s3" in a]
+        if "container" in tmpl:  # the artifact repository archives every container's log
+            artifacts.append(log_artifact(ARTIFACT_KEY_FORMAT, self.workflow, pod_name(self.workflow, tmpl["name"], name)))
         return self.add(name, "Pod", tmpl["name"], boundary, display=display, inputs=inputs, outputs=outputs,
-                        artifacts=artifacts), outputs
+                        artifacts=artifacts, retried=retried), outputs
 
     def steps(self, wft: str, tmpl: dict, inputs: dict, name: str, boundary: str, display: str) -> tuple[str, dict]:
         me = node_id(self.workflow, name)
@@ -300,12 +343,12 @@ def _estimate(spec_json: str, workflow: str) -> tuple[dict, ...]:
     per_gen: dict[int, dict] = {}
     for nid, node in walk.nodes.items():
         per_gen.setdefault(walk.generation[nid], {})[nid] = node
-    # sizes add up generation by generation (a gzip stream of the whole is a few percent smaller
-    # than the sum of its parts: the estimate errs on the safe side)
-    out, nodes, raw, packed = [], 0, 0, 0
+    # the controller marshals and compresses the whole node map at each update: after generation g,
+    # every node of generations 0..g, in id order (so one generation's nodes interleave with the others')
+    out, so_far = [], {}
     for g in range(spec.generations):
-        mine = per_gen.get(g, {})
-        nodes, raw, packed = nodes + len(mine), raw + json_size(mine), packed + compressed_size(mine)
-        out.append(dict(generation=g, nodes=nodes, nodes_bytes=raw, compressed_bytes=packed, fixed_bytes=fixed,
+        so_far |= per_gen.get(g, {})
+        raw, packed = len(nodes_json(so_far)), compressed_size(so_far)
+        out.append(dict(generation=g, nodes=len(so_far), nodes_bytes=raw, compressed_bytes=packed, fixed_bytes=fixed,
                         stored_bytes=stored_bytes(fixed, raw, packed)))
     return tuple(out)

@@ -39,12 +39,15 @@ def header(title: str, lines: list[str], command: str) -> str:
 # the Go-template literal `{{ "{{" }}` before the Helm placeholders are turned into actions.
 _SCALAR = re.compile(r"""(['"]?)@helm\((.+?)\)@\1""")
 _YAML_VALUE = re.compile(r"""^(?P<indent>\s*)(?P<lead>(?:- )?[^\s:'"]+:) ['"]?@helm-yaml\((?P<expr>.+?)\)@['"]?$""", re.M)
-_BLOCK_KEY = re.compile(r"""^(?P<indent>\s*)['"]?@helm-block\((?P<expr>.+?)\)@['"]?: ['"]{2}$""", re.M)
+_BLOCK_KEY = re.compile(r"""^(?P<indent>\s*)(?P<dash>- )?['"]?@helm-block\((?P<expr>.+?)\)@['"]?: ['"]{2}$""", re.M)
 
 
 def helmify(text: str) -> str:
     text = text.replace("{{", '{{ "{{" }}')
-    text = _BLOCK_KEY.sub(lambda m: f"{m['indent']}{{{{- {m['expr']} | nindent {len(m['indent'])} }}}}", text)
+    # a block that is a list item's first key (its name sorts first): the item's other keys follow
+    # two columns in, and so does the block (`-` alone on its line opens the item's mapping)
+    text = _BLOCK_KEY.sub(lambda m: f"{m['indent']}{m['dash'] or ''}{{{{- {m['expr']} | nindent "
+                                    f"{len(m['indent']) + (2 if m['dash'] else 0)} }}}}", text)
     text = _YAML_VALUE.sub(
         lambda m: f"{m['indent']}{m['lead']} {{{{- toYaml {m['expr']} | nindent {_child_indent(m)} }}}}", text)
     text = _SCALAR.sub(lambda m: "{{ " + m[2] + " }}", text)

@@ -55,3 +55,30 @@ kueue.x-k8s.io/queue-name: {{ .Values.kueue.queueName | quote }}
 {{- define "mass-jobs.queueWait" -}}
 {{- if .Values.kueue.queueName }}{{ .Values.kueue.maxQueueSeconds }}{{ else }}0{{ end }}
 {{- end }}
+
+{{/* A class of pods' scheduling fields (values scheduling.<class>): only those set. */}}
+{{- define "mass-jobs.placement" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The registry's pull Secrets on a ServiceAccount (values imagePullSecrets); nothing when none. */}}
+{{- define "mass-jobs.pullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
