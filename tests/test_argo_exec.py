@@ -518,6 +518,57 @@ def test_a_trainer_job_queued_in_kueue_waits_without_failing_and_fails_promptly_
     assert bad.finished - bad.started < queued_for + 60  # not the step's 608 s deadline
 
 
+def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_and_not_without(executor_for, s3_env):
+    """The chart's scheduling values on a cluster whose GPUs are on a tainted pool: without them the
+    trainer's replica and the predictor stay Pending with the scheduler's message (the job has no
+    Running condition, fails at its deadline; the predictor never loads); with the gpu-cluster
+    values both are bound to the GPU node and run."""
+    from dataclasses import replace as with_
+
+    from mass_jobs.k8s import labels, preflight, serving, training
+    from mass_jobs.k8s.settings import ClusterSettings, values_settings
+    from tests.fixtures.argo_exec.scheduler import Node
+    from tests.fixtures.k8s import ci_values_files
+
+    taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    nodes = [Node("cpu-1", {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti"}),
+             Node("gpu-1", {"cpu": "192", "memory": "2Ti", "ephemeral-storage": "4Ti", "nvidia.com/gpu": "8"},
+                  labels={"node.kubernetes.io/instance-type": "p5.48xlarge"}, taints=[taint])]
+    (gpu_values,) = [str(p) for p in ci_values_files() if p.name == "gpu-cluster-values.yaml"]
+    tuned = with_(values_settings(preflight.load_values([gpu_values])), train_deadline_s="4")
+    plain = with_(ClusterSettings(), train_deadline_s="4")
+    ex = executor_for(nodes=nodes)
+    pending = "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated taint {nvidia.com/gpu: present}."
+
+    def job(s, name):
+        obj = training.pytorch_job(s, name, ["--help"], {}, workers=None, nproc="1", gpus="1")
+        ex.cluster.apply(obj, "create", None, [])
+        for _ in range(300):
+            status = ex.cluster.get("PyTorchJob", name).get("status") or {}
+            if any(c["type"] in ("Succeeded", "Failed") for c in status.get("conditions", [])):
+                return [c["type"] for c in status["conditions"]], status["conditions"][-1]
+            time.sleep(0.1)
+        raise AssertionError(f"{name} did not end")
+
+    types, last = job(plain, "untolerated")
+    assert types == ["Created", "Failed"] and last["reason"] == "DeadlineExceeded", types  # never Running
+    assert ex.cluster.scheduler.pending == {} and "untolerated-master-0" not in ex.cluster.scheduler.bound
+    types, _ = job(tuned, "tolerated")
+    assert types == ["Created", "Running", "Succeeded"], types
+    # the predictor: the empty prefix makes KServe's load fail, which shows its pod was bound and ran
+    uri = f"s3://{s3_env['bucket']}/nothing-here"
+    ex.cluster.apply(serving.inference_service(plain, "plain", uri, labels.queue_labels(plain)), "apply", None, [])
+    ex.cluster.apply(serving.inference_service(tuned, "tuned", uri, labels.queue_labels(tuned)), "apply", None, [])
+    for _ in range(300):
+        if ex.cluster.get("InferenceService", "tuned")["status"]["modelStatus"]["transitionStatus"] == "BlockedByFailedLoad":
+            break
+        time.sleep(0.1)
+    assert ex.cluster.scheduler.bound["tuned-predictor-0"][0] == "gpu-1"
+    assert ex.cluster.scheduler.pending == {"plain-predictor-0": pending}
+    assert ex.cluster.get("InferenceService", "plain")["status"]["modelStatus"]["states"]["targetModelState"] == "Loading"
+    ex.cluster.delete("InferenceService", "plain")
+
+
 def test_a_queued_predictor_loads_only_once_kueue_admits_it(executor_for, s3_env):
     """The InferenceService the cycle renders with a queue: its pods wait behind Kueue's gate (no
     download, no failure) until the queue has its GPU; then KServe loads it (here: an empty prefix,
