@@ -191,6 +191,11 @@ def container(script: str, mounts=("tmp",), ro=True, **extra) -> dict:
             "volumeMounts": [{"name": m, "mountPath": f"/{m}"} for m in mounts], **extra}
 
 
+# What a ClusterQueue covers besides GPUs: every pod here requests these (Kueue admits nothing through
+# a queue that lacks one)
+NODE_POOL = {"cpu": "256", "memory": "4Ti", "ephemeral-storage": "10Ti"}
+
+
 def wft(name: str, templates: list[dict], entrypoint="main", params=(), **spec) -> dict:
     return {"apiVersion": "argoproj.io/v1alpha1", "kind": "WorkflowTemplate", "metadata": {"name": name},
             "spec": {"entrypoint": entrypoint, "templates": templates,
@@ -499,7 +504,7 @@ def test_a_trainer_job_queued_in_kueue_waits_without_failing_and_fails_promptly_
         time.sleep(queued_for)
         assert [ex.cluster.get("PyTorchJob", n)["status"]["conditions"][-1]["type"] for n in ("ok", "bad")] == \
             ["Suspended", "Suspended"]
-        ex.cluster.kueue.set_quota("gpu-team", {"nvidia.com/gpu": 1})
+        ex.cluster.kueue.set_quota("gpu-team", {**NODE_POOL, "nvidia.com/gpu": 1})
 
     helper = threading.Thread(target=admin, daemon=True)
     helper.start()
@@ -535,15 +540,15 @@ def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_
              Node("gpu-1", {"cpu": "192", "memory": "2Ti", "ephemeral-storage": "4Ti", "nvidia.com/gpu": "8"},
                   labels={"node.kubernetes.io/instance-type": "p5.48xlarge"}, taints=[taint])]
     (gpu_values,) = [str(p) for p in ci_values_files() if p.name == "gpu-cluster-values.yaml"]
-    tuned = with_(values_settings(preflight.load_values([gpu_values])), train_deadline_s="4")
-    plain = with_(ClusterSettings(), train_deadline_s="4")
+    tuned = values_settings(preflight.load_values([gpu_values]))  # its job runs to the end: a day's deadline
+    plain = with_(ClusterSettings(), train_deadline_s="4")  # Pending until its deadline fails it
     ex = executor_for(nodes=nodes)
     pending = "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated taint {nvidia.com/gpu: present}."
 
     def job(s, name):
         obj = training.pytorch_job(s, name, ["--help"], {}, workers=None, nproc="1", gpus="1")
         ex.cluster.apply(obj, "create", None, [])
-        for _ in range(300):
+        for _ in range(1200):
             status = ex.cluster.get("PyTorchJob", name).get("status") or {}
             if any(c["type"] in ("Succeeded", "Failed") for c in status.get("conditions", [])):
                 return [c["type"] for c in status["conditions"]], status["conditions"][-1]
@@ -571,8 +576,9 @@ def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_
 
 def test_a_queued_predictor_loads_only_once_kueue_admits_it(executor_for, s3_env):
     """The InferenceService the cycle renders with a queue: its pods wait behind Kueue's gate (no
-    download, no failure) until the queue has its GPU; then KServe loads it (here: an empty prefix,
-    so BlockedByFailedLoad, which shows the storage initializer ran)."""
+    download, no failure) until the queue covers every resource it requests and has its GPU; then
+    KServe loads it (here: an empty prefix, so BlockedByFailedLoad, which shows the storage
+    initializer ran)."""
     from mass_jobs.k8s import labels, serving
     from mass_jobs.k8s.settings import ClusterSettings
 
@@ -585,7 +591,14 @@ def test_a_queued_predictor_loads_only_once_kueue_admits_it(executor_for, s3_env
         assert ex.cluster.get("InferenceService", "m")["status"]["modelStatus"]["states"]["targetModelState"] == "Loading"
         time.sleep(0.1)
     assert ex.cluster.kueue.pending() == [("InferenceService", "m")]
-    ex.cluster.kueue.set_quota("gpu-team", {"nvidia.com/gpu": 1})
+    # a queue of CPU, memory and GPUs, as a cluster's first ClusterQueue often is: the predictor asks
+    # for ephemeral-storage too, which the queue does not list, so Kueue never admits it
+    ex.cluster.kueue.set_quota("gpu-team", {"cpu": "256", "memory": "4Ti", "nvidia.com/gpu": 8})
+    time.sleep(1)
+    (workload,) = ex.cluster.kueue.workloads
+    assert ex.cluster.kueue.pending() == [("InferenceService", "m")]
+    assert workload.events == ["resource ephemeral-storage unavailable in ClusterQueue"]
+    ex.cluster.kueue.set_quota("gpu-team", {**NODE_POOL, "nvidia.com/gpu": 1})
     for _ in range(300):
         status = ex.cluster.get("InferenceService", "m")["status"]["modelStatus"]
         if status["transitionStatus"] == "BlockedByFailedLoad":

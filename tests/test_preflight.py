@@ -178,6 +178,25 @@ def test_the_gpu_queue_checks_bound_the_largest_workloads_exactly():
     assert verdicts(None) == {} and verdicts(5, queue="") == {}
 
 
+def test_a_queue_that_does_not_cover_ephemeral_storage_is_named():
+    """Kueue's ClusterQueue must list every resource the workloads request; the first queue a
+    cluster defines often covers cpu, memory and GPUs only, and then admits nothing of this chart's."""
+    spec = small()
+
+    def check(covered, **kueue):
+        values = preflight.merge(defaults(), {"kueue": {"queueName": "q", "coveredResources": covered, **kueue}})
+        return [c for c in preflight.checks(spec, values) if c.name == "Kueue queue covers every requested resource"]
+
+    (refused,) = check(["cpu", "memory", "nvidia.com/gpu"], podIntegration=True)
+    assert not refused.ok and refused.path == "values kueue.coveredResources"
+    assert "to cover ephemeral-storage" in refused.why and "predictor and pod requests it" in refused.why
+    assert '"resource ephemeral-storage unavailable in ClusterQueue"' in refused.why
+    (ok,) = check(["cpu", "memory", "ephemeral-storage", "nvidia.com/gpu"])
+    assert ok.ok
+    assert check(None) == [] and [c for c in preflight.checks(spec, preflight.merge(defaults(), {"kueue": {
+        "queueName": "", "coveredResources": ["cpu"]}})) if "covers" in c.name] == []
+
+
 def test_the_workflow_object_must_fit_the_controllers_limit_or_be_offloaded():
     """The estimate after the last generation against argo.maxWorkflowSize, to the byte; the refusal
     names nodeStatusOffLoad, and with offloading the size is not bounded (nothing estimated)."""

@@ -374,11 +374,12 @@ def queue_checks(spec, values: dict) -> list[Check]:
     never admitted, and predictors served together that need more wait for each other; either
     way the step waits out its deadline."""
     queue, quota = _get(values, "kueue.queueName"), _get(values, "kueue.gpuQuota")
+    out = covered_checks(values) if queue else []
     if not queue or quota is None:
-        return []
+        return out
     trainer = spec.sft.replicas * spec.sft.gpus_per_replica
     server = _get(values, "resources.server.gpu")
-    out = [Check("trainer job within the GPU queue", f"{spec.sft.replicas} x {spec.sft.gpus_per_replica} GPU(s)",
+    out += [Check("trainer job within the GPU queue", f"{spec.sft.replicas} x {spec.sft.gpus_per_replica} GPU(s)",
                  f"<= {quota} (kueue.gpuQuota)", trainer <= quota, "$.sft.replicas",
                  f"expected a trainer job of at most {quota} GPUs, the nominal quota of Kueue queue {queue!r} "
                  f"(chart value kueue.gpuQuota), found {trainer}: Kueue never admits it")]
@@ -390,6 +391,25 @@ def queue_checks(spec, values: dict) -> list[Check]:
                          f"(chart value kueue.gpuQuota), found {n} x {server}: the last one waits for the others "
                          f"and they for it"))
     return out
+
+
+def covered_checks(values: dict) -> list[Check]:
+    """Kueue admits a workload only through a ClusterQueue that lists every resource it requests
+    (its flavor assigner: "resource X unavailable in ClusterQueue"): the trainer jobs and predictors
+    request cpu, memory, ephemeral-storage and GPUs, and under the plain-pod integration the step
+    and agent pods the first three."""
+    covered = _get(values, "kueue.coveredResources")
+    if covered is None:
+        return []
+    asked = ["cpu", "memory", "ephemeral-storage", _get(values, "gpu.resourceName") or "nvidia.com/gpu"]
+    missing = [r for r in asked if r not in covered]
+    return [Check("Kueue queue covers every requested resource", ", ".join(covered) or "none",
+                  ", ".join(asked), not missing, "values kueue.coveredResources",
+                  f"expected ClusterQueue of LocalQueue {_get(values, 'kueue.queueName')!r} to cover "
+                  f"{', '.join(missing)} (chart value kueue.coveredResources): every trainer job, predictor"
+                  f"{' and pod' if _get(values, 'kueue.podIntegration') else ''} requests it, and Kueue never "
+                  f"admits a workload with a resource its ClusterQueue does not list (\"resource {missing[0] if missing else ''} "
+                  f"unavailable in ClusterQueue\"): add it to a resourceGroup's coveredResources with a quota")]
 
 
 def size_checks(spec, values: dict) -> list[Check]:
