@@ -185,6 +185,23 @@ def test_loop_detection_in_a_worker_ends_the_episode(scripted_endpoint, tmp_path
     assert status["counts"]["tool_calls"] == 5
 
 
+@pytest.mark.parametrize("wall_s, request_timeout_s, outcome", [(5, 30, "timeout"), (60, 10, "infra_error")])
+def test_a_request_timing_out_on_what_is_left_of_the_wall_time_is_the_episodes_timeout(
+        scripted_endpoint, tmp_path, monkeypatch, wall_s, request_timeout_s, outcome):
+    """A call's timeout is what is left of the wall time when that is shorter than request_timeout_s;
+    the client's timer and the harness's wait then end together, and whichever is first the episode
+    ran out of time (`timeout`). With the request's own, shorter timeout, it is the endpoint's."""
+    from mass_jobs.serving import llm
+
+    def times_out(self, *args, **kwargs):
+        raise llm.ModelError("timeout after the time left", kind="timeout", attempts=1)
+
+    monkeypatch.setattr(llm.ModelClient, "chat", times_out)
+    ep = scripted_endpoint({"orchestrator": [Reply(content="never asked")]})
+    result, _, _ = episode(ep, tmp_path, limits=limits(wall_s=wall_s, request_timeout_s=request_timeout_s))
+    assert result.outcome == outcome, result.reason
+
+
 def test_wall_time_limit_gives_timeout(scripted_endpoint, tmp_path):
     ep = scripted_endpoint(
         {

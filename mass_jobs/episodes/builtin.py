@@ -214,6 +214,10 @@ class BuiltinHarness:
             raise EpisodeStop("timeout", f"wall time of {self.limits.wall_bound_s:g}s exceeded in a model call")
         if "error" in box:
             exc = box["error"]
+            if isinstance(exc, ModelError) and exc.kind == "timeout" and remaining < self.limits.request_timeout_s:
+                # the request's timeout was what was left of the wall time: the episode ran out, not the
+                # endpoint (the client's timer and the join above end together; either may be first)
+                raise EpisodeStop("timeout", f"wall time of {self.limits.wall_bound_s:g}s exceeded in a model call") from exc
             if isinstance(exc, ModelError):  # the client already retried: the endpoint is broken, not the episode
                 raise EpisodeStop("infra_error", f"model endpoint failed ({exc.kind}): {exc}") from exc
             raise exc
