@@ -539,7 +539,8 @@ def test_the_grafana_dashboard_charts_exactly_the_metrics_the_templates_emit():
 
 def _placements(objs) -> dict[str, set]:
     """Each class of pods mass-cycle makes -> the scheduling fields its pods carry (as JSON)."""
-    from mass_jobs.k8s.argo import SCHEDULED_AS
+    from mass_jobs.k8s.argo import scheduling_class
+    from mass_jobs.pipeline.table import PIPELINE
 
     cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
     made = [o for o in schemas.embedded_manifests(cycle) if "spec" in o]
@@ -551,7 +552,7 @@ def _placements(objs) -> dict[str, set]:
     out: dict[str, set] = {}
     for t in cycle["spec"]["templates"]:
         if "container" in t:
-            out.setdefault(SCHEDULED_AS.get(t["name"], "steps"), set()).add(of(t))
+            out.setdefault(scheduling_class(t["name"], PIPELINE), set()).add(of(t))
     for job in (o for o in made if o["kind"] == "PyTorchJob"):
         for replica in job["spec"]["pytorchReplicaSpecs"].values():
             out.setdefault("trainer", set()).add(of(replica["template"]["spec"]))
@@ -573,7 +574,7 @@ def test_each_class_of_pods_gets_its_scheduling_values_and_every_pod_the_pull_se
                                           "tolerations": toleration}, sort_keys=True)}
     assert got["server"] == {json.dumps({"nodeSelector": pool, "tolerations": toleration}, sort_keys=True)}
     assert {c: v for c, v in got.items() if c not in ("trainer", "server")} == \
-        {c: {"{}"} for c in ("steps", "agents", "egress", "merge")}
+        {c: {"{}"} for c in ("step", "agent", "egress", "merge")}
     sas = [o for o in objs if o["kind"] == "ServiceAccount"]
     assert len(sas) == 3 and all(o["imagePullSecrets"] == [{"name": "registry-credentials"}] for o in sas)
     assert all(_errors(o) == [] for o in objs if o["kind"] in ("WorkflowTemplate", "ServiceAccount"))
@@ -582,8 +583,8 @@ def test_each_class_of_pods_gets_its_scheduling_values_and_every_pod_the_pull_se
     # one class at a time: agents onto a node pool of their own, by affinity
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["agents"]}]}]}}}
-    agents = _placements(_objects({**gpu, "scheduling": {"agents": {"affinity": affinity}}}))
-    assert agents["agents"] == {json.dumps({"affinity": affinity}, sort_keys=True)} and agents["steps"] == {"{}"}
+    agents = _placements(_objects({**gpu, "scheduling": {"agent": {"affinity": affinity}}}))
+    assert agents["agent"] == {json.dumps({"affinity": affinity}, sort_keys=True)} and agents["step"] == {"{}"}
     default = _objects(_scenario("default"))
     assert set().union(*_placements(default).values()) == {"{}"}
     assert not any("imagePullSecrets" in o for o in default if o["kind"] == "ServiceAccount")

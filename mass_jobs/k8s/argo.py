@@ -400,9 +400,12 @@ def _workflow_defaults(s: ClusterSettings) -> dict:
     )
 
 
-# Each pod template's scheduling class (values scheduling.<class>); the trainer's and the server's
-# pods are the PyTorchJob's and the InferenceService's (training.py, serving.py).
-SCHEDULED_AS = {AGENT_TEMPLATE: "agents", EGRESS_TEMPLATE: "egress", "merge": "merge"}
+def scheduling_class(template: str, steps) -> str:
+    """A pod template's scheduling class (values scheduling.<class>): the agent pods', the egress
+    proxy's, else the resources its step declares (step, merge). The trainer's and the server's pods
+    are the PyTorchJob's and the InferenceService's (training.py, serving.py)."""
+    fixed = {AGENT_TEMPLATE: "agent", EGRESS_TEMPLATE: "egress"}
+    return fixed.get(template) or next((sd.resources for sd in steps if sd.name == template), "step")
 
 
 def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:
@@ -434,7 +437,7 @@ def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:
         if "container" in t:
             # hera checks the pull policy against its enum; the chart's value is a Helm placeholder.
             t["container"]["imagePullPolicy"] = s.images.pull_policy
-            t.update(pods.placement(s, SCHEDULED_AS.get(t["name"], "steps")))
+            t.update(pods.placement(s, scheduling_class(t["name"], b.steps)))
             if "readinessProbe" in t["container"]:
                 t["container"]["readinessProbe"]["httpGet"]["port"] = t["container"]["ports"][0]["name"]
         if t["name"] in b.parallelism:

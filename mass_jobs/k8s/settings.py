@@ -45,9 +45,9 @@ class Pod:
     ephemeral: str = "1Gi"  # ephemeral-storage: emptyDirs, logs and a model downloaded into the pod
 
 
-# Classes of pods that are scheduled alike (values `scheduling.<class>`): the trainer's and the
-# model server's pods need the GPU pool, the others usually must stay off it.
-SCHEDULING_CLASSES = ("steps", "agents", "egress", "merge", "trainer", "server")
+# Classes of pods that are scheduled alike (values `scheduling.<class>`, named as `resources.<class>`):
+# the trainer's and the model server's pods need the GPU pool, the others usually must stay off it.
+SCHEDULING_CLASSES = ("step", "agent", "egress", "merge", "trainer", "server")
 
 
 @dataclass(frozen=True)

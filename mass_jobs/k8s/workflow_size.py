@@ -101,8 +101,8 @@ def pod_name(workflow: str, template: str, node_name: str) -> str:
 
 def log_artifact(key_format: str, workflow: str, pod: str) -> dict:
     """The `main-logs` artifact the executor saves for each pod when the repository archives logs."""
-    prefix = key_format.replace("{{workflow.name}}", workflow).replace("{{pod.name}}", pod)
-    return {"name": "main-logs", "s3": {"key": f"{prefix}/main.log"}}
+    folder = key_format.replace("{{workflow.name}}", workflow).replace("{{pod.name}}", pod)
+    return {"name": "main-logs", "s3": {"key": f"{folder}/main.log"}}
 
 
 def nodes_json(nodes: dict) -> bytes:
