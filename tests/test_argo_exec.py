@@ -661,7 +661,7 @@ def test_template_metrics_are_emitted_when_their_node_is_fulfilled(executor_for)
 
     def metrics(step):
         built = PM.metrics(PM.step_duration(step), PM.episode_outcomes(step), PM.generation_gauge("render"))
-        return yaml.safe_load(dump_docs([built.dict(by_alias=True, exclude_none=True)]))
+        return yaml.safe_load(dump_docs([built.model_dump(by_alias=True, exclude_none=True)]))
 
     ingest = {"name": "ingest", "inputs": {"parameters": [{"name": "gen"}, {"name": "rc"}, {"name": "o"}]},
               "container": container("mkdir -p /tmp/o && printf {{inputs.parameters.o}} > /tmp/o/outcome && "
