@@ -588,3 +588,17 @@ def test_each_class_of_pods_gets_its_scheduling_values_and_every_pod_the_pull_se
     default = _objects(_scenario("default"))
     assert set().union(*_placements(default).values()) == {"{}"}
     assert not any("imagePullSecrets" in o for o in default if o["kind"] == "ServiceAccount")
+
+
+def test_every_pod_template_has_a_deadline_but_the_cycles_daemon():
+    """A step that hangs fails (and is retried) instead of holding the run for days: every pod
+    template has activeDeadlineSeconds (steps and merge from their values, agent pods and the GPU
+    steps their own), except the egress proxy, a daemon that lives as long as its cycle."""
+    objs = _objects({**_scenario("default"), "resources": {"step": {"activeDeadlineSeconds": 900},
+                                                          "merge": {"activeDeadlineSeconds": 7200}}})
+    cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
+    deadlines = {t["name"]: t.get("activeDeadlineSeconds") for t in cycle["spec"]["templates"]
+                 if "container" in t or "resource" in t}
+    assert [n for n, d in deadlines.items() if d is None] == ["egress-proxy"], deadlines
+    assert int(deadlines["merge"]) == 7200 and int(deadlines["validate"]) == 900
+    assert {int(d) for n, d in deadlines.items() if d is not None and n not in ("merge",)} >= {900}

@@ -94,6 +94,8 @@ class _Builder:
                       for n in secret_refs],
             working_dir="/tmp",
             resources=m.ResourceRequirements(**pods.resources(pod or s.step, s)),
+            # a step that hangs (a stuck download, a lost peer) fails and is retried instead of holding the run
+            active_deadline_seconds=(pod or s.step).deadline_s,
             security_context=m.SecurityContext(**container_security(pods.container_security_context())),
             volumes=[m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource())],
             volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp")],
@@ -160,6 +162,7 @@ class _Builder:
             manifest=_manifest(ref),
             labels=L.pod_labels("delete-model", gen=GEN),
             retry_strategy=RESOURCE_RETRY,
+            active_deadline_seconds=self.s.step.deadline_s,
         )
 
     def trainer(self, sd: P.StepDef) -> None:
@@ -186,6 +189,7 @@ class _Builder:
             manifest=_manifest(ref),
             labels=L.pod_labels(sd.name, gen=GEN),
             retry_strategy=RESOURCE_RETRY,
+            active_deadline_seconds=self.s.step.deadline_s,  # a delete whose pods never go fails
         )
         # One replica: the Master alone (the operator's webhook refuses `Worker.replicas: 0`).
         single = training.pytorch_job(self.s, name, sd.argv(SPEC, GEN), labels, env=_env_dicts(self.step_env()),
@@ -225,6 +229,7 @@ class _Builder:
         c = self.step(EGRESS_TEMPLATE, ["egress-serve", SPEC, "--listen", f":{PORT}"], label=K.EGRESS_STEP)
         c.daemon = True
         c.metrics = None  # a daemon's metrics are emitted once it is ready, in status Running: no duration
+        c.active_deadline_seconds = None  # it lives as long as its cycle, training included: not a step's bound
         c.env = [*c.env, m.EnvVar(name="POD_IP", value_from=m.EnvVarSource(
             field_ref=m.ObjectFieldSelector(field_path="status.podIP")))]
         c.ports = [m.ContainerPort(name="proxy", container_port=PORT, protocol="TCP")]

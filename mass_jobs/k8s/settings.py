@@ -43,6 +43,7 @@ class Pod:
     memory: str
     gpu: str = "0"
     ephemeral: str = "1Gi"  # ephemeral-storage: emptyDirs, logs and a model downloaded into the pod
+    deadline_s: str | None = None  # activeDeadlineSeconds of a step pod: a step that hangs fails instead
 
 
 # Classes of pods that are scheduled alike (values `scheduling.<class>`, named as `resources.<class>`):
@@ -79,9 +80,9 @@ class ClusterSettings:
     gpu_jobs: str = "2"  # semaphore: GPU jobs (PyTorchJobs) running at once
     agent: Pod = Pod(cpu="1", memory="2Gi", ephemeral="4Gi")  # an agent pod's sandbox container (the agents' tools, qwen-code)
     harness: Pod = Pod(cpu="500m", memory="1Gi", ephemeral="2Gi")  # its main container (the harness loop, the recording proxy)
-    step: Pod = Pod(cpu="1", memory="4Gi", ephemeral="20Gi")
+    step: Pod = Pod(cpu="1", memory="4Gi", ephemeral="20Gi", deadline_s="21600")
     # A 27B bf16 model is 54 GB: merge holds the base and the merged copy, the others one copy.
-    merge: Pod = Pod(cpu="4", memory="64Gi", ephemeral="160Gi")
+    merge: Pod = Pod(cpu="4", memory="64Gi", ephemeral="160Gi", deadline_s="21600")
     server: Pod = Pod(cpu="8", memory="64Gi", gpu="1", ephemeral="80Gi")
     trainer: Pod = Pod(cpu="8", memory="64Gi", ephemeral="80Gi")  # per replica; replicas and GPUs come from the spec's sft
     cluster_domain: str = "cluster.local"  # the kubelet's --cluster-domain: Service names end .svc.<it>
@@ -200,8 +201,8 @@ def helm_settings() -> ClusterSettings:
         gpu_jobs=helm(f"{v}.gpu.concurrentJobs | quote"),
         agent=_helm_pod("agent"),
         harness=_helm_pod("harness"),
-        step=_helm_pod("step"),
-        merge=_helm_pod("merge"),
+        step=_helm_pod("step", deadline=True),
+        merge=_helm_pod("merge", deadline=True),
         server=_helm_pod("server", gpu=True),
         trainer=_helm_pod("trainer"),
         cluster_domain=helm(f"{v}.clusterDomain"),  # inside a URL: no quote
@@ -234,13 +235,14 @@ def helm_settings() -> ClusterSettings:
     )
 
 
-def _helm_pod(name: str, gpu: bool = False) -> Pod:
+def _helm_pod(name: str, gpu: bool = False, deadline: bool = False) -> Pod:
     r = f".Values.resources.{name}"
     return Pod(
         cpu=helm(f"{r}.cpu | quote"),
         memory=helm(f"{r}.memory | quote"),
         gpu=helm(f"{r}.gpu | quote") if gpu else "0",
         ephemeral=helm(f"{r}.ephemeralStorage | quote"),
+        deadline_s=helm(f"{r}.activeDeadlineSeconds | quote") if deadline else None,
     )
 
 
@@ -256,8 +258,9 @@ def values_settings(values: dict) -> ClusterSettings:
 
     def pod(name: str, gpu: bool = False) -> Pod:
         r = get(f"resources.{name}")
+        deadline = r.get("activeDeadlineSeconds") if name in ("step", "merge") else None
         return Pod(cpu=str(r["cpu"]), memory=str(r["memory"]), gpu=str(r["gpu"]) if gpu else "0",
-                   ephemeral=str(r["ephemeralStorage"]))
+                   ephemeral=str(r["ephemeralStorage"]), deadline_s=None if deadline is None else str(deadline))
 
     net = values.get("network") or {}
     cron = values.get("cron") or {}
