@@ -15,13 +15,18 @@ _FACTOR = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2*
            "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3}
 
 
-def quantity_bytes(text) -> int:
-    """Bytes of a Kubernetes memory or storage quantity ("64Gi", "500M"; exponent forms, which the
-    chart never writes, are refused)."""
+def quantity(text) -> float:
+    """The value of a Kubernetes quantity: "500m" CPU is 0.5, "64Gi" is bytes, "8" GPUs is 8
+    (exponent forms, which the chart never writes, are refused)."""
     m = _QUANTITY.match(str(text).strip())
     if not m:
         raise ValueError(f"expected a Kubernetes quantity such as 512Mi or 4Gi, found {text!r}")
-    return int(float(m.group(1)) * _FACTOR[m.group(2)])
+    return float(m.group(1)) * _FACTOR[m.group(2)]
+
+
+def quantity_bytes(text) -> int:
+    """Bytes of a Kubernetes memory or storage quantity ("64Gi", "500M")."""
+    return int(quantity(text))
 
 
 UID = 1000
