@@ -292,6 +292,26 @@ def test_model_size_against_the_pods_ephemeral_storage(capsys):
     assert not [c for c in preflight.checks(spec, preflight.load_values(values)) if "ephemeral" in c.name]
 
 
+def test_a_hub_id_model_passes_with_a_note_to_mirror_it_and_a_mirrored_one_without(capsys):
+    """A hub id is downloaded anew by every predictor, trainer pod and merge: preflight accepts it and
+    says so under the table, with the size from the config; the same spec mirrored to S3 has no note."""
+    paper, config = str(ROOT / "examples" / "paper.yaml"), str(ROOT / "examples" / "qwen3.5-27b-config.json")
+    values = ["--values", str(CHART / "ci" / "paper-values.yaml"), "--config", config]
+    assert mass(["validate", paper, *values]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("model base downloadable"))
+    assert row.split()[-1] == "note"
+    model = load_spec(paper).model
+    assert (f"note: model base downloadable: every predictor start, every trainer pod and every merge downloads "
+            f"54 GB of {model.base} or {model.serve} from the Hugging Face Hub") in out
+    assert "set model.base and model.serve to its s3:// URI" in out
+    mirrored = ["--set", "model.base=s3://mass-jobs/models/qwen3.5-27b", "--set", "model.serve=s3://mass-jobs/models/fp8"]
+    assert mass(["validate", paper, *values, *mirrored]) == 0
+    out = capsys.readouterr().out
+    assert "note: model base" not in out
+    assert next(line for line in out.splitlines() if line.startswith("model base downloadable")).split()[-1] == "ok"
+
+
 def test_model_size_against_the_merge_and_trainer_pods_memory(capsys):
     """The paper's 27B model (53.8 GB): a trainer pod holds one copy (rank 0 alone reads it) and 1 GiB of
     memory-backed /dev/shm per rank for NCCL, so the chart's default 64Gi holds it and 48Gi does not; the merge streams shard by shard, so 64Gi holds

@@ -164,11 +164,14 @@ def _example_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
               "are filled by the operator."]),
             [training.operator_init_container_template()]),
         "kserve-storage-initializer-patch.yaml": (
-            ("KServe: securityContext of the storage-initializer init container, for Pod Security \"restricted\".",
+            ("KServe: the storage-initializer init container's securityContext, for Pod Security \"restricted\", and its memory.",
              ["KServe merges the ClusterStorageContainer that serves s3:// into the storage initializer it",
               "injects; KServe installs one named `default`:",
-              "kubectl patch clusterstoragecontainer default --type merge --patch-file kserve-storage-initializer-patch.yaml"]),
+              "kubectl patch clusterstoragecontainer default --type merge --patch-file kserve-storage-initializer-patch.yaml",
+              "Its memory: KServe's default limit is 1Gi, and a download of tens of GB from S3 goes through",
+              "the page cache, which counts against it: at 1Gi the writeback throttles the download."]),
             [{"spec": {"container": {"name": "storage-initializer",
+                                     "resources": pods.STORAGE_INITIALIZER_RESOURCES,
                                      "securityContext": pods.executor_security_context()}}}]),
     }
 

@@ -66,6 +66,12 @@ def qwen_security_context() -> dict:
     return {**container_security_context(), "runAsUser": QWEN_UID, "runAsGroup": QWEN_UID}
 
 
+# KServe's storage initializer, as the ClusterStorageContainer patch sets it (KServe's defaults:
+# 100m/100Mi requested, 1 CPU and 1Gi at most): room for the S3 transfer's parallel parts and the
+# page cache of a model of tens of GB. An init container: the predictor's requests stay the larger.
+STORAGE_INITIALIZER_RESOURCES = {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+
+
 def executor_security_context() -> dict:
     """Containers that controllers add to our pods (Argo's init and wait containers, the training
     operator's Worker init container, KServe's storage initializer): set in each controller's

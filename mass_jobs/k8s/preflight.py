@@ -70,10 +70,11 @@ class Check:
     ok: bool
     path: str  # the spec field (or value) to change
     why: str = ""
+    advice: str = ""  # a passing check that a cluster runs better without: printed under the table
 
     @property
     def verdict(self) -> str:
-        return "ok" if self.ok else "FAIL"
+        return ("note" if self.advice else "ok") if self.ok else "FAIL"
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -299,6 +300,14 @@ def checks(spec, values: dict, config=None) -> list[Check]:
         add("model base downloadable", base, "s3:// URI or hub id", base.startswith("s3://") or looks_like_hub_id(base),
             "$.model.base", f"expected an s3:// URI or a hub id 'org/name[@revision]' a cluster can download, "
             f"found {base!r}")
+        hub = [(f, u) for f, u in (("model.base", base), ("model.serve", spec.model.serve))
+               if u and not u.startswith("s3://") and looks_like_hub_id(u)]
+        if hub:
+            size = f"{model_bytes(spec, config) / 1e9:.0f} GB" if config is not None else "the whole model"
+            out[-1].advice = (f"every predictor start, every trainer pod and every merge downloads {size} of "
+                              f"{' or '.join(u for _, u in hub)} from the Hugging Face Hub (anonymously unless "
+                              f"HF_TOKEN is in the S3 Secret; the Hub rate-limits): copy it to the bucket once and "
+                              f"set {' and '.join(f for f, _ in hub)} to its s3:// URI (docs/install.md, 'The base model')")
         refused = trainer_webhook_errors(spec)
         add("trainer job admitted", f"{spec.sft.replicas} replica(s) x {spec.sft.gpus_per_replica} GPU(s)",
             "the operator's webhook", not refused, "$.sft.replicas",
@@ -476,4 +485,5 @@ def table(found: list[Check]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    notes = [f"note: {c.name}: {c.advice}" for c in found if c.ok and c.advice]
+    return "\n".join(lines + ([""] + notes if notes else []))
