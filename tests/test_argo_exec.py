@@ -574,6 +574,52 @@ def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_
     ex.cluster.delete("InferenceService", "plain")
 
 
+def test_a_merge_asking_more_disk_than_any_node_has_fails_at_its_pending_bound_and_fits_on_a_scratch_volume(executor_for):
+    """The chart's merge pod (160Gi of ephemeral storage) on nodes of 100Gi disk: it stays Pending with
+    the scheduler's message and fails "timeout" at scheduling.pendingTimeoutSeconds, not retried (the
+    cluster would not fit it again). With scratch.merge on a volume and a small ephemeral request it
+    is bound, and its /tmp is the claim's volume."""
+    import copy
+
+    from mass_jobs.k8s import argo, preflight
+    from mass_jobs.k8s.settings import values_settings
+    from tests.fixtures.argo_exec.scheduler import Node
+
+    def merge_template(over: dict) -> dict:
+        values = preflight.merge(preflight.load_values([]), {"scheduling": {"pendingTimeoutSeconds": 3}, **over})
+        (t,) = [copy.deepcopy(t) for t in argo.mass_cycle(values_settings(values))["spec"]["templates"]
+                if t["name"] == "merge"]
+        # its pod as rendered (resources, volumes, placement, deadlines, retry), running a script instead
+        t["container"] = container("echo merged > /tmp/out && cat /tmp/out", resources=t["container"]["resources"])
+        for key in ("inputs", "outputs", "metrics", "metadata"):  # what reads the workflow's parameters
+            t.pop(key, None)
+        return t
+
+    disks = [Node(f"cpu-{i}", {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "100Gi"}) for i in (1, 2)]
+    plain = merge_template({})
+    assert plain["pendingTimeout"] == "3" and plain["volumes"] == [{"name": "tmp", "emptyDir": {}}]
+    on_volume = merge_template({"scratch": {"merge": {"size": "200Gi", "storageClass": "fast-ssd"}},
+                                "resources": {"merge": {"ephemeralStorage": "8Gi"}}})
+    assert on_volume["volumes"] == [{"name": "tmp", "ephemeral": {"volumeClaimTemplate": {"spec": {
+        "accessModes": ["ReadWriteOnce"], "storageClassName": "fast-ssd", "resources": {"requests": {"storage": "200Gi"}}}}}}]
+    main = {"name": "main", "steps": [[{"name": "merge", "template": "merge"}]]}
+    ex = executor_for(wft("disk", [main, plain]), wft("volume", [main, {**on_volume}]), nodes=disks)
+    seen = []
+    wf = ex.submit("disk", {}, background=True)
+    while not wf.done.wait(0.2):
+        seen += [n.message for n in wf.find(type="Pod") if n.phase == "Pending"]
+    assert wf.phase == "Failed", wf.summary()
+    (pod,) = wf.find(type="Pod")  # one attempt: a pending timeout is not retried
+    assert (pod.phase, pod.message) == ("Failed", "timeout")
+    assert 3 <= pod.finished - pod.started < 10
+    assert set(seen) == {"Unschedulable: 0/2 nodes are available: 2 Insufficient ephemeral-storage."}
+    assert ex.cluster.scheduler.pending == {} and ex.cluster.scheduler.bound == {}
+    wf = ex.submit("volume", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    (pod,) = wf.find(type="Pod")
+    assert "merged" in pod.log.read_text()
+
+
 def test_a_queued_predictor_loads_only_once_kueue_admits_it(executor_for, s3_env):
     """The InferenceService the cycle renders with a queue: its pods wait behind Kueue's gate (no
     download, no failure) until the queue covers every resource it requests and has its GPU; then

@@ -125,8 +125,19 @@ def test_gpu_cluster_values_reach_the_jobs():
     # replicas, processes and GPUs per replica are the spec's (validate's outputs, example values here)
     assert job["spec"]["nprocPerNode"] == "2"
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
-    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
-        "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "2", "ephemeral-storage": "80Gi"}
+    master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert master["containers"][0]["resources"]["limits"] == {
+        "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "2", "ephemeral-storage": "8Gi"}
+    # /tmp on a volume of its own (scratch.trainer), /dev/shm still in memory; the merge likewise,
+    # the step pods (no scratch value) on the node's disk
+    def claim(size):
+        return {"name": "tmp", "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "gp3", "resources": {"requests": {"storage": size}}}}}}
+
+    assert master["volumes"] == [claim("120Gi"), {"name": "shm", "emptyDir": {"medium": "Memory"}}]
+    templates = {t["name"]: t for t in cycle["spec"]["templates"]}
+    assert templates["merge"]["volumes"] == [claim("200Gi")]
+    assert templates["validate"]["volumes"] == [{"name": "tmp", "emptyDir": {}}]
     model = isvc["spec"]["predictor"]["model"]
     assert model["resources"]["limits"]["nvidia.com/gpu"] == "2" and "--max-model-len=262144" in model["args"]
     assert _by(objs, "ConfigMap", "mass-semaphores")["data"] == {"gpu-jobs": "4", "agent-pods": "16"}

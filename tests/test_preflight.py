@@ -292,6 +292,30 @@ def test_model_size_against_the_pods_ephemeral_storage(capsys):
     assert not [c for c in preflight.checks(spec, preflight.load_values(values)) if "ephemeral" in c.name]
 
 
+def test_a_scratch_volume_holds_the_model_instead_of_the_nodes_disk():
+    """With scratch.merge on a volume the model's two copies are checked against the volume's size,
+    not the pod's ephemeral storage, and the node disk the values ask for drops to the other pods'."""
+    paper = ROOT / "examples" / "paper.yaml"
+    spec = load_spec(paper)
+    config = preflight.model_config(spec, str(ROOT / "examples" / "qwen3.5-27b-config.json"))
+    base = preflight.load_values([str(CHART / "ci" / "paper-values.yaml")])
+    (disk,) = [c for c in preflight.checks(spec, base, config) if c.name == "node disk per pod"]
+    assert disk.value == "merge 160Gi, server 80Gi, trainer 80Gi, step 20Gi, agent 6Gi"
+
+    def found(size):
+        over = {"scratch": {"merge": {"size": size, "storageClass": ""}}, "resources": {"merge": {"ephemeralStorage": "4Gi"}}}
+        return preflight.checks(spec, preflight.merge(base, over), config)
+
+    failing = [c for c in found("100Gi") if not c.ok]
+    assert [(c.name, c.path) for c in failing] == [("merge scratch volume", "values scratch.merge.size")]
+    assert "expected at least 110Gi for 2 copies of the 53.8 GB model (chart value scratch.merge.size), found 100Gi" \
+        in failing[0].why
+    checks = found("120Gi")
+    assert all(c.ok for c in checks)
+    (disk,) = [c for c in checks if c.name == "node disk per pod"]
+    assert disk.value == "server 80Gi, trainer 80Gi, step 20Gi, agent 6Gi, merge 4Gi"
+
+
 def test_a_hub_id_model_passes_with_a_note_to_mirror_it_and_a_mirrored_one_without(capsys):
     """A hub id is downloaded anew by every predictor, trainer pod and merge: preflight accepts it and
     says so under the table, with the size from the config; the same spec mirrored to S3 has no note."""

@@ -47,7 +47,7 @@ from mass_jobs.k8s.argo_vocab import (
     SPEC, STEP_RETRY, TASK, TRAIN_RETRY, V, VALIDATE_OUTPUTS, WORK_DIR, container_security, gpu_semaphore,
     input_params, step_args,
 )
-from mass_jobs.k8s.settings import ClusterSettings, helm
+from mass_jobs.k8s.settings import SCRATCH_CLASSES, ClusterSettings, helm
 from mass_jobs.k8s.yamlio import _Dumper
 
 
@@ -442,9 +442,16 @@ def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:
         if "container" in t:
             # hera checks the pull policy against its enum; the chart's value is a Helm placeholder.
             t["container"]["imagePullPolicy"] = s.images.pull_policy
-            t.update(pods.placement(s, scheduling_class(t["name"], b.steps)))
+            cls = scheduling_class(t["name"], b.steps)
+            t.update(pods.placement(s, cls))
+            if cls in SCRATCH_CLASSES:
+                t["volumes"] = [pods.scratch_volume(s, cls) if v["name"] == "tmp" else v for v in t.get("volumes", [])]
             if "readinessProbe" in t["container"]:
                 t["container"]["readinessProbe"]["httpGet"]["port"] = t["container"]["ports"][0]["name"]
+        if ("container" in t or "resource" in t) and "synchronization" not in t and s.pod_pending_timeout:
+            # a pod Pending this long (Unschedulable, an image that never pulls) fails its step; behind
+            # a semaphore Argo would count the wait for the lock too
+            t["pendingTimeout"] = s.pod_pending_timeout
         if t["name"] in b.parallelism:
             t["parallelism"] = b.parallelism[t["name"]]
     return d

@@ -57,11 +57,13 @@ QWEN_DIR = "/qwen"  # the emptyDir of the harness and qwen-code containers only:
 QWEN_SOCKET = f"{QWEN_DIR}/qwen.sock"
 ROLLOUTS_PARAM = "{{steps.prepare.outputs.parameters.rollouts}}"
 
-# Retry what can pass on a second try; exit code 2 is a bad spec/input and never will.
+# Retry what can pass on a second try; exit code 2 is a bad spec/input and never will, nor will a pod
+# that sat Pending past its pendingTimeout (Argo's message "timeout"): the cluster would not fit it again.
 STEP_RETRY = m.RetryStrategy(
     limit="3",
     retry_policy="Always",
-    expression='lastRetry.status == "Error" or (lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2)',
+    expression='lastRetry.status == "Error" or (lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2 '
+               'and lastRetry.message != "timeout")',
     backoff=m.Backoff(duration="30s", factor="2"),  # no maxDuration: it is a deadline on every attempt
 )
 # Agent pods: `mass episode` exits 1 on infra_error (model endpoint or harness down), and a pod may be

@@ -109,6 +109,21 @@ def placement(s: ClusterSettings, cls: str) -> dict:
     return {k: v for k, v in fields.items() if v}
 
 
+def scratch_volume(s: ClusterSettings, cls: str, name: str = "tmp") -> dict:
+    """The volume a class's /tmp is (values `scratch.<cls>`): an emptyDir on the node's disk, or,
+    with a size, a generic ephemeral volume, a PVC made with the pod and deleted with it, so that
+    a model of tens of GB needs no node disk that large."""
+    if s.chart:
+        return {"name": name, helm_block(f'include "mass-jobs.scratch" .Values.scratch.{cls}'): ""}
+    scratch = s.scratch.get(cls)
+    if scratch is None or not scratch.size:
+        return {"name": name, "emptyDir": {}}
+    claim = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": scratch.size}}}
+    if scratch.storage_class:
+        claim["storageClassName"] = scratch.storage_class
+    return {"name": name, "ephemeral": {"volumeClaimTemplate": {"spec": claim}}}
+
+
 def pull_secrets(s: ClusterSettings) -> dict:
     """`imagePullSecrets` of a ServiceAccount: the pods using it pull with them (values imagePullSecrets)."""
     if s.chart:

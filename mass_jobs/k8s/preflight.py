@@ -32,8 +32,9 @@ What is checked, and why it would fail on a cluster:
   status is offloaded (`argo.nodeStatusOffload`);
 - with a Kueue queue whose GPU quota is known (`kueue.gpuQuota`), the trainer job and the
   predictors evaluate serves together each fit it (Kueue never admits a larger workload);
-- with the model's config (`--config`, or a local model.base), the ephemeral storage of the pods
-  that download the weights holds them: the predictor and each trainer replica one copy, merge the
+- the node disk each class of pods asks for (stated: nodes are not read offline);
+- with the model's config (`--config`, or a local model.base), the ephemeral storage (or the
+  scratch volume, `scratch.<class>.size`) of the pods that download the weights holds them: the predictor and each trainer replica one copy, merge the
   base and the merged copy (10% headroom); a trainer pod's memory one copy (rank 0 alone reads the
   model) and 1 GiB of /dev/shm per rank (memory-backed); the merge's memory one input and one output shard (it streams).
 """
@@ -319,6 +320,7 @@ def checks(spec, values: dict, config=None) -> list[Check]:
                     issue.message)
             else:
                 add(issue.path.removeprefix("values ") + " set", "null", "peers", False, issue.path, issue.message)
+    out += disk_checks(values)
     out += queue_checks(spec, values)
     out += size_checks(spec, values)
     jobs = _get(values, "gpu.concurrentJobs")
@@ -333,8 +335,10 @@ def checks(spec, values: dict, config=None) -> list[Check]:
         fp8 = spec.sft.fp8_export
         # (row, chart key, copies of the bf16 model, for what): where it is downloaded, and host memory:
         # rank 0 alone reads the model (the other ranks build it on meta and receive its weights)
-        rows = [(f"{pod} ephemeral storage", f"resources.{pod}.ephemeralStorage", copies,
-                 f"for {copies:g} cop{'y' if copies == 1 else 'ies'} of the")
+        # where the model lands: the pod's ephemeral storage, or its scratch volume when it has one
+        rows = [(f"{pod} {'scratch volume' if _get(values, f'scratch.{pod}.size') else 'ephemeral storage'}",
+                 f"scratch.{pod}.size" if _get(values, f"scratch.{pod}.size") else f"resources.{pod}.ephemeralStorage",
+                 copies, f"for {copies:g} cop{'y' if copies == 1 else 'ies'} of the")
                 for pod, copies in (("server", 1), ("trainer", 1), ("merge", 2))]
         for name, key, copies, what in rows:
             have = _get(values, key)
@@ -369,6 +373,29 @@ def checks(spec, values: dict, config=None) -> list[Check]:
                 f"which hold one input and one output shard of up to {MERGE_SHARD_BYTES / 1e9:.0f} GB "
                 f"(chart value resources.merge.memory), found {have}")
     return out
+
+
+def node_disk(values: dict) -> list[tuple[str, str]]:
+    """(class, ephemeral-storage request) of each class of pods, largest first: what a node of that
+    class's pool must have allocatable (its emptyDirs, logs and writable layers live on the node's
+    disk; a scratch volume takes /tmp off it). An agent pod's is its two containers'."""
+    from mass_jobs.k8s.pods import quantity_bytes
+
+    asked = {c: _get(values, f"resources.{c}.ephemeralStorage") for c in ("step", "merge", "server", "trainer")}
+    agent = [_get(values, f"resources.{c}.ephemeralStorage") for c in ("agent", "harness")]
+    if None not in agent:
+        asked["agent"] = f"{sum(quantity_bytes(q) for q in agent) / 2**30:g}Gi"
+    return sorted(((c, str(q)) for c, q in asked.items() if q is not None), key=lambda cq: -quantity_bytes(cq[1]))
+
+
+def disk_checks(values: dict) -> list[Check]:
+    """The node disk the values ask for, stated (nodes are not read offline): a pod whose request no
+    node's allocatable ephemeral-storage holds stays Pending until scheduling.pendingTimeoutSeconds."""
+    asked = node_disk(values)
+    if not asked:
+        return []
+    return [Check("node disk per pod", ", ".join(f"{c} {q}" for c, q in asked),
+                  "each pool's allocatable ephemeral-storage", True, "values resources.<class>.ephemeralStorage")]
 
 
 def predictors_at_once(spec) -> int:

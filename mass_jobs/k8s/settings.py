@@ -62,6 +62,22 @@ class Placement:
     priority_class: str = ""
 
 
+# Classes whose working files (/tmp: models, checkpoints) may live on a volume of their own
+# (values `scratch.<class>`) instead of the node's disk; KServe owns the predictor's download
+# folder and the agent pods' folders are small.
+SCRATCH_CLASSES = ("step", "merge", "trainer")
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A class's /tmp: `size` "" is an emptyDir on the node's disk (counted in the pod's
+    ephemeral-storage request); a size makes it a generic ephemeral volume, a PVC of
+    `storage_class` ("" = the cluster's default) created with the pod and deleted with it."""
+
+    size: str = ""
+    storage_class: str = ""
+
+
 @dataclass(frozen=True)
 class ClusterSettings:
     # Object names are fixed (one install per namespace) so `argo submit --from
@@ -127,6 +143,13 @@ class ClusterSettings:
     # chart's ServiceAccounts so that every pod of the release (predictors and trainers included) has them.
     scheduling: dict = field(default_factory=lambda: {c: Placement() for c in SCHEDULING_CLASSES})
     image_pull_secrets: tuple = ()
+    # Argo's pendingTimeout (v4): a pod of ours Pending this long (Unschedulable, an image that does
+    # not pull) fails its step. Enough for an autoscaler to add a node; "0" = no bound. Templates
+    # behind a semaphore are left out (Argo counts the wait for the lock as Pending), and under
+    # Kueue's plain-pod integration the queue's bound is added (a gated pod is Pending).
+    pending_timeout_s: str = "900"
+    pod_pending_timeout: str = field(init=False)
+    scratch: dict = field(default_factory=lambda: {c: Scratch() for c in SCRATCH_CLASSES})
     chart: bool = False  # True only for helm_settings(): builders add the chart's labels block
 
     def __post_init__(self):
@@ -134,12 +157,15 @@ class ClusterSettings:
             v, wait = ".Values", '(include "mass-jobs.queueWait" . | atoi)'
             derived = {"job_deadline_s": helm(f"{v}.resources.trainer.activeDeadlineSeconds"),
                        "train_step_deadline_s": helm(f"add {v}.resources.trainer.activeDeadlineSeconds {wait} | quote"),
-                       "serve_step_deadline_s": helm(f"add {v}.model.readyDeadlineSeconds {wait} | quote")}
+                       "serve_step_deadline_s": helm(f"add {v}.model.readyDeadlineSeconds {wait} | quote"),
+                       "pod_pending_timeout": helm('include "mass-jobs.pendingTimeout" . | quote')}
         else:
             wait = int(self.queue_wait_s) if self.kueue_queue else 0
+            bound = int(self.pending_timeout_s)
             derived = {"job_deadline_s": int(self.train_deadline_s),
                        "train_step_deadline_s": str(int(self.train_deadline_s) + wait),
-                       "serve_step_deadline_s": str(int(self.serve_deadline_s) + wait)}
+                       "serve_step_deadline_s": str(int(self.serve_deadline_s) + wait),
+                       "pod_pending_timeout": str(bound + (wait if self.kueue_pods is True else 0)) if bound else ""}
         for name, value in derived.items():
             object.__setattr__(self, name, value)
         if self.s3_endpoint_url is None:
@@ -304,4 +330,8 @@ def values_settings(values: dict) -> ClusterSettings:
         dns_cilium_endpoints=tuple((net.get("dns") or {}).get("ciliumEndpoints") or ()),
         scheduling={c: placement(c) for c in SCHEDULING_CLASSES},
         image_pull_secrets=tuple(p["name"] for p in values.get("imagePullSecrets") or ()),
+        pending_timeout_s=str(sched.get("pendingTimeoutSeconds", base.pending_timeout_s)),
+        scratch={c: Scratch(size=str((values.get("scratch") or {}).get(c, {}).get("size") or ""),
+                            storage_class=str((values.get("scratch") or {}).get(c, {}).get("storageClass") or ""))
+                 for c in SCRATCH_CLASSES},
     )

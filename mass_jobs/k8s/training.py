@@ -73,7 +73,7 @@ def pytorch_job(s: ClusterSettings, name: str, argv: list[str], labels: dict[str
                         "securityContext": pods.container_security_context(),
                         "volumeMounts": pods.mounts(tmp="/tmp", shm="/dev/shm"),
                     }],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+                    "volumes": [pods.scratch_volume(s, "trainer"), {"name": "shm", "emptyDir": {"medium": "Memory"}}],
                 },
             },
         }

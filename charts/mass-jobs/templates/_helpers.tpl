@@ -82,3 +82,30 @@ imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/* A class's /tmp volume source (values scratch.<class>): an emptyDir on the node's disk, or with a
+size a generic ephemeral volume (a PVC of storageClass, made and deleted with the pod). */}}
+{{- define "mass-jobs.scratch" -}}
+{{- if .size }}
+ephemeral:
+  volumeClaimTemplate:
+    spec:
+      accessModes:
+      - ReadWriteOnce
+      {{- with .storageClass }}
+      storageClassName: {{ . | quote }}
+      {{- end }}
+      resources:
+        requests:
+          storage: {{ .size | quote }}
+{{- else }}
+emptyDir: {}
+{{- end }}
+{{- end }}
+
+{{/* Argo's pendingTimeout of our pods (scheduling.pendingTimeoutSeconds; 0: none, rendered ""); a
+pod gated by Kueue's plain-pod integration is Pending while queued, so the queue's bound is added. */}}
+{{- define "mass-jobs.pendingTimeout" -}}
+{{- $bound := int .Values.scheduling.pendingTimeoutSeconds -}}
+{{- if eq $bound 0 }}{{ else if and .Values.kueue.queueName .Values.kueue.podIntegration }}{{ add $bound .Values.kueue.maxQueueSeconds }}{{ else }}{{ $bound }}{{ end }}
+{{- end }}
