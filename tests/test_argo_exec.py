@@ -914,40 +914,48 @@ def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod(
     assert {"serve-model", "delete-model"} <= reach("evaluate")
 
 
-def run_agent_episode(executor_for, name: str, inp, seed: Path):
+def run_agent_episode(executor_for, name: str, inp, seed: Path, before_agent=None):
     """One episode through the generated agent-episode template (argo/mass-cycle.yaml, with the
-    workflow's pod securityContext), after the run's egress proxy as the cycle starts it (a daemon
-    step of the generated egress-proxy template, which reads the run's spec and the rollout's key
-    from S3): its inputs uploaded where prepare puts them, the workflow submitted; (the workflow,
-    output(name) -> the bytes Argo uploaded from /out)."""
+    workflow's pod securityContext), after the run's egress proxy as the cycle starts it (the
+    generated egress-service and egress-proxy templates: a Service and a Deployment whose pod reads
+    the run's spec and the rollout's key from S3): its inputs uploaded where prepare puts them, the
+    workflow submitted; (the workflow, output(name) -> the bytes Argo uploaded from /out).
+    `before_agent(executor)` runs as the agent pod is about to start."""
     from mass_jobs.episodes.harness import episode_file_json
     from mass_jobs.store.archive import write_dir_archive
 
     cycle = next(d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle")
-    agent = next(t for t in cycle["spec"]["templates"] if t["name"] == "agent-episode")
-    proxy = next(t for t in cycle["spec"]["templates"] if t["name"] == "egress-proxy")
+    templates = {t["name"]: t for t in cycle["spec"]["templates"]}
+    agent, service, proxy = (templates[n] for n in ("agent-episode", "egress-service", "egress-proxy"))
     prefix, rollout = f"runs/{name}", "gen-0/collect/t/ep-0"
+    host = next(p["value"] for group in templates["cycle"]["steps"] for st in group
+                for p in (st.get("arguments") or {}).get("parameters", []) if p["name"] == "egress")
     args = {"gen": "0", "task": "t", "label": "ep-0", "rollout": rollout, "store-prefix": prefix,
-            "egress": "{{steps.egress.ip}}"}
+            "egress": host.replace("{{inputs.parameters.gen}}", "0")}
+    gen = {"parameters": [{"name": "gen", "value": "0"}]}
     main = {"name": "main", "steps": [
-        [{"name": "egress", "template": "egress-proxy", "arguments": {"parameters": [{"name": "gen", "value": "0"}]}}],
+        [{"name": "egress-service", "template": "egress-service", "arguments": gen},
+         {"name": "egress", "template": "egress-proxy", "arguments": gen}],
         [{"name": "agent", "template": "agent-episode", "arguments": {
             "parameters": [{"name": k, "value": v} for k, v in args.items()]}}]]}
     semaphores = load_documents([REPO / "manifests" / "semaphores.yaml"])  # every agent pod takes agent-pods
     # the agent pods' NetworkPolicy: the pod gets a network of its own whose exits are the model,
     # exposed as the serve pods the policy allows, and the run's egress proxy (nothing else on the host)
     policy = load_documents([REPO / "manifests" / "networkpolicy.yaml"])
-    ex = executor_for(wft(name, [main, agent, proxy], params=("spec", "run"),
+    made = []
+    faults = (lambda t, inputs, attempt: before_agent(made[0]) if t == "agent-episode" else None) if before_agent else None
+    ex = executor_for(wft(name, [main, agent, service, proxy], params=("spec", "run"),
                           securityContext=cycle["spec"]["securityContext"], automountServiceAccountToken=False),
-                      *semaphores, *policy)
+                      *semaphores, *policy, faults=faults)
+    made.append(ex)
     model = urllib.parse.urlsplit(inp.endpoint.base_url)
     ex.cluster.expose(f"model.{ex.cluster.namespace}.svc.cluster.local", model.port, {"mass-jobs.io/step": "serve"}, 8080)
     repo = ex._repository("artifact-repositories", "default-v1")
     endpoint = ("http://" if repo.insecure else "https://") + repo.endpoint
     # the chart's S3 value, as the step pods get it
-    for var in proxy["container"]["env"]:
-        if var["name"] == "AWS_ENDPOINT_URL":
-            var["value"] = endpoint
+    manifest = proxy["resource"]["manifest"]
+    proxy["resource"]["manifest"] = manifest.replace("value: https://s3.amazonaws.com", f"value: {endpoint}")
+    assert proxy["resource"]["manifest"] != manifest
     client = repo.client()
     spec = {"name": name, "model": {"base": "org/m"}, "store": {"uri": f"s3://{repo.bucket}/runs", "endpoint_url": endpoint},
             "tasks": [{"id": "t", "prompt": "p", "split": "train"}, {"id": "u", "prompt": "q", "split": "test"}],

@@ -9,9 +9,12 @@ sandbox's own loopback is not the host's: without the proxy the same URLs are un
 from __future__ import annotations
 
 import http.server
+import os
+import signal
 import json
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -441,15 +444,31 @@ def test_an_unreachable_or_restarted_run_proxy_makes_the_episode_an_infra_error(
     assert "restarted during the episode" in result.reason
 
 
+def kill_the_proxy(ex) -> None:
+    """The cycle's egress proxy pod dies (OOM, a lost node); returns once its Deployment has a ready
+    replacement."""
+    ((kind, name),) = [k for k in ex.cluster.procs if k[0] == "Deployment"]
+    (handle,) = ex.cluster.procs[(kind, name)]
+    os.kill(handle.pod.proc.pid, signal.SIGKILL)
+    for _ in range(300):
+        if ex.cluster.restarts[name] == 1 and (ex.cluster.get(kind, name)["status"].get("readyReplicas") == 1):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the proxy was not replaced: {ex.cluster.get(kind, name)['status']}")
+
+
 @pytest.mark.argo_exec
-@pytest.mark.parametrize("network", [True, False], ids=["network", "off"])
+@pytest.mark.parametrize("network,restart", [(True, False), (False, False), (True, True)],
+                         ids=["network", "off", "proxy-killed"])
 def test_through_the_agent_pod_template_a_command_reaches_an_allowed_host_and_not_a_denied_one(
-        executor_for, s3_env, scripted_endpoint, hosts, network):
-    """The generated templates under the test executor: the cycle's egress-proxy daemon (`mass
-    egress-serve`, the spec and the rollout's key read from S3), then the agent pod, whose
-    NetworkPolicy lets it reach the model and that daemon only. The sandbox container's command
-    fetches through the proxy (allowed: the page; denied: 403) and directly (unreachable: the
-    policy); the record Argo uploads beside the trace is the proxy's, signed by the harness."""
+        executor_for, s3_env, scripted_endpoint, hosts, network, restart):
+    """The generated templates under the test executor: the cycle's egress proxy (a Deployment of
+    `mass egress-serve`, which reads the spec and the rollout's key from S3, behind a Service), then
+    the agent pod, whose NetworkPolicy lets it reach the model and that proxy only. The sandbox
+    container's command fetches through the proxy (allowed: the page; denied: 403) and directly
+    (unreachable: the policy); the record Argo uploads beside the trace is the proxy's, signed by the
+    harness. A proxy pod killed after the cycle started it is replaced, and the agent pod reaches
+    the replacement by the same name: the episode is whole."""
     from mass_jobs.episodes import proof
     from tests.test_argo_exec import KEY, run_agent_episode, tempfile_dir
 
@@ -463,8 +482,10 @@ def test_through_the_agent_pod_template_a_command_reaches_an_allowed_host_and_no
                        limits=EpisodeLimits(wall_s=90, request_timeout_s=20, request_retries=0, shell_timeout_s=30),
                        network=(f"127.0.0.1:{hosts['allowed']}",) if network else None)
     with tempfile_dir() as seed:
-        wf, output = run_agent_episode(executor_for, f"net-{'on' if network else 'off'}", inp, seed)
+        wf, output = run_agent_episode(executor_for, f"net-{'on' if network else 'off'}", inp, seed,
+                                       before_agent=kill_the_proxy if restart else None)
     assert wf.phase == "Succeeded", wf.summary()
+    assert [n.phase for n in wf.find(type="Pod")] == ["Succeeded"]  # the agent pod, on its first attempt
     status = json.loads(output("status.json"))
     assert status["outcome"] == "success", status
     trace = [json.loads(x) for x in output("trace.jsonl").decode().splitlines()]

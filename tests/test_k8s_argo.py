@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked == 55
+    assert checked == 60
 
 
 def _used_params(obj, scope: str) -> set[str]:
@@ -172,14 +172,26 @@ def test_search_is_bounded_recursion_and_collect_fans_out_over_task_episode(argo
     assert _steps(t["collect"])[0]["withParam"] == "{{inputs.parameters.episodes}}"
     assert [s["template"] for s in _steps(t["collect-episode"])] == ["collect-prepare", "agent-episode", "collect-ingest"]
     order = [s["name"] for s in _steps(t["cycle"])]
-    # the run's egress proxy, a daemon of the cycle, starts before anything that runs agent pods
-    assert order == ["validate", "egress", "serve-model", "search", "collect", "collect-summary", "guard", "rank",
-                     "release-model", "render", "train", "select", "merge", "evaluate", "report"]
+    # the run's egress proxy (its Service and Deployment) is up before anything that runs agent
+    # pods, and deleted after the cycle's last step
+    assert order == ["validate", "egress-service", "egress", "serve-model", "search", "collect", "collect-summary",
+                     "guard", "rank", "release-model", "render", "train", "select", "merge", "evaluate", "report",
+                     "delete-egress"]
+    assert [g[0]["name"] for g in t["cycle"]["steps"]][1] == "egress-service"  # one group: side by side
+    assert {cycle[n]["template"] for n in ("egress-service", "egress")} == {"egress-service", "egress-proxy"}
+    assert t["egress-proxy"]["resource"]["successCondition"] == "status.readyReplicas > 0"
+    # every agent step gets the Service's name, never a pod's address
+    assert {p["value"] for s in _steps(t["cycle"]) for p in (s.get("arguments") or {}).get("parameters", [])
+            if p["name"] == "egress"} == {"egress-{{workflow.uid}}-{{inputs.parameters.gen}}.{{workflow.namespace}}"
+                                          ".svc.cluster.local"}
     assert argo_docs["mass-cycle"]["spec"]["onExit"] == "exit-handler"
     assert _steps(t["exit-handler"])[0]["template"] == "delete-models"
-    # the exit handler deletes every InferenceService a cycle may make: L_g, L_g+1 and L_0
-    assert [s["arguments"]["parameters"][0]["value"] for s in _steps(t["delete-models"])] == [
-        "{{inputs.parameters.gen}}", "{{=asInt(inputs.parameters.gen) + 1}}", "0"]
+    # the exit handler deletes every InferenceService a cycle may make (L_g, L_g+1 and L_0) and its proxy
+    assert [(s["template"], s["arguments"]["parameters"][0]["value"]) for s in _steps(t["delete-models"])] == [
+        ("delete-model", "{{inputs.parameters.gen}}"), ("delete-model", "{{=asInt(inputs.parameters.gen) + 1}}"),
+        ("delete-model", "0"), ("delete-egress", "{{inputs.parameters.gen}}")]
+    assert sorted(s["template"] for s in _steps(t["delete-egress"])) == ["delete-egress-deployment",
+                                                                         "delete-egress-service"]
 
 
 # ---------------------------------------------------------------- pods
@@ -209,7 +221,7 @@ def test_every_pod_has_labels_security_and_limits(argo_docs):
             assert {"cpu", "memory"} <= set(side["resources"]["limits"]), side["name"]
         assert t["retryStrategy"]["limit"] == "3"
         n += 1
-    assert n == 21
+    assert n == 20  # the egress proxy is a Deployment (its pod: test_k8s_pod_security)
     for doc in argo_docs.values():
         spec = doc["spec"]
         if doc["kind"] == "WorkflowTemplate":

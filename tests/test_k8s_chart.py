@@ -285,12 +285,16 @@ def test_agent_network_policy_selects_the_agent_pods(argo_docs):
                 and "spec" in o)
     assert all(isvc["spec"]["predictor"]["labels"][k] == v for k, v in model_rule.items())
     assert labels.STEP in model_rule
-    # and the run's egress proxy: the daemon pod of each cycle, on the port it listens on
+    # and the run's egress proxy: the pod of each cycle's Deployment, on the port it listens on
+    # (a NetworkPolicy sees the pod behind the Service)
     proxy_rule = policy["spec"]["egress"][2]
-    proxy = next(t for t in argo_docs["mass-cycle"]["spec"]["templates"] if t["name"] == "egress-proxy")
-    assert proxy.get("daemon") is True
-    assert all(proxy["metadata"]["labels"][k] == v for k, v in proxy_rule["to"][0]["podSelector"]["matchLabels"].items())
-    assert [p["port"] for p in proxy_rule["ports"]] == [c["containerPort"] for c in proxy["container"]["ports"]]
+    (proxy,) = [o for o in schemas.embedded_manifests(argo_docs["mass-cycle"]) if o["kind"] == "Deployment" and "spec" in o]
+    pod = proxy["spec"]["template"]
+    assert all(pod["metadata"]["labels"][k] == v for k, v in proxy_rule["to"][0]["podSelector"]["matchLabels"].items())
+    assert [p["port"] for p in proxy_rule["ports"]] == [c["containerPort"] for c in pod["spec"]["containers"][0]["ports"]]
+    (service,) = [o for o in schemas.embedded_manifests(argo_docs["mass-cycle"]) if o["kind"] == "Service" and "spec" in o]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["targetPort"] == pod["spec"]["containers"][0]["ports"][0]["name"]
     # every agent egress policy of the chart (all scenarios) selects exactly those pods
     for name in SCENARIOS:
         for o in _objects(_scenario(name)):
@@ -569,6 +573,8 @@ def _placements(objs) -> dict[str, set]:
             out.setdefault("trainer", set()).add(of(replica["template"]["spec"]))
     for isvc in (o for o in made if o["kind"] == "InferenceService"):
         out.setdefault("server", set()).add(of(isvc["spec"]["predictor"]))
+    for proxy in (o for o in made if o["kind"] == "Deployment"):
+        out.setdefault("egress", set()).add(of(proxy["spec"]["template"]["spec"]))
     return out
 
 
@@ -601,15 +607,17 @@ def test_each_class_of_pods_gets_its_scheduling_values_and_every_pod_the_pull_se
     assert not any("imagePullSecrets" in o for o in default if o["kind"] == "ServiceAccount")
 
 
-def test_every_pod_template_has_a_deadline_but_the_cycles_daemon():
+def test_every_pod_template_has_a_deadline():
     """A step that hangs fails (and is retried) instead of holding the run for days: every pod
     template has activeDeadlineSeconds (steps and merge from their values, agent pods and the GPU
-    steps their own), except the egress proxy, a daemon that lives as long as its cycle."""
+    steps their own, the egress proxy's step its bound to be ready). The proxy itself, a
+    Deployment, lives until the cycle's last step or its exit handler deletes it."""
     objs = _objects({**_scenario("default"), "resources": {"step": {"activeDeadlineSeconds": 900},
                                                           "merge": {"activeDeadlineSeconds": 7200}}})
     cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
     deadlines = {t["name"]: t.get("activeDeadlineSeconds") for t in cycle["spec"]["templates"]
                  if "container" in t or "resource" in t}
-    assert [n for n, d in deadlines.items() if d is None] == ["egress-proxy"], deadlines
+    assert [n for n, d in deadlines.items() if d is None] == [], deadlines
+    assert deadlines["egress-proxy"] == "1800"
     assert int(deadlines["merge"]) == 7200 and int(deadlines["validate"]) == 900
     assert {int(d) for n, d in deadlines.items() if d is not None and n not in ("merge",)} >= {900}

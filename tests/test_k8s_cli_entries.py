@@ -1,6 +1,7 @@
 """Each container of the Argo templates calls a real `mass` CLI entry, with flags its --help lists.
 
-Collected from argo/ (container templates and the PyTorchJob in the train step), so a renamed
+Collected from argo/ (container templates, the PyTorchJob in the train step and the egress proxy's
+Deployment), so a renamed
 flag or entry fails here before it fails on a cluster.
 """
 
@@ -28,6 +29,8 @@ def _commands() -> dict[str, set[str]]:
         for inner in schemas.embedded_manifests(doc):
             for rs in (inner.get("spec", {}).get("pytorchReplicaSpecs") or {}).values():
                 argvs += [c["command"] for c in rs["template"]["spec"]["containers"]]
+            if inner.get("kind") == "Deployment" and "spec" in inner:  # the egress proxy
+                argvs += [c["command"] + c.get("args", []) for c in inner["spec"]["template"]["spec"]["containers"]]
     for argv in argvs:
         assert "mass" in argv, f"container does not run the mass CLI: {argv}"
         rest = argv[argv.index("mass") + 1:]

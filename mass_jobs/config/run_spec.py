@@ -430,7 +430,7 @@ class ExecutionSpec(Closed):
                     "of hosts ('pypi.org', '*.example.org', 'host:port', an address; without a port, 80 and 443): "
                     "shell commands reach those through the episode's recording egress proxy (HTTP(S)_PROXY), each "
                     "request recorded in network.jsonl beside the trace and counted in the report. On a cluster the "
-                    "proxy is the run's (a daemon of each cycle) and the agent pods' NetworkPolicy the boundary.")
+                    "proxy is the run's (a Deployment of each cycle) and the agent pods' NetworkPolicy the boundary.")
     sandbox: Literal["bwrap", "none"] = Field(
         default="bwrap",
         description="What bounds model-written code (shell commands, qwen-code, guard checks) on a local machine. "

@@ -37,6 +37,7 @@ from mass_jobs.pipeline import table as P
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import manifests as K
 from mass_jobs.k8s import prometheus as PM
+from mass_jobs.k8s import egress_proxy as EP
 from mass_jobs.k8s import pods, serving, training
 from mass_jobs.k8s.agent_template import agent_container
 from mass_jobs.k8s.argo_flow import (
@@ -220,23 +221,25 @@ class _Builder:
 
     # -------------------------------------------------------------- the table's steps
 
-    def egress_proxy(self) -> Container:
-        """The run's egress proxy (`mass egress-serve`), a daemon of each cycle: Argo starts the cycle's
-        next steps once it is ready and ends it with the cycle; the agent pods get its pod IP. A step
-        pod (it reads the rollouts' keys from the store), on its pod IP only."""
-        from mass_jobs.sandbox.egress_service import PORT
-
-        c = self.step(EGRESS_TEMPLATE, ["egress-serve", SPEC, "--listen", f":{PORT}"], label=K.EGRESS_STEP)
-        c.daemon = True
-        c.metrics = None  # a daemon's metrics are emitted once it is ready, in status Running: no duration
-        c.active_deadline_seconds = None  # it lives as long as its cycle, training included: not a step's bound
-        c.env = [*c.env, m.EnvVar(name="POD_IP", value_from=m.EnvVarSource(
-            field_ref=m.ObjectFieldSelector(field_path="status.podIP")))]
-        c.ports = [m.ContainerPort(name="proxy", container_port=PORT, protocol="TCP")]
-        # the port by name: Argo's schema types it a string, hera an int (set in mass_cycle)
-        c.readiness_probe = m.Probe(http_get=m.HTTPGetAction(path="/healthz", port=PORT),
-                                    period_seconds=2, failure_threshold=30)
-        return c
+    def egress_proxy(self) -> None:
+        """The run's egress proxy (`mass egress-serve`, egress_proxy.py): its Service and its Deployment,
+        applied by the cycle before its first step (the Deployment's step waits for a ready pod), and
+        `delete-egress`, which the cycle's last step and its exit handler run."""
+        for name, obj, ready in (("egress-service", EP.service(self.s), None),
+                                 (EGRESS_TEMPLATE, EP.deployment(self.s, _env_dicts(self.step_env())), EP.READY)):
+            Resource(name=name, inputs=input_params("gen"), action="apply", set_owner_reference=True,
+                     manifest=_manifest(obj), success_condition=ready, labels=L.pod_labels(name, gen=GEN),
+                     retry_strategy=RESOURCE_RETRY,
+                     active_deadline_seconds=EP.READY_S if ready else self.s.step.deadline_s)
+        for kind, api in (("Deployment", "apps/v1"), ("Service", "v1")):
+            ref = {"apiVersion": api, "kind": kind, "metadata": {"name": EP.NAME}}
+            Resource(name=f"delete-egress-{kind.lower()}", inputs=input_params("gen"), action="delete",
+                     flags=["--ignore-not-found"], manifest=_manifest(ref), labels=L.pod_labels("delete-egress", gen=GEN),
+                     retry_strategy=RESOURCE_RETRY, active_deadline_seconds=self.s.step.deadline_s)
+        with Steps(name="delete-egress", inputs=input_params("gen")) as st:
+            with st.parallel():
+                for kind in ("deployment", "service"):
+                    Step(name=kind, template=f"delete-egress-{kind}", arguments=step_args(gen=GEN))
 
     def validate(self) -> Container:
         names = {**VALIDATE_OUTPUTS, **{P.done_output(sd.name): P.done_output(sd.name)
@@ -360,16 +363,20 @@ class _Builder:
         sync = m.Synchronization(mutexes=[m.Mutex(name=f"mass-run-{RUN_ID}")])
         with Steps(name="cycle", inputs=input_params("gen"), synchronization=sync) as cycle:
             Step(name="validate", template="validate", arguments=step_args(gen=GEN))
-            Step(name="egress", template=EGRESS_TEMPLATE, arguments=step_args(gen=GEN))
+            with cycle.parallel():
+                Step(name="egress-service", template="egress-service", arguments=step_args(gen=GEN))
+                Step(name="egress", template=EGRESS_TEMPLATE, arguments=step_args(gen=GEN))
+            egress = EP.host(self.s)
             for i, sd in enumerate(gen_steps):
                 if i == first_model:
                     Step(name="serve-model", template="serve-model", when=f"{V % 'needs-model'} == true",
                          arguments=step_args(gen=GEN, model_uri=V % "model-uri", dtype=V % "dtype"))
-                cycle_step(sd)
+                cycle_step(sd, egress)
                 if i == last_model:  # its last user is done: free the GPU before training
                     Step(name="release-model", template="delete-model", arguments=step_args(gen=GEN))
             for sd in P.run_steps(self.steps):
-                cycle_step(sd)
+                cycle_step(sd, egress)
+            Step(name="delete-egress", template="delete-egress", arguments=step_args(gen=GEN))
         return cycle
 
 

@@ -7,12 +7,13 @@ from hera.workflows import Parameter, Step, Steps
 from hera.workflows import models as m
 
 from mass_jobs.pipeline import table as P
-from mass_jobs.k8s.argo_vocab import AGENT_TEMPLATE, EGRESS_IN, EGRESS_IP, EPISODE, GEN, NEXT_GEN, ROLLOUT, TASK, V, input_params, step_args
+from mass_jobs.k8s.argo_vocab import AGENT_TEMPLATE, EGRESS_IN, EPISODE, GEN, NEXT_GEN, ROLLOUT, TASK, V, input_params, step_args
 
 
-def cycle_step(sd: P.StepDef) -> None:
+def cycle_step(sd: P.StepDef, egress: str) -> None:
+    """`egress`: the host of the cycle's egress proxy (its Service), the agent pods' way out."""
     done = f"{V % P.done_output(sd.name)} == false"
-    agent = {"store_prefix": V % "store-prefix", "egress": EGRESS_IP}  # where the agent pods' artifacts live, their way out
+    agent = {"store_prefix": V % "store-prefix", "egress": egress}  # where the agent pods' artifacts live, their way out
     match sd.shape:
         case P.Recursion():
             Step(name=sd.name, template=f"{sd.name}-task", with_param=V % "tasks", when=f"{V % 'iterations'} > 0",
@@ -107,9 +108,11 @@ def episode_fanout(name: str, parallelism) -> Steps:
 
 def delete_models_steps() -> Steps:
     """Every InferenceService a cycle of generation g may have made: L_g (the inner loop), and
-    L_0 and L_g+1 (evaluate); absent ones are no error. The exit handler's, success or not."""
+    L_0 and L_g+1 (evaluate), and its egress proxy; absent ones are no error. The exit handler's,
+    success or not."""
     with Steps(name="delete-models", inputs=input_params("gen")) as st:
         with st.parallel():
             for name, gen in (("gen", GEN), ("next", NEXT_GEN), ("base", "0")):
                 Step(name=name, template="delete-model", arguments=step_args(gen=gen))
+            Step(name="egress", template="delete-egress", arguments=step_args(gen=GEN))
     return st

@@ -45,8 +45,7 @@ VALIDATE_OUTPUTS = {
 }
 # Keys of one episode's agent artifacts: the same layout RunContext gives the steps.
 EPISODE_KEYS = RunContext.template("{{inputs.parameters.store-prefix}}")
-# the run's egress proxy (a daemon step of each cycle, mass egress-serve): its pod IP, passed down to the agent pods
-EGRESS_IP = "{{steps.egress.ip}}"
+# the run's egress proxy (egress_proxy.py): its Service's host, passed down to the agent pods
 EGRESS_IN = "{{inputs.parameters.egress}}"
 EGRESS_TEMPLATE = "egress-proxy"
 ROLLOUT = "{{inputs.parameters.rollout}}"  # a rollout's dir relative to the run (prepare lists them)

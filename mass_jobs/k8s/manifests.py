@@ -24,7 +24,7 @@ S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # The agent pods' step label: the NetworkPolicy selects on it.
 AGENT_STEP = "episode"
 MODEL_STEP = "serve"
-EGRESS_STEP = "egress-proxy"  # the run's egress proxy (a daemon of each cycle)
+EGRESS_STEP = "egress-proxy"  # the run's egress proxy (a Deployment of each cycle, egress_proxy.py)
 PREDICTOR_PORT = 8080  # container port behind the `<isvc>-predictor` Service (80)
 
 
@@ -71,6 +71,9 @@ def rbac(s: ClusterSettings) -> list[dict]:
             {"apiGroups": ["argoproj.io"], "resources": ["workflows/finalizers"], "verbs": ["update"]},
             {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": verbs},
             {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": verbs},
+            # each cycle's egress proxy (egress_proxy.py): its Deployment and Service
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": verbs},
+            {"apiGroups": [""], "resources": ["services"], "verbs": verbs},
         ],
     }
     binding = {

@@ -17,8 +17,7 @@ Every series has a `run` label (the workflow's `run` parameter, the spec's name)
 serves every run in the cluster, and two runs' gauges would otherwise overwrite each other. Counters
 and gauges are emitted only for a node that Succeeded: a failed attempt has no outcome or value
 (an empty value is a MetricsError condition on the workflow), and its retry is counted when it
-succeeds, so each episode counts once. The egress proxy, a daemon, has no duration: Argo emits a
-daemon's metrics when it is ready, in status Running, every cycle.
+succeeds, so each episode counts once. The egress proxy, a Deployment the cycle applies, has none.
 
 `charts/mass-jobs/dashboards/mass-jobs.json` charts them (Grafana, installed with
 `metrics.dashboard: true`), a run at a time.

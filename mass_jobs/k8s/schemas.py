@@ -75,8 +75,28 @@ def _argo_json_validator(kind: str):
                                  "definitions": _argo_definitions()})
 
 
+# Kinds the offline folder lacks, from the package its Kubernetes schemas were generated with
+# (kubernetes-validate, the Kubernetes v1.35.0 OpenAPI, strict): a test dependency.
+PACKAGE_SCHEMAS = {("apps/v1", "Deployment"): "deployment-apps-v1.json", ("v1", "Service"): "service-v1.json"}
+
+
+@lru_cache(maxsize=None)
+def _package_validator(name: str):
+    from importlib.resources import files
+
+    from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+
+    root = files("kubernetes_validate") / "kubernetes-json-schema" / "v1.35.0-local-strict"
+    defs = strict(json.loads((root / "_definitions.json").read_text()))
+    registry = Registry().with_resource(defs["$id"], Resource.from_contents(defs))
+    return Draft202012Validator(strict(json.loads((root / name).read_text())), registry=registry)
+
+
 def validators(doc: dict) -> list:
     key = (doc.get("apiVersion"), doc.get("kind"))
+    if key in PACKAGE_SCHEMAS:
+        return [_package_validator(PACKAGE_SCHEMAS[key])]
     if key not in SCHEMA_FILES:
         raise KeyError(f"no schema for apiVersion={key[0]!r} kind={key[1]!r}")
     found = [_validator(SCHEMA_FILES[key])]
@@ -138,6 +158,7 @@ EXAMPLE_VALUES = {
     "workflow.parameters.spec": "s3://mass-jobs/specs/demo.yaml",
     "workflow.parameters.gen": "0",
     "workflow.name": "mass-run-abcde",
+    "workflow.uid": "3f9c2a7e-5b1d-4c8e-9a6f-0d2b7e4c1a95",
     "workflow.namespace": "mass-jobs",
     "inputs.parameters.gen": "3",
     "inputs.parameters.model-uri": "s3://mass-jobs/runs/demo/gen-3/model",

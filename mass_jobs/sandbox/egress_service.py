@@ -1,4 +1,4 @@
-"""The run's egress proxy on a cluster: one pod per cycle (an Argo daemon step) for all its agent pods.
+"""The run's egress proxy on a cluster: one per cycle (a Deployment behind a Service) for all its agent pods.
 
 On a cluster a sandboxed command cannot get a network namespace of its own (seccomp RuntimeDefault),
 so the boundary is the pod's: the agent pods' NetworkPolicy lets them reach this pod and nothing
