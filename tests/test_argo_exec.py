@@ -620,6 +620,41 @@ def test_a_merge_asking_more_disk_than_any_node_has_fails_at_its_pending_bound_a
     assert "merged" in pod.log.read_text()
 
 
+def test_a_trainer_job_whose_pods_never_schedule_fails_its_step_at_the_pending_bound(executor_for):
+    """The generated train step on a cluster whose only GPUs are on a tainted pool, without the
+    tolerations: the job is created and its Master stays Pending (the scheduler's message), so the
+    step's start fails at scheduling.pendingTimeoutSeconds, each of its four attempts, instead of
+    waiting out the training deadline (two days); the job never reached Running."""
+    import copy
+
+    from mass_jobs.k8s import argo, preflight
+    from mass_jobs.k8s.settings import values_settings
+    from tests.fixtures.argo_exec.scheduler import Node
+
+    values = preflight.merge(preflight.load_values([]), {"scheduling": {"pendingTimeoutSeconds": 3}})
+    cycle = argo.mass_cycle(values_settings(values))
+    templates = [copy.deepcopy(t) for t in cycle["spec"]["templates"] if t["name"].startswith("train")]
+    assert int(next(t for t in templates if t["name"] == "train-job-single")["activeDeadlineSeconds"]) == 3
+    params = {"gen": "0", "trainer-workers": "0", "trainer-nproc": "1", "trainer-gpus": "1"}
+    main = {"name": "main", "steps": [[{"name": "train", "template": "train", "arguments": {
+        "parameters": [{"name": k, "value": v} for k, v in params.items()]}}]]}
+    taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    nodes = [Node("cpu-1", {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti"}),
+             Node("gpu-1", {"cpu": "192", "memory": "2Ti", "ephemeral-storage": "4Ti", "nvidia.com/gpu": "8"},
+                  taints=[taint])]
+    ex = executor_for(wft("train", [main, *templates], params=("spec", "run")),
+                      *load_documents([REPO / "manifests" / "semaphores.yaml"]), nodes=nodes)
+    wf = ex.submit("train", {"spec": "s3://mass-jobs/specs/t.yaml", "run": "t"})
+    assert wf.phase == "Failed", wf.summary()
+    starts = wf.find(template="train-job-single", type="Resource")
+    assert len(starts) == 4 and all(n.phase == "Failed" and "deadline" in n.message for n in starts), wf.summary()
+    assert all(3 <= n.finished - n.started < 20 for n in starts)
+    assert not wf.find(template="train-wait")  # never reached the two days' wait
+    job = ex.cluster.get("PyTorchJob", "mass-t-g0-train")
+    assert [c["type"] for c in job["status"]["conditions"]] == ["Created"]
+    assert "untolerated taint {nvidia.com/gpu: present}" in ex.cluster.scheduler.pending["mass-t-g0-train-master-0"]
+
+
 def test_a_queued_predictor_loads_only_once_kueue_admits_it(executor_for, s3_env):
     """The InferenceService the cycle renders with a queue: its pods wait behind Kueue's gate (no
     download, no failure) until the queue covers every resource it requests and has its GPU; then

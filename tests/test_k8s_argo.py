@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked == 60
+    assert checked == 61
 
 
 def _used_params(obj, scope: str) -> set[str]:
@@ -284,11 +284,14 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
 
 def test_resource_templates_wait_on_the_documented_conditions(argo_docs):
     t = _templates(argo_docs["mass-cycle"])
-    serve, train = t["serve-model"]["resource"], t["train-job"]["resource"]
+    serve, train, wait = t["serve-model"]["resource"], t["train-job"]["resource"], t["train-wait"]["resource"]
     assert serve["successCondition"] == "status.modelStatus.states.targetModelState == Loaded"
     assert "UpToDate" not in serve["failureCondition"]
-    assert train["successCondition"] == "status.replicaStatuses.Master.succeeded > 0"
-    assert t["train-job"]["synchronization"]["semaphores"][0]["configMapKeyRef"] == {"name": "mass-semaphores", "key": "gpu-jobs"}
+    # the job started (its Master running) within the pending bound, then trained within its deadline
+    assert train["successCondition"] == "status.conditions.1.type" and int(t["train-job"]["activeDeadlineSeconds"]) == 900
+    assert (wait["action"], wait["successCondition"]) == ("get", "status.replicaStatuses.Master.succeeded > 0")
+    assert train["failureCondition"] == wait["failureCondition"]
+    assert t["train"]["synchronization"]["semaphores"][0]["configMapKeyRef"] == {"name": "mass-semaphores", "key": "gpu-jobs"}
     assert t["delete-model"]["resource"]["action"] == "delete"
     isvc, job = _created(argo_docs, "InferenceService"), _created(argo_docs, "PyTorchJob")
     assert isvc["metadata"]["name"] == "mass-demo-g3"

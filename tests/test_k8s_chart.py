@@ -480,6 +480,8 @@ def _deadlines(objs) -> dict[str, int]:
     return {"job": job["spec"]["runPolicy"]["activeDeadlineSeconds"],
             "train step": int(tmpl["train-job"]["activeDeadlineSeconds"]),
             "single step": int(tmpl["train-job-single"]["activeDeadlineSeconds"]),
+            "wait step": int(tmpl["train-wait"]["activeDeadlineSeconds"]),
+            "started": tmpl["train-job"]["resource"]["successCondition"],
             "serve step": int(tmpl["serve-model"]["activeDeadlineSeconds"])}
 
 
@@ -487,16 +489,22 @@ def test_kueue_labels_the_papers_gpu_workloads_and_its_queue_time_extends_only_t
     """With kueue.queueName the trainer job (not its pods: Kueue admits the job as one Workload) and
     the predictor carry the queue label; step and agent pods only under the plain-pod integration.
     The job's own deadline counts from its admission; the Argo steps that wait on a queued object
-    get maxQueueSeconds more."""
+    get maxQueueSeconds more: the train step's start (its Master running, past Kueue's Suspended
+    condition) within scheduling.pendingTimeoutSeconds, its wait within the training deadline."""
     paper = _scenario("paper")
     plain = _objects(paper)
     assert _queue_labels(plain) == {"job": [None], "job pods": [None], "isvc": [None, None], "pods": ["None"]}
-    assert _deadlines(plain) == {"job": 172800, "train step": 172800, "single step": 172800, "serve step": 3600}
+    assert _deadlines(plain) == {"job": 172800, "train step": 900, "single step": 900, "wait step": 172800,
+                                 "started": "status.conditions.1.type", "serve step": 3600}
     queued = _objects({**paper, "kueue": {"queueName": "gpu-team", "maxQueueSeconds": 7200}})
     assert _queue_labels(queued) == {"job": ["gpu-team"], "job pods": [None], "isvc": ["gpu-team", "gpu-team"],
                                      "pods": ["None"]}
-    assert _deadlines(queued) == {"job": 172800, "train step": 172800 + 7200, "single step": 172800 + 7200,
+    assert _deadlines(queued) == {"job": 172800, "train step": 900 + 7200, "single step": 900 + 7200,
+                                  "wait step": 172800 + 7200, "started": "status.conditions.2.type",
                                   "serve step": 3600 + 7200}
+    # no pending bound: the start waits as long as the training may
+    unbound = _objects({**paper, "scheduling": {"pendingTimeoutSeconds": 0}})
+    assert _deadlines(unbound)["train step"] == 172800
     pods = _objects(_scenario("kueue"))
     assert _queue_labels(pods) == {"job": ["mass-gpu"], "job pods": [None], "isvc": ["mass-gpu", "mass-gpu"],
                                    "pods": ["mass-gpu"]}

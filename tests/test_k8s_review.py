@@ -323,7 +323,7 @@ def test_the_training_job_is_named_from_the_run_and_replaced_not_duplicated(cycl
     replace the one job: named from the run, deleted in foreground (its pods gone) before a create."""
     t = _t(cycle)
     # one of the two creates runs: Master + Workers, or the Master alone for one replica
-    assert [s["template"] for s in _steps(t["train"])] == ["train-delete-job", "train-job", "train-job-single"]
+    assert [s["template"] for s in _steps(t["train"])] == ["train-delete-job", "train-job", "train-job-single", "train-wait"]
     assert t["train"]["retryStrategy"]["limit"] == "3"
     delete = t["train-delete-job"]["resource"]
     assert delete["action"] == "delete" and "--ignore-not-found" in delete["flags"]

@@ -195,6 +195,9 @@ class _Builder:
         # One replica: the Master alone (the operator's webhook refuses `Worker.replicas: 0`).
         single = training.pytorch_job(self.s, name, sd.argv(SPEC, GEN), labels, env=_env_dicts(self.step_env()),
                                       **{**sizes, "workers": None})
+        # Created, then started: the operator's Master runs (or the job already ended). A job whose
+        # pods stay Pending (taints, no free GPU, a disk no node has) never gets there and fails this
+        # step at the pending bound (plus the queue's, under Kueue), not at the training deadline.
         for suffix, text, inputs in (("job", manifest, params),
                                      ("job-single", _manifest(single), tuple(p for p in params if p != "trainer-workers"))):
             Resource(
@@ -203,14 +206,27 @@ class _Builder:
                 action="create",
                 set_owner_reference=True,
                 manifest=text,
-                success_condition=training.SUCCEEDED,
+                success_condition=helm('include "mass-jobs.jobStarted" .') if self.s.chart
+                else training.started(bool(self.s.kueue_queue)),
                 failure_condition=training.FAILED,
                 labels=L.pod_labels(sd.name, gen=GEN),
-                synchronization=gpu_semaphore(),
-                active_deadline_seconds=self.s.train_step_deadline_s,
-                metrics=PM.metrics(PM.step_duration(f"{sd.name}-job")),
+                active_deadline_seconds=self.s.train_start_deadline_s,
             )
-        with Steps(name=sd.name, inputs=input_params(*params), retry_strategy=TRAIN_RETRY):
+        # then trained: the job's own deadline counts from its admission
+        Resource(
+            name=f"{sd.name}-wait",
+            inputs=input_params("gen"),
+            action="get",
+            manifest=_manifest(ref),
+            success_condition=training.SUCCEEDED,
+            failure_condition=training.FAILED,
+            labels=L.pod_labels(sd.name, gen=GEN),
+            active_deadline_seconds=self.s.train_step_deadline_s,
+            metrics=PM.metrics(PM.step_duration(f"{sd.name}-job")),
+        )
+        # the GPU-jobs semaphore is held from the delete to the end of training, across attempts
+        with Steps(name=sd.name, inputs=input_params(*params), retry_strategy=TRAIN_RETRY,
+                   synchronization=gpu_semaphore()):
             Step(name="delete-job", template=f"{sd.name}-delete-job", arguments=step_args(gen=GEN))
             workers = "{{inputs.parameters.trainer-workers}}"
             Step(name="job", template=f"{sd.name}-job", when=f"{workers} > 0",
@@ -218,6 +234,7 @@ class _Builder:
             Step(name="job-single", template=f"{sd.name}-job-single", when=f"{workers} == 0",
                  arguments=[Parameter(name=p, value="{{inputs.parameters.%s}}" % p) for p in params
                             if p != "trainer-workers"])
+            Step(name="wait", template=f"{sd.name}-wait", arguments=step_args(gen=GEN))
 
     # -------------------------------------------------------------- the table's steps
 

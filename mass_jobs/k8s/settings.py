@@ -149,6 +149,9 @@ class ClusterSettings:
     # Kueue's plain-pod integration the queue's bound is added (a gated pod is Pending).
     pending_timeout_s: str = "900"
     pod_pending_timeout: str = field(init=False)
+    # The train step's first part: its job created and its Master running, within the pending
+    # bound (plus the queue's); 0 = no bound: the training deadline.
+    train_start_deadline_s: str = field(init=False)
     scratch: dict = field(default_factory=lambda: {c: Scratch() for c in SCRATCH_CLASSES})
     chart: bool = False  # True only for helm_settings(): builders add the chart's labels block
 
@@ -158,14 +161,16 @@ class ClusterSettings:
             derived = {"job_deadline_s": helm(f"{v}.resources.trainer.activeDeadlineSeconds"),
                        "train_step_deadline_s": helm(f"add {v}.resources.trainer.activeDeadlineSeconds {wait} | quote"),
                        "serve_step_deadline_s": helm(f"add {v}.model.readyDeadlineSeconds {wait} | quote"),
-                       "pod_pending_timeout": helm('include "mass-jobs.pendingTimeout" . | quote')}
+                       "pod_pending_timeout": helm('include "mass-jobs.pendingTimeout" . | quote'),
+                       "train_start_deadline_s": helm('include "mass-jobs.trainStartDeadline" . | quote')}
         else:
             wait = int(self.queue_wait_s) if self.kueue_queue else 0
             bound = int(self.pending_timeout_s)
             derived = {"job_deadline_s": int(self.train_deadline_s),
                        "train_step_deadline_s": str(int(self.train_deadline_s) + wait),
                        "serve_step_deadline_s": str(int(self.serve_deadline_s) + wait),
-                       "pod_pending_timeout": str(bound + (wait if self.kueue_pods is True else 0)) if bound else ""}
+                       "pod_pending_timeout": str(bound + (wait if self.kueue_pods is True else 0)) if bound else "",
+                       "train_start_deadline_s": str(bound + wait) if bound else str(int(self.train_deadline_s) + wait)}
         for name, value in derived.items():
             object.__setattr__(self, name, value)
         if self.s3_endpoint_url is None:

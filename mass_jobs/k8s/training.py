@@ -24,6 +24,14 @@ FAILED = ",".join([*(f"status.conditions.{i}.type == Failed" for i in range(COND
                    "status.replicaStatuses.Master.failed > 0"])
 
 
+def started(queued: bool) -> str:
+    """The job got past Created: a second condition exists (Running once the Master's pod runs, or
+    Succeeded/Failed if it ended first), or under Kueue a third (Suspended comes second, and the
+    operator updates it in place when Kueue admits the job). The operator keeps one condition per
+    type in the order they first happened, and a selector key cannot search a list."""
+    return f"status.conditions.{2 if queued else 1}.type"
+
+
 def job_name(run: str, gen: str, step: str) -> str:
     """One name per run, generation and trainer step: the job a resubmitted run replaces."""
     return f"mass-{run}-g{gen}-{step}"

@@ -109,3 +109,16 @@ pod gated by Kueue's plain-pod integration is Pending while queued, so the queue
 {{- $bound := int .Values.scheduling.pendingTimeoutSeconds -}}
 {{- if eq $bound 0 }}{{ else if and .Values.kueue.queueName .Values.kueue.podIntegration }}{{ add $bound .Values.kueue.maxQueueSeconds }}{{ else }}{{ $bound }}{{ end }}
 {{- end }}
+
+{{/* The train step's first part: its job's Master running within the pending bound (plus the
+queue's bound under Kueue); with no bound (0), the training deadline. */}}
+{{- define "mass-jobs.trainStartDeadline" -}}
+{{- $bound := int .Values.scheduling.pendingTimeoutSeconds -}}
+{{- if eq $bound 0 }}{{ add .Values.resources.trainer.activeDeadlineSeconds (include "mass-jobs.queueWait" . | atoi) }}{{ else }}{{ add $bound (include "mass-jobs.queueWait" . | atoi) }}{{ end }}
+{{- end }}
+
+{{/* A trainer job got past Created (mass_jobs.k8s.training.started): its second condition, or its
+third under Kueue (Suspended comes second). */}}
+{{- define "mass-jobs.jobStarted" -}}
+status.conditions.{{ if .Values.kueue.queueName }}2{{ else }}1{{ end }}.type
+{{- end }}
