@@ -1,8 +1,8 @@
-"""`mass egress-serve SPEC`: the run's egress proxy on a cluster (a daemon step of each cycle).
+"""`mass egress-serve SPEC`: the run's egress proxy on a cluster (a Deployment of each cycle).
 
 The allow-list is the spec's `execution.network` (off: every request refused, and logged); a
 request counts for the rollout whose key (in the run's store, written by prepare) made its token.
-See `mass_jobs.sandbox.egress_service`. Serves until killed (Argo ends a daemon with its cycle).
+See `mass_jobs.sandbox.egress_service`. Serves until killed (the cycle deletes its Deployment when it ends).
 """
 
 from __future__ import annotations
