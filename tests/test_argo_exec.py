@@ -655,6 +655,29 @@ def test_a_trainer_job_whose_pods_never_schedule_fails_its_step_at_the_pending_b
     assert "untolerated taint {nvidia.com/gpu: present}" in ex.cluster.scheduler.pending["mass-t-g0-train-master-0"]
 
 
+def test_the_executor_refuses_a_deployment_the_api_server_refuses(executor_for):
+    """The generated egress proxy's Deployment is accepted; one whose selector misses its pod's
+    labels, or whose pod has a deadline (a ReplicaSet's pods cannot), is refused as the API server
+    refuses it, before any pod runs."""
+    import copy
+
+    from mass_jobs.k8s import egress_proxy, schemas
+    from mass_jobs.k8s.settings import ClusterSettings
+    from tests.fixtures.argo_exec.resources import ResourceError, _deployment_errors
+
+    good = yaml.safe_load(schemas.substitute_examples(yaml.safe_dump(egress_proxy.deployment(ClusterSettings(), []))))
+    assert _deployment_errors(good) == []
+    stray = copy.deepcopy(good)
+    stray["spec"]["selector"]["matchLabels"]["mass-jobs.io/egress-proxy"] = "another"
+    deadline = copy.deepcopy(good)
+    deadline["spec"]["template"]["spec"]["activeDeadlineSeconds"] = 60
+    ex = executor_for()
+    for bad, why in ((stray, "`selector` does not match template `labels`"), (deadline, "activeDeadlineSeconds")):
+        with pytest.raises(ResourceError, match=why):
+            ex.cluster.apply(bad, "apply", None, [])
+    assert ex.cluster.objects == {}
+
+
 def test_a_queued_predictor_loads_only_once_kueue_admits_it(executor_for, s3_env):
     """The InferenceService the cycle renders with a queue: its pods wait behind Kueue's gate (no
     download, no failure) until the queue covers every resource it requests and has its GPU; then

@@ -430,11 +430,13 @@ def _workflow_defaults(s: ClusterSettings) -> dict:
 
 
 def scheduling_class(template: str, steps) -> str:
-    """A pod template's scheduling class (values scheduling.<class>): the agent pods', the egress
-    proxy's, else the resources its step declares (step, merge). The trainer's and the server's pods
-    are the PyTorchJob's and the InferenceService's (training.py, serving.py)."""
-    fixed = {AGENT_TEMPLATE: "agent", EGRESS_TEMPLATE: "egress"}
-    return fixed.get(template) or next((sd.resources for sd in steps if sd.name == template), "step")
+    """A pod template's scheduling class (values scheduling.<class>): the agent pods', else the
+    resources its step declares (step, merge). The trainer's, the server's and the egress proxy's
+    pods are the PyTorchJob's, the InferenceService's and the Deployment's (training.py, serving.py,
+    egress_proxy.py)."""
+    if template == AGENT_TEMPLATE:
+        return "agent"
+    return next((sd.resources for sd in steps if sd.name == template), "step")
 
 
 def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:

@@ -48,6 +48,7 @@ from pathlib import Path
 import yaml
 
 from mass_jobs.k8s import training
+from mass_jobs.k8s.pods import quantity_bytes
 from mass_jobs.k8s.schemas import webhook_errors
 from mass_jobs.k8s.settings import ClusterSettings
 from mass_jobs.pipeline.planning.memory import load_config, meta_model, shipped_config
@@ -328,8 +329,6 @@ def checks(spec, values: dict, config=None) -> list[Check]:
         add("GPU jobs at once", jobs, ">= 1", int(jobs) >= 1, "values gpu.concurrentJobs",
             f"expected at least 1 GPU job at once (chart value gpu.concurrentJobs), found {jobs}: train never starts")
     if config is not None:
-        from mass_jobs.k8s.pods import quantity_bytes
-
         size = model_bytes(spec, config)
         n = spec.sft.gpus_per_replica
         fp8 = spec.sft.fp8_export
@@ -379,8 +378,6 @@ def node_disk(values: dict) -> list[tuple[str, str]]:
     """(class, ephemeral-storage request) of each class of pods, largest first: what a node of that
     class's pool must have allocatable (its emptyDirs, logs and writable layers live on the node's
     disk; a scratch volume takes /tmp off it). An agent pod's is its two containers'."""
-    from mass_jobs.k8s.pods import quantity_bytes
-
     asked = {c: _get(values, f"resources.{c}.ephemeralStorage") for c in ("step", "merge", "server", "trainer")}
     agent = [_get(values, f"resources.{c}.ephemeralStorage") for c in ("agent", "harness")]
     if None not in agent:

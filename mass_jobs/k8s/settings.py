@@ -336,7 +336,6 @@ def values_settings(values: dict) -> ClusterSettings:
         scheduling={c: placement(c) for c in SCHEDULING_CLASSES},
         image_pull_secrets=tuple(p["name"] for p in values.get("imagePullSecrets") or ()),
         pending_timeout_s=str(sched.get("pendingTimeoutSeconds", base.pending_timeout_s)),
-        scratch={c: Scratch(size=str((values.get("scratch") or {}).get(c, {}).get("size") or ""),
-                            storage_class=str((values.get("scratch") or {}).get(c, {}).get("storageClass") or ""))
-                 for c in SCRATCH_CLASSES},
+        scratch={c: Scratch(size=str(v.get("size") or ""), storage_class=str(v.get("storageClass") or ""))
+                 for c in SCRATCH_CLASSES for v in [(values.get("scratch") or {}).get(c) or {}]},
     )
