@@ -523,7 +523,8 @@ def test_a_trainer_job_queued_in_kueue_waits_without_failing_and_fails_promptly_
     assert bad.finished - bad.started < queued_for + 60  # not the step's 608 s deadline
 
 
-def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_and_not_without(executor_for, s3_env):
+def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_and_not_without(executor_for, s3_env,
+                                                                                                tmp_path):
     """The chart's scheduling values on a cluster whose GPUs are on a tainted pool: without them the
     trainer's replica and the predictor stay Pending with the scheduler's message (the job has no
     Running condition, fails at its deadline; the predictor never loads); with the gpu-cluster
@@ -562,8 +563,9 @@ def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_
     assert types == ["Created", "Running", "Succeeded"], types
     # the predictor: the empty prefix makes KServe's load fail, which shows its pod was bound and ran
     uri = f"s3://{s3_env['bucket']}/nothing-here"
-    ex.cluster.apply(serving.inference_service(plain, "plain", uri, labels.queue_labels(plain)), "apply", None, [])
-    ex.cluster.apply(serving.inference_service(tuned, "tuned", uri, labels.queue_labels(tuned)), "apply", None, [])
+    run = {labels.RUN: "gpu-pool", labels.GENERATION: "1", labels.STEP: "model"}
+    ex.cluster.apply(serving.inference_service(plain, "plain", uri, {**run, **labels.queue_labels(plain)}), "apply", None, [])
+    ex.cluster.apply(serving.inference_service(tuned, "tuned", uri, {**run, **labels.queue_labels(tuned)}), "apply", None, [])
     for _ in range(300):
         if ex.cluster.get("InferenceService", "tuned")["status"]["modelStatus"]["transitionStatus"] == "BlockedByFailedLoad":
             break
@@ -571,6 +573,14 @@ def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_
     assert ex.cluster.scheduler.bound["tuned-predictor-0"][0] == "gpu-1"
     assert ex.cluster.scheduler.pending == {"plain-predictor-0": pending}
     assert ex.cluster.get("InferenceService", "plain")["status"]["modelStatus"]["states"]["targetModelState"] == "Loading"
+    # what an operator sees of it: `mass pods`'s view, through the API, of the pods this cluster holds
+    from tests.fixtures.kube_api import operator_view
+
+    ns = ex.cluster.namespace
+    view = operator_view(tmp_path, "gpu-pool", pods=lambda: ex.cluster.scheduler.api_pods(ns), namespace=ns)
+    rows = {p["name"]: p for p in view["pods"]}
+    assert (rows["plain-predictor-0"]["phase"], rows["plain-predictor-0"]["reason"]) == ("Pending", f"Unschedulable: {pending}")
+    assert rows["plain-predictor-0"]["step"] == "model" and rows["plain-predictor-0"]["node"] == ""
     ex.cluster.delete("InferenceService", "plain")
 
 
@@ -1026,6 +1036,7 @@ def run_agent_episode(executor_for, name: str, inp, seed: Path, before_agent=Non
     client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/workspace.tar.gz", Body=buf.getvalue())
     client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/{proof.KEY}", Body=KEY)  # as prepare does
     wf = ex.submit(name, {"spec": f"s3://{repo.bucket}/specs/{name}.yaml", "run": name})
+    wf.executor = ex
 
     def output(file: str) -> bytes:
         return client.get_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/output/{file}")["Body"].read()

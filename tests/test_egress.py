@@ -461,7 +461,7 @@ def kill_the_proxy(ex) -> None:
 @pytest.mark.parametrize("network,restart", [(True, False), (False, False), (True, True)],
                          ids=["network", "off", "proxy-killed"])
 def test_through_the_agent_pod_template_a_command_reaches_an_allowed_host_and_not_a_denied_one(
-        executor_for, s3_env, scripted_endpoint, hosts, network, restart):
+        executor_for, s3_env, scripted_endpoint, hosts, network, restart, tmp_path):
     """The generated templates under the test executor: the cycle's egress proxy (a Deployment of
     `mass egress-serve`, which reads the spec and the rollout's key from S3, behind a Service), then
     the agent pod, whose NetworkPolicy lets it reach the model and that proxy only. The sandbox
@@ -486,6 +486,16 @@ def test_through_the_agent_pod_template_a_command_reaches_an_allowed_host_and_no
                                        before_agent=kill_the_proxy if restart else None)
     assert wf.phase == "Succeeded", wf.summary()
     assert [n.phase for n in wf.find(type="Pod")] == ["Succeeded"]  # the agent pod, on its first attempt
+    if network and not restart:  # an operator's view of the run (`mass pods`), through the API: its episode's pod
+        from tests.fixtures.kube_api import operator_view
+
+        cluster = wf.executor.cluster
+        view = operator_view(tmp_path, "net-on", pods=lambda: cluster.scheduler.api_pods(cluster.namespace),
+                             namespace=cluster.namespace)
+        (agent,) = [p for p in view["pods"] if p["step"] == "episode"]
+        assert (agent["generation"], agent["task"], agent["episode"], agent["phase"], agent["reason"]) == (
+            "0", "t", "ep-0", "Succeeded", ""), agent
+        assert agent["name"] == wf.find(type="Pod")[0].pod and agent["node"] == "node-0"
     status = json.loads(output("status.json"))
     assert status["outcome"] == "success", status
     trace = [json.loads(x) for x in output("trace.jsonl").decode().splitlines()]

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1] / "mass_jobs"
 
 # bottom to top; what each holds is its package docstring
 LAYERS = ("config", "store", "sandbox", "serving", "spec", "run", "episodes", "judging", "training", "steps",
-          "tiny", "pipeline", "k8s", "tools", "commands")
+          "tiny", "pipeline", "k8s", "cluster", "tools", "commands")
 
 
 def upward_imports(root: Path, layers: tuple[str, ...]) -> list[tuple[str, str]]:

@@ -43,6 +43,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--chart-value", action="append", default=[], metavar="KEY=VALUE",
                         help="a chart value the cluster runs with (dotted key, e.g. model.toolCallParser=hermes; "
                              "a list comma-separated): the preflight checks the spec against it; repeatable")
+    parser.add_argument("--cluster", action="store_true",
+                        help="with or without --values: also check the live cluster, read-only (the controllers' "
+                             "APIs and settings, RBAC, Secrets, Kueue's queues, nodes against each class of pods); "
+                             "the kubeconfig's current context, or the pod's account inside a pod")
+    parser.add_argument("--kubeconfig", metavar="PATH", help="with --cluster: the kubeconfig (default: KUBECONFIG, ~/.kube/config)")
+    parser.add_argument("--context", metavar="NAME", help="with --cluster: the kubeconfig context (default: its current one)")
+    parser.add_argument("--namespace", metavar="NS",
+                        help="with --cluster: the namespace the chart is installed in (default: the context's)")
     parser.add_argument("--config", metavar="CONFIG.json",
                         help="with --values: the model's config.json (or a model dir), to check the pods' "
                              "ephemeral storage against the model's size; default: model.base when local")
@@ -110,6 +118,24 @@ def _flag(b: bool) -> str:
     return "true" if b else "false"
 
 
+def live_cluster_issues(args, spec, values: dict) -> list:
+    """`--cluster`: the live checks' table, and a SpecIssue per failing one (mass_jobs/cluster/preflight.py)."""
+    from mass_jobs.cluster import preflight as live
+    from mass_jobs.cluster.api import Cluster, Unreachable
+    from mass_jobs.k8s.preflight import table
+    from mass_jobs.k8s.settings import values_settings
+
+    try:
+        cluster = Cluster.connect(args.kubeconfig, args.context, args.namespace)
+        t = cluster.target
+        print(f"\nthe cluster: context {t.context} ({t.server}), namespace {t.namespace}")
+        found = live.checks(cluster, spec, values_settings(values))
+    except Unreachable as err:
+        raise SpecError(args.spec, [SpecIssue("--cluster", str(err))], what="arguments") from None
+    print(table(found))
+    return [SpecIssue(c.path, c.why) for c in found if not c.ok]
+
+
 def main(args) -> int:
 
     spec = load_spec(args.spec)  # a SpecError exits 2 listing every issue (mass_jobs.commands.cli)
@@ -154,7 +180,7 @@ def main(args) -> int:
             from mass_jobs.serving.precision import for_cluster
 
             ctx.store.put_json(ctx.serving(args.gen), {**for_cluster(spec, args.gen).as_dict(), "backend": "kserve-vllm"})
-    elif args.values:
+    elif args.values or args.cluster:
         from mass_jobs.k8s import preflight
         from mass_jobs.spec.load import SpecIssue
 
@@ -170,8 +196,11 @@ def main(args) -> int:
             raise SpecError(args.spec, [SpecIssue("--config", str(err))], what="arguments") from None
         found = preflight.checks(spec, values, config)
         print(preflight.table(found))
-        if preflight.issues(found):
-            raise SpecError(args.spec, preflight.issues(found), what="run spec for this cluster")
+        issues = preflight.issues(found)
+        if args.cluster:
+            issues += live_cluster_issues(args, spec, values)
+        if issues:
+            raise SpecError(args.spec, issues, what="run spec for this cluster")
     elif args.artifact_bucket or args.max_model_len or args.chart_value:
         issues = cluster_issues(spec, args.artifact_bucket, args.max_model_len, args.chart_value)
         if issues:

@@ -77,7 +77,19 @@ def _argo_json_validator(kind: str):
 
 # Kinds the offline folder lacks, from the package its Kubernetes schemas were generated with
 # (kubernetes-validate, the Kubernetes v1.35.0 OpenAPI, strict): a test dependency.
-PACKAGE_SCHEMAS = {("apps/v1", "Deployment"): "deployment-apps-v1.json", ("v1", "Service"): "service-v1.json"}
+PACKAGE_SCHEMAS = {
+    ("apps/v1", "Deployment"): "deployment-apps-v1.json",
+    ("v1", "Service"): "service-v1.json",
+    # what the live cluster returns to `mass validate --cluster` and `mass pods` (tests record it)
+    ("v1", "Node"): "node-v1.json",
+    ("v1", "Namespace"): "namespace-v1.json",
+    ("v1", "Pod"): "pod-v1.json",
+    ("v1", "Event"): "event-v1.json",
+    ("storage.k8s.io/v1", "StorageClass"): "storageclass-storage-v1.json",
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): "customresourcedefinition-apiextensions-v1.json",
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): "clusterrole-rbac-v1.json",
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "clusterrolebinding-rbac-v1.json",
+}
 
 
 @lru_cache(maxsize=None)

@@ -1,0 +1,148 @@
+"""`mass pods RUN`: a run's Workflow, pods and GPU objects, read through the real Kubernetes client
+from a recorded-API server (tests/fixtures/kube_api.py). The executor's own pods are served the
+same way in tests/test_argo_exec.py (a Pending predictor) and tests/test_egress.py (an agent pod)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+
+from mass_jobs.cluster.pods import reason
+from mass_jobs.commands.cli import main
+from mass_jobs.k8s import labels as L
+from mass_jobs.k8s.schemas import schema_errors
+from tests.fixtures.kube_api import RecordedApi, operator_view
+
+RUN = "demo"
+UNSCHEDULABLE = ("0/3 nodes are available: 1 node(s) had untolerated taint {dedicated: ml-training}, "
+                 "2 Insufficient nvidia.com/gpu.")
+
+
+def stamp(ago_s: float) -> str:
+    return datetime.fromtimestamp(time.time() - ago_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pod(name: str, step: str, status: dict, container: str = "main", task: str = "", episode: str = "",
+        node: str = "", run: str = RUN, ago_s: float = 300) -> dict:
+    labels = {L.RUN: run, L.GENERATION: "1", L.TASK: task, L.STEP: step, L.EPISODE: episode, **L.PART_OF}
+    spec = {"containers": [{"name": container, "image": "ghcr.io/mass-jobs/jobs:0.1.0"}]}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "mass", "labels": labels,
+                                                          "creationTimestamp": stamp(ago_s)},
+            "spec": spec, "status": status}
+
+
+def container(name: str, state: dict, restarts: int = 0, last: dict | None = None) -> dict:
+    out = {"name": name, "ready": "running" in state, "restartCount": restarts, "image": "x", "imageID": "",
+           "state": state}
+    if last:
+        out["lastState"] = last
+    return out
+
+
+PODS = [
+    pod("demo-collect-agent-1", "episode", {"phase": "Running", "containerStatuses": [
+        container("main", {"running": {"startedAt": stamp(60)}})]}, task="fib", episode="ep-3", node="cpu-1"),
+    pod("demo-collect-agent-2", "episode", {"phase": "Failed", "containerStatuses": [
+        container("main", {"terminated": {"exitCode": 137, "reason": "OOMKilled"}})]}, task="fib", episode="ep-4",
+        node="cpu-2"),
+    pod("demo-collect-agent-3", "episode", {"phase": "Pending", "containerStatuses": [
+        container("main", {"waiting": {"reason": "ImagePullBackOff",
+                                       "message": 'Back-off pulling image "ghcr.io/mass-jobs/sandbox:0.1.0"'}})]},
+        task="primes", episode="ep-0", node="cpu-1"),
+    pod("demo-evaluate-9", "evaluate", {"phase": "Failed", "reason": "Evicted",
+                                        "message": "The node was low on resource: ephemeral-storage."}, node="cpu-2"),
+    pod("demo-train-master-0", "train", {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNSCHEDULABLE}]},
+        container="pytorch"),
+    pod("demo-search-1", "search", {"phase": "Running", "containerStatuses": [
+        container("main", {"running": {"startedAt": stamp(30)}}, restarts=2,
+                  last={"terminated": {"exitCode": 137, "reason": "OOMKilled"}})]}, task="fib", node="cpu-1"),
+    pod("other-search-1", "search", {"phase": "Running"}, run="other"),
+]
+OBJECTS = [
+    {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+     "metadata": {"name": "mass-run-x7k2p", "namespace": "mass", "labels": {L.RUN: RUN}},
+     "status": {"phase": "Running"}},
+    {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+     "metadata": {"name": "demo-g1-train", "namespace": "mass", "labels": {L.RUN: RUN, L.GENERATION: "1"}},
+     "status": {"conditions": [{"type": "Created", "status": "True", "reason": "PyTorchJobCreated"}]}},
+    {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+     "metadata": {"name": "demo-g1", "namespace": "mass", "labels": {L.RUN: RUN, L.GENERATION: "1"}},
+     "status": {"conditions": [{"type": "PredictorReady", "status": "False", "reason": "MinimumReplicasUnavailable",
+                                "message": "Deployment does not have minimum availability."},
+                               {"type": "Ready", "status": "False"}]}},
+]
+
+
+def crd(kind: str, group: str, plural: str, version: str) -> dict:
+    from tests.fixtures.kube_recordings import OPEN, crd as make
+
+    return make(group, kind, plural, {version: OPEN})
+
+
+CRDS = [crd("Workflow", "argoproj.io", "workflows", "v1alpha1"), crd("PyTorchJob", "kubeflow.org", "pytorchjobs", "v1"),
+        crd("InferenceService", "serving.kserve.io", "inferenceservices", "v1beta1")]
+
+
+def test_the_recorded_pods_are_pods_as_the_api_server_returns_them():
+    for p in PODS:
+        assert schema_errors(p) == [], p["metadata"]["name"]
+
+
+def test_each_pod_says_why_it_is_not_running_or_how_it_ended():
+    why = {p["metadata"]["name"]: reason(p) for p in PODS}
+    assert why == {
+        "demo-collect-agent-1": "",
+        "demo-collect-agent-2": "OOMKilled (main, exit code 137)",
+        "demo-collect-agent-3": 'ImagePullBackOff (main): Back-off pulling image "ghcr.io/mass-jobs/sandbox:0.1.0"',
+        "demo-evaluate-9": "Evicted: The node was low on resource: ephemeral-storage.",
+        "demo-train-master-0": f"Unschedulable: {UNSCHEDULABLE}",
+        "demo-search-1": "restarted after OOMKilled (main, exit code 137)",
+        "other-search-1": "",
+    }
+
+
+def test_the_view_lists_the_runs_pods_with_their_episodes_and_the_gpu_objects(tmp_path):
+    v = operator_view(tmp_path, RUN, CRDS + OBJECTS, pods=PODS)
+    rows = {p["name"]: p for p in v["pods"]}
+    assert "other-search-1" not in rows and len(rows) == 6  # by the run's label only
+    assert {k: rows["demo-collect-agent-1"][k] for k in ("step", "generation", "task", "episode", "phase", "node")} == \
+        {"step": "episode", "generation": "1", "task": "fib", "episode": "ep-3", "phase": "Running", "node": "cpu-1"}
+    assert rows["demo-search-1"]["restarts"] == 2
+    assert 290 <= rows["demo-collect-agent-1"]["age_s"] <= 400
+    assert rows["demo-train-master-0"]["logs"] == "kubectl logs -n mass demo-train-master-0 -c pytorch"
+    assert v["workflows"] == [{"name": "mass-run-x7k2p", "phase": "Running", "message": ""}]
+    assert [(o["kind"], o["name"], o["conditions"]) for o in v["objects"]] == [
+        ("PyTorchJob", "demo-g1-train", "Created=True"),
+        ("InferenceService", "demo-g1", "PredictorReady=False (MinimumReplicasUnavailable: Deployment does not have "
+                                        "minimum availability.), Ready=False")]
+
+
+def test_the_command_prints_tables_and_json(tmp_path, capsys):
+    with RecordedApi(CRDS + OBJECTS, pods=PODS) as api:
+        kubeconfig = str(api.kubeconfig(tmp_path / "kubeconfig"))
+        assert main(["pods", RUN, "--kubeconfig", kubeconfig]) == 0
+        text = capsys.readouterr().out
+        assert main(["pods", RUN, "--kubeconfig", kubeconfig, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+    assert text.startswith("run demo in namespace mass\nworkflow mass-run-x7k2p: Running\n")
+    assert f"  demo-train-master-0: Unschedulable: {UNSCHEDULABLE}" in text
+    assert "  kubectl logs -n mass demo-collect-agent-2 -c main" in text
+    table = text.split("\n\n")[1].splitlines()
+    assert table[0].split() == ["POD", "STEP", "GEN", "TASK", "EPISODE", "PHASE", "NODE", "RESTARTS", "AGE"]
+    assert table[1].split()[:7] == ["demo-collect-agent-1", "episode", "1", "fib", "ep-3", "Running", "cpu-1"]
+    assert len(doc["pods"]) == 6 and doc["run"] == RUN
+
+
+def test_a_run_with_nothing_on_the_cluster_says_so(tmp_path):
+    from mass_jobs.cluster.pods import render
+
+    v = operator_view(tmp_path, "never-ran", CRDS)
+    assert v["pods"] == v["workflows"] == v["objects"] == []
+    assert render(v).splitlines() == [
+        "run never-ran in namespace mass",
+        "no Workflow of this run here (label mass-jobs.io/run); argo submit ... -p run=<name> starts one", "",
+        "no pods of this run (succeeded pods are deleted 10 minutes after they end)"]
