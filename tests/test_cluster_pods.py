@@ -146,3 +146,17 @@ def test_a_run_with_nothing_on_the_cluster_says_so(tmp_path):
         "run never-ran in namespace mass",
         "no Workflow of this run here (label mass-jobs.io/run); argo submit ... -p run=<name> starts one", "",
         "no pods of this run (succeeded pods are deleted 10 minutes after they end)"]
+
+
+def test_watch_redraws_until_interrupted(tmp_path, capsys, monkeypatch):
+    naps = []
+
+    def nap(seconds):  # the second nap is the operator's Ctrl-C
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("mass_jobs.commands.pods.time.sleep", nap)
+    with RecordedApi(CRDS + OBJECTS, pods=PODS) as api:
+        assert main(["pods", RUN, "--kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig")), "--watch", "2"]) == 0
+    assert naps == [2.0, 2.0] and capsys.readouterr().out.count("run demo in namespace mass\n") == 2
