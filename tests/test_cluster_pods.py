@@ -160,3 +160,23 @@ def test_watch_redraws_until_interrupted(tmp_path, capsys, monkeypatch):
     with RecordedApi(CRDS + OBJECTS, pods=PODS) as api:
         assert main(["pods", RUN, "--kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig")), "--watch", "2"]) == 0
     assert naps == [2.0, 2.0] and capsys.readouterr().out.count("run demo in namespace mass\n") == 2
+
+
+def test_what_the_account_may_not_list_is_said_and_the_rest_drawn(tmp_path):
+    """A user who may list pods and workflows in the namespace, not the GPU objects."""
+    from tests.fixtures.kube_recordings import meta
+
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta("pods-reader", "mass"),
+            "rules": [{"apiGroups": ["", "argoproj.io"], "resources": ["pods", "workflows"], "verbs": ["list"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta("pods-reader", "mass"),
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods-reader"},
+               "subjects": [{"kind": "User", "name": "dev", "apiGroup": "rbac.authorization.k8s.io"}]}
+    with RecordedApi(CRDS + OBJECTS + [role, binding], tokens={"dev-token": ("dev", [])}, pods=PODS) as api:
+        from mass_jobs.cluster.api import Cluster
+        from mass_jobs.cluster.pods import render, view
+
+        v = view(Cluster.connect(str(api.kubeconfig(tmp_path / "kubeconfig", token="dev-token"))), RUN)
+    assert len(v["pods"]) == 6 and v["objects"] == [] and len(v["workflows"]) == 1
+    assert [u.split(":")[0] for u in v["unread"]] == ["pytorchjobs", "inferenceservices"]
+    assert 'User "dev" cannot list resource "pytorchjobs"' in v["unread"][0]
+    assert "not read (this account may not):" in render(v)

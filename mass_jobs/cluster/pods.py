@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
-from mass_jobs.cluster.api import Cluster
+from mass_jobs.cluster.api import Cluster, Forbidden
 from mass_jobs.k8s import labels as L
 
 # the container whose logs are the pod's: Argo's step, the training operator's, KServe's
@@ -101,17 +101,26 @@ def _conditions(obj: dict) -> str:
 def view(cluster: Cluster, run: str) -> dict:
     """The run's Workflows, pods, trainer jobs and InferenceServices, as rows."""
     ns, selector, now = cluster.namespace, f"{L.RUN}={run}", time.time()
-    workflows = cluster.items(f"/apis/argoproj.io/v1alpha1/namespaces/{ns}/workflows", selector)
-    pods = cluster.items(f"/api/v1/namespaces/{ns}/pods", selector)
-    jobs = cluster.items(f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", selector)
-    services = cluster.items(f"/apis/serving.kserve.io/v1beta1/namespaces/{ns}/inferenceservices", selector)
+    unread: list[str] = []
+
+    def items(path: str, what: str) -> list[dict]:
+        try:
+            return cluster.items(path, selector)
+        except Forbidden as err:  # shown, and the rest of the view still drawn
+            unread.append(f"{what}: {err}")
+            return []
+
+    workflows = items(f"/apis/argoproj.io/v1alpha1/namespaces/{ns}/workflows", "workflows")
+    pods = items(f"/api/v1/namespaces/{ns}/pods", "pods")
+    jobs = items(f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", "pytorchjobs")
+    services = items(f"/apis/serving.kserve.io/v1beta1/namespaces/{ns}/inferenceservices", "inferenceservices")
     rows = sorted((pod_row(p, now) for p in pods), key=lambda r: (r.generation, r.step, r.task, r.episode, r.name))
     objects = [ObjectRow(o["kind"], o["metadata"]["name"], (o["metadata"].get("labels") or {}).get(L.GENERATION, ""),
                          _conditions(o)) for o in jobs + services]
     return {"namespace": ns, "run": run,
             "workflows": [{"name": w["metadata"]["name"], "phase": (w.get("status") or {}).get("phase", "Pending"),
                            "message": (w.get("status") or {}).get("message", "")} for w in workflows],
-            "pods": [asdict(r) for r in rows], "objects": [asdict(o) for o in objects]}
+            "pods": [asdict(r) for r in rows], "objects": [asdict(o) for o in objects], "unread": unread}
 
 
 def _duration(seconds: int) -> str:
@@ -145,6 +154,8 @@ def render(v: dict) -> str:
         lines += ["", "logs:"] + [f"  {p['logs']}" for p in v["pods"] if p["reason"] or p["phase"] == "Running"][:20]
     else:
         lines.append("no pods of this run (succeeded pods are deleted 10 minutes after they end)")
+    if v.get("unread"):
+        lines += ["", "not read (this account may not):"] + [f"  {u}" for u in v["unread"]]
     if v["objects"]:
         lines += [""] + _table(("KIND", "NAME", "GEN", "CONDITIONS"),
                                [(o["kind"], o["name"], o["generation"], o["conditions"]) for o in v["objects"]])
