@@ -177,6 +177,29 @@ def test_what_the_account_may_not_list_is_said_and_the_rest_drawn(tmp_path):
 
         v = view(Cluster.connect(str(api.kubeconfig(tmp_path / "kubeconfig", token="dev-token"))), RUN)
     assert len(v["pods"]) == 6 and v["objects"] == [] and len(v["workflows"]) == 1
-    assert [u.split(":")[0] for u in v["unread"]] == ["pytorchjobs", "inferenceservices"]
+    assert [u.split(":")[0] for u in v["unread"]] == ["pytorchjobs", "inferenceservices", "events"]
     assert 'User "dev" cannot list resource "pytorchjobs"' in v["unread"][0]
     assert "not read (this account may not):" in render(v)
+
+
+def event(pod: str, message: str, reason: str = "FailedScheduling") -> dict:
+    return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{pod}.1", "namespace": "mass"},
+            "involvedObject": {"kind": "Pod", "namespace": "mass", "name": pod}, "reason": reason,
+            "message": message, "type": "Warning", "count": 3, "source": {"component": "default-scheduler"},
+            "firstTimestamp": stamp(900), "lastTimestamp": stamp(60)}
+
+
+def test_a_pod_argo_deleted_at_its_pending_bound_is_named_with_the_schedulers_reason(tmp_path):
+    """Argo deletes a pod Pending past pendingTimeout and its step says "timeout": the scheduler's
+    message is left in the pod's events, which the view reads for the run's workflows and jobs."""
+    disk = "0/2 nodes are available: 2 Insufficient ephemeral-storage."
+    events = [event("mass-run-x7k2p-merge-3071", disk),  # the run's workflow's pod, deleted
+              event("demo-train-master-0", UNSCHEDULABLE),  # still listed: its row says it already
+              event("another-run-abc-merge-1", disk),  # another run's
+              event("mass-run-x7k2p-search-9", "pulled", reason="Pulled")]  # not a scheduling failure
+    assert all(schema_errors(e) == [] for e in events)
+    v = operator_view(tmp_path, RUN, CRDS + OBJECTS + events, pods=PODS)
+    assert v["unscheduled"] == [{"pod": "mass-run-x7k2p-merge-3071", "message": disk}]
+    from mass_jobs.cluster.pods import render
+
+    assert f"  mass-run-x7k2p-merge-3071: {disk}" in render(v)

@@ -94,9 +94,10 @@ class Cluster:
         object or list, None when it does not exist."""
         return self._call("GET", path)
 
-    def items(self, path: str, label_selector: str | None = None) -> list[dict]:
+    def items(self, path: str, label_selector: str | None = None, field_selector: str | None = None) -> list[dict]:
         """The items of a list path; [] when the resource does not exist here."""
-        found = self._call("GET", path, {"labelSelector": label_selector} if label_selector else None)
+        query = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
+        found = self._call("GET", path, query or None)
         return list((found or {}).get("items") or [])
 
     def create(self, path: str, body: dict) -> dict:

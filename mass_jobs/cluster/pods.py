@@ -110,17 +110,33 @@ def view(cluster: Cluster, run: str) -> dict:
             unread.append(f"{what}: {err}")
             return []
 
+    def items_by_field(path: str, fields: str, what: str) -> list[dict]:
+        try:
+            return cluster.items(path, field_selector=fields)
+        except Forbidden as err:
+            unread.append(f"{what}: {err}")
+            return []
+
     workflows = items(f"/apis/argoproj.io/v1alpha1/namespaces/{ns}/workflows", "workflows")
     pods = items(f"/api/v1/namespaces/{ns}/pods", "pods")
     jobs = items(f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", "pytorchjobs")
     services = items(f"/apis/serving.kserve.io/v1beta1/namespaces/{ns}/inferenceservices", "inferenceservices")
     rows = sorted((pod_row(p, now) for p in pods), key=lambda r: (r.generation, r.step, r.task, r.episode, r.name))
+    # Argo deletes a pod Pending past its pendingTimeout (the step says only "timeout"), so the
+    # scheduler's reason survives in its events alone (kept an hour by default)
+    owners = tuple(o["metadata"]["name"] + "-" for o in workflows + jobs + services)
+    gone = [e for e in (items_by_field(f"/api/v1/namespaces/{ns}/events", "reason=FailedScheduling", "events")
+                        if owners else [])
+            if (e.get("involvedObject") or {}).get("name", "").startswith(owners)
+            and e["involvedObject"]["name"] not in {r.name for r in rows}]
+    unscheduled = sorted({e["involvedObject"]["name"]: e.get("message", "") for e in gone}.items())
     objects = [ObjectRow(o["kind"], o["metadata"]["name"], (o["metadata"].get("labels") or {}).get(L.GENERATION, ""),
                          _conditions(o)) for o in jobs + services]
     return {"namespace": ns, "run": run,
             "workflows": [{"name": w["metadata"]["name"], "phase": (w.get("status") or {}).get("phase", "Pending"),
                            "message": (w.get("status") or {}).get("message", "")} for w in workflows],
-            "pods": [asdict(r) for r in rows], "objects": [asdict(o) for o in objects], "unread": unread}
+            "pods": [asdict(r) for r in rows], "objects": [asdict(o) for o in objects], "unread": unread,
+            "unscheduled": [{"pod": n, "message": m} for n, m in unscheduled]}
 
 
 def _duration(seconds: int) -> str:
@@ -154,6 +170,9 @@ def render(v: dict) -> str:
         lines += ["", "logs:"] + [f"  {p['logs']}" for p in v["pods"] if p["reason"] or p["phase"] == "Running"][:20]
     else:
         lines.append("no pods of this run (succeeded pods are deleted 10 minutes after they end)")
+    if v.get("unscheduled"):
+        lines += ["", "pods deleted while Pending (their steps say \"timeout\"), the scheduler's last word:"]
+        lines += [f"  {u['pod']}: {u['message']}" for u in v["unscheduled"]]
     if v.get("unread"):
         lines += ["", "not read (this account may not):"] + [f"  {u}" for u in v["unread"]]
     if v["objects"]:
