@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked == 62
+    assert checked == 61
 
 
 def _used_params(obj, scope: str) -> set[str]:
@@ -186,13 +186,10 @@ def test_search_is_bounded_recursion_and_collect_fans_out_over_task_episode(argo
                                           ".svc.cluster.local"}
     assert argo_docs["mass-cycle"]["spec"]["onExit"] == "exit-handler"
     assert _steps(t["exit-handler"])[0]["template"] == "delete-models"
-    # the exit handler deletes every InferenceService a cycle may make (L_g, L_g+1 and L_0), its proxy
-    # and its trainer job (its pods too: foreground)
+    # the exit handler deletes every InferenceService a cycle may make (L_g, L_g+1 and L_0) and its proxy
     assert [(s["template"], s["arguments"]["parameters"][0]["value"]) for s in _steps(t["delete-models"])] == [
         ("delete-model", "{{inputs.parameters.gen}}"), ("delete-model", "{{=asInt(inputs.parameters.gen) + 1}}"),
-        ("delete-model", "0"), ("delete-egress", "{{inputs.parameters.gen}}"),
-        ("train-delete-job", "{{inputs.parameters.gen}}")]
-    assert "--cascade=foreground" in t["train-delete-job"]["resource"]["flags"]
+        ("delete-model", "0"), ("delete-egress", "{{inputs.parameters.gen}}")]
     assert sorted(s["template"] for s in _steps(t["delete-egress"])) == ["delete-egress-deployment",
                                                                          "delete-egress-service"]
 

@@ -462,7 +462,7 @@ def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:
         agent_container(s)
         b.serve_model()
         b.delete_model()
-        delete_models_steps(P.trainer_step(pipeline).name)
+        delete_models_steps()
     d = wt.to_dict()
     for t in d["spec"]["templates"]:
         if "container" in t:

@@ -106,15 +106,13 @@ def episode_fanout(name: str, parallelism) -> Steps:
     return st
 
 
-def delete_models_steps(trainer: str) -> Steps:
+def delete_models_steps() -> Steps:
     """Every InferenceService a cycle of generation g may have made: L_g (the inner loop), and
-    L_0 and L_g+1 (evaluate), its egress proxy and its trainer job; absent ones are no error. The
-    exit handler's, success or not: a job whose pods never scheduled would otherwise stay, Pending
-    and (under Kueue) holding its admitted quota, until the failed workflow is deleted a week later."""
+    L_0 and L_g+1 (evaluate), and its egress proxy; absent ones are no error. The exit handler's,
+    success or not."""
     with Steps(name="delete-models", inputs=input_params("gen")) as st:
         with st.parallel():
             for name, gen in (("gen", GEN), ("next", NEXT_GEN), ("base", "0")):
                 Step(name=name, template="delete-model", arguments=step_args(gen=gen))
             Step(name="egress", template="delete-egress", arguments=step_args(gen=GEN))
-            Step(name="trainer", template=f"{trainer}-delete-job", arguments=step_args(gen=GEN))
     return st
