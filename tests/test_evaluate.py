@@ -84,7 +84,7 @@ def test_evaluate_rollouts_verdicts_and_resume(judged_run):
             for r in (0, 1):
                 prefix = f"evaltest/eval/gen-{g}/{task}/rep-{r}"
                 m = read_manifest(store, prefix)
-                assert set(m["outputs"]) == {f"{prefix}/{n}" for n in ev.ROLLOUT_FILES}
+                assert set(m["outputs"]) == {f"{prefix}/{n}" for n in ev.AUDITED_FILES}
                 audit = store.get_json(f"{prefix}/audit.json")
                 assert audit["episode"] == prefix and isinstance(audit["delegation"], bool)
     assert events.count("rollout") == 8

@@ -17,7 +17,7 @@ from mass_jobs.commands.cli import main as cli_main
 from mass_jobs.run.context import RunContext
 from mass_jobs.episodes import proof
 from mass_jobs.serving.llm import ModelClient
-from mass_jobs.episodes.rollouts import AGENT_OUTPUTS, RolloutError
+from mass_jobs.episodes.rollouts import RolloutError
 from mass_jobs.steps.search import SearchError, run_search
 from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.tools.testing.scripted_endpoint import Reply
@@ -32,7 +32,7 @@ def agent_pod(ctx: RunContext, rel: str) -> None:
         for name in ("episode.json", "workspace.tar.gz", proof.KEY):
             (inp / name).write_bytes(store.get_bytes(ctx.agent_input(prefix, name)))
         assert cli_main(["episode", "--in", str(inp), "--out", str(out)]) == 0
-        for name in (*AGENT_OUTPUTS, proof.PROOF):  # what the pod wrote (network.jsonl only with a network)
+        for name in (*proof.EPISODE_OUTPUTS, proof.PROOF):  # what the pod wrote (network.jsonl only with a network)
             if (out / name).exists():
                 store.put_bytes(ctx.agent_output(prefix, name), (out / name).read_bytes())
 

@@ -100,11 +100,11 @@ def test_team_episode_inputs_are_unchanged_and_argo_input_carries_the_mode(make_
                episode_executor(spec, ep.endpoint))
     team = RunContext(inner_spec(store, search={"iterations": 0}), store)
     assert "teacher" not in Collection(team, 0, "t1").episode_doc(0)  # team manifests keep their input hash
-    Collection(ctx, 0, "t1").prepare(0, ep.endpoint)
+    run_collect(ctx, 0, "t1", None, episode=0, phase="prepare", endpoint=ep.endpoint)
     path = tmp_path / "episode.json"
     path.write_text(json.dumps(store.get_json("inner/gen-0/collect/t1/ep-0/input/episode.json")))
     assert load_episode_file(path).single_agent is True
-    Collection(team, 0, "t1").prepare(1, ep.endpoint)
+    run_collect(team, 0, "t1", None, episode=1, phase="prepare", endpoint=ep.endpoint)
     assert "single_agent" not in store.get_json("inner/gen-0/collect/t1/ep-1/input/episode.json")
 
 

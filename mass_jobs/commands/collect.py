@@ -15,7 +15,7 @@ import contextlib
 import json
 
 from mass_jobs.commands.common import add_common, add_model, add_rollout_phases, model_endpoint, open_run, run_guarded
-from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_executor, write_phase_outputs
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.steps.collect import run_collect
 
@@ -40,17 +40,7 @@ def main(args) -> int:
             endpoint = (Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None)
             out = run_collect(ctx, args.gen, args.task, None, episode=args.episode, phase=args.phase, endpoint=endpoint,
                               agent_status=args.agent_status)
-            if args.phase == "ingest":  # the episode's outcome: the ingest template's metric reads it
-                from mass_jobs.episodes.rollouts import write_value
-
-                write_value(args.outputs, "outcome", out.get("outcome") or "unknown")
-            if args.outputs and args.phase == "prepare":
-                from pathlib import Path
-
-                Path(args.outputs).mkdir(parents=True, exist_ok=True)
-                (Path(args.outputs) / "agent").write_text("true" if out.get("agent") else "false")
-                # the episode's dir relative to the run: where the agent pod's artifacts live
-                (Path(args.outputs) / "rollout").write_text(ctx.relative(ctx.collect_episode(args.gen, args.task, args.episode)))
+            write_phase_outputs(args.outputs, args.phase, out)
         else:
             with contextlib.ExitStack() as stack:
                 endpoint = stack.enter_context(model_endpoint(args, ctx))

@@ -59,25 +59,10 @@ def main(args) -> int:
         return endpoints[g]
 
     try:
-        if args.phase == "plan":
-            from mass_jobs.run.generation_model import model_uri
-
-            # the storageUri of each generation's InferenceService, as the cycle's own model gets it
-            bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
-            run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
-            models = [{"gen": str(h), "model-uri": model_uri(spec, h, bucket, run_prefix), "dtype": spec.model.dtype}
-                      for h in ev.pending_models(ctx, args.gen)]
-            rollouts.write_outputs(args.outputs, **{rollouts.MODELS_OUTPUT: models})
-            print(json.dumps({"models": models}, sort_keys=True))
-            return 0
-        if args.phase == "prepare":
-            out = ev.prepare(ctx, args.gen, endpoint_of)
-            rollouts.write_outputs(args.outputs, **{rollouts.ROLLOUTS_OUTPUT: out["rollouts"]})
-            print(json.dumps(out, sort_keys=True))
-            return 0
-        if args.phase == "ingest":
-            out = ev.ingest(ctx, args.gen, args.rollout, agent_ended=agent_ended(args))
-            rollouts.write_value(args.outputs, "outcome", out.get("outcome") or "unknown")
+        if args.phase in ("plan", "prepare", "ingest"):
+            out = (ev.plan(ctx, args.gen) if args.phase == "plan" else ev.prepare(ctx, args.gen, endpoint_of)
+                   if args.phase == "prepare" else ev.ingest(ctx, args.gen, args.rollout, agent_ended=agent_ended(args)))
+            rollouts.write_phase_outputs(args.outputs, args.phase, out)
             print(json.dumps(out, sort_keys=True))
             return 0
         if args.phase == "finish":

@@ -35,17 +35,10 @@ def main(args) -> int:
     def go() -> int:
 
         ctx = open_run(args.spec, args.task)
-        if args.phase == "prepare":
-            items = guard.prepare_checks(ctx, args.gen, args.task)
-            rollouts.write_outputs(args.outputs, **{rollouts.ROLLOUTS_OUTPUT: items})
-            print(json.dumps({"rollouts": items}, sort_keys=True))
-            return 0
-        if args.phase == "ingest":
-            from mass_jobs.episodes.rollouts import write_value
-
-            out = guard.ingest_checks(ctx, args.gen, args.task, args.rollout, agent_ended(args))
-            # a checks job has no episode outcome: whether its results came back
-            write_value(args.outputs, "outcome", "lost" if "lost" in out else "checked")
+        if args.phase in ("prepare", "ingest"):
+            out = ({"rollouts": guard.prepare_checks(ctx, args.gen, args.task)} if args.phase == "prepare"
+                   else guard.ingest_checks(ctx, args.gen, args.task, args.rollout, agent_ended(args)))
+            rollouts.write_phase_outputs(args.outputs, args.phase, out)
             print(json.dumps(out, sort_keys=True))
             return 0
         report = guard.run_guard(ctx, args.gen, args.task, agent_pods=args.phase == "finish")

@@ -17,7 +17,8 @@ import json
 from mass_jobs.commands.common import (add_common, add_model, add_rollout_phases, model_endpoint, open_run,
                                       run_guarded)
 from mass_jobs.serving.roles import client_for
-from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_executor, write_phase_outputs
+from mass_jobs.serving.llm import Endpoint
 from mass_jobs.steps.search import run_search
 
 
@@ -33,36 +34,20 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     def go() -> int:
-
         ctx = open_run(args.spec, args.task)
         spec = ctx.spec
-        if args.phase in ("prepare", "ingest"):
-            from mass_jobs.serving.llm import Endpoint
-            from mass_jobs.episodes import rollouts
-
-            endpoint = Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None
-            client = client_for(spec, endpoint) if endpoint else None
-            out = run_search(ctx, args.gen, args.task, client, None, iteration=args.iteration, phase=args.phase,
-                             endpoint=endpoint, rollout_key=args.rollout, agent_status=args.agent_status)
-            if args.phase == "prepare":
-                rollouts.write_outputs(args.outputs, **{rollouts.ROLLOUTS_OUTPUT: out["rollouts"]})
-            else:  # the episode's outcome: the ingest template's metric reads it
-                rollouts.write_value(args.outputs, "outcome", out.get("outcome") or "unknown")
-            print(json.dumps(out, sort_keys=True))
-            return 0
-        if args.phase == "finish":  # the cluster: rollouts were run by agent pods and ingested
-            from mass_jobs.serving.llm import Endpoint
-
-            if not args.endpoint:
+        if args.phase:  # the cluster: rollouts run in agent pods, never here
+            if args.phase == "finish" and not args.endpoint:
                 raise ValueError("--phase finish needs --endpoint (the model the optimizer and evaluator call)")
-            endpoint = Endpoint(args.endpoint, args.served_model, args.api_key_env)
-            out = run_search(ctx, args.gen, args.task, client_for(spec, endpoint), None, iteration=args.iteration,
-                             phase="finish")
-            print(json.dumps(out, sort_keys=True))
-            return 0
-        with model_endpoint(args, ctx) as endpoint:
-            out = run_search(ctx, args.gen, args.task, client_for(spec, endpoint), episode_executor(spec, endpoint),
-                             iteration=args.iteration)
+            endpoint = Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None
+            out = run_search(ctx, args.gen, args.task, client_for(spec, endpoint) if endpoint else None, None,
+                             iteration=args.iteration, phase=args.phase, endpoint=endpoint, rollout_key=args.rollout,
+                             agent_status=args.agent_status)
+            write_phase_outputs(args.outputs, args.phase, out)
+        else:
+            with model_endpoint(args, ctx) as endpoint:
+                out = run_search(ctx, args.gen, args.task, client_for(spec, endpoint), episode_executor(spec, endpoint),
+                                 iteration=args.iteration)
         print(json.dumps(out, sort_keys=True))
         return 0
 

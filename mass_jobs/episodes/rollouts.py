@@ -1,5 +1,5 @@
-"""The one protocol every agent episode runs by: search, collect, guard's checks, evaluate, panel
-selection and the benchmark.
+"""The protocol every agent episode is run and stored by (search, collect, guard's checks, evaluate,
+panel selection, the benchmark); `episodes/driver.py` drives it for every step.
 
 A step decides an `EpisodeRequest` (prompt, seed files, seed); `EpisodeInput.from_spec` adds what the
 spec and the called model decide. Locally `run_here` runs it in this process (shell commands
@@ -36,7 +36,6 @@ from mass_jobs.run.context import RunContext
 from mass_jobs.run.sandboxing import apply_sandbox
 from mass_jobs.serving.roles import role_endpoint
 
-AGENT_OUTPUTS = proof.EPISODE_OUTPUTS
 ENDED = ("Succeeded", "Failed", "Error")  # Argo phases of an agent step that ran and will not run again
 ROLLOUTS_OUTPUT = "rollouts"  # `--outputs DIR`: DIR/rollouts, the JSON list the agent fan-out reads
 MODELS_OUTPUT = "models"  # evaluate: DIR/models, the generations whose InferenceServices it needs
@@ -100,7 +99,7 @@ def episode_executor(spec, endpoint, *, executor_role: bool = True) -> Execute:
 
 RECORD = ("workspace.tar.gz", "trace.jsonl", "status.json")  # every stored episode; status.json last
 NETWORK = "network.jsonl"  # beside the trace, where the episode's shell commands had the egress proxy
-ROLLOUT_FILES = ("prompt.txt", *RECORD)  # a search rollout: its prompt first
+PROMPTED_FILES = ("prompt.txt", *RECORD)  # a search or benchmark rollout: its prompt first
 
 
 @dataclass
@@ -165,16 +164,8 @@ def store_record(ctx: RunContext, prefix: str, *, status: dict, trace: bytes, wo
     return keys + [ctx.rollout_file(prefix, n) for n in RECORD]
 
 
-def rollout(ctx: RunContext, prefix: str, execute: Execute, request: EpisodeRequest) -> dict:
-    """A search rollout run here and stored under `prefix` (its prompt, then RECORD); its status."""
-    with run_here(execute, request) as ran:
-        store_record(ctx, prefix, status=ran.status, trace=ran.trace, workspace=ran.workspace,
-                     first={"prompt.txt": request.prompt}, network=ran.network)
-    return ran.status
-
-
 def rollout_outputs(ctx: RunContext, prefix: str) -> list[str]:
-    return [ctx.rollout_file(prefix, n) for n in ROLLOUT_FILES]
+    return [ctx.rollout_file(prefix, n) for n in PROMPTED_FILES]
 
 
 class RolloutError(StepFailed):
@@ -196,13 +187,30 @@ def write_value(out_dir: str | None, name: str, value) -> None:
 
 def write_outputs(out_dir: str | None, **lists: list) -> None:
     """`--outputs DIR`: one JSON file per list (Argo output parameters for `withParam`)."""
-    import json
-
     if not out_dir:
         return
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     for name, items in lists.items():
         (Path(out_dir) / name).write_text(json.dumps(items, sort_keys=True))
+
+
+def write_phase_outputs(out_dir: str | None, phase: str | Phase | None, out: dict) -> None:
+    """`--outputs DIR` of an agent step's phase, the output parameters its template reads: after
+    prepare DIR/rollouts (the fan-out; collect's per-episode prepare: DIR/agent, whether its pod must
+    run, and DIR/rollout, where its artifacts live); after plan DIR/models; after ingest
+    DIR/outcome (the ingest template's metric)."""
+    if not out_dir or phase is None:
+        return
+    phase = Phase(phase)
+    if phase is Phase.PLAN:
+        write_outputs(out_dir, **{MODELS_OUTPUT: out["models"]})
+    elif phase is Phase.PREPARE and ROLLOUTS_OUTPUT in out:
+        write_outputs(out_dir, **{ROLLOUTS_OUTPUT: out[ROLLOUTS_OUTPUT]})
+    elif phase is Phase.PREPARE:
+        write_value(out_dir, "agent", "true" if out.get("agent") else "false")
+        write_value(out_dir, "rollout", out["rollout"])
+    elif phase is Phase.INGEST:
+        write_value(out_dir, "outcome", out.get("outcome") or "unknown")
 
 
 def agent_ended(phase: str | None) -> bool:
@@ -236,7 +244,7 @@ def prepare(ctx: RunContext, prefix: str, inp: EpisodeInput, seeded: Callable[[P
     """Write the agent pod's input for the rollout at `prefix`: episode.json and the seeded workspace
     (`seeded(workspace)` sees it first, as in `run_here`), after a fresh key (`new_inputs`)."""
     store = ctx.store
-    new_inputs(ctx, prefix, AGENT_OUTPUTS)
+    new_inputs(ctx, prefix, proof.EPISODE_OUTPUTS)
     with tempfile.TemporaryDirectory(prefix="mass-prepare-") as tmp:
         workspace = Path(tmp) / "workspace"
         seed_workspace(workspace, inp.files)
@@ -281,7 +289,7 @@ def agent_result(ctx: RunContext, prefix: str, agent_ended: bool) -> tuple[dict,
     if not store.exists(inp_key) or not store.exists(ctx.agent_input(prefix, "workspace.tar.gz")):
         raise RolloutError(f"rollout {prefix}: cannot ingest, not prepared (run --phase prepare, then the agent pod)")
     episode = store.get_json(inp_key)
-    files, refused = signed_outputs(ctx, prefix, AGENT_OUTPUTS)
+    files, refused = signed_outputs(ctx, prefix, proof.EPISODE_OUTPUTS)
     reason = None
     if refused:
         reason = f"the agent pod's outputs were refused, none is stored: {refused}"

@@ -30,8 +30,9 @@ from mass_jobs.pipeline.progress import PerKey
 from mass_jobs.serving.roles import client_for
 
 HANDLERS = ("in-process", "argv")
-AGENT_INPUTS = ("episode.json", "workspace.tar.gz", proof.KEY)
-AGENT_OUTPUTS = (*proof.EPISODE_OUTPUTS, *proof.CHECK_OUTPUTS, proof.PROOF)
+# every file an agent pod reads, and may upload, whether it runs an episode or a checks job
+POD_INPUTS = ("episode.json", "workspace.tar.gz", proof.KEY)
+POD_OUTPUTS = (*proof.EPISODE_OUTPUTS, *proof.CHECK_OUTPUTS, proof.PROOF)
 # what an agent pod never holds: store credentials, API keys, tokens
 _SECRET = re.compile(r"^AWS_|KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 
@@ -230,12 +231,12 @@ class Argv:
             in_dir, out_dir = Path(tmp) / "in", Path(tmp) / "out"
             in_dir.mkdir()
             out_dir.mkdir()
-            for name in AGENT_INPUTS:
+            for name in POD_INPUTS:
                 if ctx.store.exists(key := ctx.agent_input(prefix, name)):
                     ctx.store.get_file(key, in_dir / name)
             ok = self.r.mass(*N.agent(str(in_dir), str(out_dir)), env=without_secrets(self.r.env()), check=False,
                              label="agent-episode")
-            for name in AGENT_OUTPUTS:
+            for name in POD_OUTPUTS:
                 if (out_dir / name).is_file():
                     ctx.store.put_file(ctx.agent_output(prefix, name), out_dir / name)
         with self._lock:

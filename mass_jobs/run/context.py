@@ -85,7 +85,7 @@ class RunContext:
         return self.search_reference(g, task) if k == "reference" else self.search_iter(g, task, k)
 
     def search_file(self, g: int, task: str, k, name: str) -> str:
-        """One stored file of a search rollout or iteration: ROLLOUT_FILES of episodes/rollouts.py,
+        """One stored file of a search rollout or iteration: PROMPTED_FILES of episodes/rollouts.py,
         `workflow.json`, `proposal.json`, `verdict.json` (vs the elite), `reference_verdict.json`."""
         return f"{self.search_rollout(g, task, k)}/{name}"
 

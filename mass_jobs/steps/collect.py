@@ -24,16 +24,14 @@ writes the task's summary once every episode is stored: only after it may guard 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.steps.guard import hash_protected
 from mass_jobs.episodes import rollouts
-from mass_jobs.episodes.episode import EpisodeInput, EpisodeRequest
+from mass_jobs.episodes.driver import Driver, Rollout
+from mass_jobs.episodes.episode import EpisodeRequest
 from mass_jobs.episodes.rollouts import Execute, Phase, RolloutError, agent_ended, derived_seed
 from mass_jobs.steps.search_state import SearchState
 from mass_jobs.spec.workflow import teacher_directive
@@ -68,6 +66,7 @@ def collect_steps(ctx: RunContext, gen: int, task_id: str) -> list:
 class Collection:
     def __init__(self, ctx: RunContext, gen: int, task_id: str, require_beats_reference: bool | None = None):
         self.ctx, self.gen, self.store = ctx, gen, ctx.store
+        self.driver = Driver(ctx)
         self.task = ctx.spec.task(task_id)
         self.cfg = ctx.spec.collection
         self.single = self.cfg.teacher == "single"  # the single-agent teacher control: no delegation tool
@@ -137,54 +136,14 @@ class Collection:
 
         return Step(self.store, self.prefix(i), self.episode_doc(i), name=f"collect/{self.task.id}/ep-{i}")
 
-    # ------------------------------------------------------------ one episode, by the rollout protocol
-    def request(self, i: int) -> EpisodeRequest:
+    # ------------------------------------------------------------ one episode, by the rollout driver
+    def rollout(self, i: int) -> Rollout:
         doc = self.episode_doc(i)
-        return EpisodeRequest(prompt=doc["prompt"], files=dict(self.task.files), seed=doc["seed"], single_agent=self.single)
-
-    def _protect(self, i: int) -> Callable[[Path], None]:
-        """Hash the protected paths of the seeded workspace, before the agent sees it (guard compares)."""
-        return lambda workspace: self.store.put_json(self.file(i, "protected.json"),
-                                                     hash_protected(workspace, self.task.guards.protected_paths))
-
-    def run_episode(self, i: int, execute: Execute) -> dict:
-        step = self.step(i)
-        if step.done:
-            return self.store.get_json(self.file(i, "status.json"))
-        step.start()
-        with rollouts.run_here(execute, self.request(i), seeded=self._protect(i)) as ran:
-            keys = rollouts.store_record(self.ctx, self.prefix(i), status=ran.status, trace=ran.trace,
-                                         workspace=ran.workspace, first={"episode.json": self.episode_doc(i)},
-                                         network=ran.network)
-        step.finish([self.file(i, "protected.json"), *keys], extra={"outcome": ran.status.get("outcome")})
-        return ran.status
-
-    def prepare(self, i: int, endpoint) -> list[str]:
-        """The agent pod's input (episode.json in `mass episode`'s format, seeded workspace); an
-        earlier attempt's output is dropped so ingest never promotes a stale one."""
-        endpoint = rollouts.executor_endpoint(self.ctx.spec, endpoint)
-        inp = EpisodeInput.from_spec(self.ctx.spec, endpoint, self.request(i))
-        return [*rollouts.prepare(self.ctx, self.prefix(i), inp, seeded=self._protect(i)), self.file(i, "protected.json")]
-
-    def ingest(self, i: int, agent_ended: bool = False) -> dict:
-        """Promote the agent pod's output; with `agent_ended` (Argo: the agent step's phase was
-        Failed or Error, its retries spent) a missing output is recorded as an infra_error episode."""
-        step = self.step(i)
-        p = self.prefix(i)
-        if step.done:
-            return self.store.get_json(self.file(i, "status.json"))
-        if not self.store.exists(self.file(i, "protected.json")):
-            raise CollectError(f"episode {p}: cannot ingest, not prepared (run --phase prepare, then the agent pod)")
-        try:  # the one agent-pod protocol: search, guard and evaluate read their pods' output the same way
-            status, blobs, _ = rollouts.agent_result(self.ctx, p, agent_ended)
-        except RolloutError as e:
-            raise CollectError(str(e).replace(f"rollout {p}", f"episode {p}")) from None
-        step.start()
-        keys = rollouts.store_record(self.ctx, p, status=status, trace=blobs["trace.jsonl"],
-                                     workspace_archive=blobs["workspace.tar.gz"], first={"episode.json": self.episode_doc(i)},
-                                     network=blobs.get("network.jsonl"))
-        step.finish([self.file(i, "protected.json"), *keys], extra={"outcome": status.get("outcome")})
-        return status
+        request = EpisodeRequest(prompt=doc["prompt"], files=dict(self.task.files), seed=doc["seed"], single_agent=self.single)
+        # the protected paths' hashes of the seeded workspace, before the agent sees it (guard compares)
+        protect = ("protected.json", lambda ws: hash_protected(ws, self.task.guards.protected_paths))
+        return Rollout(self.prefix(i), request, self.task.id, f"ep-{i}", self.gen, manifest=self.step(i),
+                       first={"episode.json": doc}, seeded=protect)
 
     # ------------------------------------------------------------ the task
     def summary_step(self):
@@ -229,22 +188,26 @@ def run_collect(ctx: RunContext, gen: int, task_id: str, execute: Execute | None
     if episode is not None:
         if not 0 <= episode < c.cfg.episodes:
             raise CollectError(f"--episode must be in 0..{c.cfg.episodes - 1} (collection.episodes), got {episode}")
-        if c.skip_reason:
-            return {"skipped": True, "reason": c.skip_reason, "agent": False}
+        if c.skip_reason:  # (prepare: no agent pod)
+            return {"skipped": True, "reason": c.skip_reason, "agent": False,
+                    **({"rollout": ctx.relative(c.prefix(episode))} if phase is Phase.PREPARE else {})}
+        r = c.rollout(episode)
         if phase is Phase.PREPARE:
             if endpoint is None:
                 raise CollectError("--phase prepare needs the model endpoint the agent pod will call (--endpoint)")
-            if c.step(episode).done:  # stored already: no agent pod (a resumed workflow)
-                return {"prepared": [], "agent": False}
-            return {"prepared": c.prepare(episode, endpoint), "agent": True}
+            # stored already (a resumed workflow): no agent pod
+            item = c.driver.prepare(r, endpoint)
+            return {"prepared": c.driver.prepared(r) if item else [], "agent": item is not None,
+                    "rollout": ctx.relative(r.prefix)}
         if phase is Phase.INGEST:
-            return c.ingest(episode, agent_ended=agent_ended(agent_status))
+            try:
+                return c.driver.ingest(r, agent_ended=agent_ended(agent_status))
+            except RolloutError as e:
+                raise CollectError(str(e).replace(f"rollout {r.prefix}", f"episode {r.prefix}")) from None
         assert execute is not None
-        return c.run_episode(episode, execute)
+        return c.driver.run(r, execute)
     if c.skip_reason is None:
-        todo = [i for i in range(c.cfg.episodes) if not c.step(i).done]
-        assert execute is not None or not todo
-        with ThreadPoolExecutor(max_workers=ctx.spec.execution.concurrency) as pool:
-            for _ in pool.map(lambda i: c.run_episode(i, execute), todo):
-                pass
+        todo = [c.rollout(i) for i in range(c.cfg.episodes)]
+        assert execute is not None or all(c.driver.stored(r) is not None for r in todo)
+        c.driver.run_all(todo, execute)
     return c.summarize()

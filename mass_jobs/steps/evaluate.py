@@ -28,17 +28,17 @@ import contextlib
 import hashlib
 import tempfile
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ContextManager
 
 from mass_jobs.run.context import RunContext
-from mass_jobs.run.generation_model import model_ref, served_model_dir
+from mass_jobs.run.generation_model import model_ref, model_uri, served_model_dir
 from mass_jobs.judging.metrics import outcome, win_share
 from mass_jobs.config.run_spec import Judge, RunSpec
 from mass_jobs.episodes import rollouts
-from mass_jobs.episodes.episode import EpisodeInput, EpisodeRequest, status_text
+from mass_jobs.episodes.driver import Driver, Rollout
+from mass_jobs.episodes.episode import EpisodeRequest, status_text
 from mass_jobs.serving.roles import client_for
 from mass_jobs.config.task_spec import Task
 from mass_jobs.episodes.audit import audit_episode
@@ -49,7 +49,7 @@ from mass_jobs.serving.llm import Endpoint
 from mass_jobs.serving.model_dirs import has_stored_model, resolve_model
 from mass_jobs.store import Step, Waiting, formed, read_manifest
 
-ROLLOUT_FILES = ("audit.json", *rollouts.RECORD)
+AUDITED_FILES = ("audit.json", *rollouts.RECORD)  # an evaluate rollout: its audit first
 
 # gen -> a context manager serving that generation's model (yields an Endpoint)
 ServeModel = Callable[[int], ContextManager[Any]]
@@ -108,57 +108,45 @@ def rollout_inputs(ctx: RunContext, g: int, task: Task, rep: int) -> dict:
     }
 
 
-def rollout_done(ctx: RunContext, g: int, task: Task, rep: int) -> bool:
-
-    return Step(ctx.store, rollout_prefix(ctx, g, task.id, rep), rollout_inputs(ctx, g, task, rep)).done
-
-
-def _rollout_step(ctx: RunContext, g: int, task: Task, rep: int):
-
-    return Step(ctx.store, rollout_prefix(ctx, g, task.id, rep), rollout_inputs(ctx, g, task, rep),
-                name=f"eval-rollout gen-{g} {task.id} rep-{rep}")
-
-
-def episode_request(task: Task, rep: int) -> EpisodeRequest:
-    """Replicate `rep` of the bare task: the same prompt, files and seed for every generation."""
-    return EpisodeRequest(prompt=task.prompt, files=dict(task.files), seed=rollout_seed(task.id, rep))
-
-
-def run_rollout(ctx: RunContext, g: int, task: Task, rep: int, endpoint) -> dict:
-    """One bare-prompt episode of L_g run here (sandboxed), stored with its audit; skipped when stored.
-    L_g itself plays it: roles.executor never stands in for the generation being measured."""
-
-    prefix = rollout_prefix(ctx, g, task.id, rep)
-    step = _rollout_step(ctx, g, task, rep)
-    if step.done:
-        return read_manifest(ctx.store, prefix)["extra"]
-    step.start()
-    execute = rollouts.episode_executor(ctx.spec, endpoint, executor_role=False)
-    with rollouts.run_here(execute, episode_request(task, rep)) as ran:
-        return _store_rollout(ctx, step, prefix, ran.status, ran.trace, workspace=ran.workspace, network=ran.network)
-
-
-def _store_rollout(ctx: RunContext, step, prefix: str, status: dict, trace: bytes, *, workspace: Path | None = None,
-                   workspace_archive: bytes | None = None, network: bytes | None = None) -> dict:
-    """The rollout's audit, then its record (rollouts.store_record); finishes its step."""
-
+def _audit(r: Rollout, status: dict, trace: bytes) -> tuple[dict, dict]:
+    """How evaluate reads a rollout: its audit stored first, its delegation in the manifest."""
     with tempfile.TemporaryDirectory(prefix="mass-eval-audit-") as tmp:  # the audit reads an episode's out dir
         (Path(tmp) / "trace.jsonl").write_bytes(trace)
         (Path(tmp) / "status.json").write_text(status_text(status))
         audit = audit_episode(Path(tmp)).to_dict()
-    audit["episode"] = prefix  # a store key, not a temp path
-    keys = rollouts.store_record(ctx, prefix, status=status, trace=trace, workspace=workspace,
-                                 workspace_archive=workspace_archive, first={"audit.json": audit}, network=network)
-    extra = {"outcome": status.get("outcome"), "delegation": audit["delegation"], "code_handoff": audit["code_handoff"]}
-    step.finish(keys, extra=extra)
-    return extra
+    audit["episode"] = r.prefix  # a store key, not a temp path
+    return {"audit.json": audit}, {"outcome": status.get("outcome"), "delegation": audit["delegation"],
+                                   "code_handoff": audit["code_handoff"]}
 
 
-# ---------------------------------------------------------------- the cluster's phases
+def driver(ctx: RunContext) -> Driver:
+    """L_g itself plays its rollouts: roles.executor never stands in for the generation measured."""
+    return Driver(ctx, executor_role=False, reading=_audit)
+
+
+def rollout(ctx: RunContext, g: int, task: Task, rep: int) -> Rollout:
+    """Replicate `rep` of the bare task by L_g: the same prompt, files and seed for every generation."""
+    prefix = rollout_prefix(ctx, g, task.id, rep)
+    manifest = Step(ctx.store, prefix, rollout_inputs(ctx, g, task, rep), name=f"eval-rollout gen-{g} {task.id} rep-{rep}")
+    return Rollout(prefix, episode_request(task, rep), task.id, f"rep-{rep}", g, manifest=manifest)
+
+
+def rollout_done(ctx: RunContext, g: int, task: Task, rep: int) -> bool:
+    return rollout(ctx, g, task, rep).manifest.done
+
+
+def episode_request(task: Task, rep: int) -> EpisodeRequest:
+    return EpisodeRequest(prompt=task.prompt, files=dict(task.files), seed=rollout_seed(task.id, rep))
 
 
 def rollout_generations(gen: int) -> list[int]:
     return sorted({gen, *baselines(gen)})
+
+
+def all_rollouts(ctx: RunContext, gen: int) -> list[Rollout]:
+    """Every rollout this step reads: L_gen's and its baselines', each task, each replicate."""
+    return [rollout(ctx, h, t, r) for h in rollout_generations(gen) for t in ctx.spec.resolved_tasks()
+            for r in range(ctx.spec.evaluation.rollouts_per_task)]
 
 
 def pending_models(ctx: RunContext, gen: int) -> list[int]:
@@ -166,12 +154,21 @@ def pending_models(ctx: RunContext, gen: int) -> list[int]:
 
     if formed(evaluate_step(ctx, gen)).done:
         return []
-    tasks, reps = ctx.spec.resolved_tasks(), range(ctx.spec.evaluation.rollouts_per_task)
-    need = {h for h in rollout_generations(gen) if not all(rollout_done(ctx, h, t, r) for t in tasks for r in reps)}
+    need = {r.gen for r in all_rollouts(ctx, gen) if not r.manifest.done}
     jobs = pair_jobs(ctx, gen, None)
     need |= {h for h in self_evaluators(gen)
              if not _all_stored(ctx.store, verdict_prefix(ctx), jobs, f"gen-{h}", "self", (ctx.spec.search.seed,))}
     return sorted(need)
+
+
+def plan(ctx: RunContext, gen: int) -> dict:
+    """{"models": the generations whose InferenceServices must serve, each with the storageUri the
+    cycle's own model gets}."""
+    spec = ctx.spec
+    bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
+    run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
+    return {"models": [{"gen": str(h), "model-uri": model_uri(spec, h, bucket, run_prefix), "dtype": spec.model.dtype}
+                       for h in pending_models(ctx, gen)]}
 
 
 def prepare(ctx: RunContext, gen: int, endpoint_of: Callable[[int], Any]) -> dict:
@@ -179,47 +176,28 @@ def prepare(ctx: RunContext, gen: int, endpoint_of: Callable[[int], Any]) -> dic
     generations whose InferenceServices the rollouts and self-verdicts call}."""
 
     models = pending_models(ctx, gen)
-    items = []
-    if models:
-        for h in rollout_generations(gen):
-            for t in ctx.spec.resolved_tasks():
-                for r in range(ctx.spec.evaluation.rollouts_per_task):
-                    if rollout_done(ctx, h, t, r):
-                        continue
-                    prefix = rollout_prefix(ctx, h, t.id, r)
-                    rollouts.prepare(ctx, prefix, EpisodeInput.from_spec(ctx.spec, endpoint_of(h), episode_request(t, r)))
-                    items.append(rollouts.fanout_item(ctx, prefix, t.id, f"rep-{r}", h))
+    d = driver(ctx)
+    items = [d.prepare(r, endpoint_of(r.gen)) for r in all_rollouts(ctx, gen) if not r.manifest.done] if models else []
     return {"rollouts": items, "models": models}
 
 
 def ingest(ctx: RunContext, gen: int, rel: str, agent_ended: bool = False) -> dict:
     """Store the agent pod's output of the rollout `rel` (a key relative to the run), with its audit."""
-
-    where = {rollout_prefix(ctx, h, t.id, r): (h, t, r) for h in rollout_generations(gen)
-             for t in ctx.spec.resolved_tasks() for r in range(ctx.spec.evaluation.rollouts_per_task)}
-    prefix = rollouts.find_rollout(ctx, rel, list(where))
-    h, task, rep = where[prefix]
-    step = _rollout_step(ctx, h, task, rep)
-    if step.done:
-        return read_manifest(ctx.store, prefix)["extra"]
-    status, blobs, _ = rollouts.agent_result(ctx, prefix, agent_ended)
-    step.start()
-    return _store_rollout(ctx, step, prefix, status, blobs["trace.jsonl"], workspace_archive=blobs["workspace.tar.gz"],
-                          network=blobs.get("network.jsonl"))
+    declared = {r.prefix: lambda r=r: r for r in all_rollouts(ctx, gen)}
+    status = driver(ctx).ingest_named(rel, declared, agent_ended)
+    return {"outcome": status.get("outcome"), **read_manifest(ctx.store, ctx.under_run(rel.strip("/")))["extra"]}
 
 
 def run_rollouts(ctx: RunContext, g: int, endpoint, progress: Progress | None = None) -> None:
-    tasks = ctx.spec.resolved_tasks()
-    jobs = [(t, r) for t in tasks for r in range(ctx.spec.evaluation.rollouts_per_task)]
+    """L_g's rollouts of every task run here, sandboxed (stored ones skipped)."""
 
-    def one(job):
-        t, r = job
-        extra = run_rollout(ctx, g, t, r, endpoint)
+    def done(r: Rollout, _status: dict) -> None:
         if progress:
-            progress("rollout", {"gen": g, "task": t.id, "replicate": r, **extra})
+            rep = int(r.label.removeprefix("rep-"))
+            progress("rollout", {"gen": g, "task": r.task, "replicate": rep, **read_manifest(ctx.store, r.prefix)["extra"]})
 
-    with ThreadPoolExecutor(max_workers=ctx.spec.execution.concurrency) as pool:
-        list(pool.map(one, jobs))  # list() re-raises the first failure
+    rs = [rollout(ctx, g, t, r) for t in ctx.spec.resolved_tasks() for r in range(ctx.spec.evaluation.rollouts_per_task)]
+    driver(ctx).run_all(rs, rollouts.episode_executor(ctx.spec, endpoint, executor_role=False), on_done=done)
 
 
 # ---------------------------------------------------------------- pairs and verdicts

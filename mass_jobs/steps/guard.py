@@ -35,6 +35,7 @@ from mass_jobs.run.sandboxing import apply_sandbox
 from mass_jobs.config.shared import Closed
 from mass_jobs.config.task_spec import CheckCommand, Guards
 from mass_jobs.episodes import proof, rollouts
+from mass_jobs.episodes.driver import Driver
 from mass_jobs.judging import claims, directives
 from mass_jobs.store import Step, UnsafeArchive, Waiting, formed
 
@@ -342,13 +343,10 @@ def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
         stored = ctx.rollout_file(prefix, "checks.json")
         if store.exists(stored) and store.get_json(stored).get("digest") == checks_digest(checks):
             continue
-        rollouts.new_inputs(ctx, prefix, proof.CHECK_OUTPUTS)
         job = ChecksFile(checks=checks, limits=ctx.spec.execution.limits, protected=guards.protected_paths)
-        store.put_json(ctx.agent_input(prefix, "episode.json"), job.model_dump(mode="json"))
-        episode = ctx.collect_episode(gen, task_id, ep["id"])
-        store.put_bytes(ctx.agent_input(prefix, "workspace.tar.gz"),
-                        store.get_bytes(ctx.rollout_file(episode, "workspace.tar.gz")))
-        items.append(rollouts.fanout_item(ctx, prefix, task_id, ep["id"], gen))
+        archive = store.get_bytes(ctx.rollout_file(ctx.collect_episode(gen, task_id, ep["id"]), "workspace.tar.gz"))
+        items.append(Driver(ctx).prepare_job(prefix, task_id, ep["id"], gen, job.model_dump(mode="json"), archive,
+                                             proof.CHECK_OUTPUTS))
     return items
 
 
@@ -372,7 +370,9 @@ def ingest_checks(ctx: RunContext, gen: int, task_id: str, rel: str, agent_ended
         raise rollouts.RolloutError(f"{prefix}: cannot ingest, the checks pod's output is missing "
                                     f"(run the agent pod after --phase prepare)")
     ctx.store.put_json(ctx.rollout_file(prefix, "checks.json"), doc)
-    return {"episode": where[prefix], **({"lost": doc["lost"]} if "lost" in doc else {"checks": doc["checks"]})}
+    # a checks job has no episode outcome: whether its results came back (the ingest metric's label)
+    return {"episode": where[prefix], "outcome": "lost" if "lost" in doc else "checked",
+            **({"lost": doc["lost"]} if "lost" in doc else {"checks": doc["checks"]})}
 
 
 # ---------------------------------------------------------------- the step

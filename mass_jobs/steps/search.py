@@ -38,7 +38,8 @@ from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.judging.evidence import prompt_budget
 from mass_jobs.episodes import rollouts
-from mass_jobs.episodes.episode import EpisodeInput, EpisodeRequest
+from mass_jobs.episodes.driver import Driver, Rollout
+from mass_jobs.episodes.episode import EpisodeRequest
 from mass_jobs.episodes.rollouts import Execute, Phase, agent_ended, derived_seed, rollout_outputs
 from mass_jobs.steps.search_state import IterationRecord, SearchState, fold, judge_version, won
 from mass_jobs.episodes.trace_shape import last_tool_calls
@@ -99,6 +100,7 @@ class Search:
     def __init__(self, ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute | None):
 
         self.ctx, self.gen, self.execute = ctx, gen, execute
+        self.driver = Driver(ctx)
         self.store = ctx.store
         self.spec = ctx.spec
         self.optimizer, self.evaluator = (role_client(ctx.spec, r, client) for r in ("optimizer", "evaluator"))
@@ -156,66 +158,57 @@ class Search:
         self._save(k, record, outputs)
         return k < self.cfg.iterations
 
-    # ------------------------------------------------------------ the cluster's phases
-    def _rollouts(self, k: int) -> list[tuple[object, str]]:
-        """(rollout, prompt) of iteration k still to run: the reference and W_0 at k = 0, else W_k
-        (the proposal is made and stored here when missing: the optimizer is a model call)."""
-        todo = []
+    # ------------------------------------------------------------ rollouts, by the rollout driver
+    def _rollout(self, r) -> Rollout:
+        """The reference's rollout (the bare task), or version r's (its stored workflow.json)."""
+        if r == "reference":
+            prompt = workflow_prompt_parts(self.task.prompt, None).text
+        elif self.store.exists(self._file(r, "workflow.json")):
+            prompt = workflow_docs.prompt(self.task, self.store.get_json(self._file(r, "workflow.json")))
+        else:
+            raise SearchError(f"task {self.task.id}: rollout {self._iter(r)} is not prepared (no workflow.json)")
+        request = EpisodeRequest(prompt=prompt, files=dict(self.task.files), seed=derived_seed(self.cfg.seed, self.task.id, r))
+        label = "reference" if r == "reference" else f"iter-{r}"
+        return Rollout(self._iter(r), request, self.task.id, label, self.gen, first={"prompt.txt": prompt})
+
+    def _rollouts(self, k: int) -> list[Rollout]:
+        """Iteration k's rollouts: the reference and W_0 at k = 0, else W_k (the proposal is made
+        and stored here when missing: the optimizer is a model call); none without a proposal."""
         if k == 0:
-            todo.append(("reference", workflow_prompt_parts(self.task.prompt, None).text))
             wf = self._initial_doc()
         else:
             state = self.state()
             if state is None:
                 raise SearchError(f"task {self.task.id}: no search state; run iteration 0 first")
-            proposal = self._proposal(k, state)
-            if proposal["workflow"] is None:
+            wf = self._proposal(k, state)["workflow"]
+            if wf is None:
                 return []
-            wf = proposal["workflow"]
         self.store.put_json(self._file(k, "workflow.json"), wf)
-        todo.append((k, workflow_docs.prompt(self.task, wf)))
-        return [(r, p) for r, p in todo if not self.store.exists(self._file(r, "status.json"))]
-
-    def _request(self, r, prompt: str) -> EpisodeRequest:
-        return EpisodeRequest(prompt=prompt, files=dict(self.task.files), seed=derived_seed(self.cfg.seed, self.task.id, r))
+        return [*([self._rollout("reference")] if k == 0 else []), self._rollout(k)]
 
     def prepare(self, k: int, endpoint) -> list[dict]:
         """Write the agent pods' inputs of iteration k; the fan-out items (none when stored)."""
         self._check_k(k)
         if self._step(k).done:
             return []
-        endpoint, items = rollouts.executor_endpoint(self.spec, endpoint), []
-        for r, prompt in self._rollouts(k):
-            rollouts.prepare(self.ctx, self._iter(r), EpisodeInput.from_spec(self.spec, endpoint, self._request(r, prompt)))
-            label = "reference" if r == "reference" else f"iter-{r}"
-            items.append(rollouts.fanout_item(self.ctx, self._iter(r), self.task.id, label, self.gen))
-        return items
+        return [item for r in self._rollouts(k) if (item := self.driver.prepare(r, endpoint)) is not None]
 
     def ingest(self, rel: str, agent_ended: bool = False) -> dict:
         """Store the agent pod's output of the rollout `rel` (a key relative to the run)."""
-        candidates = [self._iter("reference")] + [self._iter(k) for k in range(self.cfg.iterations + 1)]
-        prefix = rollouts.find_rollout(self.ctx, rel, candidates)
-        if self.store.exists(self.ctx.rollout_file(prefix, "status.json")):
-            return self.store.get_json(self.ctx.rollout_file(prefix, "status.json"))
-        status, blobs, episode = rollouts.agent_result(self.ctx, prefix, agent_ended)
-        rollouts.store_record(self.ctx, prefix, status=status, trace=blobs["trace.jsonl"],
-                              workspace_archive=blobs["workspace.tar.gz"], first={"prompt.txt": episode["prompt"]},
-                              network=blobs.get("network.jsonl"))
-        return status
+        names = ["reference", *range(self.cfg.iterations + 1)]
+        return self.driver.ingest_named(rel, {self._iter(r): lambda r=r: self._rollout(r) for r in names}, agent_ended)
 
-    def _run_rollout(self, r, prompt: str) -> dict:
-        status_key = self._file(r, "status.json")
-        if self.store.exists(status_key):  # resumed after the rollout was stored (or ingested)
-            return self.store.get_json(status_key)
-        if self.execute is None:
+    def _run_rollout(self, r) -> dict:
+        rollout = self._rollout(r)
+        if self.execute is None and self.driver.stored(rollout) is None:
             raise SearchError(f"task {self.task.id}: rollout {self._iter(r)} is not stored "
                               f"(run --phase prepare, its agent pod and --phase ingest first)")
-        return rollouts.rollout(self.ctx, self._iter(r), self.execute, self._request(r, prompt))
+        return self.driver.run(rollout, self.execute)
 
     # ------------------------------------------------------------ iteration 0
     def _initial(self) -> tuple[IterationRecord, list[str]]:
         ref = self._iter("reference")
-        self._run_rollout("reference", workflow_prompt_parts(self.task.prompt, None).text)
+        self._run_rollout("reference")
         wf = self._initial_doc()
         status = self._rollout_once(0, wf)
         record = IterationRecord(k=0, workflow=wf, outcome=status.get("outcome"), preferred=True,
@@ -228,7 +221,7 @@ class Search:
 
     def _rollout_once(self, k: int, wf: dict) -> dict:
         self.store.put_json(self._file(k, "workflow.json"), wf)
-        return self._run_rollout(k, workflow_docs.prompt(self.task, wf))
+        return self._run_rollout(k)
 
     def _bundle(self, k) -> str:
         """The evidence of rollout k's stored workspace (with its run notice)."""

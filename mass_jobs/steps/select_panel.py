@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, ContextManager
 
 from mass_jobs.episodes import rollouts
+from mass_jobs.episodes.driver import Driver, Rollout
 from mass_jobs.judging.judges import PairJob, PanelMember, run_panel
 from mass_jobs.run.context import RunContext
 from mass_jobs.judging.compare import task_bundle
@@ -83,7 +84,8 @@ def panel_inputs(ctx, gen: int) -> dict:
 
 
 def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, model_ref: str) -> None:
-    """One bare-prompt episode behind its own Step manifest (skipped when stored)."""
+    """One bare-prompt episode of `who` (the parent or a candidate, itself: never roles.executor),
+    behind its own Step manifest (skipped when stored)."""
 
     spec = ctx.spec
     prefix = ctx.select_rollout(gen, who, task.id, rep)
@@ -91,14 +93,8 @@ def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, mod
                                     "seed": rollout_seed(task.id, rep), "limits": spec.execution.limits.model_dump(mode="json"),
                                     "sampling": spec.model.sampling.model_dump(mode="json")},
                 name=f"select-rollout gen-{gen} {who} {task.id} rep-{rep}")
-    if step.done:
-        return
-    step.start()
-    execute = rollouts.episode_executor(spec, endpoint, executor_role=False)  # the candidate itself plays it
-    with rollouts.run_here(execute, episode_request(task, rep)) as ran:
-        keys = rollouts.store_record(ctx, prefix, status=ran.status, trace=ran.trace, workspace=ran.workspace,
-                                     network=ran.network)
-    step.finish(keys)
+    r = Rollout(prefix, episode_request(task, rep), task.id, f"{who}-rep-{rep}", gen, manifest=step)
+    Driver(ctx, executor_role=False).run(r, rollouts.episode_executor(spec, endpoint, executor_role=False))
 
 
 def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable[[], ContextManager[Any]],

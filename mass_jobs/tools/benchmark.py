@@ -44,7 +44,8 @@ from pydantic import Field, ValidationError
 from mass_jobs.config.shared import ID_PATTERN, Closed
 from mass_jobs.spec.load import SpecError, SpecIssue
 from mass_jobs.episodes.episode import EpisodeRequest
-from mass_jobs.episodes.rollouts import episode_executor, rollout, rollout_outputs
+from mass_jobs.episodes.driver import Driver, Rollout
+from mass_jobs.episodes.rollouts import episode_executor, rollout_outputs
 from mass_jobs.run.generation_model import model_ref
 from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
 from mass_jobs.store import Step, read_manifest
@@ -215,8 +216,8 @@ def run_one(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, execute, d
     if step.done:
         return read_manifest(ctx.store, prefix)["extra"]
     step.start()
-    status = rollout(ctx, prefix, execute, EpisodeRequest(prompt=task.prompt, files=dict(task.files),
-                                                           seed=rollout_seed(bench.name, task.id, rep)))
+    request = EpisodeRequest(prompt=task.prompt, files=dict(task.files), seed=rollout_seed(bench.name, task.id, rep))
+    status = Driver(ctx).run(Rollout(prefix, request, task.id, f"rep-{rep}", g, first={"prompt.txt": task.prompt}), execute)
     with tempfile.TemporaryDirectory(prefix="mass-bench-ws-") as tmp:
         ctx.store.get_dir(ctx.benchmark_rollout(bench.name, g, task.id, rep, "workspace.tar.gz"), tmp)
         result = grade(bench, task, Path(tmp), spec.execution.limits)
