@@ -8,6 +8,7 @@ import json
 import pytest
 
 from mass_jobs.run.context import RunContext
+from mass_jobs.run.generation_model import generation_servers
 from mass_jobs.spec.load import validate_document
 from mass_jobs.steps import evaluate as ev
 from mass_jobs.store import FileStore, read_manifest
@@ -50,7 +51,7 @@ def judged_run(tmp_path, tiny_model_dir, scripted_endpoint):
     store.put_dir(ctx.model(1), tiny_model_dir)
     store.put_dir(ctx.model(2), tiny_model_dir)
     served: list[str] = []
-    serve_model, serve_judge = ev.default_servers(ctx, cache_root=tmp_path / "models")
+    serve_model, serve_judge = generation_servers(ctx, cache_root=tmp_path / "models")
 
     @contextlib.contextmanager
     def counting_model(g):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mass_jobs.commands.common import add_spec, open_run
 from mass_jobs.spec.load import SpecError, SpecIssue
-from mass_jobs.steps.evaluate import default_servers
+from mass_jobs.run.generation_model import generation_servers
 from mass_jobs.tools.benchmark import load_benchmark, render_table, run_benchmark
 
 
@@ -31,7 +31,7 @@ def main(args) -> int:
     bench = load_benchmark(args.bench)
     work = ctx.work_dir(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    serve_model, _ = default_servers(ctx, cache_root=work / "models", log_dir=work)
+    serve_model, _ = generation_servers(ctx, cache_root=work / "models", log_dir=work)
     table = run_benchmark(ctx, bench, sorted(set(args.gen)), serve_model, args.replicates)
     print(render_table(table), end="")
     return 0

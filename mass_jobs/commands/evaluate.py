@@ -17,7 +17,9 @@ import sys
 
 from mass_jobs.commands.common import add_rollout_phases, add_spec, agent_ended, open_run, work_dir_default
 from mass_jobs.episodes import rollouts
+from mass_jobs.run.generation_model import generation_servers
 from mass_jobs.serving.llm import Endpoint
+from mass_jobs.serving.servers import remote_servers
 from mass_jobs.steps import evaluate as ev
 
 
@@ -71,11 +73,11 @@ def main(args) -> int:
             if unknown:
                 print(f"--judge-endpoint: {unknown} are no judges of endpoint 'local' in the spec", file=sys.stderr)
                 return 2
-            serve_model, serve_judge = ev.remote_servers(endpoint_of, local)
+            serve_model, serve_judge = remote_servers(endpoint_of, local)
         else:
             work = ctx.work_dir(args.work_dir)
             work.mkdir(parents=True, exist_ok=True)
-            serve_model, serve_judge = ev.default_servers(ctx, cache_root=work / "models", log_dir=work)
+            serve_model, serve_judge = generation_servers(ctx, cache_root=work / "models", log_dir=work)
         manifest = ev.evaluate(ctx, args.gen, serve_model, serve_judge, agent_pods=args.phase == "finish")
     except (RuntimeError, FileNotFoundError, ValueError) as err:
         print(f"evaluate: {err}", file=sys.stderr)

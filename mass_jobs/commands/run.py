@@ -30,8 +30,8 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
 
 
-    ctx = open_run(args.spec)  # a bad spec exits 2 before anything is written
-    result = run_reporting_failures(args, "run")
+    ctx = open_run(args.spec, check_spec=False)  # a bad spec exits 2 before anything is written
+    result = run_reporting_failures(args, "run", ctx)
     if result is None:
         return 1
     if "stopped_after" in result:
@@ -48,12 +48,13 @@ def live_display(no_progress: bool, stream=None) -> bool:
     return not no_progress and (stream or sys.stderr).isatty()
 
 
-def run_reporting_failures(args, what: str) -> dict | None:
-    """Run L0 -> L_N; any failure of a step is one message and the hint to resume, not a traceback."""
+def run_reporting_failures(args, what: str, ctx) -> dict | None:
+    """Run L0 -> L_N of the opened run `ctx` (its spec claimed by the runner, once); any failure of a
+    step is one message and the hint to resume, not a traceback."""
 
     try:
         return run(args.spec, work_dir=args.work_dir, progress=live_display(args.no_progress),
-                   handler=getattr(args, "handler", "in-process"), until=getattr(args, "until", None))
+                   handler=getattr(args, "handler", "in-process"), until=getattr(args, "until", None), ctx=ctx)
     except (RuntimeError, OSError, ValueError) as err:
         from mass_jobs.spec.load import SpecError
         from mass_jobs.store.lease import WriterBusy

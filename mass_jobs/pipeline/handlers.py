@@ -20,6 +20,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from mass_jobs.episodes import proof
@@ -27,7 +28,10 @@ from mass_jobs.episodes.rollouts import MODELS_OUTPUT, ROLLOUTS_OUTPUT, episode_
 from mass_jobs.pipeline import nodes as N
 from mass_jobs.pipeline import table as P
 from mass_jobs.pipeline.progress import PerKey
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.llm import Endpoint
 from mass_jobs.serving.roles import client_for
+from mass_jobs.serving.servers import ServeJudge, ServeModel
 
 HANDLERS = ("in-process", "argv")
 # every file an agent pod reads, and may upload, whether it runs an episode or a checks job
@@ -37,10 +41,29 @@ POD_OUTPUTS = (*proof.EPISODE_OUTPUTS, *proof.CHECK_OUTPUTS, proof.PROOF)
 _SECRET = re.compile(r"^AWS_|KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 
 
-def handler(name: str, runner):
+@dataclass(frozen=True)
+class Services:
+    """All a handler may use of the run, as kfp's task handlers get their command and environment
+    alone: it never holds the runner."""
+
+    ctx: RunContext
+    endpoint: Callable[[], Endpoint]  # the generation's model, served on first use
+    servers: Callable[[], tuple[ServeModel, ServeJudge]]  # any generation's model, the spec's judges
+    mass: Callable[..., bool]  # one CLI entry as a subprocess: mass(*argv, env=, check=, label=)
+    torchrun: Callable[[list[str]], None]  # a trainer's CLI entry under torchrun
+    env: Callable[[], dict]  # the environment the runner's subprocesses get
+    work: Path  # the run's work dir (logs, outputs, agent scratch)
+    note: Callable[..., None]  # a progress line: note(text, n, of=None)
+
+    @property
+    def spec(self):
+        return self.ctx.spec
+
+
+def handler(name: str):
     if name not in HANDLERS:
         raise ValueError(f"handler: expected one of {HANDLERS}, got {name!r}")
-    return (InProcess if name == "in-process" else Argv)(runner)
+    return InProcess() if name == "in-process" else Argv()
 
 
 class LazyClient:
@@ -58,26 +81,26 @@ class LazyClient:
 class InProcess:
     name = "in-process"
 
-    def __init__(self, runner):
-        self.r = runner
+    def __init__(self):
         self._lock = threading.Lock()
         self._now = {"label": "", "episodes": 0, "of": None}
 
-    def run(self, group: N.Group) -> None:
+    def run(self, group: N.Group, services: Services) -> None:
+        self.services = services
         (self._cli if group.step.local is None else self._in_process)(group)
 
     # ------------------------------------------------------------ services
     @property
     def client(self):
-        return LazyClient(lambda: client_for(self.r.spec, self.r.lazy.endpoint()))
+        return LazyClient(lambda: client_for(self.services.spec, self.services.endpoint()))
 
     def execute(self, *args):
         # roles.executor set: the generation's server is not needed (and not started) for episodes
-        endpoint = executor_endpoint(self.r.spec, None) or self.r.lazy.endpoint()
-        status = episode_executor(self.r.spec, endpoint)(*args)
+        endpoint = executor_endpoint(self.services.spec, None) or self.services.endpoint()
+        status = episode_executor(self.services.spec, endpoint)(*args)
         with self._lock:  # collect runs episodes concurrently
             self._now["episodes"] += 1
-            self.r.display.note(f"{self._now['label']}: episode {self._now['episodes']}", self._now["episodes"],
+            self.services.note(f"{self._now['label']}: episode {self._now['episodes']}", self._now["episodes"],
                                 self._now["of"])
         return status
 
@@ -86,15 +109,15 @@ class InProcess:
         s, g = group.step, group.gen
         with self._services(s, g) as services:
             if not s.per_task:
-                s.call_local(self.r.ctx, g, None, services)
+                s.call_local(self.services.ctx, g, None, services)
                 return
             # episodes a task may still run: search = reference + initial elite + one per iteration
-            of = self.r.spec.search.iterations + 2 if isinstance(s.shape, P.Recursion) else \
-                self.r.spec.collection.episodes if isinstance(s.shape, P.EpisodeFanout) else None
+            of = self.services.spec.search.iterations + 2 if isinstance(s.shape, P.Recursion) else \
+                self.services.spec.collection.episodes if isinstance(s.shape, P.EpisodeFanout) else None
             for i, node in enumerate(group.nodes):
                 self._now.update(label=f"{s.name} task {i + 1}/{len(group.nodes)} {node.task}", episodes=0, of=of)
-                self.r.display.note(self._now["label"], i, len(group.nodes))
-                s.call_local(self.r.ctx, g, node.task, services)
+                self.services.note(self._now["label"], i, len(group.nodes))
+                s.call_local(self.services.ctx, g, node.task, services)
 
     @contextlib.contextmanager
     def _services(self, s: P.StepDef, g: int):
@@ -104,7 +127,7 @@ class InProcess:
         services: dict = {"client": self.client, "execute": self.execute, "progress": self._progress()}
         with contextlib.ExitStack() as servers:
             if {"serve_generation", "serve_judge"} & set(s.local or ()):
-                serve_generation, serve_judge = self.r.servers()
+                serve_generation, serve_judge = self.services.servers()
                 started: dict[int, object] = {}
 
                 @contextlib.contextmanager
@@ -124,27 +147,27 @@ class InProcess:
         def note(kind: str, rec: dict) -> None:
             n = counts.add((kind, rec.get("gen")))
             where = " ".join(f"{k} {rec[k]}" for k in ("gen", "task", "replicate", "judge") if k in rec)
-            self.r.display.note(f"{kind} {n}: {where}", n)
+            self.services.note(f"{kind} {n}: {where}", n)
         return note
 
     def _cli(self, group: N.Group) -> None:
         """A step without `local`: its CLI entry per node (a trainer under torchrun)."""
         for node in group.nodes:
             if isinstance(node.shape, P.Trainer):  # the train core checks the split itself (split_guard), on Argo too
-                self.r.torchrun(node.argv)
+                self.services.torchrun(node.argv)
             else:
-                self.r.mass(*node.argv)
+                self.services.mass(*node.argv)
 
 
 class Argv:
     name = "argv"
 
-    def __init__(self, runner):
-        self.r = runner
+    def __init__(self):
         self._lock = threading.Lock()
         self._count = 0
 
-    def run(self, group: N.Group) -> None:
+    def run(self, group: N.Group, services: Services) -> None:
+        self.services = services
         for node in group.nodes:
             self.node(node)
 
@@ -152,71 +175,71 @@ class Argv:
         argv = list(n.argv)
         match n.shape:
             case P.Trainer():
-                self.r.torchrun(argv)
+                self.services.torchrun(argv)
             case P.Recursion(agent=True):
-                for k in range(self.r.spec.search.iterations + 1):  # iteration 0: the reference and initial workflow
+                for k in range(self.services.spec.search.iterations + 1):  # iteration 0: the reference and initial workflow
                     it = N.with_iteration(argv, k)
                     self.rollouts(n, it, ingest_argv=argv, model=self.model(n))
             case P.Recursion():
-                for k in range(self.r.spec.search.iterations + 1):
-                    self.r.mass(*N.with_iteration(argv, k), *self.model(n))
+                for k in range(self.services.spec.search.iterations + 1):
+                    self.services.mass(*N.with_iteration(argv, k), *self.model(n))
             case P.EpisodeFanout():
                 self.fan_out([lambda e=e: self.episode(n, N.with_episode(argv, e))
-                              for e in range(self.r.spec.collection.episodes)])
-                self.r.mass(*N.finish(argv))
+                              for e in range(self.services.spec.collection.episodes)])
+                self.services.mass(*N.finish(argv))
             case P.TaskRollouts():
                 self.rollouts(n, argv, ingest_argv=argv, model=self.model(n))
             case P.GenerationRollouts():
                 self.generation_rollouts(n, argv)
             case _:
-                self.r.mass(*argv, *self.model(n))
+                self.services.mass(*argv, *self.model(n))
 
     # ------------------------------------------------------------ the cluster's shapes, here
     def model(self, n: N.Node) -> list[str]:
         """The generation's model as a node that calls it is told (the cluster: its InferenceService)."""
         if not n.step.model:
             return []
-        endpoint = self.r.lazy.endpoint()
+        endpoint = self.services.endpoint()
         return N.model_flags(endpoint.base_url, endpoint.model)
 
     def rollouts(self, n: N.Node, argv: list[str], *, ingest_argv: list[str], model: list[str],
                  finish_extra: list[str] | None = None) -> None:
         """prepare (lists the rollouts) -> an agent per rollout -> ingest each -> finish."""
         with self.outputs() as out:
-            self.r.mass(*N.prepare(argv, model, str(out)))
+            self.services.mass(*N.prepare(argv, model, str(out)))
             items = json.loads((out / ROLLOUTS_OUTPUT).read_text())
 
         def one(item: dict) -> None:
             status = self.agent(item["rollout"], label=f"{n.step.name} {item.get('label', '')}")
             with self.outputs() as out:
-                self.r.mass(*N.ingest(ingest_argv, status, str(out), rollout=item["rollout"]))
+                self.services.mass(*N.ingest(ingest_argv, status, str(out), rollout=item["rollout"]))
 
         self.fan_out([lambda item=item: one(item) for item in items])
-        self.r.mass(*N.finish(argv, [*model, *(finish_extra or [])]))
+        self.services.mass(*N.finish(argv, [*model, *(finish_extra or [])]))
 
     def episode(self, n: N.Node, argv: list[str]) -> None:
         """One collect episode: prepare says whether an agent must run and where its artifacts are."""
         with self.outputs() as out:
-            self.r.mass(*N.prepare(argv, self.model(n), str(out)))
+            self.services.mass(*N.prepare(argv, self.model(n), str(out)))
             if (out / "agent").read_text().strip() != "true":
                 return
             rollout = (out / "rollout").read_text().strip()
         status = self.agent(rollout, label=f"{n.step.name} {n.task}")
         with self.outputs() as out:
-            self.r.mass(*N.ingest(argv, status, str(out)))
+            self.services.mass(*N.ingest(argv, status, str(out)))
 
     def generation_rollouts(self, n: N.Node, argv: list[str]) -> None:
         """evaluate: plan -> serve the generations it names (and the spec's local judges) -> the
         rollouts against them -> finish; every server stopped after."""
         with self.outputs() as out:
-            self.r.mass(*N.plan_models(argv, str(out)))
+            self.services.mass(*N.plan_models(argv, str(out)))
             models = json.loads((out / MODELS_OUTPUT).read_text())
-        serve_generation, serve_judge = self.r.servers()
+        serve_generation, serve_judge = self.services.servers()
         with contextlib.ExitStack() as servers:
             served = [(m["gen"], servers.enter_context(serve_generation(int(m["gen"])))) for m in models]
             flags = N.generation_endpoints((g, e.base_url, e.model) for g, e in served)
             judges = []
-            for judge in self.r.spec.judges:
+            for judge in self.services.spec.judges:
                 if judge.endpoint == "local" and models:
                     e = servers.enter_context(serve_judge(judge))
                     judges += ["--judge-endpoint", judge.name, e.base_url, e.model]
@@ -225,35 +248,35 @@ class Argv:
     def agent(self, rollout: str, label: str) -> str:
         """One agent pod: its input artifacts in, `mass episode` with no store credential, its
         outputs uploaded; the phase Argo would give ingest."""
-        ctx = self.r.ctx
+        ctx = self.services.ctx
         prefix = ctx.under_run(rollout)
-        with tempfile.TemporaryDirectory(prefix="mass-agent-", dir=self.r.work) as tmp:
+        with tempfile.TemporaryDirectory(prefix="mass-agent-", dir=self.services.work) as tmp:
             in_dir, out_dir = Path(tmp) / "in", Path(tmp) / "out"
             in_dir.mkdir()
             out_dir.mkdir()
             for name in POD_INPUTS:
                 if ctx.store.exists(key := ctx.agent_input(prefix, name)):
                     ctx.store.get_file(key, in_dir / name)
-            ok = self.r.mass(*N.agent(str(in_dir), str(out_dir)), env=without_secrets(self.r.env()), check=False,
+            ok = self.services.mass(*N.agent(str(in_dir), str(out_dir)), env=without_secrets(self.services.env()), check=False,
                              label="agent-episode")
             for name in POD_OUTPUTS:
                 if (out_dir / name).is_file():
                     ctx.store.put_file(ctx.agent_output(prefix, name), out_dir / name)
         with self._lock:
             self._count += 1
-            self.r.display.note(f"{label}: agent {self._count}", self._count)
+            self.services.note(f"{label}: agent {self._count}", self._count)
         return "Succeeded" if ok else "Failed"
 
     @contextlib.contextmanager
     def outputs(self):
         """The `--outputs DIR` a step container writes its output parameters to."""
-        self.r.work.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="outputs-", dir=self.r.work) as tmp:
+        self.services.work.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="outputs-", dir=self.services.work) as tmp:
             yield Path(tmp)
 
     def fan_out(self, calls: list[Callable[[], None]]) -> None:
         """A fan-out, `execution.concurrency` at once (the cluster: the chart's agent parallelism)."""
-        with ThreadPoolExecutor(max_workers=max(1, min(self.r.spec.execution.concurrency, len(calls) or 1))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(self.services.spec.execution.concurrency, len(calls) or 1))) as pool:
             for f in [pool.submit(c) for c in calls]:
                 f.result()
 

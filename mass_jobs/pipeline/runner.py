@@ -37,8 +37,7 @@ from mass_jobs.steps.split_guard import SplitLeak, check_no_test_leak  # noqa: F
 from mass_jobs.pipeline.run_lease import RunLease
 from mass_jobs.run.base_model import local_fitness_issues
 from mass_jobs.run.sandboxing import apply_sandbox, sandbox_issues
-from mass_jobs.run.generation_model import served_model_dir
-from mass_jobs.serving.backends import serve_model
+from mass_jobs.run.generation_model import generation_servers
 from mass_jobs.spec.load import SpecError, load_spec
 from mass_jobs.store import open_store, read_manifest
 from mass_jobs.store.lease import pid_alive
@@ -127,7 +126,7 @@ class Runner:
         self.python = python
         self.on_step = on_step  # test hook: called before each step starts
         self.lazy: LazyServer | None = None
-        self.handler = handlers.handler(handler, self)
+        self.handler = handlers.handler(handler)
         self.until = stop_after(until, [x for g in range(spec.generations) for x in self.compiled.generation(g)]) \
             if until else None
 
@@ -163,11 +162,16 @@ class Runner:
             raise RunError(f"`{' '.join(cmd[2:])}` exited {proc.returncode}; log {log}:\n{tail}", log=log)
         return proc.returncode == 0
 
+    def services(self) -> handlers.Services:
+        """What a handler gets of this run (pipeline/handlers.py): the current generation's lazily
+        served model, servers, subprocesses, the work dir and the progress display."""
+        return handlers.Services(ctx=self.ctx, endpoint=self.lazy.endpoint if self.lazy else _no_model,
+                                 servers=self.servers, mass=self.mass, torchrun=self.torchrun, env=self.env,
+                                 work=self.work, note=self.display.note)
+
     def servers(self):
         """(serve_generation, serve_judge): the spec's serving backend per use, logs in the work dir."""
-        from mass_jobs.steps.evaluate import default_servers
-
-        return default_servers(self.ctx, cache_root=self.work / "models", log_dir=self.work)
+        return generation_servers(self.ctx, cache_root=self.work / "models", log_dir=self.work)
 
     def _run_step(self, g: int, name: str, fn: Callable[[], bool]) -> None:
         """fn() does the step and returns True when it was already done (skipped)."""
@@ -211,8 +215,8 @@ class Runner:
         if self.spec.execution.serving == "external":
             raise RuntimeError("execution.serving is 'external': the inner loop uses roles.<role> endpoints "
                                "and starts no model server")
-        with serve_model(self.spec, served_model_dir(self.ctx, g, self.work / "models"), self.ctx.served_model(g),
-                         log_path=self.work / f"serve-gen-{g}.log") as endpoint:
+        serve_generation, _ = self.servers()
+        with serve_generation(g) as endpoint:
             yield endpoint
 
     def execute_step(self, s: P.StepDef, g: int) -> bool:
@@ -223,7 +227,7 @@ class Runner:
             raise ValueError(f"step {s.name}: no nodes at generation {g} in the plan")
         if all(node.done(self.ctx) for node in group.nodes):
             return True
-        self.handler.run(group)
+        self.handler.run(group, self.services())
         return False
 
     # ------------------------------------------------------------ the whole run
@@ -259,6 +263,10 @@ class Runner:
         return {"stopped_after": {"gen": g, "step": name}}
 
 
+def _no_model():
+    raise RuntimeError("the run's steps of no generation call a generation's model")
+
+
 def stop_after(until: str, groups) -> tuple[int, str]:
     """`G:STEP` (e.g. 0:render) as (generation, step), one of `groups` (the plan's generation steps)."""
     valid = [f"{x.gen}:{x.step.name}" for x in groups]
@@ -272,17 +280,18 @@ def stop_after(until: str, groups) -> tuple[int, str]:
 
 
 def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, on_step=None,
-        handler: str = "in-process", until: str | None = None) -> dict:
-    """Load the spec, open its store and run L0 -> L_N (resuming whatever is stored), or only up to
-    `until` (`G:STEP`): then the manifest-like {"stopped_after": {"gen", "step"}}."""
+        handler: str = "in-process", until: str | None = None, ctx: RunContext | None = None) -> dict:
+    """Run L0 -> L_N (resuming whatever is stored), or only up to `until` (`G:STEP`): then the
+    manifest-like {"stopped_after": {"gen", "step"}}. The spec is loaded and its store opened here,
+    unless the caller did (`ctx`); the runner claims it once, recording it for a new run."""
 
-    spec = load_spec(spec_path)
+    spec = ctx.spec if ctx is not None else load_spec(spec_path)
     # a template without tools would train on one-turn episodes; without bwrap nothing model-written may run
     unfit = local_fitness_issues(spec) + sandbox_issues(spec)
     if unfit:
         raise SpecError(spec_path, unfit)
     apply_sandbox(spec)  # execution.sandbox for this process and the episodes it starts
-    store = open_store(spec.store)
+    store = ctx.store if ctx is not None else open_store(spec.store)
     return Runner(spec_path, spec, store, work_dir=Path(work_dir or os.environ.get("MASS_WORK_DIR", ".mass-work")),
                   progress=progress, on_step=on_step, handler=handler, until=until).run()
 

@@ -20,6 +20,7 @@ from mass_jobs.serving.model_dirs import fetch_stored_model, has_stored_model, r
 from mass_jobs.store import read_manifest
 from mass_jobs.serving import precision as sp
 from mass_jobs.serving.precision import for_cluster
+from mass_jobs.serving.servers import local_servers
 
 
 def model_ref(ctx: RunContext, g: int) -> str:
@@ -98,3 +99,10 @@ def model_uri(spec, gen: int, bucket: str, run_prefix: str) -> str:
     ctx = RunContext.template(run_prefix)
     key = ctx.model_fp8(gen) if for_cluster(spec, gen).weights == "fp8" else ctx.model(gen)
     return f"s3://{bucket}/{key}/"
+
+
+def generation_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Path | None = None):
+    """(serve_model, serve_judge) started here per use: L_g from `served_model_dir`, under the name
+    its InferenceService has on the cluster (serving/servers.py)."""
+    return local_servers(ctx.spec, lambda g: served_model_dir(ctx, g, cache_root), ctx.served_model,
+                         store_options=ctx.store_options(), log_dir=log_dir)

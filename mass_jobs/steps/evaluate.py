@@ -30,12 +30,12 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 from mass_jobs.run.context import RunContext
-from mass_jobs.run.generation_model import model_ref, model_uri, served_model_dir
+from mass_jobs.run.generation_model import model_ref, model_uri
 from mass_jobs.judging.metrics import outcome, win_share
-from mass_jobs.config.run_spec import Judge, RunSpec
+from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.episodes import rollouts
 from mass_jobs.episodes.driver import Driver, Rollout
 from mass_jobs.episodes.episode import EpisodeRequest, status_text
@@ -44,17 +44,12 @@ from mass_jobs.config.task_spec import Task
 from mass_jobs.episodes.audit import audit_episode
 from mass_jobs.judging import compare
 from mass_jobs.judging.judges import PairJob, PanelMember, run_panel, verdict_key
-from mass_jobs.serving import backends
-from mass_jobs.serving.llm import Endpoint
-from mass_jobs.serving.model_dirs import has_stored_model, resolve_model
+from mass_jobs.serving.servers import ServeJudge, ServeModel
+from mass_jobs.serving.model_dirs import has_stored_model
 from mass_jobs.store import Step, Waiting, formed, read_manifest
 
 AUDITED_FILES = ("audit.json", *rollouts.RECORD)  # an evaluate rollout: its audit first
 
-# gen -> a context manager serving that generation's model (yields an Endpoint)
-ServeModel = Callable[[int], ContextManager[Any]]
-# judge -> a context manager yielding an Endpoint for it ('local' judges get a server here)
-ServeJudge = Callable[[Judge], ContextManager[Any]]
 Progress = Callable[[str, dict], None]
 
 
@@ -335,52 +330,3 @@ def _verdict_keys(prefix, jobs, gen: int, spec: RunSpec) -> list[str]:
                for h in self_evaluators(gen)]
     members += [PanelMember(name=j.name, model=j.model, seeds=tuple(j.seeds), client=None) for j in spec.judges]
     return [verdict_key(prefix, job, m, s) for job in jobs for m in members for s in m.seeds]
-
-
-# ---------------------------------------------------------------- local serving
-
-
-def default_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Path | None = None):
-    """(serve_model, serve_judge) that start the spec's serving backend per use; remote judges are used as is."""
-
-    @contextlib.contextmanager
-    def serve_model(g: int):
-        log = (log_dir / f"serve-gen-{g}.log") if log_dir else None
-        # the name L_g's InferenceService has on the cluster, so traces of both executors agree
-        with backends.serve_model(ctx.spec, served_model_dir(ctx, g, cache_root), ctx.served_model(g),
-                                  log_path=log) as endpoint:
-            yield endpoint
-
-    @contextlib.contextmanager
-    def serve_judge(judge: Judge):
-        if judge.endpoint != "local":
-            yield Endpoint(base_url=judge.endpoint, model=judge.model, api_key_env=judge.api_key_env)
-            return
-        log = (log_dir / f"serve-judge-{judge.name}.log") if log_dir else None
-        with backends.serve_model(ctx.spec, resolve_model(judge.model, store_options=ctx.store_options()), judge.name,
-                                  log_path=log) as endpoint:
-            yield endpoint
-
-    return serve_model, serve_judge
-
-
-def remote_servers(endpoint_of: Callable[[int], Any], local_judges: dict | None = None):
-    """(serve_model, serve_judge) for the cluster: L_g at its InferenceService (`endpoint_of(g)`),
-    judges at their external endpoints; a `local` judge is where `local_judges` (name -> Endpoint)
-    says its executor serves it, else refused: it would need a GPU in this pod."""
-
-    @contextlib.contextmanager
-    def serve_model(g: int):
-        yield endpoint_of(g)
-
-    @contextlib.contextmanager
-    def serve_judge(judge: Judge):
-        if judge.endpoint == "local" and judge.name in (local_judges or {}):
-            yield local_judges[judge.name]
-            return
-        if judge.endpoint == "local":
-            raise ValueError(f"judges: {judge.name!r} has endpoint 'local'; on the cluster judges are external "
-                             f"endpoints (an OpenAI-compatible URL), the evaluate pod serves no model")
-        yield Endpoint(base_url=judge.endpoint, model=judge.model, api_key_env=judge.api_key_env)
-
-    return serve_model, serve_judge

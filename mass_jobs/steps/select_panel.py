@@ -27,10 +27,10 @@ from mass_jobs.episodes.driver import Driver, Rollout
 from mass_jobs.judging.judges import PairJob, PanelMember, run_panel
 from mass_jobs.run.context import RunContext
 from mass_jobs.judging.compare import task_bundle
-from mass_jobs.run.generation_model import local_model_dir, model_ref
+from mass_jobs.run.generation_model import generation_servers, local_model_dir, model_ref
 from mass_jobs.serving.roles import client_for
 from mass_jobs.serving.serve import ModelServer
-from mass_jobs.steps.evaluate import default_servers as eval_servers, episode_request, rollout_seed
+from mass_jobs.steps.evaluate import episode_request, rollout_seed
 from mass_jobs.steps.merge import merge_lora
 from mass_jobs.store import MODEL_LIMITS, Step
 # step -> a context manager serving the parent merged with that checkpoint (yields an Endpoint)
@@ -138,7 +138,7 @@ def default_servers(ctx, gen: int, work_dir: Path | None = None):
     """(serve_parent, serve_checkpoint, serve_judge) on the embedded server: the parent L_g, the parent
     merged with a stored checkpoint (merged once per step into the work dir), the spec's judges."""
 
-    serve_model, serve_judge = eval_servers(ctx)
+    serve_model, serve_judge = generation_servers(ctx)
     work = Path(work_dir or tempfile.mkdtemp(prefix="mass-select-panel-"))
 
     @contextlib.contextmanager
