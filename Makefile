@@ -8,7 +8,7 @@ NODE_DIR := .tools/qwen-code
 # The paper ran 0.20.0 on Node 22; see README (The two commands) for why 0.15.10 is pinned here.
 QWEN_VERSION := 0.15.10
 
-.PHONY: bwrap setup demo paper-mini test test-unit test-fast test-models attack bench bench-serve gpu-check vllm-env schemas check-codegen images clean
+.PHONY: bwrap setup demo paper-mini lint test test-unit test-fast test-models attack bench bench-serve gpu-check vllm-env schemas check-codegen images clean
 
 # Each phase of set-up says what it starts and how long it took (they run side by side under -j).
 # torch first: the pin resolves to the local CPU wheel here, to a CUDA build on GPU hosts.
@@ -87,6 +87,10 @@ test-fast: setup vllm-env
 	$(TEST_ENV) $(PY) -m pytest $(FAST_ARGS)
 
 # The first check of an edit: no process, server or sandbox (tests/fixtures/unit.py keeps it so).
+# ruff's linter as the fast tier runs it (tests/test_code_style.py); `ruff check --fix` mends most
+lint: $(STAMP)
+	$(PY) -m ruff check mass_jobs tests
+
 test-unit: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 -m "unit and not slow" --budget=$(UNIT_BUDGET) --budget-slack=$(SLACK)
 

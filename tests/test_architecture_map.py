@@ -9,8 +9,9 @@ import re
 import sys
 from pathlib import Path
 
-from tests.test_package_layers import LAYERS
 import pytest
+
+from tests.test_package_layers import LAYERS
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 

@@ -26,18 +26,17 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 import urllib.parse
 from collections import Counter
 from pathlib import Path
 
 import pytest
-import time
-
 import yaml
 
-from mass_jobs.run.context import RunContext
-from mass_jobs.episodes import proof
 from mass_jobs.config.run_spec import StoreSpec
+from mass_jobs.episodes import proof
+from mass_jobs.run.context import RunContext
 from mass_jobs.store import open_store
 from tests.fixtures.argo_exec import ArgoExecutor, load_documents
 from tests.fixtures.argo_exec.artifacts import Repository, load_input, save_output
@@ -277,7 +276,8 @@ def test_retries_policy_expression_and_continue_on(executor_for):
         {"name": "fail", "inputs": {"parameters": [{"name": "code"}]},
          "container": container("exit {{inputs.parameters.code}}"), "volumes": [{"name": "tmp", "emptyDir": {}}],
          "retryStrategy": {"limit": "2", "retryPolicy": "Always",
-                           "expression": 'lastRetry.status == "Error" or (lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2)'}},
+                           "expression": 'lastRetry.status == "Error" or '
+                                         '(lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2)'}},
         {"name": "fail-onerror", "inputs": {"parameters": [{"name": "code"}]},
          "container": container("exit {{inputs.parameters.code}}"), "volumes": [{"name": "tmp", "emptyDir": {}}],
          "retryStrategy": {"limit": "3", "retryPolicy": "OnError"}},
@@ -1219,8 +1219,8 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
         finally:
             local.wait()
         assert wf.phase == "Succeeded", wf.summary()
-        from mass_jobs.k8s import preflight
         from mass_jobs.config.run_spec import RunSpec
+        from mass_jobs.k8s import preflight
 
         # the preflight's bound on Argo's stack depth holds for the depth this run reached
         bound = preflight.recursion_depth(RunSpec.model_validate(argo_doc))

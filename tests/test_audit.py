@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from mass_jobs.episodes.audit import DELEGATE_TOOLS, audit_episode, audit_records, split_threads
 from mass_jobs.commands.cli import main as cli_main
-from mass_jobs.episodes.harness import HARNESSES
+from mass_jobs.episodes.audit import DELEGATE_TOOLS, audit_episode, audit_records, split_threads
 from mass_jobs.episodes.delegation import DELEGATION_TOOLS, can_delegate, delegation_tools
+from mass_jobs.episodes.harness import HARNESSES
 
 
 def tools(*names: str) -> list[dict]:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.tools import benchmark as bm
 from mass_jobs.commands.cli import main as cli_main
 from mass_jobs.run.context import RunContext
 from mass_jobs.spec.load import validate_document
 from mass_jobs.store import FileStore
+from mass_jobs.tools import benchmark as bm
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.fixtures.lora import random_adapter
 

@@ -17,16 +17,16 @@ import random
 
 import pytest
 
+from mass_jobs.config.task_spec import Workflow
+from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.judging.compare import Verdict
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
-from mass_jobs.config.task_spec import Workflow
+from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, workflow_json
 from mass_jobs.steps.collect import Collection
 from mass_jobs.steps.search import Search
-from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.steps.search_state import IterationRecord, fold, judge_version
 from mass_jobs.tools.testing.scripted_endpoint import Reply
-from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, workflow_json
 from tests.fixtures.inner_loop import add_episodes, episode, proposal
 
 K = 11  # the paper's iterations: versions v0..v11
@@ -99,7 +99,7 @@ def product_rule(judge: SimulatedJudge, selection: str = "champion") -> tuple[in
     calls, best, best_wins = 0, 0, judge.verdict("ref", 0) == "B"
     for k in range(1, K + 1):
 
-        def ask(against: str) -> Verdict:
+        def ask(against: str, k=k, best=best) -> Verdict:
             nonlocal calls
             if against == "reference":
                 return as_verdict(judge.verdict("ref", k), "reference", f"iter-{k}")
@@ -123,7 +123,7 @@ def test_collection_and_champion_equal_upstreams_on_simulated_searches(noise):
     for t in range(TASKS):
         judge = SimulatedJudge(seed=t * 7919 + int(noise * 1000), noise=noise)
         baseline = [judge.verdict("ref", k) for k in range(K + 1)]
-        up = upstream_rule(baseline, lambda c, k: judge.verdict(c, k))
+        up = upstream_rule(baseline, judge.verdict)
         ours = product_rule(judge)
         same += (up[1] == ours[1]) and (not up[1] or up[0] == ours[0])
         same_champion += up[0] == ours[0]

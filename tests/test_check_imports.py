@@ -3,12 +3,12 @@ process (mass_jobs/spec/check_imports.py), and is quiet for the policy-host patt
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from mass_jobs.commands.cli import main as cli_main
 from mass_jobs.config.task_spec import Task
 from mass_jobs.spec.check_imports import in_process_imports
-import pytest
 
 EVALUATE = ("import json\nimport sys\nsys.path.insert(0, 'sim')\nimport push\n"
             "sys.path.insert(0, 'src')\nfrom controller import act\nimport numpy\n")

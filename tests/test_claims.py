@@ -2,9 +2,9 @@
 
 import pytest
 
+from mass_jobs.config.task_spec import Guards
 from mass_jobs.judging.claims import agrees, contradictions, stated
 from mass_jobs.steps.guard import metrics_document
-from mass_jobs.config.task_spec import Guards
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from mass_jobs.cluster.pods import reason
 from mass_jobs.commands.cli import main
@@ -20,7 +20,7 @@ UNSCHEDULABLE = ("0/3 nodes are available: 1 node(s) had untolerated taint {dedi
 
 
 def stamp(ago_s: float) -> str:
-    return datetime.fromtimestamp(time.time() - ago_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(time.time() - ago_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def pod(name: str, step: str, status: dict, container: str = "main", task: str = "", episode: str = "",
@@ -78,7 +78,8 @@ OBJECTS = [
 
 
 def crd(kind: str, group: str, plural: str, version: str) -> dict:
-    from tests.fixtures.kube_recordings import OPEN, crd as make
+    from tests.fixtures.kube_recordings import OPEN
+    from tests.fixtures.kube_recordings import crd as make
 
     return make(group, kind, plural, {version: OPEN})
 

@@ -118,7 +118,8 @@ def test_an_account_that_may_not_read_gets_notes_not_passes(healthy, tmp_path, c
     assert rows["API workflows.argoproj.io"] == "ok"
     assert "note: API pytorchjobs.kubeflow.org: could not read its CRD" in live
     assert rows["secret mass-judge-keys"] == rows["submit a run"] == "ok"
-    unread = {"API pytorchjobs.kubeflow.org", "API inferenceservices.serving.kserve.io", "Argo executor securityContext", "KServe storage initializer", "executor ServiceAccount",
+    unread = {"API pytorchjobs.kubeflow.org", "API inferenceservices.serving.kserve.io", "Argo executor securityContext",
+              "KServe storage initializer", "executor ServiceAccount",
               "Kueue queue", "nodes", "scratch storage class (merge)", "scratch storage class (trainer)"}
     assert {c for c, v in rows.items() if v == "note"} == unread
     assert {c for c, v in rows.items() if v == "FAIL"} == set()

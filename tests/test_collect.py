@@ -4,14 +4,14 @@ import hashlib
 
 import pytest
 
-from mass_jobs.run.context import RunContext
-from mass_jobs.episodes.harness import load_episode_file, run_episode
 from mass_jobs.episodes import proof
-from mass_jobs.serving.llm import ModelClient
-from mass_jobs.steps.collect import Collection, CollectError, run_collect
-from mass_jobs.steps.search import run_search
+from mass_jobs.episodes.harness import load_episode_file, run_episode
 from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.llm import ModelClient
 from mass_jobs.spec.workflow import DIRECTIVE_HEADER, TEACHER_DIRECTIVE
+from mass_jobs.steps.collect import CollectError, Collection, run_collect
+from mass_jobs.steps.search import run_search
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode, proposal
 

@@ -9,9 +9,9 @@ sandbox's own loopback is not the host's: without the proxy the same URLs are un
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import signal
-import json
 import socket
 import threading
 import time
@@ -236,7 +236,9 @@ def test_a_qwen_code_episode_s_shell_commands_use_the_proxy(scripted_endpoint, h
 
 def test_the_report_counts_each_stage_s_requests(tmp_path):
     from mass_jobs.run.context import RunContext
-    from mass_jobs.steps import report as rp, report_document as rd, report_render as rr
+    from mass_jobs.steps import report as rp
+    from mass_jobs.steps import report_document as rd
+    from mass_jobs.steps import report_render as rr
     from mass_jobs.store import FileStore
     from tests.test_report import episode_status, spec
 

@@ -6,16 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from mass_jobs.config.task_spec import Guards
 from mass_jobs.episodes import proof
-
+from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
-from mass_jobs.config.task_spec import Guards
 from mass_jobs.steps.collect import run_collect
 from mass_jobs.steps.guard import check_workspace, hash_protected, run_guard, sandbox_checker
 from mass_jobs.steps.rank import run_rank
 from mass_jobs.steps.search import run_search
-from mass_jobs.episodes.rollouts import episode_executor
 from tests.fixtures.inner_loop import add_episodes, episode
 
 SIM = "def push(obj, force):\n    return obj + force\n"

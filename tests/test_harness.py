@@ -10,12 +10,12 @@ import json
 
 import pytest
 
-from mass_jobs.episodes.audit import audit_episode
 from mass_jobs.commands.cli import main as cli_main
-from mass_jobs.episodes.harness import OUTCOMES, EpisodeInput, run_episode, validate_status
 from mass_jobs.config.run_spec import EpisodeLimits, Sampling
-from mass_jobs.serving.proxy import read_trace
+from mass_jobs.episodes.audit import audit_episode
+from mass_jobs.episodes.harness import OUTCOMES, EpisodeInput, run_episode, validate_status
 from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
+from mass_jobs.serving.proxy import read_trace
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 
 ANALYSIS_PY = "import json\nprint(json.dumps({'mean': sum([1, 2, 3]) / 3}))\n"

@@ -3,6 +3,7 @@ below the modules that import it, so each can be read (and tested) from the bott
 
 import ast
 from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)

@@ -195,8 +195,8 @@ def test_the_reports_embedder_is_the_specs_and_its_done_check_agrees(ctx, tiny_e
     the same one, so a report made with a model embedder reads done, not pending."""
     import yaml
 
-    from mass_jobs.pipeline import table as P
     from mass_jobs.commands.cli import main as cli_main
+    from mass_jobs.pipeline import table as P
     from mass_jobs.spec.load import load_spec
 
     spec = tmp_path / "spec.yaml"

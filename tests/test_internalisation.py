@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
-from mass_jobs.steps.sft_threads import EpisodeTrace
 from mass_jobs.steps.render_sft import render_windows
+from mass_jobs.steps.sft_threads import EpisodeTrace
 from mass_jobs.training.loop import Trainer
 
 TASKS = {
@@ -103,7 +103,8 @@ def delegations(model, tokenizer, n: int) -> int:
 
 
 def train(model_dir, windows, out_dir):
-    sft = SftSpec(window=512, context=0, steps=STEPS, val_every=STEPS, save_every=STEPS, grad_accum=ACCUM, gradient_checkpointing=False, seed=0,
+    sft = SftSpec(window=512, context=0, steps=STEPS, val_every=STEPS, save_every=STEPS, grad_accum=ACCUM,
+                  gradient_checkpointing=False, seed=0,
                   lora=LoraSpec(r=16, alpha=32, dropout=0.0, target_modules=TARGETS),
                   optimizer=OptimizerSpec(lr=LR, warmup_steps=5, min_lr_ratio=0.1))
     records = [w.record() for w in windows]

@@ -3,10 +3,9 @@ and resume. Judges answer through the test-only ScriptedEndpoint over real loopb
 
 import json
 
-
+from mass_jobs.config.run_spec import Sampling
 from mass_jobs.judging import judges, metrics
 from mass_jobs.serving.llm import ModelClient
-from mass_jobs.config.run_spec import Sampling
 from mass_jobs.store import FileStore
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 

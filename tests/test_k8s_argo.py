@@ -206,7 +206,7 @@ def _pod_templates(argo_docs):
 
 def test_every_pod_has_labels_security_and_limits(argo_docs):
     n = 0
-    for doc, t in _pod_templates(argo_docs):
+    for _doc, t in _pod_templates(argo_docs):
         assert set(labels.POD_LABEL_KEYS) <= set(t["metadata"]["labels"]), t["name"]
         assert t["metadata"]["labels"][labels.RUN] == "{{workflow.parameters.run}}"
         sc = t["container"]["securityContext"]

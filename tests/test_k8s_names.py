@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 
+from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.k8s.schemas import webhook_errors
 from mass_jobs.k8s.serving import isvc_name, predictor_names
 from mass_jobs.k8s.settings import ClusterSettings
 from mass_jobs.k8s.training import job_name, pytorch_job, replica_names
-from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.pipeline.table import trainer_step
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)

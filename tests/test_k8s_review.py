@@ -205,11 +205,11 @@ def test_an_agent_that_fails_is_retried_then_recorded_never_failing_the_generati
 
 
 def test_ingest_records_a_lost_agent_as_infra_error(make_store, inner_spec, judging_endpoint, tmp_path):
+    from mass_jobs.episodes.rollouts import episode_executor
     from mass_jobs.run.context import RunContext
     from mass_jobs.serving.llm import ModelClient
     from mass_jobs.steps.collect import CollectError, run_collect
     from mass_jobs.steps.search import run_search
-    from mass_jobs.episodes.rollouts import episode_executor
     from tests.fixtures.inner_loop import add_episodes, episode
 
     store = make_store("file")
@@ -433,8 +433,8 @@ def test_builder_default_settings_match_the_chart_defaults():
 def test_the_model_has_one_served_name_for_both_executors(cycle, make_store, inner_spec, tmp_path, s3_env, capsys):
     """Traces record the model name: the local inner loop serves L_g under the InferenceService's
     name, which validate ties to the spec (a wrong `-p run=` exits 2)."""
-    from mass_jobs.run.context import RunContext
     from mass_jobs.k8s import serving
+    from mass_jobs.run.context import RunContext
     from tests.fixtures.inner_loop import spec_document
 
     ctx = RunContext(inner_spec(make_store("file")), None)

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from mass_jobs.serving.llm import Endpoint, ModelClient, ModelError, normalize_message, parse_tool_calls
 from mass_jobs.config.run_spec import Sampling
+from mass_jobs.serving.llm import Endpoint, ModelClient, ModelError, normalize_message, parse_tool_calls
 from mass_jobs.tools.testing.scripted_endpoint import Reply, ScriptedEndpoint
 
 SAMPLING = Sampling(temperature=0.3, top_p=0.9, top_k=7, max_output_tokens=100)

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from mass_jobs.serving.fp8 import dequantize_block_fp8, error_bound, export_fp8, load_dequantized, quantize_block_fp8
 from mass_jobs.config.run_spec import LoraSpec
+from mass_jobs.serving.fp8 import dequantize_block_fp8, error_bound, export_fp8, load_dequantized, quantize_block_fp8
 from mass_jobs.steps.merge import MergeError, merge_lora
 from mass_jobs.steps.select import SelectError, select_checkpoint
 

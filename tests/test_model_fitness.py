@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.run.base_model import PROBE_TOOL, base_model_dir, fitness_issues
 from mass_jobs.commands.cli import main as mass
+from mass_jobs.run.base_model import PROBE_TOOL, base_model_dir, fitness_issues
 from mass_jobs.run.context import RunContext
 from mass_jobs.spec.load import load_spec
 

@@ -3,8 +3,8 @@ callers (a local import renamed in one loop and not the next) fails here, not in
 
 from pathlib import Path
 
-from pyflakes import api, messages, reporter
 import pytest
+from pyflakes import api, messages, reporter
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 

@@ -3,8 +3,9 @@ function bodies included), so each layer can be read and tested with only the la
 
 from pathlib import Path
 
-from tests.test_import_layers import imported, modules
 import pytest
+
+from tests.test_import_layers import imported, modules
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 

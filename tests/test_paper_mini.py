@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -202,12 +202,21 @@ def check_figures(fig: dict, spec) -> None:
 @pytest.mark.slow(cost=500)
 @pytest.mark.argo_exec
 def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, paper_layout_dirs, tmp_path):
-    from mass_jobs.run.context import RunContext
     from mass_jobs.config.run_spec import RunSpec, StoreSpec
+    from mass_jobs.run.context import RunContext
     from mass_jobs.store import open_store
     from mass_jobs.tools.testing.scripted_judges import HashVerdictJudge
-    from tests.test_argo_exec import (S3_SECRET, ArgoExecutor, LocalRun, archive_difference, cluster_docs, manifests,
-                                      put_spec, timeless, upload_dir)
+    from tests.test_argo_exec import (
+        S3_SECRET,
+        ArgoExecutor,
+        LocalRun,
+        archive_difference,
+        cluster_docs,
+        manifests,
+        put_spec,
+        timeless,
+        upload_dir,
+    )
 
     s3 = s3_env
     model_uri = upload_dir(s3, paper_layout_dirs[0], "models/tiny-paper")

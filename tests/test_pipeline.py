@@ -7,19 +7,18 @@ Argo compiler derive from; done-checks are the cores' own input hashes; a change
 from __future__ import annotations
 
 import dataclasses
-
 import json
-
 import re
 
 import pytest
 import yaml
 
+from mass_jobs.commands.cli import COMMANDS
+from mass_jobs.commands.cli import main as cli_main
 from mass_jobs.pipeline import table as P
-from mass_jobs.commands.cli import COMMANDS, main as cli_main
-from mass_jobs.run.context import RunContext, spec_changes
 from mass_jobs.pipeline.runner import Runner, step_status
-from mass_jobs.spec.load import load_spec, SpecError, validate_document
+from mass_jobs.run.context import RunContext, spec_changes
+from mass_jobs.spec.load import SpecError, load_spec, validate_document
 from mass_jobs.store import Step
 from tests.fixtures.inner_loop import add_episodes, episode, spec_document
 from tests.fixtures.k8s import load_docs
@@ -332,9 +331,9 @@ def test_model_locations_resolve_through_the_specs_s3_endpoint(tiny_model_dir, s
     the spec's store endpoint, not only when AWS_ENDPOINT_URL happens to be set."""
     import os
 
+    from mass_jobs.run.generation_model import local_model_dir
     from mass_jobs.serving import model_dirs as modelio
     from mass_jobs.serving.model_dirs import store_model_dir
-    from mass_jobs.run.generation_model import local_model_dir
 
     monkeypatch.setattr(modelio, "DEFAULT_CACHE", tmp_path / "model-cache")  # the base's download cache
     from mass_jobs.store import open_store

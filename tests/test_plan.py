@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from mass_jobs.pipeline.planning.counts import compare, plan_counts
-from mass_jobs.pipeline.planning.memory import GIB, load_config, training_memory
+from mass_jobs.pipeline.planning.memory import load_config, training_memory
 from mass_jobs.pipeline.planning.schedule import DEFAULTS, simulate
 from mass_jobs.spec.load import load_spec, validate_document
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.k8s import preflight
 from mass_jobs.commands.cli import main as mass
 from mass_jobs.commands.validate import cluster_issues
+from mass_jobs.k8s import preflight
 from mass_jobs.spec.load import load_spec, validate_document
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -338,7 +338,8 @@ def test_a_hub_id_model_passes_with_a_note_to_mirror_it_and_a_mirrored_one_witho
 
 def test_model_size_against_the_merge_and_trainer_pods_memory(capsys):
     """The paper's 27B model (53.8 GB): a trainer pod holds one copy (rank 0 alone reads it) and 1 GiB of
-    memory-backed /dev/shm per rank for NCCL, so the chart's default 64Gi holds it and 48Gi does not; the merge streams shard by shard, so 64Gi holds
+    memory-backed /dev/shm per rank for NCCL, so the chart's default 64Gi holds it and 48Gi does not; the
+    merge streams shard by shard, so 64Gi holds
     it and 8Gi does not hold two 5 GB shards. Each refusal names the value."""
     paper = ROOT / "examples" / "paper.yaml"
     config = ROOT / "examples" / "qwen3.5-27b-config.json"

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from mass_jobs.run.context import RunContext
 from mass_jobs.episodes import proof
 from mass_jobs.episodes.rollouts import agent_ended, agent_result, lost_agent_status, new_inputs
+from mass_jobs.run.context import RunContext
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 

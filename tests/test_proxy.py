@@ -11,8 +11,8 @@ import httpx
 import jsonschema
 import pytest
 
-from mass_jobs.serving.llm import Endpoint, ModelClient
 from mass_jobs.config.run_spec import Sampling
+from mass_jobs.serving.llm import Endpoint, ModelClient
 from mass_jobs.serving.proxy import RecordingProxy, StreamAssembler, read_trace
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 

@@ -12,11 +12,11 @@ import dataclasses
 import json
 from pathlib import Path
 
+from mass_jobs.config.run_spec import EpisodeLimits, Sampling
 from mass_jobs.episodes.audit import audit_episode, split_threads
 from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_status
 from mass_jobs.episodes.qwen_code import DEFAULT_BIN, qwen_binary, settings
 from mass_jobs.serving.llm import Endpoint
-from mass_jobs.config.run_spec import EpisodeLimits, Sampling
 from mass_jobs.serving.proxy import read_trace
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 
@@ -71,7 +71,8 @@ def test_qwen_code_delegates_writes_and_hands_off_a_file(scripted_endpoint, tmp_
     assert trace[0]["request"]["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 256, "seed": 3}
     assert "hunter2" not in json.dumps(trace)  # the scrubbed environment never reaches the prompt context
     threads = split_threads(trace)
-    assert [(t.id, t.role, len(t.records)) for t in threads] == [("orchestrator", "orchestrator", 3), ("worker-1", "worker", 2), ("worker-2", "worker", 2)]
+    assert [(t.id, t.role, len(t.records)) for t in threads] == [
+        ("orchestrator", "orchestrator", 3), ("worker-1", "worker", 2), ("worker-2", "worker", 2)]
     assert result.status["counts"] == {"turns": 7, "tool_calls": 4, "delegations": 2, "agents": 3}
     assert result.status["tokens"]["prompt"] == sum(r["response"]["usage"]["prompt_tokens"] for r in trace) > 0
     assert result.status["sandbox"]["network_isolated"] is False
@@ -269,8 +270,8 @@ def test_real_qwen_code_episode_renders_with_the_main_session_as_orchestrator(sc
     from transformers import AutoTokenizer
 
     from mass_jobs.config.run_spec import SftSpec
-    from mass_jobs.steps.sft_threads import EpisodeTrace, rebuild_threads
     from mass_jobs.steps.render_sft import render_windows
+    from mass_jobs.steps.sft_threads import EpisodeTrace, rebuild_threads
     from mass_jobs.steps.sft_tokens import IGNORE
     from tests.fixtures.chat_templates import QWEN3_THINKING, upstream_segment_masks
 
@@ -358,7 +359,9 @@ def test_uncapped_limits_pass_no_turn_limit_and_breach_nothing():
     assert command(Path("qwen"), capped, ep)[-3:] == ["--max-session-turns", "40", "p"]
     free = EpisodeInput(prompt="p", endpoint=ep, limits=EpisodeLimits(loop_repeats=None))
     assert "--max-session-turns" not in command(Path("qwen"), free, ep)
-    call = lambda i: {"function": {"name": "run_shell_command", "arguments": '{"command": "echo %d"}' % (i // 5)}}
+    def call(i):
+        return {"function": {"name": "run_shell_command", "arguments": '{"command": "echo %d"}' % (i // 5)}}
+
     records = [{"agent": {"id": "main", "role": "orchestrator", "parent": None}, "status": 200,
                 "request": {"messages": [{"role": "user", "content": "p"}] + [{"role": "user", "content": "x"}] * t},
                 "response": {"message": {"role": "assistant", "tool_calls": [call(5 * t + j) for j in range(5)]}}}

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.judging.bradley_terry import fit
+from mass_jobs.judging.pairing import is_connected, pairs, schedule
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
-from mass_jobs.judging.pairing import is_connected, pairs, schedule
 from mass_jobs.steps.collect import run_collect
 from mass_jobs.steps.guard import GuardReport, run_guard
 from mass_jobs.steps.rank import RankError, Ranking, run_rank, select, step_schema, write_step_schemas
 from mass_jobs.steps.search import Search, run_search
-from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode
 

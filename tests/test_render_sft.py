@@ -649,11 +649,11 @@ def test_workflow_and_directive_are_removed_when_the_harness_changed_the_task_te
 
 
 def test_real_builtin_episode_renders_with_the_orchestrator_stripped(scripted_endpoint, tmp_path, tokenizer):
-    from mass_jobs.episodes.harness import EpisodeInput, run_episode
     from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+    from mass_jobs.episodes.harness import EpisodeInput, run_episode
     from mass_jobs.serving.proxy import read_trace
-    from mass_jobs.tools.testing.scripted_endpoint import Reply
     from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, teacher_prompt_parts
+    from mass_jobs.tools.testing.scripted_endpoint import Reply
 
     parts = teacher_prompt_parts(BARE, DEFAULT_WORKFLOW)
     ep = scripted_endpoint({

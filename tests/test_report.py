@@ -160,7 +160,8 @@ def test_report_files_schema_and_rebuild(built):
     for png in rr.PLOTS:
         assert store.get_bytes(f"{RUN}/report/{png}")[:8] == b"\x89PNG\r\n\x1a\n"
     md = store.get_bytes(f"{RUN}/report/report.md").decode()
-    assert "| L1 vs L0 | train | 3 | 1 | 1 | 1 | 75.0% |" in md and "required output missing: fib.py" in md and "| L0 | judge directive | 1 |" in md
+    assert "| L1 vs L0 | train | 3 | 1 | 1 | 1 | 75.0% |" in md and "required output missing: fib.py" in md
+    assert "| L0 | judge directive | 1 |" in md
     assert "## Flagged for review (1)" in md and "L0 a episode ep-0 (not trained): report.md states error 0.02" in md
     assert "| L0 | flagged for review | 1 |" in md
     assert json.loads(store.get_bytes(f"{RUN}/report/report.json")) == doc
@@ -403,9 +404,9 @@ def test_episodes_are_counted_by_the_cap_that_ended_them(built):
     assert "| generation | stage | turns_per_agent | tool_calls | wall_s | loop_repeats |" in md
     assert "| L0 | collect | 1 | 2 | 1 | 1 |" in md
     # the qwen-code harness's own tool-call cap words its reason so
+    from mass_jobs.config.run_spec import EpisodeLimits, Sampling
     from mass_jobs.episodes.harness import EpisodeInput
     from mass_jobs.serving.llm import Endpoint
-    from mass_jobs.config.run_spec import EpisodeLimits, Sampling
 
     inp = EpisodeInput(prompt="p", endpoint=Endpoint(base_url="http://127.0.0.1:1/v1", model="m"),
                        limits=EpisodeLimits(tool_calls=1), sampling=Sampling())

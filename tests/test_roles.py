@@ -4,6 +4,7 @@ test puts a real served model (the tiny model behind the embedded server) in the
 
 import pytest
 
+from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
 from mass_jobs.steps import report as rp
@@ -11,7 +12,6 @@ from mass_jobs.steps.collect import run_collect
 from mass_jobs.steps.guard import run_guard
 from mass_jobs.steps.rank import run_rank
 from mass_jobs.steps.search import run_search
-from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode, proposal
 

@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 
 from mass_jobs.commands.cli import main as cli_main
-from mass_jobs.run.context import RunContext
 from mass_jobs.episodes import proof
+from mass_jobs.episodes.rollouts import RolloutError, episode_executor
+from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
-from mass_jobs.episodes.rollouts import RolloutError
 from mass_jobs.steps.search import SearchError, run_search
-from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode, proposal
 

@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.run.context import RunContext
 from mass_jobs.commands.validate import done_outputs
 from mass_jobs.pipeline.runner import SplitLeak, check_no_test_leak, step_status, train_tasks
+from mass_jobs.run.context import RunContext
 from mass_jobs.spec.load import load_spec, validate_document
 from mass_jobs.store import FileStore, read_manifest, verify_manifest
 from mass_jobs.tools.testing.scripted_judges import HashVerdictJudge

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.sandbox import run as sandbox
 from mass_jobs.config.run_spec import EpisodeLimits
+from mass_jobs.sandbox import run as sandbox
 from mass_jobs.sandbox.run import (
     SandboxEscape,
     SandboxLimits,

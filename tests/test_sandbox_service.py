@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import io
 import json
-import time
 import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_status
 from mass_jobs.config.run_spec import EpisodeLimits, Sampling
-from mass_jobs.serving.proxy import RecordingProxy, read_trace
+from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_status
 from mass_jobs.episodes.sandbox_client import SandboxClient
 from mass_jobs.episodes.sandbox_service import SandboxError, serve
+from mass_jobs.serving.proxy import RecordingProxy, read_trace
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 
 

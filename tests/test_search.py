@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.judging.compare import bundle, judge, parse_verdict
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
 from mass_jobs.steps.search import Search, run_search
-from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.steps.search_state import SearchState
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.fixtures.inner_loop import add_episodes, episode, proposal

@@ -292,8 +292,8 @@ def test_server_stops_cleanly_and_reports_a_failed_start(tiny_model_dir, tmp_pat
 
 
 def test_the_project_model_client_talks_to_it(server):
-    from mass_jobs.serving.llm import ModelClient
     from mass_jobs.config.run_spec import Sampling
+    from mass_jobs.serving.llm import ModelClient
 
     # ModelClient sends top_k top-level and a seed: both must be accepted (upstream alone answers 422).
     with ModelClient(server.endpoint, Sampling(temperature=1.0, top_k=40), timeout_s=60, retries=0) as client:

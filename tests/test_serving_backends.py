@@ -13,10 +13,10 @@ import httpx
 import pytest
 import yaml
 
-from mass_jobs.serving import backends
 from mass_jobs.commands.cli import main as mass
 from mass_jobs.k8s import serving
 from mass_jobs.k8s.settings import ClusterSettings
+from mass_jobs.serving import backends
 from mass_jobs.serving.server_process import ServerProcess, free_port
 from mass_jobs.spec.load import validate_document
 from tests.fixtures.inner_loop import spec_document

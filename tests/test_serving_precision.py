@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.serving import precision as sp
 from mass_jobs.run.generation_model import model_uri
+from mass_jobs.serving import precision as sp
 from tests.fixtures.inner_loop import spec_document
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,9 +96,9 @@ def test_a_local_server_serves_the_recorded_weights(tmp_path, tiny_model_dir, mo
     """A stored merge (BF16 + its real block-FP8 export): the vLLM backend on an FP8-capable GPU gets
     the FP8 dir, anything else the BF16 one, and gen-1/serving.json says which and why."""
     from mass_jobs.run.context import RunContext
+    from mass_jobs.run.generation_model import served_model_dir
     from mass_jobs.serving.fp8 import export_fp8
     from mass_jobs.serving.model_dirs import store_model_dir
-    from mass_jobs.run.generation_model import served_model_dir
     from mass_jobs.store import open_store
 
     store = open_store(f"file://{tmp_path}/store")

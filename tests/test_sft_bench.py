@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from mass_jobs.tools import bench
 from mass_jobs.steps.sft_tokens import IGNORE
+from mass_jobs.tools import bench
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 

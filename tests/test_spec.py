@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from mass_jobs.commands.cli import main as cli_main
-from mass_jobs.spec.load import SpecError, load_spec, validate_document
 from mass_jobs.spec.issues import generated_schema
+from mass_jobs.spec.load import SpecError, load_spec, validate_document
 
 ROOT = Path(__file__).resolve().parent.parent
 INVALID = sorted((ROOT / "tests/specs/invalid").glob("*.yaml"))

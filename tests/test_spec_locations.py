@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from mass_jobs.spec.locations import absolute_paths, store_in_folder
 from mass_jobs.spec.load import load_spec, validate_document
+from mass_jobs.spec.locations import absolute_paths, store_in_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,6 +3,7 @@ never join a key from a context value and a literal path piece themselves."""
 
 import re
 from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
@@ -44,8 +45,8 @@ def test_the_layout_pattern_catches_keys_spelled_from_other_values():
 
 
 def test_verdict_keys_are_the_contexts():
-    from mass_jobs.run.context import RunContext
     from mass_jobs.judging.judges import PairJob, PanelMember, verdict_key
+    from mass_jobs.run.context import RunContext
     from mass_jobs.steps.select_panel import CheckpointPair
 
     ctx = RunContext.template("run")

@@ -7,18 +7,18 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from mass_jobs.episodes.audit import audit_episode
-from mass_jobs.run.context import RunContext
-from mass_jobs.episodes.harness import load_episode_file
-from mass_jobs.serving.llm import ModelClient
 from mass_jobs.config.run_spec import SftSpec
+from mass_jobs.episodes.audit import audit_episode
+from mass_jobs.episodes.harness import load_episode_file
+from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.llm import ModelClient
 from mass_jobs.spec.load import SpecError, validate_document
+from mass_jobs.spec.workflow import DIRECTIVE_HEADER, TEACHER_DIRECTIVE, WORKFLOW_HEADER
 from mass_jobs.steps.collect import Collection, run_collect
 from mass_jobs.steps.render_sft import load_episode, render_episode, render_windows
 from mass_jobs.steps.search import run_search
-from mass_jobs.episodes.rollouts import episode_executor
 from mass_jobs.tools.testing.scripted_endpoint import Reply
-from mass_jobs.spec.workflow import DIRECTIVE_HEADER, TEACHER_DIRECTIVE, WORKFLOW_HEADER
 from tests.fixtures.inner_loop import add_episodes, episode, spec_document
 
 EPISODES = 4

@@ -6,10 +6,11 @@ render step's threads and the qwen-code harness's turn counts are the same calls
 
 from __future__ import annotations
 
-from mass_jobs.episodes.audit import split_threads
-from mass_jobs.steps.sft_threads import rebuild_threads
-from mass_jobs.episodes.threads import group_calls
 import pytest
+
+from mass_jobs.episodes.audit import split_threads
+from mass_jobs.episodes.threads import group_calls
+from mass_jobs.steps.sft_threads import rebuild_threads
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 

@@ -320,8 +320,8 @@ def warm_server(warm_tiny_model_dir):
 
 
 def _client(srv, temperature: float):
-    from mass_jobs.serving.llm import ModelClient
     from mass_jobs.config.run_spec import Sampling
+    from mass_jobs.serving.llm import ModelClient
 
     return ModelClient(srv.endpoint, Sampling(temperature=temperature, max_output_tokens=128), timeout_s=60, retries=0)
 
@@ -382,8 +382,8 @@ def test_warm_orchestrator_delegates_when_a_workflow_says_so_and_works_alone_on_
     from mass_jobs.episodes import tools as T
     from mass_jobs.episodes.builtin import ORCHESTRATOR_SYSTEM
     from mass_jobs.serving.llm import ModelError, parse_tool_calls
-    from mass_jobs.tiny.warm_check import THRESHOLDS
     from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, workflow_prompt_parts
+    from mass_jobs.tiny.warm_check import THRESHOLDS
 
     clients = [(_client(warm_server, 0.0), None)] + [(_client(warm_server, 0.6), s) for s in SAMPLED_SEEDS]
     delegated = {"bare": 0, "workflow": 0}
@@ -406,8 +406,8 @@ def test_warm_orchestrator_delegates_when_a_workflow_says_so_and_works_alone_on_
 def test_warm_optimizer_proposes_valid_workflows(warm_server):
     from mass_jobs.judging import optimizer_brief as ob
     from mass_jobs.judging.compare import bundle
-    from mass_jobs.tiny.warm_check import THRESHOLDS
     from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, WorkflowError, parse_proposal, workflow_json
+    from mass_jobs.tiny.warm_check import THRESHOLDS
 
     valid, n = 0, 0
     for t, task in enumerate(DEMO_TASKS):  # the request `mass search` makes after the initial version failed
@@ -462,10 +462,9 @@ def test_the_shipped_warm_model_was_built_from_what_the_current_code_trains_on(w
 @pytest.mark.slow  # builds warm models (short warm-ups, then the behaviour check)
 def test_a_warm_build_that_misses_a_behaviour_fails_and_writes_nothing(tmp_path, monkeypatch):
     """Three warm-up steps cannot teach the reply shapes: the build's own check refuses the model."""
+    import mass_jobs.tiny.warm as warm
     import mass_jobs.tiny.warm_check as check
     from mass_jobs.tiny.warm import build_warm_model, cached_build
-
-    import mass_jobs.tiny.warm as warm
 
     monkeypatch.setattr(check, "probe_prompts", lambda: [DEMO_TASKS[0]])  # 4 requests, not 128
     monkeypatch.setattr(check, "SAMPLES_PER_PROMPT", 1)

@@ -11,10 +11,10 @@ import json
 import time
 from pathlib import Path
 
-from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_status
 from mass_jobs.config.run_spec import EpisodeLimits, Sampling
-from mass_jobs.serving.proxy import read_trace
+from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_status
 from mass_jobs.sandbox.run import _tools
+from mass_jobs.serving.proxy import read_trace
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 
 FORGED = "FORGED-RECORD"

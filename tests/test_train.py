@@ -17,9 +17,9 @@ import torch
 import yaml
 
 from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
-from mass_jobs.training.sampler import WindowSampler
 from mass_jobs.training.checkpoint import MANIFEST, latest_checkpoint, read_checkpoint
 from mass_jobs.training.loop import Trainer, adapter_digest, finite
+from mass_jobs.training.sampler import WindowSampler
 from mass_jobs.training.schedule import lr_at
 
 ROOT = Path(__file__).parents[1]
@@ -399,7 +399,7 @@ def test_only_rank_0_reads_the_weights_and_every_rank_holds_them(tiny_model_dir,
     build it on the meta device and receive its weights, LoRA init and buffers from rank 0; each then
     holds exactly what one process that read the weights itself holds."""
     from mass_jobs.spec.load import load_spec
-    from tests.dist_probe.trainer_setup import state_digest, digest
+    from tests.dist_probe.trainer_setup import digest, state_digest
 
     spec = make_run(tmp_path, tiny_model_dir, "probe", steps=1, save_every=1)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from mass_jobs.commands.cli import main
 from mass_jobs.spec.load import load_spec
 from mass_jobs.spec.upstream_format import UPSTREAM_MARKER, import_upstream
-import pytest
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 

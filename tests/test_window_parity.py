@@ -17,8 +17,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from mass_jobs.config.run_spec import SftSpec
-from mass_jobs.steps.sft_threads import EpisodeTrace
 from mass_jobs.steps.render_sft import render_windows
+from mass_jobs.steps.sft_threads import EpisodeTrace
 from mass_jobs.steps.sft_tokens import IGNORE
 from tests.fixtures.chat_templates import QWEN3_THINKING
 from tests.fixtures.chat_templates import _first_messages_of_blocks as _blocks_of

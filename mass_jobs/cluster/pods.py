@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from mass_jobs.cluster.api import Cluster, Forbidden
 from mass_jobs.k8s import labels as L
@@ -51,7 +51,7 @@ class ObjectRow:
 def _age(stamp: str | None, now: float) -> int:
     if not stamp:
         return 0
-    then = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    then = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     return max(0, int(now - then))
 
 

@@ -31,8 +31,15 @@ from dataclasses import replace
 import yaml
 
 from mass_jobs.cluster.api import Cluster, Forbidden
-from mass_jobs.cluster.capacity import (node_checks, predictor, queue_checks, served_versions, storage_checks,
-                                        trainer_job, unread)
+from mass_jobs.cluster.capacity import (
+    node_checks,
+    predictor,
+    queue_checks,
+    served_versions,
+    storage_checks,
+    trainer_job,
+    unread,
+)
 from mass_jobs.k8s import manifests, pods
 from mass_jobs.k8s.preflight import Check
 from mass_jobs.k8s.settings import ClusterSettings

@@ -5,8 +5,8 @@ each generation on an external benchmark directory, graded by its grader command
 from __future__ import annotations
 
 from mass_jobs.commands.common import add_spec, open_run
-from mass_jobs.spec.load import SpecError, SpecIssue
 from mass_jobs.run.generation_model import generation_servers
+from mass_jobs.spec.load import SpecError, SpecIssue
 from mass_jobs.tools.benchmark import load_benchmark, render_table, run_benchmark
 
 

@@ -89,7 +89,8 @@ def environment_error(exc: BaseException) -> tuple[int, str] | None:
                     where = f"{bucket!r} " if bucket else ""
                     return 2, f"S3: the bucket {where}does not exist at this endpoint; create it or fix store.uri"
                 if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken"):
-                    return 2, f"S3: the credentials were refused ({code}); check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket's policy"
+                    return 2, (f"S3: the credentials were refused ({code}); check AWS_ACCESS_KEY_ID / "
+                               "AWS_SECRET_ACCESS_KEY and the bucket's policy")
         if name == "ModelLocationError":
             return 2, str(e)
         if name == "WarmCheckFailed":  # the build's float kernels trained a model the demo cannot use
@@ -99,7 +100,8 @@ def environment_error(exc: BaseException) -> tuple[int, str] | None:
         if mod.startswith("huggingface_hub") and name in (
             "RepositoryNotFoundError", "LocalEntryNotFoundError", "OfflineModeIsEnabled", "GatedRepoError", "RevisionNotFoundError"
         ):
-            return 1, f"Hugging Face Hub: {str(e).splitlines()[0]} (a mistyped local path is taken for a hub id; `mass validate` says which)"
+            return 1, (f"Hugging Face Hub: {str(e).splitlines()[0]} (a mistyped local path is taken for a hub id; "
+                       "`mass validate` says which)")
         if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)) and e.filename:
             return 2, f"{e.strerror or name}: {e.filename}"
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a rerun resumes once there is room

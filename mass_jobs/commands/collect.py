@@ -4,7 +4,8 @@ Without --episode every missing episode runs here (execution.concurrency at once
 summary is written. `--episode I` runs one episode here; with `--phase prepare` it only writes the
 agent pod's input (needs --endpoint: the model the pod will call) and, with `--outputs DIR`, writes
 `DIR/agent` = true|false (whether an agent pod must run: false for a skipped task or a stored
-episode) and `DIR/rollout` (the episode's dir relative to the run, where the pod's artifacts live); with `--phase ingest` it checks and stores the pod's output (none after `--agent-status
+episode) and `DIR/rollout` (the episode's dir relative to the run, where the pod's artifacts live);
+with `--phase ingest` it checks and stores the pod's output (none after `--agent-status
 Failed|Error`: an infra_error episode). `--phase finish` (no --episode) only writes the task's summary, refusing while an
 episode is missing. Prints one JSON line.
 """

@@ -12,7 +12,6 @@ from mass_jobs.spec.bounds import parse_document
 from mass_jobs.spec.locations import absolute_paths
 
 
-
 def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec whose model.base is a local directory")
     parser.add_argument("--work-dir", default=".mass-work", help="local scratch: model cache, logs, checkpoints")

@@ -25,7 +25,8 @@ from mass_jobs.steps import evaluate as ev
 
 def add_arguments(parser) -> None:
     add_spec(parser, gen="generation G >= 1 (L_G vs L_0 and L_{G-1})")
-    parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local cache for model dirs and server logs")
+    parser.add_argument("--work-dir", default=work_dir_default(),
+                        help="(default: $MASS_WORK_DIR or .mass-work) local cache for model dirs and server logs")
     parser.add_argument("--generation-endpoint", nargs=3, action="append", default=[], metavar=("G", "URL", "NAME"),
                         help="with --phase prepare / finish: L_G's OpenAI base URL and model name (repeat)")
     parser.add_argument("--judge-endpoint", nargs=3, action="append", default=[], metavar=("NAME", "URL", "MODEL"),

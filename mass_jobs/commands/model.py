@@ -25,7 +25,8 @@ def add_arguments(parser) -> None:
     tiny.add_argument("--warm", action="store_true",
                       help="then fine-tune on synthetic harness conversations, printing steps and loss; "
                            "measured about 3 minutes wall on 2 idle CPU cores, then its own 30 s behaviour check")
-    tiny.add_argument("--steps", type=int, default=None, help="warm-up steps (default: the built-in 1800, the only length the check runs for)")
+    tiny.add_argument("--steps", type=int, default=None,
+                      help="warm-up steps (default: the built-in 1800, the only length the check runs for)")
     tiny.add_argument("--every", type=int, default=50, help="print a progress line every N warm-up steps")
     tiny.add_argument("--hybrid", action="store_true",
                       help="the hybrid-attention Qwen3.5 layout of the paper's model (linear attention in three "

@@ -46,7 +46,8 @@ class SftCommand:
 
         parser.add_argument("--spec", required=True, help="run spec: local path or s3:// URI")
         parser.add_argument("--gen", type=int, required=True, help="generation whose collected episodes are rendered")
-        parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local cache for the model's tokenizer")
+        parser.add_argument("--work-dir", default=work_dir_default(),
+                            help="(default: $MASS_WORK_DIR or .mass-work) local cache for the model's tokenizer")
         parser.add_argument("--outputs", metavar="DIR", help="write DIR/supervised-tokens (Argo: the step's metric)")
 
     @staticmethod

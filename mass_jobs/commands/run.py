@@ -13,7 +13,8 @@ from mass_jobs.spec.overrides import spec_words
 
 def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec: a path or an s3:// URI")
-    parser.add_argument("--work-dir", default=work_dir_default(), help="(default: $MASS_WORK_DIR or .mass-work) local scratch: model cache, logs, checkpoints")
+    parser.add_argument("--work-dir", default=work_dir_default(),
+                        help="(default: $MASS_WORK_DIR or .mass-work) local scratch: model cache, logs, checkpoints")
     parser.add_argument("--no-progress", action="store_true",
                         help="plain lines instead of a live display: each step's start and end with an ETA, and its progress "
                              "notes (the default without a terminal)")

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 
-from mass_jobs.commands.common import (add_common, add_model, add_rollout_phases, model_endpoint, open_run,
-                                      run_guarded)
-from mass_jobs.serving.roles import client_for
+from mass_jobs.commands.common import add_common, add_model, add_rollout_phases, model_endpoint, open_run, run_guarded
 from mass_jobs.episodes.rollouts import episode_executor, write_phase_outputs
 from mass_jobs.serving.llm import Endpoint
+from mass_jobs.serving.roles import client_for
 from mass_jobs.steps.search import run_search
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from mass_jobs.commands.cli import environment_error
 from mass_jobs.run.base_model import local_fitness_issues
-from mass_jobs.run.sandboxing import sandbox_issues
 from mass_jobs.run.context import RunContext
+from mass_jobs.run.sandboxing import sandbox_issues
 from mass_jobs.spec.load import SpecError, SpecIssue, load_spec
 from mass_jobs.store import open_store
 
@@ -212,9 +212,8 @@ def main(args) -> int:
     for warning in check_import_warnings(spec):
         print(f"warning: {warning}", file=sys.stderr)
     if not args.quiet:
-        from mass_jobs.spec.locations import model_location_notes
-
         from mass_jobs.serving.precision import summary
+        from mass_jobs.spec.locations import model_location_notes
 
         for note in model_location_notes(spec):
             print(f"note: {note}")

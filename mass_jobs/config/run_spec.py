@@ -10,13 +10,22 @@ is the one entry point that validates against the schema and applies the cross-f
 from __future__ import annotations
 
 import re
-
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from mass_jobs.config.shared import (DAY_S, ID_PATTERN, MAX_EPISODES, MAX_RETRIES, MAX_SEED, MAX_STEPS, MAX_TOKENS, URL,
-                                  URL_OR_LOCAL, Closed)
+from mass_jobs.config.shared import (
+    DAY_S,
+    ID_PATTERN,
+    MAX_EPISODES,
+    MAX_RETRIES,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TOKENS,
+    URL,
+    URL_OR_LOCAL,
+    Closed,
+)
 from mass_jobs.config.task_spec import Task, TaskFile, Workflow
 
 # ---------------------------------------------------------------- run spec sections

@@ -9,7 +9,6 @@ from pydantic import Field
 
 from mass_jobs.config.shared import ID_PATTERN, Closed
 
-
 # ---------------------------------------------------------------- workflow
 
 

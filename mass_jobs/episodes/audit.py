@@ -301,7 +301,7 @@ def audit_records(records: list[dict], episode: str = "", harness: str | None = 
                 handoffs.append({"file": wp, "writer": w.thread, "reader": r.thread, "read_seq": r.seq})
 
     redelegations = 0
-    for tid, uses in uses_by_thread.items():
+    for uses in uses_by_thread.values():
         calls = [u for u in uses if u.name in delegating]
         for i, later in enumerate(calls):
             if any(_redelegates(failed_call, later) for failed_call in calls[:i] if _failed(failed_call)):

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mass_jobs.episodes.episode import TOOL_CALL_CAP, no_work_reason
-from mass_jobs.episodes import tools as T
-from mass_jobs.serving.llm import Endpoint, ModelClient, ModelError, parse_tool_calls, usage_tokens
 from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+from mass_jobs.episodes import tools as T
+from mass_jobs.episodes.episode import TOOL_CALL_CAP, no_work_reason
+from mass_jobs.serving.llm import Endpoint, ModelClient, ModelError, parse_tool_calls, usage_tokens
 
 ORCHESTRATOR_SYSTEM = """You are the orchestrator of a team of agents working in a shared workspace folder.
 You cannot run code or write files yourself. Split the task into self-contained assignments and give each

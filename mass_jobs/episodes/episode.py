@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from mass_jobs.serving.llm import Endpoint
-from mass_jobs.config.shared import Closed
 from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+from mass_jobs.config.shared import Closed
 from mass_jobs.sandbox.run import resolve_in_workspace
+from mass_jobs.serving.llm import Endpoint
 
 OUTCOMES = ("success", "no_work", "failed", "turn_limit", "loop_detected", "timeout", "infra_error")
 HARNESSES = ("builtin", "qwen-code")

@@ -16,30 +16,30 @@ from dataclasses import replace
 from pathlib import Path
 
 from mass_jobs.config.errors import SandboxError
+from mass_jobs.episodes.builtin import BuiltinHarness
 from mass_jobs.episodes.episode import (  # noqa: F401 (the package's names)
-    OUTCOMES,
-    HARNESSES,
     CAPS,
-    TOOL_CALL_CAP,
-    episode_cap,
+    HARNESSES,
+    OUTCOMES,
     SCHEMA_PATH,
+    TOOL_CALL_CAP,
+    EpisodeEndpointFile,
+    EpisodeFile,
     EpisodeInput,
     EpisodeRequest,
     EpisodeResult,
     HarnessOutcome,
-    EpisodeEndpointFile,
-    EpisodeFile,
-    load_episode_file,
-    episode_input,
+    episode_cap,
     episode_file_json,
-    status_validator,
-    validate_status,
+    episode_input,
+    load_episode_file,
     seed_workspace,
     status_text,
+    status_validator,
+    validate_status,
 )
-from mass_jobs.serving.llm import Endpoint
-from mass_jobs.episodes.builtin import BuiltinHarness
 from mass_jobs.sandbox.run import outer_boundary
+from mass_jobs.serving.llm import Endpoint
 from mass_jobs.serving.proxy import RecordingProxy
 from mass_jobs.serving.startup_view import as_reminder
 from mass_jobs.store.base import replace_atomically

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mass_jobs.episodes.audit import DELEGATE_TOOLS, split_threads
 from mass_jobs.config.errors import SandboxError
-from mass_jobs.episodes.episode import HarnessOutcome, no_work_reason, TOOL_CALL_CAP
+from mass_jobs.episodes.audit import DELEGATE_TOOLS, split_threads
+from mass_jobs.episodes.episode import TOOL_CALL_CAP, HarnessOutcome, no_work_reason
 from mass_jobs.episodes.qwen_shell import install_shim
 from mass_jobs.sandbox.run import sandbox_env
 from mass_jobs.serving.proxy import read_trace

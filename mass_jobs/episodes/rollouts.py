@@ -29,8 +29,14 @@ from typing import Any
 
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.episodes import proof
-from mass_jobs.episodes.episode import (EpisodeInput, EpisodeRequest, episode_file_json, seed_workspace, status_text,
-                                        validate_status)
+from mass_jobs.episodes.episode import (
+    EpisodeInput,
+    EpisodeRequest,
+    episode_file_json,
+    seed_workspace,
+    status_text,
+    validate_status,
+)
 from mass_jobs.episodes.harness import run_episode
 from mass_jobs.run.context import RunContext
 from mass_jobs.run.sandboxing import apply_sandbox

@@ -21,9 +21,9 @@ from mass_jobs.sandbox.run import MEMORY_LIMITS
 from mass_jobs.store.archive import UnsafeArchive, extract_dir_archive, write_dir_archive
 
 if TYPE_CHECKING:
+    from mass_jobs.config.run_spec import EpisodeLimits
     from mass_jobs.episodes.episode import EpisodeInput
     from mass_jobs.serving.llm import Endpoint
-    from mass_jobs.config.run_spec import EpisodeLimits
 
 REQUEST_LIMIT = 64 << 20  # a tool call or qwen request: far below; a workspace archive: see ARCHIVE_LIMIT
 ARCHIVE_LIMIT = 1 << 30  # compressed workspace archive either way

@@ -46,13 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from mass_jobs.config.errors import SandboxError  # noqa: F401 (raised by SandboxClient; callers import it here too)
-from mass_jobs.episodes.sandbox_client import ARCHIVE_LIMIT, REQUEST_LIMIT, SandboxClient
 from mass_jobs.config.run_spec import EpisodeLimits
 from mass_jobs.config.task_spec import CheckCommand
 from mass_jobs.episodes import tools as T
 from mass_jobs.episodes.episode import episode_input
 from mass_jobs.episodes.qwen_code import QwenRun, qwen_binary, sandbox_home
 from mass_jobs.episodes.qwen_shell import run_shell
+from mass_jobs.episodes.sandbox_client import ARCHIVE_LIMIT, REQUEST_LIMIT, SandboxClient
 from mass_jobs.sandbox.check_job import fresh_copy, run_check
 from mass_jobs.sandbox.run import SandboxLimits, SandboxUnavailable, _tools, run_sandboxed, sandbox_refusal
 from mass_jobs.sandbox.tree import tree_pids

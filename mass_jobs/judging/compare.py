@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from mass_jobs.judging import evidence
 from mass_jobs.config.shared import Closed
+from mass_jobs.judging import evidence
 from mass_jobs.run.context import RunContext
 from mass_jobs.store import UnsafeArchive
 

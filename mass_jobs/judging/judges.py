@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mass_jobs.run.context import RunContext
 from mass_jobs.judging import compare
+from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelError
 
 

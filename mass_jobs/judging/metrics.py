@@ -90,17 +90,17 @@ def bootstrap_over_tasks(
     Tasks are the unit of variation (verdicts within a task are correlated), so the interval
     widens honestly when only a few tasks decide the result. Resamples whose tasks have no
     decisive verdict are skipped. Deterministic for a given seed."""
-    tasks = sorted(t for t, (w, l) in per_task.items())
-    if not tasks or resamples <= 0 or sum(w + l for w, l in per_task.values()) == 0:
+    tasks = sorted(per_task)
+    if not tasks or resamples <= 0 or sum(w + lost for w, lost in per_task.values()) == 0:
         return None
     rng = random.Random(seed)
     shares: list[float] = []
     for _ in range(resamples):
         wins = losses = 0
         for _ in tasks:
-            w, l = per_task[tasks[rng.randrange(len(tasks))]]
+            w, lost = per_task[tasks[rng.randrange(len(tasks))]]
             wins += w
-            losses += l
+            losses += lost
         if wins + losses:
             shares.append(wins / (wins + losses))
     if not shares:
@@ -154,7 +154,7 @@ def overall_interval(per_task: Mapping[str, tuple[int, int]], resamples: int, co
     interval ignores that verdicts within a task are correlated. The envelope is never narrower than
     either, and never zero-width while a verdict is decisive."""
     wins = sum(w for w, _ in per_task.values())
-    n = wins + sum(l for _, l in per_task.values())
+    n = wins + sum(lost for _, lost in per_task.values())
     pooled = wilson_interval(wins, n, confidence)
     tasks = bootstrap_over_tasks(per_task, resamples, confidence, seed)
     if pooled is None or tasks is None:

@@ -43,7 +43,8 @@ Agent ids are lowercase letters, digits and dashes; the first agent is the orche
 
 # the same request when a version is a free-text design block inside the task text (the paper's reply)
 UPSTREAM_SYSTEM = SYSTEM.split("Reply with one JSON object", 1)[0].replace(
-    "a workflow appended to its\nprompt", "a workflow (the design block) written into its\nprompt") + f"""Reply with one JSON object and nothing else:
+    "a workflow appended to its\nprompt",
+    "a workflow (the design block) written into its\nprompt") + f"""Reply with one JSON object and nothing else:
 {{"improved_multi_agent_design": "<the whole replacement design block>",
  "changes_from_previous": ["..."], "why_it_should_improve": ["..."], "evidence_used": ["..."],
  "expected_impact": ["..."], "verification_checks": ["..."]}}

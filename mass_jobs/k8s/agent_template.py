@@ -7,16 +7,29 @@ from hera.workflows import Container
 from hera.workflows import models as m
 
 from mass_jobs.episodes import proof
-from mass_jobs.pipeline import nodes as N
 from mass_jobs.k8s import labels as L
-from mass_jobs.k8s import prometheus as PM
 from mass_jobs.k8s import manifests as K
 from mass_jobs.k8s import pods
+from mass_jobs.k8s import prometheus as PM
 from mass_jobs.k8s.argo_vocab import (
-    AGENT_RETRY, AGENT_TEMPLATE, EGRESS_IN, EPISODE_KEYS, GEN, QWEN_DIR, QWEN_SOCKET, ROLLOUT, SANDBOX_DIR, SANDBOX_SOCKET,
-    SPEC, TASK, container_security, input_params, no_archive,
+    AGENT_RETRY,
+    AGENT_TEMPLATE,
+    EGRESS_IN,
+    EPISODE_KEYS,
+    GEN,
+    QWEN_DIR,
+    QWEN_SOCKET,
+    ROLLOUT,
+    SANDBOX_DIR,
+    SANDBOX_SOCKET,
+    SPEC,
+    TASK,
+    container_security,
+    input_params,
+    no_archive,
 )
 from mass_jobs.k8s.settings import ClusterSettings
+from mass_jobs.pipeline import nodes as N
 from mass_jobs.sandbox.egress_service import PORT as EGRESS_PORT
 
 

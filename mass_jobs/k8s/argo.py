@@ -32,24 +32,52 @@ from hera.workflows import (
 )
 from hera.workflows import models as m
 
-from mass_jobs.pipeline import nodes as N
-from mass_jobs.pipeline import table as P
+from mass_jobs.k8s import egress_proxy as EP
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import manifests as K
-from mass_jobs.k8s import prometheus as PM
-from mass_jobs.k8s import egress_proxy as EP
 from mass_jobs.k8s import pods, serving, training
+from mass_jobs.k8s import prometheus as PM
 from mass_jobs.k8s.agent_template import agent_container
 from mass_jobs.k8s.argo_flow import (
-    cycle_step, delete_models_steps, episode_fanout, episode_steps, recursion, rollout_steps,
+    cycle_step,
+    delete_models_steps,
+    episode_fanout,
+    episode_steps,
+    recursion,
+    rollout_steps,
 )
 from mass_jobs.k8s.argo_vocab import (
-    AGENT_TEMPLATE, CRON, CYCLE, EGRESS_IN, EGRESS_TEMPLATE, EPISODE, GEN, ISVC, NAMESPACE, OUTPUTS_DIR, PREV_GEN, RESOURCE_RETRY, ROLLOUTS_PARAM, RUN, RUN_ID,
-    SPEC, STEP_RETRY, TASK, TRAIN_RETRY, V, VALIDATE_OUTPUTS, WORK_DIR, container_security, gpu_semaphore,
-    input_params, step_args,
+    AGENT_TEMPLATE,
+    CRON,
+    CYCLE,
+    EGRESS_IN,
+    EGRESS_TEMPLATE,
+    EPISODE,
+    GEN,
+    ISVC,
+    NAMESPACE,
+    OUTPUTS_DIR,
+    PREV_GEN,
+    RESOURCE_RETRY,
+    ROLLOUTS_PARAM,
+    RUN,
+    RUN_ID,
+    SPEC,
+    STEP_RETRY,
+    TASK,
+    TRAIN_RETRY,
+    VALIDATE_OUTPUTS,
+    WORK_DIR,
+    V,
+    container_security,
+    gpu_semaphore,
+    input_params,
+    step_args,
 )
 from mass_jobs.k8s.settings import SCRATCH_CLASSES, ClusterSettings, helm
 from mass_jobs.k8s.yamlio import _Dumper
+from mass_jobs.pipeline import nodes as N
+from mass_jobs.pipeline import table as P
 
 
 class _Builder:

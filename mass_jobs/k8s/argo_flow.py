@@ -1,4 +1,5 @@
-"""The Steps templates that order a cycle: one cycle step per pipeline step (by its shape), bounded recursion over search iterations, the episode fan-out, an agent rollout fan-out,
+"""The Steps templates that order a cycle: one cycle step per pipeline step (by its shape), bounded
+recursion over search iterations, the episode fan-out, an agent rollout fan-out,
 and the exit handler that deletes the run's InferenceServices."""
 
 from __future__ import annotations
@@ -6,8 +7,19 @@ from __future__ import annotations
 from hera.workflows import Parameter, Step, Steps
 from hera.workflows import models as m
 
+from mass_jobs.k8s.argo_vocab import (
+    AGENT_TEMPLATE,
+    EGRESS_IN,
+    EPISODE,
+    GEN,
+    NEXT_GEN,
+    ROLLOUT,
+    TASK,
+    V,
+    input_params,
+    step_args,
+)
 from mass_jobs.pipeline import table as P
-from mass_jobs.k8s.argo_vocab import AGENT_TEMPLATE, EGRESS_IN, EPISODE, GEN, NEXT_GEN, ROLLOUT, TASK, V, input_params, step_args
 
 
 def cycle_step(sd: P.StepDef, egress: str) -> None:

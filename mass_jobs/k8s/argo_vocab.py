@@ -6,10 +6,9 @@ from __future__ import annotations
 from hera.workflows import Parameter
 from hera.workflows import models as m
 
-from mass_jobs.run.context import RunContext
 from mass_jobs.k8s import manifests as K
 from mass_jobs.k8s import serving
-
+from mass_jobs.run.context import RunContext
 
 CYCLE = "mass-cycle"
 RUN = "mass-run"

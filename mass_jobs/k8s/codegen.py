@@ -14,9 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from mass_jobs.k8s import argo, manifests, pods, serving, training
-from mass_jobs.pipeline.table import trainer_step
 from mass_jobs.k8s.settings import ClusterSettings, helm_settings
 from mass_jobs.k8s.yamlio import dump_docs, header, helmify
+from mass_jobs.pipeline.table import trainer_step
 
 RENDER = "mass render argo --out argo/ --manifests manifests/ --examples examples/k8s/ --chart charts/mass-jobs/"
 

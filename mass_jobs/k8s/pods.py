@@ -31,7 +31,7 @@ def quantity_bytes(text) -> int:
 
 UID = 1000
 SANDBOX_UID = 2000  # an agent pod's sandbox container: model-written code never runs as UID
-QWEN_UID = 3000  # an agent pod's qwen-code container: neither the harness's uid nor its shells' 
+QWEN_UID = 3000  # an agent pod's qwen-code container: neither the harness's uid nor its shells'
 
 
 def pod_security_context() -> dict:

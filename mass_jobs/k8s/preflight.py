@@ -34,7 +34,8 @@ What is checked, and why it would fail on a cluster:
   predictors evaluate serves together each fit it (Kueue never admits a larger workload);
 - the node disk each class of pods asks for (stated: nodes are not read offline);
 - with the model's config (`--config`, or a local model.base), the ephemeral storage (or the
-  scratch volume, `scratch.<class>.size`) of the pods that download the weights holds them: the predictor and each trainer replica one copy, merge the
+  scratch volume, `scratch.<class>.size`) of the pods that download the weights holds them: the
+  predictor and each trainer replica one copy, merge the
   base and the merged copy (10% headroom); a trainer pod's memory one copy (rank 0 alone reads the
   model) and 1 GiB of /dev/shm per rank (memory-backed); the merge's memory one input and one output shard (it streams).
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from mass_jobs.k8s.serving import NAME_PATTERN
@@ -55,19 +55,19 @@ def strict(s):
     return [strict(x) for x in s] if isinstance(s, list) else s
 
 
-@lru_cache(maxsize=None)
+@cache
 def _validator(rel: str):
     from jsonschema import Draft202012Validator
 
     return Draft202012Validator(strict(json.loads((schemas_dir() / rel).read_text())))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _argo_definitions() -> dict:
     return strict(json.loads((schemas_dir() / "argoproj.io/schema.json").read_text())["definitions"])
 
 
-@lru_cache(maxsize=None)
+@cache
 def _argo_json_validator(kind: str):
     from jsonschema import Draft202012Validator
 
@@ -92,7 +92,7 @@ PACKAGE_SCHEMAS = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _package_validator(name: str):
     from importlib.resources import files
 

@@ -6,7 +6,8 @@ Created by the `serve-model` resource template of `mass-cycle` and deleted by it
 
 from __future__ import annotations
 
-from mass_jobs.k8s import labels as L, pods
+from mass_jobs.k8s import labels as L
+from mass_jobs.k8s import pods
 from mass_jobs.k8s.manifests import MODEL_SA, MODEL_STEP
 from mass_jobs.k8s.settings import ClusterSettings
 from mass_jobs.run.context import served_model_name

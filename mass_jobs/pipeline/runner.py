@@ -26,19 +26,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mass_jobs.pipeline import handlers, nodes as N
-from mass_jobs.pipeline import table as P
-from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.config.task_spec import Task
+from mass_jobs.pipeline import handlers
+from mass_jobs.pipeline import nodes as N
+from mass_jobs.pipeline import table as P
 from mass_jobs.pipeline.progress import Display, estimate, untimed
-from mass_jobs.steps.split_guard import SplitLeak, check_no_test_leak  # noqa: F401 (the runner's API too)
 from mass_jobs.pipeline.run_lease import RunLease
 from mass_jobs.run.base_model import local_fitness_issues
-from mass_jobs.run.sandboxing import apply_sandbox, sandbox_issues
+from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import generation_servers
+from mass_jobs.run.sandboxing import apply_sandbox, sandbox_issues
 from mass_jobs.spec.load import SpecError, load_spec
+from mass_jobs.steps.split_guard import SplitLeak, check_no_test_leak  # noqa: F401 (the runner's API too)
 from mass_jobs.store import open_store, read_manifest
 from mass_jobs.store.lease import pid_alive
 

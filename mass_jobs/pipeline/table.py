@@ -45,11 +45,11 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mass_jobs.config.errors import StepFailed
 from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import model_uri
-from mass_jobs.steps import collect, evaluate, guard, merge, rank, render_sft, report, search, select, train
 from mass_jobs.spec.overrides import spec_argv
-from mass_jobs.config.errors import StepFailed
+from mass_jobs.steps import collect, evaluate, guard, merge, rank, render_sft, report, search, select, train
 from mass_jobs.store import MissingKey, UnreadableObject, Waiting
 
 SCOPES = ("run", "generation", "task", "iteration", "episode")

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from mass_jobs.run.base_model import base_model_dir
 from mass_jobs.run.context import RunContext
-from mass_jobs.serving.model_dirs import fetch_stored_model, has_stored_model, resolve_model
-from mass_jobs.store import read_manifest
 from mass_jobs.serving import precision as sp
+from mass_jobs.serving.model_dirs import fetch_stored_model, has_stored_model, resolve_model
 from mass_jobs.serving.precision import for_cluster
 from mass_jobs.serving.servers import local_servers
+from mass_jobs.store import read_manifest
 
 
 def model_ref(ctx: RunContext, g: int) -> str:

@@ -20,17 +20,17 @@ ini file (CHECK_ENV): a module named like the standard library's is not what a c
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-from mass_jobs.config.shared import Closed
-from mass_jobs.config.run_spec import EpisodeLimits
-from mass_jobs.config.task_spec import CheckCommand
 from mass_jobs.config.errors import SandboxError
+from mass_jobs.config.run_spec import EpisodeLimits
+from mass_jobs.config.shared import Closed
+from mass_jobs.config.task_spec import CheckCommand
 from mass_jobs.sandbox.run import POLICY_SITE, SandboxLimits, run_sandboxed
 
 DETAIL_CHARS = 300

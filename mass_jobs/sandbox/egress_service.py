@@ -34,7 +34,7 @@ import socketserver
 import sys
 import threading
 import urllib.parse
-from typing import Callable
+from collections.abc import Callable
 
 from mass_jobs.sandbox.egress import AllowList, EgressUnavailable, Ledger, _Handler, _Refused
 

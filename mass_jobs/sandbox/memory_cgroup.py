@@ -63,7 +63,7 @@ class MemoryCgroup:
         self.path, self.version, self.limit = path, version, limit
 
     @classmethod
-    def create(cls, name: str, limit_bytes: int) -> "MemoryCgroup | None":
+    def create(cls, name: str, limit_bytes: int) -> MemoryCgroup | None:
         """A fresh cgroup under this process's own, limited to `limit_bytes` (None: no controller;
         OSError: a controller this process may not write)."""
         leaf = f"mass-{re.sub(r'[^A-Za-z0-9_.-]', '-', name)[:60]}-{uuid.uuid4().hex[:8]}"

@@ -20,9 +20,9 @@ import shutil
 import subprocess
 import sys
 
-from mass_jobs.serving.server_process import ServerProcess
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.serving.serve import ModelServer
+from mass_jobs.serving.server_process import ServerProcess
 
 # The parsers the cluster's model server is started with (chart values model.toolCallParser and the
 # fixed qwen3 reasoning parser): Qwen3 writes <tool_call> JSON (hermes) and <think> blocks.

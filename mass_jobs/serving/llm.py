@@ -280,9 +280,10 @@ class ModelClient:
         try:
             resp = self._http.post(url, json=body, headers=headers)
         except httpx.TimeoutException as e:
-            raise ModelError(f"timeout after {self.timeout_s}s calling {url}: {e!r}", kind="timeout", attempts=attempt)
+            raise ModelError(f"timeout after {self.timeout_s}s calling {url}: {e!r}", kind="timeout",
+                             attempts=attempt) from e
         except httpx.HTTPError as e:
-            raise ModelError(f"cannot reach {url}: {e!r}", kind="connection", attempts=attempt)
+            raise ModelError(f"cannot reach {url}: {e!r}", kind="connection", attempts=attempt) from e
         if resp.status_code >= 400:
             excerpt = resp.text[:BODY_EXCERPT]
             err = ModelError(

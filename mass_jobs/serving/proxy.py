@@ -29,12 +29,19 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mass_jobs.serving.llm import Endpoint, tls_context
-from mass_jobs.serving.proxy_records import (StreamAssembler, agent_from_headers, read_trace, request_record,
-                                     response_record, utc_now)
+from mass_jobs.serving.proxy_records import (
+    StreamAssembler,
+    agent_from_headers,
+    read_trace,
+    request_record,
+    response_record,
+    utc_now,
+)
 
 BODY_EXCERPT = 2000
 # Line breaks to str.splitlines() that json.dumps(ensure_ascii=False) leaves raw (tool output of a

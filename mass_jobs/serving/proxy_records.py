@@ -5,7 +5,7 @@ labels of the call's headers; and reading a trace back."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ AGENT_HEADERS = {"x-mass-agent": "id", "x-mass-role": "role", "x-mass-parent": "
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def agent_from_headers(headers: dict[str, str]) -> dict | None:

@@ -351,7 +351,8 @@ def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "a
     from transformers.cli.serving.utils import GenerationState
 
     _tolerate_malformed_tool_calls()
-    manager = text_model_manager(ModelManager)(device=device, dtype=dtype, force_model=str(model_dir), continuous_batching=continuous_batching)
+    manager = text_model_manager(ModelManager)(device=device, dtype=dtype, force_model=str(model_dir),
+                                               continuous_batching=continuous_batching)
     state = GenerationState(continuous_batching=continuous_batching)
     chat = make_chat_handler_class()(model_manager=manager, generation_state=state)
     chat.served_name = served_name

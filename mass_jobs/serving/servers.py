@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 from mass_jobs.serving import backends
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.serving.model_dirs import resolve_model
 
 # gen -> a context manager serving that generation's model (yields an Endpoint)
-ServeModel = Callable[[int], ContextManager[Any]]
+ServeModel = Callable[[int], AbstractContextManager[Any]]
 # judge -> a context manager yielding an Endpoint for it ('local' judges get a server here)
-ServeJudge = Callable[[Any], ContextManager[Any]]
+ServeJudge = Callable[[Any], AbstractContextManager[Any]]
 
 
 def local_servers(spec, model_dir_of: Callable[[int], Path], name_of: Callable[[int], str], *,

@@ -42,7 +42,8 @@ def _parse(text: str, source: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(source, [SpecIssue("$", f"expected valid YAML or JSON{where}: {getattr(exc, 'problem', exc)}")])
+        raise SpecError(source, [SpecIssue("$", f"expected valid YAML or JSON{where}: {getattr(exc, 'problem', exc)}")]) \
+            from None
     issues = _value_issues(document)
     if issues:
         raise SpecError(source, issues)
@@ -122,8 +123,8 @@ def _node_issues(root: yaml.Node) -> list[SpecIssue]:
                     issues.append(SpecIssue(json_path(path), f"expected string keys, found {shown!r} ({key.tag.rsplit(':', 1)[-1]})"))
                     continue
                 if key.value in keys:
-                    issues.append(SpecIssue(json_path(path + [key.value]), f"expected each key once, found it again at "
-                                                                           f"line {key.start_mark.line + 1} (first at line {keys[key.value]})"))
+                    again = f"line {key.start_mark.line + 1} (first at line {keys[key.value]})"
+                    issues.append(SpecIssue(json_path(path + [key.value]), f"expected each key once, found it again at {again}"))
                 keys.setdefault(key.value, key.start_mark.line + 1)
                 stack.append((value, path + [key.value]))
         elif isinstance(node, yaml.SequenceNode):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,6 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from mass_jobs.config.run_spec import SCHEMA_MODELS
-
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 
@@ -62,7 +61,7 @@ def write_schemas(directory: Path) -> list[Path]:
     return written
 
 
-@lru_cache(maxsize=None)
+@cache
 def schema_validator(name: str) -> Draft202012Validator:
     """Validator over the checked-in schema file (the published contract), not the in-memory model."""
     schema = json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text())
@@ -165,7 +164,8 @@ def _issues_from_error(err: ValidationError, prefix: list, root: dict | None = N
         return [SpecIssue(json_path(path), f"expected a number {bounds[v]} {err.validator_value}, found {err.instance}")]
     if v in ("minLength", "maxLength"):
         word = "at least" if v == "minLength" else "at most"
-        return [SpecIssue(json_path(path), f"expected a string of {word} {err.validator_value} characters, found {found_text(err.instance)}")]
+        return [SpecIssue(json_path(path), f"expected a string of {word} {err.validator_value} characters, "
+                                           f"found {found_text(err.instance)}")]
     if v in ("minItems", "maxItems"):
         word = "at least" if v == "minItems" else "at most"
         return [SpecIssue(json_path(path), f"expected {word} {err.validator_value} item(s), found {len(err.instance)}")]

@@ -14,16 +14,16 @@ downstream builds a RunSpec from raw input any other way.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.config.task_spec import Task, TaskFile
-
 from mass_jobs.spec.bounds import MAX_SPEC_BYTES, decode_bounded, get_bounded, parse_document, read_bounded
 from mass_jobs.spec.issues import SpecError, SpecIssue, found_text, json_path, schema_issues, schema_validator
-from mass_jobs.spec.overrides import SpecSource, apply_overrides
 from mass_jobs.spec.locations import absolute_paths, chat_template_issues, model_location_issues, store_in_folder
+from mass_jobs.spec.overrides import SpecSource, apply_overrides
 from mass_jobs.spec.rules import cross_field_issues
 from mass_jobs.spec.upstream_format import UPSTREAM_MARKER
 

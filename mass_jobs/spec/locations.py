@@ -7,10 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from mass_jobs.config.run_spec import RunSpec
-
-from mass_jobs.spec.issues import SpecIssue, json_path
 from mass_jobs.serving.model_dirs import looks_like_hub_id
-
+from mass_jobs.spec.issues import SpecIssue, json_path
 
 # ---------------------------------------------------------------- model locations and local paths
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mass_jobs.config.composition import composition_of
 from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.config.task_spec import Task, Workflow
-
-from mass_jobs.spec.issues import SpecIssue, found_text
-from mass_jobs.config.composition import composition_of
 from mass_jobs.serving.roles import ROLES
+from mass_jobs.spec.issues import SpecIssue, found_text
 from mass_jobs.spec.upstream_format import DESIGN_END, UPSTREAM_MARKER
-
 
 # ---------------------------------------------------------------- cross-field rules
 
@@ -40,7 +38,8 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
                              "('single' runs on the builtin harness), found 'single'"))
     r = spec.ranking
     if r.pairing == "reference" and r.comparisons_per_episode > c.episodes - 1:
-        out.append(SpecIssue("$.ranking.comparisons_per_episode", f"expected <= episodes - 1 ({c.episodes - 1}), found {r.comparisons_per_episode}"))
+        out.append(SpecIssue("$.ranking.comparisons_per_episode",
+                             f"expected <= episodes - 1 ({c.episodes - 1}), found {r.comparisons_per_episode}"))
 
     tasks = spec.resolved_tasks()
     seen: dict[str, int] = {}
@@ -51,7 +50,8 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
     train_prompts = {t.prompt.strip(): t.id for t in tasks if t.split == "train"}
     for i, t in enumerate(tasks):
         if t.split == "test" and t.prompt.strip() in train_prompts:
-            out.append(SpecIssue(f"$.tasks[{i}].prompt", f"expected train/test disjoint, found the same prompt as train task {train_prompts[t.prompt.strip()]!r}"))
+            out.append(SpecIssue(f"$.tasks[{i}].prompt", f"expected train/test disjoint, found the same prompt as "
+                                                         f"train task {train_prompts[t.prompt.strip()]!r}"))
     if not any(t.split == "train" for t in tasks):
         out.append(SpecIssue("$.tasks", "expected at least one task with split 'train', found none"))
     for i, t in enumerate(tasks):
@@ -76,7 +76,8 @@ def cross_field_issues(spec: RunSpec) -> list[SpecIssue]:
     out.extend(composition_issues(spec))
     m = spec.model.sampling
     if m.max_output_tokens > m.context_length:
-        out.append(SpecIssue("$.model.sampling.max_output_tokens", f"expected <= context_length ({m.context_length}), found {m.max_output_tokens}"))
+        out.append(SpecIssue("$.model.sampling.max_output_tokens",
+                             f"expected <= context_length ({m.context_length}), found {m.max_output_tokens}"))
     if spec.execution.mode == "argo" and not spec.store.uri.startswith("s3://"):
         out.append(SpecIssue("$.store.uri", f"expected an s3:// URI when execution.mode is 'argo', found {spec.store.uri!r}"))
     names: set[str] = set()

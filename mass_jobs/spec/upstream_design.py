@@ -42,7 +42,7 @@ class DesignTemplate:
     source: str | None = None  # the upstream text as written (an upstream task)
 
     @classmethod
-    def parse(cls, text: str) -> "DesignTemplate":
+    def parse(cls, text: str) -> DesignTemplate:
         start = text.find(UPSTREAM_MARKER)
         if start < 0:
             raise WorkflowError([f"upstream task: the line {UPSTREAM_MARKER!r} was not found"])
@@ -54,7 +54,7 @@ class DesignTemplate:
         return cls(text[:start], text[start:end].strip(), text[end:], text)
 
     @classmethod
-    def of_task(cls, task: Task) -> "DesignTemplate":
+    def of_task(cls, task: Task) -> DesignTemplate:
         if task.upstream_text is not None:
             return cls.parse(task.upstream_text)
         return cls(task.prompt.strip() + "\n\n", design_of(task.workflow), "")

@@ -40,7 +40,7 @@ def convert(src: Path) -> tuple[list[dict], list[str]]:
         splits = json.loads((src / "splits.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise SpecError(where, [SpecIssue("$", f"expected an upstream splits.json ({exc.__class__.__name__}: {exc})")],
-                         what=WHAT)
+                         what=WHAT) from None
     issues = [SpecIssue(f"$.{k}", "expected a list of task ids") for k in ("designated_train", "test")
               if not isinstance(splits.get(k), list)] if isinstance(splits, dict) else [SpecIssue("$", "expected an object")]
     if issues:

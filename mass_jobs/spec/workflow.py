@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 from mass_jobs.config.errors import WorkflowError
 from mass_jobs.config.task_spec import Workflow
-from mass_jobs.spec.upstream_format import agents_from_upstream
 from mass_jobs.spec.issues import schema_issues
 from mass_jobs.spec.rules import workflow_issues
+from mass_jobs.spec.upstream_format import agents_from_upstream
 
 SEPARATOR = "\n\n"
 WORKFLOW_HEADER = "## Workflow"

@@ -13,8 +13,16 @@ import difflib
 
 from mass_jobs.config.task_spec import Task, Workflow
 from mass_jobs.spec.upstream_design import DesignTemplate, parse_design_reply
-from mass_jobs.spec.workflow import (DEFAULT_WORKFLOW, PromptParts, diff_workflows, parse_proposal, render_workflow,
-                                     teacher_prompt_parts, workflow_json, workflow_prompt_parts)
+from mass_jobs.spec.workflow import (
+    DEFAULT_WORKFLOW,
+    PromptParts,
+    diff_workflows,
+    parse_proposal,
+    render_workflow,
+    teacher_prompt_parts,
+    workflow_json,
+    workflow_prompt_parts,
+)
 
 DESIGN = "design"
 RETRY = {"structured": "Reply with the corrected workflow JSON object only.",

@@ -8,7 +8,8 @@
 Which tasks are collected (`collection.collect_when`): by default (`elite`), as in the paper's code,
 a task whose search's best version (the champion under `search.selection: champion`) beat the bare
 reference, that version being the teacher's workflow; `any_version` collects when any judged version
-beat it, with the latest such version. A task that is not collected is skipped and the skip recorded. Each episode lands under `collect/<task>/ep-<i>/` (episode.json, protected.json,
+beat it, with the latest such version. A task that is not collected is skipped and the skip recorded.
+Each episode lands under `collect/<task>/ep-<i>/` (episode.json, protected.json,
 workspace.tar.gz, trace.jsonl, status.json) with its own step manifest, so a rerun only redoes
 missing episodes. Failed, timed-out, loop-detected and infra-error episodes are kept but ineligible.
 
@@ -26,17 +27,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
-from mass_jobs.steps.guard import hash_protected
 from mass_jobs.episodes import rollouts
 from mass_jobs.episodes.driver import Driver, Rollout
 from mass_jobs.episodes.episode import EpisodeRequest
 from mass_jobs.episodes.rollouts import Execute, Phase, RolloutError, agent_ended, derived_seed
-from mass_jobs.steps.search_state import SearchState
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.roles import roles_input
 from mass_jobs.spec.workflow import teacher_directive
 from mass_jobs.spec.workflow_docs import teacher_parts
-from mass_jobs.serving.roles import roles_input
+from mass_jobs.steps.guard import hash_protected
+from mass_jobs.steps.search_state import SearchState
 from mass_jobs.store import Step, Waiting
 
 EPISODE_FILES = ("protected.json", "episode.json", *rollouts.RECORD)

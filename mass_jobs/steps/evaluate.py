@@ -32,20 +32,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mass_jobs.run.context import RunContext
-from mass_jobs.run.generation_model import model_ref, model_uri
-from mass_jobs.judging.metrics import outcome, win_share
 from mass_jobs.config.run_spec import RunSpec
+from mass_jobs.config.task_spec import Task
 from mass_jobs.episodes import rollouts
+from mass_jobs.episodes.audit import audit_episode
 from mass_jobs.episodes.driver import Driver, Rollout
 from mass_jobs.episodes.episode import EpisodeRequest, status_text
-from mass_jobs.serving.roles import client_for
-from mass_jobs.config.task_spec import Task
-from mass_jobs.episodes.audit import audit_episode
 from mass_jobs.judging import compare
 from mass_jobs.judging.judges import PairJob, PanelMember, run_panel, verdict_key
-from mass_jobs.serving.servers import ServeJudge, ServeModel
+from mass_jobs.judging.metrics import outcome, win_share
+from mass_jobs.run.context import RunContext
+from mass_jobs.run.generation_model import model_ref, model_uri
 from mass_jobs.serving.model_dirs import has_stored_model
+from mass_jobs.serving.roles import client_for
+from mass_jobs.serving.servers import ServeJudge, ServeModel
 from mass_jobs.store import Step, Waiting, formed, read_manifest
 
 AUDITED_FILES = ("audit.json", *rollouts.RECORD)  # an evaluate rollout: its audit first

@@ -29,14 +29,14 @@ from typing import Any
 
 from pydantic import Field
 
-from mass_jobs.sandbox.check_job import checks_digest, ChecksFile, fresh_copy, run_check, validate_results
-from mass_jobs.run.context import RunContext
-from mass_jobs.run.sandboxing import apply_sandbox
 from mass_jobs.config.shared import Closed
 from mass_jobs.config.task_spec import CheckCommand, Guards
 from mass_jobs.episodes import proof, rollouts
 from mass_jobs.episodes.driver import Driver
 from mass_jobs.judging import claims, directives
+from mass_jobs.run.context import RunContext
+from mass_jobs.run.sandboxing import apply_sandbox
+from mass_jobs.sandbox.check_job import ChecksFile, checks_digest, fresh_copy, run_check, validate_results
 from mass_jobs.store import Step, UnsafeArchive, Waiting, formed
 
 FLAGGED = "flagged for review, not trained"  # the reason of an episode left out for a contradicted claim

@@ -20,17 +20,17 @@ from typing import Any
 
 from pydantic import Field
 
+from mass_jobs.config.errors import StepFailed
+from mass_jobs.config.shared import Closed
+from mass_jobs.episodes.rollouts import derived_seed
 from mass_jobs.judging.bradley_terry import fit, ranking
 from mass_jobs.judging.compare import Verdict, judge, task_bundle
 from mass_jobs.judging.evidence import prompt_budget
-from mass_jobs.run.context import RunContext
-from mass_jobs.config.errors import StepFailed
-from mass_jobs.config.shared import Closed
 from mass_jobs.judging.pairing import schedule
-from mass_jobs.episodes.rollouts import derived_seed
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.roles import role_client, role_label, roles_input
 from mass_jobs.steps.guard import FLAGGED
 from mass_jobs.steps.search_state import SearchState
-from mass_jobs.serving.roles import role_client, role_label, roles_input
 from mass_jobs.store import Step, Waiting, formed
 
 

@@ -38,14 +38,19 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from mass_jobs.config.composition import (composition_of, counts_by_role, keep_window, training_episodes,
-                                          WINDOW_ROLES as ROLES, WINDOW_ROLES)
+from mass_jobs.config.composition import WINDOW_ROLES, composition_of, counts_by_role, keep_window, training_episodes
+from mass_jobs.config.composition import WINDOW_ROLES as ROLES
 from mass_jobs.config.run_spec import SftSpec
-from mass_jobs.steps.sft_threads import (EpisodeTrace, is_lead, rebuild_threads, strip_teacher_prompt,
-                                         teacher_prompt_from_trace, teacher_text_left)
-from mass_jobs.steps.sft_tokens import (IGNORE, RenderError, cut_windows, mask_method, render_segments,
-                                        turn_opener)
 from mass_jobs.episodes.trace_shape import parse_lines, trace_problems
+from mass_jobs.steps.sft_threads import (
+    EpisodeTrace,
+    is_lead,
+    rebuild_threads,
+    strip_teacher_prompt,
+    teacher_prompt_from_trace,
+    teacher_text_left,
+)
+from mass_jobs.steps.sft_tokens import IGNORE, RenderError, cut_windows, mask_method, render_segments, turn_opener
 from mass_jobs.store import Step
 
 HEADER_SHARE = 0.9  # upstream refuses a thread whose header takes more of the window than this

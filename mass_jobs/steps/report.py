@@ -25,22 +25,38 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from mass_jobs.judging import metrics
-from mass_jobs.run.context import RunContext
-from mass_jobs.episodes.harness import CAPS, OUTCOMES, episode_cap
-from mass_jobs.steps.report_document import (Agreement, Audit, GuardCount, InvalidVerdict, JudgeInfo, NetworkCounts, Outcomes, Report, Review,
-                                             RolePlayer, SearchCurve, Tokens, Training, VerdictCounts,
-                                             Veto, WinShare, sft_data, validate_report)
-from mass_jobs.steps.report_render import render_markdown, render_plots
 from mass_jobs.config.composition import composition_of
+from mass_jobs.episodes.harness import CAPS, OUTCOMES, episode_cap
+from mass_jobs.judging import metrics
 from mass_jobs.judging.grade import grade_workspace
 from mass_jobs.judging.information import workflow_information
 from mass_jobs.judging.judges import load_verdicts
+from mass_jobs.run.context import RunContext
 from mass_jobs.serving.roles import ROLES, recorded_players, role_label
 from mass_jobs.steps.guard import guard_class
+from mass_jobs.steps.report_document import (
+    Agreement,
+    Audit,
+    GuardCount,
+    InvalidVerdict,
+    JudgeInfo,
+    NetworkCounts,
+    Outcomes,
+    Report,
+    Review,
+    RolePlayer,
+    SearchCurve,
+    Tokens,
+    Training,
+    VerdictCounts,
+    Veto,
+    WinShare,
+    sft_data,
+    validate_report,
+)
+from mass_jobs.steps.report_render import render_markdown, render_plots
 from mass_jobs.store import Step, read_manifest
 from mass_jobs.store.manifest import MANIFEST_NAME
-
 
 # ---------------------------------------------------------------- reading the store
 
@@ -295,7 +311,8 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         judges=[JudgeInfo(name=j.name, model=j.model, seeds=list(j.seeds)) for j in spec.judges],
         verdicts={"panel": count(panel), "self": count(own), "rank": count(ranked)},
         win_share=win_share, agreement=agreement, audit=audit, tokens=tokens, outcomes=outcomes, sft=sft, search=search,
-        guard_vetoes=vetoes, guard_counts=guard_counts(vetoes, reviews), review=reviews, training=training, invalid_verdicts=invalid, files=[],
+        guard_vetoes=vetoes, guard_counts=guard_counts(vetoes, reviews), review=reviews, training=training,
+        invalid_verdicts=invalid, files=[],
         information=workflow_information(ctx, embedder), roles=role_players(ctx), composition=run_composition(spec),
     ).model_dump(mode="json")
     doc["how_to_read"] = how_to_read(doc)

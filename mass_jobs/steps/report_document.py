@@ -9,9 +9,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from mass_jobs.judging.information import InformationProxy
 from mass_jobs.config.shared import Closed
-
+from mass_jobs.judging.information import InformationProxy
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "report.schema.json"
 Split = Literal["train", "test", "all"]

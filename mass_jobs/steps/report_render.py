@@ -9,7 +9,6 @@ from typing import Any
 from mass_jobs.episodes.harness import CAPS, OUTCOMES
 from mass_jobs.judging.information import plot_information
 
-
 PLOTS = ("win_share.png", "search.png", "loss.png", "audit.png", "tokens.png", "information.png")
 # What each plot shows, in the words a finished run prints beside its path.
 CAPTIONS = {"win_share.png": "the panel's win share per generation, with 95% intervals",

@@ -32,21 +32,21 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from mass_jobs.judging import optimizer_brief
-from mass_jobs.judging.compare import Verdict, blind_judge, judge, task_bundle, task_views
-from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
-from mass_jobs.judging.evidence import prompt_budget
 from mass_jobs.episodes import rollouts
 from mass_jobs.episodes.driver import Driver, Rollout
 from mass_jobs.episodes.episode import EpisodeRequest
 from mass_jobs.episodes.rollouts import Execute, Phase, agent_ended, derived_seed, rollout_outputs
-from mass_jobs.steps.search_state import IterationRecord, SearchState, fold, judge_version, won
 from mass_jobs.episodes.trace_shape import last_tool_calls
+from mass_jobs.judging import optimizer_brief
+from mass_jobs.judging.compare import Verdict, blind_judge, judge, task_bundle, task_views
+from mass_jobs.judging.evidence import prompt_budget
+from mass_jobs.run.context import RunContext
+from mass_jobs.serving.roles import role_client, role_label, roles_input
 from mass_jobs.spec import workflow_docs
 from mass_jobs.spec.upstream_design import DesignTemplate
 from mass_jobs.spec.workflow import WorkflowError, workflow_prompt_parts
-from mass_jobs.serving.roles import role_client, role_label, roles_input
+from mass_jobs.steps.search_state import IterationRecord, SearchState, fold, judge_version, won
 from mass_jobs.store import Step
 
 OPTIMIZER_ROLE = "optimizer"
@@ -343,7 +343,8 @@ class Search:
         upstream = self.cfg.workflow_format == "upstream"
         template = DesignTemplate.of_task(self.task) if upstream else None
         return optimizer_brief.BriefInput(
-            task=template.task_text if template else self.task.prompt, current=current.k, designs=designs, rows=rows, evidence=main, results=results,
+            task=template.task_text if template else self.task.prompt, current=current.k, designs=designs, rows=rows,
+            evidence=main, results=results,
             status=status, last_calls=last_tool_calls(self.store, self._file(current.k, "trace.jsonl")) if failed else [],
             prior_failures=prior, best=best, best_case=case, best_rationale=why, against_reference=against_reference,
             champion=state.elite if state.beats_reference else None,

@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from mass_jobs.judging.compare import Verdict
 from mass_jobs.config.shared import Closed
+from mass_jobs.judging.compare import Verdict
 from mass_jobs.spec.workflow_docs import changes as version_changes
 
 

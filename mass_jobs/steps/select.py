@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import math
 
-from mass_jobs.config.errors import StepFailed
 from mass_jobs.config.composition import composition_of
+from mass_jobs.config.errors import StepFailed
 from mass_jobs.store import Step, Waiting, formed, read_manifest
 
 

@@ -18,23 +18,25 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 from mass_jobs.episodes import rollouts
 from mass_jobs.episodes.driver import Driver, Rollout
+from mass_jobs.judging.compare import task_bundle
 from mass_jobs.judging.judges import PairJob, PanelMember, run_panel
 from mass_jobs.run.context import RunContext
-from mass_jobs.judging.compare import task_bundle
 from mass_jobs.run.generation_model import generation_servers, local_model_dir, model_ref
 from mass_jobs.serving.roles import client_for
 from mass_jobs.serving.serve import ModelServer
 from mass_jobs.steps.evaluate import episode_request, rollout_seed
 from mass_jobs.steps.merge import merge_lora
 from mass_jobs.store import MODEL_LIMITS, Step
+
 # step -> a context manager serving the parent merged with that checkpoint (yields an Endpoint)
-ServeCheckpoint = Callable[[int], ContextManager[Any]]
+ServeCheckpoint = Callable[[int], AbstractContextManager[Any]]
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, mod
     Driver(ctx, executor_role=False).run(r, rollouts.episode_executor(spec, endpoint, executor_role=False))
 
 
-def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable[[], ContextManager[Any]],
+def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable[[], AbstractContextManager[Any]],
                     serve_checkpoint: ServeCheckpoint, serve_judge) -> dict:
     """Run the candidates' and the parent's rollouts and the panel; return the selection record."""
 

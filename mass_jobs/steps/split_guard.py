@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from mass_jobs.run.context import RunContext
 from mass_jobs.config.errors import StepFailed
+from mass_jobs.run.context import RunContext
 
 
 class SplitLeak(StepFailed):

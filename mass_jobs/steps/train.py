@@ -15,13 +15,13 @@ import json
 import shutil
 from pathlib import Path
 
+from mass_jobs.config.composition import composition_of
 from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import local_model_dir
+from mass_jobs.store import Step, Waiting, formed, read_manifest
 from mass_jobs.training.checkpoint import MANIFEST, latest_checkpoint, read_checkpoint
 from mass_jobs.training.dist import Dist
 from mass_jobs.training.loop import Trainer
-from mass_jobs.config.composition import composition_of
-from mass_jobs.store import Step, Waiting, formed, read_manifest
 
 
 def read_windows(path: Path) -> list[dict]:

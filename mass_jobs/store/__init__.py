@@ -22,13 +22,23 @@ from mass_jobs.config.run_spec import StoreSpec
 from mass_jobs.store.archive import MODEL_LIMITS, WORKSPACE_LIMITS, ArchiveLimits, UnsafeArchive
 from mass_jobs.store.base import MissingKey, Store, UnreadableObject, check_key
 from mass_jobs.store.local import FileStore
-from mass_jobs.store.manifest import (CorruptObject, Step, StepTakenOver, Waiting, formed, hash_inputs, manifest_key,
-                                      read_manifest, verify_manifest)
+from mass_jobs.store.manifest import (
+    CorruptObject,
+    Step,
+    StepTakenOver,
+    Waiting,
+    formed,
+    hash_inputs,
+    manifest_key,
+    read_manifest,
+    verify_manifest,
+)
 from mass_jobs.store.s3 import S3Store
 
 __all__ = [
     "MODEL_LIMITS", "WORKSPACE_LIMITS", "ArchiveLimits", "CorruptObject", "FileStore", "MissingKey", "S3Store",
-    "Step", "StepTakenOver", "Store", "UnreadableObject", "UnsafeArchive", "Waiting", "check_key", "formed", "hash_inputs", "manifest_key", "open_store", "read_manifest",
+    "Step", "StepTakenOver", "Store", "UnreadableObject", "UnsafeArchive", "Waiting", "check_key", "formed",
+    "hash_inputs", "manifest_key", "open_store", "read_manifest",
     "verify_manifest",
 ]
 

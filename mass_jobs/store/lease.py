@@ -5,7 +5,8 @@ locally, a conditional PUT on S3) naming its holder (host, pid, pid namespace, s
 token, renewed every `renew_s` by a thread of its own (one slow store never delays another's). It is stale, and may be taken over,
 when it was not renewed for `ttl_s` (a killed or frozen writer anywhere) or when its holder is a
 process of this host and pid namespace that is gone (or, for a `reentrant` lease, this very
-process: a step's earlier attempt that raised, since one process runs a step once at a time). `held()` says whether the stored lease still carries this holder's token: a
+process: a step's earlier attempt that raised, since one process runs a step once at a time).
+`held()` says whether the stored lease still carries this holder's token: a
 writer that was frozen past the TTL finds it taken over and must not publish what it wrote.
 """
 
@@ -45,7 +46,7 @@ def _pid_namespace() -> str:
         return ""
 
 
-def _renew_while_alive(ref: "weakref.ref[Lease]", stop: threading.Event, every: float) -> None:
+def _renew_while_alive(ref: weakref.ref[Lease], stop: threading.Event, every: float) -> None:
     """A lease's renewing thread: it holds the lease only weakly, so a writer object dropped
     without release (a step that raised) stops renewing, and its lease goes stale by the TTL."""
     while not stop.wait(every):
@@ -159,7 +160,7 @@ class Lease:
             except OSError:
                 pass
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         self.acquire()
         return self
 

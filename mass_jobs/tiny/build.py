@@ -159,7 +159,8 @@ _CODE = [
 def _pseudo_words(n: int) -> list[str]:
     """Made-up words from syllables: gives BPE enough distinct strings to learn subword merges."""
     rng = random.Random(99)
-    onsets, vowels, codas = "b c d f g h j k l m n p r s t v w z ch sh th st tr pl".split(), "a e i o u ai ea ou".split(), ["", "n", "r", "s", "t", "l", "nd", "ng"]
+    onsets = "b c d f g h j k l m n p r s t v w z ch sh th st tr pl".split()
+    vowels, codas = "a e i o u ai ea ou".split(), ["", "n", "r", "s", "t", "l", "nd", "ng"]
     return sorted({"".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(1, 3)))
                    for _ in range(n)})
 

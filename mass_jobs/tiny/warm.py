@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from mass_jobs.tiny.tasks import synthetic_task
 from mass_jobs.config.run_spec import OptimizerSpec
 from mass_jobs.config.task_spec import Workflow
 from mass_jobs.episodes import tools as T
@@ -32,6 +32,7 @@ from mass_jobs.judging.compare import EVALUATOR_SYSTEM, bundle, verdict_request
 from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, teacher_prompt, workflow_json, workflow_prompt_parts
 from mass_jobs.steps.sft_tokens import IGNORE, tokenize_conversation
 from mass_jobs.tiny.build import ARCH, build_tiny_model
+from mass_jobs.tiny.tasks import synthetic_task
 from mass_jobs.tiny.warm_check import check as check_behaviours
 from mass_jobs.training.schedule import lr_at
 

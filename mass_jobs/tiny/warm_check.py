@@ -24,7 +24,13 @@ from mass_jobs.episodes.builtin import ORCHESTRATOR_SYSTEM
 from mass_jobs.judging import optimizer_brief as ob
 from mass_jobs.judging.compare import bundle, judge
 from mass_jobs.serving.llm import parse_tool_calls
-from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, WorkflowError, parse_proposal, workflow_json, workflow_prompt_parts
+from mass_jobs.spec.workflow import (
+    DEFAULT_WORKFLOW,
+    WorkflowError,
+    parse_proposal,
+    workflow_json,
+    workflow_prompt_parts,
+)
 from mass_jobs.tiny.tasks import synthetic_task
 
 # rate name -> (comparison, bound). The tests and the demo assert below these with stated margins.

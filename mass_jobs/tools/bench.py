@@ -84,7 +84,7 @@ def model_flops_per_token(model_dir: Path, window: int) -> float:
     import json as _json
 
     cfg = _json.loads((Path(model_dir) / "config.json").read_text())
-    H, I, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    H, I, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]  # noqa: E741
     q = cfg["num_attention_heads"] * cfg.get("head_dim", H // cfg["num_attention_heads"])
     kv = cfg["num_key_value_heads"] * cfg.get("head_dim", H // cfg["num_attention_heads"])
     linear = L * (H * q + 2 * H * kv + q * H + 3 * H * I)
@@ -122,7 +122,8 @@ def run_mass(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dic
     import torch
 
 
-    sft = SftSpec(window=max(4096, *(len(w["input_ids"]) for w in windows)), context=0, steps=steps, val_every=10**6, save_every=10**6, seed=0,
+    sft = SftSpec(window=max(4096, *(len(w["input_ids"]) for w in windows)), context=0, steps=steps, val_every=10**6,
+                  save_every=10**6, seed=0,
                   gradient_checkpointing=True, lora=LoraSpec(**LORA), optimizer=OptimizerSpec(**OPT))
     trainer = Trainer(model_dir, windows, windows[:1], sft, out, progress=False)
     trainer.setup()
@@ -197,9 +198,8 @@ class _maybe_profile:
 
     def __enter__(self):
         if self.target:
-            from torch.profiler import ProfilerActivity, profile
-
             import torch
+            from torch.profiler import ProfilerActivity, profile
 
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
             self.prof = profile(activities=acts)

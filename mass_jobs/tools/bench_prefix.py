@@ -112,7 +112,8 @@ def write(out: Path, results: list[dict], meta: dict) -> None:
     lines = ["# A shared prompt prefix: the first request against later ones", "",
              f"The tiny model on {meta['device']} ({meta['cpus']} CPU cores, OMP_NUM_THREADS={meta['threads']}), a "
              f"system prompt of {meta['prompt_tokens']} tokens, {meta['max_tokens']} new tokens per request "
-             f"(seeded sampling{'' if all(b.get('seeded', True) for b in results) else '; greedy for vLLM, see below'}). Later requests: two other questions under the same system prompt, and the first "
+             f"(seeded sampling{'' if all(b.get('seeded', True) for b in results) else '; greedy for vLLM, see below'}). "
+             "Later requests: two other questions under the same system prompt, and the first "
              f"conversation's next turn. vLLM: {meta['vllm']}. Regenerate: `make bench`.", "",
              "| backend | first request s | later requests s (mean) | later vs first | prefill tokens/s, first "
              "| prefill tokens/s, later | prompt tokens reused, later | replies = cache off |",

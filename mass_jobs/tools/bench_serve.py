@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             # bf16 on an accelerator (what runs serve with); fp32 on CPU, where bf16 matmuls are slow
             results.append(run_backend(label, model, Path(tmp), args, "bfloat16" if torch.cuda.is_available() else "float32"))
     meta = {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpus": os.cpu_count(),
-            "load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)], "requests": args.requests, "max_tokens": args.max_tokens, "episodes": args.episodes,
+            "load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)], "requests": args.requests,
+            "max_tokens": args.max_tokens, "episodes": args.episodes,
             "vllm": "measured" if launcher else "not installed, so not measured (VLLM_PYTHON, or pip install '.[vllm]')"}
     write(Path(args.out), results, meta)
     print((Path(args.out) / "serve.md").read_text())

@@ -34,23 +34,24 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError
 
 from mass_jobs.config.shared import ID_PATTERN, Closed
-from mass_jobs.spec.load import SpecError, SpecIssue
-from mass_jobs.episodes.episode import EpisodeRequest
 from mass_jobs.episodes.driver import Driver, Rollout
+from mass_jobs.episodes.episode import EpisodeRequest
 from mass_jobs.episodes.rollouts import episode_executor, rollout_outputs
 from mass_jobs.run.generation_model import model_ref
 from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
+from mass_jobs.spec.load import SpecError, SpecIssue
 from mass_jobs.store import Step, read_manifest
 
-ServeModel = Callable[[int], ContextManager[Any]]  # gen -> context manager yielding that generation's Endpoint
+ServeModel = Callable[[int], AbstractContextManager[Any]]  # gen -> context manager yielding that generation's Endpoint
 
 
 class BenchmarkError(SpecError):

@@ -23,13 +23,14 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
-from mass_jobs.config.composition import composition_of, WINDOW_ROLES as ROLES
+from mass_jobs.config.composition import WINDOW_ROLES as ROLES
+from mass_jobs.config.composition import composition_of
 from mass_jobs.config.run_spec import SftSpec
-from mass_jobs.training.sampler import WindowSampler
 from mass_jobs.training.checkpoint import (
     latest_checkpoint,
     load_adapter_state,
@@ -41,6 +42,7 @@ from mass_jobs.training.checkpoint import (
 from mass_jobs.training.dist import Dist, autocast, decoder_layers, fsdp_mixed_precision, local_device
 from mass_jobs.training.lora import adapted_summary, attach_lora, resolve_targets, trainable_named_parameters
 from mass_jobs.training.loss import chunked_loss_sum, logits_loss_sum, split_head
+from mass_jobs.training.sampler import WindowSampler
 from mass_jobs.training.schedule import lr_at
 
 

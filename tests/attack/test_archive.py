@@ -379,13 +379,13 @@ HOSTILE_WORKSPACES = {
 @pytest.mark.parametrize("make", HOSTILE_WORKSPACES.values(), ids=HOSTILE_WORKSPACES.keys())
 def test_guard_vetoes_an_episode_whose_archive_is_refused_and_rank_never_shows_it(
         make, make_store, inner_spec, judging_endpoint, tmp_path):
+    from mass_jobs.episodes.rollouts import episode_executor
     from mass_jobs.run.context import RunContext
     from mass_jobs.serving.llm import ModelClient
     from mass_jobs.steps.collect import run_collect
     from mass_jobs.steps.guard import run_guard
     from mass_jobs.steps.rank import run_rank
     from mass_jobs.steps.search import run_search
-    from mass_jobs.episodes.rollouts import episode_executor
     from tests.fixtures.inner_loop import add_episodes, episode
 
     store = make_store("file")

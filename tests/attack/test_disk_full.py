@@ -71,9 +71,8 @@ def test_a_full_disk_leaves_whole_trace_lines_and_refuses_later_calls(small_disk
 
 
 def test_mass_episode_on_a_full_disk_exits_1_naming_it(small_disk, tmp_path):
-    from mass_jobs.episodes.harness import EpisodeInput, episode_file_json
-    from mass_jobs.serving.llm import Endpoint
     from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+    from mass_jobs.episodes.harness import EpisodeInput, episode_file_json
 
     upstream = RawEndpoint(completion({"role": "assistant", "tool_calls": [FINISH]}))
     try:
@@ -94,8 +93,8 @@ def test_mass_episode_on_a_full_disk_exits_1_naming_it(small_disk, tmp_path):
 
 
 def test_an_episode_whose_trace_fills_the_disk_ends_infra_error(small_disk):
-    from mass_jobs.episodes.harness import EpisodeInput, run_episode
     from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+    from mass_jobs.episodes.harness import EpisodeInput, run_episode
 
     # a long reply the model keeps giving: its record does not fit in what is left
     upstream = RawEndpoint(completion({"role": "assistant", "content": "z" * 40000}))

@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from mass_jobs.config.run_spec import EpisodeLimits, Sampling
 from mass_jobs.episodes.harness import OUTCOMES, EpisodeInput, run_episode, validate_status
 from mass_jobs.serving.llm import Endpoint
-from mass_jobs.config.run_spec import EpisodeLimits, Sampling
 from mass_jobs.serving.proxy import RecordingProxy, read_trace
 
 
@@ -113,7 +113,8 @@ FAULTS = {
         200,
         SSE,
     ),
-    "stream-lone-surrogate": (b'data: {"choices": [{"delta": {"content": "\\ud800"}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n', 200, SSE),
+    "stream-lone-surrogate": (b'data: {"choices": [{"delta": {"content": "\\ud800"}, "finish_reason": "stop"}]}\n\n'
+                              b'data: [DONE]\n\n', 200, SSE),
 }
 
 
@@ -155,7 +156,8 @@ def test_the_proxy_answers_the_upstreams_status_never_its_own_500(raw_endpoint, 
     ep = raw_endpoint(*FAULTS[fault])
     upstream_status = (FAULTS[fault][1:2] or (200,))[0]
     with RecordingProxy(upstream=ep.endpoint, trace_path=tmp_path / "trace.jsonl", timeout_s=15) as px:
-        r = httpx.post(px.endpoint.url("chat/completions"), json={"model": "raw", "messages": [{"role": "user", "content": "x"}]}, timeout=30)
+        r = httpx.post(px.endpoint.url("chat/completions"),
+                       json={"model": "raw", "messages": [{"role": "user", "content": "x"}]}, timeout=30)
     assert r.status_code == upstream_status
     (rec,) = read_trace(tmp_path / "trace.jsonl")
     assert rec["status"] == upstream_status and (rec["response"] is not None or rec["error"] is not None)

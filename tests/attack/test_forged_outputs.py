@@ -66,9 +66,9 @@ def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, s
     securityContext) run as a pod: the harness container and the sandbox sidecar as their uids.
     The worker's shell command attacks the records (FORGING_COMMAND); the artifacts Argo uploads
     are the proxy's records and the harness's status, and the workspace came back from the sandbox."""
-    from mass_jobs.k8s.pods import SANDBOX_UID, UID
-    from mass_jobs.episodes.harness import EpisodeInput
     from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+    from mass_jobs.episodes.harness import EpisodeInput
+    from mass_jobs.k8s.pods import SANDBOX_UID, UID
     from mass_jobs.tools.testing.scripted_endpoint import Reply
 
     ep = scripted_endpoint({
@@ -138,8 +138,8 @@ def test_a_sidecar_that_ends_the_upload_early_leaves_outputs_ingest_refuses(exec
     makes the wait container upload a partial /out while the harness runs on (to a Succeeded pod).
     Ingest finds no proof, stores the episode as infra_error with the reason, and never fails the
     step; without the ended agent step counted (the switch-off) the same upload failed ingest."""
-    from mass_jobs.episodes.harness import EpisodeInput
     from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+    from mass_jobs.episodes.harness import EpisodeInput
     from mass_jobs.episodes.rollouts import RolloutError, agent_ended, agent_result
     from mass_jobs.tools.testing.scripted_endpoint import Reply
 

@@ -67,8 +67,8 @@ def test_descriptors_stop_at_rlimit_nofile(ws):
 
 
 def test_an_episode_status_says_what_held_memory(ws):
-    from mass_jobs.episodes import tools as T
     from mass_jobs.config.run_spec import EpisodeLimits
+    from mass_jobs.episodes import tools as T
 
     out = T.shell(ws, {"command": "echo hi"}, EpisodeLimits(), 30)
     assert out.ok and out.memory_limit in ("cgroup v1", "cgroup v2")

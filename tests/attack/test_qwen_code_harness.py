@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_status
 from mass_jobs.config.run_spec import EpisodeLimits, Sampling
-from mass_jobs.serving.proxy import read_trace
+from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_status
 from mass_jobs.sandbox.run import _tools
+from mass_jobs.serving.proxy import read_trace
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 from tests.test_argo_exec import executor_for  # noqa: F401  (the test executor's fixture)
 
@@ -192,8 +192,8 @@ def rendered(trace, tiny_model_dir) -> list[str]:
     from transformers import AutoTokenizer
 
     from mass_jobs.config.run_spec import SftSpec
-    from mass_jobs.steps.sft_threads import EpisodeTrace
     from mass_jobs.steps.render_sft import render_windows
+    from mass_jobs.steps.sft_threads import EpisodeTrace
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     windows, stats = render_windows([EpisodeTrace("t", 0, trace, bare_prompt="Tidy up.", harness="qwen-code")], tok,
@@ -273,7 +273,8 @@ def test_with_the_protection_off_the_same_attack_forges_the_trace(scripted_endpo
 
 
 MALFORMED = [
-    ("messages are not objects", {"seq": 0, "request": {"messages": ["hello", 3]}, "response": {"message": {"role": "assistant", "content": "x"}}}),
+    ("messages are not objects", {"seq": 0, "request": {"messages": ["hello", 3]},
+                                  "response": {"message": {"role": "assistant", "content": "x"}}}),
     ("content is a number", {"seq": 0, "request": {"messages": [{"role": "user", "content": 7}]}, "response": None}),
     ("tool_calls not a list", {"seq": 0, "request": {"messages": [{"role": "assistant", "content": "", "tool_calls": "x"}]}}),
     ("seq is text", {"seq": "zero", "request": {"messages": [{"role": "user", "content": "hi"}]}}),
@@ -285,10 +286,10 @@ MALFORMED = [
 def test_a_malformed_recorded_call_is_a_counted_episode_error_in_render_and_audit(what, record, tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from mass_jobs.episodes.audit import audit_episode
     from mass_jobs.config.run_spec import SftSpec
-    from mass_jobs.steps.sft_threads import EpisodeTrace
+    from mass_jobs.episodes.audit import audit_episode
     from mass_jobs.steps.render_sft import render_windows
+    from mass_jobs.steps.sft_threads import EpisodeTrace
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     good = {"seq": 1, "request": {"messages": [{"role": "user", "content": "Tidy up."}]},

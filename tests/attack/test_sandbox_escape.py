@@ -232,7 +232,8 @@ def test_kernel_settings_and_sysrq_are_out_of_reach(planted, drop):
     there, also for a command left as root (no capabilities)."""
     targets = ["/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger", "/proc/sys/fs/file-max"]
     # access(W_OK) only: a probe that writes would change the host when it breaks.
-    cmd = "; ".join(f"test -w {t}; echo rc=$?" for t in targets) + "; python -c \"import os; print(os.access('/proc/sys/kernel/core_pattern', os.W_OK))\""
+    cmd = "; ".join(f"test -w {t}; echo rc=$?" for t in targets) + \
+        "; python -c \"import os; print(os.access('/proc/sys/kernel/core_pattern', os.W_OK))\""
     r = run_sandboxed(cmd, planted["ws"], replace(LIMITS, drop_privileges=drop))
     assert r.stdout.split() == ["rc=1"] * len(targets) + ["False"], r.stderr
 

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import yaml
 
 from mass_jobs.commands.cli import main as cli_main

@@ -6,7 +6,6 @@ link, huge files and commands) ends as a tool error the model sees, never as the
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import threading
@@ -14,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.episodes.harness import OUTCOMES, EpisodeInput, run_episode, validate_status
 from mass_jobs.config.run_spec import EpisodeLimits, Sampling
+from mass_jobs.episodes.harness import OUTCOMES, EpisodeInput, run_episode, validate_status
 from mass_jobs.serving.proxy import read_trace
 from mass_jobs.tools.testing.scripted_endpoint import Reply
 

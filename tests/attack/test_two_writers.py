@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mass_jobs.run.context import RunContext
 from mass_jobs.pipeline.run_lease import RunBusy, RunLease
+from mass_jobs.run.context import RunContext
 from mass_jobs.spec.load import SpecError, validate_document
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def test_of_two_concurrent_claims_with_different_specs_exactly_one_wins(make_sto
         results: list[str] = []
         gate = threading.Barrier(4)
 
-        def claim(seed):
+        def claim(seed, store=store, gate=gate, results=results):
             ctx = RunContext(spec(seed), store)
             gate.wait()
             try:

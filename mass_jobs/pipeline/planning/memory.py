@@ -149,7 +149,6 @@ def _layer_widths(text, layer_type: str) -> tuple[int, int]:
 def training_memory(spec: RunSpec, config, *, parallel: str = "ddp", window: int | None = None, loss_chunk="spec",
                     device: str | None = None) -> Memory:
     """Peak bytes on one rank for one training window of `spec` (see the module docstring)."""
-    import torch.nn as nn
 
     sft = spec.sft
     device = device or ("cuda" if sft.gpus_per_replica > 0 else "cpu")
@@ -158,7 +157,7 @@ def training_memory(spec: RunSpec, config, *, parallel: str = "ddp", window: int
     model = meta_model(config)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     H, V, L = text.hidden_size, text.vocab_size, text.num_hidden_layers
-    I = text.intermediate_size
+    I = text.intermediate_size  # noqa: E741 (the dimensions' usual letters)
     layer_types = getattr(text, "layer_types", None) or ["full_attention"] * L
     wbytes = 2 if device == "cuda" else 4
     abytes = 2 if device == "cuda" else 4

@@ -72,7 +72,7 @@ def simulate(spec, counts: list[dict], timings: dict, parallelism: int) -> tuple
                 bars.append(Bar(g, sd.name, sd.name, now, now + dur))
             elif isinstance(sd.shape, EpisodeFanout):
                 slots = [now] * min(parallelism, max(units, 1))
-                for i in range(units):
+                for _ in range(units):
                     j = min(range(len(slots)), key=slots.__getitem__)
                     bars.append(Bar(g, sd.name, f"{sd.name} slot {j}", slots[j], slots[j] + unit))
                     slots[j] += unit

@@ -14,10 +14,9 @@ generation against L0.
 
 from __future__ import annotations
 
-from mass_jobs.steps.report import build_report
 from mass_jobs.config.composition import composition_of
 from mass_jobs.serving.roles import ROLES, role_label
-
+from mass_jobs.steps.report import build_report
 
 SELECTION = {"val_loss": "validation loss", "panel": "judge panel"}
 TOKEN_KEYS = ("generated_total", "stored_supervised", "processed_to_selected", "processed_to_end")
