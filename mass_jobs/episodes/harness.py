@@ -10,8 +10,10 @@ locally with `mass episode --in DIR --out DIR`.
 
 from __future__ import annotations
 
+import os
+import secrets
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -59,10 +61,6 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
     out of the shell commands run on this machine, recording into `out_dir/network.jsonl`; status.json
     counts its requests. In an agent pod `egress` is the run's proxy instead (a RemoteEgress: the
     pod's NetworkPolicy is the boundary), whose record of this rollout lands in the same file."""
-    import os
-    import secrets
-
-
     if inp.harness not in HARNESSES:
         raise ValueError(f"harness: expected one of {', '.join(HARNESSES)}, got {inp.harness!r}")
     if inp.single_agent and inp.harness != "builtin":
@@ -72,60 +70,78 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
     seed_workspace(workspace, inp.files)
     trace_path = out_dir / "trace.jsonl"
     trace_path.unlink(missing_ok=True)
-    if inp.network is not None and egress is None and sandbox is None:
-        with _egress_proxy(inp.network, out_dir) as proxy:
-            return run_episode(inp, workspace, out_dir, qwen=qwen, qwen_uid=qwen_uid, egress=proxy)
-    egress_socket = egress.way if egress is not None else None
-    if sandbox is None and inp.harness == "qwen-code":
-        from mass_jobs.episodes.sandbox_service import local_sandbox
+    with ExitStack() as around:
+        # set up what was not given: this process's egress proxy, and qwen-code's sandbox of its own
+        # (its shell commands sandboxed apart from it, the trace out of its view)
+        if inp.network is not None and egress is None and sandbox is None:
+            egress = around.enter_context(_egress_proxy(inp.network, out_dir))
+        if sandbox is None and inp.harness == "qwen-code":
+            from mass_jobs.episodes.sandbox_service import local_sandbox
 
-        # qwen-code in a sandbox of its own, its shell commands sandboxed apart from it, the trace out of view
-        with local_sandbox(workspace, inp.limits, egress_socket) as local:
-            if local is not None:
-                return run_episode(inp, workspace, out_dir, sandbox=local, egress=egress)
-    started = time.monotonic()
-    handed = sandbox is not None and not sandbox.shares_workspace
+            sandbox = around.enter_context(local_sandbox(workspace, inp.limits, egress.way if egress else None))
+            if sandbox is not None:  # a pod's qwen-code container and uid belong to a pod's sandbox
+                qwen, qwen_uid = None, None
+        # run
+        started = time.monotonic()
+        handed = sandbox is not None and not sandbox.shares_workspace
+        result = _run_harness(inp, workspace, trace_path, sandbox, qwen, qwen_uid, egress, handed)
+        # record
+        status = _status(inp, result, time.monotonic() - started, handed, egress)
+        status_path = out_dir / "status.json"
+        # all or nothing: a full disk leaves no torn status (mass episode exits 1 naming it)
+        replace_atomically(status_path, lambda tmp: tmp.write_text(status_text(status)))
+    return EpisodeResult(outcome=status["outcome"], reason=status["reason"], status=status, workspace=workspace,
+                         trace_path=trace_path, status_path=status_path, final_report=result.final_report)
+
+
+def _run_harness(inp: EpisodeInput, workspace: Path, trace_path: Path, sandbox, qwen, qwen_uid: int | None, egress,
+                 handed: bool) -> HarnessOutcome:
+    """The harness behind the recording proxy, once its sandbox, qwen-code and egress answer; the
+    workspace taken back from a sandbox it was handed to."""
+    egress_socket = egress.way if egress is not None else None
     lost = _hand_over(sandbox, workspace) if handed else (_wait_ready(sandbox) if sandbox is not None else None)
     if lost is None and qwen is not None and inp.harness == "qwen-code":
         lost = _wait_ready(qwen)
     if lost is None and sandbox is not None and egress is not None and hasattr(egress, "begin"):
         lost = _reach_egress(egress, sandbox)
     if lost is not None:
-        result = lost
-    else:
-        # Only the harness holds the proxy's token (qwen-code's shells run elsewhere, without it), and
-        # in a pod only the calling uid the harness needs is served: a call the agent's code makes
-        # on its own is refused, whatever it found.
-        peers = None if qwen_uid is None else frozenset({qwen_uid} if inp.harness == "qwen-code" else {os.getuid()})
-        view = as_reminder if inp.harness == "qwen-code" and inp.startup_context == "reminder" else None
-        with RecordingProxy(upstream=inp.endpoint, trace_path=trace_path, timeout_s=inp.limits.request_timeout_s,
-                            max_reply_bytes=inp.limits.reply_bytes,
-                            client_token=secrets.token_urlsafe(24), peer_uids=peers, rewrite=view) as proxy:
-            if inp.harness == "builtin":
-                result = _run_builtin(inp, proxy.endpoint, workspace, sandbox, egress_socket)
-            elif qwen or sandbox:
-                from mass_jobs.episodes.qwen_code import run_qwen_code
+        return lost
+    # Only the harness holds the proxy's token (qwen-code's shells run elsewhere, without it), and
+    # in a pod only the calling uid the harness needs is served: a call the agent's code makes
+    # on its own is refused, whatever it found.
+    peers = None if qwen_uid is None else frozenset({qwen_uid} if inp.harness == "qwen-code" else {os.getuid()})
+    view = as_reminder if inp.harness == "qwen-code" and inp.startup_context == "reminder" else None
+    with RecordingProxy(upstream=inp.endpoint, trace_path=trace_path, timeout_s=inp.limits.request_timeout_s,
+                        max_reply_bytes=inp.limits.reply_bytes,
+                        client_token=secrets.token_urlsafe(24), peer_uids=peers, rewrite=view) as proxy:
+        if inp.harness == "builtin":
+            result = _run_builtin(inp, proxy.endpoint, workspace, sandbox, egress_socket)
+        elif qwen or sandbox:
+            from mass_jobs.episodes.qwen_code import run_qwen_code
 
-                result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, qwen or sandbox)
-            else:  # qwen-code started here: its shell commands still go to a shell-only service
-                from mass_jobs.episodes.qwen_code import run_qwen_code
-                from mass_jobs.episodes.sandbox_service import shell_service
+            result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, qwen or sandbox)
+        else:  # qwen-code started here: its shell commands still go to a shell-only service
+            from mass_jobs.episodes.qwen_code import run_qwen_code
+            from mass_jobs.episodes.sandbox_service import shell_service
 
-                with shell_service(workspace, inp.limits, egress_socket) as shells:
-                    result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, shells=shells)
-        # after the proxy stopped (its last record is written after its reply went out)
-        if proxy.write_error is not None:  # the trace lacks calls: no outcome of the model's
-            result = replace(result, outcome="infra_error",
-                             reason=f"the trace could not be written, calls after it were refused: {proxy.write_error}")
-        if handed:
-            result = _take_back(sandbox, workspace, result)
+            with shell_service(workspace, inp.limits, egress_socket) as shells:
+                result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, shells=shells)
+    # after the proxy stopped (its last record is written after its reply went out)
+    if proxy.write_error is not None:  # the trace lacks calls: no outcome of the model's
+        result = replace(result, outcome="infra_error",
+                         reason=f"the trace could not be written, calls after it were refused: {proxy.write_error}")
+    return _take_back(sandbox, workspace, result) if handed else result
+
+
+def _status(inp: EpisodeInput, result: HarnessOutcome, wall_s: float, handed: bool, egress) -> dict:
+    """status.json's content, validated: a value nothing should produce still ends classified."""
     status = {
         "outcome": result.outcome,
         "reason": result.reason,
         "harness": inp.harness,
         "counts": result.counts,
         "tokens": result.tokens,
-        "timings": {"wall_s": round(time.monotonic() - started, 3)},
+        "timings": {"wall_s": round(wall_s, 3)},
         "sandbox": {"network_isolated": result.network_isolated, "note": result.sandbox_note,
                     # the opt-out is on record in every episode it touched (a pod's or bwrap's is the norm)
                     **({"boundary": "none"} if not handed and outer_boundary() == "none" else {}),
@@ -137,11 +153,10 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
         try:
             status["network"] = egress.settled_summary()
         except EgressUnavailable as exc:  # what the code reached is not known: nothing to learn from
-            result.outcome, result.reason = "infra_error", str(exc)[:4000]
-            status.update(outcome=result.outcome, reason=result.reason)
+            status.update(outcome="infra_error", reason=str(exc)[:4000])
     try:
         validate_status(status)
-    except ValueError as exc:  # a value nothing should produce: the episode still ends classified
+    except ValueError as exc:
         status.update(
             outcome="infra_error",
             reason=f"episode status did not validate: {exc}"[:4000],
@@ -149,19 +164,7 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
             tokens={k: max(0, int(v)) for k, v in result.tokens.items()},
         )
         validate_status(status)
-    status_path = out_dir / "status.json"
-
-    # all or nothing: a full disk leaves no torn status (mass episode exits 1 naming it)
-    replace_atomically(status_path, lambda tmp: tmp.write_text(status_text(status)))
-    return EpisodeResult(
-        outcome=result.outcome,
-        reason=result.reason,
-        status=status,
-        workspace=workspace,
-        trace_path=trace_path,
-        status_path=status_path,
-        final_report=result.final_report,
-    )
+    return status
 
 
 @contextmanager
