@@ -433,13 +433,75 @@ def _open_to_others(path: str) -> bool:
         return False
 
 
+@dataclass
+class _Launch:
+    """What one sandboxed command is started with, and what is on record of how."""
+
+    argv: list[str]
+    env: dict[str, str]
+    rlimits: dict[str, list[int]]
+    applied: dict[str, Any]
+    notes: list[str]
+    python: dict[str, Any]
+
+
 def _run(
     cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, bwrap: str | None, tool: str | None,
     host_tmp: Path | None, stop: threading.Event | None = None,
 ) -> SandboxResult:  # fmt: skip
     import subprocess
-    import threading
 
+    # set up
+    launch = _launch(cmd, workspace, limits, uid, bwrap, tool, host_tmp)
+    cgroup = memory_cgroup(limits, launch.notes)
+    launcher = [sys.executable, "-I", "-S", str(LAUNCHER.resolve()), "--launch", json.dumps(
+        {"argv": launch.argv, "rlimits": launch.rlimits, "uid": None if bwrap else uid, "cwd": str(workspace)})]
+    # run
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            cgroup.wrap(launcher) if cgroup else launcher,
+            cwd=workspace,
+            env=launch.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # own process group: the timeout kills all of it
+            close_fds=True,
+        )
+    except BaseException:
+        if cgroup is not None:
+            cgroup.remove()
+        raise
+    sinks: dict[str, dict] = {"out": {}, "err": {}}
+    readers = [
+        threading.Thread(target=read_capped, args=(proc.stdout, limits.output_bytes, sinks["out"]), daemon=True),
+        threading.Thread(target=read_capped, args=(proc.stderr, limits.output_bytes, sinks["err"]), daemon=True),
+    ]
+    for t in readers:
+        t.start()
+    reason, peak, why = supervise(proc, workspace, limits, t0, sinks, stop, cgroup)
+    if cgroup is not None:
+        if cgroup.oom_kills() and reason is None:
+            reason, why = "memory_limit", f"the kernel's OOM killer ended the tree at its {limits.memory_mb} MB cgroup limit"
+        peak["mem"] = max(peak["mem"], cgroup.peak_bytes() / (1024 * 1024))
+        cgroup.remove()  # and with it anything of the tree still alive
+    if why:
+        launch.notes.append(why)
+    for t in readers:
+        t.join(timeout=2)
+    if any(t.is_alive() for t in readers):  # without a PID namespace an escapee may hold the pipes
+        kill_tree(proc.pid)
+        for t in readers:
+            t.join(timeout=2)
+    # record
+    return _record(launch, proc.returncode, reason, peak, sinks, time.monotonic() - t0, workspace, limits, uid, cgroup)
+
+
+def _launch(cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, bwrap: str | None, tool: str | None,
+            host_tmp: Path | None) -> _Launch:
+    """The command's argv (under bwrap, or a plain shell where none may be built), environment and
+    rlimits, and the record of what they apply."""
     as_root = os.geteuid() == 0
     python: dict[str, Any] = {"mode": limits.python}
     read_only: list[str] = []
@@ -493,58 +555,25 @@ def _run(
         "RLIMIT_NOFILE": [limits.open_files] * 2,
         "RLIMIT_CORE": [0, 0],
     }
-    launch = {"argv": argv, "rlimits": rlimits, "uid": None if bwrap else uid, "cwd": str(workspace)}
-    cgroup = memory_cgroup(limits, notes)
-    launcher = [sys.executable, "-I", "-S", str(LAUNCHER.resolve()), "--launch", json.dumps(launch)]
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            cgroup.wrap(launcher) if cgroup else launcher,
-            cwd=workspace,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # own process group: the timeout kills all of it
-            close_fds=True,
-        )
-    except BaseException:
-        if cgroup is not None:
-            cgroup.remove()
-        raise
-    sinks: dict[str, dict] = {"out": {}, "err": {}}
-    readers = [
-        threading.Thread(target=read_capped, args=(proc.stdout, limits.output_bytes, sinks["out"]), daemon=True),
-        threading.Thread(target=read_capped, args=(proc.stderr, limits.output_bytes, sinks["err"]), daemon=True),
-    ]
-    for t in readers:
-        t.start()
-    reason, peak, why = supervise(proc, workspace, limits, t0, sinks, stop, cgroup)
-    if cgroup is not None:
-        if cgroup.oom_kills() and reason is None:
-            reason, why = "memory_limit", f"the kernel's OOM killer ended the tree at its {limits.memory_mb} MB cgroup limit"
-        peak["mem"] = max(peak["mem"], cgroup.peak_bytes() / (1024 * 1024))
-        cgroup.remove()  # and with it anything of the tree still alive
-    if why:
-        notes.append(why)
-    for t in readers:
-        t.join(timeout=2)
-    if any(t.is_alive() for t in readers):  # without a PID namespace an escapee may hold the pipes
-        kill_tree(proc.pid)
-        for t in readers:
-            t.join(timeout=2)
-    duration = time.monotonic() - t0
+    return _Launch(argv, env, rlimits, applied, notes, python)
+
+
+def _record(launch: _Launch, code: int, reason: str | None, peak: dict, sinks: dict, duration: float, workspace: Path,
+            limits: SandboxLimits, uid: int | None, cgroup) -> SandboxResult:
+    """The command's result, with what was applied and what it used."""
+    applied, notes, rlimits = launch.applied, launch.notes, launch.rlimits
     killed = reason is not None
     if not killed and (quota := over_quota(workspace, limits)):  # written between two samples
         reason = "workspace_quota"
         notes.append(quota)
-    applied.update(rlimits={k: v[0] for k, v in rlimits.items()}, wall_timeout_s=limits.timeout_s, python=python)
+    applied.update(rlimits={k: v[0] for k, v in rlimits.items()}, wall_timeout_s=limits.timeout_s, python=launch.python)
     applied["tree_limits"] = {
         "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
         "workspace_mb": limits.workspace_mb, "workspace_files": limits.workspace_files,
     }  # fmt: skip
     applied["uid"] = applied["gid"] = uid if uid is not None else os.getuid()
     applied["usage"] = {"cpu_s": round(peak["cpu"], 3), "max_memory_mb": round(peak["mem"], 1)}
+    as_root = os.geteuid() == 0
     if as_root and uid is None:
         why = "drop_privileges off" if not limits.drop_privileges else "no other uid can reach the interpreter or the workspace"
         notes.append(f"ran as root ({why}): NPROC not enforced, files outside the workspace writable")
@@ -554,13 +583,11 @@ def _run(
     dropped = sinks["out"].get("dropped", 0) + sinks["err"].get("dropped", 0)
     if dropped:
         notes.append(f"output over {limits.output_bytes} bytes per stream: {dropped} bytes dropped")
-    code = proc.returncode
-    timed_out = reason == "wall_timeout"
     return SandboxResult(
         exit_code=-signal.SIGKILL if killed else code,
         stdout=out.decode("utf-8", "replace"),
         stderr=err.decode("utf-8", "replace"),
-        timed_out=timed_out,
+        timed_out=reason == "wall_timeout",
         killed_reason=reason or signal_reason(code, limits, peak),
         memory_limit=f"cgroup v{cgroup.version}" if cgroup is not None else "sampled",
         network_isolated=bool(applied.get("network_namespace")),
