@@ -211,167 +211,216 @@ def recursion_depth(spec) -> int:
 def checks(spec, values: dict, config=None) -> list[Check]:
     """Every check whose chart value is known (a partial `values` skips the others); `config`, the
     model's, adds the storage checks."""
-    out: list[Check] = []
+    cluster = _get(values, "s3.bucket") is not None  # a whole chart's values, not one step's
+    return [*_store_checks(spec, values), *_serving_checks(spec, values), *_judge_checks(spec, values),
+            *_agent_checks(spec, values), *(_cluster_only_checks(spec, config) if cluster else []),
+            *_network_checks(values), *disk_checks(values), *queue_checks(spec, values), *size_checks(spec, values),
+            *_gpu_job_checks(values), *(_model_storage_checks(spec, values, config) if config is not None else [])]
 
-    def add(name, value, limit, ok, path, why=""):
-        out.append(Check(name, str(value), str(limit), bool(ok), path, why))
 
+def _check(name, value, limit, ok, path, why="") -> Check:
+    return Check(name, str(value), str(limit), bool(ok), path, why)
+
+
+def _store_checks(spec, values: dict) -> list[Check]:
+    """The spec's store in the chart's artifact bucket, at the chart's S3 endpoint."""
+    out = []
     bucket = _get(values, "s3.bucket")
     if bucket is not None:
         mine = spec.store.uri.removeprefix("s3://").partition("/")[0] if spec.store.uri.startswith("s3://") else None
-        add("store in the artifact bucket", spec.store.uri, f"s3://{bucket}/...", mine == bucket, "$.store.uri",
+        out.append(_check(
+            "store in the artifact bucket", spec.store.uri, f"s3://{bucket}/...", mine == bucket, "$.store.uri",
             f"expected a store in the artifact repository's bucket {bucket!r} (chart value s3.bucket), found "
-            + (f"bucket {mine!r}" if mine else f"{spec.store.uri!r}"))
+            + (f"bucket {mine!r}" if mine else f"{spec.store.uri!r}")))
     endpoint = _get(values, "s3.endpoint")
     if endpoint is not None:
-        add("S3 endpoint is a host", endpoint, "host[:port], no scheme", "://" not in str(endpoint), "values s3.endpoint",
-            f"expected chart value s3.endpoint as host[:port] (s3.insecure picks http), found {endpoint!r}")
+        out.append(_check(
+            "S3 endpoint is a host", endpoint, "host[:port], no scheme", "://" not in str(endpoint), "values s3.endpoint",
+            f"expected chart value s3.endpoint as host[:port] (s3.insecure picks http), found {endpoint!r}"))
         scheme = "http" if _get(values, "s3.insecure") is True else "https"
         theirs = f"{scheme}://{endpoint}".rstrip("/")
         mine = (spec.store.endpoint_url or "https://s3.amazonaws.com").rstrip("/")
-        add("store endpoint", mine, theirs, mine == theirs or "://" in str(endpoint), "$.store.endpoint_url",
-            f"expected the chart's S3 endpoint {theirs!r} (values s3.endpoint, s3.insecure), found {mine!r}")
+        out.append(_check(
+            "store endpoint", mine, theirs, mine == theirs or "://" in str(endpoint), "$.store.endpoint_url",
+            f"expected the chart's S3 endpoint {theirs!r} (values s3.endpoint, s3.insecure), found {mine!r}"))
+    return out
+
+
+def _serving_checks(spec, values: dict) -> list[Check]:
+    """The sampling lengths within the server's max model length; the chart's parsers the spec's."""
+    out = []
     mml = _get(values, "model.maxModelLen")
     if mml is not None:
         s = spec.model.sampling
-        add("context length", s.context_length, f"<= {mml}", s.context_length <= int(mml),
-            "$.model.sampling.context_length",
-            f"expected at most the server's max model length {mml} (chart value model.maxModelLen), "
-            f"found {s.context_length}")
-        add("max output tokens", s.max_output_tokens, f"< {mml}", s.max_output_tokens < int(mml),
-            "$.model.sampling.max_output_tokens",
-            f"expected less than the server's max model length {mml} (chart value model.maxModelLen), "
-            f"found {s.max_output_tokens}")
-    parser = _get(values, "model.toolCallParser")
-    if parser is not None:
-        mine = spec.execution.vllm.tool_call_parser
-        add("tool-call parser", mine, parser, mine == parser, "$.execution.vllm.tool_call_parser",
-            f"expected the chart's vLLM tool-call parser {parser!r} (chart value model.toolCallParser), found {mine!r}")
-    reasoning = _get(values, "model.reasoningParser")
-    if reasoning is not None:
-        mine = spec.execution.vllm.reasoning_parser
-        add("reasoning parser", mine, reasoning, mine == reasoning, "$.execution.vllm.reasoning_parser",
-            f"expected the chart's vLLM reasoning parser {reasoning!r} (chart value model.reasoningParser), "
-            f"found {mine!r}")
-    keys = _get(values, "judges.keys")
+        out.append(_check("context length", s.context_length, f"<= {mml}", s.context_length <= int(mml),
+                          "$.model.sampling.context_length",
+                          f"expected at most the server's max model length {mml} (chart value model.maxModelLen), "
+                          f"found {s.context_length}"))
+        out.append(_check("max output tokens", s.max_output_tokens, f"< {mml}", s.max_output_tokens < int(mml),
+                          "$.model.sampling.max_output_tokens",
+                          f"expected less than the server's max model length {mml} (chart value model.maxModelLen), "
+                          f"found {s.max_output_tokens}"))
+    for name, key, mine, path in (
+            ("tool-call parser", "model.toolCallParser", spec.execution.vllm.tool_call_parser,
+             "$.execution.vllm.tool_call_parser"),
+            ("reasoning parser", "model.reasoningParser", spec.execution.vllm.reasoning_parser,
+             "$.execution.vllm.reasoning_parser")):
+        theirs = _get(values, key)
+        if theirs is not None:
+            out.append(_check(name, mine, theirs, mine == theirs, path,
+                              f"expected the chart's vLLM {name} {theirs!r} (chart value {key}), found {mine!r}"))
+    return out
+
+
+def _judge_checks(spec, values: dict) -> list[Check]:
+    """Judges external on the cluster, each key one the judge Secret holds."""
+    out = []
+    cluster, keys = _get(values, "s3.bucket") is not None, _get(values, "judges.keys")
     for i, judge in enumerate(spec.judges):
-        if bucket is not None:
-            add(f"judge {judge.name} endpoint", judge.endpoint, "an external URL", judge.endpoint != "local",
-                f"$.judges[{i}].endpoint", f"expected an external endpoint (an OpenAI-compatible URL) on the "
-                f"cluster, found 'local' (judge {judge.name!r})")
+        if cluster:
+            out.append(_check(f"judge {judge.name} endpoint", judge.endpoint, "an external URL", judge.endpoint != "local",
+                              f"$.judges[{i}].endpoint", f"expected an external endpoint (an OpenAI-compatible URL) on "
+                              f"the cluster, found 'local' (judge {judge.name!r})"))
         if keys is not None and judge.api_key_env:
-            add(f"judge {judge.name} key", judge.api_key_env, f"one of {list(keys)}", judge.api_key_env in keys,
-                f"$.judges[{i}].api_key_env", f"expected a key of the judge Secret (chart value judges.keys "
-                f"{list(keys)}), found {judge.api_key_env!r}")
-    if bucket is not None:
+            out.append(_check(f"judge {judge.name} key", judge.api_key_env, f"one of {list(keys)}",
+                              judge.api_key_env in keys, f"$.judges[{i}].api_key_env",
+                              f"expected a key of the judge Secret (chart value judges.keys {list(keys)}), "
+                              f"found {judge.api_key_env!r}"))
+    return out
+
+
+def _agent_checks(spec, values: dict) -> list[Check]:
+    """Roles without endpoints of their own on the cluster; the agent pods' deadline past an episode's."""
+    out = []
+    if _get(values, "s3.bucket") is not None:
         for role in ("optimizer", "evaluator", "executor"):
             model = getattr(spec.roles, role)
             if model is not None:
-                add(f"roles.{role} reachable", model.endpoint, "the generation's predictor only", False,
-                    f"$.roles.{role}", f"expected no endpoint of its own on the cluster: agent pods reach only DNS, "
-                    f"the predictor, the apiserver and S3, found {model.endpoint!r}")
+                out.append(_check(f"roles.{role} reachable", model.endpoint, "the generation's predictor only", False,
+                                  f"$.roles.{role}", f"expected no endpoint of its own on the cluster: agent pods "
+                                  f"reach only DNS, the predictor, the apiserver and S3, found {model.endpoint!r}"))
     deadline = _get(values, "agent.activeDeadlineSeconds")
-    if deadline is not None:
-        wall = spec.execution.limits.wall_s
-        if wall is None:  # upstream's setting: the pods' deadline is then what bounds a team episode
-            add("agent pod deadline", f"{deadline} s", f">= {AGENT_POD_MIN_S} s (no episode wall limit)",
-                float(deadline) >= AGENT_POD_MIN_S, "$.execution.limits.wall_s",
-                f"expected agent pods' deadline (chart value agent.activeDeadlineSeconds) of at least "
-                f"{AGENT_POD_MIN_S} s when episodes have no wall limit, or a wall_s {AGENT_STOP_S} s below it, "
-                f"found {deadline} s")
-        else:
-            add("agent pod deadline", f"{deadline} s", f">= wall_s {wall:g} + {AGENT_STOP_S} s",
-                float(deadline) >= wall + AGENT_STOP_S, "$.execution.limits.wall_s",
-                f"expected an episode wall limit at least {AGENT_STOP_S} s below the agent pods' deadline {deadline} s "
-                f"(chart value agent.activeDeadlineSeconds), found {wall:g}")
-    if bucket is not None:
-        depth = recursion_depth(spec)
-        add("template recursion depth", depth, f"< {ARGO_MAX_STACK_DEPTH}", depth < ARGO_MAX_STACK_DEPTH,
-            "$.search.iterations", f"expected (generations - 1) + {CYCLE_DEPTH} + search.iterations < "
-            f"{ARGO_MAX_STACK_DEPTH} (Argo's maxAllowedStackDepth: the controller errors at depth >= "
-            f"{ARGO_MAX_STACK_DEPTH} unless its environment sets DISABLE_MAX_RECURSION=true), found {depth}")
-        add("checkpoint selection", spec.sft.checkpoint_selection, "val_loss on the cluster",
-            spec.sft.checkpoint_selection != "panel", "$.sft.checkpoint_selection",
-            "expected val_loss on the cluster: panel selection serves every checkpoint and runs episodes inside "
-            "the select step's CPU pod")
-        add("chat template", spec.model.chat_template or "none", "none on the cluster", not spec.model.chat_template,
-            "$.model.chat_template", "expected none on the cluster (KServe serves model.base as stored): save "
-            "the template into the model dir as chat_template.jinja instead")
-        from mass_jobs.serving.model_dirs import looks_like_hub_id
+    if deadline is None:
+        return out
+    wall = spec.execution.limits.wall_s
+    if wall is None:  # upstream's setting: the pods' deadline is then what bounds a team episode
+        out.append(_check("agent pod deadline", f"{deadline} s", f">= {AGENT_POD_MIN_S} s (no episode wall limit)",
+                          float(deadline) >= AGENT_POD_MIN_S, "$.execution.limits.wall_s",
+                          f"expected agent pods' deadline (chart value agent.activeDeadlineSeconds) of at least "
+                          f"{AGENT_POD_MIN_S} s when episodes have no wall limit, or a wall_s {AGENT_STOP_S} s below "
+                          f"it, found {deadline} s"))
+    else:
+        out.append(_check("agent pod deadline", f"{deadline} s", f">= wall_s {wall:g} + {AGENT_STOP_S} s",
+                          float(deadline) >= wall + AGENT_STOP_S, "$.execution.limits.wall_s",
+                          f"expected an episode wall limit at least {AGENT_STOP_S} s below the agent pods' deadline "
+                          f"{deadline} s (chart value agent.activeDeadlineSeconds), found {wall:g}"))
+    return out
 
-        base = spec.model.base
-        add("model base downloadable", base, "s3:// URI or hub id", base.startswith("s3://") or looks_like_hub_id(base),
-            "$.model.base", f"expected an s3:// URI or a hub id 'org/name[@revision]' a cluster can download, "
-            f"found {base!r}")
-        hub = [(f, u) for f, u in (("model.base", base), ("model.serve", spec.model.serve))
-               if u and not u.startswith("s3://") and looks_like_hub_id(u)]
-        if hub:
-            size = f"{model_bytes(spec, config) / 1e9:.0f} GB" if config is not None else "the whole model"
-            out[-1].advice = (f"every predictor start, every trainer pod and every merge downloads {size} of "
-                              f"{' or '.join(u for _, u in hub)} from the Hugging Face Hub (anonymously unless "
-                              f"HF_TOKEN is in the S3 Secret; the Hub rate-limits): copy it to the bucket once and "
-                              f"set {' and '.join(f for f, _ in hub)} to its s3:// URI (docs/install.md, 'The base model')")
-        refused = trainer_webhook_errors(spec)
-        add("trainer job admitted", f"{spec.sft.replicas} replica(s) x {spec.sft.gpus_per_replica} GPU(s)",
-            "the operator's webhook", not refused, "$.sft.replicas",
-            "expected a PyTorchJob the training operator's webhook admits: " + "; ".join(refused))
-    if "network" in values:  # a whole values file (the cycle's validate step gets single values)
-        for issue in required_issues(values):
-            if issue.path.endswith("fqdns"):
-                add("network.s3.fqdns on Cilium", "network.cilium false", "network.cilium true", False, issue.path,
-                    issue.message)
-            else:
-                add(issue.path.removeprefix("values ") + " set", "null", "peers", False, issue.path, issue.message)
-    out += disk_checks(values)
-    out += queue_checks(spec, values)
-    out += size_checks(spec, values)
+
+def _cluster_only_checks(spec, config) -> list[Check]:
+    """What only the cluster refuses: Argo's recursion depth, panel selection, a chat template, a
+    base model it cannot download (and the advice to mirror a hub id), the operator's webhook."""
+    from mass_jobs.serving.model_dirs import looks_like_hub_id
+
+    depth = recursion_depth(spec)
+    base = spec.model.base
+    out = [
+        _check("template recursion depth", depth, f"< {ARGO_MAX_STACK_DEPTH}", depth < ARGO_MAX_STACK_DEPTH,
+               "$.search.iterations", f"expected (generations - 1) + {CYCLE_DEPTH} + search.iterations < "
+               f"{ARGO_MAX_STACK_DEPTH} (Argo's maxAllowedStackDepth: the controller errors at depth >= "
+               f"{ARGO_MAX_STACK_DEPTH} unless its environment sets DISABLE_MAX_RECURSION=true), found {depth}"),
+        _check("checkpoint selection", spec.sft.checkpoint_selection, "val_loss on the cluster",
+               spec.sft.checkpoint_selection != "panel", "$.sft.checkpoint_selection",
+               "expected val_loss on the cluster: panel selection serves every checkpoint and runs episodes inside "
+               "the select step's CPU pod"),
+        _check("chat template", spec.model.chat_template or "none", "none on the cluster", not spec.model.chat_template,
+               "$.model.chat_template", "expected none on the cluster (KServe serves model.base as stored): save "
+               "the template into the model dir as chat_template.jinja instead"),
+        _check("model base downloadable", base, "s3:// URI or hub id", base.startswith("s3://") or looks_like_hub_id(base),
+               "$.model.base", f"expected an s3:// URI or a hub id 'org/name[@revision]' a cluster can download, "
+               f"found {base!r}"),
+    ]
+    hub = [(f, u) for f, u in (("model.base", base), ("model.serve", spec.model.serve))
+           if u and not u.startswith("s3://") and looks_like_hub_id(u)]
+    if hub:
+        size = f"{model_bytes(spec, config) / 1e9:.0f} GB" if config is not None else "the whole model"
+        out[-1].advice = (f"every predictor start, every trainer pod and every merge downloads {size} of "
+                          f"{' or '.join(u for _, u in hub)} from the Hugging Face Hub (anonymously unless "
+                          f"HF_TOKEN is in the S3 Secret; the Hub rate-limits): copy it to the bucket once and "
+                          f"set {' and '.join(f for f, _ in hub)} to its s3:// URI (docs/install.md, 'The base model')")
+    refused = trainer_webhook_errors(spec)
+    out.append(_check("trainer job admitted", f"{spec.sft.replicas} replica(s) x {spec.sft.gpus_per_replica} GPU(s)",
+                      "the operator's webhook", not refused, "$.sft.replicas",
+                      "expected a PyTorchJob the training operator's webhook admits: " + "; ".join(refused)))
+    return out
+
+
+def _network_checks(values: dict) -> list[Check]:
+    """A whole values file's required network peers (the cycle's validate step gets single values)."""
+    if "network" not in values:
+        return []
+    return [_check("network.s3.fqdns on Cilium", "network.cilium false", "network.cilium true", False, issue.path,
+                   issue.message) if issue.path.endswith("fqdns")
+            else _check(issue.path.removeprefix("values ") + " set", "null", "peers", False, issue.path, issue.message)
+            for issue in required_issues(values)]
+
+
+def _gpu_job_checks(values: dict) -> list[Check]:
     jobs = _get(values, "gpu.concurrentJobs")
-    if jobs is not None:
-        add("GPU jobs at once", jobs, ">= 1", int(jobs) >= 1, "values gpu.concurrentJobs",
-            f"expected at least 1 GPU job at once (chart value gpu.concurrentJobs), found {jobs}: train never starts")
-    if config is not None:
-        size = model_bytes(spec, config)
-        n = spec.sft.gpus_per_replica
-        fp8 = spec.sft.fp8_export
-        # (row, chart key, copies of the bf16 model, for what): where it is downloaded, and host memory:
-        # rank 0 alone reads the model (the other ranks build it on meta and receive its weights)
-        # where the model lands: the pod's ephemeral storage, or its scratch volume when it has one
-        rows = [(f"{pod} {'scratch volume' if _get(values, f'scratch.{pod}.size') else 'ephemeral storage'}",
-                 f"scratch.{pod}.size" if _get(values, f"scratch.{pod}.size") else f"resources.{pod}.ephemeralStorage",
-                 copies, f"for {copies:g} cop{'y' if copies == 1 else 'ies'} of the")
-                for pod, copies in (("server", 1), ("trainer", 1), ("merge", 2))]
-        for name, key, copies, what in rows:
-            have = _get(values, key)
-            if have is None:
-                continue
-            need = int(size * copies * 1.1)
-            add(name, have, f">= {need / 2**30:.0f}Gi ({copies:g} x {size / 1e9:.1f} GB)",
-                quantity_bytes(have) >= need, f"values {key}",
-                f"expected at least {need / 2**30:.0f}Gi {what} "
-                f"{size / 1e9:.1f} GB model (chart value {key}), found {have}")
-        have = _get(values, "resources.trainer.memory")
-        if have is not None:
-            # rank 0 alone reads the model (the others build it on meta), and NCCL's /dev/shm is a
-            # memory-backed emptyDir: what it holds counts against the pod's memory limit
-            ranks = max(n, 1)
-            shm = ranks * SHM_PER_RANK_BYTES
-            need = int(size * 1.1 + shm)
-            add("trainer memory", have, f">= {need / 2**30:.0f}Gi (1 x {size / 1e9:.1f} GB + /dev/shm)",
-                quantity_bytes(have) >= need, "values resources.trainer.memory",
-                f"expected at least {need / 2**30:.0f}Gi of memory for a trainer pod: the whole {size / 1e9:.1f} GB "
-                f"model, which its rank 0 reads, and {shm / 2**30:.0f}Gi of /dev/shm for NCCL ({ranks} rank(s) per "
-                f"pod; memory-backed, it counts against the pod's limit) (chart value resources.trainer.memory), "
-                f"found {have}")
-        have = _get(values, "resources.merge.memory")
-        if have is not None:
-            # the merge and the FP8 export go shard by shard (mass_jobs.serving.shards): one shard read
-            # tensor by tensor, one output shard held, plus the process
-            need = int(2 * MERGE_SHARD_BYTES + MERGE_PROCESS_BYTES)
-            add("merge memory", have, f">= {need / 2**30:.0f}Gi (2 x {MERGE_SHARD_BYTES / 1e9:.0f} GB shards)",
-                quantity_bytes(have) >= need, "values resources.merge.memory",
-                f"expected at least {need / 2**30:.0f}Gi of memory for the merge{' and its FP8 export' if fp8 else ''}, "
-                f"which hold one input and one output shard of up to {MERGE_SHARD_BYTES / 1e9:.0f} GB "
-                f"(chart value resources.merge.memory), found {have}")
+    if jobs is None:
+        return []
+    return [_check("GPU jobs at once", jobs, ">= 1", int(jobs) >= 1, "values gpu.concurrentJobs",
+                   f"expected at least 1 GPU job at once (chart value gpu.concurrentJobs), found {jobs}: train never "
+                   f"starts")]
+
+
+def _model_storage_checks(spec, values: dict, config) -> list[Check]:
+    """Disk and memory of the pods that hold the model, against its size (from `config`)."""
+    out = []
+    size = model_bytes(spec, config)
+    n = spec.sft.gpus_per_replica
+    fp8 = spec.sft.fp8_export
+    # (row, chart key, copies of the bf16 model, for what): where it is downloaded, and host memory:
+    # rank 0 alone reads the model (the other ranks build it on meta and receive its weights)
+    # where the model lands: the pod's ephemeral storage, or its scratch volume when it has one
+    rows = [(f"{pod} {'scratch volume' if _get(values, f'scratch.{pod}.size') else 'ephemeral storage'}",
+             f"scratch.{pod}.size" if _get(values, f"scratch.{pod}.size") else f"resources.{pod}.ephemeralStorage",
+             copies, f"for {copies:g} cop{'y' if copies == 1 else 'ies'} of the")
+            for pod, copies in (("server", 1), ("trainer", 1), ("merge", 2))]
+    for name, key, copies, what in rows:
+        have = _get(values, key)
+        if have is None:
+            continue
+        need = int(size * copies * 1.1)
+        out.append(_check(name, have, f">= {need / 2**30:.0f}Gi ({copies:g} x {size / 1e9:.1f} GB)",
+                          quantity_bytes(have) >= need, f"values {key}",
+                          f"expected at least {need / 2**30:.0f}Gi {what} "
+                          f"{size / 1e9:.1f} GB model (chart value {key}), found {have}"))
+    have = _get(values, "resources.trainer.memory")
+    if have is not None:
+        # rank 0 alone reads the model (the others build it on meta), and NCCL's /dev/shm is a
+        # memory-backed emptyDir: what it holds counts against the pod's memory limit
+        ranks = max(n, 1)
+        shm = ranks * SHM_PER_RANK_BYTES
+        need = int(size * 1.1 + shm)
+        out.append(_check(
+            "trainer memory", have, f">= {need / 2**30:.0f}Gi (1 x {size / 1e9:.1f} GB + /dev/shm)",
+            quantity_bytes(have) >= need, "values resources.trainer.memory",
+            f"expected at least {need / 2**30:.0f}Gi of memory for a trainer pod: the whole {size / 1e9:.1f} GB "
+            f"model, which its rank 0 reads, and {shm / 2**30:.0f}Gi of /dev/shm for NCCL ({ranks} rank(s) per "
+            f"pod; memory-backed, it counts against the pod's limit) (chart value resources.trainer.memory), "
+            f"found {have}"))
+    have = _get(values, "resources.merge.memory")
+    if have is not None:
+        # the merge and the FP8 export go shard by shard (mass_jobs.serving.shards): one shard read
+        # tensor by tensor, one output shard held, plus the process
+        need = int(2 * MERGE_SHARD_BYTES + MERGE_PROCESS_BYTES)
+        out.append(_check(
+            "merge memory", have, f">= {need / 2**30:.0f}Gi (2 x {MERGE_SHARD_BYTES / 1e9:.0f} GB shards)",
+            quantity_bytes(have) >= need, "values resources.merge.memory",
+            f"expected at least {need / 2**30:.0f}Gi of memory for the merge{' and its FP8 export' if fp8 else ''}, "
+            f"which hold one input and one output shard of up to {MERGE_SHARD_BYTES / 1e9:.0f} GB "
+            f"(chart value resources.merge.memory), found {have}"))
     return out
 
 
