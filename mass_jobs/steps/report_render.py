@@ -49,6 +49,16 @@ def _by_role(counts: dict | None) -> str:
 
 
 def render_markdown(doc: dict) -> str:
+    """report.md: its sections in order, then the plots."""
+    sections = (_head_and_win_share, _verdicts_and_agreement, _audit_and_tokens, _outcomes, _data_search_training,
+                _left_out, _composition_roles_information)
+    lines = [line for section in sections for line in section(doc)]
+    lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in PLOTS), ""]
+    return "\n".join(lines)
+
+
+def _head_and_win_share(doc: dict) -> list[str]:
+    """The title, warnings, how to read it, and the panel's win share per comparison and task."""
     warnings = doc.get("warnings") or []
     lines = [f"# MASS run `{doc['run']}`", "",
              *(["## Warnings", "", *[f"- **{w}**" for w in warnings], ""] if warnings else []),
@@ -79,6 +89,12 @@ def render_markdown(doc: dict) -> str:
         for task, t in w["per_task"].items():
             lines.append(f"| L{w['candidate']} vs L{w['baseline']} | {task} | {t['wins']} | {t['losses']} | {t['ties']} "
                          f"| {t['invalid']} | {_fmt(t['win_share'], True)} | {_ci(t['ci'])} |")
+    return lines
+
+
+def _verdicts_and_agreement(doc: dict) -> list[str]:
+    """Verdict counts and the self-evaluator's agreement with the panel majority."""
+    lines: list[str] = []
     v = doc["verdicts"]
     lines += ["", f"Verdicts: panel {v['panel']['total']} ({v['panel']['invalid']} invalid), "
               f"self-evaluator {v['self']['total']} ({v['self']['invalid']} invalid), ranking "
@@ -91,6 +107,12 @@ def render_markdown(doc: dict) -> str:
     for a in doc["agreement"]:
         rate = _fmt(a["rate"], True) if a["pairs"] else f"no majority: {a['no_majority']}" if a["no_majority"] else "–"
         lines.append(f"| L{a['evaluator']} | {a['agree']} | {a['pairs']} | {a['no_majority']} | {rate} |")
+    return lines
+
+
+def _audit_and_tokens(doc: dict) -> list[str]:
+    """The behaviour audit of bare-prompt runs and the token accounting."""
+    lines: list[str] = []
     lines += ["", "## Behaviour audit (bare-prompt runs)", "",
               "Task score: the deterministic grader's share of checks passed (each deliverable exists, each expected "
               "file is correct), averaged over graded episodes; solved: every check passed.", "",
@@ -113,6 +135,12 @@ def render_markdown(doc: dict) -> str:
                      f"({_fmt(total('generated_search'))} / {_fmt(total('generated_collect'))} / "
                      f"{_fmt(total('generated_eval'))}) | {_fmt(total('stored_supervised'))} "
                      f"| {_fmt(total('processed_to_selected'))} | {_fmt(total('processed_to_end'))} |")
+    return lines
+
+
+def _outcomes(doc: dict) -> list[str]:
+    """Episode outcomes, caps reached and the shell commands' network."""
+    lines: list[str] = []
     if doc.get("outcomes"):
         names = [o for o in OUTCOMES if any(x["by_outcome"].get(o) for x in doc["outcomes"])] or ["success"]
         lines += ["", "## Episode outcomes", "",
@@ -136,6 +164,12 @@ def render_markdown(doc: dict) -> str:
             lines += [f"| L{x['generation']} | {x['stage']} | {n['episodes']} | {n['requests']} | {n['allowed']} "
                       f"| {n['denied']} | {n['bytes_down']} | {', '.join(n['hosts'][:8]) or '-'} |"
                       for x in online for n in [x["network"]]]
+    return lines
+
+
+def _data_search_training(doc: dict) -> list[str]:
+    """SFT data, workflow search coverage and training."""
+    lines: list[str] = []
     if doc["sft"]:
         lines += ["", "## SFT data", "", "| generation | episodes | episode errors | episodes dropped | orchestrator windows "
                   "| windows by role | supervised tokens by role |", "|---|---:|---:|---:|---:|---|---|"]
@@ -153,6 +187,12 @@ def render_markdown(doc: dict) -> str:
         best = min((x[1] for x in t["val_loss"]), default=None)
         by = " (panel)" if t.get("selected_by") == "panel" else ""
         lines.append(f"| L{t['generation']} | {_fmt(t['selected_step'])}{by} | {_fmt(last)} | {_fmt(best)} |")
+    return lines
+
+
+def _left_out(doc: dict) -> list[str]:
+    """Guard vetoes, episodes flagged for review and invalid panel verdicts."""
+    lines: list[str] = []
     lines += ["", f"## Guard vetoes ({len(doc['guard_vetoes'])})", ""]
     if doc.get("guard_counts"):
         lines += ["| generation | guard | episodes left out |", "|---|---|---:|"]
@@ -171,6 +211,12 @@ def render_markdown(doc: dict) -> str:
         why = x["errors"][-1] if x["errors"] else "no reason recorded"
         lines.append(f"- L{x['candidate']} vs L{x['baseline']} {x['task']} rep {x['replicate']} {x['judge']} "
                      f"seed {x['seed']}: {why}")
+    return lines
+
+
+def _composition_roles_information(doc: dict) -> list[str]:
+    """The teacher's composition, the roles and the workflow information."""
+    lines: list[str] = []
     comp = doc.get("composition") or {}
     if comp:
         lines += ["", "## Teacher composition", "",
@@ -190,8 +236,7 @@ def render_markdown(doc: dict) -> str:
         lines.append(f"| L{x['generation']} | {x['embedder']} | {x['samples']} | {x['tasks']} | " + " | ".join(
             _fmt(x[k]) for k in ("dims", "mi_outcome", "mi_verdict", "tc", "dims_within", "mi_outcome_within",
                                  "mi_verdict_within", "tc_within")) + " |")
-    lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in PLOTS), ""]
-    return "\n".join(lines)
+    return lines
 
 
 def win_share_figure(doc: dict):
