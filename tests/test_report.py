@@ -13,6 +13,7 @@ from mass_jobs.run.context import RunContext
 from mass_jobs.spec.load import validate_document
 from mass_jobs.steps import report as rp
 from mass_jobs.steps import report_document as rd
+from mass_jobs.steps import report_reading as reading
 from mass_jobs.steps import report_render as rr
 from mass_jobs.store import FileStore, read_manifest
 
@@ -365,7 +366,7 @@ def test_a_run_whose_episodes_did_no_work_says_so_first(built):
 def test_mostly_invalid_verdicts_are_a_warning():
     doc = {"outcomes": [], "verdicts": {"panel": {"total": 8, "valid": 0, "invalid": 8},
                                         "self": {"total": 4, "valid": 2, "invalid": 2}}}
-    assert rp.run_warnings(doc) == ["panel verdicts: 8 of 8 invalid (the judge's answers could not be read)"]
+    assert reading.run_warnings(doc) == ["panel verdicts: 8 of 8 invalid (the judge's answers could not be read)"]
 
 
 def test_episodes_without_a_sandbox_are_a_warning_naming_the_setting():
@@ -374,10 +375,10 @@ def test_episodes_without_a_sandbox_are_a_warning_naming_the_setting():
                 {"generation": 0, "stage": "evaluate", "episodes": 2, "by_outcome": {"success": 2}, "tool_calls": 3,
                  "unsandboxed": 0}]
     doc = {"outcomes": outcomes, "verdicts": {}}
-    assert rp.run_warnings(doc) == ["execution.sandbox: none: 4 episodes ran model-written code without a sandbox, "
+    assert reading.run_warnings(doc) == ["execution.sandbox: none: 4 episodes ran model-written code without a sandbox, "
                                     "with this machine's filesystem and network (L0 collect 4)"]
     outcomes[0]["unsandboxed"] = 0
-    assert rp.run_warnings(doc) == []
+    assert reading.run_warnings(doc) == []
 
 
 def test_episodes_are_counted_by_the_cap_that_ended_them(built):
@@ -421,10 +422,10 @@ def test_training_on_no_work_episodes_is_a_warning_naming_the_setting():
     doc = {"outcomes": [{"generation": 0, "stage": "collect", "episodes": 3, "by_outcome": {"no_work": 3}},
                         {"generation": 0, "stage": "evaluate", "episodes": 2, "by_outcome": {"no_work": 2}},
                         {"generation": 1, "stage": "collect", "episodes": 3, "by_outcome": {"no_work": 1}}]}
-    assert rp.trained_no_work(doc, keep_no_work=True) == [
+    assert reading.trained_no_work(doc, keep_no_work=True) == [
         "collection.keep_no_work is true: 4 teacher episodes that did no work were ranked and trained on as "
         "successes (L0 3, L1 1)"]
-    assert rp.trained_no_work(doc, keep_no_work=False) == []
+    assert reading.trained_no_work(doc, keep_no_work=False) == []
 
 
 def test_invalid_ranking_verdicts_are_counted_in_the_report_and_in_status(built):

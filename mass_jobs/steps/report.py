@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mass_jobs.config.composition import composition_of
@@ -54,6 +55,7 @@ from mass_jobs.steps.report_document import (
     sft_data,
     validate_report,
 )
+from mass_jobs.steps.report_reading import how_to_read, run_warnings, trained_no_work
 from mass_jobs.steps.report_render import render_markdown, render_plots
 from mass_jobs.store import Step, read_manifest
 from mass_jobs.store.manifest import MANIFEST_NAME
@@ -200,6 +202,110 @@ def task_scores(grades: list) -> dict:
             "solved": sum(g.solved for g in grades)}
 
 
+@dataclass
+class _Rows:
+    """The report's per-generation rows, gathered generation by generation."""
+
+    tokens: list = field(default_factory=list)
+    outcomes: list = field(default_factory=list)
+    sft: list = field(default_factory=list)
+    training: list = field(default_factory=list)
+    search: list = field(default_factory=list)
+    vetoes: list = field(default_factory=list)
+    reviews: list = field(default_factory=list)
+    ranked: list = field(default_factory=list)  # every rank step's verdicts (the self-judged pairs that chose the data)
+
+
+def _win_share(panel: list[dict], split_of: dict[str, str], ev) -> list:
+    """The panel's win share per comparison and split (train, test, all)."""
+    out = []
+    for cand, base in sorted({(v["candidate"], v["baseline"]) for v in panel}):
+        vs = [v for v in panel if v["candidate"] == cand and v["baseline"] == base]
+        for split in ("train", "test", "all"):
+            ids = [t for t in split_of if split == "all" or split_of[t] == split]
+            if not ids:
+                continue
+            summary = metrics.comparison_summary(metrics.compare(vs, ids), ev.confidence, ev.bootstrap, seed=0)
+            positions = metrics.position_counts([v for v in vs if v["task"] in ids])
+            out.append(WinShare(candidate=cand, baseline=base, split=split, **summary, positions=positions,
+                                note=metrics.position_bias_note(positions)))
+    return out
+
+
+def _audits(ctx: RunContext, tasks, split_of: dict[str, str]) -> list:
+    """The behaviour audit and task scores of each generation's bare-prompt rollouts, per split."""
+    store, out = ctx.store, []
+    rollout_audits = [(ctx.eval_rollout_of(k), k) for k in store.list(ctx.eval_root() + "/") if k.endswith("/audit.json")]
+    rollout_audits = [(where, k) for where, k in rollout_audits if where is not None]
+    for h in sorted({where[0] for where, _ in rollout_audits}):
+        audits = [(where[1], store.get_json(k)) for where, k in rollout_audits if where[0] == h]
+        grades = rollout_grades(store, [(where[1], k) for where, k in rollout_audits if where[0] == h],
+                                {t.id: t for t in tasks})
+        for split in ("train", "test", "all"):
+            chosen = [a for task, a in audits if split == "all" or split_of.get(task) == split]
+            scored = [g for task, g in grades if split == "all" or split_of.get(task) == split]
+            if chosen or split == "all":
+                out.append(Audit(generation=h, split=split, **metrics.audit_rates(chosen), **task_scores(scored)))
+    return out
+
+
+def _stage_outcomes(g: int, stage: str, sts: list[dict]) -> Outcomes:
+    """How one stage's episodes of generation g ended: outcomes, caps, tool calls, their network."""
+    counted = Counter(str(st.get("outcome")) for st in sts)
+    capped = Counter(episode_cap(st) for st in sts)
+    calls = sum(int((st.get("counts") or {}).get("tool_calls") or 0) for st in sts)
+    online = [st["network"] for st in sts if isinstance(st.get("network"), dict)]
+    network = None if not online else NetworkCounts(
+        episodes=len(online), **{k: sum(int(n.get(k, 0)) for n in online) for k in ("requests", "allowed", "denied", "bytes_down")},
+        hosts=sorted({h for n in online for h in n.get("hosts", [])}))
+    return Outcomes(generation=g, stage=stage, episodes=len(sts), network=network,
+                    by_outcome={o: counted.get(o, 0) for o in (*OUTCOMES, *sorted(set(counted) - set(OUTCOMES)))},
+                    by_cap={c: capped.get(c, 0) for c in CAPS},
+                    tool_calls=calls, tool_calls_per_episode=round(calls / len(sts), 3),
+                    unsandboxed=sum((st.get("sandbox") or {}).get("boundary") == "none" for st in sts),
+                    ended_by_pod=dict(sorted(Counter(st["_task"] for st in sts if st.get("ended_by") == "pod").items())))
+
+
+def _add_generation(rows: _Rows, ctx: RunContext, g: int, train: list[str]) -> None:
+    """Generation g's rows: episode outcomes and tokens, SFT data, training, search, guards, ranking."""
+    store, spec = ctx.store, ctx.spec
+    st_eval, st_search = _statuses(store, ctx.eval(g)), _statuses(store, ctx.search_root(g))
+    st_collect = _statuses(store, ctx.collect_root(g))
+    gen_eval, gen_search, gen_collect = map(metrics.generated_tokens, (st_eval, st_search, st_collect))
+    rows.outcomes += [_stage_outcomes(g, stage, sts) for stage, sts in
+                      (("search", st_search), ("collect", st_collect), ("evaluate", st_eval)) if sts]
+    stats = _json_or_none(store, ctx.sft_file(g, "stats"))
+    if sft_data(stats, g):
+        rows.sft.append(sft_data(stats, g))
+    log = _jsonl(store, ctx.train_log(g))
+    select_doc = _json_or_none(store, ctx.select(g))
+    chosen = selected_step(select_doc)
+    processed = metrics.processed_tokens([x for x in log if x.get("kind", "train") == "train"], chosen)
+    if gen_eval or gen_search or gen_collect or stats or log:
+        rows.tokens.append(Tokens(
+            generation=g, generated_search=gen_search, generated_collect=gen_collect, generated_eval=gen_eval,
+            generated_total=gen_search + gen_collect + gen_eval,
+            generated_episodes=len(st_eval) + len(st_search) + len(st_collect), stored_supervised=stored_supervised(stats),
+            processed_to_selected=processed["to_selected"], processed_to_end=processed["to_end"] if log else None))
+    if log or chosen is not None:
+        train_loss, val_loss = loss_curves(log)
+        rows.training.append(Training(generation=g, selected_step=chosen, train_loss=train_loss, val_loss=val_loss,
+                                      selected_by=(select_doc or {}).get("by", "val_loss") if chosen is not None else None))
+    states = {t: _json_or_none(store, ctx.search_state(g, t)) for t in train}
+    states = {t: s for t, s in states.items() if s}
+    if states:
+        beats = {t: elite_beats_by_iteration(s) for t, s in states.items()}
+        rows.search.append(SearchCurve(generation=g, iterations=spec.search.iterations, tasks=len(states),
+                                       coverage=metrics.search_coverage(beats, spec.search.iterations),
+                                       beats_reference={t: bool(s.get("beats_reference")) for t, s in states.items()}))
+    for t in train:
+        doc = _json_or_none(store, ctx.guard(g, t))
+        if doc:
+            rows.vetoes += guard_vetoes(doc, g, t)
+            rows.reviews += guard_reviews(doc, g, t)
+        rows.ranked += (_json_or_none(store, ctx.rank(g, t)) or {}).get("verdicts") or []
+
+
 def build_report(ctx: RunContext, embedder=None) -> dict:
     """report.json content (without `files`), computed from the store alone (`embedder`: of the
     workflow information proxies; the built-in hash embedder when None)."""
@@ -214,91 +320,13 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
     panel = [v for v in verdicts if v.get("kind") == "panel"]
     own = [v for v in verdicts if v.get("kind") == "self"]
 
-    win_share = []
-    for cand, base in sorted({(v["candidate"], v["baseline"]) for v in panel}):
-        vs = [v for v in panel if v["candidate"] == cand and v["baseline"] == base]
-        for split in ("train", "test", "all"):
-            ids = [t for t in split_of if split == "all" or split_of[t] == split]
-            if not ids:
-                continue
-            summary = metrics.comparison_summary(metrics.compare(vs, ids), ev.confidence, ev.bootstrap, seed=0)
-            positions = metrics.position_counts([v for v in vs if v["task"] in ids])
-            win_share.append(WinShare(candidate=cand, baseline=base, split=split, **summary, positions=positions,
-                                      note=metrics.position_bias_note(positions)))
-
-    agreement = []
-    for h in sorted({int(v["judge"].removeprefix("gen-")) for v in own}):
-        mine = [v for v in own if v["judge"] == f"gen-{h}"]
-        agreement.append(Agreement(evaluator=h, **metrics.agreement(mine, panel)))
-
-    audit, tokens, search, vetoes, training, sft, outcomes = [], [], [], [], [], [], []
-    reviews: list[Review] = []
-    ranked: list[dict] = []  # every rank step's verdicts (the self-judged pairs that chose the training data)
-    rollout_audits = [(ctx.eval_rollout_of(k), k) for k in store.list(ctx.eval_root() + "/") if k.endswith("/audit.json")]
-    rollout_audits = [(where, k) for where, k in rollout_audits if where is not None]
-    for h in sorted({where[0] for where, _ in rollout_audits}):
-        audits = [(where[1], store.get_json(k)) for where, k in rollout_audits if where[0] == h]
-        grades = rollout_grades(store, [(where[1], k) for where, k in rollout_audits if where[0] == h],
-                                {t.id: t for t in tasks})
-        for split in ("train", "test", "all"):
-            chosen = [a for task, a in audits if split == "all" or split_of.get(task) == split]
-            scored = [g for task, g in grades if split == "all" or split_of.get(task) == split]
-            if chosen or split == "all":
-                audit.append(Audit(generation=h, split=split, **metrics.audit_rates(chosen), **task_scores(scored)))
-
+    win_share = _win_share(panel, split_of, ev)
+    agreement = [Agreement(evaluator=h, **metrics.agreement([v for v in own if v["judge"] == f"gen-{h}"], panel))
+                 for h in sorted({int(v["judge"].removeprefix("gen-")) for v in own})]
+    audit = _audits(ctx, tasks, split_of)
+    rows = _Rows()
     for g in range(spec.generations + 1):
-        st_eval, st_search = _statuses(store, ctx.eval(g)), _statuses(store, ctx.search_root(g))
-        st_collect = _statuses(store, ctx.collect_root(g))
-        gen_eval, gen_search, gen_collect = map(metrics.generated_tokens, (st_eval, st_search, st_collect))
-        for stage, sts in (("search", st_search), ("collect", st_collect), ("evaluate", st_eval)):
-            if sts:
-                counted = Counter(str(st.get("outcome")) for st in sts)
-                capped = Counter(episode_cap(st) for st in sts)
-                calls = sum(int((st.get("counts") or {}).get("tool_calls") or 0) for st in sts)
-                online = [st["network"] for st in sts if isinstance(st.get("network"), dict)]
-                network = None if not online else NetworkCounts(
-                    episodes=len(online), **{k: sum(int(n.get(k, 0)) for n in online)
-                                             for k in ("requests", "allowed", "denied", "bytes_down")},
-                    hosts=sorted({h for n in online for h in n.get("hosts", [])}))
-                outcomes.append(Outcomes(generation=g, stage=stage, episodes=len(sts), network=network,
-                                         by_outcome={o: counted.get(o, 0) for o in (*OUTCOMES, *sorted(set(counted) - set(OUTCOMES)))},
-                                         by_cap={c: capped.get(c, 0) for c in CAPS},
-                                         tool_calls=calls, tool_calls_per_episode=round(calls / len(sts), 3),
-                                         unsandboxed=sum((st.get("sandbox") or {}).get("boundary") == "none" for st in sts),
-                                         ended_by_pod=dict(sorted(Counter(st["_task"] for st in sts
-                                                                          if st.get("ended_by") == "pod").items()))))
-        stats = _json_or_none(store, ctx.sft_file(g, "stats"))
-        if sft_data(stats, g):
-            sft.append(sft_data(stats, g))
-        log = _jsonl(store, ctx.train_log(g))
-        select_doc = _json_or_none(store, ctx.select(g))
-        chosen = selected_step(select_doc)
-        processed = metrics.processed_tokens([x for x in log if x.get("kind", "train") == "train"], chosen)
-        if gen_eval or gen_search or gen_collect or stats or log:
-            tokens.append(Tokens(
-                generation=g, generated_search=gen_search, generated_collect=gen_collect, generated_eval=gen_eval,
-                generated_total=gen_search + gen_collect + gen_eval,
-                generated_episodes=len(st_eval) + len(st_search) + len(st_collect), stored_supervised=stored_supervised(stats),
-                processed_to_selected=processed["to_selected"], processed_to_end=processed["to_end"] if log else None))
-        if log or chosen is not None:
-            train_loss, val_loss = loss_curves(log)
-            training.append(Training(generation=g, selected_step=chosen, train_loss=train_loss, val_loss=val_loss,
-                                     selected_by=(select_doc or {}).get("by", "val_loss") if chosen is not None else None))
-
-        states = {t: _json_or_none(store, ctx.search_state(g, t)) for t in by_split["train"]}
-        states = {t: s for t, s in states.items() if s}
-        if states:
-            beats = {t: elite_beats_by_iteration(s) for t, s in states.items()}
-            search.append(SearchCurve(generation=g, iterations=spec.search.iterations, tasks=len(states),
-                                      coverage=metrics.search_coverage(beats, spec.search.iterations),
-                                      beats_reference={t: bool(s.get("beats_reference")) for t, s in states.items()}))
-        for t in by_split["train"]:
-            doc = _json_or_none(store, ctx.guard(g, t))
-            if doc:
-                vetoes += guard_vetoes(doc, g, t)
-                reviews += guard_reviews(doc, g, t)
-            ranked += (_json_or_none(store, ctx.rank(g, t)) or {}).get("verdicts") or []
-
+        _add_generation(rows, ctx, g, by_split["train"])
     invalid = [InvalidVerdict(candidate=v["candidate"], baseline=v["baseline"], task=v["task"],
                               replicate=v["replicate"], judge=v["judge"], seed=v["seed"], errors=v.get("errors", []))
                for v in panel if not v.get("valid")]
@@ -309,89 +337,16 @@ def build_report(ctx: RunContext, embedder=None) -> dict:
         intervals={"per_task": "wilson score interval",
                    "overall": f"percentile bootstrap over tasks, {ev.bootstrap} resamples, seed 0"},
         judges=[JudgeInfo(name=j.name, model=j.model, seeds=list(j.seeds)) for j in spec.judges],
-        verdicts={"panel": count(panel), "self": count(own), "rank": count(ranked)},
-        win_share=win_share, agreement=agreement, audit=audit, tokens=tokens, outcomes=outcomes, sft=sft, search=search,
-        guard_vetoes=vetoes, guard_counts=guard_counts(vetoes, reviews), review=reviews, training=training,
+        verdicts={"panel": count(panel), "self": count(own), "rank": count(rows.ranked)},
+        win_share=win_share, agreement=agreement, audit=audit, tokens=rows.tokens, outcomes=rows.outcomes, sft=rows.sft,
+        search=rows.search, guard_vetoes=rows.vetoes, guard_counts=guard_counts(rows.vetoes, rows.reviews),
+        review=rows.reviews, training=rows.training,
         invalid_verdicts=invalid, files=[],
         information=workflow_information(ctx, embedder), roles=role_players(ctx), composition=run_composition(spec),
     ).model_dump(mode="json")
     doc["how_to_read"] = how_to_read(doc)
     doc["warnings"] = run_warnings(doc) + trained_no_work(doc, spec.collection.keep_no_work)
     return doc
-
-
-def trained_no_work(doc: dict, keep_no_work: bool) -> list[str]:
-    """Under collection.keep_no_work, how many teacher episodes that did no work were ranked for training."""
-    idle = [(o["generation"], o["by_outcome"].get("no_work", 0)) for o in doc["outcomes"] if o["stage"] == "collect"]
-    if not keep_no_work or not any(n for _, n in idle):
-        return []
-    return [f"collection.keep_no_work is true: {sum(n for _, n in idle)} teacher episodes that did no work were "
-            "ranked and trained on as successes (" + ", ".join(f"L{g} {n}" for g, n in idle if n) + ")"]
-
-
-def run_warnings(doc: dict) -> list[str]:
-    """Each stage where most episodes did no work, each verdict set that is mostly invalid: such a
-    run's numbers are not evidence, and what it trained on (under collection.keep_no_work) is not work."""
-    out = []
-    for o in doc["outcomes"]:
-        idle = o["by_outcome"].get("no_work", 0)
-        if 2 * idle > o["episodes"]:
-            out.append(f"L{o['generation']} {o['stage']}: {idle} of {o['episodes']} episodes did no work (finished "
-                       f"without a workspace tool call; {o['tool_calls']} tool calls in all)")
-    ended = [(o, t, n) for o in doc["outcomes"] for t, n in (o.get("ended_by_pod") or {}).items()]
-    if ended:
-        out.append(f"{sum(n for _, _, n in ended)} episodes were ended by their agent pod, not their harness (a signal "
-                   "or exit-code file written in the pod, or an upload cut short): "
-                   + ", ".join(f"L{o['generation']} {o['stage']} {t} {n}" for o, t, n in ended))
-    bare = [o for o in doc["outcomes"] if o.get("unsandboxed")]
-    if bare:
-        out.append(f"execution.sandbox: none: {sum(o['unsandboxed'] for o in bare)} episodes ran model-written code "
-                   "without a sandbox, with this machine's filesystem and network ("
-                   + ", ".join(f"L{o['generation']} {o['stage']} {o['unsandboxed']}" for o in bare) + ")")
-    for who, v in doc["verdicts"].items():
-        if v["total"] and 2 * v["invalid"] > v["total"]:
-            name = "ranking self-verdicts" if who == "rank" else f"{who} verdicts"
-            out.append(f"{name}: {v['invalid']} of {v['total']} invalid (the judge's answers could not be read)")
-    return out
-
-
-def how_to_read(doc: dict) -> list[str]:
-    """The report's opening: what each number is, its n here, and which of them are noise at this n."""
-    rows = [w for w in doc["win_share"] if w["split"] == "all"]
-    open_ci = [w for w in rows if w["ci"] and w["ci"][0] <= 0.5 <= w["ci"][1]]
-    undecided = [w for w in rows if not w["ci"]]
-    biased = [w for w in rows if w["note"]]
-    n_dec = sorted({w["wins"] + w["losses"] for w in rows})
-    lines = [
-        "Every number below is a count over a small sample and says its n; at this scale one verdict or one "
-        "episode moves a rate by 1/n, so read the counts before the percentages.",
-        "Win share is the candidate's wins / (wins + losses) by the judge panel; 50% is no difference. "
-        + (f"{len(open_ci)} of {len(rows)} comparisons (all tasks, n = {', '.join(map(str, n_dec))} decisive "
-           f"verdicts) have an interval that contains 50%: those are indistinguishable from noise."
-           + (f" {len(undecided)} have no decisive verdict at all." if undecided else "")
-           if rows else "No comparison has been judged yet."),
-    ]
-    if biased:
-        lines.append(f"{len(biased)} of {len(rows)} comparisons have a judge that chose the same position in every "
-                     "decisive verdict (position-bias note): over position-balanced pairs their win share is 50% "
-                     "by construction and measures the judge, not the generations.")
-    no_maj = sum(a["no_majority"] for a in doc["agreement"])
-    counted = sum(a["pairs"] for a in doc["agreement"])
-    lines.append("Evaluator agreement counts only pairs on which the panel has a majority "
-                 f"({counted} here); {no_maj} pairs had no majority and are reported as such, "
-                 "neither agreement nor disagreement.")
-    episodes = sorted({a["episodes"] for a in doc["audit"] if a["split"] == "all"})
-    lines.append("Delegation D and code handoff H count bare-prompt episodes "
-                 f"(n = {', '.join(map(str, episodes)) or '0'} per generation); a difference of one or two "
-                 "episodes between generations is within sampling noise at this n.")
-    graded = sorted({a.get("graded", 0) for a in doc["audit"] if a["split"] == "all"})
-    if any(graded):
-        lines.append("Task score is a deterministic grader (each deliverable exists, each expected file is correct), "
-                     f"no judge involved (n = {', '.join(map(str, graded))} graded episodes per generation): it moves "
-                     "only when workspaces change, so beside a noisy win share it says whether work got done.")
-    lines.append("Training loss of a small model over few steps shows that optimisation ran, not that the next "
-                 "generation is better; the win share and the audit are the evidence for that.")
-    return lines
 
 
 def report_step(ctx: RunContext):
