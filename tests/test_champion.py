@@ -18,7 +18,7 @@ import random
 import pytest
 
 from mass_jobs.config.task_spec import Workflow
-from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_runner
 from mass_jobs.judging.compare import Verdict
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
@@ -168,7 +168,7 @@ def test_search_judges_every_version_against_the_reference_and_arbitrates_winner
         add_episodes(ep, episode(score))
     ctx = RunContext(spec, store)
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
-    state = Search(ctx, 0, "t1", client, episode_executor(spec, ep.endpoint)).run()
+    state = Search(ctx, 0, "t1", client, episode_runner(spec, ep.endpoint)).run()
 
     assert state.selection == "champion" and state.elite == 2 and state.beats_reference
     assert state.beat_reference == [1, 2, 3]

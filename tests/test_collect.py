@@ -6,7 +6,7 @@ import pytest
 
 from mass_jobs.episodes import proof
 from mass_jobs.episodes.harness import load_episode_file, run_episode
-from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_runner
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
 from mass_jobs.spec.workflow import DIRECTIVE_HEADER, TEACHER_DIRECTIVE
@@ -21,7 +21,7 @@ def searched(spec, store, ep, ref_score: int, elite_score: int) -> RunContext:
     ctx = RunContext(spec, store)
     add_episodes(ep, episode(ref_score), episode(elite_score))
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
-    run_search(ctx, 0, "t1", client, episode_executor(spec, ep.endpoint))
+    run_search(ctx, 0, "t1", client, episode_runner(spec, ep.endpoint))
     return ctx
 
 
@@ -32,7 +32,7 @@ def test_collects_elite_with_directive_and_reruns_only_missing(make_store, inner
     ctx = searched(spec, store, ep, 1, 5)
     # concurrent episodes share the scripted queues, so each is a single orchestrator reply
     ep.add("orchestrator", *[Reply.call("finish", summary="nothing to delegate") for _ in range(4)])
-    execute = episode_executor(spec, ep.endpoint)
+    execute = episode_runner(spec, ep.endpoint)
     summary = run_collect(ctx, 0, "t1", execute)
     assert summary["skipped"] is False and summary["beats_reference"] is True
     assert [e["id"] for e in summary["episodes"]] == ["ep-0", "ep-1", "ep-2", "ep-3"]
@@ -72,7 +72,7 @@ def test_failed_episodes_are_ineligible_and_one_episode_runs_alone(make_store, i
     ep = judging_endpoint()
     ctx = searched(spec, store, ep, 1, 5)
     add_episodes(ep, episode(4), episode(4, finish_status="failure"), episode(4), episode(4))
-    execute = episode_executor(spec, ep.endpoint)
+    execute = episode_runner(spec, ep.endpoint)
     assert run_collect(ctx, 0, "t1", execute, episode=0)["outcome"] == "success"
     with pytest.raises(CollectError, match="episode 1 is not collected yet"):
         Collection(ctx, 0, "t1").summarize()
@@ -91,7 +91,7 @@ def test_task_that_never_beat_the_reference_is_skipped_and_recorded(make_store, 
     ep = judging_endpoint()
     ctx = searched(spec, store, ep, 5, 5)  # a tie with the bare reference does not beat it
     n = len(ep.requests)
-    summary = run_collect(ctx, 0, "t1", episode_executor(spec, ep.endpoint))
+    summary = run_collect(ctx, 0, "t1", episode_runner(spec, ep.endpoint))
     assert summary["skipped"] is True and "never produced a version that beat" in summary["reason"]
     assert summary["episodes"] == [] and len(ep.requests) == n
     assert store.get_json("inner/gen-0/collect/t1/summary.json") == summary
@@ -138,7 +138,7 @@ def test_collects_when_any_version_beat_the_reference_with_that_version(make_sto
     add_episodes(ep, episode(7))
     ctx = RunContext(spec, store)
     client = GarbleReferenceJudgment(ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0), ep, n=3)
-    run_search(ctx, 0, "t1", client, episode_executor(spec, ep.endpoint))
+    run_search(ctx, 0, "t1", client, episode_runner(spec, ep.endpoint))
     state = Collection(ctx, 0, "t1").state
     assert state.elite == 1 and state.beats_reference is False and state.beat_reference == [0]
     assert state.iterations[1].reference_verdict.valid is False
@@ -154,7 +154,7 @@ def test_collects_when_any_version_beat_the_reference_with_that_version(make_sto
 
     ep.add("orchestrator", *[Reply.call("finish", summary="nothing to delegate") for _ in range(2)])
     before = len(ep.requests)
-    summary = run_collect(ctx, 0, "t1", episode_executor(spec, ep.endpoint))
+    summary = run_collect(ctx, 0, "t1", episode_runner(spec, ep.endpoint))
     assert summary["skipped"] is False and summary["elite_iteration"] == 0 and summary["beat_reference"] == [0]
     # the two episodes' one call each, both with v0's teacher prompt (what came instead is shown)
     asked = [(r["headers"].get("x-mass-role"), [m.get("content") for m in r["body"].get("messages", [])][1:2])
@@ -211,5 +211,5 @@ def test_argo_prepare_pod_ingest(make_store, inner_spec, judging_endpoint, tmp_p
     assert store.get_json(f"{p}/protected.json") == {"sim/env.py": {"sim/env.py": hashlib.sha256(b"G = 9.8\n").hexdigest()}}
     # the locally run episode 0 and the ingested episode 1 complete the task
     add_episodes(ep, episode(3))
-    summary = run_collect(ctx, 0, "t1", episode_executor(spec, ep.endpoint))
+    summary = run_collect(ctx, 0, "t1", episode_runner(spec, ep.endpoint))
     assert summary["eligible"] == ["ep-0", "ep-1"]

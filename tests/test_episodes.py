@@ -57,7 +57,7 @@ def test_an_execution_setting_reaches_the_episodes_of_search_and_collect(make_st
     for item in run_search(ctx, 0, "t1", client, None, iteration=0, phase="prepare", endpoint=ep.endpoint)["rollouts"]:
         docs.append(store.get_json(ctx.agent_input(ctx.under_run(item["rollout"]), "episode.json")))
     add_episodes(ep, episode(1), episode(5))
-    run_search(ctx, 0, "t1", client, rollouts.episode_executor(spec, ep.endpoint))  # the rest of the search, here
+    run_search(ctx, 0, "t1", client, rollouts.episode_runner(spec, ep.endpoint))  # the rest of the search, here
     run_collect(ctx, 0, "t1", None, episode=0, phase="prepare", endpoint=ep.endpoint)
     docs.append(store.get_json(ctx.episode_input(0, "t1", 0, "episode.json")))
     assert len(docs) == 3

@@ -8,7 +8,7 @@ import pytest
 
 from mass_jobs.config.task_spec import Guards
 from mass_jobs.episodes import proof
-from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_runner
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
 from mass_jobs.steps.collect import run_collect
@@ -40,7 +40,7 @@ def test_planted_failures_are_vetoed_even_when_preferred(make_store, inner_spec,
     ep = judging_endpoint()
     ctx = RunContext(spec, store)
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
-    execute = episode_executor(spec, ep.endpoint)
+    execute = episode_runner(spec, ep.endpoint)
     add_episodes(ep, honest(1), honest(5))
     run_search(ctx, 0, "t1", client, execute)
     add_episodes(
@@ -144,7 +144,7 @@ def collected(make_store, inner_spec, judging_endpoint):
     spec = inner_spec(store, tasks=[CHECKED_TASK], search={"iterations": 0}, collection={"episodes": 4})
     ep = judging_endpoint()
     ctx = RunContext(spec, store)
-    execute = episode_executor(spec, ep.endpoint)
+    execute = episode_runner(spec, ep.endpoint)
     add_episodes(ep, honest(1), honest(5))
     run_search(ctx, 0, "t1", ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0), execute)
     add_episodes(ep, honest(2), honest(6), episode(None, {"results/metrics.json": '{"correlation": 0.1}'}),

@@ -205,7 +205,7 @@ def test_an_agent_that_fails_is_retried_then_recorded_never_failing_the_generati
 
 
 def test_ingest_records_a_lost_agent_as_infra_error(make_store, inner_spec, judging_endpoint, tmp_path):
-    from mass_jobs.episodes.rollouts import episode_executor
+    from mass_jobs.episodes.rollouts import episode_runner
     from mass_jobs.run.context import RunContext
     from mass_jobs.serving.llm import ModelClient
     from mass_jobs.steps.collect import CollectError, run_collect
@@ -220,7 +220,7 @@ def test_ingest_records_a_lost_agent_as_infra_error(make_store, inner_spec, judg
     ctx = RunContext(spec, store)
     add_episodes(ep, episode(1), episode(5))
     run_search(ctx, 0, "t1", ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0),
-               episode_executor(spec, ep.endpoint))
+               episode_runner(spec, ep.endpoint))
     out = run_collect(ctx, 0, "t1", None, episode=0, phase="prepare", endpoint=ep.endpoint)
     assert out["agent"] is True
     store.put_json(ctx.episode_output(0, "t1", 0, "status.json"), {"stale": True})

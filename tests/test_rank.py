@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_runner
 from mass_jobs.judging.bradley_terry import fit
 from mass_jobs.judging.pairing import is_connected, pairs, schedule
 from mass_jobs.run.context import RunContext
@@ -27,7 +27,7 @@ def collected(spec, store, ep, scores, failing=(), scripts=None):
     returns (ctx, client)."""
     ctx = RunContext(spec, store)
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
-    execute = episode_executor(spec, ep.endpoint)
+    execute = episode_runner(spec, ep.endpoint)
     add_episodes(ep, episode(1), episode(5))
     run_search(ctx, 0, "t1", client, execute)
     add_episodes(ep, *(scripts or [episode(s, finish_status="failure" if i in failing else "success")
@@ -212,7 +212,7 @@ def test_tiny_model_runs_the_chain_to_manifests(make_store, inner_spec, tiny_mod
     ctx = RunContext(spec, store)
     with ModelServer(tiny_model_dir, served_name="tiny", device="cpu") as srv:
         client = ModelClient(srv.endpoint, spec.model.sampling, timeout_s=60, retries=0)
-        execute = episode_executor(spec, srv.endpoint)
+        execute = episode_runner(spec, srv.endpoint)
         run_search(ctx, 0, "t1", client, execute)
         state = Search(ctx, 0, "t1", client, execute).state()
         assert state.done and [r.k for r in state.iterations] == [0, 1]

@@ -4,7 +4,7 @@ test puts a real served model (the tiny model behind the embedded server) in the
 
 import pytest
 
-from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_runner
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
 from mass_jobs.steps import report as rp
@@ -44,7 +44,7 @@ def test_optimizer_and_evaluator_on_a_second_endpoint_are_recorded_everywhere(se
     add_episodes(gen, episode(1), episode(5), episode(7))  # reference, initial workflow, iteration 1
     strong.add("optimizer", Reply.text(proposal("v1")))
     client = ModelClient(gen.endpoint, ctx.spec.model.sampling, timeout_s=10, retries=0)
-    run_search(ctx, 0, "t1", client, episode_executor(ctx.spec, gen.endpoint))
+    run_search(ctx, 0, "t1", client, episode_runner(ctx.spec, gen.endpoint))
     # the generation's endpoint executed only; the second endpoint proposed and judged only
     assert roles_of(gen.requests) == ["orchestrator", "worker"]
     assert roles_of(strong.requests) == ["evaluator", "optimizer"]
@@ -59,7 +59,7 @@ def test_optimizer_and_evaluator_on_a_second_endpoint_are_recorded_everywhere(se
 
     # teacher episodes on the generation, ranked by the second endpoint
     add_episodes(gen, *[episode(s) for s in (3, 9, 4, 8)])
-    run_collect(ctx, 0, "t1", episode_executor(ctx.spec, gen.endpoint))
+    run_collect(ctx, 0, "t1", episode_runner(ctx.spec, gen.endpoint))
     run_guard(ctx, 0, "t1")
     n = len(strong.requests)
     ranking = run_rank(ctx, 0, "t1", client)
@@ -81,11 +81,11 @@ def test_executor_role_runs_the_rollouts_and_teacher_episodes(setup, judging_end
     ctx = setup(iterations=0, executor=worker_model)
     add_episodes(worker_model, episode(1), episode(5))
     client = ModelClient(gen.endpoint, ctx.spec.model.sampling, timeout_s=10, retries=0)
-    run_search(ctx, 0, "t1", client, episode_executor(ctx.spec, gen.endpoint))
+    run_search(ctx, 0, "t1", client, episode_runner(ctx.spec, gen.endpoint))
     assert roles_of(worker_model.requests) == ["orchestrator", "worker"] and roles_of(gen.requests) == ["evaluator"]
     assert ctx.store.get_json(f"{RUN}/gen-0/search/t1/iter-0/reference_verdict.json")["model"] == "gen-0"
     add_episodes(worker_model, *[episode(s) for s in (3, 9, 4, 8)])
-    run_collect(ctx, 0, "t1", episode_executor(ctx.spec, gen.endpoint))
+    run_collect(ctx, 0, "t1", episode_runner(ctx.spec, gen.endpoint))
     doc = ctx.store.get_json(f"{RUN}/gen-0/collect/t1/ep-0/episode.json")
     assert doc["executor"] == {"endpoint": worker_model.base_url, "model": "executor-model", "api_key_env": None}
     assert {r["role"]: r["recorded"] for r in rp.build_report(ctx)["roles"]}["executor"] == [
@@ -109,7 +109,7 @@ def test_a_second_served_model_as_optimizer_and_evaluator(make_store, inner_spec
         ctx = RunContext(spec, store)
         add_episodes(gen, episode(1), episode(5), episode(7))
         client = ModelClient(gen.endpoint, spec.model.sampling, timeout_s=10, retries=0)
-        run_search(ctx, 0, "t1", client, episode_executor(spec, gen.endpoint))
+        run_search(ctx, 0, "t1", client, episode_runner(spec, gen.endpoint))
     label = f"strong-tiny @ {srv.endpoint.base_url}"
     verdict = store.get_json(f"{RUN}/gen-0/search/t1/iter-0/reference_verdict.json")
     assert verdict["model"] == label

@@ -15,7 +15,7 @@ import pytest
 
 from mass_jobs.commands.cli import main as cli_main
 from mass_jobs.episodes import proof
-from mass_jobs.episodes.rollouts import RolloutError, episode_executor
+from mass_jobs.episodes.rollouts import RolloutError, episode_runner
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
 from mass_jobs.steps.search import SearchError, run_search
@@ -61,7 +61,7 @@ def test_search_in_agent_pods_stores_what_the_local_search_stores(make_store, in
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
     a = RunContext(spec, local)
     script(ep)
-    run_search(a, 0, "t1", client, episode_executor(spec, ep.endpoint))
+    run_search(a, 0, "t1", client, episode_runner(spec, ep.endpoint))
 
     b = RunContext(inner_spec(pods, search={"iterations": 1}, execution={"network": network}), pods)
     ep = judging_endpoint()

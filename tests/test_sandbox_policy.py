@@ -80,7 +80,7 @@ def test_mass_episode_refuses_without_bwrap_and_runs_no_agent(tmp_path):
 
 
 def test_an_episode_runner_refuses_before_its_first_episode(tmp_path, monkeypatch):
-    from mass_jobs.episodes.rollouts import episode_executor
+    from mass_jobs.episodes.rollouts import episode_runner
     from mass_jobs.serving.llm import Endpoint
 
     monkeypatch.setattr(sandbox, "_tools", lambda: (None, "bwrap (bubblewrap) is not installed"))
@@ -88,13 +88,13 @@ def test_an_episode_runner_refuses_before_its_first_episode(tmp_path, monkeypatc
     from mass_jobs.episodes.episode import EpisodeRequest
 
     endpoint = Endpoint("http://127.0.0.1:9/v1", "m")
-    execute = episode_executor(load_spec(str(write_spec(tmp_path))), endpoint)  # a step whose pods run them: fine
+    execute = episode_runner(load_spec(str(write_spec(tmp_path))), endpoint)  # a step whose pods run them: fine
     (tmp_path / "ws").mkdir()
     with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
         execute(EpisodeRequest(prompt="x", files={"a.txt": "a"}, seed=0), tmp_path / "ws", tmp_path / "out")
     assert not (tmp_path / "out").exists() and not (tmp_path / "ws" / "a.txt").exists()  # no episode began
-    monkeypatch.setattr("mass_jobs.episodes.rollouts.run_episode", lambda *a, **k: type("R", (), {"status": {}})())
-    episode_executor(load_spec(str(write_spec(tmp_path, sandbox="none"))), endpoint)(
+    monkeypatch.setattr("mass_jobs.episodes.harness.run_episode", lambda *a, **k: type("R", (), {"status": {}})())
+    episode_runner(load_spec(str(write_spec(tmp_path, sandbox="none"))), endpoint)(
         EpisodeRequest(prompt="x", files={}, seed=0), tmp_path / "ws", tmp_path / "out")
     assert os.environ[sandbox.BOUNDARY_ENV] == "none"  # what the run's episodes and `mass episode` children inherit
 
@@ -103,13 +103,13 @@ def test_the_opt_out_is_recorded_in_the_episode_status(tmp_path, monkeypatch, sc
     """execution.sandbox: none on a machine without bwrap: the episode runs its shell command on the
     host, and its status says what bounded it."""
     from mass_jobs.episodes.episode import EpisodeRequest
-    from mass_jobs.episodes.rollouts import episode_executor
+    from mass_jobs.episodes.rollouts import episode_runner
     from mass_jobs.tools.testing.scripted_endpoint import Reply
 
     monkeypatch.setattr(sandbox, "_tools", lambda: (None, "bwrap (bubblewrap) is not installed"))
     monkeypatch.setenv(sandbox.BOUNDARY_ENV, "")  # so that what the spec declares is undone after the test
     ep = scripted_endpoint({"*": [Reply.call("shell", command="echo hi > a.py"), Reply.text("wrote a.py")]})
-    execute = episode_executor(load_spec(str(write_spec(tmp_path, sandbox="none"))), ep.endpoint)
+    execute = episode_runner(load_spec(str(write_spec(tmp_path, sandbox="none"))), ep.endpoint)
     (tmp_path / "ws").mkdir()
     status = execute(EpisodeRequest(prompt="Write a.py.", files={}, seed=1, single_agent=True), tmp_path / "ws", tmp_path / "out")
     assert status["outcome"] == "success", status

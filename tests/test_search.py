@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_runner
 from mass_jobs.judging.compare import bundle, judge, parse_verdict
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
@@ -47,7 +47,7 @@ def script_k3(ep):
 def run_k3(spec, store, ep, client=None):
     ctx = RunContext(spec, store)
     client = client or ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
-    return Search(ctx, 0, "t1", client, episode_executor(spec, ep.endpoint))
+    return Search(ctx, 0, "t1", client, episode_runner(spec, ep.endpoint))
 
 
 def stored_tree(store, prefix):
@@ -149,7 +149,7 @@ def test_single_iterations_for_argo_and_failed_proposals(make_store, inner_spec,
     add_episodes(ep, episode(2))  # iteration 2 ties with the elite
     ctx = RunContext(spec, store)
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
-    execute = episode_executor(spec, ep.endpoint)
+    execute = episode_runner(spec, ep.endpoint)
     with pytest.raises(RuntimeError, match="iteration 0 is not finished"):
         run_search(ctx, 0, "t1", client, execute, iteration=1)
     assert run_search(ctx, 0, "t1", client, execute, iteration=0)["continue"] is True

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from mass_jobs.config.run_spec import SftSpec
 from mass_jobs.episodes.audit import audit_episode
 from mass_jobs.episodes.harness import load_episode_file
-from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_runner
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
 from mass_jobs.spec.load import SpecError, validate_document
@@ -38,11 +38,11 @@ def collected(make_store, inner_spec, judging_endpoint):
     ctx = RunContext(spec, store)
     add_episodes(ep, episode(1), episode(5))  # the search stays a team: reference, then the initial workflow
     run_search(ctx, 0, "t1", ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0),
-               episode_executor(spec, ep.endpoint))
+               episode_runner(spec, ep.endpoint))
     n_search = len(ep.requests)
     for i in range(EPISODES):
         ep.add("agent", *solo(i))
-    summary = run_collect(ctx, 0, "t1", episode_executor(spec, ep.endpoint))
+    summary = run_collect(ctx, 0, "t1", episode_runner(spec, ep.endpoint))
     return ctx, ep, n_search, summary
 
 
@@ -97,7 +97,7 @@ def test_team_episode_inputs_are_unchanged_and_argo_input_carries_the_mode(make_
     ctx = RunContext(spec, store)
     add_episodes(ep, episode(1), episode(5))
     run_search(ctx, 0, "t1", ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0),
-               episode_executor(spec, ep.endpoint))
+               episode_runner(spec, ep.endpoint))
     team = RunContext(inner_spec(store, search={"iterations": 0}), store)
     assert "teacher" not in Collection(team, 0, "t1").episode_doc(0)  # team manifests keep their input hash
     run_collect(ctx, 0, "t1", None, episode=0, phase="prepare", endpoint=ep.endpoint)

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_runner
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
 from mass_jobs.spec.upstream_design import DesignTemplate, parse_design_reply
@@ -246,7 +246,7 @@ def test_a_search_collection_and_render_in_the_upstream_format(make_store, inner
     add_episodes(ep, episode(7))
     ctx = RunContext(spec, store)
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
-    state = Search(ctx, 0, "t1", client, episode_executor(spec, ep.endpoint)).run()
+    state = Search(ctx, 0, "t1", client, episode_runner(spec, ep.endpoint)).run()
 
     root = "inner/gen-0/search/t1"
     # v0 is the task text as written; v1 the paper's rendering of the kept block
@@ -270,7 +270,7 @@ def test_a_search_collection_and_render_in_the_upstream_format(make_store, inner
 
     # the teacher runs the champion's block with the directive after it, as the paper's collect does
     ep.add("orchestrator", *[Reply.call("finish", summary="nothing to delegate") for _ in range(4)])
-    run_collect(ctx, 0, "t1", episode_executor(spec, ep.endpoint))
+    run_collect(ctx, 0, "t1", episode_runner(spec, ep.endpoint))
     teacher = paper_teacher(paper_render(before, after, block), teacher_directive(spec.execution.harness))
     doc = store.get_json("inner/gen-0/collect/t1/ep-0/episode.json")
     assert doc["prompt"] == teacher and doc["prompt_parts"]["agent_rules"] == [AFTERS[0].splitlines()[1].strip()]

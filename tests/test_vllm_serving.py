@@ -16,7 +16,7 @@ import pytest
 
 from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.episodes.episode import EpisodeRequest
-from mass_jobs.episodes.rollouts import episode_executor, run_here
+from mass_jobs.episodes.rollouts import episode_runner, run_here
 from mass_jobs.k8s.serving import runtime_args
 from mass_jobs.k8s.settings import ClusterSettings
 from mass_jobs.serving.backends import VllmServer, serve_model, spec_engine_args
@@ -48,7 +48,7 @@ def test_an_episode_runs_through_vllm_started_as_the_inference_service_starts_it
 
     prompt = workflow_prompt_parts(DEMO_PROMPTS[0], DEFAULT_WORKFLOW).text
     with serve_model(spec, warm_tiny_model_dir, "tiny", log_path=tmp_path / "vllm.log") as endpoint:
-        execute = episode_executor(spec, endpoint, executor_role=False)
+        execute = episode_runner(spec, endpoint, executor_role=False)
         with run_here(execute, EpisodeRequest(prompt=prompt, files={}, seed=0)) as ran:
             status, trace = ran.status, ran.trace
     log = (tmp_path / "vllm.log").read_text(errors="replace")

@@ -16,7 +16,7 @@ import contextlib
 import json
 
 from mass_jobs.commands.common import add_common, add_model, add_rollout_phases, model_endpoint, open_run, run_guarded
-from mass_jobs.episodes.rollouts import episode_executor, write_phase_outputs
+from mass_jobs.episodes.rollouts import episode_runner, write_phase_outputs
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.steps.collect import run_collect
 
@@ -45,7 +45,7 @@ def main(args) -> int:
         else:
             with contextlib.ExitStack() as stack:
                 endpoint = stack.enter_context(model_endpoint(args, ctx))
-                out = run_collect(ctx, args.gen, args.task, episode_executor(spec, endpoint), episode=args.episode)
+                out = run_collect(ctx, args.gen, args.task, episode_runner(spec, endpoint), episode=args.episode)
         print(json.dumps(out, sort_keys=True, default=str))
         return 0
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from mass_jobs.commands.common import add_common, add_model, add_rollout_phases, model_endpoint, open_run, run_guarded
-from mass_jobs.episodes.rollouts import episode_executor, write_phase_outputs
+from mass_jobs.episodes.rollouts import episode_runner, write_phase_outputs
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.serving.roles import client_for
 from mass_jobs.steps.search import run_search
@@ -45,7 +45,7 @@ def main(args) -> int:
             write_phase_outputs(args.outputs, args.phase, out)
         else:
             with model_endpoint(args, ctx) as endpoint:
-                out = run_search(ctx, args.gen, args.task, client_for(spec, endpoint), episode_executor(spec, endpoint),
+                out = run_search(ctx, args.gen, args.task, client_for(spec, endpoint), episode_runner(spec, endpoint),
                                  iteration=args.iteration)
         print(json.dumps(out, sort_keys=True))
         return 0

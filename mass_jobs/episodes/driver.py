@@ -19,7 +19,7 @@ from typing import Any
 
 from mass_jobs.episodes import proof, rollouts
 from mass_jobs.episodes.episode import EpisodeInput, EpisodeRequest
-from mass_jobs.episodes.rollouts import Execute, RolloutError
+from mass_jobs.episodes.rollouts import EpisodeRunner, RolloutError
 from mass_jobs.run.context import RunContext
 from mass_jobs.store import Step
 
@@ -66,21 +66,21 @@ class Driver:
         return store.get_json(self.status_key(r)) if store.exists(self.status_key(r)) else None
 
     # ------------------------------------------------------------ here
-    def run(self, r: Rollout, execute: Execute) -> dict:
+    def run(self, r: Rollout, run_episode: EpisodeRunner) -> dict:
         """Run the rollout here and store it (its stored status when it is stored already)."""
         if (status := self.stored(r)) is not None:
             return status
         if r.manifest is not None:
             r.manifest.start()
-        with rollouts.run_here(execute, r.request, seeded=lambda ws: self._seeded(r, ws)) as ran:
+        with rollouts.run_here(run_episode, r.request, seeded=lambda ws: self._seeded(r, ws)) as ran:
             self._store(r, ran.status, ran.trace, ran.network, workspace=ran.workspace)
         return ran.status
 
-    def run_all(self, rs: Iterable[Rollout], execute: Execute, on_done: Callable[[Rollout, dict], None] | None = None) -> None:
+    def run_all(self, rs: Iterable[Rollout], run_episode: EpisodeRunner, on_done: Callable[[Rollout, dict], None] | None = None) -> None:
         """Every rollout not stored, `execution.concurrency` at once; the first failure is raised."""
 
         def one(r: Rollout) -> None:
-            status = self.run(r, execute)
+            status = self.run(r, run_episode)
             if on_done is not None:
                 on_done(r, status)
 

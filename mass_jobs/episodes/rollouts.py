@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mass_jobs.config.errors import StepFailed
-from mass_jobs.episodes import proof
+from mass_jobs.episodes import harness, proof
 from mass_jobs.episodes.episode import (
     EpisodeInput,
     EpisodeRequest,
@@ -37,7 +37,6 @@ from mass_jobs.episodes.episode import (
     status_text,
     validate_status,
 )
-from mass_jobs.episodes.harness import run_episode
 from mass_jobs.run.context import RunContext
 from mass_jobs.run.sandboxing import apply_sandbox
 from mass_jobs.serving.roles import role_endpoint
@@ -73,8 +72,8 @@ def phase_of(value: str | Phase | None, allowed: tuple[Phase, ...] = AGENT_PHASE
     return phase
 
 
-# execute(request, workspace, out_dir) -> status.json's content; out_dir gets trace.jsonl and status.json
-Execute = Callable[[EpisodeRequest, Path, Path], dict]
+# run_episode(request, workspace, out_dir) -> status.json's content; out_dir gets trace.jsonl and status.json
+EpisodeRunner = Callable[[EpisodeRequest, Path, Path], dict]
 
 
 def derived_seed(*parts: Any) -> int:
@@ -89,18 +88,18 @@ def executor_endpoint(spec, endpoint):
     return role_endpoint(spec, "executor") or endpoint
 
 
-def episode_executor(spec, endpoint, *, executor_role: bool = True) -> Execute:
+def episode_runner(spec, endpoint, *, executor_role: bool = True) -> EpisodeRunner:
     """The real rollout: `run_episode` of `EpisodeInput.from_spec`. Evaluation and panel selection
     measure a generation itself, so they pass `executor_role=False` (roles.executor never plays it)."""
     endpoint = executor_endpoint(spec, endpoint) if executor_role else endpoint
 
-    def execute(request: EpisodeRequest, workspace: Path, out_dir: Path) -> dict:
+    def run(request: EpisodeRequest, workspace: Path, out_dir: Path) -> dict:
         # where episodes run here: SandboxUnavailable before the first one if nothing may run (a step
         # whose episodes run in agent pods builds this runner too, and never calls it)
         apply_sandbox(spec)
-        return run_episode(EpisodeInput.from_spec(spec, endpoint, request), workspace, out_dir).status
+        return harness.run_episode(EpisodeInput.from_spec(spec, endpoint, request), workspace, out_dir).status
 
-    return execute
+    return run
 
 
 RECORD = ("workspace.tar.gz", "trace.jsonl", "status.json")  # every stored episode; status.json last
@@ -129,7 +128,7 @@ class Ran:
 
 
 @contextlib.contextmanager
-def run_here(execute: Execute, request: EpisodeRequest, seeded: Callable[[Path], None] | None = None) -> Iterator[Ran]:
+def run_here(run_episode: EpisodeRunner, request: EpisodeRequest, seeded: Callable[[Path], None] | None = None) -> Iterator[Ran]:
     """Run one episode in this process (its shell commands sandboxed) in a workspace of its own,
     seeded from the request's files; `seeded(workspace)` sees it before the agent does."""
     with tempfile.TemporaryDirectory(prefix="mass-episode-") as tmp:
@@ -138,7 +137,7 @@ def run_here(execute: Execute, request: EpisodeRequest, seeded: Callable[[Path],
         seed_workspace(workspace, request.files)
         if seeded is not None:
             seeded(workspace)
-        yield Ran(execute(request, workspace, out), workspace, out)
+        yield Ran(run_episode(request, workspace, out), workspace, out)
 
 
 def store_record(ctx: RunContext, prefix: str, *, status: dict, trace: bytes, workspace: Path | None = None,

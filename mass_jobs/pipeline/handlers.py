@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mass_jobs.episodes import proof
-from mass_jobs.episodes.rollouts import MODELS_OUTPUT, ROLLOUTS_OUTPUT, episode_executor, executor_endpoint
+from mass_jobs.episodes.rollouts import MODELS_OUTPUT, ROLLOUTS_OUTPUT, episode_runner, executor_endpoint
 from mass_jobs.pipeline import nodes as N
 from mass_jobs.pipeline import table as P
 from mass_jobs.pipeline.progress import PerKey
@@ -94,10 +94,10 @@ class InProcess:
     def client(self):
         return LazyClient(lambda: client_for(self.services.spec, self.services.endpoint()))
 
-    def execute(self, *args):
+    def run_episode(self, *args):
         # roles.executor set: the generation's server is not needed (and not started) for episodes
         endpoint = executor_endpoint(self.services.spec, None) or self.services.endpoint()
-        status = episode_executor(self.services.spec, endpoint)(*args)
+        status = episode_runner(self.services.spec, endpoint)(*args)
         with self._lock:  # collect runs episodes concurrently
             self._now["episodes"] += 1
             self.services.note(f"{self._now['label']}: episode {self._now['episodes']}", self._now["episodes"],
@@ -124,7 +124,7 @@ class InProcess:
         """The services a step declares. Servers of named generations (and judges) are started on
         first use and shared by the step's calls: rollouts and self-verdicts of one generation share
         a server (each start costs seconds); all are stopped when the step ends."""
-        services: dict = {"client": self.client, "execute": self.execute, "progress": self._progress()}
+        services: dict = {"client": self.client, "run_episode": self.run_episode, "progress": self._progress()}
         with contextlib.ExitStack() as servers:
             if {"serve_generation", "serve_judge"} & set(s.local or ()):
                 serve_generation, serve_judge = self.services.servers()

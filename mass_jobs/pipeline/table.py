@@ -57,7 +57,7 @@ PODS = ("step", "agent", "trainer")  # a CPU step pod, sandboxed agent pods, a P
 PER_TASK = ("task", "iteration", "episode")
 # what the local runner hands a core in-process: the generation's chat model, an agent-episode
 # executor, servers of the generations and judges the step names itself, a progress callback
-SERVICES = ("client", "execute", "serve_generation", "serve_judge", "progress")
+SERVICES = ("client", "run_episode", "serve_generation", "serve_judge", "progress")
 RESOURCES = ("step", "merge")
 
 
@@ -293,11 +293,11 @@ PIPELINE: tuple[StepDef, ...] = (
     StepDef("search", "iteration", search.run_search, ("search",),
             search.search_steps,
             reads=("model",), writes=("search_rollout", "agent_input", "agent_output", "search_state"),
-            pod="agent", model=True, local=("client", "execute"), cost=_search_cost),
+            pod="agent", model=True, local=("client", "run_episode"), cost=_search_cost),
     StepDef("collect", "episode", collect.run_collect, ("collect",),
             collect.collect_steps,
             reads=("search_state",), writes=("episode_input", "episode_output", "collect_episode", "collect_summary"),
-            pod="agent", model=True, local=("execute",), cost=_collect_cost),
+            pod="agent", model=True, local=("run_episode",), cost=_collect_cost),
     StepDef("guard", "task", guard.run_guard, ("guard",),
             guard.guard_step,
             reads=("collect_summary", "collect_episode"), writes=("guard_checks", "agent_input", "agent_output", "guard"),

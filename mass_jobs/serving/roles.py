@@ -3,7 +3,7 @@
 By default every role is the current generation (the paper's homogeneous setting). `roles.<role>` in
 the spec names any OpenAI-compatible endpoint, model and API-key variable instead (the paper's
 stronger-optimizer / stronger-evaluator ablations). Search and rank ask `role_client` for their
-optimizer and evaluator clients, `episode_executor` asks `role_endpoint` for the executor, and every
+optimizer and evaluator clients, `episode_runner` asks `role_endpoint` for the executor, and every
 proposal and verdict records `role_label` so the report can say which model played which role.
 No CLI of its own: used by `mass search`, `mass collect`, `mass rank` and the local runner.
 """

@@ -31,7 +31,7 @@ from mass_jobs.config.errors import StepFailed
 from mass_jobs.episodes import rollouts
 from mass_jobs.episodes.driver import Driver, Rollout
 from mass_jobs.episodes.episode import EpisodeRequest
-from mass_jobs.episodes.rollouts import Execute, Phase, RolloutError, agent_ended, derived_seed
+from mass_jobs.episodes.rollouts import EpisodeRunner, Phase, RolloutError, agent_ended, derived_seed
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.roles import roles_input
 from mass_jobs.spec.workflow import teacher_directive
@@ -176,7 +176,7 @@ class Collection:
         return summary
 
 
-def run_collect(ctx: RunContext, gen: int, task_id: str, execute: Execute | None, *, episode: int | None = None,
+def run_collect(ctx: RunContext, gen: int, task_id: str, run_episode: EpisodeRunner | None, *, episode: int | None = None,
                 phase: str | Phase | None = None, endpoint=None, require_beats_reference: bool | None = None,
                 agent_status: str | None = None) -> dict:
     """Library core of `mass collect` and the local runner; returns the summary (or the one episode's status)."""
@@ -205,10 +205,10 @@ def run_collect(ctx: RunContext, gen: int, task_id: str, execute: Execute | None
                 return c.driver.ingest(r, agent_ended=agent_ended(agent_status))
             except RolloutError as e:
                 raise CollectError(str(e).replace(f"rollout {r.prefix}", f"episode {r.prefix}")) from None
-        assert execute is not None
-        return c.driver.run(r, execute)
+        assert run_episode is not None
+        return c.driver.run(r, run_episode)
     if c.skip_reason is None:
         todo = [c.rollout(i) for i in range(c.cfg.episodes)]
-        assert execute is not None or all(c.driver.stored(r) is not None for r in todo)
-        c.driver.run_all(todo, execute)
+        assert run_episode is not None or all(c.driver.stored(r) is not None for r in todo)
+        c.driver.run_all(todo, run_episode)
     return c.summarize()

@@ -192,7 +192,7 @@ def run_rollouts(ctx: RunContext, g: int, endpoint, progress: Progress | None = 
             progress("rollout", {"gen": g, "task": r.task, "replicate": rep, **read_manifest(ctx.store, r.prefix)["extra"]})
 
     rs = [rollout(ctx, g, t, r) for t in ctx.spec.resolved_tasks() for r in range(ctx.spec.evaluation.rollouts_per_task)]
-    driver(ctx).run_all(rs, rollouts.episode_executor(ctx.spec, endpoint, executor_role=False), on_done=done)
+    driver(ctx).run_all(rs, rollouts.episode_runner(ctx.spec, endpoint, executor_role=False), on_done=done)
 
 
 # ---------------------------------------------------------------- pairs and verdicts

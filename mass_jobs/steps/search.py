@@ -36,7 +36,7 @@ from mass_jobs.config.errors import StepFailed
 from mass_jobs.episodes import rollouts
 from mass_jobs.episodes.driver import Driver, Rollout
 from mass_jobs.episodes.episode import EpisodeRequest
-from mass_jobs.episodes.rollouts import Execute, Phase, agent_ended, derived_seed, rollout_outputs
+from mass_jobs.episodes.rollouts import EpisodeRunner, Phase, agent_ended, derived_seed, rollout_outputs
 from mass_jobs.episodes.trace_shape import last_tool_calls
 from mass_jobs.judging import optimizer_brief
 from mass_jobs.judging.compare import Verdict, blind_judge, judge, task_bundle, task_views
@@ -93,13 +93,13 @@ def search_steps(ctx: RunContext, gen: int, task_id: str) -> list:
 class Search:
     """The inner loop for one task of one generation; `run()` or `iteration(k)`.
 
-    With an `execute` the rollouts run here; without one (the cluster) `prepare(k)` writes the
+    With an `run_episode` the rollouts run here; without one (the cluster) `prepare(k)` writes the
     agent pods' inputs, `ingest(rollout)` stores each pod's output, and `iteration(k)` then only
     judges and saves (it refuses a rollout that is not stored)."""
 
-    def __init__(self, ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute | None):
+    def __init__(self, ctx: RunContext, gen: int, task_id: str, client: Any, run_episode: EpisodeRunner | None):
 
-        self.ctx, self.gen, self.execute = ctx, gen, execute
+        self.ctx, self.gen, self.run_episode = ctx, gen, run_episode
         self.driver = Driver(ctx)
         self.store = ctx.store
         self.spec = ctx.spec
@@ -200,10 +200,10 @@ class Search:
 
     def _run_rollout(self, r) -> dict:
         rollout = self._rollout(r)
-        if self.execute is None and self.driver.stored(rollout) is None:
+        if self.run_episode is None and self.driver.stored(rollout) is None:
             raise SearchError(f"task {self.task.id}: rollout {self._iter(r)} is not stored "
                               f"(run --phase prepare, its agent pod and --phase ingest first)")
-        return self.driver.run(rollout, self.execute)
+        return self.driver.run(rollout, self.run_episode)
 
     # ------------------------------------------------------------ iteration 0
     def _initial(self) -> tuple[IterationRecord, list[str]]:
@@ -373,7 +373,7 @@ def _row(k: int, against: str, v: Verdict) -> optimizer_brief.Row:
     return optimizer_brief.Row(version=k, against=against, outcome=outcome, rationale=v.rationale, model=v.model)
 
 
-def run_search(ctx: RunContext, gen: int, task_id: str, client: Any, execute: Execute | None,
+def run_search(ctx: RunContext, gen: int, task_id: str, client: Any, run_episode: EpisodeRunner | None,
                iteration: int | None = None, *, phase: str | Phase | None = None, endpoint=None,
                rollout_key: str | None = None, agent_status: str | None = None) -> dict:
     """Library core used by `mass search` and the local runner: the whole loop, or one iteration.
@@ -381,7 +381,7 @@ def run_search(ctx: RunContext, gen: int, task_id: str, client: Any, execute: Ex
     Phases (the cluster, around agent pods): `prepare` (needs `iteration` and `endpoint`) returns
     {"rollouts": [fan-out items]}; `ingest` (needs `rollout_key`) stores one agent pod's output;
     `finish` (or no phase) then judges and saves the iteration from the stored rollouts."""
-    search = Search(ctx, gen, task_id, client, execute)
+    search = Search(ctx, gen, task_id, client, run_episode)
     phase = rollouts.phase_of(phase, step="search")
     if phase in (Phase.PREPARE, Phase.INGEST):
         if phase is Phase.PREPARE:

@@ -96,7 +96,7 @@ def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, mod
                                     "sampling": spec.model.sampling.model_dump(mode="json")},
                 name=f"select-rollout gen-{gen} {who} {task.id} rep-{rep}")
     r = Rollout(prefix, episode_request(task, rep), task.id, f"{who}-rep-{rep}", gen, manifest=step)
-    Driver(ctx, executor_role=False).run(r, rollouts.episode_executor(spec, endpoint, executor_role=False))
+    Driver(ctx, executor_role=False).run(r, rollouts.episode_runner(spec, endpoint, executor_role=False))
 
 
 def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable[[], AbstractContextManager[Any]],

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mass_jobs.episodes.rollouts import episode_executor
+from mass_jobs.episodes.rollouts import episode_runner
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.backends import serve_model, vllm_launcher
 from mass_jobs.serving.roles import client_for
@@ -85,7 +85,7 @@ def collection_walls(spec, endpoint) -> list[dict]:
     """Wall time of the whole collection step at each execution.concurrency (the same K=0 search first)."""
 
     store = open_store(spec.store.uri)
-    run_search(RunContext(spec, store), 0, "t1", client_for(spec, endpoint), episode_executor(spec, endpoint))
+    run_search(RunContext(spec, store), 0, "t1", client_for(spec, endpoint), episode_runner(spec, endpoint))
     rows = []
     for c in COLLECT_LEVELS:
         s = spec.model_copy(update={"execution": spec.execution.model_copy(update={"concurrency": c})})
@@ -93,7 +93,7 @@ def collection_walls(spec, endpoint) -> list[dict]:
         for key in store.list(ctx.collect(0, "t1") + "/"):
             store.delete(key)
         t0 = time.perf_counter()
-        run_collect(ctx, 0, "t1", episode_executor(s, endpoint))
+        run_collect(ctx, 0, "t1", episode_runner(s, endpoint))
         wall = time.perf_counter() - t0
         rows.append({"concurrency": c, "episodes": s.collection.episodes, "wall_s": wall,
                      "episodes_per_s": s.collection.episodes / wall})

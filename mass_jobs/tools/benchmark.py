@@ -11,7 +11,7 @@ A benchmark directory:
     DIR/tasks/<id>/...          anything else (reference answers, per-task eval scripts): grader only
     DIR/...                     shared grader files (outside tasks/): grader only
 
-Each rollout is one episode of the generation's model through the run's harness (`episode_executor`:
+Each rollout is one episode of the generation's model through the run's harness (`episode_runner`:
 the same sandboxed shell, limits and sampling as every other episode). The grader then runs
 sandboxed (`run_sandboxed`, no network) in a scratch directory holding `workspace/` (a copy of the
 finished workspace), `task/` (the task's directory) and `bench/` (the shared files), with cwd the
@@ -45,7 +45,7 @@ from pydantic import Field, ValidationError
 from mass_jobs.config.shared import ID_PATTERN, Closed
 from mass_jobs.episodes.driver import Driver, Rollout
 from mass_jobs.episodes.episode import EpisodeRequest
-from mass_jobs.episodes.rollouts import episode_executor, rollout_outputs
+from mass_jobs.episodes.rollouts import episode_runner, rollout_outputs
 from mass_jobs.run.generation_model import model_ref
 from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed
 from mass_jobs.spec.load import SpecError, SpecIssue
@@ -209,7 +209,7 @@ def _step(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, digest: str)
     return prefix, Step(ctx.store, prefix, inputs, name=f"benchmark {bench.name} gen-{g} {task.id} rep-{rep}")
 
 
-def run_one(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, execute, digest: str) -> dict:
+def run_one(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, run_episode, digest: str) -> dict:
     """One bare-prompt rollout of L_g + its grade, stored; skipped when already stored."""
 
     spec = ctx.spec
@@ -218,7 +218,7 @@ def run_one(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, execute, d
         return read_manifest(ctx.store, prefix)["extra"]
     step.start()
     request = EpisodeRequest(prompt=task.prompt, files=dict(task.files), seed=rollout_seed(bench.name, task.id, rep))
-    status = Driver(ctx).run(Rollout(prefix, request, task.id, f"rep-{rep}", g, first={"prompt.txt": task.prompt}), execute)
+    status = Driver(ctx).run(Rollout(prefix, request, task.id, f"rep-{rep}", g, first={"prompt.txt": task.prompt}), run_episode)
     with tempfile.TemporaryDirectory(prefix="mass-bench-ws-") as tmp:
         ctx.store.get_dir(ctx.benchmark_rollout(bench.name, g, task.id, rep, "workspace.tar.gz"), tmp)
         result = grade(bench, task, Path(tmp), spec.execution.limits)
@@ -282,13 +282,13 @@ def run_benchmark(ctx, bench: Benchmark, generations: list[int], serve_model: Se
     for g in generations:
         jobs = [(t, r) for t in bench.tasks for r in range(reps)]
         with contextlib.ExitStack() as stack:
-            execute = None
+            run_episode = None
             results[g] = []
             for t, r in jobs:
-                if execute is None and not _step(ctx, bench, g, t, r, digest)[1].done:
+                if run_episode is None and not _step(ctx, bench, g, t, r, digest)[1].done:
                     # L_g itself: roles.executor never stands in for the generation being measured
-                    execute = episode_executor(ctx.spec, stack.enter_context(serve_model(g)), executor_role=False)
-                results[g].append({"task": t.id, **run_one(ctx, bench, g, t, r, execute, digest)})
+                    run_episode = episode_runner(ctx.spec, stack.enter_context(serve_model(g)), executor_role=False)
+                results[g].append({"task": t.id, **run_one(ctx, bench, g, t, r, run_episode, digest)})
     table = score_table(bench, results)
     ctx.store.put_json(ctx.benchmark(bench.name, "scores.json"), table)
     ctx.store.put_bytes(ctx.benchmark(bench.name, "scores.md"), render_table(table).encode())

@@ -108,7 +108,7 @@ def serve_and_ask(model_dir: Path, log: Path) -> str:
 def episode(model_dir: Path, work: Path) -> str:
     from mass_jobs.config.run_spec import RunSpec
     from mass_jobs.episodes.episode import EpisodeRequest
-    from mass_jobs.episodes.rollouts import episode_executor, run_here
+    from mass_jobs.episodes.rollouts import episode_runner, run_here
     from mass_jobs.sandbox.run import bwrap_refusal
     from mass_jobs.serving.backends import VllmServer
 
@@ -128,8 +128,8 @@ def episode(model_dir: Path, work: Path) -> str:
                                  "request_retries": 0}}})
     with VllmServer(model_dir, "gpu-check", vllm_args("gpu-check"), launcher=launcher,
                     log_path=work / "episode-vllm.log") as srv:
-        execute = episode_executor(spec, srv.endpoint, executor_role=False)
-        with run_here(execute, EpisodeRequest(prompt="Write report.md with one line.", files={}, seed=0)) as ran:
+        run_episode = episode_runner(spec, srv.endpoint, executor_role=False)
+        with run_here(run_episode, EpisodeRequest(prompt="Write report.md with one line.", files={}, seed=0)) as ran:
             status = ran.status
     if status.get("outcome") == "infra_error":
         raise RuntimeError(f"the episode ended infra_error: {status.get('error') or status}")

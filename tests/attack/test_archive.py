@@ -379,7 +379,7 @@ HOSTILE_WORKSPACES = {
 @pytest.mark.parametrize("make", HOSTILE_WORKSPACES.values(), ids=HOSTILE_WORKSPACES.keys())
 def test_guard_vetoes_an_episode_whose_archive_is_refused_and_rank_never_shows_it(
         make, make_store, inner_spec, judging_endpoint, tmp_path):
-    from mass_jobs.episodes.rollouts import episode_executor
+    from mass_jobs.episodes.rollouts import episode_runner
     from mass_jobs.run.context import RunContext
     from mass_jobs.serving.llm import ModelClient
     from mass_jobs.steps.collect import run_collect
@@ -394,7 +394,7 @@ def test_guard_vetoes_an_episode_whose_archive_is_refused_and_rank_never_shows_i
     ep = judging_endpoint()
     ctx = RunContext(spec, store)
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
-    execute = episode_executor(spec, ep.endpoint)
+    execute = episode_runner(spec, ep.endpoint)
     add_episodes(ep, episode(1), episode(5))
     run_search(ctx, 0, "t1", client, execute)
     add_episodes(ep, episode(3), episode(4), episode(2), episode(6))
