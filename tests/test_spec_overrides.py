@@ -11,7 +11,7 @@ from mass_jobs.commands.cli import main as cli_main
 from mass_jobs.commands.common import open_run
 from mass_jobs.pipeline.table import PIPELINE
 from mass_jobs.spec.load import SpecError, load_spec
-from mass_jobs.spec.overrides import SpecSource, merge, set_value
+from mass_jobs.spec.overrides import SpecSource, merge, set_value, spec_flags, spec_location
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny.yaml"
@@ -81,3 +81,13 @@ def test_a_subprocess_step_is_handed_the_overrides():
     argv = train.argv(src, 0)
     assert argv[:6] == ["train", "--spec", "run.yaml", "--overlay", "o.yaml", "--set"] and "sft.parallel=fsdp" in argv
     assert train.argv("run.yaml", 0)[:4] == ["train", "--spec", "run.yaml", "--gen"]  # a plain spec: none
+
+
+def test_a_spec_with_overrides_cannot_lose_them_as_a_string_or_a_path():
+    src = SpecSource("my run.yaml", overlays=["o.yaml"], sets=["sft.parallel=fsdp"])
+    assert not isinstance(src, str)
+    assert f"{src}" == "'my run.yaml' --overlay o.yaml --set sft.parallel=fsdp"  # what a person would type
+    with pytest.raises(TypeError):
+        Path(src)  # a path operation fails loudly instead of reading the file without its overrides
+    assert spec_location(src) == "my run.yaml" and spec_flags(src)[:2] == ["--spec", "my run.yaml"]
+    assert spec_flags("{{workflow.parameters.spec}}") == ["--spec", "{{workflow.parameters.spec}}"]

@@ -10,6 +10,7 @@ from mass_jobs.commands.common import open_run, report_lines
 from mass_jobs.commands.run import run_reporting_failures
 from mass_jobs.spec.bounds import parse_document
 from mass_jobs.spec.locations import absolute_paths
+from mass_jobs.spec.overrides import spec_location
 
 
 def add_arguments(parser) -> None:
@@ -25,7 +26,7 @@ def main(args) -> int:
     from pathlib import Path
 
 
-    spec_path = Path(args.spec)
+    spec_path = Path(spec_location(args.spec))
     if spec_path.is_file():  # build before validating: a missing model dir is an error there
         doc = absolute_paths(parse_document(spec_path.read_text(), args.spec), spec_path.parent.resolve())
         model = doc.get("model") if isinstance(doc, dict) else None

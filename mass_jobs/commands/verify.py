@@ -16,7 +16,7 @@ import sys
 
 from mass_jobs.commands.cli import overrides
 from mass_jobs.spec.load import load_spec
-from mass_jobs.spec.overrides import SpecSource
+from mass_jobs.spec.overrides import SpecSource, spec_location
 from mass_jobs.store import CorruptObject, MissingKey, open_store, verify_manifest
 from mass_jobs.store.manifest import MANIFEST_NAME
 
@@ -27,7 +27,8 @@ def add_arguments(parser) -> None:
     overrides(parser)
 
 
-def _store_uri(where: str) -> bool:
+def _store_uri(where: str | SpecSource) -> bool:
+    where = spec_location(where)
     return where.startswith("file://") or (where.startswith("s3://") and not where.endswith((".yaml", ".yml", ".json")))
 
 

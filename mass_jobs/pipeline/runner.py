@@ -39,6 +39,7 @@ from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import generation_servers
 from mass_jobs.run.sandboxing import apply_sandbox, sandbox_issues
 from mass_jobs.spec.load import SpecError, load_spec
+from mass_jobs.spec.overrides import SpecSource, spec_words
 from mass_jobs.steps.split_guard import SplitLeak, check_no_test_leak  # noqa: F401 (the runner's API too)
 from mass_jobs.store import open_store, read_manifest
 from mass_jobs.store.lease import pid_alive
@@ -115,7 +116,7 @@ class Runner:
     def __init__(self, spec_path: str, spec: RunSpec, store, *, work_dir: Path, progress: bool = True,
                  python: str = sys.executable, on_step: Callable[[str], None] | None = None, pipeline=None,
                  handler: str = "in-process", until: str | None = None):
-        self.spec_path, self.spec = spec_path if isinstance(spec_path, str) else str(spec_path), spec  # keeps its overrides
+        self.spec_path, self.spec = spec_path if isinstance(spec_path, str | SpecSource) else str(spec_path), spec
         self.ctx = RunContext(spec, store)
         self.pipeline = P.steps(pipeline)
         self.work_root = Path(work_dir).resolve()
@@ -240,7 +241,7 @@ class Runner:
 
     def _run_all(self) -> dict:
         self.state.load()
-        self.state.set(status="running", spec=self.spec_path, failed=None)
+        self.state.set(status="running", spec=spec_words(self.spec_path), failed=None)
         with self.display:
             for g in range(self.spec.generations):
                 groups = self.compiled.generation(g)

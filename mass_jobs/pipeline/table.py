@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import model_uri
-from mass_jobs.spec.overrides import spec_argv
+from mass_jobs.spec.overrides import spec_flags
 from mass_jobs.steps import collect, evaluate, guard, merge, rank, render_sft, report, search, select, train
 from mass_jobs.store import MissingKey, UnreadableObject, Waiting
 
@@ -194,9 +194,9 @@ class StepDef:
         """The CLI entry's argv after `mass` for one call (gen is the cycle's generation); a spec given
         with overrides (spec/overrides.py) hands them on."""
         if self.scope == "run":
-            return [*self.entry, "--spec", spec, *spec_argv(spec), *self.args]
+            return [*self.entry, *spec_flags(spec), *self.args]
         g = gen + self.gen_offset if isinstance(gen, int) else gen
-        out = [*self.entry, "--spec", spec, *spec_argv(spec), "--gen", str(g)]
+        out = [*self.entry, *spec_flags(spec), "--gen", str(g)]
         if self.per_task:
             out += ["--task", str(task)]
         return out + [a.replace("{gen}", str(g)) for a in self.args]

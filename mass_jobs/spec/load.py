@@ -23,7 +23,7 @@ from mass_jobs.config.task_spec import Task, TaskFile
 from mass_jobs.spec.bounds import MAX_SPEC_BYTES, decode_bounded, get_bounded, parse_document, read_bounded
 from mass_jobs.spec.issues import SpecError, SpecIssue, found_text, json_path, schema_issues, schema_validator
 from mass_jobs.spec.locations import absolute_paths, chat_template_issues, model_location_issues, store_in_folder
-from mass_jobs.spec.overrides import SpecSource, apply_overrides
+from mass_jobs.spec.overrides import SpecSource, apply_overrides, spec_location
 from mass_jobs.spec.rules import cross_field_issues
 from mass_jobs.spec.upstream_format import UPSTREAM_MARKER
 
@@ -246,7 +246,7 @@ def load_spec(location: str | Path) -> RunSpec:
     """Load a spec from a local path or an s3:// URI (task files resolved next to it), with the
     overrides a SpecSource carries (spec/overrides.py) applied before anything is validated."""
     source = location if isinstance(location, SpecSource) else str(location)
-    location = str(location)
+    location = spec_location(location)
     if location.startswith("s3://"):
         from mass_jobs.store import open_store
 

@@ -13,6 +13,7 @@ see them; a command has no flag of its own that changes what a step computes.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,33 +21,52 @@ from mass_jobs.spec.bounds import parse_document, read_bounded
 from mass_jobs.spec.issues import SpecError, SpecIssue
 
 
-class SpecSource(str):
-    """A spec's location with the overrides given beside it; `load_spec` applies them, and `argv()`
-    hands them on to a step the runner starts as a subprocess."""
+@dataclass(frozen=True)
+class SpecSource:
+    """A spec's location with the overrides given beside it; `load_spec` applies them, and
+    `spec_flags` hands them on to a step the runner starts as a subprocess. Not a str, so no path
+    operation or f-string drops the overrides: str() is the whole command-line form (`words`), and
+    a use as a file path fails loudly (use `.location`)."""
 
-    overlays: tuple[str, ...]
-    sets: tuple[str, ...]
+    location: str
+    overlays: tuple[str, ...] = ()
+    sets: tuple[str, ...] = ()
 
-    def __new__(cls, location: str, overlays=(), sets=()) -> SpecSource:
-        obj = super().__new__(cls, location)
-        obj.overlays, obj.sets = tuple(overlays), tuple(sets)
-        return obj
+    def __post_init__(self):
+        object.__setattr__(self, "location", str(self.location))
+        object.__setattr__(self, "overlays", tuple(self.overlays))
+        object.__setattr__(self, "sets", tuple(self.sets))
 
     def argv(self) -> list[str]:
         return [*(a for f in self.overlays for a in ("--overlay", f)), *(a for s in self.sets for a in ("--set", s))]
 
+    def words(self) -> str:
+        """The location and its overrides as a shell would take them."""
+        import shlex
 
-def spec_words(location: str) -> str:
+        return shlex.join([self.location, *self.argv()])
+
+    def __str__(self) -> str:
+        return self.words()
+
+
+def spec_location(spec: str | Path | SpecSource) -> str:
+    """Where the spec's document is (a path or an s3:// URI), without its overrides."""
+    return spec.location if isinstance(spec, SpecSource) else str(spec)
+
+
+def spec_words(spec: str | Path | SpecSource) -> str:
     """The location and its overrides as a shell would take them: what a hint must repeat, or the
     command it names opens another run (the spec file's own `name`, not the --set one)."""
     import shlex
 
-    return shlex.join([str.__str__(location), *spec_argv(location)])
+    return spec.words() if isinstance(spec, SpecSource) else shlex.join([str(spec)])
 
 
-def spec_argv(location: str) -> list[str]:
-    """The override flags of `location` (none for a plain path or an Argo placeholder)."""
-    return location.argv() if isinstance(location, SpecSource) else []
+def spec_flags(spec: str | Path | SpecSource) -> list[str]:
+    """`--spec LOCATION` and the override flags a step started as a subprocess needs (none for a
+    plain path or an Argo placeholder)."""
+    return ["--spec", spec_location(spec), *(spec.argv() if isinstance(spec, SpecSource) else [])]
 
 
 def merge(base: Any, overlay: Any) -> Any:
