@@ -25,6 +25,12 @@ $(NODE_DIR)/node_modules/.bin/qwen:
 	  cd $(NODE_DIR) && npm install --silent --no-audit --no-fund @qwen-code/qwen-code@$(QWEN_VERSION) && \
 	  echo "setup: qwen-code is ready ($$(( $$(date +%s) - start )) s)"
 
+# upstream's 600 s shell timeout, which the pinned release cannot read from its settings: the bundle
+# patched to read it from the harness (mass_jobs/episodes/qwen_patch.py; the harness refuses an unpatched one)
+QWEN_PATCHED := $(NODE_DIR)/.shell-timeout-patched
+$(QWEN_PATCHED): $(NODE_DIR)/node_modules/.bin/qwen mass_jobs/episodes/qwen_patch.py
+	$(PY_BOOT) mass_jobs/episodes/qwen_patch.py $(NODE_DIR)/node_modules/@qwen-code/qwen-code/cli.js && touch $@
+
 # bubblewrap builds the sandbox that every model-written command runs in; without it nothing
 # model-written runs (execution.sandbox). Installed here as root with apt; otherwise the command to run.
 bwrap:
@@ -39,7 +45,7 @@ bwrap:
 	  exit 2; \
 	fi
 
-setup: bwrap $(STAMP) $(NODE_DIR)/node_modules/.bin/qwen
+setup: bwrap $(STAMP) $(QWEN_PATCHED)
 
 demo: setup
 	$(VENV)/bin/mass demo examples/tiny.yaml

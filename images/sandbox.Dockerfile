@@ -25,6 +25,7 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY pyproject.toml ./
 COPY mass_jobs ./mass_jobs
 RUN pip install . && mass episode --help >/dev/null && mass sandbox-serve --help >/dev/null \
+ && python3 mass_jobs/episodes/qwen_patch.py /usr/local/lib/node_modules/@qwen-code/qwen-code/cli.js \
  && node --version && qwen --version
 USER 1000:1000
 WORKDIR /tmp

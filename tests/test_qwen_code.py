@@ -151,7 +151,26 @@ UPSTREAM_EPISODE_SETTINGS = {
     "maxRetries": (0, None), "contextWindowSize": (262144, None), "timeout (ms)": (1_800_000, None),
     # skipStartupContext left at qwen-code's default: 0.20.0 sends the view as a reminder before the task
     "startup view": ("reminder before the task", "view"),
+    # tools.shell.defaultTimeoutMs: the default a shell command without its own timeout gets, as the
+    # run_shell_command tool's description tells the model (the pinned bundle patched to read it)
+    "shell defaultTimeoutMs": (600_000, "shell timeout"),
+    # no loop setting: qwen-code's own detector at its default (0.15.10: skipLoopDetection true), and no
+    # cap of the harness's own (execution.limits.loop_repeats)
+    "model.skipLoopDetection": ("qwen-code's default", None),
+    "loop cap of the harness": (None, None),
 }
+
+
+def shell_timeout_told(first: dict) -> int | None:
+    """The default shell timeout (ms) the run_shell_command tool's description states in a request."""
+    import re
+
+    for tool in first.get("tools") or []:
+        fn = tool.get("function") or {}
+        if fn.get("name") == "run_shell_command":
+            found = re.search(r"If not specified, commands will timeout after (\d+)ms", fn.get("description", ""))
+            return int(found.group(1)) if found else None
+    return None
 VIEW_OPENS = "<system-reminder>\nThis is the Qwen Code. We are setting up the context for our chat.\n"
 
 
@@ -198,13 +217,17 @@ def test_a_real_qwen_code_episodes_first_request_under_the_paper_spec_is_upstrea
     first = next(r["body"] for r in ep.requests if r["path"].endswith("/chat/completions"))
     gen = settings(inp)["model"]["generationConfig"]
     ours = {"maxRetries": gen["maxRetries"], "contextWindowSize": gen["contextWindowSize"],
-            "timeout (ms)": gen["timeout"]}
+            "timeout (ms)": gen["timeout"],
+            "model.skipLoopDetection": settings(inp)["model"].get("skipLoopDetection", "qwen-code's default"),
+            "loop cap of the harness": inp.limits.loop_repeats}
     rows = []
     for name, (upstream, wire) in UPSTREAM_EPISODE_SETTINGS.items():
         if wire is None:
             got = ours[name]
         elif wire == "view":
             got = startup_view(first)
+        elif wire == "shell timeout":
+            got = shell_timeout_told(first)
         else:
             got = first
             for part in wire.split("."):

@@ -15,6 +15,7 @@ Entry: `run_episode(..., harness="qwen-code")`, i.e. `mass episode --in DIR --ou
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mass_jobs.config.errors import SandboxError
+from mass_jobs.episodes import qwen_patch
 from mass_jobs.episodes.audit import DELEGATE_TOOLS, split_threads
 from mass_jobs.episodes.episode import TOOL_CALL_CAP, HarnessOutcome, no_work_reason
 from mass_jobs.episodes.qwen_shell import install_shim
@@ -49,7 +51,9 @@ SANDBOXED_NOTE = ("qwen-code ran in a sandbox of its own (the workspace its only
 
 def qwen_binary() -> Path:
     """MASS_QWEN_BIN, else the Makefile's install location, else `qwen` on the PATH (the sandbox
-    image installs it there); FileNotFoundError says how to install it."""
+    image installs it there); FileNotFoundError says how to install it, or that the install lacks
+    the shell-timeout patch (mass_jobs/episodes/qwen_patch.py), without which the model is told, and
+    gets, 120 s per command whatever execution.limits.shell_timeout_s says."""
     env = os.environ.get("MASS_QWEN_BIN")
     path = Path(env) if env else DEFAULT_BIN
     if not env and not path.exists() and shutil.which("qwen"):
@@ -58,7 +62,18 @@ def qwen_binary() -> Path:
         raise FileNotFoundError(
             f"qwen-code binary not found at {path} (set MASS_QWEN_BIN or run `make .tools/qwen-code/node_modules/.bin/qwen`)"
         )
+    if not _patched(path.resolve()):
+        raise FileNotFoundError(f"qwen-code at {path.resolve()} lacks the shell-timeout patch: run "
+                                f"`python3 mass_jobs/episodes/qwen_patch.py {path.resolve()}` (make setup does)")
     return path
+
+
+@functools.lru_cache(maxsize=8)
+def _patched(bundle: Path) -> bool:
+    try:
+        return qwen_patch.is_patched(bundle)
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def settings(inp: EpisodeInput) -> dict[str, Any]:
@@ -118,7 +133,7 @@ def command(binary: Path, inp: EpisodeInput, proxy: Endpoint) -> list[str]:
 
 
 def environment(workspace: Path, home: Path, proxy: Endpoint, model: str, binary: Path,
-                shell_dir: Path | None = None) -> dict[str, str]:
+                shell_dir: Path | None = None, shell_timeout_s: float = 600) -> dict[str, str]:
     """The sandbox's scrubbed environment plus what qwen-code needs (node on PATH, the proxy);
     `shell_dir` (the forwarding `bash`, mass_jobs/episodes/qwen_shell.py) goes first on PATH."""
 
@@ -139,6 +154,9 @@ def environment(workspace: Path, home: Path, proxy: Endpoint, model: str, binary
             "NO_BROWSER": "1",
             "CI": "1",
             "QWEN_CODE_NO_RELAUNCH": "1",
+            # a shell command's default timeout, as the model is told it (upstream's
+            # tools.shell.defaultTimeoutMs; the patched bundle reads it, mass_jobs/episodes/qwen_patch.py)
+            qwen_patch.ENV: str(int(shell_timeout_s * 1000)),
         }
     )
     return env
@@ -192,7 +210,8 @@ class QwenRun:
             command(binary, inp, proxy),
             cwd=workspace,
             umask=0o002,  # in an agent pod the sandbox container changes what qwen-code writes (fsGroup)
-            env=environment(workspace, home, proxy, inp.endpoint.model, binary, shell_dir if shell_socket else None),
+            env=environment(workspace, home, proxy, inp.endpoint.model, binary, shell_dir if shell_socket else None,
+                            inp.limits.shell_timeout_s),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
