@@ -171,6 +171,25 @@ def test_the_spec_field_names_each_bad_entry_and_reaches_the_episode_file():
     assert "network" not in episode_file_json(off)  # files of runs without network stay as they were
 
 
+def test_a_task_names_its_own_hosts_merged_with_the_spec_s():
+    from mass_jobs.episodes.episode import EpisodeRequest
+    from mass_jobs.serving.llm import Endpoint
+    from mass_jobs.spec.load import SpecError, validate_document
+
+    ep = Endpoint("http://127.0.0.1:1/v1", "m")
+    task = EpisodeRequest(prompt="p", seed=1, files={}, network=("files.rcsb.org", "pypi.org"))
+    on = EpisodeInput.from_spec(RunSpec.model_validate(spec_doc(["pypi.org", "*.stooq.com"])), ep, task)
+    off = EpisodeInput.from_spec(RunSpec.model_validate(spec_doc("off")), ep, task)
+    assert on.network == ("pypi.org", "*.stooq.com", "files.rcsb.org")  # the spec's first, each once
+    assert off.network == ("files.rcsb.org", "pypi.org")  # off: no host of the spec's own, the task's still
+    doc = spec_doc("off")
+    doc["tasks"][0]["network"] = ["files.rcsb.org", "no spaces"]
+    with pytest.raises(SpecError) as err:  # what `mass validate` says
+        validate_document(doc)
+    assert any(i.path == "$.tasks[0].network" and "[1] 'no spaces' is not a host name" in i.message
+               for i in err.value.issues), err.value.issues
+
+
 def fetch_episode(scripted_endpoint, hosts, network: bool, python: str = "python") -> tuple[EpisodeInput, str, str]:
     """A builtin episode whose worker fetches the allowed host's page and the denied one's; (input, a, d)."""
     a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
@@ -194,7 +213,8 @@ def check_fetch_record(result, out: Path, hosts, a: str, d: str, network: bool) 
         assert f"{a} page allowed /prices.csv" in tool_text and f"{d} FAILED 403" in tool_text
         got = records(out / "network.jsonl")
         assert [(x["port"], x["allowed"]) for x in got] == [(hosts["allowed"], True), (hosts["denied"], False)]
-        assert result.status["network"] == summarize(got) and result.status["network"]["denied"] == 1
+        assert result.status["network"] == {**summarize(got), "allow": [f"127.0.0.1:{hosts['allowed']}"]}
+        assert result.status["network"]["denied"] == 1
     else:  # no proxy named: the commands' own isolation holds them (in a pod, the policy)
         assert tool_text.count("FAILED URLError") == 2
         assert "network" not in result.status and not (out / "network.jsonl").exists()
@@ -231,7 +251,7 @@ def test_a_qwen_code_episode_s_shell_commands_use_the_proxy(scripted_endpoint, h
     assert f"{a} page allowed /series.csv" in tool_text and f"{d} FAILED 403" in tool_text
     got = records(tmp_path / "out" / "network.jsonl")
     assert [(x["port"], x["allowed"], x["status"]) for x in got] == [(hosts["allowed"], True, 200), (hosts["denied"], False, 403)]
-    assert result.status["network"] == summarize(got)
+    assert result.status["network"] == {**summarize(got), "allow": list(inp.network)}
 
 
 def test_the_report_counts_each_stage_s_requests(tmp_path):
@@ -390,6 +410,21 @@ def test_the_run_s_proxy_counts_a_request_for_the_rollout_whose_key_made_its_tok
         assert set(s.ledgers) == set(keys)  # the refused ones opened no ledger
 
 
+def test_the_run_s_proxy_holds_each_rollout_to_the_hosts_its_prepared_input_names(hosts):
+    """Per-task hosts on the cluster: `mass egress-serve`'s allow-list for a rollout is the network of
+    the episode.json prepare stored for it (the spec's hosts and its task's; no agent pod can write the
+    store), else the spec's. Here the spec allows nothing and one rollout's task names the host."""
+    from mass_jobs.sandbox.egress_service import EgressService, proxy_url
+
+    keys = {"gen-0/collect/a/ep-0": b"k" * 32, "gen-0/collect/b/ep-0": b"j" * 32}
+    own = {"gen-0/collect/a/ep-0": [f"127.0.0.1:{hosts['allowed']}"]}
+    a = f"http://127.0.0.1:{hosts['allowed']}/x.csv"
+    with EgressService([], keys.get, ("127.0.0.1", 0), log=lambda doc: None, allow_of=own.get) as s:
+        addr = f"http://127.0.0.1:{s.address[1]}"
+        named, other = (proxy_url(addr, r, k) for r, k in keys.items())
+        assert _get(a, named) == "page allowed /x.csv" and _get(a, other) == "HTTP 403"
+
+
 @pytest.mark.parametrize("network", [True, False], ids=["network", "off"])
 def test_an_agent_pod_s_commands_go_through_the_run_s_proxy_and_its_record_is_the_rollout_s(
         scripted_endpoint, hosts, tmp_path, network):
@@ -508,7 +543,7 @@ def test_through_the_agent_pod_template_a_command_reaches_an_allowed_host_and_no
         got = sorted((json.loads(x) for x in output("network.jsonl").decode().splitlines()), key=lambda r: r["seq"])
         assert [(r["port"], r["allowed"], r["status"]) for r in got] == [
             (hosts["allowed"], True, 200), (hosts["denied"], False, 403)]
-        assert status["network"] == summarize(got)
+        assert status["network"] == {**summarize(got), "allow": [f"127.0.0.1:{hosts['allowed']}"]}
         signed = {n: output(n) for n in proof.EPISODE_OUTPUTS}
     else:  # no proxy for the command, and the policy drops the direct connections
         assert lines == [f"{a} FAILED URLError", f"{d} FAILED URLError", f"{a} FAILED URLError"], shell_output
@@ -545,3 +580,45 @@ def test_a_flood_of_requests_is_refused_past_the_cap_and_the_episode_loses_its_r
         assert replies == [b"200", b"429"]
         with pytest.raises(EgressUnavailable, match="over 1 network requests"):
             local.settled_summary()
+
+
+@needs_bwrap
+def test_an_imported_task_s_episode_reaches_the_host_its_prompt_names_and_no_other(scripted_endpoint, hosts, tmp_path):
+    """`mass import upstream` gives a task the hosts its prompt names (a local server stands in for
+    the paper's data host); under a spec with the network off, that task's episode reaches it
+    through the egress proxy, recorded beside its requests, and a host it does not name is refused."""
+    import yaml
+
+    from mass_jobs.commands.cli import main
+    from mass_jobs.config.task_spec import Task
+    from mass_jobs.episodes.episode import EpisodeRequest
+    from mass_jobs.spec.upstream_format import UPSTREAM_MARKER
+
+    a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
+    src = tmp_path / "upstream"
+    (src / "initial").mkdir(parents=True)
+    (src / "splits.json").write_text(json.dumps({"designated_train": [1], "test": []}))
+    agents = [{"agent_id": "agent_lead", "role": "Lead", "instruction": "Fetch and report."}]
+    (src / "initial" / "query1_ourTeam.txt").write_text(
+        f"Download the daily prices from {a} and report the last close.\n\n"
+        f"{UPSTREAM_MARKER}\n{json.dumps(agents)}\n\nUse uv.")
+    assert main(["import", "upstream", str(src), "--out", str(tmp_path / "tasks")]) == 0
+    doc = yaml.safe_load((tmp_path / "tasks" / "query1.yaml").read_text())
+    assert doc["network"] == [f"127.0.0.1:{hosts['allowed']}"]
+    task = Task.model_validate(doc)
+    spec = RunSpec.model_validate({**spec_doc("off"), "tasks": [doc, {"id": "b", "prompt": "p", "split": "test"}]})
+    ep = scripted_endpoint({
+        "orchestrator": [Reply.call("delegate", agent_id="worker-1", role="fetcher", assignment="Fetch the prices."),
+                         Reply.call("finish", summary="fetched", status="success")],
+        "worker-1": [Reply.call("write_file", path="fetch.py", content=FETCH),
+                     Reply.call("shell", command=f"python fetch.py {a} {d}"),
+                     Reply.call("finish", summary="fetched")]})
+    request = EpisodeRequest(prompt=task.prompt, files={}, seed=1, network=tuple(task.network))
+    inp = EpisodeInput.from_spec(spec, ep.endpoint, request)
+    inp = EpisodeInput(**{**inp.__dict__, "limits": EpisodeLimits(wall_s=60, turns_per_agent=5, memory_mb=1024)})
+    result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
+    tool_text = json.dumps([r["request"]["messages"] for r in read_trace(tmp_path / "out" / "trace.jsonl")])
+    assert f"{a} page allowed /prices.csv" in tool_text and f"{d} FAILED 403" in tool_text
+    got = records(tmp_path / "out" / "network.jsonl")
+    assert [(x["port"], x["allowed"]) for x in got] == [(hosts["allowed"], True), (hosts["denied"], False)]
+    assert result.status["network"]["allow"] == [f"127.0.0.1:{hosts['allowed']}"]  # recorded beside its requests

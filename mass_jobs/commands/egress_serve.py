@@ -1,7 +1,9 @@
 """`mass egress-serve SPEC`: the run's egress proxy on a cluster (a Deployment of each cycle).
 
-The allow-list is the spec's `execution.network` (off: every request refused, and logged); a
-request counts for the rollout whose key (in the run's store, written by prepare) made its token.
+The allow-list of a rollout is the one its prepared episode.json holds (in the run's store, which
+no agent pod can write: the spec's `execution.network` and its task's hosts), else the spec's
+(off: every request refused, and logged); a request counts for the rollout whose key (written by
+prepare beside it) made its token.
 See `mass_jobs.sandbox.egress_service`. Serves until killed (the cycle deletes its Deployment when it ends).
 """
 
@@ -36,7 +38,13 @@ def main(args) -> int:
         where = ctx.agent_input(ctx.under_run(rollout), proof.KEY)
         return ctx.store.get_bytes(where) if ctx.store.exists(where) else None
 
-    with EgressService(allow, key, (host, int(port))) as service:
+    def allow_of(rollout: str) -> list[str] | None:
+        where = ctx.agent_input(ctx.under_run(rollout), "episode.json")
+        doc = ctx.store.get_json(where) if ctx.store.exists(where) else None
+        hosts = doc.get("network") if isinstance(doc, dict) else None
+        return [str(h) for h in hosts] if isinstance(hosts, list) else None
+
+    with EgressService(allow, key, (host, int(port)), allow_of=allow_of) as service:
         run = ctx.run
         print(f"egress proxy for run {run} on {service.address[0]}:{service.address[1]}; "
               f"allowed: {', '.join(allow) or 'nothing (execution.network: off)'}", flush=True)

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mass_jobs.config.shared import ID_PATTERN, Closed
 
@@ -84,6 +84,11 @@ class Task(Closed):
         "block in place. Set by `format: upstream` task files and `mass import upstream`.",
     )
     guards: Guards = Field(default_factory=Guards)
+    network: list[Annotated[str, Field(min_length=1, max_length=260)]] = Field(
+        default_factory=list, max_length=64,
+        description="Hosts this task's episodes may reach through the egress proxy besides execution.network's "
+                    "(`host`, `host:port`, `*.domain`): the data hosts its prompt names. Each episode's allowed set is "
+                    "recorded in its status.json.")
     files: dict[str, str] = Field(
         default_factory=dict, description="Seed files written into every workspace (path -> text)."
     )
@@ -92,6 +97,16 @@ class Task(Closed):
         description="Deliverable path -> its correct content, for the deterministic task score (mass_jobs.judging.grade): "
         "JSON files compare as parsed values, other files by whitespace-separated tokens.",
     )
+
+    @field_validator("network")
+    @classmethod
+    def _network_hosts(cls, network):
+        from mass_jobs.config.hosts import host_rule_error
+
+        bad = [f"[{i}] {why}" for i, e in enumerate(network) if (why := host_rule_error(e)) is not None]
+        if bad:
+            raise ValueError("; ".join(bad))
+        return network
 
 
 class TaskFile(Closed):

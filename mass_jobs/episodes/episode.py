@@ -59,6 +59,7 @@ class EpisodeRequest:
     files: dict[str, str]  # seed files: workspace-relative path -> text
     seed: int
     single_agent: bool = False  # one agent with the workers' tools and no delegation tool (builtin only)
+    network: tuple[str, ...] = ()  # the task's own hosts (tasks[].network), added to execution.network's
 
 
 def status_text(status: dict[str, Any]) -> str:
@@ -84,11 +85,13 @@ class EpisodeInput:
 
     @classmethod
     def from_spec(cls, spec, endpoint: Endpoint, request: EpisodeRequest) -> EpisodeInput:
-        """The episode of `request` as the spec runs it: its limits, sampling and harness, against `endpoint`."""
+        """The episode of `request` as the spec runs it: its limits, sampling and harness, against `endpoint`;
+        its network the spec's hosts and its task's (none at all when both are empty)."""
+        hosts = [*([] if spec.execution.network == "off" else spec.execution.network), *request.network]
         return EpisodeInput(prompt=request.prompt, endpoint=endpoint, limits=spec.execution.limits,
                             sampling=spec.model.sampling, harness=spec.execution.harness, seed=request.seed,
                             files=dict(request.files), single_agent=request.single_agent,
-                            network=None if spec.execution.network == "off" else tuple(spec.execution.network),
+                            network=tuple(dict.fromkeys(hosts)) if hosts else None,
                             startup_context=spec.execution.startup_context)
 
 

@@ -150,8 +150,8 @@ def _status(inp: EpisodeInput, result: HarnessOutcome, wall_s: float, handed: bo
     if egress is not None:  # what the shell commands' code reached, as the egress proxy recorded it
         from mass_jobs.sandbox.egress import EgressUnavailable
 
-        try:
-            status["network"] = egress.settled_summary()
+        try:  # with the hosts the episode was allowed: the spec's and its task's
+            status["network"] = {**egress.settled_summary(), "allow": list(inp.network or ())}
         except EgressUnavailable as exc:  # what the code reached is not known: nothing to learn from
             status.update(outcome="infra_error", reason=str(exc)[:4000])
     try:

@@ -317,9 +317,14 @@ class RunContext:
         key = self.spec_key()
         if not self.store.exists(key):
             return []
+        stored = self.store.get_json(key)
+        try:  # a field added since the run began counts at its default, not as a change
+            stored = RunSpec.model_validate(stored).model_dump(mode="json")
+        except ValueError:
+            pass
         return [SpecIssue(path, f"stored run has {old!r}, this spec has {new!r} (a changed spec needs a new "
                                 f"`name` or an empty store)")
-                for path, old, new in spec_changes(self.store.get_json(key), self.spec.model_dump(mode="json"))]
+                for path, old, new in spec_changes(stored, self.spec.model_dump(mode="json"))]
 
     def stored_spec(self):
         """The spec the run's store holds (validated), or None for a run never started."""

@@ -67,12 +67,14 @@ def authorization(rollout: str, key: bytes) -> str:
 
 class EgressService:
     """`with EgressService(allow, keys, address) as s:` serves until the block ends. `keys(rollout)`
-    returns the rollout's key, or None when there is none."""
+    returns the rollout's key, or None when there is none; `allow_of(rollout)`, the rollout's own
+    allow-list (its task's hosts with the spec's, as prepare stored them), or None for `allow`."""
 
     def __init__(self, allow: list[str] | tuple[str, ...], keys: Callable[[str], bytes | None],
                  address: tuple[str, int] = ("0.0.0.0", PORT), connect_timeout_s: float = 30,
-                 idle_timeout_s: float = 600, log=None):
+                 idle_timeout_s: float = 600, log=None, allow_of: Callable[[str], list[str] | None] | None = None):
         self.allow = AllowList(allow)
+        self.allow_of = allow_of or (lambda rollout: None)
         self.keys = keys
         self.boot = secrets.token_hex(8)
         self.ledgers: dict[str, Ledger] = {}
@@ -127,8 +129,12 @@ class EgressService:
 
     def ledger(self, rollout: str) -> Ledger:
         with self._lock:
+            if rollout in self.ledgers:
+                return self.ledgers[rollout]
+        own = self.allow_of(rollout)  # outside the lock: a store read
+        with self._lock:
             if rollout not in self.ledgers:
-                self.ledgers[rollout] = Ledger(self.allow)
+                self.ledgers[rollout] = Ledger(self.allow if own is None else AllowList(own))
             return self.ledgers[rollout]
 
     # -- the server's hooks

@@ -62,7 +62,9 @@ def convert(src: Path) -> tuple[list[dict], list[str]]:
                 continue
             if bare.is_file():
                 prompt = bare.read_text().strip()
+            hosts = named_hosts(text + "\n" + prompt)
             docs.append({"id": task_id(bare.stem), "split": split, "prompt": prompt,
+                         **({"network": hosts} if hosts else {}),  # the data hosts its prompt names
                          "workflow": workflow.model_dump(mode="json", exclude_defaults=True), "upstream_text": text})
     if issues:
         raise SpecError(where, issues, what=WHAT)
@@ -75,6 +77,22 @@ def convert(src: Path) -> tuple[list[dict], list[str]]:
         notes.append(f"upstream excluded {sorted(excluded)} from teacher collection; the spec has no such "
                      "per-task switch (collection.require_beats_reference decides per run)")
     return docs, notes
+
+
+def named_hosts(text: str) -> list[str]:
+    """The hosts of the http(s) URLs a task's text names, in order, each once (`host` or `host:port`):
+    what its episodes must reach for the data the prompt points at."""
+    import re
+
+    from mass_jobs.config.hosts import host_rule_error
+
+    out: list[str] = []
+    for url in re.findall(r"https?://[^\s\"'<>()\[\]{}`,;]+", text):
+        host = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0].rsplit("@", 1)[-1].lower()
+        host = host.rstrip(".:")
+        if host and host not in out and host_rule_error(host) is None:
+            out.append(host)
+    return out
 
 
 def write(docs: list[dict], out: Path) -> list[Path]:

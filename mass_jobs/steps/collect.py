@@ -127,6 +127,7 @@ class Collection:
             "elite_iteration": self.version,
             "seed": derived_seed(s.search.seed, self.task.id, self.gen, "collect", i),
             "files": self.task.files, "harness": s.execution.harness,
+            **({"network": self.task.network} if self.task.network else {}),  # the task's own hosts
             "limits": s.execution.limits.model_dump(mode="json"), "sampling": s.model.sampling.model_dump(mode="json"),
             # only a single-agent teacher says so: the team's episode inputs (and their manifests) stay as they were
             **({"teacher": "single"} if self.single else {}),
@@ -140,7 +141,8 @@ class Collection:
     # ------------------------------------------------------------ one episode, by the rollout driver
     def rollout(self, i: int) -> Rollout:
         doc = self.episode_doc(i)
-        request = EpisodeRequest(prompt=doc["prompt"], files=dict(self.task.files), seed=doc["seed"], single_agent=self.single)
+        request = EpisodeRequest(prompt=doc["prompt"], files=dict(self.task.files), seed=doc["seed"], single_agent=self.single,
+                                 network=tuple(self.task.network))
         # the protected paths' hashes of the seeded workspace, before the agent sees it (guard compares)
         protect = ("protected.json", lambda ws: hash_protected(ws, self.task.guards.protected_paths))
         return Rollout(self.prefix(i), request, self.task.id, f"ep-{i}", self.gen, manifest=self.step(i),

@@ -94,7 +94,7 @@ def rollout_inputs(ctx: RunContext, g: int, task: Task, rep: int) -> dict:
     spec = ctx.spec
     return {
         "model": model_ref(ctx, g),
-        "task": task.model_dump(mode="json", include={"id", "prompt", "files"}),
+        "task": task.model_dump(mode="json", include={"id", "prompt", "files", *(["network"] if task.network else [])}),
         "replicate": rep,
         "seed": rollout_seed(task.id, rep),
         "harness": spec.execution.harness,
@@ -131,7 +131,8 @@ def rollout_done(ctx: RunContext, g: int, task: Task, rep: int) -> bool:
 
 
 def episode_request(task: Task, rep: int) -> EpisodeRequest:
-    return EpisodeRequest(prompt=task.prompt, files=dict(task.files), seed=rollout_seed(task.id, rep))
+    return EpisodeRequest(prompt=task.prompt, files=dict(task.files), seed=rollout_seed(task.id, rep),
+                          network=tuple(task.network))
 
 
 def rollout_generations(gen: int) -> list[int]:

@@ -72,7 +72,8 @@ def iteration_step(ctx: RunContext, gen: int, task_id: str, k: int):
     task, search = ctx.spec.task(task_id), ctx.spec.search
     # fields at their defaults that earlier versions lacked stay out, so a stored search keeps its identity
     inputs = {
-        "task": task.model_dump(mode="json", exclude={"upstream_text"} if task.upstream_text is None else None),
+        "task": task.model_dump(mode="json", exclude={k for k, unset in (("upstream_text", task.upstream_text is None),
+                                                                         ("network", not task.network)) if unset}),
         "k": k,
         "search": search.model_dump(mode="json", exclude={"iterations"} | {
             k for k, default in (("workflow_format", "structured"), ("judge_order", "seeded"))
@@ -167,7 +168,8 @@ class Search:
             prompt = workflow_docs.prompt(self.task, self.store.get_json(self._file(r, "workflow.json")))
         else:
             raise SearchError(f"task {self.task.id}: rollout {self._iter(r)} is not prepared (no workflow.json)")
-        request = EpisodeRequest(prompt=prompt, files=dict(self.task.files), seed=derived_seed(self.cfg.seed, self.task.id, r))
+        request = EpisodeRequest(prompt=prompt, files=dict(self.task.files), seed=derived_seed(self.cfg.seed, self.task.id, r),
+                                 network=tuple(self.task.network))
         label = "reference" if r == "reference" else f"iter-{r}"
         return Rollout(self._iter(r), request, self.task.id, label, self.gen, first={"prompt.txt": prompt})
 

@@ -91,7 +91,8 @@ def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, mod
 
     spec = ctx.spec
     prefix = ctx.select_rollout(gen, who, task.id, rep)
-    step = Step(ctx.store, prefix, {"model": model_ref, "task": task.model_dump(mode="json", include={"id", "prompt", "files"}),
+    fields = {"id", "prompt", "files", *(["network"] if task.network else [])}
+    step = Step(ctx.store, prefix, {"model": model_ref, "task": task.model_dump(mode="json", include=fields),
                                     "seed": rollout_seed(task.id, rep), "limits": spec.execution.limits.model_dump(mode="json"),
                                     "sampling": spec.model.sampling.model_dump(mode="json")},
                 name=f"select-rollout gen-{gen} {who} {task.id} rep-{rep}")
