@@ -190,15 +190,20 @@ def test_a_task_names_its_own_hosts_merged_with_the_spec_s():
                for i in err.value.issues), err.value.issues
 
 
-def fetch_episode(scripted_endpoint, hosts, network: bool, python: str = "python") -> tuple[EpisodeInput, str, str]:
-    """A builtin episode whose worker fetches the allowed host's page and the denied one's; (input, a, d)."""
-    a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
-    ep = scripted_endpoint({
+def fetching_team(scripted_endpoint, a: str, d: str, python: str = "python"):
+    """A scripted team whose worker writes fetch.py and runs it on the URLs `a` and `d`."""
+    return scripted_endpoint({
         "orchestrator": [Reply.call("delegate", agent_id="worker-1", role="fetcher", assignment="Fetch the prices."),
                          Reply.call("finish", summary="fetched", status="success")],
         "worker-1": [Reply.call("write_file", path="fetch.py", content=FETCH),
                      Reply.call("shell", command=f"{python} fetch.py {a} {d}"),
                      Reply.call("finish", summary="fetched")]})
+
+
+def fetch_episode(scripted_endpoint, hosts, network: bool, python: str = "python") -> tuple[EpisodeInput, str, str]:
+    """A builtin episode whose worker fetches the allowed host's page and the denied one's; (input, a, d)."""
+    a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
+    ep = fetching_team(scripted_endpoint, a, d, python)
     inp = EpisodeInput(prompt="Fetch the prices.", endpoint=ep.endpoint, sampling=Sampling(),
                        limits=EpisodeLimits(wall_s=60, turns_per_agent=5, memory_mb=1024),
                        network=(f"127.0.0.1:{hosts['allowed']}",) if network else None)
@@ -607,12 +612,7 @@ def test_an_imported_task_s_episode_reaches_the_host_its_prompt_names_and_no_oth
     assert doc["network"] == [f"127.0.0.1:{hosts['allowed']}"]
     task = Task.model_validate(doc)
     spec = RunSpec.model_validate({**spec_doc("off"), "tasks": [doc, {"id": "b", "prompt": "p", "split": "test"}]})
-    ep = scripted_endpoint({
-        "orchestrator": [Reply.call("delegate", agent_id="worker-1", role="fetcher", assignment="Fetch the prices."),
-                         Reply.call("finish", summary="fetched", status="success")],
-        "worker-1": [Reply.call("write_file", path="fetch.py", content=FETCH),
-                     Reply.call("shell", command=f"python fetch.py {a} {d}"),
-                     Reply.call("finish", summary="fetched")]})
+    ep = fetching_team(scripted_endpoint, a, d)
     request = EpisodeRequest(prompt=task.prompt, files={}, seed=1, network=tuple(task.network))
     inp = EpisodeInput.from_spec(spec, ep.endpoint, request)
     inp = EpisodeInput(**{**inp.__dict__, "limits": EpisodeLimits(wall_s=60, turns_per_agent=5, memory_mb=1024)})

@@ -69,11 +69,15 @@ def qwen_binary() -> Path:
 
 
 @functools.lru_cache(maxsize=8)
-def _patched(bundle: Path) -> bool:
+def _patched(binary: Path) -> bool:
+    """False for a qwen-code install (its bundle beside the package's package.json) without the patch;
+    anything else (a wrapper, a test's stand-in) is not a bundle this can read."""
     try:
-        return qwen_patch.is_patched(bundle)
-    except (OSError, UnicodeDecodeError):
-        return False
+        if json.loads((binary.parent / "package.json").read_text()).get("name") != "@qwen-code/qwen-code":
+            return True
+        return qwen_patch.is_patched(binary)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return True
 
 
 def settings(inp: EpisodeInput) -> dict[str, Any]:
