@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mass_jobs.episodes import proof, rollouts
+from mass_jobs.episodes import rollouts
 from mass_jobs.episodes.episode import EpisodeInput, EpisodeRequest
 from mass_jobs.episodes.rollouts import EpisodeRunner, RolloutError
 from mass_jobs.run.context import RunContext
@@ -55,15 +55,11 @@ class Driver:
     reading: Reading = outcome_only
 
     # ------------------------------------------------------------ what is stored
-    def status_key(self, r: Rollout) -> str:
-        return self.ctx.rollout_file(r.prefix, "status.json")
-
     def stored(self, r: Rollout) -> dict | None:
         """The stored rollout's status, None while it is missing."""
-        store = self.ctx.store
-        if r.manifest is not None:
-            return store.get_json(self.status_key(r)) if r.manifest.done else None
-        return store.get_json(self.status_key(r)) if store.exists(self.status_key(r)) else None
+        store, key = self.ctx.store, self.ctx.rollout_file(r.prefix, "status.json")
+        done = r.manifest.done if r.manifest is not None else store.exists(key)
+        return store.get_json(key) if done else None
 
     # ------------------------------------------------------------ here
     def run(self, r: Rollout, run_episode: EpisodeRunner) -> dict:
@@ -110,9 +106,8 @@ class Driver:
 
     def prepared(self, r: Rollout) -> list[str]:
         """The keys `prepare` wrote."""
-        names = ("episode.json", "workspace.tar.gz", proof.KEY)
         seeded = [self.ctx.rollout_file(r.prefix, r.seeded[0])] if r.seeded else []
-        return [*(self.ctx.agent_input(r.prefix, n) for n in names), *seeded]
+        return [*rollouts.input_keys(self.ctx, r.prefix), *seeded]
 
     def ingest(self, r: Rollout, agent_ended: bool = False) -> dict:
         """Store what the rollout's agent pod left: its signed outputs, or, with `agent_ended` (the

@@ -257,6 +257,11 @@ def prepare(ctx: RunContext, prefix: str, inp: EpisodeInput, seeded: Callable[[P
             seeded(workspace)
         store.put_json(ctx.agent_input(prefix, "episode.json"), episode_file_json(inp))
         store.put_dir(ctx.agent_input(prefix, "workspace.tar.gz"), workspace)
+    return input_keys(ctx, prefix)
+
+
+def input_keys(ctx: RunContext, prefix: str) -> list[str]:
+    """What `prepare` writes for the agent pod of `prefix`."""
     return [ctx.agent_input(prefix, n) for n in ("episode.json", "workspace.tar.gz", proof.KEY)]
 
 

@@ -180,8 +180,8 @@ def prepare(ctx: RunContext, gen: int, endpoint_of: Callable[[int], Any]) -> dic
 def ingest(ctx: RunContext, gen: int, rel: str, agent_ended: bool = False) -> dict:
     """Store the agent pod's output of the rollout `rel` (a key relative to the run), with its audit."""
     declared = {r.prefix: lambda r=r: r for r in all_rollouts(ctx, gen)}
-    status = driver(ctx).ingest_named(rel, declared, agent_ended)
-    return {"outcome": status.get("outcome"), **read_manifest(ctx.store, ctx.under_run(rel.strip("/")))["extra"]}
+    driver(ctx).ingest_named(rel, declared, agent_ended)
+    return read_manifest(ctx.store, ctx.under_run(rel.strip("/")))["extra"]  # its outcome and audit
 
 
 def run_rollouts(ctx: RunContext, g: int, endpoint, progress: Progress | None = None) -> None:
