@@ -8,6 +8,7 @@ sandbox's own loopback is not the host's: without the proxy the same URLs are un
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import os
@@ -615,7 +616,7 @@ def test_an_imported_task_s_episode_reaches_the_host_its_prompt_names_and_no_oth
     ep = fetching_team(scripted_endpoint, a, d)
     request = EpisodeRequest(prompt=task.prompt, files={}, seed=1, network=tuple(task.network))
     inp = EpisodeInput.from_spec(spec, ep.endpoint, request)
-    inp = EpisodeInput(**{**inp.__dict__, "limits": EpisodeLimits(wall_s=60, turns_per_agent=5, memory_mb=1024)})
+    inp = dataclasses.replace(inp, limits=EpisodeLimits(wall_s=60, turns_per_agent=5, memory_mb=1024))
     result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
     tool_text = json.dumps([r["request"]["messages"] for r in read_trace(tmp_path / "out" / "trace.jsonl")])
     assert f"{a} page allowed /prices.csv" in tool_text and f"{d} FAILED 403" in tool_text
