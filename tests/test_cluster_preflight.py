@@ -28,7 +28,8 @@ LIVE_CHECKS = [
     "KServe storage initializer", "submit a run", "executor ServiceAccount", "secret mass-s3-credentials",
     "secret mass-judge-keys", "Kueue covered resources", "Kueue GPU quota", "Kueue PyTorchJob integration",
     "nodes for step pods", "nodes for agent pods", "nodes for merge pods", "nodes for trainer pods",
-    "nodes for server pods", "scratch storage class (merge)", "scratch storage class (trainer)",
+    "nodes for server pods", "scratch storage class (agent)", "scratch storage class (merge)",
+    "scratch storage class (trainer)",
 ]
 # kinds neither the schemas folder nor kubernetes-validate has: only the fields read here are recorded
 NO_UPSTREAM_SCHEMA = {"ClusterStorageContainer", "LocalQueue", "ClusterQueue"}
@@ -120,7 +121,8 @@ def test_an_account_that_may_not_read_gets_notes_not_passes(healthy, tmp_path, c
     assert rows["secret mass-judge-keys"] == rows["submit a run"] == "ok"
     unread = {"API pytorchjobs.kubeflow.org", "API inferenceservices.serving.kserve.io", "Argo executor securityContext",
               "KServe storage initializer", "executor ServiceAccount",
-              "Kueue queue", "nodes", "scratch storage class (merge)", "scratch storage class (trainer)"}
+              "Kueue queue", "nodes", "scratch storage class (agent)", "scratch storage class (merge)",
+              "scratch storage class (trainer)"}
     assert {c for c, v in rows.items() if v == "note"} == unread
     assert {c for c, v in rows.items() if v == "FAIL"} == set()
     assert "note: nodes: could not read the nodes: nodes is forbidden: User \"dev\" cannot list resource " \

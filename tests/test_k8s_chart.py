@@ -629,3 +629,27 @@ def test_every_pod_template_has_a_deadline():
     assert deadlines["egress-proxy"] == "1800"
     assert int(deadlines["merge"]) == 7200 and int(deadlines["validate"]) == 900
     assert {int(d) for n, d in deadlines.items() if d is not None and n not in ("merge",)} >= {900}
+
+
+def _agent_template(values: dict) -> dict:
+    cycle = _by(_objects(values), "WorkflowTemplate", "mass-cycle")
+    return next(t for t in cycle["spec"]["templates"] if t["name"] == "agent-episode")
+
+
+def test_the_papers_agent_pods_hold_its_machine_and_a_gpu_and_the_defaults_none():
+    """paper-values: the sandbox container (every shell command) gets the GPU and 72Gi, the qwen-code
+    container its own small size, the workspace a 128Gi volume made with the pod; the defaults
+    request no GPU resource at all (a Kueue queue need not cover one) and keep the workspace on the node."""
+    paper = _agent_template(_scenario("paper"))
+    containers = {c.get("name", "main"): c["resources"]["limits"] for c in [paper["container"], *paper["sidecars"]]}
+    assert containers["sandbox"] == {"cpu": "16", "memory": "72Gi", "ephemeral-storage": "8Gi", "nvidia.com/gpu": "1"}
+    assert containers["qwen"] == {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "2Gi"}
+    assert "nvidia.com/gpu" not in containers["main"]
+    workspace = next(v for v in paper["volumes"] if v["name"] == "workspace")
+    assert workspace["ephemeral"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "128Gi"
+    sandbox = next(c for c in paper["sidecars"] if c["name"] == "sandbox")
+    assert {"name": "TMPDIR", "value": "/workspace"} in sandbox["env"]  # the commands' /tmp folders on that volume
+    default = _agent_template(_scenario("default"))
+    assert not any("gpu" in k for c in [default["container"], *default["sidecars"]] for k in c["resources"]["limits"])
+    assert next(v for v in default["volumes"] if v["name"] == "workspace") == {"name": "workspace", "emptyDir": {}}
+    assert all(schemas.all_errors(o) == [] for o in _objects(_scenario("paper")) if o["kind"] == "WorkflowTemplate")

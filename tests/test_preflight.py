@@ -37,21 +37,25 @@ def test_the_cluster_examples_pass_with_the_values_they_document(spec, values, c
 def test_the_paper_with_the_chart_defaults_names_each_value_to_set(capsys):
     assert mass(["validate", str(ROOT / "examples/paper.yaml"), "--values", str(CHART / "values.yaml")]) == 2
     captured = capsys.readouterr()
-    assert "invalid run spec for this cluster, 7 error(s)" in captured.err
+    assert "invalid run spec for this cluster, 9 error(s)" in captured.err
     for needle in ("$.execution.vllm.tool_call_parser: expected the chart's vLLM tool-call parser 'hermes' "
                    "(chart value model.toolCallParser), found 'qwen3_coder'",
                    "$.model.sampling.context_length: expected at most the server's max model length 32768",
                    "$.model.sampling.max_output_tokens: expected less than the server's max model length 32768",
                    "$.judges[0].api_key_env: expected a key of the judge Secret (chart value judges.keys "
                    "['JUDGE_API_KEY']), found 'JUDGE_A_API_KEY'", "$.judges[1].api_key_env",
-                   "values network.s3.to: required, no default", "values network.apiServer.to: required unless"):
+                   "values network.s3.to: required, no default", "values network.apiServer.to: required unless",
+                   "values resources.agent.memory: expected the agent pods' sandbox container (chart value "
+                   "resources.agent.memory) to hold execution.limits.memory_mb 65536 MiB, found 2Gi",
+                   "values resources.agent.ephemeralStorage: expected the agent pods' disk (chart value "
+                   "resources.agent.ephemeralStorage) to hold execution.limits.workspace_mb + scratch_mb = 98304 MiB"):
         assert needle in captured.err
     # each refusal points to where the cluster's side is documented, a heading that exists
-    assert captured.err.count(f"(cluster prerequisites: {preflight.PREREQUISITES})") == 7
+    assert captured.err.count(f"(cluster prerequisites: {preflight.PREREQUISITES})") == 9
     assert "\n## Cluster prerequisites\n" in (ROOT / "docs" / "kubernetes.md").read_text()
     fails = [line.split("  ")[0] for line in captured.out.splitlines() if line.rstrip().endswith("FAIL")]
     assert fails == ["context length", "max output tokens", "tool-call parser", "judge judge-a key", "judge judge-b key",
-                     "network.s3.to set", "network.apiServer.to set"]
+                     "agent container memory", "agent workspace disk", "network.s3.to set", "network.apiServer.to set"]
 
 
 BAD_VALUES = """\
@@ -300,7 +304,7 @@ def test_a_scratch_volume_holds_the_model_instead_of_the_nodes_disk():
     config = preflight.model_config(spec, str(ROOT / "examples" / "qwen3.5-27b-config.json"))
     base = preflight.load_values([str(CHART / "ci" / "paper-values.yaml")])
     (disk,) = [c for c in preflight.checks(spec, base, config) if c.name == "node disk per pod"]
-    assert disk.value == "merge 160Gi, server 80Gi, trainer 80Gi, step 20Gi, agent 6Gi"
+    assert disk.value == "merge 160Gi, server 80Gi, trainer 80Gi, step 20Gi, agent 12Gi"
 
     def found(size):
         over = {"scratch": {"merge": {"size": size, "storageClass": ""}}, "resources": {"merge": {"ephemeralStorage": "4Gi"}}}
@@ -313,7 +317,7 @@ def test_a_scratch_volume_holds_the_model_instead_of_the_nodes_disk():
     checks = found("120Gi")
     assert all(c.ok for c in checks)
     (disk,) = [c for c in checks if c.name == "node disk per pod"]
-    assert disk.value == "server 80Gi, trainer 80Gi, step 20Gi, agent 6Gi, merge 4Gi"
+    assert disk.value == "server 80Gi, trainer 80Gi, step 20Gi, agent 12Gi, merge 4Gi"
 
 
 def test_a_hub_id_model_passes_with_a_note_to_mirror_it_and_a_mirrored_one_without(capsys):
@@ -404,3 +408,16 @@ def test_s3_egress_by_name_needs_cilium_and_then_no_cidrs():
     assert preflight.required_issues(cilium) == []
     neither = preflight.merge(preflight.load_values([]), {"network": {"apiServer": api}})
     assert [i.path for i in preflight.required_issues(neither)] == ["values network.s3.to"]
+
+
+def test_gpu_agent_pods_under_kueue_need_its_pod_integration():
+    """A GPU per agent pod with a Kueue queue: without the plain-pod integration the agent pods carry
+    no queue label and take GPUs outside the quota, so preflight refuses and names the value."""
+    spec = load_spec(ROOT / "examples" / "paper.yaml")
+    base = preflight.load_values([str(CHART / "ci" / "paper-values.yaml"), str(CHART / "ci" / "kueue-values.yaml")])
+    assert [c for c in preflight.checks(spec, base) if c.name == "GPU agent pods queued"][0].ok
+    off = preflight.merge(base, {"kueue": {"podIntegration": False}})
+    (check,) = [c for c in preflight.checks(spec, off) if c.name == "GPU agent pods queued"]
+    assert not check.ok and check.path == "values kueue.podIntegration" and "1 GPU(s) per agent pod" in check.why
+    cpu_only = preflight.merge(off, {"resources": {"agent": {"gpu": 0}}})
+    assert not [c for c in preflight.checks(spec, cpu_only) if c.name == "GPU agent pods queued"]

@@ -339,6 +339,17 @@ class StoreSpec(Closed):
     region: str | None = None
 
 
+# What the sandbox sets in every command's environment itself (mass_jobs.sandbox.run.sandbox_env and
+# the egress proxy's variables): execution.limits.env may not change them.
+SANDBOX_ENV = frozenset({
+    "HOME", "TMPDIR", "PWD", "USER", "LOGNAME", "SHELL", "TERM", "PATH", "LANG", "XDG_CACHE_HOME", "MPLCONFIGDIR",
+    "MPLBACKEND", "PIP_NO_INPUT", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "LD_PRELOAD", "LD_LIBRARY_PATH"})
+SANDBOX_ENV_PREFIXES = ("PYTHON", "MASS_")
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+# EpisodeLimits' fields of the episode's machine: recorded in step inputs only where set (as_input)
+MACHINE_FIELDS = ("workspace_mb", "scratch", "scratch_mb", "limit_address_space", "env")
+
+
 class EpisodeLimits(Closed):
     """What ends or bounds an episode. The defaults are upstream's (`runtime/run_episode.sh`): no cap
     on turns, tool calls or wall time, 600 s per shell command and 1,800 s per model response, so a
@@ -370,6 +381,42 @@ class EpisodeLimits(Closed):
     reply_bytes: int = Field(default=64 * 2**20, ge=2**16, le=2**30,
                              description="Bytes of one model reply (body or stream) the recording proxy reads; past "
                                          "it the call ends reply_too_large, nothing more buffered or recorded.")
+    # The episode's machine: what one shell command may use beside the caps above (docs/running.md).
+    workspace_mb: int = Field(default=4096, ge=16, le=1 << 24,
+                              description="Apparent size of the workspace, all files together; past it the command ends "
+                                          "workspace_quota.")
+    scratch: Literal["memory", "disk"] = Field(
+        default="memory", description="Where a command's private /tmp (uv's and pip's caches too) lives: a tmpfs in "
+                                      "memory, or a folder on the disk of the sandbox's temp dir, held to scratch_mb.")
+    scratch_mb: int = Field(default=256, ge=16, le=1 << 24,
+                            description="Size of a command's /tmp (and, in memory, of /dev/shm); on disk past it the "
+                                        "command ends scratch_quota.")
+    limit_address_space: bool = Field(
+        default=True, description="RLIMIT_AS = memory_mb per process; off for CUDA, which reserves more address space "
+                                  "than memory (the command's tree is still held to memory_mb).")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="More environment of every shell command (thread pins, CUDA_VISIBLE_DEVICES); "
+                                          "not the names the sandbox sets itself.")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"env.{name}: expected a variable name of capitals, digits and _")
+            if name in SANDBOX_ENV or name.startswith(SANDBOX_ENV_PREFIXES):
+                raise ValueError(f"env.{name}: expected a name the sandbox does not set itself "
+                                 f"(it sets {', '.join(sorted(SANDBOX_ENV))} and {'*, '.join(SANDBOX_ENV_PREFIXES)}*)")
+        return env
+
+    def as_input(self) -> dict:
+        """The limits as a step's inputs record them: the machine's fields only where they differ
+        from their defaults, so stores made before they existed keep their step hashes."""
+        doc = self.model_dump(mode="json")
+        for name in MACHINE_FIELDS:
+            if doc[name] == EpisodeLimits.model_fields[name].get_default(call_default_factory=True):
+                del doc[name]
+        return doc
 
     @property
     def wall_bound_s(self) -> float:

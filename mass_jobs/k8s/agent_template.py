@@ -67,7 +67,8 @@ def agent_container(s: ClusterSettings) -> Container:
         image_pull_policy=s.images.pull_policy,
         command=["mass"],
         args=["sandbox-serve", "--socket", SANDBOX_SOCKET, "--workspace", "/workspace/ws"],
-        env=[m.EnvVar(name="HOME", value="/tmp")],
+        # each command's /tmp is a folder made here, beside the workspace on its volume (scratch.agent)
+        env=[m.EnvVar(name="HOME", value="/tmp"), m.EnvVar(name="TMPDIR", value="/workspace")],
         working_dir="/tmp",
         resources=m.ResourceRequirements(**pods.resources(s.agent, s)),
         security_context=m.SecurityContext(**container_security(pods.sandbox_security_context())),
@@ -86,7 +87,7 @@ def agent_container(s: ClusterSettings) -> Container:
              # qwen-code is on the sandbox image's PATH; name it so the harness never guesses.
              m.EnvVar(name="MASS_QWEN_BIN", value="/usr/local/bin/qwen")],
         working_dir="/tmp",
-        resources=m.ResourceRequirements(**pods.resources(s.agent, s)),
+        resources=m.ResourceRequirements(**pods.resources(s.qwen, s)),
         security_context=m.SecurityContext(**container_security(pods.qwen_security_context())),
         volume_mounts=[m.VolumeMount(name="qwen-tmp", mount_path="/tmp"),
                        m.VolumeMount(name="workspace", mount_path="/workspace"),
@@ -121,6 +122,7 @@ def agent_container(s: ClusterSettings) -> Container:
         resources=m.ResourceRequirements(**pods.resources(s.harness, s)),
         security_context=m.SecurityContext(**container_security(pods.container_security_context())),
         sidecars=[sandbox, qwen],
+        # "workspace" becomes scratch.agent's volume where one is set (mass_jobs.k8s.argo)
         volumes=[m.Volume(name=n, empty_dir=m.EmptyDirVolumeSource())
                  for n in ("tmp", "out", "sandbox", "sandbox-tmp", "workspace", "qwen", "qwen-tmp")],
         volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp"), m.VolumeMount(name="out", mount_path="/out"),

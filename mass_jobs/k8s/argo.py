@@ -74,7 +74,7 @@ from mass_jobs.k8s.argo_vocab import (
     input_params,
     step_args,
 )
-from mass_jobs.k8s.settings import SCRATCH_CLASSES, ClusterSettings, helm
+from mass_jobs.k8s.settings import SCRATCH_CLASSES, SCRATCH_VOLUMES, ClusterSettings, helm
 from mass_jobs.k8s.yamlio import _Dumper
 from mass_jobs.pipeline import nodes as N
 from mass_jobs.pipeline import table as P
@@ -499,7 +499,8 @@ def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:
             cls = scheduling_class(t["name"], b.steps)
             t.update(pods.placement(s, cls))
             if cls in SCRATCH_CLASSES:
-                t["volumes"] = [pods.scratch_volume(s, cls) if v["name"] == "tmp" else v for v in t.get("volumes", [])]
+                vol = SCRATCH_VOLUMES.get(cls, "tmp")
+                t["volumes"] = [pods.scratch_volume(s, cls, vol) if v["name"] == vol else v for v in t.get("volumes", [])]
             if "readinessProbe" in t["container"]:
                 t["container"]["readinessProbe"]["httpGet"]["port"] = t["container"]["ports"][0]["name"]
         if ("container" in t or "resource" in t) and "synchronization" not in t and s.pod_pending_timeout:

@@ -88,7 +88,9 @@ def executor_security_context() -> dict:
 def resources(pod: Pod, settings: ClusterSettings) -> dict:
     """Requests equal limits (Guaranteed QoS); GPUs only where the pod asks for them."""
     amounts = {"cpu": pod.cpu, "memory": pod.memory, "ephemeral-storage": pod.ephemeral}
-    if pod.gpu != "0":
+    if pod.gpu.startswith("@helm-block("):  # the chart's line, rendered only for a count above 0
+        amounts[pod.gpu] = ""
+    elif pod.gpu != "0":
         amounts[settings.gpu_resource] = pod.gpu
     return {"limits": dict(amounts), "requests": dict(amounts)}
 

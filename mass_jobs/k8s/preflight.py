@@ -213,7 +213,7 @@ def checks(spec, values: dict, config=None) -> list[Check]:
     model's, adds the storage checks."""
     cluster = _get(values, "s3.bucket") is not None  # a whole chart's values, not one step's
     return [*_store_checks(spec, values), *_serving_checks(spec, values), *_judge_checks(spec, values),
-            *_agent_checks(spec, values), *(_cluster_only_checks(spec, config) if cluster else []),
+            *_agent_checks(spec, values), *_agent_machine_checks(spec, values), *(_cluster_only_checks(spec, config) if cluster else []),
             *_network_checks(values), *disk_checks(values), *queue_checks(spec, values), *size_checks(spec, values),
             *_gpu_job_checks(values), *(_model_storage_checks(spec, values, config) if config is not None else [])]
 
@@ -314,6 +314,35 @@ def _agent_checks(spec, values: dict) -> list[Check]:
                           float(deadline) >= wall + AGENT_STOP_S, "$.execution.limits.wall_s",
                           f"expected an episode wall limit at least {AGENT_STOP_S} s below the agent pods' deadline "
                           f"{deadline} s (chart value agent.activeDeadlineSeconds), found {wall:g}"))
+    return out
+
+
+def _agent_machine_checks(spec, values: dict) -> list[Check]:
+    """The agent pod's sandbox container holds the episode's machine (execution.limits): the memory
+    its commands may use (the kubelet would end the container first), the workspace and their /tmp
+    (always folders on disk in a pod); GPU agent pods under Kueue queued like the other GPU pods."""
+    limits, out = spec.execution.limits, []
+    memory = _get(values, "resources.agent.memory")
+    if memory is not None:
+        out.append(_check("agent container memory", memory, f">= {limits.memory_mb}Mi (memory_mb)",
+                          quantity_bytes(memory) >= limits.memory_mb * 2**20, "values resources.agent.memory",
+                          f"expected the agent pods' sandbox container (chart value resources.agent.memory) to hold "
+                          f"execution.limits.memory_mb {limits.memory_mb} MiB, found {memory}: the kubelet would end "
+                          f"the container, and the episode with it, before a command reaches its own limit"))
+    size = _get(values, "scratch.agent.size") or _get(values, "resources.agent.ephemeralStorage")
+    if size:
+        need = limits.workspace_mb + limits.scratch_mb
+        where = "scratch.agent.size" if _get(values, "scratch.agent.size") else "resources.agent.ephemeralStorage"
+        out.append(_check("agent workspace disk", size, f">= {need}Mi (workspace_mb + scratch_mb)",
+                          quantity_bytes(size) >= need * 2**20, f"values {where}",
+                          f"expected the agent pods' disk (chart value {where}) to hold execution.limits.workspace_mb "
+                          f"+ scratch_mb = {need} MiB (a command's /tmp is a folder on it in a pod), found {size}"))
+    gpus, queue = _get(values, "resources.agent.gpu") or 0, _get(values, "kueue.queueName")
+    if gpus and queue:
+        out.append(_check("GPU agent pods queued", "kueue.podIntegration " + str(bool(_get(values, "kueue.podIntegration"))).lower(),
+                          "true", bool(_get(values, "kueue.podIntegration")), "values kueue.podIntegration",
+                          f"expected kueue.podIntegration true with {gpus} GPU(s) per agent pod: without it the agent pods "
+                          f"are not labelled for queue {queue!r} and take GPUs outside its quota"))
     return out
 
 
@@ -427,9 +456,9 @@ def _model_storage_checks(spec, values: dict, config) -> list[Check]:
 def node_disk(values: dict) -> list[tuple[str, str]]:
     """(class, ephemeral-storage request) of each class of pods, largest first: what a node of that
     class's pool must have allocatable (its emptyDirs, logs and writable layers live on the node's
-    disk; a scratch volume takes /tmp off it). An agent pod's is its two containers'."""
+    disk; a scratch volume takes /tmp off it). An agent pod's is its three containers'."""
     asked = {c: _get(values, f"resources.{c}.ephemeralStorage") for c in ("step", "merge", "server", "trainer")}
-    agent = [_get(values, f"resources.{c}.ephemeralStorage") for c in ("agent", "harness")]
+    agent = [_get(values, f"resources.{c}.ephemeralStorage") for c in ("agent", "qwen", "harness")]
     if None not in agent:
         asked["agent"] = f"{sum(quantity_bytes(q) for q in agent) / 2**30:g}Gi"
     return sorted(((c, str(q)) for c, q in asked.items() if q is not None), key=lambda cq: -quantity_bytes(cq[1]))

@@ -62,10 +62,11 @@ class Placement:
     priority_class: str = ""
 
 
-# Classes whose working files (/tmp: models, checkpoints) may live on a volume of their own
-# (values `scratch.<class>`) instead of the node's disk; KServe owns the predictor's download
-# folder and the agent pods' folders are small.
-SCRATCH_CLASSES = ("step", "merge", "trainer")
+# Classes whose working files (/tmp: models, checkpoints; an agent pod's workspace and its commands'
+# /tmp) may live on a volume of their own (values `scratch.<class>`) instead of the node's disk;
+# KServe owns the predictor's download folder.
+SCRATCH_CLASSES = ("step", "merge", "trainer", "agent")
+SCRATCH_VOLUMES = {"agent": "workspace"}  # the volume scratch.<class> is, where not the pod's "tmp"
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ class ClusterSettings:
     judge_keys: tuple | str = ("JUDGE_API_KEY",)  # env names the spec's judges read (api_key_env)
     gpu_resource: str = "nvidia.com/gpu"
     gpu_jobs: str = "2"  # semaphore: GPU jobs (PyTorchJobs) running at once
-    agent: Pod = Pod(cpu="1", memory="2Gi", ephemeral="4Gi")  # an agent pod's sandbox container (the agents' tools, qwen-code)
+    agent: Pod = Pod(cpu="1", memory="2Gi", ephemeral="5Gi")  # an agent pod's sandbox container (the agents' tools and shells)
+    qwen: Pod = Pod(cpu="1", memory="2Gi", ephemeral="2Gi")  # its qwen-code container
     harness: Pod = Pod(cpu="500m", memory="1Gi", ephemeral="2Gi")  # its main container (the harness loop, the recording proxy)
     step: Pod = Pod(cpu="1", memory="4Gi", ephemeral="20Gi", deadline_s="21600")
     # A 27B bf16 model is 54 GB: merge holds the base and the merged copy, the others one copy.
@@ -230,7 +232,8 @@ def helm_settings() -> ClusterSettings:
         judge_keys=helm_block('include "mass-jobs.judgeKeys" .'),
         gpu_resource=helm(f"{v}.gpu.resourceName | quote"),
         gpu_jobs=helm(f"{v}.gpu.concurrentJobs | quote"),
-        agent=_helm_pod("agent"),
+        agent=_helm_pod("agent", gpu="optional"),
+        qwen=_helm_pod("qwen"),
         harness=_helm_pod("harness"),
         step=_helm_pod("step", deadline=True),
         merge=_helm_pod("merge", deadline=True),
@@ -266,12 +269,15 @@ def helm_settings() -> ClusterSettings:
     )
 
 
-def _helm_pod(name: str, gpu: bool = False, deadline: bool = False) -> Pod:
+def _helm_pod(name: str, gpu: bool | str = False, deadline: bool = False) -> Pod:
+    """`gpu`: True, the value's GPUs always requested; "optional", requested only when above 0 (a
+    block, so that pods without one request no GPU resource a Kueue queue must cover)."""
     r = f".Values.resources.{name}"
+    gpus = helm_block(f'include "mass-jobs.gpus" (list {r}.gpu .Values.gpu.resourceName)') if gpu == "optional" else None
     return Pod(
         cpu=helm(f"{r}.cpu | quote"),
         memory=helm(f"{r}.memory | quote"),
-        gpu=helm(f"{r}.gpu | quote") if gpu else "0",
+        gpu=gpus or (helm(f"{r}.gpu | quote") if gpu else "0"),
         ephemeral=helm(f"{r}.ephemeralStorage | quote"),
         deadline_s=helm(f"{r}.activeDeadlineSeconds | quote") if deadline else None,
     )
@@ -312,7 +318,7 @@ def values_settings(values: dict) -> ClusterSettings:
         s3_region=get("s3.region"), s3_endpoint_url=None, s3_secret=get("s3.secretName"),
         judge_secret=get("judges.secretName"), judge_keys=tuple(get("judges.keys")),
         gpu_resource=get("gpu.resourceName"), gpu_jobs=str(get("gpu.concurrentJobs")),
-        agent=pod("agent"), harness=pod("harness"), step=pod("step"), merge=pod("merge"),
+        agent=pod("agent", gpu=True), qwen=pod("qwen"), harness=pod("harness"), step=pod("step"), merge=pod("merge"),
         server=pod("server", gpu=True), trainer=pod("trainer"),
         cluster_domain=str(get("clusterDomain")), dns_peers=tuple((net.get("dns") or {}).get("to") or ()),
         max_model_len=str(get("model.maxModelLen")), tool_call_parser=get("model.toolCallParser"),

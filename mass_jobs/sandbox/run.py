@@ -3,8 +3,9 @@
 `run_sandboxed(cmd, cwd, limits)` runs `/bin/sh -c cmd` in the workspace `cwd`, one fresh process
 tree per call. The filesystem view and namespaces come from bubblewrap (`bwrap`, a Debian
 package): a read-only empty root holding only /usr, /etc (and the /bin, /lib links), the project's
-interpreter dirs read-only, the workspace read-write and private size-capped tmpfs at /tmp and
-/dev/shm that die with the call. Nothing else of the host exists in there: no /run, /var, /home,
+interpreter dirs read-only, the workspace read-write and a private size-capped tmpfs at /dev/shm
+and at /tmp (or, with `tmp_on_disk`, a fresh folder of the host's temp dir held to the same size by
+the supervisor), both dying with the call. Nothing else of the host exists in there: no /run, /var, /home,
 no host unix socket to connect to. New PID, network (private loopback only), IPC, UTS and cgroup
 namespaces; `--die-with-parent` and a PID namespace, so a killed caller takes the whole tree with it.
 With `egress_socket` (execution.network) the episode's egress proxy socket is bound in at
@@ -17,7 +18,8 @@ runs as that uid with no capabilities and no_new_privs, so RLIMIT_NPROC is a bud
 call's tree alone and one episode's fork bomb cannot starve another's. Limits:
 - per process: rlimits on CPU seconds, address space, file size, process count, no core dumps;
 - per tree (a supervisor thread samples every process of the tree): total CPU seconds and total
-  memory (PSS), and a workspace quota (bytes and files); over any of them, the tree is killed;
+  memory (PSS), a workspace quota (bytes and files) and a /tmp kept on disk to its size; over any
+  of them, the tree is killed;
 - a wall-clock timeout that kills the tree;
 - a scrubbed environment (an allow-list: PATH, HOME=workspace, TMPDIR=/tmp, LANG, ...).
 The project's own interpreter (this process's venv and its base installation) is `python`, first on
@@ -126,7 +128,8 @@ class SandboxLimits:
     open_files: int = 1024  # RLIMIT_NOFILE per process: descriptors (socket pairs, memfds) are kernel memory too
     workspace_mb: int = 4096  # workspace quota, bytes (apparent size of all files)
     workspace_files: int = 100_000  # workspace quota, entries
-    tmp_mb: int = 256  # size of each private tmpfs (/tmp, /dev/shm)
+    tmp_mb: int = 256  # size of /tmp (and of /dev/shm while /tmp is in memory)
+    tmp_on_disk: bool = False  # /tmp: a folder of the host's temp dir, not a tmpfs (multi-GB caches stay off RAM)
     isolate_network: bool = True
     drop_privileges: bool = True  # as root: run the command as a leased uid of its own
     uid_base: int = 1_900_000  # leased uids: uid_base .. uid_base + uids - 1 (gid = uid)
@@ -161,8 +164,18 @@ class SandboxLimits:
             memory_mb=limits.memory_mb,
             file_size_mb=limits.file_size_mb,
             processes=limits.processes,
+            workspace_mb=limits.workspace_mb,
+            tmp_mb=limits.scratch_mb,
+            tmp_on_disk=limits.scratch == "disk",
+            limit_address_space=limits.limit_address_space,
         )
-        return cls(**{**values, **overrides})
+        env = {**limits.env, **overrides.pop("extra_env", {})}  # the spec's pins, then the caller's own
+        return cls(**{**values, **overrides, "extra_env": env})
+
+    @property
+    def shm_mb(self) -> int:
+        """/dev/shm is memory whatever /tmp is: with /tmp on disk, at most half the tree's memory."""
+        return min(self.tmp_mb, self.memory_mb // 2) if self.tmp_on_disk else self.tmp_mb
 
 
 MEMORY_LIMITS = ("cgroup v1", "cgroup v2", "sampled")  # SandboxResult.memory_limit
@@ -174,7 +187,8 @@ class SandboxResult:
     stdout: str
     stderr: str
     timed_out: bool
-    # wall_timeout | cpu_limit | file_size_limit | memory_limit | workspace_quota | output_limit | stopped | signal:NAME | None
+    # wall_timeout | cpu_limit | file_size_limit | memory_limit | workspace_quota | scratch_quota | output_limit
+    # | stopped | signal:NAME | None
     killed_reason: str | None
     network_isolated: bool
     duration_s: float
@@ -304,9 +318,10 @@ def _namespace_flags(as_root: bool, isolate_network: bool) -> list[str]:
 
 def bwrap_argv(
     bwrap: str, setpriv: str | None, cmd: str, workspace: str, read_only: list[str], limits: SandboxLimits,
-    uid: int | None,
+    uid: int | None, scratch: Path | None = None,
 ) -> list[str]:  # fmt: skip
-    """The bwrap command line of one call (see the module docstring for the view it builds)."""
+    """The bwrap command line of one call (see the module docstring for the view it builds);
+    `scratch`: the host folder that is its /tmp, else a tmpfs."""
     as_root = os.geteuid() == 0
     argv = [bwrap, *_namespace_flags(as_root, limits.isolate_network), "--cap-drop", "ALL"]
     if uid is not None:  # setpriv needs these three to drop to the uid; it then drops them all
@@ -316,13 +331,13 @@ def bwrap_argv(
             argv += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
             argv += ["--ro-bind", d, d]
-    tmp_bytes = str(limits.tmp_mb * 1024 * 1024)
+    tmp_bytes, shm_bytes = str(limits.tmp_mb * 1024 * 1024), str(limits.shm_mb * 1024 * 1024)
     argv += ["--proc", "/proc", "--dev", "/dev"]
     # The new /proc still writes host-wide kernel settings (a root command without capabilities
     # could set core_pattern): read-only over it.
     argv += [a for p in ("/proc/sys", "/proc/sysrq-trigger") if os.path.exists(p) for a in ("--ro-bind", p, p)]
-    argv += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
-    argv += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/tmp"]
+    argv += ["--perms", "1777", "--size", shm_bytes, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    argv += ["--bind", str(scratch), "/tmp"] if scratch else ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/tmp"]
     system = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
     binds = [(d, "--ro-bind") for d in _topmost(read_only) if not any(_within(d, s) for s in system)]
     binds += [(os.path.realpath(d), "--bind") for d in limits.writable]
@@ -408,18 +423,33 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
             for tree in (workspace, *limits.writable):
                 own_tree(Path(tree), uid, uid)
         bwrap, setpriv_or_reason = _tools()
-        if bwrap is None:  # no namespaces: a private temp dir of the host stands in for /tmp
+        # a private temp dir of the host is /tmp: asked for (on disk), or where no namespaces stand in
+        if bwrap is None or limits.tmp_on_disk:
             host_tmp = Path(tempfile.mkdtemp(prefix="mass-sandbox-"))
             if uid is not None:
                 os.chown(host_tmp, uid, uid)
         return _run(cmd, workspace, limits, uid, bwrap, setpriv_or_reason, host_tmp, stop)
     finally:
         if host_tmp is not None:
-            import shutil
-
-            shutil.rmtree(host_tmp, ignore_errors=True)
+            remove_tree(host_tmp)
         if uid is not None:
             release_uid(str(workspace))
+
+
+def remove_tree(root: Path) -> None:
+    """Remove a tree a sandboxed command wrote, folders it made unreadable or unwritable included."""
+    import shutil
+    import stat
+
+    def retry(func, path, _exc) -> None:
+        try:
+            os.chmod(os.path.dirname(path), stat.S_IRWXU)
+            os.chmod(path, stat.S_IRWXU) if os.path.isdir(path) and not os.path.islink(path) else None
+            func(path)
+        except OSError:
+            pass
+
+    shutil.rmtree(root, onerror=retry)
 
 
 def _open_to_others(path: str) -> bool:
@@ -480,7 +510,7 @@ def _run(
     ]
     for t in readers:
         t.start()
-    reason, peak, why = supervise(proc, workspace, limits, t0, sinks, stop, cgroup)
+    reason, peak, why = supervise(proc, workspace, limits, t0, sinks, stop, cgroup, host_tmp)
     if cgroup is not None:
         if cgroup.oom_kills() and reason is None:
             reason, why = "memory_limit", f"the kernel's OOM killer ended the tree at its {limits.memory_mb} MB cgroup limit"
@@ -495,7 +525,8 @@ def _run(
         for t in readers:
             t.join(timeout=2)
     # record
-    return _record(launch, proc.returncode, reason, peak, sinks, time.monotonic() - t0, workspace, limits, uid, cgroup)
+    return _record(launch, proc.returncode, reason, peak, sinks, time.monotonic() - t0, workspace, limits, uid, cgroup,
+                   host_tmp)
 
 
 def _launch(cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, bwrap: str | None, tool: str | None,
@@ -529,11 +560,11 @@ def _launch(cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, b
         notes.append("network: the pod's NetworkPolicy, through the run's egress proxy")
     if bwrap:
         env["PATH"] = _visible_path(env["PATH"], [*SYSTEM_DIRS, *read_only, str(workspace)])
-        argv = bwrap_argv(bwrap, tool, cmd, str(workspace), read_only, limits, uid)
+        argv = bwrap_argv(bwrap, tool, cmd, str(workspace), read_only, limits, uid, host_tmp)
         applied.update(
             pid_namespace=True, mount_namespace=True, network_namespace=limits.isolate_network,
             exposed={**{d: "ro" for d in _topmost(read_only)}, **{d: "rw" for d in limits.writable}, str(workspace): "rw"},
-            private_tmpfs={"/tmp": limits.tmp_mb, "/dev/shm": limits.tmp_mb}, egress_proxy=egress,
+            private_tmpfs={"/dev/shm": limits.shm_mb, **({} if host_tmp else {"/tmp": limits.tmp_mb})}, egress_proxy=egress,
             read_only_in_workspace=[os.path.relpath(p, workspace) for p in _inside_workspace(str(workspace), limits.read_only_paths)],
         )  # fmt: skip
         if not as_root:
@@ -559,13 +590,14 @@ def _launch(cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, b
 
 
 def _record(launch: _Launch, code: int, reason: str | None, peak: dict, sinks: dict, duration: float, workspace: Path,
-            limits: SandboxLimits, uid: int | None, cgroup) -> SandboxResult:
+            limits: SandboxLimits, uid: int | None, cgroup, host_tmp: Path | None) -> SandboxResult:
     """The command's result, with what was applied and what it used."""
     applied, notes, rlimits = launch.applied, launch.notes, launch.rlimits
     killed = reason is not None
-    if not killed and (quota := over_quota(workspace, limits)):  # written between two samples
-        reason = "workspace_quota"
-        notes.append(quota)
+    if not killed and (quota := over_quota(workspace, limits, host_tmp)):  # written between two samples
+        reason = quota[0]
+        notes.append(quota[1])
+    applied["scratch"] = {"path": "/tmp", "on": "disk" if host_tmp else "memory", "mb": limits.tmp_mb}
     applied.update(rlimits={k: v[0] for k, v in rlimits.items()}, wall_timeout_s=limits.timeout_s, python=launch.python)
     applied["tree_limits"] = {
         "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,

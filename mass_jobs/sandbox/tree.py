@@ -88,12 +88,16 @@ def read_capped(stream: Any, cap: int, sink: dict) -> None:
     sink["data"], sink["dropped"] = bytes(buf), dropped
 
 
-def over_quota(workspace: Path, limits: Any) -> str | None:
+def over_quota(workspace: Path, limits: Any, scratch: Path | None = None) -> tuple[str, str] | None:
+    """(reason, what is over) when the workspace, or a /tmp kept on disk (`scratch`), holds more than
+    its quota, else None."""
     size, files = workspace_usage(workspace)
     if files > limits.workspace_files:
-        return f"workspace holds over {limits.workspace_files} entries"
+        return "workspace_quota", f"workspace holds over {limits.workspace_files} entries"
     if size > limits.workspace_mb * 1024 * 1024:
-        return f"workspace holds {size} bytes, over its {limits.workspace_mb} MB quota"
+        return "workspace_quota", f"workspace holds {size} bytes, over its {limits.workspace_mb} MB quota"
+    if scratch is not None and (size := workspace_usage(scratch)[0]) > limits.tmp_mb * 1024 * 1024:
+        return "scratch_quota", f"/tmp holds {size} bytes, over its {limits.tmp_mb} MB quota"
     return None
 
 
@@ -113,9 +117,9 @@ def memory_cgroup(limits: Any, notes: list[str]):
 
 
 def supervise(proc: Any, workspace: Path, limits: Any, t0: float, sinks: dict,
-               stop: threading.Event | None = None, cgroup=None) -> tuple:
-    """Wait for the call, sampling its tree; kill it on the wall, CPU, memory, workspace or output
-    limit. Returns (reason or None, peak usage, what was over)."""
+               stop: threading.Event | None = None, cgroup=None, scratch: Path | None = None) -> tuple:
+    """Wait for the call, sampling its tree; kill it on the wall, CPU, memory, workspace, scratch or
+    output limit. Returns (reason or None, peak usage, what was over)."""
     import subprocess
 
     peak = {"cpu": 0.0, "mem": 0.0}
@@ -142,8 +146,8 @@ def supervise(proc: Any, workspace: Path, limits: Any, t0: float, sinks: dict,
             reason, why = "memory_limit", f"tree held {mem:.0f} MB, over {limits.memory_mb} MB"
         elif any(s.get("flood") for s in sinks.values()):
             reason, why = "output_limit", f"output flood: over {max(FLOOD_FACTOR * limits.output_bytes, FLOOD_MIN)} bytes"
-        elif n % 5 == 0 and (quota := over_quota(workspace, limits)):
-            reason, why = "workspace_quota", quota
+        elif n % 5 == 0 and (quota := over_quota(workspace, limits, scratch)):
+            reason, why = quota
         if reason:
             kill_tree(proc.pid)
             proc.wait()

@@ -128,7 +128,7 @@ class Collection:
             "seed": derived_seed(s.search.seed, self.task.id, self.gen, "collect", i),
             "files": self.task.files, "harness": s.execution.harness,
             **({"network": self.task.network} if self.task.network else {}),  # the task's own hosts
-            "limits": s.execution.limits.model_dump(mode="json"), "sampling": s.model.sampling.model_dump(mode="json"),
+            "limits": s.execution.limits.as_input(), "sampling": s.model.sampling.model_dump(mode="json"),
             # only a single-agent teacher says so: the team's episode inputs (and their manifests) stay as they were
             **({"teacher": "single"} if self.single else {}),
             **({"executor": roles_input(s)["executor"]} if s.roles.executor else {}),  # roles.executor played it

@@ -98,7 +98,7 @@ def rollout_inputs(ctx: RunContext, g: int, task: Task, rep: int) -> dict:
         "replicate": rep,
         "seed": rollout_seed(task.id, rep),
         "harness": spec.execution.harness,
-        "limits": spec.execution.limits.model_dump(mode="json"),
+        "limits": spec.execution.limits.as_input(),
         "sampling": spec.model.sampling.model_dump(mode="json"),
     }
 

@@ -93,7 +93,7 @@ def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, mod
     prefix = ctx.select_rollout(gen, who, task.id, rep)
     fields = {"id", "prompt", "files", *(["network"] if task.network else [])}
     step = Step(ctx.store, prefix, {"model": model_ref, "task": task.model_dump(mode="json", include=fields),
-                                    "seed": rollout_seed(task.id, rep), "limits": spec.execution.limits.model_dump(mode="json"),
+                                    "seed": rollout_seed(task.id, rep), "limits": spec.execution.limits.as_input(),
                                     "sampling": spec.model.sampling.model_dump(mode="json")},
                 name=f"select-rollout gen-{gen} {who} {task.id} rep-{rep}")
     r = Rollout(prefix, episode_request(task, rep), task.id, f"{who}-rep-{rep}", gen, manifest=step)

@@ -203,7 +203,7 @@ def _step(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, digest: str)
 
     spec = ctx.spec
     inputs = {"model": model_ref(ctx, g), "benchmark": digest, "task": task.id, "replicate": rep,
-              "harness": spec.execution.harness, "limits": spec.execution.limits.model_dump(mode="json"),
+              "harness": spec.execution.harness, "limits": spec.execution.limits.as_input(),
               "sampling": spec.model.sampling.model_dump(mode="json")}
     prefix = ctx.benchmark_rollout(bench.name, g, task.id, rep)
     return prefix, Step(ctx.store, prefix, inputs, name=f"benchmark {bench.name} gen-{g} {task.id} rep-{rep}")

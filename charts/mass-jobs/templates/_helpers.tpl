@@ -83,6 +83,14 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 
+{{/* A GPU request line, (list COUNT RESOURCE), only for a COUNT above 0: a pod without GPUs requests
+no GPU resource at all. */}}
+{{- define "mass-jobs.gpus" -}}
+{{- if gt (int (index . 0)) 0 -}}
+{{ index . 1 }}: {{ index . 0 | quote }}
+{{- end -}}
+{{- end }}
+
 {{/* A class's /tmp volume source (values scratch.<class>): an emptyDir on the node's disk, or with a
 size a generic ephemeral volume (a PVC of storageClass, made and deleted with the pod). */}}
 {{- define "mass-jobs.scratch" -}}
