@@ -239,3 +239,35 @@ def test_tiny_model_runs_the_chain_to_manifests(make_store, inner_spec, tiny_mod
     assert len(r.verdicts) == len(r.schedule) == usable  # two comparisons each: a ring
     assert all(v.valid or (v.winner is None and v.attempts == 2) for v in r.verdicts)
     assert store.exists("inner/gen-0/rank/t1/_manifest.json") and store.exists("inner/gen-0/rank/t1.json")
+
+
+def upstream_judged_text(text: str) -> str:
+    """The paper's code (its judging module's bundles): the bare task text as its judges read it."""
+    return text.split("Use uv for all Python workflows")[0].replace("\\n", "\n").strip()
+
+
+@pytest.mark.parametrize("prompt", [
+    "Fit the model.\\nReport R^2.\n\nUse uv for all Python workflows. Write your plan in logs.txt.",
+    "  Fit.\n\nUse uv for all Python workflows.\nUse uv for all Python workflows again.  ",
+    "Fit the model and report R^2.\n",  # no rules: judged as written
+])
+def test_judges_read_the_task_without_its_general_rules_as_the_papers_code(prompt):
+    from mass_jobs.config.task_spec import Task
+
+    task = Task(id="t", split="train", prompt=prompt)
+    assert task.judged_text == (upstream_judged_text(prompt) if "Use uv" in prompt else prompt)
+
+
+def test_ranking_verdicts_carry_the_judged_text_and_the_agents_the_whole_task(store, inner_spec, judging_endpoint):
+    prompt = "Write report.md with your score.\n\nUse uv for all Python workflows. Write your plan in logs.txt."
+    spec = inner_spec(store, collection={"episodes": 3}, search={"iterations": 0}, ranking={"pairing": "round_robin"},
+                      tasks=[{"id": "t1", "split": "train", "prompt": prompt, "deliverables": ["report.md"]}])
+    ep = judging_endpoint()
+    ctx, client = collected(spec, store, ep, [3, 8, 5])
+    before = len(ep.requests)
+    run_rank(ctx, 0, "t1", client)
+    verdicts = [json.dumps(r) for r in ep.requests[before:]]
+    assert len(verdicts) == 3 and all("TASK:\\nWrite report.md with your score.\\n\\n" in v for v in verdicts)
+    assert not any("Use uv" in v for v in verdicts)
+    episode_doc = store.get_json(ctx.episode_file(0, "t1", 0, "episode.json"))
+    assert episode_doc["prompt"].startswith(prompt)  # the agents are given the rules

@@ -71,6 +71,10 @@ class Guards(Closed):
                     "out of ranking and SFT, listed and counted per generation in the report.")
 
 
+# The phrase that opens the general rules of the paper's task texts (uv, the history log).
+UPSTREAM_RULES = "Use uv for all Python workflows"
+
+
 class Task(Closed):
     id: str = Field(pattern=ID_PATTERN, max_length=40)
     split: Literal["train", "test"]
@@ -107,6 +111,15 @@ class Task(Closed):
         if bad:
             raise ValueError("; ".join(bad))
         return network
+
+    @property
+    def judged_text(self) -> str:
+        """The task as every judge reads it (ranking, the search's evaluator, the panel): the paper's
+        code cuts its tasks' general rules off (uv, the history log), from the first UPSTREAM_RULES
+        on, and reads the escaped line breaks its task files hold as line breaks; a prompt without
+        that phrase is judged as written."""
+        head, found, _ = self.prompt.partition(UPSTREAM_RULES)
+        return head.replace("\\n", "\n").strip() if found else self.prompt
 
 
 class TaskFile(Closed):

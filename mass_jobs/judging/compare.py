@@ -121,7 +121,7 @@ def task_bundle(store, prefix: str, spec, task, workspace: Path | None = None) -
 def task_views(store, prefix: str, spec, task, workspace: Path | None = None, results: bool = False) -> tuple[str, str]:
     """stored_views() with the spec's evidence caps and the task's text and deliverables."""
     return stored_views(store, prefix, spec.search.evidence_bytes, task.deliverables, workspace,
-                        task_text=task.prompt, caps=evidence.caps_of(spec), results=results)
+                        task_text=task.judged_text, caps=evidence.caps_of(spec), results=results)
 
 
 # ---------------------------------------------------------------- verdicts

@@ -12,11 +12,11 @@ from typing import Any
 
 from mass_jobs.config.errors import WorkflowError
 from mass_jobs.config.shared import ID_PATTERN
-from mass_jobs.config.task_spec import Agent, Workflow
+from mass_jobs.config.task_spec import UPSTREAM_RULES, Agent, Workflow
 
 UPSTREAM_MARKER = "Create an agent team with following agent candidates to solve this problem:"
 # the general rules after the agent list open with this phrase (its last occurrence ends the design block)
-DESIGN_END = "Use uv for all Python workflows"
+DESIGN_END = UPSTREAM_RULES
 
 
 def _agent_id(raw: str, taken: set[str]) -> str:

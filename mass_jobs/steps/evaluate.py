@@ -226,7 +226,7 @@ def pair_jobs(ctx: RunContext, gen: int, bundles: BundleCache | None) -> list:
     for b in baselines(gen):
         for t in ctx.spec.resolved_tasks():
             for r in range(ctx.spec.evaluation.rollouts_per_task):
-                jobs.append(PairJob(task=t.id, replicate=r, candidate=gen, baseline=b, task_prompt=t.prompt,
+                jobs.append(PairJob(task=t.id, replicate=r, candidate=gen, baseline=b, task_prompt=t.judged_text,
                                     candidate_bundle=bundles.get(gen, t, r) if bundles else "",
                                     baseline_bundle=bundles.get(b, t, r) if bundles else ""))
     return jobs

@@ -169,7 +169,7 @@ def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
         if store.exists(vkey):
             v = Verdict.model_validate(store.get_json(vkey))
         else:
-            v = judge(client, task.prompt, (a, bundles[a]), (b, bundles[b]), retries=cfg.verdict_retries,
+            v = judge(client, task.judged_text, (a, bundles[a]), (b, bundles[b]), retries=cfg.verdict_retries,
                       seed=derived_seed(spec.search.seed, task_id, gen, "rank", n),
                       budget_tokens=prompt_budget(spec)).model_copy(update={"model": judged_by})
             store.put_json(vkey, v.model_dump(mode="json"))

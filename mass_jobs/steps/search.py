@@ -237,10 +237,10 @@ class Search:
         kw = {"retries": self.spec.ranking.verdict_retries, "seed": derived_seed(self.cfg.seed, self.task.id, k, salt),
               "budget_tokens": prompt_budget(self.spec)}
         if self.cfg.judge_order == "fixed":  # the paper's code: the baseline (or the champion) is A
-            v = judge(self.evaluator, self.task.prompt, y, x, **kw)
+            v = judge(self.evaluator, self.task.judged_text, y, x, **kw)
         else:
             rng = random.Random(derived_seed(self.cfg.seed, self.task.id, k, salt, "order"))
-            v = blind_judge(self.evaluator, self.task.prompt, x, y, rng, **kw)
+            v = blind_judge(self.evaluator, self.task.judged_text, x, y, rng, **kw)
         v = v.model_copy(update={"model": self.labels["evaluator"]})
         self.store.put_json(key, v.model_dump(mode="json"))
         return v

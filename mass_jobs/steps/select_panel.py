@@ -116,7 +116,7 @@ def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable
             ref = f"checkpoint:{store.sha256(ctx.checkpoint(gen, s))}" if store.exists(ctx.checkpoint(gen, s)) else f"step-{s}"
             for t, r in jobs:
                 run_selection_rollout(ctx, gen, f"step-{s}", t, r, endpoint, ref)
-    pairs = [CheckpointPair(task=t.id, replicate=r, candidate=s, baseline=gen, task_prompt=t.prompt,
+    pairs = [CheckpointPair(task=t.id, replicate=r, candidate=s, baseline=gen, task_prompt=t.judged_text,
                             candidate_bundle=task_bundle(store, ctx.select_rollout(gen, f"step-{s}", t.id, r), spec, t),
                             baseline_bundle=task_bundle(store, ctx.select_rollout(gen, "parent", t.id, r), spec, t))
              for s in candidates for t, r in jobs]
