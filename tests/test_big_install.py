@@ -5,7 +5,6 @@ on loopback (tests/fixtures/big_wheel.py), allowed by address as a task's stand-
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -41,7 +40,8 @@ def test_a_wheel_over_a_gib_installs_through_the_egress_proxy_on_the_papers_mach
     # pip's download goes to /tmp, the package to the workspace; the blob's size is read, then it goes
     # (the episode's workspace is archived after)
     install = (f"python -m pip install --no-deps --no-cache-dir --disable-pip-version-check --index-url {index.url} "
-               "--target deps bigpkg > pip.log 2>&1; echo pip_exit=$?; grep -m1 -o 'Errno.*' pip.log; tail -1 pip.log; python -c \"import os; print('blob', "
+               "--target deps bigpkg > pip.log 2>&1; echo pip_exit=$?; grep -m1 -o 'Errno.*' pip.log; tail -1 pip.log; "
+               "python -c \"import os; print('blob', "
                "os.path.getsize('deps/bigpkg/blob.bin'))\"; rm -rf deps")
     ep = scripted_endpoint({
         "orchestrator": [Reply.call("delegate", agent_id="worker-1", role="installer", assignment="Install bigpkg."),
@@ -49,7 +49,7 @@ def test_a_wheel_over_a_gib_installs_through_the_egress_proxy_on_the_papers_mach
         "worker-1": [Reply.call("shell", command=install), Reply.call("finish", summary="installed")]})
     inp = EpisodeInput(prompt="Install bigpkg.", endpoint=ep.endpoint, sampling=Sampling(), limits=limits,
                        network=(index.host,))
-    result = run_episode(dataclasses.replace(inp), tmp_path / "ws", tmp_path / "out")
+    result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
     tool_text = json.dumps([r["request"]["messages"] for r in read_trace(tmp_path / "out" / "trace.jsonl")])
     got = [json.loads(line) for line in (tmp_path / "out" / "network.jsonl").read_text().splitlines()]
     wheel = [r for r in got if r["bytes_down"] > 1 << 30]
