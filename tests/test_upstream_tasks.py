@@ -134,3 +134,56 @@ def test_a_missing_task_file_is_named_with_the_path_it_was_looked_for_at(tmp_pat
     assert main(["validate", str(spec)]) == 2
     err = capsys.readouterr().err
     assert f"$.tasks[0].file: expected a readable task file, found 'tasks/q1.txt' at '{tmp_path / 'tasks/q1.txt'}'" in err
+
+
+# Shaped like the paper's tasks (written for this test: the project ships no upstream text): a
+# "Deliverables:" list with escaped line breaks, a data host named by URL, the general rules after.
+PAPER_LIKE = {
+    1: ("Fetch the structure https://files.rcsb.org/download/1abc.pdb and compute its radius of gyration."
+        "\\n\\nDeliverables:\\n1) A short report research_report.md\\n2) results/metrics.json with rg_angstrom"
+        "\\n3) a plot of the contact map\\n\\nBe precise."),
+    2: ("Download the 10-year yield from https://fred.stlouisfed.org/graph/fredgraph.csv?id=DGS10 and fit an AR(1)."
+        "\\nDeliverables:\\n1) research_report.md\\n2) figures/yield_fit.png"),
+    3: "Simulate a 2-D random walk and describe its mean squared displacement.",
+}
+
+
+def paper_like_dir(root: Path) -> Path:
+    src = root / "checkout" / "tasks"
+    (src / "bare").mkdir(parents=True)
+    (src / "initial").mkdir()
+    (src / "splits.json").write_text(json.dumps({"designated_train": [1, 2], "test": [3]}))
+    for tid, task in PAPER_LIKE.items():
+        (src / "bare" / f"query{tid}.txt").write_text(f"{task}\n\n{TAIL}")
+        (src / "initial" / f"query{tid}_ourTeam.txt").write_text(upstream_text(task))
+    return src
+
+
+def test_importing_the_papers_tasks_derives_deliverables_and_hosts_and_marks_the_rest(tmp_path, capsys):
+    """Deliverables (and required outputs) from each prompt's "Deliverables:" list, hosts from its URLs;
+    what no prompt says (an item without a path, metrics' ranges, checks, a task without the list)
+    opens the file for a person; the overlay runs them as the paper spec's tasks, and it validates."""
+    src, examples = paper_like_dir(tmp_path), tmp_path / "examples"
+    examples.mkdir()
+    spec = examples / "paper.yaml"
+    spec.write_text((Path(__file__).resolve().parents[1] / "examples" / "paper.yaml").read_text())
+    out = examples / "tasks" / "upstream"
+    assert main(["import", "upstream", str(src), "--out", str(out), "--for", str(spec)]) == 0
+    printed = capsys.readouterr().out
+    assert f"run them: mass run {spec} --overlay {out / 'overlay.yaml'}" in printed
+    assert "3 task file(s) open with what a person must still review" in printed
+    q1, q2, q3 = (yaml.safe_load((out / f"query{i}.yaml").read_text()) for i in (1, 2, 3))
+    assert q1["deliverables"] == q1["guards"]["required_outputs"] == ["research_report.md", "results/metrics.json"]
+    assert q2["deliverables"] == ["research_report.md", "figures/yield_fit.png"]
+    assert (q1["network"], q2["network"]) == (["files.rcsb.org"], ["fred.stlouisfed.org"])
+    assert "deliverables" not in q3 and "guards" not in q3 and "network" not in q3
+    head = (out / "query1.yaml").read_text().split("\nid: ", 1)[0].splitlines()
+    assert head[0] == f"# imported from {src / 'initial' / 'query1_ourTeam.txt'}"
+    assert head[1] == "# to review: deliverables: item 'a plot of the contact map' names no file: add its path by hand"
+    assert "metrics' ranges and check commands are not in the prompt" in head[2]
+    assert "has no 'Deliverables:' list" in (out / "query3.yaml").read_text().split("\nid: ", 1)[0]
+    assert yaml.safe_load((out / "overlay.yaml").read_text())["tasks"] == [
+        {"file": f"tasks/upstream/query{i}.yaml"} for i in (1, 2, 3)]
+    assert main(["validate", str(spec), "--overlay", str(out / "overlay.yaml")]) == 0
+    # the overlay's tasks replace the paper's own three (their files are not even here)
+    assert "valid run spec 'paper': 3 task(s) (2 train, 1 test)" in capsys.readouterr().out
