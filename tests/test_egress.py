@@ -588,11 +588,44 @@ def test_a_flood_of_requests_is_refused_past_the_cap_and_the_episode_loses_its_r
             local.settled_summary()
 
 
+# Toy-sized stand-ins for two of the paper's data hosts, at the paths their prompts name: the PDB's
+# file server (a structure of three atoms) and FRED's graph export (a small CSV).
+STAND_INS = {"/download/1abc.pdb": "ATOM      1  N   GLY A   1       0.000   0.000   0.000\n"
+                                   "ATOM      2  CA  GLY A   1       1.458   0.000   0.000\n"
+                                   "ATOM      3  C   GLY A   1       2.009   1.420   0.000\nEND\n",
+             "/graph/fredgraph.csv": "DATE,DGS10\n2024-01-02,3.95\n2024-01-03,3.91\n"}
+
+
+class _StandIn(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = STAND_INS.get(self.path.split("?")[0], "").encode()
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def stand_ins():
+    """The PDB's and FRED's stand-ins, each a server on loopback: {"pdb": port, "fred": port}."""
+    servers = {n: http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StandIn) for n in ("pdb", "fred")}
+    for srv in servers.values():
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield {n: s.server_address[1] for n, s in servers.items()}
+    for srv in servers.values():
+        srv.shutdown()
+        srv.server_close()
+
+
 @needs_bwrap
-def test_an_imported_task_s_episode_reaches_the_host_its_prompt_names_and_no_other(scripted_endpoint, hosts, tmp_path):
-    """`mass import upstream` gives a task the hosts its prompt names (a local server stands in for
-    the paper's data host); under a spec with the network off, that task's episode reaches it
-    through the egress proxy, recorded beside its requests, and a host it does not name is refused."""
+def test_an_imported_task_s_episode_reaches_the_host_its_prompt_names_and_no_other(scripted_endpoint, stand_ins, tmp_path):
+    """`mass import upstream` of paper-shaped tasks gives each the hosts its prompt names (local
+    servers stand in for the PDB's and FRED's at toy size); under a spec with the network off, the
+    structure task's episode fetches its structure through the egress proxy, recorded beside its
+    requests, and FRED's series, which its prompt does not name, is refused."""
     import yaml
 
     from mass_jobs.commands.cli import main
@@ -600,17 +633,19 @@ def test_an_imported_task_s_episode_reaches_the_host_its_prompt_names_and_no_oth
     from mass_jobs.episodes.episode import EpisodeRequest
     from mass_jobs.spec.upstream_format import UPSTREAM_MARKER
 
-    a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
+    a = f"http://127.0.0.1:{stand_ins['pdb']}/download/1abc.pdb"
+    d = f"http://127.0.0.1:{stand_ins['fred']}/graph/fredgraph.csv?id=DGS10"
     src = tmp_path / "upstream"
     (src / "initial").mkdir(parents=True)
-    (src / "splits.json").write_text(json.dumps({"designated_train": [1], "test": []}))
+    (src / "splits.json").write_text(json.dumps({"designated_train": [1], "test": [2]}))
     agents = [{"agent_id": "agent_lead", "role": "Lead", "instruction": "Fetch and report."}]
-    (src / "initial" / "query1_ourTeam.txt").write_text(
-        f"Download the daily prices from {a} and report the last close.\n\n"
-        f"{UPSTREAM_MARKER}\n{json.dumps(agents)}\n\nUse uv.")
+    for tid, task in ((1, f"Fetch the structure {a} and report its atom count.\\nDeliverables:\\n1) report.md"),
+                      (2, f"Fit an AR(1) to the series at {d}.")):
+        (src / "initial" / f"query{tid}_ourTeam.txt").write_text(
+            f"{task}\n\n{UPSTREAM_MARKER}\n{json.dumps(agents)}\n\nUse uv for all Python workflows.")
     assert main(["import", "upstream", str(src), "--out", str(tmp_path / "tasks")]) == 0
     doc = yaml.safe_load((tmp_path / "tasks" / "query1.yaml").read_text())
-    assert doc["network"] == [f"127.0.0.1:{hosts['allowed']}"]
+    assert doc["network"] == [f"127.0.0.1:{stand_ins['pdb']}"] and doc["deliverables"] == ["report.md"]
     task = Task.model_validate(doc)
     spec = RunSpec.model_validate({**spec_doc("off"), "tasks": [doc, {"id": "b", "prompt": "p", "split": "test"}]})
     ep = fetching_team(scripted_endpoint, a, d)
@@ -619,7 +654,7 @@ def test_an_imported_task_s_episode_reaches_the_host_its_prompt_names_and_no_oth
     inp = dataclasses.replace(inp, limits=EpisodeLimits(wall_s=60, turns_per_agent=5, memory_mb=1024))
     result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
     tool_text = json.dumps([r["request"]["messages"] for r in read_trace(tmp_path / "out" / "trace.jsonl")])
-    assert f"{a} page allowed /prices.csv" in tool_text and f"{d} FAILED 403" in tool_text
+    assert tool_text.count("ATOM  ") == 3 and f"{d} FAILED 403" in tool_text  # the structure, at toy size
     got = records(tmp_path / "out" / "network.jsonl")
-    assert [(x["port"], x["allowed"]) for x in got] == [(hosts["allowed"], True), (hosts["denied"], False)]
-    assert result.status["network"]["allow"] == [f"127.0.0.1:{hosts['allowed']}"]  # recorded beside its requests
+    assert [(x["port"], x["allowed"]) for x in got] == [(stand_ins["pdb"], True), (stand_ins["fred"], False)]
+    assert result.status["network"]["allow"] == [f"127.0.0.1:{stand_ins['pdb']}"]  # recorded beside its requests
