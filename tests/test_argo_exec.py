@@ -1476,3 +1476,37 @@ def test_dying_agent_pods_and_a_stopped_training_one_cycle_recovers_from_both(cl
     outcomes = {e["id"]: e["outcome"] for e in summary["episodes"]}
     assert outcomes["ep-0"] == "infra_error" and "ep-0" not in summary["eligible"]
     assert set(outcomes) == {f"ep-{i}" for i in range(doc["collection"]["episodes"])}
+
+
+def test_an_agent_pod_asking_a_gpu_no_node_has_fails_at_its_pending_bound(executor_for):
+    """The chart's agent pod with resources.agent.gpu on CPU-only nodes: Pending with the scheduler's
+    message, it fails "timeout" at scheduling.pendingTimeoutSeconds (its steps hold the agent-pods
+    semaphore, so the wait for it does not count), not after the agent pods' day-long deadline."""
+    import copy
+
+    from mass_jobs.k8s import argo, preflight
+    from mass_jobs.k8s.settings import values_settings
+    from tests.fixtures.argo_exec.scheduler import Node
+
+    values = preflight.merge(preflight.load_values([]), {"scheduling": {"pendingTimeoutSeconds": 3},
+                                                         "resources": {"agent": {"gpu": 1}}})
+    templates = {t["name"]: t for t in argo.mass_cycle(values_settings(values))["spec"]["templates"]}
+    t = copy.deepcopy(templates["agent-episode"])
+    assert t["pendingTimeout"] == "3" and "synchronization" not in t
+    gpu = next(c for c in t["sidecars"] if c["name"] == "sandbox")["resources"]
+    assert gpu["limits"]["nvidia.com/gpu"] == "1"
+    # its pod as rendered (the sandbox container's GPU, deadlines, retry), running a script instead
+    t["container"] = container("echo ran", resources=gpu)
+    for key in ("inputs", "outputs", "metrics", "metadata", "sidecars", "volumes", "volumeMounts"):
+        t.pop(key, None)
+    main = {"name": "main", "steps": [[{"name": "agent", "template": "agent-episode"}]]}
+    cpus = [Node(f"cpu-{i}", {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "100Gi"}) for i in (1, 2)]
+    ex = executor_for(wft("gpu-agent", [main, t]), nodes=cpus)
+    seen = []
+    wf = ex.submit("gpu-agent", {}, background=True)
+    while not wf.done.wait(0.2):
+        seen += [n.message for n in wf.find(type="Pod") if n.phase == "Pending"]
+    assert wf.phase == "Failed", wf.summary()
+    (pod,) = wf.find(type="Pod")  # one attempt: a pending timeout is not retried
+    assert (pod.phase, pod.message) == ("Failed", "timeout") and 3 <= pod.finished - pod.started < 10
+    assert set(seen) == {"Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}

@@ -340,3 +340,19 @@ def test_checked_in_yaml_parses_to_the_generated_objects():
     for rel, text in ARGO_FILES.items():
         assert load_docs((REPO / rel).read_text()) == load_docs(text)
     assert Path(REPO / "argo").is_dir()
+
+
+def test_agent_pods_have_a_pending_bound_and_the_steps_around_them_the_semaphore(argo_docs):
+    """An agent pod that never schedules (a GPU per episode on a cluster without a free one) fails at
+    the pending bound, and its rollout is recorded infra_error, instead of holding a slot until its
+    day-long deadline: the agent-pods semaphore is held by the steps that call the pod, so Argo
+    counts only the scheduler's wait as the pod's Pending time."""
+    t = _templates(argo_docs["mass-cycle"])
+    agent = t["agent-episode"]
+    assert agent["pendingTimeout"] == "900" and "synchronization" not in agent
+    callers = [n for n, tmpl in t.items() for group in tmpl.get("steps") or () for st in group
+               if st.get("template") == "agent-episode"]
+    assert sorted(callers) == ["collect-episode", "evaluate-rollout", "guard-rollout", "search-rollout"]
+    for name in callers:
+        assert t[name]["synchronization"]["semaphores"][0]["configMapKeyRef"] == {
+            "name": "mass-semaphores", "key": "agent-pods"}, name

@@ -128,10 +128,9 @@ def agent_container(s: ClusterSettings) -> Container:
         volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp"), m.VolumeMount(name="out", mount_path="/out"),
                        m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR),
                        m.VolumeMount(name="qwen", mount_path=QWEN_DIR)],
+        # the agent-pods semaphore is the calling steps' (argo_vocab.agent_semaphore), so that this
+        # template's pendingTimeout counts the scheduler's wait alone
         active_deadline_seconds=s.agent_deadline_s,
-        # a fan-out's parallelism bounds one task's rollouts; this bounds them all (agent.parallelism)
-        synchronization=m.Synchronization(semaphores=[m.SemaphoreRef(
-            config_map_key_ref=m.ConfigMapKeySelector(name=K.SEMAPHORES, key=K.AGENT_SEMAPHORE_KEY))]),
         automount_service_account_token=False,
         metrics=PM.metrics(PM.step_duration(K.AGENT_STEP)),
         labels={**L.pod_labels(K.AGENT_STEP, gen=GEN, task=TASK, episode="{{inputs.parameters.label}}"),

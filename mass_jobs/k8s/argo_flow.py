@@ -16,6 +16,7 @@ from mass_jobs.k8s.argo_vocab import (
     ROLLOUT,
     TASK,
     V,
+    agent_semaphore,
     input_params,
     step_args,
 )
@@ -78,7 +79,8 @@ def episode_steps(name: str) -> Steps:
     phase, records infra_error."""
     a = step_args(gen=GEN, task=TASK, episode=EPISODE)
     agent = "{{steps.prepare.outputs.parameters.agent}} == true"
-    with Steps(name=f"{name}-episode", inputs=input_params("gen", "task", "episode", "store-prefix", "egress")) as st:
+    with Steps(name=f"{name}-episode", inputs=input_params("gen", "task", "episode", "store-prefix", "egress"),
+               synchronization=agent_semaphore()) as st:
         Step(name="prepare", template=f"{name}-prepare", arguments=a)
         Step(name="agent", template=AGENT_TEMPLATE, when=agent, continue_on=m.ContinueOn(failed=True, error=True),
              arguments=step_args(gen=GEN, task=TASK, label=EPISODE, rollout="{{steps.prepare.outputs.parameters.rollout}}",
@@ -92,8 +94,9 @@ def rollout_steps(name: str, inputs: tuple[str, ...]) -> Steps:
     """One listed rollout: its agent pod (a failed one, retries spent, does not fail the step), then
     `<step>-ingest`, told the agent's phase (no output after Failed/Error: an infra_error episode)."""
     own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
+    # a fan-out's parallelism bounds one task's rollouts; the semaphore bounds them all (agent.parallelism)
     with Steps(name=f"{name}-rollout", inputs=input_params(*inputs, "rollout", "model-gen", "item-task", "label",
-                                                       "store-prefix", "egress")) as st:
+                                                       "store-prefix", "egress"), synchronization=agent_semaphore()) as st:
         Step(name="agent", template=AGENT_TEMPLATE, continue_on=m.ContinueOn(failed=True, error=True),
              arguments=step_args(gen="{{inputs.parameters.model-gen}}", task="{{inputs.parameters.item-task}}",
                              label="{{inputs.parameters.label}}", rollout=ROLLOUT,

@@ -65,12 +65,14 @@ STEP_RETRY = m.RetryStrategy(
     backoff=m.Backoff(duration="30s", factor="2"),  # no maxDuration: it is a deadline on every attempt
 )
 # Agent pods: `mass episode` exits 1 on infra_error (model endpoint or harness down), and a pod may be
-# evicted or hit its deadline: retry those; 2 (a bad episode.json) never passes. The collect step
-# continues on a failed agent (continueOn) and ingest records it as an infra_error episode.
+# evicted or hit its deadline: retry those; 2 (a bad episode.json) never passes, nor does a pod no node
+# took within its pendingTimeout. The collect step continues on a failed agent (continueOn) and ingest
+# records it as an infra_error episode.
 AGENT_RETRY = m.RetryStrategy(
     limit="3",
     retry_policy="Always",
-    expression='lastRetry.status == "Error" or (lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2)',
+    expression='lastRetry.status == "Error" or (lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2 '
+               'and lastRetry.message != "timeout")',
     backoff=m.Backoff(duration="10s", factor="2"),
 )
 RESOURCE_RETRY = m.RetryStrategy(limit="3", retry_policy="OnTransientError",
@@ -88,6 +90,13 @@ def step_args(**values: str) -> list[Parameter]:
 
 def no_archive() -> m.ArchiveStrategy:
     return m.ArchiveStrategy(none=m.NoneStrategy())
+
+
+def agent_semaphore() -> m.Synchronization:
+    """The agent-pods semaphore, held by the steps around an agent pod (never by the pod's own
+    template: Argo would count the wait for it as the pod's Pending time)."""
+    return m.Synchronization(semaphores=[m.SemaphoreRef(
+        config_map_key_ref=m.ConfigMapKeySelector(name=K.SEMAPHORES, key=K.AGENT_SEMAPHORE_KEY))])
 
 
 def gpu_semaphore() -> m.Synchronization:
