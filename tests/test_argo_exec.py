@@ -584,6 +584,19 @@ def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_
     ex.cluster.delete("InferenceService", "plain")
 
 
+def failed_pending(ex, name: str):
+    """Submit `name`, whose one pod no node takes under a 3 s pendingTimeout: (that pod, the messages
+    it was Pending with). It fails "timeout" within the bound, once (a pending timeout is not retried)."""
+    seen = []
+    wf = ex.submit(name, {}, background=True)
+    while not wf.done.wait(0.2):
+        seen += [n.message for n in wf.find(type="Pod") if n.phase == "Pending"]
+    assert wf.phase == "Failed", wf.summary()
+    (pod,) = wf.find(type="Pod")
+    assert (pod.phase, pod.message) == ("Failed", "timeout") and 3 <= pod.finished - pod.started < 10
+    return pod, seen
+
+
 def test_a_merge_asking_more_disk_than_any_node_has_fails_at_its_pending_bound_and_fits_on_a_scratch_volume(executor_for):
     """The chart's merge pod (160Gi of ephemeral storage) on nodes of 100Gi disk: it stays Pending with
     the scheduler's message and fails "timeout" at scheduling.pendingTimeoutSeconds, not retried (the
@@ -614,14 +627,7 @@ def test_a_merge_asking_more_disk_than_any_node_has_fails_at_its_pending_bound_a
         "accessModes": ["ReadWriteOnce"], "storageClassName": "fast-ssd", "resources": {"requests": {"storage": "200Gi"}}}}}}]
     main = {"name": "main", "steps": [[{"name": "merge", "template": "merge"}]]}
     ex = executor_for(wft("disk", [main, plain]), wft("volume", [main, {**on_volume}]), nodes=disks)
-    seen = []
-    wf = ex.submit("disk", {}, background=True)
-    while not wf.done.wait(0.2):
-        seen += [n.message for n in wf.find(type="Pod") if n.phase == "Pending"]
-    assert wf.phase == "Failed", wf.summary()
-    (pod,) = wf.find(type="Pod")  # one attempt: a pending timeout is not retried
-    assert (pod.phase, pod.message) == ("Failed", "timeout")
-    assert 3 <= pod.finished - pod.started < 10
+    pod, seen = failed_pending(ex, "disk")
     assert set(seen) == {"Unschedulable: 0/2 nodes are available: 2 Insufficient ephemeral-storage."}
     assert ex.cluster.scheduler.pending == {} and ex.cluster.scheduler.bound == {}
     wf = ex.submit("volume", {})
@@ -1502,11 +1508,5 @@ def test_an_agent_pod_asking_a_gpu_no_node_has_fails_at_its_pending_bound(execut
     main = {"name": "main", "steps": [[{"name": "agent", "template": "agent-episode"}]]}
     cpus = [Node(f"cpu-{i}", {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "100Gi"}) for i in (1, 2)]
     ex = executor_for(wft("gpu-agent", [main, t]), nodes=cpus)
-    seen = []
-    wf = ex.submit("gpu-agent", {}, background=True)
-    while not wf.done.wait(0.2):
-        seen += [n.message for n in wf.find(type="Pod") if n.phase == "Pending"]
-    assert wf.phase == "Failed", wf.summary()
-    (pod,) = wf.find(type="Pod")  # one attempt: a pending timeout is not retried
-    assert (pod.phase, pod.message) == ("Failed", "timeout") and 3 <= pod.finished - pod.started < 10
+    _, seen = failed_pending(ex, "gpu-agent")
     assert set(seen) == {"Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}

@@ -34,8 +34,9 @@ LIMITS = SandboxLimits(timeout_s=30, cpu_s=20, memory_mb=1024, processes=32)
 
 class _Page(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = f"page {self.server.name} {self.path}".encode()
-        self.send_response(200)
+        body = self.server.answer(self.path)  # type: ignore[attr-defined]
+        self.send_response(200 if body is not None else 404)
+        body = (body or "").encode()
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -44,19 +45,25 @@ class _Page(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def hosts():
-    """Two HTTP servers on loopback: `allowed` and `denied` (name -> port)."""
+def _servers(names, answer):
+    """One HTTP server on loopback per name, answering a GET of PATH with `answer(name, path)` (None:
+    404); yields {name: port}."""
     servers = {}
-    for name in ("allowed", "denied"):
+    for name in names:
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-        srv.name = name
+        srv.answer = lambda path, name=name: answer(name, path)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         servers[name] = srv
     yield {n: s.server_address[1] for n, s in servers.items()}
     for s in servers.values():
         s.shutdown()
         s.server_close()
+
+
+@pytest.fixture
+def hosts():
+    """Two HTTP servers on loopback: `allowed` and `denied` (name -> port)."""
+    yield from _servers(("allowed", "denied"), lambda name, path: f"page {name} {path}")
 
 
 FETCH = ("import sys, urllib.request\n"
@@ -596,28 +603,10 @@ STAND_INS = {"/download/1abc.pdb": "ATOM      1  N   GLY A   1       0.000   0.0
              "/graph/fredgraph.csv": "DATE,DGS10\n2024-01-02,3.95\n2024-01-03,3.91\n"}
 
 
-class _StandIn(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = STAND_INS.get(self.path.split("?")[0], "").encode()
-        self.send_response(200 if body else 404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
-
-
 @pytest.fixture
 def stand_ins():
     """The PDB's and FRED's stand-ins, each a server on loopback: {"pdb": port, "fred": port}."""
-    servers = {n: http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StandIn) for n in ("pdb", "fred")}
-    for srv in servers.values():
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield {n: s.server_address[1] for n, s in servers.items()}
-    for srv in servers.values():
-        srv.shutdown()
-        srv.server_close()
+    yield from _servers(("pdb", "fred"), lambda _name, path: STAND_INS.get(path.split("?")[0]))
 
 
 @needs_bwrap
