@@ -339,8 +339,9 @@ def _agent_machine_checks(spec, values: dict) -> list[Check]:
                           f"+ scratch_mb = {need} MiB (a command's /tmp is a folder on it in a pod), found {size}"))
     gpus, queue = _get(values, "resources.agent.gpu") or 0, _get(values, "kueue.queueName")
     if gpus and queue:
-        out.append(_check("GPU agent pods queued", "kueue.podIntegration " + str(bool(_get(values, "kueue.podIntegration"))).lower(),
-                          "true", bool(_get(values, "kueue.podIntegration")), "values kueue.podIntegration",
+        pods = bool(_get(values, "kueue.podIntegration"))
+        out.append(_check("GPU agent pods queued", f"kueue.podIntegration {str(pods).lower()}", "true", pods,
+                          "values kueue.podIntegration",
                           f"expected kueue.podIntegration true with {gpus} GPU(s) per agent pod: without it the agent pods "
                           f"are not labelled for queue {queue!r} and take GPUs outside its quota"))
     return out
