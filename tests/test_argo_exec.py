@@ -636,11 +636,14 @@ def test_a_merge_asking_more_disk_than_any_node_has_fails_at_its_pending_bound_a
     assert "merged" in pod.log.read_text()
 
 
-def test_a_trainer_job_whose_pods_never_schedule_fails_its_step_at_the_pending_bound(executor_for):
+def test_a_trainer_job_whose_pods_never_schedule_fails_its_step_at_the_pending_bound_and_goes(executor_for):
     """The generated train step on a cluster whose only GPUs are on a tainted pool, without the
     tolerations: the job is created and its Master stays Pending (the scheduler's message), so the
     step's start fails at scheduling.pendingTimeoutSeconds, each of its four attempts, instead of
-    waiting out the training deadline (two days); the job never reached Running."""
+    waiting out the training deadline (two days). Each failed start reads the Master's scheduling
+    message into the workflow and deletes the job: after the last attempt nothing is left Pending to
+    start training unobserved once a node frees. A job whose Master ran and failed is kept (its pod
+    holds the logs)."""
     import copy
 
     from mass_jobs.k8s import argo, preflight
@@ -666,9 +669,46 @@ def test_a_trainer_job_whose_pods_never_schedule_fails_its_step_at_the_pending_b
     assert len(starts) == 4 and all(n.phase == "Failed" and "deadline" in n.message for n in starts), wf.summary()
     assert all(1 <= n.finished - n.started < 15 for n in starts)
     assert not wf.find(template="train-wait")  # never reached the two days' wait
-    job = ex.cluster.get("PyTorchJob", "mass-t-g0-train")
-    assert [c["type"] for c in job["status"]["conditions"]] == ["Created"]
-    assert "untolerated taint {nvidia.com/gpu: present}" in ex.cluster.scheduler.pending["mass-t-g0-train-master-0"]
+    reads = wf.find(template="train-scheduling", type="Resource")
+    assert len(reads) == 4 and all(n.phase == "Succeeded" for n in reads), wf.summary()
+    assert all("untolerated taint {nvidia.com/gpu: present}" in n.outputs["scheduler"] for n in reads)
+    assert len(wf.find(template="train-delete-job", type="Resource")) == 4 + 4  # each attempt's first step, and its hook
+    assert ex.cluster.get("PyTorchJob", "mass-t-g0-train") is None and ex.cluster.scheduler.pending == {}
+
+    # under Kueue, a job its queue never admits (no quota): no pod to read, the job goes all the same
+    queued = preflight.merge(preflight.load_values([]), {"scheduling": {"pendingTimeoutSeconds": 1},
+                                                         "kueue": {"queueName": "gpu-team", "maxQueueSeconds": 1}})
+    in_queue = [copy.deepcopy(t) for t in argo.mass_cycle(values_settings(queued))["spec"]["templates"]
+                if t["name"].startswith("train")]
+    ex = executor_for(wft("queued", [main, *in_queue], params=("spec", "run")),
+                      *load_documents([REPO / "manifests" / "semaphores.yaml"]), nodes=nodes)
+    wf = ex.submit("queued", {"spec": "s3://mass-jobs/specs/t.yaml", "run": "t"})
+    assert wf.phase == "Failed", wf.summary()
+    assert len(wf.find(template="train-job-single", type="Resource")) == 4
+    reads = wf.find(template="train-scheduling", type="Resource")
+    assert len(reads) == 4 and all(n.phase == "Failed" and "NotFound" in n.message for n in reads), wf.summary()
+    assert len(wf.find(template="train-delete-job", type="Resource")) == 4 + 4
+    assert ex.cluster.get("PyTorchJob", "mass-t-g0-train") is None and not ex.cluster.kueue.pending()
+
+    # the hook's template after a job that started (its Master bound, then failing): the job is kept
+    for t in templates:
+        if t["name"] == "train-job-single":
+            job = yaml.safe_load(t["resource"]["manifest"])
+            pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+            pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+            pod["containers"][0]["command"] = ["sh", "-c", "echo no GPU here >&2; exit 3"]
+            t["resource"]["manifest"] = yaml.safe_dump(job)
+    started = {"name": "main", "steps": [
+        [{"name": "start", "template": "train-job-single", "arguments": {"parameters": [
+            {"name": k, "value": v} for k, v in params.items() if k != "trainer-workers"]}}],
+        [{"name": "unstarted", "template": "train-unstarted", "arguments": {"parameters": [{"name": "gen", "value": "0"}]}}]]}
+    ex = executor_for(wft("crash", [started, *templates], params=("spec", "run")), nodes=nodes)
+    wf = ex.submit("crash", {"spec": "s3://mass-jobs/specs/t.yaml", "run": "t"})
+    assert wf.phase == "Succeeded", wf.summary()
+    (check,) = wf.find(template="train-unstarted-job", type="Resource")
+    assert check.phase == "Failed" and "failure condition 'status.conditions.1.type" in check.message
+    assert not wf.find(template="train-scheduling", type="Resource") and not wf.find(template="train-delete-job", type="Resource")
+    assert ex.cluster.get("PyTorchJob", "mass-t-g0-train") is not None
 
 
 def test_the_executor_refuses_a_deployment_the_api_server_refuses(executor_for):

@@ -223,6 +223,7 @@ class _Builder:
         # One replica: the Master alone (the operator's webhook refuses `Worker.replicas: 0`).
         single = training.pytorch_job(self.s, name, sd.argv(SPEC, GEN), labels, env=_env_dicts(self.step_env()),
                                       **{**sizes, "workers": None})
+        started = helm('include "mass-jobs.jobStarted" .') if self.s.chart else training.started(bool(self.s.kueue_queue))
         # Created, then started: the operator's Master runs (or the job already ended). A job whose
         # pods stay Pending (taints, no free GPU, a disk no node has) never gets there and fails this
         # step at the pending bound (plus the queue's, under Kueue), not at the training deadline.
@@ -234,12 +235,44 @@ class _Builder:
                 action="create",
                 set_owner_reference=True,
                 manifest=text,
-                success_condition=helm('include "mass-jobs.jobStarted" .') if self.s.chart
-                else training.started(bool(self.s.kueue_queue)),
+                success_condition=started,
                 failure_condition=training.FAILED,
                 labels=L.pod_labels(sd.name, gen=GEN),
                 active_deadline_seconds=self.s.train_start_deadline_s,
             )
+        # A job whose start failed and that never started goes at once: left, its Pending pods would
+        # start training unobserved once a node frees (under Kueue, an admitted job also holds its
+        # quota). Its Master's scheduling message is read first, into the node's outputs (argo get).
+        # A job that ended by itself (Failed) is kept: its pods hold the logs.
+        Resource(
+            name=f"{sd.name}-unstarted-job",
+            inputs=input_params("gen"),
+            action="get",
+            manifest=_manifest(ref),
+            success_condition=f"!{started}",
+            failure_condition=started,
+            labels=L.pod_labels(sd.name, gen=GEN),
+            retry_strategy=RESOURCE_RETRY,
+            active_deadline_seconds=self.s.step.deadline_s,
+        )
+        master = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": training.replica_names(name, 0)[0]}}
+        Resource(
+            name=f"{sd.name}-scheduling",
+            inputs=input_params("gen"),
+            action="get",
+            manifest=_manifest(master),
+            outputs=[Parameter(name="scheduler", value_from=m.ValueFrom(json_path=training.SCHEDULING_MESSAGE))],
+            labels=L.pod_labels(sd.name, gen=GEN),
+            active_deadline_seconds=self.s.step.deadline_s,
+        )
+        with Steps(name=f"{sd.name}-unstarted", inputs=input_params("gen")):
+            Step(name="unstarted", template=f"{sd.name}-unstarted-job", arguments=step_args(gen=GEN),
+                 continue_on=m.ContinueOn(failed=True))
+            kept = "{{steps.unstarted.status}} == Succeeded"
+            # no Master pod (a job Kueue never admitted) is no reason to keep the job
+            Step(name="scheduling", template=f"{sd.name}-scheduling", arguments=step_args(gen=GEN), when=kept,
+                 continue_on=m.ContinueOn(failed=True))
+            Step(name="delete-job", template=f"{sd.name}-delete-job", arguments=step_args(gen=GEN), when=kept)
         # then trained: the job's own deadline counts from its admission
         Resource(
             name=f"{sd.name}-wait",
@@ -252,14 +285,21 @@ class _Builder:
             active_deadline_seconds=self.s.train_step_deadline_s,
             metrics=PM.metrics(PM.step_duration(f"{sd.name}-job")),
         )
+        def unstarted_hook(step: str) -> dict:
+            """Once the start step `step` failed (its bound passed), the unstarted job goes."""
+            failed = " || ".join(f"steps['{step}'].status == '{phase}'" for phase in ("Failed", "Error"))
+            return {"exit": m.LifecycleHook(template=f"{sd.name}-unstarted", expression=failed,
+                                            arguments=m.Arguments(parameters=[m.Parameter(name="gen", value=GEN)]))}
+
         # the GPU-jobs semaphore is held from the delete to the end of training, across attempts
         with Steps(name=sd.name, inputs=input_params(*params), retry_strategy=TRAIN_RETRY,
                    synchronization=gpu_semaphore()):
             Step(name="delete-job", template=f"{sd.name}-delete-job", arguments=step_args(gen=GEN))
             workers = "{{inputs.parameters.trainer-workers}}"
-            Step(name="job", template=f"{sd.name}-job", when=f"{workers} > 0",
+            Step(name="job", template=f"{sd.name}-job", when=f"{workers} > 0", hooks=unstarted_hook("job"),
                  arguments=[Parameter(name=p, value="{{inputs.parameters.%s}}" % p) for p in params])
             Step(name="job-single", template=f"{sd.name}-job-single", when=f"{workers} == 0",
+                 hooks=unstarted_hook("job-single"),
                  arguments=[Parameter(name=p, value="{{inputs.parameters.%s}}" % p) for p in params
                             if p != "trainer-workers"])
             Step(name="wait", template=f"{sd.name}-wait", arguments=step_args(gen=GEN))

@@ -74,6 +74,8 @@ def rbac(s: ClusterSettings) -> list[dict]:
             # each cycle's egress proxy (egress_proxy.py): its Deployment and Service
             {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": verbs},
             {"apiGroups": [""], "resources": ["services"], "verbs": verbs},
+            # a trainer job that never started: its Master's scheduling message, read before the job goes
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         ],
     }
     binding = {

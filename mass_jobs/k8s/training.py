@@ -32,6 +32,11 @@ def started(queued: bool) -> str:
     return f"status.conditions.{2 if queued else 1}.type"
 
 
+# The Master pod's scheduling message (the scheduler's "0/N nodes are available: ..."), as kubectl's
+# jsonpath reads it: empty once the pod is scheduled.
+SCHEDULING_MESSAGE = '{.status.conditions[?(@.type=="PodScheduled")].message}'
+
+
 def job_name(run: str, gen: str, step: str) -> str:
     """One name per run, generation and trainer step: the job a resubmitted run replaces."""
     return f"mass-{run}-g{gen}-{step}"
