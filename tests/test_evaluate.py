@@ -77,6 +77,8 @@ def test_evaluate_rollouts_verdicts_and_resume(judged_run):
     ctx, serve_model, serve_judge, served, sound, garbage = judged_run
     store = ctx.store
     events = []
+    # the InferenceServices the cluster serves together (the plan phase): L_1 and L_0, which judges once
+    assert [int(m["gen"]) for m in ev.plan(ctx, 1)["models"]] == ev.models_called(1) == [0, 1]
     manifest = ev.evaluate(ctx, 1, serve_model, serve_judge, progress=lambda kind, rec: events.append(kind))
 
     # rollouts: 2 tasks x 2 replicates for L0 and for L1, each behind its own manifest
@@ -125,6 +127,7 @@ def test_evaluate_rollouts_verdicts_and_resume(judged_run):
 
     # L2: compared with L0 and L1, whose rollouts are reused (only L2 is served, twice)
     served.clear()
+    assert [int(m["gen"]) for m in ev.plan(ctx, 2)["models"]] == ev.models_called(2) == [2]
     m2 = ev.evaluate(ctx, 2, serve_model, serve_judge)
     assert served == ["gen-2", "gen-2", "sound", "garbage"]
     pairs = {k.split("/")[3] for k in store.list("evaltest/eval/verdicts/") if "gen-2-vs" in k}

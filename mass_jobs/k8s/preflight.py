@@ -55,7 +55,7 @@ from mass_jobs.k8s.settings import ClusterSettings
 from mass_jobs.pipeline.planning.memory import load_config, meta_model, shipped_config
 from mass_jobs.spec.issues import validator_issues
 from mass_jobs.spec.load import SpecIssue
-from mass_jobs.steps.evaluate import rollout_generations, self_evaluators
+from mass_jobs.steps.evaluate import models_called
 
 CHART_VALUES = Path(__file__).resolve().parents[2] / "charts" / "mass-jobs" / "values.yaml"
 CHART_SCHEMA = CHART_VALUES.with_name("values.schema.json")
@@ -476,10 +476,11 @@ def disk_checks(values: dict) -> list[Check]:
 
 
 def predictors_at_once(spec) -> int:
-    """The most InferenceServices a run holds at once: evaluate serves the new generation, L_0, the
-    previous one and the self-evaluators together (one of each at generation 1)."""
-
-    return max(len({*rollout_generations(g), *self_evaluators(g)}) for g in range(1, spec.generations + 1))
+    """The most InferenceServices a run holds at once: evaluate serves the generations it still rolls
+    out or that judge themselves (L_1 and L_0 at generation 1, L_G alone after: the baselines'
+    rollouts are stored by then). A third only where an earlier evaluation's rollouts are missing
+    from the store, which the cycles' order does not leave."""
+    return max(len(models_called(g)) for g in range(1, spec.generations + 1))
 
 
 def queue_checks(spec, values: dict) -> list[Check]:

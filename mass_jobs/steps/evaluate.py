@@ -139,6 +139,19 @@ def rollout_generations(gen: int) -> list[int]:
     return sorted({gen, *baselines(gen)})
 
 
+def new_rollout_generations(gen: int) -> list[int]:
+    """The generations whose rollouts evaluate of `gen` adds to the store after the earlier evaluates:
+    L_gen's, and L_0's at generation 1; a baseline's are reused (same prompt, files and seed)."""
+    earlier = {h for g in range(1, gen) for h in rollout_generations(g)}
+    return [h for h in rollout_generations(gen) if h not in earlier]
+
+
+def models_called(gen: int) -> list[int]:
+    """The generations whose InferenceServices evaluate of `gen` serves together, the earlier evaluates
+    stored: L_1 and L_0 at generation 1, L_gen alone after."""
+    return sorted({*new_rollout_generations(gen), *self_evaluators(gen)})
+
+
 def all_rollouts(ctx: RunContext, gen: int) -> list[Rollout]:
     """Every rollout this step reads: L_gen's and its baselines', each task, each replicate."""
     return [rollout(ctx, h, t, r) for h in rollout_generations(gen) for t in ctx.spec.resolved_tasks()

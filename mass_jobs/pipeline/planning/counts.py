@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.judging.pairing import schedule
-from mass_jobs.steps.evaluate import baselines, self_evaluators
+from mass_jobs.steps.evaluate import baselines, new_rollout_generations, self_evaluators
 
 # counts a tiny run's store must equal exactly / may only stay below
 EXACT = ("search_iterations", "optimizer_proposals", "teacher_episodes", "ranking_calls", "steps",
@@ -46,7 +46,7 @@ def generation_counts(spec: RunSpec, g: int) -> dict:
     kept = min(spec.collection.train_ranks, e - 1) + 1  # training ranks + the validation rank
     reps = spec.evaluation.rollouts_per_task
     gen = g + 1
-    new_rollout_gens = [h for h in sorted({gen, *baselines(gen)}) if h == gen or (g == 0 and h == 0)]
+    new_rollout_gens = new_rollout_generations(gen)
     pairs = len(baselines(gen)) * n_all * reps
     per_window = world_size(spec) * spec.sft.grad_accum
     return {
