@@ -208,3 +208,32 @@ def test_a_pod_argo_deleted_at_its_pending_bound_is_named_with_the_schedulers_re
     from mass_jobs.cluster.pods import render
 
     assert f"  mass-run-x7k2p-merge-3071: {disk}" in render(v)
+
+
+def test_a_trainer_job_deleted_unstarted_is_named_with_its_masters_scheduling_message(tmp_path):
+    """The train step deletes a trainer job that never started, pods and all: the view still names
+    why, from the Master's events (the job's name is the run's, so they are the run's) and from the
+    `scheduler` output the hook kept in the workflow, compressed node map or not."""
+    import base64
+    import gzip
+
+    from mass_jobs.cluster.pods import render
+    from mass_jobs.k8s.training import job_name
+
+    master = f"{job_name(RUN, '0', 'train')}-master-0"
+    assert master == "mass-demo-g0-train-master-0"
+    node = {"id": "mass-run-x7k2p-1", "name": "mass-run-x7k2p[1].cycle[3].train(0)[2].job-single.onExit[1].scheduling",
+            "displayName": "scheduling", "type": "Pod", "templateName": "train-scheduling", "phase": "Succeeded",
+            "outputs": {"parameters": [{"name": "scheduler", "value": UNSCHEDULABLE}]}}
+    quiet = {**node, "id": "mass-run-x7k2p-2", "outputs": {"parameters": [{"name": "scheduler", "value": ""}]}}
+    plain = {**OBJECTS[0], "status": {"phase": "Failed", "nodes": {n["id"]: n for n in (node, quiet)}}}
+    packed = base64.b64encode(gzip.compress(json.dumps({node["id"]: node}).encode())).decode()
+    compressed = {**OBJECTS[0], "status": {"phase": "Failed", "compressedNodes": packed}}
+    for wf in (plain, compressed):
+        v = operator_view(tmp_path, RUN, CRDS + [wf] + [event(master, UNSCHEDULABLE)], pods=[])
+        assert v["unscheduled"] == [{"pod": master, "message": UNSCHEDULABLE}]
+        assert v["unstarted"] == [{"node": node["name"], "message": UNSCHEDULABLE}]
+        assert f"  {node['name']}: {UNSCHEDULABLE}" in render(v)
+    # another run's trainer pods are not this run's
+    v = operator_view(tmp_path, RUN, CRDS + [plain, event("mass-demo2-g0-train-master-0", UNSCHEDULABLE)], pods=[])
+    assert v["unscheduled"] == []

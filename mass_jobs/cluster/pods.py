@@ -14,12 +14,16 @@ knows InferenceService alone of the four controllers' kinds read here.
 
 from __future__ import annotations
 
+import base64
+import gzip
+import json
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from mass_jobs.cluster.api import Cluster, Forbidden
 from mass_jobs.k8s import labels as L
+from mass_jobs.k8s import training
 
 # the container whose logs are the pod's: Argo's step, the training operator's, KServe's
 MAIN_CONTAINERS = ("main", "pytorch", "kserve-container")
@@ -122,9 +126,11 @@ def view(cluster: Cluster, run: str) -> dict:
     jobs = items(f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs", "pytorchjobs")
     services = items(f"/apis/serving.kserve.io/v1beta1/namespaces/{ns}/inferenceservices", "inferenceservices")
     rows = sorted((pod_row(p, now) for p in pods), key=lambda r: (r.generation, r.step, r.task, r.episode, r.name))
-    # Argo deletes a pod Pending past its pendingTimeout (the step says only "timeout"), so the
-    # scheduler's reason survives in its events alone (kept an hour by default)
+    # Argo deletes a pod Pending past its pendingTimeout (the step says only "timeout"), and the train
+    # step a trainer job that never started (with its pods), so the scheduler's reason survives in
+    # their events alone (kept an hour by default); the jobs are known by the run's job names
     owners = tuple(o["metadata"]["name"] + "-" for o in workflows + jobs + services)
+    owners += (training.job_prefix(run),) if owners else ()
     gone = [e for e in (items_by_field(f"/api/v1/namespaces/{ns}/events", "reason=FailedScheduling", "events")
                         if owners else [])
             if (e.get("involvedObject") or {}).get("name", "").startswith(owners)
@@ -136,7 +142,27 @@ def view(cluster: Cluster, run: str) -> dict:
             "workflows": [{"name": w["metadata"]["name"], "phase": (w.get("status") or {}).get("phase", "Pending"),
                            "message": (w.get("status") or {}).get("message", "")} for w in workflows],
             "pods": [asdict(r) for r in rows], "objects": [asdict(o) for o in objects], "unread": unread,
-            "unscheduled": [{"pod": n, "message": m} for n, m in unscheduled]}
+            "unscheduled": [{"pod": n, "message": m} for n, m in unscheduled],
+            "unstarted": unstarted_trainers(workflows)}
+
+
+def workflow_nodes(wf: dict) -> list[dict]:
+    """A Workflow's nodes, also where the controller compressed them (`status.compressedNodes`:
+    the node map as JSON, gzip, then base64, once the object nears etcd's limit)."""
+    status = wf.get("status") or {}
+    if status.get("nodes"):
+        return list(status["nodes"].values())
+    if status.get("compressedNodes"):
+        return list(json.loads(gzip.decompress(base64.b64decode(status["compressedNodes"]))).values())
+    return []
+
+
+def unstarted_trainers(workflows: list[dict]) -> list[dict]:
+    """The train steps' record of each trainer job deleted unstarted: the Master's scheduling
+    message, read by the `train-unstarted` hook before the job went (its `scheduler` output)."""
+    return [{"node": n.get("name", ""), "message": p["value"]}
+            for w in workflows for n in workflow_nodes(w)
+            for p in (n.get("outputs") or {}).get("parameters") or [] if p.get("name") == "scheduler" and p.get("value")]
 
 
 def _duration(seconds: int) -> str:
@@ -171,8 +197,11 @@ def render(v: dict) -> str:
     else:
         lines.append("no pods of this run (succeeded pods are deleted 10 minutes after they end)")
     if v.get("unscheduled"):
-        lines += ["", "pods deleted while Pending (their steps say \"timeout\"), the scheduler's last word:"]
+        lines += ["", "pods deleted while Pending (their steps say \"timeout\" or \"deadline\"), the scheduler's last word:"]
         lines += [f"  {u['pod']}: {u['message']}" for u in v["unscheduled"]]
+    if v.get("unstarted"):
+        lines += ["", "trainer jobs deleted unstarted, their Master's scheduling message:"]
+        lines += [f"  {u['node']}: {u['message']}" for u in v["unstarted"]]
     if v.get("unread"):
         lines += ["", "not read (this account may not):"] + [f"  {u}" for u in v["unread"]]
     if v["objects"]:

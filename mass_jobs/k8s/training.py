@@ -37,9 +37,14 @@ def started(queued: bool) -> str:
 SCHEDULING_MESSAGE = '{.status.conditions[?(@.type=="PodScheduled")].message}'
 
 
+def job_prefix(run: str) -> str:
+    """What every trainer job of the run is named from (and its pods after it)."""
+    return f"mass-{run}-g"
+
+
 def job_name(run: str, gen: str, step: str) -> str:
     """One name per run, generation and trainer step: the job a resubmitted run replaces."""
-    return f"mass-{run}-g{gen}-{step}"
+    return f"{job_prefix(run)}{gen}-{step}"
 
 
 def replica_names(job: str, workers: int) -> list[str]:
