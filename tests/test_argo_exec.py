@@ -27,7 +27,6 @@ import sys
 import tarfile
 import threading
 import time
-import urllib.parse
 from collections import Counter
 from pathlib import Path
 
@@ -35,9 +34,27 @@ import pytest
 import yaml
 
 from mass_jobs.config.run_spec import StoreSpec
-from mass_jobs.episodes import proof
 from mass_jobs.run.context import RunContext
 from mass_jobs.store import open_store
+from tests.fixtures.argo_cluster import (
+    JOBS_IMAGE,
+    JUDGE_KEY,
+    JUDGE_KEY_ENV,
+    JUDGE_SECRET,
+    NODE_POOL,
+    S3_SECRET,
+    LocalRun,
+    archive_difference,
+    chart_docs,
+    cluster_docs,
+    container,
+    manifests,
+    put_spec,
+    pytorchjob,
+    timeless,
+    upload_dir,
+    wft,
+)
 from tests.fixtures.argo_exec import ArgoExecutor, load_documents
 from tests.fixtures.argo_exec.artifacts import Repository, load_input, save_output
 from tests.fixtures.argo_exec.conditions import check, matches
@@ -47,10 +64,6 @@ from tests.fixtures.argo_exec.template import TemplateError, replace
 pytestmark = pytest.mark.argo_exec
 
 REPO = Path(__file__).resolve().parents[1]
-JOBS_IMAGE = "ghcr.io/mass-jobs/jobs:0.1.0"
-S3_SECRET = "mass-s3-credentials"
-# the chart's judge Secret and the key its default values list (judges.secretName / judges.keys)
-JUDGE_SECRET, JUDGE_KEY_ENV, JUDGE_KEY = "mass-judge-keys", "JUDGE_API_KEY", "test-judge-key"
 
 
 # ---------------------------------------------------------------- expressions and substitution
@@ -183,47 +196,6 @@ def test_input_single_entry_is_renamed_onto_the_path(repo, tmp_path):
 
 
 # ---------------------------------------------------------------- controller semantics on synthetic templates
-
-def container(script: str, mounts=("tmp",), ro=True, **extra) -> dict:
-    return {"image": JOBS_IMAGE, "command": ["/bin/sh", "-c", script],
-            "securityContext": {"readOnlyRootFilesystem": ro},
-            "volumeMounts": [{"name": m, "mountPath": f"/{m}"} for m in mounts], **extra}
-
-
-# What a ClusterQueue covers besides GPUs: every pod here requests these (Kueue admits nothing through
-# a queue that lacks one)
-NODE_POOL = {"cpu": "256", "memory": "4Ti", "ephemeral-storage": "10Ti"}
-
-
-def wft(name: str, templates: list[dict], entrypoint="main", params=(), **spec) -> dict:
-    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "WorkflowTemplate", "metadata": {"name": name},
-            "spec": {"entrypoint": entrypoint, "templates": templates,
-                     "arguments": {"parameters": [{"name": p} for p in params]},
-                     "artifactRepositoryRef": {"configMap": "artifact-repositories", "key": "default-v1"}, **spec}}
-
-
-@pytest.fixture
-def executor_for(s3_env, tmp_path):
-    made = []
-
-    def make(*docs, **kw):
-        host = s3_env["endpoint_url"].removeprefix("http://")
-        cm = {"kind": "ConfigMap", "metadata": {"name": "artifact-repositories", "annotations": {
-            "workflows.argoproj.io/default-artifact-repository": "default-v1"}},
-              "data": {"default-v1": yaml.safe_dump({"archiveLogs": True, "s3": {
-                  "bucket": s3_env["bucket"], "endpoint": host, "insecure": True, "region": "us-east-1",
-                  "keyFormat": "argo-artifacts/{{workflow.name}}/{{pod.name}}",
-                  "accessKeySecret": {"name": S3_SECRET, "key": "AWS_ACCESS_KEY_ID"},
-                  "secretKeySecret": {"name": S3_SECRET, "key": "AWS_SECRET_ACCESS_KEY"}}})}}
-        secrets = {S3_SECRET: {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"},
-                   "other": {"TOKEN": "s3cret"}}
-        ex = ArgoExecutor([*docs, cm], secrets, tmp_path / f"ex{len(made)}", **kw)
-        made.append(ex)
-        return ex
-
-    yield make
-    for ex in made:
-        ex.close()
 
 
 def test_steps_withparam_when_outputs_and_recursion(executor_for):
@@ -413,19 +385,6 @@ def test_the_executor_runs_from_a_checkout_under_tmp_with_a_space():
         assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
     finally:
         shutil.rmtree(top, ignore_errors=True)
-
-
-def pytorchjob(name: str, workers: int, script: str, action="create") -> dict:
-    def replica(n):
-        return {"replicas": n, "restartPolicy": "Never", "template": {"spec": {
-            "containers": [container(script, name="pytorch")], "volumes": [{"name": "tmp", "emptyDir": {}}]}}}
-
-    manifest = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
-                "spec": {"nprocPerNode": "2", "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(workers)}}}
-    return {"name": "job", "resource": {"action": action, "setOwnerReference": True, "manifest": yaml.safe_dump(manifest),
-                                        "successCondition": "status.replicaStatuses.Master.succeeded > 0",
-                                        "failureCondition": "status.replicaStatuses.Master.failed > 0,"
-                                                            "status.replicaStatuses.Worker.failed > 0"}}
 
 
 def test_pytorchjob_stand_in_env_status_and_create_collision(executor_for):
@@ -909,24 +868,6 @@ def test_inferenceservice_storage_download_is_a_plain_prefix(cluster, tmp_path):
 CI_SPEC = REPO / "tests" / "specs" / "ci-e2e.yaml"
 
 
-def chart_docs(values: dict | None = None) -> list[dict]:
-    from tests.fixtures.k8s import render_chart, with_network
-
-    rendered = render_chart(with_network(values))
-    return [d for name, text in sorted(rendered.items()) if name.endswith(".yaml")
-            for d in yaml.safe_load_all(text) if d]
-
-
-def cluster_docs(s3: dict, values: dict | None = None) -> list[dict]:
-    """What `helm install -f values.yaml` puts in the cluster, with this S3 (moto) as the `s3.*` values
-    (and `values` over the defaults): the WorkflowTemplates (the files in argo/ are this chart rendered
-    with its defaults), ConfigMaps and the NetworkPolicies (the executor holds the agent pods to them)."""
-    host = s3["endpoint_url"].removeprefix("http://")
-    docs = chart_docs({**(values or {}),
-                       "s3": {"bucket": s3["bucket"], "endpoint": host, "insecure": True, "region": s3["region"]}})
-    return [d for d in docs if d["kind"] in ("WorkflowTemplate", "ConfigMap", "NetworkPolicy")]
-
-
 def test_argo_files_are_the_chart_rendered_with_defaults():
     """The executor runs the chart's rendering; argo/ holds the same templates for the default values."""
     files = {d["metadata"]["name"]: d for d in load_documents(sorted((REPO / "argo").glob("*.yaml")))}
@@ -1028,125 +969,6 @@ def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod(
     assert {"serve-model", "delete-model"} <= reach("evaluate")
 
 
-def run_agent_episode(executor_for, name: str, inp, seed: Path, before_agent=None):
-    """One episode through the generated agent-episode template (argo/mass-cycle.yaml, with the
-    workflow's pod securityContext), after the run's egress proxy as the cycle starts it (the
-    generated egress-service and egress-proxy templates: a Service and a Deployment whose pod reads
-    the run's spec and the rollout's key from S3): its inputs uploaded where prepare puts them, the
-    workflow submitted; (the workflow, output(name) -> the bytes Argo uploaded from /out).
-    `before_agent(executor)` runs as the agent pod is about to start."""
-    from mass_jobs.episodes.harness import episode_file_json
-    from mass_jobs.store.archive import write_dir_archive
-
-    cycle = next(d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle")
-    templates = {t["name"]: t for t in cycle["spec"]["templates"]}
-    agent, service, proxy = (templates[n] for n in ("agent-episode", "egress-service", "egress-proxy"))
-    prefix, rollout = f"runs/{name}", "gen-0/collect/t/ep-0"
-    host = next(p["value"] for group in templates["cycle"]["steps"] for st in group
-                for p in (st.get("arguments") or {}).get("parameters", []) if p["name"] == "egress")
-    args = {"gen": "0", "task": "t", "label": "ep-0", "rollout": rollout, "store-prefix": prefix,
-            "egress": host.replace("{{inputs.parameters.gen}}", "0")}
-    gen = {"parameters": [{"name": "gen", "value": "0"}]}
-    main = {"name": "main", "steps": [
-        [{"name": "egress-service", "template": "egress-service", "arguments": gen},
-         {"name": "egress", "template": "egress-proxy", "arguments": gen}],
-        [{"name": "agent", "template": "agent-episode", "arguments": {
-            "parameters": [{"name": k, "value": v} for k, v in args.items()]}}]]}
-    semaphores = load_documents([REPO / "manifests" / "semaphores.yaml"])  # every agent pod takes agent-pods
-    # the agent pods' NetworkPolicy: the pod gets a network of its own whose exits are the model,
-    # exposed as the serve pods the policy allows, and the run's egress proxy (nothing else on the host)
-    policy = load_documents([REPO / "manifests" / "networkpolicy.yaml"])
-    made = []
-    faults = (lambda t, inputs, attempt: before_agent(made[0]) if t == "agent-episode" else None) if before_agent else None
-    ex = executor_for(wft(name, [main, agent, service, proxy], params=("spec", "run"),
-                          securityContext=cycle["spec"]["securityContext"], automountServiceAccountToken=False),
-                      *semaphores, *policy, faults=faults)
-    made.append(ex)
-    model = urllib.parse.urlsplit(inp.endpoint.base_url)
-    ex.cluster.expose(f"model.{ex.cluster.namespace}.svc.cluster.local", model.port, {"mass-jobs.io/step": "serve"}, 8080)
-    repo = ex._repository("artifact-repositories", "default-v1")
-    endpoint = ("http://" if repo.insecure else "https://") + repo.endpoint
-    # the chart's S3 value, as the step pods get it
-    manifest = proxy["resource"]["manifest"]
-    proxy["resource"]["manifest"] = manifest.replace("value: https://s3.amazonaws.com", f"value: {endpoint}")
-    assert proxy["resource"]["manifest"] != manifest
-    client = repo.client()
-    spec = {"name": name, "model": {"base": "org/m"}, "store": {"uri": f"s3://{repo.bucket}/runs", "endpoint_url": endpoint},
-            "tasks": [{"id": "t", "prompt": "p", "split": "train"}, {"id": "u", "prompt": "q", "split": "test"}],
-            "execution": {"mode": "argo", "network": list(inp.network) if inp.network else "off"}}
-    client.put_object(Bucket=repo.bucket, Key=f"specs/{name}.yaml", Body=yaml.safe_dump(spec).encode())
-    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/episode.json",
-                      Body=json.dumps(episode_file_json(inp)).encode())
-    buf = io.BytesIO()
-    write_dir_archive(seed, buf)
-    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/workspace.tar.gz", Body=buf.getvalue())
-    client.put_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/input/{proof.KEY}", Body=KEY)  # as prepare does
-    wf = ex.submit(name, {"spec": f"s3://{repo.bucket}/specs/{name}.yaml", "run": name})
-    wf.executor = ex
-
-    def output(file: str) -> bytes:
-        return client.get_object(Bucket=repo.bucket, Key=f"{prefix}/{rollout}/output/{file}")["Body"].read()
-
-    return wf, output
-
-
-KEY = b"0123456789abcdef" * 4  # the rollout's signing key in these tests
-
-
-class PodFiles:
-    """What ingest reads of a rollout (RunContext's agent_input/agent_output over a store)."""
-
-    agent_input = RunContext.agent_input
-    agent_output = RunContext.agent_output
-
-    def __init__(self, store):
-        self.store = store
-
-
-class tempfile_dir:
-    """A seeded workspace folder for the agent pod's input archive."""
-
-    def __enter__(self) -> Path:
-        import tempfile
-
-        self._tmp = tempfile.TemporaryDirectory()
-        path = Path(self._tmp.name)
-        (path / "notes.md").write_text("n\n")
-        return path
-
-    def __exit__(self, *exc) -> None:
-        self._tmp.cleanup()
-
-
-class LocalRun:
-    """`mass run` of a spec as a child process, started at once and waited for later: the executor's
-    run goes on beside it (each is half idle, waiting on servers, sandboxes and subprocesses)."""
-
-    def __init__(self, doc: dict, tmp_path: Path, env: dict | None = None, args: tuple[str, ...] = ()):
-        spec = tmp_path / "local-run.yaml"
-        spec.write_text(yaml.safe_dump(doc))
-        self.log = (tmp_path / "local-run.log").open("w+b")
-        self.proc = subprocess.Popen([sys.executable, "-m", "mass_jobs.commands.cli", "run", str(spec), "--work-dir",
-                                      str(tmp_path / "work"), "--no-progress", *args], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-
-    def wait(self, timeout: float = 2400) -> str:
-        code = self.proc.wait(timeout)
-        self.log.seek(0)
-        out = self.log.read().decode(errors="replace")
-        assert code == 0, out[-8000:]
-        return out
-
-
-def upload_dir(s3: dict, local: Path, prefix: str) -> str:
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=s3["endpoint_url"], region_name=s3["region"])
-    for f in sorted(p for p in local.rglob("*") if p.is_file()):
-        client.put_object(Bucket=s3["bucket"], Key=f"{prefix}/{f.relative_to(local).as_posix()}", Body=f.read_bytes())
-    return f"s3://{s3['bucket']}/{prefix}"
-
-
 def ci_spec(s3: dict, model_uri: str, store_prefix: str, judge_url: str, **overrides) -> dict:
     """tests/specs/ci-e2e.yaml with the model, judges and store on S3 (what a cluster run needs).
     On the cluster judges are external endpoints (evaluate's pods serve no model)."""
@@ -1164,14 +986,6 @@ def ci_spec(s3: dict, model_uri: str, store_prefix: str, judge_url: str, **overr
             node = node[p]
         node[last] = value
     return doc
-
-
-def put_spec(s3: dict, doc: dict, key: str) -> str:
-    import boto3
-
-    boto3.client("s3", endpoint_url=s3["endpoint_url"], region_name=s3["region"]).put_object(
-        Bucket=s3["bucket"], Key=key, Body=yaml.safe_dump(doc).encode())
-    return f"s3://{s3['bucket']}/{key}"
 
 
 @pytest.fixture
@@ -1196,55 +1010,6 @@ def cluster(s3_env, tmp_path, tiny_model_dir):
     for ex in made:
         ex.close()
     judge.__exit__(None, None, None)
-
-
-def timeless(store, key: str):
-    """An output's content without wall-clock fields: trace records' started_at/duration_s and an
-    episode status's timings differ between any two runs, local or not; everything else (the
-    training log included: its step times live in timing.jsonl, which no manifest lists) must not."""
-    name = key.rsplit("/", 1)[-1]
-    if name == "_manifest.json":  # a nested step's manifest: its own prefix is compared on its own
-        return store.get_json(key)["input_hash"]
-    if name.endswith(".jsonl") and "trace" in name:
-        return [{k: v for k, v in json.loads(line).items() if k not in ("started_at", "duration_s")}
-                for line in store.get_bytes(key).decode().splitlines()]
-    if name == "status.json":
-        return {k: v for k, v in store.get_json(key).items() if k != "timings"}
-    return store.sha256(key)
-
-
-def archive_difference(a, b, key: str) -> str:
-    """For a put_dir archive, which members differ (name, mode or bytes); for a JSON object, which
-    fields; so a failure says why."""
-    if key.endswith(".json"):
-        ja, jb = a.get_json(key), b.get_json(key)
-        if isinstance(ja, dict) and isinstance(jb, dict):
-            return " " + "; ".join(f"{n}: {json.dumps(ja.get(n))[:200]} vs {json.dumps(jb.get(n))[:200]}"
-                                   for n in sorted(set(ja) | set(jb)) if ja.get(n) != jb.get(n))
-        return ""
-    if not key.split("/")[-1].startswith("step-") and not key.endswith(".tar.gz"):
-        return ""
-    import hashlib
-    import io
-    import tarfile
-
-    def members(store):
-        with tarfile.open(fileobj=io.BytesIO(store.get_bytes(key)), mode="r:gz") as tar:
-            return {m.name: (oct(m.mode), hashlib.sha256(tar.extractfile(m).read()).hexdigest()[:12]
-                             if m.isfile() else m.type) for m in tar.getmembers()}
-
-    ma, mb = members(a), members(b)
-    return " " + "; ".join(f"{n}: {ma.get(n)} vs {mb.get(n)}" for n in sorted(set(ma) | set(mb)) if ma.get(n) != mb.get(n))
-
-
-def manifests(store, run: str) -> dict[str, dict]:
-    """Every step manifest of a run: prefix -> (input hash, output keys relative to the run, output hashes)."""
-    out = {}
-    for key in store.list(f"{run}/"):
-        if key.endswith("/_manifest.json"):
-            m = store.get_json(key)
-            out[key.removesuffix("/_manifest.json")] = m
-    return out
 
 
 @pytest.mark.slow(cost=250)

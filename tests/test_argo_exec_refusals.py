@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from tests.fixtures.argo_cluster import REPO, container, wft
 from tests.fixtures.argo_exec.controller import MAX_STACK_DEPTH
-from tests.test_argo_exec import REPO, container, executor_for, wft  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.argo_exec
 
@@ -227,7 +227,7 @@ def test_the_generated_templates_pass_argo_lint():
 # ---------------------------------------------------------------- deleting a job: cascade
 
 def _job_and_delete(name: str, cascade: str | None) -> list[dict]:
-    from tests.test_argo_exec import pytorchjob
+    from tests.fixtures.argo_cluster import pytorchjob
 
     job = pytorchjob(name, 1, "sleep 60")
     job["resource"] = {k: v for k, v in job["resource"].items() if not k.endswith("Condition")}  # created, not awaited
@@ -319,8 +319,8 @@ def test_the_agent_pods_of_the_chart_are_held_by_its_policies():
     predictor's pods on 8080: the executor enforces exactly these on every agent pod of a run."""
     import yaml
 
+    from tests.fixtures.argo_cluster import chart_docs
     from tests.fixtures.argo_exec.network import Policies
-    from tests.test_argo_exec import chart_docs
 
     docs = chart_docs()
     policies = Policies(docs, "mass-jobs")

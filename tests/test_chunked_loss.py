@@ -16,7 +16,7 @@ from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
 from mass_jobs.training.loop import Trainer
 from mass_jobs.training.lora import attach_lora, resolve_targets
 from mass_jobs.training.loss import chunked_loss_sum, split_head
-from tests.test_train import synthetic_windows
+from tests.fixtures.training_data import synthetic_windows
 
 IGNORE = -100
 

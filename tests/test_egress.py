@@ -26,7 +26,6 @@ from mass_jobs.sandbox.egress import AllowList, EgressProxy, summarize
 from mass_jobs.sandbox.run import SandboxLimits, _tools, run_sandboxed
 from mass_jobs.serving.proxy import read_trace
 from mass_jobs.tools.testing.scripted_endpoint import Reply
-from tests.test_argo_exec import executor_for  # noqa: F401 (a fixture)
 
 needs_bwrap = pytest.mark.skipif(_tools()[0] is None, reason="bwrap cannot build a sandbox here")
 LIMITS = SandboxLimits(timeout_s=30, cpu_s=20, memory_mb=1024, processes=32)
@@ -520,7 +519,7 @@ def test_through_the_agent_pod_template_a_command_reaches_an_allowed_host_and_no
     harness. A proxy pod killed after the cycle started it is replaced, and the agent pod reaches
     the replacement by the same name: the episode is whole."""
     from mass_jobs.episodes import proof
-    from tests.test_argo_exec import KEY, run_agent_episode, tempfile_dir
+    from tests.fixtures.argo_cluster import KEY, run_agent_episode, tempfile_dir
 
     a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
     command = (f"python3 fetch.py {a} {d}; env -u http_proxy -u HTTP_PROXY python3 fetch.py {a}")

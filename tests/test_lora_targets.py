@@ -10,7 +10,7 @@ from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
 from mass_jobs.tiny.build import tiny_hybrid_model
 from mass_jobs.training.loop import Trainer
 from mass_jobs.training.lora import adapted_summary, attach_lora, resolve_targets
-from tests.test_train import synthetic_windows
+from tests.fixtures.training_data import synthetic_windows
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 

@@ -136,7 +136,7 @@ def window_texts(store, ctx, gen: int, tokenizer) -> list[tuple[str, str, str]]:
 
 def only_harness_text(supervised: str) -> bool:
     """A window whose supervised text is only qwen-code's canned replies: boilerplate, not the model's."""
-    from tests.test_qwen_code import HARNESS_TEXT
+    from tests.fixtures.scripted import HARNESS_TEXT
 
     for canned in HARNESS_TEXT:
         supervised = supervised.replace(canned, "")
@@ -206,9 +206,8 @@ def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, pa
     from mass_jobs.run.context import RunContext
     from mass_jobs.store import open_store
     from mass_jobs.tools.testing.scripted_judges import HashVerdictJudge
-    from tests.test_argo_exec import (
+    from tests.fixtures.argo_cluster import (
         S3_SECRET,
-        ArgoExecutor,
         LocalRun,
         archive_difference,
         cluster_docs,
@@ -217,6 +216,7 @@ def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, pa
         timeless,
         upload_dir,
     )
+    from tests.fixtures.argo_exec import ArgoExecutor
 
     s3 = s3_env
     model_uri = upload_dir(s3, paper_layout_dirs[0], "models/tiny-paper")

@@ -19,9 +19,7 @@ from mass_jobs.episodes.qwen_code import DEFAULT_BIN, qwen_binary, settings
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.serving.proxy import read_trace
 from mass_jobs.tools.testing.scripted_endpoint import Reply
-
-MAIN = "You are Qwen Code"
-SUB = "You are a general-purpose agent"
+from tests.fixtures.scripted import HARNESS_TEXT, MAIN, SUB
 
 
 def run(ep, tmp_path, prompt="Write analysis.py and check it.", **limit_kw):
@@ -394,9 +392,6 @@ def test_uncapped_limits_pass_no_turn_limit_and_breach_nothing():
                         ({"loop_repeats": 5}, "loop_detected")):
         lim = EpisodeLimits(**{"loop_repeats": None, **kw})
         assert limit_breach(records, EpisodeInput(prompt="p", endpoint=ep, limits=lim))[0] == outcome
-
-
-HARNESS_TEXT = ("Got it. Thanks for the context!",)  # qwen-code's canned replies: what the model never said
 
 
 def boilerplate_draw_share(windows, tok) -> float:

@@ -402,7 +402,7 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     assert set(status_rows(b).values()) == {"done"}
     # every step's manifest alike: input hash, and each output's content (wall-clock fields aside); the
     # report's input (the other manifests, wall-clock fields included) differs, its report.json not
-    from tests.test_argo_exec import manifests, timeless
+    from tests.fixtures.argo_cluster import manifests, timeless
 
     got, want = manifests(ctx_b.store, "ci-e2e"), manifests(ctx_a.store, "ci-e2e")
     assert sorted(got) == sorted(want) and len(want) >= 40

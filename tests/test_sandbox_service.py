@@ -92,7 +92,7 @@ def test_builtin_episode_in_the_sandbox_equals_the_local_one(scripted_endpoint, 
 
 
 def test_qwen_code_runs_in_the_sandbox(scripted_endpoint, sandbox, tmp_path):
-    from tests.test_qwen_code import MAIN, SUB
+    from tests.fixtures.scripted import MAIN, SUB
 
     client, sandbox_ws = sandbox
     code = "print(sum([1, 2, 3]) / 3)\n"

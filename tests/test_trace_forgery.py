@@ -78,7 +78,7 @@ def test_agent_shell_cannot_rewrite_trace_status_or_proxy(scripted_endpoint, tmp
 def test_qwen_code_shell_cannot_rewrite_trace_or_status(scripted_endpoint, tmp_path):
     """qwen-code runs its shells itself, so it runs in the sandbox as a whole (mass_jobs.episodes.sandbox_service,
     under bwrap here): its shell command's attempts on the records fail like the built-in harness's."""
-    from tests.test_qwen_code import MAIN
+    from tests.fixtures.scripted import MAIN
 
     out = tmp_path / "out"
     proxy_file = Path(__import__("mass_jobs.serving.proxy", fromlist=["x"]).__file__).resolve()

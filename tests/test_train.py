@@ -21,23 +21,11 @@ from mass_jobs.training.checkpoint import MANIFEST, latest_checkpoint, read_chec
 from mass_jobs.training.loop import Trainer, adapter_digest, finite
 from mass_jobs.training.sampler import WindowSampler
 from mass_jobs.training.schedule import lr_at
+from tests.fixtures.training_data import synthetic_windows
 
 ROOT = Path(__file__).parents[1]
 SCHEMA = json.loads((ROOT / "schemas" / "checkpoint-manifest.schema.json").read_text())
 TORCHRUN = ROOT / ".venv" / "bin" / "torchrun"
-
-
-def synthetic_windows(n: int, seed: int, length: int = 160) -> list[dict]:
-    """Windows with a masked header and supervised tail; token ids inside the tiny vocabulary."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        ids = [rng.randrange(20, 5900) for _ in range(length)]
-        header = rng.randrange(40, 90)
-        labels = [-100] * header + ids[header:]
-        out.append({"task": "ab"[i % 2], "role": ("orchestrator", "worker", "auxiliary")[i % 3], "input_ids": ids,
-                    "labels": labels, "n_supervised": length - header})
-    return out
 
 
 def small_sft(**kw) -> SftSpec:

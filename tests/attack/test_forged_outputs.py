@@ -13,7 +13,7 @@ import pytest
 
 from mass_jobs.episodes import proof
 from mass_jobs.store import open_store
-from tests.test_argo_exec import KEY, PodFiles, executor_for, run_agent_episode, tempfile_dir  # noqa: F401
+from tests.fixtures.argo_cluster import KEY, PodFiles, run_agent_episode, tempfile_dir
 
 FORGED = "FORGED-RECORD"
 # What the model's shell command tries from inside the agent pod (the sandbox container): rewrite

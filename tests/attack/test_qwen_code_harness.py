@@ -28,7 +28,6 @@ from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_statu
 from mass_jobs.sandbox.run import _tools
 from mass_jobs.serving.proxy import read_trace
 from mass_jobs.tools.testing.scripted_endpoint import Reply
-from tests.test_argo_exec import executor_for  # noqa: F401  (the test executor's fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN = "You are Qwen Code"
@@ -315,7 +314,7 @@ def test_in_the_agent_pod_the_same_attacks_leave_trace_status_and_windows_unchan
     harness, the sandbox and the qwen-code containers as their three uids. qwen-code's shell
     command runs attack.py in the sandbox container, where it shares the pod's loopback with the
     proxy and finds its listening port."""
-    from tests.test_argo_exec import run_agent_episode
+    from tests.fixtures.argo_cluster import run_agent_episode
 
     marker = daemon_marker(s3_env["bucket"] + "pod")
     # (the executor shows this checkout in every pod, as the image: its files are no secret of a pod)
