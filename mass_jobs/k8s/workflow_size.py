@@ -285,12 +285,12 @@ class _Walk:
         if template == "evaluate-plan":
             new = g + 1
             o = argo_outputs(spec, new)
-            models = sorted({*evaluate.rollout_generations(new), *evaluate.self_evaluators(new)})
+            models = evaluate.models_called(new)  # what the plan names, the earlier evaluations stored
             return {"models": json.dumps([{"gen": str(h), "model-uri": o["model-uri"].replace(f"gen-{new}", f"gen-{h}"),
                                            "dtype": o["dtype"]} for h in models])}
         if template == "evaluate-prepare":
             new = g + 1
-            fresh = [h for h in evaluate.rollout_generations(new) if h == new or (g == 0 and h == 0)]
+            fresh = evaluate.new_rollout_generations(new)
             return {"rollouts": json.dumps([rollouts.fanout_item(ctx, evaluate.rollout_prefix(ctx, h, t.id, r), t.id,
                                                                  f"rep-{r}", h)
                                             for h in fresh for t in spec.resolved_tasks()
