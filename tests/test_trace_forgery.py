@@ -2,13 +2,13 @@
 commands must not be able to rewrite them. The agent here is the scripted endpoint (a test
 fixture) driving the built-in harness; its shell command tries to overwrite, append to, move and
 replace trace.jsonl and status.json, to rewrite the recording proxy's code, and to leave a process
-behind that forges them after the command returned. Locally the command runs under bubblewrap as
-a leased uid: none of that reaches the files, and the stored records are the proxy's."""
+behind that forges them once the next command says so (which then waits for its mark). Locally the
+command runs under bubblewrap as a leased uid: none of that reaches the files, the process left
+behind goes with its command, and the stored records are the proxy's."""
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from mass_jobs.config.run_spec import EpisodeLimits, Sampling
@@ -32,9 +32,16 @@ def forging_command(out: Path, proxy_file: Path) -> str:
         f"echo '# {FORGED}' >> {proxy_file}",
         f"mkdir -p {out}/forged",
     ]
-    # a process left behind to forge the files after the command returned
-    later = f"(sleep 1; echo '{FORGED}' >> {trace}; echo '{FORGED}' > {status}) >/dev/null 2>&1 &"
+    # a process left behind to forge the files once the next command says `go`, then mark that it tried
+    later = (f"(while [ ! -e go ]; do sleep 0.1; done; echo '{FORGED}' >> {trace}; echo '{FORGED}' > {status}; "
+             f"touch late.txt) >/dev/null 2>&1 &")
     return "; ".join(f"({t}) 2>&1 && echo 'WROTE: {t}'" for t in tries) + f"; {later} echo tried"
+
+
+# the next command: `go`, then up to 5 s for the process left behind to have tried (it polls every
+# 0.1 s): what it says is whether that process outlived the command that started it
+LATE_CHECK = ("touch go; for i in $(seq 50); do [ -e late.txt ] && break; sleep 0.1; done; "
+              "[ -e late.txt ] && echo LATE-TRIED || echo no-late")
 
 
 def test_agent_shell_cannot_rewrite_trace_status_or_proxy(scripted_endpoint, tmp_path):
@@ -47,31 +54,34 @@ def test_agent_shell_cannot_rewrite_trace_status_or_proxy(scripted_endpoint, tmp
     proxy_code = proxy_file.read_bytes()
     ep = scripted_endpoint({
         "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("done")],
-        "worker-1": [Reply.call("shell", command=forging_command(out, proxy_file)), Reply.text("records tidied")],
+        "worker-1": [Reply.call("shell", command=forging_command(out, proxy_file)), Reply.call("shell", command=LATE_CHECK),
+                     Reply.text("records tidied")],
     })
     inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, sampling=Sampling(),
                        limits=EpisodeLimits(wall_s=60, request_timeout_s=10, request_retries=0, shell_timeout_s=20))
     result = run_episode(inp, tmp_path / "ws", out)
-    time.sleep(2)  # the left-behind process would have written by now
 
     trace_text = (out / "trace.jsonl").read_text()
     status = json.loads((out / "status.json").read_text())
     validate_status(status)
     # (the trace holds the command's text itself, as a tool call: only the proxy's records are lines)
     lines = [json.loads(line) for line in trace_text.splitlines()]
-    assert [r["seq"] for r in lines] == [0, 1, 2, 3] and not [r for r in lines if "forged" in r]
+    assert [r["seq"] for r in lines] == [0, 1, 2, 3, 4] and not [r for r in lines if "forged" in r]
     assert FORGED not in json.dumps(status)
     assert status == result.status and status["outcome"] == "success" and status["reason"] != FORGED
     # the trace is the proxy's: one record per model call, in order, the agents' own
     trace = read_trace(out / "trace.jsonl")
-    assert [r["agent"]["id"] for r in trace] == ["orchestrator", "worker-1", "worker-1", "orchestrator"]
-    assert status["counts"]["turns"] == 4 and status["counts"]["tool_calls"] == 2
+    assert [r["agent"]["id"] for r in trace] == ["orchestrator", "worker-1", "worker-1", "worker-1", "orchestrator"]
+    assert status["counts"]["turns"] == 5 and status["counts"]["tool_calls"] == 3
     assert sorted(p.name for p in out.iterdir()) == ["status.json", "trace.jsonl"]
     assert (out / "status.json").is_file() and not (out / "status.json").is_symlink()
     assert proxy_file.read_bytes() == proxy_code
     # the command ran and every attempt failed: it saw neither the records nor the proxy's code
     shell_output = [m["content"] for m in trace[2]["request"]["messages"] if m["role"] == "tool"][0]
     assert "tried" in shell_output and "WROTE:" not in shell_output, shell_output
+    # each command is a sandbox of its own: the process it left behind went with it, and never tried
+    later = [m["content"] for m in trace[3]["request"]["messages"] if m["role"] == "tool"][-1]
+    assert "no-late" in later and "LATE-TRIED" not in later, later
     assert status["sandbox"]["network_isolated"] is True
 
 
@@ -84,20 +94,22 @@ def test_qwen_code_shell_cannot_rewrite_trace_or_status(scripted_endpoint, tmp_p
     proxy_file = Path(__import__("mass_jobs.serving.proxy", fromlist=["x"]).__file__).resolve()
     ep = scripted_endpoint({MAIN: [Reply.call("run_shell_command", command=forging_command(out, proxy_file),
                                               description="tidy the records"),
+                                   Reply.call("run_shell_command", command=LATE_CHECK, description="look again"),
                                    Reply.text("records tidied")]})
     inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, harness="qwen-code", sampling=Sampling(max_output_tokens=64),
                        limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=0))
     result = run_episode(inp, tmp_path / "ws", out)
-    time.sleep(2)  # the left-behind process would have written by now
     status = json.loads((out / "status.json").read_text())
     validate_status(status)
     assert status == result.status and (status["outcome"], result.final_report) == ("success", "records tidied"), status
     assert "sandbox" in status["sandbox"]["note"] and FORGED not in json.dumps(status)
     lines = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
-    assert [r["seq"] for r in lines] == [0, 1] and not [r for r in lines if "forged" in r]
+    assert [r["seq"] for r in lines] == [0, 1, 2] and not [r for r in lines if "forged" in r]
     assert sorted(p.name for p in out.iterdir()) == ["status.json", "trace.jsonl"]
     # the command ran (qwen-code handed its output back) and every attempt failed
     tool_text = lines[1]["request"]["messages"][-1]["content"][0]["text"]
     shell_output = tool_text.split("\nOutput:", 1)[1]  # qwen-code echoes the command first
     assert "tried" in shell_output and "WROTE:" not in shell_output, shell_output
     assert "trace.jsonl: No such file or directory" in shell_output  # /out is not in its view at all
+    later = lines[2]["request"]["messages"][-1]["content"][0]["text"]
+    assert later.split("\nOutput:", 1)[1].split("\n")[0].strip() == "no-late", later  # qwen-code ended its process group

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-import time
 
 import pytest
 
@@ -83,8 +82,7 @@ def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, s
                        limits=EpisodeLimits(wall_s=90, request_timeout_s=20, request_retries=0, shell_timeout_s=30))
     with tempfile_dir() as seed:
         wf, output = run_agent_episode(executor_for, "forge", inp, seed)
-    assert wf.phase == "Succeeded", wf.summary()
-    time.sleep(3)  # the process left behind would have written by now, had it anywhere to write
+    assert wf.phase == "Succeeded", wf.summary()  # the daemon's end is checked in the episode itself (no-late)
 
     trace = [json.loads(x) for x in output("trace.jsonl").decode().splitlines()]
     status = json.loads(output("status.json"))

@@ -28,9 +28,9 @@ from mass_jobs.episodes.harness import EpisodeInput, run_episode, validate_statu
 from mass_jobs.sandbox.run import _tools
 from mass_jobs.serving.proxy import read_trace
 from mass_jobs.tools.testing.scripted_endpoint import Reply
+from tests.fixtures.scripted import MAIN
 
 REPO = Path(__file__).resolve().parents[2]
-MAIN = "You are Qwen Code"
 DAEMON = "MASS-ATTACK-DAEMON"
 FORGED = "FORGED-TURN"
 
