@@ -388,8 +388,18 @@ def test_the_executor_runs_from_a_checkout_under_tmp_with_a_space():
 
 
 def test_pytorchjob_stand_in_env_status_and_create_collision(executor_for):
+    # each replica says what the operator gave it, then they meet as torchrun's do: the Master ends once
+    # every Worker reached it (ended first, the job's Success would leave a Worker never started)
+    meet = ("import os, socket, time; port = int(os.environ['MASTER_PORT'])\n"
+            "if os.environ['RANK'] == '0':\n"
+            "    server = socket.create_server(('127.0.0.1', port))\n"
+            "    for _ in range(int(os.environ['PET_NNODES']) - 1): server.accept()[0].close()\n"
+            "else:\n"
+            "    for _ in range(1200):\n"
+            "        try: socket.create_connection((os.environ['MASTER_ADDR'], port), timeout=1).close(); break\n"
+            "        except OSError: time.sleep(0.1)\n")
     script = ("getent hosts $MASTER_ADDR > /tmp/h && echo $(cat /tmp/h | cut -d' ' -f1) $WORLD_SIZE $RANK "
-              "$PET_NNODES $PET_NPROC_PER_NODE $PET_NODE_RANK $PET_MASTER_PORT; test $RANK != 0")
+              f"$PET_NNODES $PET_NPROC_PER_NODE $PET_NODE_RANK $PET_MASTER_PORT; python3 -c \"{meet}\"; test $RANK != 0")
     templates = [{"name": "main", "steps": [[{"name": "ok", "template": "ok"}], [{"name": "again", "template": "ok"}]]},
                  {**pytorchjob("j", 2, script.replace("; test $RANK != 0", "")), "name": "ok"},
                  {**pytorchjob("bad", 2, script), "name": "bad"}]

@@ -144,7 +144,7 @@ def test_memory_limit_holds_the_whole_process_tree(executor_for):
     by = {n.name.rsplit(".", 1)[-1]: n for n in wf.find(template="alloc", type="Pod")}
     assert by["under"].phase == "Succeeded", by["under"].message
     for name in ("one-over", "tree-over"):
-        assert by[name].phase == "Failed" and by[name].message.startswith("OOMKilled"), (name, by[name].message)
+        assert by[name].phase == "Failed" and by[name].message.startswith("main: OOMKilled"), (name, by[name].message)
 
 
 def test_a_memory_limit_that_cannot_be_enforced_fails_the_pod(executor_for):
