@@ -63,8 +63,8 @@ paper-mini: setup
 # Both tiers run in parallel worker processes (pytest-xdist): most tests wait on servers, sandboxes
 # and subprocesses. The slow tier hands tests out one at a time, longest first (slow(cost=...)).
 FAST        := not slow and not argo_exec
-# The slow tier's budget is 20 minutes (the latest clean clones: 15.0; its longest tests: the
-# killed-and-resumed end-to-end run 7.0, paper-mini 6.6-6.9). It runs three workers: paper-mini waits
+# The slow tier's budget is 20 minutes (the latest clean clones: 14.9-15.5; its longest tests:
+# the killed-and-resumed end-to-end run 7.0-7.3, paper-mini 6.6-7.0). It runs three workers: paper-mini waits
 # on one single-threaded model server at a time (0.7 of a core on average), and a third worker
 # uses the rest (21:41 against 22:47 with two, on the slower machine).
 UNIT_BUDGET := 120
