@@ -273,6 +273,13 @@ class _Builder:
             Step(name="scheduling", template=f"{sd.name}-scheduling", arguments=step_args(gen=GEN), when=kept,
                  continue_on=m.ContinueOn(failed=True))
             Step(name="delete-job", template=f"{sd.name}-delete-job", arguments=step_args(gen=GEN), when=kept)
+
+        def unstarted_hook(step: str) -> dict:
+            """Once the start step `step` failed (its bound passed), the unstarted job goes."""
+            failed = " || ".join(f"steps['{step}'].status == '{phase}'" for phase in ("Failed", "Error"))
+            return {"exit": m.LifecycleHook(template=f"{sd.name}-unstarted", expression=failed,
+                                            arguments=m.Arguments(parameters=[m.Parameter(name="gen", value=GEN)]))}
+
         # then trained: the job's own deadline counts from its admission
         Resource(
             name=f"{sd.name}-wait",
@@ -285,12 +292,6 @@ class _Builder:
             active_deadline_seconds=self.s.train_step_deadline_s,
             metrics=PM.metrics(PM.step_duration(f"{sd.name}-job")),
         )
-        def unstarted_hook(step: str) -> dict:
-            """Once the start step `step` failed (its bound passed), the unstarted job goes."""
-            failed = " || ".join(f"steps['{step}'].status == '{phase}'" for phase in ("Failed", "Error"))
-            return {"exit": m.LifecycleHook(template=f"{sd.name}-unstarted", expression=failed,
-                                            arguments=m.Arguments(parameters=[m.Parameter(name="gen", value=GEN)]))}
-
         # the GPU-jobs semaphore is held from the delete to the end of training, across attempts
         with Steps(name=sd.name, inputs=input_params(*params), retry_strategy=TRAIN_RETRY,
                    synchronization=gpu_semaphore()):
