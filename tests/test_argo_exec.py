@@ -958,7 +958,8 @@ def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod(
         seen.add(name)
         for group in cycle[name].get("steps", []):
             for step in group:
-                reach(step["template"], seen)
+                for ref in (step, *(step.get("hooks") or {}).values()):
+                    reach(ref["template"], seen)
         return seen
 
     # search (every iteration), collect (every episode) and evaluate (every rollout) run their
@@ -1145,14 +1146,13 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
                             if k.endswith("/status.json"))
     assert local_statuses == stored  # the local runner ran the same episodes (in-process, sandboxed)
     # the cluster path: the generation's InferenceService for its inner loop, released before
-    # training; evaluate's of L0, L_g and L_g+1 for what is not stored yet (L0 and L1 at g = 0,
-    # L2 at g = 1), released after its verdicts; one trainer per generation, owned by the workflow
+    # training; evaluate's one at a time, for what is not stored yet (at g = 0: L0's rollouts, L1's
+    # rollouts and self-verdicts, L0's self-verdicts; at g = 1: L2), each released after its round;
+    # one trainer per generation, owned by the workflow
     events = ex.cluster.events
     isvc = f"InferenceService/mass-{run}-g"
-    assert [set(group) for group in _groups([e for e in events if "InferenceService" in e])] == [
-        {f"apply {isvc}0"}, {f"delete {isvc}0"}, {f"apply {isvc}0", f"apply {isvc}1"},
-        {f"delete {isvc}0", f"delete {isvc}1"}, {f"apply {isvc}1"}, {f"delete {isvc}1"},
-        {f"apply {isvc}2"}, {f"delete {isvc}2"}], events
+    assert [e for e in events if "InferenceService" in e] == [
+        f"{verb} {isvc}{g}" for g in (0, 0, 1, 0, 1, 2) for verb in ("apply", "delete")], events
     assert [e for e in events if "PyTorchJob" in e] == [f"create PyTorchJob/mass-{run}-g{g}-train" for g in range(2)]
     ex.delete_workflow(wf)
     assert not ex.cluster.objects
@@ -1160,17 +1160,6 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
 
 def doc_iterations(doc: dict) -> int:
     return doc["search"]["iterations"]
-
-
-def _groups(events: list[str]) -> list[list[str]]:
-    """Consecutive events with the same verb (parallel steps apply or delete in any order)."""
-    out: list[list[str]] = []
-    for e in events:
-        if out and out[-1][0].split()[0] == e.split()[0]:
-            out[-1].append(e)
-        else:
-            out.append([e])
-    return out
 
 
 def one_generation(cluster, prefix: str, **overrides) -> tuple[dict, str]:

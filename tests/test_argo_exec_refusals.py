@@ -376,6 +376,29 @@ def test_a_fanned_out_steps_status_is_its_groups(executor_for):
     assert [n.inputs for n in wf.find(template="echo")] == [{"v": "Succeeded"}]
 
 
+
+def test_parallelism_one_runs_a_fan_outs_items_one_by_one_in_their_order(executor_for):
+    """A steps template's `parallelism` counts its active children (steps templates too, not the pods
+    inside them), and executeStepGroup starts a group's items in order: evaluate's rounds rely on both
+    (one model served at a time, L_0's self-verdicts after L_1's rollouts)."""
+    templates = [
+        {"name": "main", "parallelism": 1, "steps": [[
+            {"name": "round", "template": "round", "withItems": ["3", "0", "2", "1"],
+             "arguments": {"parameters": [{"name": "k", "value": "{{item}}"}]}}]]},
+        {"name": "round", "inputs": {"parameters": [{"name": "k"}]}, "steps": [[
+            {"name": "a", "template": "nap", "arguments": {"parameters": [{"name": "k", "value": "{{inputs.parameters.k}}"}]}},
+            {"name": "b", "template": "nap", "arguments": {"parameters": [{"name": "k", "value": "{{inputs.parameters.k}}"}]}}]]},
+        {"name": "nap", "inputs": {"parameters": [{"name": "k"}]}, "volumes": VOL,
+         "container": container("sleep 0.{{inputs.parameters.k}}")}]
+    wf = executor_for(wft("rounds", templates)).submit("rounds", {})
+    assert wf.phase == "Succeeded", wf.summary()
+    rounds = sorted(wf.find(template="round", type="Steps"), key=lambda n: n.started)
+    assert [n.inputs["k"] for n in rounds] == ["3", "0", "2", "1"]
+    assert all(b.started >= a.finished for a, b in zip(rounds, rounds[1:]))  # one at a time
+    naps = sorted(wf.find(template="nap", type="Pod"), key=lambda n: n.started)
+    # the pods inside a round are not the template's children: a round's two run together
+    assert all(naps[i].started < naps[i + 1].finished for i in range(0, len(naps), 2))
+
 # ---------------------------------------------------------------- ephemeral storage
 
 def test_a_pod_past_its_ephemeral_storage_is_evicted(executor_for):

@@ -9,6 +9,7 @@ import pytest
 
 from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import generation_servers
+from mass_jobs.serving.servers import remote_servers
 from mass_jobs.spec.load import validate_document
 from mass_jobs.steps import evaluate as ev
 from mass_jobs.store import FileStore, read_manifest
@@ -77,8 +78,9 @@ def test_evaluate_rollouts_verdicts_and_resume(judged_run):
     ctx, serve_model, serve_judge, served, sound, garbage = judged_run
     store = ctx.store
     events = []
-    # the InferenceServices the cluster serves together (the plan phase): L_1 and L_0, which judges once
-    assert [int(m["gen"]) for m in ev.plan(ctx, 1)["models"]] == ev.models_called(1) == [0, 1]
+    # the cluster's rounds (the plan phase), one model served in each: L_0 rolls out, L_1 rolls out and
+    # judges itself, L_0 comes back to judge the pairs L_1's rollouts completed
+    assert [int(m["gen"]) for m in ev.plan(ctx, 1)["rounds"]] == ev.planned_rounds(1) == [0, 1, 0]
     manifest = ev.evaluate(ctx, 1, serve_model, serve_judge, progress=lambda kind, rec: events.append(kind))
 
     # rollouts: 2 tasks x 2 replicates for L0 and for L1, each behind its own manifest
@@ -125,15 +127,51 @@ def test_evaluate_rollouts_verdicts_and_resume(judged_run):
     assert store.exists(lost) and len(sound.requests) == asked - len(garbage.requests) + 1
     assert served[6:] == ["sound"]
 
+    # the cluster's last finish gives no self-verdict: a lost one is refused, naming its round, whose
+    # finish (L_0 served again) gives it back
+    lost_self = next(k for k in sorted(store.list("evaltest/eval/verdicts/gen-1-vs-gen-0/fib/")) if "/self-gen-0-" in k)
+    store.delete(lost_self)
+    store.delete("evaltest/eval/gen-1/_manifest.json")
+    no_model, _ = remote_servers(lambda g: pytest.fail(f"the step's finish called L_{g}"))
+    with pytest.raises(RuntimeError, match=r"L_0's self-verdicts not stored \(its round ends with --phase finish "
+                                           r"--served-gen 0\)"):
+        ev.evaluate(ctx, 1, no_model, serve_judge, agent_pods=True)
+    assert ev.plan(ctx, 1)["rounds"] == [{"gen": "0", "model-uri": ev.plan(ctx, 1)["rounds"][0]["model-uri"],
+                                          "dtype": ctx.spec.model.dtype}]
+    assert ev.judge_round(ctx, 1, 1, None) == {"self_verdicts": 0}  # L_1's are all stored: nothing to call
+    with serve_model(0) as endpoint:
+        assert ev.judge_round(ctx, 1, 0, endpoint) == {"self_verdicts": 4}  # 3 read back, 1 given
+    assert store.exists(lost_self) and ev.plan(ctx, 1)["rounds"] == []
+    assert ev.evaluate(ctx, 1, no_model, serve_judge, agent_pods=True)["extra"]["verdicts"] == 20
+
+    # before L_2's rollouts: its round lists only its own, and its self-verdicts wait for them
+    assert ev.prepare(ctx, 2, 0, None) == {"rollouts": []}  # L_0's are stored
+    assert ev.judge_round(ctx, 2, 2, None) == {"self_verdicts": 0}
+    with pytest.raises(ValueError, match=r"--served-gen: evaluate of gen 2 rolls out \[0, 1, 2\], got 3"):
+        ev.prepare(ctx, 2, 3, None)
+
     # L2: compared with L0 and L1, whose rollouts are reused (only L2 is served, twice)
     served.clear()
-    assert [int(m["gen"]) for m in ev.plan(ctx, 2)["models"]] == ev.models_called(2) == [2]
+    assert [int(m["gen"]) for m in ev.plan(ctx, 2)["rounds"]] == ev.planned_rounds(2) == [2]
     m2 = ev.evaluate(ctx, 2, serve_model, serve_judge)
     assert served == ["gen-2", "gen-2", "sound", "garbage"]
     pairs = {k.split("/")[3] for k in store.list("evaltest/eval/verdicts/") if "gen-2-vs" in k}
     assert pairs == {"gen-2-vs-gen-0", "gen-2-vs-gen-1"}
     # per pair: self L2 + sound x 2 + garbage = 4 verdicts; 2 baselines x 2 tasks x 2 reps = 8 pairs
     assert m2["extra"]["verdicts"] == 8 * 4
+
+
+def test_rounds_serve_one_model_at_a_time_and_judge_once_every_pair_is_stored():
+    """The last rollout round is a self-evaluator's where one rolls out, so it judges there; each other
+    self-evaluator comes back once every rollout is stored."""
+    assert ev.serve_order({0, 1}, {0, 1}) == [0, 1, 0]  # generation 1, nothing stored
+    assert ev.serve_order({1}, {0, 1}) == [1, 0]  # L_0's rollouts stored by an earlier attempt
+    assert ev.serve_order(set(), {0, 1}) == [0, 1]  # only verdicts missing
+    assert ev.serve_order({0, 1}, set()) == [0, 1]
+    assert ev.serve_order({0, 1}, {0}) == [1, 0]  # L_0 last: its round is after every rollout
+    assert ev.serve_order({1, 2}, {2}) == [1, 2] and ev.serve_order({3}, {3}) == [3]
+    assert ev.serve_order(set(), set()) == []
+    assert [ev.planned_rounds(g) for g in (1, 2, 5)] == [[0, 1, 0], [2], [5]]
 
 
 def test_evaluate_needs_a_later_generation():

@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked == 66  # the train step's two unstarted-job hooks and their three steps among them
+    assert checked == 69  # the hooks among them: the train step's two unstarted-job ones, evaluate's release
 
 
 def _used_params(obj, scope: str) -> set[str]:
@@ -221,7 +221,7 @@ def test_every_pod_has_labels_security_and_limits(argo_docs):
             assert {"cpu", "memory"} <= set(side["resources"]["limits"]), side["name"]
         assert t["retryStrategy"]["limit"] == "3"
         n += 1
-    assert n == 20  # the egress proxy is a Deployment (its pod: test_k8s_pod_security)
+    assert n == 21  # the egress proxy is a Deployment (its pod: test_k8s_pod_security)
     for doc in argo_docs.values():
         spec = doc["spec"]
         if doc["kind"] == "WorkflowTemplate":

@@ -359,6 +359,25 @@ def test_the_inference_service_is_owned_locked_released_after_rank_and_deadlined
     assert cycle["spec"]["onExit"] == "exit-handler"  # and deleted on exit, whatever happened
 
 
+
+def test_evaluate_serves_one_model_at_a_time_and_releases_it_however_its_round_ends(cycle):
+    """The rounds the plan names run one by one, in order (a steps template's parallelism counts its
+    active children); each round's model is deleted by the exit hook of its work, before the round,
+    and so the next one, ends."""
+    t = _t(cycle)
+    assert t["evaluate"]["parallelism"] == 1
+    plan, rounds, finish = [s for group in t["evaluate"]["steps"] for s in group]
+    assert (plan["template"], rounds["template"], finish["template"]) == ("evaluate-plan", "evaluate-round",
+                                                                         "evaluate-finish")
+    assert rounds["withParam"] == "{{steps.plan.outputs.parameters.rounds}}"
+    served = "{{inputs.parameters.served-gen}}"
+    [serving] = [s for group in t["evaluate-round"]["steps"] for s in group]
+    assert serving["hooks"] == {"exit": {"template": "delete-model",
+                                         "arguments": {"parameters": [{"name": "gen", "value": served}]}}}
+    work = [s for group in t[serving["template"]]["steps"] for s in group]
+    assert [s["name"] for s in work] == ["serve", "prepare", "rollouts", "self-verdicts"]
+    assert {p["name"]: p["value"] for p in work[0]["arguments"]["parameters"]}["gen"] == served
+
 # ---------------------------------------------------------------- model URIs, cron, fan-out
 
 
@@ -443,14 +462,15 @@ def test_the_model_has_one_served_name_for_both_executors(cycle, make_store, inn
         args = _t(cycle)[name]["container"]["args"]
         assert args[args.index("--served-model") + 1] == serving.isvc_name("{{workflow.parameters.run}}",
                                                                             "{{inputs.parameters.gen}}")
-    # evaluate of G names the InferenceServices of L_0, L_G-1 and L_G the same way
-    for name in ("evaluate-prepare", "evaluate-finish"):
+    # evaluate's rounds name the InferenceService of the generation each serves the same way
+    served = "{{inputs.parameters.served-gen}}"
+    for name in ("evaluate-prepare", "evaluate-self-verdicts"):
         args = _t(cycle)[name]["container"]["args"]
-        given = [args[i + 1:i + 4] for i, a in enumerate(args) if a == "--generation-endpoint"]
-        gens = ["0", "{{=asInt(inputs.parameters.gen) - 1}}", "{{inputs.parameters.gen}}"]
-        assert given == [[g, serving.openai_base_url(serving.isvc_name("{{workflow.parameters.run}}", g),
-                                                     "{{workflow.namespace}}"),
-                          serving.isvc_name("{{workflow.parameters.run}}", g)] for g in gens]
+        isvc = serving.isvc_name("{{workflow.parameters.run}}", served)
+        assert args[args.index("--served-gen") + 1] == served
+        assert args[args.index("--endpoint") + 1] == serving.openai_base_url(isvc, "{{workflow.namespace}}")
+        assert args[args.index("--served-model") + 1] == isvc
+    assert "--endpoint" not in _t(cycle)["evaluate-finish"]["container"]["args"]  # the panel's judges are external
     vargs = _t(cycle)["validate"]["container"]["args"]
     assert vargs[vargs.index("--run") + 1] == "{{workflow.parameters.run}}"
     doc = spec_document(f"s3://{s3_env['bucket']}/names", model={"base": "org/tiny"})

@@ -130,11 +130,13 @@ def test_the_recursion_bound_is_argos_exactly():
         spec = small(generations=1, search__iterations=iterations)
         (check,) = [c for c in preflight.checks(spec, defaults()) if c.name == "template recursion depth"]
         assert (check.value, check.ok) == (str(8 + iterations), ok)
+    # evaluate's agent pods sit two templates below its round: a search of fewer iterations is shallower
+    assert [preflight.recursion_depth(small(generations=2, search__iterations=k)) for k in (0, 1, 2, 3)] == [11, 11, 11, 12]
 
 
 @pytest.mark.parametrize("changes,values,path,needle", [
     ({"generations": 40, "search__iterations": 60}, {"argo": {"nodeStatusOffload": True}}, "$.search.iterations",
-     "(generations - 1) + 8 + search.iterations < 100 (Argo's maxAllowedStackDepth: the controller errors at "
+     "(generations - 1) + 8 + max(search.iterations, 2) < 100 (Argo's maxAllowedStackDepth: the controller errors at "
      "depth >= 100 unless its environment sets DISABLE_MAX_RECURSION=true), found 107"),
     ({"execution__limits__wall_s": 86200}, {}, "$.execution.limits.wall_s",
      "at least 300 s below the agent pods' deadline 86400 s (chart value agent.activeDeadlineSeconds), found 86200"),
@@ -156,8 +158,9 @@ def test_the_recursion_bound_is_argos_exactly():
     ({"sft__replicas": 3, "sft__gpus_per_replica": 4}, {"kueue": {"queueName": "q", "gpuQuota": 8}}, "$.sft.replicas",
      "expected a trainer job of at most 8 GPUs, the nominal quota of Kueue queue 'q' (chart value kueue.gpuQuota), "
      "found 12: Kueue never admits it"),
-    ({"generations": 3}, {"kueue": {"queueName": "q", "gpuQuota": 1}}, "values resources.server.gpu",
-     "expected the 2 InferenceServices evaluate serves together to need at most 1 GPUs"),
+    ({"generations": 3}, {"kueue": {"queueName": "q", "gpuQuota": 1}, "resources": {"server": {"gpu": 2}}},
+     "values resources.server.gpu", "expected an InferenceService of at most 1 GPUs, the nominal quota of Kueue queue "
+     "'q' (chart value kueue.gpuQuota), found 2: Kueue never admits it"),
 ])
 def test_each_check_fails_naming_the_field(changes, values, path, needle):
     found = preflight.checks(small(**changes), preflight.merge(defaults(), values))
@@ -170,16 +173,17 @@ def test_the_gpu_queue_checks_bound_the_largest_workloads_exactly():
     """At the quota both pass; one GPU less and each fails. Without a queue or a known quota there is
     nothing to compare (Kueue's quota lives in the cluster)."""
     spec = small(generations=3, sft__replicas=2, sft__gpus_per_replica=3)
-    # L_1 and L_0 at generation 1; later generations reuse the baselines' stored rollouts
-    assert preflight.predictors_at_once(spec) == preflight.predictors_at_once(small(generations=1)) == 2
 
     def verdicts(quota, server=3, queue="q"):
         values = preflight.merge(defaults(), {"kueue": {"queueName": queue, "gpuQuota": quota},
                                               "resources": {"server": {"gpu": server}}})
         return {c.name: c.ok for c in preflight.checks(spec, values) if "GPU queue" in c.name}
 
-    assert verdicts(6) == {"trainer job within the GPU queue": True, "predictors at once within the GPU queue": True}
-    assert verdicts(5) == {"trainer job within the GPU queue": False, "predictors at once within the GPU queue": False}
+    # one predictor at a time (evaluate serves its generations in rounds): the quota holds one
+    assert verdicts(6) == {"trainer job within the GPU queue": True, "predictor within the GPU queue": True}
+    assert verdicts(5) == {"trainer job within the GPU queue": False, "predictor within the GPU queue": True}
+    assert verdicts(6, server=6) == {"trainer job within the GPU queue": True, "predictor within the GPU queue": True}
+    assert verdicts(6, server=7) == {"trainer job within the GPU queue": True, "predictor within the GPU queue": False}
     assert verdicts(None) == {} and verdicts(5, queue="") == {}
 
 

@@ -12,7 +12,7 @@ import yaml
 from mass_jobs.cluster.api import Cluster, Forbidden
 from mass_jobs.cluster.scheduling import Node, affinity_ok, fit, pod_requests, untolerated, why_not
 from mass_jobs.k8s import pods, serving, training
-from mass_jobs.k8s.preflight import Check, predictors_at_once
+from mass_jobs.k8s.preflight import Check
 from mass_jobs.k8s.settings import SCRATCH_CLASSES, ClusterSettings
 
 KUEUE_CONFIG = ("kueue-system", "kueue-manager-config")
@@ -79,15 +79,14 @@ def queue_checks(cluster: Cluster, spec, s: ClusterSettings) -> list[Check]:
     quota = max((sum(pods.quantity(r.get("nominalQuota", 0)) for f in g.get("flavors") or []
                      for r in f.get("resources") or [] if r.get("name") == gpu)
                  for g in cq["spec"].get("resourceGroups") or []), default=0.0)
-    # evaluate holds its predictors together: admitted one by one, they must all fit at once
+    # one predictor at a time (the cycle's, or one of evaluate's rounds), never beside the trainer
     trainer = pod_requests(workloads["trainer"]).get(gpu, 0) * spec.sft.replicas
-    served = pod_requests(workloads["server"]).get(gpu, 0) * predictors_at_once(spec)
+    served = pod_requests(workloads["server"]).get(gpu, 0)
     if max(trainer, served):
         found.append(Check("Kueue GPU quota", f"{quota:g}", f">= {max(trainer, served):g}", quota >= max(trainer, served),
                            f"clusterqueue {cq_name} nominalQuota of {gpu}",
                            f"clusterqueue {cq_name} has {quota:g} {gpu} of quota; the trainer job asks {trainer:g} and "
-                           f"evaluate's predictors {served:g} at once: Kueue never admits what exceeds the quota, and "
-                           f"evaluate waits for all of its predictors"))
+                           f"a predictor {served:g}: Kueue never admits what exceeds the quota"))
     ns_cfg, name = KUEUE_CONFIG
     try:
         cm = cluster.get(f"/api/v1/namespaces/{ns_cfg}/configmaps/{name}")

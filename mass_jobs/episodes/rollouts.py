@@ -43,14 +43,14 @@ from mass_jobs.serving.roles import role_endpoint
 
 ENDED = ("Succeeded", "Failed", "Error")  # Argo phases of an agent step that ran and will not run again
 ROLLOUTS_OUTPUT = "rollouts"  # `--outputs DIR`: DIR/rollouts, the JSON list the agent fan-out reads
-MODELS_OUTPUT = "models"  # evaluate: DIR/models, the generations whose InferenceServices it needs
+ROUNDS_OUTPUT = "rounds"  # evaluate: DIR/rounds, the generations it serves, one at a time, in order
 
 
 class Phase(str, Enum):
     """Where a step stands with its agent pods on Argo, in the order the cycle runs them. Locally no
     phase is given: the step runs its episodes here and does its own work in one call."""
 
-    PLAN = "plan"  # evaluate: the generations whose InferenceServices its pods will call
+    PLAN = "plan"  # evaluate: the rounds, each serving one generation whose model its pods or verdicts call
     PREPARE = "prepare"  # each missing episode's pod input, and the fan-out items
     INGEST = "ingest"  # one pod's signed outputs stored (a lost or forged pod as an infra_error episode)
     FINISH = "finish"  # the step's own work over what the pods left; never runs an episode here
@@ -202,13 +202,13 @@ def write_outputs(out_dir: str | None, **lists: list) -> None:
 def write_phase_outputs(out_dir: str | None, phase: str | Phase | None, out: dict) -> None:
     """`--outputs DIR` of an agent step's phase, the output parameters its template reads: after
     prepare DIR/rollouts (the fan-out; collect's per-episode prepare: DIR/agent, whether its pod must
-    run, and DIR/rollout, where its artifacts live); after plan DIR/models; after ingest
+    run, and DIR/rollout, where its artifacts live); after plan DIR/rounds; after ingest
     DIR/outcome (the ingest template's metric)."""
     if not out_dir or phase is None:
         return
     phase = Phase(phase)
     if phase is Phase.PLAN:
-        write_outputs(out_dir, **{MODELS_OUTPUT: out["models"]})
+        write_outputs(out_dir, **{ROUNDS_OUTPUT: out["rounds"]})
     elif phase is Phase.PREPARE and ROLLOUTS_OUTPUT in out:
         write_outputs(out_dir, **{ROLLOUTS_OUTPUT: out[ROLLOUTS_OUTPUT]})
     elif phase is Phase.PREPARE:

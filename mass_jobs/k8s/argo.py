@@ -8,11 +8,12 @@ store for steps, Argo S3 artifacts for agent pods, which hold no store credentia
 How a step of the table becomes templates, by its shape (`pipeline.SHAPES`): `Container` -> one
 container (`Trainer` -> delete-then-create of a PyTorchJob); `TaskFanout` -> a container fanned out
 over the training tasks, `TaskRollouts` its prepare -> agent pods -> finish; `Recursion` -> bounded
-recursion `<step>-task` over `--iteration K`; `GenerationRollouts` -> serve, prepare -> agent pods
--> finish, release; `EpisodeFanout` -> a fan-out (at most `agent_parallelism` at once) of `<step>-episode` = prepare (step pod) -> agent
-pod -> ingest (step pod), then `<step>-summary` per task. The generation's InferenceService is
-created before the first step that uses the model, only when one of those is not stored yet, and
-deleted right after the last of them (and on exit).
+recursion `<step>-task` over `--iteration K`; `GenerationRollouts` -> its rounds one at a time
+(serve, prepare -> agent pods -> self-verdicts, release), then finish; `EpisodeFanout` -> a fan-out
+(at most `agent_parallelism` at once) of `<step>-episode` = prepare (step pod) -> agent pod ->
+ingest (step pod), then `<step>-summary` per task. The generation's InferenceService is created
+before the first step that uses the model, only when one of those is not stored yet, and deleted
+right after the last of them (and on exit).
 
 The names and retries all templates share are `argo_vocab`, the Steps templates that order them
 `argo_flow`, the sandboxed agent pod `agent_template`.
@@ -32,6 +33,7 @@ from hera.workflows import (
 )
 from hera.workflows import models as m
 
+from mass_jobs.episodes.rollouts import ROLLOUTS_OUTPUT, ROUNDS_OUTPUT
 from mass_jobs.k8s import egress_proxy as EP
 from mass_jobs.k8s import labels as L
 from mass_jobs.k8s import manifests as K
@@ -57,7 +59,6 @@ from mass_jobs.k8s.argo_vocab import (
     ISVC,
     NAMESPACE,
     OUTPUTS_DIR,
-    PREV_GEN,
     RESOURCE_RETRY,
     ROLLOUTS_PARAM,
     RUN,
@@ -393,53 +394,69 @@ class _Builder:
             case P.Container():
                 self.step(sd.name, [*sd.argv(SPEC, GEN), *model], pod=getattr(s, sd.resources))
 
-    def agent_block(self, sd: P.StepDef, argv: list[str], inputs: tuple[str, ...], model: list[str], *,
-                    ingest_argv: list[str] | None = None, finish_env=(), before=(), after=()) -> None:
+    def agent_block(self, sd: P.StepDef, argv: list[str], inputs: tuple[str, ...], model: list[str]) -> None:
         """Every agent fan-out of the cycle, by the episodes' one protocol (episodes.rollouts.Phase):
         prepare (step pod: writes the agent pods' inputs, lists them) -> its agent pods (ingested one
-        by one) -> finish (step pod: works with their stored results). `before` and `after` are
-        (name, template, with_param, arguments) steps around them (evaluate: serve, then release)."""
+        by one) -> finish (step pod: works with their stored results)."""
         task = TASK if "task" in inputs else ""
         own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
-        self.step(f"{sd.name}-prepare", N.prepare(argv, model, OUTPUTS_DIR),
-                  inputs=inputs, task=task,
-                  outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/rollouts"))])
+        self.step(f"{sd.name}-prepare", N.prepare(argv, model, OUTPUTS_DIR), inputs=inputs, task=task,
+                  outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{ROLLOUTS_OUTPUT}"))])
         fanout = tuple(n for n in inputs if n in ("gen", "task"))
-        self.rollouts(sd, ingest_argv or sd.argv(SPEC, GEN, TASK if task else None), fanout)
-        self.step(f"{sd.name}-finish", N.finish(argv, model), inputs=inputs, task=task,
-                  env_from=finish_env)
+        self.rollouts(sd, sd.argv(SPEC, GEN, TASK if task else None), fanout)
+        self.step(f"{sd.name}-finish", N.finish(argv, model), inputs=inputs, task=task)
         args = step_args(**{n.replace("-", "_"): v for n, v in own.items()})
         with Steps(name=sd.name, inputs=input_params(*inputs, "store-prefix", "egress")):
-            for name, template, with_param, arguments in before:
-                Step(name=name, template=template, with_param=with_param, arguments=arguments)
             Step(name="prepare", template=f"{sd.name}-prepare", arguments=args)
             Step(name="rollouts", template=f"{sd.name}-rollouts",
                  arguments=step_args(**{n: own[n] for n in fanout}, rollouts=ROLLOUTS_PARAM,
                                      store_prefix="{{inputs.parameters.store-prefix}}", egress=EGRESS_IN))
             Step(name="finish", template=f"{sd.name}-finish", arguments=args)
-            for name, template, with_param, arguments in after:
-                Step(name=name, template=template, with_param=with_param, arguments=arguments)
 
     def generation_rollouts(self, sd: P.StepDef) -> None:
-        """A generation step whose episodes run in agent pods against InferenceServices of the
-        generations it names (evaluate of G: L_0, L_G-1, L_G), created and deleted here like the
-        generation's own model: plan (which to serve) -> serve -> the agent block -> release. The
-        step pods are CPU pods: the judges are external endpoints."""
-        # evaluate of G compares L_G with L_0 and L_G-1
-        flags = N.generation_endpoints((g, serving.openai_base_url(isvc, NAMESPACE, self.s.cluster_domain), isvc)
-                                       for g in ("0", PREV_GEN, GEN) for isvc in [serving.isvc_name(RUN_ID, g)])
+        """evaluate of G, one model served at a time (steps.evaluate.serve_order): plan -> each round
+        in order (serve L_h -> prepare its missing rollouts -> their agent pods -> its self-verdicts
+        once every pair is stored; then, however that ended, release) -> finish (the panel). A GPU quota that fits one
+        predictor serves the run, and no predictor holds its GPU while another waits for admission.
+        The step pods are CPU pods: the judges are external endpoints."""
+        served = "{{inputs.parameters.served-gen}}"
+        isvc = serving.isvc_name(RUN_ID, served)
+        model = N.round_flags(served, serving.openai_base_url(isvc, NAMESPACE, self.s.cluster_domain), isvc)
         argv = sd.argv(SPEC, GEN)
-        self.step(f"{sd.name}-plan", N.plan_models(argv, OUTPUTS_DIR),
-                  outputs=[Parameter(name="models", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/models"))])
-        served = "{{steps.plan.outputs.parameters.models}}"
-        # the agent inputs name the InferenceServices' URLs: they exist before prepare runs
-        before = [("plan", f"{sd.name}-plan", None, step_args(gen=GEN)),
-                  ("serve", "serve-model", served,
-                   step_args(gen="{{item.gen}}", model_uri="{{item.model-uri}}", dtype="{{item.dtype}}"))]
-        after = [("release", "delete-model", served, step_args(gen="{{item.gen}}"))]
+        self.step(f"{sd.name}-plan", N.plan_rounds(argv, OUTPUTS_DIR),
+                  outputs=[Parameter(name="rounds", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{ROUNDS_OUTPUT}"))])
+        self.step(f"{sd.name}-prepare", N.prepare(argv, model, OUTPUTS_DIR), inputs=("gen", "served-gen"),
+                  outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{ROLLOUTS_OUTPUT}"))])
+        self.rollouts(sd, argv, ("gen",))
+        self.step(f"{sd.name}-self-verdicts", N.finish(argv, model), inputs=("gen", "served-gen"))
         # judge API keys come from an optional Secret (the spec names them: api_key_env)
-        self.agent_block(sd, argv, ("gen",), flags, ingest_argv=argv, finish_env=(self.s.judge_secret,),
-                         before=before, after=after)
+        self.step(f"{sd.name}-finish", N.finish(argv), env_from=(self.s.judge_secret,))
+        where = {"store_prefix": "{{inputs.parameters.store-prefix}}", "egress": EGRESS_IN}
+        round_inputs = ("gen", "served-gen", "model-uri", "dtype", "store-prefix", "egress")
+        with Steps(name=f"{sd.name}-serving", inputs=input_params(*round_inputs)):
+            Step(name="serve", template="serve-model", arguments=step_args(
+                gen=served, model_uri="{{inputs.parameters.model-uri}}", dtype="{{inputs.parameters.dtype}}"))
+            Step(name="prepare", template=f"{sd.name}-prepare", arguments=step_args(gen=GEN, served_gen=served))
+            Step(name="rollouts", template=f"{sd.name}-rollouts", arguments=step_args(gen=GEN, rollouts=ROLLOUTS_PARAM,
+                                                                                        **where))
+            Step(name="self-verdicts", template=f"{sd.name}-self-verdicts",
+                 arguments=step_args(gen=GEN, served_gen=served))
+        # the round's model goes however its work ended; the round (and so the next one) ends after
+        # its exit hook, so no two rounds' predictors overlap
+        release = m.LifecycleHook(template="delete-model", arguments=m.Arguments(parameters=[
+            m.Parameter(name="gen", value=served)]))
+        with Steps(name=f"{sd.name}-round", inputs=input_params(*round_inputs)):
+            Step(name="serving", template=f"{sd.name}-serving", hooks={"exit": release},
+                 arguments=[Parameter(name=n, value="{{inputs.parameters.%s}}" % n) for n in round_inputs])
+        with Steps(name=sd.name, inputs=input_params("gen", "store-prefix", "egress")):
+            Step(name="plan", template=f"{sd.name}-plan", arguments=step_args(gen=GEN))
+            Step(name="round", template=f"{sd.name}-round", with_param="{{steps.plan.outputs.parameters.rounds}}",
+                 arguments=step_args(gen=GEN, served_gen="{{item.gen}}", model_uri="{{item.model-uri}}",
+                                     dtype="{{item.dtype}}", **where))
+            Step(name="finish", template=f"{sd.name}-finish", arguments=step_args(gen=GEN))
+        # one round at a time, in the plan's order: a steps template's parallelism counts its active
+        # children, and Argo starts a group's items in their order
+        self.parallelism[sd.name] = 1
 
     def cycle(self) -> Steps:
         """One generation in table order, behind a per-run mutex (one InferenceService name per run)."""

@@ -22,7 +22,6 @@ EPISODE = "{{inputs.parameters.episode}}"
 NAMESPACE = "{{workflow.namespace}}"
 ISVC = serving.isvc_name(RUN_ID, GEN)
 NEXT_GEN = "{{=asInt(inputs.parameters.gen) + 1}}"
-PREV_GEN = "{{=asInt(inputs.parameters.gen) - 1}}"
 OUTPUTS_DIR = "/tmp/outputs"
 WORK_DIR = "/tmp/work"  # MASS_WORK_DIR of every step and trainer pod: the root filesystem is read-only
 V = "{{steps.validate.outputs.parameters.%s}}"

@@ -55,12 +55,12 @@ from mass_jobs.k8s.settings import ClusterSettings
 from mass_jobs.pipeline.planning.memory import load_config, meta_model, shipped_config
 from mass_jobs.spec.issues import validator_issues
 from mass_jobs.spec.load import SpecIssue
-from mass_jobs.steps.evaluate import models_called
 
 CHART_VALUES = Path(__file__).resolve().parents[2] / "charts" / "mass-jobs" / "values.yaml"
 CHART_SCHEMA = CHART_VALUES.with_name("values.schema.json")
 ARGO_MAX_STACK_DEPTH = 100  # workflow/controller/operator.go: maxAllowedStackDepth
 CYCLE_DEPTH = 8  # mass-run -> cycle -> ... -> an agent pod's template, besides the two recursions
+ROUND_DEPTH = 2  # evaluate's agent pods sit two templates deeper: its round, and the work served in it
 AGENT_POD_MIN_S = 6 * 3600  # an uncapped paper-scale team episode runs for hours
 AGENT_STOP_S = 300  # the harness stops, uploads and exits after wall_s: an agent pod's deadline must leave this
 
@@ -205,7 +205,8 @@ def model_bytes(spec, config) -> int:
 
 
 def recursion_depth(spec) -> int:
-    return (spec.generations - 1) + CYCLE_DEPTH + spec.search.iterations
+    """The deepest template stack: the last generation's search recursion or evaluate's round."""
+    return (spec.generations - 1) + CYCLE_DEPTH + max(spec.search.iterations, ROUND_DEPTH)
 
 
 def checks(spec, values: dict, config=None) -> list[Check]:
@@ -356,7 +357,7 @@ def _cluster_only_checks(spec, config) -> list[Check]:
     base = spec.model.base
     out = [
         _check("template recursion depth", depth, f"< {ARGO_MAX_STACK_DEPTH}", depth < ARGO_MAX_STACK_DEPTH,
-               "$.search.iterations", f"expected (generations - 1) + {CYCLE_DEPTH} + search.iterations < "
+               "$.search.iterations", f"expected (generations - 1) + {CYCLE_DEPTH} + max(search.iterations, {ROUND_DEPTH}) < "
                f"{ARGO_MAX_STACK_DEPTH} (Argo's maxAllowedStackDepth: the controller errors at depth >= "
                f"{ARGO_MAX_STACK_DEPTH} unless its environment sets DISABLE_MAX_RECURSION=true), found {depth}"),
         _check("checkpoint selection", spec.sft.checkpoint_selection, "val_loss on the cluster",
@@ -475,14 +476,6 @@ def disk_checks(values: dict) -> list[Check]:
                   "each pool's allocatable ephemeral-storage", True, "values resources.<class>.ephemeralStorage")]
 
 
-def predictors_at_once(spec) -> int:
-    """The most InferenceServices a run holds at once: evaluate serves the generations it still rolls
-    out or that judge themselves (L_1 and L_0 at generation 1, L_G alone after: the baselines'
-    rollouts are stored by then). A third only where an earlier evaluation's rollouts are missing
-    from the store, which the cycles' order does not leave."""
-    return max(len(models_called(g)) for g in range(1, spec.generations + 1))
-
-
 def queue_checks(spec, values: dict) -> list[Check]:
     """With a Kueue queue whose GPU quota is known: a workload that needs more than the quota is
     never admitted, and predictors served together that need more wait for each other; either
@@ -497,13 +490,11 @@ def queue_checks(spec, values: dict) -> list[Check]:
                  f"<= {quota} (kueue.gpuQuota)", trainer <= quota, "$.sft.replicas",
                  f"expected a trainer job of at most {quota} GPUs, the nominal quota of Kueue queue {queue!r} "
                  f"(chart value kueue.gpuQuota), found {trainer}: Kueue never admits it")]
-    if server is not None:
-        n = predictors_at_once(spec)
-        out.append(Check("predictors at once within the GPU queue", f"{n} x {server} GPU(s)",
-                         f"<= {quota} (kueue.gpuQuota)", n * int(server) <= quota, "values resources.server.gpu",
-                         f"expected the {n} InferenceServices evaluate serves together to need at most {quota} GPUs "
-                         f"(chart value kueue.gpuQuota), found {n} x {server}: the last one waits for the others "
-                         f"and they for it"))
+    if server is not None:  # one predictor at a time: the cycle's, or evaluate's round (steps.evaluate.serve_order)
+        out.append(Check("predictor within the GPU queue", f"{server} GPU(s)", f"<= {quota} (kueue.gpuQuota)",
+                         int(server) <= quota, "values resources.server.gpu",
+                         f"expected an InferenceService of at most {quota} GPUs, the nominal quota of Kueue queue "
+                         f"{queue!r} (chart value kueue.gpuQuota), found {server}: Kueue never admits it"))
     return out
 
 

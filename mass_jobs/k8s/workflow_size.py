@@ -158,6 +158,7 @@ class _Walk:
         self.nodes: dict[str, dict] = {}
         self.generation: dict[str, int] = {}  # node id -> the generation whose cycle made it
         self.gen = 0
+        self.rolled: set[int] = set()  # generations whose evaluate rollouts a round ran (L_0's once)
 
     def template(self, wft: str, name: str) -> dict:
         return next(t for t in self.docs[wft]["spec"]["templates"] if t["name"] == name)
@@ -285,12 +286,13 @@ class _Walk:
         if template == "evaluate-plan":
             new = g + 1
             o = argo_outputs(spec, new)
-            models = evaluate.models_called(new)  # what the plan names, the earlier evaluations stored
-            return {"models": json.dumps([{"gen": str(h), "model-uri": o["model-uri"].replace(f"gen-{new}", f"gen-{h}"),
-                                           "dtype": o["dtype"]} for h in models])}
+            rounds = evaluate.planned_rounds(new)  # what the plan names, the earlier evaluations stored
+            return {"rounds": json.dumps([{"gen": str(h), "model-uri": o["model-uri"].replace(f"gen-{new}", f"gen-{h}"),
+                                           "dtype": o["dtype"]} for h in rounds])}
         if template == "evaluate-prepare":
-            new = g + 1
-            fresh = evaluate.new_rollout_generations(new)
+            new, h = g + 1, int(inputs["served-gen"])
+            fresh = [h] if h in evaluate.new_rollout_generations(new) and h not in self.rolled else []
+            self.rolled.add(h)
             return {"rollouts": json.dumps([rollouts.fanout_item(ctx, evaluate.rollout_prefix(ctx, h, t.id, r), t.id,
                                                                  f"rep-{r}", h)
                                             for h in fresh for t in spec.resolved_tasks()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mass_jobs.episodes import proof
-from mass_jobs.episodes.rollouts import MODELS_OUTPUT, ROLLOUTS_OUTPUT, episode_runner, executor_endpoint
+from mass_jobs.episodes.rollouts import ROLLOUTS_OUTPUT, ROUNDS_OUTPUT, episode_runner, executor_endpoint
 from mass_jobs.pipeline import nodes as N
 from mass_jobs.pipeline import table as P
 from mass_jobs.pipeline.progress import PerKey
@@ -202,8 +202,7 @@ class Argv:
         endpoint = self.services.endpoint()
         return N.model_flags(endpoint.base_url, endpoint.model)
 
-    def rollouts(self, n: N.Node, argv: list[str], *, ingest_argv: list[str], model: list[str],
-                 finish_extra: list[str] | None = None) -> None:
+    def rollouts(self, n: N.Node, argv: list[str], *, ingest_argv: list[str], model: list[str]) -> None:
         """prepare (lists the rollouts) -> an agent per rollout -> ingest each -> finish."""
         with self.outputs() as out:
             self.services.mass(*N.prepare(argv, model, str(out)))
@@ -215,7 +214,7 @@ class Argv:
                 self.services.mass(*N.ingest(ingest_argv, status, str(out), rollout=item["rollout"]))
 
         self.fan_out([lambda item=item: one(item) for item in items])
-        self.services.mass(*N.finish(argv, [*model, *(finish_extra or [])]))
+        self.services.mass(*N.finish(argv, model))
 
     def episode(self, n: N.Node, argv: list[str]) -> None:
         """One collect episode: prepare says whether an agent must run and where its artifacts are."""
@@ -229,21 +228,23 @@ class Argv:
             self.services.mass(*N.ingest(argv, status, str(out)))
 
     def generation_rollouts(self, n: N.Node, argv: list[str]) -> None:
-        """evaluate: plan -> serve the generations it names (and the spec's local judges) -> the
-        rollouts against them -> finish; every server stopped after."""
+        """evaluate: plan -> its rounds in order, each a served model (its rollouts, its self-verdicts,
+        its server stopped) -> finish, the spec's local judges served for it."""
         with self.outputs() as out:
-            self.services.mass(*N.plan_models(argv, str(out)))
-            models = json.loads((out / MODELS_OUTPUT).read_text())
+            self.services.mass(*N.plan_rounds(argv, str(out)))
+            rounds = json.loads((out / ROUNDS_OUTPUT).read_text())
         serve_generation, serve_judge = self.services.servers()
+        for r in rounds:
+            h = int(r["gen"])
+            with serve_generation(h) as e:
+                self.rollouts(n, argv, ingest_argv=argv, model=N.round_flags(h, e.base_url, e.model))
         with contextlib.ExitStack() as servers:
-            served = [(m["gen"], servers.enter_context(serve_generation(int(m["gen"])))) for m in models]
-            flags = N.generation_endpoints((g, e.base_url, e.model) for g, e in served)
             judges = []
             for judge in self.services.spec.judges:
-                if judge.endpoint == "local" and models:
+                if judge.endpoint == "local" and not n.done(self.services.ctx):
                     e = servers.enter_context(serve_judge(judge))
                     judges += ["--judge-endpoint", judge.name, e.base_url, e.model]
-            self.rollouts(n, argv, ingest_argv=argv, model=flags, finish_extra=judges)
+            self.services.mass(*N.finish(argv, judges))
 
     def agent(self, rollout: str, label: str) -> str:
         """One agent pod: its input artifacts in, `mass episode` with no store credential, its

@@ -31,9 +31,9 @@ def model_flags(url: str, name: str) -> list[str]:
     return ["--endpoint", url, "--served-model", name]
 
 
-def generation_endpoints(endpoints) -> list[str]:
-    """evaluate's `--generation-endpoint G URL NAME`, one per (gen, url, name)."""
-    return [x for g, url, name in endpoints for x in ("--generation-endpoint", str(g), url, name)]
+def round_flags(gen, url: str, name: str) -> list[str]:
+    """evaluate's round of L_gen: which generation is served, and where."""
+    return ["--served-gen", str(gen), *model_flags(url, name)]
 
 
 def with_iteration(argv, k) -> list[str]:
@@ -44,8 +44,8 @@ def with_episode(argv, e) -> list[str]:
     return [*argv, "--episode", str(e)]
 
 
-def plan_models(argv, outputs: str) -> list[str]:
-    """evaluate: which generations' models its agent pods will call (OUTPUTS/models)."""
+def plan_rounds(argv, outputs: str) -> list[str]:
+    """evaluate: its rounds, one generation's model served in each (OUTPUTS/rounds)."""
     return [*argv, "--phase", Phase.PLAN.value, "--outputs", outputs]
 
 

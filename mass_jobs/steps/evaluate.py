@@ -13,10 +13,13 @@
    the report can show its agreement with the panel majority.
 
 Locally the rollouts run in this process (shell commands sandboxed) against a server started per
-generation. On the cluster they run in agent pods against InferenceServices of L_0, L_{G-1} and
-L_G: `--phase prepare` writes the pods' inputs and names the generations to serve, `--phase ingest`
-stores each pod's output (episodes/rollouts.py), and `--phase finish` then runs the panel (judges are
-external endpoints there) and the self-evaluators against the InferenceServices.
+generation. On the cluster they run in agent pods against one InferenceService at a time, in rounds
+(`serve_order`): `--phase plan` names them; each round serves L_h, `--phase prepare --served-gen h`
+writes its missing rollouts' pod inputs, `--phase ingest` stores each pod's output
+(episodes/rollouts.py), `--phase finish --served-gen h` gives L_h's self-verdicts once every pair is
+stored, and L_h is released. A last `--phase finish` runs the panel (judges are external endpoints
+there). One predictor at a time: a GPU quota that fits one serves the whole run, and no predictor
+holds its GPU while another waits for admission.
 
 Evaluation is reporting only: nothing here is read by search, ranking, rendering, training or
 checkpoint selection, and test tasks appear only here.
@@ -146,10 +149,20 @@ def new_rollout_generations(gen: int) -> list[int]:
     return [h for h in rollout_generations(gen) if h not in earlier]
 
 
-def models_called(gen: int) -> list[int]:
-    """The generations whose InferenceServices evaluate of `gen` serves together, the earlier evaluates
-    stored: L_1 and L_0 at generation 1, L_gen alone after."""
-    return sorted({*new_rollout_generations(gen), *self_evaluators(gen)})
+def serve_order(rolling: set[int], judging: set[int]) -> list[int]:
+    """The rounds of an evaluation, one model served in each: every generation with rollouts to run,
+    the self-evaluators among them last, so the last round also gives its model's self-verdicts (every
+    pair is stored by then); then a round for each other self-evaluator. Generation 1, nothing
+    stored: [0, 1, 0]."""
+    first = sorted(rolling, key=lambda h: (h in judging, h))
+    judged_there = {first[-1]} & judging if first else set()
+    return first + sorted(judging - judged_there)
+
+
+def planned_rounds(gen: int) -> list[int]:
+    """The rounds of evaluate of `gen` once the earlier evaluations are stored (the cycles' order):
+    [0, 1, 0] at generation 1, [gen] after."""
+    return serve_order(set(new_rollout_generations(gen)), set(self_evaluators(gen)))
 
 
 def all_rollouts(ctx: RunContext, gen: int) -> list[Rollout]:
@@ -158,36 +171,39 @@ def all_rollouts(ctx: RunContext, gen: int) -> list[Rollout]:
             for r in range(ctx.spec.evaluation.rollouts_per_task)]
 
 
-def pending_models(ctx: RunContext, gen: int) -> list[int]:
-    """Generations whose model this step still calls: rollouts missing, or self-verdicts missing."""
+def rounds(ctx: RunContext, gen: int) -> list[int]:
+    """The rounds this step still needs, from what is stored: the generations with rollouts missing,
+    and the self-evaluators with verdicts missing (`serve_order`)."""
 
     if formed(evaluate_step(ctx, gen)).done:
         return []
-    need = {r.gen for r in all_rollouts(ctx, gen) if not r.manifest.done}
-    jobs = pair_jobs(ctx, gen, None)
-    need |= {h for h in self_evaluators(gen)
-             if not _all_stored(ctx.store, verdict_prefix(ctx), jobs, f"gen-{h}", "self", (ctx.spec.search.seed,))}
-    return sorted(need)
+    rolling = {r.gen for r in all_rollouts(ctx, gen) if not r.manifest.done}
+    return serve_order(rolling, {h for h in self_evaluators(gen) if not self_judged(ctx, gen, h)})
+
+
+def self_judged(ctx: RunContext, gen: int, h: int) -> bool:
+    return _all_stored(ctx.store, verdict_prefix(ctx), pair_jobs(ctx, gen, None), f"gen-{h}", "self",
+                       (ctx.spec.search.seed,))
 
 
 def plan(ctx: RunContext, gen: int) -> dict:
-    """{"models": the generations whose InferenceServices must serve, each with the storageUri the
-    cycle's own model gets}."""
+    """{"rounds": one per model served, in order, each with the storageUri the cycle's own model gets}."""
     spec = ctx.spec
     bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
     run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
-    return {"models": [{"gen": str(h), "model-uri": model_uri(spec, h, bucket, run_prefix), "dtype": spec.model.dtype}
-                       for h in pending_models(ctx, gen)]}
+    return {"rounds": [{"gen": str(h), "model-uri": model_uri(spec, h, bucket, run_prefix), "dtype": spec.model.dtype}
+                       for h in rounds(ctx, gen)]}
 
 
-def prepare(ctx: RunContext, gen: int, endpoint_of: Callable[[int], Any]) -> dict:
-    """The agent pods' inputs of every missing rollout; {"rollouts": fan-out items, "models": the
-    generations whose InferenceServices the rollouts and self-verdicts call}."""
+def prepare(ctx: RunContext, gen: int, served: int, endpoint) -> dict:
+    """The agent pods' inputs of L_served's missing rollouts, against `endpoint`; {"rollouts": the
+    fan-out items}."""
 
-    models = pending_models(ctx, gen)
+    if served not in rollout_generations(gen):
+        raise ValueError(f"--served-gen: evaluate of gen {gen} rolls out {rollout_generations(gen)}, got {served}")
     d = driver(ctx)
-    items = [d.prepare(r, endpoint_of(r.gen)) for r in all_rollouts(ctx, gen) if not r.manifest.done] if models else []
-    return {"rollouts": items, "models": models}
+    return {"rollouts": [d.prepare(r, endpoint) for r in all_rollouts(ctx, gen)
+                         if r.gen == served and not r.manifest.done]}
 
 
 def ingest(ctx: RunContext, gen: int, rel: str, agent_ended: bool = False) -> dict:
@@ -264,7 +280,8 @@ def evaluate_inputs(ctx: RunContext, gen: int) -> dict:
 def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: ServeJudge,
              progress: Progress | None = None, agent_pods: bool = False) -> dict:
     """The whole step for L_gen; returns its manifest. Resumes from whatever is already stored.
-    With `agent_pods` (the cluster) the rollouts ran in agent pods: a missing one is an error."""
+    With `agent_pods` (the cluster) the rounds stored the rollouts (agent pods) and the self-verdicts:
+    a missing one is an error, and only the panel runs here."""
 
     spec, store = ctx.spec, ctx.store
     step = formed(evaluate_step(ctx, gen))
@@ -296,12 +313,10 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
         # 2. self-evaluator(s): one verdict per pair by the generation's own model
         records = []
         for h in self_evaluators(gen):
-            seeds = (spec.search.seed,)
-            with _endpoint_unless_stored(store, vprefix, jobs, f"gen-{h}", "self", seeds,
-                                         lambda h=h: serve_model(h)) as endpoint:
-                member = PanelMember(name=f"gen-{h}", model=f"gen-{h}", seeds=seeds, kind="self",
-                                     client=client_for(spec, endpoint) if endpoint else None)
-                records += run_panel(store, vprefix, jobs, [member], spec.evaluation.verdict_retries, on_verdict=note)
+            if agent_pods and not self_judged(ctx, gen, h):
+                raise RuntimeError(f"evaluate gen-{gen}: L_{h}'s self-verdicts not stored (its round ends with "
+                                   f"--phase finish --served-gen {h})")
+            records += _self_verdicts(ctx, jobs, h, lambda h=h: serve_model(h), note)
 
         # 3. the external panel; positions alternate across judges, so keep their spec order
         selves = len(records)
@@ -320,6 +335,33 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
     results = [outcome(r) for r in records[selves:]]  # the external panel's: what measures progress
     share = win_share(results.count("win"), results.count("loss"))
     return step.finish(outputs, extra={"verdicts": len(records), "invalid": invalid, "panel_win_share": share})
+
+
+def judge_round(ctx: RunContext, gen: int, served: int, endpoint, progress: Progress | None = None) -> dict:
+    """The end of L_served's round: its self-verdicts against `endpoint`, once every pair's rollouts
+    are stored (the last rollout round); else nothing yet. {"self_verdicts": how many L_served holds}."""
+
+    if served not in rollout_generations(gen) + self_evaluators(gen):
+        raise ValueError(f"--served-gen: evaluate of gen {gen} serves {sorted(set(rollout_generations(gen)))}, "
+                         f"got {served}")
+    if (served not in self_evaluators(gen) or self_judged(ctx, gen, served)
+            or not all(r.manifest.done for r in all_rollouts(ctx, gen))):
+        return {"self_verdicts": 0}
+    with tempfile.TemporaryDirectory(prefix="mass-eval-bundles-") as tmp:
+        jobs = pair_jobs(ctx, gen, BundleCache(ctx, Path(tmp)))
+        records = _self_verdicts(ctx, jobs, served, lambda: contextlib.nullcontext(endpoint),
+                                 (lambda rec: progress("verdict", rec)) if progress else None)
+    return {"self_verdicts": len(records)}
+
+
+def _self_verdicts(ctx: RunContext, jobs, h: int, serve, note) -> list[dict]:
+    """L_h's verdict on every pair (those stored are read back; no server when all are)."""
+    spec = ctx.spec
+    seeds = (spec.search.seed,)
+    with _endpoint_unless_stored(ctx.store, verdict_prefix(ctx), jobs, f"gen-{h}", "self", seeds, serve) as endpoint:
+        member = PanelMember(name=f"gen-{h}", model=f"gen-{h}", seeds=seeds, kind="self",
+                             client=client_for(spec, endpoint) if endpoint else None)
+        return run_panel(ctx.store, verdict_prefix(ctx), jobs, [member], spec.evaluation.verdict_retries, on_verdict=note)
 
 
 def _all_stored(store, prefix, jobs, name: str, kind: str, seeds) -> bool:
