@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_package_layers import LAYERS
+from tests.fixtures.import_graph import LAYERS
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 

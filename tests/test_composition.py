@@ -94,7 +94,7 @@ def store_run(tmp_path, sft: dict, rank: dict):
     from mass_jobs.run.context import RunContext
     from mass_jobs.spec.load import load_spec
     from mass_jobs.store import open_store
-    from tests.test_render_sft import BARE, DIRECTIVE, TEACHER, WORKFLOW, qwen_code_episode, teacher_episode
+    from tests.fixtures.sft_episodes import BARE, DIRECTIVE, TEACHER, WORKFLOW, qwen_code_episode, teacher_episode
 
     tmp_path.mkdir(parents=True)
     spec_path = tmp_path / "spec.yaml"

@@ -266,31 +266,6 @@ def test_a_qwen_code_episode_s_shell_commands_use_the_proxy(scripted_endpoint, h
     assert result.status["network"] == {**summarize(got), "allow": list(inp.network)}
 
 
-def test_the_report_counts_each_stage_s_requests(tmp_path):
-    from mass_jobs.run.context import RunContext
-    from mass_jobs.steps import report as rp
-    from mass_jobs.steps import report_document as rd
-    from mass_jobs.steps import report_render as rr
-    from mass_jobs.store import FileStore
-    from tests.test_report import episode_status, spec
-
-    store = FileStore(tmp_path / "s")
-    ctx = RunContext(spec(tmp_path / "s"), store)
-    net = [{"requests": 3, "allowed": 2, "denied": 1, "bytes_up": 10, "bytes_down": 500, "hosts": ["pypi.org"]},
-           {"requests": 1, "allowed": 1, "denied": 0, "bytes_up": 5, "bytes_down": 70, "hosts": ["stooq.com"]}, None]
-    for i, n in enumerate(net):
-        store.put_json(f"{ctx.collect_root(0)}/a/ep-{i}/status.json",
-                       {**episode_status("success", 1), **({"network": n} if n else {})})
-    store.put_json(f"{ctx.search_root(0)}/a/r-0/status.json", episode_status("success", 1))
-    doc = rp.build_report(ctx)
-    rd.validate_report(doc)
-    rows = {x["stage"]: x.get("network") for x in doc["outcomes"] if x["generation"] == 0}
-    assert rows["search"] is None
-    assert rows["collect"] == {"episodes": 2, "requests": 4, "allowed": 3, "denied": 1, "bytes_down": 570,
-                               "hosts": ["pypi.org", "stooq.com"]}
-    assert "| L0 | collect | 2 | 4 | 3 | 1 | 570 | pypi.org, stooq.com |" in rr.render_markdown(doc)
-
-
 def test_a_network_record_the_harness_did_not_write_is_refused_at_ingest(tmp_path):
     """network.jsonl is one of the outputs an agent pod's harness signs: one written by anything else
     (a sidecar adding records to an episode that had none, or editing them) fails the proof."""

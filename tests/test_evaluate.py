@@ -161,6 +161,7 @@ def test_evaluate_rollouts_verdicts_and_resume(judged_run):
     assert m2["extra"]["verdicts"] == 8 * 4
 
 
+@pytest.mark.unit
 def test_rounds_serve_one_model_at_a_time_and_judge_once_every_pair_is_stored():
     """The last rollout round is a self-evaluator's where one rolls out, so it judges there; each other
     self-evaluator comes back once every rollout is stored."""

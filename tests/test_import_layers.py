@@ -1,44 +1,15 @@
 """No import cycles in mass_jobs/, counting the imports inside functions: every module sits on a layer
 below the modules that import it, so each can be read (and tested) from the bottom up."""
 
-import ast
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.import_graph import imported, modules
+
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 
 ROOT = Path(__file__).resolve().parents[1] / "mass_jobs"
-
-
-def modules(root: Path) -> dict[str, Path]:
-    out = {}
-    for p in root.rglob("*.py"):
-        parts = p.relative_to(root.parent).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
-    return out
-
-
-def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The project modules `name` imports anywhere in its body (module level or in a function)."""
-    found = set()
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(up + ([base] if base else []))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-        for t in targets:
-            while t and t not in known:
-                t = t.rpartition(".")[0]
-            if t and t != name:
-                found.add(t)
-    return found
 
 
 def cycles(root: Path) -> list[list[str]]:

@@ -5,16 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_import_layers import imported, modules
+from tests.fixtures.import_graph import LAYERS, imported, modules
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 
 ROOT = Path(__file__).resolve().parents[1] / "mass_jobs"
-
-# bottom to top; what each holds is its package docstring
-LAYERS = ("config", "store", "sandbox", "serving", "spec", "run", "episodes", "judging", "training", "steps",
-          "tiny", "pipeline", "k8s", "cluster", "tools", "commands")
-
 
 def upward_imports(root: Path, layers: tuple[str, ...]) -> list[tuple[str, str]]:
     """(importer, imported) pairs whose imported module sits in a higher package than its importer."""

@@ -25,61 +25,24 @@ from mass_jobs.steps.sft_tokens import (
 )
 from mass_jobs.tiny.build import CHAT_TEMPLATE
 from tests.fixtures.chat_templates import QWEN3_THINKING, QWEN3_THINKING_MARKED, upstream_segment_masks
+from tests.fixtures.sft_episodes import (
+    ASSIGNMENT,
+    BARE,
+    DIRECTIVE,
+    ENV,
+    GOT_IT,
+    ORCH_TOOLS,
+    QWEN_SYSTEM,
+    TEACHER,
+    WORKER_TOOLS,
+    WORKFLOW,
+    call,
+    qwen_code_episode,
+    tc,
+    teacher_episode,
+)
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "schemas" / "sft-window.schema.json").read_text())
-
-BARE = "Build a tiny report on prime numbers."
-WORKFLOW = "Workflow: orchestrator plans, coder writes primes.py, writer writes report.md."
-DIRECTIVE = "Directive: call roles through the delegate tool; never role-play."
-TEACHER = f"{BARE}\n\n{WORKFLOW}\n\n{DIRECTIVE}"
-ASSIGNMENT = "Write primes.py that prints the first 10 primes."
-
-
-def tool(name: str) -> dict:
-    return {"type": "function", "function": {"name": name, "description": name, "parameters": {"type": "object"}}}
-
-
-ORCH_TOOLS = [tool("delegate"), tool("read_file")]
-WORKER_TOOLS = [tool("write_file"), tool("read_file")]
-
-
-def tc(cid: str, name: str, args: dict) -> dict:
-    return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
-
-
-def call(seq, messages, tools, reply, finish="stop", agent=None) -> dict:
-    return {
-        "seq": seq,
-        "agent": agent,
-        "request": {"model": "tiny", "messages": messages, "tools": tools, "stream": False, "sampling": {}},
-        "response": {"message": reply, "finish_reason": finish, "usage": {}},
-        "error": None,
-    }
-
-
-def teacher_episode(with_agent: bool = False) -> list[dict]:
-    """Orchestrator delegates once to a worker, then finishes; one tool-less auxiliary call."""
-    sys_o = {"role": "system", "content": "You are the orchestrator."}
-    u = {"role": "user", "content": TEACHER}
-    a1 = {"role": "assistant", "content": "", "reasoning_content": "I should delegate.",
-          "tool_calls": [tc("c1", "delegate", {"agent": "coder", "task": ASSIGNMENT})]}
-    t1 = {"role": "tool", "tool_call_id": "c1", "content": "primes.py written"}
-    a2 = {"role": "assistant", "content": "Done: report and code are in place."}
-    sys_w = {"role": "system", "content": "You are the coder."}
-    wu = {"role": "user", "content": ASSIGNMENT}
-    w1 = {"role": "assistant", "content": "", "tool_calls": [tc("w1", "write_file", {"path": "primes.py"})]}
-    wt = {"role": "tool", "tool_call_id": "w1", "content": "ok"}
-    w2 = {"role": "assistant", "content": "primes.py written"}
-    ag = (lambda i, r, p=None: {"id": i, "role": r, "parent": p}) if with_agent else (lambda *a, **k: None)
-    history_a1 = {k: v for k, v in a1.items() if k != "reasoning_content"}  # harness drops reasoning
-    return [
-        call(0, [sys_o, u], ORCH_TOOLS, a1, agent=ag("orchestrator", "orchestrator")),
-        call(1, [sys_w, wu], WORKER_TOOLS, w1, agent=ag("coder", "worker", "orchestrator")),
-        call(2, [sys_w, wu, w1, wt], WORKER_TOOLS, w2, agent=ag("coder", "worker", "orchestrator")),
-        call(3, [sys_o, u, history_a1, t1], ORCH_TOOLS, a2, agent=ag("orchestrator", "orchestrator")),
-        call(4, [{"role": "user", "content": "Summarise: primes"}], None, {"role": "assistant", "content": "Primes."},
-             agent=ag("summariser", "auxiliary")),
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -453,10 +416,6 @@ def test_render_step_over_the_store(tokenizer, tmp_path):
 
 # ---------------------------------------------------------------- multi-query threads (qwen-code's shape)
 
-QWEN_SYSTEM = "You are Qwen Code, an interactive CLI agent."
-ENV = "This is the Qwen Code. We are setting up the context for our chat. Working directory: /ws"
-GOT_IT = "Got it. Thanks for the context!"
-
 
 def multi_query_thread() -> list[dict]:
     """system, user (environment context), assistant (the harness's canned reply), user (task), ..., a
@@ -556,29 +515,6 @@ def test_segment_query_is_kept_within_the_context_budget(tokenizer, cut, context
 
 
 # ---------------------------------------------------------------- orchestrator detection and strict stripping
-
-QWEN_MAIN_TOOLS = [tool("agent"), tool("read_file"), tool("write_file")]
-QWEN_SUB_TOOLS = [tool("read_file"), tool("write_file")]
-
-
-def qwen_code_episode(sent_prompt: str = TEACHER) -> list[dict]:
-    """What qwen-code sends (no agent headers, content parts): the main session with `agent`, one sub-agent."""
-    parts = lambda text: [{"type": "text", "text": text}]  # noqa: E731
-    head = [{"role": "system", "content": QWEN_SYSTEM}, {"role": "user", "content": parts(ENV)},
-            {"role": "assistant", "content": GOT_IT}, {"role": "user", "content": parts(sent_prompt)}]
-    a1 = {"role": "assistant", "content": None, "reasoning_content": "Delegate the code.",
-          "tool_calls": [tc("q1", "agent", {"description": "code", "prompt": ASSIGNMENT, "subagent_type": "general-purpose"})]}
-    r1 = {"role": "tool", "tool_call_id": "q1", "content": parts("primes.py written")}
-    sub = [{"role": "system", "content": "You are a general-purpose agent."}, {"role": "user", "content": parts(ENV)},
-           {"role": "assistant", "content": GOT_IT}, {"role": "user", "content": parts(ASSIGNMENT)}]
-    s1 = {"role": "assistant", "content": None, "tool_calls": [tc("w", "write_file", {"file_path": "/ws/primes.py"})]}
-    return [
-        call(0, head, QWEN_MAIN_TOOLS, a1),
-        call(1, sub, QWEN_SUB_TOOLS, s1),
-        call(2, sub + [s1, {"role": "tool", "tool_call_id": "w", "content": parts("ok")}], QWEN_SUB_TOOLS,
-             {"role": "assistant", "content": "primes.py written"}),
-        call(3, head + [a1, r1], QWEN_MAIN_TOOLS, {"role": "assistant", "content": "Done.", "reasoning_content": "All good."}),
-    ]
 
 
 def decoded(tok, windows) -> dict[str, list[str]]:

@@ -451,3 +451,21 @@ def test_episodes_their_agent_pod_ended_are_counted_per_task(built):
     assert collect["ended_by_pod"] == {"a": 2}
     assert any(w.startswith("2 episodes were ended by their agent pod, not their harness") and w.endswith("L0 collect a 2")
                for w in doc["warnings"]), doc["warnings"]
+
+
+def test_the_report_counts_each_stage_s_requests(tmp_path):
+    store = FileStore(tmp_path / "s")
+    ctx = RunContext(spec(tmp_path / "s"), store)
+    net = [{"requests": 3, "allowed": 2, "denied": 1, "bytes_up": 10, "bytes_down": 500, "hosts": ["pypi.org"]},
+           {"requests": 1, "allowed": 1, "denied": 0, "bytes_up": 5, "bytes_down": 70, "hosts": ["stooq.com"]}, None]
+    for i, n in enumerate(net):
+        store.put_json(f"{ctx.collect_root(0)}/a/ep-{i}/status.json",
+                       {**episode_status("success", 1), **({"network": n} if n else {})})
+    store.put_json(f"{ctx.search_root(0)}/a/r-0/status.json", episode_status("success", 1))
+    doc = rp.build_report(ctx)
+    rd.validate_report(doc)
+    rows = {x["stage"]: x.get("network") for x in doc["outcomes"] if x["generation"] == 0}
+    assert rows["search"] is None
+    assert rows["collect"] == {"episodes": 2, "requests": 4, "allowed": 3, "denied": 1, "bytes_down": 570,
+                               "hosts": ["pypi.org", "stooq.com"]}
+    assert "| L0 | collect | 2 | 4 | 3 | 1 | 570 | pypi.org, stooq.com |" in rr.render_markdown(doc)

@@ -339,7 +339,8 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
 
 def judge_round(ctx: RunContext, gen: int, served: int, endpoint, progress: Progress | None = None) -> dict:
     """The end of L_served's round: its self-verdicts against `endpoint`, once every pair's rollouts
-    are stored (the last rollout round); else nothing yet. {"self_verdicts": how many L_served holds}."""
+    are stored (the last rollout round). {"self_verdicts": how many it read or gave; 0 where it had
+    none to give: no self-evaluator, all stored, or a pair's rollouts still missing}."""
 
     if served not in rollout_generations(gen) + self_evaluators(gen):
         raise ValueError(f"--served-gen: evaluate of gen {gen} serves {sorted(set(rollout_generations(gen)))}, "
