@@ -132,7 +132,7 @@ def test_evaluate_rollouts_verdicts_and_resume(judged_run):
     lost_self = next(k for k in sorted(store.list("evaltest/eval/verdicts/gen-1-vs-gen-0/fib/")) if "/self-gen-0-" in k)
     store.delete(lost_self)
     store.delete("evaltest/eval/gen-1/_manifest.json")
-    no_model, _ = remote_servers(lambda g: pytest.fail(f"the step's finish called L_{g}"))
+    no_model, _ = remote_servers()
     with pytest.raises(RuntimeError, match=r"L_0's self-verdicts not stored \(its round ends with --phase finish "
                                            r"--served-gen 0\)"):
         ev.evaluate(ctx, 1, no_model, serve_judge, agent_pods=True)

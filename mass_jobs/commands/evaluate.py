@@ -82,7 +82,7 @@ def main(args) -> int:
             if unknown:
                 print(f"--judge-endpoint: {unknown} are no judges of endpoint 'local' in the spec", file=sys.stderr)
                 return 2
-            serve_model, serve_judge = remote_servers(_no_model, local)
+            serve_model, serve_judge = remote_servers(local)
         else:
             work = ctx.work_dir(args.work_dir)
             work.mkdir(parents=True, exist_ok=True)
@@ -95,7 +95,3 @@ def main(args) -> int:
     print(json.dumps(manifest["extra"], sort_keys=True))
     return 0
 
-
-def _no_model(g: int):
-    # the step's finish calls no generation: its rounds gave the self-verdicts
-    raise ValueError(f"the step's --phase finish serves no model (L_{g}'s self-verdicts come from its round)")

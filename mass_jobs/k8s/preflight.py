@@ -477,9 +477,9 @@ def disk_checks(values: dict) -> list[Check]:
 
 
 def queue_checks(spec, values: dict) -> list[Check]:
-    """With a Kueue queue whose GPU quota is known: a workload that needs more than the quota is
-    never admitted, and predictors served together that need more wait for each other; either
-    way the step waits out its deadline."""
+    """With a Kueue queue whose GPU quota is known: a workload that needs more than the quota (the
+    trainer job, or one predictor: a run serves one at a time) is never admitted, and its step waits
+    out its deadline."""
     queue, quota = _get(values, "kueue.queueName"), _get(values, "kueue.gpuQuota")
     out = covered_checks(values) if queue else []
     if not queue or quota is None:

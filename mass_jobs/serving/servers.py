@@ -45,14 +45,16 @@ def local_servers(spec, model_dir_of: Callable[[int], Path], name_of: Callable[[
     return serve_model, serve_judge
 
 
-def remote_servers(endpoint_of: Callable[[int], Any], local_judges: dict | None = None) -> tuple[ServeModel, ServeJudge]:
-    """The cluster's: L_g at its InferenceService (`endpoint_of(g)`), judges at their external
-    endpoints; a `local` judge is where `local_judges` (name -> Endpoint) says its executor serves
-    it, else refused: it would need a GPU in this pod."""
+def remote_servers(local_judges: dict | None = None) -> tuple[ServeModel, ServeJudge]:
+    """The cluster's evaluate finish: judges at their external endpoints, a `local` judge where
+    `local_judges` (name -> Endpoint) says its executor serves it, else refused (it would need a GPU
+    in this pod). No generation is served here: each is called in its own round."""
 
     @contextlib.contextmanager
     def serve_model(g: int):
-        yield endpoint_of(g)
+        raise ValueError(f"L_{g} is called only in its round (--phase finish --served-gen {g}), never by the "
+                         f"step's finish")
+        yield
 
     @contextlib.contextmanager
     def serve_judge(judge):

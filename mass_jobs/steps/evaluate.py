@@ -181,6 +181,12 @@ def rounds(ctx: RunContext, gen: int) -> list[int]:
     return serve_order(rolling, {h for h in self_evaluators(gen) if not self_judged(ctx, gen, h)})
 
 
+def _check_round(gen: int, served: int) -> None:
+    """A round serves a generation evaluate of `gen` rolls out (its self-evaluators are among them)."""
+    if served not in rollout_generations(gen):
+        raise ValueError(f"--served-gen: evaluate of gen {gen} rolls out {rollout_generations(gen)}, got {served}")
+
+
 def self_judged(ctx: RunContext, gen: int, h: int) -> bool:
     return _all_stored(ctx.store, verdict_prefix(ctx), pair_jobs(ctx, gen, None), f"gen-{h}", "self",
                        (ctx.spec.search.seed,))
@@ -199,8 +205,7 @@ def prepare(ctx: RunContext, gen: int, served: int, endpoint) -> dict:
     """The agent pods' inputs of L_served's missing rollouts, against `endpoint`; {"rollouts": the
     fan-out items}."""
 
-    if served not in rollout_generations(gen):
-        raise ValueError(f"--served-gen: evaluate of gen {gen} rolls out {rollout_generations(gen)}, got {served}")
+    _check_round(gen, served)
     d = driver(ctx)
     return {"rollouts": [d.prepare(r, endpoint) for r in all_rollouts(ctx, gen)
                          if r.gen == served and not r.manifest.done]}
@@ -342,9 +347,7 @@ def judge_round(ctx: RunContext, gen: int, served: int, endpoint, progress: Prog
     are stored (the last rollout round). {"self_verdicts": how many it read or gave; 0 where it had
     none to give: no self-evaluator, all stored, or a pair's rollouts still missing}."""
 
-    if served not in rollout_generations(gen) + self_evaluators(gen):
-        raise ValueError(f"--served-gen: evaluate of gen {gen} serves {sorted(set(rollout_generations(gen)))}, "
-                         f"got {served}")
+    _check_round(gen, served)
     if (served not in self_evaluators(gen) or self_judged(ctx, gen, served)
             or not all(r.manifest.done for r in all_rollouts(ctx, gen))):
         return {"self_verdicts": 0}
