@@ -553,6 +553,48 @@ def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_
     ex.cluster.delete("InferenceService", "plain")
 
 
+def test_a_predictor_no_node_takes_fails_the_serve_step_at_the_pending_bound_naming_why(executor_for, s3_env):
+    """The generated serve-model step on a cluster without GPUs: KServe reports the model as loading
+    whether or not its pod ever schedules, so the step's wait pod reads the predictor's pods with its
+    own account's token (the chart's Role, through the API server over TLS) and fails at
+    scheduling.pendingTimeoutSeconds, not at model.readyDeadlineSeconds, with the scheduler's message
+    as the node's message; the wait is not retried (waiting again would end the same way)."""
+    from mass_jobs.k8s import argo, manifests, preflight
+    from mass_jobs.k8s.settings import values_settings
+    from tests.fixtures.argo_exec.scheduler import Node
+
+    values = preflight.merge(preflight.load_values([]), {"scheduling": {"pendingTimeoutSeconds": 3}})
+    s = values_settings(values)
+    cycle = argo.mass_cycle(s)
+    templates = [t for t in cycle["spec"]["templates"] if t["name"] in ("serve-model", "serve-model-apply", "serve-model-wait")]
+    wait = next(t for t in templates if t["name"] == "serve-model-wait")
+    assert "--pending-timeout=3" in wait["container"]["args"] and "--ready-timeout=3600" in wait["container"]["args"]
+    main = {"name": "main", "steps": [[{"name": "serve", "template": "serve-model", "arguments": {"parameters": [
+        {"name": "gen", "value": "1"}, {"name": "model-uri", "value": f"s3://{s3_env['bucket']}/runs/r/gen-1/model"},
+        {"name": "dtype", "value": "bfloat16"}]}}]]}
+    workflow = {k: cycle["spec"][k] for k in ("serviceAccountName", "automountServiceAccountToken", "executor",
+                                               "securityContext")}
+    nodes = [Node("cpu-1", {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti"})]
+    ex = executor_for(wft("serve", [main, *templates], params=("spec", "run"), **workflow),
+                      *manifests.service_accounts(s), *manifests.rbac(s), nodes=nodes)
+    wf = ex.submit("serve", {"spec": "s3://b/spec.yaml", "run": "demo"})
+    assert wf.phase == "Failed", wf.summary()
+    why = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    (pod,) = wf.find(type="Pod")  # one attempt
+    assert pod.template == "serve-model-wait" and pod.message.startswith("main: Error (exit code 2): ")
+    last = pod.message.splitlines()[-1]  # held from its first reading: at least the bound, within a poll of it
+    assert re.fullmatch(r"mass serve-wait: predictor pod mass-demo-g1-predictor-0 held for ([3-9]|1[0-5]) s "
+                        r"\(the pending bound is 3 s\): Unschedulable: " + re.escape(why), last), last
+    assert pod.finished - pod.started < 60  # the bound and a reading's interval, not the ready deadline's hour
+    assert ex.cluster.scheduler.pending == {"mass-demo-g1-predictor-0": why}
+    # it read as its own account: the InferenceService and the pods, nothing else
+    reads = {(user, path.split("?")[0]) for user, _, path in ex.accounts.api.requests}
+    ns = ex.cluster.namespace
+    user = f"system:serviceaccount:{ns}:mass-serve-wait"
+    assert reads == {(user, f"/apis/serving.kserve.io/v1beta1/namespaces/{ns}/inferenceservices/mass-demo-g1"),
+                     (user, f"/api/v1/namespaces/{ns}/pods")}
+
+
 def failed_pending(ex, name: str):
     """Submit `name`, whose one pod no node takes under a 3 s pendingTimeout: (that pod, the messages
     it was Pending with). It fails "timeout" within the bound, once (a pending timeout is not retried)."""
@@ -970,7 +1012,8 @@ def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod(
         for name in reached - {"agent-episode"}:
             t = cycle[name]
             if "container" in t:
-                assert t["container"]["args"][0] == step and not _runs_mass_episode(t), name
+                # the step's own command, or the wait of a model it serves (evaluate's rounds)
+                assert t["container"]["args"][0] in (step, "serve-wait") and not _runs_mass_episode(t), name
                 # model-written code never runs where the store credentials are
                 assert t["metadata"]["labels"]["mass-jobs.io/step"] != selector["mass-jobs.io/step"]
     # evaluate's pods are CPU pods: its models are InferenceServices it creates and deletes

@@ -330,7 +330,7 @@ def test_the_agent_pods_of_the_chart_are_held_by_its_policies():
     assert held == ["agent-episode"]
     agent = next(t for t in cycle["spec"]["templates"] if t["name"] == "agent-episode")
     rules = policies.egress(agent["metadata"]["labels"])
-    serve = next(t for t in cycle["spec"]["templates"] if t["name"] == "serve-model")
+    serve = next(t for t in cycle["spec"]["templates"] if t["name"] == "serve-model-apply")
     predictor = yaml.safe_load(serve["resource"]["manifest"])["spec"]["predictor"]["labels"]
     assert policies.allows(rules, predictor, 8080) and not policies.allows(rules, predictor, 9000)
     step = next(t for t in cycle["spec"]["templates"] if t["name"] == "validate")

@@ -25,7 +25,8 @@ LIVE_CHECKS = [
     "API workflows.argoproj.io", "API workflowtemplates.argoproj.io", "API pytorchjobs.kubeflow.org",
     "API inferenceservices.serving.kserve.io", "API clusterservingruntimes.serving.kserve.io",
     "API localqueues.kueue.x-k8s.io", "API clusterqueues.kueue.x-k8s.io", "Argo executor securityContext",
-    "KServe storage initializer", "submit a run", "executor ServiceAccount", "secret mass-s3-credentials",
+    "KServe storage initializer", "submit a run", "executor ServiceAccount", "serve-wait ServiceAccount",
+    "secret mass-s3-credentials",
     "secret mass-judge-keys", "Kueue covered resources", "Kueue GPU quota", "Kueue PyTorchJob integration",
     "nodes for step pods", "nodes for agent pods", "nodes for merge pods", "nodes for trainer pods",
     "nodes for server pods", "scratch storage class (agent)", "scratch storage class (merge)",
@@ -89,6 +90,9 @@ def test_a_healthy_cluster_passes_every_check_exit_0(healthy, tmp_path, capsys):
     ("executor-forbidden-verb", {"executor ServiceAccount"},
      ["role/rolebinding mass-executor in mass: serviceaccount mass-executor in mass may not patch "
       "workflowtaskresults.argoproj.io"]),
+    ("serve-wait-unbound", {"serve-wait ServiceAccount"},
+     ["role/rolebinding mass-serve-wait in mass: serviceaccount mass-serve-wait in mass may not get "
+      "inferenceservices.serving.kserve.io; list pods"]),
 ])
 def test_one_fault_exits_2_with_one_line_naming_it(healthy, tmp_path, capsys, fault, failing, named):
     rc, rows, errors, _ = validate(R.FAULTS[fault](healthy), tmp_path, capsys)

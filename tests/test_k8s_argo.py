@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked == 69  # the hooks among them: the train step's two unstarted-job ones, evaluate's release
+    assert checked == 71  # the hooks among them: the train step's two unstarted-job ones, evaluate's release
 
 
 def _used_params(obj, scope: str) -> set[str]:
@@ -221,7 +221,7 @@ def test_every_pod_has_labels_security_and_limits(argo_docs):
             assert {"cpu", "memory"} <= set(side["resources"]["limits"]), side["name"]
         assert t["retryStrategy"]["limit"] == "3"
         n += 1
-    assert n == 21  # the egress proxy is a Deployment (its pod: test_k8s_pod_security)
+    assert n == 22  # the egress proxy is a Deployment (its pod: test_k8s_pod_security)
     for doc in argo_docs.values():
         spec = doc["spec"]
         if doc["kind"] == "WorkflowTemplate":
@@ -284,9 +284,19 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
 
 def test_resource_templates_wait_on_the_documented_conditions(argo_docs):
     t = _templates(argo_docs["mass-cycle"])
-    serve, train, wait = t["serve-model"]["resource"], t["train-job"]["resource"], t["train-wait"]["resource"]
-    assert serve["successCondition"] == "status.modelStatus.states.targetModelState == Loaded"
-    assert "UpToDate" not in serve["failureCondition"]
+    train, wait = t["train-job"]["resource"], t["train-wait"]["resource"]
+    # the model: applied, then waited for by a pod that reads its predictor's pods (the only one with a
+    # token), failing at the pending bound, the ready deadline or a failed load; its pod outlives both
+    assert [[s["template"] for s in group] for group in t["serve-model"]["steps"]] == [["serve-model-apply"],
+                                                                                      ["serve-model-wait"]]
+    apply, serve_wait = t["serve-model-apply"], t["serve-model-wait"]
+    assert apply["resource"]["action"] == "apply" and "successCondition" not in apply["resource"]
+    assert serve_wait["container"]["args"] == ["serve-wait", "mass-{{workflow.parameters.run}}-g{{inputs.parameters.gen}}",
+                                               "--pending-timeout=900", "--ready-timeout=3600"]
+    assert (serve_wait["serviceAccountName"], serve_wait["automountServiceAccountToken"]) == ("mass-serve-wait", True)
+    assert serve_wait["container"]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert int(serve_wait["activeDeadlineSeconds"]) == 3600 + 300
+    assert [n for n, x in t.items() if x.get("automountServiceAccountToken")] == ["serve-model-wait"]
     # the job started (its Master running) within the pending bound, then trained within its deadline
     assert train["successCondition"] == "status.conditions.1.type" and int(t["train-job"]["activeDeadlineSeconds"]) == 900
     assert (wait["action"], wait["successCondition"]) == ("get", "status.replicaStatuses.Master.succeeded > 0")

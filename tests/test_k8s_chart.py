@@ -72,7 +72,7 @@ def test_every_rendered_object_validates_strictly(scenario):
 
 def test_manifests_and_example_objects_validate_strictly():
     docs = [d for text in codegen.manifest_files().values() for d in load_docs(text)]
-    assert len(docs) == 9
+    assert len(docs) == 12
     examples = [d for text in codegen.example_files().values() for d in load_docs(text)
                 if isinstance(d, dict) and "kind" in d]  # not the controller settings
     assert sorted(d["kind"] for d in examples) == ["CiliumNetworkPolicy", "CiliumNetworkPolicy", "InferenceService", "NetworkPolicy",
@@ -431,7 +431,7 @@ def test_cluster_specific_values_reach_every_object():
     policy = _by(objs, "NetworkPolicy", "mass-agent-egress")
     assert policy["spec"]["egress"][0]["to"] == dns
     cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
-    isvc = yaml.safe_load(next(t for t in cycle["spec"]["templates"] if t["name"] == "serve-model")["resource"]["manifest"])
+    isvc = yaml.safe_load(next(t for t in cycle["spec"]["templates"] if t["name"] == "serve-model-apply")["resource"]["manifest"])
     assert isvc["spec"]["predictor"]["model"]["resources"]["limits"]["ephemeral-storage"] == "300Gi"
     # only inside the cluster: KServe would route an external Ingress to the model without it
     assert isvc["metadata"]["labels"]["networking.kserve.io/visibility"] == "cluster-local"
@@ -482,7 +482,13 @@ def _deadlines(objs) -> dict[str, int]:
             "single step": int(tmpl["train-job-single"]["activeDeadlineSeconds"]),
             "wait step": int(tmpl["train-wait"]["activeDeadlineSeconds"]),
             "started": tmpl["train-job"]["resource"]["successCondition"],
-            "serve step": int(tmpl["serve-model"]["activeDeadlineSeconds"])}
+            "serve wait": _serve_wait(tmpl["serve-model-wait"])}
+
+
+def _serve_wait(t: dict) -> tuple[int, int, int]:
+    """The serve step's wait: (its pending bound, its ready deadline, its pod's deadline)."""
+    args = dict(a.removeprefix("--").split("=", 1) for a in t["container"]["args"] if a.startswith("--"))
+    return int(args["pending-timeout"]), int(args["ready-timeout"]), int(t["activeDeadlineSeconds"])
 
 
 def test_kueue_labels_the_papers_gpu_workloads_and_its_queue_time_extends_only_the_argo_deadlines():
@@ -495,16 +501,17 @@ def test_kueue_labels_the_papers_gpu_workloads_and_its_queue_time_extends_only_t
     plain = _objects(paper)
     assert _queue_labels(plain) == {"job": [None], "job pods": [None], "isvc": [None, None], "pods": ["None"]}
     assert _deadlines(plain) == {"job": 172800, "train step": 900, "single step": 900, "wait step": 172800,
-                                 "started": "status.conditions.1.type", "serve step": 3600}
+                                 "started": "status.conditions.1.type", "serve wait": (900, 3600, 3900)}
     queued = _objects({**paper, "kueue": {"queueName": "gpu-team", "maxQueueSeconds": 7200}})
     assert _queue_labels(queued) == {"job": ["gpu-team"], "job pods": [None], "isvc": ["gpu-team", "gpu-team"],
                                      "pods": ["None"]}
     assert _deadlines(queued) == {"job": 172800, "train step": 900 + 7200, "single step": 900 + 7200,
                                   "wait step": 172800 + 7200, "started": "status.conditions.2.type",
-                                  "serve step": 3600 + 7200}
+                                  "serve wait": (900 + 7200, 3600 + 7200, 3900 + 7200)}
     # no pending bound: the start waits as long as the training may
     unbound = _objects({**paper, "scheduling": {"pendingTimeoutSeconds": 0}})
     assert _deadlines(unbound)["train step"] == 172800
+    assert _deadlines(unbound)["serve wait"] == (0, 3600, 3900)  # a held predictor waits for the ready deadline
     pods = _objects(_scenario("kueue"))
     assert _queue_labels(pods) == {"job": ["mass-gpu"], "job pods": [None], "isvc": ["mass-gpu", "mass-gpu"],
                                    "pods": ["mass-gpu"]}
@@ -601,7 +608,7 @@ def test_each_class_of_pods_gets_its_scheduling_values_and_every_pod_the_pull_se
     assert {c: v for c, v in got.items() if c not in ("trainer", "server")} == \
         {c: {"{}"} for c in ("step", "agent", "egress", "merge")}
     sas = [o for o in objs if o["kind"] == "ServiceAccount"]
-    assert len(sas) == 3 and all(o["imagePullSecrets"] == [{"name": "registry-credentials"}] for o in sas)
+    assert len(sas) == 4 and all(o["imagePullSecrets"] == [{"name": "registry-credentials"}] for o in sas)
     assert all(_errors(o) == [] for o in objs if o["kind"] in ("WorkflowTemplate", "ServiceAccount"))
     for o in (m for w in objs if w["kind"] == "WorkflowTemplate" for m in schemas.embedded_manifests(w) if "spec" in m):
         assert schemas.all_errors(o) == [], o["kind"]

@@ -44,7 +44,7 @@ COMMANDS = _commands()
 
 def test_every_step_of_the_cycle_has_an_entry():
     assert set(COMMANDS) == {"validate", "search", "collect", "episode", "guard", "rank", "render sft", "train",
-                             "select", "merge", "evaluate", "report", "egress-serve"}
+                             "select", "merge", "evaluate", "report", "egress-serve", "serve-wait"}
 
 
 @pytest.mark.parametrize("entry", sorted(COMMANDS))

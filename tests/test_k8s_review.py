@@ -347,8 +347,8 @@ def test_the_training_job_is_named_from_the_run_and_replaced_not_duplicated(cycl
 
 def test_the_inference_service_is_owned_locked_released_after_rank_and_deadlined(cycle):
     t = _t(cycle)
-    serve = t["serve-model"]
-    assert serve["resource"]["setOwnerReference"] is True and int(serve["activeDeadlineSeconds"]) > 0
+    serve = t["serve-model-apply"]
+    assert serve["resource"]["setOwnerReference"] is True and int(t["serve-model-wait"]["activeDeadlineSeconds"]) > 0
     assert t["cycle"]["synchronization"] == {"mutexes": [{"name": "mass-run-{{workflow.parameters.run}}"}]}
     order = _order(cycle)
     assert order.index("serve-model") == order.index("search") - 1

@@ -247,25 +247,27 @@ def access_checks(cluster: Cluster, s: ClusterSettings) -> list[Check]:
                            f"fails; ask for a RoleBinding to Argo's argo-workflows-edit ClusterRole"))
     except Forbidden as err:
         found.append(unread("submit a run", "a SelfSubjectAccessReview", err))
-    user = f"system:serviceaccount:{ns}:{manifests.EXECUTOR_SA}"
-    role = next(o for o in manifests.rbac(s) if o["kind"] == "Role")
-    missing = []
-    try:
-        for rule in role["rules"]:
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    res, _, sub = resource.partition("/")
-                    for verb in rule["verbs"]:
-                        attrs = {"namespace": ns, "verb": verb, "group": group, "resource": res, "subresource": sub}
-                        if not _review(cluster, "SubjectAccessReview", {"user": user, "resourceAttributes": attrs}):
-                            missing.append(f"{verb} {resource}{'.' + group if group else ''}")
-    except Forbidden as err:
-        return found + [unread("executor ServiceAccount", "a SubjectAccessReview", err)]
-    found.append(Check("executor ServiceAccount", f"{len(missing)} verb(s) missing" if missing else "every verb",
-                       f"role {manifests.EXECUTOR_SA}", not missing, f"role/rolebinding {manifests.EXECUTOR_SA} in {ns}",
-                       f"serviceaccount {manifests.EXECUTOR_SA} in {ns} may not {'; '.join(missing)} "
-                       f"(the chart's Role {manifests.EXECUTOR_SA} grants them: reinstall the chart, or fix the "
-                       f"Role and RoleBinding)"))
+    # each ServiceAccount of the chart may do what its Role grants: the executor (resource templates,
+    # Argo's wait containers) and the serve step's wait (it reads the predictor's pods)
+    for role in (o for o in manifests.rbac(s) if o["kind"] == "Role"):
+        name = role["metadata"]["name"]
+        what = f"{role['metadata']['labels']['app.kubernetes.io/component']} ServiceAccount"
+        user, missing = f"system:serviceaccount:{ns}:{name}", []
+        try:
+            for rule in role["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        res, _, sub = resource.partition("/")
+                        for verb in rule["verbs"]:
+                            attrs = {"namespace": ns, "verb": verb, "group": group, "resource": res, "subresource": sub}
+                            if not _review(cluster, "SubjectAccessReview", {"user": user, "resourceAttributes": attrs}):
+                                missing.append(f"{verb} {resource}{'.' + group if group else ''}")
+        except Forbidden as err:
+            return found + [unread(what, "a SubjectAccessReview", err)]
+        found.append(Check(what, f"{len(missing)} verb(s) missing" if missing else "every verb", f"role {name}",
+                           not missing, f"role/rolebinding {name} in {ns}",
+                           f"serviceaccount {name} in {ns} may not {'; '.join(missing)} (the chart's Role {name} "
+                           f"grants them: reinstall the chart, or fix the Role and RoleBinding)"))
     return found
 
 

@@ -46,6 +46,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("mass_jobs.commands.report", "rebuild <run>/report/ (JSON, Markdown, plots) from stored artifacts"),
     "run": ("mass_jobs.commands.run", "run generations L0 -> L_N locally end to end; rerun to resume"),
     "status": ("mass_jobs.commands.status", "what is done, running, failed or pending in a run"),
+    "serve-wait": ("mass_jobs.commands.serve_wait", "wait for an InferenceService to serve its model, or fail naming "
+                   "why it cannot (a predictor pod no node takes, a failed load)"),
     "pods": ("mass_jobs.commands.pods", "a run's pods on the cluster: episode, phase, why Pending or ended, logs"),
     "import": ("mass_jobs.commands.importer", "convert task files of another format: `mass import upstream DIR --out DIR`"),
     "verify": ("mass_jobs.commands.verify", "re-hash every output of every step manifest of a run; exit 1 if any broke"),

@@ -63,6 +63,7 @@ from mass_jobs.k8s.argo_vocab import (
     ROLLOUTS_PARAM,
     RUN,
     RUN_ID,
+    SERVE_WAIT,
     SPEC,
     STEP_RETRY,
     TASK,
@@ -75,10 +76,13 @@ from mass_jobs.k8s.argo_vocab import (
     input_params,
     step_args,
 )
-from mass_jobs.k8s.settings import SCRATCH_CLASSES, SCRATCH_VOLUMES, ClusterSettings, helm
+from mass_jobs.k8s.settings import SCRATCH_CLASSES, SCRATCH_VOLUMES, ClusterSettings, Pod, helm
 from mass_jobs.k8s.yamlio import _Dumper
 from mass_jobs.pipeline import nodes as N
 from mass_jobs.pipeline import table as P
+
+# the serve step's wait: a small pod (an interpreter and the Kubernetes client) polling the API
+WAIT_POD = Pod(cpu="100m", memory="512Mi", ephemeral="1Gi")
 
 
 class _Builder:
@@ -163,24 +167,54 @@ class _Builder:
 
     # -------------------------------------------------------------- resources
 
-    def serve_model(self) -> Resource:
+    def serve_model(self) -> None:
+        """serve-model: apply the InferenceService, then wait in a pod of our own until it serves
+        (`mass serve-wait`). KServe reports a predictor no node takes as it reports a model loading,
+        so the wait reads the predictor's pods and fails at the pending bound naming the scheduler's
+        message, not at the ready deadline."""
         labels = {**L.pod_labels(K.MODEL_STEP, gen=GEN), L.ARGO_WORKFLOW: "{{workflow.name}}", **L.queue_labels(self.s)}
         isvc = serving.inference_service(self.s, ISVC, "{{inputs.parameters.model-uri}}", labels,
                                          dtype="{{inputs.parameters.dtype}}")
-        return Resource(
-            name="serve-model",
+        Resource(
+            name="serve-model-apply",
             inputs=input_params("gen", "model-uri", "dtype"),
             action="apply",
             # Owned by the workflow: `argo terminate` / delete garbage-collects the GPU predictor.
             set_owner_reference=True,
             manifest=_manifest(isvc),
-            success_condition=serving.READY,
-            failure_condition=serving.FAILED,
             labels=L.pod_labels(K.MODEL_STEP, gen=GEN),
-            active_deadline_seconds=self.s.serve_step_deadline_s,
+            active_deadline_seconds=self.s.step.deadline_s,
             retry_strategy=RESOURCE_RETRY,
+        )
+        s = self.s
+        Container(
+            name=SERVE_WAIT,
+            image=s.images.jobs,
+            command=["mass"],
+            args=["serve-wait", ISVC, f"--pending-timeout={s.predictor_pending_s}", f"--ready-timeout={s.serve_ready_s}"],
+            inputs=input_params("gen"),
+            env=self.step_env(),
+            working_dir="/tmp",
+            resources=m.ResourceRequirements(**pods.resources(WAIT_POD, s)),
+            active_deadline_seconds=s.serve_step_deadline_s,
+            # the one pod with an API token: it reads the InferenceService and lists pods, nothing else
+            service_account_name=K.SERVE_WAIT_SA,
+            automount_service_account_token=True,
+            # the wait's last line (why the model is not served) becomes Argo's node message
+            termination_message_policy="FallbackToLogsOnError",
+            security_context=m.SecurityContext(**container_security(pods.container_security_context())),
+            volumes=[m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource())],
+            volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp")],
+            labels={**L.pod_labels("serve-model", gen=GEN), **L.queue_labels(s, plain_pod=True)},
+            # a pod lost with its node is retried; a wait that failed (exit 2) said why, and waiting
+            # again would end the same way
+            retry_strategy=STEP_RETRY,
             metrics=PM.metrics(PM.step_duration("serve-model")),
         )
+        with Steps(name="serve-model", inputs=input_params("gen", "model-uri", "dtype")):
+            Step(name="apply", template="serve-model-apply", arguments=step_args(
+                gen=GEN, model_uri="{{inputs.parameters.model-uri}}", dtype="{{inputs.parameters.dtype}}"))
+            Step(name="wait", template=SERVE_WAIT, arguments=step_args(gen=GEN))
 
     def delete_model(self) -> Resource:
         ref = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": {"name": ISVC}}

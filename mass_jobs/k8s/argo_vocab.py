@@ -48,6 +48,7 @@ EGRESS_IN = "{{inputs.parameters.egress}}"
 EGRESS_TEMPLATE = "egress-proxy"
 ROLLOUT = "{{inputs.parameters.rollout}}"  # a rollout's dir relative to the run (prepare lists them)
 AGENT_TEMPLATE = "agent-episode"
+SERVE_WAIT = "serve-model-wait"  # the serve step's pod that waits for the model (mass serve-wait)
 SANDBOX_DIR = "/sandbox"  # the emptyDir both containers of an agent pod mount: the socket, nothing else
 SANDBOX_SOCKET = f"{SANDBOX_DIR}/sandbox.sock"
 QWEN_DIR = "/qwen"  # the emptyDir of the harness and qwen-code containers only: qwen-code's socket

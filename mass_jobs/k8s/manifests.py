@@ -14,6 +14,7 @@ from mass_jobs.sandbox.egress_service import PORT as EGRESS_PORT
 EXECUTOR_SA = "mass-executor"  # Argo's wait/init containers and resource templates
 WORKFLOW_SA = "mass-workflow"  # main containers: no API rights, token not mounted
 MODEL_SA = "mass-model"  # KServe storage initializer: reads the model from S3
+SERVE_WAIT_SA = "mass-serve-wait"  # the serve step's wait: reads its InferenceService and predictor pods
 ARTIFACT_REPOSITORIES = "artifact-repositories"
 ARTIFACT_KEY = "default-v1"
 SEMAPHORES = "mass-semaphores"
@@ -47,6 +48,8 @@ def service_accounts(s: ClusterSettings) -> list[dict]:
         # Workflow pods never see a token; Argo mounts the executor's into its own containers.
         sa(WORKFLOW_SA, "workflow", automountServiceAccountToken=False),
         sa(MODEL_SA, "model", automountServiceAccountToken=False, secrets=[{"name": s.s3_secret}]),
+        # its token is mounted by the one template that runs as it (serve-model-wait): our code only
+        sa(SERVE_WAIT_SA, "serve-wait", automountServiceAccountToken=False),
         # With automountServiceAccountToken false Argo reads the executor token from this Secret.
         {
             "apiVersion": "v1",
@@ -85,7 +88,25 @@ def rbac(s: ClusterSettings) -> list[dict]:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": EXECUTOR_SA},
         "subjects": [{"kind": "ServiceAccount", "name": EXECUTOR_SA}],
     }
-    return [role, binding]
+    # KServe says nothing of a predictor pod no node takes: the serve step's wait reads the pods
+    # themselves (mass_jobs/cluster/model_wait.py), and may do nothing else
+    wait_role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(SERVE_WAIT_SA, s, "serve-wait"),
+        "rules": [
+            {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        ],
+    }
+    wait_binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(SERVE_WAIT_SA, s, "serve-wait"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SERVE_WAIT_SA},
+        "subjects": [{"kind": "ServiceAccount", "name": SERVE_WAIT_SA}],
+    }
+    return [role, binding, wait_role, wait_binding]
 
 
 def agent_network_policy(s: ClusterSettings) -> dict:

@@ -1,6 +1,7 @@
 """The InferenceService that serves one generation's model (KServe HuggingFace runtime, vLLM).
 
-Created by the `serve-model` resource template of `mass-cycle` and deleted by its exit handler;
+Applied by the `serve-model` step of `mass-cycle` (its wait: mass_jobs/cluster/model_wait.py) and
+deleted by its exit handler;
 `examples/k8s/inferenceservice-base.yaml` is the same object with example values.
 """
 
@@ -15,9 +16,6 @@ from mass_jobs.serving.backends import engine_args
 
 # KServe webhook: InferenceService names must be DNS-1035 labels.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-READY = "status.modelStatus.states.targetModelState == Loaded"
-# transitionStatus is UpToDate by default before loading, so only terminal failures count.
-FAILED = "status.modelStatus.transitionStatus in (BlockedByFailedLoad, InvalidSpec)"
 
 
 def isvc_name(run: str, gen: str) -> str:

@@ -65,6 +65,9 @@ class Placement:
 # Classes whose working files (/tmp: models, checkpoints; an agent pod's workspace and its commands'
 # /tmp) may live on a volume of their own (values `scratch.<class>`) instead of the node's disk;
 # KServe owns the predictor's download folder.
+# the serve step's wait pod outlives the wait's own ready deadline by this much: the wait, not the
+# kubelet, says why the model was not served
+SERVE_WAIT_MARGIN_S = 300
 SCRATCH_CLASSES = ("step", "merge", "trainer", "agent")
 SCRATCH_VOLUMES = {"agent": "workspace"}  # the volume scratch.<class> is, where not the pod's "tmp"
 
@@ -124,6 +127,11 @@ class ClusterSettings:
     job_deadline_s: int | str = field(init=False)
     train_step_deadline_s: str = field(init=False)
     serve_step_deadline_s: str = field(init=False)
+    # The serve step's wait (mass serve-wait): the model served within the ready deadline (plus the
+    # queue's bound), a predictor pod held past the pending bound (plus the queue's; 0: none) fails
+    # it; its pod's own deadline is a backstop SERVE_WAIT_MARGIN_S later.
+    serve_ready_s: str = field(init=False)
+    predictor_pending_s: str = field(init=False)
     schedules: tuple[str, ...] = ("0 3 * * 1",)
     cron_timezone: str = "UTC"
     cron_suspend: bool = True
@@ -162,7 +170,9 @@ class ClusterSettings:
             v, wait = ".Values", '(include "mass-jobs.queueWait" . | atoi)'
             derived = {"job_deadline_s": helm(f"{v}.resources.trainer.activeDeadlineSeconds"),
                        "train_step_deadline_s": helm(f"add {v}.resources.trainer.activeDeadlineSeconds {wait} | quote"),
-                       "serve_step_deadline_s": helm(f"add {v}.model.readyDeadlineSeconds {wait} | quote"),
+                       "serve_step_deadline_s": helm(f"add {v}.model.readyDeadlineSeconds {wait} {SERVE_WAIT_MARGIN_S} | quote"),
+                       "serve_ready_s": helm(f"add {v}.model.readyDeadlineSeconds {wait}"),
+                       "predictor_pending_s": helm('include "mass-jobs.predictorPending" .'),
                        "pod_pending_timeout": helm('include "mass-jobs.pendingTimeout" . | quote'),
                        "train_start_deadline_s": helm('include "mass-jobs.trainStartDeadline" . | quote')}
         else:
@@ -170,7 +180,9 @@ class ClusterSettings:
             bound = int(self.pending_timeout_s)
             derived = {"job_deadline_s": int(self.train_deadline_s),
                        "train_step_deadline_s": str(int(self.train_deadline_s) + wait),
-                       "serve_step_deadline_s": str(int(self.serve_deadline_s) + wait),
+                       "serve_step_deadline_s": str(int(self.serve_deadline_s) + wait + SERVE_WAIT_MARGIN_S),
+                       "serve_ready_s": str(int(self.serve_deadline_s) + wait),
+                       "predictor_pending_s": str(bound + wait) if bound else "0",
                        "pod_pending_timeout": str(bound + (wait if self.kueue_pods is True else 0)) if bound else "",
                        "train_start_deadline_s": str(bound + wait) if bound else str(int(self.train_deadline_s) + wait)}
         for name, value in derived.items():

@@ -118,6 +118,13 @@ pod gated by Kueue's plain-pod integration is Pending while queued, so the queue
 {{- if eq $bound 0 }}{{ else if and .Values.kueue.queueName .Values.kueue.podIntegration }}{{ add $bound .Values.kueue.maxQueueSeconds }}{{ else }}{{ $bound }}{{ end }}
 {{- end }}
 
+{{/* The serve step's wait: a predictor pod held (unscheduled, queued, its image not pulling) this
+long fails it; the pending bound plus the queue's under Kueue, 0 with no bound. */}}
+{{- define "mass-jobs.predictorPending" -}}
+{{- $bound := int .Values.scheduling.pendingTimeoutSeconds -}}
+{{- if eq $bound 0 }}0{{ else }}{{ add $bound (include "mass-jobs.queueWait" . | atoi) }}{{ end }}
+{{- end }}
+
 {{/* The train step's first part: its job's Master running within the pending bound (plus the
 queue's bound under Kueue); with no bound (0), the training deadline. */}}
 {{- define "mass-jobs.trainStartDeadline" -}}
