@@ -137,7 +137,7 @@ def test_evaluate_rollouts_verdicts_and_resume(judged_run):
                                            r"--served-gen 0\)"):
         ev.evaluate(ctx, 1, no_model, serve_judge, agent_pods=True)
     assert ev.plan(ctx, 1)["rounds"] == [{"gen": "0", "model-uri": ev.plan(ctx, 1)["rounds"][0]["model-uri"],
-                                          "dtype": ctx.spec.model.dtype}]
+                                          "dtype": ctx.spec.model.dtype, "rolls": "false", "judges": "true"}]
     assert ev.judge_round(ctx, 1, 1, None) == {"self_verdicts": 0}  # L_1's are all stored: nothing to call
     with serve_model(0) as endpoint:
         assert ev.judge_round(ctx, 1, 0, endpoint) == {"self_verdicts": 4}  # 3 read back, 1 given
@@ -173,6 +173,13 @@ def test_rounds_serve_one_model_at_a_time_and_judge_once_every_pair_is_stored():
     assert ev.serve_order({1, 2}, {2}) == [1, 2] and ev.serve_order({3}, {3}) == [3]
     assert ev.serve_order(set(), set()) == []
     assert [ev.planned_rounds(g) for g in (1, 2, 5)] == [[0, 1, 0], [2], [5]]
+    # what each round does: L_0 first only rolls out (no pair is whole yet), then only judges
+    assert ev.round_work({0, 1}, {0, 1}) == [(0, True, False), (1, True, True), (0, False, True)]
+    assert ev.round_work({1}, {0, 1}) == [(1, True, True), (0, False, True)]
+    assert ev.round_work(set(), {0, 1}) == [(0, False, True), (1, False, True)]
+    assert ev.round_work({0, 1}, set()) == [(0, True, False), (1, True, False)]
+    assert ev.round_work({0, 1}, {0}) == [(1, True, False), (0, True, True)]
+    assert ev.planned_work(2) == [(2, True, True)]
 
 
 def test_evaluate_needs_a_later_generation():

@@ -98,7 +98,7 @@ def test_every_template_reference_resolves(argo_docs):
                     other, target = _target(argo_docs, doc, h)
                     assert target["name"] in _templates(other)
                     checked += 1
-    assert checked == 71  # the hooks among them: the train step's two unstarted-job ones, evaluate's release
+    assert checked == 72  # the hooks among them: the train step's two unstarted-job ones, evaluate's release
 
 
 def _used_params(obj, scope: str) -> set[str]:

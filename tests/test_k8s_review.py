@@ -375,8 +375,14 @@ def test_evaluate_serves_one_model_at_a_time_and_releases_it_however_its_round_e
     assert serving["hooks"] == {"exit": {"template": "delete-model",
                                          "arguments": {"parameters": [{"name": "gen", "value": served}]}}}
     work = [s for group in t[serving["template"]]["steps"] for s in group]
-    assert [s["name"] for s in work] == ["serve", "prepare", "rollouts", "self-verdicts"]
+    assert [s["name"] for s in work] == ["serve", "rollouts", "self-verdicts"]
     assert {p["name"]: p["value"] for p in work[0]["arguments"]["parameters"]}["gen"] == served
+    # each part runs where the plan gave the round that part (L_0's first round rolls, its second judges);
+    # prepare and its fan-out are skipped together (the fan-out reads prepare's output)
+    assert [s.get("when") for s in work] == [None, "{{inputs.parameters.rolls}} == true",
+                                             "{{inputs.parameters.judges}} == true"]
+    assert [s["name"] for group in t[work[1]["template"]]["steps"] for s in group] == ["prepare", "rollouts"]
+    assert {p["name"]: p["value"] for p in rounds["arguments"]["parameters"]}["rolls"] == "{{item.rolls}}"
 
 # ---------------------------------------------------------------- model URIs, cron, fan-out
 

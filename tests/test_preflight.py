@@ -130,13 +130,13 @@ def test_the_recursion_bound_is_argos_exactly():
         spec = small(generations=1, search__iterations=iterations)
         (check,) = [c for c in preflight.checks(spec, defaults()) if c.name == "template recursion depth"]
         assert (check.value, check.ok) == (str(8 + iterations), ok)
-    # evaluate's agent pods sit two templates below its round: a search of fewer iterations is shallower
-    assert [preflight.recursion_depth(small(generations=2, search__iterations=k)) for k in (0, 1, 2, 3)] == [11, 11, 11, 12]
+    # evaluate's agent pods sit three templates below its round: a search of fewer iterations is shallower
+    assert [preflight.recursion_depth(small(generations=2, search__iterations=k)) for k in (0, 1, 2, 3, 4)] == [12, 12, 12, 12, 13]
 
 
 @pytest.mark.parametrize("changes,values,path,needle", [
     ({"generations": 40, "search__iterations": 60}, {"argo": {"nodeStatusOffload": True}}, "$.search.iterations",
-     "(generations - 1) + 8 + max(search.iterations, 2) < 100 (Argo's maxAllowedStackDepth: the controller errors at "
+     "(generations - 1) + 8 + max(search.iterations, 3) < 100 (Argo's maxAllowedStackDepth: the controller errors at "
      "depth >= 100 unless its environment sets DISABLE_MAX_RECURSION=true), found 107"),
     ({"execution__limits__wall_s": 86200}, {}, "$.execution.limits.wall_s",
      "at least 300 s below the agent pods' deadline 86400 s (chart value agent.activeDeadlineSeconds), found 86200"),

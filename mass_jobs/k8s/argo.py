@@ -466,14 +466,22 @@ class _Builder:
         # judge API keys come from an optional Secret (the spec names them: api_key_env)
         self.step(f"{sd.name}-finish", N.finish(argv), env_from=(self.s.judge_secret,))
         where = {"store_prefix": "{{inputs.parameters.store-prefix}}", "egress": EGRESS_IN}
-        round_inputs = ("gen", "served-gen", "model-uri", "dtype", "store-prefix", "egress")
-        with Steps(name=f"{sd.name}-serving", inputs=input_params(*round_inputs)):
-            Step(name="serve", template="serve-model", arguments=step_args(
-                gen=served, model_uri="{{inputs.parameters.model-uri}}", dtype="{{inputs.parameters.dtype}}"))
+        round_inputs = ("gen", "served-gen", "model-uri", "dtype", "rolls", "judges", "store-prefix", "egress")
+        # prepare and its fan-out in a template of their own: a `when` on the pair skips both, where
+        # a skipped prepare beside its fan-out would leave the fan-out's reference to its output
+        # unresolved, which Argo requeues forever
+        with Steps(name=f"{sd.name}-round-rollouts", inputs=input_params("gen", "served-gen", "store-prefix", "egress")):
             Step(name="prepare", template=f"{sd.name}-prepare", arguments=step_args(gen=GEN, served_gen=served))
             Step(name="rollouts", template=f"{sd.name}-rollouts", arguments=step_args(gen=GEN, rollouts=ROLLOUTS_PARAM,
                                                                                         **where))
-            Step(name="self-verdicts", template=f"{sd.name}-self-verdicts",
+        # a round runs only the part the plan gave it: L_0's first round at generation 1 judges
+        # nothing yet, its second rolls nothing out
+        with Steps(name=f"{sd.name}-serving", inputs=input_params(*round_inputs)):
+            Step(name="serve", template="serve-model", arguments=step_args(
+                gen=served, model_uri="{{inputs.parameters.model-uri}}", dtype="{{inputs.parameters.dtype}}"))
+            Step(name="rollouts", template=f"{sd.name}-round-rollouts", when="{{inputs.parameters.rolls}} == true",
+                 arguments=step_args(gen=GEN, served_gen=served, **where))
+            Step(name="self-verdicts", template=f"{sd.name}-self-verdicts", when="{{inputs.parameters.judges}} == true",
                  arguments=step_args(gen=GEN, served_gen=served))
         # the round's model goes however its work ended; the round (and so the next one) ends after
         # its exit hook, so no two rounds' predictors overlap
@@ -486,7 +494,7 @@ class _Builder:
             Step(name="plan", template=f"{sd.name}-plan", arguments=step_args(gen=GEN))
             Step(name="round", template=f"{sd.name}-round", with_param="{{steps.plan.outputs.parameters.rounds}}",
                  arguments=step_args(gen=GEN, served_gen="{{item.gen}}", model_uri="{{item.model-uri}}",
-                                     dtype="{{item.dtype}}", **where))
+                                     dtype="{{item.dtype}}", rolls="{{item.rolls}}", judges="{{item.judges}}", **where))
             Step(name="finish", template=f"{sd.name}-finish", arguments=step_args(gen=GEN))
         # one round at a time, in the plan's order: a steps template's parallelism counts its active
         # children, and Argo starts a group's items in their order

@@ -60,7 +60,9 @@ CHART_VALUES = Path(__file__).resolve().parents[2] / "charts" / "mass-jobs" / "v
 CHART_SCHEMA = CHART_VALUES.with_name("values.schema.json")
 ARGO_MAX_STACK_DEPTH = 100  # workflow/controller/operator.go: maxAllowedStackDepth
 CYCLE_DEPTH = 8  # mass-run -> cycle -> ... -> an agent pod's template, besides the two recursions
-ROUND_DEPTH = 2  # evaluate's agent pods sit two templates deeper: its round, and the work served in it
+# evaluate's agent pods sit three templates deeper: its round, the work served in it, and the round's
+# rollouts (prepare and its fan-out, skipped together where the round only judges)
+ROUND_DEPTH = 3
 AGENT_POD_MIN_S = 6 * 3600  # an uncapped paper-scale team episode runs for hours
 AGENT_STOP_S = 300  # the harness stops, uploads and exits after wall_s: an agent pod's deadline must leave this
 

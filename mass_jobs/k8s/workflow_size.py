@@ -158,7 +158,6 @@ class _Walk:
         self.nodes: dict[str, dict] = {}
         self.generation: dict[str, int] = {}  # node id -> the generation whose cycle made it
         self.gen = 0
-        self.rolled: set[int] = set()  # generations whose evaluate rollouts a round ran (L_0's once)
 
     def template(self, wft: str, name: str) -> dict:
         return next(t for t in self.docs[wft]["spec"]["templates"] if t["name"] == name)
@@ -252,6 +251,8 @@ class _Walk:
             return int(scope["inputs.parameters.gen"]) + 1 < int(scope["inputs.parameters.generations"])
         if (template, step) == ("cycle", "search"):
             return self.spec.search.iterations + 1 > 0
+        if template == "evaluate-serving" and step in ("rollouts", "self-verdicts"):
+            return scope["inputs.parameters.judges" if step == "self-verdicts" else "inputs.parameters.rolls"] == "true"
         if template == "train":
             workers = int(scope["inputs.parameters.trainer-workers"])
             return workers > 0 if step == "job" else workers == 0
@@ -286,16 +287,14 @@ class _Walk:
         if template == "evaluate-plan":
             new = g + 1
             o = argo_outputs(spec, new)
-            rounds = evaluate.planned_rounds(new)  # what the plan names, the earlier evaluations stored
-            return {"rounds": json.dumps([{"gen": str(h), "model-uri": o["model-uri"].replace(f"gen-{new}", f"gen-{h}"),
-                                           "dtype": o["dtype"]} for h in rounds])}
+            # what the plan names, the earlier evaluations stored
+            return {"rounds": json.dumps([evaluate.round_item(h, rolls, judges, o["model-uri"].replace(f"gen-{new}", f"gen-{h}"),
+                                                              o["dtype"]) for h, rolls, judges in evaluate.planned_work(new)])}
         if template == "evaluate-prepare":
-            new, h = g + 1, int(inputs["served-gen"])
-            fresh = [h] if h in evaluate.new_rollout_generations(new) and h not in self.rolled else []
-            self.rolled.add(h)
+            h = int(inputs["served-gen"])  # a round that rolls out: its generation's every rollout
             return {"rollouts": json.dumps([rollouts.fanout_item(ctx, evaluate.rollout_prefix(ctx, h, t.id, r), t.id,
                                                                  f"rep-{r}", h)
-                                            for h in fresh for t in spec.resolved_tasks()
+                                            for t in spec.resolved_tasks()
                                             for r in range(spec.evaluation.rollouts_per_task)])}
         return {}
 

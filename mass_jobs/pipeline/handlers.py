@@ -202,11 +202,15 @@ class Argv:
         endpoint = self.services.endpoint()
         return N.model_flags(endpoint.base_url, endpoint.model)
 
-    def rollouts(self, n: N.Node, argv: list[str], *, ingest_argv: list[str], model: list[str]) -> None:
-        """prepare (lists the rollouts) -> an agent per rollout -> ingest each -> finish."""
-        with self.outputs() as out:
-            self.services.mass(*N.prepare(argv, model, str(out)))
-            items = json.loads((out / ROLLOUTS_OUTPUT).read_text())
+    def rollouts(self, n: N.Node, argv: list[str], *, ingest_argv: list[str], model: list[str], rolls: bool = True,
+                 finish: bool = True) -> None:
+        """prepare (lists the rollouts) -> an agent per rollout -> ingest each -> finish; an evaluate
+        round runs the first part where it rolls out, the finish where it judges."""
+        items = []
+        if rolls:
+            with self.outputs() as out:
+                self.services.mass(*N.prepare(argv, model, str(out)))
+                items = json.loads((out / ROLLOUTS_OUTPUT).read_text())
 
         def one(item: dict) -> None:
             status = self.agent(item["rollout"], label=f"{n.step.name} {item.get('label', '')}")
@@ -214,7 +218,8 @@ class Argv:
                 self.services.mass(*N.ingest(ingest_argv, status, str(out), rollout=item["rollout"]))
 
         self.fan_out([lambda item=item: one(item) for item in items])
-        self.services.mass(*N.finish(argv, model))
+        if finish:
+            self.services.mass(*N.finish(argv, model))
 
     def episode(self, n: N.Node, argv: list[str]) -> None:
         """One collect episode: prepare says whether an agent must run and where its artifacts are."""
@@ -237,7 +242,8 @@ class Argv:
         for r in rounds:
             h = int(r["gen"])
             with serve_generation(h) as e:
-                self.rollouts(n, argv, ingest_argv=argv, model=N.round_flags(h, e.base_url, e.model))
+                self.rollouts(n, argv, ingest_argv=argv, model=N.round_flags(h, e.base_url, e.model),
+                              rolls=r["rolls"] == "true", finish=r["judges"] == "true")
         with contextlib.ExitStack() as servers:
             judges = []
             for judge in self.services.spec.judges:

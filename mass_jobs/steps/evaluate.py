@@ -14,10 +14,10 @@
 
 Locally the rollouts run in this process (shell commands sandboxed) against a server started per
 generation. On the cluster they run in agent pods against one InferenceService at a time, in rounds
-(`serve_order`): `--phase plan` names them; each round serves L_h, `--phase prepare --served-gen h`
-writes its missing rollouts' pod inputs, `--phase ingest` stores each pod's output
+(`serve_order`): `--phase plan` names them and what each does; each round serves L_h, `--phase prepare --served-gen h`
+writes its missing rollouts' pod inputs (where it rolls out), `--phase ingest` stores each pod's output
 (episodes/rollouts.py), `--phase finish --served-gen h` gives L_h's self-verdicts once every pair is
-stored, and L_h is released. A last `--phase finish` runs the panel (judges are external endpoints
+stored (where it judges), and L_h is released. A last `--phase finish` runs the panel (judges are external endpoints
 there). One predictor at a time: a GPU quota that fits one serves the whole run, and no predictor
 holds its GPU while another waits for admission.
 
@@ -159,10 +159,23 @@ def serve_order(rolling: set[int], judging: set[int]) -> list[int]:
     return first + sorted(judging - judged_there)
 
 
+def round_work(rolling: set[int], judging: set[int]) -> list[tuple[int, bool, bool]]:
+    """serve_order's rounds with what each does: (generation, rolls out, gives self-verdicts). At
+    generation 1 L_0's first round only rolls out and its second only judges, so neither runs the
+    pods of the other part."""
+    order, n = serve_order(rolling, judging), len(rolling)
+    return [(h, i < n, h in judging and i >= n - 1) for i, h in enumerate(order)]
+
+
+def planned_work(gen: int) -> list[tuple[int, bool, bool]]:
+    """The rounds of evaluate of `gen` once the earlier evaluations are stored (the cycles' order),
+    with what each does (`round_work`)."""
+    return round_work(set(new_rollout_generations(gen)), set(self_evaluators(gen)))
+
+
 def planned_rounds(gen: int) -> list[int]:
-    """The rounds of evaluate of `gen` once the earlier evaluations are stored (the cycles' order):
-    [0, 1, 0] at generation 1, [gen] after."""
-    return serve_order(set(new_rollout_generations(gen)), set(self_evaluators(gen)))
+    """The generations served, in order: [0, 1, 0] at generation 1, [gen] after."""
+    return [h for h, _, _ in planned_work(gen)]
 
 
 def all_rollouts(ctx: RunContext, gen: int) -> list[Rollout]:
@@ -171,14 +184,14 @@ def all_rollouts(ctx: RunContext, gen: int) -> list[Rollout]:
             for r in range(ctx.spec.evaluation.rollouts_per_task)]
 
 
-def rounds(ctx: RunContext, gen: int) -> list[int]:
+def rounds(ctx: RunContext, gen: int) -> list[tuple[int, bool, bool]]:
     """The rounds this step still needs, from what is stored: the generations with rollouts missing,
-    and the self-evaluators with verdicts missing (`serve_order`)."""
+    and the self-evaluators with verdicts missing (`round_work`)."""
 
     if formed(evaluate_step(ctx, gen)).done:
         return []
     rolling = {r.gen for r in all_rollouts(ctx, gen) if not r.manifest.done}
-    return serve_order(rolling, {h for h in self_evaluators(gen) if not self_judged(ctx, gen, h)})
+    return round_work(rolling, {h for h in self_evaluators(gen) if not self_judged(ctx, gen, h)})
 
 
 def _check_round(gen: int, served: int) -> None:
@@ -193,12 +206,18 @@ def self_judged(ctx: RunContext, gen: int, h: int) -> bool:
 
 
 def plan(ctx: RunContext, gen: int) -> dict:
-    """{"rounds": one per model served, in order, each with the storageUri the cycle's own model gets}."""
+    """{"rounds": one per model served, in order, each with the storageUri the cycle's own model gets
+    and what it does: "rolls" (its prepare and agent pods run) and "judges" (its self-verdicts)}."""
     spec = ctx.spec
     bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
     run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
-    return {"rounds": [{"gen": str(h), "model-uri": model_uri(spec, h, bucket, run_prefix), "dtype": spec.model.dtype}
-                       for h in rounds(ctx, gen)]}
+    return {"rounds": [round_item(h, rolls, judges, model_uri(spec, h, bucket, run_prefix), spec.model.dtype)
+                       for h, rolls, judges in rounds(ctx, gen)]}
+
+
+def round_item(h: int, rolls: bool, judges: bool, uri: str, dtype: str) -> dict:
+    """A round as the plan lists it for the cluster's fan-out (Argo's `when` reads "true"/"false")."""
+    return {"gen": str(h), "model-uri": uri, "dtype": dtype, "rolls": str(rolls).lower(), "judges": str(judges).lower()}
 
 
 def prepare(ctx: RunContext, gen: int, served: int, endpoint) -> dict:
