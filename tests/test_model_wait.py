@@ -37,6 +37,7 @@ def isvc(state: str = "Pending", transition: str = "InProgress", failure: dict |
 UNSCHED = {"status": "False", "reason": "Unschedulable", "message": UNSCHEDULABLE}
 
 
+@pytest.mark.unit
 def test_a_pod_is_held_while_unscheduled_queued_or_its_image_does_not_pull_not_while_it_loads():
     assert held(pod("p", scheduled=UNSCHED)) == f"Unschedulable: {UNSCHEDULABLE}"
     gated = {"status": "False", "reason": "SchedulingGated", "message": "Scheduling is blocked due to non-empty scheduling gates"}
@@ -50,6 +51,7 @@ def test_a_pod_is_held_while_unscheduled_queued_or_its_image_does_not_pull_not_w
     assert held(no_condition) == "not scheduled yet"
 
 
+@pytest.mark.unit
 def test_a_held_pod_fails_the_wait_at_the_pending_bound_naming_the_schedulers_message():
     since: dict = {}
     unscheduled = [pod("p-1", scheduled=UNSCHED)]
@@ -61,6 +63,7 @@ def test_a_held_pod_fails_the_wait_at_the_pending_bound_naming_the_schedulers_me
     assert look(NAME, isvc(), unscheduled, {}, 10**6, 0).failure == ""
 
 
+@pytest.mark.unit
 def test_a_pod_that_got_scheduled_starts_its_count_again_if_held_again():
     since: dict = {}
     look(NAME, isvc(), [pod("p-1", scheduled=UNSCHED)], since, 0.0, 900)
@@ -72,6 +75,7 @@ def test_a_pod_that_got_scheduled_starts_its_count_again_if_held_again():
     assert "held for 900 s" in look(NAME, isvc(), [pod("p-2", scheduled=UNSCHED)], since, 1750.0, 900).failure
 
 
+@pytest.mark.unit
 def test_loaded_ends_the_wait_and_a_failed_load_fails_it_with_kserves_reason():
     assert look(NAME, isvc("Loaded", "UpToDate"), [pod("p", phase="Running")], {}, 0.0, 900).done
     failure = {"reason": "ModelLoadFailed", "message": "no such key: gen-1/model"}
