@@ -63,50 +63,35 @@ def service_accounts(s: ClusterSettings) -> list[dict]:
 
 def rbac(s: ClusterSettings) -> list[dict]:
     verbs = ["create", "get", "list", "watch", "patch", "delete"]
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": _meta(EXECUTOR_SA, s, "executor"),
-        "rules": [
-            {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
-            # setOwnerReference sets blockOwnerDeletion: where OwnerReferencesPermissionEnforcement is on
-            # (OpenShift) that needs update on the owner's finalizers
-            {"apiGroups": ["argoproj.io"], "resources": ["workflows/finalizers"], "verbs": ["update"]},
-            {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": verbs},
-            {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": verbs},
-            # each cycle's egress proxy (egress_proxy.py): its Deployment and Service
-            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": verbs},
-            {"apiGroups": [""], "resources": ["services"], "verbs": verbs},
-            # a trainer job that never started: its Master's scheduling message, read before the job goes
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
-        ],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": _meta(EXECUTOR_SA, s, "executor"),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": EXECUTOR_SA},
-        "subjects": [{"kind": "ServiceAccount", "name": EXECUTOR_SA}],
-    }
+    executor = [
+        {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
+        # setOwnerReference sets blockOwnerDeletion: where OwnerReferencesPermissionEnforcement is on
+        # (OpenShift) that needs update on the owner's finalizers
+        {"apiGroups": ["argoproj.io"], "resources": ["workflows/finalizers"], "verbs": ["update"]},
+        {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": verbs},
+        {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": verbs},
+        # each cycle's egress proxy (egress_proxy.py): its Deployment and Service
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": verbs},
+        {"apiGroups": [""], "resources": ["services"], "verbs": verbs},
+        # a trainer job that never started: its Master's scheduling message, read before the job goes
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+    ]
     # KServe says nothing of a predictor pod no node takes: the serve step's wait reads the pods
     # themselves (mass_jobs/cluster/model_wait.py), and may do nothing else
-    wait_role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": _meta(SERVE_WAIT_SA, s, "serve-wait"),
-        "rules": [
-            {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": ["get"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-        ],
-    }
-    wait_binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": _meta(SERVE_WAIT_SA, s, "serve-wait"),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SERVE_WAIT_SA},
-        "subjects": [{"kind": "ServiceAccount", "name": SERVE_WAIT_SA}],
-    }
-    return [role, binding, wait_role, wait_binding]
+    serve_wait = [
+        {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    ]
+    return [*_role(EXECUTOR_SA, s, "executor", executor), *_role(SERVE_WAIT_SA, s, "serve-wait", serve_wait)]
+
+
+def _role(account: str, s: ClusterSettings, component: str, rules: list[dict]) -> list[dict]:
+    """A Role named after the ServiceAccount it grants `rules` to, and its RoleBinding."""
+    api = "rbac.authorization.k8s.io"
+    return [{"apiVersion": f"{api}/v1", "kind": "Role", "metadata": _meta(account, s, component), "rules": rules},
+            {"apiVersion": f"{api}/v1", "kind": "RoleBinding", "metadata": _meta(account, s, component),
+             "roleRef": {"apiGroup": api, "kind": "Role", "name": account},
+             "subjects": [{"kind": "ServiceAccount", "name": account}]}]
 
 
 def agent_network_policy(s: ClusterSettings) -> dict:
