@@ -747,7 +747,8 @@ def test_the_executor_refuses_a_deployment_the_api_server_refuses(executor_for):
 
 def test_a_queued_predictor_loads_only_once_kueue_admits_it(executor_for, s3_env):
     """The InferenceService the cycle renders with a queue: its pods wait behind Kueue's gate (no
-    download, no failure) until the queue covers every resource it requests and has its GPU; then
+    download, no failure; listed SchedulingGated, which the serve step's wait counts against its
+    bound) until the queue covers every resource it requests and has its GPU; then
     KServe loads it (here: an empty prefix, so BlockedByFailedLoad, which shows the storage
     initializer ran)."""
     from mass_jobs.k8s import labels, serving
@@ -762,6 +763,15 @@ def test_a_queued_predictor_loads_only_once_kueue_admits_it(executor_for, s3_env
         assert ex.cluster.get("InferenceService", "m")["status"]["modelStatus"]["states"]["targetModelState"] == "Loading"
         time.sleep(0.1)
     assert ex.cluster.kueue.pending() == [("InferenceService", "m")]
+    # its pod exists, gated: the serve step's wait counts it as held (the queue's bound is in its bound)
+    from mass_jobs.cluster.model_wait import look
+
+    (pod,) = [p for p in ex.cluster.scheduler.api_pods(ex.cluster.namespace)
+              if p["metadata"]["labels"].get("serving.kserve.io/inferenceservice") == "m"]
+    since: dict = {}
+    gated = "SchedulingGated: Scheduling is blocked due to non-empty scheduling gates"
+    assert look("m", ex.cluster.get("InferenceService", "m"), [pod], since, 0.0, 60).waiting == f"pod m-predictor-0: {gated}"
+    assert look("m", ex.cluster.get("InferenceService", "m"), [pod], since, 60.0, 60).failure.endswith(gated)
     # a queue of CPU, memory and GPUs, as a cluster's first ClusterQueue often is: the predictor asks
     # for ephemeral-storage too, which the queue does not list, so Kueue never admits it
     ex.cluster.kueue.set_quota("gpu-team", {"cpu": "256", "memory": "4Ti", "nvidia.com/gpu": 8})
