@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from mass_jobs.cluster.api import Cluster, Forbidden, Unreachable
+from mass_jobs.cluster.pods import reason
 
 ISVC_LABEL = "serving.kserve.io/inferenceservice"
 # a container waiting for one of these will not start by waiting longer (the kubelet's reasons)
@@ -53,16 +54,13 @@ def held(pod: dict) -> str:
     status = pod.get("status") or {}
     if status.get("phase", "Pending") != "Pending":
         return ""
-    for c in status.get("conditions") or []:
-        if c.get("type") == "PodScheduled" and c.get("status") == "False":
-            return f"{c.get('reason') or 'Unschedulable'}: {c.get('message', '')}".rstrip(": ")
-    if not any(c.get("type") == "PodScheduled" for c in status.get("conditions") or []):
+    scheduled = [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"]
+    if not scheduled:
         return "not scheduled yet"
-    for c in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
-        waiting = (c.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in IMAGE_HELD:
-            return f"{waiting['reason']} ({c.get('name', '')}): {waiting.get('message', '')}".rstrip(": ")
-    return ""
+    why = reason(pod)  # `mass pods`'s reading: the scheduler's condition, then each container's state
+    if scheduled[0].get("status") == "False":
+        return why
+    return why if why.split(" ", 1)[0] in IMAGE_HELD else ""
 
 
 @dataclass

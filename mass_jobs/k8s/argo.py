@@ -21,6 +21,8 @@ The names and retries all templates share are `argo_vocab`, the Steps templates 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import yaml
 from hera.workflows import (
     Container,
@@ -103,6 +105,21 @@ class _Builder:
 
     # -------------------------------------------------------------- containers
 
+    def jobs_pod(self, pod) -> dict:
+        """What every pod of the jobs image has: `mass` in a read-only root with a writable /tmp, the
+        step env, its size, and its deadline (a step that hangs fails instead of holding the run)."""
+        return dict(
+            image=self.s.images.jobs,
+            command=["mass"],
+            env=self.step_env(),
+            working_dir="/tmp",
+            resources=m.ResourceRequirements(**pods.resources(pod, self.s)),
+            active_deadline_seconds=pod.deadline_s,
+            security_context=m.SecurityContext(**container_security(pods.container_security_context())),
+            volumes=[m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource())],
+            volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp")],
+        )
+
     def step(self, name: str, args: list[str], *, inputs=("gen",), task: str = "", episode: str = "",
              outputs=None, pod=None, env_from=(), label: str | None = None, gpu_semaphore=False,
              metrics=()) -> Container:
@@ -118,21 +135,12 @@ class _Builder:
         secret_refs = [s.s3_secret, *env_from]
         return Container(
             name=name,
-            image=s.images.jobs,
-            command=["mass"],
             args=args,
             inputs=input_params(*inputs),
             outputs=outputs or None,
-            env=self.step_env(),
             env_from=[m.EnvFromSource(secret_ref=m.SecretEnvSource(name=n, optional=(n != s.s3_secret)))
                       for n in secret_refs],
-            working_dir="/tmp",
-            resources=m.ResourceRequirements(**pods.resources(pod or s.step, s)),
-            # a step that hangs (a stuck download, a lost peer) fails and is retried instead of holding the run
-            active_deadline_seconds=(pod or s.step).deadline_s,
-            security_context=m.SecurityContext(**container_security(pods.container_security_context())),
-            volumes=[m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource())],
-            volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp")],
+            **self.jobs_pod(pod or s.step),
             labels={**L.pod_labels(label or name, gen=GEN if "gen" in inputs else "", task=task, episode=episode),
                     **L.queue_labels(s, plain_pod=True)},
             annotations={f"{L.PREFIX}/spec": SPEC},
@@ -189,22 +197,15 @@ class _Builder:
         s = self.s
         Container(
             name=SERVE_WAIT,
-            image=s.images.jobs,
-            command=["mass"],
             args=["serve-wait", ISVC, f"--pending-timeout={s.predictor_pending_s}", f"--ready-timeout={s.serve_ready_s}"],
             inputs=input_params("gen"),
-            env=self.step_env(),
-            working_dir="/tmp",
-            resources=m.ResourceRequirements(**pods.resources(WAIT_POD, s)),
-            active_deadline_seconds=s.serve_step_deadline_s,
+            # no store credentials: it reads the API server alone
+            **self.jobs_pod(replace(WAIT_POD, deadline_s=s.serve_step_deadline_s)),
             # the one pod with an API token: it reads the InferenceService and lists pods, nothing else
             service_account_name=K.SERVE_WAIT_SA,
             automount_service_account_token=True,
             # the wait's last line (why the model is not served) becomes Argo's node message
             termination_message_policy="FallbackToLogsOnError",
-            security_context=m.SecurityContext(**container_security(pods.container_security_context())),
-            volumes=[m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource())],
-            volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp")],
             labels={**L.pod_labels("serve-model", gen=GEN), **L.queue_labels(s, plain_pod=True)},
             # a pod lost with its node is retried; a wait that failed (exit 2) said why, and waiting
             # again would end the same way

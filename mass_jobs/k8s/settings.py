@@ -65,11 +65,11 @@ class Placement:
 # Classes whose working files (/tmp: models, checkpoints; an agent pod's workspace and its commands'
 # /tmp) may live on a volume of their own (values `scratch.<class>`) instead of the node's disk;
 # KServe owns the predictor's download folder.
+SCRATCH_CLASSES = ("step", "merge", "trainer", "agent")
+SCRATCH_VOLUMES = {"agent": "workspace"}  # the volume scratch.<class> is, where not the pod's "tmp"
 # the serve step's wait pod outlives the wait's own ready deadline by this much: the wait, not the
 # kubelet, says why the model was not served
 SERVE_WAIT_MARGIN_S = 300
-SCRATCH_CLASSES = ("step", "merge", "trainer", "agent")
-SCRATCH_VOLUMES = {"agent": "workspace"}  # the volume scratch.<class> is, where not the pod's "tmp"
 
 
 @dataclass(frozen=True)

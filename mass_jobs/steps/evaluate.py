@@ -14,12 +14,13 @@
 
 Locally the rollouts run in this process (shell commands sandboxed) against a server started per
 generation. On the cluster they run in agent pods against one InferenceService at a time, in rounds
-(`serve_order`): `--phase plan` names them and what each does; each round serves L_h, `--phase prepare --served-gen h`
-writes its missing rollouts' pod inputs (where it rolls out), `--phase ingest` stores each pod's output
-(episodes/rollouts.py), `--phase finish --served-gen h` gives L_h's self-verdicts once every pair is
-stored (where it judges), and L_h is released. A last `--phase finish` runs the panel (judges are external endpoints
-there). One predictor at a time: a GPU quota that fits one serves the whole run, and no predictor
-holds its GPU while another waits for admission.
+(`round_work`): `--phase plan` names them and what each does; each round serves L_h; where it
+rolls out, `--phase prepare --served-gen h` writes its missing rollouts' pod inputs and `--phase
+ingest` stores each pod's output (episodes/rollouts.py); where it judges, `--phase finish
+--served-gen h` gives L_h's self-verdicts (every pair is stored by then); then L_h is released. A
+last `--phase finish` runs the panel (judges are external endpoints there). One predictor at a
+time: a GPU quota that fits one serves the whole run, and no predictor holds its GPU while another
+waits for admission.
 
 Evaluation is reporting only: nothing here is read by search, ranking, rendering, training or
 checkpoint selection, and test tasks appear only here.
