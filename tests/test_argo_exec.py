@@ -595,6 +595,26 @@ def test_a_predictor_no_node_takes_fails_the_serve_step_at_the_pending_bound_nam
                      (user, f"/api/v1/namespaces/{ns}/pods")}
 
 
+def test_a_pod_naming_a_service_account_the_cluster_lacks_is_never_created(executor_for):
+    """The ServiceAccount admission plugin refuses a pod whose account does not exist: the node
+    errors with the API server's message and nothing runs (a chart that forgot an account fails at
+    its first pod, not later)."""
+    from mass_jobs.k8s import manifests
+    from mass_jobs.k8s.settings import ClusterSettings
+
+    step = {"name": "step", "container": container("echo ran > /tmp/ran"), "volumes": [{"name": "tmp", "emptyDir": {}}]}
+    main = {"name": "main", "steps": [[{"name": "a", "template": "step"}]]}
+    ex = executor_for(wft("lacking", [main, {**step, "serviceAccountName": "mass-nobody"}]),
+                      wft("present", [main, {**step, "serviceAccountName": manifests.SERVE_WAIT_SA}]),
+                      *manifests.service_accounts(ClusterSettings()))
+    wf = ex.submit("lacking", {})
+    (pod,) = wf.find(type="Pod")
+    assert (wf.phase, pod.phase) == ("Failed", "Error"), wf.summary()
+    assert pod.message == ('pods is forbidden: error looking up service account mass-jobs/mass-nobody: '
+                           'serviceaccount "mass-nobody" not found')
+    assert ex.submit("present", {}).phase == "Succeeded"
+
+
 def failed_pending(ex, name: str):
     """Submit `name`, whose one pod no node takes under a 3 s pendingTimeout: (that pod, the messages
     it was Pending with). It fails "timeout" within the bound, once (a pending timeout is not retried)."""
