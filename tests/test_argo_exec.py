@@ -40,22 +40,22 @@ from tests.fixtures.argo_cluster import (
     JOBS_IMAGE,
     JUDGE_KEY,
     JUDGE_KEY_ENV,
-    JUDGE_SECRET,
     NODE_POOL,
     S3_SECRET,
     LocalRun,
     archive_difference,
     chart_docs,
-    cluster_docs,
+    ci_spec,
     container,
     manifests,
+    one_generation,
     put_spec,
     pytorchjob,
+    run_store,
     timeless,
-    upload_dir,
     wft,
 )
-from tests.fixtures.argo_exec import ArgoExecutor, load_documents
+from tests.fixtures.argo_exec import load_documents
 from tests.fixtures.argo_exec.artifacts import Repository, load_input, save_output
 from tests.fixtures.argo_exec.conditions import check, matches
 from tests.fixtures.argo_exec.expr import ExprError, evaluate, evaluate_when, nest
@@ -947,7 +947,6 @@ def test_inferenceservice_storage_download_is_a_plain_prefix(cluster, tmp_path):
 
 # ---------------------------------------------------------------- the generated templates, end to end
 
-CI_SPEC = REPO / "tests" / "specs" / "ci-e2e.yaml"
 
 
 def test_argo_files_are_the_chart_rendered_with_defaults():
@@ -1051,49 +1050,6 @@ def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod(
         limits = (cycle[name].get("container") or {}).get("resources", {}).get("limits", {})
         assert "nvidia.com/gpu" not in limits, name
     assert {"serve-model", "delete-model"} <= reach("evaluate")
-
-
-def ci_spec(s3: dict, model_uri: str, store_prefix: str, judge_url: str, **overrides) -> dict:
-    """tests/specs/ci-e2e.yaml with the model, judges and store on S3 (what a cluster run needs).
-    On the cluster judges are external endpoints (evaluate's pods serve no model)."""
-    doc = yaml.safe_load(CI_SPEC.read_text())
-    doc["model"]["base"] = model_uri
-    doc["model"]["sampling"]["context_length"] = 32768  # the chart's default vLLM --max-model-len
-    doc["judges"] = [{"name": "scripted-judge", "endpoint": judge_url, "model": "hash-judge", "seeds": [1, 2],
-                      "api_key_env": JUDGE_KEY_ENV}]
-    doc["store"] = {"uri": f"s3://{s3['bucket']}/{store_prefix}", "endpoint_url": s3["endpoint_url"],
-                    "region": s3["region"]}
-    for path, value in overrides.items():
-        node = doc
-        *parents, last = path.split(".")
-        for p in parents:
-            node = node[p]
-        node[last] = value
-    return doc
-
-
-@pytest.fixture
-def cluster(s3_env, tmp_path, tiny_model_dir):
-    """An executor over argo/ and moto, the tiny model uploaded where the spec points KServe at it,
-    and an external judge (a scripted fixture endpoint)."""
-    from mass_jobs.tools.testing.scripted_judges import HashVerdictJudge
-
-    model_uri = upload_dir(s3_env, tiny_model_dir, "models/tiny")
-    judge = HashVerdictJudge().__enter__()
-    made = []
-
-    def make(s3_secret_extra: dict | None = None, judge_keys: dict | None = None, **kw):
-        secrets = {S3_SECRET: {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                               **(s3_secret_extra or {})},
-                   JUDGE_SECRET: {JUDGE_KEY_ENV: JUDGE_KEY} if judge_keys is None else judge_keys}
-        ex = ArgoExecutor(cluster_docs(s3_env), secrets, tmp_path / f"cluster{len(made)}", **kw)
-        made.append(ex)
-        return ex
-
-    yield {"s3": s3_env, "model_uri": model_uri, "make": make, "judge_url": judge.base_url}
-    for ex in made:
-        ex.close()
-    judge.__exit__(None, None, None)
 
 
 @pytest.mark.slow(cost=250)
@@ -1233,15 +1189,6 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
 
 def doc_iterations(doc: dict) -> int:
     return doc["search"]["iterations"]
-
-
-def one_generation(cluster, prefix: str, **overrides) -> tuple[dict, str]:
-    doc = ci_spec(cluster["s3"], cluster["model_uri"], prefix, cluster["judge_url"], generations=1, **overrides)
-    return doc, put_spec(cluster["s3"], doc, f"specs/{prefix}.yaml")
-
-
-def run_store(doc: dict):
-    return open_store(StoreSpec(**doc["store"]))
 
 
 @pytest.mark.slow(cost=15)

@@ -205,13 +205,16 @@ def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(m
     assert "done-audit-gen" in {p["name"] for p in t["validate"]["outputs"]["parameters"]}
 
 
+# a model step per task before render, named by reference as the cycle's validate step reads it
+SCORED = _extended(P.StepDef("score", "task", "mass_jobs.steps.rank:run_rank", ("score",),
+                             "mass_jobs.steps.rank:rank_step", reads=("rank",), writes=("rank",), model=True), "render")
+
+
 def test_task_scoped_and_model_steps_compile_to_fanouts_and_endpoint_flags(monkeypatch):
     from mass_jobs.k8s import argo
     from mass_jobs.k8s.settings import ClusterSettings
 
-    extra = P.StepDef("score", "task", "mass_jobs.steps.rank:run_rank", ("score",), "mass_jobs.steps.rank:rank_step",
-                      reads=("rank",), writes=("rank",), model=True)
-    cycle = argo.mass_cycle(ClusterSettings(), _extended(extra, "render"))
+    cycle = argo.mass_cycle(ClusterSettings(), "tests.test_pipeline:SCORED")
     t = _templates(cycle)
     assert t["score"]["container"]["args"][:7] == ["score", "--spec", SPEC, "--gen", GEN, "--task",
                                                    "{{inputs.parameters.task}}"]

@@ -40,6 +40,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("mass_jobs.commands.collect", "teacher episodes of the elite workflow (one --episode; Argo --phase)"),
     "guard": ("mass_jobs.commands.guard", "deterministic guard verdicts (outputs, protected paths, metrics, checks)"),
     "rank": ("mass_jobs.commands.rank", "pairwise self-verdicts, Bradley-Terry, train/val episode manifest"),
+    "rollouts": ("mass_jobs.commands.rollouts", "an agent step declared outside the package (--step module:NAME), "
+                 "for one task; Argo --phase"),
     "evaluate": ("mass_jobs.commands.evaluate", "bare-prompt rollouts of L_G and its baselines, judge panel, self-evaluator"),
     "benchmark": ("mass_jobs.commands.benchmark", "score generations on an external benchmark dir (prompts + grader command)"),
     "compare-runs": ("mass_jobs.commands.compare_runs", "runs side by side: teacher composition, windows by role, tokens, win share"),

@@ -30,6 +30,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--artifact-bucket", metavar="BUCKET",
                         help="the Argo artifact repository's bucket: the run's store must be in it (agent pods "
                              "exchange episodes as artifacts)")
+    parser.add_argument("--pipeline", metavar="MODULE:NAME",
+                        help="with --outputs: the done flags of this pipeline's steps (one compiled with "
+                             "`mass render argo --pipeline`), not the shipped one's")
     parser.add_argument("--run", metavar="NAME",
                         help="the workflow's run parameter: must be the spec's name (it names the InferenceService "
                              "and the served model)")
@@ -157,6 +160,13 @@ def main(args) -> int:
         from mass_jobs.store import open_store
 
         issues = []
+        if args.pipeline:
+            from mass_jobs.pipeline.table import steps
+
+            try:
+                steps(args.pipeline)
+            except ValueError as err:
+                issues.append(SpecIssue("--pipeline", str(err)))
         if not 0 <= args.gen <= spec.generations:
             issues.append(SpecIssue("--gen", f"expected 0..{spec.generations} (generations), found {args.gen}"))
         if not spec.store.uri.startswith("s3://"):
@@ -174,7 +184,7 @@ def main(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
         from mass_jobs.pipeline.table import argo_outputs
 
-        for name, text in {**argo_outputs(spec, args.gen), **done_outputs(ctx, args.gen)}.items():
+        for name, text in {**argo_outputs(spec, args.gen), **done_outputs(ctx, args.gen, args.pipeline)}.items():
             (out / name).write_text(text)
         if args.gen >= 1 or spec.model.serve:  # what this cycle's InferenceService serves, and why
             from mass_jobs.serving.precision import for_cluster

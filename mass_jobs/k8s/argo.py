@@ -90,8 +90,13 @@ WAIT_POD = Pod(cpu="100m", memory="512Mi", ephemeral="1Gi")
 class _Builder:
     """Template factories that share the cluster settings."""
 
-    def __init__(self, s: ClusterSettings, pipeline=None):
-        self.s = s
+    def __init__(self, s: ClusterSettings, pipeline: str | None = None):
+        """`pipeline`: "module:NAME" of a pipeline other than the shipped one; the cycle's validate
+        step, which reads every step's done flag, is handed the same reference."""
+        if pipeline is not None and not isinstance(pipeline, str):
+            raise ValueError("pipeline: expected module:NAME (the cycle's validate step imports it), "
+                             f"got {type(pipeline).__name__}")
+        self.s, self.pipeline = s, pipeline
         self.steps = P.steps(pipeline)
         self.parallelism: dict[str, int | str] = {}  # template name -> parallelism
 
@@ -369,7 +374,8 @@ class _Builder:
         outputs = [Parameter(name=k, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{f}")) for k, f in names.items()]
         # The chart's values the preflight checks: validate refuses a spec the cluster cannot run.
         chart = [f"--chart-value={key}={value}" for key, value in self.chart_values().items()]
-        return self.step("validate", ["validate", SPEC, "--gen", GEN, "--outputs", OUTPUTS_DIR, "--run", RUN_ID,
+        own = ["--pipeline", self.pipeline] if self.pipeline else []
+        return self.step("validate", ["validate", SPEC, "--gen", GEN, "--outputs", OUTPUTS_DIR, *own, "--run", RUN_ID,
                                       "--artifact-bucket", self.s.bucket,
                                       # one argument: the chart's value is an unquoted Helm action
                                       f"--max-model-len={self.s.max_model_len}", *chart],
@@ -568,7 +574,7 @@ def scheduling_class(template: str, steps) -> str:
     return next((sd.resources for sd in steps if sd.name == template), "step")
 
 
-def mass_cycle(s: ClusterSettings, pipeline=None) -> dict:
+def mass_cycle(s: ClusterSettings, pipeline: str | None = None) -> dict:
     b = _Builder(s, pipeline)
     with WorkflowTemplate(
         name=CYCLE,

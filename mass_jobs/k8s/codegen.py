@@ -54,9 +54,9 @@ _CRON_DOC = (
 )
 
 
-def _argo_docs(s: ClusterSettings) -> dict[str, tuple[tuple, list[dict]]]:
+def _argo_docs(s: ClusterSettings, pipeline: str | None = None) -> dict[str, tuple[tuple, list[dict]]]:
     return {
-        "mass-cycle.yaml": (_CYCLE_DOC, [argo.mass_cycle(s)]),
+        "mass-cycle.yaml": (_CYCLE_DOC, [argo.mass_cycle(s, pipeline)]),
         "mass-run.yaml": (_RUN_DOC, [argo.mass_run(s)]),
         "mass-nightly.yaml": (_CRON_DOC, [argo.cron(s)]),
     }
@@ -183,8 +183,9 @@ def _render(docs: dict, prefix: str, command: str) -> dict[str, str]:
             for name, ((title, lines), objs) in docs.items()}
 
 
-def argo_files(settings: ClusterSettings | None = None, command: str = "mass render argo --out argo/") -> dict[str, str]:
-    return _render(_argo_docs(settings or ClusterSettings()), "argo/", command)
+def argo_files(settings: ClusterSettings | None = None, command: str = "mass render argo --out argo/",
+               pipeline: str | None = None) -> dict[str, str]:
+    return _render(_argo_docs(settings or ClusterSettings(), pipeline), "argo/", command)
 
 
 def manifest_files(settings: ClusterSettings | None = None,

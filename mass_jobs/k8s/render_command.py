@@ -4,6 +4,7 @@
     mass render argo --out argo/ --manifests manifests/ --examples examples/k8s/ --chart charts/mass-jobs/
     mass render argo --out argo/ --check      # write nothing; exit 1 when a file on disk differs
     mass render argo --out my-argo/ --values my-values.yaml   # plain YAML with your chart values baked in
+    mass render argo --out my-argo/ --pipeline my_steps:PIPELINE   # mass-cycle of a pipeline of your own
 
 Without --values the files carry the chart's defaults (AWS S3, bucket mass-jobs, the published
 images); with it they carry the chart's defaults with those files merged over them, as `helm
@@ -31,40 +32,70 @@ def add_arguments(parser) -> None:
     parser.add_argument("--values", action="append", default=[], metavar="VALUES.yaml",
                         help="bake these chart values (merged over the chart's defaults) into the plain YAML; "
                              "repeatable; not with --chart (the chart reads its values at install)")
+    parser.add_argument("--pipeline", metavar="MODULE:NAME",
+                        help="compile mass-cycle from this pipeline (a sequence of StepDefs importable in the jobs "
+                             "image, e.g. one with an agent step of your own) instead of the shipped one; not with --chart")
+
+
+def check_pipeline(args) -> None:
+    """--pipeline names a pipeline importable here, and comes without --chart."""
+    from mass_jobs.pipeline.table import steps
+    from mass_jobs.spec.load import SpecError, SpecIssue
+
+    if args.chart:
+        raise SpecError("mass render argo", [SpecIssue("--pipeline", "expected no --chart with it: the chart "
+                                                       "installs the shipped pipeline")], what="arguments")
+    try:
+        steps(args.pipeline)
+    except ValueError as err:
+        raise SpecError("mass render argo", [SpecIssue("--pipeline", str(err))], what="arguments") from None
+
+
+def values_of(args) -> tuple[dict, object]:
+    """(the chart's values with --values merged over them, the settings they make), refused by name
+    where Helm would refuse them."""
+    from mass_jobs.k8s import preflight
+    from mass_jobs.k8s.settings import values_settings
+    from mass_jobs.spec.load import SpecError, SpecIssue
+
+    if args.chart:
+        raise SpecError("mass render argo", [SpecIssue("--values", "expected no --chart with it: the chart "
+                                                       "reads its values when installed")], what="arguments")
+    try:
+        values = preflight.load_values(args.values)
+    except preflight.ValuesError as err:
+        raise SpecError(" ".join(args.values), err.issues, what="chart values") from None
+    missing = preflight.required_issues(values)
+    if missing:
+        raise SpecError(" ".join(args.values), missing, what="chart values")
+    try:
+        return values, values_settings(values)
+    except (ValueError, KeyError, TypeError) as err:
+        raise SpecError("mass render argo", [SpecIssue("--values", f"expected chart values ({err})")],
+                        what="arguments") from None
 
 
 def main(args) -> int:
     # here, not at the top: `mass render sft` builds this parser too, in every render step's process
     from mass_jobs.k8s import codegen
 
+    if args.pipeline:
+        check_pipeline(args)
     settings, suffix = None, ""
     if args.values:
-        from mass_jobs.k8s import preflight
-        from mass_jobs.k8s.settings import values_settings
-        from mass_jobs.spec.load import SpecError, SpecIssue
-
-        if args.chart:
-            raise SpecError("mass render argo", [SpecIssue("--values", "expected no --chart with it: the chart "
-                                                           "reads its values when installed")], what="arguments")
-        try:
-            values = preflight.load_values(args.values)
-        except preflight.ValuesError as err:
-            raise SpecError(" ".join(args.values), err.issues, what="chart values") from None
-        missing = preflight.required_issues(values)
-        if missing:
-            raise SpecError(" ".join(args.values), missing, what="chart values")
-        try:
-            settings = values_settings(values)
-        except (ValueError, KeyError, TypeError) as err:
-            raise SpecError("mass render argo", [SpecIssue("--values", f"expected chart values ({err})")],
-                            what="arguments") from None
+        values, settings = values_of(args)
         suffix = "".join(f" --values {v}" for v in args.values)
 
     def made(files, flag: str, root) -> dict:
         """Generated files; with --values, from those settings, their header naming the command."""
         return files(settings, f"mass render argo {flag} {root}{suffix}") if settings else files()
 
-    targets = [(args.out, made(codegen.argo_files, "--out", args.out), "argo/")]
+    def argo(settings=None, command="mass render argo --out argo/") -> dict:
+        if args.pipeline:
+            command += f" --pipeline {args.pipeline}"
+        return codegen.argo_files(settings, command, pipeline=args.pipeline)
+
+    targets = [(args.out, made(argo, "--out", args.out), "argo/")]
     if settings and not (values.get("cron") or {}).get("enabled", True):  # as the chart: no CronWorkflow
         targets[0][1].pop("argo/mass-nightly.yaml", None)
     if args.manifests:

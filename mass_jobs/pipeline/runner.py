@@ -282,7 +282,7 @@ def stop_after(until: str, groups) -> tuple[int, str]:
 
 
 def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, on_step=None,
-        handler: str = "in-process", until: str | None = None, ctx: RunContext | None = None) -> dict:
+        handler: str = "in-process", until: str | None = None, ctx: RunContext | None = None, pipeline=None) -> dict:
     """Run L0 -> L_N (resuming whatever is stored), or only up to `until` (`G:STEP`): then the
     manifest-like {"stopped_after": {"gen", "step"}}. The spec is loaded and its store opened here,
     unless the caller did (`ctx`); the runner claims it once, recording it for a new run."""
@@ -295,7 +295,7 @@ def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, 
     apply_sandbox(spec)  # execution.sandbox for this process and the episodes it starts
     store = ctx.store if ctx is not None else open_store(spec.store)
     return Runner(spec_path, spec, store, work_dir=Path(work_dir or os.environ.get("MASS_WORK_DIR", ".mass-work")),
-                  progress=progress, on_step=on_step, handler=handler, until=until).run()
+                  progress=progress, on_step=on_step, handler=handler, until=until, pipeline=pipeline).run()
 
 
 # ---------------------------------------------------------------- status

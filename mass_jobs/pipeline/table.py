@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mass_jobs.config.errors import StepFailed
+from mass_jobs.episodes.agent_step import declared
 from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import model_uri
 from mass_jobs.spec.overrides import spec_flags
@@ -236,6 +237,15 @@ class StepDef:
         return self.done(ctx, gen)
 
 
+def _module(name: str, flag: str):
+    """The module a reference names, or a ValueError saying it is not importable here."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        raise ValueError(f"{flag}: expected a module importable here (in the jobs image: on its PYTHONPATH), "
+                         f"found none: {err}") from None
+
+
 def _resolve(ref: Callable | str) -> Callable:
     if callable(ref):
         return ref
@@ -330,9 +340,40 @@ PIPELINE: tuple[StepDef, ...] = (
 )
 
 
+def agent_step(name: str, ref: str, *, model: bool = True, cost: Callable[[Work], Cost] | None = None) -> StepDef:
+    """The row of an agent step declared outside the package (`episodes.agent_step.AgentStep`, named
+    by `ref`, "module:NAME"): per training task, its rollouts in agent pods around prepare, ingest and
+    finish (`mass rollouts --step REF`); locally its rollouts in-process. `model`: its agents call the
+    generation's model."""
+
+    def core(ctx: RunContext, gen: int, task: str, run_episode):
+        return declared(ref).run(ctx, gen, task, run_episode)
+
+    def stored(ctx: RunContext, gen: int, task: str) -> list:
+        return declared(ref).steps(ctx, gen, task)
+
+    return StepDef(name, "task", core, ("rollouts", "--step", ref), stored, pod="agent", model=model,
+                   local=("run_episode",), cost=cost)
+
+
 def steps(pipeline=None) -> tuple[StepDef, ...]:
-    """The table in force (tests pass an extended one)."""
-    return PIPELINE if pipeline is None else tuple(pipeline)
+    """The table in force: the shipped one, or a pipeline of StepDefs (or "module:NAME" naming one)."""
+    if pipeline is None:
+        return PIPELINE
+    if isinstance(pipeline, str):
+        pipeline = pipeline_at(pipeline)
+    return tuple(pipeline)
+
+
+def pipeline_at(ref: str) -> tuple[StepDef, ...]:
+    """The pipeline `module:NAME` names (`--pipeline`): a sequence of StepDefs."""
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise ValueError(f"--pipeline: expected module:NAME, got {ref!r}")
+    found = getattr(_module(module, "--pipeline"), attr, None)
+    if not isinstance(found, list | tuple) or not found or not all(isinstance(s, StepDef) for s in found):
+        raise ValueError(f"--pipeline {ref}: expected a sequence of StepDefs, found {type(found).__name__}")
+    return tuple(found)
 
 
 def generation_steps(pipeline=None) -> list[StepDef]:
