@@ -64,17 +64,25 @@ def test_references_that_name_no_pipeline_or_step_are_refused_by_name(tmp_path, 
         argo.mass_cycle(ClusterSettings(), probe_step.PIPELINE)
 
 
-def local_run(tmp_path, tiny_model_dir, name: str, handler: str):
+def local_run(tmp_path, tiny_model_dir, name: str, handler: str, pipeline: str | None = PIPELINE,
+              until: str | None = None, tasks=None, **overrides):
+    """A Runner of tests/specs/ci-e2e.yaml for one generation on the tiny model, in its own store
+    (`tasks`: only these; `overrides`: dotted path -> value)."""
     doc = yaml.safe_load(CI_SPEC.read_text())
     doc["model"]["base"] = str(tiny_model_dir)
     doc["judges"][0]["model"] = str(tiny_model_dir)
     doc["generations"] = 1
     doc["store"] = {"uri": f"file://{tmp_path / name}"}
+    if tasks:
+        doc["tasks"] = [t for t in doc["tasks"] if t["id"] in tasks]
+    for path, value in overrides.items():
+        section, key = path.split(".")
+        doc[section][key] = value
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     store = FileStore(tmp_path / name)
     runner = Runner(str(path), validate_document(doc), store, work_dir=tmp_path / f"work-{name}", progress=False,
-                    pipeline=PIPELINE, handler=handler)
+                    pipeline=pipeline, handler=handler, until=until)
     return runner, store
 
 
@@ -145,3 +153,23 @@ def test_the_declared_step_runs_on_the_executor_in_agent_pods_and_a_resubmission
     assert not again.find(template="agent-episode", type="Pod")
     assert not again.find(template="serve-model-apply")
     assert json.loads(json.dumps(stored(run_store(doc), doc["name"]))) == got
+
+
+@pytest.mark.slow(cost=60)
+def test_the_argv_handler_runs_search_collect_and_guard_in_their_phases_and_stores_what_in_process_does(
+        tmp_path, tiny_model_dir):
+    """The shipped agent steps' phases (nodes.phases) under argv: search's iterations, collect's
+    episodes one prepare each, guard's checks jobs; the same store as in-process, less wall-clock."""
+    keys = {}
+    for handler in ("in-process", "argv"):
+        runner, store = local_run(tmp_path, tiny_model_dir, handler, handler, pipeline=None, until="0:guard",
+                                  tasks=("fib", "sort"), **{"collection.episodes": 2})
+        assert runner.run() == {"stopped_after": {"gen": 0, "step": "guard"}}
+        keys[handler] = {k: timeless(store, k) for k in store.list("ci-e2e/gen-0/")
+                         if "/input/" not in k and "/output/" not in k and not k.endswith("_writer.json")}
+    # guard's checks ran as jobs of their own under argv, their results stored for its finish
+    jobs = {k for k in keys["argv"] if "/guard-checks/" in k}
+    assert sorted(jobs) == [f"ci-e2e/gen-0/guard-checks/fib/ep-{i}/checks.json" for i in range(2)]
+    assert set(keys["argv"]) - jobs == set(keys["in-process"])
+    assert {k for k in keys["in-process"] if keys["argv"][k] != keys["in-process"][k]} == set()
+    assert len([k for k in keys["argv"] if "/search/fib/" in k]) > 5 and "ci-e2e/gen-0/guard/fib.json" in keys["argv"]

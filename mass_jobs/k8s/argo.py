@@ -162,13 +162,12 @@ class _Builder:
                                                                             default="unknown"))],
                 "metrics": (PM.episode_outcomes(step),)}
 
-    def rollouts(self, sd: P.StepDef, ingest_argv: list[str], inputs: tuple[str, ...]) -> None:
+    def rollouts(self, sd: P.StepDef, ingest: list[str], inputs: tuple[str, ...]) -> None:
         """`<step>-ingest`, `<step>-rollout` (agent pod -> ingest) and `<step>-rollouts`, the fan-out
         over what `<step>-prepare` listed (at most `agent_parallelism` at once)."""
         task = TASK if "task" in inputs else ""
-        self.step(f"{sd.name}-ingest", N.ingest(ingest_argv, "{{inputs.parameters.agent-status}}", OUTPUTS_DIR,
-                                               rollout="{{inputs.parameters.rollout}}"),
-                  inputs=(*inputs, "rollout", "agent-status"), task=task, **self.ingest_metrics(sd.name))
+        self.step(f"{sd.name}-ingest", ingest, inputs=(*inputs, "rollout", "agent-status"), task=task,
+                  **self.ingest_metrics(sd.name))
         rollout_steps(sd.name, inputs)
         with Steps(name=f"{sd.name}-rollouts", inputs=input_params(*inputs, "rollouts", "store-prefix", "egress")):
             own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
@@ -391,32 +390,34 @@ class _Builder:
                 "agent.activeDeadlineSeconds": helm(".Values.agent.activeDeadlineSeconds") if s.chart
                 else s.agent_deadline_s, "judges.keys": keys}
 
+    def phases(self, sd: P.StepDef, model: list[str]) -> N.Phases:
+        """The step's command lines by phase, with this template's placeholders."""
+        item = {P.Recursion: "{{inputs.parameters.iteration}}", P.EpisodeFanout: EPISODE}.get(type(sd.shape), "")
+        return N.phases(sd.shape, sd.argv(SPEC, GEN, TASK), item=item, model=model, outputs=OUTPUTS_DIR,
+                        agent_status="{{inputs.parameters.agent-status}}", rollout="{{inputs.parameters.rollout}}")
+
     def templates_of(self, sd: P.StepDef) -> None:
         """The templates of one table step (they register with the enclosing WorkflowTemplate)."""
         s = self.s
         model = N.model_flags(serving.openai_base_url(ISVC, NAMESPACE, self.s.cluster_domain), ISVC) if sd.model else []
+        ph = self.phases(sd, model)
         match sd.shape:
             case P.Recursion(agent=True):
                 # prepare (proposal, agent inputs) -> agent pods -> ingest each -> judge and save
-                self.agent_block(sd, N.with_iteration(sd.argv(SPEC, GEN, TASK), "{{inputs.parameters.iteration}}"),
-                                 ("gen", "task", "iteration"), model)
+                self.agent_block(sd, ph, ("gen", "task", "iteration"))
                 recursion(sd.name)
             case P.Recursion():
-                self.step(sd.name, [*N.with_iteration(sd.argv(SPEC, GEN, TASK), "{{inputs.parameters.iteration}}"), *model],
-                          inputs=("gen", "task", "iteration"), task=TASK)
+                self.step(sd.name, ph.run, inputs=("gen", "task", "iteration"), task=TASK)
                 recursion(sd.name, agent=False)
             case P.EpisodeFanout():
-                argv = N.with_episode(sd.argv(SPEC, GEN, TASK), EPISODE)
                 # prepare writes the agent's input in the store and says whether an agent pod must run.
-                self.step(f"{sd.name}-prepare", N.prepare(argv, model, OUTPUTS_DIR),
+                self.step(f"{sd.name}-prepare", ph.prepare,
                           inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE,
                           outputs=[Parameter(name=n, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{n}"))
                                    for n in ("agent", "rollout")])
-                self.step(f"{sd.name}-ingest", N.ingest(argv, "{{inputs.parameters.agent-status}}", OUTPUTS_DIR),
-                          inputs=("gen", "task", "episode", "agent-status"), task=TASK, episode=EPISODE,
-                          **self.ingest_metrics(sd.name))
-                self.step(f"{sd.name}-summary", N.finish(sd.argv(SPEC, GEN, TASK)),
-                          inputs=("gen", "task"), task=TASK)
+                self.step(f"{sd.name}-ingest", ph.ingest, inputs=("gen", "task", "episode", "agent-status"), task=TASK,
+                          episode=EPISODE, **self.ingest_metrics(sd.name))
+                self.step(f"{sd.name}-summary", ph.last, inputs=("gen", "task"), task=TASK)
                 episode_steps(sd.name)
                 episode_fanout(sd.name, s.agent_parallelism)
                 # set on the dict: hera wants an int, the chart's value is a Helm placeholder
@@ -425,27 +426,27 @@ class _Builder:
                 self.trainer(sd)
             case P.TaskRollouts():
                 # prepare (the jobs, listed) -> agent pods -> ingest each -> finish with their results
-                self.agent_block(sd, sd.argv(SPEC, GEN, TASK), ("gen", "task"), model)
+                self.agent_block(sd, ph, ("gen", "task"))
             case P.TaskFanout():
-                self.step(sd.name, [*sd.argv(SPEC, GEN, TASK), *model], inputs=("gen", "task"), task=TASK)
+                self.step(sd.name, ph.run, inputs=("gen", "task"), task=TASK)
             case P.Container(once_per_run=True):
-                self.step(sd.name, [*sd.argv(SPEC, GEN), *model], inputs=())
+                self.step(sd.name, ph.run, inputs=())
             case P.GenerationRollouts():
                 self.generation_rollouts(sd)
             case P.Container():
-                self.step(sd.name, [*sd.argv(SPEC, GEN), *model], pod=getattr(s, sd.resources))
+                self.step(sd.name, ph.run, pod=getattr(s, sd.resources))
 
-    def agent_block(self, sd: P.StepDef, argv: list[str], inputs: tuple[str, ...], model: list[str]) -> None:
+    def agent_block(self, sd: P.StepDef, ph: N.Phases, inputs: tuple[str, ...]) -> None:
         """Every agent fan-out of the cycle, by the episodes' one protocol (episodes.rollouts.Phase):
         prepare (step pod: writes the agent pods' inputs, lists them) -> its agent pods (ingested one
         by one) -> finish (step pod: works with their stored results)."""
         task = TASK if "task" in inputs else ""
         own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
-        self.step(f"{sd.name}-prepare", N.prepare(argv, model, OUTPUTS_DIR), inputs=inputs, task=task,
+        self.step(f"{sd.name}-prepare", ph.prepare, inputs=inputs, task=task,
                   outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{ROLLOUTS_OUTPUT}"))])
         fanout = tuple(n for n in inputs if n in ("gen", "task"))
-        self.rollouts(sd, sd.argv(SPEC, GEN, TASK if task else None), fanout)
-        self.step(f"{sd.name}-finish", N.finish(argv, model), inputs=inputs, task=task)
+        self.rollouts(sd, ph.ingest, fanout)
+        self.step(f"{sd.name}-finish", ph.finish, inputs=inputs, task=task)
         args = step_args(**{n.replace("-", "_"): v for n, v in own.items()})
         with Steps(name=sd.name, inputs=input_params(*inputs, "store-prefix", "egress")):
             Step(name="prepare", template=f"{sd.name}-prepare", arguments=args)
@@ -462,16 +463,15 @@ class _Builder:
         The step pods are CPU pods: the judges are external endpoints."""
         served = "{{inputs.parameters.served-gen}}"
         isvc = serving.isvc_name(RUN_ID, served)
-        model = N.round_flags(served, serving.openai_base_url(isvc, NAMESPACE, self.s.cluster_domain), isvc)
-        argv = sd.argv(SPEC, GEN)
-        self.step(f"{sd.name}-plan", N.plan_rounds(argv, OUTPUTS_DIR),
+        ph = self.phases(sd, N.round_flags(served, serving.openai_base_url(isvc, NAMESPACE, self.s.cluster_domain), isvc))
+        self.step(f"{sd.name}-plan", ph.plan,
                   outputs=[Parameter(name="rounds", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{ROUNDS_OUTPUT}"))])
-        self.step(f"{sd.name}-prepare", N.prepare(argv, model, OUTPUTS_DIR), inputs=("gen", "served-gen"),
+        self.step(f"{sd.name}-prepare", ph.prepare, inputs=("gen", "served-gen"),
                   outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{ROLLOUTS_OUTPUT}"))])
-        self.rollouts(sd, argv, ("gen",))
-        self.step(f"{sd.name}-self-verdicts", N.finish(argv, model), inputs=("gen", "served-gen"))
+        self.rollouts(sd, ph.ingest, ("gen",))
+        self.step(f"{sd.name}-self-verdicts", ph.finish, inputs=("gen", "served-gen"))
         # judge API keys come from an optional Secret (the spec names them: api_key_env)
-        self.step(f"{sd.name}-finish", N.finish(argv), env_from=(self.s.judge_secret,))
+        self.step(f"{sd.name}-finish", ph.last, env_from=(self.s.judge_secret,))
         where = {"store_prefix": "{{inputs.parameters.store-prefix}}", "egress": EGRESS_IN}
         round_inputs = ("gen", "served-gen", "model-uri", "dtype", "rolls", "judges", "store-prefix", "egress")
         # prepare and its fan-out in a template of their own: a `when` on the pair skips both, where

@@ -172,27 +172,20 @@ class Argv:
             self.node(node)
 
     def node(self, n: N.Node) -> None:
-        argv = list(n.argv)
+        """One node as the cluster runs it: its phases' command lines (`nodes.phases`), in order."""
         match n.shape:
             case P.Trainer():
-                self.services.torchrun(argv)
-            case P.Recursion(agent=True):
-                for k in range(self.services.spec.search.iterations + 1):  # iteration 0: the reference and initial workflow
-                    it = N.with_iteration(argv, k)
-                    self.rollouts(n, it, ingest_argv=argv, model=self.model(n))
-            case P.Recursion():
+                self.services.torchrun(n.phases().run)
+            case P.Recursion():  # iteration 0: the reference and initial workflow
                 for k in range(self.services.spec.search.iterations + 1):
-                    self.services.mass(*N.with_iteration(argv, k), *self.model(n))
+                    self.phased(n, item=k, model=self.model(n))
             case P.EpisodeFanout():
-                self.fan_out([lambda e=e: self.episode(n, N.with_episode(argv, e))
-                              for e in range(self.services.spec.collection.episodes)])
-                self.services.mass(*N.finish(argv))
-            case P.TaskRollouts():
-                self.rollouts(n, argv, ingest_argv=argv, model=self.model(n))
+                self.fan_out([lambda e=e: self.episode(n, e) for e in range(self.services.spec.collection.episodes)])
+                self.services.mass(*n.phases().last)
             case P.GenerationRollouts():
-                self.generation_rollouts(n, argv)
+                self.generation_rollouts(n)
             case _:
-                self.services.mass(*argv, *self.model(n))
+                self.phased(n, model=self.model(n))
 
     # ------------------------------------------------------------ the cluster's shapes, here
     def model(self, n: N.Node) -> list[str]:
@@ -202,55 +195,57 @@ class Argv:
         endpoint = self.services.endpoint()
         return N.model_flags(endpoint.base_url, endpoint.model)
 
-    def rollouts(self, n: N.Node, argv: list[str], *, ingest_argv: list[str], model: list[str], rolls: bool = True,
-                 finish: bool = True) -> None:
-        """prepare (lists the rollouts) -> an agent per rollout -> ingest each -> finish; an evaluate
-        round runs the first part where it rolls out, the finish where it judges."""
+    def phased(self, n: N.Node, *, rolls: bool = True, finish: bool = True, **given) -> None:
+        """Its one command; or prepare (lists the rollouts) -> an agent per rollout -> ingest each ->
+        finish. An evaluate round runs the first part where it rolls out, the finish where it judges."""
+        if (run := n.phases(**given).run) is not None:
+            self.services.mass(*run)
+            return
         items = []
         if rolls:
             with self.outputs() as out:
-                self.services.mass(*N.prepare(argv, model, str(out)))
+                self.services.mass(*n.phases(outputs=str(out), **given).prepare)
                 items = json.loads((out / ROLLOUTS_OUTPUT).read_text())
 
         def one(item: dict) -> None:
             status = self.agent(item["rollout"], label=f"{n.step.name} {item.get('label', '')}")
             with self.outputs() as out:
-                self.services.mass(*N.ingest(ingest_argv, status, str(out), rollout=item["rollout"]))
+                self.services.mass(*n.phases(agent_status=status, outputs=str(out), rollout=item["rollout"], **given).ingest)
 
         self.fan_out([lambda item=item: one(item) for item in items])
         if finish:
-            self.services.mass(*N.finish(argv, model))
+            self.services.mass(*n.phases(**given).finish)
 
-    def episode(self, n: N.Node, argv: list[str]) -> None:
+    def episode(self, n: N.Node, e: int) -> None:
         """One collect episode: prepare says whether an agent must run and where its artifacts are."""
         with self.outputs() as out:
-            self.services.mass(*N.prepare(argv, self.model(n), str(out)))
+            self.services.mass(*n.phases(item=e, model=self.model(n), outputs=str(out)).prepare)
             if (out / "agent").read_text().strip() != "true":
                 return
             rollout = (out / "rollout").read_text().strip()
         status = self.agent(rollout, label=f"{n.step.name} {n.task}")
         with self.outputs() as out:
-            self.services.mass(*N.ingest(argv, status, str(out)))
+            self.services.mass(*n.phases(item=e, agent_status=status, outputs=str(out)).ingest)
 
-    def generation_rollouts(self, n: N.Node, argv: list[str]) -> None:
+    def generation_rollouts(self, n: N.Node) -> None:
         """evaluate: plan -> its rounds in order, each a served model (its rollouts, its self-verdicts,
         its server stopped) -> finish, the spec's local judges served for it."""
         with self.outputs() as out:
-            self.services.mass(*N.plan_rounds(argv, str(out)))
+            self.services.mass(*n.phases(outputs=str(out)).plan)
             rounds = json.loads((out / ROUNDS_OUTPUT).read_text())
         serve_generation, serve_judge = self.services.servers()
         for r in rounds:
             h = int(r["gen"])
             with serve_generation(h) as e:
-                self.rollouts(n, argv, ingest_argv=argv, model=N.round_flags(h, e.base_url, e.model),
-                              rolls=r["rolls"] == "true", finish=r["judges"] == "true")
+                self.phased(n, model=N.round_flags(h, e.base_url, e.model), rolls=r["rolls"] == "true",
+                            finish=r["judges"] == "true")
         with contextlib.ExitStack() as servers:
             judges = []
             for judge in self.services.spec.judges:
                 if judge.endpoint == "local" and not n.done(self.services.ctx):
                     e = servers.enter_context(serve_judge(judge))
                     judges += ["--judge-endpoint", judge.name, e.base_url, e.model]
-            self.services.mass(*N.finish(argv, judges))
+            self.services.mass(*n.phases().last, *judges)
 
     def agent(self, rollout: str, label: str) -> str:
         """One agent pod: its input artifacts in, `mass episode` with no store credential, its

@@ -3,11 +3,11 @@ container runs, the phases around its agent pods, the store keys it reads and wr
 and the credentials it gets.
 
 `compile_plan` expands `table.PIPELINE` for one spec; the local runner executes its nodes, `mass
-status` and `mass plan` walk them, and the Argo compiler writes its templates from the same
-command lines (`prepare`, `ingest`, `finish`, ... with Argo's placeholders where a node has
-values). So the phases a cluster runs have one spelling, and the local runner's argv handler
-(`pipeline.handlers`) runs exactly them: prepare -> one `mass episode` per listed rollout, given
-only its artifacts -> ingest -> finish.
+status` and `mass plan` walk them. A node's command lines phase by phase (`phases`: prepare,
+ingest, finish, ... by its shape) are derived here alone: the Argo compiler writes its templates
+from them with Argo's placeholders, and the local runner's argv handler (`pipeline.handlers`) runs
+them with the node's values: prepare -> one `mass episode` per listed rollout, given only its
+artifacts -> ingest -> finish.
 """
 
 from __future__ import annotations
@@ -71,6 +71,52 @@ def agent(in_dir: str, out_dir: str) -> list[str]:
     return ["episode", "--in", in_dir, "--out", out_dir]
 
 
+# ---------------------------------------------------------------- a node's phases
+
+
+@dataclass(frozen=True)
+class Phases:
+    """The command lines of one node, phase by phase, from its shape: derived here alone. The Argo
+    compiler fills them with its placeholders, the argv handler with a node's values. A phase the
+    shape has not is None."""
+
+    run: list[str] | None = None  # a node without agent pods: its one command (per iteration: search's own)
+    plan: list[str] | None = None  # evaluate: the rounds, one served generation each
+    prepare: list[str] | None = None  # the agent pods' inputs, listed
+    ingest: list[str] | None = None  # one agent pod's outputs stored
+    finish: list[str] | None = None  # the work over what the pods left (per iteration; per round: its self-verdicts)
+    last: list[str] | None = None  # after every episode or round: collect's summary, evaluate's panel
+
+
+def phases(shape: P.Shape, argv, *, item="", model=(), outputs: str = "", agent_status: str = "",
+           rollout: str | None = None) -> Phases:
+    """`argv`: the node's own command line; `item`: the iteration or episode it runs (a value or a
+    placeholder); `model`: the flags of the model it calls (evaluate: its round's); `outputs`,
+    `agent_status`, `rollout`: what a phase is told where it runs."""
+    argv, model = list(argv), list(model)
+    match shape:
+        case P.Trainer():
+            return Phases(run=argv)
+        case P.Recursion(agent=False):
+            return Phases(run=[*with_iteration(argv, item), *model])
+        case P.Recursion():  # the iteration's pods are ingested by their rollout key alone
+            it = with_iteration(argv, item)
+            return Phases(prepare=prepare(it, model, outputs), ingest=ingest(argv, agent_status, outputs, rollout),
+                          finish=finish(it, model))
+        case P.EpisodeFanout():  # one episode per prepare: its ingest needs no rollout key
+            ep = with_episode(argv, item)
+            return Phases(prepare=prepare(ep, model, outputs), ingest=ingest(ep, agent_status, outputs), last=finish(argv))
+        case P.TaskRollouts():
+            return Phases(prepare=prepare(argv, model, outputs), ingest=ingest(argv, agent_status, outputs, rollout),
+                          finish=finish(argv, model))
+        case P.GenerationRollouts():
+            return Phases(plan=plan_rounds(argv, outputs), prepare=prepare(argv, model, outputs),
+                          ingest=ingest(argv, agent_status, outputs, rollout), finish=finish(argv, model),
+                          last=finish(argv))
+        case _:
+            return Phases(run=[*argv, *model])
+
+
 # ---------------------------------------------------------------- nodes
 
 
@@ -121,6 +167,10 @@ class Node:
 
     def done(self, ctx) -> bool:
         return self.step.done(ctx, self.gen, self.task)
+
+    def phases(self, **given) -> Phases:
+        """Its command lines by phase, with the values given (`phases`)."""
+        return phases(self.shape, self.argv, **given)
 
     def as_dict(self) -> dict:
         return {"gen": self.gen, "step": self.step.name, "task": self.task, "shape": type(self.shape).__name__,
