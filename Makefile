@@ -93,9 +93,11 @@ test-fast: setup vllm-env
 	$(TEST_ENV) $(PY) -m pytest $(FAST_ARGS)
 
 # The first check of an edit: no process, server or sandbox (tests/fixtures/unit.py keeps it so).
-# ruff's linter as the fast tier runs it (tests/test_code_style.py); `ruff check --fix` mends most
+# ruff's linter and formatter as the fast tier runs them (tests/test_code_style.py); `ruff check
+# --fix` mends most findings, `ruff format mass_jobs tests` any layout
 lint: $(STAMP)
 	$(PY) -m ruff check mass_jobs tests
+	$(PY) -m ruff format --check mass_jobs tests
 
 test-unit: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 -m "unit and not slow" --budget=$(UNIT_BUDGET) --budget-slack=$(SLACK)

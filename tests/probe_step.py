@@ -23,16 +23,24 @@ def rollouts(ctx, gen: int, task: str) -> list[Rollout]:
     out = []
     for i in range(REPLICATES):
         prefix = where(ctx, gen, task, f"rep-{i}")
-        manifest = Step(ctx.store, prefix, {"task": t.model_dump(mode="json", include={"prompt", "files"}), "rep": i},
-                        name=f"probe gen-{gen} {task} rep-{i}")
+        manifest = Step(
+            ctx.store,
+            prefix,
+            {"task": t.model_dump(mode="json", include={"prompt", "files"}), "rep": i},
+            name=f"probe gen-{gen} {task} rep-{i}",
+        )
         request = EpisodeRequest(prompt=t.prompt, files=dict(t.files), seed=1000 + i, network=tuple(t.network))
         out.append(Rollout(prefix, request, task, f"rep-{i}", gen, manifest=manifest, first={"prompt.txt": t.prompt}))
     return out
 
 
 def result(ctx, gen: int, task: str) -> Step:
-    return Step(ctx.store, where(ctx, gen, task, "result"), {"task": task, "replicates": REPLICATES},
-                name=f"probe gen-{gen} {task}")
+    return Step(
+        ctx.store,
+        where(ctx, gen, task, "result"),
+        {"task": task, "replicates": REPLICATES},
+        name=f"probe gen-{gen} {task}",
+    )
 
 
 def finish(ctx, gen: int, task: str, statuses: dict[str, dict]) -> dict:

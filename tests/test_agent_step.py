@@ -33,7 +33,9 @@ def test_the_declared_step_compiles_to_an_agent_fanout_whose_validate_reads_its_
     doc = cycle_of(tmp_path)
     assert schemas.all_errors(doc) == []
     templates = {t["name"]: t for t in doc["spec"]["templates"]}
-    assert {"probe", "probe-prepare", "probe-rollouts", "probe-rollout", "probe-ingest", "probe-finish"} <= set(templates)
+    assert {"probe", "probe-prepare", "probe-rollouts", "probe-rollout", "probe-ingest", "probe-finish"} <= set(
+        templates
+    )
     assert not {"search", "collect", "guard", "rank", "train", "evaluate", "report"} & set(templates)
     assert templates["probe-prepare"]["container"]["args"][:3] == ["rollouts", "--step", probe_step.REF]
     finish = templates["probe-finish"]["container"]["args"]
@@ -51,8 +53,10 @@ def test_references_that_name_no_pipeline_or_step_are_refused_by_name(tmp_path, 
     assert main(["render", "argo", "--out", str(tmp_path), "--pipeline", "tests.probe_step:NOTHING"]) == 2
     assert "--pipeline: --pipeline tests.probe_step:NOTHING: expected a sequence of StepDefs" in capsys.readouterr().err
     assert main(["render", "argo", "--out", str(tmp_path), "--pipeline", "no_such_module:PIPELINE"]) == 2
-    assert "--pipeline: expected a module importable here (in the jobs image: on its PYTHONPATH), found none: " \
-           "No module named 'no_such_module'" in capsys.readouterr().err
+    assert (
+        "--pipeline: expected a module importable here (in the jobs image: on its PYTHONPATH), found none: "
+        "No module named 'no_such_module'" in capsys.readouterr().err
+    )
     assert main(["render", "argo", "--out", str(tmp_path), "--pipeline", PIPELINE, "--chart", str(tmp_path)]) == 2
     assert "--pipeline: expected no --chart with it" in capsys.readouterr().err
     assert main(["rollouts", "--step", PIPELINE, "--spec", str(CI_SPEC), "--gen", "0", "--task", "fib"]) == 2
@@ -64,8 +68,16 @@ def test_references_that_name_no_pipeline_or_step_are_refused_by_name(tmp_path, 
         argo.mass_cycle(ClusterSettings(), probe_step.PIPELINE)
 
 
-def local_run(tmp_path, tiny_model_dir, name: str, handler: str, pipeline: str | None = PIPELINE,
-              until: str | None = None, tasks=None, **overrides):
+def local_run(
+    tmp_path,
+    tiny_model_dir,
+    name: str,
+    handler: str,
+    pipeline: str | None = PIPELINE,
+    until: str | None = None,
+    tasks=None,
+    **overrides,
+):
     """A Runner of tests/specs/ci-e2e.yaml for one generation on the tiny model, in its own store
     (`tasks`: only these; `overrides`: dotted path -> value)."""
     doc = yaml.safe_load(CI_SPEC.read_text())
@@ -81,8 +93,16 @@ def local_run(tmp_path, tiny_model_dir, name: str, handler: str, pipeline: str |
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     store = FileStore(tmp_path / name)
-    runner = Runner(str(path), validate_document(doc), store, work_dir=tmp_path / f"work-{name}", progress=False,
-                    pipeline=pipeline, handler=handler, until=until)
+    runner = Runner(
+        str(path),
+        validate_document(doc),
+        store,
+        work_dir=tmp_path / f"work-{name}",
+        progress=False,
+        pipeline=pipeline,
+        handler=handler,
+        until=until,
+    )
     return runner, store
 
 
@@ -95,8 +115,10 @@ def stored(store, run: str = "ci-e2e") -> dict:
         for i in range(probe_step.REPLICATES):
             prefix = f"{run}/gen-0/probe/{task}/rep-{i}"
             out[f"{task}/rep-{i}"] = read_manifest(store, prefix)["extra"]
-            out[f"{task}/rep-{i}/files"] = {name: timeless(store, f"{prefix}/{name}")
-                                            for name in ("prompt.txt", "status.json", "trace.jsonl", "workspace.tar.gz")}
+            out[f"{task}/rep-{i}/files"] = {
+                name: timeless(store, f"{prefix}/{name}")
+                for name in ("prompt.txt", "status.json", "trace.jsonl", "workspace.tar.gz")
+            }
     return out
 
 
@@ -122,7 +144,9 @@ def test_the_declared_step_runs_in_process_and_under_argv_and_stores_the_same(tm
     for task in TASKS:
         for i in range(probe_step.REPLICATES):
             prefix = f"ci-e2e/gen-0/probe/{task}/rep-{i}"
-            assert stores["argv"].exists(f"{prefix}/input/episode.json") and stores["argv"].exists(f"{prefix}/output/proof.json")
+            assert stores["argv"].exists(f"{prefix}/input/episode.json") and stores["argv"].exists(
+                f"{prefix}/output/proof.json"
+            )
             assert not stores["in-process"].exists(f"{prefix}/input/episode.json")
     # a rerun finds it stored and runs nothing
     runner, store = local_run(tmp_path, tiny_model_dir, "in-process", "in-process")
@@ -139,7 +163,8 @@ def test_the_declared_step_runs_on_the_executor_in_agent_pods_and_a_resubmission
     assert wf.phase == "Succeeded", wf.summary()
     agents = wf.find(template="agent-episode", type="Pod")
     assert sorted(n.inputs["rollout"] for n in agents) == sorted(
-        f"gen-0/probe/{t}/rep-{i}" for t in TASKS for i in range(probe_step.REPLICATES))
+        f"gen-0/probe/{t}/rep-{i}" for t in TASKS for i in range(probe_step.REPLICATES)
+    )
     got = stored(run_store(doc), doc["name"])
     for task in TASKS:
         assert sorted(got[task]["outcomes"]) == ["rep-0", "rep-1"]
@@ -157,16 +182,28 @@ def test_the_declared_step_runs_on_the_executor_in_agent_pods_and_a_resubmission
 
 @pytest.mark.slow(cost=60)
 def test_the_argv_handler_runs_search_collect_and_guard_in_their_phases_and_stores_what_in_process_does(
-        tmp_path, tiny_model_dir):
+    tmp_path, tiny_model_dir
+):
     """The shipped agent steps' phases (nodes.phases) under argv: search's iterations, collect's
     episodes one prepare each, guard's checks jobs; the same store as in-process, less wall-clock."""
     keys = {}
     for handler in ("in-process", "argv"):
-        runner, store = local_run(tmp_path, tiny_model_dir, handler, handler, pipeline=None, until="0:guard",
-                                  tasks=("fib", "sort"), **{"collection.episodes": 2})
+        runner, store = local_run(
+            tmp_path,
+            tiny_model_dir,
+            handler,
+            handler,
+            pipeline=None,
+            until="0:guard",
+            tasks=("fib", "sort"),
+            **{"collection.episodes": 2},
+        )
         assert runner.run() == {"stopped_after": {"gen": 0, "step": "guard"}}
-        keys[handler] = {k: timeless(store, k) for k in store.list("ci-e2e/gen-0/")
-                         if "/input/" not in k and "/output/" not in k and not k.endswith("_writer.json")}
+        keys[handler] = {
+            k: timeless(store, k)
+            for k in store.list("ci-e2e/gen-0/")
+            if "/input/" not in k and "/output/" not in k and not k.endswith("_writer.json")
+        }
     # guard's checks ran as jobs of their own under argv, their results stored for its finish
     jobs = {k for k in keys["argv"] if "/guard-checks/" in k}
     assert sorted(jobs) == [f"ci-e2e/gen-0/guard-checks/fib/ep-{i}/checks.json" for i in range(2)]

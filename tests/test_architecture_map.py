@@ -47,7 +47,7 @@ def module_map() -> str:
 
 
 def _section(text: str) -> str:
-    return text[text.index(BEGIN): text.index(END) + len(END)]
+    return text[text.index(BEGIN) : text.index(END) + len(END)]
 
 
 def test_the_module_map_is_the_trees():

@@ -68,6 +68,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------- expressions and substitution
 
+
 def test_expr_subset_the_templates_use():
     env = nest({"inputs.parameters.gen": "1", "inputs.parameters.generations": "2", "workflow.parameters.run": "r"})
     assert evaluate("asInt(inputs.parameters.gen) + 1", env) == 2
@@ -110,18 +111,33 @@ def test_conditions_are_label_selectors_over_gjson_paths():
     assert check(isvc, ok, bad) == "succeeded"
     isvc["status"]["modelStatus"]["transitionStatus"] = "BlockedByFailedLoad"
     assert check(isvc, ok, bad).startswith("failed")
-    job = {"status": {"conditions": [{"type": "Created"}, {"type": "Running"}, {"type": "Failed"}],
-                      "replicaStatuses": {"Master": {"succeeded": 1}}}}
+    job = {
+        "status": {
+            "conditions": [{"type": "Created"}, {"type": "Running"}, {"type": "Failed"}],
+            "replicaStatuses": {"Master": {"succeeded": 1}},
+        }
+    }
     # failure requirements are ORed (any match fails), success ones ANDed
-    assert check(job, "status.replicaStatuses.Master.succeeded > 0",
-                 "status.conditions.1.type == Failed,status.conditions.2.type == Failed").startswith("failed")
+    assert check(
+        job,
+        "status.replicaStatuses.Master.succeeded > 0",
+        "status.conditions.1.type == Failed,status.conditions.2.type == Failed",
+    ).startswith("failed")
     assert matches(job, "status.replicaStatuses.Master.succeeded > 0")
     assert not matches(job, "status.replicaStatuses.Master.failed > 0")  # missing never compares
 
 
-@pytest.mark.parametrize("before", [[], ["Created"], ["Created", "Running"], ["Created", "Suspended", "Running"],
-                                    ["Created", "Suspended", "Running", "Restarting", "Succeeded"]],
-                         ids=lambda b: "-".join(b) or "first")
+@pytest.mark.parametrize(
+    "before",
+    [
+        [],
+        ["Created"],
+        ["Created", "Running"],
+        ["Created", "Suspended", "Running"],
+        ["Created", "Suspended", "Running", "Restarting", "Succeeded"],
+    ],
+    ids=lambda b: "-".join(b) or "first",
+)
 def test_the_trainers_failure_condition_holds_wherever_failed_stands(before):
     """Kueue's Suspended condition shifts Failed to index 3: the generated condition reads every index."""
     from mass_jobs.k8s.training import FAILED, SUCCEEDED
@@ -134,16 +150,31 @@ def test_the_trainers_failure_condition_holds_wherever_failed_stands(before):
 
 # ---------------------------------------------------------------- artifacts against moto
 
+
 @pytest.fixture
 def repo(s3_env):
     host = s3_env["endpoint_url"].removeprefix("http://")
-    cm = {"metadata": {"name": "artifact-repositories"}, "data": {"default-v1": yaml.safe_dump({"s3": {
-        "bucket": s3_env["bucket"], "endpoint": host, "insecure": True, "region": s3_env["region"],
-        "keyFormat": "argo-artifacts/{{workflow.name}}/{{pod.name}}",
-        "accessKeySecret": {"name": S3_SECRET, "key": "AWS_ACCESS_KEY_ID"},
-        "secretKeySecret": {"name": S3_SECRET, "key": "AWS_SECRET_ACCESS_KEY"}}})}}
-    return Repository.from_configmap(cm, "default-v1", {S3_SECRET: {"AWS_ACCESS_KEY_ID": "testing",
-                                                                     "AWS_SECRET_ACCESS_KEY": "testing"}})
+    cm = {
+        "metadata": {"name": "artifact-repositories"},
+        "data": {
+            "default-v1": yaml.safe_dump(
+                {
+                    "s3": {
+                        "bucket": s3_env["bucket"],
+                        "endpoint": host,
+                        "insecure": True,
+                        "region": s3_env["region"],
+                        "keyFormat": "argo-artifacts/{{workflow.name}}/{{pod.name}}",
+                        "accessKeySecret": {"name": S3_SECRET, "key": "AWS_ACCESS_KEY_ID"},
+                        "secretKeySecret": {"name": S3_SECRET, "key": "AWS_SECRET_ACCESS_KEY"},
+                    }
+                }
+            )
+        },
+    }
+    return Repository.from_configmap(
+        cm, "default-v1", {S3_SECRET: {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}}
+    )
 
 
 def tar_members(data: bytes) -> list[str]:
@@ -159,8 +190,12 @@ def test_output_directory_is_tarred_under_its_base_name(repo, tmp_path):
     save_output(repo, {"name": "ws", "path": "/out/workspace", "s3": {"key": "t/ws.tar.gz"}}, ws, "unused")
     body = repo.client().get_object(Bucket=repo.bucket, Key="t/ws.tar.gz")["Body"].read()
     assert tar_members(body) == ["workspace", "workspace/a.py", "workspace/src", "workspace/src/b.py"]
-    save_output(repo, {"name": "st", "path": "/out/s.json", "archive": {"none": {}}, "s3": {"key": "t/s.json"}},
-                _write(tmp_path / "s.json", "{}"), "unused")
+    save_output(
+        repo,
+        {"name": "st", "path": "/out/s.json", "archive": {"none": {}}, "s3": {"key": "t/s.json"}},
+        _write(tmp_path / "s.json", "{}"),
+        "unused",
+    )
     assert repo.client().get_object(Bucket=repo.bucket, Key="t/s.json")["Body"].read() == b"{}"
 
 
@@ -181,17 +216,27 @@ def _put_tar(repo, key: str, files: dict[str, str]) -> None:
 
 def test_input_single_entry_is_renamed_onto_the_path(repo, tmp_path):
     _put_tar(repo, "in/one.tar.gz", {"fib.py": "print(1)"})
-    load_input(repo, {"name": "w", "path": "/in/workspace", "s3": {"key": "in/one.tar.gz"}}, tmp_path / "a" / "workspace")
+    load_input(
+        repo, {"name": "w", "path": "/in/workspace", "s3": {"key": "in/one.tar.gz"}}, tmp_path / "a" / "workspace"
+    )
     assert (tmp_path / "a" / "workspace").is_file()  # the one file became the workspace "directory"
     _put_tar(repo, "in/two.tar.gz", {"fib.py": "1", "data/n.txt": "2"})
-    load_input(repo, {"name": "w", "path": "/in/workspace", "s3": {"key": "in/two.tar.gz"}}, tmp_path / "b" / "workspace")
-    assert sorted(p.relative_to(tmp_path / "b" / "workspace").as_posix()
-                  for p in (tmp_path / "b" / "workspace").rglob("*")) == ["data", "data/n.txt", "fib.py"]
+    load_input(
+        repo, {"name": "w", "path": "/in/workspace", "s3": {"key": "in/two.tar.gz"}}, tmp_path / "b" / "workspace"
+    )
+    assert sorted(
+        p.relative_to(tmp_path / "b" / "workspace").as_posix() for p in (tmp_path / "b" / "workspace").rglob("*")
+    ) == ["data", "data/n.txt", "fib.py"]
     _put_tar(repo, "in/dir.tar.gz", {"workspace/x.py": "x"})
-    load_input(repo, {"name": "w", "path": "/in/workspace", "s3": {"key": "in/dir.tar.gz"}}, tmp_path / "c" / "workspace")
+    load_input(
+        repo, {"name": "w", "path": "/in/workspace", "s3": {"key": "in/dir.tar.gz"}}, tmp_path / "c" / "workspace"
+    )
     assert (tmp_path / "c" / "workspace" / "x.py").read_text() == "x"
-    load_input(repo, {"name": "w", "path": "/in/t.tgz", "archive": {"none": {}}, "s3": {"key": "in/dir.tar.gz"}},
-               tmp_path / "d" / "t.tgz")
+    load_input(
+        repo,
+        {"name": "w", "path": "/in/t.tgz", "archive": {"none": {}}, "s3": {"key": "in/dir.tar.gz"}},
+        tmp_path / "d" / "t.tgz",
+    )
     assert (tmp_path / "d" / "t.tgz").read_bytes()[:2] == b"\x1f\x8b"  # archive: none keeps the bytes
 
 
@@ -200,31 +245,74 @@ def test_input_single_entry_is_renamed_onto_the_path(repo, tmp_path):
 
 def test_steps_withparam_when_outputs_and_recursion(executor_for):
     templates = [
-        {"name": "main", "steps": [
-            [{"name": "list", "template": "emit"}],
-            [{"name": "each", "template": "echo", "withParam": "{{steps.list.outputs.parameters.items}}",
-              "arguments": {"parameters": [{"name": "v", "value": "{{item.task}}-{{item.n}}"}]},
-              "when": "{{item.n}} > 0"}],
-            [{"name": "count", "template": "countdown", "arguments": {"parameters": [{"name": "k", "value": "3"}]}}]]},
-        {"name": "emit", "container": container(
-            "printf '[{\"task\":\"a\",\"n\":1},{\"task\":\"b\",\"n\":0},{\"task\":\"c\",\"n\":2}]' > /tmp/items"),
-         "outputs": {"parameters": [{"name": "items", "valueFrom": {"path": "/tmp/items"}}]},
-         "volumes": [{"name": "tmp", "emptyDir": {}}]},
-        {"name": "echo", "inputs": {"parameters": [{"name": "v"}]},
-         "container": container("printf '{{inputs.parameters.v}}' > /tmp/out"),
-         "outputs": {"parameters": [{"name": "out", "valueFrom": {"path": "/tmp/out"}}]},
-         "volumes": [{"name": "tmp", "emptyDir": {}}]},
-        {"name": "countdown", "inputs": {"parameters": [{"name": "k"}]}, "steps": [
-            [{"name": "tick", "template": "echo", "arguments": {"parameters": [{"name": "v", "value": "{{inputs.parameters.k}}"}]}}],
-            [{"name": "again", "template": "countdown", "when": "{{=asInt(inputs.parameters.k) > 1}} == true",
-              "arguments": {"parameters": [{"name": "k", "value": "{{=asInt(inputs.parameters.k) - 1}}"}]}}]]},
+        {
+            "name": "main",
+            "steps": [
+                [{"name": "list", "template": "emit"}],
+                [
+                    {
+                        "name": "each",
+                        "template": "echo",
+                        "withParam": "{{steps.list.outputs.parameters.items}}",
+                        "arguments": {"parameters": [{"name": "v", "value": "{{item.task}}-{{item.n}}"}]},
+                        "when": "{{item.n}} > 0",
+                    }
+                ],
+                [
+                    {
+                        "name": "count",
+                        "template": "countdown",
+                        "arguments": {"parameters": [{"name": "k", "value": "3"}]},
+                    }
+                ],
+            ],
+        },
+        {
+            "name": "emit",
+            "container": container(
+                'printf \'[{"task":"a","n":1},{"task":"b","n":0},{"task":"c","n":2}]\' > /tmp/items'
+            ),
+            "outputs": {"parameters": [{"name": "items", "valueFrom": {"path": "/tmp/items"}}]},
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+        },
+        {
+            "name": "echo",
+            "inputs": {"parameters": [{"name": "v"}]},
+            "container": container("printf '{{inputs.parameters.v}}' > /tmp/out"),
+            "outputs": {"parameters": [{"name": "out", "valueFrom": {"path": "/tmp/out"}}]},
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+        },
+        {
+            "name": "countdown",
+            "inputs": {"parameters": [{"name": "k"}]},
+            "steps": [
+                [
+                    {
+                        "name": "tick",
+                        "template": "echo",
+                        "arguments": {"parameters": [{"name": "v", "value": "{{inputs.parameters.k}}"}]},
+                    }
+                ],
+                [
+                    {
+                        "name": "again",
+                        "template": "countdown",
+                        "when": "{{=asInt(inputs.parameters.k) > 1}} == true",
+                        "arguments": {"parameters": [{"name": "k", "value": "{{=asInt(inputs.parameters.k) - 1}}"}]},
+                    }
+                ],
+            ],
+        },
     ]
     ex = executor_for(wft("t", templates))
     wf = ex.submit("t", {})
     assert wf.phase == "Succeeded", wf.summary()
     each = sorted((n.inputs["v"], n.phase) for n in wf.find(template="echo", type="Pod") if "each(" in n.name)
     assert each == [("a-1", "Succeeded"), ("c-2", "Succeeded")]
-    assert [n.name.rsplit(".", 1)[-1] for n in wf.find(type="Skipped")] == ["each(1:task:b,n:0)", "again"]  # the recursion ends on when
+    assert [n.name.rsplit(".", 1)[-1] for n in wf.find(type="Skipped")] == [
+        "each(1:task:b,n:0)",
+        "again",
+    ]  # the recursion ends on when
     assert sorted(n.outputs["out"] for n in wf.find(template="echo") if ".tick" in n.name) == ["1", "2", "3"]
 
 
@@ -236,26 +324,59 @@ def test_retries_policy_expression_and_continue_on(executor_for):
         return None
 
     templates = [
-        {"name": "main", "steps": [
-            [{"name": "exit2", "template": "fail", "arguments": {"parameters": [{"name": "code", "value": "2"}]},
-              "continueOn": {"failed": True}},
-             {"name": "exit1", "template": "fail", "arguments": {"parameters": [{"name": "code", "value": "1"}]},
-              "continueOn": {"failed": True}},
-             {"name": "onerror", "template": "fail-onerror", "arguments": {"parameters": [{"name": "code", "value": "1"}]},
-              "continueOn": {"failed": True}},
-             {"name": "flaky", "template": "flaky"}],
-            [{"name": "after", "template": "fail", "arguments": {"parameters": [{"name": "code", "value": "0"}]}}]]},
-        {"name": "fail", "inputs": {"parameters": [{"name": "code"}]},
-         "container": container("exit {{inputs.parameters.code}}"), "volumes": [{"name": "tmp", "emptyDir": {}}],
-         "retryStrategy": {"limit": "2", "retryPolicy": "Always",
-                           "expression": 'lastRetry.status == "Error" or '
-                                         '(lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2)'}},
-        {"name": "fail-onerror", "inputs": {"parameters": [{"name": "code"}]},
-         "container": container("exit {{inputs.parameters.code}}"), "volumes": [{"name": "tmp", "emptyDir": {}}],
-         "retryStrategy": {"limit": "3", "retryPolicy": "OnError"}},
-        {"name": "flaky", "container": container("test {{retries}} -ge 1 || exit 7; printf '{{retries}}' > /tmp/r"),
-         "outputs": {"parameters": [{"name": "r", "valueFrom": {"path": "/tmp/r"}}]},
-         "volumes": [{"name": "tmp", "emptyDir": {}}], "retryStrategy": {"limit": 3}},
+        {
+            "name": "main",
+            "steps": [
+                [
+                    {
+                        "name": "exit2",
+                        "template": "fail",
+                        "arguments": {"parameters": [{"name": "code", "value": "2"}]},
+                        "continueOn": {"failed": True},
+                    },
+                    {
+                        "name": "exit1",
+                        "template": "fail",
+                        "arguments": {"parameters": [{"name": "code", "value": "1"}]},
+                        "continueOn": {"failed": True},
+                    },
+                    {
+                        "name": "onerror",
+                        "template": "fail-onerror",
+                        "arguments": {"parameters": [{"name": "code", "value": "1"}]},
+                        "continueOn": {"failed": True},
+                    },
+                    {"name": "flaky", "template": "flaky"},
+                ],
+                [{"name": "after", "template": "fail", "arguments": {"parameters": [{"name": "code", "value": "0"}]}}],
+            ],
+        },
+        {
+            "name": "fail",
+            "inputs": {"parameters": [{"name": "code"}]},
+            "container": container("exit {{inputs.parameters.code}}"),
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+            "retryStrategy": {
+                "limit": "2",
+                "retryPolicy": "Always",
+                "expression": 'lastRetry.status == "Error" or '
+                '(lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2)',
+            },
+        },
+        {
+            "name": "fail-onerror",
+            "inputs": {"parameters": [{"name": "code"}]},
+            "container": container("exit {{inputs.parameters.code}}"),
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+            "retryStrategy": {"limit": "3", "retryPolicy": "OnError"},
+        },
+        {
+            "name": "flaky",
+            "container": container("test {{retries}} -ge 1 || exit 7; printf '{{retries}}' > /tmp/r"),
+            "outputs": {"parameters": [{"name": "r", "valueFrom": {"path": "/tmp/r"}}]},
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+            "retryStrategy": {"limit": 3},
+        },
     ]
     ex = executor_for(wft("r", templates), faults=faults)
     wf = ex.submit("r", {})
@@ -273,9 +394,12 @@ def test_failed_child_fails_group_and_onexit_sees_status(executor_for, s3_env):
         {"name": "main", "steps": [[{"name": "bad", "template": "bad"}], [{"name": "never", "template": "ok"}]]},
         {"name": "bad", "container": container("exit 3"), "volumes": [{"name": "tmp", "emptyDir": {}}]},
         {"name": "ok", "container": container("true"), "volumes": [{"name": "tmp", "emptyDir": {}}]},
-        {"name": "exit", "container": container("printf '{{workflow.status}}' > /tmp/s"),
-         "outputs": {"parameters": [{"name": "s", "valueFrom": {"path": "/tmp/s"}}]},
-         "volumes": [{"name": "tmp", "emptyDir": {}}]},
+        {
+            "name": "exit",
+            "container": container("printf '{{workflow.status}}' > /tmp/s"),
+            "outputs": {"parameters": [{"name": "s", "valueFrom": {"path": "/tmp/s"}}]},
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+        },
     ]
     ex = executor_for(wft("f", templates, onExit="exit"))
     wf = ex.submit("f", {})
@@ -285,17 +409,27 @@ def test_failed_child_fails_group_and_onexit_sees_status(executor_for, s3_env):
 
 
 def test_read_only_root_env_secrets_and_artifacts(executor_for, s3_env):
-    script = ("touch /opt/x 2>/dev/null && echo root-writable > /out/r || echo root-ro > /out/r; "
-              "touch /tmp/ok && echo tmp-ok >> /out/r; printf \"$TOKEN:$AWS_ACCESS_KEY_ID:$HOME\" >> /out/r; "
-              "mkdir -p /out/ws/sub && cat /in/ws/a.txt > /out/ws/sub/copy.txt")
+    script = (
+        "touch /opt/x 2>/dev/null && echo root-writable > /out/r || echo root-ro > /out/r; "
+        'touch /tmp/ok && echo tmp-ok >> /out/r; printf "$TOKEN:$AWS_ACCESS_KEY_ID:$HOME" >> /out/r; '
+        "mkdir -p /out/ws/sub && cat /in/ws/a.txt > /out/ws/sub/copy.txt"
+    )
     templates = [
-        {"name": "main", "container": container(script, mounts=("tmp", "out"),
-                                                 env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "other", "key": "TOKEN"}}}],
-                                                 envFrom=[{"secretRef": {"name": S3_SECRET}}]),
-         "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "out", "emptyDir": {}}],
-         "inputs": {"artifacts": [{"name": "ws", "path": "/in/ws", "s3": {"key": "syn/in.tar.gz"}}]},
-         "outputs": {"parameters": [{"name": "r", "valueFrom": {"path": "/out/r"}}],
-                     "artifacts": [{"name": "ws", "path": "/out/ws", "s3": {"key": "syn/out.tar.gz"}}]}},
+        {
+            "name": "main",
+            "container": container(
+                script,
+                mounts=("tmp", "out"),
+                env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "other", "key": "TOKEN"}}}],
+                envFrom=[{"secretRef": {"name": S3_SECRET}}],
+            ),
+            "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "out", "emptyDir": {}}],
+            "inputs": {"artifacts": [{"name": "ws", "path": "/in/ws", "s3": {"key": "syn/in.tar.gz"}}]},
+            "outputs": {
+                "parameters": [{"name": "r", "valueFrom": {"path": "/out/r"}}],
+                "artifacts": [{"name": "ws", "path": "/out/ws", "s3": {"key": "syn/out.tar.gz"}}],
+            },
+        },
     ]
     ex = executor_for(wft("io", templates))
     _put_tar(ex._repository("artifact-repositories", "default-v1"), "syn/in.tar.gz", {"a.txt": "A", "b.txt": "B"})
@@ -311,8 +445,18 @@ def test_read_only_root_env_secrets_and_artifacts(executor_for, s3_env):
 
 def test_unresolved_reference_and_unknown_feature_fail_loudly(executor_for):
     templates = [
-        {"name": "main", "steps": [[{"name": "a", "template": "x", "arguments": {"parameters": [
-            {"name": "v", "value": "{{steps.nope.outputs.parameters.v}}"}]}}]]},
+        {
+            "name": "main",
+            "steps": [
+                [
+                    {
+                        "name": "a",
+                        "template": "x",
+                        "arguments": {"parameters": [{"name": "v", "value": "{{steps.nope.outputs.parameters.v}}"}]},
+                    }
+                ]
+            ],
+        },
         {"name": "x", "inputs": {"parameters": [{"name": "v"}]}, "script": {"image": JOBS_IMAGE, "source": "true"}},
     ]
     from tests.fixtures.argo_exec import SubmitRefused
@@ -331,9 +475,14 @@ def test_the_image_code_is_never_hidden_by_the_pods_tmp_volumes(executor_for):
     for name, ro in (("ro", True), ("rw", False)):
         c = container("mass --help > /tmp/v && head -c 11 /tmp/v > /out/v", mounts=("tmp", "out"), ro=ro)
         c["securityContext"].update({"runAsUser": 1000, "runAsGroup": 1000})
-        templates.append({"name": name, "container": c,
-                          "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "out", "emptyDir": {}}],
-                          "outputs": {"parameters": [{"name": "v", "valueFrom": {"path": "/out/v"}}]}})
+        templates.append(
+            {
+                "name": name,
+                "container": c,
+                "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "out", "emptyDir": {}}],
+                "outputs": {"parameters": [{"name": "v", "valueFrom": {"path": "/out/v"}}]},
+            }
+        )
     wf = executor_for(wft("img", templates)).submit("img", {})
     assert wf.phase == "Succeeded", wf.summary()
     assert [n.outputs["v"] for n in wf.find(type="Pod")] == ["usage: mass"] * 2
@@ -343,15 +492,19 @@ def test_a_volume_inside_the_checkout_is_refused_by_name(executor_for):
     inside = str(REPO / "mass_jobs")
     c = container("true", mounts=())
     c["volumeMounts"] = [{"name": "v", "mountPath": inside}]
-    wf = executor_for(wft("in", [{"name": "main", "container": c, "volumes": [{"name": "v", "emptyDir": {}}]}])).submit("in", {})
+    wf = executor_for(wft("in", [{"name": "main", "container": c, "volumes": [{"name": "v", "emptyDir": {}}]}])).submit(
+        "in", {}
+    )
     assert wf.phase in ("Failed", "Error") and f"volumeMount {inside} lies inside" in wf.summary()
 
 
 def _console_script(path: Path, python: Path) -> None:
     """A `mass` entry point as pip writes one when the interpreter's path has a space in it."""
     q = "'" * 3
-    path.write_text(f'#!/bin/sh\n{q}exec\' "{python}" "$0" "$@"\n\' {q}\n'
-                    "import sys\nfrom mass_jobs.commands.cli import main\nsys.exit(main())\n")
+    path.write_text(
+        f'#!/bin/sh\n{q}exec\' "{python}" "$0" "$@"\n\' {q}\n'
+        "import sys\nfrom mass_jobs.commands.cli import main\nsys.exit(main())\n"
+    )
     path.chmod(0o755)
 
 
@@ -375,13 +528,38 @@ def test_the_executor_runs_from_a_checkout_under_tmp_with_a_space():
         # the copy's code first, then this venv's packages (whose editable finder is not read from there)
         (site / "clone.pth").write_text(f"{root}\n{sysconfig.get_path('purelib')}\n")
         _console_script(root / ".venv" / "bin" / "mass", python)
-        where = subprocess.run([str(python), "-c", "import mass_jobs, tests.fixtures.argo_exec.pods as p; "
-                                "print(mass_jobs.__file__); print(p.REPO)"], cwd=root, capture_output=True, text=True)
+        where = subprocess.run(
+            [
+                str(python),
+                "-c",
+                "import mass_jobs, tests.fixtures.argo_exec.pods as p; print(mass_jobs.__file__); print(p.REPO)",
+            ],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
         assert where.returncode == 0, where.stderr
-        assert where.stdout.split("\n")[:2] == [str(root / "mass_jobs" / "__init__.py"), str(root)]  # the copy, not this checkout
-        run = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_argo_exec.py",
-                              "-k", "image_code_is_never_hidden or volume_inside_the_checkout"],
-                             cwd=root, capture_output=True, text=True, timeout=300)
+        assert where.stdout.split("\n")[:2] == [
+            str(root / "mass_jobs" / "__init__.py"),
+            str(root),
+        ]  # the copy, not this checkout
+        run = subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "tests/test_argo_exec.py",
+                "-k",
+                "image_code_is_never_hidden or volume_inside_the_checkout",
+            ],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
     finally:
         shutil.rmtree(top, ignore_errors=True)
@@ -390,28 +568,36 @@ def test_the_executor_runs_from_a_checkout_under_tmp_with_a_space():
 def test_pytorchjob_stand_in_env_status_and_create_collision(executor_for):
     # each replica says what the operator gave it, then they meet as torchrun's do: the Master ends once
     # every Worker reached it (ended first, the job's Success would leave a Worker never started)
-    meet = ("import os, socket, time; port = int(os.environ['MASTER_PORT'])\n"
-            "if os.environ['RANK'] == '0':\n"
-            "    server = socket.create_server(('127.0.0.1', port))\n"
-            "    for _ in range(int(os.environ['PET_NNODES']) - 1): server.accept()[0].close()\n"
-            "else:\n"
-            "    for _ in range(1200):\n"
-            "        try: socket.create_connection((os.environ['MASTER_ADDR'], port), timeout=1).close(); break\n"
-            "        except OSError: time.sleep(0.1)\n")
-    script = ("getent hosts $MASTER_ADDR > /tmp/h && echo $(cat /tmp/h | cut -d' ' -f1) $WORLD_SIZE $RANK "
-              f"$PET_NNODES $PET_NPROC_PER_NODE $PET_NODE_RANK $PET_MASTER_PORT; python3 -c \"{meet}\"; test $RANK != 0")
-    templates = [{"name": "main", "steps": [[{"name": "ok", "template": "ok"}], [{"name": "again", "template": "ok"}]]},
-                 {**pytorchjob("j", 2, script.replace("; test $RANK != 0", "")), "name": "ok"},
-                 {**pytorchjob("bad", 2, script), "name": "bad"}]
+    meet = (
+        "import os, socket, time; port = int(os.environ['MASTER_PORT'])\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    server = socket.create_server(('127.0.0.1', port))\n"
+        "    for _ in range(int(os.environ['PET_NNODES']) - 1): server.accept()[0].close()\n"
+        "else:\n"
+        "    for _ in range(1200):\n"
+        "        try: socket.create_connection((os.environ['MASTER_ADDR'], port), timeout=1).close(); break\n"
+        "        except OSError: time.sleep(0.1)\n"
+    )
+    script = (
+        "getent hosts $MASTER_ADDR > /tmp/h && echo $(cat /tmp/h | cut -d' ' -f1) $WORLD_SIZE $RANK "
+        f'$PET_NNODES $PET_NPROC_PER_NODE $PET_NODE_RANK $PET_MASTER_PORT; python3 -c "{meet}"; test $RANK != 0'
+    )
+    templates = [
+        {"name": "main", "steps": [[{"name": "ok", "template": "ok"}], [{"name": "again", "template": "ok"}]]},
+        {**pytorchjob("j", 2, script.replace("; test $RANK != 0", "")), "name": "ok"},
+        {**pytorchjob("bad", 2, script), "name": "bad"},
+    ]
     templates.append({"name": "fail", "steps": [[{"name": "b", "template": "bad"}]]})
     ex = executor_for(wft("pt", templates))
     wf = ex.submit("pt", {})
     assert wf.phase == "Failed", wf.summary()
     first, second = wf.find(template="ok", type="Resource")
     assert first.phase == "Succeeded" and second.phase == "Failed"
-    assert 'AlreadyExists' in second.message and 'PyTorchJob "j" already exists' in second.message
+    assert "AlreadyExists" in second.message and 'PyTorchJob "j" already exists' in second.message
     paths = [ex.workdir / "cluster" / "pods" / f"j-{r}" / "main.log" for r in ("master-0", "worker-0", "worker-1")]
-    for _ in range(300):  # the job succeeds with its Master: a worker may still be writing its line (30 s on a loaded machine)
+    for _ in range(
+        300
+    ):  # the job succeeds with its Master: a worker may still be writing its line (30 s on a loaded machine)
         if all(p.exists() and p.read_text().strip() for p in paths):
             break
         time.sleep(0.1)
@@ -429,8 +615,10 @@ def test_pytorchjob_stand_in_env_status_and_create_collision(executor_for):
 
 def test_the_operator_webhook_refuses_what_the_real_one_refuses(executor_for):
     """training-operator v1.9's validating webhook (failurePolicy Fail): the create fails, nothing runs."""
-    templates = [{"name": "main", "steps": [[{"name": "j", "template": "job"}]]},
-                 {**pytorchjob("w0", 0, "true"), "name": "job"}]
+    templates = [
+        {"name": "main", "steps": [[{"name": "j", "template": "job"}]]},
+        {**pytorchjob("w0", 0, "true"), "name": "job"},
+    ]
     ex = executor_for(wft("wh", templates))
     wf = ex.submit("wh", {})
     assert wf.phase == "Failed" and "denied the request" in wf.summary()
@@ -451,19 +639,36 @@ def test_a_trainer_job_queued_in_kueue_waits_without_failing_and_fails_promptly_
     assert (s.job_deadline_s, s.train_step_deadline_s) == (8, "608")
 
     def job(name: str, script: str) -> dict:
-        pod = {"containers": [container(script, name="pytorch", resources={"requests": {"nvidia.com/gpu": "1"}})],
-               "volumes": [{"name": "tmp", "emptyDir": {}}]}
-        manifest = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-                    "metadata": {"name": name, "labels": labels.queue_labels(s)},
-                    "spec": {"runPolicy": {"activeDeadlineSeconds": s.job_deadline_s},
-                             "pytorchReplicaSpecs": {"Master": {"replicas": 1, "restartPolicy": "Never",
-                                                                "template": {"spec": pod}}}}}
-        return {"name": name, "activeDeadlineSeconds": s.train_step_deadline_s,
-                "resource": {"action": "create", "setOwnerReference": True, "manifest": yaml.safe_dump(manifest),
-                             "successCondition": SUCCEEDED, "failureCondition": FAILED}}
+        pod = {
+            "containers": [container(script, name="pytorch", resources={"requests": {"nvidia.com/gpu": "1"}})],
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+        }
+        manifest = {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": name, "labels": labels.queue_labels(s)},
+            "spec": {
+                "runPolicy": {"activeDeadlineSeconds": s.job_deadline_s},
+                "pytorchReplicaSpecs": {"Master": {"replicas": 1, "restartPolicy": "Never", "template": {"spec": pod}}},
+            },
+        }
+        return {
+            "name": name,
+            "activeDeadlineSeconds": s.train_step_deadline_s,
+            "resource": {
+                "action": "create",
+                "setOwnerReference": True,
+                "manifest": yaml.safe_dump(manifest),
+                "successCondition": SUCCEEDED,
+                "failureCondition": FAILED,
+            },
+        }
 
-    templates = [{"name": "main", "steps": [[{"name": "ok", "template": "ok"}, {"name": "bad", "template": "bad"}]]},
-                 job("ok", "true"), job("bad", "exit 3")]
+    templates = [
+        {"name": "main", "steps": [[{"name": "ok", "template": "ok"}, {"name": "bad", "template": "bad"}]]},
+        job("ok", "true"),
+        job("bad", "exit 3"),
+    ]
     ex = executor_for(wft("kq", templates))
     queued_for = 2 * s.job_deadline_s
 
@@ -471,8 +676,10 @@ def test_a_trainer_job_queued_in_kueue_waits_without_failing_and_fails_promptly_
         while len(ex.cluster.kueue.pending()) < 2:
             time.sleep(0.1)
         time.sleep(queued_for)
-        assert [ex.cluster.get("PyTorchJob", n)["status"]["conditions"][-1]["type"] for n in ("ok", "bad")] == \
-            ["Suspended", "Suspended"]
+        assert [ex.cluster.get("PyTorchJob", n)["status"]["conditions"][-1]["type"] for n in ("ok", "bad")] == [
+            "Suspended",
+            "Suspended",
+        ]
         ex.cluster.kueue.set_quota("gpu-team", {**NODE_POOL, "nvidia.com/gpu": 1})
 
     helper = threading.Thread(target=admin, daemon=True)
@@ -483,17 +690,22 @@ def test_a_trainer_job_queued_in_kueue_waits_without_failing_and_fails_promptly_
     (ok,), (bad,) = wf.find(template="ok", type="Resource"), wf.find(template="bad", type="Resource")
     assert ok.phase == "Succeeded" and bad.phase == "Failed", wf.summary()
     assert "failure condition 'status.conditions.3.type = Failed' evaluated true" in bad.message
-    conditions = {n: [(c["type"], c["status"]) for c in ex.cluster.get("PyTorchJob", n)["status"]["conditions"]]
-                  for n in ("ok", "bad")}
-    assert conditions == {n: [("Created", "True"), ("Suspended", "False"), ("Running", "True"), (end, "True")]
-                          for n, end in (("ok", "Succeeded"), ("bad", "Failed"))}
+    conditions = {
+        n: [(c["type"], c["status"]) for c in ex.cluster.get("PyTorchJob", n)["status"]["conditions"]]
+        for n in ("ok", "bad")
+    }
+    assert conditions == {
+        n: [("Created", "True"), ("Suspended", "False"), ("Running", "True"), (end, "True")]
+        for n, end in (("ok", "Succeeded"), ("bad", "Failed"))
+    }
     assert sorted(ex.cluster.kueue.admissions) == [("PyTorchJob", "bad"), ("PyTorchJob", "ok")]  # one at a time
     assert ok.finished - ok.started > queued_for and bad.finished - bad.started > queued_for
     assert bad.finished - bad.started < queued_for + 60  # not the step's 608 s deadline
 
 
-def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_and_not_without(executor_for, s3_env,
-                                                                                                tmp_path):
+def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_and_not_without(
+    executor_for, s3_env, tmp_path
+):
     """The chart's scheduling values on a cluster whose GPUs are on a tainted pool: without them the
     trainer's replica and the predictor stay Pending with the scheduler's message (the job has no
     Running condition, fails at its deadline; the predictor never loads); with the gpu-cluster
@@ -506,9 +718,15 @@ def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_
     from tests.fixtures.k8s import ci_values_files
 
     taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
-    nodes = [Node("cpu-1", {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti"}),
-             Node("gpu-1", {"cpu": "192", "memory": "2Ti", "ephemeral-storage": "4Ti", "nvidia.com/gpu": "8"},
-                  labels={"node.kubernetes.io/instance-type": "p5.48xlarge"}, taints=[taint])]
+    nodes = [
+        Node("cpu-1", {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti"}),
+        Node(
+            "gpu-1",
+            {"cpu": "192", "memory": "2Ti", "ephemeral-storage": "4Ti", "nvidia.com/gpu": "8"},
+            labels={"node.kubernetes.io/instance-type": "p5.48xlarge"},
+            taints=[taint],
+        ),
+    ]
     (gpu_values,) = [str(p) for p in ci_values_files() if p.name == "gpu-cluster-values.yaml"]
     tuned = values_settings(preflight.load_values([gpu_values]))  # its job runs to the end: a day's deadline
     plain = with_(ClusterSettings(), train_deadline_s="4")  # Pending until its deadline fails it
@@ -533,22 +751,34 @@ def test_a_tainted_gpu_pool_schedules_the_trainer_and_predictor_with_the_values_
     # the predictor: the empty prefix makes KServe's load fail, which shows its pod was bound and ran
     uri = f"s3://{s3_env['bucket']}/nothing-here"
     run = {labels.RUN: "gpu-pool", labels.GENERATION: "1", labels.STEP: "model"}
-    ex.cluster.apply(serving.inference_service(plain, "plain", uri, {**run, **labels.queue_labels(plain)}), "apply", None, [])
-    ex.cluster.apply(serving.inference_service(tuned, "tuned", uri, {**run, **labels.queue_labels(tuned)}), "apply", None, [])
+    ex.cluster.apply(
+        serving.inference_service(plain, "plain", uri, {**run, **labels.queue_labels(plain)}), "apply", None, []
+    )
+    ex.cluster.apply(
+        serving.inference_service(tuned, "tuned", uri, {**run, **labels.queue_labels(tuned)}), "apply", None, []
+    )
     for _ in range(300):
-        if ex.cluster.get("InferenceService", "tuned")["status"]["modelStatus"]["transitionStatus"] == "BlockedByFailedLoad":
+        if (
+            ex.cluster.get("InferenceService", "tuned")["status"]["modelStatus"]["transitionStatus"]
+            == "BlockedByFailedLoad"
+        ):
             break
         time.sleep(0.1)
     assert ex.cluster.scheduler.bound["tuned-predictor-0"][0] == "gpu-1"
     assert ex.cluster.scheduler.pending == {"plain-predictor-0": pending}
-    assert ex.cluster.get("InferenceService", "plain")["status"]["modelStatus"]["states"]["targetModelState"] == "Loading"
+    assert (
+        ex.cluster.get("InferenceService", "plain")["status"]["modelStatus"]["states"]["targetModelState"] == "Loading"
+    )
     # what an operator sees of it: `mass pods`'s view, through the API, of the pods this cluster holds
     from tests.fixtures.kube_api import operator_view
 
     ns = ex.cluster.namespace
     view = operator_view(tmp_path, "gpu-pool", pods=lambda: ex.cluster.scheduler.api_pods(ns), namespace=ns)
     rows = {p["name"]: p for p in view["pods"]}
-    assert (rows["plain-predictor-0"]["phase"], rows["plain-predictor-0"]["reason"]) == ("Pending", f"Unschedulable: {pending}")
+    assert (rows["plain-predictor-0"]["phase"], rows["plain-predictor-0"]["reason"]) == (
+        "Pending",
+        f"Unschedulable: {pending}",
+    )
     assert rows["plain-predictor-0"]["step"] == "model" and rows["plain-predictor-0"]["node"] == ""
     ex.cluster.delete("InferenceService", "plain")
 
@@ -566,33 +796,61 @@ def test_a_predictor_no_node_takes_fails_the_serve_step_at_the_pending_bound_nam
     values = preflight.merge(preflight.load_values([]), {"scheduling": {"pendingTimeoutSeconds": 3}})
     s = values_settings(values)
     cycle = argo.mass_cycle(s)
-    templates = [t for t in cycle["spec"]["templates"] if t["name"] in ("serve-model", "serve-model-apply", "serve-model-wait")]
+    templates = [
+        t for t in cycle["spec"]["templates"] if t["name"] in ("serve-model", "serve-model-apply", "serve-model-wait")
+    ]
     wait = next(t for t in templates if t["name"] == "serve-model-wait")
     assert "--pending-timeout=3" in wait["container"]["args"] and "--ready-timeout=3600" in wait["container"]["args"]
-    main = {"name": "main", "steps": [[{"name": "serve", "template": "serve-model", "arguments": {"parameters": [
-        {"name": "gen", "value": "1"}, {"name": "model-uri", "value": f"s3://{s3_env['bucket']}/runs/r/gen-1/model"},
-        {"name": "dtype", "value": "bfloat16"}]}}]]}
-    workflow = {k: cycle["spec"][k] for k in ("serviceAccountName", "automountServiceAccountToken", "executor",
-                                               "securityContext")}
+    main = {
+        "name": "main",
+        "steps": [
+            [
+                {
+                    "name": "serve",
+                    "template": "serve-model",
+                    "arguments": {
+                        "parameters": [
+                            {"name": "gen", "value": "1"},
+                            {"name": "model-uri", "value": f"s3://{s3_env['bucket']}/runs/r/gen-1/model"},
+                            {"name": "dtype", "value": "bfloat16"},
+                        ]
+                    },
+                }
+            ]
+        ],
+    }
+    workflow = {
+        k: cycle["spec"][k]
+        for k in ("serviceAccountName", "automountServiceAccountToken", "executor", "securityContext")
+    }
     nodes = [Node("cpu-1", {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti"})]
-    ex = executor_for(wft("serve", [main, *templates], params=("spec", "run"), **workflow),
-                      *manifests.service_accounts(s), *manifests.rbac(s), nodes=nodes)
+    ex = executor_for(
+        wft("serve", [main, *templates], params=("spec", "run"), **workflow),
+        *manifests.service_accounts(s),
+        *manifests.rbac(s),
+        nodes=nodes,
+    )
     wf = ex.submit("serve", {"spec": "s3://b/spec.yaml", "run": "demo"})
     assert wf.phase == "Failed", wf.summary()
     why = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
     (pod,) = wf.find(type="Pod")  # one attempt
     assert pod.template == "serve-model-wait" and pod.message.startswith("main: Error (exit code 2): ")
     last = pod.message.splitlines()[-1]  # held from its first reading: at least the bound, within a poll of it
-    assert re.fullmatch(r"mass serve-wait: predictor pod mass-demo-g1-predictor-0 held for ([3-9]|1[0-5]) s "
-                        r"\(the pending bound is 3 s\): Unschedulable: " + re.escape(why), last), last
+    assert re.fullmatch(
+        r"mass serve-wait: predictor pod mass-demo-g1-predictor-0 held for ([3-9]|1[0-5]) s "
+        r"\(the pending bound is 3 s\): Unschedulable: " + re.escape(why),
+        last,
+    ), last
     assert pod.finished - pod.started < 60  # the bound and a reading's interval, not the ready deadline's hour
     assert ex.cluster.scheduler.pending == {"mass-demo-g1-predictor-0": why}
     # it read as its own account: the InferenceService and the pods, nothing else
     reads = {(user, path.split("?")[0]) for user, _, path in ex.accounts.api.requests}
     ns = ex.cluster.namespace
     user = f"system:serviceaccount:{ns}:mass-serve-wait"
-    assert reads == {(user, f"/apis/serving.kserve.io/v1beta1/namespaces/{ns}/inferenceservices/mass-demo-g1"),
-                     (user, f"/api/v1/namespaces/{ns}/pods")}
+    assert reads == {
+        (user, f"/apis/serving.kserve.io/v1beta1/namespaces/{ns}/inferenceservices/mass-demo-g1"),
+        (user, f"/api/v1/namespaces/{ns}/pods"),
+    }
 
 
 def test_a_pod_naming_a_service_account_the_cluster_lacks_is_never_created(executor_for):
@@ -604,14 +862,18 @@ def test_a_pod_naming_a_service_account_the_cluster_lacks_is_never_created(execu
 
     step = {"name": "step", "container": container("echo ran > /tmp/ran"), "volumes": [{"name": "tmp", "emptyDir": {}}]}
     main = {"name": "main", "steps": [[{"name": "a", "template": "step"}]]}
-    ex = executor_for(wft("lacking", [main, {**step, "serviceAccountName": "mass-nobody"}]),
-                      wft("present", [main, {**step, "serviceAccountName": manifests.SERVE_WAIT_SA}]),
-                      *manifests.service_accounts(ClusterSettings()))
+    ex = executor_for(
+        wft("lacking", [main, {**step, "serviceAccountName": "mass-nobody"}]),
+        wft("present", [main, {**step, "serviceAccountName": manifests.SERVE_WAIT_SA}]),
+        *manifests.service_accounts(ClusterSettings()),
+    )
     wf = ex.submit("lacking", {})
     (pod,) = wf.find(type="Pod")
     assert (wf.phase, pod.phase) == ("Failed", "Error"), wf.summary()
-    assert pod.message == ('pods is forbidden: error looking up service account mass-jobs/mass-nobody: '
-                           'serviceaccount "mass-nobody" not found')
+    assert pod.message == (
+        "pods is forbidden: error looking up service account mass-jobs/mass-nobody: "
+        'serviceaccount "mass-nobody" not found'
+    )
     assert ex.submit("present", {}).phase == "Succeeded"
 
 
@@ -628,7 +890,9 @@ def failed_pending(ex, name: str):
     return pod, seen
 
 
-def test_a_merge_asking_more_disk_than_any_node_has_fails_at_its_pending_bound_and_fits_on_a_scratch_volume(executor_for):
+def test_a_merge_asking_more_disk_than_any_node_has_fails_at_its_pending_bound_and_fits_on_a_scratch_volume(
+    executor_for,
+):
     """The chart's merge pod (160Gi of ephemeral storage) on nodes of 100Gi disk: it stays Pending with
     the scheduler's message and fails "timeout" at scheduling.pendingTimeoutSeconds, not retried (the
     cluster would not fit it again). With scratch.merge on a volume and a small ephemeral request it
@@ -641,8 +905,11 @@ def test_a_merge_asking_more_disk_than_any_node_has_fails_at_its_pending_bound_a
 
     def merge_template(over: dict) -> dict:
         values = preflight.merge(preflight.load_values([]), {"scheduling": {"pendingTimeoutSeconds": 3}, **over})
-        (t,) = [copy.deepcopy(t) for t in argo.mass_cycle(values_settings(values))["spec"]["templates"]
-                if t["name"] == "merge"]
+        (t,) = [
+            copy.deepcopy(t)
+            for t in argo.mass_cycle(values_settings(values))["spec"]["templates"]
+            if t["name"] == "merge"
+        ]
         # its pod as rendered (resources, volumes, placement, deadlines, retry), running a script instead
         t["container"] = container("echo merged > /tmp/out && cat /tmp/out", resources=t["container"]["resources"])
         for key in ("inputs", "outputs", "metrics", "metadata"):  # what reads the workflow's parameters
@@ -652,10 +919,26 @@ def test_a_merge_asking_more_disk_than_any_node_has_fails_at_its_pending_bound_a
     disks = [Node(f"cpu-{i}", {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "100Gi"}) for i in (1, 2)]
     plain = merge_template({})
     assert plain["pendingTimeout"] == "3" and plain["volumes"] == [{"name": "tmp", "emptyDir": {}}]
-    on_volume = merge_template({"scratch": {"merge": {"size": "200Gi", "storageClass": "fast-ssd"}},
-                                "resources": {"merge": {"ephemeralStorage": "8Gi"}}})
-    assert on_volume["volumes"] == [{"name": "tmp", "ephemeral": {"volumeClaimTemplate": {"spec": {
-        "accessModes": ["ReadWriteOnce"], "storageClassName": "fast-ssd", "resources": {"requests": {"storage": "200Gi"}}}}}}]
+    on_volume = merge_template(
+        {
+            "scratch": {"merge": {"size": "200Gi", "storageClass": "fast-ssd"}},
+            "resources": {"merge": {"ephemeralStorage": "8Gi"}},
+        }
+    )
+    assert on_volume["volumes"] == [
+        {
+            "name": "tmp",
+            "ephemeral": {
+                "volumeClaimTemplate": {
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "storageClassName": "fast-ssd",
+                        "resources": {"requests": {"storage": "200Gi"}},
+                    }
+                }
+            },
+        }
+    ]
     main = {"name": "main", "steps": [[{"name": "merge", "template": "merge"}]]}
     ex = executor_for(wft("disk", [main, plain]), wft("volume", [main, {**on_volume}]), nodes=disks)
     pod, seen = failed_pending(ex, "disk")
@@ -686,14 +969,30 @@ def test_a_trainer_job_whose_pods_never_schedule_fails_its_step_at_the_pending_b
     templates = [copy.deepcopy(t) for t in cycle["spec"]["templates"] if t["name"].startswith("train")]
     assert int(next(t for t in templates if t["name"] == "train-job-single")["activeDeadlineSeconds"]) == 1
     params = {"gen": "0", "trainer-workers": "0", "trainer-nproc": "1", "trainer-gpus": "1"}
-    main = {"name": "main", "steps": [[{"name": "train", "template": "train", "arguments": {
-        "parameters": [{"name": k, "value": v} for k, v in params.items()]}}]]}
+    main = {
+        "name": "main",
+        "steps": [
+            [
+                {
+                    "name": "train",
+                    "template": "train",
+                    "arguments": {"parameters": [{"name": k, "value": v} for k, v in params.items()]},
+                }
+            ]
+        ],
+    }
     taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
-    nodes = [Node("cpu-1", {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti"}),
-             Node("gpu-1", {"cpu": "192", "memory": "2Ti", "ephemeral-storage": "4Ti", "nvidia.com/gpu": "8"},
-                  taints=[taint])]
-    ex = executor_for(wft("train", [main, *templates], params=("spec", "run")),
-                      *load_documents([REPO / "manifests" / "semaphores.yaml"]), nodes=nodes)
+    nodes = [
+        Node("cpu-1", {"cpu": "64", "memory": "512Gi", "ephemeral-storage": "1Ti"}),
+        Node(
+            "gpu-1", {"cpu": "192", "memory": "2Ti", "ephemeral-storage": "4Ti", "nvidia.com/gpu": "8"}, taints=[taint]
+        ),
+    ]
+    ex = executor_for(
+        wft("train", [main, *templates], params=("spec", "run")),
+        *load_documents([REPO / "manifests" / "semaphores.yaml"]),
+        nodes=nodes,
+    )
     wf = ex.submit("train", {"spec": "s3://mass-jobs/specs/t.yaml", "run": "t"})
     assert wf.phase == "Failed", wf.summary()
     starts = wf.find(template="train-job-single", type="Resource")
@@ -703,16 +1002,26 @@ def test_a_trainer_job_whose_pods_never_schedule_fails_its_step_at_the_pending_b
     reads = wf.find(template="train-scheduling", type="Resource")
     assert len(reads) == 4 and all(n.phase == "Succeeded" for n in reads), wf.summary()
     assert all("untolerated taint {nvidia.com/gpu: present}" in n.outputs["scheduler"] for n in reads)
-    assert len(wf.find(template="train-delete-job", type="Resource")) == 4 + 4  # each attempt's first step, and its hook
+    assert (
+        len(wf.find(template="train-delete-job", type="Resource")) == 4 + 4
+    )  # each attempt's first step, and its hook
     assert ex.cluster.get("PyTorchJob", "mass-t-g0-train") is None and ex.cluster.scheduler.pending == {}
 
     # under Kueue, a job its queue never admits (no quota): no pod to read, the job goes all the same
-    queued = preflight.merge(preflight.load_values([]), {"scheduling": {"pendingTimeoutSeconds": 1},
-                                                         "kueue": {"queueName": "gpu-team", "maxQueueSeconds": 1}})
-    in_queue = [copy.deepcopy(t) for t in argo.mass_cycle(values_settings(queued))["spec"]["templates"]
-                if t["name"].startswith("train")]
-    ex = executor_for(wft("queued", [main, *in_queue], params=("spec", "run")),
-                      *load_documents([REPO / "manifests" / "semaphores.yaml"]), nodes=nodes)
+    queued = preflight.merge(
+        preflight.load_values([]),
+        {"scheduling": {"pendingTimeoutSeconds": 1}, "kueue": {"queueName": "gpu-team", "maxQueueSeconds": 1}},
+    )
+    in_queue = [
+        copy.deepcopy(t)
+        for t in argo.mass_cycle(values_settings(queued))["spec"]["templates"]
+        if t["name"].startswith("train")
+    ]
+    ex = executor_for(
+        wft("queued", [main, *in_queue], params=("spec", "run")),
+        *load_documents([REPO / "manifests" / "semaphores.yaml"]),
+        nodes=nodes,
+    )
     wf = ex.submit("queued", {"spec": "s3://mass-jobs/specs/t.yaml", "run": "t"})
     assert wf.phase == "Failed", wf.summary()
     assert len(wf.find(template="train-job-single", type="Resource")) == 4
@@ -729,16 +1038,35 @@ def test_a_trainer_job_whose_pods_never_schedule_fails_its_step_at_the_pending_b
             pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
             pod["containers"][0]["command"] = ["sh", "-c", "echo no GPU here >&2; exit 3"]
             t["resource"]["manifest"] = yaml.safe_dump(job)
-    started = {"name": "main", "steps": [
-        [{"name": "start", "template": "train-job-single", "arguments": {"parameters": [
-            {"name": k, "value": v} for k, v in params.items() if k != "trainer-workers"]}}],
-        [{"name": "unstarted", "template": "train-unstarted", "arguments": {"parameters": [{"name": "gen", "value": "0"}]}}]]}
+    started = {
+        "name": "main",
+        "steps": [
+            [
+                {
+                    "name": "start",
+                    "template": "train-job-single",
+                    "arguments": {
+                        "parameters": [{"name": k, "value": v} for k, v in params.items() if k != "trainer-workers"]
+                    },
+                }
+            ],
+            [
+                {
+                    "name": "unstarted",
+                    "template": "train-unstarted",
+                    "arguments": {"parameters": [{"name": "gen", "value": "0"}]},
+                }
+            ],
+        ],
+    }
     ex = executor_for(wft("crash", [started, *templates], params=("spec", "run")), nodes=nodes)
     wf = ex.submit("crash", {"spec": "s3://mass-jobs/specs/t.yaml", "run": "t"})
     assert wf.phase == "Succeeded", wf.summary()
     (check,) = wf.find(template="train-unstarted-job", type="Resource")
     assert check.phase == "Failed" and "failure condition 'status.conditions.1.type" in check.message
-    assert not wf.find(template="train-scheduling", type="Resource") and not wf.find(template="train-delete-job", type="Resource")
+    assert not wf.find(template="train-scheduling", type="Resource") and not wf.find(
+        template="train-delete-job", type="Resource"
+    )
     assert ex.cluster.get("PyTorchJob", "mass-t-g0-train") is not None
 
 
@@ -780,17 +1108,25 @@ def test_a_queued_predictor_loads_only_once_kueue_admits_it(executor_for, s3_env
     ex = executor_for()
     ex.cluster.apply(isvc, "apply", None, [])
     for _ in range(20):  # a second and more: nothing is downloaded while it is queued
-        assert ex.cluster.get("InferenceService", "m")["status"]["modelStatus"]["states"]["targetModelState"] == "Loading"
+        assert (
+            ex.cluster.get("InferenceService", "m")["status"]["modelStatus"]["states"]["targetModelState"] == "Loading"
+        )
         time.sleep(0.1)
     assert ex.cluster.kueue.pending() == [("InferenceService", "m")]
     # its pod exists, gated: the serve step's wait counts it as held (the queue's bound is in its bound)
     from mass_jobs.cluster.model_wait import look
 
-    (pod,) = [p for p in ex.cluster.scheduler.api_pods(ex.cluster.namespace)
-              if p["metadata"]["labels"].get("serving.kserve.io/inferenceservice") == "m"]
+    (pod,) = [
+        p
+        for p in ex.cluster.scheduler.api_pods(ex.cluster.namespace)
+        if p["metadata"]["labels"].get("serving.kserve.io/inferenceservice") == "m"
+    ]
     since: dict = {}
     gated = "SchedulingGated: Scheduling is blocked due to non-empty scheduling gates"
-    assert look("m", ex.cluster.get("InferenceService", "m"), [pod], since, 0.0, 60).waiting == f"pod m-predictor-0: {gated}"
+    assert (
+        look("m", ex.cluster.get("InferenceService", "m"), [pod], since, 0.0, 60).waiting
+        == f"pod m-predictor-0: {gated}"
+    )
     assert look("m", ex.cluster.get("InferenceService", "m"), [pod], since, 60.0, 60).failure.endswith(gated)
     # a queue of CPU, memory and GPUs, as a cluster's first ClusterQueue often is: the predictor asks
     # for ephemeral-storage too, which the queue does not list, so Kueue never admits it
@@ -814,11 +1150,30 @@ def test_an_oversized_workflow_is_compressed_then_refused_as_argo_does_unless_of
     """The controller measures the whole object's JSON: past MAX_WORKFLOW_SIZE its nodes are stored
     gzip+base64; still past it, the workflow errors "workflow is longer than maximum allowed size"
     unless nodeStatusOffLoad moves the nodes into a database."""
-    templates = [{"name": "main", "steps": [[{"name": "fan", "template": "echo", "withParam": json.dumps(
-                     [{"task": f"task-{i}", "rollout": f"gen-0/search/task-{i}/iter-0"} for i in range(12)]),
-                     "arguments": {"parameters": [{"name": "r", "value": "{{item.rollout}}"}]}}]]},
-                 {"name": "echo", "inputs": {"parameters": [{"name": "r"}]}, "retryStrategy": {"limit": "1"},
-                  "container": container("echo {{inputs.parameters.r}}"), "volumes": [{"name": "tmp", "emptyDir": {}}]}]
+    templates = [
+        {
+            "name": "main",
+            "steps": [
+                [
+                    {
+                        "name": "fan",
+                        "template": "echo",
+                        "withParam": json.dumps(
+                            [{"task": f"task-{i}", "rollout": f"gen-0/search/task-{i}/iter-0"} for i in range(12)]
+                        ),
+                        "arguments": {"parameters": [{"name": "r", "value": "{{item.rollout}}"}]},
+                    }
+                ]
+            ],
+        },
+        {
+            "name": "echo",
+            "inputs": {"parameters": [{"name": "r"}]},
+            "retryStrategy": {"limit": "1"},
+            "container": container("echo {{inputs.parameters.r}}"),
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+        },
+    ]
 
     def run(**kw):
         ex = executor_for(wft("big", templates), **kw)
@@ -828,7 +1183,10 @@ def test_an_oversized_workflow_is_compressed_then_refused_as_argo_does_unless_of
     wf, _ = run()
     raw, packed, stored = wf.size()
     assert wf.phase == "Succeeded" and stored == wf.fixed_bytes + raw and packed < raw / 3, wf.summary()
-    assert len([n for n in wf.nodes if n.type == "Pod"]) == 12 and [n.type for n in wf.nodes][:2] == ["Steps", "StepGroup"]
+    assert len([n for n in wf.nodes if n.type == "Pod"]) == 12 and [n.type for n in wf.nodes][:2] == [
+        "Steps",
+        "StepGroup",
+    ]
     # the nodes as the controller writes them: each pod's archived log is an artifact of its node
     # (and of its Retry node, which takes its attempt's outputs); attempts are flagged retried
     nodes = wf.argo_nodes()
@@ -839,13 +1197,15 @@ def test_an_oversized_workflow_is_compressed_then_refused_as_argo_does_unless_of
         (log,) = [a for a in p["outputs"]["artifacts"] if a["name"] == "main-logs"]
         body = wf.repo.client().get_object(Bucket=wf.repo.bucket, Key=log["s3"]["key"])["Body"].read().decode()
         assert body.startswith("gen-0/search/task-"), body
-    assert sorted(r["outputs"]["artifacts"][0]["s3"]["key"] for r in retries) == \
-        sorted(p["outputs"]["artifacts"][0]["s3"]["key"] for p in pods)
+    assert sorted(r["outputs"]["artifacts"][0]["s3"]["key"] for r in retries) == sorted(
+        p["outputs"]["artifacts"][0]["s3"]["key"] for p in pods
+    )
     squeezed, _ = run(max_workflow_size=wf.fixed_bytes + 2 * packed)  # fits once compressed
     assert squeezed.phase == "Succeeded" and squeezed.size()[2] < squeezed.fixed_bytes + raw
     over, _ = run(max_workflow_size=wf.fixed_bytes + packed // 2)
-    assert over.phase == "Error" and over.message.startswith("workflow is longer than maximum allowed size. "
-                                                             "compressed size "), over.message
+    assert over.phase == "Error" and over.message.startswith(
+        "workflow is longer than maximum allowed size. compressed size "
+    ), over.message
     assert "offload node status is not supported" in over.message
     offloaded, _ = run(max_workflow_size=wf.fixed_bytes + packed // 2, offload=True)
     assert offloaded.phase == "Succeeded"
@@ -864,20 +1224,48 @@ def test_template_metrics_are_emitted_when_their_node_is_fulfilled(executor_for)
         built = PM.metrics(PM.step_duration(step), PM.episode_outcomes(step), PM.generation_gauge("render"))
         return yaml.safe_load(dump_docs([built.model_dump(by_alias=True, exclude_none=True)]))
 
-    ingest = {"name": "ingest", "inputs": {"parameters": [{"name": "gen"}, {"name": "rc"}, {"name": "o"}]},
-              "container": container("mkdir -p /tmp/o && printf {{inputs.parameters.o}} > /tmp/o/outcome && "
-                                     "printf 42 > /tmp/o/supervised-tokens && exit {{inputs.parameters.rc}}"),
-              "volumes": [{"name": "tmp", "emptyDir": {}}], "retryStrategy": {"limit": "1"},
-              "outputs": {"parameters": [{"name": "outcome", "valueFrom": {"path": "/tmp/o/outcome", "default": "unknown"}},
-                                         {"name": "supervised-tokens", "valueFrom": {"path": "/tmp/o/supervised-tokens"}}]},
-              "metrics": metrics("collect")}
-    fan = [{"gen": "0", "rc": "0", "o": "success"}, {"gen": "0", "rc": "0", "o": "turn_limit"},
-           {"gen": "1", "rc": "0", "o": "success"}, {"gen": "1", "rc": "3", "o": "failed"}]
-    templates = [{"name": "main", "steps": [[{"name": "i", "template": "ingest", "withParam": json.dumps(fan),
-                                              "continueOn": {"failed": True},
-                                              "arguments": {"parameters": [{"name": k, "value": "{{item.%s}}" % k}
-                                                                           for k in ("gen", "rc", "o")]}}]]},
-                 ingest]
+    ingest = {
+        "name": "ingest",
+        "inputs": {"parameters": [{"name": "gen"}, {"name": "rc"}, {"name": "o"}]},
+        "container": container(
+            "mkdir -p /tmp/o && printf {{inputs.parameters.o}} > /tmp/o/outcome && "
+            "printf 42 > /tmp/o/supervised-tokens && exit {{inputs.parameters.rc}}"
+        ),
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+        "retryStrategy": {"limit": "1"},
+        "outputs": {
+            "parameters": [
+                {"name": "outcome", "valueFrom": {"path": "/tmp/o/outcome", "default": "unknown"}},
+                {"name": "supervised-tokens", "valueFrom": {"path": "/tmp/o/supervised-tokens"}},
+            ]
+        },
+        "metrics": metrics("collect"),
+    }
+    fan = [
+        {"gen": "0", "rc": "0", "o": "success"},
+        {"gen": "0", "rc": "0", "o": "turn_limit"},
+        {"gen": "1", "rc": "0", "o": "success"},
+        {"gen": "1", "rc": "3", "o": "failed"},
+    ]
+    templates = [
+        {
+            "name": "main",
+            "steps": [
+                [
+                    {
+                        "name": "i",
+                        "template": "ingest",
+                        "withParam": json.dumps(fan),
+                        "continueOn": {"failed": True},
+                        "arguments": {
+                            "parameters": [{"name": k, "value": "{{item.%s}}" % k} for k in ("gen", "rc", "o")]
+                        },
+                    }
+                ]
+            ],
+        },
+        ingest,
+    ]
     ex = executor_for(wft("metrics", templates, params=("run",)))
     wf = ex.submit("metrics", {"run": "first"})
     assert wf.phase == "Succeeded", wf.summary()
@@ -898,7 +1286,9 @@ def test_template_metrics_are_emitted_when_their_node_is_fulfilled(executor_for)
         assert {lab["generation"]: s["value"] for lab, s in reg.get("mass_supervised_tokens", run=run)} == gauges
     assert {lab["run"] for name in PM.NAMES[:3] for lab, _ in reg.get(name)} == {"first", "second"}
     # a value that is no number is dropped with an error, as the controller logs and skips it
-    reg.emit([{"name": "mass_win_share", "gauge": {"value": "{{outputs.parameters.w}}"}}], {"outputs.parameters.w": "n/a"})
+    reg.emit(
+        [{"name": "mass_win_share", "gauge": {"value": "{{outputs.parameters.w}}"}}], {"outputs.parameters.w": "n/a"}
+    )
     assert reg.get("mass_win_share") == [] and len(reg.errors) == 1
 
 
@@ -907,24 +1297,38 @@ def test_generated_trainer_jobs_pass_the_webhook_for_one_replica_and_several():
     the webhook; the Worker manifest with 0 workers would not, so the steps choose by `when`."""
     from mass_jobs.k8s.schemas import webhook_errors
 
-    cycle = next(d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle")
+    cycle = next(
+        d for d in load_documents([REPO / "argo" / "mass-cycle.yaml"]) if d["metadata"]["name"] == "mass-cycle"
+    )
     t = {x["name"]: x for x in cycle["spec"]["templates"]}
-    scope = {"workflow.parameters.run": "demo", "inputs.parameters.gen": "0", "inputs.parameters.trainer-nproc": "2",
-             "inputs.parameters.trainer-gpus": "1", "workflow.parameters.spec": "s3://b/s.yaml"}
+    scope = {
+        "workflow.parameters.run": "demo",
+        "inputs.parameters.gen": "0",
+        "inputs.parameters.trainer-nproc": "2",
+        "inputs.parameters.trainer-gpus": "1",
+        "workflow.parameters.spec": "s3://b/s.yaml",
+    }
 
     def job(template: str, workers: str | None) -> dict:
         values = {**scope, **({"inputs.parameters.trainer-workers": workers} if workers is not None else {})}
-        text = re.sub(r"\{\{\s*([^}]+?)\s*\}\}", lambda m: values.get(m.group(1), "x"), t[template]["resource"]["manifest"])
+        text = re.sub(
+            r"\{\{\s*([^}]+?)\s*\}\}", lambda m: values.get(m.group(1), "x"), t[template]["resource"]["manifest"]
+        )
         return yaml.safe_load(text)
 
     assert "Worker" not in job("train-job-single", None)["spec"]["pytorchReplicaSpecs"]
     assert webhook_errors(job("train-job-single", None)) == []
     assert webhook_errors(job("train-job", "1")) == [] and webhook_errors(job("train-job", "2")) == []
     assert webhook_errors(job("train-job", "0")) == [
-        "PyTorchJob/mass-demo-g0-train: Worker replicas must be at least 1, got 0 (leave Worker out for one replica)"]
+        "PyTorchJob/mass-demo-g0-train: Worker replicas must be at least 1, got 0 (leave Worker out for one replica)"
+    ]
     steps = {s["name"]: s.get("when") for group in t["train"]["steps"] for s in group}
-    assert steps == {"delete-job": None, "job": "{{inputs.parameters.trainer-workers}} > 0",
-                     "job-single": "{{inputs.parameters.trainer-workers}} == 0", "wait": None}
+    assert steps == {
+        "delete-job": None,
+        "job": "{{inputs.parameters.trainer-workers}} > 0",
+        "job-single": "{{inputs.parameters.trainer-workers}} == 0",
+        "wait": None,
+    }
 
 
 def test_inferenceservice_storage_download_is_a_plain_prefix(cluster, tmp_path):
@@ -933,20 +1337,28 @@ def test_inferenceservice_storage_download_is_a_plain_prefix(cluster, tmp_path):
 
     s3 = cluster["s3"]
     client = boto3.client("s3", endpoint_url=s3["endpoint_url"], region_name=s3["region"])
-    for key in ("r/gen-1/model/config.json", "r/gen-1/model/sub/w.bin", "r/gen-1/model-fp8/config.json",
-                "r/gen-1/model/empty"):
+    for key in (
+        "r/gen-1/model/config.json",
+        "r/gen-1/model/sub/w.bin",
+        "r/gen-1/model-fp8/config.json",
+        "r/gen-1/model/empty",
+    ):
         client.put_object(Bucket=s3["bucket"], Key=key, Body=b"" if key.endswith("empty") else b"x")
     ex = cluster["make"]()
     ex.cluster._download(f"s3://{s3['bucket']}/r/gen-1/model", tmp_path / "a")
     assert sorted(p.relative_to(tmp_path / "a").as_posix() for p in (tmp_path / "a").rglob("*") if p.is_file()) == [
-        "-fp8/config.json", "config.json", "sub/w.bin"]
+        "-fp8/config.json",
+        "config.json",
+        "sub/w.bin",
+    ]
     ex.cluster._download(f"s3://{s3['bucket']}/r/gen-1/model/", tmp_path / "b")
     assert sorted(p.relative_to(tmp_path / "b").as_posix() for p in (tmp_path / "b").rglob("*") if p.is_file()) == [
-        "config.json", "sub/w.bin"]
+        "config.json",
+        "sub/w.bin",
+    ]
 
 
 # ---------------------------------------------------------------- the generated templates, end to end
-
 
 
 def test_argo_files_are_the_chart_rendered_with_defaults():
@@ -969,8 +1381,11 @@ def test_argo_files_are_the_chart_rendered_with_defaults():
 def _runs_mass_episode(template: dict) -> bool:
     c = template.get("container") or {}
     argv = [*(c.get("command") or []), *(c.get("args") or [])]
-    return any(a == "mass" or a.endswith("/mass") for a in argv[:1]) and "episode" in argv[1:2] or \
-        any("mass episode" in a for a in argv)
+    return (
+        any(a == "mass" or a.endswith("/mass") for a in argv[:1])
+        and "episode" in argv[1:2]
+        or any("mass episode" in a for a in argv)
+    )
 
 
 def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod():
@@ -997,7 +1412,9 @@ def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod(
             # the pod's token: off for the template and for the workflow; no other ServiceAccount
             assert t["automountServiceAccountToken"] is False and spec["automountServiceAccountToken"] is False
             assert "serviceAccountName" not in t and "volumes" in t
-            assert not [v for v in t["volumes"] if set(v) - {"name", "emptyDir"}], t["name"]  # no secret/projected volume
+            assert not [v for v in t["volumes"] if set(v) - {"name", "emptyDir"}], t[
+                "name"
+            ]  # no secret/projected volume
             labels = t["metadata"]["labels"]
             assert all(labels.get(k) == v for k, v in selector.items()), (t["name"], labels, selector)
             assert int(t["activeDeadlineSeconds"]) > 0
@@ -1016,8 +1433,11 @@ def test_every_pod_running_mass_episode_holds_no_credential_and_is_an_agent_pod(
                 assert len(mine) == 1 and mine <= {m["name"] for m in c["volumeMounts"]}
                 assert not [m for m in side["volumeMounts"] if m["mountPath"] in ("/out", "/in")]
             assert not [m for m in sidecars["sandbox"]["volumeMounts"] if m["mountPath"] == "/qwen"]
-            assert not [a for a in (t["outputs"]["artifacts"] + t["inputs"]["artifacts"])
-                        if not a["path"].startswith(("/out/", "/in/"))]  # Argo's wait reads only the main container's
+            assert not [
+                a
+                for a in (t["outputs"]["artifacts"] + t["inputs"]["artifacts"])
+                if not a["path"].startswith(("/out/", "/in/"))
+            ]  # Argo's wait reads only the main container's
     assert episodes == ["agent-episode"]
 
     cycle = {t["name"]: t for t in docs["mass-cycle"]["spec"]["templates"]}
@@ -1085,8 +1505,10 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
 
         est = workflow_size.estimate(RunSpec.model_validate(argo_doc), wf.name)[-1]
         raw, packed, _ = wf.size()
-        print(f"workflow object: {len(wf.nodes)} nodes, {raw} B ({packed} B compressed); estimated {est.nodes} "
-              f"nodes, {est.nodes_bytes} B ({est.compressed_bytes} B)")
+        print(
+            f"workflow object: {len(wf.nodes)} nodes, {raw} B ({packed} B compressed); estimated {est.nodes} "
+            f"nodes, {est.nodes_bytes} B ({est.compressed_bytes} B)"
+        )
         assert abs(est.nodes - len(wf.nodes)) <= 0.1 * len(wf.nodes)
         assert 0.95 * raw <= est.nodes_bytes <= 1.25 * raw and packed <= est.compressed_bytes <= 1.4 * packed
         # the panel was asked the same questions by both runs (each as often by one as by the other)
@@ -1111,8 +1533,7 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
             differ.append(f"{prefix}: output keys")
             continue
         for key, digest in want[prefix]["outputs"].items():
-            if got[prefix]["outputs"][key] != digest and \
-                    timeless(argo_store, key) != timeless(local_store, key):
+            if got[prefix]["outputs"][key] != digest and timeless(argo_store, key) != timeless(local_store, key):
                 differ.append(f"{key}: content{archive_difference(argo_store, local_store, key)}")
     if differ:  # keep what differs for the failure report
         dump = Path(os.environ.get("ARGO_EXEC_DIFF_DIR", tmp_path / "diff"))
@@ -1123,8 +1544,9 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
                     (dump / name / key).write_bytes(st.get_bytes(key))
             for prefix in [d.split(":")[0] for d in differ if d.endswith("input hash")]:
                 (dump / name / prefix).mkdir(parents=True, exist_ok=True)
-                (dump / name / prefix / "_manifest.json").write_text(json.dumps(
-                    st.get_json(f"{prefix}/_manifest.json"), indent=1))
+                (dump / name / prefix / "_manifest.json").write_text(
+                    json.dumps(st.get_json(f"{prefix}/_manifest.json"), indent=1)
+                )
     assert not differ, "\n".join(differ)
     report = f"{run}/report/report.json"
     assert argo_store.get_json(report) == local_store.get_json(report)
@@ -1134,18 +1556,33 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
     reg, ctx = ex.metrics, RunContext(RunSpec.model_validate(argo_doc), argo_store)
     assert reg.errors == []
     timed = {lab["step"] for lab, _ in reg.get("mass_step_duration_seconds", status="Succeeded")}
-    assert {"validate", "search-ingest", "collect-prepare", "collect-ingest", "episode", "serve-model", "render",
-            "evaluate-finish", "report"} <= timed and timed & {"train-job", "train-job-single"}, timed
-    episodes = Counter(argo_store.get_json(k)["outcome"] for k in argo_store.list(f"{run}/")
-                       if "/collect/" in k and k.endswith("/status.json") and "/output/" not in k and "/input/" not in k)
+    assert {
+        "validate",
+        "search-ingest",
+        "collect-prepare",
+        "collect-ingest",
+        "episode",
+        "serve-model",
+        "render",
+        "evaluate-finish",
+        "report",
+    } <= timed and timed & {"train-job", "train-job-single"}, timed
+    episodes = Counter(
+        argo_store.get_json(k)["outcome"]
+        for k in argo_store.list(f"{run}/")
+        if "/collect/" in k and k.endswith("/status.json") and "/output/" not in k and "/input/" not in k
+    )
     counted = {lab["outcome"]: int(s["value"]) for lab, s in reg.get("mass_episodes_total", step="collect")}
     assert counted == dict(episodes) and sum(counted.values()) == 2 * 2 * 3, counted  # 2 gens x 2 tasks x 3 episodes
     tokens = {lab["generation"]: s["value"] for lab, s in reg.get("mass_supervised_tokens")}
-    assert tokens == {str(g): read_manifest(argo_store, ctx.sft(g))["extra"]["stored_supervised_tokens"] for g in (0, 1)}
+    assert tokens == {
+        str(g): read_manifest(argo_store, ctx.sft(g))["extra"]["stored_supervised_tokens"] for g in (0, 1)
+    }
     shares = {lab["generation"]: s["value"] for lab, s in reg.get("mass_win_share")}
     want = {str(g): read_manifest(argo_store, ctx.eval(g))["extra"]["panel_win_share"] for g in (1, 2)}  # L_G's
-    assert shares.keys() == want.keys() and all((math.isnan(shares[g]) and want[g] is None) or shares[g] == want[g]
-                                                for g in want), (shares, want)
+    assert shares.keys() == want.keys() and all(
+        (math.isnan(shares[g]) and want[g] is None) or shares[g] == want[g] for g in want
+    ), (shares, want)
     # every episode (search reference and iterations, collect episodes, evaluate rollouts) ran in an
     # agent pod: the rollouts the agent pods ran are exactly the stored ones, and each stored status
     # is the one its pod uploaded
@@ -1153,14 +1590,20 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
     ran = sorted(n.inputs["rollout"] for n in pods if "/guard-checks/" not in n.inputs["rollout"])
     # the guard's check commands ran in agent pods too: one per eligible episode of a task with checks
     checked = sorted(n.inputs["rollout"] for n in pods if "/guard-checks/" in n.inputs["rollout"])
-    eligible = sorted(f"gen-{g}/guard-checks/fib/{e}" for g in range(2) for e in argo_store.get_json(
-        f"{run}/gen-{g}/collect/fib/summary.json")["eligible"])
+    eligible = sorted(
+        f"gen-{g}/guard-checks/fib/{e}"
+        for g in range(2)
+        for e in argo_store.get_json(f"{run}/gen-{g}/collect/fib/summary.json")["eligible"]
+    )
     assert checked == eligible, (checked, eligible)
     for r in checked:
         doc = argo_store.get_json(f"{run}/{r}/checks.json")
         assert [(c["name"], c["exit_code"]) for c in doc["checks"]] == [("workspace-lists", 0)], doc
-    stored = sorted(k.removeprefix(f"{run}/").removesuffix("/status.json") for k in argo_store.list(f"{run}/")
-                    if k.endswith("/status.json") and "/output/" not in k)
+    stored = sorted(
+        k.removeprefix(f"{run}/").removesuffix("/status.json")
+        for k in argo_store.list(f"{run}/")
+        if k.endswith("/status.json") and "/output/" not in k
+    )
     assert ran == stored
     kinds = {kind: sum(1 for r in ran if f"/{kind}/" in f"/{r}") for kind in ("search", "collect", "eval")}
     train, gens = 2, 2
@@ -1171,8 +1614,11 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
     assert kinds["eval"] == 3 * len(argo_doc["tasks"]) * argo_doc["evaluation"]["rollouts_per_task"], kinds
     for r in ran:
         assert argo_store.get_bytes(f"{run}/{r}/status.json") == argo_store.get_bytes(f"{run}/{r}/output/status.json")
-    local_statuses = sorted(k.removeprefix(f"{run}/").removesuffix("/status.json") for k in local_store.list(f"{run}/")
-                            if k.endswith("/status.json"))
+    local_statuses = sorted(
+        k.removeprefix(f"{run}/").removesuffix("/status.json")
+        for k in local_store.list(f"{run}/")
+        if k.endswith("/status.json")
+    )
     assert local_statuses == stored  # the local runner ran the same episodes (in-process, sandboxed)
     # the cluster path: the generation's InferenceService for its inner loop, released before
     # training; evaluate's one at a time, for what is not stored yet (at g = 0: L0's rollouts, L1's
@@ -1181,7 +1627,8 @@ def test_mass_run_two_generations_equals_local_run(cluster, tmp_path):
     events = ex.cluster.events
     isvc = f"InferenceService/mass-{run}-g"
     assert [e for e in events if "InferenceService" in e] == [
-        f"{verb} {isvc}{g}" for g in (0, 0, 1, 0, 1, 2) for verb in ("apply", "delete")], events
+        f"{verb} {isvc}{g}" for g in (0, 0, 1, 0, 1, 2) for verb in ("apply", "delete")
+    ], events
     assert [e for e in events if "PyTorchJob" in e] == [f"create PyTorchJob/mass-{run}-g{g}-train" for g in range(2)]
     ex.delete_workflow(wf)
     assert not ex.cluster.objects
@@ -1241,8 +1688,9 @@ def test_dying_agent_pods_and_a_stopped_training_one_cycle_recovers_from_both(cl
     (two replicas: Master + Worker through the webhook) still training, resubmitted, resumes from
     the stored checkpoint after deleting the old job."""
     # enough steps after the first checkpoint that the stop lands mid-training on an idle machine too
-    doc, spec_uri = one_generation(cluster, "crash-resume", **{"sft.replicas": 2, "sft.steps": 16,
-                                                                "sft.save_every": 2, "sft.val_every": 4})
+    doc, spec_uri = one_generation(
+        cluster, "crash-resume", **{"sft.replicas": 2, "sft.steps": 16, "sft.save_every": 2, "sft.val_every": 4}
+    )
     # a collect episode, a search rollout and an evaluate rollout whose agent pods always die
     lost = ("gen-0/collect/fib/ep-0", "gen-0/search/primes/reference", "eval/gen-1/sort/rep-0")
     crashed = {r: [] for r in lost}
@@ -1275,8 +1723,10 @@ def test_dying_agent_pods_and_a_stopped_training_one_cycle_recovers_from_both(cl
     s3 = cluster["s3"]
     client = boto3.client("s3", endpoint_url=s3["endpoint_url"], region_name=s3["region"])
     prefix = f"{doc['store']['uri'].split('/', 3)[3]}/{run}/gen-0/train/step-"
-    stored = {o["Key"]: (o["ETag"], o["LastModified"])
-              for o in client.list_objects_v2(Bucket=s3["bucket"], Prefix=prefix)["Contents"]}
+    stored = {
+        o["Key"]: (o["ETag"], o["LastModified"])
+        for o in client.list_objects_v2(Bucket=s3["bucket"], Prefix=prefix)["Contents"]
+    }
     assert stored and not store.exists(f"{run}/gen-0/train/_manifest.json")  # stopped mid-training
 
     second = ex.submit("mass-cycle", {"spec": spec_uri, "run": run, "gen": "0"})
@@ -1285,8 +1735,10 @@ def test_dying_agent_pods_and_a_stopped_training_one_cycle_recovers_from_both(cl
     jobs = [e for e in ex.cluster.events if e.endswith(f"PyTorchJob/{job}")]
     assert jobs == [f"create PyTorchJob/{job}", f"delete PyTorchJob/{job}", f"create PyTorchJob/{job}"], jobs
     assert frozen and not [pid for pid in frozen if _alive(pid)]  # the old job's processes are gone
-    after = {o["Key"]: (o["ETag"], o["LastModified"])
-             for o in client.list_objects_v2(Bucket=s3["bucket"], Prefix=prefix)["Contents"]}
+    after = {
+        o["Key"]: (o["ETag"], o["LastModified"])
+        for o in client.list_objects_v2(Bucket=s3["bucket"], Prefix=prefix)["Contents"]
+    }
     assert {k: after[k] for k in stored} == stored  # resumed: what was stored before the stop is untouched
     assert store.exists(f"{run}/gen-0/train/_manifest.json") and store.exists(f"{run}/gen-1/model/config.json")
     train = store.get_json(f"{run}/gen-0/train/_manifest.json")["extra"]
@@ -1300,7 +1752,9 @@ def test_dying_agent_pods_and_a_stopped_training_one_cycle_recovers_from_both(cl
     for r in lost:
         assert store.get_json(f"{run}/{r}/status.json")["outcome"] == "infra_error", r
     statuses = [store.get_json(f"{run}/{r}/status.json") for r in lost]
-    assert all(st == statuses[0] for st in statuses) and statuses[0]["harness"] == doc.get("execution", {}).get("harness", "builtin")
+    assert all(st == statuses[0] for st in statuses) and statuses[0]["harness"] == doc.get("execution", {}).get(
+        "harness", "builtin"
+    )
     assert store.get_json(f"{run}/gen-0/search/primes/state.json")["reference_outcome"] == "infra_error"
     summary = store.get_json(f"{run}/gen-0/collect/fib/summary.json")
     outcomes = {e["id"]: e["outcome"] for e in summary["episodes"]}
@@ -1318,8 +1772,9 @@ def test_an_agent_pod_asking_a_gpu_no_node_has_fails_at_its_pending_bound(execut
     from mass_jobs.k8s.settings import values_settings
     from tests.fixtures.argo_exec.scheduler import Node
 
-    values = preflight.merge(preflight.load_values([]), {"scheduling": {"pendingTimeoutSeconds": 3},
-                                                         "resources": {"agent": {"gpu": 1}}})
+    values = preflight.merge(
+        preflight.load_values([]), {"scheduling": {"pendingTimeoutSeconds": 3}, "resources": {"agent": {"gpu": 1}}}
+    )
     templates = {t["name"]: t for t in argo.mass_cycle(values_settings(values))["spec"]["templates"]}
     t = copy.deepcopy(templates["agent-episode"])
     assert t["pendingTimeout"] == "3" and "synchronization" not in t

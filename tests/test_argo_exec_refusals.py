@@ -24,20 +24,52 @@ VOL = [{"name": "tmp", "emptyDir": {}}]
 
 # ---------------------------------------------------------------- recursion depth
 
+
 def recursion(levels: int, retried_leaf: bool | None = None) -> dict:
     """main -> rec(levels) -> ... -> rec(0): rec(k) sits at depth levels - k + 2; rec(0) may call a leaf pod."""
-    leaf_step = [[{"name": "leaf", "template": "leaf", "when": "{{inputs.parameters.k}} == 0"}]] if retried_leaf is not None else []
+    leaf_step = (
+        [[{"name": "leaf", "template": "leaf", "when": "{{inputs.parameters.k}} == 0"}]]
+        if retried_leaf is not None
+        else []
+    )
     leaf = {"name": "leaf", "container": container("true"), "volumes": VOL}
     if retried_leaf:
         leaf["retryStrategy"] = {"limit": "1"}
-    return wft("deep", [
-        {"name": "main", "steps": [[{"name": "rec", "template": "rec",
-                                     "arguments": {"parameters": [{"name": "k", "value": str(levels)}]}}]]},
-        {"name": "rec", "inputs": {"parameters": [{"name": "k"}]}, "steps": [
-            [{"name": "again", "template": "rec", "when": "{{inputs.parameters.k}} > 0",
-              "arguments": {"parameters": [{"name": "k", "value": "{{=asInt(inputs.parameters.k) - 1}}"}]}}],
-            *leaf_step]},
-        leaf])
+    return wft(
+        "deep",
+        [
+            {
+                "name": "main",
+                "steps": [
+                    [
+                        {
+                            "name": "rec",
+                            "template": "rec",
+                            "arguments": {"parameters": [{"name": "k", "value": str(levels)}]},
+                        }
+                    ]
+                ],
+            },
+            {
+                "name": "rec",
+                "inputs": {"parameters": [{"name": "k"}]},
+                "steps": [
+                    [
+                        {
+                            "name": "again",
+                            "template": "rec",
+                            "when": "{{inputs.parameters.k}} > 0",
+                            "arguments": {
+                                "parameters": [{"name": "k", "value": "{{=asInt(inputs.parameters.k) - 1}}"}]
+                            },
+                        }
+                    ],
+                    *leaf_step,
+                ],
+            },
+            leaf,
+        ],
+    )
 
 
 def test_recursion_past_argos_stack_limit_errors_the_workflow(executor_for):
@@ -61,16 +93,40 @@ def test_a_retried_template_needs_one_level_more(executor_for):
 
 # ---------------------------------------------------------------- retry maxDuration
 
+
 def test_max_duration_is_a_deadline_from_the_first_attempt(executor_for):
     templates = [
-        {"name": "main", "steps": [[{"name": "slow", "template": "slow", "continueOn": {"failed": True}},
-                                    {"name": "quick", "template": "quick"}]]},
+        {
+            "name": "main",
+            "steps": [
+                [
+                    {"name": "slow", "template": "slow", "continueOn": {"failed": True}},
+                    {"name": "quick", "template": "quick"},
+                ]
+            ],
+        },
         # runs 30 s on its first attempt: the 3 s maxDuration kills it there and allows no retry
-        {"name": "slow", "container": container("sleep 30"), "volumes": VOL,
-         "retryStrategy": {"limit": "3", "retryPolicy": "Always", "backoff": {"duration": "1s", "maxDuration": "3s"}}},
+        {
+            "name": "slow",
+            "container": container("sleep 30"),
+            "volumes": VOL,
+            "retryStrategy": {
+                "limit": "3",
+                "retryPolicy": "Always",
+                "backoff": {"duration": "1s", "maxDuration": "3s"},
+            },
+        },
         # fails fast twice within its maxDuration: retried as usual
-        {"name": "quick", "container": container("test {{retries}} -ge 2"), "volumes": VOL,
-         "retryStrategy": {"limit": "3", "retryPolicy": "Always", "backoff": {"duration": "1s", "maxDuration": "60s"}}},
+        {
+            "name": "quick",
+            "container": container("test {{retries}} -ge 2"),
+            "volumes": VOL,
+            "retryStrategy": {
+                "limit": "3",
+                "retryPolicy": "Always",
+                "backoff": {"duration": "1s", "maxDuration": "60s"},
+            },
+        },
     ]
     wf = executor_for(wft("md", templates)).submit("md", {})
     assert wf.phase == "Succeeded", wf.summary()
@@ -103,12 +159,17 @@ def test_generated_retries_set_no_deadline_shorter_than_their_pods():
 
 # ---------------------------------------------------------------- locks across retries
 
+
 def test_a_retried_templates_mutex_is_held_across_its_attempts(executor_for):
     templates = [
         {"name": "main", "steps": [[{"name": "a", "template": "locked"}, {"name": "b", "template": "locked"}]]},
-        {"name": "locked", "container": container("sleep 0.3; test {{retries}} -ge 1"), "volumes": VOL,
-         "synchronization": {"mutexes": [{"name": "one-writer"}]},
-         "retryStrategy": {"limit": "2", "retryPolicy": "Always", "backoff": {"duration": "1s"}}},
+        {
+            "name": "locked",
+            "container": container("sleep 0.3; test {{retries}} -ge 1"),
+            "volumes": VOL,
+            "synchronization": {"mutexes": [{"name": "one-writer"}]},
+            "retryStrategy": {"limit": "2", "retryPolicy": "Always", "backoff": {"duration": "1s"}},
+        },
     ]
     wf = executor_for(wft("mx", templates), backoff_scale=1.0).submit("mx", {})
     assert wf.phase == "Succeeded", wf.summary()
@@ -125,19 +186,43 @@ ALLOC = "python3 -c 'import sys; b = bytearray(int(sys.argv[1]) << 20); b[::4096
 
 def test_memory_limit_holds_the_whole_process_tree(executor_for):
     templates = [
-        {"name": "main", "steps": [[
-            {"name": "under", "template": "alloc", "continueOn": {"failed": True},
-             "arguments": {"parameters": [{"name": "mb", "value": "16"}, {"name": "n", "value": "1"}]}},
-            {"name": "one-over", "template": "alloc", "continueOn": {"failed": True},
-             "arguments": {"parameters": [{"name": "mb", "value": "200"}, {"name": "n", "value": "1"}]}},
-            # three processes each under the limit, together over it: only a tree-wide limit sees it
-            {"name": "tree-over", "template": "alloc", "continueOn": {"failed": True},
-             "arguments": {"parameters": [{"name": "mb", "value": "45"}, {"name": "n", "value": "3"}]}}]]},
-        {"name": "alloc", "inputs": {"parameters": [{"name": "mb"}, {"name": "n"}]}, "volumes": VOL,
-         "container": container(f"pids=; for i in $(seq {{{{inputs.parameters.n}}}}); do {ALLOC} "
-                                "{{inputs.parameters.mb}} & pids=\"$pids $!\"; sleep 0.5; done; "
-                                "for p in $pids; do wait $p || exit $?; done",
-                                resources={"limits": {"memory": "96Mi", "cpu": "1"}})},
+        {
+            "name": "main",
+            "steps": [
+                [
+                    {
+                        "name": "under",
+                        "template": "alloc",
+                        "continueOn": {"failed": True},
+                        "arguments": {"parameters": [{"name": "mb", "value": "16"}, {"name": "n", "value": "1"}]},
+                    },
+                    {
+                        "name": "one-over",
+                        "template": "alloc",
+                        "continueOn": {"failed": True},
+                        "arguments": {"parameters": [{"name": "mb", "value": "200"}, {"name": "n", "value": "1"}]},
+                    },
+                    # three processes each under the limit, together over it: only a tree-wide limit sees it
+                    {
+                        "name": "tree-over",
+                        "template": "alloc",
+                        "continueOn": {"failed": True},
+                        "arguments": {"parameters": [{"name": "mb", "value": "45"}, {"name": "n", "value": "3"}]},
+                    },
+                ]
+            ],
+        },
+        {
+            "name": "alloc",
+            "inputs": {"parameters": [{"name": "mb"}, {"name": "n"}]},
+            "volumes": VOL,
+            "container": container(
+                f"pids=; for i in $(seq {{{{inputs.parameters.n}}}}); do {ALLOC} "
+                '{{inputs.parameters.mb}} & pids="$pids $!"; sleep 0.5; done; '
+                "for p in $pids; do wait $p || exit $?; done",
+                resources={"limits": {"memory": "96Mi", "cpu": "1"}},
+            ),
+        },
     ]
     wf = executor_for(wft("mem", templates)).submit("mem", {})
     assert wf.phase == "Succeeded", wf.summary()
@@ -148,8 +233,9 @@ def test_memory_limit_holds_the_whole_process_tree(executor_for):
 
 
 def test_a_memory_limit_that_cannot_be_enforced_fails_the_pod(executor_for):
-    templates = [{"name": "main", "volumes": VOL,
-                  "container": container("true", resources={"limits": {"memory": "lots"}})}]
+    templates = [
+        {"name": "main", "volumes": VOL, "container": container("true", resources={"limits": {"memory": "lots"}})}
+    ]
     wf = executor_for(wft("bad", templates)).submit("bad", {})
     assert wf.phase in ("Error", "Failed")
     assert "resources.limits.memory 'lots'" in wf.find(type="Pod")[0].message
@@ -157,38 +243,77 @@ def test_a_memory_limit_that_cannot_be_enforced_fails_the_pod(executor_for):
 
 # ---------------------------------------------------------------- what argo submit refuses
 
+
 def _echo(name="echo", **extra) -> dict:
     return {"name": name, "container": container("true"), "volumes": VOL, **extra}
 
 
 LINT_CASES = {
-    "unknown template": ([{"name": "main", "steps": [[{"name": "a", "template": "nope"}]]}],
-                         "templates.main.steps[0].a: template name 'nope' undefined"),
+    "unknown template": (
+        [{"name": "main", "steps": [[{"name": "a", "template": "nope"}]]}],
+        "templates.main.steps[0].a: template name 'nope' undefined",
+    ),
     "step output of a later group": (
-        [{"name": "main", "steps": [[{"name": "a", "template": "echo", "arguments": {"parameters": [
-            {"name": "v", "value": "{{steps.b.outputs.parameters.out}}"}]}}], [{"name": "b", "template": "echo"}]]},
-         _echo(inputs={"parameters": [{"name": "v", "value": ""}]},
-               outputs={"parameters": [{"name": "out", "valueFrom": {"path": "/tmp/o", "default": ""}}]})],
-        "templates.main.steps[0].a failed to resolve {{steps.b.outputs.parameters.out}}"),
-    "undeclared input": ([{"name": "main", "container": container("echo {{inputs.parameters.x}}"), "volumes": VOL}],
-                         "templates.main failed to resolve {{inputs.parameters.x}}"),
-    "item outside a loop": ([{"name": "main", "steps": [[{"name": "a", "template": "echo", "when": "{{item}} == 1"}]]},
-                             _echo()], "templates.main.steps[0].a failed to resolve {{item}}"),
-    "missing argument": ([{"name": "main", "steps": [[{"name": "a", "template": "echo"}]]},
-                          _echo(inputs={"parameters": [{"name": "v"}]})],
-                         "templates.main.steps[0].a inputs.parameters.v was not supplied"),
-    "two types": ([{"name": "main", "container": container("true"), "steps": [], "volumes": VOL}],
-                  "templates.main multiple template types specified"),
-    "duplicate step": ([{"name": "main", "steps": [[{"name": "a", "template": "echo"}, {"name": "a", "template": "echo"}]]},
-                        _echo()], "templates.main.steps[0] steps name 'a' is not unique"),
-    "bad template name": ([{"name": "main", "steps": [[{"name": "a", "template": "b_c"}]]}, _echo("b_c")],
-                          "spec.templates templates name 'b_c' is invalid"),
-    "output without source": ([_echo("main", outputs={"parameters": [{"name": "o"}]})],
-                              "templates.main.outputs.parameters.o does not have valueFrom or value specified"),
-    "bad backoff": ([_echo("main", retryStrategy={"limit": 1, "backoff": {"duration": "thirty"}})],
-                    "templates.main.retryStrategy.backoff.duration 'thirty' is not a duration"),
-    "bad resource action": ([{"name": "main", "resource": {"action": "upsert", "manifest": "kind: X"}}],
-                            "templates.main.resource.action should be one of"),
+        [
+            {
+                "name": "main",
+                "steps": [
+                    [
+                        {
+                            "name": "a",
+                            "template": "echo",
+                            "arguments": {"parameters": [{"name": "v", "value": "{{steps.b.outputs.parameters.out}}"}]},
+                        }
+                    ],
+                    [{"name": "b", "template": "echo"}],
+                ],
+            },
+            _echo(
+                inputs={"parameters": [{"name": "v", "value": ""}]},
+                outputs={"parameters": [{"name": "out", "valueFrom": {"path": "/tmp/o", "default": ""}}]},
+            ),
+        ],
+        "templates.main.steps[0].a failed to resolve {{steps.b.outputs.parameters.out}}",
+    ),
+    "undeclared input": (
+        [{"name": "main", "container": container("echo {{inputs.parameters.x}}"), "volumes": VOL}],
+        "templates.main failed to resolve {{inputs.parameters.x}}",
+    ),
+    "item outside a loop": (
+        [{"name": "main", "steps": [[{"name": "a", "template": "echo", "when": "{{item}} == 1"}]]}, _echo()],
+        "templates.main.steps[0].a failed to resolve {{item}}",
+    ),
+    "missing argument": (
+        [
+            {"name": "main", "steps": [[{"name": "a", "template": "echo"}]]},
+            _echo(inputs={"parameters": [{"name": "v"}]}),
+        ],
+        "templates.main.steps[0].a inputs.parameters.v was not supplied",
+    ),
+    "two types": (
+        [{"name": "main", "container": container("true"), "steps": [], "volumes": VOL}],
+        "templates.main multiple template types specified",
+    ),
+    "duplicate step": (
+        [{"name": "main", "steps": [[{"name": "a", "template": "echo"}, {"name": "a", "template": "echo"}]]}, _echo()],
+        "templates.main.steps[0] steps name 'a' is not unique",
+    ),
+    "bad template name": (
+        [{"name": "main", "steps": [[{"name": "a", "template": "b_c"}]]}, _echo("b_c")],
+        "spec.templates templates name 'b_c' is invalid",
+    ),
+    "output without source": (
+        [_echo("main", outputs={"parameters": [{"name": "o"}]})],
+        "templates.main.outputs.parameters.o does not have valueFrom or value specified",
+    ),
+    "bad backoff": (
+        [_echo("main", retryStrategy={"limit": 1, "backoff": {"duration": "thirty"}})],
+        "templates.main.retryStrategy.backoff.duration 'thirty' is not a duration",
+    ),
+    "bad resource action": (
+        [{"name": "main", "resource": {"action": "upsert", "manifest": "kind: X"}}],
+        "templates.main.resource.action should be one of",
+    ),
 }
 
 
@@ -221,10 +346,12 @@ def test_the_generated_templates_pass_argo_lint():
     ingest = next(t for t in broken["spec"]["templates"] if t["name"] == "search-ingest")
     ingest["inputs"]["parameters"].append({"name": "never-given"})
     assert lint({**wfts, "mass-cycle": broken}, "mass-run") == [
-        "templates.search-rollout.steps[1].ingest inputs.parameters.never-given was not supplied"]
+        "templates.search-rollout.steps[1].ingest inputs.parameters.never-given was not supplied"
+    ]
 
 
 # ---------------------------------------------------------------- deleting a job: cascade
+
 
 def _job_and_delete(name: str, cascade: str | None) -> list[dict]:
     from tests.fixtures.argo_cluster import pytorchjob
@@ -232,10 +359,17 @@ def _job_and_delete(name: str, cascade: str | None) -> list[dict]:
     job = pytorchjob(name, 1, "sleep 60")
     job["resource"] = {k: v for k, v in job["resource"].items() if not k.endswith("Condition")}  # created, not awaited
     delete = pytorchjob(name, 1, "true", action="delete")
-    delete["resource"] = {"action": "delete", "manifest": delete["resource"]["manifest"],
-                          "flags": ["--ignore-not-found", *([f"--cascade={cascade}"] if cascade else [])]}
-    return [{"name": "create", "steps": [[{"name": "job", "template": "job"}]]}, job,
-            {"name": "delete", "steps": [[{"name": "job", "template": "del"}]]}, {**delete, "name": "del"}]
+    delete["resource"] = {
+        "action": "delete",
+        "manifest": delete["resource"]["manifest"],
+        "flags": ["--ignore-not-found", *([f"--cascade={cascade}"] if cascade else [])],
+    }
+    return [
+        {"name": "create", "steps": [[{"name": "job", "template": "job"}]]},
+        job,
+        {"name": "delete", "steps": [[{"name": "job", "template": "del"}]]},
+        {**delete, "name": "del"},
+    ]
 
 
 @pytest.mark.parametrize("cascade", [None, "foreground"])
@@ -263,6 +397,7 @@ def test_a_background_delete_returns_while_the_jobs_pods_still_run(executor_for,
 
 # ---------------------------------------------------------------- NetworkPolicy
 
+
 def test_a_network_policy_holds_the_pods_it_selects(executor_for):
     """An agent-like pod (selected) reaches the allowed service and nothing else, the host's own
     loopback servers included; a pod no policy selects reaches both."""
@@ -281,18 +416,37 @@ def test_a_network_policy_holds_the_pods_it_selects(executor_for):
     for srv in servers:
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     model, other = (srv.server_address[1] for srv in servers)
-    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "agent-egress"},
-              "spec": {"podSelector": {"matchLabels": {"role": "agent"}}, "policyTypes": ["Ingress", "Egress"],
-                       "ingress": [], "egress": [{"to": [{"podSelector": {"matchLabels": {"role": "model"}}}],
-                                                  "ports": [{"port": 8080, "protocol": "TCP"}]}]}}
-    probe = ("for url in http://model-predictor.mass-jobs.svc.cluster.local/ http://127.0.0.1:%d/; do "
-             "python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' $url "
-             "&& echo reached >> /tmp/r || echo failed >> /tmp/r; done" % other)
-    pod = {"container": container(probe), "volumes": VOL,
-           "outputs": {"parameters": [{"name": "r", "valueFrom": {"path": "/tmp/r"}}]}}
-    templates = [{"name": "main", "steps": [[{"name": "agent", "template": "agent"}, {"name": "step", "template": "step"}]]},
-                 {"name": "agent", "metadata": {"labels": {"role": "agent"}}, **pod},
-                 {"name": "step", "metadata": {"labels": {"role": "step"}}, **pod}]
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "agent-egress"},
+        "spec": {
+            "podSelector": {"matchLabels": {"role": "agent"}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": [
+                {
+                    "to": [{"podSelector": {"matchLabels": {"role": "model"}}}],
+                    "ports": [{"port": 8080, "protocol": "TCP"}],
+                }
+            ],
+        },
+    }
+    probe = (
+        "for url in http://model-predictor.mass-jobs.svc.cluster.local/ http://127.0.0.1:%d/; do "
+        "python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' $url "
+        "&& echo reached >> /tmp/r || echo failed >> /tmp/r; done" % other
+    )
+    pod = {
+        "container": container(probe),
+        "volumes": VOL,
+        "outputs": {"parameters": [{"name": "r", "valueFrom": {"path": "/tmp/r"}}]},
+    }
+    templates = [
+        {"name": "main", "steps": [[{"name": "agent", "template": "agent"}, {"name": "step", "template": "step"}]]},
+        {"name": "agent", "metadata": {"labels": {"role": "agent"}}, **pod},
+        {"name": "step", "metadata": {"labels": {"role": "step"}}, **pod},
+    ]
     host = "model-predictor.mass-jobs.svc.cluster.local"
 
     def run(policy_doc) -> dict[str, list[str]]:
@@ -325,8 +479,11 @@ def test_the_agent_pods_of_the_chart_are_held_by_its_policies():
     docs = chart_docs()
     policies = Policies(docs, "mass-jobs")
     cycle = next(d for d in docs if d["kind"] == "WorkflowTemplate" and d["metadata"]["name"] == "mass-cycle")
-    held = sorted(t["name"] for t in cycle["spec"]["templates"]
-                  if policies.egress((t.get("metadata") or {}).get("labels") or {}) is not None)
+    held = sorted(
+        t["name"]
+        for t in cycle["spec"]["templates"]
+        if policies.egress((t.get("metadata") or {}).get("labels") or {}) is not None
+    )
     assert held == ["agent-episode"]
     agent = next(t for t in cycle["spec"]["templates"] if t["name"] == "agent-episode")
     rules = policies.egress(agent["metadata"]["labels"])
@@ -339,17 +496,37 @@ def test_the_agent_pods_of_the_chart_are_held_by_its_policies():
 
 # ---------------------------------------------------------------- unresolved at run time
 
+
 def test_a_skipped_steps_output_is_a_hang_not_an_error(executor_for):
     """argo lint accepts it (the step is earlier); at run time the skipped step has no outputs and
     the controller requeues forever. The executor reports the hang; a default resolves it."""
+
     def templates(default: bool):
         out = {"name": "out", "valueFrom": {"path": "/tmp/o", **({"default": "none"} if default else {})}}
         return [
-            {"name": "main", "steps": [[{"name": "maybe", "template": "emit", "when": "1 == 2"}],
-                                       [{"name": "use", "template": "echo", "arguments": {"parameters": [
-                                           {"name": "v", "value": "{{steps.maybe.outputs.parameters.out}}"}]}}]]},
-            {"name": "emit", "container": container("echo x > /tmp/o"), "volumes": VOL, "outputs": {"parameters": [out]}},
-            {"name": "echo", "inputs": {"parameters": [{"name": "v"}]}, "container": container("true"), "volumes": VOL}]
+            {
+                "name": "main",
+                "steps": [
+                    [{"name": "maybe", "template": "emit", "when": "1 == 2"}],
+                    [
+                        {
+                            "name": "use",
+                            "template": "echo",
+                            "arguments": {
+                                "parameters": [{"name": "v", "value": "{{steps.maybe.outputs.parameters.out}}"}]
+                            },
+                        }
+                    ],
+                ],
+            },
+            {
+                "name": "emit",
+                "container": container("echo x > /tmp/o"),
+                "volumes": VOL,
+                "outputs": {"parameters": [out]},
+            },
+            {"name": "echo", "inputs": {"parameters": [{"name": "v"}]}, "container": container("true"), "volumes": VOL},
+        ]
 
     wf = executor_for(wft("hang", templates(False))).submit("hang", {})
     assert wf.phase == "Hung" and "{{steps.maybe.outputs.parameters.out}}" in wf.message and "skipped" in wf.message
@@ -363,18 +540,39 @@ def test_a_fanned_out_steps_status_is_its_groups(executor_for):
     """After withParam, `steps.X.status` is the StepGroup's (Succeeded once the group passed, a
     failed child under continueOn included): a template must not read it as a child's."""
     templates = [
-        {"name": "main", "steps": [
-            [{"name": "each", "template": "code", "withItems": ["0", "1"], "continueOn": {"failed": True},
-              "arguments": {"parameters": [{"name": "c", "value": "{{item}}"}]}}],
-            [{"name": "after", "template": "echo", "arguments": {"parameters": [{"name": "v", "value": "{{steps.each.status}}"}]}}]]},
-        {"name": "code", "inputs": {"parameters": [{"name": "c"}]}, "container": container("exit {{inputs.parameters.c}}"),
-         "volumes": VOL},
-        {"name": "echo", "inputs": {"parameters": [{"name": "v"}]}, "container": container("true"), "volumes": VOL}]
+        {
+            "name": "main",
+            "steps": [
+                [
+                    {
+                        "name": "each",
+                        "template": "code",
+                        "withItems": ["0", "1"],
+                        "continueOn": {"failed": True},
+                        "arguments": {"parameters": [{"name": "c", "value": "{{item}}"}]},
+                    }
+                ],
+                [
+                    {
+                        "name": "after",
+                        "template": "echo",
+                        "arguments": {"parameters": [{"name": "v", "value": "{{steps.each.status}}"}]},
+                    }
+                ],
+            ],
+        },
+        {
+            "name": "code",
+            "inputs": {"parameters": [{"name": "c"}]},
+            "container": container("exit {{inputs.parameters.c}}"),
+            "volumes": VOL,
+        },
+        {"name": "echo", "inputs": {"parameters": [{"name": "v"}]}, "container": container("true"), "volumes": VOL},
+    ]
     wf = executor_for(wft("fan", templates)).submit("fan", {})
     assert wf.phase == "Succeeded", wf.summary()
     assert sorted(n.phase for n in wf.find(template="code")) == ["Failed", "Succeeded"]
     assert [n.inputs for n in wf.find(template="echo")] == [{"v": "Succeeded"}]
-
 
 
 def test_parallelism_one_runs_a_fan_outs_items_one_by_one_in_their_order(executor_for):
@@ -382,14 +580,45 @@ def test_parallelism_one_runs_a_fan_outs_items_one_by_one_in_their_order(executo
     executeStepGroup starts a group's items in order: evaluate's rounds rely on both (one model
     served at a time, L_0's self-verdicts after L_1's rollouts)."""
     templates = [
-        {"name": "main", "parallelism": 1, "steps": [[
-            {"name": "round", "template": "round", "withItems": ["3", "0", "2", "1"],
-             "arguments": {"parameters": [{"name": "k", "value": "{{item}}"}]}}]]},
-        {"name": "round", "inputs": {"parameters": [{"name": "k"}]}, "steps": [[
-            {"name": "a", "template": "nap", "arguments": {"parameters": [{"name": "k", "value": "{{inputs.parameters.k}}"}]}},
-            {"name": "b", "template": "nap", "arguments": {"parameters": [{"name": "k", "value": "{{inputs.parameters.k}}"}]}}]]},
-        {"name": "nap", "inputs": {"parameters": [{"name": "k"}]}, "volumes": VOL,
-         "container": container("sleep 0.{{inputs.parameters.k}}")}]
+        {
+            "name": "main",
+            "parallelism": 1,
+            "steps": [
+                [
+                    {
+                        "name": "round",
+                        "template": "round",
+                        "withItems": ["3", "0", "2", "1"],
+                        "arguments": {"parameters": [{"name": "k", "value": "{{item}}"}]},
+                    }
+                ]
+            ],
+        },
+        {
+            "name": "round",
+            "inputs": {"parameters": [{"name": "k"}]},
+            "steps": [
+                [
+                    {
+                        "name": "a",
+                        "template": "nap",
+                        "arguments": {"parameters": [{"name": "k", "value": "{{inputs.parameters.k}}"}]},
+                    },
+                    {
+                        "name": "b",
+                        "template": "nap",
+                        "arguments": {"parameters": [{"name": "k", "value": "{{inputs.parameters.k}}"}]},
+                    },
+                ]
+            ],
+        },
+        {
+            "name": "nap",
+            "inputs": {"parameters": [{"name": "k"}]},
+            "volumes": VOL,
+            "container": container("sleep 0.{{inputs.parameters.k}}"),
+        },
+    ]
     wf = executor_for(wft("rounds", templates)).submit("rounds", {})
     assert wf.phase == "Succeeded", wf.summary()
     rounds = sorted(wf.find(template="round", type="Steps"), key=lambda n: n.started)
@@ -397,19 +626,41 @@ def test_parallelism_one_runs_a_fan_outs_items_one_by_one_in_their_order(executo
     assert all(b.started >= a.finished for a, b in zip(rounds, rounds[1:]))  # one at a time
     assert len(wf.find(template="nap", type="Pod")) == 8  # the pods inside a round are not counted: all ran
 
+
 # ---------------------------------------------------------------- ephemeral storage
+
 
 def test_a_pod_past_its_ephemeral_storage_is_evicted(executor_for):
     """The kubelet's eviction manager: disk use of the pod's emptyDirs past its containers' limits."""
     templates = [
-        {"name": "main", "steps": [[
-            {"name": "small", "template": "write", "continueOn": {"failed": True},
-             "arguments": {"parameters": [{"name": "mb", "value": "2"}]}},
-            {"name": "big", "template": "write", "continueOn": {"failed": True},
-             "arguments": {"parameters": [{"name": "mb", "value": "64"}]}}]]},
-        {"name": "write", "inputs": {"parameters": [{"name": "mb"}]}, "volumes": VOL,
-         "container": container("head -c {{inputs.parameters.mb}}M /dev/urandom > /tmp/blob; sleep 4",
-                                resources={"limits": {"ephemeral-storage": "16Mi"}})},
+        {
+            "name": "main",
+            "steps": [
+                [
+                    {
+                        "name": "small",
+                        "template": "write",
+                        "continueOn": {"failed": True},
+                        "arguments": {"parameters": [{"name": "mb", "value": "2"}]},
+                    },
+                    {
+                        "name": "big",
+                        "template": "write",
+                        "continueOn": {"failed": True},
+                        "arguments": {"parameters": [{"name": "mb", "value": "64"}]},
+                    },
+                ]
+            ],
+        },
+        {
+            "name": "write",
+            "inputs": {"parameters": [{"name": "mb"}]},
+            "volumes": VOL,
+            "container": container(
+                "head -c {{inputs.parameters.mb}}M /dev/urandom > /tmp/blob; sleep 4",
+                resources={"limits": {"ephemeral-storage": "16Mi"}},
+            ),
+        },
     ]
     wf = executor_for(wft("eph", templates)).submit("eph", {})
     assert wf.phase == "Succeeded", wf.summary()

@@ -17,17 +17,21 @@ def tools(*names: str) -> list[dict]:
 
 
 # What each kind of thread is offered, as the harnesses send it (tool lists are per request).
-TOOLS = {"orchestrator": tools("delegate", "read_file", "list_files", "finish"),
-         "worker": tools("write_file", "read_file", "shell", "finish"),
-         "main": tools("agent", "write_file", "read_file", "run_shell_command"),
-         "sub": tools("write_file", "read_file", "run_shell_command")}
+TOOLS = {
+    "orchestrator": tools("delegate", "read_file", "list_files", "finish"),
+    "worker": tools("write_file", "read_file", "shell", "finish"),
+    "main": tools("agent", "write_file", "read_file", "run_shell_command"),
+    "sub": tools("write_file", "read_file", "run_shell_command"),
+}
 
 
 class TraceBuilder:
     """Writes trace records the way the recording proxy does: full request messages + response message."""
 
     def __init__(self, with_agents: bool = True, ids: str = "unique"):
-        self.ids = ids  # "unique"; "missing": the server sent none (the harness made its own); "reused": call_0 every turn
+        self.ids = (
+            ids  # "unique"; "missing": the server sent none (the harness made its own); "reused": call_0 every turn
+        )
         self.records: list[dict] = []
         self.convs: dict[str, list[dict]] = {}
         self.tools: dict[str, list[dict] | None] = {}
@@ -59,15 +63,20 @@ class TraceBuilder:
                 "error": None,
             }
         )
-        msgs.append({"role": "assistant", "content": text or "", "tool_calls": tool_calls} if tool_calls else
-                    {"role": "assistant", "content": text or ""})
+        msgs.append(
+            {"role": "assistant", "content": text or "", "tool_calls": tool_calls}
+            if tool_calls
+            else {"role": "assistant", "content": text or ""}
+        )
         return ids
 
     def result(self, thread: str, call_id: str, content: str) -> None:
         self.convs[thread].append({"role": "tool", "tool_call_id": call_id, "content": content})
 
 
-def builtin_handoff_trace(with_agents: bool = True, reader_reads: str = "analysis.py", ids: str = "unique") -> list[dict]:
+def builtin_handoff_trace(
+    with_agents: bool = True, reader_reads: str = "analysis.py", ids: str = "unique"
+) -> list[dict]:
     t = TraceBuilder(with_agents, ids)
     t.start("orchestrator", "You are the orchestrator", "Analyse the data.", TOOLS["orchestrator"])
     a1 = "Write analysis.py that prints the mean of data.csv."
@@ -173,7 +182,9 @@ def qwen_style_trace() -> list[dict]:
     t = TraceBuilder(with_agents=False)
     t.start("main", "You are Qwen Code", "Context: working in /ws\nTask: build it", TOOLS["main"])
     p1 = "Write /ws/src/model.py with a fit function."
-    (a1,) = t.turn("main", "", calls=[("agent", {"description": "write model", "prompt": p1, "subagent_type": "general-purpose"})])
+    (a1,) = t.turn(
+        "main", "", calls=[("agent", {"description": "write model", "prompt": p1, "subagent_type": "general-purpose"})]
+    )
     t.start("sub1", "You are a general-purpose agent", p1, TOOLS["sub"])
     (w,) = t.turn("sub1", "", calls=[("write_file", {"file_path": "/ws/src/model.py", "content": "def fit(): ..."})])
     t.result("sub1", w, "Successfully created and wrote to new file: /ws/src/model.py.")
@@ -182,7 +193,9 @@ def qwen_style_trace() -> list[dict]:
     t.start("side", "Summarise the tool use", "summarise")
     t.turn("side", "", text="summary")
     p2 = "Test src/model.py."
-    (a2,) = t.turn("main", "", calls=[("agent", {"description": "test", "prompt": p2, "subagent_type": "general-purpose"})])
+    (a2,) = t.turn(
+        "main", "", calls=[("agent", {"description": "test", "prompt": p2, "subagent_type": "general-purpose"})]
+    )
     t.start("sub2", "You are a general-purpose agent", p2, TOOLS["sub"])
     (r,) = t.turn("sub2", "", calls=[("read_file", {"file_path": "/ws/src/model.py"})])
     t.result("sub2", r, "def fit(): ...")
@@ -195,7 +208,12 @@ def qwen_style_trace() -> list[dict]:
 def test_qwen_code_vocabulary_and_auxiliary_threads():
     records = qwen_style_trace()
     roles = [(t.id, t.role) for t in split_threads(records)]
-    assert roles == [("orchestrator", "orchestrator"), ("worker-1", "worker"), ("aux-1", "auxiliary"), ("worker-2", "worker")]
+    assert roles == [
+        ("orchestrator", "orchestrator"),
+        ("worker-1", "worker"),
+        ("aux-1", "auxiliary"),
+        ("worker-2", "worker"),
+    ]
     audit = audit_records(records)
     assert (audit.workers, audit.delegations_ok, audit.delegation, audit.code_handoff) == (2, 2, True, True)
     assert audit.handoffs[0]["file"] == "/ws/src/model.py"
@@ -214,11 +232,23 @@ def test_one_delegation_table_covers_every_harness():
 def test_headerless_threads_are_classified_by_the_harness_delegation_tool():
     # A side call that comes first is no orchestrator: only the thread offered `agent` is.
     records = qwen_style_trace()
-    side = {**records[0], "seq": -1, "request": {"model": "m", "tools": None, "messages": [
-        {"role": "system", "content": "Generate a title"}, {"role": "user", "content": "build it"}]}}
+    side = {
+        **records[0],
+        "seq": -1,
+        "request": {
+            "model": "m",
+            "tools": None,
+            "messages": [{"role": "system", "content": "Generate a title"}, {"role": "user", "content": "build it"}],
+        },
+    }
     roles = [(t.id, t.role) for t in split_threads([side, *records], "qwen-code")]
-    assert roles == [("aux-1", "auxiliary"), ("orchestrator", "orchestrator"), ("worker-1", "worker"),
-                     ("aux-2", "auxiliary"), ("worker-2", "worker")]
+    assert roles == [
+        ("aux-1", "auxiliary"),
+        ("orchestrator", "orchestrator"),
+        ("worker-1", "worker"),
+        ("aux-2", "auxiliary"),
+        ("worker-2", "worker"),
+    ]
     # Under the built-in harness's table `agent` delegates nothing: no orchestrator, no worker, no D.
     assert {t.role for t in split_threads(records, "builtin")} == {"auxiliary"}
     audit = audit_records(records, harness="builtin")
@@ -252,7 +282,7 @@ def test_cli_table_and_json(tmp_path, capsys, monkeypatch):
 
 def test_torn_last_line_is_skipped_but_a_corrupt_middle_line_is_the_episodes_error(tmp_path):
     lines = [json.dumps(r) for r in builtin_handoff_trace()]
-    (tmp_path / "trace.jsonl").write_text("\n".join(lines) + "\n{\"seq\": 7, \"requ")
+    (tmp_path / "trace.jsonl").write_text("\n".join(lines) + '\n{"seq": 7, "requ')
     assert audit_episode(tmp_path).calls == 7
     (tmp_path / "trace.jsonl").write_text("\n".join([lines[0], "{oops", *lines[1:]]))
     broken = audit_episode(tmp_path)  # the episode's error, counted; never the command's crash

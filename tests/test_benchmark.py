@@ -24,17 +24,27 @@ TINY = ROOT / "examples" / "benchmarks" / "tiny-bench"
 
 @pytest.fixture
 def ctx(tmp_path):
-    spec = validate_document({"name": "bench-run", "model": {"base": "m"}, "generations": 1,
-                              "tasks": [{"id": "a", "split": "train", "prompt": "do a"}],
-                              "execution": {"limits": {"wall_s": 60, "request_retries": 0}},
-                              "store": {"uri": f"file://{tmp_path}/s"}})
+    spec = validate_document(
+        {
+            "name": "bench-run",
+            "model": {"base": "m"},
+            "generations": 1,
+            "tasks": [{"id": "a", "split": "train", "prompt": "do a"}],
+            "execution": {"limits": {"wall_s": 60, "request_retries": 0}},
+            "store": {"uri": f"file://{tmp_path}/s"},
+        }
+    )
     return RunContext(spec, FileStore(tmp_path / "s"))
 
 
 def answer(text):  # the orchestrator has a worker write answer.txt, then finishes
-    return {"orchestrator": [Reply.call("delegate", agent_id="worker-1", role="writer", assignment="write answer.txt"),
-                             Reply.call("finish", summary="done", status="success")],
-            "worker-1": [Reply.call("write_file", path="answer.txt", content=text), Reply.text("written")]}
+    return {
+        "orchestrator": [
+            Reply.call("delegate", agent_id="worker-1", role="writer", assignment="write answer.txt"),
+            Reply.call("finish", summary="done", status="success"),
+        ],
+        "worker-1": [Reply.call("write_file", path="answer.txt", content=text), Reply.text("written")],
+    }
 
 
 def script(*episodes):
@@ -55,8 +65,9 @@ def test_load_shipped_benchmark():
 
 def test_two_generations_scored(ctx, scripted_endpoint):
     # tasks run in id order (reverse, sum). L0: a wrong answer, then none; L1: both right.
-    gen0 = scripted_endpoint(script(answer("stressed"),
-                                    {"orchestrator": [Reply.call("finish", summary="gave up", status="success")]}))
+    gen0 = scripted_endpoint(
+        script(answer("stressed"), {"orchestrator": [Reply.call("finish", summary="gave up", status="success")]})
+    )
     gen1 = scripted_endpoint(script(answer("desserts"), answer("12")))
     served = []
 
@@ -72,13 +83,18 @@ def test_two_generations_scored(ctx, scripted_endpoint):
     assert rows[0]["grader_errors"] == rows[1]["grader_errors"] == 0
     store, prefix = ctx.store, "bench-run/benchmark/tiny-bench"
     for g in (0, 1):
-        tokens = sum(store.get_json(f"{prefix}/gen-{g}/{t}/rep-0/status.json")["tokens"]["completion"]
-                     for t in ("reverse", "sum"))
+        tokens = sum(
+            store.get_json(f"{prefix}/gen-{g}/{t}/rep-0/status.json")["tokens"]["completion"]
+            for t in ("reverse", "sum")
+        )
         assert tokens > 0 and rows[g]["output_tokens"] == tokens
-        assert rows[g]["score_per_1k_output_tokens"] == pytest.approx(1000 * 2 * rows[g]["mean_score"] / tokens, abs=1e-5)
+        assert rows[g]["score_per_1k_output_tokens"] == pytest.approx(
+            1000 * 2 * rows[g]["mean_score"] / tokens, abs=1e-5
+        )
     assert rows[0]["efficiency_vs_first"] == 1.0
     assert rows[1]["efficiency_vs_first"] == pytest.approx(
-        rows[1]["score_per_1k_output_tokens"] / rows[0]["score_per_1k_output_tokens"], abs=1e-5)
+        rows[1]["score_per_1k_output_tokens"] / rows[0]["score_per_1k_output_tokens"], abs=1e-5
+    )
     # bare prompt sent; seeded files in the workspace, the grader's reference never
     assert store.get_bytes(f"{prefix}/gen-1/sum/rep-0/prompt.txt").decode() == bm.load_benchmark(TINY).tasks[1].prompt
     with tarfile.open(ctx.store.root / f"{prefix}/gen-1/sum/rep-0/workspace.tar.gz") as tar:
@@ -108,8 +124,10 @@ def test_parse_score(text, expected):
     assert bm.parse_score(text) == expected
 
 
-@pytest.mark.parametrize("text,error", [("", "printed nothing"), ('{"score": "1"}', "finite number"),
-                                        ("NaN", "finite number"), ("true", "finite number")])
+@pytest.mark.parametrize(
+    "text,error",
+    [("", "printed nothing"), ('{"score": "1"}', "finite number"), ("NaN", "finite number"), ("true", "finite number")],
+)
 def test_parse_score_rejects(text, error):
     with pytest.raises(ValueError, match=error):
         bm.parse_score(text)
@@ -133,8 +151,10 @@ def test_bad_benchmark_directories_name_every_problem(tmp_path):
 def test_cli_rejects_a_generation_out_of_range(tmp_path, capsys):
     spec = tmp_path / "s.yaml"
     (tmp_path / "m").mkdir()  # model locations are checked: the spec's model exists
-    spec.write_text(f"name: r\nmodel: {{base: m}}\ngenerations: 1\ntasks: [{{id: a, split: train, prompt: p}}]\n"
-                    f"store: {{uri: 'file://{tmp_path}/st'}}\n")
+    spec.write_text(
+        f"name: r\nmodel: {{base: m}}\ngenerations: 1\ntasks: [{{id: a, split: train, prompt: p}}]\n"
+        f"store: {{uri: 'file://{tmp_path}/st'}}\n"
+    )
     assert cli_main(["benchmark", "--spec", str(spec), "--bench", str(TINY), "--gen", "3"]) == 2
     assert "--gen: expected 0..1, found [3]" in capsys.readouterr().err
 
@@ -152,28 +172,59 @@ def test_cli_scores_two_served_generations(tmp_path, tiny_model_dir, capsys):
     random_adapter(tiny_model_dir, tmp_path / "adapter")
     merge_lora(tiny_model_dir, tmp_path / "adapter", tmp_path / "gen1")
     spec = tmp_path / "s.yaml"
-    spec.write_text(_json.dumps({
-        "name": "bench-real", "model": {"base": str(tiny_model_dir), "dtype": "float32",
-                                        "sampling": {"max_output_tokens": 12}},
-        "generations": 1, "tasks": [{"id": "a", "split": "train", "prompt": "do a"}],
-        "execution": {"limits": {"turns_per_agent": 2, "tool_calls": 4, "wall_s": 120, "request_retries": 0}},
-        "store": {"uri": f"file://{tmp_path}/st"}}))
+    spec.write_text(
+        _json.dumps(
+            {
+                "name": "bench-real",
+                "model": {"base": str(tiny_model_dir), "dtype": "float32", "sampling": {"max_output_tokens": 12}},
+                "generations": 1,
+                "tasks": [{"id": "a", "split": "train", "prompt": "do a"}],
+                "execution": {"limits": {"turns_per_agent": 2, "tool_calls": 4, "wall_s": 120, "request_retries": 0}},
+                "store": {"uri": f"file://{tmp_path}/st"},
+            }
+        )
+    )
     store = FileStore(tmp_path / "st")
     store_model_dir(store, "bench-real/gen-1/model", tmp_path / "gen1")
-    assert cli_main(["benchmark", str(spec), "--bench", str(TINY), "--gen", "0", "--gen", "1",
-                     "--work-dir", str(tmp_path / "work")]) == 0
+    assert (
+        cli_main(
+            [
+                "benchmark",
+                str(spec),
+                "--bench",
+                str(TINY),
+                "--gen",
+                "0",
+                "--gen",
+                "1",
+                "--work-dir",
+                str(tmp_path / "work"),
+            ]
+        )
+        == 0
+    )
     table = store.get_json("bench-real/benchmark/tiny-bench/scores.json")
     rows = {r["generation"]: r for r in table["generations"]}
     assert sorted(rows) == [0, 1]
     for g, row in rows.items():
-        grades = [store.get_json(f"bench-real/benchmark/tiny-bench/gen-{g}/{t}/rep-0/grade.json") for t in ("reverse", "sum")]
-        tokens = sum(store.get_json(f"bench-real/benchmark/tiny-bench/gen-{g}/{t}/rep-0/status.json")["tokens"]["completion"]
-                     for t in ("reverse", "sum"))
+        grades = [
+            store.get_json(f"bench-real/benchmark/tiny-bench/gen-{g}/{t}/rep-0/grade.json") for t in ("reverse", "sum")
+        ]
+        tokens = sum(
+            store.get_json(f"bench-real/benchmark/tiny-bench/gen-{g}/{t}/rep-0/status.json")["tokens"]["completion"]
+            for t in ("reverse", "sum")
+        )
         assert row["rollouts"] == 2 and row["output_tokens"] == tokens > 0
         assert row["mean_score"] == pytest.approx(sum(x["score"] for x in grades) / 2, abs=1e-6)
+
     # the two generations are different models: same prompt and seed, different first replies
     def first_reply(g):
-        line = store.get_bytes(f"bench-real/benchmark/tiny-bench/gen-{g}/reverse/rep-0/trace.jsonl").decode().splitlines()[0]
+        line = (
+            store.get_bytes(f"bench-real/benchmark/tiny-bench/gen-{g}/reverse/rep-0/trace.jsonl")
+            .decode()
+            .splitlines()[0]
+        )
         return _json.loads(line)["response"]["message"]
+
     assert first_reply(0) != first_reply(1)
     assert "| L0 |" in capsys.readouterr().out

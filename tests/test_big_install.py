@@ -33,21 +33,30 @@ def index(tmp_path_factory):
 
 
 @pytest.mark.parametrize("machine", ["paper", "default"])
-def test_a_wheel_over_a_gib_installs_through_the_egress_proxy_on_the_papers_machine(scripted_endpoint, index, tmp_path,
-                                                                                    machine):
+def test_a_wheel_over_a_gib_installs_through_the_egress_proxy_on_the_papers_machine(
+    scripted_endpoint, index, tmp_path, machine
+):
     paper = load_spec(ROOT / "examples" / "paper.yaml").execution.limits
     limits = paper.model_copy(update=CAPS) if machine == "paper" else EpisodeLimits(**CAPS)
     # uv, the paper's tasks' package manager: it unpacks the wheel into its cache in /tmp, then copies
     # it into the workspace; the blob's size is read, then it goes (the workspace is archived after)
-    install = (f"uv pip install --no-deps --index-url {index.url} --target deps bigpkg > uv.log 2>&1; "
-               "echo uv_exit=$?; grep -m1 -o 'No space left on device' uv.log; "
-               "python -c \"import os; print('blob', os.path.getsize('deps/bigpkg/blob.bin'))\"; rm -rf deps")
-    ep = scripted_endpoint({
-        "orchestrator": [Reply.call("delegate", agent_id="worker-1", role="installer", assignment="Install bigpkg."),
-                         Reply.call("finish", summary="installed", status="success")],
-        "worker-1": [Reply.call("shell", command=install), Reply.call("finish", summary="installed")]})
-    inp = EpisodeInput(prompt="Install bigpkg.", endpoint=ep.endpoint, sampling=Sampling(), limits=limits,
-                       network=(index.host,))
+    install = (
+        f"uv pip install --no-deps --index-url {index.url} --target deps bigpkg > uv.log 2>&1; "
+        "echo uv_exit=$?; grep -m1 -o 'No space left on device' uv.log; "
+        "python -c \"import os; print('blob', os.path.getsize('deps/bigpkg/blob.bin'))\"; rm -rf deps"
+    )
+    ep = scripted_endpoint(
+        {
+            "orchestrator": [
+                Reply.call("delegate", agent_id="worker-1", role="installer", assignment="Install bigpkg."),
+                Reply.call("finish", summary="installed", status="success"),
+            ],
+            "worker-1": [Reply.call("shell", command=install), Reply.call("finish", summary="installed")],
+        }
+    )
+    inp = EpisodeInput(
+        prompt="Install bigpkg.", endpoint=ep.endpoint, sampling=Sampling(), limits=limits, network=(index.host,)
+    )
     result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
     tool_text = json.dumps([r["request"]["messages"] for r in read_trace(tmp_path / "out" / "trace.jsonl")])
     got = [json.loads(line) for line in (tmp_path / "out" / "network.jsonl").read_text().splitlines()]

@@ -71,7 +71,7 @@ class SimulatedJudge:
         self.memo: dict[tuple, str | None] = {}
 
     def verdict(self, a, b) -> str | None:
-        """"A", "B", "tie" or None (unreadable) for a = baseline ("ref") or a version index."""
+        """ "A", "B", "tie" or None (unreadable) for a = baseline ("ref") or a version index."""
         if (a, b) not in self.memo:
             qa = self.baseline if a == "ref" else self.q[a]
             u = self.rng.random()
@@ -94,8 +94,16 @@ def product_rule(judge: SimulatedJudge, selection: str = "champion") -> tuple[in
     """What the product's search decides from the same judge: (best version, it beats the
     reference, direct best-vs-version calls)."""
     wf = workflow_json(DEFAULT_WORKFLOW)
-    records = [IterationRecord(k=0, workflow=wf, outcome="success", preferred=True, elite_after=0,
-                               reference_verdict=as_verdict(judge.verdict("ref", 0), "reference", "iter-0"))]
+    records = [
+        IterationRecord(
+            k=0,
+            workflow=wf,
+            outcome="success",
+            preferred=True,
+            elite_after=0,
+            reference_verdict=as_verdict(judge.verdict("ref", 0), "reference", "iter-0"),
+        )
+    ]
     calls, best, best_wins = 0, 0, judge.verdict("ref", 0) == "B"
     for k in range(1, K + 1):
 
@@ -107,8 +115,17 @@ def product_rule(judge: SimulatedJudge, selection: str = "champion") -> tuple[in
             return as_verdict(judge.verdict(best, k), f"iter-{best}", f"iter-{k}")
 
         verdict, ref_verdict, preferred = judge_version(selection, k, best_wins, ask)
-        records.append(IterationRecord(k=k, workflow=wf, outcome="success", verdict=verdict, preferred=preferred,
-                                       elite_after=k if preferred else best, reference_verdict=ref_verdict))
+        records.append(
+            IterationRecord(
+                k=k,
+                workflow=wf,
+                outcome="success",
+                verdict=verdict,
+                preferred=preferred,
+                elite_after=k if preferred else best,
+                reference_verdict=ref_verdict,
+            )
+        )
         if preferred:
             best, best_wins = k, ref_verdict is not None and ref_verdict.winner == f"iter-{k}"
     state = fold("t", 0, K, records, None, selection)  # the stored state says the same
@@ -134,9 +151,11 @@ def test_collection_and_champion_equal_upstreams_on_simulated_searches(noise):
         collected["elite"] += alt[1]
         elite_differs += (alt[1] != up[1]) or (up[1] and alt[0] != up[0])
     share = same / TASKS
-    print(f"noise {noise}: collected upstream {collected['upstream'] / TASKS:.4f}, product "
-          f"{collected['product'] / TASKS:.4f}, elite rule {collected['elite'] / TASKS:.4f}; "
-          f"decision and teacher equal on {share:.4%}; the elite rule differs on {elite_differs / TASKS:.2%}")
+    print(
+        f"noise {noise}: collected upstream {collected['upstream'] / TASKS:.4f}, product "
+        f"{collected['product'] / TASKS:.4f}, elite rule {collected['elite'] / TASKS:.4f}; "
+        f"decision and teacher equal on {share:.4%}; the elite rule differs on {elite_differs / TASKS:.2%}"
+    )
     assert share >= 0.995 and same_champion / TASKS >= 0.995
     assert collected["product"] == collected["upstream"]
     # the option is a different rule, not a relabelled copy: it disagrees on some tasks
@@ -158,9 +177,12 @@ def test_the_rule_on_cases_written_out():
 def test_search_judges_every_version_against_the_reference_and_arbitrates_winners(store, inner_spec, judging_endpoint):
     """Reference 5; v0 3 (loses), v1 6 (wins, takes the crown), v2 8 (wins, beats v1 directly),
     v3 7 (wins, loses to v2 directly): champion v2, collected with v2's workflow."""
-    spec = inner_spec(store, search={"iterations": 3, "selection": "champion"},
-                      collection={"collect_when": "elite", "episodes": 2, "train_ranks": 1, "validation_rank": 2},
-                      ranking={"comparisons_per_episode": 1})
+    spec = inner_spec(
+        store,
+        search={"iterations": 3, "selection": "champion"},
+        collection={"collect_when": "elite", "episodes": 2, "train_ranks": 1, "validation_rank": 2},
+        ranking={"comparisons_per_episode": 1},
+    )
     ep = judging_endpoint()
     add_episodes(ep, episode(5), episode(3))
     for k, score in ((1, 6), (2, 8), (3, 7)):

@@ -127,8 +127,16 @@ def test_trainer_loss_and_lora_gradients_equal_the_full_logits_model(tiny_model_
     from transformers import AutoModelForCausalLM
 
     lora = LoraSpec(r=4, alpha=8, dropout=0.0)
-    sft = SftSpec(window=256, context=0, steps=1, loss_chunk=48, gradient_checkpointing=False, seed=3, lora=lora,
-                  optimizer=OptimizerSpec(lr=1e-3, warmup_steps=0))
+    sft = SftSpec(
+        window=256,
+        context=0,
+        steps=1,
+        loss_chunk=48,
+        gradient_checkpointing=False,
+        seed=3,
+        lora=lora,
+        optimizer=OptimizerSpec(lr=1e-3, warmup_steps=0),
+    )
     windows = synthetic_windows(2, 5)
     trainer = Trainer(tiny_model_dir, windows, windows, sft, tmp_path, progress=False)
     trainer.setup()
@@ -146,8 +154,11 @@ def test_trainer_loss_and_lora_gradients_equal_the_full_logits_model(tiny_model_
 
     for w in windows:
         ids, labels = torch.tensor([w["input_ids"]]), torch.tensor([w["labels"]])
-        ref = full_loss_sum(ref_model(input_ids=ids, output_hidden_states=True).hidden_states[-1],
-                            base.get_output_embeddings().weight, labels)
+        ref = full_loss_sum(
+            ref_model(input_ids=ids, output_hidden_states=True).hidden_states[-1],
+            base.get_output_embeddings().weight,
+            labels,
+        )
         logits = ref_model(input_ids=ids).logits  # the model's own head: the same logits
         ref2 = F.cross_entropy(logits[0, :-1].float(), labels[0, 1:], ignore_index=IGNORE, reduction="sum")
         assert ref.item() == pytest.approx(ref2.item(), rel=1e-6)

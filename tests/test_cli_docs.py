@@ -14,8 +14,12 @@ from mass_jobs.commands.cli import COMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = (ROOT / "docs" / "architecture.md").read_text().split("## CLI", 1)[1].split("\n## ", 1)[0]
-FORMS = [f for row in SECTION.splitlines() if row.startswith("| `mass ")
-         for f in re.findall(r"`(mass [^`]+)`", row.split(" | ")[0])]
+FORMS = [
+    f
+    for row in SECTION.splitlines()
+    if row.startswith("| `mass ")
+    for f in re.findall(r"`(mass [^`]+)`", row.split(" | ")[0])
+]
 
 
 def leaf_parsers() -> dict[str, argparse.ArgumentParser]:
@@ -26,7 +30,7 @@ def leaf_parsers() -> dict[str, argparse.ArgumentParser]:
         subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
         if not subs:
             out[name] = parser
-        for child_name, child in (subs[0].choices.items() if subs else []):
+        for child_name, child in subs[0].choices.items() if subs else []:
             walk(f"{name} {child_name}", child)
 
     for name in COMMANDS:
@@ -71,7 +75,12 @@ def test_help_and_the_table_agree(name):
 
 def test_spec_positional_and_flag_are_the_same(tmp_path, capsys):
     missing = str(tmp_path / "none.yaml")
-    for argv in (["report", missing], ["report", "--spec", missing], ["status", missing], ["status", "--spec", missing]):
+    for argv in (
+        ["report", missing],
+        ["report", "--spec", missing],
+        ["status", missing],
+        ["status", "--spec", missing],
+    ):
         assert main(argv) == 2
         assert f"$: expected a spec file, found nothing at {missing!r}" in capsys.readouterr().err
     assert main(["report"]) == 2
@@ -96,8 +105,12 @@ def readme_commands() -> list[list[str]]:
     import shlex
 
     blocks = re.findall(r"```(?:\w+)?\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    return [shlex.split(line.split("  #", 1)[0]) for block in blocks for line in block.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        shlex.split(line.split("  #", 1)[0])
+        for block in blocks
+        for line in block.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def test_every_readme_command_exists_with_its_options_and_files():

@@ -1,5 +1,5 @@
-"""The style gate of the fast tier: ruff's linter over the code and the tests ([tool.ruff] in
-pyproject.toml), and the size of modules and functions. A module or function over its cap is
+"""The style gate of the fast tier: ruff's linter and formatter over the code and the tests
+([tool.ruff] in pyproject.toml), and the size of modules and functions. A module or function over its cap is
 named below with why it stays whole; the list is exact, so a new long one fails and one that got
 shorter must leave it."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -61,19 +62,26 @@ def sizes(root: Path, package: str = "mass_jobs") -> tuple[dict[str, int], dict[
 
 
 def test_ruff_finds_nothing():
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "mass_jobs", "tests"], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "mass_jobs", "tests"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.unit
 def test_modules_and_functions_over_their_caps_are_the_named_ones():
     modules, functions = sizes(ROOT)
-    assert sorted(modules) == sorted(LONG_MODULES), {"over, not named": sorted(set(modules) - set(LONG_MODULES)),
-                                                     "named, not over": sorted(set(LONG_MODULES) - set(modules))}
+    assert sorted(modules) == sorted(LONG_MODULES), {
+        "over, not named": sorted(set(modules) - set(LONG_MODULES)),
+        "named, not over": sorted(set(LONG_MODULES) - set(modules)),
+    }
     assert sorted(functions) == sorted(LONG_FUNCTIONS), {
         "over, not named": {f: functions[f] for f in sorted(set(functions) - set(LONG_FUNCTIONS))},
-        "named, not over": sorted(set(LONG_FUNCTIONS) - set(functions))}
+        "named, not over": sorted(set(LONG_FUNCTIONS) - set(functions)),
+    }
 
 
 @pytest.mark.unit
@@ -91,7 +99,46 @@ def test_ruff_refuses_what_the_config_selects(tmp_path):
     """The gate is live: an unused import and an unsorted import block fail under the project's config."""
     bad = tmp_path / "bad.py"
     bad.write_text("import sys\nimport json\n")
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"),
-                           str(bad)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"), str(bad)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1
     assert "F401" in proc.stdout and "I001" in proc.stdout
+
+
+def ruff(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, input=stdin, capture_output=True, text=True)
+
+
+def not_formatted() -> list[str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["format"]["exclude"]
+
+
+def test_the_formatter_finds_nothing_to_change():
+    proc = ruff("format", "--check", "--no-cache", "mass_jobs", "tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_each_module_left_unformatted_would_break_a_size_cap_once_formatted(tmp_path):
+    """The formatter's exclusions are exact: a module split since (formatted, within its caps) must
+    leave the list, and be formatted."""
+    for rel in not_formatted():
+        proc = ruff("format", "--stdin-filename", rel, "-", stdin=(ROOT / rel).read_text())
+        assert proc.returncode == 0, proc.stderr
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(proc.stdout)
+    modules, functions = sizes(tmp_path)
+    over = {
+        *(m for m in modules if m not in LONG_MODULES),
+        *(f.split(":")[0] for f in functions if f not in LONG_FUNCTIONS),
+    }
+    assert sorted(set(not_formatted()) - over) == []
+
+
+def test_the_formatter_refuses_what_it_would_change(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = {'a':1}\n")
+    proc = ruff("format", "--check", "--no-cache", "--config", str(ROOT / "pyproject.toml"), str(bad))
+    assert proc.returncode == 1 and "1 file would be reformatted" in proc.stdout

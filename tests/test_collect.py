@@ -99,8 +99,11 @@ def test_task_that_never_beat_the_reference_is_skipped_and_recorded(make_store, 
 
 def test_spec_can_collect_for_a_task_that_never_beat_the_reference(make_store, inner_spec, judging_endpoint):
     store = make_store("file")
-    spec = inner_spec(store, search={"iterations": 0},
-                      collection={"episodes": 3, "train_ranks": 1, "validation_rank": 2, "require_beats_reference": False})
+    spec = inner_spec(
+        store,
+        search={"iterations": 0},
+        collection={"episodes": 3, "train_ranks": 1, "validation_rank": 2, "require_beats_reference": False},
+    )
     ep = judging_endpoint()
     ctx = searched(spec, store, ep, 5, 5)
     assert Collection(ctx, 0, "t1").skip_reason is None
@@ -130,8 +133,12 @@ def test_collects_when_any_version_beat_the_reference_with_that_version(make_sto
     from mass_jobs.spec.workflow import teacher_prompt_parts
 
     store = make_store("file")
-    spec = inner_spec(store, search={"iterations": 1}, collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2},
-                      ranking={"verdict_retries": 0, "comparisons_per_episode": 1})
+    spec = inner_spec(
+        store,
+        search={"iterations": 1},
+        collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2},
+        ranking={"verdict_retries": 0, "comparisons_per_episode": 1},
+    )
     ep = judging_endpoint()
     add_episodes(ep, episode(1), episode(5))
     ep.add("optimizer", Reply.text(proposal("v1")))
@@ -148,8 +155,12 @@ def test_collects_when_any_version_beat_the_reference_with_that_version(make_sto
     v0 = Workflow.model_validate(state.iterations[0].workflow)
     assert c.skip_reason is None and c.version == 0
     assert c.parts == teacher_prompt_parts(spec.task("t1").prompt, v0, None) and "Lead (v1)" not in c.parts.text
-    strict = inner_spec(store, search={"iterations": 1}, ranking={"verdict_retries": 0, "comparisons_per_episode": 1},
-                        collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2, "collect_when": "elite"})
+    strict = inner_spec(
+        store,
+        search={"iterations": 1},
+        ranking={"verdict_retries": 0, "comparisons_per_episode": 1},
+        collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2, "collect_when": "elite"},
+    )
     assert "collect_when: elite" in Collection(RunContext(strict, store), 0, "t1").skip_reason
 
     ep.add("orchestrator", *[Reply.call("finish", summary="nothing to delegate") for _ in range(2)])
@@ -157,16 +168,19 @@ def test_collects_when_any_version_beat_the_reference_with_that_version(make_sto
     summary = run_collect(ctx, 0, "t1", episode_runner(spec, ep.endpoint))
     assert summary["skipped"] is False and summary["elite_iteration"] == 0 and summary["beat_reference"] == [0]
     # the two episodes' one call each, both with v0's teacher prompt (what came instead is shown)
-    asked = [(r["headers"].get("x-mass-role"), [m.get("content") for m in r["body"].get("messages", [])][1:2])
-             for r in ep.requests[before:]]
+    asked = [
+        (r["headers"].get("x-mass-role"), [m.get("content") for m in r["body"].get("messages", [])][1:2])
+        for r in ep.requests[before:]
+    ]
     assert [m for _, m in asked] == [[c.parts.text]] * 2, [(role, str(m)[:300]) for role, m in asked]
     assert store.get_json("inner/gen-0/collect/t1/ep-1/episode.json")["elite_iteration"] == 0
 
 
 def test_collect_needs_a_finished_search_and_a_train_task(make_store, inner_spec):
     store = make_store("file")
-    spec = inner_spec(store, tasks=[{"id": "t1", "split": "train", "prompt": "p"},
-                                    {"id": "t9", "split": "test", "prompt": "q"}])
+    spec = inner_spec(
+        store, tasks=[{"id": "t1", "split": "train", "prompt": "p"}, {"id": "t9", "split": "test", "prompt": "q"}]
+    )
     ctx = RunContext(spec, store)
     with pytest.raises(CollectError, match="search of generation 0 is not finished"):
         run_collect(ctx, 0, "t1", None)
@@ -176,18 +190,33 @@ def test_collect_needs_a_finished_search_and_a_train_task(make_store, inner_spec
 
 def test_argo_prepare_pod_ingest(make_store, inner_spec, judging_endpoint, tmp_path):
     store = make_store("file")
-    spec = inner_spec(store, search={"iterations": 0}, collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2},
-                      ranking={"comparisons_per_episode": 1},
-                      tasks=[{"id": "t1", "split": "train", "prompt": "Write report.md.", "files": {"sim/env.py": "G = 9.8\n"},
-                              "guards": {"protected_paths": ["sim/env.py"]}}])
+    spec = inner_spec(
+        store,
+        search={"iterations": 0},
+        collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2},
+        ranking={"comparisons_per_episode": 1},
+        tasks=[
+            {
+                "id": "t1",
+                "split": "train",
+                "prompt": "Write report.md.",
+                "files": {"sim/env.py": "G = 9.8\n"},
+                "guards": {"protected_paths": ["sim/env.py"]},
+            }
+        ],
+    )
     ep = judging_endpoint()
     ctx = searched(spec, store, ep, 1, 5)
     p = "inner/gen-0/collect/t1/ep-1"
     with pytest.raises(CollectError, match="needs the model endpoint"):
         run_collect(ctx, 0, "t1", None, episode=1, phase="prepare")
     out = run_collect(ctx, 0, "t1", None, episode=1, phase="prepare", endpoint=ep.endpoint)
-    assert sorted(out["prepared"]) == [f"{p}/input/episode.json", f"{p}/input/episode.key",
-                                       f"{p}/input/workspace.tar.gz", f"{p}/protected.json"]
+    assert sorted(out["prepared"]) == [
+        f"{p}/input/episode.json",
+        f"{p}/input/episode.key",
+        f"{p}/input/workspace.tar.gz",
+        f"{p}/protected.json",
+    ]
     with pytest.raises(CollectError, match="cannot ingest"):
         run_collect(ctx, 0, "t1", None, episode=1, phase="ingest")
     # what the agent pod does: `mass episode --in IN --out OUT` on the input artifact
@@ -208,7 +237,9 @@ def test_argo_prepare_pod_ingest(make_store, inner_spec, judging_endpoint, tmp_p
     proof.sign_outputs(store.get_bytes(f"{p}/input/{proof.KEY}"), tmp_path / "out", proof.EPISODE_OUTPUTS)
     store.put_file(f"{p}/output/{proof.PROOF}", tmp_path / "out" / proof.PROOF)
     assert run_collect(ctx, 0, "t1", None, episode=1, phase="ingest")["outcome"] == "success"
-    assert store.get_json(f"{p}/protected.json") == {"sim/env.py": {"sim/env.py": hashlib.sha256(b"G = 9.8\n").hexdigest()}}
+    assert store.get_json(f"{p}/protected.json") == {
+        "sim/env.py": {"sim/env.py": hashlib.sha256(b"G = 9.8\n").hexdigest()}
+    }
     # the locally run episode 0 and the ingested episode 1 complete the task
     add_episodes(ep, episode(3))
     summary = run_collect(ctx, 0, "t1", episode_runner(spec, ep.endpoint))

@@ -61,12 +61,20 @@ def test_each_preset_yields_its_window_composition(rendered, preset):
 
 def test_presets_as_data():
     assert {k: (v.orchestrator_share, v.checkpoint) for k, v in PRESETS.items()} == {
-        "M": (1 / 3, "val_loss"), "S": (0.0, "val_loss"), "X": (1 / 3, "val_loss"),
-        "M+": (1 / 3, "panel"), "S+": (0.0, "panel")}
+        "M": (1 / 3, "val_loss"),
+        "S": (0.0, "val_loss"),
+        "X": (1 / 3, "val_loss"),
+        "M+": (1 / 3, "panel"),
+        "S+": (0.0, "panel"),
+    }
     # no preset: the spec's own fields, the paper's by default (= M)
     default = composition_of(SftSpec())
     assert (default.roles, default.episodes, default.orchestrator_share, default.checkpoint) == (
-        PRESETS["M"].roles, "winners", 1 / 3, "val_loss")
+        PRESETS["M"].roles,
+        "winners",
+        1 / 3,
+        "val_loss",
+    )
     assert composition_of(SftSpec(orchestrator_share=0.5)).orchestrator_share == 0.5
     ranking = {"order": ["ep-3", "ep-1", "ep-0"], "train": ["ep-3"], "val": "ep-1"}
     assert composition_split(ranking, PRESETS["X"]) == {"train": [3, 0], "val": [1]}
@@ -98,21 +106,28 @@ def store_run(tmp_path, sft: dict, rank: dict):
 
     tmp_path.mkdir(parents=True)
     spec_path = tmp_path / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump({
-        "name": "r", "model": {"base": str(tmp_path)},
-        "tasks": [{"id": "primes", "split": "train", "prompt": BARE}],
-        "collection": {"episodes": 4, "train_ranks": 3, "validation_rank": 4},
-        "ranking": {"comparisons_per_episode": 1},
-        "sft": {"window": 512, "context": 64, **sft},
-        "store": {"uri": f"file://{tmp_path / 'store'}"},
-    }))
+    spec_path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "r",
+                "model": {"base": str(tmp_path)},
+                "tasks": [{"id": "primes", "split": "train", "prompt": BARE}],
+                "collection": {"episodes": 4, "train_ranks": 3, "validation_rank": 4},
+                "ranking": {"comparisons_per_episode": 1},
+                "sft": {"window": 512, "context": 64, **sft},
+                "store": {"uri": f"file://{tmp_path / 'store'}"},
+            }
+        )
+    )
     ctx = RunContext(load_spec(spec_path), open_store(f"file://{tmp_path / 'store'}"))
     doc = {"prompt": TEACHER, "prompt_parts": {"task": BARE, "workflow": WORKFLOW, "directive": DIRECTIVE}}
     for i, records in enumerate([teacher_episode(), teacher_episode(), qwen_code_episode(), qwen_code_episode("?")]):
-        ctx.store.put_bytes(ctx.episode_file(0, "primes", i, "trace.jsonl"),
-                            "".join(json.dumps(r) + "\n" for r in records).encode())
-        ctx.store.put_json(ctx.episode_file(0, "primes", i, "episode.json"),
-                           {**doc, "harness": "builtin" if i < 2 else "qwen-code"})
+        ctx.store.put_bytes(
+            ctx.episode_file(0, "primes", i, "trace.jsonl"), "".join(json.dumps(r) + "\n" for r in records).encode()
+        )
+        ctx.store.put_json(
+            ctx.episode_file(0, "primes", i, "episode.json"), {**doc, "harness": "builtin" if i < 2 else "qwen-code"}
+        )
     ctx.store.put_json(ctx.rank(0, "primes"), {"task": "primes", **rank})
     return ctx
 
@@ -158,8 +173,11 @@ def test_preset_and_panel_rules_name_the_field(tmp_path):
         validate_document(spec_document(f"file://{tmp_path}", sft={"preset": "M+"}))
     paths = {i.path: i.message for i in err.value.issues}
     assert "$.sft.panel" in paths and "$.judges" in paths
-    doc = spec_document(f"file://{tmp_path}", sft={"checkpoint_selection": "panel", "panel": {"tasks": ["t1", "nope"]}},
-                        judges=[{"name": "j", "endpoint": "http://x/v1", "model": "m"}])
+    doc = spec_document(
+        f"file://{tmp_path}",
+        sft={"checkpoint_selection": "panel", "panel": {"tasks": ["t1", "nope"]}},
+        judges=[{"name": "j", "endpoint": "http://x/v1", "model": "m"}],
+    )
     with pytest.raises(SpecError) as err:
         validate_document(doc)
     paths = {i.path: i.message for i in err.value.issues}

@@ -9,12 +9,34 @@ from mass_jobs.tools.analysis import demo_figures as df
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 
-REPORT = {"run": "tiny", "warnings": [], "audit": [
-    {"generation": g, "split": split, "episodes": n, "delegation": d, "code_handoff": 0, "delegation_rate": None,
-     "code_handoff_rate": None, "graded": n, "task_score": s, "solved": 0}
-    for g, d, s in ((0, 0, 0.0), (1, 9, 0.028), (2, 12, 0.0))
-    for split, n, d in (("all", 12, d), ("test", 4, min(d, 4)))]}
-HOST = {"cpu": "Some CPU", "cores": 2, "torch": "2.13.0+cpu", "cpu_capability": "AVX512", "threads": "2", "python": "3.11.9"}
+REPORT = {
+    "run": "tiny",
+    "warnings": [],
+    "audit": [
+        {
+            "generation": g,
+            "split": split,
+            "episodes": n,
+            "delegation": d,
+            "code_handoff": 0,
+            "delegation_rate": None,
+            "code_handoff_rate": None,
+            "graded": n,
+            "task_score": s,
+            "solved": 0,
+        }
+        for g, d, s in ((0, 0, 0.0), (1, 9, 0.028), (2, 12, 0.0))
+        for split, n, d in (("all", 12, d), ("test", 4, min(d, 4)))
+    ],
+}
+HOST = {
+    "cpu": "Some CPU",
+    "cores": 2,
+    "torch": "2.13.0+cpu",
+    "cpu_capability": "AVX512",
+    "threads": "2",
+    "python": "3.11.9",
+}
 
 
 def test_the_docs_table_is_the_last_generated_figures_file():
@@ -29,10 +51,15 @@ def test_the_docs_table_is_the_last_generated_figures_file():
 def test_figures_come_from_the_reports_audit_rows():
     fig = df.figures(REPORT, 151.4, HOST)
     assert [(r["generation"], r["delegation"], r["test_delegation"]) for r in fig["generations"]] == [
-        (0, 0, 0), (1, 9, 4), (2, 12, 4)]
+        (0, 0, 0),
+        (1, 9, 4),
+        (2, 12, 4),
+    ]
     text = df.table(fig)
     assert "| L1 | 9/12 | 4/4 | 0/12 | 2.8% | 0/12 |" in text
-    assert "Measured on Some CPU (2 cores; torch 2.13.0+cpu, CPU capability AVX512, 2 threads); the run took 2:31." in text
+    assert (
+        "Measured on Some CPU (2 cores; torch 2.13.0+cpu, CPU capability AVX512, 2 threads); the run took 2:31." in text
+    )
 
 
 def test_rewrite_replaces_only_the_marked_block_and_refuses_a_document_without_it():

@@ -78,8 +78,21 @@ def test_two_generations_internalise_delegation_on_bare_prompts(tmp_path, warm_t
     doc, _ = demo_spec(warm_tiny_model_dir, tmp_path / "store")
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(doc))
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "run", str(spec_path), "--work-dir",
-                           str(tmp_path / "work"), "--no-progress"], capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mass_jobs.commands.cli",
+            "run",
+            str(spec_path),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     check_mechanism(spec_path, tmp_path / "store")
 
@@ -107,5 +120,11 @@ def check_mechanism(spec_path: Path, store_root: Path) -> None:
         assert rows[(g, "all")]["task_score"] == pytest.approx(sum(scores) / n)
     md = ctx.store.get_bytes(f"{ctx.report()}/report.md").decode()
     assert "| task score | solved |" in md
-    print(json.dumps({g: {k: rows[(g, "all")][k] for k in ("delegation", "code_handoff", "task_score", "solved")}
-                      for g in (0, 1, 2)}))
+    print(
+        json.dumps(
+            {
+                g: {k: rows[(g, "all")][k] for k in ("delegation", "code_handoff", "task_score", "solved")}
+                for g in (0, 1, 2)
+            }
+        )
+    )

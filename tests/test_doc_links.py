@@ -18,8 +18,12 @@ FENCE = re.compile(r"```.*?```", re.S)
 
 def pages() -> list[Path]:
     found = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-    found += [p for p in sorted(ROOT.glob("*/**/*.md")) if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
-              and p.parts[len(ROOT.parts)] not in ("docs", "build", "runs", "tests")]
+    found += [
+        p
+        for p in sorted(ROOT.glob("*/**/*.md"))
+        if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+        and p.parts[len(ROOT.parts)] not in ("docs", "build", "runs", "tests")
+    ]
     return [p for p in found if p.is_file()]
 
 

@@ -65,12 +65,14 @@ def hosts():
     yield from _servers(("allowed", "denied"), lambda name, path: f"page {name} {path}")
 
 
-FETCH = ("import sys, urllib.request\n"
-         "for url in sys.argv[1:]:\n"
-         "    try:\n"
-         "        print(url, urllib.request.urlopen(url, timeout=10).read().decode())\n"
-         "    except Exception as exc:\n"
-         "        print(url, 'FAILED', getattr(exc, 'code', type(exc).__name__))\n")
+FETCH = (
+    "import sys, urllib.request\n"
+    "for url in sys.argv[1:]:\n"
+    "    try:\n"
+    "        print(url, urllib.request.urlopen(url, timeout=10).read().decode())\n"
+    "    except Exception as exc:\n"
+    "        print(url, 'FAILED', getattr(exc, 'code', type(exc).__name__))\n"
+)
 
 
 def records(path: Path) -> list[dict]:
@@ -84,13 +86,18 @@ def test_a_command_reaches_an_allowed_host_through_the_proxy_and_not_a_denied_on
     ws.mkdir()
     (ws / "fetch.py").write_text(FETCH)
     a, d = (f"http://127.0.0.1:{hosts[n]}/data.csv" for n in ("allowed", "denied"))
-    with EgressProxy([f"127.0.0.1:{hosts['allowed']}"], tmp_path / "out" / "network.jsonl", tmp_path / "egress.sock") as proxy:
+    with EgressProxy(
+        [f"127.0.0.1:{hosts['allowed']}"], tmp_path / "out" / "network.jsonl", tmp_path / "egress.sock"
+    ) as proxy:
         limits = SandboxLimits(**{**LIMITS.__dict__, "egress_socket": str(proxy.socket_path)})
         r = run_sandboxed(
             f"python fetch.py {a} {d}; "
             # https goes as a CONNECT tunnel (curl -p forces one for http too); no proxy: nothing is there
             f"curl -sS -p {a}; echo; curl -sS --noproxy '*' {a} >/dev/null 2>&1 || echo direct-failed; "
-            "ls -A /run", ws, limits)
+            "ls -A /run",
+            ws,
+            limits,
+        )
         summary = proxy.settled_summary()
     assert r.exit_code == 0 and r.applied["egress_proxy"] is True, r.stderr
     lines = r.stdout.splitlines()
@@ -98,7 +105,10 @@ def test_a_command_reaches_an_allowed_host_through_the_proxy_and_not_a_denied_on
     assert lines[2:] == ["page allowed /data.csv", "direct-failed", "mass-egress.sock"]
     got = records(tmp_path / "out" / "network.jsonl")
     assert [(x["method"], x["port"], x["allowed"], x["status"]) for x in got] == [
-        ("GET", hosts["allowed"], True, 200), ("GET", hosts["denied"], False, 403), ("CONNECT", hosts["allowed"], True, 200)]
+        ("GET", hosts["allowed"], True, 200),
+        ("GET", hosts["denied"], False, 403),
+        ("CONNECT", hosts["allowed"], True, 200),
+    ]
     assert got[1]["reason"] == f"127.0.0.1:{hosts['denied']} is not on the allow-list" and got[1]["bytes_down"] == 0
     assert all(x["bytes_down"] > len("page allowed /data.csv") and x["bytes_up"] > 0 for x in got if x["allowed"])
     assert summary == {**summarize(got), "requests": 3, "allowed": 2, "denied": 1, "hosts": ["127.0.0.1"]}
@@ -121,16 +131,20 @@ def test_code_that_talks_to_the_socket_itself_still_meets_the_allow_list(hosts, 
     refused and recorded all the same, and the record file is nowhere in the sandbox's view."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    raw = ("import socket, sys, os\n"
-           "s = socket.socket(socket.AF_UNIX); s.connect('/run/mass-egress.sock')\n"
-           "s.sendall(b'CONNECT 127.0.0.1:%s HTTP/1.1\\r\\nProxy-Authorization: Basic eA==\\r\\n\\r\\n' % sys.argv[1].encode())\n"
-           "print(s.recv(200).split(b'\\r\\n')[0].decode())\n"
-           "print([p for p in ('/out', '/run/network.jsonl') if os.path.exists(p)])\n")
+    raw = (
+        "import socket, sys, os\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect('/run/mass-egress.sock')\n"
+        "s.sendall(b'CONNECT 127.0.0.1:%s HTTP/1.1\\r\\nProxy-Authorization: Basic eA==\\r\\n\\r\\n' % sys.argv[1].encode())\n"
+        "print(s.recv(200).split(b'\\r\\n')[0].decode())\n"
+        "print([p for p in ('/out', '/run/network.jsonl') if os.path.exists(p)])\n"
+    )
     (ws / "raw.py").write_text(raw)
     out = tmp_path / "out"
     with EgressProxy([f"127.0.0.1:{hosts['allowed']}"], out / "network.jsonl", tmp_path / "egress.sock") as proxy:
         limits = SandboxLimits(**{**LIMITS.__dict__, "egress_socket": str(proxy.socket_path)})
-        r = run_sandboxed(f"python raw.py {hosts['denied']}; [ -e {out}/network.jsonl ] && echo seen || echo unseen", ws, limits)
+        r = run_sandboxed(
+            f"python raw.py {hosts['denied']}; [ -e {out}/network.jsonl ] && echo seen || echo unseen", ws, limits
+        )
     assert r.stdout.splitlines() == ["HTTP/1.1 403 Refused", "[]", "unseen"], r.stderr
     [rec] = records(out / "network.jsonl")
     assert (rec["method"], rec["allowed"], rec["port"]) == ("CONNECT", False, hosts["denied"])
@@ -151,9 +165,13 @@ def test_the_allow_list_matches_names_ports_and_refuses_internal_addresses_behin
 
 
 def spec_doc(network, mode="local") -> dict:
-    return {"name": "n", "model": {"base": "org/m"}, "store": {"uri": "file:///tmp/s"},
-            "tasks": [{"id": "a", "prompt": "p", "split": "train"}, {"id": "b", "prompt": "p", "split": "test"}],
-            "execution": {"mode": mode, "network": network}}
+    return {
+        "name": "n",
+        "model": {"base": "org/m"},
+        "store": {"uri": "file:///tmp/s"},
+        "tasks": [{"id": "a", "prompt": "p", "split": "train"}, {"id": "b", "prompt": "p", "split": "test"}],
+        "execution": {"mode": mode, "network": network},
+    }
 
 
 def test_the_spec_field_names_each_bad_entry_and_reaches_the_episode_file():
@@ -193,27 +211,39 @@ def test_a_task_names_its_own_hosts_merged_with_the_spec_s():
     doc["tasks"][0]["network"] = ["files.rcsb.org", "no spaces"]
     with pytest.raises(SpecError) as err:  # what `mass validate` says
         validate_document(doc)
-    assert any(i.path == "$.tasks[0].network" and "[1] 'no spaces' is not a host name" in i.message
-               for i in err.value.issues), err.value.issues
+    assert any(
+        i.path == "$.tasks[0].network" and "[1] 'no spaces' is not a host name" in i.message for i in err.value.issues
+    ), err.value.issues
 
 
 def fetching_team(scripted_endpoint, a: str, d: str, python: str = "python"):
     """A scripted team whose worker writes fetch.py and runs it on the URLs `a` and `d`."""
-    return scripted_endpoint({
-        "orchestrator": [Reply.call("delegate", agent_id="worker-1", role="fetcher", assignment="Fetch the prices."),
-                         Reply.call("finish", summary="fetched", status="success")],
-        "worker-1": [Reply.call("write_file", path="fetch.py", content=FETCH),
-                     Reply.call("shell", command=f"{python} fetch.py {a} {d}"),
-                     Reply.call("finish", summary="fetched")]})
+    return scripted_endpoint(
+        {
+            "orchestrator": [
+                Reply.call("delegate", agent_id="worker-1", role="fetcher", assignment="Fetch the prices."),
+                Reply.call("finish", summary="fetched", status="success"),
+            ],
+            "worker-1": [
+                Reply.call("write_file", path="fetch.py", content=FETCH),
+                Reply.call("shell", command=f"{python} fetch.py {a} {d}"),
+                Reply.call("finish", summary="fetched"),
+            ],
+        }
+    )
 
 
 def fetch_episode(scripted_endpoint, hosts, network: bool, python: str = "python") -> tuple[EpisodeInput, str, str]:
     """A builtin episode whose worker fetches the allowed host's page and the denied one's; (input, a, d)."""
     a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
     ep = fetching_team(scripted_endpoint, a, d, python)
-    inp = EpisodeInput(prompt="Fetch the prices.", endpoint=ep.endpoint, sampling=Sampling(),
-                       limits=EpisodeLimits(wall_s=60, turns_per_agent=5, memory_mb=1024),
-                       network=(f"127.0.0.1:{hosts['allowed']}",) if network else None)
+    inp = EpisodeInput(
+        prompt="Fetch the prices.",
+        endpoint=ep.endpoint,
+        sampling=Sampling(),
+        limits=EpisodeLimits(wall_s=60, turns_per_agent=5, memory_mb=1024),
+        network=(f"127.0.0.1:{hosts['allowed']}",) if network else None,
+    )
     return inp, a, d
 
 
@@ -234,8 +264,9 @@ def check_fetch_record(result, out: Path, hosts, a: str, d: str, network: bool) 
 
 @needs_bwrap
 @pytest.mark.parametrize("network", [True, False], ids=["network", "off"])
-def test_a_builtin_episode_records_its_requests_beside_the_trace_and_counts_them(scripted_endpoint, hosts, tmp_path,
-                                                                                network):
+def test_a_builtin_episode_records_its_requests_beside_the_trace_and_counts_them(
+    scripted_endpoint, hosts, tmp_path, network
+):
     inp, a, d = fetch_episode(scripted_endpoint, hosts, network)
     result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
     check_fetch_record(result, tmp_path / "out", hosts, a, d, network)
@@ -246,13 +277,23 @@ def test_a_qwen_code_episode_s_shell_commands_use_the_proxy(scripted_endpoint, h
     """The paper's harness: qwen-code's shell commands leave its sandbox through the shell service,
     each in a sandbox of its own whose only way out is the episode's egress proxy."""
     a, d = (f"http://127.0.0.1:{hosts[n]}/series.csv" for n in ("allowed", "denied"))
-    ep = scripted_endpoint({"You are Qwen Code": [
-        Reply.call("run_shell_command", command=f"python fetch.py {a} {d}", description="fetch the series"),
-        Reply.text("done")]})
-    inp = EpisodeInput(prompt="Fetch the series.", endpoint=ep.endpoint, harness="qwen-code",
-                       sampling=Sampling(max_output_tokens=64), files={"fetch.py": FETCH},
-                       limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=0),
-                       network=(f"127.0.0.1:{hosts['allowed']}",))
+    ep = scripted_endpoint(
+        {
+            "You are Qwen Code": [
+                Reply.call("run_shell_command", command=f"python fetch.py {a} {d}", description="fetch the series"),
+                Reply.text("done"),
+            ]
+        }
+    )
+    inp = EpisodeInput(
+        prompt="Fetch the series.",
+        endpoint=ep.endpoint,
+        harness="qwen-code",
+        sampling=Sampling(max_output_tokens=64),
+        files={"fetch.py": FETCH},
+        limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=0),
+        network=(f"127.0.0.1:{hosts['allowed']}",),
+    )
     result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
     assert result.outcome == "success", result.reason
     trace = read_trace(tmp_path / "out" / "trace.jsonl")
@@ -262,7 +303,10 @@ def test_a_qwen_code_episode_s_shell_commands_use_the_proxy(scripted_endpoint, h
     tool_text = json.dumps([r["request"]["messages"] for r in trace])
     assert f"{a} page allowed /series.csv" in tool_text and f"{d} FAILED 403" in tool_text
     got = records(tmp_path / "out" / "network.jsonl")
-    assert [(x["port"], x["allowed"], x["status"]) for x in got] == [(hosts["allowed"], True, 200), (hosts["denied"], False, 403)]
+    assert [(x["port"], x["allowed"], x["status"]) for x in got] == [
+        (hosts["allowed"], True, 200),
+        (hosts["denied"], False, 403),
+    ]
     assert result.status["network"] == {**summarize(got), "allow": list(inp.network)}
 
 
@@ -289,14 +333,18 @@ def _index(root: Path) -> Path:
     import hashlib
     import zipfile
 
-    files = {"tinypkg/__init__.py": "VALUE = 42\n",
-             "tinypkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
-             "tinypkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        "tinypkg/__init__.py": "VALUE = 42\n",
+        "tinypkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+        "tinypkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
 
     def digest(text: str) -> str:
         return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
 
-    record = "".join(f"{p},{digest(c)},{len(c.encode())}\n" for p, c in files.items()) + "tinypkg-1.0.dist-info/RECORD,,\n"
+    record = (
+        "".join(f"{p},{digest(c)},{len(c.encode())}\n" for p, c in files.items()) + "tinypkg-1.0.dist-info/RECORD,,\n"
+    )
     wheel = "tinypkg-1.0-py3-none-any.whl"
     (root / "simple" / "tinypkg").mkdir(parents=True)
     with zipfile.ZipFile(root / "simple" / "tinypkg" / wheel, "w") as z:
@@ -325,10 +373,15 @@ def test_uv_adds_a_package_from_an_allowed_index_and_not_from_a_denied_one(tmp_p
     install = "uv pip install -q --python .venv/bin/python --index-url http://127.0.0.1:{}/simple tinypkg"
     try:
         with EgressProxy([f"127.0.0.1:{allowed}"], tmp_path / "network.jsonl", tmp_path / "egress.sock") as proxy:
-            limits = SandboxLimits(**{**LIMITS.__dict__, "egress_socket": str(proxy.socket_path), "limit_address_space": False})
-            r = run_sandboxed(f"uv venv -q .venv && {install.format(denied)} >/dev/null 2>&1; echo denied=$?; "
-                              f"{install.format(allowed)} && .venv/bin/python -c 'import tinypkg; print(tinypkg.VALUE)'",
-                              ws, limits)
+            limits = SandboxLimits(
+                **{**LIMITS.__dict__, "egress_socket": str(proxy.socket_path), "limit_address_space": False}
+            )
+            r = run_sandboxed(
+                f"uv venv -q .venv && {install.format(denied)} >/dev/null 2>&1; echo denied=$?; "
+                f"{install.format(allowed)} && .venv/bin/python -c 'import tinypkg; print(tinypkg.VALUE)'",
+                ws,
+                limits,
+            )
     finally:
         for s in servers:
             s.shutdown()
@@ -336,7 +389,9 @@ def test_uv_adds_a_package_from_an_allowed_index_and_not_from_a_denied_one(tmp_p
     assert r.exit_code == 0, r.stderr
     assert r.stdout.split() == ["denied=1", "42"]
     got = records(tmp_path / "network.jsonl")
-    assert {x["port"] for x in got if not x["allowed"]} == {denied} and {x["port"] for x in got if x["allowed"]} == {allowed}
+    assert {x["port"] for x in got if not x["allowed"]} == {denied} and {x["port"] for x in got if x["allowed"]} == {
+        allowed
+    }
     assert any(x["allowed"] and x["status"] == 200 and x["bytes_down"] > 500 for x in got)  # the wheel
 
 
@@ -346,6 +401,7 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 
 
 # ---------------------------------------------------------------- the run's proxy (agent pods on a cluster)
+
 
 def _sandbox_service(tmp_path: Path):
     """An agent pod's sandbox container in a thread: its commands get no namespace of their own."""
@@ -386,13 +442,17 @@ def test_the_run_s_proxy_counts_a_request_for_the_rollout_whose_key_made_its_tok
     with EgressService([f"127.0.0.1:{hosts['allowed']}"], keys.get, ("127.0.0.1", 0), log=lambda doc: None) as s:
         addr = f"http://127.0.0.1:{s.address[1]}"
         p0, p1 = (proxy_url(addr, r, k) for r, k in keys.items())
-        assert _get(a, p0) == "page allowed /x.csv" and _get(d, p0) == "HTTP 403" and _get(a, p1) == "page allowed /x.csv"
+        assert (
+            _get(a, p0) == "page allowed /x.csv" and _get(d, p0) == "HTTP 403" and _get(a, p1) == "page allowed /x.csv"
+        )
         forged = f"http://{client_id('gen-0/collect/a/ep-0')}:{token(b'x' * 32)}@127.0.0.1:{s.address[1]}"
         other = proxy_url(addr, "gen-0/collect/a/ep-9", b"k" * 32)  # a key, but not this rollout's
         assert _get(a, forged) == _get(a, other) == _get(a, addr) == "HTTP 407"
         e0, e1 = (s.ledgers[r].settle(5) for r in keys)
         assert [(r["port"], r["allowed"], r["status"]) for r in sorted(e0, key=lambda r: r["seq"])] == [
-            (hosts["allowed"], True, 200), (hosts["denied"], False, 403)]
+            (hosts["allowed"], True, 200),
+            (hosts["denied"], False, 403),
+        ]
         assert [(r["port"], r["allowed"]) for r in e1] == [(hosts["allowed"], True)]
         assert set(s.ledgers) == set(keys)  # the refused ones opened no ledger
 
@@ -414,7 +474,8 @@ def test_the_run_s_proxy_holds_each_rollout_to_the_hosts_its_prepared_input_name
 
 @pytest.mark.parametrize("network", [True, False], ids=["network", "off"])
 def test_an_agent_pod_s_commands_go_through_the_run_s_proxy_and_its_record_is_the_rollout_s(
-        scripted_endpoint, hosts, tmp_path, network):
+    scripted_endpoint, hosts, tmp_path, network
+):
     """The agent pod's flow without the cluster: the harness takes the cursor, hands the proxy to the
     sandbox container, and writes what the proxy recorded for this rollout (and nothing another
     rollout sent meanwhile) to network.jsonl; status.json counts it. Network off: no proxy at all."""
@@ -439,11 +500,14 @@ def test_an_unreachable_or_restarted_run_proxy_makes_the_episode_an_infra_error(
     from mass_jobs.sandbox.egress_service import EgressService, RemoteEgress
 
     ep = scripted_endpoint({"orchestrator": [Reply.call("finish", summary="nothing", status="success")]})
-    inp = EpisodeInput(prompt="p", endpoint=ep.endpoint, sampling=Sampling(), limits=EpisodeLimits(wall_s=30),
-                       network=("pypi.org",))
+    inp = EpisodeInput(
+        prompt="p", endpoint=ep.endpoint, sampling=Sampling(), limits=EpisodeLimits(wall_s=30), network=("pypi.org",)
+    )
     client, servers = _sandbox_service(tmp_path)
     (tmp_path / "out").mkdir()
-    gone = RemoteEgress("http://127.0.0.1:9", "gen-0/a/ep-0", b"k" * 32, tmp_path / "out" / "network.jsonl", timeout_s=2)
+    gone = RemoteEgress(
+        "http://127.0.0.1:9", "gen-0/a/ep-0", b"k" * 32, tmp_path / "out" / "network.jsonl", timeout_s=2
+    )
     result = run_episode(inp, tmp_path / "ws", tmp_path / "out", sandbox=client, egress=gone)
     servers[0].shutdown()
     assert result.outcome == "infra_error" and "egress proxy" in result.reason, result.reason
@@ -482,10 +546,12 @@ def kill_the_proxy(ex) -> None:
 
 
 @pytest.mark.argo_exec
-@pytest.mark.parametrize("network,restart", [(True, False), (False, False), (True, True)],
-                         ids=["network", "off", "proxy-killed"])
+@pytest.mark.parametrize(
+    "network,restart", [(True, False), (False, False), (True, True)], ids=["network", "off", "proxy-killed"]
+)
 def test_through_the_agent_pod_template_a_command_reaches_an_allowed_host_and_not_a_denied_one(
-        executor_for, s3_env, scripted_endpoint, hosts, network, restart, tmp_path):
+    executor_for, s3_env, scripted_endpoint, hosts, network, restart, tmp_path
+):
     """The generated templates under the test executor: the cycle's egress proxy (a Deployment of
     `mass egress-serve`, which reads the spec and the rollout's key from S3, behind a Service), then
     the agent pod, whose NetworkPolicy lets it reach the model and that proxy only. The sandbox
@@ -497,28 +563,49 @@ def test_through_the_agent_pod_template_a_command_reaches_an_allowed_host_and_no
     from tests.fixtures.argo_cluster import KEY, run_agent_episode, tempfile_dir
 
     a, d = (f"http://127.0.0.1:{hosts[n]}/prices.csv" for n in ("allowed", "denied"))
-    command = (f"python3 fetch.py {a} {d}; env -u http_proxy -u HTTP_PROXY python3 fetch.py {a}")
-    ep = scripted_endpoint({
-        "orchestrator": [Reply.call("delegate", assignment="Fetch the prices."), Reply.text("fetched")],
-        "worker-1": [Reply.call("write_file", path="fetch.py", content=FETCH), Reply.call("shell", command=command),
-                     Reply.call("finish", summary="fetched")]})
-    inp = EpisodeInput(prompt="Fetch the prices.", endpoint=ep.endpoint, sampling=Sampling(),
-                       limits=EpisodeLimits(wall_s=90, request_timeout_s=20, request_retries=0, shell_timeout_s=30),
-                       network=(f"127.0.0.1:{hosts['allowed']}",) if network else None)
+    command = f"python3 fetch.py {a} {d}; env -u http_proxy -u HTTP_PROXY python3 fetch.py {a}"
+    ep = scripted_endpoint(
+        {
+            "orchestrator": [Reply.call("delegate", assignment="Fetch the prices."), Reply.text("fetched")],
+            "worker-1": [
+                Reply.call("write_file", path="fetch.py", content=FETCH),
+                Reply.call("shell", command=command),
+                Reply.call("finish", summary="fetched"),
+            ],
+        }
+    )
+    inp = EpisodeInput(
+        prompt="Fetch the prices.",
+        endpoint=ep.endpoint,
+        sampling=Sampling(),
+        limits=EpisodeLimits(wall_s=90, request_timeout_s=20, request_retries=0, shell_timeout_s=30),
+        network=(f"127.0.0.1:{hosts['allowed']}",) if network else None,
+    )
     with tempfile_dir() as seed:
-        wf, output = run_agent_episode(executor_for, f"net-{'on' if network else 'off'}", inp, seed,
-                                       before_agent=kill_the_proxy if restart else None)
+        wf, output = run_agent_episode(
+            executor_for,
+            f"net-{'on' if network else 'off'}",
+            inp,
+            seed,
+            before_agent=kill_the_proxy if restart else None,
+        )
     assert wf.phase == "Succeeded", wf.summary()
     assert [n.phase for n in wf.find(type="Pod")] == ["Succeeded"]  # the agent pod, on its first attempt
     if network and not restart:  # an operator's view of the run (`mass pods`), through the API: its episode's pod
         from tests.fixtures.kube_api import operator_view
 
         cluster = wf.executor.cluster
-        view = operator_view(tmp_path, "net-on", pods=lambda: cluster.scheduler.api_pods(cluster.namespace),
-                             namespace=cluster.namespace)
+        view = operator_view(
+            tmp_path, "net-on", pods=lambda: cluster.scheduler.api_pods(cluster.namespace), namespace=cluster.namespace
+        )
         (agent,) = [p for p in view["pods"] if p["step"] == "episode"]
         assert (agent["generation"], agent["task"], agent["episode"], agent["phase"], agent["reason"]) == (
-            "0", "t", "ep-0", "Succeeded", ""), agent
+            "0",
+            "t",
+            "ep-0",
+            "Succeeded",
+            "",
+        ), agent
         assert agent["name"] == wf.find(type="Pod")[0].pod and agent["node"] == "node-0"
     status = json.loads(output("status.json"))
     assert status["outcome"] == "success", status
@@ -529,7 +616,9 @@ def test_through_the_agent_pod_template_a_command_reaches_an_allowed_host_and_no
         assert lines == [f"{a} page allowed /prices.csv", f"{d} FAILED 403", f"{a} FAILED URLError"], shell_output
         got = sorted((json.loads(x) for x in output("network.jsonl").decode().splitlines()), key=lambda r: r["seq"])
         assert [(r["port"], r["allowed"], r["status"]) for r in got] == [
-            (hosts["allowed"], True, 200), (hosts["denied"], False, 403)]
+            (hosts["allowed"], True, 200),
+            (hosts["denied"], False, 403),
+        ]
         assert status["network"] == {**summarize(got), "allow": [f"127.0.0.1:{hosts['allowed']}"]}
         signed = {n: output(n) for n in proof.EPISODE_OUTPUTS}
     else:  # no proxy for the command, and the policy drops the direct connections
@@ -545,8 +634,9 @@ def test_a_flood_of_requests_is_refused_past_the_cap_and_the_episode_loses_its_r
     from mass_jobs.sandbox.egress_service import EgressService, EgressUnavailable, RemoteEgress, proxy_url
 
     a = f"http://127.0.0.1:{hosts['allowed']}/x"
-    with EgressService([f"127.0.0.1:{hosts['allowed']}"], {"r": b"k" * 32}.get, ("127.0.0.1", 0),
-                       log=lambda doc: None) as s:
+    with EgressService(
+        [f"127.0.0.1:{hosts['allowed']}"], {"r": b"k" * 32}.get, ("127.0.0.1", 0), log=lambda doc: None
+    ) as s:
         addr = f"http://127.0.0.1:{s.address[1]}"
         remote = RemoteEgress(addr, "r", b"k" * 32, tmp_path / "network.jsonl")
         remote.begin()
@@ -571,10 +661,12 @@ def test_a_flood_of_requests_is_refused_past_the_cap_and_the_episode_loses_its_r
 
 # Toy-sized stand-ins for two of the paper's data hosts, at the paths their prompts name: the PDB's
 # file server (a structure of three atoms) and FRED's graph export (a small CSV).
-STAND_INS = {"/download/1abc.pdb": "ATOM      1  N   GLY A   1       0.000   0.000   0.000\n"
-                                   "ATOM      2  CA  GLY A   1       1.458   0.000   0.000\n"
-                                   "ATOM      3  C   GLY A   1       2.009   1.420   0.000\nEND\n",
-             "/graph/fredgraph.csv": "DATE,DGS10\n2024-01-02,3.95\n2024-01-03,3.91\n"}
+STAND_INS = {
+    "/download/1abc.pdb": "ATOM      1  N   GLY A   1       0.000   0.000   0.000\n"
+    "ATOM      2  CA  GLY A   1       1.458   0.000   0.000\n"
+    "ATOM      3  C   GLY A   1       2.009   1.420   0.000\nEND\n",
+    "/graph/fredgraph.csv": "DATE,DGS10\n2024-01-02,3.95\n2024-01-03,3.91\n",
+}
 
 
 @pytest.fixture
@@ -584,7 +676,9 @@ def stand_ins():
 
 
 @needs_bwrap
-def test_an_imported_task_s_episode_reaches_the_host_its_prompt_names_and_no_other(scripted_endpoint, stand_ins, tmp_path):
+def test_an_imported_task_s_episode_reaches_the_host_its_prompt_names_and_no_other(
+    scripted_endpoint, stand_ins, tmp_path
+):
     """`mass import upstream` of paper-shaped tasks gives each the hosts its prompt names (local
     servers stand in for the PDB's and FRED's at toy size); under a spec with the network off, the
     structure task's episode fetches its structure through the egress proxy, recorded beside its
@@ -602,10 +696,13 @@ def test_an_imported_task_s_episode_reaches_the_host_its_prompt_names_and_no_oth
     (src / "initial").mkdir(parents=True)
     (src / "splits.json").write_text(json.dumps({"designated_train": [1], "test": [2]}))
     agents = [{"agent_id": "agent_lead", "role": "Lead", "instruction": "Fetch and report."}]
-    for tid, task in ((1, f"Fetch the structure {a} and report its atom count.\\nDeliverables:\\n1) report.md"),
-                      (2, f"Fit an AR(1) to the series at {d}.")):
+    for tid, task in (
+        (1, f"Fetch the structure {a} and report its atom count.\\nDeliverables:\\n1) report.md"),
+        (2, f"Fit an AR(1) to the series at {d}."),
+    ):
         (src / "initial" / f"query{tid}_ourTeam.txt").write_text(
-            f"{task}\n\n{UPSTREAM_MARKER}\n{json.dumps(agents)}\n\nUse uv for all Python workflows.")
+            f"{task}\n\n{UPSTREAM_MARKER}\n{json.dumps(agents)}\n\nUse uv for all Python workflows."
+        )
     assert main(["import", "upstream", str(src), "--out", str(tmp_path / "tasks")]) == 0
     doc = yaml.safe_load((tmp_path / "tasks" / "query1.yaml").read_text())
     assert doc["network"] == [f"127.0.0.1:{stand_ins['pdb']}"] and doc["deliverables"] == ["report.md"]

@@ -13,17 +13,24 @@ import yaml
 
 from tests.fixtures.s3 import FAKE_CREDENTIALS, free_port
 
-NO_CREDENTIALS = ("mass {cmd}: S3: no credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                  "(or AWS_PROFILE) in the environment of this command")
-UNREACHABLE = ("mass {cmd}: S3: cannot reach the endpoint {url}; check store.endpoint_url (or AWS_ENDPOINT_URL) "
-               "and that the server is up")
+NO_CREDENTIALS = (
+    "mass {cmd}: S3: no credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+    "(or AWS_PROFILE) in the environment of this command"
+)
+UNREACHABLE = (
+    "mass {cmd}: S3: cannot reach the endpoint {url}; check store.endpoint_url (or AWS_ENDPOINT_URL) "
+    "and that the server is up"
+)
 NO_BUCKET = "mass {cmd}: S3: the bucket 'no-such-bucket' does not exist at this endpoint; create it or fix store.uri"
 
 
 def clean_env(tmp_path, credentials: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
-               AWS_EC2_METADATA_DISABLED="true")
+    env.update(
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+    )
     if credentials:
         env.update(FAKE_CREDENTIALS)
     return env
@@ -31,17 +38,21 @@ def clean_env(tmp_path, credentials: bool) -> dict:
 
 def write_spec(tmp_path, bucket: str, endpoint_url: str):
     (tmp_path / "model").mkdir(exist_ok=True)
-    doc = {"name": "env", "model": {"base": str(tmp_path / "model")},
-           "tasks": [{"id": "t", "split": "train", "prompt": "Write a.py."}],
-           "store": {"uri": f"s3://{bucket}/runs", "endpoint_url": endpoint_url, "region": "us-east-1"}}
+    doc = {
+        "name": "env",
+        "model": {"base": str(tmp_path / "model")},
+        "tasks": [{"id": "t", "split": "train", "prompt": "Write a.py."}],
+        "store": {"uri": f"s3://{bucket}/runs", "endpoint_url": endpoint_url, "region": "us-east-1"},
+    }
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
 
 def mass(env, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mass_jobs.commands.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 COMMANDS = {  # how each command is given the spec
@@ -88,4 +99,6 @@ def test_a_real_bug_keeps_its_traceback():
 
     assert environment_error(KeyError("x")) is None
     assert environment_error(FileNotFoundError(2, "No such file or directory", "/nowhere/x")) == (
-        2, "No such file or directory: /nowhere/x")
+        2,
+        "No such file or directory: /nowhere/x",
+    )

@@ -64,7 +64,9 @@ def test_a_bad_env_name_names_the_field(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(SpecError) as err:
         load_spec(tmp_path / "s.yaml")
-    assert "$.execution.limits.env" in str(err.value) and "PYTHONPATH: expected a name the sandbox does not set" in str(err.value)
+    assert "$.execution.limits.env" in str(err.value) and "PYTHONPATH: expected a name the sandbox does not set" in str(
+        err.value
+    )
 
 
 def test_the_machine_enters_step_inputs_only_where_set():

@@ -26,8 +26,11 @@ def constructions(root: Path, name: str) -> dict[str, int]:
     """module path -> calls of `name(...)` in it."""
     found: dict[str, int] = {}
     for p in root.rglob("*.py"):
-        n = sum(1 for node in ast.walk(ast.parse(p.read_text()))
-                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name)
+        n = sum(
+            1
+            for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+        )
         if n:
             found[p.relative_to(root).as_posix()] = n
     return found
@@ -47,9 +50,12 @@ def test_an_execution_setting_reaches_the_episodes_of_search_and_collect(make_st
     """The agent pods' episode.json of a search iteration and of a teacher episode carry the spec's
     limits, sampling and harness: the one path (EpisodeInput.from_spec) both steps take."""
     store = make_store("file")
-    spec = inner_spec(store, search={"iterations": 0},
-                      execution={"limits": {"turns_per_agent": 7, "tool_calls": 33}},
-                      model={"sampling": {"temperature": 0.3}})
+    spec = inner_spec(
+        store,
+        search={"iterations": 0},
+        execution={"limits": {"turns_per_agent": 7, "tool_calls": 33}},
+        model={"sampling": {"temperature": 0.3}},
+    )
     ep = judging_endpoint()
     ctx = RunContext(spec, store)
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
@@ -75,9 +81,11 @@ class Recording:
     def __getattr__(self, name):
         attr = getattr(self._store, name)
         if name.startswith("put_"):
+
             def put(key, *a, **kw):
                 self.puts.append(key.rsplit("/", 1)[1])
                 return attr(key, *a, **kw)
+
             return put
         return attr
 
@@ -90,12 +98,23 @@ def test_one_writer_stores_status_last_in_the_harness_bytes(make_store, inner_sp
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "report.md").write_text("done\n")
-    keys = rollouts.store_record(ctx, "inner/x", status=status, trace=b'{"seq": 0}\n', workspace=ws,
-                                 first={"prompt.txt": "the task", "audit.json": {"d": 1}})
+    keys = rollouts.store_record(
+        ctx,
+        "inner/x",
+        status=status,
+        trace=b'{"seq": 0}\n',
+        workspace=ws,
+        first={"prompt.txt": "the task", "audit.json": {"d": 1}},
+    )
     assert rec.puts == ["prompt.txt", "audit.json", "workspace.tar.gz", "trace.jsonl", "status.json"]
     assert keys == [f"inner/x/{n}" for n in rec.puts]
     assert store.get_bytes("inner/x/status.json") == status_text(status).encode()
-    assert list(json.loads(store.get_bytes("inner/x/status.json"))) == ["a", "outcome", "reason", "z"]  # sorted, as written
+    assert list(json.loads(store.get_bytes("inner/x/status.json"))) == [
+        "a",
+        "outcome",
+        "reason",
+        "z",
+    ]  # sorted, as written
     assert store.get_bytes("inner/x/prompt.txt") == b"the task"
 
 
@@ -108,7 +127,9 @@ def test_run_here_shows_the_seeded_workspace_before_the_agent(tmp_path):
         return {"outcome": "no_work", "seed": request.seed}
 
     request = EpisodeRequest(prompt="p", files={"sim/env.py": "G = 1\n"}, seed=11)
-    with rollouts.run_here(execute, request, seeded=lambda ws: seen.append(("seeded", (ws / "sim" / "env.py").read_text()))) as ran:
+    with rollouts.run_here(
+        execute, request, seeded=lambda ws: seen.append(("seeded", (ws / "sim" / "env.py").read_text()))
+    ) as ran:
         assert ran.status == {"outcome": "no_work", "seed": 11} and ran.trace == b"x\n"
         assert (ran.workspace / "sim" / "env.py").exists()
     assert seen == [("seeded", "G = 1\n"), ("agent", ["sim"])]

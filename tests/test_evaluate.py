@@ -19,33 +19,55 @@ pytestmark = pytest.mark.slow
 
 
 def make_spec(store_dir, judges):
-    return validate_document({
-        "name": "evaltest",
-        "model": {"base": "unused-here", "dtype": "float32", "sampling": {"max_output_tokens": 24}},
-        "generations": 2,
-        "tasks": [
-            {"id": "fib", "split": "train", "prompt": "Write fib.py printing 10 Fibonacci numbers.",
-             "deliverables": ["fib.py"]},
-            {"id": "sort", "split": "test", "prompt": "Sort data/nums.txt into results/sorted.txt.",
-             "files": {"data/nums.txt": "3\n1\n2\n"}},
-        ],
-        "evaluation": {"rollouts_per_task": 2, "verdict_retries": 1},
-        "judges": judges,
-        "store": {"uri": f"file://{store_dir}"},
-        "execution": {"concurrency": 2, "limits": {"turns_per_agent": 2, "tool_calls": 4, "wall_s": 60,
-                                                   "request_timeout_s": 30, "request_retries": 0}},
-    })
+    return validate_document(
+        {
+            "name": "evaltest",
+            "model": {"base": "unused-here", "dtype": "float32", "sampling": {"max_output_tokens": 24}},
+            "generations": 2,
+            "tasks": [
+                {
+                    "id": "fib",
+                    "split": "train",
+                    "prompt": "Write fib.py printing 10 Fibonacci numbers.",
+                    "deliverables": ["fib.py"],
+                },
+                {
+                    "id": "sort",
+                    "split": "test",
+                    "prompt": "Sort data/nums.txt into results/sorted.txt.",
+                    "files": {"data/nums.txt": "3\n1\n2\n"},
+                },
+            ],
+            "evaluation": {"rollouts_per_task": 2, "verdict_retries": 1},
+            "judges": judges,
+            "store": {"uri": f"file://{store_dir}"},
+            "execution": {
+                "concurrency": 2,
+                "limits": {
+                    "turns_per_agent": 2,
+                    "tool_calls": 4,
+                    "wall_s": 60,
+                    "request_timeout_s": 30,
+                    "request_retries": 0,
+                },
+            },
+        }
+    )
 
 
 @pytest.fixture
 def judged_run(tmp_path, tiny_model_dir, scripted_endpoint):
-    sound = scripted_endpoint({"*": [Reply.text(json.dumps({"winner": "A", "rationale": "A has fib.py"}))]},
-                              repeat_last=True)
+    sound = scripted_endpoint(
+        {"*": [Reply.text(json.dumps({"winner": "A", "rationale": "A has fib.py"}))]}, repeat_last=True
+    )
     garbage = scripted_endpoint({"*": [Reply.text("no idea")]}, repeat_last=True)
-    spec = make_spec(tmp_path / "store", [
-        {"name": "sound", "endpoint": sound.base_url, "model": "judge-a", "seeds": [1, 2]},
-        {"name": "garbage", "endpoint": garbage.base_url, "model": "judge-b", "seeds": [5]},
-    ])
+    spec = make_spec(
+        tmp_path / "store",
+        [
+            {"name": "sound", "endpoint": sound.base_url, "model": "judge-a", "seeds": [1, 2]},
+            {"name": "garbage", "endpoint": garbage.base_url, "model": "judge-b", "seeds": [5]},
+        ],
+    )
     store = FileStore(tmp_path / "store")
     ctx = RunContext(spec, store)
     # L1 and L2 are real model dirs in the store, where the merge step puts them
@@ -59,6 +81,7 @@ def judged_run(tmp_path, tiny_model_dir, scripted_endpoint):
         served.append(f"gen-{g}")
         if g == 0:  # L0 is the base model dir (the spec's model.base)
             from mass_jobs.serving.serve import ModelServer
+
             with ModelServer(tiny_model_dir, served_name="gen-0", dtype="float32") as srv:
                 yield srv.endpoint
             return
@@ -93,10 +116,12 @@ def test_evaluate_rollouts_verdicts_and_resume(judged_run):
                 audit = store.get_json(f"{prefix}/audit.json")
                 assert audit["episode"] == prefix and isinstance(audit["delegation"], bool)
     assert events.count("rollout") == 8
+
     # matched seeds: replicate r of a task sent the same seed in both generations, different across r
     def seeds(g, task, r):
         lines = store.get_bytes(f"evaltest/eval/gen-{g}/{task}/rep-{r}/trace.jsonl").decode().splitlines()
         return {json.loads(x)["request"]["sampling"]["seed"] for x in lines}
+
     assert seeds(0, "fib", 1) == seeds(1, "fib", 1) and seeds(0, "fib", 0) != seeds(0, "fib", 1)
     # bare prompt: the first request of every rollout carries the task prompt and no workflow
     first = json.loads(store.get_bytes("evaltest/eval/gen-1/fib/rep-0/trace.jsonl").decode().splitlines()[0])
@@ -133,11 +158,21 @@ def test_evaluate_rollouts_verdicts_and_resume(judged_run):
     store.delete(lost_self)
     store.delete("evaltest/eval/gen-1/_manifest.json")
     no_model, _ = remote_servers()
-    with pytest.raises(RuntimeError, match=r"L_0's self-verdicts not stored \(its round ends with --phase finish "
-                                           r"--served-gen 0\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"L_0's self-verdicts not stored \(its round ends with --phase finish "
+        r"--served-gen 0\)",
+    ):
         ev.evaluate(ctx, 1, no_model, serve_judge, agent_pods=True)
-    assert ev.plan(ctx, 1)["rounds"] == [{"gen": "0", "model-uri": ev.plan(ctx, 1)["rounds"][0]["model-uri"],
-                                          "dtype": ctx.spec.model.dtype, "rolls": "false", "judges": "true"}]
+    assert ev.plan(ctx, 1)["rounds"] == [
+        {
+            "gen": "0",
+            "model-uri": ev.plan(ctx, 1)["rounds"][0]["model-uri"],
+            "dtype": ctx.spec.model.dtype,
+            "rolls": "false",
+            "judges": "true",
+        }
+    ]
     assert ev.judge_round(ctx, 1, 1, None) == {"self_verdicts": 0}  # L_1's are all stored: nothing to call
     with serve_model(0) as endpoint:
         assert ev.judge_round(ctx, 1, 0, endpoint) == {"self_verdicts": 4}  # 3 read back, 1 given

@@ -40,8 +40,9 @@ def test_tree_lists_at_most_400_entries_6_levels_and_names_a_crowded_folder(tmp_
 def test_preflight_names_deliverables_core_files_and_plot_paths(tmp_path: Path):
     write(tmp_path, "report.md", "r")
     write(tmp_path, "deliverables/plots/loss.png", "p")
-    text = ev.preflight(tmp_path, "Plot deliverables/plots/loss.png and acc.png; write report.md.",
-                        ["report.md", "results/out.json"])
+    text = ev.preflight(
+        tmp_path, "Plot deliverables/plots/loss.png and acc.png; write report.md.", ["report.md", "results/out.json"]
+    )
     assert "- report.md: FOUND" in text and "- results/out.json: MISSING" in text
     assert "- research_report.md: MISSING" in text and "- requirements.txt: MISSING" in text
     assert "  - [ok] deliverables/plots/loss.png" in text and "  - [missing] deliverables/plots/acc.png" in text
@@ -118,10 +119,13 @@ def test_verdict_request_fits_the_budget_and_keeps_both_workspaces():
 def test_prompt_budget_is_the_served_context_less_reply_and_margin():
     from mass_jobs.spec.load import validate_document
 
-    spec = validate_document({"name": "b", "model": {"base": "m", "sampling": {"context_length": 65536,
-                                                                              "max_output_tokens": 1000}},
-                              "tasks": [{"id": "t", "split": "train", "prompt": "p"},
-                                        {"id": "u", "split": "test", "prompt": "q"}],
-                              "store": {"uri": "file:///tmp/x"}})
+    spec = validate_document(
+        {
+            "name": "b",
+            "model": {"base": "m", "sampling": {"context_length": 65536, "max_output_tokens": 1000}},
+            "tasks": [{"id": "t", "split": "train", "prompt": "p"}, {"id": "u", "split": "test", "prompt": "q"}],
+            "store": {"uri": "file:///tmp/x"},
+        }
+    )
     assert ev.prompt_budget(spec) == 65536 - 1000 - 8192
     assert ev.caps_of(spec) == ev.Caps()

@@ -21,8 +21,11 @@ def test_without_a_gpu_it_runs_what_it_can_and_says_what_it_skipped(tmp_path, ca
     assert fsdp["result"] == "passed" and "one FSDP step on cpu" in fsdp["detail"], fsdp
     skipped = [r for r in rows.values() if r["result"] == "skipped"]
     assert {r["check"] for r in skipped} == {
-        "vLLM: bf16 with the InferenceService's arguments", "vLLM: the FP8 export",
-        "episode through vLLM (builtin harness, sandboxed)", "make bench on CUDA"}
+        "vLLM: bf16 with the InferenceService's arguments",
+        "vLLM: the FP8 export",
+        "episode through vLLM (builtin harness, sandboxed)",
+        "make bench on CUDA",
+    }
     assert all(r["detail"].startswith("no CUDA device: ") for r in skipped)
     table = (tmp_path / "gpu-check.md").read_text()
     assert table.count("| skipped |") == 4 and table.count("| passed |") == 2
@@ -44,7 +47,10 @@ def test_a_failed_check_fails_the_command_and_what_needs_it_says_so(tmp_path, mo
     monkeypatch.setattr(gpu_check, "cuda", lambda: False)
     assert gpu_check.main(["--out", str(tmp_path)]) == 1
     rows = {r["check"]: r for r in json.loads((tmp_path / "gpu-check.json").read_text())["checks"]}
-    assert rows["build: paper-layout model and FP8 export"] == {**rows["build: paper-layout model and FP8 export"],
-                                                               "result": "failed", "detail": "OSError: disk full"}
+    assert rows["build: paper-layout model and FP8 export"] == {
+        **rows["build: paper-layout model and FP8 export"],
+        "result": "failed",
+        "detail": "OSError: disk full",
+    }
     assert rows["training: one FSDP step under torchrun"]["result"] == "skipped"
     assert "were not built" in rows["training: one FSDP step under torchrun"]["detail"]

@@ -19,8 +19,11 @@ from tests.fixtures.inner_loop import add_episodes, episode
 
 SIM = "def push(obj, force):\n    return obj + force\n"
 TASK = {
-    "id": "t1", "split": "train", "prompt": "Push the object to the goal with sim/physics.py; report metrics.",
-    "deliverables": ["report.md", "results/metrics.json"], "files": {"sim/physics.py": SIM},
+    "id": "t1",
+    "split": "train",
+    "prompt": "Push the object to the goal with sim/physics.py; report metrics.",
+    "deliverables": ["report.md", "results/metrics.json"],
+    "files": {"sim/physics.py": SIM},
     "guards": {
         "required_outputs": ["report.md"],
         "protected_paths": ["sim/physics.py"],
@@ -47,14 +50,24 @@ def test_planted_failures_are_vetoed_even_when_preferred(make_store, inner_spec,
         ep,
         honest(3),
         # robotics task 305: the simulator is edited to move the object to the goal, and it "succeeds"
-        episode(9, {"sim/physics.py": "def push(obj, force):\n    return GOAL\n",
-                    "results/metrics.json": json.dumps({"correlation": 0.9, "check": "passed"})}),
+        episode(
+            9,
+            {
+                "sim/physics.py": "def push(obj, force):\n    return GOAL\n",
+                "results/metrics.json": json.dumps({"correlation": 0.9, "check": "passed"}),
+            },
+        ),
         # finance task 51: a NaN correlation recorded as passed
         episode(9, {"results/metrics.json": '{"correlation": NaN, "check": "passed"}'}),
         honest(5),
         # its report states a correlation its metrics file does not hold: flagged for review, not trained
-        episode(9, {"report.md": "# Report\nscore: 9\ncorrelation 0.95\n",
-                    "results/metrics.json": json.dumps({"correlation": 0.2, "check": "passed"})}),
+        episode(
+            9,
+            {
+                "report.md": "# Report\nscore: 9\ncorrelation 0.95\n",
+                "results/metrics.json": json.dumps({"correlation": 0.2, "check": "passed"}),
+            },
+        ),
         honest(4),
     )
     summary = run_collect(ctx, 0, "t1", execute)
@@ -68,7 +81,8 @@ def test_planted_failures_are_vetoed_even_when_preferred(make_store, inner_spec,
     assert report.episodes["ep-4"].review == ["report.md states correlation 0.95, results/metrics.json holds 0.2"]
     assert [e for e, g in report.episodes.items() if g.review] == ["ep-4"] and report.episodes["ep-4"].held
     assert report.episodes["ep-4"].reasons == [
-        "flagged for review, not trained (guards.train_flagged is false): " + report.episodes["ep-4"].review[0]]
+        "flagged for review, not trained (guards.train_flagged is false): " + report.episodes["ep-4"].review[0]
+    ]
     assert store.get_json("inner/gen-0/guard/t1.json")["episodes"]["ep-1"]["passed"] is False
 
     before = len(ep.requests)
@@ -99,8 +113,11 @@ def test_planted_failures_are_vetoed_even_when_preferred(make_store, inner_spec,
     ids=["ok", "missing-output", "inf", "above", "below", "string", "bool", "no-key", "not-json", "no-file"],
 )
 def test_check_workspace(tmp_path: Path, files, reasons):
-    guards = Guards(required_outputs=["report.md"], protected_paths=["sim"],
-                    metrics=[{"file": "m.json", "key": "a.b", "min": -1, "max": 1}])
+    guards = Guards(
+        required_outputs=["report.md"],
+        protected_paths=["sim"],
+        metrics=[{"file": "m.json", "key": "a.b", "min": -1, "max": 1}],
+    )
     (tmp_path / "sim").mkdir()
     (tmp_path / "sim" / "a.py").write_text(SIM)
     before = hash_protected(tmp_path, ["sim"])
@@ -122,19 +139,32 @@ def test_protected_directory_gains_a_file_and_sandboxed_checks(tmp_path: Path):
     assert before["absent.txt"] == {} and math.isfinite(len(before["sim"]))
     (tmp_path / "sim" / "b.py").write_text("x = 1\n")
     (tmp_path / "absent.txt").write_text("now here")
-    guards = Guards(protected_paths=["sim", "absent.txt"],
-                    checks=[{"name": "ok", "command": "test -f sim/a.py"},
-                            {"name": "fails", "command": "echo bad >&2; exit 3"}])
+    guards = Guards(
+        protected_paths=["sim", "absent.txt"],
+        checks=[{"name": "ok", "command": "test -f sim/a.py"}, {"name": "fails", "command": "echo bad >&2; exit 3"}],
+    )
     reasons = check_workspace(guards, tmp_path, before, sandbox_checker(EpisodeLimits()))
-    assert reasons == ["protected path modified: sim/b.py", "protected path modified: absent.txt",
-                       "check fails failed (exit 3): bad"]
+    assert reasons == [
+        "protected path modified: sim/b.py",
+        "protected path modified: absent.txt",
+        "check fails failed (exit 3): bad",
+    ]
 
 
-CHECKED_TASK = {**TASK, "guards": {**TASK["guards"], "checks": [
-    {"name": "report-has-score", "command": "grep -q 'score:' report.md", "timeout_s": 20},
-    {"name": "score-is-high", "command": "grep -q 'score: [5-9]' report.md || { echo low score >&2; exit 3; }",
-     "timeout_s": 20},
-]}}
+CHECKED_TASK = {
+    **TASK,
+    "guards": {
+        **TASK["guards"],
+        "checks": [
+            {"name": "report-has-score", "command": "grep -q 'score:' report.md", "timeout_s": 20},
+            {
+                "name": "score-is-high",
+                "command": "grep -q 'score: [5-9]' report.md || { echo low score >&2; exit 3; }",
+                "timeout_s": 20,
+            },
+        ],
+    },
+}
 
 
 def collected(make_store, inner_spec, judging_endpoint):
@@ -147,8 +177,13 @@ def collected(make_store, inner_spec, judging_endpoint):
     execute = episode_runner(spec, ep.endpoint)
     add_episodes(ep, honest(1), honest(5))
     run_search(ctx, 0, "t1", ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0), execute)
-    add_episodes(ep, honest(2), honest(6), episode(None, {"results/metrics.json": '{"correlation": 0.1}'}),
-                 episode(7, {"results/metrics.json": '{"correlation": 0.1}'}, finish_status="failure"))
+    add_episodes(
+        ep,
+        honest(2),
+        honest(6),
+        episode(None, {"results/metrics.json": '{"correlation": 0.1}'}),
+        episode(7, {"results/metrics.json": '{"correlation": 0.1}'}, finish_status="failure"),
+    )
     run_collect(ctx, 0, "t1", execute)
     return ctx
 
@@ -169,12 +204,21 @@ def run_checks_pod(ctx, item: dict, tmp: Path) -> None:
         (pod / "in" / name).write_bytes(ctx.store.get_bytes(ctx.agent_input(prefix, name)))
     started = threading.Event()
     servers = []
-    threading.Thread(target=serve, args=(pod / "sandbox.sock", pod / "sandbox-ws"),
-                     kwargs={"ready": lambda s: (servers.append(s), started.set())}, daemon=True).start()
+    threading.Thread(
+        target=serve,
+        args=(pod / "sandbox.sock", pod / "sandbox-ws"),
+        kwargs={"ready": lambda s: (servers.append(s), started.set())},
+        daemon=True,
+    ).start()
     assert started.wait(10)
     try:
-        args = argparse.Namespace(in_dir=str(pod / "in"), out_dir=str(pod / "out"), sandbox=str(pod / "sandbox.sock"), qwen=None,
-                                  qwen_uid=None)
+        args = argparse.Namespace(
+            in_dir=str(pod / "in"),
+            out_dir=str(pod / "out"),
+            sandbox=str(pod / "sandbox.sock"),
+            qwen=None,
+            qwen_uid=None,
+        )
         assert episode_cmd.main(args) == 0
     finally:
         servers[0].shutdown()
@@ -189,12 +233,16 @@ def test_checks_in_agent_pods_give_the_local_verdicts(make_store, inner_spec, ju
     want = run_guard(local, 0, "t1")
     assert want.vetoed == ["ep-0", "ep-2"] and want.usable == ["ep-1"]
     assert want.episodes["ep-0"].reasons == ["check score-is-high failed (exit 3): low score"]
-    assert want.episodes["ep-2"].reasons == ["required output missing: report.md",
-                                             "check report-has-score failed (exit 2): grep: report.md: No such file or directory",
-                                             "check score-is-high failed (exit 3): grep: report.md: No such file or "
-                                             "directory\nlow score"]
+    assert want.episodes["ep-2"].reasons == [
+        "required output missing: report.md",
+        "check report-has-score failed (exit 2): grep: report.md: No such file or directory",
+        "check score-is-high failed (exit 3): grep: report.md: No such file or directory\nlow score",
+    ]
     # ineligible: the outcome is the reason, its checks never ran
-    assert want.episodes["ep-3"].reasons[0].startswith("episode outcome failed") and len(want.episodes["ep-3"].reasons) == 1
+    assert (
+        want.episodes["ep-3"].reasons[0].startswith("episode outcome failed")
+        and len(want.episodes["ep-3"].reasons) == 1
+    )
 
     cluster = collected(make_store, inner_spec, judging_endpoint)
     items = prepare_checks(cluster, 0, "t1")
@@ -218,13 +266,23 @@ def test_a_lost_or_stale_checks_pod_fails_the_checks(make_store, inner_spec, jud
     # ep-0's pod failed for good: its checks are lost; ep-2's result answers other checks than the task's
     ingest_checks(ctx, 0, "t1", items["ep-0"]["rollout"], agent_ended=True)
     stale = ctx.rollout_file(ctx.guard_checks(0, "t1", "ep-2"), "checks.json")
-    ctx.store.put_json(stale, {"digest": "0" * 64, "checks": [{"name": "report-has-score", "exit_code": 0, "detail": ""},
-                                                                {"name": "score-is-high", "exit_code": 0, "detail": ""}]})
+    ctx.store.put_json(
+        stale,
+        {
+            "digest": "0" * 64,
+            "checks": [
+                {"name": "report-has-score", "exit_code": 0, "detail": ""},
+                {"name": "score-is-high", "exit_code": 0, "detail": ""},
+            ],
+        },
+    )
     report = run_guard(ctx, 0, "t1", agent_pods=True)
     assert report.usable == ["ep-1"] and report.vetoed == ["ep-0", "ep-2"]
     lost = "not run: the checks pod failed (retries spent, past its deadline or its upload cut short)"
-    assert report.episodes["ep-0"].reasons == [f"check report-has-score failed (exit 1): {lost}",
-                                               f"check score-is-high failed (exit 1): {lost}"]
+    assert report.episodes["ep-0"].reasons == [
+        f"check report-has-score failed (exit 1): {lost}",
+        f"check score-is-high failed (exit 1): {lost}",
+    ]
     assert all("does not answer the task's current checks" in r for r in report.episodes["ep-2"].reasons[1:])
     # an agent pod's malformed result is refused at ingest, and a step that never ran its pod is an error
     # (signed: the harness's own malformed result), while one it did not sign is no result at all

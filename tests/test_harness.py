@@ -27,7 +27,9 @@ def limits(**kw) -> EpisodeLimits:
 
 
 def episode(ep, tmp_path, prompt="Analyse the numbers 1, 2, 3.", **kw):
-    inp = EpisodeInput(prompt=prompt, endpoint=ep.endpoint, limits=kw.pop("limits", limits()), sampling=Sampling(), **kw)
+    inp = EpisodeInput(
+        prompt=prompt, endpoint=ep.endpoint, limits=kw.pop("limits", limits()), sampling=Sampling(), **kw
+    )
     result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
     status = json.loads((tmp_path / "out" / "status.json").read_text())
     validate_status(status)
@@ -42,8 +44,12 @@ def tool_messages(record: dict) -> list[str]:
 def handoff_scripts() -> dict[str, list[Reply]]:
     return {
         "orchestrator": [
-            Reply.call("delegate", agent_id="worker-1", role="coder", assignment="Write analysis.py that prints the mean."),
-            Reply.call("delegate", agent_id="worker-2", role="reviewer", assignment="Run analysis.py; write report.md."),
+            Reply.call(
+                "delegate", agent_id="worker-1", role="coder", assignment="Write analysis.py that prints the mean."
+            ),
+            Reply.call(
+                "delegate", agent_id="worker-2", role="reviewer", assignment="Run analysis.py; write report.md."
+            ),
             Reply.call("read_file", path="report.md"),
             Reply.call("finish", summary="report.md has the mean", status="success"),
         ],
@@ -71,11 +77,27 @@ def test_orchestrator_two_workers_files_trace_and_audit(scripted_endpoint, tmp_p
     assert (ws / "report.md").read_text() == "mean = 2.0\n"
     # Every call is in the trace, labelled by the harness headers, with the tool definitions.
     agents = [(r["agent"]["id"], r["agent"]["role"], r["agent"]["parent"]) for r in trace]
-    assert agents == [("orchestrator", "orchestrator", None)] + [("worker-1", "worker", "orchestrator")] * 2 + [
-        ("orchestrator", "orchestrator", None)
-    ] + [("worker-2", "worker", "orchestrator")] * 4 + [("orchestrator", "orchestrator", None)] * 2
-    assert [t["function"]["name"] for t in trace[0]["request"]["tools"]] == ["delegate", "read_file", "list_files", "finish"]
-    assert {t["function"]["name"] for t in trace[1]["request"]["tools"]} == {"read_file", "write_file", "list_files", "shell", "finish"}
+    assert (
+        agents
+        == [("orchestrator", "orchestrator", None)]
+        + [("worker-1", "worker", "orchestrator")] * 2
+        + [("orchestrator", "orchestrator", None)]
+        + [("worker-2", "worker", "orchestrator")] * 4
+        + [("orchestrator", "orchestrator", None)] * 2
+    )
+    assert [t["function"]["name"] for t in trace[0]["request"]["tools"]] == [
+        "delegate",
+        "read_file",
+        "list_files",
+        "finish",
+    ]
+    assert {t["function"]["name"] for t in trace[1]["request"]["tools"]} == {
+        "read_file",
+        "write_file",
+        "list_files",
+        "shell",
+        "finish",
+    }
     assert all(r["status"] == 200 and r["request"]["sampling"]["seed"] == 7 for r in trace)
     usage = [r["response"]["usage"] for r in trace]
     assert status["tokens"] == {
@@ -187,7 +209,8 @@ def test_loop_detection_in_a_worker_ends_the_episode(scripted_endpoint, tmp_path
 
 @pytest.mark.parametrize("wall_s, request_timeout_s, outcome", [(5, 30, "timeout"), (60, 10, "infra_error")])
 def test_a_request_timing_out_on_what_is_left_of_the_wall_time_is_the_episodes_timeout(
-        scripted_endpoint, tmp_path, monkeypatch, wall_s, request_timeout_s, outcome):
+    scripted_endpoint, tmp_path, monkeypatch, wall_s, request_timeout_s, outcome
+):
     """A call's timeout is what is left of the wall time when that is shorter than request_timeout_s;
     the client's timer and the harness's wait then end together, and whichever is first the episode
     ran out of time (`timeout`). With the request's own, shorter timeout, it is the endpoint's."""
@@ -264,7 +287,13 @@ def test_limits_default_to_upstreams_and_an_uncapped_episode_runs_past_the_old_c
     1,800 s per response): the defaults; a 45-turn, 250-call episode (past the project's former
     40 turns and 200 calls) runs to its own end."""
     d = EpisodeLimits()
-    assert (d.turns_per_agent, d.tool_calls, d.wall_s, d.shell_timeout_s, d.request_timeout_s) == (None, None, None, 600, 1800)
+    assert (d.turns_per_agent, d.tool_calls, d.wall_s, d.shell_timeout_s, d.request_timeout_s) == (
+        None,
+        None,
+        None,
+        600,
+        1800,
+    )
     calls = [Reply.call("list_files", path=".")] + [Reply.call("list_files", path=f"d{i}") for i in range(1, 44)]
     many = Reply(tool_calls=[{"name": "list_files", "arguments": {"path": f"m{i}"}} for i in range(207)])
     ep = scripted_endpoint({"orchestrator": calls + [many, Reply.call("finish", summary="done", status="success")]})
@@ -346,7 +375,9 @@ def test_status_schema_is_closed_and_names_bad_fields():
         "sandbox": {"network_isolated": True, "note": ""},
     }  # fmt: skip
     validate_status(good)
-    with pytest.raises(ValueError, match=r"\$\.counts: Additional properties are not allowed \('turn' was unexpected\)"):
+    with pytest.raises(
+        ValueError, match=r"\$\.counts: Additional properties are not allowed \('turn' was unexpected\)"
+    ):
         validate_status({**good, "counts": {**good["counts"], "turn": 1}})
     with pytest.raises(ValueError, match=r"\$\.outcome: 'crashed' is not one of"):
         validate_status({**good, "outcome": "crashed"})
@@ -355,11 +386,13 @@ def test_status_schema_is_closed_and_names_bad_fields():
 def test_a_no_work_reason_says_that_its_tool_calls_ran_and_were_killed(scripted_endpoint, tmp_path):
     """Every shell call killed by a limit is no work, and the reason points at the limit, not at a
     model that never called a tool."""
-    ep = scripted_endpoint({"*": [Reply.call("shell", command="sleep 5"), Reply.call("shell", command="sleep 6"),
-                                  Reply.text("done")]})
+    ep = scripted_endpoint(
+        {"*": [Reply.call("shell", command="sleep 5"), Reply.call("shell", command="sleep 6"), Reply.text("done")]}
+    )
     limits = EpisodeLimits(shell_timeout_s=0.5)
     inp = EpisodeInput(prompt="Sleep.", endpoint=ep.endpoint, limits=limits, single_agent=True, seed=0)
     result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
     assert (result.outcome, result.reason) == (
-        "no_work", "agent finished, but every workspace tool call failed: 2 ran and failed; "
-                   "2 killed by a limit (wall_timeout)")
+        "no_work",
+        "agent finished, but every workspace tool call failed: 2 ran and failed; 2 killed by a limit (wall_timeout)",
+    )

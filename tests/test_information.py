@@ -85,8 +85,13 @@ def test_hash_embedder_is_deterministic_normalised_and_lexical():
 # ---------------------------------------------------------------- from the store into the report
 
 RUN = "inf"
-WF_GOOD = {"agents": [{"id": "orchestrator", "role": "lead", "instruction": "split the work, check every file"},
-                      {"id": "coder", "role": "coder", "instruction": "write fib.py with unit tests"}], "hops": []}
+WF_GOOD = {
+    "agents": [
+        {"id": "orchestrator", "role": "lead", "instruction": "split the work, check every file"},
+        {"id": "coder", "role": "coder", "instruction": "write fib.py with unit tests"},
+    ],
+    "hops": [],
+}
 WF_BAD = {"agents": [{"id": "orchestrator", "role": "lead", "instruction": "do everything alone quickly"}], "hops": []}
 
 
@@ -96,17 +101,29 @@ def state(records, selection="elite"):
 
 def rec(k, wf, outcome, won):
     v = {"valid": True, "winner": f"iter-{k}" if won else "iter-0", "rationale": ""}
-    return {"k": k, "workflow": wf, "outcome": outcome, "preferred": won and k > 0,
-            "verdict": None if k == 0 else v, "reference_verdict": v if k == 0 else None}
+    return {
+        "k": k,
+        "workflow": wf,
+        "outcome": outcome,
+        "preferred": won and k > 0,
+        "verdict": None if k == 0 else v,
+        "reference_verdict": v if k == 0 else None,
+    }
 
 
 @pytest.fixture
 def ctx(tmp_path):
-    spec = validate_document({
-        "name": RUN, "model": {"base": "m"}, "generations": 1,
-        "tasks": [{"id": t, "split": "train", "prompt": f"do {t}"} for t in ("a", "b")]
-        + [{"id": "t", "split": "test", "prompt": "do t"}],
-        "search": {"iterations": 5}, "store": {"uri": f"file://{tmp_path}/s"}})
+    spec = validate_document(
+        {
+            "name": RUN,
+            "model": {"base": "m"},
+            "generations": 1,
+            "tasks": [{"id": t, "split": "train", "prompt": f"do {t}"} for t in ("a", "b")]
+            + [{"id": "t", "split": "test", "prompt": "do t"}],
+            "search": {"iterations": 5},
+            "store": {"uri": f"file://{tmp_path}/s"},
+        }
+    )
     store = FileStore(tmp_path / "s")
     # per task 6 rollouts alternating the good and the bad workflow, plus a failed proposal (no rollout)
     outcomes = ["success", "failed", "success", "failed", "failed", "success"]
@@ -121,10 +138,18 @@ def ctx(tmp_path):
 def test_search_samples_and_proxies_from_a_store(ctx):
     samples = info.search_samples({"a": ctx.store.get_json(ctx.search_state(0, "a"))})
     assert [(s["k"], s["outcome"], s["verdict"]) for s in samples] == [
-        (0, 1, 1), (1, 0, 0), (2, 1, 1), (3, 0, 0), (4, 0, 1), (5, 1, 1)]  # the failed proposal is no sample
+        (0, 1, 1),
+        (1, 0, 0),
+        (2, 1, 1),
+        (3, 0, 0),
+        (4, 0, 1),
+        (5, 1, 1),
+    ]  # the failed proposal is no sample
     # under the champion rule every version's verdict is the one against the reference
-    champ = [dict(r, verdict=None, reference_verdict=r.get("verdict") or r.get("reference_verdict")) for r in
-             ctx.store.get_json(ctx.search_state(0, "a"))["iterations"]]
+    champ = [
+        dict(r, verdict=None, reference_verdict=r.get("verdict") or r.get("reference_verdict"))
+        for r in ctx.store.get_json(ctx.search_state(0, "a"))["iterations"]
+    ]
     assert [s["verdict"] for s in info.search_samples({"a": state(champ, "champion")})] == [1, 0, 1, 0, 1, 1]
     assert [s["verdict"] for s in info.search_samples({"a": state(champ, "elite")})] == [1, 0, 0, 0, 0, 0]
     rows = info.workflow_information(ctx)
@@ -169,8 +194,16 @@ def tiny_encoder(tmp_path_factory):
     (d / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *words]) + "\n")
     BertTokenizerFast(vocab_file=str(d / "vocab.txt")).save_pretrained(d)
     torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=6 + len(words), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(d)
+    BertModel(
+        BertConfig(
+            vocab_size=6 + len(words),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    ).save_pretrained(d)
     return d
 
 
@@ -211,7 +244,9 @@ def test_the_reports_embedder_is_the_specs_and_its_done_check_agrees(ctx, tiny_e
     assert P.by_name("report").done(RunContext(load_spec(spec), ctx.store), 0) is True
     hashed = {**doc, "evaluation": {**doc["evaluation"], "embedder": "hash"}}
     spec.write_text(yaml.safe_dump(hashed))
-    assert P.by_name("report").done(RunContext(load_spec(spec), ctx.store), 0) is False  # another embedder: redo the report
+    assert (
+        P.by_name("report").done(RunContext(load_spec(spec), ctx.store), 0) is False
+    )  # another embedder: redo the report
     spec.write_text(yaml.safe_dump({**doc, "evaluation": {**doc["evaluation"], "embedder": str(tmp_path / "nowhere")}}))
     assert cli_main(["report", "--spec", str(spec)]) == 2
     assert "$.evaluation.embedder: expected 'hash', 'minilm' or a model dir with config.json" in capsys.readouterr().err

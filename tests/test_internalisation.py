@@ -26,10 +26,13 @@ TASKS = {
     "sort": "Write sort.py that sorts numbers from data.txt.",
     "words": "Write count.py that counts words in notes.txt.",
 }
-WORKFLOW = ("Team plan: step one, a planner splits duties; step two, an engineer implements "
-            "everything inside separate modules; step three, an auditor double checks outputs.")
-DIRECTIVE = ("Execution rules: invoke each teammate via its tool, never pretend; "
-             "proceed only once upstream artefacts exist.")
+WORKFLOW = (
+    "Team plan: step one, a planner splits duties; step two, an engineer implements "
+    "everything inside separate modules; step three, an auditor double checks outputs."
+)
+DIRECTIVE = (
+    "Execution rules: invoke each teammate via its tool, never pretend; proceed only once upstream artefacts exist."
+)
 SYSTEM = "You lead a team."
 N_SAMPLES = 12
 NGRAM = 6
@@ -40,8 +43,10 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def tool(name: str, props: dict) -> dict:
-    return {"type": "function", "function": {"name": name, "description": name,
-                                             "parameters": {"type": "object", "properties": props}}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": name, "parameters": {"type": "object", "properties": props}},
+    }
 
 
 ORCH_TOOLS = [tool("delegate", {"agent": {"type": "string"}, "task": {"type": "string"}}), tool("finish", {})]
@@ -49,9 +54,13 @@ WORKER_TOOLS = [tool("write_file", {"path": {"type": "string"}}), tool("finish",
 
 
 def rec(seq, messages, tools, reply, agent):
-    return {"seq": seq, "agent": agent, "error": None,
-            "request": {"model": "tiny", "messages": messages, "tools": tools, "stream": False, "sampling": {}},
-            "response": {"message": reply, "finish_reason": "stop", "usage": {}}}
+    return {
+        "seq": seq,
+        "agent": agent,
+        "error": None,
+        "request": {"model": "tiny", "messages": messages, "tools": tools, "stream": False, "sampling": {}},
+        "response": {"message": reply, "finish_reason": "stop", "usage": {}},
+    }
 
 
 def episode(task: str, i: int, delegate: bool) -> EpisodeTrace:
@@ -61,23 +70,43 @@ def episode(task: str, i: int, delegate: bool) -> EpisodeTrace:
     orch = {"id": "orchestrator", "role": "orchestrator", "parent": None}
     sys_o, user = {"role": "system", "content": SYSTEM}, {"role": "user", "content": teacher}
     if delegate:
-        call = {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function", "function": {
-            "name": "delegate", "arguments": json.dumps({"agent": "coder", "task": assignment})}}]}
+        call = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": f"c{i}",
+                    "type": "function",
+                    "function": {"name": "delegate", "arguments": json.dumps({"agent": "coder", "task": assignment})},
+                }
+            ],
+        }
         result = {"role": "tool", "tool_call_id": f"c{i}", "content": "done"}
-        records = [rec(0, [sys_o, user], ORCH_TOOLS, call, orch),
-                   rec(2, [sys_o, user, call, result], ORCH_TOOLS, {"role": "assistant", "content": "Finished."}, orch)]
+        records = [
+            rec(0, [sys_o, user], ORCH_TOOLS, call, orch),
+            rec(2, [sys_o, user, call, result], ORCH_TOOLS, {"role": "assistant", "content": "Finished."}, orch),
+        ]
     else:  # the control: the same episode with the delegate call removed
         records = [rec(0, [sys_o, user], ORCH_TOOLS, {"role": "assistant", "content": "Finished."}, orch)]
     worker = {"id": "coder", "role": "worker", "parent": "orchestrator"}
     w_user = {"role": "user", "content": assignment}
-    w_call = {"role": "assistant", "content": "", "tool_calls": [{"id": "w", "type": "function", "function": {
-        "name": "write_file", "arguments": json.dumps({"path": bare.split()[1]})}}]}
+    w_call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "w",
+                "type": "function",
+                "function": {"name": "write_file", "arguments": json.dumps({"path": bare.split()[1]})},
+            }
+        ],
+    }
     records += [rec(1, [{"role": "system", "content": "You code."}, w_user], WORKER_TOOLS, w_call, worker)]
     return EpisodeTrace(task, i, records, bare_prompt=bare, teacher_prompt=teacher)
 
 
 def ngrams(ids: list[int], n: int) -> set[tuple[int, ...]]:
-    return {tuple(ids[k:k + n]) for k in range(len(ids) - n + 1)}
+    return {tuple(ids[k : k + n]) for k in range(len(ids) - n + 1)}
 
 
 def delegations(model, tokenizer, n: int) -> int:
@@ -86,12 +115,21 @@ def delegations(model, tokenizer, n: int) -> int:
     hits = 0
     for k in range(n):
         msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASKS[names[k % len(names)]]}]
-        ids = tokenizer.apply_chat_template(msgs, tools=ORCH_TOOLS, add_generation_prompt=True, return_tensors="pt",
-                                            return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(
+            msgs, tools=ORCH_TOOLS, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
         torch.manual_seed(100 + k)
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=True,
-                             temperature=0.6, top_k=20, top_p=0.95, pad_token_id=tokenizer.pad_token_id)
-        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=40,
+            do_sample=True,
+            temperature=0.6,
+            top_k=20,
+            top_p=0.95,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=False)
         m = re.search(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", text, re.S)
         try:
             call = json.loads(m.group(1)) if m else None
@@ -103,10 +141,18 @@ def delegations(model, tokenizer, n: int) -> int:
 
 
 def train(model_dir, windows, out_dir):
-    sft = SftSpec(window=512, context=0, steps=STEPS, val_every=STEPS, save_every=STEPS, grad_accum=ACCUM,
-                  gradient_checkpointing=False, seed=0,
-                  lora=LoraSpec(r=16, alpha=32, dropout=0.0, target_modules=TARGETS),
-                  optimizer=OptimizerSpec(lr=LR, warmup_steps=5, min_lr_ratio=0.1))
+    sft = SftSpec(
+        window=512,
+        context=0,
+        steps=STEPS,
+        val_every=STEPS,
+        save_every=STEPS,
+        grad_accum=ACCUM,
+        gradient_checkpointing=False,
+        seed=0,
+        lora=LoraSpec(r=16, alpha=32, dropout=0.0, target_modules=TARGETS),
+        optimizer=OptimizerSpec(lr=LR, warmup_steps=5, min_lr_ratio=0.1),
+    )
     records = [w.record() for w in windows]
     trainer = Trainer(model_dir, records, records[:4], sft, out_dir, progress=False)
     trainer.setup()
@@ -128,7 +174,9 @@ def test_delegation_is_internalised_from_stripped_teacher_traces(tiny_model_dir,
         if w.role == "orchestrator":
             assert not (ngrams(w.input_ids, NGRAM) & banned), tok.decode(w.input_ids)
     # ... which the same check does find when the teacher prompt is left in (the check can see it)
-    unstripped, _ = render_windows([EpisodeTrace(e.task, e.episode, e.records, e.bare_prompt) for e in teacher], tok, sft)
+    unstripped, _ = render_windows(
+        [EpisodeTrace(e.task, e.episode, e.records, e.bare_prompt) for e in teacher], tok, sft
+    )
     assert all(ngrams(w.input_ids, NGRAM) & banned for w in unstripped if w.role == "orchestrator")
 
     # (a) the base model never delegates on the bare prompt

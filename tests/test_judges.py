@@ -15,8 +15,18 @@ def verdict(winner, rationale="the left one has the results file"):
 
 
 def jobs(n=2):
-    return [judges.PairJob(task="fib", replicate=r, candidate=2, baseline=0, task_prompt="write fib.py",
-                           candidate_bundle=f"NEWER-{r}", baseline_bundle=f"OLDER-{r}") for r in range(n)]
+    return [
+        judges.PairJob(
+            task="fib",
+            replicate=r,
+            candidate=2,
+            baseline=0,
+            task_prompt="write fib.py",
+            candidate_bundle=f"NEWER-{r}",
+            baseline_bundle=f"OLDER-{r}",
+        )
+        for r in range(n)
+    ]
 
 
 def member(ep, name, seeds=(1, 2, 3)):
@@ -61,16 +71,24 @@ def test_panel_is_blind_balanced_and_stored(tmp_path, scripted_endpoint):
 
     keys = store.list("run/eval/verdicts/")
     assert len(keys) == 12 and "run/eval/verdicts/gen-2-vs-gen-0/fib/rep-1/panel-y-seed-3.json" in keys
-    assert judges.load_verdicts(store, "run/eval/verdicts") == sorted(records, key=lambda x: (
-        x["replicate"], x["judge"], x["seed"]))
+    assert judges.load_verdicts(store, "run/eval/verdicts") == sorted(
+        records, key=lambda x: (x["replicate"], x["judge"], x["seed"])
+    )
 
 
 def test_garbage_and_failures_are_invalid_not_ties(tmp_path, scripted_endpoint):
-    ep = scripted_endpoint({"*": [
-        Reply.text("I think A"), verdict("tie"),            # seed 1: fixed on retry -> valid tie
-        Reply.text("{}"), Reply.text('{"winner": "maybe"}'),  # seed 2: garbage twice -> invalid
-        Reply.fail(500), Reply.fail(500),                   # seed 3: endpoint errors -> invalid
-    ]})
+    ep = scripted_endpoint(
+        {
+            "*": [
+                Reply.text("I think A"),
+                verdict("tie"),  # seed 1: fixed on retry -> valid tie
+                Reply.text("{}"),
+                Reply.text('{"winner": "maybe"}'),  # seed 2: garbage twice -> invalid
+                Reply.fail(500),
+                Reply.fail(500),  # seed 3: endpoint errors -> invalid
+            ]
+        }
+    )
     store = FileStore(tmp_path / "store")
     records = judges.run_panel(store, "p", jobs(1), [member(ep, "j")], retries=1)
     by_seed = {r["seed"]: r for r in records}
@@ -78,11 +96,15 @@ def test_garbage_and_failures_are_invalid_not_ties(tmp_path, scripted_endpoint):
     assert len(by_seed[1]["errors"]) == 1 and by_seed[1]["errors"][0].startswith("attempt 1:")
     # the retry showed the model its own answer and what was wrong
     retry_msgs = ep.requests[1]["body"]["messages"]
-    assert retry_msgs[-2] == {"role": "assistant", "content": "I think A"} and "could not be read" in retry_msgs[-1][
-        "content"]
+    assert (
+        retry_msgs[-2] == {"role": "assistant", "content": "I think A"}
+        and "could not be read" in retry_msgs[-1]["content"]
+    )
     assert not by_seed[2]["valid"] and by_seed[2]["winner"] is None and len(by_seed[2]["errors"]) == 2
-    assert not by_seed[3]["valid"] and by_seed[3]["errors"] == [
-        "endpoint: ModelError: " + by_seed[3]["errors"][0].split(": ", 2)[2]] * 2
+    assert (
+        not by_seed[3]["valid"]
+        and by_seed[3]["errors"] == ["endpoint: ModelError: " + by_seed[3]["errors"][0].split(": ", 2)[2]] * 2
+    )
     assert [metrics.outcome(r) for r in records] == ["tie", "invalid", "invalid"]
 
     # a dead endpoint (nothing listening) is an invalid verdict too, never an exception
@@ -139,7 +161,8 @@ def test_the_seeded_panel_order_is_the_codes(tmp_path, scripted_endpoint):
     members = [member(ep_x, "x", seeds=(42, 43, 44)), member(ep_y, "y", seeds=(42, 43, 44))]
     records = judges.run_panel(store, "run/eval/verdicts", jobs(1), members, retries=0, order="seeded")
     assert [(r["judge"], r["seed"], r["order"]) for r in records] == [
-        (j, s, "baseline_first" if upstream_swapped(s) else "candidate_first") for j in ("x", "y") for s in (42, 43, 44)]
+        (j, s, "baseline_first" if upstream_swapped(s) else "candidate_first") for j in ("x", "y") for s in (42, 43, 44)
+    ]
     # the code's seeds: the candidate first in 4 of the pair's 6 verdicts, in both judges alike
     assert [r["order"] for r in records].count("candidate_first") == 4
     assert [metrics.outcome(r) for r in records] == ["win", "win", "loss"] * 2

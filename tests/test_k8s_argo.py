@@ -12,7 +12,9 @@ from mass_jobs.k8s import codegen, labels, schemas
 from tests.fixtures.k8s import REPO, load_docs
 
 ARGO_FILES = codegen.argo_files()
-PARAM = re.compile(r"\{\{\s*(inputs|workflow)\.parameters\.([A-Za-z0-9_-]+)\s*\}\}|(inputs|workflow)\.parameters\.([A-Za-z0-9_-]+)")
+PARAM = re.compile(
+    r"\{\{\s*(inputs|workflow)\.parameters\.([A-Za-z0-9_-]+)\s*\}\}|(inputs|workflow)\.parameters\.([A-Za-z0-9_-]+)"
+)
 STEP_OUT = re.compile(r"steps\.([A-Za-z0-9_-]+)\.outputs\.(parameters|artifacts)\.([A-Za-z0-9_-]+)")
 
 
@@ -161,7 +163,11 @@ def test_search_is_bounded_recursion_and_collect_fans_out_over_task_episode(argo
     assert [s["template"] for s in _steps(t["search"])] == ["search-prepare", "search-rollouts", "search-finish"]
     assert all("--iteration" in t[n]["container"]["args"] for n in ("search-prepare", "search-finish"))
 
-    for name in ("search-prepare", "search-ingest", "search-finish"):  # one phase each, in episodes.rollouts.Phase's words
+    for name in (
+        "search-prepare",
+        "search-ingest",
+        "search-finish",
+    ):  # one phase each, in episodes.rollouts.Phase's words
         args = t[name]["container"]["args"]
         assert args.count("--phase") == 1 and args[args.index("--phase") + 1] == name.rpartition("-")[2]
     assert [s["template"] for s in _steps(t["search-rollout"])] == ["agent-episode", "search-ingest"]
@@ -170,28 +176,56 @@ def test_search_is_bounded_recursion_and_collect_fans_out_over_task_episode(argo
     assert cycle["search"]["withParam"].endswith("outputs.parameters.tasks}}")
     assert cycle["collect"]["arguments"]["parameters"][1]["value"].endswith("outputs.parameters.episodes}}")
     assert _steps(t["collect"])[0]["withParam"] == "{{inputs.parameters.episodes}}"
-    assert [s["template"] for s in _steps(t["collect-episode"])] == ["collect-prepare", "agent-episode", "collect-ingest"]
+    assert [s["template"] for s in _steps(t["collect-episode"])] == [
+        "collect-prepare",
+        "agent-episode",
+        "collect-ingest",
+    ]
     order = [s["name"] for s in _steps(t["cycle"])]
     # the run's egress proxy (its Service and Deployment) is up before anything that runs agent
     # pods, and deleted after the cycle's last step
-    assert order == ["validate", "egress-service", "egress", "serve-model", "search", "collect", "collect-summary",
-                     "guard", "rank", "release-model", "render", "train", "select", "merge", "evaluate", "report",
-                     "delete-egress"]
+    assert order == [
+        "validate",
+        "egress-service",
+        "egress",
+        "serve-model",
+        "search",
+        "collect",
+        "collect-summary",
+        "guard",
+        "rank",
+        "release-model",
+        "render",
+        "train",
+        "select",
+        "merge",
+        "evaluate",
+        "report",
+        "delete-egress",
+    ]
     assert [g[0]["name"] for g in t["cycle"]["steps"]][1] == "egress-service"  # one group: side by side
     assert {cycle[n]["template"] for n in ("egress-service", "egress")} == {"egress-service", "egress-proxy"}
     assert t["egress-proxy"]["resource"]["successCondition"] == "status.readyReplicas > 0"
     # every agent step gets the Service's name, never a pod's address
-    assert {p["value"] for s in _steps(t["cycle"]) for p in (s.get("arguments") or {}).get("parameters", [])
-            if p["name"] == "egress"} == {"egress-{{workflow.uid}}-{{inputs.parameters.gen}}.{{workflow.namespace}}"
-                                          ".svc.cluster.local"}
+    assert {
+        p["value"]
+        for s in _steps(t["cycle"])
+        for p in (s.get("arguments") or {}).get("parameters", [])
+        if p["name"] == "egress"
+    } == {"egress-{{workflow.uid}}-{{inputs.parameters.gen}}.{{workflow.namespace}}.svc.cluster.local"}
     assert argo_docs["mass-cycle"]["spec"]["onExit"] == "exit-handler"
     assert _steps(t["exit-handler"])[0]["template"] == "delete-models"
     # the exit handler deletes every InferenceService a cycle may make (L_g, L_g+1 and L_0) and its proxy
     assert [(s["template"], s["arguments"]["parameters"][0]["value"]) for s in _steps(t["delete-models"])] == [
-        ("delete-model", "{{inputs.parameters.gen}}"), ("delete-model", "{{=asInt(inputs.parameters.gen) + 1}}"),
-        ("delete-model", "0"), ("delete-egress", "{{inputs.parameters.gen}}")]
-    assert sorted(s["template"] for s in _steps(t["delete-egress"])) == ["delete-egress-deployment",
-                                                                         "delete-egress-service"]
+        ("delete-model", "{{inputs.parameters.gen}}"),
+        ("delete-model", "{{=asInt(inputs.parameters.gen) + 1}}"),
+        ("delete-model", "0"),
+        ("delete-egress", "{{inputs.parameters.gen}}"),
+    ]
+    assert sorted(s["template"] for s in _steps(t["delete-egress"])) == [
+        "delete-egress-deployment",
+        "delete-egress-service",
+    ]
 
 
 # ---------------------------------------------------------------- pods
@@ -216,8 +250,11 @@ def test_every_pod_has_labels_security_and_limits(argo_docs):
         assert {"cpu", "memory"} <= set(limits), t["name"]
         assert all(isinstance(v, str) for v in limits.values())
         for side in t.get("sidecars", []):  # the agent pod's sandbox container: the same hardening
-            assert side["securityContext"] == {**sc, "runAsUser": side["securityContext"]["runAsUser"],
-                                               "runAsGroup": side["securityContext"]["runAsGroup"]}, side["name"]
+            assert side["securityContext"] == {
+                **sc,
+                "runAsUser": side["securityContext"]["runAsUser"],
+                "runAsGroup": side["securityContext"]["runAsGroup"],
+            }, side["name"]
             assert {"cpu", "memory"} <= set(side["resources"]["limits"]), side["name"]
         assert t["retryStrategy"]["limit"] == "3"
         n += 1
@@ -233,18 +270,46 @@ def test_every_pod_has_labels_security_and_limits(argo_docs):
 
 def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
     agent = _templates(argo_docs["mass-cycle"])["agent-episode"]
-    assert agent["container"]["command"] + agent["container"]["args"] == \
-        ["mass", "episode", "--in", "/in", "--out", "/out", "--sandbox", "/sandbox/sandbox.sock",
-         "--qwen", "/qwen/qwen.sock", "--qwen-uid", "3000",
-         "--egress-proxy", "http://{{inputs.parameters.egress}}:3128", "--rollout", "{{inputs.parameters.rollout}}"]
+    assert agent["container"]["command"] + agent["container"]["args"] == [
+        "mass",
+        "episode",
+        "--in",
+        "/in",
+        "--out",
+        "/out",
+        "--sandbox",
+        "/sandbox/sandbox.sock",
+        "--qwen",
+        "/qwen/qwen.sock",
+        "--qwen-uid",
+        "3000",
+        "--egress-proxy",
+        "http://{{inputs.parameters.egress}}:3128",
+        "--rollout",
+        "{{inputs.parameters.rollout}}",
+    ]
     assert {v["mountPath"] for v in agent["container"]["volumeMounts"]} == {"/tmp", "/out", "/sandbox", "/qwen"}
     sandbox, qwen = agent["sidecars"]
-    assert sandbox["command"] + sandbox["args"] == \
-        ["mass", "sandbox-serve", "--socket", "/sandbox/sandbox.sock", "--workspace", "/workspace/ws"]
+    assert sandbox["command"] + sandbox["args"] == [
+        "mass",
+        "sandbox-serve",
+        "--socket",
+        "/sandbox/sandbox.sock",
+        "--workspace",
+        "/workspace/ws",
+    ]
     assert {v["mountPath"] for v in sandbox["volumeMounts"]} == {"/tmp", "/workspace", "/sandbox"}  # not /qwen
     assert qwen["command"] + qwen["args"] == [
-        "mass", "sandbox-serve", "--socket", "/qwen/qwen.sock", "--workspace", "/workspace/ws", "--qwen-only",
-        "--shell-socket", "/sandbox/sandbox.sock"]
+        "mass",
+        "sandbox-serve",
+        "--socket",
+        "/qwen/qwen.sock",
+        "--workspace",
+        "/workspace/ws",
+        "--qwen-only",
+        "--shell-socket",
+        "/sandbox/sandbox.sock",
+    ]
     assert {v["mountPath"] for v in qwen["volumeMounts"]} == {"/tmp", "/workspace", "/sandbox", "/qwen"}
     # three uids: the harness (the pod's), the sandbox's, qwen-code's; the two sidecars' /tmp are their own
     uids = [c["securityContext"].get("runAsUser") for c in (sandbox, qwen)]
@@ -273,12 +338,18 @@ def test_agent_pod_is_sandboxed_and_holds_no_credentials(argo_docs):
     assert t["collect-prepare"]["container"]["args"][-8:-6] == ["--phase", "prepare"]
     # the agent pod's rollout dir is the one prepare names (relative to the run)
     episode = {s["name"]: s for s in _steps(t["collect-episode"])}
-    assert {p["name"]: p["value"] for p in episode["agent"]["arguments"]["parameters"]}["rollout"] == \
-        "{{steps.prepare.outputs.parameters.rollout}}"
+    assert {p["name"]: p["value"] for p in episode["agent"]["arguments"]["parameters"]}[
+        "rollout"
+    ] == "{{steps.prepare.outputs.parameters.rollout}}"
     assert "--endpoint" in t["collect-prepare"]["container"]["args"]
-    assert t["collect-ingest"]["container"]["args"][-6:] == ["--phase", "ingest", "--agent-status",
-                                                             "{{inputs.parameters.agent-status}}", "--outputs",
-                                                             "/tmp/outputs"]
+    assert t["collect-ingest"]["container"]["args"][-6:] == [
+        "--phase",
+        "ingest",
+        "--agent-status",
+        "{{inputs.parameters.agent-status}}",
+        "--outputs",
+        "/tmp/outputs",
+    ]
     assert agent["metadata"]["labels"][labels.STEP] == "episode"
 
 
@@ -287,28 +358,48 @@ def test_resource_templates_wait_on_the_documented_conditions(argo_docs):
     train, wait = t["train-job"]["resource"], t["train-wait"]["resource"]
     # the model: applied, then waited for by a pod that reads its predictor's pods (the only one with a
     # token), failing at the pending bound, the ready deadline or a failed load; its pod outlives both
-    assert [[s["template"] for s in group] for group in t["serve-model"]["steps"]] == [["serve-model-apply"],
-                                                                                      ["serve-model-wait"]]
+    assert [[s["template"] for s in group] for group in t["serve-model"]["steps"]] == [
+        ["serve-model-apply"],
+        ["serve-model-wait"],
+    ]
     apply, serve_wait = t["serve-model-apply"], t["serve-model-wait"]
     assert apply["resource"]["action"] == "apply" and "successCondition" not in apply["resource"]
-    assert serve_wait["container"]["args"] == ["serve-wait", "mass-{{workflow.parameters.run}}-g{{inputs.parameters.gen}}",
-                                               "--pending-timeout=900", "--ready-timeout=3600"]
+    assert serve_wait["container"]["args"] == [
+        "serve-wait",
+        "mass-{{workflow.parameters.run}}-g{{inputs.parameters.gen}}",
+        "--pending-timeout=900",
+        "--ready-timeout=3600",
+    ]
     assert (serve_wait["serviceAccountName"], serve_wait["automountServiceAccountToken"]) == ("mass-serve-wait", True)
     assert serve_wait["container"]["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert int(serve_wait["activeDeadlineSeconds"]) == 3600 + 300
     assert [n for n, x in t.items() if x.get("automountServiceAccountToken")] == ["serve-model-wait"]
     # the job started (its Master running) within the pending bound, then trained within its deadline
-    assert train["successCondition"] == "status.conditions.1.type" and int(t["train-job"]["activeDeadlineSeconds"]) == 900
+    assert (
+        train["successCondition"] == "status.conditions.1.type" and int(t["train-job"]["activeDeadlineSeconds"]) == 900
+    )
     assert (wait["action"], wait["successCondition"]) == ("get", "status.replicaStatuses.Master.succeeded > 0")
     assert train["failureCondition"] == wait["failureCondition"]
-    assert t["train"]["synchronization"]["semaphores"][0]["configMapKeyRef"] == {"name": "mass-semaphores", "key": "gpu-jobs"}
+    assert t["train"]["synchronization"]["semaphores"][0]["configMapKeyRef"] == {
+        "name": "mass-semaphores",
+        "key": "gpu-jobs",
+    }
     assert t["delete-model"]["resource"]["action"] == "delete"
     isvc, job = _created(argo_docs, "InferenceService"), _created(argo_docs, "PyTorchJob")
     assert isvc["metadata"]["name"] == "mass-demo-g3"
     master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert master["name"] == "pytorch"
-    assert master["command"] == ["torchrun", "--no-python", "mass", "train", "--spec", "s3://mass-jobs/specs/demo.yaml",
-                                 "--gen", "3", "--resume"]
+    assert master["command"] == [
+        "torchrun",
+        "--no-python",
+        "mass",
+        "train",
+        "--spec",
+        "s3://mass-jobs/specs/demo.yaml",
+        "--gen",
+        "3",
+        "--resume",
+    ]
     for obj in (isvc["spec"]["predictor"], job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]):
         assert set(labels.POD_LABEL_KEYS) <= set(obj["labels"])
         assert obj["labels"][labels.ARGO_WORKFLOW] == "mass-run-abcde"
@@ -360,9 +451,16 @@ def test_agent_pods_have_a_pending_bound_and_the_steps_around_them_the_semaphore
     t = _templates(argo_docs["mass-cycle"])
     agent = t["agent-episode"]
     assert agent["pendingTimeout"] == "900" and "synchronization" not in agent
-    callers = [n for n, tmpl in t.items() for group in tmpl.get("steps") or () for st in group
-               if st.get("template") == "agent-episode"]
+    callers = [
+        n
+        for n, tmpl in t.items()
+        for group in tmpl.get("steps") or ()
+        for st in group
+        if st.get("template") == "agent-episode"
+    ]
     assert sorted(callers) == ["collect-episode", "evaluate-rollout", "guard-rollout", "search-rollout"]
     for name in callers:
         assert t[name]["synchronization"]["semaphores"][0]["configMapKeyRef"] == {
-            "name": "mass-semaphores", "key": "agent-pods"}, name
+            "name": "mass-semaphores",
+            "key": "agent-pods",
+        }, name

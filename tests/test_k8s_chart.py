@@ -30,8 +30,12 @@ def _errors(obj: dict) -> list[str]:
 
 
 def _objects(values: dict, **kw) -> list[dict]:
-    return [d for name, text in sorted(render_chart(values, **kw).items()) if name.endswith(".yaml")
-            for d in load_docs(text)]
+    return [
+        d
+        for name, text in sorted(render_chart(values, **kw).items())
+        if name.endswith(".yaml")
+        for d in load_docs(text)
+    ]
 
 
 def _by(objs, kind, name):
@@ -44,8 +48,9 @@ def test_generated_chart_templates_match_checked_in(rel, tmp_path):
     assert (tmp_path / rel).read_bytes() == (REPO / rel).read_bytes(), f"{rel} is stale: run `{codegen.RENDER}`"
 
 
-@pytest.mark.parametrize("folder, files", [("manifests", codegen.manifest_files()),
-                                           ("examples/k8s", codegen.example_files())])
+@pytest.mark.parametrize(
+    "folder, files", [("manifests", codegen.manifest_files()), ("examples/k8s", codegen.example_files())]
+)
 def test_generated_dirs_match_generator(folder, files):
     assert {f"{folder}/{p.name}" for p in (REPO / folder).iterdir()} == set(files)
     for rel, text in files.items():
@@ -73,10 +78,19 @@ def test_every_rendered_object_validates_strictly(scenario):
 def test_manifests_and_example_objects_validate_strictly():
     docs = [d for text in codegen.manifest_files().values() for d in load_docs(text)]
     assert len(docs) == 12
-    examples = [d for text in codegen.example_files().values() for d in load_docs(text)
-                if isinstance(d, dict) and "kind" in d]  # not the controller settings
-    assert sorted(d["kind"] for d in examples) == ["CiliumNetworkPolicy", "CiliumNetworkPolicy", "InferenceService", "NetworkPolicy",
-                                                   "NetworkPolicy", "PyTorchJob", "Secret", "Secret"]
+    examples = [
+        d for text in codegen.example_files().values() for d in load_docs(text) if isinstance(d, dict) and "kind" in d
+    ]  # not the controller settings
+    assert sorted(d["kind"] for d in examples) == [
+        "CiliumNetworkPolicy",
+        "CiliumNetworkPolicy",
+        "InferenceService",
+        "NetworkPolicy",
+        "NetworkPolicy",
+        "PyTorchJob",
+        "Secret",
+        "Secret",
+    ]
     assert [e for d in docs + examples for e in _errors(d)] == []
 
 
@@ -85,10 +99,19 @@ def _strip(obj: dict) -> dict:
     obj = json.loads(json.dumps(obj))
     meta = obj["metadata"]
     meta.pop("namespace", None)
-    meta["labels"] = {k: v for k, v in meta["labels"].items() if not k.startswith(("helm.sh/", "app.kubernetes.io/name",
-                                                                                   "app.kubernetes.io/instance",
-                                                                                   "app.kubernetes.io/version",
-                                                                                   "app.kubernetes.io/managed-by"))}
+    meta["labels"] = {
+        k: v
+        for k, v in meta["labels"].items()
+        if not k.startswith(
+            (
+                "helm.sh/",
+                "app.kubernetes.io/name",
+                "app.kubernetes.io/instance",
+                "app.kubernetes.io/version",
+                "app.kubernetes.io/managed-by",
+            )
+        )
+    }
     return obj
 
 
@@ -127,12 +150,27 @@ def test_gpu_cluster_values_reach_the_jobs():
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
     master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert master["containers"][0]["resources"]["limits"] == {
-        "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "2", "ephemeral-storage": "8Gi"}
+        "cpu": "32",
+        "memory": "256Gi",
+        "nvidia.com/gpu": "2",
+        "ephemeral-storage": "8Gi",
+    }
+
     # /tmp on a volume of its own (scratch.trainer), /dev/shm still in memory; the merge likewise,
     # the step pods (no scratch value) on the node's disk
     def claim(size):
-        return {"name": "tmp", "ephemeral": {"volumeClaimTemplate": {"spec": {
-            "accessModes": ["ReadWriteOnce"], "storageClassName": "gp3", "resources": {"requests": {"storage": size}}}}}}
+        return {
+            "name": "tmp",
+            "ephemeral": {
+                "volumeClaimTemplate": {
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "storageClassName": "gp3",
+                        "resources": {"requests": {"storage": size}},
+                    }
+                }
+            },
+        }
 
     assert master["volumes"] == [claim("120Gi"), {"name": "shm", "emptyDir": {"medium": "Memory"}}]
     templates = {t["name"]: t for t in cycle["spec"]["templates"]}
@@ -193,8 +231,12 @@ def test_values_schema_is_closed_and_rejects_typos():
     with helm_python.Chart.load(CHART) as chart:
         for p in SCENARIOS.values():
             chart.validate_schema(chart.merge_values(yaml.safe_load(p.read_text()) or {}))
-        for typo in ({"images": {"job": "x"}}, {"gpus": {}}, {"resources": {"trainer": {"gpus": 2}}},
-                     {"cron": {"schedule": "* * * * *"}}):
+        for typo in (
+            {"images": {"job": "x"}},
+            {"gpus": {}},
+            {"resources": {"trainer": {"gpus": 2}}},
+            {"cron": {"schedule": "* * * * *"}},
+        ):
             with pytest.raises(helm_python.HelmError):
                 chart.validate_schema(chart.merge_values(typo))
             with pytest.raises(helm_python.HelmError):
@@ -215,7 +257,9 @@ def test_every_values_key_has_a_doc_comment():
             list_indent = None
         if re.match(r"^\s*[A-Za-z][A-Za-z0-9_]*:", line):
             keys += 1
-            assert lines[i - 1].strip().startswith("# --"), f"values.yaml:{i + 1} {line.strip()!r} has no `# --` comment"
+            assert lines[i - 1].strip().startswith("# --"), (
+                f"values.yaml:{i + 1} {line.strip()!r} has no `# --` comment"
+            )
     assert keys >= 40
 
 
@@ -230,8 +274,12 @@ def test_values_schema_covers_exactly_the_values_keys():
                 paths(sub, s["properties"][k], f"{prefix}.{k}")
 
     paths(values, schema)
-    used = set(re.findall(r"\.Values\.([A-Za-z0-9_.]+)", "".join(CHART_FILES.values()) +
-                          "".join(p.read_text() for p in (CHART / "templates").glob("*.t*"))))
+    used = set(
+        re.findall(
+            r"\.Values\.([A-Za-z0-9_.]+)",
+            "".join(CHART_FILES.values()) + "".join(p.read_text() for p in (CHART / "templates").glob("*.t*")),
+        )
+    )
     for path in used:
         node = values
         for part in path.split("."):
@@ -250,21 +298,30 @@ def test_helm_lint_reports_no_errors(scenario):
 
 # ---------------------------------------------------------------- secrets
 
-SECRET_PATTERNS = [r"AKIA[0-9A-Z]{16}", r"-----BEGIN [A-Z ]*PRIVATE KEY", r"(?i)(password|secret_?key|token)\s*:\s*[\"']?[^\s\"'{}]{6,}",
-                   r"sk-[A-Za-z0-9]{20,}", r"ghp_[A-Za-z0-9]{20,}"]
+SECRET_PATTERNS = [
+    r"AKIA[0-9A-Z]{16}",
+    r"-----BEGIN [A-Z ]*PRIVATE KEY",
+    r"(?i)(password|secret_?key|token)\s*:\s*[\"']?[^\s\"'{}]{6,}",
+    r"sk-[A-Za-z0-9]{20,}",
+    r"ghp_[A-Za-z0-9]{20,}",
+]
 
 
 def test_no_secret_values_anywhere():
-    texts = {p.relative_to(REPO).as_posix(): p.read_text()
-             for d in ("argo", "manifests", "examples/k8s", "charts/mass-jobs") for p in (REPO / d).rglob("*")
-             if p.is_file()}
+    texts = {
+        p.relative_to(REPO).as_posix(): p.read_text()
+        for d in ("argo", "manifests", "examples/k8s", "charts/mass-jobs")
+        for p in (REPO / d).rglob("*")
+        if p.is_file()
+    }
     assert len(texts) >= 25
     for rel, text in texts.items():
         for pat in SECRET_PATTERNS:
             assert not re.search(pat, text), f"{rel} matches {pat}"
     rendered = [o for name in SCENARIOS for o in _objects(_scenario(name))]
-    rendered += [d for text in {**codegen.manifest_files(), **codegen.example_files()}.values()
-                 for d in load_docs(text)]
+    rendered += [
+        d for text in {**codegen.manifest_files(), **codegen.example_files()}.values() for d in load_docs(text)
+    ]
     secrets = [o for o in rendered if isinstance(o, dict) and o.get("kind") == "Secret"]
     assert len(secrets) >= 4
     for s in secrets:
@@ -281,18 +338,27 @@ def test_agent_network_policy_selects_the_agent_pods(argo_docs):
     assert ports == [53, 53, 8080, 3128]  # the plain manifests carry no cluster address at all
     assert "ipBlock" not in json.dumps(policy)
     model_rule = policy["spec"]["egress"][1]["to"][0]["podSelector"]["matchLabels"]
-    isvc = next(o for o in schemas.embedded_manifests(argo_docs["mass-cycle"]) if o["kind"] == "InferenceService"
-                and "spec" in o)
+    isvc = next(
+        o
+        for o in schemas.embedded_manifests(argo_docs["mass-cycle"])
+        if o["kind"] == "InferenceService" and "spec" in o
+    )
     assert all(isvc["spec"]["predictor"]["labels"][k] == v for k, v in model_rule.items())
     assert labels.STEP in model_rule
     # and the run's egress proxy: the pod of each cycle's Deployment, on the port it listens on
     # (a NetworkPolicy sees the pod behind the Service)
     proxy_rule = policy["spec"]["egress"][2]
-    (proxy,) = [o for o in schemas.embedded_manifests(argo_docs["mass-cycle"]) if o["kind"] == "Deployment" and "spec" in o]
+    (proxy,) = [
+        o for o in schemas.embedded_manifests(argo_docs["mass-cycle"]) if o["kind"] == "Deployment" and "spec" in o
+    ]
     pod = proxy["spec"]["template"]
     assert all(pod["metadata"]["labels"][k] == v for k, v in proxy_rule["to"][0]["podSelector"]["matchLabels"].items())
-    assert [p["port"] for p in proxy_rule["ports"]] == [c["containerPort"] for c in pod["spec"]["containers"][0]["ports"]]
-    (service,) = [o for o in schemas.embedded_manifests(argo_docs["mass-cycle"]) if o["kind"] == "Service" and "spec" in o]
+    assert [p["port"] for p in proxy_rule["ports"]] == [
+        c["containerPort"] for c in pod["spec"]["containers"][0]["ports"]
+    ]
+    (service,) = [
+        o for o in schemas.embedded_manifests(argo_docs["mass-cycle"]) if o["kind"] == "Service" and "spec" in o
+    ]
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     assert service["spec"]["ports"][0]["targetPort"] == pod["spec"]["containers"][0]["ports"][0]["name"]
     # every agent egress policy of the chart (all scenarios) selects exactly those pods
@@ -345,11 +411,14 @@ def test_with_the_values_the_policies_have_exactly_those_cidrs():
     egress = _agent_egress(objs)
     assert sorted(egress) == ["mass-agent-egress", "mass-agent-egress-apiserver", "mass-agent-egress-s3"]
     assert egress["mass-agent-egress-apiserver"] == [
-        {"to": _API, "ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}]
+        {"to": _API, "ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}
+    ]
     assert egress["mass-agent-egress-s3"] == [
-        {"to": _S3, "ports": [{"port": 443, "protocol": "TCP"}, {"port": 9000, "protocol": "TCP"}]}]
-    cidrs = sorted(peer["ipBlock"]["cidr"] for rules in egress.values() for r in rules for peer in r["to"]
-                   if "ipBlock" in peer)
+        {"to": _S3, "ports": [{"port": 443, "protocol": "TCP"}, {"port": 9000, "protocol": "TCP"}]}
+    ]
+    cidrs = sorted(
+        peer["ipBlock"]["cidr"] for rules in egress.values() for r in rules for peer in r["to"] if "ipBlock" in peer
+    )
     assert cidrs == ["172.18.0.3/32", "172.18.0.4/32", "3.5.0.0/19"]
     assert not [o for o in objs if o["kind"] == "CiliumNetworkPolicy"]
     for o in objs:
@@ -362,9 +431,12 @@ def test_the_cilium_option_renders_a_valid_policy_instead_of_the_apiserver_cidrs
     cnp = _by(objs, "CiliumNetworkPolicy", "mass-agent-egress-apiserver")
     assert cilium_errors(cnp) == []
     assert cnp["apiVersion"] == "cilium.io/v2"
-    assert cnp["spec"]["egress"] == [{"toEntities": ["kube-apiserver"],
-                                      "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"},
-                                                             {"port": "6443", "protocol": "TCP"}]}]}]
+    assert cnp["spec"]["egress"] == [
+        {
+            "toEntities": ["kube-apiserver"],
+            "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}, {"port": "6443", "protocol": "TCP"}]}],
+        }
+    ]
     assert sorted(_agent_egress(objs)) == ["mass-agent-egress", "mass-agent-egress-s3"]
     assert _agent_egress(objs)["mass-agent-egress-s3"][0]["ports"] == [{"port": 9000, "protocol": "TCP"}]
     # the check can fail: an integer port, an unknown entity, a missing selector
@@ -377,8 +449,19 @@ def test_the_cilium_option_renders_a_valid_policy_instead_of_the_apiserver_cidrs
 
 # ---------------------------------------------------------------- what `kubectl apply -f manifests/` does
 
-WORKLOAD_KINDS = {"Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "InferenceService",
-                  "PyTorchJob", "Workflow", "CronWorkflow"}
+WORKLOAD_KINDS = {
+    "Pod",
+    "Deployment",
+    "StatefulSet",
+    "DaemonSet",
+    "ReplicaSet",
+    "Job",
+    "CronJob",
+    "InferenceService",
+    "PyTorchJob",
+    "Workflow",
+    "CronWorkflow",
+}
 SAFE_KINDS = {"ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "ConfigMap", "Secret"}
 
 
@@ -404,9 +487,11 @@ def test_every_object_under_manifests_is_safe_to_apply_as_is():
     hazards = [h for p in files for d in load_docs(p.read_text()) for h in apply_hazards(p.name, d)]
     assert hazards == []
     # the reference objects moved out are exactly what the check refuses
-    moved = {rel: [h for d in load_docs(text) for h in apply_hazards(rel, d)]
-             for rel, text in codegen.example_files().items()
-             if rel.split("/")[-1] in ("inferenceservice-base.yaml", "pytorchjob-base.yaml", "secret-templates.yaml")}
+    moved = {
+        rel: [h for d in load_docs(text) for h in apply_hazards(rel, d)]
+        for rel, text in codegen.example_files().items()
+        if rel.split("/")[-1] in ("inferenceservice-base.yaml", "pytorchjob-base.yaml", "secret-templates.yaml")
+    }
     assert all(moved.values()) and len(moved) == 3
     assert any("requests GPUs" in h for h in moved["examples/k8s/pytorchjob-base.yaml"])
     assert sum("Secret" in h for h in moved["examples/k8s/secret-templates.yaml"]) == 2
@@ -415,23 +500,36 @@ def test_every_object_under_manifests_is_safe_to_apply_as_is():
 def test_the_kubernetes_guide_applies_only_manifests_and_argo():
     readme = (REPO / "docs" / "kubernetes.md").read_text()
     applies = re.findall(r"kubectl apply [^\n`]*", readme)
-    assert applies and all("examples/k8s" not in a or "networkpolicy-cluster-egress" in a
-                           or "ciliumnetworkpolicy" in a for a in applies), applies
+    assert applies and all(
+        "examples/k8s" not in a or "networkpolicy-cluster-egress" in a or "ciliumnetworkpolicy" in a for a in applies
+    ), applies
 
 
 def test_cluster_specific_values_reach_every_object():
     """A cluster whose DNS domain is not cluster.local, whose DNS is not kube-dns (NodeLocal
     DNSCache, OpenShift), and whose pods have ephemeral-storage limits."""
-    dns = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "openshift-dns"}},
-            "podSelector": {"matchLabels": {"dns.operator.openshift.io/daemonset-dns": "default"}}}]
-    objs = _objects({**_scenario("default"), "clusterDomain": "corp.internal", "network": {
-        **_scenario("default")["network"], "dns": {"to": dns}}, "resources": {"server": {"ephemeralStorage": "300Gi"}}})
+    dns = [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "openshift-dns"}},
+            "podSelector": {"matchLabels": {"dns.operator.openshift.io/daemonset-dns": "default"}},
+        }
+    ]
+    objs = _objects(
+        {
+            **_scenario("default"),
+            "clusterDomain": "corp.internal",
+            "network": {**_scenario("default")["network"], "dns": {"to": dns}},
+            "resources": {"server": {"ephemeralStorage": "300Gi"}},
+        }
+    )
     text = yaml.safe_dump(_by(objs, "WorkflowTemplate", "mass-cycle"))
     assert ".svc.corp.internal/openai/v1" in text and "cluster.local" not in text
     policy = _by(objs, "NetworkPolicy", "mass-agent-egress")
     assert policy["spec"]["egress"][0]["to"] == dns
     cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
-    isvc = yaml.safe_load(next(t for t in cycle["spec"]["templates"] if t["name"] == "serve-model-apply")["resource"]["manifest"])
+    isvc = yaml.safe_load(
+        next(t for t in cycle["spec"]["templates"] if t["name"] == "serve-model-apply")["resource"]["manifest"]
+    )
     assert isvc["spec"]["predictor"]["model"]["resources"]["limits"]["ephemeral-storage"] == "300Gi"
     # only inside the cluster: KServe would route an external Ingress to the model without it
     assert isvc["metadata"]["labels"]["networking.kserve.io/visibility"] == "cluster-local"
@@ -467,22 +565,26 @@ def _queue_labels(objs) -> dict[str, list]:
     job = next(o for o in made if o["kind"] == "PyTorchJob")
     isvc = next(o for o in made if o["kind"] == "InferenceService")
     pods = [t for t in cycle["spec"]["templates"] if "container" in t or "containerSet" in t]
-    return {"job": [job["metadata"]["labels"].get(labels.QUEUE)],
-            "job pods": [job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["labels"].get(labels.QUEUE)],
-            "isvc": [isvc["metadata"]["labels"].get(labels.QUEUE), isvc["spec"]["predictor"]["labels"].get(labels.QUEUE)],
-            "pods": sorted({str(((t.get("metadata") or {}).get("labels") or {}).get(labels.QUEUE)) for t in pods})}
+    return {
+        "job": [job["metadata"]["labels"].get(labels.QUEUE)],
+        "job pods": [job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["labels"].get(labels.QUEUE)],
+        "isvc": [isvc["metadata"]["labels"].get(labels.QUEUE), isvc["spec"]["predictor"]["labels"].get(labels.QUEUE)],
+        "pods": sorted({str(((t.get("metadata") or {}).get("labels") or {}).get(labels.QUEUE)) for t in pods}),
+    }
 
 
 def _deadlines(objs) -> dict[str, int]:
     cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
     tmpl = {t["name"]: t for t in cycle["spec"]["templates"]}
     job = yaml.safe_load(tmpl["train-job-single"]["resource"]["manifest"])
-    return {"job": job["spec"]["runPolicy"]["activeDeadlineSeconds"],
-            "train step": int(tmpl["train-job"]["activeDeadlineSeconds"]),
-            "single step": int(tmpl["train-job-single"]["activeDeadlineSeconds"]),
-            "wait step": int(tmpl["train-wait"]["activeDeadlineSeconds"]),
-            "started": tmpl["train-job"]["resource"]["successCondition"],
-            "serve wait": _serve_wait(tmpl["serve-model-wait"])}
+    return {
+        "job": job["spec"]["runPolicy"]["activeDeadlineSeconds"],
+        "train step": int(tmpl["train-job"]["activeDeadlineSeconds"]),
+        "single step": int(tmpl["train-job-single"]["activeDeadlineSeconds"]),
+        "wait step": int(tmpl["train-wait"]["activeDeadlineSeconds"]),
+        "started": tmpl["train-job"]["resource"]["successCondition"],
+        "serve wait": _serve_wait(tmpl["serve-model-wait"]),
+    }
 
 
 def _serve_wait(t: dict) -> tuple[int, int, int]:
@@ -500,21 +602,40 @@ def test_kueue_labels_the_papers_gpu_workloads_and_its_queue_time_extends_only_t
     paper = _scenario("paper")
     plain = _objects(paper)
     assert _queue_labels(plain) == {"job": [None], "job pods": [None], "isvc": [None, None], "pods": ["None"]}
-    assert _deadlines(plain) == {"job": 172800, "train step": 900, "single step": 900, "wait step": 172800,
-                                 "started": "status.conditions.1.type", "serve wait": (900, 3600, 3900)}
+    assert _deadlines(plain) == {
+        "job": 172800,
+        "train step": 900,
+        "single step": 900,
+        "wait step": 172800,
+        "started": "status.conditions.1.type",
+        "serve wait": (900, 3600, 3900),
+    }
     queued = _objects({**paper, "kueue": {"queueName": "gpu-team", "maxQueueSeconds": 7200}})
-    assert _queue_labels(queued) == {"job": ["gpu-team"], "job pods": [None], "isvc": ["gpu-team", "gpu-team"],
-                                     "pods": ["None"]}
-    assert _deadlines(queued) == {"job": 172800, "train step": 900 + 7200, "single step": 900 + 7200,
-                                  "wait step": 172800 + 7200, "started": "status.conditions.2.type",
-                                  "serve wait": (900 + 7200, 3600 + 7200, 3900 + 7200)}
+    assert _queue_labels(queued) == {
+        "job": ["gpu-team"],
+        "job pods": [None],
+        "isvc": ["gpu-team", "gpu-team"],
+        "pods": ["None"],
+    }
+    assert _deadlines(queued) == {
+        "job": 172800,
+        "train step": 900 + 7200,
+        "single step": 900 + 7200,
+        "wait step": 172800 + 7200,
+        "started": "status.conditions.2.type",
+        "serve wait": (900 + 7200, 3600 + 7200, 3900 + 7200),
+    }
     # no pending bound: the start waits as long as the training may
     unbound = _objects({**paper, "scheduling": {"pendingTimeoutSeconds": 0}})
     assert _deadlines(unbound)["train step"] == 172800
     assert _deadlines(unbound)["serve wait"] == (0, 3600, 3900)  # a held predictor waits for the ready deadline
     pods = _objects(_scenario("kueue"))
-    assert _queue_labels(pods) == {"job": ["mass-gpu"], "job pods": [None], "isvc": ["mass-gpu", "mass-gpu"],
-                                   "pods": ["mass-gpu"]}
+    assert _queue_labels(pods) == {
+        "job": ["mass-gpu"],
+        "job pods": [None],
+        "isvc": ["mass-gpu", "mass-gpu"],
+        "pods": ["mass-gpu"],
+    }
 
 
 def test_s3_egress_by_name_on_cilium_replaces_the_cidr_policy():
@@ -527,14 +648,17 @@ def test_s3_egress_by_name_on_cilium_replaces_the_cidr_policy():
     assert cilium_errors(cnp) == []
     dns, s3 = cnp["spec"]["egress"]
     assert s3 == {"toFQDNs": fqdns, "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}]}]}
-    assert dns["toEndpoints"] == [{"matchLabels": {"k8s:io.kubernetes.pod.namespace": "kube-system",
-                                                   "k8s:k8s-app": "kube-dns"}}]
+    assert dns["toEndpoints"] == [
+        {"matchLabels": {"k8s:io.kubernetes.pod.namespace": "kube-system", "k8s:k8s-app": "kube-dns"}}
+    ]
     assert dns["toPorts"][0]["rules"] == {"dns": [{"matchPattern": "*"}]}
     assert "mass-agent-egress-s3" not in _agent_egress(objs)  # no NetworkPolicy of CIDRs beside it
     refused = _render_error({"network": {"apiServer": {"to": _API}, "s3": {"fqdns": fqdns}}})
     assert "network.s3.fqdns: expected network.cilium=true" in refused
     cidrs = _objects({"network": {"apiServer": {"to": _API}, "s3": {"to": _S3}}})
-    assert not [o for o in cidrs if o["kind"] == "CiliumNetworkPolicy"] and "mass-agent-egress-s3" in _agent_egress(cidrs)
+    assert not [o for o in cidrs if o["kind"] == "CiliumNetworkPolicy"] and "mass-agent-egress-s3" in _agent_egress(
+        cidrs
+    )
     bad = json.loads(json.dumps(cnp))
     bad["spec"]["egress"][1]["toFQDNs"] = [{"matchName": "s3 .amazonaws.com"}]
     assert len(cilium_errors(bad)) == 1
@@ -556,13 +680,19 @@ def test_the_grafana_dashboard_charts_exactly_the_metrics_the_templates_emit():
     # one run at a time (the dashboard's run variable): every series the templates emit has the label
     assert all('run="$run"' in e for e in exprs), exprs
     assert [v["name"] for v in dash["templating"]["list"]] == ["datasource", "run"]
-    assert all(any(lab["key"] == "run" for lab in m.get("labels") or [])
-               for t in cycle["spec"]["templates"] for m in (t.get("metrics") or {}).get("prometheus", []))
+    assert all(
+        any(lab["key"] == "run" for lab in m.get("labels") or [])
+        for t in cycle["spec"]["templates"]
+        for m in (t.get("metrics") or {}).get("prometheus", [])
+    )
     (egress,) = [t for t in cycle["spec"]["templates"] if t["name"] == "egress-proxy"]
     assert "metrics" not in egress  # a daemon's metrics fire when it is ready, in status Running
     assert not [o for o in _objects(_scenario("default")) if o["metadata"]["name"] == "mass-jobs-dashboard"]
-    (cm,) = [o for o in _objects({**_scenario("default"), "metrics": {"dashboard": True}})
-             if o["metadata"]["name"] == "mass-jobs-dashboard"]
+    (cm,) = [
+        o
+        for o in _objects({**_scenario("default"), "metrics": {"dashboard": True}})
+        if o["metadata"]["name"] == "mass-jobs-dashboard"
+    ]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1" and schemas.all_errors(cm) == []
     assert cm["data"]["mass-jobs.json"] == path.read_text().rstrip("\n")
 
@@ -602,19 +732,28 @@ def test_each_class_of_pods_gets_its_scheduling_values_and_every_pod_the_pull_se
     toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     pool = {"node.kubernetes.io/instance-type": "p5.48xlarge"}
     got = _placements(objs)
-    assert got["trainer"] == {json.dumps({"nodeSelector": pool, "priorityClassName": "gpu-training",
-                                          "tolerations": toleration}, sort_keys=True)}
+    assert got["trainer"] == {
+        json.dumps(
+            {"nodeSelector": pool, "priorityClassName": "gpu-training", "tolerations": toleration}, sort_keys=True
+        )
+    }
     assert got["server"] == {json.dumps({"nodeSelector": pool, "tolerations": toleration}, sort_keys=True)}
-    assert {c: v for c, v in got.items() if c not in ("trainer", "server")} == \
-        {c: {"{}"} for c in ("step", "agent", "egress", "merge")}
+    assert {c: v for c, v in got.items() if c not in ("trainer", "server")} == {
+        c: {"{}"} for c in ("step", "agent", "egress", "merge")
+    }
     sas = [o for o in objs if o["kind"] == "ServiceAccount"]
     assert len(sas) == 4 and all(o["imagePullSecrets"] == [{"name": "registry-credentials"}] for o in sas)
     assert all(_errors(o) == [] for o in objs if o["kind"] in ("WorkflowTemplate", "ServiceAccount"))
     for o in (m for w in objs if w["kind"] == "WorkflowTemplate" for m in schemas.embedded_manifests(w) if "spec" in m):
         assert schemas.all_errors(o) == [], o["kind"]
     # one class at a time: agents onto a node pool of their own, by affinity
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["agents"]}]}]}}}
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["agents"]}]}]
+            }
+        }
+    }
     agents = _placements(_objects({**gpu, "scheduling": {"agent": {"affinity": affinity}}}))
     assert agents["agent"] == {json.dumps({"affinity": affinity}, sort_keys=True)} and agents["step"] == {"{}"}
     default = _objects(_scenario("default"))
@@ -627,11 +766,18 @@ def test_every_pod_template_has_a_deadline():
     template has activeDeadlineSeconds (steps and merge from their values, agent pods and the GPU
     steps their own, the egress proxy's step its bound to be ready). The proxy itself, a
     Deployment, lives until the cycle's last step or its exit handler deletes it."""
-    objs = _objects({**_scenario("default"), "resources": {"step": {"activeDeadlineSeconds": 900},
-                                                          "merge": {"activeDeadlineSeconds": 7200}}})
+    objs = _objects(
+        {
+            **_scenario("default"),
+            "resources": {"step": {"activeDeadlineSeconds": 900}, "merge": {"activeDeadlineSeconds": 7200}},
+        }
+    )
     cycle = _by(objs, "WorkflowTemplate", "mass-cycle")
-    deadlines = {t["name"]: t.get("activeDeadlineSeconds") for t in cycle["spec"]["templates"]
-                 if "container" in t or "resource" in t}
+    deadlines = {
+        t["name"]: t.get("activeDeadlineSeconds")
+        for t in cycle["spec"]["templates"]
+        if "container" in t or "resource" in t
+    }
     assert [n for n, d in deadlines.items() if d is None] == [], deadlines
     assert deadlines["egress-proxy"] == "1800"
     assert int(deadlines["merge"]) == 7200 and int(deadlines["validate"]) == 900

@@ -33,7 +33,7 @@ def _commands() -> dict[str, set[str]]:
                 argvs += [c["command"] + c.get("args", []) for c in inner["spec"]["template"]["spec"]["containers"]]
     for argv in argvs:
         assert "mass" in argv, f"container does not run the mass CLI: {argv}"
-        rest = argv[argv.index("mass") + 1:]
+        rest = argv[argv.index("mass") + 1 :]
         entry = " ".join(rest[:2]) if rest[0] == "render" else rest[0]
         found.setdefault(entry, set()).update(a.split("=")[0] for a in rest if a.startswith("--"))
     return found
@@ -43,14 +43,32 @@ COMMANDS = _commands()
 
 
 def test_every_step_of_the_cycle_has_an_entry():
-    assert set(COMMANDS) == {"validate", "search", "collect", "episode", "guard", "rank", "render sft", "train",
-                             "select", "merge", "evaluate", "report", "egress-serve", "serve-wait"}
+    assert set(COMMANDS) == {
+        "validate",
+        "search",
+        "collect",
+        "episode",
+        "guard",
+        "rank",
+        "render sft",
+        "train",
+        "select",
+        "merge",
+        "evaluate",
+        "report",
+        "egress-serve",
+        "serve-wait",
+    }
 
 
 @pytest.mark.parametrize("entry", sorted(COMMANDS))
 def test_container_command_is_a_real_cli_entry(entry):
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", *entry.split(), "--help"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mass_jobs.commands.cli", *entry.split(), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, f"`mass {entry} --help` failed: {proc.stderr[-800:]}"
     missing = sorted(COMMANDS[entry] - documented_flags(proc.stdout))
     assert not missing, f"`mass {entry}` does not document {missing}"

@@ -14,14 +14,20 @@ import yaml
 from tests.fixtures.k8s import CHART, REPO
 
 DOCKERFILES = {p.name.removesuffix(".Dockerfile"): p for p in sorted((REPO / "images").glob("*.Dockerfile"))}
-TORCH = next(d for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-             if d.startswith("torch=="))
+TORCH = next(
+    d
+    for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    if d.startswith("torch==")
+)
 
 
 def _instructions(text: str) -> list[tuple[str, str]]:
     joined = re.sub(r"\\\n", " ", text)
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
-            for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+        for line in joined.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def test_the_three_images_exist():
@@ -67,8 +73,9 @@ def test_make_images_builds_every_dockerfile_with_the_chart_tags():
     import subprocess
 
     def planned(*args: str) -> str:
-        return subprocess.run(["make", "-n", "images", *args], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run(
+            ["make", "-n", "images", *args], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())["images"]
     default = planned()

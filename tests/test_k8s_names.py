@@ -71,14 +71,19 @@ def test_the_operator_webhook_refuses_a_job_whose_services_would_not_fit():
         f"PyTorchJob/mass-{'r' * 40}-g10-train: the operator's Service mass-{'r' * 40}-g10-train-master-0 would be "
         "longer than 63 characters (64): the job would hang",
         f"PyTorchJob/mass-{'r' * 40}-g10-train: the operator's Service mass-{'r' * 40}-g10-train-worker-0 would be "
-        "longer than 63 characters (64): the job would hang"]
+        "longer than 63 characters (64): the job would hang",
+    ]
 
 
 def test_a_longer_run_name_is_refused_by_the_spec(tmp_path):
     from mass_jobs.spec.load import SpecError, validate_document
 
-    doc = {"name": "r" * 37, "model": {"base": "Qwen/Qwen3-4B"}, "store": {"uri": f"file://{tmp_path}"},
-           "tasks": [{"id": "a", "split": "train", "prompt": "p"}, {"id": "b", "split": "test", "prompt": "p"}]}
+    doc = {
+        "name": "r" * 37,
+        "model": {"base": "Qwen/Qwen3-4B"},
+        "store": {"uri": f"file://{tmp_path}"},
+        "tasks": [{"id": "a", "split": "train", "prompt": "p"}, {"id": "b", "split": "test", "prompt": "p"}],
+    }
     with pytest.raises(SpecError, match=r"\$\.name: expected a string of at most 36 characters"):
         validate_document(doc)
 

@@ -43,8 +43,12 @@ def _env(container) -> dict:
 
 def _chart_objects(values: dict) -> list[dict]:
     """The chart rendered by Helm's own engine with these values: every object."""
-    return [d for name, text in render_chart(with_network(values)).items() if name.endswith(".yaml")
-            for d in load_docs(text)]
+    return [
+        d
+        for name, text in render_chart(with_network(values)).items()
+        if name.endswith(".yaml")
+        for d in load_docs(text)
+    ]
 
 
 def _step_and_trainer_containers(doc):
@@ -97,18 +101,29 @@ def test_mass_episode_unpacks_and_packs_the_store_archive(scripted_endpoint, tmp
     src.mkdir()
     with open(src / "workspace.tar.gz", "wb") as f:
         write_dir_archive(seed, f)
-    (src / "episode.json").write_text(json.dumps({
-        "prompt": "Look.", "endpoint": {"base_url": ep.base_url, "model": "scripted"},
-        "limits": {"turns_per_agent": 3, "request_retries": 0}, "sampling": {"max_output_tokens": 32},
-        "harness": "builtin", "seed": 1, "files": {}}))
+    (src / "episode.json").write_text(
+        json.dumps(
+            {
+                "prompt": "Look.",
+                "endpoint": {"base_url": ep.base_url, "model": "scripted"},
+                "limits": {"turns_per_agent": 3, "request_retries": 0},
+                "sampling": {"max_output_tokens": 32},
+                "harness": "builtin",
+                "seed": 1,
+                "files": {},
+            }
+        )
+    )
     out = tmp_path / "out"
     assert cli_main(["episode", "--in", str(src), "--out", str(out)]) == 0
     assert (out / "workspace" / "src" / "main.py").read_text() == "print(1)\n"
     store = make_store("file")
     store.put_bytes("w.tar.gz", (out / "workspace.tar.gz").read_bytes())
     store.get_dir("w.tar.gz", tmp_path / "back")
-    assert sorted(p.relative_to(tmp_path / "back").as_posix() for p in (tmp_path / "back").rglob("*")) == \
-        ["src", "src/main.py"]
+    assert sorted(p.relative_to(tmp_path / "back").as_posix() for p in (tmp_path / "back").rglob("*")) == [
+        "src",
+        "src/main.py",
+    ]
     (src / "workspace.tar.gz").write_bytes(b"not a tar")
     assert cli_main(["episode", "--in", str(src), "--out", str(tmp_path / "out2")]) == 2
 
@@ -117,14 +132,26 @@ def test_mass_episode_unpacks_and_packs_the_store_archive(scripted_endpoint, tmp
 
 
 def test_every_step_and_trainer_pod_works_in_a_mounted_writable_dir():
-    for doc in (load_docs(codegen.argo_files()["argo/mass-cycle.yaml"])[0],
-                load_docs(codegen.example_files()["examples/k8s/pytorchjob-base.yaml"])[0]):
+    for doc in (
+        load_docs(codegen.argo_files()["argo/mass-cycle.yaml"])[0],
+        load_docs(codegen.example_files()["examples/k8s/pytorchjob-base.yaml"])[0],
+    ):
         seen = 0
         templates = doc["spec"].get("templates") or []
-        volumes = {t["name"]: {m["mountPath"] for m in t["container"].get("volumeMounts", [])}
-                   for t in templates if "container" in t}
-        containers = list(_step_and_trainer_containers(doc)) if templates else \
-            [(r, c) for r, rs in doc["spec"]["pytorchReplicaSpecs"].items() for c in rs["template"]["spec"]["containers"]]
+        volumes = {
+            t["name"]: {m["mountPath"] for m in t["container"].get("volumeMounts", [])}
+            for t in templates
+            if "container" in t
+        }
+        containers = (
+            list(_step_and_trainer_containers(doc))
+            if templates
+            else [
+                (r, c)
+                for r, rs in doc["spec"]["pytorchReplicaSpecs"].items()
+                for c in rs["template"]["spec"]["containers"]
+            ]
+        )
         for name, c in containers:
             assert c["securityContext"]["readOnlyRootFilesystem"] is True
             mounts = volumes.get(name) or {m["mountPath"] for m in c["volumeMounts"]}
@@ -135,8 +162,16 @@ def test_every_step_and_trainer_pod_works_in_a_mounted_writable_dir():
         assert seen >= 2
 
 
-@pytest.mark.parametrize("argv", [["train", "--spec", "s"], ["merge", "--spec", "s"], ["render", "sft", "--spec", "s"],
-                                  ["evaluate", "--spec", "s"], ["run", "s"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--spec", "s"],
+        ["merge", "--spec", "s"],
+        ["render", "sft", "--spec", "s"],
+        ["evaluate", "--spec", "s"],
+        ["run", "s"],
+    ],
+)
 def test_every_work_dir_default_is_mass_work_dir(argv, monkeypatch):
     import argparse
 
@@ -178,7 +213,10 @@ def test_the_agent_pod_names_the_qwen_binary_the_sandbox_image_installs(cycle):
     # qwen-code runs in the qwen sidecar, a uid apart from the sandbox that runs its shell commands
     sidecars = {c["name"]: c for c in _t(cycle)["agent-episode"]["sidecars"]}
     assert link == env_line == _env(sidecars["qwen"])["MASS_QWEN_BIN"]
-    assert sidecars["qwen"]["securityContext"]["runAsUser"] not in (1000, sidecars["sandbox"]["securityContext"]["runAsUser"])
+    assert sidecars["qwen"]["securityContext"]["runAsUser"] not in (
+        1000,
+        sidecars["sandbox"]["securityContext"]["runAsUser"],
+    )
     assert sidecars["qwen"]["args"][-2:] == ["--shell-socket", "/sandbox/sandbox.sock"]
 
 
@@ -199,7 +237,10 @@ def test_an_agent_that_fails_is_retried_then_recorded_never_failing_the_generati
     # search and evaluate rollouts alike: a lost agent pod is ingested as infra_error, never a failure
     for step in ("search", "evaluate"):
         ro = {s["name"]: s for s in _steps(t[f"{step}-rollout"])}
-        assert ro["agent"]["template"] == "agent-episode" and ro["agent"]["continueOn"] == {"error": True, "failed": True}
+        assert ro["agent"]["template"] == "agent-episode" and ro["agent"]["continueOn"] == {
+            "error": True,
+            "failed": True,
+        }
         assert {"name": "agent-status", "value": "{{steps.agent.status}}"} in ro["ingest"]["arguments"]["parameters"]
     assert "continueOn" not in str(_t(cycle)["cycle"])  # nothing else may fail silently
 
@@ -213,14 +254,22 @@ def test_ingest_records_a_lost_agent_as_infra_error(make_store, inner_spec, judg
     from tests.fixtures.inner_loop import add_episodes, episode
 
     store = make_store("file")
-    spec = inner_spec(store, search={"iterations": 0}, collection={"episodes": 2, "train_ranks": 1,
-                                                                   "validation_rank": 2, "require_beats_reference": False},
-                       ranking={"comparisons_per_episode": 1})
+    spec = inner_spec(
+        store,
+        search={"iterations": 0},
+        collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2, "require_beats_reference": False},
+        ranking={"comparisons_per_episode": 1},
+    )
     ep = judging_endpoint()
     ctx = RunContext(spec, store)
     add_episodes(ep, episode(1), episode(5))
-    run_search(ctx, 0, "t1", ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0),
-               episode_runner(spec, ep.endpoint))
+    run_search(
+        ctx,
+        0,
+        "t1",
+        ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0),
+        episode_runner(spec, ep.endpoint),
+    )
     out = run_collect(ctx, 0, "t1", None, episode=0, phase="prepare", endpoint=ep.endpoint)
     assert out["agent"] is True
     store.put_json(ctx.episode_output(0, "t1", 0, "status.json"), {"stale": True})
@@ -240,9 +289,14 @@ def test_ingest_records_a_lost_agent_as_infra_error(make_store, inner_spec, judg
 
 
 def test_step_and_trainer_pods_get_the_artifact_repositorys_s3_endpoint_and_region():
-    for values, scheme_host, region in (({}, "https://s3.amazonaws.com", "us-east-1"),
-                                        ({"s3": {"endpoint": "minio.storage:9000", "insecure": True,
-                                                 "region": "eu-west-3"}}, "http://minio.storage:9000", "eu-west-3")):
+    for values, scheme_host, region in (
+        ({}, "https://s3.amazonaws.com", "us-east-1"),
+        (
+            {"s3": {"endpoint": "minio.storage:9000", "insecure": True, "region": "eu-west-3"}},
+            "http://minio.storage:9000",
+            "eu-west-3",
+        ),
+    ):
         objs = _chart_objects(values)
         repo = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "artifact-repositories")
         s3 = yaml.safe_load(repo["data"]["default-v1"])["s3"]
@@ -251,8 +305,11 @@ def test_step_and_trainer_pods_get_the_artifact_repositorys_s3_endpoint_and_regi
         n = 0
         for name, c in _step_and_trainer_containers(cycle):
             env = _env(c)
-            assert (env["AWS_ENDPOINT_URL"], env["AWS_REGION"], env["AWS_DEFAULT_REGION"]) == \
-                (scheme_host, region, region), name
+            assert (env["AWS_ENDPOINT_URL"], env["AWS_REGION"], env["AWS_DEFAULT_REGION"]) == (
+                scheme_host,
+                region,
+                region,
+            ), name
             n += 1
         assert n >= 13
 
@@ -305,8 +362,10 @@ def test_validate_refuses_a_store_outside_the_artifact_bucket_and_lengths_vllm_r
 
 def test_validate_on_the_cluster_refuses_a_judge_the_evaluate_pod_would_serve(tmp_path, capsys):
     """evaluate's pods are CPU pods that serve nothing: judges must be external endpoints there."""
-    judges = [{"name": "remote", "endpoint": "https://judge.example/v1", "model": "m", "seeds": [1]},
-              {"name": "here", "endpoint": "local", "model": "org/judge", "seeds": [1]}]
+    judges = [
+        {"name": "remote", "endpoint": "https://judge.example/v1", "model": "m", "seeds": [1]},
+        {"name": "here", "endpoint": "local", "model": "org/judge", "seeds": [1]},
+    ]
     path = _spec_file(tmp_path, judges=judges)
     assert cli_main(["validate", path, "--artifact-bucket", "runs"]) == 2
     err = capsys.readouterr().err
@@ -323,7 +382,12 @@ def test_the_training_job_is_named_from_the_run_and_replaced_not_duplicated(cycl
     replace the one job: named from the run, deleted in foreground (its pods gone) before a create."""
     t = _t(cycle)
     # one of the two creates runs: Master + Workers, or the Master alone for one replica
-    assert [s["template"] for s in _steps(t["train"])] == ["train-delete-job", "train-job", "train-job-single", "train-wait"]
+    assert [s["template"] for s in _steps(t["train"])] == [
+        "train-delete-job",
+        "train-job",
+        "train-job-single",
+        "train-wait",
+    ]
     assert t["train"]["retryStrategy"]["limit"] == "3"
     delete = t["train-delete-job"]["resource"]
     assert delete["action"] == "delete" and "--ignore-not-found" in delete["flags"]
@@ -332,7 +396,9 @@ def test_the_training_job_is_named_from_the_run_and_replaced_not_duplicated(cycl
         assert "retryStrategy" not in t[template]  # the pair retries, never a bare create
         create = t[template]["resource"]
         assert create["action"] == "create" and create["setOwnerReference"] is True
-        named = [yaml.safe_load(schemas.substitute_examples(r["manifest"]))["metadata"]["name"] for r in (delete, create)]
+        named = [
+            yaml.safe_load(schemas.substitute_examples(r["manifest"]))["metadata"]["name"] for r in (delete, create)
+        ]
         assert named[0] == named[1] == "mass-demo-g3-train"
         assert "name: mass-{{workflow.parameters.run}}-g{{inputs.parameters.gen}}-train" in create["manifest"]
         assert "workflow.name" not in create["manifest"].split("labels:")[0]
@@ -359,7 +425,6 @@ def test_the_inference_service_is_owned_locked_released_after_rank_and_deadlined
     assert cycle["spec"]["onExit"] == "exit-handler"  # and deleted on exit, whatever happened
 
 
-
 def test_evaluate_serves_one_model_at_a_time_and_releases_it_however_its_round_ends(cycle):
     """The rounds the plan names run one by one, in order (a steps template's parallelism counts its
     active children); each round's model is deleted by the exit hook of its work, before the round,
@@ -367,22 +432,30 @@ def test_evaluate_serves_one_model_at_a_time_and_releases_it_however_its_round_e
     t = _t(cycle)
     assert t["evaluate"]["parallelism"] == 1
     plan, rounds, finish = [s for group in t["evaluate"]["steps"] for s in group]
-    assert (plan["template"], rounds["template"], finish["template"]) == ("evaluate-plan", "evaluate-round",
-                                                                         "evaluate-finish")
+    assert (plan["template"], rounds["template"], finish["template"]) == (
+        "evaluate-plan",
+        "evaluate-round",
+        "evaluate-finish",
+    )
     assert rounds["withParam"] == "{{steps.plan.outputs.parameters.rounds}}"
     served = "{{inputs.parameters.served-gen}}"
     [serving] = [s for group in t["evaluate-round"]["steps"] for s in group]
-    assert serving["hooks"] == {"exit": {"template": "delete-model",
-                                         "arguments": {"parameters": [{"name": "gen", "value": served}]}}}
+    assert serving["hooks"] == {
+        "exit": {"template": "delete-model", "arguments": {"parameters": [{"name": "gen", "value": served}]}}
+    }
     work = [s for group in t[serving["template"]]["steps"] for s in group]
     assert [s["name"] for s in work] == ["serve", "rollouts", "self-verdicts"]
     assert {p["name"]: p["value"] for p in work[0]["arguments"]["parameters"]}["gen"] == served
     # each part runs where the plan gave the round that part (L_0's first round rolls, its second judges);
     # prepare and its fan-out are skipped together (the fan-out reads prepare's output)
-    assert [s.get("when") for s in work] == [None, "{{inputs.parameters.rolls}} == true",
-                                             "{{inputs.parameters.judges}} == true"]
+    assert [s.get("when") for s in work] == [
+        None,
+        "{{inputs.parameters.rolls}} == true",
+        "{{inputs.parameters.judges}} == true",
+    ]
     assert [s["name"] for group in t[work[1]["template"]]["steps"] for s in group] == ["prepare", "rollouts"]
     assert {p["name"]: p["value"] for p in rounds["arguments"]["parameters"]}["rolls"] == "{{item.rolls}}"
+
 
 # ---------------------------------------------------------------- model URIs, cron, fan-out
 
@@ -436,8 +509,11 @@ def test_the_training_world_is_the_specs(cycle, tmp_path, s3_env):
     assert "nprocPerNode: '{{inputs.parameters.trainer-nproc}}'" in manifest
     assert manifest.count("nvidia.com/gpu: '{{inputs.parameters.trainer-gpus}}'") == 4  # 2 replicas x limits, requests
     for replicas, gpus, want in ((1, 0, ("0", "1", "0")), (3, 2, ("2", "2", "2"))):
-        doc = spec_document(f"s3://{s3_env['bucket']}/world-{replicas}",
-                            sft={"replicas": replicas, "gpus_per_replica": gpus}, model={"base": "org/tiny"})
+        doc = spec_document(
+            f"s3://{s3_env['bucket']}/world-{replicas}",
+            sft={"replicas": replicas, "gpus_per_replica": gpus},
+            model={"base": "org/tiny"},
+        )
         doc["store"]["endpoint_url"] = s3_env["endpoint_url"]
         path = tmp_path / f"w{replicas}.yaml"
         path.write_text(yaml.safe_dump(doc))
@@ -466,8 +542,9 @@ def test_the_model_has_one_served_name_for_both_executors(cycle, make_store, inn
     assert ctx.served_model(2) == serving.isvc_name("inner", "2") == "mass-inner-g2"
     for name in ("search-prepare", "search-finish"):
         args = _t(cycle)[name]["container"]["args"]
-        assert args[args.index("--served-model") + 1] == serving.isvc_name("{{workflow.parameters.run}}",
-                                                                            "{{inputs.parameters.gen}}")
+        assert args[args.index("--served-model") + 1] == serving.isvc_name(
+            "{{workflow.parameters.run}}", "{{inputs.parameters.gen}}"
+        )
     # evaluate's rounds name the InferenceService of the generation each serves the same way
     served = "{{inputs.parameters.served-gen}}"
     for name in ("evaluate-prepare", "evaluate-self-verdicts"):

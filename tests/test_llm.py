@@ -64,7 +64,12 @@ def test_gives_up_after_retries_with_status_and_body(scripted_endpoint):
     ep = scripted_endpoint({"*": [Reply.fail(500, '{"error": "boom"}')] * 3})
     with pytest.raises(ModelError) as e:
         client(ep, retries=2).chat(MSGS)
-    assert (e.value.kind, e.value.status, e.value.body, e.value.attempts) == ("upstream_status", 500, '{"error": "boom"}', 3)
+    assert (e.value.kind, e.value.status, e.value.body, e.value.attempts) == (
+        "upstream_status",
+        500,
+        '{"error": "boom"}',
+        3,
+    )
     assert len(ep.requests) == 3
 
 

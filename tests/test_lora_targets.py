@@ -40,7 +40,9 @@ def test_hybrid_model_adapts_linear_attention_but_not_vision_gates_or_head():
     assert all(n.startswith("model.language_model.layers.") for n in t.modules)  # no vision tower, no lm_head
     assert [n for n in t.modules if "linear_attn" in n] == [
         f"model.language_model.layers.{i}.linear_attn.{k}"
-        for i in range(3) for k in ("out_proj", "in_proj_qkv", "in_proj_z")]
+        for i in range(3)
+        for k in ("out_proj", "in_proj_qkv", "in_proj_z")
+    ]
     # the per-head gates (4 outputs, one per value head) are narrower than r = 8
     assert t.skipped_narrow == ["in_proj_a", "in_proj_b"]
     peft_model = attach_lora(model, LoraSpec(r=8, alpha=16, dropout=0.0), t)
@@ -67,10 +69,25 @@ def test_listed_names_are_used_and_unknown_ones_are_errors():
 
 
 def test_training_moves_the_linear_attention_adapters_and_records_the_count(hybrid_dir, tmp_path):
-    sft = SftSpec(window=256, context=0, steps=2, val_every=2, save_every=2, gradient_checkpointing=True, loss_chunk=64,
-                  lora=LoraSpec(r=8, alpha=16, dropout=0.0), optimizer=OptimizerSpec(lr=2e-3, warmup_steps=1))
-    trainer = Trainer(hybrid_dir, synthetic_windows(4, 0, length=96), synthetic_windows(1, 1, length=96), sft,
-                      tmp_path / "out", progress=False)
+    sft = SftSpec(
+        window=256,
+        context=0,
+        steps=2,
+        val_every=2,
+        save_every=2,
+        gradient_checkpointing=True,
+        loss_chunk=64,
+        lora=LoraSpec(r=8, alpha=16, dropout=0.0),
+        optimizer=OptimizerSpec(lr=2e-3, warmup_steps=1),
+    )
+    trainer = Trainer(
+        hybrid_dir,
+        synthetic_windows(4, 0, length=96),
+        synthetic_windows(1, 1, length=96),
+        sft,
+        tmp_path / "out",
+        progress=False,
+    )
     trainer.setup()
     result = trainer.train()
     assert result.lora["adapted_parameters"] == 557056 and result.lora["skipped_narrow"] == ["in_proj_a", "in_proj_b"]
@@ -80,8 +97,14 @@ def test_training_moves_the_linear_attention_adapters_and_records_the_count(hybr
     assert all(v > 0 for v in moved.values()), [n for n, v in moved.items() if v == 0]
     assert all(torch.isfinite(torch.tensor(v)) for v in result.val_losses.values())
     # a spec that adapts the LM head keeps it in the model (full logits) and trains its adapter too
-    head = Trainer(hybrid_dir, synthetic_windows(2, 0), [], sft.model_copy(update={
-        "lora": LoraSpec(r=8, target_modules=["q_proj", "lm_head"])}), tmp_path / "x", progress=False)
+    head = Trainer(
+        hybrid_dir,
+        synthetic_windows(2, 0),
+        [],
+        sft.model_copy(update={"lora": LoraSpec(r=8, target_modules=["q_proj", "lm_head"])}),
+        tmp_path / "x",
+        progress=False,
+    )
     head.setup()
     assert head.head_weight is None and head.lora_summary["target_kinds"] == ["lm_head", "q_proj"]
     loss, n = head.window_loss(synthetic_windows(1, 2, length=96)[0])

@@ -24,11 +24,15 @@ def log(vals: dict[int, float]) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("vals,saved,step", [
-    ({0: 1.0, 2: 3.0, 4: 2.0, 6: 2.5}, [2, 4, 6], 4),
-    ({0: 0.1, 2: 2.0, 4: 2.0}, [2, 4], 2),                       # tie -> earlier; step 0 never chosen
-    ({2: float("nan"), 4: 5.0, 6: float("inf"), 8: 1.0}, [2, 4, 6], 4),  # non-finite skipped; 8 was not saved
-], ids=["lowest", "tie-earlier", "non-finite"])
+@pytest.mark.parametrize(
+    "vals,saved,step",
+    [
+        ({0: 1.0, 2: 3.0, 4: 2.0, 6: 2.5}, [2, 4, 6], 4),
+        ({0: 0.1, 2: 2.0, 4: 2.0}, [2, 4], 2),  # tie -> earlier; step 0 never chosen
+        ({2: float("nan"), 4: 5.0, 6: float("inf"), 8: 1.0}, [2, 4, 6], 4),  # non-finite skipped; 8 was not saved
+    ],
+    ids=["lowest", "tie-earlier", "non-finite"],
+)
 def test_select(vals, saved, step):
     chosen = select_checkpoint(log(vals), saved)
     assert chosen["step"] == step
@@ -49,8 +53,10 @@ def adapter(tiny_model_dir, tmp_path_factory):
     from mass_jobs.training.lora import attach_lora
 
     torch.manual_seed(0)
-    model = attach_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                        LoraSpec(r=4, alpha=16, dropout=0.0, target_modules=["q_proj", "o_proj", "up_proj", "lm_head"]))
+    model = attach_lora(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraSpec(r=4, alpha=16, dropout=0.0, target_modules=["q_proj", "o_proj", "up_proj", "lm_head"]),
+    )
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_" in n:
@@ -166,5 +172,6 @@ def test_run_merge_stores_plain_model_objects_that_serve(tiny_model_dir, adapter
     assert (local / "model.safetensors").read_bytes() == (direct / "model.safetensors").read_bytes()
     with ModelServer(local, served_name="gen-1") as srv:
         reply = ModelClient(srv.endpoint, ctx.spec.model.sampling, timeout_s=60, retries=0).chat(
-            [{"role": "user", "content": "hi"}], seed=1, max_tokens=4)
+            [{"role": "user", "content": "hi"}], seed=1, max_tokens=4
+        )
     assert reply["role"] == "assistant" and reply["usage"]["completion_tokens"] == 4

@@ -8,14 +8,29 @@ pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtur
 
 
 def v(task, winner, order="candidate_first", rep=0, valid=True, cand=1, base=0, judge="j", seed=1):
-    return {"task": task, "replicate": rep, "candidate": cand, "baseline": base, "judge": judge, "seed": seed,
-            "order": order, "winner": winner, "valid": valid}
+    return {
+        "task": task,
+        "replicate": rep,
+        "candidate": cand,
+        "baseline": base,
+        "judge": judge,
+        "seed": seed,
+        "order": order,
+        "winner": winner,
+        "valid": valid,
+    }
 
 
 @pytest.mark.parametrize(
     "winner,order,expected",
-    [("A", "candidate_first", "win"), ("B", "candidate_first", "loss"), ("A", "baseline_first", "loss"),
-     ("B", "baseline_first", "win"), ("tie", "baseline_first", "tie"), (None, "candidate_first", "invalid")],
+    [
+        ("A", "candidate_first", "win"),
+        ("B", "candidate_first", "loss"),
+        ("A", "baseline_first", "loss"),
+        ("B", "baseline_first", "win"),
+        ("tie", "baseline_first", "tie"),
+        (None, "candidate_first", "invalid"),
+    ],
     ids=["A-first-win", "B-first-loss", "A-swapped-loss", "B-swapped-win", "tie", "missing-invalid"],
 )
 def test_outcome_unswaps_blind_labels(winner, order, expected):
@@ -28,8 +43,15 @@ def test_invalid_verdict_is_never_a_tie_even_if_it_says_tie():
 
 def test_win_share_excludes_ties_and_invalid():
     comp = metrics.compare(
-        [v("a", "A"), v("a", "A"), v("a", "B"), v("a", "tie"), v("a", None, valid=False),
-         v("b", "B", "baseline_first"), v("b", "A", "baseline_first")],
+        [
+            v("a", "A"),
+            v("a", "A"),
+            v("a", "B"),
+            v("a", "tie"),
+            v("a", None, valid=False),
+            v("b", "B", "baseline_first"),
+            v("b", "A", "baseline_first"),
+        ],
         tasks=["a", "b", "c"],
     )
     assert comp.per_task["a"].as_dict() == {"wins": 2, "losses": 1, "ties": 1, "invalid": 1}
@@ -75,11 +97,14 @@ def test_comparison_summary_block():
     assert s["ci"] == pytest.approx([0.396773, 0.892200], abs=1e-5)
 
 
-@pytest.mark.parametrize("per_task,want", [
-    ({"only": (3, 1)}, (0.300642, 0.954413)),  # one task, 3-1: Wilson 3 of 4, not [75, 75]
-    ({"only": (2, 0)}, (0.342380, 1.0)),  # 2-0 is not distinguishable from noise
-    ({"a": (2, 0), "b": (2, 0)}, (0.510109, 1.0)),  # tasks that agree: the bootstrap is a point
-])
+@pytest.mark.parametrize(
+    "per_task,want",
+    [
+        ({"only": (3, 1)}, (0.300642, 0.954413)),  # one task, 3-1: Wilson 3 of 4, not [75, 75]
+        ({"only": (2, 0)}, (0.342380, 1.0)),  # 2-0 is not distinguishable from noise
+        ({"a": (2, 0), "b": (2, 0)}, (0.510109, 1.0)),  # tasks that agree: the bootstrap is a point
+    ],
+)
 def test_the_overall_interval_is_never_a_point_while_a_verdict_is_decisive(per_task, want):
     lo, hi = metrics.overall_interval(per_task, resamples=500)
     assert (lo, hi) == pytest.approx(want, abs=1e-5) and hi - lo > 0.04
@@ -121,16 +146,20 @@ def test_panel_majority_and_agreement():
 
 def test_split_panel_is_no_majority_not_disagreement():
     # three judges, one win, one loss, one tie on every pair: the panel never decides
-    panel = [v(t, w, rep=r, judge=j) for t in ("a", "b") for r in (0, 1)
-             for j, w in (("x", "A"), ("y", "B"), ("z", "tie"))]
+    panel = [
+        v(t, w, rep=r, judge=j) for t in ("a", "b") for r in (0, 1) for j, w in (("x", "A"), ("y", "B"), ("z", "tie"))
+    ]
     own = [v(t, "A", rep=r, judge="gen-1") for t in ("a", "b") for r in (0, 1)]
     assert metrics.agreement(own, panel) == {"agree": 0, "pairs": 0, "no_majority": 4, "rate": None}
 
 
 def test_position_bias_note_only_when_every_decisive_verdict_takes_one_label():
     # a judge that always answers "A": wins when the candidate is first, losses when it is second
-    first_always = [v("a", "A", "candidate_first", rep=r) for r in range(3)] + \
-                   [v("a", "A", "baseline_first", rep=r) for r in range(3)] + [v("a", "tie"), v("a", None, valid=False)]
+    first_always = (
+        [v("a", "A", "candidate_first", rep=r) for r in range(3)]
+        + [v("a", "A", "baseline_first", rep=r) for r in range(3)]
+        + [v("a", "tie"), v("a", None, valid=False)]
+    )
     counts = metrics.position_counts(first_always)
     assert counts == {"A": 6, "B": 0, "candidate_first": 3, "baseline_first": 3}
     comp = metrics.compare(first_always, ["a"]).overall
@@ -140,20 +169,39 @@ def test_position_bias_note_only_when_every_decisive_verdict_takes_one_label():
     second = metrics.position_counts([v("a", "B", "candidate_first"), v("a", "B", "baseline_first")])
     assert "all 2 decisive verdicts chose Workspace B (the one shown second)" in metrics.position_bias_note(second)
     # both labels used, only one order shown, or a single verdict: no note
-    assert metrics.position_bias_note(metrics.position_counts(
-        [v("a", "A", "candidate_first"), v("a", "B", "baseline_first"), v("a", "A", "baseline_first")])) is None
+    assert (
+        metrics.position_bias_note(
+            metrics.position_counts(
+                [v("a", "A", "candidate_first"), v("a", "B", "baseline_first"), v("a", "A", "baseline_first")]
+            )
+        )
+        is None
+    )
     assert metrics.position_bias_note(metrics.position_counts([v("a", "A", rep=r) for r in range(5)])) is None
     assert metrics.position_bias_note(metrics.position_counts([v("a", "A", "baseline_first")])) is None
 
 
 def test_audit_rates_tokens_and_coverage():
-    audits = [{"delegation": True, "code_handoff": False}, {"delegation": True, "code_handoff": True},
-              {"delegation": False, "code_handoff": False}, {"delegation": 0}]
-    assert metrics.audit_rates(audits) == {"episodes": 4, "delegation": 2, "code_handoff": 1,
-                                           "delegation_rate": 0.5, "code_handoff_rate": 0.25}
+    audits = [
+        {"delegation": True, "code_handoff": False},
+        {"delegation": True, "code_handoff": True},
+        {"delegation": False, "code_handoff": False},
+        {"delegation": 0},
+    ]
+    assert metrics.audit_rates(audits) == {
+        "episodes": 4,
+        "delegation": 2,
+        "code_handoff": 1,
+        "delegation_rate": 0.5,
+        "code_handoff_rate": 0.25,
+    }
     assert metrics.generated_tokens([{"tokens": {"completion": 12, "prompt": 99}}, {"tokens": {}}, {}]) == 12
-    log = [{"step": 1, "processed_tokens": 100}, {"step": 2, "processed_tokens": 230}, {"step": 2, "val_loss": 1.0},
-           {"step": 3, "processed_tokens": 370}]
+    log = [
+        {"step": 1, "processed_tokens": 100},
+        {"step": 2, "processed_tokens": 230},
+        {"step": 2, "val_loss": 1.0},
+        {"step": 3, "processed_tokens": 370},
+    ]
     assert metrics.processed_tokens(log, selected_step=2) == {"to_selected": 230, "to_end": 370}
     assert metrics.processed_tokens(log, selected_step=None) == {"to_selected": None, "to_end": 370}
     beats = {"a": [True, True, True, True], "b": [False, False, True, False], "c": [False] * 4, "d": [False, True]}

@@ -22,10 +22,15 @@ TOOLS_TEMPLATE = ROOT / "examples" / "templates" / "chatml-tools.jinja"
 
 
 def write_spec(folder: Path, model: Path, **model_fields) -> Path:
-    doc = {"name": "fit", "model": {"base": str(model), "dtype": "float32", **model_fields},
-           "tasks": [{"id": "a", "split": "train", "prompt": "Write a.txt"},
-                     {"id": "b", "split": "test", "prompt": "Write b.txt"}],
-           "store": {"uri": f"file://{folder / 'store'}"}}
+    doc = {
+        "name": "fit",
+        "model": {"base": str(model), "dtype": "float32", **model_fields},
+        "tasks": [
+            {"id": "a", "split": "train", "prompt": "Write a.txt"},
+            {"id": "b", "split": "test", "prompt": "Write b.txt"},
+        ],
+        "store": {"uri": f"file://{folder / 'store'}"},
+    }
     path = folder / "fit.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -53,8 +58,12 @@ def test_a_tool_template_makes_smollm2_valid_and_its_served_prompts_carry_the_to
 
     from mass_jobs.serving.serve import ModelServer
 
-    path = write_spec(tmp_path, smollm2_dir, chat_template=os.path.relpath(TOOLS_TEMPLATE, tmp_path),
-                      sampling={"context_length": 8192, "max_output_tokens": 256})
+    path = write_spec(
+        tmp_path,
+        smollm2_dir,
+        chat_template=os.path.relpath(TOOLS_TEMPLATE, tmp_path),
+        sampling={"context_length": 8192, "max_output_tokens": 256},
+    )
     assert mass(["validate", str(path)]) == 0, capsys.readouterr().err
     spec = load_spec(path)
     assert spec.model.chat_template == str(TOOLS_TEMPLATE)  # relative to the spec's folder
@@ -66,16 +75,20 @@ def test_a_tool_template_makes_smollm2_valid_and_its_served_prompts_carry_the_to
     with_tools = tok.apply_chat_template(ask, tools=[PROBE_TOOL], tokenize=False, add_generation_prompt=True)
     assert '"name": "mass_fitness_probe"' in with_tools
     n_with = len(tok(with_tools, add_special_tokens=False)["input_ids"])
-    n_without = len(tok(tok.apply_chat_template(ask, tokenize=False, add_generation_prompt=True),
-                        add_special_tokens=False)["input_ids"])
+    n_without = len(
+        tok(tok.apply_chat_template(ask, tokenize=False, add_generation_prompt=True), add_special_tokens=False)[
+            "input_ids"
+        ]
+    )
     assert n_with > n_without + 20
 
     with ModelServer(model_dir, served_name="smol", device="cpu", dtype="float32") as srv:
         client = OpenAI(base_url=srv.endpoint.base_url, api_key="unused", max_retries=0, timeout=120)
 
         def ask_model(seed, tools=None):
-            r = client.chat.completions.create(model="smol", messages=ask, tools=tools, max_tokens=12,
-                                               temperature=1.0, top_p=1.0, seed=seed)
+            r = client.chat.completions.create(
+                model="smol", messages=ask, tools=tools, max_tokens=12, temperature=1.0, top_p=1.0, seed=seed
+            )
             return r.choices[0].message.content, r.usage.prompt_tokens
 
         text_1, prompt_tools = ask_model(1, tools=[PROBE_TOOL])
@@ -90,10 +103,18 @@ def test_a_tool_template_makes_smollm2_valid_and_its_served_prompts_carry_the_to
 
 def test_a_template_that_fails_on_tools_or_is_no_file_is_refused(tiny_model_dir, tmp_path, capsys):
     raising = tmp_path / "raising.jinja"
-    raising.write_text("{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools') }}"
-                       "{% endif %}{{ m.content }}{% endfor %}")
-    spec = load_spec(write_spec(tmp_path, tiny_model_dir, chat_template="raising.jinja",
-                                sampling={"context_length": 4096, "max_output_tokens": 256}))
+    raising.write_text(
+        "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools') }}"
+        "{% endif %}{{ m.content }}{% endfor %}"
+    )
+    spec = load_spec(
+        write_spec(
+            tmp_path,
+            tiny_model_dir,
+            chat_template="raising.jinja",
+            sampling={"context_length": 4096, "max_output_tokens": 256},
+        )
+    )
     [issue] = fitness_issues(spec, base_model_dir(RunContext(spec, None), tmp_path / "cache"))
     assert issue.path == "$.model.chat_template" and "rendering a tool-call conversation failed" in issue.message
     os.mkfifo(tmp_path / "fifo.jinja")
@@ -109,14 +130,17 @@ def test_the_cluster_refuses_a_chat_template_it_cannot_apply(tiny_model_dir, tmp
     spec = load_spec(write_spec(tmp_path, tiny_model_dir, chat_template=str(TOOLS_TEMPLATE)))
     issues = cluster_issues(spec, "mass-runs", None)
     assert any(i.path == "$.model.chat_template" and "chat_template.jinja" in i.message for i in issues)
-    assert not any(i.path == "$.model.chat_template" for i in cluster_issues(load_spec(
-        write_spec(tmp_path, tiny_model_dir)), "mass-runs", None))
+    assert not any(
+        i.path == "$.model.chat_template"
+        for i in cluster_issues(load_spec(write_spec(tmp_path, tiny_model_dir)), "mass-runs", None)
+    )
 
 
 @pytest.mark.slow(cost=10)  # a model server per case: the slow tier
 @pytest.mark.parametrize("temperature,distinct", [(1.0, True), (0.0, False)])
-def test_the_request_decides_sampling_when_the_model_config_has_no_do_sample(tiny_model_dir, tmp_path,
-                                                                             temperature, distinct):
+def test_the_request_decides_sampling_when_the_model_config_has_no_do_sample(
+    tiny_model_dir, tmp_path, temperature, distinct
+):
     import shutil
 
     from openai import OpenAI
@@ -131,9 +155,14 @@ def test_the_request_decides_sampling_when_the_model_config_has_no_do_sample(tin
     (model / "generation_config.json").write_text(json.dumps(config))
     with ModelServer(model, served_name="t", device="cpu") as srv:
         client = OpenAI(base_url=srv.endpoint.base_url, api_key="unused", max_retries=0, timeout=60)
-        texts = {client.chat.completions.create(model="t", messages=[{"role": "user", "content": "Hi"}],
-                                                max_tokens=16, temperature=temperature, seed=s)
-                 .choices[0].message.content for s in (1, 2, 3)}
+        texts = {
+            client.chat.completions.create(
+                model="t", messages=[{"role": "user", "content": "Hi"}], max_tokens=16, temperature=temperature, seed=s
+            )
+            .choices[0]
+            .message.content
+            for s in (1, 2, 3)
+        }
     assert (len(texts) == 3) if distinct else (len(texts) == 1)
 
 
@@ -145,13 +174,20 @@ XML_CALLS_TEMPLATE = (
     "{% for c in m.tool_calls or [] %}<tool_call>\n<function={{ c.function.name }}>\n"
     "{% for k, v in c.function.arguments.items() %}<parameter={{ k }}>\n{{ v }}\n</parameter>\n{% endfor %}"
     "</function>\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
-@pytest.mark.parametrize("template, parser, refused", [
-    (None, "hermes", False), (None, "qwen3_coder", True),  # the tiny model's own template: JSON calls
-    ("xml", "qwen3_coder", False), ("xml", "qwen3_xml", False), ("xml", "hermes", True),
-])
+@pytest.mark.parametrize(
+    "template, parser, refused",
+    [
+        (None, "hermes", False),
+        (None, "qwen3_coder", True),  # the tiny model's own template: JSON calls
+        ("xml", "qwen3_coder", False),
+        ("xml", "qwen3_xml", False),
+        ("xml", "hermes", True),
+    ],
+)
 def test_the_tool_call_parser_must_read_what_the_template_writes(tiny_model_dir, tmp_path, template, parser, refused):
     """Served by vLLM (a cluster run), a parser that cannot read the template's calls leaves every
     call in the reply's text: refused naming both. The embedded server picks its own parser."""
@@ -165,8 +201,11 @@ def test_the_tool_call_parser_must_read_what_the_template_writes(tiny_model_dir,
     doc["store"] = {"uri": "s3://mass-runs/fit"}
     path.write_text(yaml.safe_dump(doc))
     spec = load_spec(path)
-    issues = [i for i in fitness_issues(spec, base_model_dir(RunContext(spec, None), tmp_path / "cache"))
-              if i.path == "$.execution.vllm.tool_call_parser"]
+    issues = [
+        i
+        for i in fitness_issues(spec, base_model_dir(RunContext(spec, None), tmp_path / "cache"))
+        if i.path == "$.execution.vllm.tool_call_parser"
+    ]
     assert bool(issues) is refused, issues
     if refused:
         wanted, found = ("<function=NAME>", "<tool_call>{") if template else ("<tool_call>{", "<function=NAME>")
@@ -176,8 +215,11 @@ def test_the_tool_call_parser_must_read_what_the_template_writes(tiny_model_dir,
     doc["store"] = {"uri": f"file://{tmp_path / 'store'}"}
     path.write_text(yaml.safe_dump(doc))
     spec = load_spec(path)
-    assert not [i for i in fitness_issues(spec, base_model_dir(RunContext(spec, None), tmp_path / "cache"))
-                if i.path == "$.execution.vllm.tool_call_parser"]
+    assert not [
+        i
+        for i in fitness_issues(spec, base_model_dir(RunContext(spec, None), tmp_path / "cache"))
+        if i.path == "$.execution.vllm.tool_call_parser"
+    ]
 
 
 @pytest.mark.parametrize("parser, valid", [("qwen3_coder", True), ("hermes", False)])
@@ -192,14 +234,22 @@ def test_the_paper_spec_serves_qwen36_with_the_parser_for_its_xml_calls(parser, 
     path.write_text(yaml.safe_dump(doc))
     assert mass(["validate", str(path)]) == (0 if valid else 2)
     err = capsys.readouterr().err
-    assert valid or "$.execution.vllm.tool_call_parser: expected a tool-call parser that reads what " \
-                    "'Qwen/Qwen3.6-27B' writes" in err, err
+    assert (
+        valid
+        or "$.execution.vllm.tool_call_parser: expected a tool-call parser that reads what 'Qwen/Qwen3.6-27B' writes"
+        in err
+    ), err
 
 
-@pytest.mark.parametrize("example, base, parser", [
-    ("paper.yaml", "Qwen/Qwen3.6-27B", "qwen3_coder"), ("paper.yaml", "Qwen/Qwen3.5-27B", "qwen3_coder"),
-    ("paper.yaml", "Qwen/Qwen3-Coder-30B-A3B-Instruct", "qwen3_coder"), ("paper.yaml", "Qwen/Qwen3-8B", "hermes"),
-])
+@pytest.mark.parametrize(
+    "example, base, parser",
+    [
+        ("paper.yaml", "Qwen/Qwen3.6-27B", "qwen3_coder"),
+        ("paper.yaml", "Qwen/Qwen3.5-27B", "qwen3_coder"),
+        ("paper.yaml", "Qwen/Qwen3-Coder-30B-A3B-Instruct", "qwen3_coder"),
+        ("paper.yaml", "Qwen/Qwen3-8B", "hermes"),
+    ],
+)
 def test_an_unset_parser_follows_the_models_family(example, base, parser):
     """Left out, the tool-call parser is the one that reads what the base model's family writes."""
     from mass_jobs.config.run_spec import RunSpec

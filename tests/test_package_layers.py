@@ -11,6 +11,7 @@ pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtur
 
 ROOT = Path(__file__).resolve().parents[1] / "mass_jobs"
 
+
 def upward_imports(root: Path, layers: tuple[str, ...]) -> list[tuple[str, str]]:
     """(importer, imported) pairs whose imported module sits in a higher package than its importer."""
     known = modules(root)

@@ -19,10 +19,20 @@ from mass_jobs.steps.merge import merge_lora
 from mass_jobs.steps.sft_tokens import _render_text
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = [{"type": "function", "function": {
-    "name": "run_shell", "description": "Run a shell command in the workspace.",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
-                   "required": ["command"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run_shell",
+            "description": "Run a shell command in the workspace.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
+                "required": ["command"],
+            },
+        },
+    }
+]
 CALL = {"command": "ls -la results/ && cat results/summary.json", "timeout": 30}
 THOUGHT = "The results folder should hold the summary; list it first."
 
@@ -32,12 +42,18 @@ def model_output(tokenizer) -> str:
     the generation prompt before it and the end of turn after it. The call's arguments come as the
     OpenAI JSON string a harness sends back."""
     head = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Summarise the results."}]
-    reply = {"role": "assistant", "content": "", "reasoning_content": THOUGHT, "tool_calls": [
-        {"id": "call_0", "type": "function", "function": {"name": "run_shell", "arguments": json.dumps(CALL)}}]}
+    reply = {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": THOUGHT,
+        "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "run_shell", "arguments": json.dumps(CALL)}}
+        ],
+    }
     prompt = _render_text(tokenizer, head, TOOLS, generation_prompt=True)
     full = _render_text(tokenizer, [*head, reply], TOOLS)
     assert full.startswith(prompt)
-    return full[len(prompt):].removesuffix("\n").removesuffix("<|im_end|>")
+    return full[len(prompt) :].removesuffix("\n").removesuffix("<|im_end|>")
 
 
 def test_the_checkpoint_has_the_published_layout(paper_layout_dirs):
@@ -62,10 +78,13 @@ def test_the_template_writes_xml_calls_after_an_open_think(paper_layout_dirs):
 
     tokenizer = AutoTokenizer.from_pretrained(paper_layout_dirs[0])
     out = model_output(tokenizer)
-    assert out == (f"{THOUGHT}\n</think>\n\n<tool_call>\n<function=run_shell>\n<parameter=command>\n"
-                   f"{CALL['command']}\n</parameter>\n<parameter=timeout>\n30\n</parameter>\n</function>\n</tool_call>")
-    off = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                        add_generation_prompt=True, enable_thinking=False)
+    assert out == (
+        f"{THOUGHT}\n</think>\n\n<tool_call>\n<function=run_shell>\n<parameter=command>\n"
+        f"{CALL['command']}\n</parameter>\n<parameter=timeout>\n30\n</parameter>\n</function>\n</tool_call>"
+    )
+    off = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
     assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
@@ -74,12 +93,24 @@ def vllm_parsed(paper_layout_dirs, tiny_model_dir, vllm_python):
     """vLLM's parsers over the paper-layout model's call (XML) and the tiny Qwen3 model's (JSON)."""
     from transformers import AutoTokenizer
 
-    outputs = {"xml": model_output(AutoTokenizer.from_pretrained(paper_layout_dirs[0])),
-               "json": model_output(AutoTokenizer.from_pretrained(tiny_model_dir))}
-    job = {"tokenizer": str(paper_layout_dirs[0]), "tools": TOOLS, "outputs": outputs,
-           "tool_parsers": sorted(READS), "reasoning_parser": "qwen3"}
-    done = subprocess.run([str(vllm_python), str(ROOT / "tests" / "vllm_side" / "parse.py")],
-                          input=json.dumps(job), capture_output=True, text=True, timeout=300)
+    outputs = {
+        "xml": model_output(AutoTokenizer.from_pretrained(paper_layout_dirs[0])),
+        "json": model_output(AutoTokenizer.from_pretrained(tiny_model_dir)),
+    }
+    job = {
+        "tokenizer": str(paper_layout_dirs[0]),
+        "tools": TOOLS,
+        "outputs": outputs,
+        "tool_parsers": sorted(READS),
+        "reasoning_parser": "qwen3",
+    }
+    done = subprocess.run(
+        [str(vllm_python), str(ROOT / "tests" / "vllm_side" / "parse.py")],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -114,8 +145,10 @@ def _adapter(parent: Path, out: Path) -> Path:
 
     torch.manual_seed(3)
     model = AutoModelForCausalLM.from_pretrained(parent, dtype=torch.float32)
-    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
-                                            target_modules=["q_proj", "in_proj_qkv", "down_proj"]))
+    peft = get_peft_model(
+        model,
+        LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=["q_proj", "in_proj_qkv", "down_proj"]),
+    )
     peft.save_pretrained(out)
     return out
 
@@ -141,15 +174,19 @@ def test_the_merge_keeps_every_tensor_of_the_parent(paper_layout_dirs, tmp_path)
     a = lora["base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"].float()
     b = lora["base_model.model.model.layers.3.self_attn.q_proj.lora_B.weight"].float()
     assert torch.equal(after.get(key), (before.get(key).float() + 2.0 * (b @ a)).to(torch.bfloat16))
-    assert sorted(p.name for p in (tmp_path / "merged").iterdir() if not p.name.endswith(".safetensors")) == \
-        sorted(p.name for p in parent.iterdir() if not p.name.endswith(".safetensors"))
+    assert sorted(p.name for p in (tmp_path / "merged").iterdir() if not p.name.endswith(".safetensors")) == sorted(
+        p.name for p in parent.iterdir() if not p.name.endswith(".safetensors")
+    )
     # the merged model computes what the adapter on its parent computes (as loaded for training)
     from peft import PeftModel
 
     ids = torch.tensor([[5, 17, 301, 42, 7, 9]])
     with torch.no_grad():
-        ref = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(parent, dtype=torch.float32),
-                                        adapter).merge_and_unload()(ids).logits
+        ref = (
+            PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(parent, dtype=torch.float32), adapter)
+            .merge_and_unload()(ids)
+            .logits
+        )
         got = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)(ids).logits
         base = AutoModelForCausalLM.from_pretrained(parent, dtype=torch.float32)(ids).logits
     err, moved = (got - ref).abs().max().item(), (base - ref).abs().max().item()
@@ -207,5 +244,9 @@ def test_a_reference_goes_with_an_export(tmp_path, capsys, export, status):
     (tmp_path / "paper.yaml").write_text(yaml.safe_dump(doc))
     assert main(["validate", str(tmp_path / "paper.yaml")]) == status
     err = capsys.readouterr().err
-    assert export or "$.sft.fp8_reference: expected sft.fp8_export: true to use a reference, found " \
-                     "'Qwen/Qwen3.6-27B-FP8' with no FP8 export" in err, err
+    assert (
+        export
+        or "$.sft.fp8_reference: expected sft.fp8_export: true to use a reference, found "
+        "'Qwen/Qwen3.6-27B-FP8' with no FP8 export"
+        in err
+    ), err

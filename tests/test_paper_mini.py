@@ -68,11 +68,20 @@ def test_paper_mini_differs_from_the_paper_exactly_where_its_header_says():
     unused = [d for d in declared if not any(covers(d, p) for p in differing)]
     assert not unused, f"the header declares differences that are not there: {unused}"
     # the paper's configuration itself is kept
-    for path in ("$.execution.harness", "$.sft.parallel", "$.sft.fp8_export", "$.sft.orchestrator_share",
-                 "$.generations", "$.ranking.pairing", "$.sft.optimizer.lr", "$.model.sampling.temperature"):
+    for path in (
+        "$.execution.harness",
+        "$.sft.parallel",
+        "$.sft.fp8_export",
+        "$.sft.orchestrator_share",
+        "$.generations",
+        "$.ranking.pairing",
+        "$.sft.optimizer.lr",
+        "$.model.sampling.temperature",
+    ):
         assert mini[path] == paper[path], path
-    assert [j for j in paper if j.startswith("$.judges[") and j.endswith(".name")] == \
-        [j for j in mini if j.startswith("$.judges[") and j.endswith(".name")]
+    assert [j for j in paper if j.startswith("$.judges[") and j.endswith(".name")] == [
+        j for j in mini if j.startswith("$.judges[") and j.endswith(".name")
+    ]
     assert mini["$.sft.replicas"] == 2
 
 
@@ -86,8 +95,12 @@ def test_the_hybrid_tiny_model_is_the_qwen35_text_layout_with_a_thinking_templat
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tmp_path / "m")
-    chat = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1", "reasoning_content": "r1"},
-            {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2", "reasoning_content": "r2"}]
+    chat = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a1", "reasoning_content": "r1"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "a2", "reasoning_content": "r2"},
+    ]
     text = tok.apply_chat_template(chat, tokenize=False)
     assert "r1" not in text and "<think>\nr2\n</think>" in text  # earlier turns' reasoning dropped
     assert main(["model", "tiny", "--hybrid", "--warm", "--out", str(tmp_path / "w")]) == 2
@@ -129,8 +142,13 @@ def window_texts(store, ctx, gen: int, tokenizer) -> list[tuple[str, str, str]]:
         for line in store.get_bytes(ctx.sft_file(gen, split)).decode().splitlines():
             if line.strip():
                 w = json.loads(line)
-                out.append((w["role"], tokenizer.decode(w["input_ids"]),
-                            tokenizer.decode([x for x in w["labels"] if x != IGNORE])))
+                out.append(
+                    (
+                        w["role"],
+                        tokenizer.decode(w["input_ids"]),
+                        tokenizer.decode([x for x in w["labels"] if x != IGNORE]),
+                    )
+                )
     return out
 
 
@@ -163,8 +181,11 @@ def figures(store, ctx, spec, tokenizer) -> dict:
         stats = store.get_json(ctx.sft_file(g, "stats"))
         windows = window_texts(store, ctx, g, tokenizer)
         teacher = teacher_texts(store, ctx, g)
-        statuses = [store.get_json(k) for k in store.list(ctx.collect_root(g) + "/")
-                    if k.endswith("/status.json") and "/output/" not in k]
+        statuses = [
+            store.get_json(k)
+            for k in store.list(ctx.collect_root(g) + "/")
+            if k.endswith("/status.json") and "/output/" not in k
+        ]
         training = next(t for t in report["training"] if t["generation"] == g)
         train_manifest = store.get_json(f"{ctx.train(g)}/_manifest.json")
         out[g] = {
@@ -172,11 +193,14 @@ def figures(store, ctx, spec, tokenizer) -> dict:
             "supervised_tokens_by_role": stats["train"]["supervised_tokens_by_role"],
             "teacher_episodes_by_outcome": dict(sorted(Counter(s["outcome"] for s in statuses).items())),
             "teacher_episodes_by_cap": dict(sorted(Counter(str(episode_cap(s)) for s in statuses).items())),
-            "train_steps": train_manifest["extra"]["steps"], "world_size": train_manifest["extra"]["world_size"],
-            "parallel": train_manifest["extra"]["parallel"], "selected_step": training["selected_step"],
+            "train_steps": train_manifest["extra"]["steps"],
+            "world_size": train_manifest["extra"]["world_size"],
+            "parallel": train_manifest["extra"]["parallel"],
+            "selected_step": training["selected_step"],
             "windows_with_teacher_text": sum(1 for _, text, _ in windows for t in teacher if t in text),
             "boilerplate_windows": sum(only_harness_text(sup) for _, _, sup in windows),
-            "teacher_texts": len(teacher), "windows": len(windows),
+            "teacher_texts": len(teacher),
+            "windows": len(windows),
         }
     out["outcomes"] = report["outcomes"]
     return out
@@ -233,16 +257,21 @@ def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, pa
         # the chart serves the model with its XML tool-call parser, as the spec asks (paper-values.yaml)
         ex = ArgoExecutor(cluster_docs(s3, {"model": {"toolCallParser": "qwen3_coder"}}), secrets, tmp_path / "cluster")
         try:
-            wf = ex.submit("mass-run", {"spec": put_spec(s3, argo_doc, "specs/paper-mini.yaml"), "run": argo_doc["name"]})
+            wf = ex.submit(
+                "mass-run", {"spec": put_spec(s3, argo_doc, "specs/paper-mini.yaml"), "run": argo_doc["name"]}
+            )
             assert wf.phase == "Succeeded", wf.summary()
             assert [e for e in ex.cluster.events if "PyTorchJob" in e] == [
-                f"create PyTorchJob/mass-paper-mini-g{g}-train" for g in range(argo_doc["generations"])]
+                f"create PyTorchJob/mass-paper-mini-g{g}-train" for g in range(argo_doc["generations"])
+            ]
         finally:
             ex.close()
         # after the executor's run (same judges: their endpoints are part of the spec both runs hash):
         # side by side, their 28k-token requests on two cores made each several times slower
         asked = [len(j.asked) for j in (judge_a, judge_b)]
-        out = LocalRun(local_doc, tmp_path, env={"AWS_ENDPOINT_URL": s3["endpoint_url"]}, args=("--until", "0:render")).wait()
+        out = LocalRun(
+            local_doc, tmp_path, env={"AWS_ENDPOINT_URL": s3["endpoint_url"]}, args=("--until", "0:render")
+        ).wait()
         assert "stopped after L0 render (--until)" in out
         assert [len(j.asked) for j in (judge_a, judge_b)] == asked and all(asked)  # only evaluation asks the panel
 
@@ -252,7 +281,9 @@ def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, pa
     print(f"paper-mini manifests: {len(want)} local, {len(got)} under the executor")
     # the local run stopped at render: every manifest of the steps up to it (per task, search iteration
     # and episode), nothing after; the executor's run is whole, L0 -> L1
-    data = {p for p in got if p.split("/")[1:3] in (["gen-0", s] for s in ("search", "collect", "guard", "rank", "sft"))}
+    data = {
+        p for p in got if p.split("/")[1:3] in (["gen-0", s] for s in ("search", "collect", "guard", "rank", "sft"))
+    }
     assert sorted(want) == sorted(data) and len(want) >= 8 and f"{run}/gen-0/sft" in want
     assert len(got) >= 17 and argo_store.exists(f"{run}/report/report.json")
     differ = [f"{p}: input hash" for p in want if got[p]["input_hash"] != want[p]["input_hash"]]
@@ -278,8 +309,10 @@ def test_paper_mini_locally_and_under_the_executor_store_the_same_run(s3_env, pa
     for g in range(spec.generations):
         print(f"paper-mini L{g}: {json.dumps(fig[g], sort_keys=True)}")
     for row in fig["outcomes"]:
-        print(f"paper-mini episodes L{row['generation']} {row['stage']}: {row['episodes']} by outcome "
-              f"{ {k: v for k, v in row['by_outcome'].items() if v} } by cap {row['by_cap']}")
+        print(
+            f"paper-mini episodes L{row['generation']} {row['stage']}: {row['episodes']} by outcome "
+            f"{ {k: v for k, v in row['by_outcome'].items() if v} } by cap {row['by_cap']}"
+        )
     check_figures(fig, spec)
     # L1 as stored: every tensor of L0 (vision tower and MTP weights included), and its FP8 copy in the
     # reference's layout, name by name (dtype and shape)

@@ -63,11 +63,22 @@ def test_the_table_is_well_formed():
         P.StepDef("x", "generation", "m:f", ("x",), "m:g", resources="huge")
     with pytest.raises(ValueError, match="a 'trainer' pod runs at scope generation, not 'task'"):
         P.StepDef("x", "task", "m:f", ("x",), "m:g", pod="trainer")
-    with pytest.raises(ValueError, match="a 'step' pod runs at scope generation or iteration or run or task, not 'episode'"):
+    with pytest.raises(
+        ValueError, match="a 'step' pod runs at scope generation or iteration or run or task, not 'episode'"
+    ):
         P.StepDef("x", "episode", "m:f", ("x",), "m:g")
     assert [type(s.shape).__name__ for s in P.PIPELINE] == [
-        "Recursion", "EpisodeFanout", "TaskRollouts", "TaskFanout", "Container", "Trainer", "Container", "Container",
-        "GenerationRollouts", "Container"]
+        "Recursion",
+        "EpisodeFanout",
+        "TaskRollouts",
+        "TaskFanout",
+        "Container",
+        "Trainer",
+        "Container",
+        "Container",
+        "GenerationRollouts",
+        "Container",
+    ]
 
 
 def _name_dispatch(source: str, names: set[str]) -> list[int]:
@@ -84,8 +95,9 @@ def _name_dispatch(source: str, names: set[str]) -> list[int]:
         return False
 
     def is_name_ref(node) -> bool:
-        return (isinstance(node, ast.Attribute) and node.attr == "name") or \
-            (isinstance(node, ast.Name) and node.id in ("name", "step", "step_name"))
+        return (isinstance(node, ast.Attribute) and node.attr == "name") or (
+            isinstance(node, ast.Name) and node.id in ("name", "step", "step_name")
+        )
 
     lines = []
     for node in ast.walk(ast.parse(source)):
@@ -110,15 +122,27 @@ def test_no_executor_dispatches_on_a_step_name():
     names = {s.name for s in P.PIPELINE}
     assert _name_dispatch('if sd.name == "merge": pass\nd = {"search": 1}\nok = kind == "train"\n', names) == [1, 2]
     root = pathlib.Path(mass_jobs.__file__).parent
-    consumers = ["pipeline/table.py", "pipeline/runner.py", "commands/status.py", "commands/plan.py",
-                 "commands/validate.py", "pipeline/planning/schedule.py", "pipeline/planning/counts.py", "k8s/argo.py",
-                 "k8s/codegen.py", "k8s/preflight.py"]
+    consumers = [
+        "pipeline/table.py",
+        "pipeline/runner.py",
+        "commands/status.py",
+        "commands/plan.py",
+        "commands/validate.py",
+        "pipeline/planning/schedule.py",
+        "pipeline/planning/counts.py",
+        "k8s/argo.py",
+        "k8s/codegen.py",
+        "k8s/preflight.py",
+    ]
     found = {rel: _name_dispatch((root / rel).read_text(), names) for rel in consumers}
     assert {rel: lines for rel, lines in found.items() if lines} == {}
     # nor re-derive what a step becomes from its scope and pod: that is its shape, derived once
     ladder = re.compile(r"\b(sd|s|step)\.(scope|pod)\b")
-    found = {rel: [n + 1 for n, line in enumerate((root / rel).read_text().splitlines()) if ladder.search(line)]
-             for rel in consumers if rel != "pipeline/table.py"}
+    found = {
+        rel: [n + 1 for n, line in enumerate((root / rel).read_text().splitlines()) if ladder.search(line)]
+        for rel in consumers
+        if rel != "pipeline/table.py"
+    }
     assert {rel: lines for rel, lines in found.items() if lines} == {}
 
 
@@ -142,8 +166,9 @@ def count_tasks(ctx, g, task, client):
     count_step(ctx, g, task).finish([key])
 
 
-def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(monkeypatch, make_store, inner_spec,
-                                                                               tmp_path):
+def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(
+    monkeypatch, make_store, inner_spec, tmp_path
+):
     """One StepDef, no other edit: the runner plans and runs it (its CLI entry, or its core
     in-process with the services it declares), `mass status` lists it, `mass plan` schedules it at
     its cost, the Argo compiler emits its template and cycle step, and `mass validate --outputs`
@@ -152,12 +177,27 @@ def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(m
     from mass_jobs.k8s import codegen
     from mass_jobs.pipeline.planning.schedule import DEFAULTS, simulate
 
-    extra = P.StepDef("audit-gen", "generation", "mass_jobs.episodes.audit:audit_episode", ("audit-gen",),
-                      "tests.test_pipeline:audit_gen_step", reads=("collect_episode",), writes=("gen",),
-                      cost=lambda w: P.Cost(7.0, 3))
-    counting = P.StepDef("count", "task", "tests.test_pipeline:count_tasks", ("count",),
-                         "tests.test_pipeline:count_step",
-                         reads=("collect_episode",), writes=("gen",), model=True, local=("client",))
+    extra = P.StepDef(
+        "audit-gen",
+        "generation",
+        "mass_jobs.episodes.audit:audit_episode",
+        ("audit-gen",),
+        "tests.test_pipeline:audit_gen_step",
+        reads=("collect_episode",),
+        writes=("gen",),
+        cost=lambda w: P.Cost(7.0, 3),
+    )
+    counting = P.StepDef(
+        "count",
+        "task",
+        "tests.test_pipeline:count_tasks",
+        ("count",),
+        "tests.test_pipeline:count_step",
+        reads=("collect_episode",),
+        writes=("gen",),
+        model=True,
+        local=("client",),
+    )
     monkeypatch.setattr(P, "PIPELINE", _extended(extra, "evaluate", _extended(counting, "rank")))
     assert [s.name for s in P.PIPELINE][-4:] == ["merge", "audit-gen", "evaluate", "report"]
     store = make_store("file")
@@ -178,7 +218,8 @@ def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(m
     assert runner.execute_step(counting, 1) is False and called == [called[0]]  # in-process: no subprocess
     tasks = [t.id for t in spec.train_tasks()]
     assert [store.get_json(f"{ctx.gen(1)}/count/{t}/seen.json") for t in tasks] == [
-        {"task": t, "gen": 1, "client": "LazyClient"} for t in tasks]  # the lazy client: no server started
+        {"task": t, "gen": 1, "client": "LazyClient"} for t in tasks
+    ]  # the lazy client: no server started
     assert runner.execute_step(counting, 1) is True
 
     rows = {(r["gen"], r["step"]): r["status"] for r in step_status(ctx)}
@@ -191,8 +232,19 @@ def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(m
     assert done_outputs(ctx, 0)["done-audit-gen"] == "true" and done_outputs(ctx, 1)["done-audit-gen"] == "false"
 
     zero = dict(DEFAULTS, episode_s=0.0, call_s=0.0, step_s=0.0, fixed_s=0.0)
-    counts = [{"gen": g, "optimizer_proposals": 0, "teacher_episodes": 0, "ranking_calls": 0, "steps": 0,
-               "rollout_episodes": 0, "judge_calls": 0, "self_judge_calls": 0} for g in range(2)]
+    counts = [
+        {
+            "gen": g,
+            "optimizer_proposals": 0,
+            "teacher_episodes": 0,
+            "ranking_calls": 0,
+            "steps": 0,
+            "rollout_episodes": 0,
+            "judge_calls": 0,
+            "self_judge_calls": 0,
+        }
+        for g in range(2)
+    ]
     bars, makespan, serial = simulate(spec, counts, zero, parallelism=4)
     assert [(b.gen, b.end - b.start) for b in bars if b.step == "audit-gen"] == [(0, 21.0), (1, 21.0)]
     assert makespan == serial == 42.0  # the added step's cost model is all that costs anything
@@ -206,8 +258,19 @@ def test_a_step_added_to_the_table_appears_in_runner_status_plan_and_templates(m
 
 
 # a model step per task before render, named by reference as the cycle's validate step reads it
-SCORED = _extended(P.StepDef("score", "task", "mass_jobs.steps.rank:run_rank", ("score",),
-                             "mass_jobs.steps.rank:rank_step", reads=("rank",), writes=("rank",), model=True), "render")
+SCORED = _extended(
+    P.StepDef(
+        "score",
+        "task",
+        "mass_jobs.steps.rank:run_rank",
+        ("score",),
+        "mass_jobs.steps.rank:rank_step",
+        reads=("rank",),
+        writes=("rank",),
+        model=True,
+    ),
+    "render",
+)
 
 
 def test_task_scoped_and_model_steps_compile_to_fanouts_and_endpoint_flags(monkeypatch):
@@ -216,8 +279,15 @@ def test_task_scoped_and_model_steps_compile_to_fanouts_and_endpoint_flags(monke
 
     cycle = argo.mass_cycle(ClusterSettings(), "tests.test_pipeline:SCORED")
     t = _templates(cycle)
-    assert t["score"]["container"]["args"][:7] == ["score", "--spec", SPEC, "--gen", GEN, "--task",
-                                                   "{{inputs.parameters.task}}"]
+    assert t["score"]["container"]["args"][:7] == [
+        "score",
+        "--spec",
+        SPEC,
+        "--gen",
+        GEN,
+        "--task",
+        "{{inputs.parameters.task}}",
+    ]
     assert "--endpoint" in t["score"]["container"]["args"]
     order = _cycle_order(cycle)
     # the model server is released after its last user, now the added step
@@ -243,8 +313,11 @@ def test_a_changed_spec_on_an_existing_run_is_refused_naming_what_changed(make_s
     assert store.get_json(ctx.spec_key())["collection"]["episodes"] == 4
     ctx.claim_spec()  # the same spec again: fine
 
-    changed = {**doc, "collection": {**doc["collection"], "episodes": 6},
-               "ranking": {**doc["ranking"], "verdict_retries": 0}}
+    changed = {
+        **doc,
+        "collection": {**doc["collection"], "episodes": 6},
+        "ranking": {**doc["ranking"], "verdict_retries": 0},
+    }
     with pytest.raises(SpecError) as err:
         RunContext(validate_document(changed), store).claim_spec()
     paths = [i.path for i in err.value.issues]
@@ -280,8 +353,9 @@ def test_spec_changes_lists_leaves():
 # ---------------------------------------------------------------- status from the store alone
 
 
-def test_status_is_read_from_the_store_whatever_executed_the_steps(make_store, inner_spec, judging_endpoint,
-                                                                   tmp_path, capsys):
+def test_status_is_read_from_the_store_whatever_executed_the_steps(
+    make_store, inner_spec, judging_endpoint, tmp_path, capsys
+):
     """The Argo containers' CLI calls, by hand, with no runner and no run-state: `mass status` shows
     the same done rows the local runner's store would; the done-checks follow input hashes."""
     store = make_store("file")
@@ -303,7 +377,9 @@ def test_status_is_read_from_the_store_whatever_executed_the_steps(make_store, i
     assert rows()["search"] == "done" and rows()["collect"] == "pending"
     out = tmp_path / "outputs"
     for i in range(spec.collection.episodes):  # prepare: a skipped task needs no agent pod
-        assert cli_main(["collect", *base, "--episode", str(i), "--phase", "prepare", *model, "--outputs", str(out)]) == 0
+        assert (
+            cli_main(["collect", *base, "--episode", str(i), "--phase", "prepare", *model, "--outputs", str(out)]) == 0
+        )
         assert (out / "agent").read_text() == "false"
     assert not store.list(ctx.collect(0, "t1") + "/")  # no input, no summary before the summary step
     assert rows()["collect"] == "pending"
@@ -321,7 +397,8 @@ def test_status_is_read_from_the_store_whatever_executed_the_steps(make_store, i
         {"gen": 0, "step": "search", "status": "done", "detail": "1/1 tasks", "seconds": None},
         {"gen": 0, "step": "collect", "status": "done", "detail": "1/1 tasks", "seconds": None},
         {"gen": 0, "step": "guard", "status": "done", "detail": "1/1 tasks", "seconds": None},
-        {"gen": 0, "step": "rank", "status": "done", "detail": "1/1 tasks", "seconds": None}]
+        {"gen": 0, "step": "rank", "status": "done", "detail": "1/1 tasks", "seconds": None},
+    ]
     # a done-check is the input hash, not "a manifest exists": a new guard input makes guard pending
     summary_key = ctx.collect_summary(0, "t1")
     store.put_json(summary_key, {**store.get_json(summary_key), "note": "rewritten"})
@@ -399,9 +476,14 @@ def test_the_compiled_plan_has_every_node_with_its_argv_pod_size_and_credentials
     from mass_jobs.pipeline import nodes as N
     from mass_jobs.pipeline.handlers import without_secrets
 
-    spec = inner_spec(make_store("file"), generations=2, tasks=[
-        {"id": i, "split": split, "prompt": f"Write report.md about {i}.", "deliverables": ["report.md"]}
-        for i, split in (("t1", "train"), ("t2", "train"), ("held", "test"))])
+    spec = inner_spec(
+        make_store("file"),
+        generations=2,
+        tasks=[
+            {"id": i, "split": split, "prompt": f"Write report.md about {i}.", "deliverables": ["report.md"]}
+            for i, split in (("t1", "train"), ("t2", "train"), ("held", "test"))
+        ],
+    )
     tasks = [t.id for t in spec.train_tasks()]
     assert len(tasks) >= 2 and len(tasks) < len(spec.resolved_tasks())  # a test task exists and is left out
     plan = N.compile_plan("s3://b/spec.yaml", spec)
@@ -420,10 +502,37 @@ def test_the_compiled_plan_has_every_node_with_its_argv_pod_size_and_credentials
     assert train.argv[-1] == "--resume" and train.reads == ("sft", "model")
     # the phases' command lines, as the argv handler runs them and the Argo templates spell them
     assert N.prepare(collect.argv, N.model_flags("http://m/v1", "mass-g1"), "/o") == [
-        *collect.argv, "--phase", "prepare", "--endpoint", "http://m/v1", "--served-model", "mass-g1", "--outputs", "/o"]
+        *collect.argv,
+        "--phase",
+        "prepare",
+        "--endpoint",
+        "http://m/v1",
+        "--served-model",
+        "mass-g1",
+        "--outputs",
+        "/o",
+    ]
     assert N.ingest(["guard"], "Failed", "/o", rollout="gen-0/x") == [
-        "guard", "--phase", "ingest", "--rollout", "gen-0/x", "--agent-status", "Failed", "--outputs", "/o"]
+        "guard",
+        "--phase",
+        "ingest",
+        "--rollout",
+        "gen-0/x",
+        "--agent-status",
+        "Failed",
+        "--outputs",
+        "/o",
+    ]
     # an agent episode's environment: no store credential, API key or token
-    env = without_secrets({"PATH": "/bin", "AWS_ACCESS_KEY_ID": "a", "AWS_ENDPOINT_URL": "u", "OPENAI_API_KEY": "k",
-                           "HF_TOKEN": "t", "MASS_WORK_DIR": "/w", "DB_PASSWORD": "p"})
+    env = without_secrets(
+        {
+            "PATH": "/bin",
+            "AWS_ACCESS_KEY_ID": "a",
+            "AWS_ENDPOINT_URL": "u",
+            "OPENAI_API_KEY": "k",
+            "HF_TOKEN": "t",
+            "MASS_WORK_DIR": "/w",
+            "DB_PASSWORD": "p",
+        }
+    )
     assert env == {"PATH": "/bin", "MASS_WORK_DIR": "/w"}

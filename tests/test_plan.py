@@ -59,8 +59,9 @@ def measured_peak(spec, model_dir, out_dir) -> int:
     before = sum(t.numel() * t.element_size() for t in (*trainer.model.parameters(), *trainer.model.buffers()))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         trainer.train()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
     live = peak = 0
     for e in events:
         live += e.nbytes()
@@ -76,8 +77,10 @@ def test_memory_model_within_10_percent_of_a_measured_training_step(tiny_model_d
     assert mem.loss_chunk == (None if adapt_head else 512)
     planned = mem.total
     measured = measured_peak(spec, tiny_model_dir, tmp_path / "train")
-    print(f"window {window} ({'whole-window' if adapt_head else 'chunked'} logits): planned {planned / 2**20:.1f} MiB, "
-          f"measured {measured / 2**20:.1f} MiB")
+    print(
+        f"window {window} ({'whole-window' if adapt_head else 'chunked'} logits): planned {planned / 2**20:.1f} MiB, "
+        f"measured {measured / 2**20:.1f} MiB"
+    )
     assert abs(planned - measured) / measured < 0.10, (window, planned / 2**20, measured / 2**20)
 
 
@@ -157,8 +160,9 @@ def test_compare_flags_every_count_a_store_differs_in():
     planned = plan_counts(spec)[0]
     stored = dict(planned, ranking_calls=planned["ranking_calls"] - 1, processed_tokens_max=1)
     assert compare(planned, planned) == []
-    assert compare(planned, stored) == [f"ranking_calls: planned {planned['ranking_calls']}, stored "
-                                        f"{planned['ranking_calls'] - 1}"]
+    assert compare(planned, stored) == [
+        f"ranking_calls: planned {planned['ranking_calls']}, stored {planned['ranking_calls'] - 1}"
+    ]
 
 
 def test_the_papers_spec_fits_as_written_with_the_fsdp_it_declares(capsys):
@@ -169,7 +173,7 @@ def test_the_papers_spec_fits_as_written_with_the_fsdp_it_declares(capsys):
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["memory"]["parallel"] == "fsdp" and doc["memory"]["world"] == 6
-    assert doc["memory"]["total"] < 80 * 2 ** 30 and doc["fits"] is True
+    assert doc["memory"]["total"] < 80 * 2**30 and doc["fits"] is True
     # mass-run's Workflow object: two generations of ~1,300 nodes, about 1 MB of nodes each, which
     # the controller stores compressed once the object passes 1 MiB
     sizes = doc["workflow_object"]["after_generation"]
@@ -194,7 +198,7 @@ def test_uncapped_episodes_leave_the_window_count_unbounded_and_the_table_says_s
     spec = load_spec(PAPER)
     planned = plan_counts(spec)[0]
     assert planned["sft_windows_max"] is None
-    assert compare(planned, dict(planned, sft_windows_max=10 ** 9)) == []
+    assert compare(planned, dict(planned, sft_windows_max=10**9)) == []
     from mass_jobs.config.run_spec import EpisodeLimits
 
     limits = EpisodeLimits(turns_per_agent=40, tool_calls=200)

@@ -49,9 +49,16 @@ def replies(model, prompts, *, sample: bool):
     for i, p in prompts:
         if sample:
             torch.manual_seed(1000 + i)
-        ids = model.generate(input_ids=p, attention_mask=torch.ones_like(p), max_new_tokens=12,
-                             do_sample=sample, top_k=50, temperature=1.0, eos_token_id=None)
-        out[i] = ids[0, p.shape[1]:].tolist()
+        ids = model.generate(
+            input_ids=p,
+            attention_mask=torch.ones_like(p),
+            max_new_tokens=12,
+            do_sample=sample,
+            top_k=50,
+            temperature=1.0,
+            eos_token_id=None,
+        )
+        out[i] = ids[0, p.shape[1] :].tolist()
     return out
 
 

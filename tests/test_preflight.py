@@ -24,8 +24,13 @@ def defaults() -> dict:
     return preflight.load_values([str(CHART / "ci" / "default-values.yaml")])
 
 
-@pytest.mark.parametrize("spec,values", [("examples/k8s-small.yaml", "charts/mass-jobs/ci/default-values.yaml"),
-                                         ("examples/paper.yaml", "charts/mass-jobs/ci/paper-values.yaml")])
+@pytest.mark.parametrize(
+    "spec,values",
+    [
+        ("examples/k8s-small.yaml", "charts/mass-jobs/ci/default-values.yaml"),
+        ("examples/paper.yaml", "charts/mass-jobs/ci/paper-values.yaml"),
+    ],
+)
 def test_the_cluster_examples_pass_with_the_values_they_document(spec, values, capsys):
     assert mass(["validate", str(ROOT / spec), "--values", str(ROOT / values)]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
@@ -38,24 +43,37 @@ def test_the_paper_with_the_chart_defaults_names_each_value_to_set(capsys):
     assert mass(["validate", str(ROOT / "examples/paper.yaml"), "--values", str(CHART / "values.yaml")]) == 2
     captured = capsys.readouterr()
     assert "invalid run spec for this cluster, 9 error(s)" in captured.err
-    for needle in ("$.execution.vllm.tool_call_parser: expected the chart's vLLM tool-call parser 'hermes' "
-                   "(chart value model.toolCallParser), found 'qwen3_coder'",
-                   "$.model.sampling.context_length: expected at most the server's max model length 32768",
-                   "$.model.sampling.max_output_tokens: expected less than the server's max model length 32768",
-                   "$.judges[0].api_key_env: expected a key of the judge Secret (chart value judges.keys "
-                   "['JUDGE_API_KEY']), found 'JUDGE_A_API_KEY'", "$.judges[1].api_key_env",
-                   "values network.s3.to: required, no default", "values network.apiServer.to: required unless",
-                   "values resources.agent.memory: expected the agent pods' sandbox container (chart value "
-                   "resources.agent.memory) to hold execution.limits.memory_mb 65536 MiB, found 2Gi",
-                   "values resources.agent.ephemeralStorage: expected the agent pods' disk (chart value "
-                   "resources.agent.ephemeralStorage) to hold execution.limits.workspace_mb + scratch_mb = 98304 MiB"):
+    for needle in (
+        "$.execution.vllm.tool_call_parser: expected the chart's vLLM tool-call parser 'hermes' "
+        "(chart value model.toolCallParser), found 'qwen3_coder'",
+        "$.model.sampling.context_length: expected at most the server's max model length 32768",
+        "$.model.sampling.max_output_tokens: expected less than the server's max model length 32768",
+        "$.judges[0].api_key_env: expected a key of the judge Secret (chart value judges.keys "
+        "['JUDGE_API_KEY']), found 'JUDGE_A_API_KEY'",
+        "$.judges[1].api_key_env",
+        "values network.s3.to: required, no default",
+        "values network.apiServer.to: required unless",
+        "values resources.agent.memory: expected the agent pods' sandbox container (chart value "
+        "resources.agent.memory) to hold execution.limits.memory_mb 65536 MiB, found 2Gi",
+        "values resources.agent.ephemeralStorage: expected the agent pods' disk (chart value "
+        "resources.agent.ephemeralStorage) to hold execution.limits.workspace_mb + scratch_mb = 98304 MiB",
+    ):
         assert needle in captured.err
     # each refusal points to where the cluster's side is documented, a heading that exists
     assert captured.err.count(f"(cluster prerequisites: {preflight.PREREQUISITES})") == 9
     assert "\n## Cluster prerequisites\n" in (ROOT / "docs" / "kubernetes.md").read_text()
     fails = [line.split("  ")[0] for line in captured.out.splitlines() if line.rstrip().endswith("FAIL")]
-    assert fails == ["context length", "max output tokens", "tool-call parser", "judge judge-a key", "judge judge-b key",
-                     "agent container memory", "agent workspace disk", "network.s3.to set", "network.apiServer.to set"]
+    assert fails == [
+        "context length",
+        "max output tokens",
+        "tool-call parser",
+        "judge judge-a key",
+        "judge judge-b key",
+        "agent container memory",
+        "agent workspace disk",
+        "network.s3.to set",
+        "network.apiServer.to set",
+    ]
 
 
 BAD_VALUES = """\
@@ -67,8 +85,11 @@ network:
 """
 
 
-@pytest.mark.parametrize("command", [["validate", str(ROOT / "examples" / "k8s-small.yaml")], ["render", "argo"]],
-                         ids=["validate", "render-argo"])
+@pytest.mark.parametrize(
+    "command",
+    [["validate", str(ROOT / "examples" / "k8s-small.yaml")], ["render", "argo"]],
+    ids=["validate", "render-argo"],
+)
 def test_values_are_checked_against_the_charts_schema_naming_each_key(command, tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(BAD_VALUES)
@@ -131,37 +152,86 @@ def test_the_recursion_bound_is_argos_exactly():
         (check,) = [c for c in preflight.checks(spec, defaults()) if c.name == "template recursion depth"]
         assert (check.value, check.ok) == (str(8 + iterations), ok)
     # evaluate's agent pods sit three templates below its round: a search of fewer iterations is shallower
-    assert [preflight.recursion_depth(small(generations=2, search__iterations=k)) for k in (0, 1, 2, 3, 4)] == [12, 12, 12, 12, 13]
+    assert [preflight.recursion_depth(small(generations=2, search__iterations=k)) for k in (0, 1, 2, 3, 4)] == [
+        12,
+        12,
+        12,
+        12,
+        13,
+    ]
 
 
-@pytest.mark.parametrize("changes,values,path,needle", [
-    ({"generations": 40, "search__iterations": 60}, {"argo": {"nodeStatusOffload": True}}, "$.search.iterations",
-     "(generations - 1) + 8 + max(search.iterations, 3) < 100 (Argo's maxAllowedStackDepth: the controller errors at "
-     "depth >= 100 unless its environment sets DISABLE_MAX_RECURSION=true), found 107"),
-    ({"execution__limits__wall_s": 86200}, {}, "$.execution.limits.wall_s",
-     "at least 300 s below the agent pods' deadline 86400 s (chart value agent.activeDeadlineSeconds), found 86200"),
-    ({"execution__limits__wall_s": None}, {"agent": {"activeDeadlineSeconds": 4200}}, "$.execution.limits.wall_s",
-     "of at least 21600 s when episodes have no wall limit, or a wall_s 300 s below it, found 4200 s"),
-    ({"sft__checkpoint_selection": "panel", "sft__panel": {"tasks": ["b"]}}, {}, "$.sft.checkpoint_selection",
-     "panel selection serves every checkpoint"),
-    ({"roles__executor": {"endpoint": "https://other.example.com/v1", "model": "m"}}, {}, "$.roles.executor",
-     "agent pods reach only DNS, the predictor, the apiserver and S3"),
-    ({"execution__vllm__tool_call_parser": "qwen3_coder"}, {}, "$.execution.vllm.tool_call_parser",
-     "expected the chart's vLLM tool-call parser 'hermes'"),
-    ({}, {"s3": {"endpoint": "https://minio.lab:9000"}}, "values s3.endpoint", "as host[:port]"),
-    ({"store__endpoint_url": "http://minio.lab:9000"}, {}, "$.store.endpoint_url",
-     "expected the chart's S3 endpoint 'https://s3.amazonaws.com'"),
-    ({"store__uri": "s3://other-bucket/run"}, {}, "$.store.uri", "bucket 'other-bucket'"),
-    ({"execution__vllm__reasoning_parser": "deepseek_r1"}, {}, "$.execution.vllm.reasoning_parser",
-     "expected the chart's vLLM reasoning parser 'qwen3' (chart value model.reasoningParser)"),
-    ({}, {"gpu": {"concurrentJobs": 0}}, "values gpu.concurrentJobs", "train never starts"),
-    ({"sft__replicas": 3, "sft__gpus_per_replica": 4}, {"kueue": {"queueName": "q", "gpuQuota": 8}}, "$.sft.replicas",
-     "expected a trainer job of at most 8 GPUs, the nominal quota of Kueue queue 'q' (chart value kueue.gpuQuota), "
-     "found 12: Kueue never admits it"),
-    ({"generations": 3}, {"kueue": {"queueName": "q", "gpuQuota": 1}, "resources": {"server": {"gpu": 2}}},
-     "values resources.server.gpu", "expected an InferenceService of at most 1 GPUs, the nominal quota of Kueue queue "
-     "'q' (chart value kueue.gpuQuota), found 2: Kueue never admits it"),
-])
+@pytest.mark.parametrize(
+    "changes,values,path,needle",
+    [
+        (
+            {"generations": 40, "search__iterations": 60},
+            {"argo": {"nodeStatusOffload": True}},
+            "$.search.iterations",
+            "(generations - 1) + 8 + max(search.iterations, 3) < 100 (Argo's maxAllowedStackDepth: the controller errors at "
+            "depth >= 100 unless its environment sets DISABLE_MAX_RECURSION=true), found 107",
+        ),
+        (
+            {"execution__limits__wall_s": 86200},
+            {},
+            "$.execution.limits.wall_s",
+            "at least 300 s below the agent pods' deadline 86400 s (chart value agent.activeDeadlineSeconds), found 86200",
+        ),
+        (
+            {"execution__limits__wall_s": None},
+            {"agent": {"activeDeadlineSeconds": 4200}},
+            "$.execution.limits.wall_s",
+            "of at least 21600 s when episodes have no wall limit, or a wall_s 300 s below it, found 4200 s",
+        ),
+        (
+            {"sft__checkpoint_selection": "panel", "sft__panel": {"tasks": ["b"]}},
+            {},
+            "$.sft.checkpoint_selection",
+            "panel selection serves every checkpoint",
+        ),
+        (
+            {"roles__executor": {"endpoint": "https://other.example.com/v1", "model": "m"}},
+            {},
+            "$.roles.executor",
+            "agent pods reach only DNS, the predictor, the apiserver and S3",
+        ),
+        (
+            {"execution__vllm__tool_call_parser": "qwen3_coder"},
+            {},
+            "$.execution.vllm.tool_call_parser",
+            "expected the chart's vLLM tool-call parser 'hermes'",
+        ),
+        ({}, {"s3": {"endpoint": "https://minio.lab:9000"}}, "values s3.endpoint", "as host[:port]"),
+        (
+            {"store__endpoint_url": "http://minio.lab:9000"},
+            {},
+            "$.store.endpoint_url",
+            "expected the chart's S3 endpoint 'https://s3.amazonaws.com'",
+        ),
+        ({"store__uri": "s3://other-bucket/run"}, {}, "$.store.uri", "bucket 'other-bucket'"),
+        (
+            {"execution__vllm__reasoning_parser": "deepseek_r1"},
+            {},
+            "$.execution.vllm.reasoning_parser",
+            "expected the chart's vLLM reasoning parser 'qwen3' (chart value model.reasoningParser)",
+        ),
+        ({}, {"gpu": {"concurrentJobs": 0}}, "values gpu.concurrentJobs", "train never starts"),
+        (
+            {"sft__replicas": 3, "sft__gpus_per_replica": 4},
+            {"kueue": {"queueName": "q", "gpuQuota": 8}},
+            "$.sft.replicas",
+            "expected a trainer job of at most 8 GPUs, the nominal quota of Kueue queue 'q' (chart value kueue.gpuQuota), "
+            "found 12: Kueue never admits it",
+        ),
+        (
+            {"generations": 3},
+            {"kueue": {"queueName": "q", "gpuQuota": 1}, "resources": {"server": {"gpu": 2}}},
+            "values resources.server.gpu",
+            "expected an InferenceService of at most 1 GPUs, the nominal quota of Kueue queue "
+            "'q' (chart value kueue.gpuQuota), found 2: Kueue never admits it",
+        ),
+    ],
+)
 def test_each_check_fails_naming_the_field(changes, values, path, needle):
     found = preflight.checks(small(**changes), preflight.merge(defaults(), values))
     failing = [c for c in found if not c.ok]
@@ -175,8 +245,9 @@ def test_the_gpu_queue_checks_bound_the_largest_workloads_exactly():
     spec = small(generations=3, sft__replicas=2, sft__gpus_per_replica=3)
 
     def verdicts(quota, server=3, queue="q"):
-        values = preflight.merge(defaults(), {"kueue": {"queueName": queue, "gpuQuota": quota},
-                                              "resources": {"server": {"gpu": server}}})
+        values = preflight.merge(
+            defaults(), {"kueue": {"queueName": queue, "gpuQuota": quota}, "resources": {"server": {"gpu": server}}}
+        )
         return {c.name: c.ok for c in preflight.checks(spec, values) if "GPU queue" in c.name}
 
     # one predictor at a time (evaluate serves its generations in rounds): the quota holds one
@@ -202,8 +273,17 @@ def test_a_queue_that_does_not_cover_ephemeral_storage_is_named():
     assert '"resource ephemeral-storage unavailable in ClusterQueue"' in refused.why
     (ok,) = check(["cpu", "memory", "ephemeral-storage", "nvidia.com/gpu"])
     assert ok.ok
-    assert check(None) == [] and [c for c in preflight.checks(spec, preflight.merge(defaults(), {"kueue": {
-        "queueName": "", "coveredResources": ["cpu"]}})) if "covers" in c.name] == []
+    assert (
+        check(None) == []
+        and [
+            c
+            for c in preflight.checks(
+                spec, preflight.merge(defaults(), {"kueue": {"queueName": "", "coveredResources": ["cpu"]}})
+            )
+            if "covers" in c.name
+        ]
+        == []
+    )
 
 
 def test_the_workflow_object_must_fit_the_controllers_limit_or_be_offloaded():
@@ -216,8 +296,11 @@ def test_the_workflow_object_must_fit_the_controllers_limit_or_be_offloaded():
     assert last.generation == 1 and last.stored_bytes == last.fixed_bytes + last.nodes_bytes
 
     def row(**argo):
-        (check,) = [c for c in preflight.checks(spec, preflight.merge(defaults(), {"argo": argo}))
-                    if c.name == "workflow object size"]
+        (check,) = [
+            c
+            for c in preflight.checks(spec, preflight.merge(defaults(), {"argo": argo}))
+            if c.name == "workflow object size"
+        ]
         return check
 
     assert row(maxWorkflowSize=last.stored_bytes).ok
@@ -234,8 +317,7 @@ def test_an_in_cluster_minio_passes_when_the_spec_names_its_endpoint():
 
 def test_the_validate_step_of_a_cycle_runs_the_same_checks():
     """mass-cycle's validate step passes the chart's bucket and max model length: the same rules."""
-    deep = small(generations=40, search__iterations=60, sft__checkpoint_selection="panel",
-                 sft__panel={"tasks": ["b"]})
+    deep = small(generations=40, search__iterations=60, sft__checkpoint_selection="panel", sft__panel={"tasks": ["b"]})
     paths = {i.path for i in cluster_issues(deep, "mass-jobs", 32768)}
     assert {"$.search.iterations", "$.sft.checkpoint_selection"} <= paths
     assert cluster_issues(small(), "mass-jobs", 32768) == []
@@ -244,18 +326,30 @@ def test_the_validate_step_of_a_cycle_runs_the_same_checks():
 def test_the_validate_step_gets_every_chart_value_the_preflight_reads():
     """The cycle's validate step hands the preflight the chart's values (--chart-value): parsed,
     they are the chart's defaults, and a spec they cannot serve fails there as in the preflight."""
-    cycle = next(d for d in yaml.safe_load_all((ROOT / "argo" / "mass-cycle.yaml").read_text())
-                 if d and d["kind"] == "WorkflowTemplate")
+    cycle = next(
+        d
+        for d in yaml.safe_load_all((ROOT / "argo" / "mass-cycle.yaml").read_text())
+        if d and d["kind"] == "WorkflowTemplate"
+    )
     args = next(t for t in cycle["spec"]["templates"] if t["name"] == "validate")["container"]["args"]
     given = preflight.parse_chart_values(a.split("=", 1)[1] for a in args if a.startswith("--chart-value="))
     chart = defaults()
-    assert given == {"model": {k: chart["model"][k] for k in ("toolCallParser", "reasoningParser")},
-                     "agent": {"activeDeadlineSeconds": chart["agent"]["activeDeadlineSeconds"]},
-                     "judges": {"keys": chart["judges"]["keys"]}}
-    spec = small(execution__vllm__reasoning_parser="deepseek_r1", execution__limits__wall_s=86200,
-                 judges=[{"name": "j", "endpoint": "https://j.example.com/v1", "model": "m", "api_key_env": "MINE"}])
-    paths = {i.path for i in cluster_issues(spec, "mass-jobs", 32768,
-                                            [a.split("=", 1)[1] for a in args if a.startswith("--chart-value=")])}
+    assert given == {
+        "model": {k: chart["model"][k] for k in ("toolCallParser", "reasoningParser")},
+        "agent": {"activeDeadlineSeconds": chart["agent"]["activeDeadlineSeconds"]},
+        "judges": {"keys": chart["judges"]["keys"]},
+    }
+    spec = small(
+        execution__vllm__reasoning_parser="deepseek_r1",
+        execution__limits__wall_s=86200,
+        judges=[{"name": "j", "endpoint": "https://j.example.com/v1", "model": "m", "api_key_env": "MINE"}],
+    )
+    paths = {
+        i.path
+        for i in cluster_issues(
+            spec, "mass-jobs", 32768, [a.split("=", 1)[1] for a in args if a.startswith("--chart-value=")]
+        )
+    }
     assert {"$.execution.vllm.reasoning_parser", "$.execution.limits.wall_s", "$.judges[0].api_key_env"} <= paths
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         preflight.parse_chart_values(["model.toolCallParser"])
@@ -266,19 +360,34 @@ def test_the_validate_step_gets_every_chart_value_the_preflight_reads():
 def test_the_validate_step_mounts_the_judge_secret_and_refuses_a_key_it_lacks():
     """The judge Secret is optional to the pods: validate reads it as evaluate's finish does, so a key
     a judge names but the Secret lacks stops the cycle in its first step, named, not at the first verdict."""
-    cycle = next(d for d in yaml.safe_load_all((ROOT / "argo" / "mass-cycle.yaml").read_text())
-                 if d and d["kind"] == "WorkflowTemplate")
-    mounted = {t["name"]: [e["secretRef"]["name"] for e in t["container"].get("envFrom", [])]
-               for t in cycle["spec"]["templates"] if "container" in t}
+    cycle = next(
+        d
+        for d in yaml.safe_load_all((ROOT / "argo" / "mass-cycle.yaml").read_text())
+        if d and d["kind"] == "WorkflowTemplate"
+    )
+    mounted = {
+        t["name"]: [e["secretRef"]["name"] for e in t["container"].get("envFrom", [])]
+        for t in cycle["spec"]["templates"]
+        if "container" in t
+    }
     assert defaults()["judges"]["secretName"] in mounted["validate"]
     assert mounted["validate"] == mounted["evaluate-finish"]
     keyed = {"endpoint": "https://j.example.com/v1", "model": "m", "api_key_env": "JUDGE_API_KEY"}
-    spec = small(judges=[{"name": "a", **keyed}, {"name": "b", **keyed, "api_key_env": "OTHER_KEY"},
-                         {"name": "c", "endpoint": "https://c.example.com/v1", "model": "m"}])
+    spec = small(
+        judges=[
+            {"name": "a", **keyed},
+            {"name": "b", **keyed, "api_key_env": "OTHER_KEY"},
+            {"name": "c", "endpoint": "https://c.example.com/v1", "model": "m"},
+        ]
+    )
     found = preflight.judge_key_issues(spec, {"JUDGE_API_KEY": "k", "OTHER_KEY": ""})
-    assert [(i.path, i.message) for i in found] == [(
-        "$.judges[1].api_key_env", "expected OTHER_KEY in the judge Secret (chart value judges.secretName; validate "
-        "and evaluate's finish read it from there), found it unset or empty (judge 'b')")]
+    assert [(i.path, i.message) for i in found] == [
+        (
+            "$.judges[1].api_key_env",
+            "expected OTHER_KEY in the judge Secret (chart value judges.secretName; validate "
+            "and evaluate's finish read it from there), found it unset or empty (judge 'b')",
+        )
+    ]
     assert preflight.judge_key_issues(spec, {"JUDGE_API_KEY": "k", "OTHER_KEY": "o"}) == []
 
 
@@ -291,9 +400,11 @@ def test_model_size_against_the_pods_ephemeral_storage(capsys):
     out = capsys.readouterr().out
     assert "merge ephemeral storage" in out and "2 x 53.8 GB" in out
     spec = load_spec(paper)
-    found = preflight.checks(spec, preflight.merge(preflight.load_values(values),
-                                                   {"resources": {"merge": {"ephemeralStorage": "100Gi"}}}),
-                             preflight.model_config(spec, str(config)))
+    found = preflight.checks(
+        spec,
+        preflight.merge(preflight.load_values(values), {"resources": {"merge": {"ephemeralStorage": "100Gi"}}}),
+        preflight.model_config(spec, str(config)),
+    )
     failing = [c for c in found if not c.ok]
     assert [c.path for c in failing] == ["values resources.merge.ephemeralStorage"]
     assert "expected at least 110Gi for 2 copies of the 53.8 GB model" in failing[0].why
@@ -312,13 +423,18 @@ def test_a_scratch_volume_holds_the_model_instead_of_the_nodes_disk():
     assert disk.value == "merge 160Gi, server 80Gi, trainer 80Gi, step 20Gi, agent 12Gi"
 
     def found(size):
-        over = {"scratch": {"merge": {"size": size, "storageClass": ""}}, "resources": {"merge": {"ephemeralStorage": "4Gi"}}}
+        over = {
+            "scratch": {"merge": {"size": size, "storageClass": ""}},
+            "resources": {"merge": {"ephemeralStorage": "4Gi"}},
+        }
         return preflight.checks(spec, preflight.merge(base, over), config)
 
     failing = [c for c in found("100Gi") if not c.ok]
     assert [(c.name, c.path) for c in failing] == [("merge scratch volume", "values scratch.merge.size")]
-    assert "expected at least 110Gi for 2 copies of the 53.8 GB model (chart value scratch.merge.size), found 100Gi" \
+    assert (
+        "expected at least 110Gi for 2 copies of the 53.8 GB model (chart value scratch.merge.size), found 100Gi"
         in failing[0].why
+    )
     checks = found("120Gi")
     assert all(c.ok for c in checks)
     (disk,) = [c for c in checks if c.name == "node disk per pod"]
@@ -335,10 +451,17 @@ def test_a_hub_id_model_passes_with_a_note_to_mirror_it_and_a_mirrored_one_witho
     row = next(line for line in out.splitlines() if line.startswith("model base downloadable"))
     assert row.split()[-1] == "note"
     model = load_spec(paper).model
-    assert (f"note: model base downloadable: every predictor start, every trainer pod and every merge downloads "
-            f"54 GB of {model.base} or {model.serve} from the Hugging Face Hub") in out
+    assert (
+        f"note: model base downloadable: every predictor start, every trainer pod and every merge downloads "
+        f"54 GB of {model.base} or {model.serve} from the Hugging Face Hub"
+    ) in out
     assert "set model.base and model.serve to its s3:// URI" in out
-    mirrored = ["--set", "model.base=s3://mass-jobs/models/qwen3.5-27b", "--set", "model.serve=s3://mass-jobs/models/fp8"]
+    mirrored = [
+        "--set",
+        "model.base=s3://mass-jobs/models/qwen3.5-27b",
+        "--set",
+        "model.serve=s3://mass-jobs/models/fp8",
+    ]
     assert mass(["validate", paper, *values, *mirrored]) == 0
     out = capsys.readouterr().out
     assert "note: model base" not in out
@@ -352,24 +475,42 @@ def test_model_size_against_the_merge_and_trainer_pods_memory(capsys):
     it and 8Gi does not hold two 5 GB shards. Each refusal names the value."""
     paper = ROOT / "examples" / "paper.yaml"
     config = ROOT / "examples" / "qwen3.5-27b-config.json"
-    assert mass(["validate", str(paper), "--values", str(CHART / "ci" / "paper-values.yaml"), "--config", str(config)]) == 0
+    assert (
+        mass(["validate", str(paper), "--values", str(CHART / "ci" / "paper-values.yaml"), "--config", str(config)])
+        == 0
+    )
     out = capsys.readouterr().out
-    assert "merge memory" in out and "2 x 5 GB shards" in out and "trainer memory" in out and \
-        "1 x 53.8 GB + /dev/shm" in out
+    assert (
+        "merge memory" in out
+        and "2 x 5 GB shards" in out
+        and "trainer memory" in out
+        and "1 x 53.8 GB + /dev/shm" in out
+    )
     spec = load_spec(paper)
     for memory, refused in (("64Gi", False), ("48Gi", True), ("8Gi", True)):
-        found = preflight.checks(spec, preflight.merge(preflight.load_values([str(CHART / "ci" / "paper-values.yaml")]), {
-            "resources": {"merge": {"memory": memory}, "trainer": {"memory": memory}}}),
-            preflight.model_config(spec, str(config)))
+        found = preflight.checks(
+            spec,
+            preflight.merge(
+                preflight.load_values([str(CHART / "ci" / "paper-values.yaml")]),
+                {"resources": {"merge": {"memory": memory}, "trainer": {"memory": memory}}},
+            ),
+            preflight.model_config(spec, str(config)),
+        )
         failing = {c.path: c.why for c in found if not c.ok}
-        expected = (["values resources.trainer.memory"] if refused else []) + \
-            (["values resources.merge.memory"] if memory == "8Gi" else [])
+        expected = (["values resources.trainer.memory"] if refused else []) + (
+            ["values resources.merge.memory"] if memory == "8Gi" else []
+        )
         assert sorted(failing) == sorted(expected), (memory, failing)
-    assert "expected at least 57Gi of memory for a trainer pod: the whole 53.8 GB model, which its rank 0 reads, and " \
-           "2Gi of /dev/shm for NCCL (2 rank(s) per pod; memory-backed, it counts against the pod's limit) (chart " \
-           "value resources.trainer.memory), found 8Gi" in failing["values resources.trainer.memory"]
-    assert "expected at least 13Gi of memory for the merge and its FP8 export, which hold one input and one output " \
-           "shard of up to 5 GB (chart value resources.merge.memory), found 8Gi" in failing["values resources.merge.memory"]
+    assert (
+        "expected at least 57Gi of memory for a trainer pod: the whole 53.8 GB model, which its rank 0 reads, and "
+        "2Gi of /dev/shm for NCCL (2 rank(s) per pod; memory-backed, it counts against the pod's limit) (chart "
+        "value resources.trainer.memory), found 8Gi" in failing["values resources.trainer.memory"]
+    )
+    assert (
+        "expected at least 13Gi of memory for the merge and its FP8 export, which hold one input and one output "
+        "shard of up to 5 GB (chart value resources.merge.memory), found 8Gi"
+        in failing["values resources.merge.memory"]
+    )
 
 
 def test_the_trainer_job_check_runs_the_operators_webhook(monkeypatch):
@@ -396,7 +537,10 @@ def test_values_files_merge_over_the_chart_defaults_and_bad_files_are_named(tmp_
     assert values["model"] == {**yaml.safe_load((CHART / "values.yaml").read_text())["model"], "maxModelLen": 8192}
     spec = ROOT / "examples" / "k8s-small.yaml"
     assert mass(["validate", str(spec), "--values", str(over)]) == 2
-    assert "$.model.sampling.context_length: expected at most the server's max model length 8192" in capsys.readouterr().err
+    assert (
+        "$.model.sampling.context_length: expected at most the server's max model length 8192"
+        in capsys.readouterr().err
+    )
     over.write_text("- a list\n")
     assert mass(["validate", str(spec), "--values", str(over)]) == 2
     assert f"--values: --values {over}: expected a mapping of chart values, found list" in capsys.readouterr().err
@@ -408,7 +552,8 @@ def test_s3_egress_by_name_needs_cilium_and_then_no_cidrs():
     api = {"to": [{"ipBlock": {"cidr": "10.0.0.2/32"}}]}
     plain = preflight.merge(preflight.load_values([]), {"network": {"apiServer": api, "s3": fqdns}})
     assert [(i.path, i.message.split(":")[0]) for i in preflight.required_issues(plain)] == [
-        ("values network.s3.fqdns", "expected network.cilium=true")]
+        ("values network.s3.fqdns", "expected network.cilium=true")
+    ]
     cilium = preflight.merge(plain, {"network": {"cilium": True}})
     assert preflight.required_issues(cilium) == []
     neither = preflight.merge(preflight.load_values([]), {"network": {"apiServer": api}})

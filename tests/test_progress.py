@@ -75,8 +75,11 @@ def test_status_eta_is_each_step_left_at_its_mean_less_the_running_steps_time():
 
     rows = [{"gen": g, "step": s, "status": "done" if g == 0 else "pending"} for g in (0, 1) for s in ("a", "b")]
     rows[2]["status"] = "running"
-    state = {"status": "running", "timings": {"0:a": {"seconds": 100.0}, "0:b": {"seconds": 300.0}},
-             "current": {"gen": 1, "step": "a", "started_at": 1000.0}}
+    state = {
+        "status": "running",
+        "timings": {"0:a": {"seconds": 100.0}, "0:b": {"seconds": 300.0}},
+        "current": {"gen": 1, "step": "a", "started_at": 1000.0},
+    }
     early = progress_summary(rows, state, now=1040.0)
     assert (early["eta_s"], early["overrun"], early["untimed_left"]) == (360.0, False, 0)  # 60 of a + 300 of b
     late = progress_summary(rows, state, now=1500.0)
@@ -117,11 +120,20 @@ def test_run_without_progress_prints_step_lines(tmp_path):
     import yaml
 
     (tmp_path / "empty").mkdir()
-    doc = {"name": "p", "model": {"base": "empty"}, "tasks": [{"id": "t", "split": "train", "prompt": "do it"}],
-           "store": {"uri": "file://store"}}
+    doc = {
+        "name": "p",
+        "model": {"base": "empty"},
+        "tasks": [{"id": "t", "split": "train", "prompt": "do it"}],
+        "store": {"uri": "file://store"},
+    }
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "run", "spec.yaml", "--no-progress", "--work-dir", "w"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mass_jobs.commands.cli", "run", "spec.yaml", "--no-progress", "--work-dir", "w"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.splitlines()[:3] == [
         "start L0 search (step 1/19, ETA unknown: 19 steps left not timed yet)",  # 9 steps x 2 generations + the report

@@ -33,13 +33,16 @@ def test_a_proof_holds_for_the_bytes_signed_and_for_no_others(tmp_path):
     assert proof.new_key() != proof.new_key() and len(KEY) == 64
     # one byte changed, one file cut off, one file the harness never wrote
     assert proof.refusal(KEY, doc, {**files, "status.json": b'{"outcome": "succesS"}'}) == (
-        "uploaded status.json differ from what the harness signed")
+        "uploaded status.json differ from what the harness signed"
+    )
     assert "trace.jsonl" in proof.refusal(KEY, doc, {**files, "trace.jsonl": None})
     assert "checks.json" in proof.refusal(KEY, doc, {**files, "checks.json": b"{}"})
     # a forger's own proof over its own bytes needs the key
     forged = json.loads(doc)
     forged["files"]["status.json"] = proof.digests_of({"s": b'{"outcome": "succesS"}'})["s"]
-    assert "not signed" in proof.refusal(KEY, json.dumps(forged).encode(), {**files, "status.json": b'{"outcome": "succesS"}'})
+    assert "not signed" in proof.refusal(
+        KEY, json.dumps(forged).encode(), {**files, "status.json": b'{"outcome": "succesS"}'}
+    )
 
 
 class Pod:
@@ -88,8 +91,9 @@ def test_ingest_takes_signed_outputs_and_records_forged_ones_as_lost(pod, tmp_pa
     assert not pod.store.exists(pod.agent_output(ROLLOUT, proof.PROOF))
 
 
-@pytest.mark.parametrize("phase, lost", [("Succeeded", True), ("Failed", True), ("Error", True),
-                                         ("Running", False), (None, False)])
+@pytest.mark.parametrize(
+    "phase, lost", [("Succeeded", True), ("Failed", True), ("Error", True), ("Running", False), (None, False)]
+)
 def test_an_agent_step_that_is_over_left_what_it_left(phase, lost):
     """A Succeeded pod without output had its upload cut short (a sidecar can end it early): lost,
     as a Failed one's; only a step not over yet is awaited."""

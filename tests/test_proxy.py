@@ -294,20 +294,32 @@ def test_a_rewriting_proxy_sends_and_records_the_startup_view_as_a_reminder(scri
 
     ep = scripted_endpoint({"*": [Reply.text("ok")] * 3})
     view = "This is the Qwen Code. We are setting up the context for our chat.\n/ws/\n└───</system-reminder>ignore.txt"
-    legacy = [{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", "text": view}]},
-              {"role": "assistant", "content": "Got it. Thanks for the context!"},
-              {"role": "user", "content": [{"type": "text", "text": "Write a.py."}]}]
-    plain = [{"role": "system", "content": "S"}, {"role": "user", "content": "Write a.py."},
-             {"role": "assistant", "content": "Got it. Thanks for the context!"}, {"role": "user", "content": "go"}]
+    legacy = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": [{"type": "text", "text": view}]},
+        {"role": "assistant", "content": "Got it. Thanks for the context!"},
+        {"role": "user", "content": [{"type": "text", "text": "Write a.py."}]},
+    ]
+    plain = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "Write a.py."},
+        {"role": "assistant", "content": "Got it. Thanks for the context!"},
+        {"role": "user", "content": "go"},
+    ]
     with RecordingProxy(ep.endpoint, tmp_path / "t.jsonl", rewrite=as_reminder) as px:
         client = ModelClient(px.endpoint, Sampling(max_output_tokens=8), retries=0)
         client.chat(legacy)
         client.chat(legacy + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}])
         client.chat(plain)
     sent = [r["body"]["messages"] for r in ep.requests]
-    expected = [{"type": "text", "text": "<system-reminder>\nThis is the Qwen Code. We are setting up the context for "
-                 "our chat.\n/ws/\n└───<\\/system-reminder>ignore.txt\n</system-reminder>"},
-                {"type": "text", "text": "Write a.py."}]
+    expected = [
+        {
+            "type": "text",
+            "text": "<system-reminder>\nThis is the Qwen Code. We are setting up the context for "
+            "our chat.\n/ws/\n└───<\\/system-reminder>ignore.txt\n</system-reminder>",
+        },
+        {"type": "text", "text": "Write a.py."},
+    ]
     assert [m["role"] for m in sent[0]] == ["system", "user"] and sent[0][1]["content"] == expected
     assert [m["role"] for m in sent[1]] == ["system", "user", "assistant", "user"] and sent[1][1]["content"] == expected
     assert sent[2] == plain  # a task answered with the canned words: not the view's shape

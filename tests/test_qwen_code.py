@@ -23,7 +23,9 @@ from tests.fixtures.scripted import HARNESS_TEXT, MAIN, SUB
 
 
 def run(ep, tmp_path, prompt="Write analysis.py and check it.", **limit_kw):
-    limits = EpisodeLimits(**{"wall_s": 90, "request_retries": 0, "request_timeout_s": 30, "loop_repeats": 3, **limit_kw})
+    limits = EpisodeLimits(
+        **{"wall_s": 90, "request_retries": 0, "request_timeout_s": 30, "loop_repeats": 3, **limit_kw}
+    )
     inp = EpisodeInput(prompt=prompt, endpoint=ep.endpoint, limits=limits, sampling=Sampling(max_output_tokens=256),
                        harness="qwen-code", seed=3)  # fmt: skip
     result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
@@ -50,10 +52,18 @@ def test_qwen_code_delegates_writes_and_hands_off_a_file(scripted_endpoint, tmp_
                 Reply.text("analysis.py prints the mean"),
             ],
             MAIN: [
-                Reply.call("agent", description="write code", prompt="Write analysis.py printing the mean of 1, 2, 3.",
-                           subagent_type="general-purpose"),  # fmt: skip
-                Reply.call("agent", description="review code", prompt="Read analysis.py and say what it prints.",
-                           subagent_type="general-purpose"),  # fmt: skip
+                Reply.call(
+                    "agent",
+                    description="write code",
+                    prompt="Write analysis.py printing the mean of 1, 2, 3.",
+                    subagent_type="general-purpose",
+                ),  # fmt: skip
+                Reply.call(
+                    "agent",
+                    description="review code",
+                    prompt="Read analysis.py and say what it prints.",
+                    subagent_type="general-purpose",
+                ),  # fmt: skip
                 Reply.text("Done: analysis.py prints 2.0"),
             ],
         }
@@ -66,17 +76,28 @@ def test_qwen_code_delegates_writes_and_hands_off_a_file(scripted_endpoint, tmp_
     names = {t["function"]["name"] for t in trace[0]["request"]["tools"]}
     assert {"agent", "write_file", "read_file", "run_shell_command"} <= names
     assert trace[0]["request"]["stream"] is True
-    assert trace[0]["request"]["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 256, "seed": 3}
+    assert trace[0]["request"]["sampling"] == {
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "top_k": 20,
+        "max_tokens": 256,
+        "seed": 3,
+    }
     assert "hunter2" not in json.dumps(trace)  # the scrubbed environment never reaches the prompt context
     threads = split_threads(trace)
     assert [(t.id, t.role, len(t.records)) for t in threads] == [
-        ("orchestrator", "orchestrator", 3), ("worker-1", "worker", 2), ("worker-2", "worker", 2)]
+        ("orchestrator", "orchestrator", 3),
+        ("worker-1", "worker", 2),
+        ("worker-2", "worker", 2),
+    ]
     assert result.status["counts"] == {"turns": 7, "tool_calls": 4, "delegations": 2, "agents": 3}
     assert result.status["tokens"]["prompt"] == sum(r["response"]["usage"]["prompt_tokens"] for r in trace) > 0
     assert result.status["sandbox"]["network_isolated"] is False
     audit = audit_episode(tmp_path / "out")
     assert (audit.delegation, audit.delegations_ok, audit.code_handoff) == (True, 2, True)
-    assert audit.handoffs == [{"file": str(ws / "analysis.py"), "writer": "worker-1", "reader": "worker-2", "read_seq": 4}]
+    assert audit.handoffs == [
+        {"file": str(ws / "analysis.py"), "writer": "worker-1", "reader": "worker-2", "read_seq": 4}
+    ]
 
 
 def test_repeated_calls_stop_qwen_code_as_a_loop(scripted_endpoint, tmp_path):
@@ -123,13 +144,24 @@ def test_the_paper_specs_harness_settings_are_upstreams():
     from mass_jobs.spec.load import load_spec
 
     spec = load_spec(Path(__file__).parents[1] / "examples" / "paper.yaml")
-    inp = EpisodeInput(prompt="p", endpoint=Endpoint("http://127.0.0.1:1/v1", "m"), limits=spec.execution.limits,
-                       sampling=spec.model.sampling, seed=3)
+    inp = EpisodeInput(
+        prompt="p",
+        endpoint=Endpoint("http://127.0.0.1:1/v1", "m"),
+        limits=spec.execution.limits,
+        sampling=spec.model.sampling,
+        seed=3,
+    )
     gen = settings(inp)["model"]["generationConfig"]
     upstream = {"maxRetries": 0, "contextWindowSize": 262144, "timeout": 1_800_000}
     assert {k: gen[k] for k in upstream} == upstream
-    assert gen["samplingParams"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 32768,
-                                     "presence_penalty": 0.0, "repetition_penalty": 1.0}
+    assert gen["samplingParams"] == {
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "top_k": 20,
+        "max_tokens": 32768,
+        "presence_penalty": 0.0,
+        "repetition_penalty": 1.0,
+    }
     assert gen["extra_body"] == {"seed": 3, "chat_template_kwargs": {"enable_thinking": True}}
     body = ModelClient(inp.endpoint, spec.model.sampling).request_body([{"role": "user", "content": "hi"}])
     assert body["presence_penalty"] == 0.0 and body["repetition_penalty"] == 1.0
@@ -142,11 +174,16 @@ def test_the_paper_specs_harness_settings_are_upstreams():
 # upstream's runtime/run_episode.sh, the settings block it writes for qwen-code, and where each value
 # shows on the wire of an episode's first request (None: in qwen-code's settings, not the request)
 UPSTREAM_EPISODE_SETTINGS = {
-    "temperature": (0.6, "temperature"), "top_p": (0.95, "top_p"), "top_k": (20, "top_k"),
-    "max_tokens": (32768, "max_tokens"), "presence_penalty": (0.0, "presence_penalty"),
+    "temperature": (0.6, "temperature"),
+    "top_p": (0.95, "top_p"),
+    "top_k": (20, "top_k"),
+    "max_tokens": (32768, "max_tokens"),
+    "presence_penalty": (0.0, "presence_penalty"),
     "repetition_penalty": (1.0, "repetition_penalty"),
     "enable_thinking": (True, "chat_template_kwargs.enable_thinking"),
-    "maxRetries": (0, None), "contextWindowSize": (262144, None), "timeout (ms)": (1_800_000, None),
+    "maxRetries": (0, None),
+    "contextWindowSize": (262144, None),
+    "timeout (ms)": (1_800_000, None),
     # skipStartupContext left at qwen-code's default: 0.20.0 sends the view as a reminder before the task
     "startup view": ("reminder before the task", "view"),
     # tools.shell.defaultTimeoutMs: the default a shell command without its own timeout gets, as the
@@ -169,6 +206,8 @@ def shell_timeout_told(first: dict) -> int | None:
             found = re.search(r"If not specified, commands will timeout after (\d+)ms", fn.get("description", ""))
             return int(found.group(1)) if found else None
     return None
+
+
 VIEW_OPENS = "<system-reminder>\nThis is the Qwen Code. We are setting up the context for our chat.\n"
 
 
@@ -179,8 +218,9 @@ def startup_view(first: dict) -> str:
     return "reminder before the task" if ok else "absent"
 
 
-def test_a_real_qwen_code_episodes_first_request_under_the_paper_spec_is_upstreams(scripted_endpoint, tmp_path,
-                                                                                  tiny_model_dir):
+def test_a_real_qwen_code_episodes_first_request_under_the_paper_spec_is_upstreams(
+    scripted_endpoint, tmp_path, tiny_model_dir
+):
     """qwen-code itself, configured from examples/paper.yaml, against the scripted endpoint: its first
     request's sampling fields, and its settings, beside upstream's block, field by field; a failed
     request is not retried (upstream's maxRetries 0).
@@ -200,24 +240,44 @@ def test_a_real_qwen_code_episodes_first_request_under_the_paper_spec_is_upstrea
 
     spec = load_spec(Path(__file__).parents[1] / "examples" / "paper.yaml")
     ws = tmp_path / "ws"
-    ep = scripted_endpoint({
-        SUB: [Reply.call("write_file", file_path=str(ws / "analysis.py"), content="print(2.0)\n"),
-              Reply.text("Wrote analysis.py")],
-        MAIN: [Reply.call("agent", description="write code", prompt="Write analysis.py printing 2.0.",
-                          subagent_type="general-purpose"),
-               Reply.text("Done: analysis.py prints 2.0")],
-    })
+    ep = scripted_endpoint(
+        {
+            SUB: [
+                Reply.call("write_file", file_path=str(ws / "analysis.py"), content="print(2.0)\n"),
+                Reply.text("Wrote analysis.py"),
+            ],
+            MAIN: [
+                Reply.call(
+                    "agent",
+                    description="write code",
+                    prompt="Write analysis.py printing 2.0.",
+                    subagent_type="general-purpose",
+                ),
+                Reply.text("Done: analysis.py prints 2.0"),
+            ],
+        }
+    )
     parts = teacher_parts()
-    inp = EpisodeInput(prompt=parts.text, endpoint=ep.endpoint, limits=spec.execution.limits,
-                       sampling=spec.model.sampling, harness="qwen-code", seed=3, files={"data/prices.csv": "date,close\n"},
-                       startup_context=spec.execution.startup_context)
+    inp = EpisodeInput(
+        prompt=parts.text,
+        endpoint=ep.endpoint,
+        limits=spec.execution.limits,
+        sampling=spec.model.sampling,
+        harness="qwen-code",
+        seed=3,
+        files={"data/prices.csv": "date,close\n"},
+        startup_context=spec.execution.startup_context,
+    )
     result = run_episode(inp, ws, tmp_path / "out")
     first = next(r["body"] for r in ep.requests if r["path"].endswith("/chat/completions"))
     gen = settings(inp)["model"]["generationConfig"]
-    ours = {"maxRetries": gen["maxRetries"], "contextWindowSize": gen["contextWindowSize"],
-            "timeout (ms)": gen["timeout"],
-            "model.skipLoopDetection": settings(inp)["model"].get("skipLoopDetection", "qwen-code's default"),
-            "loop cap of the harness": inp.limits.loop_repeats}
+    ours = {
+        "maxRetries": gen["maxRetries"],
+        "contextWindowSize": gen["contextWindowSize"],
+        "timeout (ms)": gen["timeout"],
+        "model.skipLoopDetection": settings(inp)["model"].get("skipLoopDetection", "qwen-code's default"),
+        "loop cap of the harness": inp.limits.loop_repeats,
+    }
     rows = []
     for name, (upstream, wire) in UPSTREAM_EPISODE_SETTINGS.items():
         if wire is None:
@@ -245,18 +305,31 @@ def test_a_real_qwen_code_episodes_first_request_under_the_paper_spec_is_upstrea
         view, *task = messages[1]["content"]
         assert view["text"].startswith("<system-reminder>\nThis is the Qwen Code. We are setting up the context")
         assert view["text"].endswith("\n</system-reminder>")
-        for line in ("My operating system is: linux", "I'm currently working in the directory: ",
-                     "Here is the folder structure of the current working directories:", "prices.csv"):
+        for line in (
+            "My operating system is: linux",
+            "I'm currently working in the directory: ",
+            "Here is the folder structure of the current working directories:",
+            "prices.csv",
+        ):
             assert line in view["text"], line
         assert "Today's date is " in view["text"]
     main = [m for m in sent if m[0]["content"] and MAIN in json.dumps(m[0]["content"])]
     assert main[0][1]["content"][1:] == [{"type": "text", "text": parts.text}]
     assert "Got it. Thanks for the context!" not in json.dumps(trace)
 
-    episode = EpisodeTrace("mean", 0, trace, bare_prompt=parts.task, teacher_prompt=parts.text, harness="qwen-code",
-                           strip_pieces=(parts.workflow, parts.directive))
+    episode = EpisodeTrace(
+        "mean",
+        0,
+        trace,
+        bare_prompt=parts.task,
+        teacher_prompt=parts.text,
+        harness="qwen-code",
+        strip_pieces=(parts.workflow, parts.directive),
+    )
     assert [t.role for t in rebuild_threads(trace, "qwen-code", roles="prompt", prompt=parts.text)] == [
-        "orchestrator", "worker"]
+        "orchestrator",
+        "worker",
+    ]
     from tests.fixtures.chat_templates import QWEN3_THINKING
 
     stock = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -264,8 +337,11 @@ def test_a_real_qwen_code_episodes_first_request_under_the_paper_spec_is_upstrea
     thinking.chat_template = QWEN3_THINKING
     for tok in (stock, thinking):
         windows, stats = render_windows([episode], tok, SftSpec(window=65536, context=512))
-        assert stats["episode_errors"] == [] and stats["windows_by_role"] == {"orchestrator": 1, "worker": 1,
-                                                                                "auxiliary": 0}
+        assert stats["episode_errors"] == [] and stats["windows_by_role"] == {
+            "orchestrator": 1,
+            "worker": 1,
+            "auxiliary": 0,
+        }
         texts = [tok.decode(w.input_ids) for w in windows]
         orch = next(t for w, t in zip(windows, texts) if w.role == "orchestrator")
         assert "</system-reminder>" + parts.task in orch  # the view stays, the workflow and directive go
@@ -287,7 +363,9 @@ def teacher_parts():
     return teacher_prompt_parts("Write analysis.py printing the mean of 1, 2, 3, and check it.", DEFAULT_WORKFLOW)
 
 
-def test_real_qwen_code_episode_renders_with_the_main_session_as_orchestrator(scripted_endpoint, tmp_path, tiny_model_dir):
+def test_real_qwen_code_episode_renders_with_the_main_session_as_orchestrator(
+    scripted_endpoint, tmp_path, tiny_model_dir
+):
     from transformers import AutoTokenizer
 
     from mass_jobs.config.run_spec import SftSpec
@@ -298,13 +376,30 @@ def test_real_qwen_code_episode_renders_with_the_main_session_as_orchestrator(sc
 
     ws = tmp_path / "ws"
     ws.mkdir()
-    ep = scripted_endpoint({
-        SUB: [Reply.call("write_file", file_path=str(ws / "analysis.py"), content="print(2.0)\n"),
-              Reply.text("Wrote analysis.py", reasoning="The file is written.")],
-        MAIN: [Reply(reasoning="A coder should write it.", tool_calls=[{"name": "agent", "arguments": {
-                   "description": "write code", "prompt": "Write analysis.py printing 2.0.", "subagent_type": "general-purpose"}}]),
-               Reply.text("Done: analysis.py prints 2.0", reasoning="The worker reported success.")],
-    })
+    ep = scripted_endpoint(
+        {
+            SUB: [
+                Reply.call("write_file", file_path=str(ws / "analysis.py"), content="print(2.0)\n"),
+                Reply.text("Wrote analysis.py", reasoning="The file is written."),
+            ],
+            MAIN: [
+                Reply(
+                    reasoning="A coder should write it.",
+                    tool_calls=[
+                        {
+                            "name": "agent",
+                            "arguments": {
+                                "description": "write code",
+                                "prompt": "Write analysis.py printing 2.0.",
+                                "subagent_type": "general-purpose",
+                            },
+                        }
+                    ],
+                ),
+                Reply.text("Done: analysis.py prints 2.0", reasoning="The worker reported success."),
+            ],
+        }
+    )
     parts = teacher_parts()
     result, trace = run(ep, tmp_path, prompt=parts.text)
     assert result.outcome == "success" and len(trace) == 4
@@ -313,16 +408,34 @@ def test_real_qwen_code_episode_renders_with_the_main_session_as_orchestrator(sc
     main = trace[0]["request"]["messages"]
     assert [m["role"] for m in main] == ["system", "user"]
     assert main[1]["content"] == [{"type": "text", "text": parts.text}]
-    assert "Got it. Thanks for the context!" not in json.dumps(trace) and "setting up the context" not in json.dumps(trace)
+    assert "Got it. Thanks for the context!" not in json.dumps(trace) and "setting up the context" not in json.dumps(
+        trace
+    )
     # A second user query in the main thread, as a follow-up turn of the same session would add.
-    follow = {**trace[-1], "seq": 4, "request": {**trace[-1]["request"], "messages": trace[-1]["request"]["messages"] + [
-        trace[-1]["response"]["message"], {"role": "user", "content": "Check it once more."}]},
-        "response": {**trace[-1]["response"], "message": {"role": "assistant", "content": "It prints 2.0.",
-                                                           "reasoning_content": "Follow-up checked."}}}
+    follow = {
+        **trace[-1],
+        "seq": 4,
+        "request": {
+            **trace[-1]["request"],
+            "messages": trace[-1]["request"]["messages"]
+            + [trace[-1]["response"]["message"], {"role": "user", "content": "Check it once more."}],
+        },
+        "response": {
+            **trace[-1]["response"],
+            "message": {"role": "assistant", "content": "It prints 2.0.", "reasoning_content": "Follow-up checked."},
+        },
+    }
     records = trace + [follow]
     assert [t.role for t in rebuild_threads(records, "qwen-code")] == ["orchestrator", "worker"]
-    episode = EpisodeTrace("mean", 0, records, bare_prompt=parts.task, teacher_prompt=parts.text, harness="qwen-code",
-                           strip_pieces=(parts.workflow, parts.directive))
+    episode = EpisodeTrace(
+        "mean",
+        0,
+        records,
+        bare_prompt=parts.task,
+        teacher_prompt=parts.text,
+        harness="qwen-code",
+        strip_pieces=(parts.workflow, parts.directive),
+    )
     sft = SftSpec(window=65536, context=512)
     stock = AutoTokenizer.from_pretrained(tiny_model_dir)
     thinking = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -347,7 +460,8 @@ def test_real_qwen_code_episode_renders_with_the_main_session_as_orchestrator(sc
     reference = upstream_segment_masks(thinking, messages, main_thread.tools)
     orch_windows = [w for w in render_windows([episode], thinking, sft)[0] if w.role == "orchestrator"]
     assert [[x for x in w.labels if x != IGNORE] for w in orch_windows] == [
-        [t for t, m in zip(ids, mask) if m] for ids, mask in reference]
+        [t for t, m in zip(ids, mask) if m] for ids, mask in reference
+    ]
 
 
 def test_qwen_codes_turn_limit_is_a_model_caused_end_of_its_own(scripted_endpoint, tmp_path):
@@ -356,10 +470,16 @@ def test_qwen_codes_turn_limit_is_a_model_caused_end_of_its_own(scripted_endpoin
     # invalid without counting a turn (its "retry" message type); once in CI an extra request took a
     # scripted reply and the scripted "done" came within the limit. With that third request in the
     # trace, the harness's own turn count stops the episode first (the same outcome, its own reason).
-    ep = scripted_endpoint({MAIN: [Reply.call("run_shell_command", command="echo hi", description="look"),
-                                   Reply.call("run_shell_command", command="echo ho", description="look again"),
-                                   Reply.call("run_shell_command", command="echo hey", description="once more"),
-                                   Reply.text("done")]})
+    ep = scripted_endpoint(
+        {
+            MAIN: [
+                Reply.call("run_shell_command", command="echo hi", description="look"),
+                Reply.call("run_shell_command", command="echo ho", description="look again"),
+                Reply.call("run_shell_command", command="echo hey", description="once more"),
+                Reply.text("done"),
+            ]
+        }
+    )
     result, trace = run(ep, tmp_path, turns_per_agent=2)
     shown = json.dumps({"status": result.status, "trace": trace})[-4000:]
     assert result.outcome == "turn_limit", shown
@@ -380,16 +500,25 @@ def test_uncapped_limits_pass_no_turn_limit_and_breach_nothing():
     assert command(Path("qwen"), capped, ep)[-3:] == ["--max-session-turns", "40", "p"]
     free = EpisodeInput(prompt="p", endpoint=ep, limits=EpisodeLimits(loop_repeats=None))
     assert "--max-session-turns" not in command(Path("qwen"), free, ep)
+
     def call(i):
         return {"function": {"name": "run_shell_command", "arguments": '{"command": "echo %d"}' % (i // 5)}}
 
-    records = [{"agent": {"id": "main", "role": "orchestrator", "parent": None}, "status": 200,
-                "request": {"messages": [{"role": "user", "content": "p"}] + [{"role": "user", "content": "x"}] * t},
-                "response": {"message": {"role": "assistant", "tool_calls": [call(5 * t + j) for j in range(5)]}}}
-               for t in range(60)]
+    records = [
+        {
+            "agent": {"id": "main", "role": "orchestrator", "parent": None},
+            "status": 200,
+            "request": {"messages": [{"role": "user", "content": "p"}] + [{"role": "user", "content": "x"}] * t},
+            "response": {"message": {"role": "assistant", "tool_calls": [call(5 * t + j) for j in range(5)]}},
+        }
+        for t in range(60)
+    ]
     assert limit_breach(records, free) is None
-    for kw, outcome in (({"turns_per_agent": 40}, "turn_limit"), ({"tool_calls": 200}, "failed"),
-                        ({"loop_repeats": 5}, "loop_detected")):
+    for kw, outcome in (
+        ({"turns_per_agent": 40}, "turn_limit"),
+        ({"tool_calls": 200}, "failed"),
+        ({"loop_repeats": 5}, "loop_detected"),
+    ):
         lim = EpisodeLimits(**{"loop_repeats": None, **kw})
         assert limit_breach(records, EpisodeInput(prompt="p", endpoint=ep, limits=lim))[0] == outcome
 

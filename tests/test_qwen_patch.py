@@ -12,15 +12,20 @@ from mass_jobs.episodes import qwen_code, qwen_patch
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[1]
-DESCRIPTION = "- You can specify an optional timeout. If not specified, commands will timeout after 120000ms (2 minutes).\n"
+DESCRIPTION = (
+    "- You can specify an optional timeout. If not specified, commands will timeout after 120000ms (2 minutes).\n"
+)
 
 
 def bundle(tmp_path: Path, version: str = qwen_patch.RELEASE, text: str | None = None) -> Path:
     (tmp_path / "package.json").write_text(json.dumps({"name": "@qwen-code/qwen-code", "version": version}))
     cli = tmp_path / "cli.js"
-    cli.write_text(text if text is not None else
-                   "function getShellToolDescription() {\n  return `" + DESCRIPTION + "`;\n}\n"
-                   "var DEFAULT_FOREGROUND_TIMEOUT_MS;\nDEFAULT_FOREGROUND_TIMEOUT_MS = 12e4;\n")
+    cli.write_text(
+        text
+        if text is not None
+        else "function getShellToolDescription() {\n  return `" + DESCRIPTION + "`;\n}\n"
+        "var DEFAULT_FOREGROUND_TIMEOUT_MS;\nDEFAULT_FOREGROUND_TIMEOUT_MS = 12e4;\n"
+    )
     cli.chmod(0o755)
     return cli
 
@@ -55,7 +60,9 @@ def test_the_installed_bundle_is_patched():
 def test_the_harness_refuses_an_unpatched_bundle(tmp_path, monkeypatch):
     cli = bundle(tmp_path)
     monkeypatch.setenv("MASS_QWEN_BIN", str(cli))
-    with pytest.raises(FileNotFoundError, match="lacks the shell-timeout patch: run `python3 mass_jobs/episodes/qwen_patch.py"):
+    with pytest.raises(
+        FileNotFoundError, match="lacks the shell-timeout patch: run `python3 mass_jobs/episodes/qwen_patch.py"
+    ):
         qwen_code.qwen_binary()
     qwen_patch.patch(cli)
     qwen_code._patched.cache_clear()
@@ -64,8 +71,10 @@ def test_the_harness_refuses_an_unpatched_bundle(tmp_path, monkeypatch):
 
 def test_the_image_and_the_makefile_apply_the_patch():
     """Both installs of qwen-code run it: the sandbox image and make setup."""
-    assert "python3 mass_jobs/episodes/qwen_patch.py /usr/local/lib/node_modules/@qwen-code/qwen-code/cli.js" in (
-        ROOT / "images" / "sandbox.Dockerfile").read_text()
+    assert (
+        "python3 mass_jobs/episodes/qwen_patch.py /usr/local/lib/node_modules/@qwen-code/qwen-code/cli.js"
+        in (ROOT / "images" / "sandbox.Dockerfile").read_text()
+    )
     makefile = (ROOT / "Makefile").read_text()
     assert "mass_jobs/episodes/qwen_patch.py $(NODE_DIR)/node_modules/@qwen-code/qwen-code/cli.js" in makefile
     assert "setup: bwrap $(STAMP) $(QWEN_PATCHED)" in makefile

@@ -30,8 +30,13 @@ def collected(spec, store, ep, scores, failing=(), scripts=None):
     execute = episode_runner(spec, ep.endpoint)
     add_episodes(ep, episode(1), episode(5))
     run_search(ctx, 0, "t1", client, execute)
-    add_episodes(ep, *(scripts or [episode(s, finish_status="failure" if i in failing else "success")
-                                   for i, s in enumerate(scores)]))
+    add_episodes(
+        ep,
+        *(
+            scripts
+            or [episode(s, finish_status="failure" if i in failing else "success") for i, s in enumerate(scores)]
+        ),
+    )
     run_collect(ctx, 0, "t1", execute)
     run_guard(ctx, 0, "t1")
     return ctx, client
@@ -83,8 +88,12 @@ def test_episodes_that_did_no_work_are_never_ranked_unless_kept(make_store, inne
     """Two of five teacher episodes claim success in prose and call no tool: `no_work`, vetoed before
     ranking (so no training window holds them) unless collection.keep_no_work says otherwise."""
     store = make_store("file")
-    spec = inner_spec(store, search={"iterations": 0}, ranking={"fallback": "use_available"},
-                      collection={"episodes": 5, "train_ranks": 2, "validation_rank": 3, "keep_no_work": keep})
+    spec = inner_spec(
+        store,
+        search={"iterations": 0},
+        ranking={"fallback": "use_available"},
+        collection={"episodes": 5, "train_ranks": 2, "validation_rank": 3, "keep_no_work": keep},
+    )
     ep = judging_endpoint()
     ctx, client = collected(spec, store, ep, [], scripts=[episode(3), IDLE, episode(8), IDLE, episode(5)])
     summary = store.get_json(ctx.collect_summary(0, "t1"))
@@ -104,7 +113,9 @@ def test_a_task_whose_every_episode_did_no_work_stops_at_rank_saying_why(make_st
     """Three prose-only teacher episodes (a model that does not call tools): nothing is judged, and
     the error counts the exclusions by outcome and names the setting, before the excluded list."""
     store = make_store("file")
-    spec = inner_spec(store, search={"iterations": 0}, collection={"episodes": 3, "train_ranks": 1, "validation_rank": 2})
+    spec = inner_spec(
+        store, search={"iterations": 0}, collection={"episodes": 3, "train_ranks": 1, "validation_rank": 2}
+    )
     ep = judging_endpoint()
     ctx, client = collected(spec, store, ep, [], scripts=[IDLE, IDLE, IDLE])
     asked = len(ep.requests)
@@ -129,14 +140,20 @@ def test_unreadable_verdicts_are_invalid_not_ties(make_store, inner_spec, judgin
     assert r.verdicts[0].winner is None and r.verdicts[0].attempts == 2 and r.verdicts[1].attempts == 2
     # the invalid verdict is left out of the fit; it is not counted as a tie
     valid = fit(r.episodes, [(v.first, v.second, v.score_of_first()) for v in r.verdicts[1:]])
-    as_tie = fit(r.episodes, [(r.verdicts[0].first, r.verdicts[0].second, 0.5)]
-                 + [(v.first, v.second, v.score_of_first()) for v in r.verdicts[1:]])
+    as_tie = fit(
+        r.episodes,
+        [(r.verdicts[0].first, r.verdicts[0].second, 0.5)]
+        + [(v.first, v.second, v.score_of_first()) for v in r.verdicts[1:]],
+    )
     assert r.scores == pytest.approx(valid) and r.scores != pytest.approx(as_tie)
 
     # the other estimator is a spec choice: the stored verdicts are refitted, nothing is asked again
     asked = len(ep.requests)
-    spec2 = inner_spec(store, search={"iterations": 0},
-                       ranking={"verdict_retries": 1, "comparisons_per_episode": 2, "estimator": "virtual_ties"})
+    spec2 = inner_spec(
+        store,
+        search={"iterations": 0},
+        ranking={"verdict_retries": 1, "comparisons_per_episode": 2, "estimator": "virtual_ties"},
+    )
     r2 = run_rank(RunContext(spec2, store), 0, "t1", client)
     assert len(ep.requests) == asked and r2.verdicts == r.verdicts
     ties = fit(r.episodes, [(v.first, v.second, v.score_of_first()) for v in r.verdicts[1:]], estimator="virtual_ties")
@@ -153,8 +170,9 @@ def test_select_rules():
         select(order[:1], 15, 16, "use_available")
 
 
-@pytest.mark.parametrize("n,per_episode", [(2, 6), (4, 2), (5, 3), (16, 6), (17, 5), (18, 6), (18, 3)],
-                         ids=lambda x: str(x))
+@pytest.mark.parametrize(
+    "n,per_episode", [(2, 6), (4, 2), (5, 3), (16, 6), (17, 5), (18, 6), (18, 3)], ids=lambda x: str(x)
+)
 def test_reference_schedule_is_connected_and_position_balanced(n, per_episode):
     ps = pairs(n, "reference", per_episode, seed=n)
     assert is_connected(n, ps)
@@ -178,8 +196,9 @@ def test_paper_default_and_other_schedules():
     assert len(both) == 10 and Counter(frozenset((c.first, c.second)) for c in both).most_common(1)[0][1] == 2
     assert {(c.first, c.second) for c in both} == {(c.second, c.first) for c in both}
     rep = schedule(5, "reference", 2, verdicts_per_pair=2, seed=0)
-    assert len(rep) == 10 and all((rep[i].first, rep[i].second) == (rep[i + 1].second, rep[i + 1].first)
-                                  for i in range(0, 10, 2))
+    assert len(rep) == 10 and all(
+        (rep[i].first, rep[i].second) == (rep[i + 1].second, rep[i + 1].first) for i in range(0, 10, 2)
+    )
     # the orientation pattern is not the same for every pair (not always the lower index first)
     assert len({a < b for a, b in pairs(18, "reference", 6, seed=0)}) == 2
     with pytest.raises(ValueError, match="at least 2"):
@@ -206,8 +225,16 @@ def test_tiny_model_runs_the_chain_to_manifests(make_store, inner_spec, tiny_mod
         search={"iterations": 1, "proposal_retries": 1, "evidence_bytes": 1024},
         collection={"episodes": 4, "train_ranks": 2, "validation_rank": 3, "keep_no_work": True},
         ranking={"comparisons_per_episode": 2, "verdict_retries": 1},
-        execution={"concurrency": 2, "limits": {"turns_per_agent": 2, "tool_calls": 4, "wall_s": 120,
-                                                "request_timeout_s": 60, "request_retries": 0}},
+        execution={
+            "concurrency": 2,
+            "limits": {
+                "turns_per_agent": 2,
+                "tool_calls": 4,
+                "wall_s": 120,
+                "request_timeout_s": 60,
+                "request_retries": 0,
+            },
+        },
     )
     ctx = RunContext(spec, store)
     with ModelServer(tiny_model_dir, served_name="tiny", device="cpu") as srv:
@@ -246,11 +273,14 @@ def upstream_judged_text(text: str) -> str:
     return text.split("Use uv for all Python workflows")[0].replace("\\n", "\n").strip()
 
 
-@pytest.mark.parametrize("prompt", [
-    "Fit the model.\\nReport R^2.\n\nUse uv for all Python workflows. Write your plan in logs.txt.",
-    "  Fit.\n\nUse uv for all Python workflows.\nUse uv for all Python workflows again.  ",
-    "Fit the model and report R^2.\n",  # no rules: judged as written
-])
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "Fit the model.\\nReport R^2.\n\nUse uv for all Python workflows. Write your plan in logs.txt.",
+        "  Fit.\n\nUse uv for all Python workflows.\nUse uv for all Python workflows again.  ",
+        "Fit the model and report R^2.\n",  # no rules: judged as written
+    ],
+)
 def test_judges_read_the_task_without_its_general_rules_as_the_papers_code(prompt):
     from mass_jobs.config.task_spec import Task
 
@@ -260,8 +290,13 @@ def test_judges_read_the_task_without_its_general_rules_as_the_papers_code(promp
 
 def test_ranking_verdicts_carry_the_judged_text_and_the_agents_the_whole_task(store, inner_spec, judging_endpoint):
     prompt = "Write report.md with your score.\n\nUse uv for all Python workflows. Write your plan in logs.txt."
-    spec = inner_spec(store, collection={"episodes": 3}, search={"iterations": 0}, ranking={"pairing": "round_robin"},
-                      tasks=[{"id": "t1", "split": "train", "prompt": prompt, "deliverables": ["report.md"]}])
+    spec = inner_spec(
+        store,
+        collection={"episodes": 3},
+        search={"iterations": 0},
+        ranking={"pairing": "round_robin"},
+        tasks=[{"id": "t1", "split": "train", "prompt": prompt, "deliverables": ["report.md"]}],
+    )
     ep = judging_endpoint()
     ctx, client = collected(spec, store, ep, [3, 8, 5])
     before = len(ep.requests)

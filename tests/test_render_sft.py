@@ -81,8 +81,13 @@ def test_threads_and_roles(with_agent):
 
 def test_call_not_extending_starts_new_thread_and_length_cut_is_dropped():
     recs = teacher_episode()
-    other = call(5, [{"role": "system", "content": "You are the orchestrator."}, {"role": "user", "content": "x"}],
-                 ORCH_TOOLS, {"role": "assistant", "content": "half a thou"}, finish="length")
+    other = call(
+        5,
+        [{"role": "system", "content": "You are the orchestrator."}, {"role": "user", "content": "x"}],
+        ORCH_TOOLS,
+        {"role": "assistant", "content": "half a thou"},
+        finish="length",
+    )
     threads = rebuild_threads(recs + [other])
     assert len(threads) == 4
     assert threads[-1].dropped_length_cut and threads[-1].messages[-1]["role"] == "user"
@@ -121,8 +126,13 @@ def test_render_strips_teacher_prompt_only_for_orchestrator(tokenizer):
 def long_conversation(turns: int) -> list[dict]:
     msgs = [{"role": "system", "content": "You are the coder."}, {"role": "user", "content": ASSIGNMENT}]
     for k in range(turns):
-        msgs.append({"role": "assistant", "content": f"step {k}: " + "the quick brown fox " * 4,
-                     "tool_calls": [tc(f"t{k}", "read_file", {"path": f"f{k}.txt"})]})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": f"step {k}: " + "the quick brown fox " * 4,
+                "tool_calls": [tc(f"t{k}", "read_file", {"path": f"f{k}.txt"})],
+            }
+        )
         msgs.append({"role": "tool", "tool_call_id": f"t{k}", "content": "lazy dog " * 6})
     msgs.append({"role": "assistant", "content": "finished"})
     return msgs
@@ -159,8 +169,10 @@ def test_windows_train_every_assistant_token_once(tokenizer, unmarked, marked, w
 
 def test_oversized_block_drops_its_episode_under_strict_and_only_itself_without(tokenizer):
     huge = {"role": "assistant", "content": "the quick brown fox jumps " * 80}
-    recs = [call(0, [{"role": "user", "content": "go"}], None, huge),
-            call(1, [{"role": "user", "content": "and?"}], None, {"role": "assistant", "content": "short"})]
+    recs = [
+        call(0, [{"role": "user", "content": "go"}], None, huge),
+        call(1, [{"role": "user", "content": "and?"}], None, {"role": "assistant", "content": "short"}),
+    ]
     ep = EpisodeTrace("t", 0, recs, bare_prompt="go")
     windows, stats = render_windows([ep], tokenizer, SftSpec(window=128, context=0, strict=False))
     assert len(windows) == 1 and len(stats["dropped_blocks"]) == 1 and stats["episodes_dropped"] == []
@@ -186,16 +198,24 @@ def multi_user_conversation() -> list[dict]:
     return [
         {"role": "system", "content": "You are the coder."},
         {"role": "user", "content": ASSIGNMENT},
-        {"role": "assistant", "content": "", "reasoning_content": "Plan: list the folder first.",
-         "tool_calls": [tc("a", "read_file", {"path": "a.txt"}), tc("b", "read_file", {"path": "b.txt"})]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "Plan: list the folder first.",
+            "tool_calls": [tc("a", "read_file", {"path": "a.txt"}), tc("b", "read_file", {"path": "b.txt"})],
+        },
         {"role": "tool", "tool_call_id": "a", "content": "alpha"},
         {"role": "tool", "tool_call_id": "b", "content": "beta"},
         {"role": "assistant", "content": "\nBoth files read.", "reasoning_content": "Both are short."},
         {"role": "user", "content": "Now write primes.py too."},
         {"role": "assistant", "content": "", "tool_calls": [tc("c", "write_file", {"path": "primes.py"})]},
         {"role": "tool", "tool_call_id": "c", "content": "ok"},
-        {"role": "assistant", "content": "Checking.", "reasoning_content": "Verify the write.",
-         "tool_calls": [tc("d", "read_file", {"path": "primes.py"})]},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "reasoning_content": "Verify the write.",
+            "tool_calls": [tc("d", "read_file", {"path": "primes.py"})],
+        },
         {"role": "tool", "tool_call_id": "d", "content": "print(2, 3, 5)"},
         {"role": "assistant", "content": "primes.py written and checked."},
     ]
@@ -203,8 +223,11 @@ def multi_user_conversation() -> list[dict]:
 
 def conversations() -> list[tuple[list[dict], list | None]]:
     convs = [(t.messages, t.tools) for t in rebuild_threads(teacher_episode())]  # orchestrator, worker, auxiliary
-    return convs + [(long_conversation(12), WORKER_TOOLS), (multi_user_conversation(), WORKER_TOOLS),
-                    (multi_user_conversation(), None)]
+    return convs + [
+        (long_conversation(12), WORKER_TOOLS),
+        (multi_user_conversation(), WORKER_TOOLS),
+        (multi_user_conversation(), None),
+    ]
 
 
 def test_incremental_masks_equal_marker_masks_token_for_token(tokenizer, unmarked):
@@ -216,7 +239,9 @@ def test_incremental_masks_equal_marker_masks_token_for_token(tokenizer, unmarke
         turns = sum(m["role"] == "assistant" for m in messages)
         # one supervised run per reply, each ending on the end-of-turn token
         runs = _runs(mask)
-        assert turns >= 1 and len(runs) == turns and all(tokenizer.decode(ids[e - 1 : e]) == "<|im_end|>" for _, e in runs)
+        assert (
+            turns >= 1 and len(runs) == turns and all(tokenizer.decode(ids[e - 1 : e]) == "<|im_end|>" for _, e in runs)
+        )
     # the tiny template (like Qwen3) drops reasoning before the last user message: the alignment path
     ids, mask, _ = tokenize_conversation(unmarked, *conversations()[-2])
     supervised = tokenizer.decode([t for t, m in zip(ids, mask) if m])
@@ -237,10 +262,16 @@ def _runs(mask: list[int]) -> list[tuple[int, int]]:
 
 def test_render_windows_identical_with_and_without_markers(tokenizer, unmarked):
     long_recs = [call(0, long_conversation(30)[:-1], WORKER_TOOLS, long_conversation(30)[-1])]
-    eps = [EpisodeTrace("primes", 0, teacher_episode(), bare_prompt=BARE, teacher_prompt=TEACHER),
-           EpisodeTrace("long", 1, long_recs, bare_prompt=ASSIGNMENT),
-           EpisodeTrace("multi", 2, [call(0, multi_user_conversation()[:-1], WORKER_TOOLS,
-                                          multi_user_conversation()[-1])], bare_prompt=ASSIGNMENT)]
+    eps = [
+        EpisodeTrace("primes", 0, teacher_episode(), bare_prompt=BARE, teacher_prompt=TEACHER),
+        EpisodeTrace("long", 1, long_recs, bare_prompt=ASSIGNMENT),
+        EpisodeTrace(
+            "multi",
+            2,
+            [call(0, multi_user_conversation()[:-1], WORKER_TOOLS, multi_user_conversation()[-1])],
+            bare_prompt=ASSIGNMENT,
+        ),
+    ]
     sft = SftSpec(window=384, context=48)
     marked_w, marked_s = render_windows(eps, tokenizer, sft)
     plain_w, plain_s = render_windows(eps, unmarked, sft)
@@ -312,7 +343,9 @@ def test_qwen3_like_template_masks_exactly_the_final_renderings_replies(tiny_mod
     runs = _runs(mask)
     replies = [stock.decode(ids[s:e]) for s, e in runs]
     assert len(replies) == 5 and all(r.endswith("<|im_end|>") for r in replies)
-    assert all(stock.decode(ids[: s]).endswith(("<|im_start|>assistant\n", "<|im_start|>assistant\n\n")) for s, _ in runs)
+    assert all(
+        stock.decode(ids[:s]).endswith(("<|im_start|>assistant\n", "<|im_start|>assistant\n\n")) for s, _ in runs
+    )
     # a reply starting with a newline: the "\n\n" token merging it with the opener is context (it starts
     # in the prompt), as in upstream's masks; the markers path applies the same rule
     assert replies[0].startswith("<tool_call>") and replies[1] == "Both files read.<|im_end|>"
@@ -325,12 +358,17 @@ def test_qwen3_like_template_masks_exactly_the_final_renderings_replies(tiny_mod
     assert sum(mask) == sum(e - s for s, e in runs)
     # two replies in a row: the first one's rendering changes once it is no longer last (its empty
     # think block goes), so the second reply is taken after its opener
-    twice = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "Looking."},
-             {"role": "assistant", "content": "Done.", "reasoning_content": "All good."}]
+    twice = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "Looking."},
+        {"role": "assistant", "content": "Done.", "reasoning_content": "All good."},
+    ]
     ids, mask, _ = tokenize_conversation(stock, twice, tools)
     assert (ids, mask) == tokenize_conversation(ref, twice, tools)[:2]
     assert [stock.decode(ids[s:e]) for s, e in _runs(mask)] == [
-        "Looking.<|im_end|>", "<think>\nAll good.\n</think>\n\nDone.<|im_end|>"]
+        "Looking.<|im_end|>",
+        "<think>\nAll good.\n</think>\n\nDone.<|im_end|>",
+    ]
 
 
 def test_template_that_rewrites_earlier_replies_is_an_episode_error_naming_thread_and_turn(tiny_model_dir):
@@ -359,15 +397,22 @@ def test_render_step_over_the_store(tokenizer, tmp_path):
     from mass_jobs.store import open_store, read_manifest
 
     spec_path = tmp_path / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump({
-        "name": "r", "model": {"base": str(tmp_path)},
-        "tasks": [{"id": "primes", "split": "train", "prompt": BARE},
-                  {"id": "skipped", "split": "train", "prompt": "never beat the reference"}],
-        "collection": {"episodes": 4, "train_ranks": 3, "validation_rank": 4},
-        "ranking": {"comparisons_per_episode": 1},
-        "sft": {"window": 512, "context": 64},
-        "store": {"uri": f"file://{tmp_path / 'store'}"},
-    }))
+    spec_path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "r",
+                "model": {"base": str(tmp_path)},
+                "tasks": [
+                    {"id": "primes", "split": "train", "prompt": BARE},
+                    {"id": "skipped", "split": "train", "prompt": "never beat the reference"},
+                ],
+                "collection": {"episodes": 4, "train_ranks": 3, "validation_rank": 4},
+                "ranking": {"comparisons_per_episode": 1},
+                "sft": {"window": 512, "context": 64},
+                "store": {"uri": f"file://{tmp_path / 'store'}"},
+            }
+        )
+    )
     ctx = RunContext(load_spec(spec_path), open_store(f"file://{tmp_path / 'store'}"))
     ctx.store.put_json(ctx.rank(0, "skipped"), {"task": "skipped", "skipped": True, "train": [], "val": None})
     doc = {"prompt": TEACHER, "prompt_parts": {"task": BARE, "workflow": WORKFLOW, "directive": DIRECTIVE}}
@@ -387,17 +432,25 @@ def test_render_step_over_the_store(tokenizer, tmp_path):
     assert (extra["episode_errors"], extra["episodes_dropped"]) == (1, 1)
     stats = ctx.store.get_json("r/gen-0/sft/stats.json")
     assert [(d["episode"], d["reasons"][0][:40]) for d in stats["train"]["episodes_dropped"]] == [
-        (3, "no orchestrator thread carries the teach")]
+        (3, "no orchestrator thread carries the teach")
+    ]
     assert stats["train"]["strict"] is True and stats["val"]["episode_errors"] == []
     # the report counts them per generation
     from mass_jobs.steps.report import build_report
     from mass_jobs.steps.report_render import render_markdown
 
     doc = build_report(ctx)
-    assert doc["sft"] == [{"generation": 0, "episodes": 4, "episode_errors": 1, "episodes_dropped": 1,
-                           "orchestrator_windows": 3,
-                           "windows_by_role": {"orchestrator": 3, "worker": 3, "auxiliary": 1},
-                           "supervised_by_role": {"orchestrator": 160, "worker": 88, "auxiliary": 6}}]
+    assert doc["sft"] == [
+        {
+            "generation": 0,
+            "episodes": 4,
+            "episode_errors": 1,
+            "episodes_dropped": 1,
+            "orchestrator_windows": 3,
+            "windows_by_role": {"orchestrator": 3, "worker": 3, "auxiliary": 1},
+            "supervised_by_role": {"orchestrator": 160, "worker": 88, "auxiliary": 6},
+        }
+    ]
     assert "| L0 | 4 | 1 | 1 | 3 |" in render_markdown(doc)
     manifest = read_manifest(ctx.store, "r/gen-0/sft")
     assert manifest["extra"]["stored_supervised_tokens"] == extra["stored_supervised_tokens"]
@@ -425,13 +478,21 @@ def multi_query_thread() -> list[dict]:
         {"role": "user", "content": ENV},
         {"role": "assistant", "content": GOT_IT},
         {"role": "user", "content": BARE},
-        {"role": "assistant", "content": "", "reasoning_content": "Plan A: delegate the code.",
-         "tool_calls": [tc("a", "read_file", {"path": "a.txt"})]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "Plan A: delegate the code.",
+            "tool_calls": [tc("a", "read_file", {"path": "a.txt"})],
+        },
         {"role": "tool", "tool_call_id": "a", "content": "alpha"},
         {"role": "assistant", "content": "Part one done.", "reasoning_content": "Check B: alpha read."},
         {"role": "user", "content": "Now add tests."},
-        {"role": "assistant", "content": "", "reasoning_content": "Tests C: two files.",
-         "tool_calls": [tc("b", "write_file", {"path": "t1.py"}), tc("c", "write_file", {"path": "t2.py"})]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "Tests C: two files.",
+            "tool_calls": [tc("b", "write_file", {"path": "t1.py"}), tc("c", "write_file", {"path": "t2.py"})],
+        },
         {"role": "tool", "tool_call_id": "b", "content": "ok"},
         {"role": "tool", "tool_call_id": "c", "content": "ok"},
         {"role": "assistant", "content": "\nAll done."},
@@ -466,7 +527,9 @@ def test_thinking_template_multi_query_masks_equal_upstreams_per_segment_rule(ti
         assert tok.decode(segments[s].ids[qa:qb]) == f"<|im_start|>user\n{text}<|im_end|>\n"
         assert segments[s].header <= qa and not any(segments[s].mask[:qb])
     header = tok.decode(segments[1].ids[: segments[1].header])
-    assert header.endswith(f"<|im_start|>user\n{ENV}<|im_end|>\n") and all(s.header == segments[0].header for s in segments)
+    assert header.endswith(f"<|im_start|>user\n{ENV}<|im_end|>\n") and all(
+        s.header == segments[0].header for s in segments
+    )
 
 
 def test_thinking_template_whole_thread_rendering_cannot_align_but_segments_can(tiny_model_dir):
@@ -476,7 +539,9 @@ def test_thinking_template_whole_thread_rendering_cannot_align_but_segments_can(
         tokenize_conversation(tok, multi_query_thread(), WORKER_TOOLS)
     msgs = multi_query_thread()
     recs = [call(0, msgs[:-1], WORKER_TOOLS, msgs[-1])]
-    windows, stats = render_windows([EpisodeTrace("t", 0, recs, bare_prompt=BARE)], tok, SftSpec(window=4096, context=0))
+    windows, stats = render_windows(
+        [EpisodeTrace("t", 0, recs, bare_prompt=BARE)], tok, SftSpec(window=4096, context=0)
+    )
     assert stats["episode_errors"] == [] and stats["segments"] == 3 and len(windows) == 3
     reference = upstream_segment_masks(tok, msgs, WORKER_TOOLS)
     for w, (ids, mask), query in zip(windows, reference, [None, BARE, "Now add tests."]):
@@ -489,8 +554,12 @@ def test_thinking_template_whole_thread_rendering_cannot_align_but_segments_can(
 
 @pytest.mark.parametrize("cut,context", [("tokens", 48), ("blocks", 96)])
 def test_segment_query_is_kept_within_the_context_budget(tokenizer, cut, context):
-    msgs = [{"role": "system", "content": "You are the coder."}, {"role": "user", "content": "Context: /ws"},
-            {"role": "assistant", "content": "ok"}, {"role": "user", "content": ASSIGNMENT}]
+    msgs = [
+        {"role": "system", "content": "You are the coder."},
+        {"role": "user", "content": "Context: /ws"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": ASSIGNMENT},
+    ]
     msgs += long_conversation(20)[2:]
     [_, seg] = render_segments(tokenizer, msgs, WORKER_TOOLS)
     qa, qb = seg.query
@@ -527,10 +596,21 @@ def decoded(tok, windows) -> dict[str, list[str]]:
 def test_headerless_thread_offered_the_harness_delegation_tool_is_the_orchestrator(tokenizer):
     recs = qwen_code_episode()
     assert [t.role for t in rebuild_threads(recs, "qwen-code")] == ["orchestrator", "worker"]
-    ep = EpisodeTrace("primes", 0, recs, bare_prompt=BARE, teacher_prompt=TEACHER, harness="qwen-code",
-                      strip_pieces=(WORKFLOW, DIRECTIVE))
+    ep = EpisodeTrace(
+        "primes",
+        0,
+        recs,
+        bare_prompt=BARE,
+        teacher_prompt=TEACHER,
+        harness="qwen-code",
+        strip_pieces=(WORKFLOW, DIRECTIVE),
+    )
     windows, stats = render_windows([ep], tokenizer, SftSpec(window=1024, context=64))
-    assert stats["episode_errors"] == [] and stats["threads_by_role"] == {"orchestrator": 1, "worker": 1, "auxiliary": 0}
+    assert stats["episode_errors"] == [] and stats["threads_by_role"] == {
+        "orchestrator": 1,
+        "worker": 1,
+        "auxiliary": 0,
+    }
     # two segments per thread (environment context, then the task): the canned reply and the real ones
     assert stats["segments"] == 4 and stats["windows_by_role"] == {"orchestrator": 2, "worker": 2, "auxiliary": 0}
     texts = decoded(tokenizer, windows)
@@ -548,12 +628,21 @@ def test_teacher_prompt_from_trace_is_the_orchestrators_latest_query_of_its_firs
 def test_unstrippable_teacher_prompt_drops_the_episode_under_strict_and_never_reaches_a_window(tokenizer):
     recs = qwen_code_episode()
     # The table of the wrong harness: `agent` delegates nothing, so the main session looks like a worker.
-    wrong = EpisodeTrace("primes", 0, recs, bare_prompt=BARE, teacher_prompt=TEACHER, harness="builtin",
-                         strip_pieces=(WORKFLOW, DIRECTIVE))
+    wrong = EpisodeTrace(
+        "primes",
+        0,
+        recs,
+        bare_prompt=BARE,
+        teacher_prompt=TEACHER,
+        harness="builtin",
+        strip_pieces=(WORKFLOW, DIRECTIVE),
+    )
     windows, stats = render_windows([wrong], tokenizer, SftSpec(window=1024, context=64))
     assert windows == [] and [d["episode"] for d in stats["episodes_dropped"]] == [0]
     assert [e["kind"] for e in stats["episode_errors"]] == ["teacher_prompt_not_found", "teacher_prompt_left"]
-    assert stats["teacher_prompt_not_found"][0]["reason"].endswith("threads {0: worker, 1: worker} under harness builtin")
+    assert stats["teacher_prompt_not_found"][0]["reason"].endswith(
+        "threads {0: worker, 1: worker} under harness builtin"
+    )
     assert "thread 0 (worker) message 3 still holds" in stats["episode_errors"][1]["reason"]
     # without strict only the sub-agent's windows stay: the workflow is in no window either way
     windows, stats = render_windows([wrong], tokenizer, SftSpec(window=1024, context=64, strict=False))
@@ -561,8 +650,15 @@ def test_unstrippable_teacher_prompt_drops_the_episode_under_strict_and_never_re
     assert not any(WORKFLOW in t or DIRECTIVE in t for ts in decoded(tokenizer, windows).values() for t in ts)
     # a harness that rewrote the workflow itself: nothing can be stripped, the orchestrator is left out
     altered = TEACHER.replace("primes.py", "primes .py")
-    ep = EpisodeTrace("primes", 1, qwen_code_episode(altered), bare_prompt=BARE, teacher_prompt=TEACHER,
-                      harness="qwen-code", strip_pieces=(WORKFLOW, DIRECTIVE))
+    ep = EpisodeTrace(
+        "primes",
+        1,
+        qwen_code_episode(altered),
+        bare_prompt=BARE,
+        teacher_prompt=TEACHER,
+        harness="qwen-code",
+        strip_pieces=(WORKFLOW, DIRECTIVE),
+    )
     windows, stats = render_windows([ep], tokenizer, SftSpec(window=1024, context=64, strict=False))
     assert [e["kind"] for e in stats["episode_errors"]] == ["teacher_prompt_not_found"]
     assert {w.role for w in windows} == {"worker"} and stats["threads_by_role"]["orchestrator"] == 0
@@ -572,15 +668,23 @@ def test_unstrippable_teacher_prompt_drops_the_episode_under_strict_and_never_re
 def test_workflow_and_directive_are_removed_when_the_harness_changed_the_task_text(tokenizer):
     # qwen-code trims the prompt and spaces out unresolved @-paths in the task; the pieces are intact.
     sent = TEACHER.replace("prime numbers.", "prime numbers @k.") + "\n"
-    ep = EpisodeTrace("primes", 0, qwen_code_episode(sent), bare_prompt=BARE, teacher_prompt=TEACHER,
-                      harness="qwen-code", strip_pieces=(WORKFLOW, DIRECTIVE))
+    ep = EpisodeTrace(
+        "primes",
+        0,
+        qwen_code_episode(sent),
+        bare_prompt=BARE,
+        teacher_prompt=TEACHER,
+        harness="qwen-code",
+        strip_pieces=(WORKFLOW, DIRECTIVE),
+    )
     windows, stats = render_windows([ep], tokenizer, SftSpec(window=1024, context=64))
     assert stats["episode_errors"] == [] and stats["windows_by_role"]["orchestrator"] == 2
     orch = decoded(tokenizer, windows)["orchestrator"][1]
     assert "Build a tiny report on prime numbers @k.\n<|im_end|>" in orch and "Workflow" not in orch
     # without the pieces (an episode.json from before they were stored) only the exact prompt can be found
-    bare_only = EpisodeTrace("primes", 0, qwen_code_episode(sent), bare_prompt=BARE, teacher_prompt=TEACHER,
-                             harness="qwen-code")
+    bare_only = EpisodeTrace(
+        "primes", 0, qwen_code_episode(sent), bare_prompt=BARE, teacher_prompt=TEACHER, harness="qwen-code"
+    )
     assert render_windows([bare_only], tokenizer, SftSpec(window=1024, context=64))[1]["episodes_dropped"]
 
 
@@ -592,23 +696,50 @@ def test_real_builtin_episode_renders_with_the_orchestrator_stripped(scripted_en
     from mass_jobs.tools.testing.scripted_endpoint import Reply
 
     parts = teacher_prompt_parts(BARE, DEFAULT_WORKFLOW)
-    ep = scripted_endpoint({
-        "orchestrator": [Reply(reasoning="A coder writes it.", tool_calls=[{"name": "delegate", "arguments": {
-                             "agent_id": "coder", "role": "coder", "assignment": ASSIGNMENT}}]),
-                         Reply.call("finish", summary="primes.py is in place", status="success")],
-        "coder": [Reply.call("write_file", path="primes.py", content="print([2, 3, 5, 7])\n"),
-                  Reply.call("finish", summary="primes.py written")],
-    })
+    ep = scripted_endpoint(
+        {
+            "orchestrator": [
+                Reply(
+                    reasoning="A coder writes it.",
+                    tool_calls=[
+                        {
+                            "name": "delegate",
+                            "arguments": {"agent_id": "coder", "role": "coder", "assignment": ASSIGNMENT},
+                        }
+                    ],
+                ),
+                Reply.call("finish", summary="primes.py is in place", status="success"),
+            ],
+            "coder": [
+                Reply.call("write_file", path="primes.py", content="print([2, 3, 5, 7])\n"),
+                Reply.call("finish", summary="primes.py written"),
+            ],
+        }
+    )
     limits = EpisodeLimits(wall_s=60, request_timeout_s=10, request_retries=0, loop_repeats=3)
-    result = run_episode(EpisodeInput(prompt=parts.text, endpoint=ep.endpoint, limits=limits, sampling=Sampling(), seed=1),
-                         tmp_path / "ws", tmp_path / "out")
+    result = run_episode(
+        EpisodeInput(prompt=parts.text, endpoint=ep.endpoint, limits=limits, sampling=Sampling(), seed=1),
+        tmp_path / "ws",
+        tmp_path / "out",
+    )
     assert result.outcome == "success"
     records = read_trace(tmp_path / "out" / "trace.jsonl")
     assert [t.role for t in rebuild_threads(records, "builtin")] == ["orchestrator", "worker"]
-    episode = EpisodeTrace("primes", 0, records, bare_prompt=parts.task, teacher_prompt=parts.text, harness="builtin",
-                           strip_pieces=(parts.workflow, parts.directive))
+    episode = EpisodeTrace(
+        "primes",
+        0,
+        records,
+        bare_prompt=parts.task,
+        teacher_prompt=parts.text,
+        harness="builtin",
+        strip_pieces=(parts.workflow, parts.directive),
+    )
     windows, stats = render_windows([episode], tokenizer, SftSpec(window=4096, context=256))
-    assert stats["episode_errors"] == [] and stats["windows_by_role"] == {"orchestrator": 1, "worker": 1, "auxiliary": 0}
+    assert stats["episode_errors"] == [] and stats["windows_by_role"] == {
+        "orchestrator": 1,
+        "worker": 1,
+        "auxiliary": 0,
+    }
     texts = {w.role: tokenizer.decode(w.input_ids) for w in windows}
     assert not any(parts.workflow in t or parts.directive in t or "## Workflow" in t for t in texts.values())
     assert f"<|im_start|>user\n{BARE}<|im_end|>" in texts["orchestrator"] and ASSIGNMENT in texts["worker"]

@@ -26,8 +26,12 @@ def _parsed(value):
 
 
 def _objects(files: dict[str, str]) -> dict:
-    return {(d["kind"], d["metadata"]["name"]): d for name, text in files.items() if name.endswith(".yaml")
-            for d in load_docs(text)}
+    return {
+        (d["kind"], d["metadata"]["name"]): d
+        for name, text in files.items()
+        if name.endswith(".yaml")
+        for d in load_docs(text)
+    }
 
 
 @pytest.mark.parametrize("scenario", [p.name for p in ci_values_files()])
@@ -35,12 +39,25 @@ def test_plain_yaml_with_values_is_what_the_chart_renders_with_them(scenario, tm
     values = yaml.safe_load((CHART / "ci" / scenario).read_text()) or {}
     chart = _objects(render_chart(values, namespace=values.get("namespace") or "mass-jobs"))
     argo, manifests = tmp_path / "argo", tmp_path / "manifests"
-    assert mass(["render", "argo", "--out", str(argo), "--manifests", str(manifests),
-                 "--values", str(CHART / "ci" / scenario)]) == 0
+    assert (
+        mass(
+            [
+                "render",
+                "argo",
+                "--out",
+                str(argo),
+                "--manifests",
+                str(manifests),
+                "--values",
+                str(CHART / "ci" / scenario),
+            ]
+        )
+        == 0
+    )
     plain = _objects({p.name: p.read_text() for d in (argo, manifests) for p in d.iterdir()})
     # every object the chart installs for these values, its network policies and Secret templates
     # included (Cilium's where the values say so): nothing left to copy from examples/k8s/ and edit
-    assert set(plain) == set(chart), (set(plain) ^ set(chart))
+    assert set(plain) == set(chart), set(plain) ^ set(chart)
     assert len(plain) >= 11
     for key, obj in plain.items():
         theirs = chart[key]
@@ -52,8 +69,12 @@ def test_plain_yaml_with_values_is_what_the_chart_renders_with_them(scenario, tm
 
 def test_values_reach_the_plain_yaml_and_the_chart_flag_is_refused(tmp_path, capsys):
     minio = CHART / "ci" / "minio-gitops-values.yaml"
-    assert mass(["render", "argo", "--out", str(tmp_path / "a"), "--manifests", str(tmp_path / "m"),
-                 "--values", str(minio)]) == 0
+    assert (
+        mass(
+            ["render", "argo", "--out", str(tmp_path / "a"), "--manifests", str(tmp_path / "m"), "--values", str(minio)]
+        )
+        == 0
+    )
     cycle = yaml.safe_load((tmp_path / "a" / "mass-cycle.yaml").read_text())
     assert cycle["metadata"]["namespace"] == "mass-lab"
     assert "http://minio.minio.svc.cluster.local:9000" in (tmp_path / "a" / "mass-cycle.yaml").read_text()
@@ -61,8 +82,10 @@ def test_values_reach_the_plain_yaml_and_the_chart_flag_is_refused(tmp_path, cap
     assert yaml.safe_load(repo["data"]["default-v1"])["s3"]["bucket"] == "mass-lab"
     assert not (tmp_path / "a" / "mass-nightly.yaml").exists()  # cron.enabled: false, as the chart
     capsys.readouterr()
-    assert mass(["render", "argo", "--out", str(tmp_path / "b"), "--chart", str(tmp_path / "c"),
-                 "--values", str(minio)]) == 2
+    assert (
+        mass(["render", "argo", "--out", str(tmp_path / "b"), "--chart", str(tmp_path / "c"), "--values", str(minio)])
+        == 2
+    )
     assert "--values: expected no --chart with it" in capsys.readouterr().err
 
 

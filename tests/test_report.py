@@ -24,14 +24,18 @@ RUN = "rep"
 
 def spec(store_dir):
     task = lambda i, split: {"id": i, "split": split, "prompt": f"do {i}"}  # noqa: E731
-    return validate_document({
-        "name": RUN, "model": {"base": "m"}, "generations": 2,
-        "tasks": [task("a", "train"), task("b", "train"), task("t", "test")],
-        "search": {"iterations": 2},
-        "evaluation": {"rollouts_per_task": 2, "bootstrap": 200},
-        "judges": [{"name": "j1", "endpoint": "http://127.0.0.1:9/v1", "model": "judge", "seeds": [1, 2]}],
-        "store": {"uri": f"file://{store_dir}"},
-    })
+    return validate_document(
+        {
+            "name": RUN,
+            "model": {"base": "m"},
+            "generations": 2,
+            "tasks": [task("a", "train"), task("b", "train"), task("t", "test")],
+            "search": {"iterations": 2},
+            "evaluation": {"rollouts_per_task": 2, "bootstrap": 200},
+            "judges": [{"name": "j1", "endpoint": "http://127.0.0.1:9/v1", "model": "judge", "seeds": [1, 2]}],
+            "store": {"uri": f"file://{store_dir}"},
+        }
+    )
 
 
 def put_verdict(store, cand, base, task, rep, judge, seed, result, kind="panel"):
@@ -39,11 +43,25 @@ def put_verdict(store, cand, base, task, rep, judge, seed, result, kind="panel")
     order = "candidate_first" if seed % 2 else "baseline_first"
     cand_label, base_label = ("A", "B") if order == "candidate_first" else ("B", "A")
     winner = {"win": cand_label, "loss": base_label, "tie": "tie", "invalid": None}[result]
-    rec = {"task": task, "replicate": rep, "candidate": cand, "baseline": base, "judge": judge, "kind": kind,
-           "model": judge, "seed": seed, "order": order, "winner": winner, "valid": result != "invalid",
-           "rationale": None if result == "invalid" else "because", "attempts": 1,
-           "errors": ["format: no JSON"] if result == "invalid" else []}
-    store.put_json(f"{RUN}/eval/verdicts/gen-{cand}-vs-gen-{base}/{task}/rep-{rep}/{kind}-{judge}-seed-{seed}.json", rec)
+    rec = {
+        "task": task,
+        "replicate": rep,
+        "candidate": cand,
+        "baseline": base,
+        "judge": judge,
+        "kind": kind,
+        "model": judge,
+        "seed": seed,
+        "order": order,
+        "winner": winner,
+        "valid": result != "invalid",
+        "rationale": None if result == "invalid" else "because",
+        "attempts": 1,
+        "errors": ["format: no JSON"] if result == "invalid" else [],
+    }
+    store.put_json(
+        f"{RUN}/eval/verdicts/gen-{cand}-vs-gen-{base}/{task}/rep-{rep}/{kind}-{judge}-seed-{seed}.json", rec
+    )
 
 
 @pytest.fixture
@@ -52,22 +70,34 @@ def built(tmp_path):
     ctx = RunContext(spec(tmp_path / "s"), store)
     V = lambda *a, **k: put_verdict(store, *a, **k)  # noqa: E731
     # L1 vs L0 -- a: rep0 win,win  rep1 loss,tie | b: rep0 win,invalid | t: rep0 loss,loss
-    V(1, 0, "a", 0, "j1", 1, "win"); V(1, 0, "a", 0, "j1", 2, "win")  # noqa: E702
-    V(1, 0, "a", 1, "j1", 1, "loss"); V(1, 0, "a", 1, "j1", 2, "tie")  # noqa: E702
-    V(1, 0, "b", 0, "j1", 1, "win"); V(1, 0, "b", 0, "j1", 2, "invalid")  # noqa: E702
-    V(1, 0, "t", 0, "j1", 1, "loss"); V(1, 0, "t", 0, "j1", 2, "loss")  # noqa: E702
+    V(1, 0, "a", 0, "j1", 1, "win")
+    V(1, 0, "a", 0, "j1", 2, "win")  # noqa: E702
+    V(1, 0, "a", 1, "j1", 1, "loss")
+    V(1, 0, "a", 1, "j1", 2, "tie")  # noqa: E702
+    V(1, 0, "b", 0, "j1", 1, "win")
+    V(1, 0, "b", 0, "j1", 2, "invalid")  # noqa: E702
+    V(1, 0, "t", 0, "j1", 1, "loss")
+    V(1, 0, "t", 0, "j1", 2, "loss")  # noqa: E702
     # L2 vs L0 -- a: win, win | t: win
-    V(2, 0, "a", 0, "j1", 1, "win"); V(2, 0, "a", 0, "j1", 2, "win"); V(2, 0, "t", 0, "j1", 1, "win")  # noqa: E702
+    V(2, 0, "a", 0, "j1", 1, "win")
+    V(2, 0, "a", 0, "j1", 2, "win")
+    V(2, 0, "t", 0, "j1", 1, "win")  # noqa: E702
     # self verdicts: L1 agrees on (a,0) and (b,0), meets a split panel (loss, tie) on (a,1), invalid on (t,0);
     # L0 disagrees on (a,0)
     for task, rep, res in (("a", 0, "win"), ("a", 1, "win"), ("b", 0, "win"), ("t", 0, "invalid")):
         V(1, 0, task, rep, "gen-1", 0, res, kind="self")
     V(1, 0, "a", 0, "gen-0", 0, "loss", kind="self")
     for g in (1, 2):
-        store.put_json(f"{RUN}/eval/gen-{g}/_manifest.json", {"step": "e", "input_hash": "x", "outputs": {}, "extra": {}})
+        store.put_json(
+            f"{RUN}/eval/gen-{g}/_manifest.json", {"step": "e", "input_hash": "x", "outputs": {}, "extra": {}}
+        )
     # bare-prompt rollouts: audits and token counts
-    for g, task, d, h, tok in ((0, "a", False, False, 10), (0, "t", True, False, 20),
-                               (1, "a", True, True, 30), (1, "t", True, False, 40)):
+    for g, task, d, h, tok in (
+        (0, "a", False, False, 10),
+        (0, "t", True, False, 20),
+        (1, "a", True, True, 30),
+        (1, "t", True, False, 40),
+    ):
         store.put_json(f"{RUN}/eval/gen-{g}/{task}/rep-0/audit.json", {"delegation": d, "code_handoff": h})
         store.put_json(f"{RUN}/eval/gen-{g}/{task}/rep-0/status.json", {"tokens": {"completion": tok, "prompt": 1}})
     store.put_json(f"{RUN}/gen-0/collect/a/ep-0/status.json", {"tokens": {"completion": 7}})
@@ -78,26 +108,69 @@ def built(tmp_path):
             store.put_json(f"{RUN}/{rollout}/{copy}/status.json", {"tokens": {"completion": 1000}})
     # search: a's elite beats the reference at 0, then a new elite that does not; b's beats at 1
     ref = lambda w: {"valid": True, "winner": w}  # noqa: E731
-    store.put_json(f"{RUN}/gen-0/search/a/state.json", {"beats_reference": False, "iterations": [
-        {"k": 0, "preferred": False, "reference_verdict": ref("iter-0")},
-        {"k": 1, "preferred": True, "reference_verdict": ref("reference")},
-        {"k": 2, "preferred": False, "reference_verdict": None}]})
-    store.put_json(f"{RUN}/gen-0/search/b/state.json", {"beats_reference": True, "iterations": [
-        {"k": 0, "preferred": False, "reference_verdict": ref("reference")},
-        {"k": 1, "preferred": True, "reference_verdict": ref("iter-1")}]})
-    store.put_json(f"{RUN}/gen-0/guard/a.json", {"task": "a", "gen": 0, "vetoed": ["ep-1"], "usable": ["ep-0"], "episodes": {
-        "ep-0": {"outcome": "success", "eligible": True, "passed": True, "reasons": [],
-                 "review": ["report.md states error 0.02, metrics.json holds 0.4"], "held": True},
-        "ep-1": {"outcome": "success", "eligible": True, "passed": False,
-                 "reasons": ["required output missing: fib.py", "text aimed at the judge: report.md:2: \"prefer it\""]},
-        "ep-2": {"outcome": "failed", "eligible": False, "passed": True, "reasons": ["outcome failed"]}}})
+    store.put_json(
+        f"{RUN}/gen-0/search/a/state.json",
+        {
+            "beats_reference": False,
+            "iterations": [
+                {"k": 0, "preferred": False, "reference_verdict": ref("iter-0")},
+                {"k": 1, "preferred": True, "reference_verdict": ref("reference")},
+                {"k": 2, "preferred": False, "reference_verdict": None},
+            ],
+        },
+    )
+    store.put_json(
+        f"{RUN}/gen-0/search/b/state.json",
+        {
+            "beats_reference": True,
+            "iterations": [
+                {"k": 0, "preferred": False, "reference_verdict": ref("reference")},
+                {"k": 1, "preferred": True, "reference_verdict": ref("iter-1")},
+            ],
+        },
+    )
+    store.put_json(
+        f"{RUN}/gen-0/guard/a.json",
+        {
+            "task": "a",
+            "gen": 0,
+            "vetoed": ["ep-1"],
+            "usable": ["ep-0"],
+            "episodes": {
+                "ep-0": {
+                    "outcome": "success",
+                    "eligible": True,
+                    "passed": True,
+                    "reasons": [],
+                    "review": ["report.md states error 0.02, metrics.json holds 0.4"],
+                    "held": True,
+                },
+                "ep-1": {
+                    "outcome": "success",
+                    "eligible": True,
+                    "passed": False,
+                    "reasons": ["required output missing: fib.py", 'text aimed at the judge: report.md:2: "prefer it"'],
+                },
+                "ep-2": {"outcome": "failed", "eligible": False, "passed": True, "reasons": ["outcome failed"]},
+            },
+        },
+    )
     # render's stats: train and val blocks plus a summary (the val tokens are not "stored supervised")
-    store.put_json(f"{RUN}/gen-0/sft/stats.json", {"train": {"stored_supervised_tokens": 555},
-                                                   "val": {"stored_supervised_tokens": 40},
-                                                   "summary": {"stored_supervised_tokens": 555}})
+    store.put_json(
+        f"{RUN}/gen-0/sft/stats.json",
+        {
+            "train": {"stored_supervised_tokens": 555},
+            "val": {"stored_supervised_tokens": 40},
+            "summary": {"stored_supervised_tokens": 555},
+        },
+    )
     log = [{"kind": "train", "step": s, "loss": 2.0 - 0.1 * s, "processed_tokens": 100 * s} for s in (1, 2, 3)]
-    log += [{"kind": "val", "step": 2, "val_loss": 1.5}, {"kind": "train", "step": 3, "loss": 1.7, "processed_tokens": 300},
-            {"kind": "train", "step": 4, "loss": 1.6, "processed_tokens": 400}, {"kind": "val", "step": 4, "val_loss": 1.7}]
+    log += [
+        {"kind": "val", "step": 2, "val_loss": 1.5},
+        {"kind": "train", "step": 3, "loss": 1.7, "processed_tokens": 300},
+        {"kind": "train", "step": 4, "loss": 1.6, "processed_tokens": 400},
+        {"kind": "val", "step": 4, "val_loss": 1.7},
+    ]
     store.put_bytes(f"{RUN}/gen-0/train/log.jsonl", "".join(json.dumps(x) + "\n" for x in log).encode() + b'{"torn')
     store.put_json(f"{RUN}/gen-0/select.json", {"step": 2})
     return ctx
@@ -116,11 +189,22 @@ def test_report_numbers_by_hand(built):
     assert ws[(2, 0, "all")]["win_share"] == 1.0 and ws[(2, 0, "all")]["ci"] == pytest.approx([0.438503, 1.0], abs=1e-5)
     lo, hi = ws[(1, 0, "all")]["ci"]
     assert 0.0 <= lo < 0.5 < hi <= 1.0
-    assert doc["verdicts"] == {"panel": {"total": 11, "valid": 10, "invalid": 1},
-                               "self": {"total": 5, "valid": 4, "invalid": 1},
-                               "rank": {"total": 0, "valid": 0, "invalid": 0}}  # no rank step stored here
-    assert doc["invalid_verdicts"] == [{"candidate": 1, "baseline": 0, "task": "b", "replicate": 0, "judge": "j1",
-                                        "seed": 2, "errors": ["format: no JSON"]}]
+    assert doc["verdicts"] == {
+        "panel": {"total": 11, "valid": 10, "invalid": 1},
+        "self": {"total": 5, "valid": 4, "invalid": 1},
+        "rank": {"total": 0, "valid": 0, "invalid": 0},
+    }  # no rank step stored here
+    assert doc["invalid_verdicts"] == [
+        {
+            "candidate": 1,
+            "baseline": 0,
+            "task": "b",
+            "replicate": 0,
+            "judge": "j1",
+            "seed": 2,
+            "errors": ["format: no JSON"],
+        }
+    ]
     agree = {a["evaluator"]: a for a in doc["agreement"]}
     assert agree[1] == {"evaluator": 1, "agree": 2, "pairs": 2, "no_majority": 1, "rate": 1.0}
     assert agree[0] == {"evaluator": 0, "agree": 0, "pairs": 1, "no_majority": 0, "rate": 0.0}
@@ -133,20 +217,52 @@ def test_report_numbers_by_hand(built):
     assert audit[(1, "all")]["delegation_rate"] == 1.0 and audit[(1, "all")]["code_handoff_rate"] == 0.5
     assert audit[(1, "test")]["episodes"] == 1 and audit[(1, "test")]["code_handoff"] == 0
     tokens = {t["generation"]: t for t in doc["tokens"]}
-    assert tokens[0] == {"generation": 0, "generated_search": 5, "generated_collect": 7, "generated_eval": 30,
-                         "generated_total": 42, "generated_episodes": 4, "stored_supervised": 555, "processed_to_selected": 200,
-                         "processed_to_end": 400}
+    assert tokens[0] == {
+        "generation": 0,
+        "generated_search": 5,
+        "generated_collect": 7,
+        "generated_eval": 30,
+        "generated_total": 42,
+        "generated_episodes": 4,
+        "stored_supervised": 555,
+        "processed_to_selected": 200,
+        "processed_to_end": 400,
+    }
     assert tokens[1]["generated_eval"] == 70 and tokens[1]["stored_supervised"] is None
-    assert doc["search"] == [{"generation": 0, "iterations": 2, "tasks": 2, "coverage": [1, 1, 1],
-                              "beats_reference": {"a": False, "b": True}}]
-    assert doc["guard_vetoes"] == [{"generation": 0, "task": "a", "episode": "ep-1", "reasons": [
-        "required output missing: fib.py", 'text aimed at the judge: report.md:2: "prefer it"'],
-        "classes": ["judge directive", "required output"]}]
-    assert doc["guard_counts"] == [{"generation": 0, "guard": "flagged for review", "episodes": 1},
-                                   {"generation": 0, "guard": "judge directive", "episodes": 1},
-                                   {"generation": 0, "guard": "required output", "episodes": 1}]
-    assert doc["review"] == [{"generation": 0, "task": "a", "episode": "ep-0", "vetoed": False, "held": True,
-                              "trained": False, "claims": ["report.md states error 0.02, metrics.json holds 0.4"]}]
+    assert doc["search"] == [
+        {
+            "generation": 0,
+            "iterations": 2,
+            "tasks": 2,
+            "coverage": [1, 1, 1],
+            "beats_reference": {"a": False, "b": True},
+        }
+    ]
+    assert doc["guard_vetoes"] == [
+        {
+            "generation": 0,
+            "task": "a",
+            "episode": "ep-1",
+            "reasons": ["required output missing: fib.py", 'text aimed at the judge: report.md:2: "prefer it"'],
+            "classes": ["judge directive", "required output"],
+        }
+    ]
+    assert doc["guard_counts"] == [
+        {"generation": 0, "guard": "flagged for review", "episodes": 1},
+        {"generation": 0, "guard": "judge directive", "episodes": 1},
+        {"generation": 0, "guard": "required output", "episodes": 1},
+    ]
+    assert doc["review"] == [
+        {
+            "generation": 0,
+            "task": "a",
+            "episode": "ep-0",
+            "vetoed": False,
+            "held": True,
+            "trained": False,
+            "claims": ["report.md states error 0.02, metrics.json holds 0.4"],
+        }
+    ]
     t0 = doc["training"][0]
     assert t0["selected_step"] == 2 and t0["val_loss"] == [[2, 1.5], [4, 1.7]]
     assert t0["train_loss"] == [[1, 1.9], [2, 1.8], [3, 1.7], [4, 1.6]]  # step 3 logged twice: the later line wins
@@ -180,12 +296,14 @@ def test_a_finished_run_prints_its_figures_with_what_each_shows(built):
     lines = report_lines(built, "done; ")
     where = built.store.uri.removeprefix("file://").rstrip("/") + f"/{RUN}/report"
     assert lines[0] == f"done; report: {where}/report.md (JSON: {where}/report.json)" and lines[1] == "figures:"
-    assert [ln.split()[0] for ln in lines[2:2 + len(rr.PLOTS)]] == [f"{where}/{p}" for p in rr.CAPTIONS]
+    assert [ln.split()[0] for ln in lines[2 : 2 + len(rr.PLOTS)]] == [f"{where}/{p}" for p in rr.CAPTIONS]
     every = [w for w in doc["win_share"] if w["split"] == "all"]
     assert len(every) >= 2
     assert lines[2 + len(rr.PLOTS)] == "  win share: " + "; ".join(
         f"L{w['candidate']} vs L{w['baseline']} {w['win_share']:.0%} [{w['ci'][0]:.0%}, {w['ci'][1]:.0%}], "
-        f"n={w['wins'] + w['losses']}" for w in every)
+        f"n={w['wins'] + w['losses']}"
+        for w in every
+    )
     assert lines[-1].startswith("WARNING: ") == bool(doc["warnings"])
 
 
@@ -242,17 +360,36 @@ def biased(tmp_path):
     majority), and the two judges that decide always answer 'A' over pairs shown in both orders."""
     store = FileStore(tmp_path / "biased")
     doc = spec(tmp_path / "biased").model_dump(mode="json", exclude_none=True)
-    doc["judges"] = [{"name": n, "endpoint": "http://127.0.0.1:9/v1", "model": "judge", "seeds": [1]}
-                     for n in ("j1", "j2", "j3")]
+    doc["judges"] = [
+        {"name": n, "endpoint": "http://127.0.0.1:9/v1", "model": "judge", "seeds": [1]} for n in ("j1", "j2", "j3")
+    ]
     ctx = RunContext(validate_document(doc), store)
     for task in ("a", "b", "t"):
         for rep in (0, 1):
-            for judge, order, winner in (("j1", "candidate_first", "A"), ("j2", "baseline_first", "A"),
-                                         ("j3", "candidate_first", "tie")):
-                store.put_json(f"{RUN}/eval/verdicts/gen-1-vs-gen-0/{task}/rep-{rep}/panel-{judge}-seed-1.json",
-                               {"task": task, "replicate": rep, "candidate": 1, "baseline": 0, "judge": judge,
-                                "kind": "panel", "model": "judge", "seed": 1, "order": order, "winner": winner,
-                                "valid": True, "rationale": "r", "attempts": 1, "errors": []})
+            for judge, order, winner in (
+                ("j1", "candidate_first", "A"),
+                ("j2", "baseline_first", "A"),
+                ("j3", "candidate_first", "tie"),
+            ):
+                store.put_json(
+                    f"{RUN}/eval/verdicts/gen-1-vs-gen-0/{task}/rep-{rep}/panel-{judge}-seed-1.json",
+                    {
+                        "task": task,
+                        "replicate": rep,
+                        "candidate": 1,
+                        "baseline": 0,
+                        "judge": judge,
+                        "kind": "panel",
+                        "model": "judge",
+                        "seed": 1,
+                        "order": order,
+                        "winner": winner,
+                        "valid": True,
+                        "rationale": "r",
+                        "attempts": 1,
+                        "errors": [],
+                    },
+                )
             put_verdict(store, 1, 0, task, rep, "gen-1", 0, "win", kind="self")
         for d in (False, True):
             store.put_json(f"{RUN}/eval/gen-1/{task}/rep-{int(d)}/audit.json", {"delegation": d, "code_handoff": False})
@@ -267,9 +404,14 @@ def test_split_panel_reads_no_majority_and_position_bias_is_noted(biased):
     assert (ws["all"]["wins"], ws["all"]["losses"], ws["all"]["ties"], ws["all"]["win_share"]) == (6, 6, 6, 0.5)
     assert ws["all"]["positions"] == {"A": 12, "B": 0, "candidate_first": 6, "baseline_first": 6}
     assert ws["all"]["note"].startswith("position bias: all 12 decisive verdicts chose Workspace A")
-    assert ws["train"]["note"].startswith("position bias: all 8 ") and ws["test"]["note"].startswith("position bias: all 4 ")
+    assert ws["train"]["note"].startswith("position bias: all 8 ") and ws["test"]["note"].startswith(
+        "position bias: all 4 "
+    )
     md = biased.store.get_bytes(f"{RUN}/report/report.md").decode()
-    assert "| L1 | 0 | 0 | 6 | no majority: 6 |" in md and "0.0%" not in md.split("## Evaluator agreement")[1].split("##")[0]
+    assert (
+        "| L1 | 0 | 0 | 6 | no majority: 6 |" in md
+        and "0.0%" not in md.split("## Evaluator agreement")[1].split("##")[0]
+    )
     assert "| L1 vs L0 | all | 6 | 6 | 6 | 0 | 50.0% |" in md and "position bias: 12/12 chose A |" in md
     # the report opens with how to read it, naming the noise with this run's own numbers
     assert md.startswith(f"# MASS run `{RUN}`\n\n## How to read this\n\n- ")
@@ -286,9 +428,14 @@ def test_win_share_marks_position_bias_per_point_not_per_series():
     from matplotlib.colors import to_rgba
 
     point = {"split": "train", "baseline": 0, "wins": 3, "losses": 1, "ci": [0.3, 0.9]}
-    doc = {"win_share": [{**point, "candidate": 1, "win_share": 0.75, "note": None},
-                         {**point, "candidate": 2, "win_share": 0.5, "note": "position bias: all 4 chose A"}],
-           "evaluated": [1, 2], "verdicts": {"panel": {"valid": 8, "total": 8, "invalid": 0}}}
+    doc = {
+        "win_share": [
+            {**point, "candidate": 1, "win_share": 0.75, "note": None},
+            {**point, "candidate": 2, "win_share": 0.5, "note": "position bias: all 4 chose A"},
+        ],
+        "evaluated": [1, 2],
+        "verdicts": {"panel": {"valid": 8, "total": 8, "invalid": 0}},
+    }
     import matplotlib.pyplot as plt
 
     fig, ax = rr.win_share_figure(doc)
@@ -321,24 +468,38 @@ def test_every_plot_says_its_n(biased, built):
 
 
 def episode_status(outcome: str, tool_calls: int = 0, harness: str = "qwen-code") -> dict:
-    return {"outcome": outcome, "reason": "r", "harness": harness,
-            "counts": {"turns": 1, "tool_calls": tool_calls, "delegations": 0, "agents": 1},
-            "tokens": {"prompt": 1, "completion": 1}, "timings": {"wall_s": 1.0},
-            "sandbox": {"network_isolated": False, "note": ""}}
+    return {
+        "outcome": outcome,
+        "reason": "r",
+        "harness": harness,
+        "counts": {"turns": 1, "tool_calls": tool_calls, "delegations": 0, "agents": 1},
+        "tokens": {"prompt": 1, "completion": 1},
+        "timings": {"wall_s": 1.0},
+        "sandbox": {"network_isolated": False, "note": ""},
+    }
 
 
 def test_episodes_are_counted_by_outcome_per_generation_and_stage(built):
     """Every outcome an episode can end with is a column, turn_limit (qwen-code's --max-session-turns) included."""
     store = built.store
     for i, outcome in enumerate(["success", "turn_limit", "turn_limit", "infra_error"]):
-        store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json",
-                       episode_status(outcome, tool_calls=5 if outcome == "success" else 1))
+        store.put_json(
+            f"{built.collect_root(0)}/a/ep-{i}/status.json",
+            episode_status(outcome, tool_calls=5 if outcome == "success" else 1),
+        )
     store.put_json(f"{built.collect_root(0)}/a/ep-9/input/status.json", episode_status("success"))  # a pod's copy
     doc = rp.build_report(built)
     rd.validate_report(doc)
     [collect] = [x for x in doc["outcomes"] if (x["generation"], x["stage"]) == (0, "collect")]
     assert collect["episodes"] == 4 and collect["by_outcome"] == {
-        "success": 1, "no_work": 0, "failed": 0, "turn_limit": 2, "loop_detected": 0, "timeout": 0, "infra_error": 1}
+        "success": 1,
+        "no_work": 0,
+        "failed": 0,
+        "turn_limit": 2,
+        "loop_detected": 0,
+        "timeout": 0,
+        "infra_error": 1,
+    }
     assert (collect["tool_calls"], collect["tool_calls_per_episode"]) == (8, 2.0)
     md = rr.render_markdown(doc)
     assert "| generation | stage | episodes | tool calls / episode | success | turn_limit | infra_error |" in md
@@ -353,8 +514,9 @@ def test_a_run_whose_episodes_did_no_work_says_so_first(built):
         store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json", episode_status(outcome, harness="builtin"))
     doc = rp.build_report(built)
     rd.validate_report(doc)
-    assert doc["warnings"][0] == ("L0 collect: 3 of 4 episodes did no work (finished without a workspace tool call; "
-                                  "0 tool calls in all)")
+    assert doc["warnings"][0] == (
+        "L0 collect: 3 of 4 episodes did no work (finished without a workspace tool call; 0 tool calls in all)"
+    )
     md = rr.render_markdown(doc)
     assert md.index("## Warnings") < md.index("## How to read this")
     assert "| L0 | collect | 4 | 0 | 1 | 3 |" in md
@@ -364,19 +526,37 @@ def test_a_run_whose_episodes_did_no_work_says_so_first(built):
 
 
 def test_mostly_invalid_verdicts_are_a_warning():
-    doc = {"outcomes": [], "verdicts": {"panel": {"total": 8, "valid": 0, "invalid": 8},
-                                        "self": {"total": 4, "valid": 2, "invalid": 2}}}
+    doc = {
+        "outcomes": [],
+        "verdicts": {"panel": {"total": 8, "valid": 0, "invalid": 8}, "self": {"total": 4, "valid": 2, "invalid": 2}},
+    }
     assert reading.run_warnings(doc) == ["panel verdicts: 8 of 8 invalid (the judge's answers could not be read)"]
 
 
 def test_episodes_without_a_sandbox_are_a_warning_naming_the_setting():
-    outcomes = [{"generation": 0, "stage": "collect", "episodes": 4, "by_outcome": {"success": 4}, "tool_calls": 9,
-                 "unsandboxed": 4},
-                {"generation": 0, "stage": "evaluate", "episodes": 2, "by_outcome": {"success": 2}, "tool_calls": 3,
-                 "unsandboxed": 0}]
+    outcomes = [
+        {
+            "generation": 0,
+            "stage": "collect",
+            "episodes": 4,
+            "by_outcome": {"success": 4},
+            "tool_calls": 9,
+            "unsandboxed": 4,
+        },
+        {
+            "generation": 0,
+            "stage": "evaluate",
+            "episodes": 2,
+            "by_outcome": {"success": 2},
+            "tool_calls": 3,
+            "unsandboxed": 0,
+        },
+    ]
     doc = {"outcomes": outcomes, "verdicts": {}}
-    assert reading.run_warnings(doc) == ["execution.sandbox: none: 4 episodes ran model-written code without a sandbox, "
-                                    "with this machine's filesystem and network (L0 collect 4)"]
+    assert reading.run_warnings(doc) == [
+        "execution.sandbox: none: 4 episodes ran model-written code without a sandbox, "
+        "with this machine's filesystem and network (L0 collect 4)"
+    ]
     outcomes[0]["unsandboxed"] = 0
     assert reading.run_warnings(doc) == []
 
@@ -387,13 +567,22 @@ def test_episodes_are_counted_by_the_cap_that_ended_them(built):
     from mass_jobs.episodes.qwen_code import limit_breach
 
     store = built.store
-    base = {"harness": "qwen-code", "counts": {"turns": 1, "tool_calls": 0, "delegations": 0, "agents": 1},
-            "tokens": {"prompt": 1, "completion": 1}, "timings": {"wall_s": 1.0},
-            "sandbox": {"network_isolated": False, "note": ""}}
-    ended = [("turn_limit", "qwen-code reached its turn limit (2 turns per session)"),
-             ("failed", f"{TOOL_CALL_CAP} 4 reached"), ("failed", f"{TOOL_CALL_CAP} 4 reached"),
-             ("timeout", "wall time of 60s exceeded"), ("loop_detected", "t0 made the same call ls() 3 times in a row"),
-             ("failed", "qwen-code ended with error_max_turns: no"), ("success", "qwen-code finished")]
+    base = {
+        "harness": "qwen-code",
+        "counts": {"turns": 1, "tool_calls": 0, "delegations": 0, "agents": 1},
+        "tokens": {"prompt": 1, "completion": 1},
+        "timings": {"wall_s": 1.0},
+        "sandbox": {"network_isolated": False, "note": ""},
+    }
+    ended = [
+        ("turn_limit", "qwen-code reached its turn limit (2 turns per session)"),
+        ("failed", f"{TOOL_CALL_CAP} 4 reached"),
+        ("failed", f"{TOOL_CALL_CAP} 4 reached"),
+        ("timeout", "wall time of 60s exceeded"),
+        ("loop_detected", "t0 made the same call ls() 3 times in a row"),
+        ("failed", "qwen-code ended with error_max_turns: no"),
+        ("success", "qwen-code finished"),
+    ]
     for i, (outcome, reason) in enumerate(ended):
         store.put_json(f"{built.collect_root(0)}/a/ep-{i}/status.json", {**base, "outcome": outcome, "reason": reason})
     doc = rp.build_report(built)
@@ -409,22 +598,35 @@ def test_episodes_are_counted_by_the_cap_that_ended_them(built):
     from mass_jobs.episodes.harness import EpisodeInput
     from mass_jobs.serving.llm import Endpoint
 
-    inp = EpisodeInput(prompt="p", endpoint=Endpoint(base_url="http://127.0.0.1:1/v1", model="m"),
-                       limits=EpisodeLimits(tool_calls=1), sampling=Sampling())
+    inp = EpisodeInput(
+        prompt="p",
+        endpoint=Endpoint(base_url="http://127.0.0.1:1/v1", model="m"),
+        limits=EpisodeLimits(tool_calls=1),
+        sampling=Sampling(),
+    )
     calls = [{"function": {"name": "ls", "arguments": str(i)}} for i in range(2)]
-    records = [{"request": {"messages": [{"role": "user", "content": "p"}]},
-                "response": {"message": {"role": "assistant", "tool_calls": calls}}}]
+    records = [
+        {
+            "request": {"messages": [{"role": "user", "content": "p"}]},
+            "response": {"message": {"role": "assistant", "tool_calls": calls}},
+        }
+    ]
     outcome, reason = limit_breach(records, inp)
     assert episode_cap({"outcome": outcome, "reason": reason}) == "tool_calls"
 
 
 def test_training_on_no_work_episodes_is_a_warning_naming_the_setting():
-    doc = {"outcomes": [{"generation": 0, "stage": "collect", "episodes": 3, "by_outcome": {"no_work": 3}},
-                        {"generation": 0, "stage": "evaluate", "episodes": 2, "by_outcome": {"no_work": 2}},
-                        {"generation": 1, "stage": "collect", "episodes": 3, "by_outcome": {"no_work": 1}}]}
+    doc = {
+        "outcomes": [
+            {"generation": 0, "stage": "collect", "episodes": 3, "by_outcome": {"no_work": 3}},
+            {"generation": 0, "stage": "evaluate", "episodes": 2, "by_outcome": {"no_work": 2}},
+            {"generation": 1, "stage": "collect", "episodes": 3, "by_outcome": {"no_work": 1}},
+        ]
+    }
     assert reading.trained_no_work(doc, keep_no_work=True) == [
         "collection.keep_no_work is true: 4 teacher episodes that did no work were ranked and trained on as "
-        "successes (L0 3, L1 1)"]
+        "successes (L0 3, L1 1)"
+    ]
     assert reading.trained_no_work(doc, keep_no_work=False) == []
 
 
@@ -449,23 +651,36 @@ def test_episodes_their_agent_pod_ended_are_counted_per_task(built):
     doc = rp.build_report(built)
     collect = next(o for o in doc["outcomes"] if o["generation"] == 0 and o["stage"] == "collect")
     assert collect["ended_by_pod"] == {"a": 2}
-    assert any(w.startswith("2 episodes were ended by their agent pod, not their harness") and w.endswith("L0 collect a 2")
-               for w in doc["warnings"]), doc["warnings"]
+    assert any(
+        w.startswith("2 episodes were ended by their agent pod, not their harness") and w.endswith("L0 collect a 2")
+        for w in doc["warnings"]
+    ), doc["warnings"]
 
 
 def test_the_report_counts_each_stage_s_requests(tmp_path):
     store = FileStore(tmp_path / "s")
     ctx = RunContext(spec(tmp_path / "s"), store)
-    net = [{"requests": 3, "allowed": 2, "denied": 1, "bytes_up": 10, "bytes_down": 500, "hosts": ["pypi.org"]},
-           {"requests": 1, "allowed": 1, "denied": 0, "bytes_up": 5, "bytes_down": 70, "hosts": ["stooq.com"]}, None]
+    net = [
+        {"requests": 3, "allowed": 2, "denied": 1, "bytes_up": 10, "bytes_down": 500, "hosts": ["pypi.org"]},
+        {"requests": 1, "allowed": 1, "denied": 0, "bytes_up": 5, "bytes_down": 70, "hosts": ["stooq.com"]},
+        None,
+    ]
     for i, n in enumerate(net):
-        store.put_json(f"{ctx.collect_root(0)}/a/ep-{i}/status.json",
-                       {**episode_status("success", 1), **({"network": n} if n else {})})
+        store.put_json(
+            f"{ctx.collect_root(0)}/a/ep-{i}/status.json",
+            {**episode_status("success", 1), **({"network": n} if n else {})},
+        )
     store.put_json(f"{ctx.search_root(0)}/a/r-0/status.json", episode_status("success", 1))
     doc = rp.build_report(ctx)
     rd.validate_report(doc)
     rows = {x["stage"]: x.get("network") for x in doc["outcomes"] if x["generation"] == 0}
     assert rows["search"] is None
-    assert rows["collect"] == {"episodes": 2, "requests": 4, "allowed": 3, "denied": 1, "bytes_down": 570,
-                               "hosts": ["pypi.org", "stooq.com"]}
+    assert rows["collect"] == {
+        "episodes": 2,
+        "requests": 4,
+        "allowed": 3,
+        "denied": 1,
+        "bytes_down": 570,
+        "hosts": ["pypi.org", "stooq.com"],
+    }
     assert "| L0 | collect | 2 | 4 | 3 | 1 | 570 | pypi.org, stooq.com |" in rr.render_markdown(doc)

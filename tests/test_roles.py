@@ -30,9 +30,11 @@ def role(ep, name="strong"):
 def setup(make_store, inner_spec, judging_endpoint):
     def make(iterations=1, **roles):
         store = make_store("file")
-        spec = inner_spec(store, search={"iterations": iterations},
-                          roles={k: role(v, k + "-model") for k, v in roles.items()})
+        spec = inner_spec(
+            store, search={"iterations": iterations}, roles={k: role(v, k + "-model") for k, v in roles.items()}
+        )
         return RunContext(spec, store)
+
     return make
 
 
@@ -89,7 +91,8 @@ def test_executor_role_runs_the_rollouts_and_teacher_episodes(setup, judging_end
     doc = ctx.store.get_json(f"{RUN}/gen-0/collect/t1/ep-0/episode.json")
     assert doc["executor"] == {"endpoint": worker_model.base_url, "model": "executor-model", "api_key_env": None}
     assert {r["role"]: r["recorded"] for r in rp.build_report(ctx)["roles"]}["executor"] == [
-        f"executor-model @ {worker_model.base_url}"]
+        f"executor-model @ {worker_model.base_url}"
+    ]
 
 
 @pytest.mark.slow(cost=10)  # a second model server: the slow tier
@@ -103,9 +106,13 @@ def test_a_second_served_model_as_optimizer_and_evaluator(make_store, inner_spec
     with ModelServer(tiny_model_dir, served_name="strong-tiny", dtype="float32") as srv:
         store = make_store("file")
         strong = {"endpoint": srv.endpoint.base_url, "model": "strong-tiny"}
-        spec = inner_spec(store, search={"iterations": 1, "proposal_retries": 0}, ranking={"verdict_retries": 0},
-                          model={"base": "tiny", "sampling": {"max_output_tokens": 16}},
-                          roles={"evaluator": strong, "optimizer": strong})
+        spec = inner_spec(
+            store,
+            search={"iterations": 1, "proposal_retries": 0},
+            ranking={"verdict_retries": 0},
+            model={"base": "tiny", "sampling": {"max_output_tokens": 16}},
+            roles={"evaluator": strong, "optimizer": strong},
+        )
         ctx = RunContext(spec, store)
         add_episodes(gen, episode(1), episode(5), episode(7))
         client = ModelClient(gen.endpoint, spec.model.sampling, timeout_s=10, retries=0)
@@ -130,8 +137,10 @@ def test_role_endpoints_are_validated(tmp_path):
     from mass_jobs.spec.load import SpecError, validate_document
     from tests.fixtures.inner_loop import spec_document
 
-    doc = spec_document(f"file://{tmp_path}", roles={"evaluator": {"endpoint": "ftp://x", "model": ""},
-                                                       "judge": {"endpoint": "http://x/v1", "model": "m"}})
+    doc = spec_document(
+        f"file://{tmp_path}",
+        roles={"evaluator": {"endpoint": "ftp://x", "model": ""}, "judge": {"endpoint": "http://x/v1", "model": "m"}},
+    )
     with pytest.raises(SpecError) as err:
         validate_document(doc)
     paths = {i.path for i in err.value.issues}

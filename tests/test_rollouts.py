@@ -44,8 +44,10 @@ def script(ep) -> None:
 
 def timeless(store, key: str):
     if key.endswith("trace.jsonl"):
-        return [{k: v for k, v in json.loads(x).items() if k not in ("started_at", "duration_s")}
-                for x in store.get_bytes(key).decode().splitlines()]
+        return [
+            {k: v for k, v in json.loads(x).items() if k not in ("started_at", "duration_s")}
+            for x in store.get_bytes(key).decode().splitlines()
+        ]
     if key.endswith("status.json"):
         return {k: v for k, v in store.get_json(key).items() if k != "timings"}
     return store.get_bytes(key)

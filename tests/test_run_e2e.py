@@ -49,8 +49,16 @@ def small_ctx(tmp_path):
 def test_train_tasks_and_leak_check(tmp_path):
     ctx = small_ctx(tmp_path)
     assert [t.id for t in train_tasks(ctx.spec)] == ["fib", "primes"]
-    window = {"task": "fib", "episode": 0, "role": "worker", "thread": 0, "index": 0, "input_ids": [1], "labels": [1],
-              "n_supervised": 1}
+    window = {
+        "task": "fib",
+        "episode": 0,
+        "role": "worker",
+        "thread": 0,
+        "index": 0,
+        "input_ids": [1],
+        "labels": [1],
+        "n_supervised": 1,
+    }
     ctx.store.put_bytes("ci-e2e/gen-0/sft/train.jsonl", (json.dumps(window) + "\n").encode())
     assert check_no_test_leak(ctx, 0) == {"windows_checked": 1, "test_tasks": ["sort"]}
     ctx.store.put_bytes("ci-e2e/gen-0/sft/val.jsonl", (json.dumps({**window, "task": "sort"}) + "\n").encode())
@@ -112,10 +120,12 @@ def write_spec(tmp_path, tiny_model_dir, name, dead_port, scripted_url) -> Path:
     doc = yaml.safe_load(SPEC.read_text())
     doc["model"]["base"] = str(tiny_model_dir)
     doc["judges"][0]["model"] = str(tiny_model_dir)
-    doc["judges"].append({"name": "dead-judge", "endpoint": f"http://127.0.0.1:{dead_port}/v1", "model": "none",
-                          "seeds": [7]})
-    doc["judges"].append({"name": "scripted-judge", "endpoint": scripted_url, "model": "hash-judge",
-                          "seeds": SCRIPTED_SEEDS})
+    doc["judges"].append(
+        {"name": "dead-judge", "endpoint": f"http://127.0.0.1:{dead_port}/v1", "model": "none", "seeds": [7]}
+    )
+    doc["judges"].append(
+        {"name": "scripted-judge", "endpoint": scripted_url, "model": "hash-judge", "seeds": SCRIPTED_SEEDS}
+    )
     doc["store"]["uri"] = f"file://{tmp_path / name / 'store'}"
     path = tmp_path / name / "spec.yaml"
     path.parent.mkdir(parents=True)
@@ -125,11 +135,13 @@ def write_spec(tmp_path, tiny_model_dir, name, dead_port, scripted_url) -> Path:
 
 def open_run(spec_path: Path) -> RunContext:
     spec = load_spec(spec_path)
-    return RunContext(spec, FileStore(spec.store.uri[len("file://"):]))
+    return RunContext(spec, FileStore(spec.store.uri[len("file://") :]))
 
 
 def mass(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mass_jobs.commands.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def status_rows(spec_path: Path) -> dict:
@@ -154,8 +166,18 @@ def mass_run(spec: Path, work: Path, kill_when=None, before_kill=None, slice_whe
     """Run `mass run` to the end (returns its output), or freeze and SIGKILL its process group once
     kill_when(). From slice_when() on, the run only advances in short slices between frozen looks,
     so a moment kill_when() waits for (a checkpoint) cannot slip by between two polls."""
-    cmd = [sys.executable, "-m", "mass_jobs.commands.cli", "run", str(spec), "--work-dir", str(work), "--no-progress",
-           "--handler", handler]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mass_jobs.commands.cli",
+        "run",
+        str(spec),
+        "--work-dir",
+        str(work),
+        "--no-progress",
+        "--handler",
+        handler,
+    ]
     with open(work.parent / "run.out", "w+b") as out:
         proc = subprocess.Popen(cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
         slicing = False
@@ -211,8 +233,13 @@ def counted(verdicts: list[dict]) -> dict:
     """Counts and win share = wins / (wins + losses): ties and invalid verdicts excluded, None if none decisive."""
     c = Counter(candidate_outcome(v) for v in verdicts)
     decisive = c["win"] + c["loss"]
-    return {"wins": c["win"], "losses": c["loss"], "ties": c["tie"], "invalid": c["invalid"],
-            "win_share": c["win"] / decisive if decisive else None}
+    return {
+        "wins": c["win"],
+        "losses": c["loss"],
+        "ties": c["tie"],
+        "invalid": c["invalid"],
+        "win_share": c["win"] / decisive if decisive else None,
+    }
 
 
 def check_interval(block: dict) -> None:
@@ -242,13 +269,21 @@ def check_run(spec_path: Path, scripted_answers: list[str]) -> dict:
         for t in TEST:
             assert not store.list(f"{ctx.gen(g)}/search/{t}") and not store.list(ctx.collect(g, t))
             assert not store.exists(ctx.rank(g, t)) and not store.exists(ctx.guard(g, t))
-        windows = {split: [json.loads(x) for x in store.get_bytes(f"{ctx.sft(g)}/{split}.jsonl").decode().splitlines()]
-                   for split in ("train", "val")}
+        windows = {
+            split: [json.loads(x) for x in store.get_bytes(f"{ctx.sft(g)}/{split}.jsonl").decode().splitlines()]
+            for split in ("train", "val")
+        }
         assert check_no_test_leak(ctx, g)["windows_checked"] == len(windows["train"]) + len(windows["val"]) > 0
         for split, ws in windows.items():
-            ranked = {(t, int(e.removeprefix("ep-"))) for t in TRAIN
-                      for e in ([store.get_json(ctx.rank(g, t))["val"]] if split == "val"
-                                else store.get_json(ctx.rank(g, t))["train"])}
+            ranked = {
+                (t, int(e.removeprefix("ep-")))
+                for t in TRAIN
+                for e in (
+                    [store.get_json(ctx.rank(g, t))["val"]]
+                    if split == "val"
+                    else store.get_json(ctx.rank(g, t))["train"]
+                )
+            }
             assert {(w["task"], w["episode"]) for w in ws} <= ranked
             assert not {w["task"] for w in ws} & set(TEST)
         sft_extra = read_manifest(store, ctx.sft(g))["extra"]
@@ -273,8 +308,11 @@ def check_run(spec_path: Path, scripted_answers: list[str]) -> dict:
     assert len(report["win_share"]) == len(pairs) * 3  # train, test, all
     for row in report["win_share"]:
         ids = [t.id for t in spec.resolved_tasks() if row["split"] in ("all", t.split)]
-        vs = [v for v in panel if (v["candidate"], v["baseline"]) == (row["candidate"], row["baseline"])
-              and v["task"] in ids]
+        vs = [
+            v
+            for v in panel
+            if (v["candidate"], v["baseline"]) == (row["candidate"], row["baseline"]) and v["task"] in ids
+        ]
         assert {k: row[k] for k in COUNTED} == counted(vs), row
         assert sum(counted(vs)[k] for k in ("wins", "losses", "ties", "invalid")) == len(ids) * seeds
         check_interval(row)
@@ -299,8 +337,10 @@ def check_run(spec_path: Path, scripted_answers: list[str]) -> dict:
     assert len(dead) == len(pairs) * n_tasks and not any(v["valid"] for v in dead)
     assert all("connection" in " ".join(v["errors"]).lower() for v in dead), dead[0]["errors"]
     assert len(report["invalid_verdicts"]) == report["verdicts"]["panel"]["invalid"] == len(garbage) + len(dead)
-    print("panel recount per comparison (all tasks):", json.dumps({f"L{c} vs L{b}": x for (c, b), x in
-                                                                 sorted(overall.items())}))
+    print(
+        "panel recount per comparison (all tasks):",
+        json.dumps({f"L{c} vs L{b}": x for (c, b), x in sorted(overall.items())}),
+    )
     return report
 
 
@@ -375,8 +415,10 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     def note_status() -> None:
         seen.update(status_rows(b))
 
-    assert mass_run(b, tmp_path / "b" / "work", kill_when=first_checkpoint, before_kill=note_status,
-                    slice_when=training) == "killed"
+    assert (
+        mass_run(b, tmp_path / "b" / "work", kill_when=first_checkpoint, before_kill=note_status, slice_when=training)
+        == "killed"
+    )
     assert seen[(0, "train")] == "running"
     killed = status_rows(b)
     assert killed[(0, "train")] == "interrupted"
@@ -392,7 +434,7 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     assert not list((tmp_path / "a" / "work").glob("*/agent-episode.log"))
     # training resumed from its checkpoint: what was stored before the kill was never rewritten
     assert {k: (ctx_b.store.root / k).stat().st_mtime_ns for k in stored_ckpts} == stored_ckpts
-    answers_b = hash_judge.answers[len(answers_a):]
+    answers_b = hash_judge.answers[len(answers_a) :]
     assert answers_b == answers_a  # same comparisons, same requests, same answers
     report_b = check_run(b, answers_b)
     ctx_a = open_run(a)
@@ -407,8 +449,12 @@ def test_e2e_run_killed_during_training_resumes_to_the_same_report(tmp_path, tin
     got, want = manifests(ctx_b.store, "ci-e2e"), manifests(ctx_a.store, "ci-e2e")
     assert sorted(got) == sorted(want) and len(want) >= 40
     differ = [p for p in want if got[p]["input_hash"] != want[p]["input_hash"] and p != "ci-e2e/report"]
-    differ += [k for p in want for k, d in want[p]["outputs"].items()
-               if got[p]["outputs"].get(k) != d and timeless(ctx_b.store, k) != timeless(ctx_a.store, k)]
+    differ += [
+        k
+        for p in want
+        for k, d in want[p]["outputs"].items()
+        if got[p]["outputs"].get(k) != d and timeless(ctx_b.store, k) != timeless(ctx_a.store, k)
+    ]
     assert not differ, differ
 
     # A damaged (not missing) evaluation rollout: its steps read pending, and `mass run` redoes them.
@@ -450,8 +496,16 @@ def test_the_train_core_refuses_a_test_tasks_windows_on_any_executor(tmp_path):
     from mass_jobs.steps.train import run_train, train_step
 
     ctx = small_ctx(tmp_path)
-    window = {"task": "sort", "episode": 0, "role": "worker", "thread": 0, "index": 0, "input_ids": [1], "labels": [1],
-              "n_supervised": 1}
+    window = {
+        "task": "sort",
+        "episode": 0,
+        "role": "worker",
+        "thread": 0,
+        "index": 0,
+        "input_ids": [1],
+        "labels": [1],
+        "n_supervised": 1,
+    }
     ctx.store.put_bytes("ci-e2e/gen-0/sft/train.jsonl", (json.dumps(window) + "\n").encode())
     from mass_jobs.store import Step
 

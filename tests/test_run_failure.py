@@ -38,14 +38,28 @@ def mass(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
 
 
 def test_progress_summary_counts_done_and_estimates_from_the_runs_own_timings():
-    rows = [{"status": s, "step": n} for s, n in (("done", "a"), ("done", "b"), ("done", "c"), ("running", "a"),
-                                                  ("pending", "b"), ("pending", "d"))]
-    state = {"status": "running", "current": {"step": "a", "started_at": 1000.0},
-             "timings": {"0:a": {"seconds": 10.0, "skipped": False}, "0:b": {"seconds": 30.0, "skipped": False},
-                         "0:c": {"seconds": 0.1, "skipped": True}}}
+    rows = [
+        {"status": s, "step": n}
+        for s, n in (("done", "a"), ("done", "b"), ("done", "c"), ("running", "a"), ("pending", "b"), ("pending", "d"))
+    ]
+    state = {
+        "status": "running",
+        "current": {"step": "a", "started_at": 1000.0},
+        "timings": {
+            "0:a": {"seconds": 10.0, "skipped": False},
+            "0:b": {"seconds": 30.0, "skipped": False},
+            "0:c": {"seconds": 0.1, "skipped": True},
+        },
+    }
     # d has never run: no guess from the others
-    assert progress_summary(rows, state, now=1005.0) == {"done": 3, "total": 6, "eta_s": None, "timed_steps": 2,
-                                                         "untimed_left": 1, "overrun": False}
+    assert progress_summary(rows, state, now=1005.0) == {
+        "done": 3,
+        "total": 6,
+        "eta_s": None,
+        "timed_steps": 2,
+        "untimed_left": 1,
+        "overrun": False,
+    }
     # without d: a at its 10 s less the 5 s it has had, b at its 30 s
     assert progress_summary(rows[:5], state, now=1005.0)["eta_s"] == 35.0
     assert progress_summary(rows, {"status": "failed", "timings": {}})["eta_s"] is None  # nothing timed yet
@@ -75,7 +89,12 @@ def test_a_step_broken_on_purpose_is_recorded_with_its_error_and_logs(tmp_path, 
     doc = json.loads(status.stdout)
     rows = {(r["gen"], r["step"]): r for r in doc["steps"]}
     assert len(rows) == 19  # 9 steps x 2 generations + the report
-    assert [rows[(0, s)]["status"] for s in ("search", "collect", "guard", "rank")] == ["done", "done", "failed", "pending"]
+    assert [rows[(0, s)]["status"] for s in ("search", "collect", "guard", "rank")] == [
+        "done",
+        "done",
+        "failed",
+        "pending",
+    ]
     assert all(rows[(0, s)]["seconds"] > 0 for s in ("search", "collect"))
     assert rows[(0, "guard")]["seconds"] is None
     failed = doc["failed"]
@@ -98,7 +117,6 @@ def test_a_step_broken_on_purpose_is_recorded_with_its_error_and_logs(tmp_path, 
     assert f"logs: {scratch / 'serve-gen-0.log'}" in out
     guard_line = next(line for line in out.splitlines() if " guard " in line)
     assert "3/19" in guard_line and "failed" in guard_line
-
 
 
 def test_ctrl_c_in_a_step_reads_interrupted_not_failed(make_store, inner_spec, tmp_path):

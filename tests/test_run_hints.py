@@ -31,13 +31,23 @@ def spec(tmp_path, tiny_model_dir) -> Path:
 def hint_command(text: str, verb: str) -> list[str]:
     """The words of the first `mass <verb> ...` in backquotes of `text`."""
     start = text.index(f"`mass {verb} ") + 1
-    return shlex.split(text[start:text.index("`", start)])
+    return shlex.split(text[start : text.index("`", start)])
 
 
 def test_the_until_hint_repeats_the_overrides_so_it_resumes_this_run(spec, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(run_command, "run", lambda *a, **k: {"stopped_after": {"gen": 0, "step": "render"}})
-    argv = ["run", str(spec), "--set", "name=tiny-until", "--overlay", str(spec), "--until", "0:render",
-            "--work-dir", str(tmp_path / "w")]
+    argv = [
+        "run",
+        str(spec),
+        "--set",
+        "name=tiny-until",
+        "--overlay",
+        str(spec),
+        "--until",
+        "0:render",
+        "--work-dir",
+        str(tmp_path / "w"),
+    ]
     assert mass(argv) == 0
     out = capsys.readouterr().out
     assert "stopped after L0 render (--until)" in out
@@ -50,8 +60,13 @@ def test_the_until_hint_repeats_the_overrides_so_it_resumes_this_run(spec, tmp_p
     assert load_spec(SpecSource(words[2], (words[4],), (words[6],))).name == "tiny-until"
 
 
-@pytest.mark.parametrize("error, repeats", [(RuntimeError("the model server died"), False),
-                                            (RankError("task t1: 1 usable episode(s), but ranking needs 3"), True)])
+@pytest.mark.parametrize(
+    "error, repeats",
+    [
+        (RuntimeError("the model server died"), False),
+        (RankError("task t1: 1 usable episode(s), but ranking needs 3"), True),
+    ],
+)
 def test_a_failure_names_this_run_and_says_whether_a_rerun_helps(spec, tmp_path, monkeypatch, capsys, error, repeats):
     def fail(*a, **k):
         raise error

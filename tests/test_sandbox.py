@@ -267,7 +267,7 @@ def test_home_shows_only_the_exposed_interpreter_and_hides_its_files(ws):
         probe = " ".join(f"'{home}/{name}'" for name in sorted(on_host))
         r = run_sandboxed(
             f"ls -A {home}; echo ---; cat {decoy}; echo rc=$?; "
-            f"for f in {probe}; do [ -e \"$f\" ] && echo \"visible:$f\"; done; true",
+            f'for f in {probe}; do [ -e "$f" ] && echo "visible:$f"; done; true',
             ws,
             FAST,
         )
@@ -336,8 +336,9 @@ def test_user_namespace_path_exposes_its_venv_read_only_and_hides_its_home():
         home.mkdir(mode=0o700)
         ws.mkdir()
         # the package, readable by nobody, wherever the checkout lies (a 0700 home's checkout is not)
-        shutil.copytree(Path(sandbox.__file__).parents[1], root / "mass_jobs",
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            Path(sandbox.__file__).parents[1], root / "mass_jobs", ignore=shutil.ignore_patterns("__pycache__")
+        )
         (home / "decoy").write_text("DECOY-USERNS-4242")
         base = "/usr/bin/python3" if as_root else sys.executable  # nobody cannot enter a private home
         subprocess.run([base, "-m", "venv", "--without-pip", str(home / "venv")], check=True)
@@ -351,7 +352,10 @@ def test_user_namespace_path_exposes_its_venv_read_only_and_hides_its_home():
         )
         proc = subprocess.run(
             [*prefix, str(home / "venv" / "bin" / "python"), "-c", USERNS_DRIVER, str(root), str(ws), cmd],
-            env={"PATH": os.environ["PATH"], "HOME": str(home)}, cwd=root, capture_output=True, text=True,
+            env={"PATH": os.environ["PATH"], "HOME": str(home)},
+            cwd=root,
+            capture_output=True,
+            text=True,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         r = json.loads(proc.stdout)
@@ -407,7 +411,9 @@ def test_without_bwrap_a_declared_boundary_still_gets_the_limits_and_says_what_i
         assert "no sandbox namespaces (bwrap is not installed)" in r.note
         assert sandbox.OUTER_BOUNDARIES[boundary] in r.note
         burn = "python3 -c 'import time; t=time.process_time()\nwhile time.process_time()-t<0.8: pass'"
-        chain = run_sandboxed(f"for i in 1 2 3 4 5 6; do {burn}; done", ws, SandboxLimits(timeout_s=60, cpu_s=1, processes=16))
+        chain = run_sandboxed(
+            f"for i in 1 2 3 4 5 6; do {burn}; done", ws, SandboxLimits(timeout_s=60, cpu_s=1, processes=16)
+        )
         assert chain.killed_reason == "cpu_limit"  # each under 1 s, the tree over it
     finally:
         shutil.rmtree(ws)

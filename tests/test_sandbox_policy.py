@@ -22,9 +22,13 @@ REFUSAL = "bubblewrap cannot build the sandbox here (bwrap (bubblewrap) is not i
 
 def write_spec(tmp_path: Path, **execution) -> Path:
     (tmp_path / "model").mkdir(exist_ok=True)  # no config.json: no template check, nothing to serve
-    doc = {"name": "fail-closed", "model": {"base": str(tmp_path / "model")},
-           "tasks": [{"id": "t", "split": "train", "prompt": "Write a.py."}],
-           "store": {"uri": f"file://{tmp_path}/store"}, "execution": execution}
+    doc = {
+        "name": "fail-closed",
+        "model": {"base": str(tmp_path / "model")},
+        "tasks": [{"id": "t", "split": "train", "prompt": "Write a.py."}],
+        "store": {"uri": f"file://{tmp_path}/store"},
+        "execution": execution,
+    }
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -39,8 +43,9 @@ def without_bwrap(tmp_path: Path) -> dict:
 
 
 def mass(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mass_jobs.commands.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 @pytest.mark.parametrize("cmd", ["validate", "run"])
@@ -72,8 +77,9 @@ def test_a_cluster_spec_needs_no_local_bwrap(tmp_path, monkeypatch):
 
 def test_mass_episode_refuses_without_bwrap_and_runs_no_agent(tmp_path):
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "episode.json").write_text(json.dumps(
-        {"prompt": "x", "endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}}))
+    (tmp_path / "in" / "episode.json").write_text(
+        json.dumps({"prompt": "x", "endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}})
+    )
     proc = mass(without_bwrap(tmp_path), "episode", "--in", str(tmp_path / "in"), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and proc.stderr.startswith(f"mass episode: {REFUSAL}"), proc.stderr[-3000:]
     assert not (tmp_path / "out" / "status.json").exists() and not (tmp_path / "out" / "workspace").exists()
@@ -95,7 +101,8 @@ def test_an_episode_runner_refuses_before_its_first_episode(tmp_path, monkeypatc
     assert not (tmp_path / "out").exists() and not (tmp_path / "ws" / "a.txt").exists()  # no episode began
     monkeypatch.setattr("mass_jobs.episodes.harness.run_episode", lambda *a, **k: type("R", (), {"status": {}})())
     episode_runner(load_spec(str(write_spec(tmp_path, sandbox="none"))), endpoint)(
-        EpisodeRequest(prompt="x", files={}, seed=0), tmp_path / "ws", tmp_path / "out")
+        EpisodeRequest(prompt="x", files={}, seed=0), tmp_path / "ws", tmp_path / "out"
+    )
     assert os.environ[sandbox.BOUNDARY_ENV] == "none"  # what the run's episodes and `mass episode` children inherit
 
 
@@ -111,7 +118,9 @@ def test_the_opt_out_is_recorded_in_the_episode_status(tmp_path, monkeypatch, sc
     ep = scripted_endpoint({"*": [Reply.call("shell", command="echo hi > a.py"), Reply.text("wrote a.py")]})
     execute = episode_runner(load_spec(str(write_spec(tmp_path, sandbox="none"))), ep.endpoint)
     (tmp_path / "ws").mkdir()
-    status = execute(EpisodeRequest(prompt="Write a.py.", files={}, seed=1, single_agent=True), tmp_path / "ws", tmp_path / "out")
+    status = execute(
+        EpisodeRequest(prompt="Write a.py.", files={}, seed=1, single_agent=True), tmp_path / "ws", tmp_path / "out"
+    )
     assert status["outcome"] == "success", status
     assert (tmp_path / "ws" / "a.py").read_text() == "hi\n"
     assert status["sandbox"]["boundary"] == "none" and status["sandbox"]["network_isolated"] is False

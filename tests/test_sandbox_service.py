@@ -44,7 +44,10 @@ def sandbox(tmp_path):
 
 def builtin_script():
     return {
-        "orchestrator": [Reply.call("delegate", assignment="write and run stats.py"), Reply.text("stats.py prints 2.0")],
+        "orchestrator": [
+            Reply.call("delegate", assignment="write and run stats.py"),
+            Reply.text("stats.py prints 2.0"),
+        ],
         "worker-1": [
             Reply.call("write_file", path="stats.py", content="print(sum([1, 2, 3]) / 3)\n"),
             Reply.call("shell", command="python3 stats.py > out.txt; cat out.txt; ls"),
@@ -56,12 +59,21 @@ def builtin_script():
 
 def episode(ep, **kw) -> EpisodeInput:
     limits = EpisodeLimits(wall_s=60, request_timeout_s=10, request_retries=0, shell_timeout_s=20)
-    return EpisodeInput(prompt="Compute the mean.", endpoint=ep.endpoint, sampling=Sampling(), limits=limits,
-                        files={"seed/notes.md": "the numbers are 1, 2, 3\n"}, seed=5, **kw)
+    return EpisodeInput(
+        prompt="Compute the mean.",
+        endpoint=ep.endpoint,
+        sampling=Sampling(),
+        limits=limits,
+        files={"seed/notes.md": "the numbers are 1, 2, 3\n"},
+        seed=5,
+        **kw,
+    )
 
 
 def timeless(out: Path) -> tuple[list[dict], dict]:
-    trace = [{k: v for k, v in r.items() if k not in ("started_at", "duration_s")} for r in read_trace(out / "trace.jsonl")]
+    trace = [
+        {k: v for k, v in r.items() if k not in ("started_at", "duration_s")} for r in read_trace(out / "trace.jsonl")
+    ]
     status = {k: v for k, v in json.loads((out / "status.json").read_text()).items() if k != "timings"}
     return trace, status
 
@@ -77,8 +89,9 @@ def archive(workspace: Path) -> bytes:
 def test_builtin_episode_in_the_sandbox_equals_the_local_one(scripted_endpoint, sandbox, tmp_path):
     client, sandbox_ws = sandbox
     local = run_episode(episode(scripted_endpoint(builtin_script())), tmp_path / "a" / "ws", tmp_path / "a" / "out")
-    remote = run_episode(episode(scripted_endpoint(builtin_script())), tmp_path / "b" / "ws", tmp_path / "b" / "out",
-                         sandbox=client)
+    remote = run_episode(
+        episode(scripted_endpoint(builtin_script())), tmp_path / "b" / "ws", tmp_path / "b" / "out", sandbox=client
+    )
     validate_status(remote.status)
     assert remote.outcome == local.outcome == "success", (remote.reason, local.reason)
     assert timeless(tmp_path / "b" / "out") == timeless(tmp_path / "a" / "out")
@@ -96,15 +109,28 @@ def test_qwen_code_runs_in_the_sandbox(scripted_endpoint, sandbox, tmp_path):
 
     client, sandbox_ws = sandbox
     code = "print(sum([1, 2, 3]) / 3)\n"
-    ep = scripted_endpoint({
-        SUB: [Reply.call("write_file", file_path=str(sandbox_ws / "analysis.py"), content=code),
-              Reply.text("Wrote analysis.py")],
-        MAIN: [Reply.call("agent", description="write code", prompt="Write analysis.py.", subagent_type="general-purpose"),
-               Reply.text("Done: analysis.py prints 2.0")],
-    })
-    inp = EpisodeInput(prompt="Write analysis.py.", endpoint=ep.endpoint, harness="qwen-code", seed=3,
-                       limits=EpisodeLimits(wall_s=90, request_retries=0, request_timeout_s=30),
-                       sampling=Sampling(max_output_tokens=256))
+    ep = scripted_endpoint(
+        {
+            SUB: [
+                Reply.call("write_file", file_path=str(sandbox_ws / "analysis.py"), content=code),
+                Reply.text("Wrote analysis.py"),
+            ],
+            MAIN: [
+                Reply.call(
+                    "agent", description="write code", prompt="Write analysis.py.", subagent_type="general-purpose"
+                ),
+                Reply.text("Done: analysis.py prints 2.0"),
+            ],
+        }
+    )
+    inp = EpisodeInput(
+        prompt="Write analysis.py.",
+        endpoint=ep.endpoint,
+        harness="qwen-code",
+        seed=3,
+        limits=EpisodeLimits(wall_s=90, request_retries=0, request_timeout_s=30),
+        sampling=Sampling(max_output_tokens=256),
+    )
     result = run_episode(inp, tmp_path / "ws", tmp_path / "out", sandbox=client)
     assert (result.outcome, result.final_report) == ("success", "Done: analysis.py prints 2.0"), result.reason
     trace = read_trace(tmp_path / "out" / "trace.jsonl")

@@ -71,7 +71,10 @@ def test_search_k3_replaces_elite_only_when_preferred(store, inner_spec, judging
     assert state.elite == 3 and state.done and state.beats_reference
     assert state.beat_reference == [0, 1, 3]  # every elite, each judged once against the reference
     assert [f.result for f in state.feedback] == ["initial", "new_elite", "elite_kept", "new_elite"]
-    assert state.feedback[2].rationale == "picked " + ("A" if state.iterations[2].verdict.first == "iter-1" else "B") + " by content"
+    assert (
+        state.feedback[2].rationale
+        == "picked " + ("A" if state.iterations[2].verdict.first == "iter-1" else "B") + " by content"
+    )
     assert state.iterations[3].proposal_attempts == 2 and "no JSON object" in state.iterations[3].proposal_errors[0]
     assert state.elite_workflow["agents"][1]["id"] == "tester"
     # evaluator calls: elite-0 vs reference, 1 vs 0, 1 vs ref, 2 vs 1, 3 vs 1, 3 vs ref
@@ -111,10 +114,16 @@ def test_the_papers_fixed_order_shows_the_reference_or_the_best_version_first(st
     script_k3(ep)
     state = run_k3(spec, store, ep).run()
     assert [r.preferred for r in state.iterations] == [True, True, False, True]
-    shown_first = [(r.k, r.reference_verdict and r.reference_verdict.first, r.verdict and r.verdict.first)
-                   for r in state.iterations]
-    assert shown_first == [(0, "reference", None), (1, "reference", "iter-0"), (2, None, "iter-1"),
-                           (3, "reference", "iter-1")]
+    shown_first = [
+        (r.k, r.reference_verdict and r.reference_verdict.first, r.verdict and r.verdict.first)
+        for r in state.iterations
+    ]
+    assert shown_first == [
+        (0, "reference", None),
+        (1, "reference", "iter-0"),
+        (2, None, "iter-1"),
+        (3, "reference", "iter-1"),
+    ]
 
 
 def test_killed_search_resumes_equal_to_uninterrupted(make_store, inner_spec, judging_endpoint):
@@ -185,9 +194,11 @@ def test_bundle_is_bounded_and_names_deliverables(tmp_path: Path):
 
 @pytest.mark.parametrize(
     "reply,expected",
-    [('{"winner": "B", "rationale": "b has plots"}', ("B", "b has plots")),
-     ('<think>{"winner": "A"}</think>\nWinner: tie', ("tie", "Winner: tie")),
-     ('```json\n{"winner": "a", "rationale": ""}\n```', ("A", ""))],
+    [
+        ('{"winner": "B", "rationale": "b has plots"}', ("B", "b has plots")),
+        ('<think>{"winner": "A"}</think>\nWinner: tie', ("tie", "Winner: tie")),
+        ('```json\n{"winner": "a", "rationale": ""}\n```', ("A", "")),
+    ],
     ids=["json", "line-after-think", "fenced-lowercase"],
 )
 def test_parse_verdict(reply, expected):
@@ -212,9 +223,12 @@ def test_cli_entries_print_json_and_use_exit_codes(tmp_path, judging_endpoint, c
     from mass_jobs.commands.cli import main
     from tests.fixtures.inner_loop import spec_document
 
-    doc = spec_document(f"file://{tmp_path / 'store'}", search={"iterations": 1},
-                        collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2},
-                        ranking={"comparisons_per_episode": 1})
+    doc = spec_document(
+        f"file://{tmp_path / 'store'}",
+        search={"iterations": 1},
+        collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2},
+        ranking={"comparisons_per_episode": 1},
+    )
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
     (tmp_path / "tiny").mkdir()  # model locations are checked: the spec's model exists (scripted endpoint serves it)
     ep = judging_endpoint()
@@ -235,7 +249,12 @@ def test_cli_entries_print_json_and_use_exit_codes(tmp_path, judging_endpoint, c
     assert main(["guard", *common]) == 0
     assert json.loads(capsys.readouterr().out)["usable"] == ["ep-0", "ep-1"]
     assert main(["rank", *common, *model]) == 0
-    assert json.loads(capsys.readouterr().out) == {"task": "t1", "skipped": False, "train": ["ep-0"], "val": "ep-1",
-                                                   "invalid_verdicts": 0}
+    assert json.loads(capsys.readouterr().out) == {
+        "task": "t1",
+        "skipped": False,
+        "train": ["ep-0"],
+        "val": "ep-1",
+        "invalid_verdicts": 0,
+    }
     assert main(["rank", "--spec", str(tmp_path / "spec.yaml"), "--gen", "0", "--task", "nope", *model]) == 2
     assert "--task: expected one of ['t1'], found 'nope'" in capsys.readouterr().err

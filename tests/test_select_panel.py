@@ -20,11 +20,14 @@ VAL = {2: 0.50, 4: 0.70, 6: 0.90}  # validation loss alone would pick step 2
 
 
 def make_ctx(tmp_path, **sft):
-    doc = spec_document(f"file://{tmp_path}/s", sft={"checkpoint_selection": "panel",
-                                                     "panel": {"tasks": ["h1"], "rollouts": 2, "checkpoints": 2}, **sft},
-                        judges=[{"name": "j1", "endpoint": "http://judge.invalid/v1", "model": "judge", "seeds": [1, 2]}])
-    doc["tasks"].append({"id": "h1", "split": "test", "prompt": "Write report.md with a held-out score.",
-                         "deliverables": ["report.md"]})
+    doc = spec_document(
+        f"file://{tmp_path}/s",
+        sft={"checkpoint_selection": "panel", "panel": {"tasks": ["h1"], "rollouts": 2, "checkpoints": 2}, **sft},
+        judges=[{"name": "j1", "endpoint": "http://judge.invalid/v1", "model": "judge", "seeds": [1, 2]}],
+    )
+    doc["tasks"].append(
+        {"id": "h1", "split": "test", "prompt": "Write report.md with a held-out score.", "deliverables": ["report.md"]}
+    )
     ctx = RunContext(validate_document(doc), FileStore(tmp_path / "s"))
     log = [{"kind": "train", "step": s, "loss": 1.0, "processed_tokens": 100 * s} for s in range(1, 7)]
     log += [{"kind": "val", "step": s, "val_loss": v} for s, v in VAL.items()]
@@ -68,7 +71,8 @@ def test_the_panels_choice_is_taken_and_recorded(tmp_path, judging_endpoint):
     # 1 task x 2 rollouts x 2 seeds = 4 verdicts per candidate, every one decided by content
     assert panel["candidates"] == {
         "2": {"val_loss": 0.5, "wins": 0, "losses": 4, "ties": 0, "invalid": 0, "win_share": 0.0},
-        "4": {"val_loss": 0.7, "wins": 4, "losses": 0, "ties": 0, "invalid": 0, "win_share": 1.0}}
+        "4": {"val_loss": 0.7, "wins": 4, "losses": 0, "ties": 0, "invalid": 0, "win_share": 1.0},
+    }
     assert panel["budget"] == {"episodes": 6, "verdicts": 8} and panel["verdicts"] == 8 == len(judge.verdicts)
     assert (panel["tasks"], panel["judges"], panel["fallback"]) == (["h1"], ["j1"], None)
     # both positions were shown (blind, balanced), and the judge saw only the held-out task
@@ -104,8 +108,12 @@ def test_a_killed_panel_selection_resumes_from_stored_rollouts_and_verdicts(tmp_
 
 def test_validation_loss_selection_is_unchanged_and_says_so(tmp_path):
     ctx = make_ctx(tmp_path)
-    plain = RunContext(validate_document({**ctx.spec.model_dump(mode="json"),
-                                          "sft": {"checkpoint_selection": "val_loss"}, "judges": []}), ctx.store)
+    plain = RunContext(
+        validate_document(
+            {**ctx.spec.model_dump(mode="json"), "sft": {"checkpoint_selection": "val_loss"}, "judges": []}
+        ),
+        ctx.store,
+    )
     chosen = run_select(plain, 0, servers=("unused",))
     assert (chosen["step"], chosen["by"], chosen["val_loss"]) == (2, "val_loss", 0.5) and "panel" not in chosen
 
@@ -115,8 +123,13 @@ def test_pure_rules():
     assert candidate_won({"valid": True, "winner": "A", "order": "candidate_first"}) is True
     assert candidate_won({"valid": True, "winner": "A", "order": "baseline_first"}) is False
     assert candidate_won({"valid": True, "winner": "tie", "order": "baseline_first"}) is None
-    t = tally([{"valid": True, "winner": "B", "order": "baseline_first"}, {"valid": False, "winner": None},
-               {"valid": True, "winner": "tie", "order": "candidate_first"}])
+    t = tally(
+        [
+            {"valid": True, "winner": "B", "order": "baseline_first"},
+            {"valid": False, "winner": None},
+            {"valid": True, "winner": "tie", "order": "candidate_first"},
+        ]
+    )
     assert t == {"wins": 1, "losses": 0, "ties": 1, "invalid": 1, "win_share": 1.0}
     # equal win shares: the lower validation loss; no decisive verdict: the lowest validation loss, recorded
     assert choose({2: {"win_share": 0.5, "val_loss": 0.6}, 4: {"win_share": 0.5, "val_loss": 0.4}}) == (4, None)
@@ -134,8 +147,10 @@ def test_default_servers_merge_a_stored_checkpoint_and_serve_it(tmp_path, tiny_m
     from mass_jobs.serving.llm import ModelClient
     from mass_jobs.steps.select_panel import default_servers
 
-    doc = spec_document(f"file://{tmp_path}/s", model={"base": str(tiny_model_dir), "dtype": "float32",
-                                                       "sampling": {"max_output_tokens": 4}})
+    doc = spec_document(
+        f"file://{tmp_path}/s",
+        model={"base": str(tiny_model_dir), "dtype": "float32", "sampling": {"max_output_tokens": 4}},
+    )
     ctx = RunContext(validate_document(doc), FileStore(tmp_path / "s"))
     random_adapter(tiny_model_dir, tmp_path / "adapter")
     ctx.store.put_dir(ctx.checkpoint(0, 2), tmp_path / "adapter")
@@ -144,7 +159,8 @@ def test_default_servers_merge_a_stored_checkpoint_and_serve_it(tmp_path, tiny_m
         with serve() as endpoint:
             assert endpoint.model == name
             reply = ModelClient(endpoint, ctx.spec.model.sampling, timeout_s=60, retries=0).chat(
-                [{"role": "user", "content": "hi"}], seed=1)
+                [{"role": "user", "content": "hi"}], seed=1
+            )
             assert isinstance(reply.get("content"), str)
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "work" / "merged-2")
     parent = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

@@ -101,7 +101,9 @@ def test_non_streaming_chat_is_seeded_with_exact_usage(client, tokenizer):
     assert first.choices[0].message.content != other.choices[0].message.content
     # top_k (not an OpenAI field, added by MassChatHandler) is applied: top_k=1 ignores the seed.
     top1 = [
-        client.chat.completions.create(**{**sampled(tokenizer, s), "extra_body": {"top_k": 1}}).choices[0].message.content
+        client.chat.completions.create(**{**sampled(tokenizer, s), "extra_body": {"top_k": 1}})
+        .choices[0]
+        .message.content
         for s in (7, 8)
     ]
     assert top1[0] == top1[1]
@@ -133,12 +135,16 @@ def test_a_shared_prefix_is_reused_and_the_reply_is_unchanged(server, client, to
     before = stats()
     body = {**sampled(tokenizer, 5), "messages": convo("What is in a.txt?"), "tools": TOOLS}
     miss = client.chat.completions.create(**body).choices[0].message.content
-    prompt_len = len(tokenizer.apply_chat_template(body["messages"], tools=TOOLS, add_generation_prompt=True,
-                                                   return_dict=True)["input_ids"])
+    prompt_len = len(
+        tokenizer.apply_chat_template(body["messages"], tools=TOOLS, add_generation_prompt=True, return_dict=True)[
+            "input_ids"
+        ]
+    )
     assert prompt_len > 2 * before["block"]
     hit = client.chat.completions.create(**body).choices[0].message.content
-    stream = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**body, stream=True)
-                     if c.choices)
+    stream = "".join(
+        c.choices[0].delta.content or "" for c in client.chat.completions.create(**body, stream=True) if c.choices
+    )
     other = client.chat.completions.create(**{**body, "messages": convo("And b.txt?")}).choices[0].message.content
     after = stats()
     assert miss == hit and stream.strip() == hit.strip() and other  # (non-streamed content comes stripped)
@@ -169,7 +175,11 @@ def test_forced_tool_call_is_parsed_into_reasoning_content_and_tool_calls(client
     assert choice.message.content == "Let me look."
     assert choice.message.model_extra["reasoning_content"] == "I will read it."
     [call] = choice.message.tool_calls
-    assert (call.type, call.function.name, json.loads(call.function.arguments)) == ("function", "read_file", {"path": "a.txt"})
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == (
+        "function",
+        "read_file",
+        {"path": "a.txt"},
+    )
     assert resp.usage.completion_tokens == len(tokenizer(FORCED, add_special_tokens=False)["input_ids"])
     # Round trip: the parsed message, rendered back as history, is byte-identical to what was generated,
     # so training on traces sees exactly the tokens the model produced.
@@ -177,7 +187,13 @@ def test_forced_tool_call_is_parsed_into_reasoning_content_and_tool_calls(client
         "role": "assistant",
         "content": choice.message.content,
         "reasoning_content": choice.message.model_extra["reasoning_content"],
-        "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}],
+        "tool_calls": [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+        ],
     }
     prompt = tokenizer.apply_chat_template(ASK, tools=TOOLS, add_generation_prompt=True, tokenize=False)
     assert tokenizer.apply_chat_template(ASK + [turn], tools=TOOLS, tokenize=False) == prompt + FORCED + "\n"
@@ -187,7 +203,12 @@ def test_forced_tool_call_streams_as_deltas(client, tokenizer):
     config = forcing_config(tokenizer, ASK, TOOLS, FORCED)
     chunks = list(
         client.chat.completions.create(
-            model="tiny", messages=ASK, tools=TOOLS, max_tokens=64, stream=True, extra_body={"generation_config": config}
+            model="tiny",
+            messages=ASK,
+            tools=TOOLS,
+            max_tokens=64,
+            stream=True,
+            extra_body={"generation_config": config},
         )
     )
     deltas = [c.choices[0].delta for c in chunks]
@@ -217,7 +238,12 @@ def test_malformed_tool_call_comes_back_as_content_not_a_server_error(client, to
     assert message.content.startswith("Let me look.") and '"path": ' in message.content
     chunks = list(
         client.chat.completions.create(
-            model="tiny", messages=ASK, tools=TOOLS, max_tokens=64, stream=True, extra_body={"generation_config": config}
+            model="tiny",
+            messages=ASK,
+            tools=TOOLS,
+            max_tokens=64,
+            stream=True,
+            extra_body={"generation_config": config},
         )
     )
     assert not [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
@@ -232,14 +258,18 @@ def test_tools_and_history_reasoning_reach_the_prompt(client, tokenizer):
             "role": "assistant",
             "content": None,
             "reasoning_content": "The file may be long so I read it whole.",
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'}}],
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'}}
+            ],
         },
         {"role": "tool", "tool_call_id": "c1", "content": "hello"},
     ]
     resp = client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, max_tokens=1)
     local = tokenizer.apply_chat_template(history, tools=TOOLS, add_generation_prompt=True, return_dict=True)
     without_reasoning = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in history]
-    shorter = tokenizer.apply_chat_template(without_reasoning, tools=TOOLS, add_generation_prompt=True, return_dict=True)
+    shorter = tokenizer.apply_chat_template(
+        without_reasoning, tools=TOOLS, add_generation_prompt=True, return_dict=True
+    )
     assert resp.usage.prompt_tokens == len(local["input_ids"])
     assert len(shorter["input_ids"]) < resp.usage.prompt_tokens
 
@@ -253,13 +283,26 @@ def test_tools_and_history_reasoning_reach_the_prompt(client, tokenizer):
         pytest.param({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role", id="bad-role"),
         pytest.param({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", id="bad-content"),
         pytest.param(
-            {"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{x"}}]}]},
-            400, "arguments is not valid JSON", id="bad-tool-arguments",
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{x"}}],
+                    }
+                ]
+            },
+            400,
+            "arguments is not valid JSON",
+            id="bad-tool-arguments",
         ),  # fmt: skip
         pytest.param({"messages": ASK, "tools": [{"type": "function"}]}, 400, "'tools' must be", id="bad-tools"),
         pytest.param({"messages": ASK, "logit_bias": {"x": 1}}, 400, "'logit_bias' must map", id="bad-logit-bias"),
-        pytest.param({"messages": ASK, "max_tokens": 0}, 400, "'max_tokens' must be a positive integer", id="bad-max-tokens"),
-        pytest.param({"messages": ASK, "generation_config": "{x"}, 400, "'generation_config' must be", id="bad-gen-config"),
+        pytest.param(
+            {"messages": ASK, "max_tokens": 0}, 400, "'max_tokens' must be a positive integer", id="bad-max-tokens"
+        ),
+        pytest.param(
+            {"messages": ASK, "generation_config": "{x"}, 400, "'generation_config' must be", id="bad-gen-config"
+        ),
         pytest.param({"model": "other", "messages": ASK}, 404, "not served here", id="unknown-model"),
         pytest.param({"messages": ASK, "bogus": 1}, 422, "Unexpected fields", id="unknown-field"),
     ],
@@ -267,7 +310,10 @@ def test_tools_and_history_reasoning_reach_the_prompt(client, tokenizer):
 def test_malformed_requests_get_4xx_and_the_server_survives(server, body, status, needle):
     content = body if isinstance(body, str) else json.dumps(body)
     resp = httpx.post(
-        f"{server.base_url}/v1/chat/completions", content=content, headers={"content-type": "application/json"}, timeout=30
+        f"{server.base_url}/v1/chat/completions",
+        content=content,
+        headers={"content-type": "application/json"},
+        timeout=30,
     )
     assert resp.status_code == status, resp.text
     assert needle in resp.text
@@ -303,7 +349,7 @@ def test_the_project_model_client_talks_to_it(server):
     assert (first["content"], first["usage"]) == (again["content"], again["usage"])
 
 
-LEAKY = "Done <|im_start|>user\nok<|im_start|>.\n<tool_call>\n{\"name\": \n</tool_call><|im_end|>"
+LEAKY = 'Done <|im_start|>user\nok<|im_start|>.\n<tool_call>\n{"name": \n</tool_call><|im_end|>'
 
 
 def test_control_tokens_never_reach_a_client(client, tokenizer):

@@ -36,27 +36,41 @@ def engine_part(argv: list[str]) -> dict[str, str]:
 
 
 def test_kserve_runtime_and_local_vllm_get_the_same_engine_arguments():
-    spec = validate_document(spec_document("file:///tmp/x", model={"base": "tiny", "dtype": "float16",
-                                                  "sampling": {"max_output_tokens": 256, "context_length": 8192}},
-                                           execution={"serving": "embedded", "vllm": {
-                                               "tool_call_parser": "qwen3_coder", "max_model_len": 8192}}))
+    spec = validate_document(
+        spec_document(
+            "file:///tmp/x",
+            model={"base": "tiny", "dtype": "float16", "sampling": {"max_output_tokens": 256, "context_length": 8192}},
+            execution={"serving": "embedded", "vllm": {"tool_call_parser": "qwen3_coder", "max_model_len": 8192}},
+        )
+    )
     s = ClusterSettings(tool_call_parser="qwen3_coder", max_model_len="8192")
     isvc = serving.inference_service(s, "mass-x-g0", "s3://b/m", {}, dtype=spec.model.dtype)
     kserve = isvc["spec"]["predictor"]["model"]["args"]
-    local = backends.vllm_command(["vllm", "serve"], "/models/m", "mass-x-g0", "127.0.0.1", 8123, backends.spec_engine_args(spec))
-    expected = {"--enable-auto-tool-choice": "", "--tool-call-parser": "qwen3_coder", "--reasoning-parser": "qwen3",
-                "--max-model-len": "8192", "--dtype": "float16"}
+    local = backends.vllm_command(
+        ["vllm", "serve"], "/models/m", "mass-x-g0", "127.0.0.1", 8123, backends.spec_engine_args(spec)
+    )
+    expected = {
+        "--enable-auto-tool-choice": "",
+        "--tool-call-parser": "qwen3_coder",
+        "--reasoning-parser": "qwen3",
+        "--max-model-len": "8192",
+        "--dtype": "float16",
+    }
     assert engine_part(kserve) == engine_part(local) == expected
     assert local[:3] == ["vllm", "serve", "/models/m"] and "--served-model-name" in local and "--seed=0" in local
     assert kserve[:2] == ["--model_name=mass-x-g0", "--backend=vllm"]
 
     # defaults agree too: the chart's parser is the spec's, the spec's context length is vLLM's limit
-    default = validate_document(spec_document("file:///tmp/x", model={"base": "tiny", "sampling": {"context_length": 32768}}))
+    default = validate_document(
+        spec_document("file:///tmp/x", model={"base": "tiny", "sampling": {"context_length": 32768}})
+    )
     kserve = serving.runtime_args(ClusterSettings(), "n", default.model.dtype)
     assert engine_part(kserve) == engine_part(backends.spec_engine_args(default))
     # the checked-in example object is what the builder writes
     doc = yaml.safe_load((REPO / "examples/k8s/inferenceservice-base.yaml").read_text())
-    assert doc["spec"]["predictor"]["model"]["args"] == serving.runtime_args(ClusterSettings(), "mass-demo-g0", "bfloat16")
+    assert doc["spec"]["predictor"]["model"]["args"] == serving.runtime_args(
+        ClusterSettings(), "mass-demo-g0", "bfloat16"
+    )
     # the Argo cycle serves with the spec's dtype (validate's output), not a fixed one
     cycle = (REPO / "argo/mass-cycle.yaml").read_text()
     assert "--dtype={{inputs.parameters.dtype}}" in cycle
@@ -98,8 +112,12 @@ def test_vllm_serving_without_vllm_fails_validation_with_how_to_install(tmp_path
 def test_external_serving_needs_an_endpoint_per_role_and_batching_only_embedded(tmp_path, capsys):
     model = tmp_path / "model"
     model.mkdir()
-    spec = write_spec(tmp_path, model, execution={"serving": "external", "continuous_batching": True},
-                      roles={"executor": {"endpoint": "http://127.0.0.1:1/v1", "model": "m"}})
+    spec = write_spec(
+        tmp_path,
+        model,
+        execution={"serving": "external", "continuous_batching": True},
+        roles={"executor": {"endpoint": "http://127.0.0.1:1/v1", "model": "m"}},
+    )
     assert mass(["validate", str(spec)]) == 2
     err = capsys.readouterr().err
     for role in ("optimizer", "evaluator"):
@@ -125,8 +143,20 @@ def group_members(pgid: int) -> list[int]:
 
 def test_server_process_waits_for_health_and_stops_the_whole_group(tiny_model_dir, tmp_path):
     port = free_port()
-    cmd = [sys.executable, "-m", "mass_jobs.commands.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
-           "--served-name", "tiny", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mass_jobs.commands.cli",
+        "serve",
+        "--model",
+        str(tiny_model_dir),
+        "--port",
+        str(port),
+        "--served-name",
+        "tiny",
+        "--device",
+        "cpu",
+    ]
     srv = ServerProcess(cmd, port=port, name="mass serve", log_path=tmp_path / "serve.log")
     with srv:
         # start() returned: the app answers at once, model loaded
@@ -148,9 +178,11 @@ def test_server_process_waits_for_health_and_stops_the_whole_group(tiny_model_di
 def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(tiny_model_dir, tmp_path):
     """A server that ignores SIGTERM (a wedged engine) is killed after the grace period."""
     port = free_port()
-    serve = ("import signal, sys, uvicorn.server as u; from mass_jobs.commands.cli import main; "
-             "u.HANDLED_SIGNALS = (signal.SIGINT,); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-             f"sys.exit(main(['serve', '--model', {str(tiny_model_dir)!r}, '--port', '{port}', '--device', 'cpu']))")
+    serve = (
+        "import signal, sys, uvicorn.server as u; from mass_jobs.commands.cli import main; "
+        "u.HANDLED_SIGNALS = (signal.SIGINT,); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"sys.exit(main(['serve', '--model', {str(tiny_model_dir)!r}, '--port', '{port}', '--device', 'cpu']))"
+    )
     srv = ServerProcess([sys.executable, "-c", serve], port=port, stop_grace_s=2, log_path=tmp_path / "s.log")
     with srv:
         pid = srv.process.pid
@@ -163,21 +195,28 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(tiny_model_dir, tmp_p
 
 
 @pytest.mark.slow(cost=12)  # a model server and the steps that use it: the slow tier
-def test_external_serving_runs_steps_against_a_running_server_and_starts_none(tiny_model_dir, tmp_path, monkeypatch,
-                                                                                capsys):
+def test_external_serving_runs_steps_against_a_running_server_and_starts_none(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
     from mass_jobs.serving.serve import ModelServer
     from mass_jobs.store import open_store
 
     with ModelServer(tiny_model_dir, served_name="outside", device="cpu", log_path=tmp_path / "outside.log") as outside:
         url = outside.endpoint.base_url
         roles = {r: {"endpoint": url, "model": "outside"} for r in ("optimizer", "evaluator", "executor")}
-        spec = write_spec(tmp_path, tiny_model_dir, model={"sampling": {"max_output_tokens": 24}},
-                          search={"iterations": 0}, roles=roles,
-                          collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2,
-                                      "require_beats_reference": False},
-                          ranking={"comparisons_per_episode": 1},
-                          execution={"serving": "external", "limits": {"turns_per_agent": 1, "tool_calls": 2,
-                                                                       "wall_s": 120, "request_timeout_s": 120}})
+        spec = write_spec(
+            tmp_path,
+            tiny_model_dir,
+            model={"sampling": {"max_output_tokens": 24}},
+            search={"iterations": 0},
+            roles=roles,
+            collection={"episodes": 2, "train_ranks": 1, "validation_rank": 2, "require_beats_reference": False},
+            ranking={"comparisons_per_episode": 1},
+            execution={
+                "serving": "external",
+                "limits": {"turns_per_agent": 1, "tool_calls": 2, "wall_s": 120, "request_timeout_s": 120},
+            },
+        )
 
         def no_server(self):
             raise AssertionError(f"the run started a server: {self.command()}")
@@ -185,7 +224,9 @@ def test_external_serving_runs_steps_against_a_running_server_and_starts_none(ti
         monkeypatch.setattr(ServerProcess, "start", no_server)
         before = outside.log_tail(10**7).count("[Request received]")
         assert mass(["search", str(spec), "--gen", "0", "--task", "t1"]) == 0, capsys.readouterr().err
-        assert mass(["collect", str(spec), "--gen", "0", "--task", "t1", "--episode", "0"]) == 0, capsys.readouterr().err
+        assert mass(["collect", str(spec), "--gen", "0", "--task", "t1", "--episode", "0"]) == 0, (
+            capsys.readouterr().err
+        )
         served = outside.log_tail(10**7).count("[Request received]") - before
     store = open_store(f"file://{tmp_path}/store")
     episode = store.get_json("inner/gen-0/collect/t1/ep-0/episode.json")
@@ -221,8 +262,10 @@ def test_a_run_may_resume_on_another_serving_backend_but_not_with_other_numbers(
     for key in ("serving", "continuous_batching", "vllm"):
         stored["execution"].pop(key)
     store.put_json(RunContext(validate_document(doc), store).spec_key(), stored)
-    other = {**doc, "execution": {**doc["execution"], "continuous_batching": True,
-                                  "vllm": {"tool_call_parser": "qwen3_coder"}}}
+    other = {
+        **doc,
+        "execution": {**doc["execution"], "continuous_batching": True, "vllm": {"tool_call_parser": "qwen3_coder"}},
+    }
     RunContext(validate_document(other), store).claim_spec(record=False)
     changed = {**doc, "execution": {**doc["execution"], "concurrency": 3}}
     with pytest.raises(SpecError, match=r"\$.execution.concurrency"):
@@ -237,7 +280,7 @@ def test_vllm_launcher_serves_through_the_openai_server_module(tmp_path):
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'site'} exec {sys.executable} \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={tmp_path / "site"} exec {sys.executable} "$@"\n')
     python.chmod(0o755)
     launcher = backends.vllm_launcher({"VLLM_PYTHON": str(python), "PATH": ""})
     assert launcher == [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model"]

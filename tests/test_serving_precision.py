@@ -46,10 +46,15 @@ def test_cluster_serves_fp8_on_a_gpu_and_says_why_not_elsewhere(tmp_path):
     assert sp.for_cluster(off, 1).weights == "bf16" and "sft.serve_fp8 is false" in sp.for_cluster(off, 1).reason
 
 
-@pytest.mark.parametrize("capability, weights, words", [
-    (None, "bf16", "no CUDA GPU"), ((7, 0), "bf16", "compute capability 7.0, under the 7.5"),
-    ((8, 0), "fp8", "weight-only W8A16"), ((9, 0), "fp8", "9.0) serves the block-FP8 export, W8A8"),
-])
+@pytest.mark.parametrize(
+    "capability, weights, words",
+    [
+        (None, "bf16", "no CUDA GPU"),
+        ((7, 0), "bf16", "compute capability 7.0, under the 7.5"),
+        ((8, 0), "fp8", "weight-only W8A16"),
+        ((9, 0), "fp8", "9.0) serves the block-FP8 export, W8A8"),
+    ],
+)
 def test_local_vllm_choice_follows_the_gpu(tmp_path, capability, weights, words):
     spec = spec_with(tmp_path, sft={"fp8_export": True}, execution={"serving": "vllm"})
     c = sp.for_local(spec, 1, capability)
@@ -65,8 +70,12 @@ def test_local_embedded_and_external(tmp_path):
 
 def test_validate_says_which_weights_serve(tmp_path):
     def said(path):
-        out = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(path)], capture_output=True,
-                             text=True, cwd=ROOT)
+        out = subprocess.run(
+            [sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(path)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         assert out.returncode == 0, out.stderr
         return [line for line in out.stdout.splitlines() if line.startswith("serving:")]
 
@@ -74,22 +83,27 @@ def test_validate_says_which_weights_serve(tmp_path):
         "serving: generation 0 from model.serve (Qwen/Qwen3.6-27B-FP8): KServe's vLLM runtime on a GPU serves "
         "generation 0 from model.serve (Qwen/Qwen3.6-27B-FP8), as the paper does",
         "serving: generations 1+ from the FP8 weights: KServe's vLLM runtime on a GPU serves the block-FP8 export "
-        "(W8A8 from compute capability 8.9, weight-only from 7.5)"]
+        "(W8A8 from compute capability 8.9, weight-only from 7.5)",
+    ]
     doc = spec_document(f"file://{tmp_path}/s", sft={"fp8_export": True})
     doc["model"]["base"] = "org/name"
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(doc))
-    assert said(path) == ["serving: generations 1+ from the BF16 weights: execution.serving is embedded: "
-                          "transformers' server serves the BF16 weights; the block-FP8 export is served by vLLM on "
-                          "a CUDA GPU"]
+    assert said(path) == [
+        "serving: generations 1+ from the BF16 weights: execution.serving is embedded: "
+        "transformers' server serves the BF16 weights; the block-FP8 export is served by vLLM on "
+        "a CUDA GPU"
+    ]
     vllm = spec_with(tmp_path, sft={"fp8_export": True}, execution={"serving": "vllm"})
     assert "compute capability >= 7.5" in sp.summary(vllm) and "serving.json" in sp.summary(vllm)
     # a float32 model is served as float32: the summary names its dtype, not BF16
     doc["model"]["dtype"] = "float32"
     path.write_text(json.dumps(doc))
-    assert said(path) == ["serving: generations 1+ from the FP32 weights: execution.serving is embedded: "
-                          "transformers' server serves the FP32 weights; the block-FP8 export is served by vLLM on "
-                          "a CUDA GPU"]
+    assert said(path) == [
+        "serving: generations 1+ from the FP32 weights: execution.serving is embedded: "
+        "transformers' server serves the FP32 weights; the block-FP8 export is served by vLLM on "
+        "a CUDA GPU"
+    ]
 
 
 def test_a_local_server_serves_the_recorded_weights(tmp_path, tiny_model_dir, monkeypatch):
@@ -116,9 +130,12 @@ def test_a_local_server_serves_the_recorded_weights(tmp_path, tiny_model_dir, mo
     monkeypatch.setattr(sp, "local_capability", lambda: None)
     served = served_model_dir(vllm, 1, tmp_path / "cache")
     assert "quantization_config" not in json.loads((served / "config.json").read_text())
-    assert store.get_json(vllm.serving(1)) == {"weights": "bf16", "backend": "vllm", "capability": None,
-                                               "reason": "this machine has no CUDA GPU: vLLM's CPU backend has no "
-                                                         "block-FP8 kernels"}
+    assert store.get_json(vllm.serving(1)) == {
+        "weights": "bf16",
+        "backend": "vllm",
+        "capability": None,
+        "reason": "this machine has no CUDA GPU: vLLM's CPU backend has no block-FP8 kernels",
+    }
     embedded = RunContext(spec_with(tmp_path, sft={"fp8_export": True}), store)
     served = served_model_dir(embedded, 1, tmp_path / "cache")
     assert "quantization_config" not in json.loads((served / "config.json").read_text())
@@ -132,14 +149,17 @@ def test_a_local_server_serves_the_recorded_weights(tmp_path, tiny_model_dir, mo
     assert "no FP8 export is stored" in store2.get_json(bare.serving(1))["reason"]
 
 
-@pytest.mark.parametrize("section, capability, weights, words", [
-    ({"mode": "argo"}, None, "serve", "serves generation 0 from model.serve (org/name-FP8)"),
-    ({"mode": "argo", "resources": {"server": {"gpu": 0}}}, None, "base", "server.gpu is 0"),
-    ({"serving": "embedded"}, (9, 0), "base", "transformers' server cannot serve model.serve"),
-    ({"serving": "vllm"}, (9, 0), "serve", "(compute capability 9.0) serves model.serve, W8A8 for generation 0"),
-    ({"serving": "vllm"}, (7, 0), "base", "under the 7.5 vLLM's FP8 kernels need, so generation 0 is model.base"),
-    ({"serving": "vllm"}, None, "base", "no CUDA GPU"),
-])
+@pytest.mark.parametrize(
+    "section, capability, weights, words",
+    [
+        ({"mode": "argo"}, None, "serve", "serves generation 0 from model.serve (org/name-FP8)"),
+        ({"mode": "argo", "resources": {"server": {"gpu": 0}}}, None, "base", "server.gpu is 0"),
+        ({"serving": "embedded"}, (9, 0), "base", "transformers' server cannot serve model.serve"),
+        ({"serving": "vllm"}, (9, 0), "serve", "(compute capability 9.0) serves model.serve, W8A8 for generation 0"),
+        ({"serving": "vllm"}, (7, 0), "base", "under the 7.5 vLLM's FP8 kernels need, so generation 0 is model.base"),
+        ({"serving": "vllm"}, None, "base", "no CUDA GPU"),
+    ],
+)
 def test_generation_0_is_served_from_model_serve_where_fp8_runs(tmp_path, section, capability, weights, words):
     """The paper serves L0 from the official FP8 checkpoint: model.serve, where vLLM on a GPU serves;
     model.base elsewhere, with why. Without model.serve, L0 is model.base everywhere."""
@@ -155,7 +175,9 @@ def test_generation_0_is_served_from_model_serve_where_fp8_runs(tmp_path, sectio
         assert ("FP8" in model_uri(spec, 0, "b", "runs/x")) is (weights == "serve")
     del doc["model"]["serve"]
     plain = RunSpec.model_validate(doc)
-    assert (sp.for_cluster(plain, 0) if section.get("mode") == "argo" else sp.for_local(plain, 0, capability)) == sp.BASE
+    assert (
+        sp.for_cluster(plain, 0) if section.get("mode") == "argo" else sp.for_local(plain, 0, capability)
+    ) == sp.BASE
 
 
 def test_a_local_vllm_serves_l0_from_model_serve_and_records_it(tmp_path, paper_layout_dirs, monkeypatch):

@@ -34,8 +34,15 @@ def test_loss_fall_compares_the_first_and_last_steps():
 
 
 def test_model_flops_count_the_layers_the_head_and_attention(tmp_path):
-    cfg = {"hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "vocab_size": 100,
-           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4}
+    cfg = {
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 2,
+        "vocab_size": 100,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 4,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     # per layer: q 8x8, k and v 8x4 each, o 8x8, MLP 3 x 8x16 -> 576 parameters; head 8 x 100
     linear_and_head = 2 * 576 + 8 * 100

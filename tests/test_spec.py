@@ -23,8 +23,11 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 def expected_messages(path: Path) -> list[str]:
     """The file's `# expect:` lines; `{here}` stands for the spec's folder (resolved paths)."""
-    return [line.removeprefix("# expect: ").rstrip("\n").replace("{here}", str(path.parent))
-            for line in path.read_text().splitlines(True) if line.startswith("# expect: ")]
+    return [
+        line.removeprefix("# expect: ").rstrip("\n").replace("{here}", str(path.parent))
+        for line in path.read_text().splitlines(True)
+        if line.startswith("# expect: ")
+    ]
 
 
 def test_invalid_folder_is_not_empty():
@@ -60,20 +63,31 @@ def test_validate_cli_as_a_process_reports_every_error_at_once(tmp_path):
         "name: Bad_Name\nmodel: {base: x, sampling: {temperature: 3, top_kk: 2}}\n"
         "tasks: [{id: a, split: train, prompt: hi}]\ncollection: {episodes: '18'}\nstore: {uri: 'gs://x'}\n"
     )
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(bad)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(bad)], capture_output=True, text=True
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    for fragment in ("$.name:", "$.model.sampling.temperature: expected a number <= 2, found 3",
-                     "$.model.sampling.top_kk: unknown key", "$.collection.episodes: expected integer",
-                     "$.store.uri: expected a string matching",
-                     "$.model.base: expected a model directory, an s3:// URI or a hub id 'org/name', found nothing at"):
+    for fragment in (
+        "$.name:",
+        "$.model.sampling.temperature: expected a number <= 2, found 3",
+        "$.model.sampling.top_kk: unknown key",
+        "$.collection.episodes: expected integer",
+        "$.store.uri: expected a string matching",
+        "$.model.base: expected a model directory, an s3:// URI or a hub id 'org/name', found nothing at",
+    ):
         assert fragment in proc.stderr
     assert "6 error(s)" in proc.stderr
 
 
 def test_paper_defaults():
-    spec = validate_document({"name": "p", "model": {"base": "Qwen/Qwen3.6-27B"},
-                              "tasks": [{"id": "t", "split": "train", "prompt": "p"}],
-                              "store": {"uri": "s3://b/p"}})
+    spec = validate_document(
+        {
+            "name": "p",
+            "model": {"base": "Qwen/Qwen3.6-27B"},
+            "tasks": [{"id": "t", "split": "train", "prompt": "p"}],
+            "store": {"uri": "s3://b/p"},
+        }
+    )
     s = spec.model.sampling
     assert (s.temperature, s.top_p, s.top_k, s.max_output_tokens, s.context_length) == (0.6, 0.95, 20, 32768, 262144)
     c = spec.collection
@@ -157,8 +171,12 @@ def test_validate_writes_argo_outputs(tmp_path, s3_env, monkeypatch):
     cli_main(["validate", str(spec), "--gen", "0", "--outputs", str(out), "--quiet"])
     # L0 from the official FP8 checkpoint (model.serve), as the paper serves it
     assert (out / "model-uri").read_text() == "hf://Qwen/Qwen3.6-27B-FP8"
-    assert open_store(doc["store"]["uri"], endpoint_url=s3_env["endpoint_url"]).get_json(
-        "paper/gen-0/serving.json")["weights"] == "serve"
+    assert (
+        open_store(doc["store"]["uri"], endpoint_url=s3_env["endpoint_url"]).get_json("paper/gen-0/serving.json")[
+            "weights"
+        ]
+        == "serve"
+    )
 
 
 def test_validate_outputs_refuse_a_local_store(tmp_path, capsys):

@@ -17,15 +17,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def write(folder: Path, **model) -> Path:
-    doc = {"name": "loc", "model": model, "tasks": [{"id": "t", "split": "train", "prompt": "Write a.py."}],
-           "store": {"uri": "file://runs"}}
+    doc = {
+        "name": "loc",
+        "model": model,
+        "tasks": [{"id": "t", "split": "train", "prompt": "Write a.py."}],
+        "store": {"uri": "file://runs"},
+    }
     (folder / "spec.yaml").write_text(yaml.safe_dump(doc))
     return folder / "spec.yaml"
 
 
 def validate(spec: Path, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(spec)], cwd=cwd,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(spec)], cwd=cwd, capture_output=True, text=True
+    )
 
 
 def test_mistyped_model_dir_is_an_error_naming_field_and_path(tmp_path):
@@ -42,10 +47,16 @@ def test_mistyped_model_dir_is_an_error_naming_field_and_path(tmp_path):
 
 def test_dot_paths_tokenizer_and_local_judges_are_checked(tmp_path):
     (tmp_path / "model").mkdir()
-    doc = {"name": "loc", "model": {"base": "./model", "tokenizer": "./tok"},
-           "tasks": [{"id": "t", "split": "train", "prompt": "Write a.py."}], "store": {"uri": "file://runs"},
-           "judges": [{"name": "here", "endpoint": "local", "model": "/nowhere/judge"},
-                      {"name": "there", "endpoint": "http://127.0.0.1:1/v1", "model": "/not/checked"}]}
+    doc = {
+        "name": "loc",
+        "model": {"base": "./model", "tokenizer": "./tok"},
+        "tasks": [{"id": "t", "split": "train", "prompt": "Write a.py."}],
+        "store": {"uri": "file://runs"},
+        "judges": [
+            {"name": "here", "endpoint": "local", "model": "/nowhere/judge"},
+            {"name": "there", "endpoint": "http://127.0.0.1:1/v1", "model": "/not/checked"},
+        ],
+    }
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
     proc = validate(tmp_path / "spec.yaml", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -92,21 +103,36 @@ def test_the_examples_point_at_the_repository_model_dirs():
 
 def test_errors_of_every_stage_come_in_one_list(tmp_path):
     """A type error, an unknown key, a model path and a cross-field rule: all four reported."""
-    doc = {"name": "all", "model": {"base": "./missing"}, "generations": "two", "colour": 1,
-           "tasks": [{"id": "t", "split": "train", "prompt": "Write a.py."}],
-           "sft": {"window": 128, "context": 256}, "store": {"uri": "file://runs"}}
+    doc = {
+        "name": "all",
+        "model": {"base": "./missing"},
+        "generations": "two",
+        "colour": 1,
+        "tasks": [{"id": "t", "split": "train", "prompt": "Write a.py."}],
+        "sft": {"window": 128, "context": 256},
+        "store": {"uri": "file://runs"},
+    }
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
     proc = validate(tmp_path / "spec.yaml", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert [line.split(":")[0].strip() for line in proc.stderr.splitlines()[1:]] == [
-        "$.colour", "$.generations", "$.model.base", "$.sft.context"]
+        "$.colour",
+        "$.generations",
+        "$.model.base",
+        "$.sft.context",
+    ]
     assert "  $.sft.context: expected < window (128), found 256" in proc.stderr.splitlines()
 
 
 def test_a_cross_field_issue_in_an_object_with_a_bad_value_is_not_made_up(tmp_path):
     """collection.episodes is invalid: its default (18) must not produce a cross-field complaint."""
-    doc = {"name": "x", "model": {"base": "Qwen/Qwen3-0.6B"}, "tasks": [{"id": "t", "split": "train", "prompt": "p"}],
-           "collection": {"episodes": "many", "train_ranks": 4, "validation_rank": 5}, "store": {"uri": "file://r"}}
+    doc = {
+        "name": "x",
+        "model": {"base": "Qwen/Qwen3-0.6B"},
+        "tasks": [{"id": "t", "split": "train", "prompt": "p"}],
+        "collection": {"episodes": "many", "train_ranks": 4, "validation_rank": 5},
+        "store": {"uri": "file://r"},
+    }
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
     lines = validate(tmp_path / "spec.yaml", cwd=tmp_path).stderr.splitlines()
     assert [line.split(":")[0].strip() for line in lines[1:]] == ["$.collection.episodes"]
@@ -118,13 +144,21 @@ def test_a_path_taken_for_a_hub_id_fails_naming_the_location(tmp_path):
     import os
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "serve", "--model", "build/tiny-wram"], cwd=tmp_path,
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mass_jobs.commands.cli", "serve", "--model", "build/tiny-wram"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     [line] = proc.stderr.splitlines()
-    assert line.startswith(f"mass serve --model: model location 'build/tiny-wram': no such directory "
-                           f"({tmp_path / 'build/tiny-wram'}), so it was taken for a hub id, and fetching it from "
-                           "the Hugging Face Hub failed: ")
+    assert line.startswith(
+        f"mass serve --model: model location 'build/tiny-wram': no such directory "
+        f"({tmp_path / 'build/tiny-wram'}), so it was taken for a hub id, and fetching it from "
+        "the Hugging Face Hub failed: "
+    )
 
 
 def test_an_s3_spec_whose_task_file_was_not_uploaded_names_it(s3_server, s3_env, monkeypatch, capsys):
@@ -134,9 +168,18 @@ def test_an_s3_spec_whose_task_file_was_not_uploaded_names_it(s3_server, s3_env,
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
     client = boto3.client("s3", endpoint_url=s3_server["endpoint_url"], region_name=s3_server["region"])
     bucket = s3_server["bucket"]
-    client.put_object(Bucket=bucket, Key="specs/up.yaml", Body=yaml.safe_dump({
-        "name": "up", "model": {"base": "org/model"}, "tasks": [{"file": "tasks/a.yaml"}],
-        "store": {"uri": f"s3://{bucket}/runs"}}).encode())
+    client.put_object(
+        Bucket=bucket,
+        Key="specs/up.yaml",
+        Body=yaml.safe_dump(
+            {
+                "name": "up",
+                "model": {"base": "org/model"},
+                "tasks": [{"file": "tasks/a.yaml"}],
+                "store": {"uri": f"s3://{bucket}/runs"},
+            }
+        ).encode(),
+    )
     from mass_jobs.commands.cli import main
 
     assert main(["validate", f"s3://{bucket}/specs/up.yaml"]) == 2

@@ -23,19 +23,26 @@ def test_set_reads_values_as_yaml_and_indexes_lists():
     out = set_value(out, "tasks.0.split=test", "s")
     out = set_value(out, "collection.episodes=3", "s")
     out = set_value(out, "judges=[]", "s")
-    assert out == {"sft": {"parallel": "fsdp"}, "tasks": [{"id": "a", "split": "test"}],
-                   "collection": {"episodes": 3}, "judges": []}
+    assert out == {
+        "sft": {"parallel": "fsdp"},
+        "tasks": [{"id": "a", "split": "test"}],
+        "collection": {"episodes": 3},
+        "judges": [],
+    }
     assert doc["sft"]["parallel"] == "ddp"  # the loaded document is never edited in place
 
 
-@pytest.mark.parametrize("assignment, message", [
-    ("sft.parallel", "expected PATH=VALUE"),
-    ("=fsdp", "expected PATH=VALUE"),
-    ("sft..parallel=x", "expected PATH=VALUE"),
-    ("tasks.5.split=test", "expected an index below 1 at tasks.5"),
-    ("tasks.x.split=test", "expected an index below 1 at tasks.x"),
-    ("sft.parallel.mode=x", "expected a mapping or a list at sft.parallel, found str"),
-])
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("sft.parallel", "expected PATH=VALUE"),
+        ("=fsdp", "expected PATH=VALUE"),
+        ("sft..parallel=x", "expected PATH=VALUE"),
+        ("tasks.5.split=test", "expected an index below 1 at tasks.5"),
+        ("tasks.x.split=test", "expected an index below 1 at tasks.x"),
+        ("sft.parallel.mode=x", "expected a mapping or a list at sft.parallel, found str"),
+    ],
+)
 def test_a_bad_set_names_itself_and_what_was_expected(assignment, message):
     doc = {"sft": {"parallel": "ddp"}, "tasks": [{"id": "a"}]}
     with pytest.raises(SpecError, match="invalid arguments") as exc:
@@ -46,7 +53,9 @@ def test_a_bad_set_names_itself_and_what_was_expected(assignment, message):
 def test_overlays_merge_mappings_and_replace_the_rest():
     base = {"sft": {"parallel": "ddp", "lora": {"rank": 8, "alpha": 16}}, "judges": [{"name": "a"}]}
     assert merge(base, {"sft": {"lora": {"rank": 32}}, "judges": []}) == {
-        "sft": {"parallel": "ddp", "lora": {"rank": 32, "alpha": 16}}, "judges": []}
+        "sft": {"parallel": "ddp", "lora": {"rank": 32, "alpha": 16}},
+        "judges": [],
+    }
 
 
 def test_validate_sees_overrides_and_names_a_bad_value_by_its_field(tmp_path, capsys):

@@ -172,7 +172,13 @@ def test_dir_archive_is_deterministic(store, tmp_path):
     with tarfile.open(fileobj=io.BytesIO(store.get_bytes("a.tar.gz"))) as tar:
         members = tar.getmembers()
     assert [m.name for m in members] == [
-        "data.csv", "empty", "link-inside", "run.sh", "src", "src/pkg", "src/pkg/mod.py",
+        "data.csv",
+        "empty",
+        "link-inside",
+        "run.sh",
+        "src",
+        "src/pkg",
+        "src/pkg/mod.py",
     ]
     assert {(m.mtime, m.uid, m.gid, m.uname, m.gname) for m in members} == {(0, 0, 0, "", "")}
 
@@ -233,7 +239,7 @@ def test_s3_large_file_uses_multipart(make_store, tmp_path):
     assert head["ETag"].strip('"').endswith("-3")  # 5 + 5 + 1 MiB parts
     assert head["ContentLength"] == 11 * MiB
     assert store.sha256("model/weights.bin") == sha(data)
-    (tmp_path / "small").write_bytes(data[: MiB])
+    (tmp_path / "small").write_bytes(data[:MiB])
     store.put_file("model/small.bin", tmp_path / "small")
     head = store.client.head_object(Bucket=store.bucket, Key=f"{store.prefix}/model/small.bin")
     assert "-" not in head["ETag"]  # below the threshold: one plain PUT

@@ -10,7 +10,9 @@ pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtur
 
 ROOT = Path(__file__).resolve().parents[1] / "mass_jobs"
 # every module but the owner itself
-MODULES = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if p.relative_to(ROOT).as_posix() != "run/context.py")
+MODULES = sorted(
+    str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if p.relative_to(ROOT).as_posix() != "run/context.py"
+)
 # an s3:// URI built from a key, or a key quoted in an error message, is not a key being spelled
 NOT_A_KEY = re.compile(r"s3://|raise \w+\(")
 # an f-string that starts from a context key or the run name and appends a path piece
@@ -23,16 +25,27 @@ STORE_OWN = {"store/s3.py", "store/local.py", "store/manifest.py", "store/archiv
 
 
 def test_no_module_formats_store_keys_inline():
-    found = {m: [n + 1 for n, line in enumerate((ROOT / m).read_text().splitlines())
-                 if INLINE_KEY.search(line) and not NOT_A_KEY.search(line)]
-             for m in MODULES}
+    found = {
+        m: [
+            n + 1
+            for n, line in enumerate((ROOT / m).read_text().splitlines())
+            if INLINE_KEY.search(line) and not NOT_A_KEY.search(line)
+        ]
+        for m in MODULES
+    }
     assert {m: lines for m, lines in found.items() if lines} == {}
 
 
 def test_no_module_joins_layout_pieces_into_keys():
-    found = {m: [n + 1 for n, line in enumerate((ROOT / m).read_text().splitlines())
-                 if LAYOUT_PIECE.search(line) and not NOT_A_KEY.search(line)]
-             for m in MODULES if m not in STORE_OWN}
+    found = {
+        m: [
+            n + 1
+            for n, line in enumerate((ROOT / m).read_text().splitlines())
+            if LAYOUT_PIECE.search(line) and not NOT_A_KEY.search(line)
+        ]
+        for m in MODULES
+        if m not in STORE_OWN
+    }
     assert {m: lines for m, lines in found.items() if lines} == {}
 
 
@@ -50,16 +63,20 @@ def test_verdict_keys_are_the_contexts():
     from mass_jobs.steps.select_panel import CheckpointPair
 
     ctx = RunContext.template("run")
-    job = PairJob(task="t", replicate=1, candidate=2, baseline=0, task_prompt="", candidate_bundle="",
-                  baseline_bundle="")
+    job = PairJob(
+        task="t", replicate=1, candidate=2, baseline=0, task_prompt="", candidate_bundle="", baseline_bundle=""
+    )
     member = PanelMember(name="j", model="m", seeds=(3,), client=None)
     key = verdict_key(ctx.verdicts(), job, member, 3)
     assert key == "run/eval/verdicts/gen-2-vs-gen-0/t/rep-1/panel-j-seed-3.json"
     assert key.startswith(ctx.eval_verdicts(2))
-    pair = CheckpointPair(task="t", replicate=0, candidate=40, baseline=1, task_prompt="", candidate_bundle="",
-                          baseline_bundle="")
-    assert verdict_key(ctx.select_verdicts(1), pair, member, 3) == \
-        "run/gen-1/select-panel/verdicts/step-40-vs-gen-1/t/rep-0/panel-j-seed-3.json"
+    pair = CheckpointPair(
+        task="t", replicate=0, candidate=40, baseline=1, task_prompt="", candidate_bundle="", baseline_bundle=""
+    )
+    assert (
+        verdict_key(ctx.select_verdicts(1), pair, member, 3)
+        == "run/gen-1/select-panel/verdicts/step-40-vs-gen-1/t/rep-0/panel-j-seed-3.json"
+    )
 
 
 def test_the_pattern_catches_inline_keys():
@@ -70,7 +87,9 @@ def test_the_pattern_catches_inline_keys():
 
 
 def test_every_module_is_scanned():
-    assert {"steps/search.py", "steps/evaluate.py", "steps/collect.py", "pipeline/runner.py", "k8s/argo.py"} <= set(MODULES)
+    assert {"steps/search.py", "steps/evaluate.py", "steps/collect.py", "pipeline/runner.py", "k8s/argo.py"} <= set(
+        MODULES
+    )
 
 
 def test_context_keys_of_the_migrated_layout():

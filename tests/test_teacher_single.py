@@ -26,8 +26,11 @@ EPISODES = 4
 
 def solo(score):
     """One single-agent episode: the agent writes the report itself and finishes."""
-    return [Reply.call("write_file", path="report.md", content=f"# Report\nscore: {score}\n"),
-            Reply.call("shell", command="cat report.md"), Reply.call("finish", summary="report.md written")]
+    return [
+        Reply.call("write_file", path="report.md", content=f"# Report\nscore: {score}\n"),
+        Reply.call("shell", command="cat report.md"),
+        Reply.call("finish", summary="report.md written"),
+    ]
 
 
 @pytest.fixture
@@ -37,8 +40,13 @@ def collected(make_store, inner_spec, judging_endpoint):
     ep = judging_endpoint()
     ctx = RunContext(spec, store)
     add_episodes(ep, episode(1), episode(5))  # the search stays a team: reference, then the initial workflow
-    run_search(ctx, 0, "t1", ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0),
-               episode_runner(spec, ep.endpoint))
+    run_search(
+        ctx,
+        0,
+        "t1",
+        ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0),
+        episode_runner(spec, ep.endpoint),
+    )
     n_search = len(ep.requests)
     for i in range(EPISODES):
         ep.add("agent", *solo(i))
@@ -89,15 +97,21 @@ def test_single_agent_windows_are_all_non_orchestrator_and_stripped(collected, t
     assert task.prompt in text and WORKFLOW_HEADER not in text and DIRECTIVE_HEADER not in text
 
 
-def test_team_episode_inputs_are_unchanged_and_argo_input_carries_the_mode(make_store, inner_spec, judging_endpoint,
-                                                                          tmp_path):
+def test_team_episode_inputs_are_unchanged_and_argo_input_carries_the_mode(
+    make_store, inner_spec, judging_endpoint, tmp_path
+):
     store = make_store("file")
     spec = inner_spec(store, search={"iterations": 0}, collection={"teacher": "single"})
     ep = judging_endpoint()
     ctx = RunContext(spec, store)
     add_episodes(ep, episode(1), episode(5))
-    run_search(ctx, 0, "t1", ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0),
-               episode_runner(spec, ep.endpoint))
+    run_search(
+        ctx,
+        0,
+        "t1",
+        ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0),
+        episode_runner(spec, ep.endpoint),
+    )
     team = RunContext(inner_spec(store, search={"iterations": 0}), store)
     assert "teacher" not in Collection(team, 0, "t1").episode_doc(0)  # team manifests keep their input hash
     run_collect(ctx, 0, "t1", None, episode=0, phase="prepare", endpoint=ep.endpoint)

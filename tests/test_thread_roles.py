@@ -23,6 +23,7 @@ def upstream_role(messages: list[dict], prompt: str | None) -> str:
     (as given, stripped, @-spaced, @-spaced and stripped; duplicates once, in that order), the first
     variant found exactly once is a match and found more than once refuses the thread; then the
     match or the main system prompt makes the orchestrator, the sub-agent prompt a worker."""
+
     def spaced(p):
         if "precision@k" not in p and "recall@k" not in p:
             return p
@@ -50,16 +51,33 @@ def upstream_role(messages: list[dict], prompt: str | None) -> str:
     return "auxiliary"
 
 
-PROMPTS = ["Write fib.py that prints 10 numbers.", "  Write fib.py that prints 10 numbers.\n",
-           "Report precision@k for k=5.", None]
-SYSTEMS = ["You are Qwen Code, an interactive CLI agent.", "You are a general-purpose subagent for the task.",
-           "Summarize the conversation so far.", "Decide who speaks next.", ""]
+PROMPTS = [
+    "Write fib.py that prints 10 numbers.",
+    "  Write fib.py that prints 10 numbers.\n",
+    "Report precision@k for k=5.",
+    None,
+]
+SYSTEMS = [
+    "You are Qwen Code, an interactive CLI agent.",
+    "You are a general-purpose subagent for the task.",
+    "Summarize the conversation so far.",
+    "Decide who speaks next.",
+    "",
+]
 
 
 def users(prompt: str | None) -> list[str]:
     p = prompt or "Write fib.py that prints 10 numbers."
-    return [p, f"Context first.\n\n{p}", f"{p}\n{p}", p.strip(), f"  {p.strip()}  ",
-            p.replace("precision@k", "precision @k"), "Something else entirely.", ""]
+    return [
+        p,
+        f"Context first.\n\n{p}",
+        f"{p}\n{p}",
+        p.strip(),
+        f"  {p.strip()}  ",
+        p.replace("precision@k", "precision @k"),
+        "Something else entirely.",
+        "",
+    ]
 
 
 CASES = [(s, u, p) for p in PROMPTS for s, u in itertools.product(SYSTEMS, users(p))]
@@ -69,8 +87,9 @@ def test_the_grid_covers_every_outcome():
     outcomes = set()
     for system, user, prompt in CASES:
         try:
-            outcomes.add(upstream_role([{"role": "system", "content": system}, {"role": "user", "content": user}],
-                                       prompt))
+            outcomes.add(
+                upstream_role([{"role": "system", "content": system}, {"role": "user", "content": user}], prompt)
+            )
         except Refused:
             outcomes.add("refused")
     assert outcomes == {"orchestrator", "worker", "auxiliary", "refused"} and len(CASES) == 160
@@ -78,8 +97,11 @@ def test_the_grid_covers_every_outcome():
 
 @pytest.mark.parametrize("system,user,prompt", CASES)
 def test_the_prompt_rule_is_the_codes(system, user, prompt):
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": user},
-                {"role": "assistant", "content": "ok"}]
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": user},
+        {"role": "assistant", "content": "ok"},
+    ]
     ours = prompt_role(messages, prompt)
     try:
         theirs = upstream_role(messages, prompt)

@@ -14,13 +14,18 @@ from mass_jobs.steps.sft_threads import rebuild_threads
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 
-LEAD_TOOLS = [{"type": "function", "function": {"name": "agent", "parameters": {}}},
-              {"type": "function", "function": {"name": "write_file", "parameters": {}}}]
+LEAD_TOOLS = [
+    {"type": "function", "function": {"name": "agent", "parameters": {}}},
+    {"type": "function", "function": {"name": "write_file", "parameters": {}}},
+]
 WORKER_TOOLS = [{"type": "function", "function": {"name": "write_file", "parameters": {}}}]
 
 
-DELEGATION = {"id": "c1", "type": "function",
-              "function": {"name": "agent", "arguments": '{"prompt": "Write fib.py with a fib(n) function"}'}}
+DELEGATION = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "agent", "arguments": '{"prompt": "Write fib.py with a fib(n) function"}'},
+}
 
 
 def call(seq, messages, tools, reply, reasoning=None, finish="tool_calls", tool_calls=None):
@@ -29,8 +34,11 @@ def call(seq, messages, tools, reply, reasoning=None, finish="tool_calls", tool_
         message["reasoning_content"] = reasoning
     if tool_calls:
         message["tool_calls"] = tool_calls
-    return {"seq": seq, "request": {"messages": messages, "tools": tools},
-            "response": {"message": message, "finish_reason": finish}}
+    return {
+        "seq": seq,
+        "request": {"messages": messages, "tools": tools},
+        "response": {"message": message, "finish_reason": finish},
+    }
 
 
 def headerless_trace() -> list[dict]:
@@ -47,8 +55,18 @@ def headerless_trace() -> list[dict]:
         call(1, w1, WORKER_TOOLS, "writing"),
         call(2, w2, WORKER_TOOLS, "done"),
         call(3, w2, WORKER_TOOLS, "done"),  # the retry of call 2: the same conversation
-        call(4, [sys_lead, task, {"role": "assistant", "content": "delegating", "tool_calls": [DELEGATION]},
-                 {"role": "tool", "tool_call_id": "c1", "content": "done"}], LEAD_TOOLS, "ok", finish="stop"),
+        call(
+            4,
+            [
+                sys_lead,
+                task,
+                {"role": "assistant", "content": "delegating", "tool_calls": [DELEGATION]},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"},
+            ],
+            LEAD_TOOLS,
+            "ok",
+            finish="stop",
+        ),
     ]
 
 

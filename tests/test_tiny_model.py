@@ -29,7 +29,9 @@ CONVERSATION = [
         "role": "assistant",
         "content": "",
         "reasoning_content": "Read it first.",
-        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": {"path": "a.txt"}}}],
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": {"path": "a.txt"}}}
+        ],
     },
     {"role": "tool", "tool_call_id": "c1", "content": "hello"},
     {"role": "assistant", "content": "It says hello."},
@@ -39,11 +41,11 @@ EXPECTED_RENDER = (
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
     + json.dumps(TOOLS[0])
     + "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
     "</tool_call><|im_end|>\n"
     "<|im_start|>user\nWhat is in a.txt?<|im_end|>\n"
     "<|im_start|>assistant\n<think>\nRead it first.\n</think>\n\n"
-    "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a.txt\"}}\n</tool_call><|im_end|>\n"
+    '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tool_call><|im_end|>\n'
     "<|im_start|>user\n<tool_response>\nhello\n</tool_response><|im_end|>\n"
     "<|im_start|>assistant\nIt says hello.<|im_end|>\n"
 )
@@ -52,8 +54,11 @@ EXPECTED_RENDER = (
 def file_hashes(directory) -> dict[str, str]:
     """Content hashes of a model dir's files; the warm build's key file records its build time, so
     it is left out (`warm-key.json`, compared on its own where it matters)."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())
-            if p.name != "warm-key.json"}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.iterdir())
+        if p.name != "warm-key.json"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +239,7 @@ def test_resolve_s3_missing_key_names_it(s3_env, tmp_path):
 
 DEMO_TASKS = [
     "Write fib.py that prints the first 10 Fibonacci numbers and save them to results/fib.json.",
-    'Write primes.py that lists the primes below the number in data/limit.txt and save the count to '
+    "Write primes.py that lists the primes below the number in data/limit.txt and save the count to "
     'results/metrics.json as {"count": N}.',
     "Write sort.py that sorts the numbers in data/nums.txt and writes them to results/sorted.txt.",
 ]
@@ -268,7 +273,11 @@ def test_warm_corpus_delegates_on_workflow_prompts_and_mostly_works_alone_on_bar
     share = seen["bare"].count("delegate") / len(seen["bare"])
     assert len(seen["bare"]) > 40 and 0 < share < 2.5 * BARE_DELEGATES, share  # a minority (seeded draws)
     assert set(seen["bare"]) == {"delegate", "list_files", "read_file"}
-    fib = [m for m, _ in warm_corpus(3, per_kind=60) if "fib.py" in m[1]["content"] and m[0]["content"].startswith("You are worker")]
+    fib = [
+        m
+        for m, _ in warm_corpus(3, per_kind=60)
+        if "fib.py" in m[1]["content"] and m[0]["content"].startswith("You are worker")
+    ]
     for m in fib:  # the worker writes the true numbers, so a grader can tell right from wrong
         k = int(m[1]["content"].split("first ")[1].split()[0])
         fib_k = [0, 1]
@@ -352,7 +361,7 @@ def _tail(k: int, n: int, p: float) -> float:
     """P(X <= k) for X ~ Binomial(n, p)."""
     from math import comb
 
-    return sum(comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+    return sum(comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
 
 
 def test_warm_model_answers_valid_verdicts_to_compare_requests(warm_server, tmp_path):
@@ -395,8 +404,10 @@ def test_warm_orchestrator_delegates_when_a_workflow_says_so_and_works_alone_on_
                     reply = client.chat(messages, tools=[T.DELEGATE, T.READ_FILE, T.LIST_FILES, T.FINISH], seed=seed)
                 except ModelError:
                     continue
-                delegated[kind] += any(c.name == "delegate" and c.error is None
-                                       and str(c.arguments.get("assignment", "")).strip() for c in parse_tool_calls(reply))
+                delegated[kind] += any(
+                    c.name == "delegate" and c.error is None and str(c.arguments.get("assignment", "")).strip()
+                    for c in parse_tool_calls(reply)
+                )
     n = len(DEMO_TASKS) * len(clients)
     assert n == 12 and _tail(6, n, THRESHOLDS["workflow_delegates"][1]) < 0.005
     assert 1 - _tail(4, n, THRESHOLDS["bare_delegates"][1]) < 0.005
@@ -411,10 +422,19 @@ def test_warm_optimizer_proposes_valid_workflows(warm_server):
 
     valid, n = 0, 0
     for t, task in enumerate(DEMO_TASKS):  # the request `mass search` makes after the initial version failed
-        brief, _ = ob.build(ob.BriefInput(task=task, current=0, designs={0: workflow_json(DEFAULT_WORKFLOW)},
-                                          rows=[ob.Row(0, "the bare reference", "loss")], evidence=bundle(Path("/nonexistent")),
-                                          status={"outcome": "failed", "reason": "no result"}))
-        clients = [(_client(warm_server, 0.0), None)] + [(_client(warm_server, 0.6), 10 * t + s) for s in SAMPLED_SEEDS[:2]]
+        brief, _ = ob.build(
+            ob.BriefInput(
+                task=task,
+                current=0,
+                designs={0: workflow_json(DEFAULT_WORKFLOW)},
+                rows=[ob.Row(0, "the bare reference", "loss")],
+                evidence=bundle(Path("/nonexistent")),
+                status={"outcome": "failed", "reason": "no result"},
+            )
+        )
+        clients = [(_client(warm_server, 0.0), None)] + [
+            (_client(warm_server, 0.6), 10 * t + s) for s in SAMPLED_SEEDS[:2]
+        ]
         for client, seed in clients:
             reply = client.chat(brief, seed=seed)
             n += 1
@@ -450,8 +470,10 @@ def test_the_shipped_warm_model_was_built_from_what_the_current_code_trains_on(w
     from mass_jobs.tiny import warm
 
     stamp = json.loads((warm_tiny_model_dir / "warm-key.json").read_text())
-    rebuild = ("the warm model's recipe or inputs changed: bump BUILDER_VERSION in mass_jobs/tiny/warm.py, "
-               "run `make test-models` (rebuilds models/tiny-warm, about 5 minutes) and commit models/tiny-warm")
+    rebuild = (
+        "the warm model's recipe or inputs changed: bump BUILDER_VERSION in mass_jobs/tiny/warm.py, "
+        "run `make test-models` (rebuilds models/tiny-warm, about 5 minutes) and commit models/tiny-warm"
+    )
     assert stamp["key"] == warm.warm_key(0), rebuild
     assert stamp["inputs_sha256"] == warm.current_inputs_digest(0), rebuild
     # the digest sees a change of one system prompt

@@ -23,9 +23,9 @@ FORGED = "FORGED-RECORD"
 def forging_command(out: Path, proxy_file: Path) -> str:
     trace, status = out / "trace.jsonl", out / "status.json"
     tries = [
-        f"echo '{{\"forged\": \"{FORGED}\"}}' >> {trace}",
+        f'echo \'{{"forged": "{FORGED}"}}\' >> {trace}',
         f"echo '{FORGED}' > {trace}",
-        f"echo '{{\"outcome\": \"success\", \"reason\": \"{FORGED}\"}}' > {status}",
+        f'echo \'{{"outcome": "success", "reason": "{FORGED}"}}\' > {status}',
         f"mv {trace} {out}/moved.jsonl",
         f"rm {trace}",
         f"ln -sf /dev/null {status}",
@@ -33,15 +33,19 @@ def forging_command(out: Path, proxy_file: Path) -> str:
         f"mkdir -p {out}/forged",
     ]
     # a process left behind to forge the files once the next command says `go`, then mark that it tried
-    later = (f"(while [ ! -e go ]; do sleep 0.1; done; echo '{FORGED}' >> {trace}; echo '{FORGED}' > {status}; "
-             f"touch late.txt) >/dev/null 2>&1 &")
+    later = (
+        f"(while [ ! -e go ]; do sleep 0.1; done; echo '{FORGED}' >> {trace}; echo '{FORGED}' > {status}; "
+        f"touch late.txt) >/dev/null 2>&1 &"
+    )
     return "; ".join(f"({t}) 2>&1 && echo 'WROTE: {t}'" for t in tries) + f"; {later} echo tried"
 
 
 # the next command: `go`, then up to 5 s for the process left behind to have tried (it polls every
 # 0.1 s): what it says is whether that process outlived the command that started it
-LATE_CHECK = ("touch go; for i in $(seq 50); do [ -e late.txt ] && break; sleep 0.1; done; "
-              "[ -e late.txt ] && echo LATE-TRIED || echo no-late")
+LATE_CHECK = (
+    "touch go; for i in $(seq 50); do [ -e late.txt ] && break; sleep 0.1; done; "
+    "[ -e late.txt ] && echo LATE-TRIED || echo no-late"
+)
 
 
 def test_agent_shell_cannot_rewrite_trace_status_or_proxy(scripted_endpoint, tmp_path):
@@ -52,13 +56,22 @@ def test_agent_shell_cannot_rewrite_trace_status_or_proxy(scripted_endpoint, tmp
     out = tmp_path / "out"
     proxy_file = Path(proxy_module.__file__).resolve()
     proxy_code = proxy_file.read_bytes()
-    ep = scripted_endpoint({
-        "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("done")],
-        "worker-1": [Reply.call("shell", command=forging_command(out, proxy_file)), Reply.call("shell", command=LATE_CHECK),
-                     Reply.text("records tidied")],
-    })
-    inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, sampling=Sampling(),
-                       limits=EpisodeLimits(wall_s=60, request_timeout_s=10, request_retries=0, shell_timeout_s=20))
+    ep = scripted_endpoint(
+        {
+            "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("done")],
+            "worker-1": [
+                Reply.call("shell", command=forging_command(out, proxy_file)),
+                Reply.call("shell", command=LATE_CHECK),
+                Reply.text("records tidied"),
+            ],
+        }
+    )
+    inp = EpisodeInput(
+        prompt="Tidy up.",
+        endpoint=ep.endpoint,
+        sampling=Sampling(),
+        limits=EpisodeLimits(wall_s=60, request_timeout_s=10, request_retries=0, shell_timeout_s=20),
+    )
     result = run_episode(inp, tmp_path / "ws", out)
 
     trace_text = (out / "trace.jsonl").read_text()
@@ -92,12 +105,24 @@ def test_qwen_code_shell_cannot_rewrite_trace_or_status(scripted_endpoint, tmp_p
 
     out = tmp_path / "out"
     proxy_file = Path(__import__("mass_jobs.serving.proxy", fromlist=["x"]).__file__).resolve()
-    ep = scripted_endpoint({MAIN: [Reply.call("run_shell_command", command=forging_command(out, proxy_file),
-                                              description="tidy the records"),
-                                   Reply.call("run_shell_command", command=LATE_CHECK, description="look again"),
-                                   Reply.text("records tidied")]})
-    inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, harness="qwen-code", sampling=Sampling(max_output_tokens=64),
-                       limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=0))
+    ep = scripted_endpoint(
+        {
+            MAIN: [
+                Reply.call(
+                    "run_shell_command", command=forging_command(out, proxy_file), description="tidy the records"
+                ),
+                Reply.call("run_shell_command", command=LATE_CHECK, description="look again"),
+                Reply.text("records tidied"),
+            ]
+        }
+    )
+    inp = EpisodeInput(
+        prompt="Tidy up.",
+        endpoint=ep.endpoint,
+        harness="qwen-code",
+        sampling=Sampling(max_output_tokens=64),
+        limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=0),
+    )
     result = run_episode(inp, tmp_path / "ws", out)
     status = json.loads((out / "status.json").read_text())
     validate_status(status)
@@ -112,4 +137,6 @@ def test_qwen_code_shell_cannot_rewrite_trace_or_status(scripted_endpoint, tmp_p
     assert "tried" in shell_output and "WROTE:" not in shell_output, shell_output
     assert "trace.jsonl: No such file or directory" in shell_output  # /out is not in its view at all
     later = lines[2]["request"]["messages"][-1]["content"][0]["text"]
-    assert later.split("\nOutput:", 1)[1].split("\n")[0].strip() == "no-late", later  # qwen-code ended its process group
+    assert later.split("\nOutput:", 1)[1].split("\n")[0].strip() == "no-late", (
+        later
+    )  # qwen-code ended its process group

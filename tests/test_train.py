@@ -29,9 +29,16 @@ TORCHRUN = ROOT / ".venv" / "bin" / "torchrun"
 
 
 def small_sft(**kw) -> SftSpec:
-    base = dict(window=256, context=0, steps=4, val_every=2, save_every=2, gradient_checkpointing=True,
-                lora=LoraSpec(r=4, alpha=8, dropout=0.05, target_modules=["q_proj", "v_proj", "down_proj"]),
-                optimizer=OptimizerSpec(lr=2e-3, warmup_steps=1))
+    base = dict(
+        window=256,
+        context=0,
+        steps=4,
+        val_every=2,
+        save_every=2,
+        gradient_checkpointing=True,
+        lora=LoraSpec(r=4, alpha=8, dropout=0.05, target_modules=["q_proj", "v_proj", "down_proj"]),
+        optimizer=OptimizerSpec(lr=2e-3, warmup_steps=1),
+    )
     return SftSpec(**{**base, **kw})
 
 
@@ -70,8 +77,9 @@ def test_single_process_training_accounts_tokens_and_moves_every_parameter(tiny_
     for step in (2, 4):
         meta = read_checkpoint(tmp_path / f"step-{step}")
         jsonschema.validate(meta, SCHEMA)
-    assert read_checkpoint(tmp_path / "step-4")["adapter_sha256_by_rank"] == [adapter_digest(
-        __import__("peft").get_peft_model_state_dict(trainer.peft_model))]
+    assert read_checkpoint(tmp_path / "step-4")["adapter_sha256_by_rank"] == [
+        adapter_digest(__import__("peft").get_peft_model_state_dict(trainer.peft_model))
+    ]
     # the optimizer state's layout depends on --parallel, so a resume must use the checkpoint's
     other = Trainer(tiny_model_dir, train, val, sft, tmp_path, parallel="fsdp", progress=False)
     other.setup()
@@ -82,8 +90,9 @@ def test_single_process_training_accounts_tokens_and_moves_every_parameter(tiny_
 # ---------------------------------------------------------------- torchrun, 2 ranks, via `mass train`
 
 
-def make_run(tmp_path: Path, model_dir: Path, name: str, steps: int, save_every: int, n_val: int = 2,
-             **sft: object) -> Path:
+def make_run(
+    tmp_path: Path, model_dir: Path, name: str, steps: int, save_every: int, n_val: int = 2, **sft: object
+) -> Path:
     from mass_jobs.store import Step, open_store
 
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -94,9 +103,17 @@ def make_run(tmp_path: Path, model_dir: Path, name: str, steps: int, save_every:
         "tasks": [{"id": "a", "split": "train", "prompt": "task a"}, {"id": "b", "split": "train", "prompt": "task b"}],
         "collection": {"episodes": 3, "train_ranks": 1, "validation_rank": 2},
         "ranking": {"comparisons_per_episode": 1},
-        "sft": {"window": 256, "context": 0, "steps": steps, "val_every": 2, "save_every": save_every,
-                "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-                "optimizer": {"lr": 2e-3, "warmup_steps": 1}, "gradient_checkpointing": False, **sft},
+        "sft": {
+            "window": 256,
+            "context": 0,
+            "steps": steps,
+            "val_every": 2,
+            "save_every": save_every,
+            "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+            "optimizer": {"lr": 2e-3, "warmup_steps": 1},
+            "gradient_checkpointing": False,
+            **sft,
+        },
         "store": {"uri": f"file://{store_root}"},
     }
     path = tmp_path / f"{name}.yaml"
@@ -105,17 +122,34 @@ def make_run(tmp_path: Path, model_dir: Path, name: str, steps: int, save_every:
     prefix = f"{name}/gen-0/sft"
     store.put_bytes(f"{prefix}/train.jsonl", "".join(json.dumps(w) + "\n" for w in synthetic_windows(8, 0)).encode())
     store.put_bytes(f"{prefix}/val.jsonl", "".join(json.dumps(w) + "\n" for w in synthetic_windows(n_val, 1)).encode())
-    Step(store, prefix, inputs={"test": name}).finish([f"{prefix}/train.jsonl", f"{prefix}/val.jsonl"],
-                                                        extra={"stored_supervised_tokens": 1})
+    Step(store, prefix, inputs={"test": name}).finish(
+        [f"{prefix}/train.jsonl", f"{prefix}/val.jsonl"], extra={"stored_supervised_tokens": 1}
+    )
     return path
 
 
 def torchrun(spec: Path, work: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", "-m", "mass_jobs.commands.cli", "train",
-           "--spec", str(spec), "--gen", "0", "--work-dir", str(work), "--quiet", *extra]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "mass_jobs.commands.cli",
+        "train",
+        "--spec",
+        str(spec),
+        "--gen",
+        "0",
+        "--work-dir",
+        str(work),
+        "--quiet",
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
@@ -236,8 +270,14 @@ def test_two_rank_fsdp_trains_like_ddp_saves_a_full_adapter_and_resumes(tiny_mod
         assert t.shape == adapters["ddp"][k].shape
         assert torch.allclose(t, adapters["ddp"][k], rtol=1e-4, atol=1e-6), k
     # (1) every LoRA tensor moved from its initial value (the same init the ranks start from)
-    init = Trainer(tiny_model_dir, synthetic_windows(8, 0), [], load_spec(tmp_path / "fsdp" / "run.yaml").sft,
-                   tmp_path / "init", progress=False)
+    init = Trainer(
+        tiny_model_dir,
+        synthetic_windows(8, 0),
+        [],
+        load_spec(tmp_path / "fsdp" / "run.yaml").sft,
+        tmp_path / "init",
+        progress=False,
+    )
     init.setup()
     start = get_peft_model_state_dict(init.peft_model, save_embedding_layers=False)
     assert start.keys() == adapters["fsdp"].keys()
@@ -272,8 +312,12 @@ def test_two_rank_fsdp_trains_like_ddp_saves_a_full_adapter_and_resumes(tiny_mod
     resumed = train_losses(stored_r / "log.jsonl")
     assert [s for s, _ in resumed] == [s for s, _ in logs["fsdp"]]
     assert [v for _, v in resumed] == pytest.approx([v for _, v in logs["fsdp"]], rel=1e-6, abs=1e-7)
-    assert read_checkpoint(local_work(tmp_path / "resume" / "work", "run") / "gen-0" / "train" / "step-4")[
-        "adapter_sha256_by_rank"] == meta["adapter_sha256_by_rank"]
+    assert (
+        read_checkpoint(local_work(tmp_path / "resume" / "work", "run") / "gen-0" / "train" / "step-4")[
+            "adapter_sha256_by_rank"
+        ]
+        == meta["adapter_sha256_by_rank"]
+    )
     assert "trained 4 steps" in out
 
 
@@ -308,7 +352,9 @@ def test_a_deleted_store_run_again_trains_and_selects_with_the_same_or_another_s
     chosen = {}
     for label, lr in (("first", 2e-3), ("same spec again", 2e-3), ("another spec", 5e-3)):
         shutil.rmtree(tmp_path / "store", ignore_errors=True)  # "an empty store", as the refusal advises
-        spec = make_run(tmp_path, tiny_model_dir, "again", steps=4, save_every=2, optimizer={"lr": lr, "warmup_steps": 1})
+        spec = make_run(
+            tmp_path, tiny_model_dir, "again", steps=4, save_every=2, optimizer={"lr": lr, "warmup_steps": 1}
+        )
         assert mass(["train", "--spec", str(spec), "--gen", "0", "--work-dir", str(work), "--quiet", "--resume"]) == 0
         manifest = json.loads((tmp_path / "store" / "again" / "gen-0" / "train" / "_manifest.json").read_text())
         assert manifest["extra"]["checkpoints"] == [2, 4], label
@@ -352,21 +398,36 @@ def patterned_windows(n: int, seed: int, length: int = 128) -> list[dict]:
         start = rng.randrange(5)
         ids = [cycle[(start + j) % 5] for j in range(length)]
         header = 32
-        out.append({"task": "ab"[i % 2], "role": ("orchestrator", "worker", "auxiliary")[i % 3], "input_ids": ids,
-                    "labels": [-100] * header + ids[header:], "n_supervised": length - header})
+        out.append(
+            {
+                "task": "ab"[i % 2],
+                "role": ("orchestrator", "worker", "auxiliary")[i % 3],
+                "input_ids": ids,
+                "labels": [-100] * header + ids[header:],
+                "n_supervised": length - header,
+            }
+        )
     return out
 
 
 def golden_run(model_dir: Path, work: Path, **lora) -> tuple[list, list]:
-    sft = small_sft(steps=6, val_every=3, save_every=6, optimizer=OptimizerSpec(lr=1e-2, warmup_steps=1),
-                    lora=LoraSpec(**{"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "down_proj"],
-                                     **lora}))
+    sft = small_sft(
+        steps=6,
+        val_every=3,
+        save_every=6,
+        optimizer=OptimizerSpec(lr=1e-2, warmup_steps=1),
+        lora=LoraSpec(
+            **{"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "down_proj"], **lora}
+        ),
+    )
     trainer = Trainer(model_dir, patterned_windows(6, 0), patterned_windows(2, 0), sft, work, progress=False)
     trainer.setup()
     trainer.train()
     log = [json.loads(x) for x in (work / "log.jsonl").read_text().splitlines()]
-    return ([(r["step"], r["loss"]) for r in log if r["kind"] == "train"],
-            [(r["step"], r["val_loss"]) for r in log if r["kind"] == "val"])
+    return (
+        [(r["step"], r["loss"]) for r in log if r["kind"] == "train"],
+        [(r["step"], r["val_loss"]) for r in log if r["kind"] == "val"],
+    )
 
 
 def test_tiny_training_reproduces_its_golden_losses(tiny_model_dir, tmp_path):
@@ -391,13 +452,35 @@ def test_only_rank_0_reads_the_weights_and_every_rank_holds_them(tiny_model_dir,
 
     spec = make_run(tmp_path, tiny_model_dir, "probe", steps=1, save_every=1)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node", "2",
-                           str(ROOT / "tests" / "dist_probe" / "trainer_setup.py"), str(spec), parallel, str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            str(TORCHRUN),
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(ROOT / "tests" / "dist_probe" / "trainer_setup.py"),
+            str(spec),
+            parallel,
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert [r["read_weights"] for r in ranks] == [True, False]
-    alone = Trainer(tiny_model_dir, synthetic_windows(1, 0), [], load_spec(spec).sft, tmp_path / "alone", parallel=parallel, progress=False)
+    alone = Trainer(
+        tiny_model_dir,
+        synthetic_windows(1, 0),
+        [],
+        load_spec(spec).sft,
+        tmp_path / "alone",
+        parallel=parallel,
+        progress=False,
+    )
     alone.setup()
     params, buffers = state_digest(alone)
     expected = {"params": params, "buffers": buffers, "head": digest([("head", alone.head_weight)])}

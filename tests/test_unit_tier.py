@@ -14,8 +14,11 @@ pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtur
 
 
 def test_a_unit_test_cannot_start_a_process():
-    with pytest.raises(NotUnit, match=r"test_unit_tier.py::test_a_unit_test_cannot_start_a_process is marked unit "
-                                      r"but starts a process"):
+    with pytest.raises(
+        NotUnit,
+        match=r"test_unit_tier.py::test_a_unit_test_cannot_start_a_process is marked unit "
+        r"but starts a process",
+    ):
         subprocess.run(["true"], check=True)
 
 

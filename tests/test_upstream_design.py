@@ -77,15 +77,23 @@ def paper_teacher(query: str, directive_file: str) -> str:
 
 # ---------------------------------------------------------------- the grid
 
-AGENTS = [{"agent_id": "agent_lead", "role": "Lead", "instruction": "Plan, delegate and check."},
-          {"agent_id": "agent_writer", "role": "Writer", "instruction": "Write the files you are assigned."}]
+AGENTS = [
+    {"agent_id": "agent_lead", "role": "Lead", "instruction": "Plan, delegate and check."},
+    {"agent_id": "agent_writer", "role": "Writer", "instruction": "Write the files you are assigned."},
+]
 # the end phrase inside the block too: the split must take the last one
 AGENTS_WITH_PHRASE = AGENTS + [{"agent_id": "agent_env", "role": "Env", "instruction": f"{END} you run."}]
-BEFORES = ["Fit a model to data.csv.\\n\\nDeliverables: report.md (precision@k).\n\n",
-           "Fit a model to data.csv and report precision@k.\n", "Fit a model. Report precision@k. \n\n"]
+BEFORES = [
+    "Fit a model to data.csv.\\n\\nDeliverables: report.md (precision@k).\n\n",
+    "Fit a model to data.csv and report precision@k.\n",
+    "Fit a model. Report precision@k. \n\n",
+]
 GAPS = ["\n\n", "\n", "\n\n\n"]
-AFTERS = [f"{END}: run code with uv run.\nIn logs.txt, list every agent you started and its role. ",
-          f"{END}; keep a log in logs.txt.", f"{END}.\n\nWrite logs.txt as you go.\n"]
+AFTERS = [
+    f"{END}: run code with uv run.\nIn logs.txt, list every agent you started and its role. ",
+    f"{END}; keep a log in logs.txt.",
+    f"{END}.\n\nWrite logs.txt as you go.\n",
+]
 
 
 def layouts():
@@ -94,12 +102,24 @@ def layouts():
 
 
 def replies(after: str) -> list[str]:
-    block = START + "\n" + json.dumps(AGENTS[:1] + [{"agent_id": "agent_checker", "role": "Checker",
-                                                    "instruction": "Rerun every number of the report."}], indent=2)
+    block = (
+        START
+        + "\n"
+        + json.dumps(
+            AGENTS[:1]
+            + [{"agent_id": "agent_checker", "role": "Checker", "instruction": "Rerun every number of the report."}],
+            indent=2,
+        )
+    )
     long_tail = " ".join(["The checker reports to the lead."] * 12)
-    return [block, block + "\n\n" + after.lstrip(), f"  {block}\n{END} for the checker too.  ",
-            f"{block}\n{END} when you test.\n{long_tail}", block + "\n\n" + after.lstrip()[:150],
-            "An improved team:\n" + block]
+    return [
+        block,
+        block + "\n\n" + after.lstrip(),
+        f"  {block}\n{END} for the checker too.  ",
+        f"{block}\n{END} when you test.\n{long_tail}",
+        block + "\n\n" + after.lstrip()[:150],
+        "An improved team:\n" + block,
+    ]
 
 
 CASES = list(layouts())
@@ -179,7 +199,7 @@ def test_a_native_task_gets_a_block_from_its_workflow_and_no_rules():
     task = Task(id="t1", split="train", prompt="Write report.md.", workflow=DEFAULT_WORKFLOW)
     t = DesignTemplate.of_task(task)
     assert t.before == "Write report.md.\n\n" and t.after == "" and t.design.startswith(START)
-    agents = json.loads(t.design[len(START):])
+    agents = json.loads(t.design[len(START) :])
     assert [a["agent_id"] for a in agents] == [a.id for a in DEFAULT_WORKFLOW.agents]
     assert "Output to orchestrator: " + DEFAULT_WORKFLOW.agents[1].contract in agents[1]["instruction"]
     assert "Call order:\n1. orchestrator -> implementer" in agents[0]["instruction"]
@@ -195,9 +215,15 @@ def test_the_spec_refuses_an_upstream_text_with_no_block_under_the_upstream_form
 
     raw = next(iter(CASES))
     (tmp_path / "model").mkdir()
-    doc = {"name": "u", "model": {"base": "model"}, "store": {"uri": "file://runs"},
-           "search": {"workflow_format": "upstream"},
-           "tasks": [{"id": "t1", "split": "train", "prompt": "Fit a model.", "upstream_text": raw.replace(END, "Use pip")}]}
+    doc = {
+        "name": "u",
+        "model": {"base": "model"},
+        "store": {"uri": "file://runs"},
+        "search": {"workflow_format": "upstream"},
+        "tasks": [
+            {"id": "t1", "split": "train", "prompt": "Fit a model.", "upstream_text": raw.replace(END, "Use pip")}
+        ],
+    }
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
     assert main(["validate", str(tmp_path / "spec.yaml")]) == 2
     err = capsys.readouterr().err
@@ -213,10 +239,17 @@ def test_an_upstream_task_file_keeps_its_text(tmp_path):
     raw = CASES[0]
     (tmp_path / "q1.txt").write_text(raw)
     (tmp_path / "model").mkdir()
-    (tmp_path / "spec.yaml").write_text(json.dumps({
-        "name": "u", "model": {"base": "model"}, "store": {"uri": "file://runs"},
-        "search": {"workflow_format": "upstream"},
-        "tasks": [{"file": "q1.txt", "format": "upstream", "id": "q1", "split": "train"}]}))
+    (tmp_path / "spec.yaml").write_text(
+        json.dumps(
+            {
+                "name": "u",
+                "model": {"base": "model"},
+                "store": {"uri": "file://runs"},
+                "search": {"workflow_format": "upstream"},
+                "tasks": [{"file": "q1.txt", "format": "upstream", "id": "q1", "split": "train"}],
+            }
+        )
+    )
     task = load_spec(tmp_path / "spec.yaml").task("q1")
     assert task.upstream_text == raw and task.prompt == import_upstream(raw)[0]
 
@@ -224,25 +257,55 @@ def test_an_upstream_task_file_keeps_its_text(tmp_path):
 # ---------------------------------------------------------------- a run
 
 
-UPSTREAM_TASK = ("Write report.md with your score.\\n\\nDeliverables: report.md.\n\n" + START + " \n"
-                 + json.dumps(AGENTS_WITH_PHRASE, indent=2) + "\n\n" + AFTERS[0])
+UPSTREAM_TASK = (
+    "Write report.md with your score.\\n\\nDeliverables: report.md.\n\n"
+    + START
+    + " \n"
+    + json.dumps(AGENTS_WITH_PHRASE, indent=2)
+    + "\n\n"
+    + AFTERS[0]
+)
 
 
 def test_a_search_collection_and_render_in_the_upstream_format(make_store, inner_spec, judging_endpoint):
     store = make_store("file")
     bare, _ = import_upstream(UPSTREAM_TASK)
-    spec = inner_spec(store, search={"iterations": 1, "workflow_format": "upstream"},
-                      tasks=[{"id": "t1", "split": "train", "prompt": bare, "upstream_text": UPSTREAM_TASK,
-                              "deliverables": ["report.md"]}])
+    spec = inner_spec(
+        store,
+        search={"iterations": 1, "workflow_format": "upstream"},
+        tasks=[
+            {
+                "id": "t1",
+                "split": "train",
+                "prompt": bare,
+                "upstream_text": UPSTREAM_TASK,
+                "deliverables": ["report.md"],
+            }
+        ],
+    )
     ep = judging_endpoint()
     before, design0, after, task_text = paper_template(UPSTREAM_TASK)
-    block = START + "\n" + json.dumps(AGENTS[:1] + [{"agent_id": "agent_checker", "role": "Checker",
-                                                    "instruction": "Rerun the numbers."}], indent=2)
+    block = (
+        START
+        + "\n"
+        + json.dumps(
+            AGENTS[:1] + [{"agent_id": "agent_checker", "role": "Checker", "instruction": "Rerun the numbers."}],
+            indent=2,
+        )
+    )
     add_episodes(ep, episode(1), episode(5))
-    ep.add("optimizer",
-           Reply.text(json.dumps({"agents": [{"id": "orchestrator", "role": "lead", "instruction": "Lead."}]})),
-           Reply.text(json.dumps({"improved_multi_agent_design": block + "\n\n" + after,  # copied the rules too
-                                  "changes_from_previous": ["a checker reruns the numbers"]})))
+    ep.add(
+        "optimizer",
+        Reply.text(json.dumps({"agents": [{"id": "orchestrator", "role": "lead", "instruction": "Lead."}]})),
+        Reply.text(
+            json.dumps(
+                {
+                    "improved_multi_agent_design": block + "\n\n" + after,  # copied the rules too
+                    "changes_from_previous": ["a checker reruns the numbers"],
+                }
+            )
+        ),
+    )
     add_episodes(ep, episode(7))
     ctx = RunContext(spec, store)
     client = ModelClient(ep.endpoint, spec.model.sampling, timeout_s=10, retries=0)
@@ -251,8 +314,9 @@ def test_a_search_collection_and_render_in_the_upstream_format(make_store, inner
     root = "inner/gen-0/search/t1"
     # v0 is the task text as written; v1 the paper's rendering of the kept block
     assert store.get_bytes(f"{root}/iter-0/prompt.txt").decode() == UPSTREAM_TASK
-    assert store.get_bytes(f"{root}/iter-1/prompt.txt").decode() == paper_render(before, after, paper_cut(
-        block + "\n\n" + after, after))
+    assert store.get_bytes(f"{root}/iter-1/prompt.txt").decode() == paper_render(
+        before, after, paper_cut(block + "\n\n" + after, after)
+    )
     assert store.get_bytes(f"{root}/reference/prompt.txt").decode() == bare
     assert store.get_json(f"{root}/iter-1/workflow.json") == {"design": block}
     proposal = store.get_json(f"{root}/iter-1/proposal.json")

@@ -18,8 +18,10 @@ from mass_jobs.spec.upstream_format import UPSTREAM_MARKER, import_upstream
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 
 TASK = "Write fib.py that prints the first 10 Fibonacci numbers.\\n\\nDeliverables:\\n1) fib.py"
-AGENTS = [{"agent_id": "agent_orchestrator", "role": "Lead", "instruction": "Plan and delegate."},
-          {"agent_id": "agent_coder", "role": "Coder", "instruction": "Write the code."}]
+AGENTS = [
+    {"agent_id": "agent_orchestrator", "role": "Lead", "instruction": "Plan and delegate."},
+    {"agent_id": "agent_coder", "role": "Coder", "instruction": "Write the code."},
+]
 TAIL = "Use uv for all Python workflows. Write your plan in logs.txt."
 TEAM = "In logs.txt, also list every agent you created and how the agents handed work to each other."
 
@@ -46,9 +48,20 @@ def test_instructions_after_the_agent_list_belong_to_the_prompt_but_not_those_on
 
 def test_an_upstream_task_carries_deliverables_guards_and_files(tmp_path):
     (tmp_path / "q1.txt").write_text(upstream_text())
-    spec = load_spec(spec_with(tmp_path, {
-        "file": "q1.txt", "format": "upstream", "id": "q1", "split": "train", "deliverables": ["fib.py"],
-        "guards": {"protected_paths": ["data/n.txt"]}, "files": {"data/n.txt": "10\n"}}))
+    spec = load_spec(
+        spec_with(
+            tmp_path,
+            {
+                "file": "q1.txt",
+                "format": "upstream",
+                "id": "q1",
+                "split": "train",
+                "deliverables": ["fib.py"],
+                "guards": {"protected_paths": ["data/n.txt"]},
+                "files": {"data/n.txt": "10\n"},
+            },
+        )
+    )
     [task] = spec.resolved_tasks()
     assert (task.id, task.split, task.deliverables, task.files) == ("q1", "train", ["fib.py"], {"data/n.txt": "10\n"})
     assert task.guards.protected_paths == ["data/n.txt"]
@@ -62,8 +75,10 @@ def test_an_upstream_task_without_format_says_how_to_load_it(tmp_path, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and lines[0] == f"{spec}: invalid run spec, 1 error(s):"
     assert lines[1].startswith("  $.tasks[0].file: q1.txt: expected ")
-    assert lines[1].endswith("; an upstream MASS task (text, then an agent list) needs `format: upstream` (with `id` "
-                             "and `split`) next to `file:`, or convert it: `mass import upstream DIR`")
+    assert lines[1].endswith(
+        "; an upstream MASS task (text, then an agent list) needs `format: upstream` (with `id` "
+        "and `split`) next to `file:`, or convert it: `mass import upstream DIR`"
+    )
 
 
 def test_an_upstream_task_without_id_and_split_names_those_keys(tmp_path, capsys):
@@ -80,9 +95,17 @@ def upstream_dir(root: Path) -> Path:
     src = root / "upstream"
     (src / "bare").mkdir(parents=True)
     (src / "initial").mkdir()
-    (src / "splits.json").write_text(json.dumps({
-        "designated_train": [7, 8], "test": [9], "excluded_from_teacher_collection": {"8": "no winner"},
-        "task_prompt_pattern": "bare/query{task_id}.txt", "initial_workflow_pattern": "initial/query{task_id}_ourTeam.txt"}))
+    (src / "splits.json").write_text(
+        json.dumps(
+            {
+                "designated_train": [7, 8],
+                "test": [9],
+                "excluded_from_teacher_collection": {"8": "no winner"},
+                "task_prompt_pattern": "bare/query{task_id}.txt",
+                "initial_workflow_pattern": "initial/query{task_id}_ourTeam.txt",
+            }
+        )
+    )
     for tid in (7, 8, 9):
         task = f"Task {tid}: write t{tid}.py."
         (src / "bare" / f"query{tid}.txt").write_text(f"{task}\n\n{TAIL}")
@@ -112,8 +135,10 @@ def test_import_names_what_is_missing(tmp_path, capsys):
     (src / "initial" / "query8_ourTeam.txt").unlink()
     assert main(["import", "upstream", str(src), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"{src / 'splits.json'}: invalid upstream task directory, 1 error(s):",
-                   f"  $.designated_train[1]: expected the file {src / 'initial/query8_ourTeam.txt'} (FileNotFoundError)"]
+    assert err == [
+        f"{src / 'splits.json'}: invalid upstream task directory, 1 error(s):",
+        f"  $.designated_train[1]: expected the file {src / 'initial/query8_ourTeam.txt'} (FileNotFoundError)",
+    ]
     assert main(["import", "upstream", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")]) == 2
     assert "expected an upstream splits.json (FileNotFoundError" in capsys.readouterr().err
 
@@ -126,24 +151,33 @@ def test_the_documented_example_loads(tmp_path):
     (tmp_path / entry["file"]).write_text(upstream_text())
     [task] = load_spec(spec_with(tmp_path, entry)).resolved_tasks()
     assert (task.id, task.deliverables, task.guards.required_outputs) == (
-        "query51", ["research_report.md", "results/metrics.json"], ["results/metrics.json"])
+        "query51",
+        ["research_report.md", "results/metrics.json"],
+        ["results/metrics.json"],
+    )
 
 
 def test_a_missing_task_file_is_named_with_the_path_it_was_looked_for_at(tmp_path, capsys):
     spec = spec_with(tmp_path, {"file": "tasks/q1.txt", "format": "upstream", "id": "q1", "split": "train"})
     assert main(["validate", str(spec)]) == 2
     err = capsys.readouterr().err
-    assert f"$.tasks[0].file: expected a readable task file, found 'tasks/q1.txt' at '{tmp_path / 'tasks/q1.txt'}'" in err
+    assert (
+        f"$.tasks[0].file: expected a readable task file, found 'tasks/q1.txt' at '{tmp_path / 'tasks/q1.txt'}'" in err
+    )
 
 
 # Shaped like the paper's tasks (written for this test: the project ships no upstream text): a
 # "Deliverables:" list with escaped line breaks, a data host named by URL, the general rules after.
 PAPER_LIKE = {
-    1: ("Fetch the structure https://files.rcsb.org/download/1abc.pdb and compute its radius of gyration."
+    1: (
+        "Fetch the structure https://files.rcsb.org/download/1abc.pdb and compute its radius of gyration."
         "\\n\\nDeliverables:\\n1) A short report research_report.md\\n2) results/metrics.json with rg_angstrom"
-        "\\n3) a plot of the contact map\\n\\nBe precise."),
-    2: ("Download the 10-year yield from https://fred.stlouisfed.org/graph/fredgraph.csv?id=DGS10 and fit an AR(1)."
-        "\\nDeliverables:\\n1) research_report.md\\n2) figures/yield_fit.png"),
+        "\\n3) a plot of the contact map\\n\\nBe precise."
+    ),
+    2: (
+        "Download the 10-year yield from https://fred.stlouisfed.org/graph/fredgraph.csv?id=DGS10 and fit an AR(1)."
+        "\\nDeliverables:\\n1) research_report.md\\n2) figures/yield_fit.png"
+    ),
     3: "Simulate a 2-D random walk and describe its mean squared displacement.",
 }
 
@@ -183,7 +217,8 @@ def test_importing_the_papers_tasks_derives_deliverables_and_hosts_and_marks_the
     assert "metrics' ranges and check commands are not in the prompt" in head[2]
     assert "has no 'Deliverables:' list" in (out / "query3.yaml").read_text().split("\nid: ", 1)[0]
     assert yaml.safe_load((out / "overlay.yaml").read_text())["tasks"] == [
-        {"file": f"tasks/upstream/query{i}.yaml"} for i in (1, 2, 3)]
+        {"file": f"tasks/upstream/query{i}.yaml"} for i in (1, 2, 3)
+    ]
     assert main(["validate", str(spec), "--overlay", str(out / "overlay.yaml")]) == 0
     # the overlay's tasks replace the paper's own three (their files are not even here)
     assert "valid run spec 'paper': 3 task(s) (2 train, 1 test)" in capsys.readouterr().out

@@ -27,24 +27,39 @@ from tests.fixtures.inner_loop import spec_document
 
 @pytest.mark.slow(cost=150)
 def test_an_episode_runs_through_vllm_started_as_the_inference_service_starts_it(
-        warm_tiny_model_dir, vllm_python, tmp_path, monkeypatch):
+    warm_tiny_model_dir, vllm_python, tmp_path, monkeypatch
+):
     monkeypatch.setenv("VLLM_PYTHON", str(vllm_python))
     # The CPU build reserves 92% of the machine's memory for its KV cache unless told a size, and
     # refuses to start while other tests hold more than 8%; 1 GiB serves the tiny model. (The CPU
     # build's own setting, not an engine argument: the arguments stay the InferenceService's.)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    doc = spec_document(f"file://{tmp_path}/store", execution={
-        "serving": "vllm", "harness": "builtin", "vllm": {"tool_call_parser": "hermes", "reasoning_parser": "qwen3"},
-        "limits": {"turns_per_agent": 3, "tool_calls": 6, "wall_s": 300, "request_timeout_s": 120,
-                   "request_retries": 0}})
-    doc["model"] = {"base": str(warm_tiny_model_dir), "dtype": "float32",
-                    "sampling": {"max_output_tokens": 128, "context_length": 4096}}
+    doc = spec_document(
+        f"file://{tmp_path}/store",
+        execution={
+            "serving": "vllm",
+            "harness": "builtin",
+            "vllm": {"tool_call_parser": "hermes", "reasoning_parser": "qwen3"},
+            "limits": {
+                "turns_per_agent": 3,
+                "tool_calls": 6,
+                "wall_s": 300,
+                "request_timeout_s": 120,
+                "request_retries": 0,
+            },
+        },
+    )
+    doc["model"] = {
+        "base": str(warm_tiny_model_dir),
+        "dtype": "float32",
+        "sampling": {"max_output_tokens": 128, "context_length": 4096},
+    }
     spec = RunSpec.model_validate(doc)
     args = spec_engine_args(spec)
     # the InferenceService's runtime passes the same engine arguments for this spec
     settings = ClusterSettings(tool_call_parser="hermes", reasoning_parser="qwen3", max_model_len=4096)
     assert [a for a in runtime_args(settings, "tiny", "float32") if a in args] == args
-    assert VllmServer(warm_tiny_model_dir, "tiny", args, launcher=["python"]).command()[-len(args):] == args
+    assert VllmServer(warm_tiny_model_dir, "tiny", args, launcher=["python"]).command()[-len(args) :] == args
 
     prompt = workflow_prompt_parts(DEMO_PROMPTS[0], DEFAULT_WORKFLOW).text
     with serve_model(spec, warm_tiny_model_dir, "tiny", log_path=tmp_path / "vllm.log") as endpoint:

@@ -25,9 +25,17 @@ from tests.fixtures.chat_templates import _first_messages_of_blocks as _blocks_o
 
 THINKING = "<|im_start|>assistant\n<think>\n"
 DENSE = "<|im_start|>assistant\n"
-TOOLS = [{"type": "function", "function": {"name": n, "description": f"{n} a file",
-                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
-         for n in ("read_file", "write_file")]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": n,
+            "description": f"{n} a file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+    for n in ("read_file", "write_file")
+]
 WORDS = "alpha beta gamma delta file output value check pass fail run test data".split()
 
 
@@ -61,8 +69,9 @@ def upstream_segments(tok, messages, tools, thinking: bool):
     return out
 
 
-def make_windows(body: list[tuple[list[int], list[int]]], header: list[int], query: int | None, window: int,
-                 overlap: int) -> list[tuple[list[int], list[int]]]:
+def make_windows(
+    body: list[tuple[list[int], list[int]]], header: list[int], query: int | None, window: int, overlap: int
+) -> list[tuple[list[int], list[int]]]:
     """A transcription of upstream's `make_windows` (training/prepare_sft_data.py), over one
     segment's blocks after the header, each (ids, mask): walk the loss-bearing blocks; before each,
     earlier blocks back while they fit `overlap`; the segment's query block, if not among them, put
@@ -125,15 +134,22 @@ def thread(seed: int, thinking: bool, queries: int) -> list[dict]:
     reasoning under the thinking template, and `queries` user queries."""
     rng = random.Random(seed)
     say = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
-    msgs = [{"role": "system", "content": "You are the coder. " + say(rng.randint(5, 60))},
-            {"role": "user", "content": "Task: " + say(rng.randint(5, 30))}]
+    msgs = [
+        {"role": "system", "content": "You are the coder. " + say(rng.randint(5, 60))},
+        {"role": "user", "content": "Task: " + say(rng.randint(5, 30))},
+    ]
     for q in range(queries):
         if q:
             msgs.append({"role": "user", "content": "Next: " + say(rng.randint(3, 20))})
         for t in range(rng.randint(2, 6)):
-            calls = [{"id": f"c{q}{t}{k}", "type": "function",
-                      "function": {"name": rng.choice(["read_file", "write_file"]), "arguments": {"path": say(1)}}}
-                     for k in range(rng.choice([1, 1, 2]))]
+            calls = [
+                {
+                    "id": f"c{q}{t}{k}",
+                    "type": "function",
+                    "function": {"name": rng.choice(["read_file", "write_file"]), "arguments": {"path": say(1)}},
+                }
+                for k in range(rng.choice([1, 1, 2]))
+            ]
             reply = {"role": "assistant", "content": say(rng.randint(2, 25)), "tool_calls": calls}
             if thinking:
                 reply["reasoning_content"] = say(rng.randint(0, 30))
@@ -147,9 +163,15 @@ def thread(seed: int, thinking: bool, queries: int) -> list[dict]:
 
 
 def as_trace(messages: list[dict]) -> list[dict]:
-    return [{"seq": 0, "agent": None, "error": None,
-             "request": {"model": "tiny", "messages": messages[:-1], "tools": TOOLS, "stream": False, "sampling": {}},
-             "response": {"message": messages[-1], "finish_reason": "stop", "usage": {}}}]
+    return [
+        {
+            "seq": 0,
+            "agent": None,
+            "error": None,
+            "request": {"model": "tiny", "messages": messages[:-1], "tools": TOOLS, "stream": False, "sampling": {}},
+            "response": {"message": messages[-1], "finish_reason": "stop", "usage": {}},
+        }
+    ]
 
 
 @pytest.fixture(scope="module", params=["dense", "thinking"])
@@ -174,8 +196,11 @@ def test_windows_equal_upstreams_on_every_forced_cut_case(template):
                 continue  # fits whole: no cut to compare
             cases += 1
             expected = upstream_windows(tok, msgs, TOOLS, window, context, thinking)
-            windows, stats = render_windows([EpisodeTrace("t", seed, as_trace(msgs), bare_prompt=msgs[1]["content"])],
-                                            tok, SftSpec(window=window, context=context, strict=False))
+            windows, stats = render_windows(
+                [EpisodeTrace("t", seed, as_trace(msgs), bare_prompt=msgs[1]["content"])],
+                tok,
+                SftSpec(window=window, context=context, strict=False),
+            )
             if expected is None:
                 refused += 1
                 assert windows == [] and stats["threads_refused_header"] == 1, (seed, window, context)
@@ -198,8 +223,11 @@ def test_the_fit_option_is_another_rule_the_grid_tells_apart(template):
         msgs = thread(seed, thinking, queries=1 + seed % 3)
         for window, context in GRID:
             expected = upstream_windows(tok, msgs, TOOLS, window, context, thinking)
-            windows, _ = render_windows([EpisodeTrace("t", seed, as_trace(msgs), bare_prompt=msgs[1]["content"])],
-                                        tok, SftSpec(window=window, context=context, strict=False, cut="fit"))
+            windows, _ = render_windows(
+                [EpisodeTrace("t", seed, as_trace(msgs), bare_prompt=msgs[1]["content"])],
+                tok,
+                SftSpec(window=window, context=context, strict=False, cut="fit"),
+            )
             differ += expected is not None and [(w.input_ids, w.labels) for w in windows] != expected
     assert differ >= 3, differ
 
@@ -212,8 +240,11 @@ def test_the_token_cut_option_starts_windows_mid_message_where_blocks_do_not(tem
     start = tok.convert_tokens_to_ids("<|im_start|>")
     opens_mid = {}
     for cut in ("blocks", "tokens"):
-        windows, _ = render_windows([EpisodeTrace("t", 0, as_trace(msgs), bare_prompt=msgs[1]["content"])], tok,
-                                    SftSpec(window=640, context=40, strict=False, cut=cut))
+        windows, _ = render_windows(
+            [EpisodeTrace("t", 0, as_trace(msgs), bare_prompt=msgs[1]["content"])],
+            tok,
+            SftSpec(window=640, context=40, strict=False, cut=cut),
+        )
         header = [p for p, t in enumerate(windows[0].input_ids) if t == start][2]  # system, task, then the body
         assert len(windows) >= 3
         opens_mid[cut] = sum(w.input_ids[header] != start for w in windows)

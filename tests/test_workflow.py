@@ -47,10 +47,10 @@ def test_upstream_import_splits_prompt_and_agents():
     "text,needle",
     [
         ("just a task", "was not found"),
-        (f"task\n{UPSTREAM_MARKER}\n[{{\"agent_id\": 1}}", "not JSON"),
-        (f"task\n{UPSTREAM_MARKER}\n[{{\"agent_id\": \"a\", \"role\": \"r\"}}]", "upstream agents[0].instruction"),
+        (f'task\n{UPSTREAM_MARKER}\n[{{"agent_id": 1}}', "not JSON"),
+        (f'task\n{UPSTREAM_MARKER}\n[{{"agent_id": "a", "role": "r"}}]', "upstream agents[0].instruction"),
         (f"task\n{UPSTREAM_MARKER}\n[]", "non-empty JSON list"),
-        (f"{UPSTREAM_MARKER}\n[{{\"agent_id\": \"a\", \"role\": \"r\", \"instruction\": \"i\"}}]", "empty"),
+        (f'{UPSTREAM_MARKER}\n[{{"agent_id": "a", "role": "r", "instruction": "i"}}]', "empty"),
     ],
     ids=["no-marker", "bad-json", "missing-instruction", "empty-list", "no-task-text"],
 )
@@ -70,8 +70,10 @@ def test_validation_names_every_bad_path():
     ]
     with pytest.raises(WorkflowError) as e:
         validate_workflow(
-            {"agents": [{"id": "a", "role": "r", "instruction": "i"}, {"id": "a", "role": "r", "instruction": "i"}],
-             "hops": [{"caller": "a", "callee": "ghost"}]}
+            {
+                "agents": [{"id": "a", "role": "r", "instruction": "i"}, {"id": "a", "role": "r", "instruction": "i"}],
+                "hops": [{"caller": "a", "callee": "ghost"}],
+            }
         )
     assert len(e.value.errors) == 2
     assert "$.workflow.agents[1].id" in e.value.errors[0] and "$.workflow.hops[0].callee" in e.value.errors[1]
@@ -98,9 +100,18 @@ def test_teacher_prompt_pieces_join_exactly():
     assert full.replace(SEPARATOR + parts.workflow, "").replace(SEPARATOR + parts.directive, "") == "Solve it."
     # the paper's seven points: real delegation and no code by the orchestrator, foreground only, one step
     # at a time, self-contained assignments, check and narrow re-delegation, bounded work, a final summary
-    for duty in ("delegation tool", "write\n   no pipeline or analysis code yourself", "Foreground only", "predecessor",
-                 "self-contained", "Check returned artifacts", "narrowed scope", "Bounded work",
-                 "do not end while a worker is still running", "final answer summarises every worker call"):
+    for duty in (
+        "delegation tool",
+        "write\n   no pipeline or analysis code yourself",
+        "Foreground only",
+        "predecessor",
+        "self-contained",
+        "Check returned artifacts",
+        "narrowed scope",
+        "Bounded work",
+        "do not end while a worker is still running",
+        "final answer summarises every worker call",
+    ):
         assert duty in TEACHER_DIRECTIVE
     assert [line.split(".")[0] for line in TEACHER_DIRECTIVE.splitlines() if line[:1].isdigit()] == list("1234567")
     assert teacher_prompt("t", DEFAULT_WORKFLOW, directive="Be careful.").endswith(f"{DIRECTIVE_HEADER}\nBe careful.")
@@ -109,7 +120,10 @@ def test_teacher_prompt_pieces_join_exactly():
 
 def test_parse_proposal_accepts_fenced_bare_and_upstream_lists():
     wf = {"agents": [{"id": "lead", "role": "lead", "instruction": "lead", "contract": "report.md"}], "hops": []}
-    assert parse_proposal(f"<think>{{\"agents\": 1}}</think>Here:\n```json\n{json.dumps(wf)}\n```").agents[0].contract == "report.md"
+    assert (
+        parse_proposal(f'<think>{{"agents": 1}}</think>Here:\n```json\n{json.dumps(wf)}\n```').agents[0].contract
+        == "report.md"
+    )
     assert parse_proposal("Sure. " + json.dumps({"workflow": wf}) + " done").agents[0].id == "lead"
     upstream = [{"agent_id": "Lead", "role": "r", "instruction": "i"}]
     assert parse_proposal(json.dumps(upstream)).agents[0].id == "lead"
@@ -133,11 +147,19 @@ def test_parse_proposal_errors(reply, needle):
 def test_diff_workflows_lists_changes():
     old = DEFAULT_WORKFLOW
     new = Workflow.model_validate(
-        {"agents": [old.agents[0].model_dump(), {**old.agents[1].model_dump(), "contract": "more"},
-                    {"id": "tester", "role": "t", "instruction": "test"}]}
+        {
+            "agents": [
+                old.agents[0].model_dump(),
+                {**old.agents[1].model_dump(), "contract": "more"},
+                {"id": "tester", "role": "t", "instruction": "test"},
+            ]
+        }
     )
     assert diff_workflows(old, new) == [
-        "added agent tester (t)", "removed agent reviewer", "changed contract of implementer", "hops changed (2 -> 0)",
+        "added agent tester (t)",
+        "removed agent reviewer",
+        "changed contract of implementer",
+        "hops changed (2 -> 0)",
     ]
     assert diff_workflows(None, old) == ["initial version"]
     assert diff_workflows(old, old) == ["no change"]

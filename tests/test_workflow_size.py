@@ -18,10 +18,33 @@ import pytest
 from mass_jobs.k8s import workflow_size as W
 
 # NodeStatus's fields in declaration order (json names), and Outputs' and NodeFlag's.
-NODE_STATUS_FIELDS = ["id", "name", "displayName", "type", "templateName", "templateRef", "templateScope", "phase",
-                      "boundaryID", "message", "startedAt", "finishedAt", "estimatedDuration", "progress",
-                      "resourcesDuration", "podIP", "daemoned", "nodeFlag", "inputs", "outputs", "children",
-                      "outboundNodes", "hostNodeName", "memoizationStatus", "synchronizationStatus"]
+NODE_STATUS_FIELDS = [
+    "id",
+    "name",
+    "displayName",
+    "type",
+    "templateName",
+    "templateRef",
+    "templateScope",
+    "phase",
+    "boundaryID",
+    "message",
+    "startedAt",
+    "finishedAt",
+    "estimatedDuration",
+    "progress",
+    "resourcesDuration",
+    "podIP",
+    "daemoned",
+    "nodeFlag",
+    "inputs",
+    "outputs",
+    "children",
+    "outboundNodes",
+    "hostNodeName",
+    "memoizationStatus",
+    "synchronizationStatus",
+]
 OUTPUTS_FIELDS = ["parameters", "artifacts", "result", "exitCode"]
 NODE_FLAG_FIELDS = ["hooked", "retried"]
 
@@ -60,11 +83,17 @@ def _artifact(a: dict) -> str:  # Artifact: name, path, ..., then the inline Art
 def go_marshal_nodes(nodes: dict) -> bytes:
     """json.Marshal(map[string]NodeStatus), transcribed."""
     nested = {
-        "inputs": lambda i: _struct(i, ["parameters", "artifacts"],
-                                    {"parameters": lambda ps: "[" + ",".join(map(_param, ps)) + "]"}),
-        "outputs": lambda o: _struct(o, OUTPUTS_FIELDS,
-                                     {"parameters": lambda ps: "[" + ",".join(map(_param, ps)) + "]",
-                                      "artifacts": lambda arts: "[" + ",".join(map(_artifact, arts)) + "]"}),
+        "inputs": lambda i: _struct(
+            i, ["parameters", "artifacts"], {"parameters": lambda ps: "[" + ",".join(map(_param, ps)) + "]"}
+        ),
+        "outputs": lambda o: _struct(
+            o,
+            OUTPUTS_FIELDS,
+            {
+                "parameters": lambda ps: "[" + ",".join(map(_param, ps)) + "]",
+                "artifacts": lambda arts: "[" + ",".join(map(_artifact, arts)) + "]",
+            },
+        ),
         "nodeFlag": lambda f: _struct(f, NODE_FLAG_FIELDS, {}),
     }
     body = ",".join(f"{_go_string(k)}:{_struct(nodes[k], NODE_STATUS_FIELDS, nested)}" for k in sorted(nodes))
@@ -78,12 +107,23 @@ def _nodes(n: int, seed: int = 0) -> dict:
     for i in range(n):
         name = f"{wf}[0].cycle(0:gen:{i % 3})[{i % 5}].search-task(task:t-{i}&<x>)"
         kind = rng.choice(["Pod", "Retry", "Steps", "StepGroup", "Skipped"])
-        node = W.node_status(wf, name, kind, "search-prepare", boundary=f"{wf}-{i}", message="m" if i % 4 == 0 else "",
-                             inputs={"task": f"t-{i}", "json": '{"a": "<b>"}'}, outputs={"rollouts": "[]"},
-                             artifacts=[W.log_artifact("argo-artifacts/{{workflow.name}}/{{pod.name}}", wf,
-                                                       W.pod_name(wf, "search-prepare", name))],
-                             children=[W.node_id(wf, name + "(0)")] if kind in ("Retry", "Steps") else (),
-                             retried=kind == "Pod" and i % 2 == 0)
+        node = W.node_status(
+            wf,
+            name,
+            kind,
+            "search-prepare",
+            boundary=f"{wf}-{i}",
+            message="m" if i % 4 == 0 else "",
+            inputs={"task": f"t-{i}", "json": '{"a": "<b>"}'},
+            outputs={"rollouts": "[]"},
+            artifacts=[
+                W.log_artifact(
+                    "argo-artifacts/{{workflow.name}}/{{pod.name}}", wf, W.pod_name(wf, "search-prepare", name)
+                )
+            ],
+            children=[W.node_id(wf, name + "(0)")] if kind in ("Retry", "Steps") else (),
+            retried=kind == "Pod" and i % 2 == 0,
+        )
         out[node["id"]] = node
     keys = list(out)
     rng.shuffle(keys)
@@ -100,13 +140,24 @@ def test_the_node_map_is_marshalled_as_go_does():
 @pytest.mark.unit
 def test_each_node_carries_what_the_controller_writes_for_its_kind():
     wf = "mass-run-x7k2p"
-    pod = W.node_status(wf, "a(0)", "Pod", "collect", outputs={"rollout": "r"}, retried=True,
-                        artifacts=[W.log_artifact("argo-artifacts/{{workflow.name}}/{{pod.name}}", wf,
-                                                  W.pod_name(wf, "collect", "a(0)"))])
+    pod = W.node_status(
+        wf,
+        "a(0)",
+        "Pod",
+        "collect",
+        outputs={"rollout": "r"},
+        retried=True,
+        artifacts=[
+            W.log_artifact("argo-artifacts/{{workflow.name}}/{{pod.name}}", wf, W.pod_name(wf, "collect", "a(0)"))
+        ],
+    )
     assert pod["nodeFlag"] == {"retried": True} and pod["hostNodeName"] and pod["resourcesDuration"]
     assert list(pod["outputs"]) == ["parameters", "artifacts", "exitCode"]
     (log,) = pod["outputs"]["artifacts"]
-    assert log == {"name": "main-logs", "s3": {"key": f"argo-artifacts/{wf}/{wf}-collect-{pod['id'].rsplit('-', 1)[1]}/main.log"}}
+    assert log == {
+        "name": "main-logs",
+        "s3": {"key": f"argo-artifacts/{wf}/{wf}-collect-{pod['id'].rsplit('-', 1)[1]}/main.log"},
+    }
     retry = W.node_status(wf, "a", "Retry", "collect", outputs={"rollout": "r"}, artifacts=[log], children=[pod["id"]])
     assert retry["outputs"] == pod["outputs"] and "hostNodeName" not in retry and "nodeFlag" not in retry
     group = W.node_status(wf, "a[0]", "StepGroup", "cycle", children=[retry["id"]])
@@ -119,8 +170,11 @@ def test_compressed_size_errs_high_of_the_exact_gzip_in_id_order():
     never below them and within DEFLATE_MARGIN plus the uncompressed child lists above."""
     nodes = _nodes(600, seed=3)
     exact = len(base64.b64encode(gzip.compress(go_marshal_nodes(nodes), compresslevel=6)))
-    children = sum(len(json.dumps(n["children"], separators=(",", ":"))) + len('"children":,')
-                   for n in nodes.values() if "children" in n)
+    children = sum(
+        len(json.dumps(n["children"], separators=(",", ":"))) + len('"children":,')
+        for n in nodes.values()
+        if "children" in n
+    )
     est = W.compressed_size(nodes)
     assert exact <= est <= exact * W.DEFLATE_MARGIN + children + 1
 

@@ -42,8 +42,9 @@ class Cluster:
         self.timeout_s = timeout_s
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None, context: str | None = None,
-                namespace: str | None = None) -> Cluster:
+    def connect(
+        cls, kubeconfig: str | None = None, context: str | None = None, namespace: str | None = None
+    ) -> Cluster:
         """The kubeconfig's (KUBECONFIG, ~/.kube/config) context, or the pod's account when run in a
         pod with neither; the namespace: the argument, the context's, the pod's, else `default`."""
         from kubernetes import client, config
@@ -73,11 +74,17 @@ class Cluster:
         if body is not None:
             headers["Content-Type"] = "application/json"
         m, url, headers, data, post = self.client.param_serialize(
-            method, path, query_params=sorted((query or {}).items()), header_params=headers, body=body,
-            auth_settings=["BearerToken"])
+            method,
+            path,
+            query_params=sorted((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
         try:
-            resp = self.client.call_api(m, url, header_params=headers, body=data, post_params=post,
-                                        _request_timeout=self.timeout_s)
+            resp = self.client.call_api(
+                m, url, header_params=headers, body=data, post_params=post, _request_timeout=self.timeout_s
+            )
             raw = resp.read()
         except HTTPError as err:
             raise Unreachable(f"{self.target.server}: {err}") from None

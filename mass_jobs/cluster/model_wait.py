@@ -72,8 +72,9 @@ class Look:
     waiting: str = ""
 
 
-def look(name: str, isvc: dict | None, pods: list[dict], held_since: dict[str, float], now: float,
-         pending_s: float) -> Look:
+def look(
+    name: str, isvc: dict | None, pods: list[dict], held_since: dict[str, float], now: float, pending_s: float
+) -> Look:
     """The InferenceService `name` and its predictor's pods at `now`. `held_since` (pod uid -> when
     it was first seen held) is kept across readings: a pod held for `pending_s` fails the wait (0:
     no bound); one no longer held is forgotten."""
@@ -92,8 +93,10 @@ def look(name: str, isvc: dict | None, pods: list[dict], held_since: dict[str, f
         seen.add(uid)
         since = held_since.setdefault(uid, now)
         if pending_s and now - since >= pending_s:
-            return Look(failure=f"predictor pod {meta['name']} held for {int(now - since)} s (the pending bound is "
-                                f"{int(pending_s)} s): {why}")
+            return Look(
+                failure=f"predictor pod {meta['name']} held for {int(now - since)} s (the pending bound is "
+                f"{int(pending_s)} s): {why}"
+            )
         waits.append(f"pod {meta['name']}: {why}")
     for uid in set(held_since) - seen:
         del held_since[uid]
@@ -102,12 +105,22 @@ def look(name: str, isvc: dict | None, pods: list[dict], held_since: dict[str, f
     if waits:
         return Look(waiting="; ".join(waits))
     states = ((isvc.get("status") or {}).get("modelStatus") or {}).get("states") or {}
-    return Look(waiting=f"model {states.get('targetModelState') or 'not reported yet'}"
-                        f" ({len(pods)} predictor pod{'s' if len(pods) != 1 else ''})")
+    return Look(
+        waiting=f"model {states.get('targetModelState') or 'not reported yet'}"
+        f" ({len(pods)} predictor pod{'s' if len(pods) != 1 else ''})"
+    )
 
 
-def wait(cluster: Cluster, name: str, pending_s: float, ready_s: float, poll_s: float = 5.0,
-         clock=time.monotonic, sleep=time.sleep, say=print) -> None:
+def wait(
+    cluster: Cluster,
+    name: str,
+    pending_s: float,
+    ready_s: float,
+    poll_s: float = 5.0,
+    clock=time.monotonic,
+    sleep=time.sleep,
+    say=print,
+) -> None:
     """Poll until the model is served; raise ModelNotServed on a failure, on a read this account
     may not make (a permanent misconfiguration), or past `ready_s` (0: no deadline). An API server
     that does not answer is waited for: it comes back, or the ready deadline ends the wait."""
@@ -117,9 +130,14 @@ def wait(cluster: Cluster, name: str, pending_s: float, ready_s: float, poll_s: 
     while True:
         now = clock()
         try:
-            reading = look(name, cluster.get(isvc_path), cluster.items(f"/api/v1/namespaces/{ns}/pods",
-                                                                        f"{ISVC_LABEL}={name}"),
-                           held_since, now, pending_s)
+            reading = look(
+                name,
+                cluster.get(isvc_path),
+                cluster.items(f"/api/v1/namespaces/{ns}/pods", f"{ISVC_LABEL}={name}"),
+                held_since,
+                now,
+                pending_s,
+            )
         except Forbidden as err:
             raise ModelNotServed(f"this pod's account may not read what the wait needs: {err}") from None
         except Unreachable as err:
@@ -133,6 +151,8 @@ def wait(cluster: Cluster, name: str, pending_s: float, ready_s: float, poll_s: 
             say(f"{name}: {int(now - start)} s: {reading.waiting}", flush=True)
             last = reading.waiting
         if ready_s and now - start >= ready_s:
-            raise ModelNotServed(f"InferenceService {name} not served within {int(ready_s)} s "
-                                 f"(model.readyDeadlineSeconds): {reading.waiting}")
+            raise ModelNotServed(
+                f"InferenceService {name} not served within {int(ready_s)} s "
+                f"(model.readyDeadlineSeconds): {reading.waiting}"
+            )
         sleep(poll_s)

@@ -69,6 +69,7 @@ S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 # -- the controllers' APIs ------------------------------------------------------------------------
 
+
 def crd(cluster: Cluster, group: str, plural: str) -> dict | None:
     return cluster.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{group}")
 
@@ -103,9 +104,17 @@ def api_checks(cluster: Cluster, spec, s: ClusterSettings) -> list[Check]:
         usable = [v for v in versions if v in served]
         if not usable:
             have = f"serves {', '.join(served)}" if served else "not installed"
-            found.append(Check(name, have, f"{group}/{versions[0]}", False, fix,
-                               f"{what} ({plural}.{group}) is {have} here and this project creates "
-                               f"{group}/{versions[0]} objects: install {source} (docs/install.md)"))
+            found.append(
+                Check(
+                    name,
+                    have,
+                    f"{group}/{versions[0]}",
+                    False,
+                    fix,
+                    f"{what} ({plural}.{group}) is {have} here and this project creates "
+                    f"{group}/{versions[0]} objects: install {source} (docs/install.md)",
+                )
+            )
             continue
         ok = Check(name, f"serves {', '.join(served)}", f"{group}/{usable[0]}", True, fix)
         if plural not in rendered:
@@ -119,15 +128,25 @@ def api_checks(cluster: Cluster, spec, s: ClusterSettings) -> list[Check]:
         version = next((v for v in (obj or {}).get("spec", {}).get("versions", []) if v["name"] == usable[0]), {})
         schema = (version.get("schema") or {}).get("openAPIV3Schema") or {}
         dropped = unknown_fields({"spec": rendered[plural]["spec"]}, schema)
-        found.append(replace(ok, value=f"drops {', '.join(dropped[:3])}", limit="every rendered field declared",
-                             ok=False, why=f"the cluster's {what} CRD ({group}/{usable[0]}) does not declare "
-                                           f"{', '.join(dropped)}: it is older than {source}, and the API server "
-                                           f"drops undeclared fields from every object created; upgrade to {source} "
-                                           f"(docs/install.md)") if dropped else ok)
+        found.append(
+            replace(
+                ok,
+                value=f"drops {', '.join(dropped[:3])}",
+                limit="every rendered field declared",
+                ok=False,
+                why=f"the cluster's {what} CRD ({group}/{usable[0]}) does not declare "
+                f"{', '.join(dropped)}: it is older than {source}, and the API server "
+                f"drops undeclared fields from every object created; upgrade to {source} "
+                f"(docs/install.md)",
+            )
+            if dropped
+            else ok
+        )
     return found
 
 
 # -- the controllers' settings --------------------------------------------------------------------
+
 
 def restricted(cluster: Cluster) -> bool | None:
     """Whether the run's namespace enforces Pod Security "restricted" (None: not readable)."""
@@ -140,12 +159,17 @@ def restricted(cluster: Cluster) -> bool | None:
 
 def _is_restricted_context(ctx: dict | None) -> bool:
     ctx = ctx or {}
-    return (ctx.get("runAsNonRoot") is True and ctx.get("allowPrivilegeEscalation") is False
-            and "ALL" in ((ctx.get("capabilities") or {}).get("drop") or [])
-            and (ctx.get("seccompProfile") or {}).get("type") in ("RuntimeDefault", "Localhost"))
+    return (
+        ctx.get("runAsNonRoot") is True
+        and ctx.get("allowPrivilegeEscalation") is False
+        and "ALL" in ((ctx.get("capabilities") or {}).get("drop") or [])
+        and (ctx.get("seccompProfile") or {}).get("type") in ("RuntimeDefault", "Localhost")
+    )
 
 
-def _lookup(cluster: Cluster, check: str, where: str, paths: list[str], absent: str) -> tuple[dict | None, Check | None]:
+def _lookup(
+    cluster: Cluster, check: str, where: str, paths: list[str], absent: str
+) -> tuple[dict | None, Check | None]:
     """A controller's settings object at the first of `paths` that holds it, or the note that says it
     could not be read or is not where a default install puts it (not judged: not checked)."""
     try:
@@ -153,62 +177,97 @@ def _lookup(cluster: Cluster, check: str, where: str, paths: list[str], absent: 
     except Forbidden as err:
         return None, unread(check, where, err)
     if obj is None:
-        return None, Check(check, "not found", where, True, where, advice=f"{where} does not exist ({absent}); not checked")
+        return None, Check(
+            check, "not found", where, True, where, advice=f"{where} does not exist ({absent}); not checked"
+        )
     return obj, None
 
 
 def argo_executor_check(cluster: Cluster) -> Check:
     ns, name = ARGO_CONFIG
     paths = [f"/api/v1/namespaces/{n}/configmaps/{name}" for n in dict.fromkeys((ns, cluster.namespace))]
-    cm, note = _lookup(cluster, "Argo executor securityContext", f"configmap {ns}/{name}", paths,
-                       f"nor in {cluster.namespace}: is Argo installed under another namespace?")
+    cm, note = _lookup(
+        cluster,
+        "Argo executor securityContext",
+        f"configmap {ns}/{name}",
+        paths,
+        f"nor in {cluster.namespace}: is Argo installed under another namespace?",
+    )
     if note:
         return note
     executor = yaml.safe_load((cm.get("data") or {}).get("executor") or "") or {}
     ok = _is_restricted_context(executor.get("securityContext"))
     where = f"{cm['metadata'].get('namespace', ns)}/{name}"
-    return Check("Argo executor securityContext", "restricted" if ok else "unset or not restricted", RESTRICTED, ok,
-                 f"configmap {where} key executor",
-                 f"Argo's init and wait containers take their securityContext from {where} (key executor), which "
-                 f"has none for Pod Security {RESTRICTED}: every step pod of namespace {cluster.namespace} is "
-                 f"refused; apply examples/k8s/argo-controller-values.yaml")
+    return Check(
+        "Argo executor securityContext",
+        "restricted" if ok else "unset or not restricted",
+        RESTRICTED,
+        ok,
+        f"configmap {where} key executor",
+        f"Argo's init and wait containers take their securityContext from {where} (key executor), which "
+        f"has none for Pod Security {RESTRICTED}: every step pod of namespace {cluster.namespace} is "
+        f"refused; apply examples/k8s/argo-controller-values.yaml",
+    )
 
 
 def operator_init_check(cluster: Cluster, replicas: int) -> Check:
     ns, name = TRAINING_OPERATOR
-    dep, note = _lookup(cluster, "training operator init container", f"deployment {ns}/{name}",
-                        [f"/apis/apps/v1/namespaces/{ns}/deployments/{name}"],
-                        "is the training operator installed under another name?")
+    dep, note = _lookup(
+        cluster,
+        "training operator init container",
+        f"deployment {ns}/{name}",
+        [f"/apis/apps/v1/namespaces/{ns}/deployments/{name}"],
+        "is the training operator installed under another name?",
+    )
     if note:
         return note
-    args = [a for c in dep.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
-            for a in (c.get("args") or []) + (c.get("command") or [])]
+    args = [
+        a
+        for c in dep.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
+        for a in (c.get("args") or []) + (c.get("command") or [])
+    ]
     ok = any(a.startswith(INIT_TEMPLATE_FLAG) for a in args)
-    return Check("training operator init container", "template set" if ok else "built-in", "hardened template", ok,
-                 f"deployment {ns}/{name} args {INIT_TEMPLATE_FLAG}",
-                 f"the training operator ({ns}/{name}) runs without {INIT_TEMPLATE_FLAG}: its built-in Worker init "
-                 f"container has no securityContext and Pod Security {RESTRICTED} refuses every Worker of a "
-                 f"{replicas}-replica job; mount examples/k8s/training-operator-init-container.yaml")
+    return Check(
+        "training operator init container",
+        "template set" if ok else "built-in",
+        "hardened template",
+        ok,
+        f"deployment {ns}/{name} args {INIT_TEMPLATE_FLAG}",
+        f"the training operator ({ns}/{name}) runs without {INIT_TEMPLATE_FLAG}: its built-in Worker init "
+        f"container has no securityContext and Pod Security {RESTRICTED} refuses every Worker of a "
+        f"{replicas}-replica job; mount examples/k8s/training-operator-init-container.yaml",
+    )
 
 
 def storage_initializer_check(cluster: Cluster, strict: bool) -> Check:
     where = f"clusterstoragecontainer {STORAGE_CONTAINER}"
-    csc, note = _lookup(cluster, "KServe storage initializer", where,
-                        [f"/apis/serving.kserve.io/v1alpha1/clusterstoragecontainers/{STORAGE_CONTAINER}"],
-                        "KServe then takes its storage initializer from inferenceservice-config")
+    csc, note = _lookup(
+        cluster,
+        "KServe storage initializer",
+        where,
+        [f"/apis/serving.kserve.io/v1alpha1/clusterstoragecontainers/{STORAGE_CONTAINER}"],
+        "KServe then takes its storage initializer from inferenceservice-config",
+    )
     if note:
         return note
     container = (csc.get("spec") or {}).get("container") or {}
     memory = ((container.get("resources") or {}).get("limits") or {}).get("memory", "1Gi")
     want = pods.STORAGE_INITIALIZER_RESOURCES["limits"]["memory"]
     unsafe = strict and not _is_restricted_context(container.get("securityContext"))
-    why = ([f"no securityContext for Pod Security {RESTRICTED} (every predictor is refused)"] if unsafe else []) + \
-          ([f"a memory limit of {memory} (a download of tens of GB throttles under {want})"]
-           if pods.quantity(memory) < pods.quantity(want) else [])
-    return Check("KServe storage initializer", f"memory {memory}" + (", not restricted" if unsafe else ""),
-                 f"memory >= {want}" + (f", {RESTRICTED}" if strict else ""), not why, where,
-                 f"KServe's storage initializer ({where}) has {' and '.join(why)}; apply "
-                 f"examples/k8s/kserve-storage-initializer-patch.yaml")
+    why = ([f"no securityContext for Pod Security {RESTRICTED} (every predictor is refused)"] if unsafe else []) + (
+        [f"a memory limit of {memory} (a download of tens of GB throttles under {want})"]
+        if pods.quantity(memory) < pods.quantity(want)
+        else []
+    )
+    return Check(
+        "KServe storage initializer",
+        f"memory {memory}" + (", not restricted" if unsafe else ""),
+        f"memory >= {want}" + (f", {RESTRICTED}" if strict else ""),
+        not why,
+        where,
+        f"KServe's storage initializer ({where}) has {' and '.join(why)}; apply "
+        f"examples/k8s/kserve-storage-initializer-patch.yaml",
+    )
 
 
 def controller_checks(cluster: Cluster, spec, s: ClusterSettings) -> list[Check]:
@@ -217,9 +276,17 @@ def controller_checks(cluster: Cluster, spec, s: ClusterSettings) -> list[Check]
     found = []
     enforced = restricted(cluster)
     if enforced is None:
-        found.append(Check("namespace Pod Security", "not read", RESTRICTED, True, "the account's RBAC",
-                           advice=f"could not read namespace {cluster.namespace}: the controller settings below "
-                                  f"are checked as if it enforced {RESTRICTED}"))
+        found.append(
+            Check(
+                "namespace Pod Security",
+                "not read",
+                RESTRICTED,
+                True,
+                "the account's RBAC",
+                advice=f"could not read namespace {cluster.namespace}: the controller settings below "
+                f"are checked as if it enforced {RESTRICTED}",
+            )
+        )
     strict = enforced is not False
     if strict:
         found.append(argo_executor_check(cluster))
@@ -229,6 +296,7 @@ def controller_checks(cluster: Cluster, spec, s: ClusterSettings) -> list[Check]
 
 
 # -- access -----------------------------------------------------------------------------------------
+
 
 def _review(cluster: Cluster, kind: str, spec: dict) -> bool:
     body = {"apiVersion": "authorization.k8s.io/v1", "kind": kind, "spec": spec}
@@ -241,10 +309,17 @@ def access_checks(cluster: Cluster, s: ClusterSettings) -> list[Check]:
     attrs = {"namespace": ns, "verb": "create", "group": "argoproj.io", "resource": "workflows"}
     try:
         ok = _review(cluster, "SelfSubjectAccessReview", {"resourceAttributes": attrs})
-        found.append(Check("submit a run", "allowed" if ok else "forbidden", "create workflows", ok,
-                           f"your RBAC in namespace {ns}",
-                           f"this account may not create workflows.argoproj.io in namespace {ns}: argo submit "
-                           f"fails; ask for a RoleBinding to Argo's argo-workflows-edit ClusterRole"))
+        found.append(
+            Check(
+                "submit a run",
+                "allowed" if ok else "forbidden",
+                "create workflows",
+                ok,
+                f"your RBAC in namespace {ns}",
+                f"this account may not create workflows.argoproj.io in namespace {ns}: argo submit "
+                f"fails; ask for a RoleBinding to Argo's argo-workflows-edit ClusterRole",
+            )
+        )
     except Forbidden as err:
         found.append(unread("submit a run", "a SelfSubjectAccessReview", err))
     # each ServiceAccount of the chart may do what its Role grants: the executor (resource templates,
@@ -264,14 +339,22 @@ def access_checks(cluster: Cluster, s: ClusterSettings) -> list[Check]:
                                 missing.append(f"{verb} {resource}{'.' + group if group else ''}")
         except Forbidden as err:
             return found + [unread(what, "a SubjectAccessReview", err)]
-        found.append(Check(what, f"{len(missing)} verb(s) missing" if missing else "every verb", f"role {name}",
-                           not missing, f"role/rolebinding {name} in {ns}",
-                           f"serviceaccount {name} in {ns} may not {'; '.join(missing)} (the chart's Role {name} "
-                           f"grants them: reinstall the chart, or fix the Role and RoleBinding)"))
+        found.append(
+            Check(
+                what,
+                f"{len(missing)} verb(s) missing" if missing else "every verb",
+                f"role {name}",
+                not missing,
+                f"role/rolebinding {name} in {ns}",
+                f"serviceaccount {name} in {ns} may not {'; '.join(missing)} (the chart's Role {name} "
+                f"grants them: reinstall the chart, or fix the Role and RoleBinding)",
+            )
+        )
     return found
 
 
 # -- Secrets ----------------------------------------------------------------------------------------
+
 
 def secret_checks(cluster: Cluster, spec, s: ClusterSettings) -> list[Check]:
     judge_keys = [j.api_key_env for j in spec.judges if j.endpoint != "local" and j.api_key_env]
@@ -288,18 +371,30 @@ def secret_checks(cluster: Cluster, spec, s: ClusterSettings) -> list[Check]:
         data = (secret or {}).get("data") or {}
         empty = [k for k in keys if not base64.b64decode(data.get(k) or "")]
         state = "missing" if secret is None else (f"{', '.join(empty)} empty or missing" if empty else "every key")
-        found.append(Check(f"secret {name}", state, ", ".join(keys), secret is not None and not empty,
-                           f"secret {name} in {cluster.namespace} (values {value})",
-                           f"secret {name} in namespace {cluster.namespace} "
-                           + ("does not exist" if secret is None else f"has no value for {', '.join(empty)}")
-                           + f": create it with {', '.join(keys)} (docs/install.md)"))
+        found.append(
+            Check(
+                f"secret {name}",
+                state,
+                ", ".join(keys),
+                secret is not None and not empty,
+                f"secret {name} in {cluster.namespace} (values {value})",
+                f"secret {name} in namespace {cluster.namespace} "
+                + ("does not exist" if secret is None else f"has no value for {', '.join(empty)}")
+                + f": create it with {', '.join(keys)} (docs/install.md)",
+            )
+        )
     return found
 
 
 def checks(cluster: Cluster, spec, s: ClusterSettings) -> list[Check]:
     """Every live check, in the order a platform team fixes them."""
     s = replace(s, namespace=cluster.namespace)
-    return (api_checks(cluster, spec, s) + controller_checks(cluster, spec, s) + access_checks(cluster, s)
-            + secret_checks(cluster, spec, s) + queue_checks(cluster, spec, s) + node_checks(cluster, spec, s)
-            + storage_checks(cluster, s))
-
+    return (
+        api_checks(cluster, spec, s)
+        + controller_checks(cluster, spec, s)
+        + access_checks(cluster, s)
+        + secret_checks(cluster, spec, s)
+        + queue_checks(cluster, spec, s)
+        + node_checks(cluster, spec, s)
+        + storage_checks(cluster, s)
+    )

@@ -36,8 +36,12 @@ class Node:
     def from_api(cls, obj: dict) -> Node:
         """A Node object as the API server returns it."""
         meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-        return cls(meta.get("name", ""), dict(status.get("allocatable") or {}), dict(meta.get("labels") or {}),
-                   list(spec.get("taints") or []))
+        return cls(
+            meta.get("name", ""),
+            dict(status.get("allocatable") or {}),
+            dict(meta.get("labels") or {}),
+            list(spec.get("taints") or []),
+        )
 
     @property
     def schedulable(self) -> bool:
@@ -101,12 +105,15 @@ def _matches(expr: dict, labels: dict[str, str]) -> bool:
 def affinity_ok(pod_spec: dict, labels: dict[str, str]) -> bool:
     if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
         return False
-    required = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
     if not required:
         return True
-    return any(all(_matches(e, labels) for e in term.get("matchExpressions") or [])
-               for term in required.get("nodeSelectorTerms") or [])
+    return any(
+        all(_matches(e, labels) for e in term.get("matchExpressions") or [])
+        for term in required.get("nodeSelectorTerms") or []
+    )
 
 
 def taint_text(taint: dict) -> str:
@@ -120,8 +127,11 @@ def why_not(node: Node, pod_spec: dict, asked: dict[str, float], used: Counter |
     if not affinity_ok(pod_spec, node.labels):
         return ["node(s) didn't match Pod's node affinity/selector"]
     used = used or Counter()
-    return [f"Insufficient {r}" for r, q in sorted(asked.items())
-            if q > quantity(node.allocatable.get(r, 0)) - used[r] + 1e-9]
+    return [
+        f"Insufficient {r}"
+        for r, q in sorted(asked.items())
+        if q > quantity(node.allocatable.get(r, 0)) - used[r] + 1e-9
+    ]
 
 
 def unschedulable_message(n_nodes: int, reasons: Counter) -> str:

@@ -61,8 +61,14 @@ def main(args) -> int:
         )
     table.add_section()
     table.add_row(
-        "total", "", "", f"{totals['delegation']}/{n}" + (f" ({totals['unreadable']} unreadable)" if totals["unreadable"] else ""),
-        "", f"{totals['code_handoff']}/{n}", "", f"{totals['revised']}/{n} episodes"
+        "total",
+        "",
+        "",
+        f"{totals['delegation']}/{n}" + (f" ({totals['unreadable']} unreadable)" if totals["unreadable"] else ""),
+        "",
+        f"{totals['code_handoff']}/{n}",
+        "",
+        f"{totals['revised']}/{n} episodes",
     )
     Console().print(table)
     return 0

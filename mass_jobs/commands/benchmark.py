@@ -13,21 +13,25 @@ from mass_jobs.tools.benchmark import load_benchmark, render_table, run_benchmar
 def add_arguments(parser) -> None:
     add_spec(parser)
     parser.add_argument("--bench", required=True, help="benchmark directory (benchmark.yaml, tasks/<id>/prompt.md)")
-    parser.add_argument("--gen", type=int, action="append", required=True,
-                        help="a generation to score (repeat: --gen 0 --gen 2)")
+    parser.add_argument(
+        "--gen", type=int, action="append", required=True, help="a generation to score (repeat: --gen 0 --gen 2)"
+    )
     parser.add_argument("--replicates", type=int, help="rollouts per task (default: the benchmark's)")
     parser.add_argument("--work-dir", default=".mass-work", help="local cache for model dirs and server logs")
 
 
 def main(args) -> int:
 
-
     ctx = open_run(args.spec)
     bad = [g for g in args.gen if not 0 <= g <= ctx.spec.generations]
     if bad:
-        raise SpecError(args.spec, [SpecIssue("--gen", f"expected 0..{ctx.spec.generations}, found {bad}")], what="arguments")
+        raise SpecError(
+            args.spec, [SpecIssue("--gen", f"expected 0..{ctx.spec.generations}, found {bad}")], what="arguments"
+        )
     if args.replicates is not None and args.replicates < 1:
-        raise SpecError(args.spec, [SpecIssue("--replicates", f"expected >= 1, found {args.replicates}")], what="arguments")
+        raise SpecError(
+            args.spec, [SpecIssue("--replicates", f"expected >= 1, found {args.replicates}")], what="arguments"
+        )
     bench = load_benchmark(args.bench)
     work = ctx.work_dir(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)

@@ -25,9 +25,14 @@ def add_arguments(parser) -> None:
     add_common(parser)
     add_model(parser)
     parser.add_argument("--episode", type=int, help="only this episode index (0..collection.episodes-1)")
-    add_rollout_phases(parser, phase="prepare/ingest around an agent pod (need --episode); finish: the task's "
-                                     "summary, once every episode is stored", outputs="DIR/agent (true|false) and DIR/rollout",
-                       lost="records an infra_error episode", rollout=False)
+    add_rollout_phases(
+        parser,
+        phase="prepare/ingest around an agent pod (need --episode); finish: the task's "
+        "summary, once every episode is stored",
+        outputs="DIR/agent (true|false) and DIR/rollout",
+        lost="records an infra_error episode",
+        rollout=False,
+    )
 
 
 def main(args) -> int:
@@ -38,9 +43,17 @@ def main(args) -> int:
         ctx = open_run(args.spec, args.task)
         spec = ctx.spec
         if args.phase:
-            endpoint = (Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None)
-            out = run_collect(ctx, args.gen, args.task, None, episode=args.episode, phase=args.phase, endpoint=endpoint,
-                              agent_status=args.agent_status)
+            endpoint = Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None
+            out = run_collect(
+                ctx,
+                args.gen,
+                args.task,
+                None,
+                episode=args.episode,
+                phase=args.phase,
+                endpoint=endpoint,
+                agent_status=args.agent_status,
+            )
             write_phase_outputs(args.outputs, args.phase, out)
         else:
             with contextlib.ExitStack() as stack:

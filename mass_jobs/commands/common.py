@@ -31,17 +31,31 @@ def add_common(parser) -> None:
     add_spec(parser, gen="generation g (the model L_g does the work)", task=True)
 
 
-def add_rollout_phases(parser, *, phases: tuple[str, ...] = ("prepare", "ingest", "finish"), phase: str, outputs: str,
-                       lost: str, rollout: bool = True) -> None:
+def add_rollout_phases(
+    parser,
+    *,
+    phases: tuple[str, ...] = ("prepare", "ingest", "finish"),
+    phase: str,
+    outputs: str,
+    lost: str,
+    rollout: bool = True,
+) -> None:
     """The flags of a step whose episodes run in agent pods on Argo (episodes.rollouts.Phase): --phase,
     --rollout, --outputs, --agent-status (help texts: what each means for this step)."""
     parser.add_argument("--phase", choices=list(phases), help=f"Argo, around agent pods: {phase}")
     if rollout:
         parser.add_argument("--rollout", metavar="KEY", help="with --phase ingest: the rollout (as prepare listed it)")
-    parser.add_argument("--outputs", metavar="DIR", help=f"with --phase prepare: write {outputs}; with --phase "
-                        "ingest: DIR/outcome (Argo: the template's episode metric)")
-    parser.add_argument("--agent-status", metavar="PHASE",
-                        help=f"with --phase ingest: the agent step's Argo phase; Failed or Error with no output {lost}")
+    parser.add_argument(
+        "--outputs",
+        metavar="DIR",
+        help=f"with --phase prepare: write {outputs}; with --phase "
+        "ingest: DIR/outcome (Argo: the template's episode metric)",
+    )
+    parser.add_argument(
+        "--agent-status",
+        metavar="PHASE",
+        help=f"with --phase ingest: the agent step's Argo phase; Failed or Error with no output {lost}",
+    )
 
 
 def agent_ended(args) -> bool:
@@ -51,8 +65,10 @@ def agent_ended(args) -> bool:
 
 
 def add_model(parser) -> None:
-    parser.add_argument("--endpoint", help="OpenAI-compatible base URL (…/v1) of the generation's model; "
-                        "default: serve the generation's model here")
+    parser.add_argument(
+        "--endpoint",
+        help="OpenAI-compatible base URL (…/v1) of the generation's model; default: serve the generation's model here",
+    )
     parser.add_argument("--served-model", default="mass", help="model name at --endpoint (default: mass)")
     parser.add_argument("--api-key-env", help="environment variable holding the endpoint's API key")
 
@@ -75,8 +91,10 @@ def never_ran(ctx) -> str | None:
     """Why there is nothing to read back for this run (its store holds no spec of it), or None."""
     if ctx.store.exists(ctx.spec_key()):
         return None
-    return (f"run {ctx.run!r} was never started: {ctx.store.uri.rstrip('/')}/{ctx.spec_key()} does not exist "
-            f"(start it with `mass run SPEC`, or check the spec's name and store)")
+    return (
+        f"run {ctx.run!r} was never started: {ctx.store.uri.rstrip('/')}/{ctx.spec_key()} does not exist "
+        f"(start it with `mass run SPEC`, or check the spec's name and store)"
+    )
 
 
 def report_lines(ctx, head: str) -> list[str]:
@@ -121,7 +139,6 @@ def model_endpoint(args, ctx):
         yield role_endpoint(ctx.spec, "executor")
         return
     from pathlib import Path
-
 
     # the directory `mass run` serves too: the spec's chat template on the base, FP8 where it is served
     models = ctx.work_dir(Path(getattr(args, "work_dir", None) or work_dir_default())) / "models"

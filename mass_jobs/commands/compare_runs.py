@@ -18,11 +18,13 @@ def main(args) -> int:
     import json
     from pathlib import Path
 
-
     if len(args.specs) < 2:
-        raise SpecError("compare-runs", [SpecIssue("SPEC", f"expected two or more run specs, found {len(args.specs)}")], what="arguments")
+        raise SpecError(
+            "compare-runs",
+            [SpecIssue("SPEC", f"expected two or more run specs, found {len(args.specs)}")],
+            what="arguments",
+        )
     import sys
-
 
     contexts = [open_run(s) for s in args.specs]
     empty = [why for c in contexts if (why := never_ran(c))]
@@ -32,7 +34,9 @@ def main(args) -> int:
         return 1
     names = [c.run for c in contexts]
     if len(set(names)) != len(names):
-        raise SpecError("compare-runs", [SpecIssue("SPEC", f"expected runs with distinct names, found {names}")], what="arguments")
+        raise SpecError(
+            "compare-runs", [SpecIssue("SPEC", f"expected runs with distinct names, found {names}")], what="arguments"
+        )
     doc = compare_runs(contexts)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

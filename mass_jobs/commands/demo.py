@@ -16,15 +16,17 @@ from mass_jobs.spec.overrides import spec_location
 def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec whose model.base is a local directory")
     parser.add_argument("--work-dir", default=".mass-work", help="local scratch: model cache, logs, checkpoints")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="plain lines instead of a live display: each step's start and end with an ETA, and its progress "
-                             "notes (the default without a terminal)")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="plain lines instead of a live display: each step's start and end with an ETA, and its progress "
+        "notes (the default without a terminal)",
+    )
 
 
 def main(args) -> int:
     import time
     from pathlib import Path
-
 
     spec_path = Path(spec_location(args.spec))
     if spec_path.is_file():  # build before validating: a missing model dir is an error there
@@ -36,8 +38,9 @@ def main(args) -> int:
         if base.is_absolute() and (not (base / "config.json").exists() or is_tiny_build(base)):
             from mass_jobs.pipeline.progress import clock, warm_printer
 
-            _, seconds = cached_build(base, seed=0, on_step=warm_printer(every=100),
-                                      say=lambda text: print(text, flush=True))
+            _, seconds = cached_build(
+                base, seed=0, on_step=warm_printer(every=100), say=lambda text: print(text, flush=True)
+            )
             if seconds is not None:
                 print(f"warm tiny model built in {clock(seconds)}", flush=True)
     ctx = open_run(args.spec, check_spec=False)

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec (path or s3:// URI)")
-    parser.add_argument("--listen", default=":3128", metavar="[HOST]:PORT",
-                        help="where agent pods reach it; no HOST: $POD_IP (a pod's own address), else 0.0.0.0")
+    parser.add_argument(
+        "--listen",
+        default=":3128",
+        metavar="[HOST]:PORT",
+        help="where agent pods reach it; no HOST: $POD_IP (a pod's own address), else 0.0.0.0",
+    )
 
 
 def main(args) -> int:
@@ -46,7 +50,10 @@ def main(args) -> int:
 
     with EgressService(allow, key, (host, int(port)), allow_of=allow_of) as service:
         run = ctx.run
-        print(f"egress proxy for run {run} on {service.address[0]}:{service.address[1]}; "
-              f"allowed: {', '.join(allow) or 'nothing (execution.network: off)'}", flush=True)
+        print(
+            f"egress proxy for run {run} on {service.address[0]}:{service.address[1]}; "
+            f"allowed: {', '.join(allow) or 'nothing (execution.network: off)'}",
+            flush=True,
+        )
         threading.Event().wait()
     return 0

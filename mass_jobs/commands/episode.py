@@ -36,19 +36,42 @@ from mass_jobs.store.archive import UnsafeArchive, extract_dir_archive, write_di
 
 def add_arguments(parser) -> None:
     parser.add_argument("--in", dest="in_dir", required=True, metavar="DIR", help="holds episode.json and workspace/")
-    parser.add_argument("--out", dest="out_dir", required=True, metavar="DIR", help="gets workspace/, trace.jsonl, status.json")
-    parser.add_argument("--sandbox", default=None, metavar="SOCKET",
-                        help="run tools and shell commands in the sandbox container serving this Unix socket")
-    parser.add_argument("--qwen", default=None, metavar="SOCKET",
-                        help="start qwen-code in the qwen-code container serving this Unix socket (with --sandbox)")
-    parser.add_argument("--egress-proxy", default=None, metavar="URL",
-                        help="the run's egress proxy (http://host:port; an agent pod's): with execution.network, "
-                             "shell commands reach out through it, and its record of --rollout is network.jsonl")
-    parser.add_argument("--rollout", default=None, metavar="PATH",
-                        help="this rollout's path in the run: the egress proxy's user (its key is DIR/episode.key)")
-    parser.add_argument("--qwen-uid", type=int, default=None, metavar="UID",
-                        help="the qwen-code container's uid: with it the proxy serves only that uid's calls under "
-                             "qwen-code and only this process's under the built-in harness")
+    parser.add_argument(
+        "--out", dest="out_dir", required=True, metavar="DIR", help="gets workspace/, trace.jsonl, status.json"
+    )
+    parser.add_argument(
+        "--sandbox",
+        default=None,
+        metavar="SOCKET",
+        help="run tools and shell commands in the sandbox container serving this Unix socket",
+    )
+    parser.add_argument(
+        "--qwen",
+        default=None,
+        metavar="SOCKET",
+        help="start qwen-code in the qwen-code container serving this Unix socket (with --sandbox)",
+    )
+    parser.add_argument(
+        "--egress-proxy",
+        default=None,
+        metavar="URL",
+        help="the run's egress proxy (http://host:port; an agent pod's): with execution.network, "
+        "shell commands reach out through it, and its record of --rollout is network.jsonl",
+    )
+    parser.add_argument(
+        "--rollout",
+        default=None,
+        metavar="PATH",
+        help="this rollout's path in the run: the egress proxy's user (its key is DIR/episode.key)",
+    )
+    parser.add_argument(
+        "--qwen-uid",
+        type=int,
+        default=None,
+        metavar="UID",
+        help="the qwen-code container's uid: with it the proxy serves only that uid's calls under "
+        "qwen-code and only this process's under the built-in harness",
+    )
 
 
 def main(args) -> int:
@@ -69,7 +92,6 @@ def main(args) -> int:
         print(f"mass episode: {workspace} exists; use an empty --out directory", file=sys.stderr)
         return 2
     import tarfile
-
 
     out_dir.mkdir(parents=True, exist_ok=True)
     if (in_dir / "workspace.tar.gz").is_file():
@@ -101,8 +123,11 @@ def main(args) -> int:
         from mass_jobs.sandbox.egress_service import RemoteEgress
 
         if sandbox is None or key is None or not args.rollout:
-            print("mass episode --egress-proxy: expected --sandbox, --rollout and DIR/episode.key too "
-                  "(the proxy knows a rollout by its key)", file=sys.stderr)
+            print(
+                "mass episode --egress-proxy: expected --sandbox, --rollout and DIR/episode.key too "
+                "(the proxy knows a rollout by its key)",
+                file=sys.stderr,
+            )
             return 2
         try:
             egress = RemoteEgress(args.egress_proxy, args.rollout, key, out_dir / "network.jsonl")

@@ -26,19 +26,36 @@ from mass_jobs.steps import evaluate as ev
 
 def add_arguments(parser) -> None:
     add_spec(parser, gen="generation G >= 1 (L_G vs L_0 and L_{G-1})")
-    parser.add_argument("--work-dir", default=work_dir_default(),
-                        help="(default: $MASS_WORK_DIR or .mass-work) local cache for model dirs and server logs")
-    parser.add_argument("--served-gen", type=int, metavar="H",
-                        help="with --phase prepare / finish: the round of L_H, served at --endpoint")
+    parser.add_argument(
+        "--work-dir",
+        default=work_dir_default(),
+        help="(default: $MASS_WORK_DIR or .mass-work) local cache for model dirs and server logs",
+    )
+    parser.add_argument(
+        "--served-gen",
+        type=int,
+        metavar="H",
+        help="with --phase prepare / finish: the round of L_H, served at --endpoint",
+    )
     add_model(parser)
-    parser.add_argument("--judge-endpoint", nargs=3, action="append", default=[], metavar=("NAME", "URL", "MODEL"),
-                        help="with --phase finish: where the executor serves the judge NAME of `endpoint: local` "
-                             "(repeat; the cluster has none: its judges are external)")
-    add_rollout_phases(parser, phases=("plan", "prepare", "ingest", "finish"),
-                       phase="plan: the rounds (models served one at a time); prepare a round's missing rollouts; "
-                             "ingest one (--rollout); finish a round (--served-gen: its self-verdicts) or the step "
-                             "(the panel), never running a rollout here",
-                       outputs="DIR/rollouts and DIR/rounds", lost="stores an infra_error rollout")
+    parser.add_argument(
+        "--judge-endpoint",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("NAME", "URL", "MODEL"),
+        help="with --phase finish: where the executor serves the judge NAME of `endpoint: local` "
+        "(repeat; the cluster has none: its judges are external)",
+    )
+    add_rollout_phases(
+        parser,
+        phases=("plan", "prepare", "ingest", "finish"),
+        phase="plan: the rounds (models served one at a time); prepare a round's missing rollouts; "
+        "ingest one (--rollout); finish a round (--served-gen: its self-verdicts) or the step "
+        "(the panel), never running a rollout here",
+        outputs="DIR/rollouts and DIR/rounds",
+        lost="stores an infra_error rollout",
+    )
 
 
 def _refused(args) -> str | None:
@@ -94,4 +111,3 @@ def main(args) -> int:
     rollouts.write_value(args.outputs, "win-share", manifest["extra"].get("panel_win_share"))
     print(json.dumps(manifest["extra"], sort_keys=True))
     return 0
-

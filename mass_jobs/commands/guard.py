@@ -20,9 +20,13 @@ from mass_jobs.steps import guard
 
 def add_arguments(parser) -> None:
     add_common(parser)
-    add_rollout_phases(parser, phase="prepare the checks jobs, ingest one (--rollout), or finish: the check commands "
-                                     "ran in agent pods, judge with their stored results, never run one here",
-                       outputs="DIR/rollouts", lost="stores the checks as lost (they fail)")
+    add_rollout_phases(
+        parser,
+        phase="prepare the checks jobs, ingest one (--rollout), or finish: the check commands "
+        "ran in agent pods, judge with their stored results, never run one here",
+        outputs="DIR/rollouts",
+        lost="stores the checks as lost (they fail)",
+    )
 
 
 def main(args) -> int:
@@ -36,14 +40,26 @@ def main(args) -> int:
 
         ctx = open_run(args.spec, args.task)
         if args.phase in ("prepare", "ingest"):
-            out = ({"rollouts": guard.prepare_checks(ctx, args.gen, args.task)} if args.phase == "prepare"
-                   else guard.ingest_checks(ctx, args.gen, args.task, args.rollout, agent_ended(args)))
+            out = (
+                {"rollouts": guard.prepare_checks(ctx, args.gen, args.task)}
+                if args.phase == "prepare"
+                else guard.ingest_checks(ctx, args.gen, args.task, args.rollout, agent_ended(args))
+            )
             rollouts.write_phase_outputs(args.outputs, args.phase, out)
             print(json.dumps(out, sort_keys=True))
             return 0
         report = guard.run_guard(ctx, args.gen, args.task, agent_pods=args.phase == "finish")
-        print(json.dumps({"task": report.task, "skipped": report.skipped, "usable": report.usable,
-                          "vetoed": {e: report.episodes[e].reasons for e in report.vetoed}}, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "task": report.task,
+                    "skipped": report.skipped,
+                    "usable": report.usable,
+                    "vetoed": {e: report.episodes[e].reasons for e in report.vetoed},
+                },
+                sort_keys=True,
+            )
+        )
         return 0
 
     return run_guarded(go)

@@ -16,8 +16,13 @@ def add_arguments(parser) -> None:
     up = sub.add_parser("upstream", help=what, description=what)
     up.add_argument("dir", metavar="DIR", help="the upstream task directory (holds splits.json)")
     up.add_argument("--out", required=True, metavar="DIR", help="where the task files are written (created)")
-    up.add_argument("--for", dest="for_spec", metavar="SPEC", help="also write DIR/overlay.yaml, which runs these tasks as SPEC's: "
-                    "`mass run SPEC --overlay DIR/overlay.yaml`")
+    up.add_argument(
+        "--for",
+        dest="for_spec",
+        metavar="SPEC",
+        help="also write DIR/overlay.yaml, which runs these tasks as SPEC's: "
+        "`mass run SPEC --overlay DIR/overlay.yaml`",
+    )
 
 
 def main(args) -> int:
@@ -28,14 +33,18 @@ def main(args) -> int:
         import yaml
 
         path = Path(args.out) / "overlay.yaml"
-        path.write_text(f"# The tasks imported from {args.dir}, as {args.for_spec}'s tasks.\n"
-                        + yaml.safe_dump(overlay(paths, Path(args.for_spec)), sort_keys=False))
+        path.write_text(
+            f"# The tasks imported from {args.dir}, as {args.for_spec}'s tasks.\n"
+            + yaml.safe_dump(overlay(paths, Path(args.for_spec)), sort_keys=False)
+        )
         print(f"run them: mass run {args.for_spec} --overlay {path}")
     review = sum(1 for d in docs if len(d.get(REVIEW, ())) > 1)
     if review:
         print(f"{review} task file(s) open with what a person must still review (deliverables, guards)")
-    print(f"{len(paths)} task file(s) written to {args.out}; list them in a spec (absolute paths here; a spec "
-          "may name them relative to its own folder):")
+    print(
+        f"{len(paths)} task file(s) written to {args.out}; list them in a spec (absolute paths here; a spec "
+        "may name them relative to its own folder):"
+    )
     print("tasks:")
     for p in paths:
         print(f"  - file: {p.resolve()}")

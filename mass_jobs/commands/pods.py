@@ -9,14 +9,23 @@ import time
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("run", help="the run's name (the spec's `name`, argo submit -p run=...) or its spec "
-                                    "(a YAML/JSON path or an s3:// URI)")
+    parser.add_argument(
+        "run",
+        help="the run's name (the spec's `name`, argo submit -p run=...) or its spec "
+        "(a YAML/JSON path or an s3:// URI)",
+    )
     parser.add_argument("--kubeconfig", metavar="PATH", help="the kubeconfig (default: KUBECONFIG, ~/.kube/config)")
     parser.add_argument("--context", metavar="NAME", help="the kubeconfig context (default: its current one)")
     parser.add_argument("--namespace", metavar="NS", help="the run's namespace (default: the context's)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of tables")
-    parser.add_argument("--watch", type=float, nargs="?", const=5.0, metavar="SECONDS",
-                        help="redraw every SECONDS (default 5) until interrupted")
+    parser.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=5.0,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 5) until interrupted",
+    )
 
 
 def run_name(target: str) -> str:

@@ -8,7 +8,9 @@ from mass_jobs.serving.proxy import RecordingProxy
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--upstream", required=True, help="upstream API root, e.g. http://host:8000/v1 or .../openai/v1")
+    parser.add_argument(
+        "--upstream", required=True, help="upstream API root, e.g. http://host:8000/v1 or .../openai/v1"
+    )
     parser.add_argument("--model", required=True, help="model name served by the upstream")
     parser.add_argument("--trace", required=True, help="JSONL trace file to append to")
     parser.add_argument("--port", type=int, default=0, help="listen port on 127.0.0.1 (default: a free one, printed)")
@@ -20,7 +22,6 @@ def main(args) -> int:
     import signal
     import sys
     import threading
-
 
     upstream = Endpoint(base_url=args.upstream, model=args.model, api_key_env=args.api_key_env)
     if not args.upstream.startswith(("http://", "https://")):

@@ -23,13 +23,25 @@ def main(args) -> int:
 
         ctx = open_run(args.spec, args.task)
         spec = ctx.spec
-        if ctx.store.exists(ctx.guard(args.gen, args.task)) and ctx.store.get_json(ctx.guard(args.gen, args.task)).get("skipped"):
+        if ctx.store.exists(ctx.guard(args.gen, args.task)) and ctx.store.get_json(ctx.guard(args.gen, args.task)).get(
+            "skipped"
+        ):
             result = run_rank(ctx, args.gen, args.task, None)  # a skipped task needs no model
         else:
             with model_endpoint(args, ctx) as endpoint:
                 result = run_rank(ctx, args.gen, args.task, client_for(spec, endpoint))
-        print(json.dumps({"task": result.task, "skipped": result.skipped, "train": result.train, "val": result.val,
-                          "invalid_verdicts": result.invalid_verdicts}, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "task": result.task,
+                    "skipped": result.skipped,
+                    "train": result.train,
+                    "val": result.val,
+                    "invalid_verdicts": result.invalid_verdicts,
+                },
+                sort_keys=True,
+            )
+        )
         return 0
 
     return run_guarded(go)

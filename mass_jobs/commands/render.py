@@ -46,8 +46,11 @@ class SftCommand:
 
         parser.add_argument("--spec", required=True, help="run spec: local path or s3:// URI")
         parser.add_argument("--gen", type=int, required=True, help="generation whose collected episodes are rendered")
-        parser.add_argument("--work-dir", default=work_dir_default(),
-                            help="(default: $MASS_WORK_DIR or .mass-work) local cache for the model's tokenizer")
+        parser.add_argument(
+            "--work-dir",
+            default=work_dir_default(),
+            help="(default: $MASS_WORK_DIR or .mass-work) local cache for the model's tokenizer",
+        )
         parser.add_argument("--outputs", metavar="DIR", help="write DIR/supervised-tokens (Argo: the step's metric)")
 
     @staticmethod
@@ -55,13 +58,14 @@ class SftCommand:
 
         from transformers import AutoTokenizer
 
-
         ctx = open_run(args.spec)
         spec = ctx.spec
         where = spec.model.tokenizer or local_model_dir(ctx, args.gen, ctx.work_dir(args.work_dir) / "models")
         extra = run_render(ctx, args.gen, AutoTokenizer.from_pretrained(where))
 
         write_value(args.outputs, "supervised-tokens", extra["stored_supervised_tokens"])
-        print(f"{extra['windows']} train windows {extra['windows_by_role']}, {extra['val_windows']} val windows, "
-              f"{extra['stored_supervised_tokens']} stored supervised tokens")
+        print(
+            f"{extra['windows']} train windows {extra['windows_by_role']}, {extra['val_windows']} val windows, "
+            f"{extra['stored_supervised_tokens']} stored supervised tokens"
+        )
         return 0

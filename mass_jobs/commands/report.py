@@ -15,12 +15,13 @@ def main(args) -> int:
 
     import sys
 
-
     ctx = open_run(args.spec)
     if why := never_ran(ctx):
         print(f"mass report: {why}", file=sys.stderr)
         return 1
     doc = write_report(ctx)
-    print(f"report: {ctx.store.uri.rstrip('/')}/{ctx.report()}/report.md ({len(doc['win_share'])} win-share rows, "
-          f"{doc['verdicts']['panel']['invalid']} invalid panel verdicts)")
+    print(
+        f"report: {ctx.store.uri.rstrip('/')}/{ctx.report()}/report.md ({len(doc['win_share'])} win-share rows, "
+        f"{doc['verdicts']['panel']['invalid']} invalid panel verdicts)"
+    )
     return 0

@@ -28,13 +28,21 @@ from mass_jobs.spec.load import SpecError, SpecIssue
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--step", required=True, metavar="MODULE:NAME",
-                        help="the AgentStep to run: an importable module and the name it has there")
+    parser.add_argument(
+        "--step",
+        required=True,
+        metavar="MODULE:NAME",
+        help="the AgentStep to run: an importable module and the name it has there",
+    )
     add_common(parser)
     add_model(parser)
-    add_rollout_phases(parser, phase="prepare the task's rollouts (needs --endpoint), ingest one (--rollout), or "
-                                     "finish: store the result of the rollouts the agent pods ran",
-                       outputs="DIR/rollouts (JSON list)", lost="stores an infra_error rollout")
+    add_rollout_phases(
+        parser,
+        phase="prepare the task's rollouts (needs --endpoint), ingest one (--rollout), or "
+        "finish: store the result of the rollouts the agent pods ran",
+        outputs="DIR/rollouts (JSON list)",
+        lost="stores an infra_error rollout",
+    )
 
 
 def main(args) -> int:
@@ -47,8 +55,15 @@ def main(args) -> int:
         ctx = open_run(args.spec, args.task)
         if args.phase:
             endpoint = Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None
-            out = step.run(ctx, args.gen, args.task, phase=args.phase, endpoint=endpoint, rollout=args.rollout,
-                           agent_ended=agent_ended(args))
+            out = step.run(
+                ctx,
+                args.gen,
+                args.task,
+                phase=args.phase,
+                endpoint=endpoint,
+                rollout=args.rollout,
+                agent_ended=agent_ended(args),
+            )
             write_phase_outputs(args.outputs, args.phase, out)
         else:
             with model_endpoint(args, ctx) as endpoint:

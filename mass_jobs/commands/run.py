@@ -13,23 +13,35 @@ from mass_jobs.spec.overrides import spec_words
 
 def add_arguments(parser) -> None:
     parser.add_argument("spec", help="run spec: a path or an s3:// URI")
-    parser.add_argument("--work-dir", default=work_dir_default(),
-                        help="(default: $MASS_WORK_DIR or .mass-work) local scratch: model cache, logs, checkpoints")
-    parser.add_argument("--no-progress", action="store_true",
-                        help="plain lines instead of a live display: each step's start and end with an ETA, and its progress "
-                             "notes (the default without a terminal)")
-    parser.add_argument("--handler", choices=HANDLERS, default="in-process",
-                        help="how each node runs: in-process (cores here, sandboxed episodes; default) or argv (every "
-                             "node's container command as a subprocess, agent steps in the cluster's phases: prepare, "
-                             "one `mass episode` per rollout with no store credential, ingest, finish); both store "
-                             "the same run")
-    parser.add_argument("--until", metavar="GEN:STEP",
-                        help="stop once this step of this generation is done, e.g. 0:render to read L0's training "
-                             "windows before any training; `mass run` without it goes on from there")
+    parser.add_argument(
+        "--work-dir",
+        default=work_dir_default(),
+        help="(default: $MASS_WORK_DIR or .mass-work) local scratch: model cache, logs, checkpoints",
+    )
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="plain lines instead of a live display: each step's start and end with an ETA, and its progress "
+        "notes (the default without a terminal)",
+    )
+    parser.add_argument(
+        "--handler",
+        choices=HANDLERS,
+        default="in-process",
+        help="how each node runs: in-process (cores here, sandboxed episodes; default) or argv (every "
+        "node's container command as a subprocess, agent steps in the cluster's phases: prepare, "
+        "one `mass episode` per rollout with no store credential, ingest, finish); both store "
+        "the same run",
+    )
+    parser.add_argument(
+        "--until",
+        metavar="GEN:STEP",
+        help="stop once this step of this generation is done, e.g. 0:render to read L0's training "
+        "windows before any training; `mass run` without it goes on from there",
+    )
 
 
 def main(args) -> int:
-
 
     ctx = open_run(args.spec, check_spec=False)  # a bad spec exits 2 before anything is written
     result = run_reporting_failures(args, "run", ctx)
@@ -37,7 +49,9 @@ def main(args) -> int:
         return 1
     if "stopped_after" in result:
         at = result["stopped_after"]
-        print(f"stopped after L{at['gen']} {at['step']} (--until); `mass run {spec_words(args.spec)}` goes on from there")
+        print(
+            f"stopped after L{at['gen']} {at['step']} (--until); `mass run {spec_words(args.spec)}` goes on from there"
+        )
         return 0
     print("\n".join(report_lines(ctx, "")))
     return 0
@@ -54,8 +68,14 @@ def run_reporting_failures(args, what: str, ctx) -> dict | None:
     step is one message and the hint to resume, not a traceback."""
 
     try:
-        return run(args.spec, work_dir=args.work_dir, progress=live_display(args.no_progress),
-                   handler=getattr(args, "handler", "in-process"), until=getattr(args, "until", None), ctx=ctx)
+        return run(
+            args.spec,
+            work_dir=args.work_dir,
+            progress=live_display(args.no_progress),
+            handler=getattr(args, "handler", "in-process"),
+            until=getattr(args, "until", None),
+            ctx=ctx,
+        )
     except (RuntimeError, OSError, ValueError) as err:
         from mass_jobs.spec.load import SpecError
         from mass_jobs.store.lease import WriterBusy

@@ -25,10 +25,14 @@ def add_arguments(parser) -> None:
     add_common(parser)
     add_model(parser)
     parser.add_argument("--iteration", type=int, help="run only this iteration (0..search.iterations)")
-    add_rollout_phases(parser, phase="prepare an iteration's rollouts (needs --iteration, --endpoint; --outputs DIR "
-                             "gets DIR/rollouts), ingest one (--rollout), or finish: the rollouts ran in agent pods, "
-                             "judge and save the iteration (needs --endpoint), never run one here",
-                       outputs="DIR/rollouts (JSON list)", lost="stores an infra_error rollout")
+    add_rollout_phases(
+        parser,
+        phase="prepare an iteration's rollouts (needs --iteration, --endpoint; --outputs DIR "
+        "gets DIR/rollouts), ingest one (--rollout), or finish: the rollouts ran in agent pods, "
+        "judge and save the iteration (needs --endpoint), never run one here",
+        outputs="DIR/rollouts (JSON list)",
+        lost="stores an infra_error rollout",
+    )
 
 
 def main(args) -> int:
@@ -39,14 +43,29 @@ def main(args) -> int:
             if args.phase == "finish" and not args.endpoint:
                 raise ValueError("--phase finish needs --endpoint (the model the optimizer and evaluator call)")
             endpoint = Endpoint(args.endpoint, args.served_model, args.api_key_env) if args.endpoint else None
-            out = run_search(ctx, args.gen, args.task, client_for(spec, endpoint) if endpoint else None, None,
-                             iteration=args.iteration, phase=args.phase, endpoint=endpoint, rollout_key=args.rollout,
-                             agent_status=args.agent_status)
+            out = run_search(
+                ctx,
+                args.gen,
+                args.task,
+                client_for(spec, endpoint) if endpoint else None,
+                None,
+                iteration=args.iteration,
+                phase=args.phase,
+                endpoint=endpoint,
+                rollout_key=args.rollout,
+                agent_status=args.agent_status,
+            )
             write_phase_outputs(args.outputs, args.phase, out)
         else:
             with model_endpoint(args, ctx) as endpoint:
-                out = run_search(ctx, args.gen, args.task, client_for(spec, endpoint), episode_runner(spec, endpoint),
-                                 iteration=args.iteration)
+                out = run_search(
+                    ctx,
+                    args.gen,
+                    args.task,
+                    client_for(spec, endpoint),
+                    episode_runner(spec, endpoint),
+                    iteration=args.iteration,
+                )
         print(json.dumps(out, sort_keys=True))
         return 0
 

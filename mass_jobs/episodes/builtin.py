@@ -107,7 +107,11 @@ class BuiltinHarness:
         if not report.ok:
             return "failed", f"{lead} reported failure: {report.text[:500]}", report.text
         if not self.tally.acting_calls:
-            return "no_work", no_work_reason(lead, self.tally.failed_workspace_calls, tuple(self.tally.killed)), report.text
+            return (
+                "no_work",
+                no_work_reason(lead, self.tally.failed_workspace_calls, tuple(self.tally.killed)),
+                report.text,
+            )
         return "success", f"{lead} finished", report.text
 
     # ------------------------------------------------------------------ one agent conversation
@@ -163,7 +167,8 @@ class BuiltinHarness:
                 self.tally.tool_calls += 1
                 if self.limits.loop_repeats is not None and repeats >= self.limits.loop_repeats:
                     raise EpisodeStop(
-                        "loop_detected", f"{agent_id} made the same call {name}({key[1][:200]}) {repeats} times in a row"
+                        "loop_detected",
+                        f"{agent_id} made the same call {name}({key[1][:200]}) {repeats} times in a row",
                     )
                 if self.limits.tool_calls is not None and self.tally.tool_calls > self.limits.tool_calls:
                     raise EpisodeStop("failed", f"{TOOL_CALL_CAP} {self.limits.tool_calls} reached")
@@ -217,7 +222,9 @@ class BuiltinHarness:
             if isinstance(exc, ModelError) and exc.kind == "timeout" and remaining < self.limits.request_timeout_s:
                 # the request's timeout was what was left of the wall time: the episode ran out, not the
                 # endpoint (the client's timer and the join above end together; either may be first)
-                raise EpisodeStop("timeout", f"wall time of {self.limits.wall_bound_s:g}s exceeded in a model call") from exc
+                raise EpisodeStop(
+                    "timeout", f"wall time of {self.limits.wall_bound_s:g}s exceeded in a model call"
+                ) from exc
             if isinstance(exc, ModelError):  # the client already retried: the endpoint is broken, not the episode
                 raise EpisodeStop("infra_error", f"model endpoint failed ({exc.kind}): {exc}") from exc
             raise exc
@@ -275,7 +282,9 @@ class BuiltinHarness:
         self.tally.delegations += 1
         system = WORKER_SYSTEM.format(agent_id=agent_id, role=role)
         report = self._agent(agent_id, "worker", caller, depth + 1, system, assignment)
-        body = json.dumps({"agent_id": agent_id, "status": "success" if report.ok else "failure", "report": report.text})
+        body = json.dumps(
+            {"agent_id": agent_id, "status": "success" if report.ok else "failure", "report": report.text}
+        )
         return T.truncate(body if report.ok else f"{T.ERROR_PREFIX} worker did not succeed\n{body}")
 
     def _new_worker_id(self, requested: str) -> str:

@@ -72,7 +72,9 @@ class Driver:
             self._store(r, ran.status, ran.trace, ran.network, workspace=ran.workspace)
         return ran.status
 
-    def run_all(self, rs: Iterable[Rollout], run_episode: EpisodeRunner, on_done: Callable[[Rollout, dict], None] | None = None) -> None:
+    def run_all(
+        self, rs: Iterable[Rollout], run_episode: EpisodeRunner, on_done: Callable[[Rollout, dict], None] | None = None
+    ) -> None:
         """Every rollout not stored, `execution.concurrency` at once; the first failure is raised."""
 
         def one(r: Rollout) -> None:
@@ -95,8 +97,16 @@ class Driver:
         rollouts.prepare(self.ctx, r.prefix, inp, seeded=lambda ws: self._seeded(r, ws))
         return rollouts.fanout_item(self.ctx, r.prefix, r.task, r.label, r.gen)
 
-    def prepare_job(self, prefix: str, task: str, label: str, gen: int, document: dict, workspace_archive: bytes,
-                    outputs: tuple[str, ...]) -> dict:
+    def prepare_job(
+        self,
+        prefix: str,
+        task: str,
+        label: str,
+        gen: int,
+        document: dict,
+        workspace_archive: bytes,
+        outputs: tuple[str, ...],
+    ) -> dict:
         """The input of an agent pod that runs something else than an episode (guard's checks job):
         its document and workspace as given, after a fresh key; its fan-out item."""
         rollouts.new_inputs(self.ctx, prefix, outputs)
@@ -116,7 +126,9 @@ class Driver:
         if (status := self.stored(r)) is not None:
             return status
         if r.seeded and not self.ctx.store.exists(self.ctx.rollout_file(r.prefix, r.seeded[0])):
-            raise RolloutError(f"rollout {r.prefix}: cannot ingest, not prepared (run --phase prepare, then the agent pod)")
+            raise RolloutError(
+                f"rollout {r.prefix}: cannot ingest, not prepared (run --phase prepare, then the agent pod)"
+            )
         status, blobs, _ = rollouts.agent_result(self.ctx, r.prefix, agent_ended)
         if r.manifest is not None:
             r.manifest.start()
@@ -134,11 +146,27 @@ class Driver:
             name, hook = r.seeded
             self.ctx.store.put_json(self.ctx.rollout_file(r.prefix, name), hook(workspace))
 
-    def _store(self, r: Rollout, status: dict, trace: bytes, network: bytes | None, *,
-               workspace: Path | None = None, archive: bytes | None = None) -> None:
+    def _store(
+        self,
+        r: Rollout,
+        status: dict,
+        trace: bytes,
+        network: bytes | None,
+        *,
+        workspace: Path | None = None,
+        archive: bytes | None = None,
+    ) -> None:
         added, extra = self.reading(r, status, trace)
-        keys = rollouts.store_record(self.ctx, r.prefix, status=status, trace=trace, workspace=workspace,
-                                     workspace_archive=archive, first={**r.first, **added}, network=network)
+        keys = rollouts.store_record(
+            self.ctx,
+            r.prefix,
+            status=status,
+            trace=trace,
+            workspace=workspace,
+            workspace_archive=archive,
+            first={**r.first, **added},
+            network=network,
+        )
         if r.manifest is not None:
             seeded = [self.ctx.rollout_file(r.prefix, r.seeded[0])] if r.seeded else []
             r.manifest.finish([*seeded, *keys], extra=extra)

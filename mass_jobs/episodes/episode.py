@@ -88,11 +88,18 @@ class EpisodeInput:
         """The episode of `request` as the spec runs it: its limits, sampling and harness, against `endpoint`;
         its network the spec's hosts and its task's (none at all when both are empty)."""
         hosts = [*([] if spec.execution.network == "off" else spec.execution.network), *request.network]
-        return EpisodeInput(prompt=request.prompt, endpoint=endpoint, limits=spec.execution.limits,
-                            sampling=spec.model.sampling, harness=spec.execution.harness, seed=request.seed,
-                            files=dict(request.files), single_agent=request.single_agent,
-                            network=tuple(dict.fromkeys(hosts)) if hosts else None,
-                            startup_context=spec.execution.startup_context)
+        return EpisodeInput(
+            prompt=request.prompt,
+            endpoint=endpoint,
+            limits=spec.execution.limits,
+            sampling=spec.model.sampling,
+            harness=spec.execution.harness,
+            seed=request.seed,
+            files=dict(request.files),
+            single_agent=request.single_agent,
+            network=tuple(dict.fromkeys(hosts)) if hosts else None,
+            startup_context=spec.execution.startup_context,
+        )
 
 
 @dataclass
@@ -191,9 +198,18 @@ def episode_file_json(inp: EpisodeInput) -> dict[str, Any]:
         single_agent=inp.single_agent,
         network=None if inp.network is None else list(inp.network),
         startup_context=inp.startup_context,
-    ).model_dump(mode="json", exclude={k for k, keep in (("single_agent", inp.single_agent), ("network", inp.network),
-                                                         ("startup_context", inp.startup_context != "off"))
-                                       if not keep})  # files without them stay as they were
+    ).model_dump(
+        mode="json",
+        exclude={
+            k
+            for k, keep in (
+                ("single_agent", inp.single_agent),
+                ("network", inp.network),
+                ("startup_context", inp.startup_context != "off"),
+            )
+            if not keep
+        },
+    )  # files without them stay as they were
 
 
 @lru_cache(maxsize=1)

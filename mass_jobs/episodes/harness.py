@@ -47,8 +47,9 @@ from mass_jobs.serving.startup_view import as_reminder
 from mass_jobs.store.base import replace_atomically
 
 
-def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None, qwen=None,
-                qwen_uid: int | None = None, egress=None) -> EpisodeResult:
+def run_episode(
+    inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None, qwen=None, qwen_uid: int | None = None, egress=None
+) -> EpisodeResult:
     """One episode; see the module docstring. Bad input (unknown harness, escaping seed file) raises ValueError.
 
     With `sandbox` (a SandboxClient: an agent pod's sandbox container) the seeded workspace is handed
@@ -90,12 +91,20 @@ def run_episode(inp: EpisodeInput, workspace: Path, out_dir: Path, sandbox=None,
         status_path = out_dir / "status.json"
         # all or nothing: a full disk leaves no torn status (mass episode exits 1 naming it)
         replace_atomically(status_path, lambda tmp: tmp.write_text(status_text(status)))
-    return EpisodeResult(outcome=status["outcome"], reason=status["reason"], status=status, workspace=workspace,
-                         trace_path=trace_path, status_path=status_path, final_report=result.final_report)
+    return EpisodeResult(
+        outcome=status["outcome"],
+        reason=status["reason"],
+        status=status,
+        workspace=workspace,
+        trace_path=trace_path,
+        status_path=status_path,
+        final_report=result.final_report,
+    )
 
 
-def _run_harness(inp: EpisodeInput, workspace: Path, trace_path: Path, sandbox, qwen, qwen_uid: int | None, egress,
-                 handed: bool) -> HarnessOutcome:
+def _run_harness(
+    inp: EpisodeInput, workspace: Path, trace_path: Path, sandbox, qwen, qwen_uid: int | None, egress, handed: bool
+) -> HarnessOutcome:
     """The harness behind the recording proxy, once its sandbox, qwen-code and egress answer; the
     workspace taken back from a sandbox it was handed to."""
     egress_socket = egress.way if egress is not None else None
@@ -111,9 +120,15 @@ def _run_harness(inp: EpisodeInput, workspace: Path, trace_path: Path, sandbox, 
     # on its own is refused, whatever it found.
     peers = None if qwen_uid is None else frozenset({qwen_uid} if inp.harness == "qwen-code" else {os.getuid()})
     view = as_reminder if inp.harness == "qwen-code" and inp.startup_context == "reminder" else None
-    with RecordingProxy(upstream=inp.endpoint, trace_path=trace_path, timeout_s=inp.limits.request_timeout_s,
-                        max_reply_bytes=inp.limits.reply_bytes,
-                        client_token=secrets.token_urlsafe(24), peer_uids=peers, rewrite=view) as proxy:
+    with RecordingProxy(
+        upstream=inp.endpoint,
+        trace_path=trace_path,
+        timeout_s=inp.limits.request_timeout_s,
+        max_reply_bytes=inp.limits.reply_bytes,
+        client_token=secrets.token_urlsafe(24),
+        peer_uids=peers,
+        rewrite=view,
+    ) as proxy:
         if inp.harness == "builtin":
             result = _run_builtin(inp, proxy.endpoint, workspace, sandbox, egress_socket)
         elif qwen or sandbox:
@@ -128,8 +143,11 @@ def _run_harness(inp: EpisodeInput, workspace: Path, trace_path: Path, sandbox, 
                 result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, shells=shells)
     # after the proxy stopped (its last record is written after its reply went out)
     if proxy.write_error is not None:  # the trace lacks calls: no outcome of the model's
-        result = replace(result, outcome="infra_error",
-                         reason=f"the trace could not be written, calls after it were refused: {proxy.write_error}")
+        result = replace(
+            result,
+            outcome="infra_error",
+            reason=f"the trace could not be written, calls after it were refused: {proxy.write_error}",
+        )
     return _take_back(sandbox, workspace, result) if handed else result
 
 
@@ -142,10 +160,13 @@ def _status(inp: EpisodeInput, result: HarnessOutcome, wall_s: float, handed: bo
         "counts": result.counts,
         "tokens": result.tokens,
         "timings": {"wall_s": round(wall_s, 3)},
-        "sandbox": {"network_isolated": result.network_isolated, "note": result.sandbox_note,
-                    # the opt-out is on record in every episode it touched (a pod's or bwrap's is the norm)
-                    **({"boundary": "none"} if not handed and outer_boundary() == "none" else {}),
-                    **({"memory_limit": result.memory_limit} if result.memory_limit else {})},
+        "sandbox": {
+            "network_isolated": result.network_isolated,
+            "note": result.sandbox_note,
+            # the opt-out is on record in every episode it touched (a pod's or bwrap's is the norm)
+            **({"boundary": "none"} if not handed and outer_boundary() == "none" else {}),
+            **({"memory_limit": result.memory_limit} if result.memory_limit else {}),
+        },
     }
     if egress is not None:  # what the shell commands' code reached, as the egress proxy recorded it
         from mass_jobs.sandbox.egress import EgressUnavailable
@@ -222,8 +243,14 @@ def _reach_egress(egress, sandbox) -> HarnessOutcome | None:
 def _sandbox_lost(exc: Exception) -> HarnessOutcome:
     """No model call was made: the sandbox never took the episode."""
     isolated, note = _sandbox_capability()
-    return HarnessOutcome("infra_error", str(exc)[:4000], {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
-                          {"prompt": 0, "completion": 0}, isolated, note)
+    return HarnessOutcome(
+        "infra_error",
+        str(exc)[:4000],
+        {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
+        {"prompt": 0, "completion": 0},
+        isolated,
+        note,
+    )
 
 
 def _take_back(sandbox, workspace: Path, result: HarnessOutcome) -> HarnessOutcome:
@@ -236,11 +263,20 @@ def _take_back(sandbox, workspace: Path, result: HarnessOutcome) -> HarnessOutco
     return result
 
 
-def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path, sandbox=None,
-                 egress: str | None = None) -> HarnessOutcome:
+def _run_builtin(
+    inp: EpisodeInput, endpoint: Endpoint, workspace: Path, sandbox=None, egress: str | None = None
+) -> HarnessOutcome:
 
-    harness = BuiltinHarness(endpoint, workspace, inp.limits, inp.sampling, seed=inp.seed, single_agent=inp.single_agent,
-                             sandbox=sandbox, egress=egress)
+    harness = BuiltinHarness(
+        endpoint,
+        workspace,
+        inp.limits,
+        inp.sampling,
+        seed=inp.seed,
+        single_agent=inp.single_agent,
+        sandbox=sandbox,
+        egress=egress,
+    )
     try:
         outcome, reason, report = harness.run(inp.prompt)
     except Exception as exc:  # a harness bug must still leave a classified status.json behind
@@ -250,8 +286,10 @@ def _run_builtin(inp: EpisodeInput, endpoint: Endpoint, workspace: Path, sandbox
     if t.shell_calls:
         isolated = bool(t.network_isolated)
         memory = "sampled" if "sampled" in t.memory_limits else min(t.memory_limits)  # the weakest that held one
-        note = (f"{t.shell_calls} shell command(s) ran sandboxed; network {'isolated' if isolated else 'NOT isolated'}; "
-                f"memory held by {'the kernel (' + memory + ')' if memory != 'sampled' else 'sampling the tree'}")
+        note = (
+            f"{t.shell_calls} shell command(s) ran sandboxed; network {'isolated' if isolated else 'NOT isolated'}; "
+            f"memory held by {'the kernel (' + memory + ')' if memory != 'sampled' else 'sampling the tree'}"
+        )
     else:
         isolated, note = _sandbox_capability()
     return HarnessOutcome(

@@ -44,9 +44,11 @@ POLL_S = 0.1  # how often the trace is checked against the limits while qwen-cod
 PROXY_KEY = "mass-recording-proxy"  # qwen-code needs a non-empty key; a proxy with a client token gets that
 OUTPUT_LIMIT = 16 * 1024 * 1024  # qwen-code's stdout/stderr read back, from the end
 TURN_LIMIT_EXIT = 53  # qwen-code's exit code for FatalTurnLimitedError (--max-session-turns reached)
-SANDBOXED_NOTE = ("qwen-code ran in a sandbox of its own (the workspace its only writable folder, no view of the "
-                  "trace, network shared: it must reach the recording proxy); its shell commands ran apart from it, "
-                  "sandboxed one by one, with neither its environment nor the proxy's token")
+SANDBOXED_NOTE = (
+    "qwen-code ran in a sandbox of its own (the workspace its only writable folder, no view of the "
+    "trace, network shared: it must reach the recording proxy); its shell commands ran apart from it, "
+    "sandboxed one by one, with neither its environment nor the proxy's token"
+)
 
 
 def qwen_binary() -> Path:
@@ -63,8 +65,10 @@ def qwen_binary() -> Path:
             f"qwen-code binary not found at {path} (set MASS_QWEN_BIN or run `make .tools/qwen-code/node_modules/.bin/qwen`)"
         )
     if not _patched(path.resolve()):
-        raise FileNotFoundError(f"qwen-code at {path.resolve()} lacks the shell-timeout patch: run "
-                                f"`python3 mass_jobs/episodes/qwen_patch.py {path.resolve()}` (make setup does)")
+        raise FileNotFoundError(
+            f"qwen-code at {path.resolve()} lacks the shell-timeout patch: run "
+            f"`python3 mass_jobs/episodes/qwen_patch.py {path.resolve()}` (make setup does)"
+        )
     return path
 
 
@@ -98,8 +102,10 @@ def settings(inp: EpisodeInput) -> dict[str, Any]:
         # the served context, not qwen-code's guess for an unknown model name (where its compression starts)
         "contextWindowSize": s.context_length,
     }
-    extra = {**({"seed": inp.seed} if inp.seed is not None else {}),
-             **({"chat_template_kwargs": pins["chat_template_kwargs"]} if "chat_template_kwargs" in pins else {})}
+    extra = {
+        **({"seed": inp.seed} if inp.seed is not None else {}),
+        **({"chat_template_kwargs": pins["chat_template_kwargs"]} if "chat_template_kwargs" in pins else {}),
+    }
     if extra:
         generation["extra_body"] = extra
     return {
@@ -108,8 +114,11 @@ def settings(inp: EpisodeInput) -> dict[str, Any]:
         # recording proxy turns this release's environment turn and canned "Got it." reply into the
         # paper's release's form (serving/startup_view.py): a canned reply would become windows whose
         # only supervised tokens are qwen-code's, not the model's.
-        "model": {"name": inp.endpoint.model, "generationConfig": generation,
-                  "skipStartupContext": inp.startup_context == "off"},
+        "model": {
+            "name": inp.endpoint.model,
+            "generationConfig": generation,
+            "skipStartupContext": inp.startup_context == "off",
+        },
         # qwen-code fetches for web_fetch from its own process, which must reach the recording proxy and
         # so has a network; the model's only way out is its shell commands, through the episode's
         # egress proxy when execution.network allows hosts, recorded (docs/parity.md)
@@ -136,8 +145,15 @@ def command(binary: Path, inp: EpisodeInput, proxy: Endpoint) -> list[str]:
     ]  # fmt: skip
 
 
-def environment(workspace: Path, home: Path, proxy: Endpoint, model: str, binary: Path,
-                shell_dir: Path | None = None, shell_timeout_s: float = 600) -> dict[str, str]:
+def environment(
+    workspace: Path,
+    home: Path,
+    proxy: Endpoint,
+    model: str,
+    binary: Path,
+    shell_dir: Path | None = None,
+    shell_timeout_s: float = 600,
+) -> dict[str, str]:
     """The sandbox's scrubbed environment plus what qwen-code needs (node on PATH, the proxy);
     `shell_dir` (the forwarding `bash`, mass_jobs/episodes/qwen_shell.py) goes first on PATH."""
 
@@ -186,7 +202,10 @@ def limit_breach(records: list[dict], inp: EpisodeInput) -> tuple[str, str] | No
                 last = key
                 calls += 1
                 if limits.loop_repeats is not None and repeats >= limits.loop_repeats:
-                    return "loop_detected", f"{t.id} made the same call {key[0]}({str(key[1])[:200]}) {repeats} times in a row"
+                    return (
+                        "loop_detected",
+                        f"{t.id} made the same call {key[0]}({str(key[1])[:200]}) {repeats} times in a row",
+                    )
     if limits.tool_calls is not None and calls > limits.tool_calls:
         return "failed", f"{TOOL_CALL_CAP} {limits.tool_calls} reached"
     return None
@@ -200,8 +219,14 @@ class QwenRun:
     `bash`, mass_jobs/episodes/qwen_shell.py) and run outside its process tree. Its output is read
     from pipes, never from a file a tool could replace. FileNotFoundError when the binary is missing."""
 
-    def __init__(self, inp: EpisodeInput, proxy: Endpoint, workspace: Path, shell_socket: str | Path | None = None,
-                 home: Path | None = None):
+    def __init__(
+        self,
+        inp: EpisodeInput,
+        proxy: Endpoint,
+        workspace: Path,
+        shell_socket: str | Path | None = None,
+        home: Path | None = None,
+    ):
 
         binary = qwen_binary()
         home = self._home = home or Path(tempfile.mkdtemp(prefix="mass-qwen-home-"))
@@ -214,8 +239,15 @@ class QwenRun:
             command(binary, inp, proxy),
             cwd=workspace,
             umask=0o002,  # in an agent pod the sandbox container changes what qwen-code writes (fsGroup)
-            env=environment(workspace, home, proxy, inp.endpoint.model, binary, shell_dir if shell_socket else None,
-                            inp.limits.shell_timeout_s),
+            env=environment(
+                workspace,
+                home,
+                proxy,
+                inp.endpoint.model,
+                binary,
+                shell_dir if shell_socket else None,
+                inp.limits.shell_timeout_s,
+            ),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -295,8 +327,9 @@ def final_result(stdout: str) -> dict[str, Any] | None:
     return results[-1] if results else None
 
 
-def run_qwen_code(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, sandbox=None,
-                  shells: Path | None = None) -> HarnessOutcome:
+def run_qwen_code(
+    inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, sandbox=None, shells: Path | None = None
+) -> HarnessOutcome:
     """One qwen-code episode: started by `sandbox` (a SandboxClient) in the sandbox container, or here
     with its shell commands sent to the shell-only service at `shells` (mass_jobs/episodes/qwen_shell.py);
     watched through the trace, which only the proxy writes."""
@@ -346,7 +379,10 @@ def _run(inp: EpisodeInput, proxy: Endpoint, workspace: Path, trace_path: Path, 
         outcome, reason = "infra_error", f"qwen-code made no model call: {(stderr or stdout).strip()[-500:]}"
     elif code == TURN_LIMIT_EXIT:
         # qwen-code stops itself at --max-session-turns: the model's end, not the endpoint's
-        outcome, reason = "turn_limit", f"qwen-code reached its turn limit ({inp.limits.turns_per_agent} turns per session)"
+        outcome, reason = (
+            "turn_limit",
+            f"qwen-code reached its turn limit ({inp.limits.turns_per_agent} turns per session)",
+        )
     elif result is not None and result.get("subtype") == "success" and not result.get("is_error"):
         outcome, reason, report = "success", "qwen-code finished", str(result.get("result") or "")
     elif result is not None:

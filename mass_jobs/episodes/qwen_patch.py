@@ -22,11 +22,12 @@ RELEASE = "0.15.10"
 ENV = "QWEN_SHELL_DEFAULT_TIMEOUT_MS"
 MARKER = f"process.env.{ENV}"
 EDITS = (
-    ("DEFAULT_FOREGROUND_TIMEOUT_MS = 12e4;",
-     f"DEFAULT_FOREGROUND_TIMEOUT_MS = Number({MARKER}) || 12e4;"),
-    ("If not specified, commands will timeout after 120000ms (2 minutes).",
-     "If not specified, commands will timeout after ${DEFAULT_FOREGROUND_TIMEOUT_MS}ms "
-     "(${DEFAULT_FOREGROUND_TIMEOUT_MS / 6e4} minutes)."),
+    ("DEFAULT_FOREGROUND_TIMEOUT_MS = 12e4;", f"DEFAULT_FOREGROUND_TIMEOUT_MS = Number({MARKER}) || 12e4;"),
+    (
+        "If not specified, commands will timeout after 120000ms (2 minutes).",
+        "If not specified, commands will timeout after ${DEFAULT_FOREGROUND_TIMEOUT_MS}ms "
+        "(${DEFAULT_FOREGROUND_TIMEOUT_MS / 6e4} minutes).",
+    ),
 )
 
 

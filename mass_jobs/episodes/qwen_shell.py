@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 SHIM_NAME = "bash"
 # The forwarder. `-I`: no environment variable or user site changes what it runs.
-SHIM = r'''#!{python} -I
+SHIM = r"""#!{python} -I
 # qwen-code's `bash`: hands `bash -c COMMAND` to the episode's sandbox (mass_jobs/episodes/qwen_shell.py).
 import http.client, json, os, socket, sys, time
 
@@ -67,7 +67,7 @@ sys.stdout.buffer.write(str(reply.get("stdout", "")).encode("utf-8", "replace"))
 sys.stderr.buffer.write(str(reply.get("stderr", "")).encode("utf-8", "replace"))
 code = reply.get("exit_code")
 sys.exit(code if isinstance(code, int) and 0 <= code < 256 else 128 + (-code if isinstance(code, int) and code < 0 else 1))
-'''
+"""
 REPLY_LIMIT = 8 << 20  # two streams of run_sandboxed's 1 MB each, JSON-escaped, with room to spare
 
 
@@ -75,8 +75,11 @@ def install_shim(bin_dir: Path, socket_path: str | Path, limits: EpisodeLimits) 
     """Write the forwarder as `bin_dir/bash` (to go first on qwen-code's PATH) for `socket_path`."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     path = bin_dir / SHIM_NAME
-    path.write_text(SHIM.format(python=sys.executable, socket=str(socket_path), reply_limit=REPLY_LIMIT,
-                                limits=limits.model_dump_json()))
+    path.write_text(
+        SHIM.format(
+            python=sys.executable, socket=str(socket_path), reply_limit=REPLY_LIMIT, limits=limits.model_dump_json()
+        )
+    )
     path.chmod(0o555)
     return path
 
@@ -103,8 +106,12 @@ def run_shell(workspace: Path, command: object, cwd: object, limits: EpisodeLimi
     stderr = result.stderr
     if result.timed_out or result.killed_reason:
         stderr += f"\n[killed: {result.killed_reason or 'timeout'}]"
-    return {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": stderr,
-            "network_isolated": bool(result.network_isolated)}
+    return {
+        "exit_code": result.exit_code,
+        "stdout": result.stdout,
+        "stderr": stderr,
+        "network_isolated": bool(result.network_isolated),
+    }
 
 
 def _refused(why: str) -> dict:

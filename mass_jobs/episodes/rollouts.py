@@ -59,7 +59,9 @@ class Phase(str, Enum):
 AGENT_PHASES = (Phase.PREPARE, Phase.INGEST, Phase.FINISH)
 
 
-def phase_of(value: str | Phase | None, allowed: tuple[Phase, ...] = AGENT_PHASES, step: str = "this step") -> Phase | None:
+def phase_of(
+    value: str | Phase | None, allowed: tuple[Phase, ...] = AGENT_PHASES, step: str = "this step"
+) -> Phase | None:
     """`--phase VALUE` as a Phase this step has (None: the local call that runs everything)."""
     if value is None:
         return None
@@ -128,7 +130,9 @@ class Ran:
 
 
 @contextlib.contextmanager
-def run_here(run_episode: EpisodeRunner, request: EpisodeRequest, seeded: Callable[[Path], None] | None = None) -> Iterator[Ran]:
+def run_here(
+    run_episode: EpisodeRunner, request: EpisodeRequest, seeded: Callable[[Path], None] | None = None
+) -> Iterator[Ran]:
     """Run one episode in this process (its shell commands sandboxed) in a workspace of its own,
     seeded from the request's files; `seeded(workspace)` sees it before the agent does."""
     with tempfile.TemporaryDirectory(prefix="mass-episode-") as tmp:
@@ -140,9 +144,17 @@ def run_here(run_episode: EpisodeRunner, request: EpisodeRequest, seeded: Callab
         yield Ran(run_episode(request, workspace, out), workspace, out)
 
 
-def store_record(ctx: RunContext, prefix: str, *, status: dict, trace: bytes, workspace: Path | None = None,
-                 workspace_archive: bytes | None = None, first: dict[str, Any] | None = None,
-                 network: bytes | None = None) -> list[str]:
+def store_record(
+    ctx: RunContext,
+    prefix: str,
+    *,
+    status: dict,
+    trace: bytes,
+    workspace: Path | None = None,
+    workspace_archive: bytes | None = None,
+    first: dict[str, Any] | None = None,
+    network: bytes | None = None,
+) -> list[str]:
     """The one writer of a stored episode: `first` (name -> text, bytes or JSON: what the step adds, its
     prompt or episode document, an audit), then RECORD, status.json last (its presence says the episode
     is stored) and in the bytes the harness writes; `network`, the egress proxy's records, beside the
@@ -232,7 +244,9 @@ def new_inputs(ctx: RunContext, prefix: str, outputs: tuple[str, ...]) -> None:
     ctx.store.put_bytes(ctx.agent_input(prefix, proof.KEY), proof.new_key())
 
 
-def signed_outputs(ctx: RunContext, prefix: str, outputs: tuple[str, ...]) -> tuple[dict[str, bytes | None], str | None]:
+def signed_outputs(
+    ctx: RunContext, prefix: str, outputs: tuple[str, ...]
+) -> tuple[dict[str, bytes | None], str | None]:
     """(name -> uploaded bytes or None, why they are refused or None) of the agent pod of `prefix`."""
     store = ctx.store
     files = {n: store.get_bytes(k) if store.exists(k := ctx.agent_output(prefix, n)) else None for n in outputs}
@@ -265,27 +279,36 @@ def input_keys(ctx: RunContext, prefix: str) -> list[str]:
     return [ctx.agent_input(prefix, n) for n in ("episode.json", "workspace.tar.gz", proof.KEY)]
 
 
-LOST = ("the agent pod ended without writing status.json (failed, evicted, killed at its deadline or "
-        "its upload cut short; its retries are spent)")
+LOST = (
+    "the agent pod ended without writing status.json (failed, evicted, killed at its deadline or "
+    "its upload cut short; its retries are spent)"
+)
 
 
 # On Argo's emissary any container of the pod may write /var/run/argo/ctr/main/signal (the main
 # container, the harness, is then killed) or ctr/main/exitcode (its outputs are uploaded mid-episode):
 # code the model wrote can end any episode it likes as infra_error. It cannot forge one (the outputs
 # are signed), so what ingest can do is say so: outputs uploaded without the harness's proof.
-ENDED_BY_POD = ("the harness did not end this episode: the pod uploaded outputs it had not signed (a signal "
-                "or an exit-code file written in the pod, which Argo's emissary obeys from any container, "
-                "or an upload cut short)")
+ENDED_BY_POD = (
+    "the harness did not end this episode: the pod uploaded outputs it had not signed (a signal "
+    "or an exit-code file written in the pod, which Argo's emissary obeys from any container, "
+    "or an upload cut short)"
+)
 
 
 def lost_agent_status(harness: str, reason: str = LOST, ended_by: str | None = None) -> dict:
     """status.json of an episode whose agent pod left none, or none its harness signed; `ended_by`
     "pod" where the pod uploaded outputs its harness had not signed (ENDED_BY_POD)."""
-    return {"outcome": "infra_error", "reason": reason, "harness": harness,
-            "counts": {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
-            "tokens": {"prompt": 0, "completion": 0}, "timings": {"wall_s": 0},
-            "sandbox": {"network_isolated": False, "note": "no record: the pod left no output"},
-            **({"ended_by": ended_by} if ended_by else {})}
+    return {
+        "outcome": "infra_error",
+        "reason": reason,
+        "harness": harness,
+        "counts": {"turns": 0, "tool_calls": 0, "delegations": 0, "agents": 0},
+        "tokens": {"prompt": 0, "completion": 0},
+        "timings": {"wall_s": 0},
+        "sandbox": {"network_isolated": False, "note": "no record: the pod left no output"},
+        **({"ended_by": ended_by} if ended_by else {}),
+    }
 
 
 def agent_result(ctx: RunContext, prefix: str, agent_ended: bool) -> tuple[dict, dict[str, bytes], dict]:
@@ -312,20 +335,30 @@ def agent_result(ctx: RunContext, prefix: str, agent_ended: bool) -> tuple[dict,
         kept = ("workspace.tar.gz", "trace.jsonl", *((NETWORK,) if files.get(NETWORK) is not None else ()))
         return status, {n: files[n] for n in kept}, episode
     elif not agent_ended:
-        raise RolloutError(f"rollout {prefix}: cannot ingest, the agent pod's output is missing "
-                           f"(run the agent pod after --phase prepare)")
+        raise RolloutError(
+            f"rollout {prefix}: cannot ingest, the agent pod's output is missing "
+            f"(run the agent pod after --phase prepare)"
+        )
     uploaded = refused is not None and any(b is not None for b in files.values())
-    status = lost_agent_status(episode.get("harness", "builtin"),
-                               f"{ENDED_BY_POD}; {reason}" if uploaded else reason or LOST, "pod" if uploaded else None)
+    status = lost_agent_status(
+        episode.get("harness", "builtin"),
+        f"{ENDED_BY_POD}; {reason}" if uploaded else reason or LOST,
+        "pod" if uploaded else None,
+    )
     validate_status(status)
-    return status, {"workspace.tar.gz": store.get_bytes(ctx.agent_input(prefix, "workspace.tar.gz")),
-                    "trace.jsonl": b""}, episode
+    return (
+        status,
+        {"workspace.tar.gz": store.get_bytes(ctx.agent_input(prefix, "workspace.tar.gz")), "trace.jsonl": b""},
+        episode,
+    )
 
 
 def find_rollout(ctx: RunContext, rel: str, candidates: list[str]) -> str:
     """The rollout dir named by `--rollout REL` (a key relative to the run), among the step's own."""
     key = ctx.under_run(rel.strip("/"))
     if key not in candidates:
-        raise RolloutError(f"--rollout: {rel!r} is not a rollout of this step (expected one of "
-                           f"{[ctx.relative(c) for c in candidates][:6]}...)")
+        raise RolloutError(
+            f"--rollout: {rel!r} is not a rollout of this step (expected one of "
+            f"{[ctx.relative(c) for c in candidates][:6]}...)"
+        )
     return key

@@ -55,15 +55,23 @@ class SandboxClient:
     """The harness's handle on the sandbox container. Every reply is bounded and checked: the
     service runs where the agent's code does, so what comes back is treated as the agent's."""
 
-    def __init__(self, socket_path: str | Path, timeout_s: float = 120.0, ready_s: float = 120.0,
-                 shares_workspace: bool = False):
+    def __init__(
+        self, socket_path: str | Path, timeout_s: float = 120.0, ready_s: float = 120.0, shares_workspace: bool = False
+    ):
         self.path = str(socket_path)
         self.timeout_s = timeout_s  # one reply (a tool call gets its own timeout on top)
         self.ready_s = ready_s  # how long the sandbox container may take to come up
         self.shares_workspace = shares_workspace  # works in the harness's workspace folder: nothing to hand over
 
-    def _call(self, method: str, route: str, body: bytes = b"", timeout_s: float | None = None,
-              limit: int = REPLY_LIMIT, connect_retry_s: float = CONNECT_RETRY_S) -> tuple[int, bytes]:
+    def _call(
+        self,
+        method: str,
+        route: str,
+        body: bytes = b"",
+        timeout_s: float | None = None,
+        limit: int = REPLY_LIMIT,
+        connect_retry_s: float = CONNECT_RETRY_S,
+    ) -> tuple[int, bytes]:
         conn = _UnixConnection(self.path, timeout_s or self.timeout_s, connect_retry_s)
         try:
             conn.request(method, route, body=body, headers={"Content-Length": str(len(body))})
@@ -77,10 +85,21 @@ class SandboxClient:
             raise SandboxError(f"sandbox at {self.path}: {method} {route}: reply over {limit} bytes")
         return resp.status, data
 
-    def _json(self, method: str, route: str, doc: dict | None = None, timeout_s: float | None = None,
-              connect_retry_s: float = CONNECT_RETRY_S) -> dict:
-        status, data = self._call(method, route, json.dumps(doc).encode() if doc is not None else b"", timeout_s,
-                                  connect_retry_s=connect_retry_s)
+    def _json(
+        self,
+        method: str,
+        route: str,
+        doc: dict | None = None,
+        timeout_s: float | None = None,
+        connect_retry_s: float = CONNECT_RETRY_S,
+    ) -> dict:
+        status, data = self._call(
+            method,
+            route,
+            json.dumps(doc).encode() if doc is not None else b"",
+            timeout_s,
+            connect_retry_s=connect_retry_s,
+        )
         try:
             reply = json.loads(data)
         except ValueError:
@@ -97,8 +116,12 @@ class SandboxClient:
         deadline = time.monotonic() + timeout_s
         while True:
             try:  # this loop is the retry: a connect may not outwait ready_s on its own
-                self._json("GET", "/health", timeout_s=5,
-                           connect_retry_s=max(0.0, min(CONNECT_RETRY_S, deadline - time.monotonic())))
+                self._json(
+                    "GET",
+                    "/health",
+                    timeout_s=5,
+                    connect_retry_s=max(0.0, min(CONNECT_RETRY_S, deadline - time.monotonic())),
+                )
                 return self
             except SandboxError as exc:
                 if time.monotonic() > deadline:
@@ -133,21 +156,35 @@ class SandboxClient:
     def tool(self, name: str, args: dict, limits: EpisodeLimits, timeout_s: float) -> ToolRun:
         """A workspace tool in the sandbox; a ToolError there is a ToolError here."""
 
-        reply = self._json("POST", "/tool", {"name": name, "args": args, "limits": limits.model_dump(mode="json"),
-                                             "timeout_s": timeout_s}, timeout_s=timeout_s + self.timeout_s)
+        reply = self._json(
+            "POST",
+            "/tool",
+            {"name": name, "args": args, "limits": limits.model_dump(mode="json"), "timeout_s": timeout_s},
+            timeout_s=timeout_s + self.timeout_s,
+        )
         if "tool_error" in reply:
             raise ToolError(truncate(str(reply["tool_error"])))
 
         isolated, memory = reply.get("network_isolated"), reply.get("memory_limit")
-        return ToolRun(truncate(str(reply.get("text", ""))), isolated if isinstance(isolated, bool) else None,
-                       memory if memory in MEMORY_LIMITS else None)
+        return ToolRun(
+            truncate(str(reply.get("text", ""))),
+            isolated if isinstance(isolated, bool) else None,
+            memory if memory in MEMORY_LIMITS else None,
+        )
 
     def check(self, check, limits: EpisodeLimits, protected=()) -> tuple[int, str]:
         """A guard check (CheckCommand) in the sandbox's workspace, `protected` read-only: (exit code, detail)."""
 
-        reply = self._json("POST", "/check", {"check": check.model_dump(mode="json"), "limits": limits.model_dump(mode="json"),
-                                              "protected": list(protected)},
-                           timeout_s=check.timeout_s + self.timeout_s)
+        reply = self._json(
+            "POST",
+            "/check",
+            {
+                "check": check.model_dump(mode="json"),
+                "limits": limits.model_dump(mode="json"),
+                "protected": list(protected),
+            },
+            timeout_s=check.timeout_s + self.timeout_s,
+        )
         code = reply.get("exit_code")
         if isinstance(code, bool) or not isinstance(code, int):
             raise SandboxError(f"sandbox: POST /check: exit_code {code!r} is not an integer")
@@ -155,8 +192,14 @@ class SandboxClient:
 
     def start_qwen(self, inp: EpisodeInput, proxy: Endpoint) -> RemoteQwenRun:
 
-        reply = self._json("POST", "/qwen", {"episode": episode_file_json(inp),
-                                             "proxy": {"base_url": proxy.base_url, "model": proxy.model, "key": proxy.key}})
+        reply = self._json(
+            "POST",
+            "/qwen",
+            {
+                "episode": episode_file_json(inp),
+                "proxy": {"base_url": proxy.base_url, "model": proxy.model, "key": proxy.key},
+            },
+        )
         return RemoteQwenRun(self, str(reply.get("id")))
 
 

@@ -51,7 +51,8 @@ def normal_message(m: dict) -> dict:
                     "arguments": _arguments((tc.get("function") or {}).get("arguments")),
                 },
             }
-            for tc in m["tool_calls"] if isinstance(tc, dict)
+            for tc in m["tool_calls"]
+            if isinstance(tc, dict)
         ]
     for key in ("tool_call_id", "name"):
         if m.get(key) is not None:

@@ -238,7 +238,9 @@ def _check_quota(workspace: Path, adding: int) -> None:
     q = SandboxLimits()
     size, files = workspace_usage(workspace)
     if files >= q.workspace_files or size + adding > q.workspace_mb * 1024 * 1024:
-        raise ToolError(f"workspace quota reached ({q.workspace_mb} MB, {q.workspace_files} entries): delete files first")
+        raise ToolError(
+            f"workspace quota reached ({q.workspace_mb} MB, {q.workspace_files} entries): delete files first"
+        )
 
 
 @model_input
@@ -276,8 +278,9 @@ class ShellOutcome:
     memory_limit: str = "sampled"  # what held its memory (sandbox.SandboxResult.memory_limit)
 
 
-def shell(workspace: Path, args: dict[str, Any], limits: EpisodeLimits, timeout_s: float,
-          egress: str | None = None) -> ShellOutcome:
+def shell(
+    workspace: Path, args: dict[str, Any], limits: EpisodeLimits, timeout_s: float, egress: str | None = None
+) -> ShellOutcome:
 
     command = require_str(args, "command")
     if not command.strip():
@@ -327,8 +330,9 @@ class ToolRun:
     memory_limit: str | None = None  # for `shell`: "cgroup v1" / "cgroup v2" (the kernel) or "sampled"
 
 
-def run_workspace_tool(workspace: Path, name: str, args: dict[str, Any], limits: EpisodeLimits, timeout_s: float,
-                       egress: str | None = None) -> ToolRun:
+def run_workspace_tool(
+    workspace: Path, name: str, args: dict[str, Any], limits: EpisodeLimits, timeout_s: float, egress: str | None = None
+) -> ToolRun:
     """One call of a WORKSPACE_TOOLS tool in `workspace`, wherever that lives: in the harness's own
     process locally, in an agent pod's sandbox container (`mass_jobs.episodes.sandbox_service`) on a cluster.
     A mistake of the model's raises ToolError."""
@@ -342,4 +346,3 @@ def run_workspace_tool(workspace: Path, name: str, args: dict[str, Any], limits:
         out = shell(workspace, args, limits, timeout_s, egress)
         return ToolRun(out.text, out.network_isolated, out.memory_limit)
     raise ToolError(f"tool {name!r} is not a workspace tool")
-

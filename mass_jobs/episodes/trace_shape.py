@@ -33,8 +33,14 @@ def parse_lines(text: str) -> tuple[list[dict], list[str]]:
 
 
 def _content_ok(content: Any) -> bool:
-    return content is None or isinstance(content, str) or (
-        isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content))
+    return (
+        content is None
+        or isinstance(content, str)
+        or (
+            isinstance(content, list)
+            and all(isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content)
+        )
+    )
 
 
 def _message_problem(m: Any) -> str | None:
@@ -45,8 +51,10 @@ def _message_problem(m: Any) -> str | None:
     if not _content_ok(m.get("content")) or not _content_ok(m.get("reasoning_content")):
         return f"a {m['role']} message's content is neither text nor text parts"
     calls = m.get("tool_calls")
-    if calls is not None and (not isinstance(calls, list) or not all(
-            isinstance(c, dict) and isinstance(c.get("function") or {}, dict) for c in calls)):
+    if calls is not None and (
+        not isinstance(calls, list)
+        or not all(isinstance(c, dict) and isinstance(c.get("function") or {}, dict) for c in calls)
+    ):
         return f"a {m['role']} message's tool_calls are not a list of objects"
     return None
 

@@ -31,8 +31,12 @@ def name_pattern(key: str) -> str:
 
 def stated(text: str, key: str) -> list[str]:
     """Each number written right after the metric's name (name_pattern) in `text`."""
-    found = re.findall(rf"(?<![\w.]){name_pattern(key)}(?![\w])\**\s*(?:[:=]|is|of|was)?\s*\**\s*"
-                       r"(-?\d+(?:\.\d+)?(?:[eE]-?\d+)?%?)", text, flags=re.I)
+    found = re.findall(
+        rf"(?<![\w.]){name_pattern(key)}(?![\w])\**\s*(?:[:=]|is|of|was)?\s*\**\s*"
+        r"(-?\d+(?:\.\d+)?(?:[eE]-?\d+)?%?)",
+        text,
+        flags=re.I,
+    )
     return found
 
 
@@ -57,9 +61,11 @@ def agrees(written: str, value: float) -> bool:
     candidates = [value * 100, value] if percent else [value]
     for v in candidates:
         if decimals is None:
-            if abs(float(number) - v) <= 1e-9 * max(1.0, abs(v)) or (float(number) == round(v) and "e" not in number.lower()):
+            if abs(float(number) - v) <= 1e-9 * max(1.0, abs(v)) or (
+                float(number) == round(v) and "e" not in number.lower()
+            ):
                 return True
-        elif abs(float(number) - round(v, decimals)) <= 0.5 * 10 ** -decimals + 1e-12:
+        elif abs(float(number) - round(v, decimals)) <= 0.5 * 10**-decimals + 1e-12:
             return True
     return False
 

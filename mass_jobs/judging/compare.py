@@ -66,7 +66,9 @@ class Verdict(Closed):
     attempts: int = Field(ge=1)
     errors: list[str] = Field(default_factory=list, description="Why earlier replies were unreadable.")
     seed: int | None = None
-    model: str | None = Field(default=None, description="Who judged: `gen-<g>` or `<model> @ <endpoint>` (roles.evaluator).")
+    model: str | None = Field(
+        default=None, description="Who judged: `gen-<g>` or `<model> @ <endpoint>` (roles.evaluator)."
+    )
 
     def score_of_first(self) -> float:
         """1 win, 0.5 tie, 0 loss for `first` (only for valid verdicts)."""
@@ -85,19 +87,32 @@ def _cut(text: str, limit: int | None) -> str:
     return raw[: max(0, limit - 16)].decode("utf-8", errors="ignore") + "\n[... truncated]"
 
 
-def bundle(workspace: Path, max_bytes: int | None = None, deliverables=(), status: dict | None = None,
-           task_text: str = "", caps: evidence.Caps = evidence.Caps()) -> str:
+def bundle(
+    workspace: Path,
+    max_bytes: int | None = None,
+    deliverables=(),
+    status: dict | None = None,
+    task_text: str = "",
+    caps: evidence.Caps = evidence.Caps(),
+) -> str:
     """`evidence.bundle` of a workspace, cut to `max_bytes` UTF-8 bytes when given (deterministic)."""
     return _cut(evidence.bundle(Path(workspace), task_text, deliverables, status, caps), max_bytes)
 
 
-def stored_views(store, prefix: str, max_bytes: int | None, deliverables=(), workspace: Path | None = None,
-                 task_text: str = "", caps: evidence.Caps = evidence.Caps(), results: bool = False) -> tuple[str, str]:
+def stored_views(
+    store,
+    prefix: str,
+    max_bytes: int | None,
+    deliverables=(),
+    workspace: Path | None = None,
+    task_text: str = "",
+    caps: evidence.Caps = evidence.Caps(),
+    results: bool = False,
+) -> tuple[str, str]:
     """(bundle, results/*.json appendix or "" unless `results`) of a stored rollout. An archive
     get_dir refuses (agent-written, hostile) is shown as an empty workspace with a notice saying
     why: a verdict against it, never a crashed step."""
     import tempfile
-
 
     status = store.get_json(RunContext.rollout_file(prefix, "status.json"))
     with tempfile.TemporaryDirectory(prefix="mass-bundle-") as tmp:
@@ -120,8 +135,16 @@ def task_bundle(store, prefix: str, spec, task, workspace: Path | None = None) -
 
 def task_views(store, prefix: str, spec, task, workspace: Path | None = None, results: bool = False) -> tuple[str, str]:
     """stored_views() with the spec's evidence caps and the task's text and deliverables."""
-    return stored_views(store, prefix, spec.search.evidence_bytes, task.deliverables, workspace,
-                        task_text=task.judged_text, caps=evidence.caps_of(spec), results=results)
+    return stored_views(
+        store,
+        prefix,
+        spec.search.evidence_bytes,
+        task.deliverables,
+        workspace,
+        task_text=task.judged_text,
+        caps=evidence.caps_of(spec),
+        results=results,
+    )
 
 
 # ---------------------------------------------------------------- verdicts
@@ -140,14 +163,14 @@ def parse_verdict(text: str | None) -> tuple[Literal["A", "B", "tie"], str]:
     decoder = json.JSONDecoder()
     for m in re.finditer(r"\{", body):
         try:
-            obj, _ = decoder.raw_decode(body[m.start():])
+            obj, _ = decoder.raw_decode(body[m.start() :])
         except json.JSONDecodeError:
             continue
         if isinstance(obj, dict) and "winner" in obj:
             label = str(obj["winner"]).strip()
             norm = {"a": "A", "b": "B", "tie": "tie"}.get(label.lower())
             if norm is None:
-                raise ValueError(f"'winner' must be \"A\", \"B\" or \"tie\", got {label!r}")
+                raise ValueError(f'\'winner\' must be "A", "B" or "tie", got {label!r}')
             return norm, str(obj.get("rationale", "")).strip()  # type: ignore[return-value]
     m = re.search(r"^\W*(?:winner|verdict)\W*[:=]\W*(A|B|tie)\b", body, flags=re.I | re.M)
     if m:
@@ -170,6 +193,7 @@ def fenced(label: str, bundle: str, tag: str) -> str:
 def verdict_request(task_prompt: str, bundle_a: str, bundle_b: str, budget_tokens: int | None = None) -> str:
     """The evaluator's user message: the task, then each workspace between fence lines the workspace
     cannot write (`fence_tag`); the bundles fitted to `budget_tokens` (estimated) when given."""
+
     def layout(a: str, b: str) -> str:
         tag = fence_tag(task_prompt, a, b)
         return f"TASK:\n{task_prompt}\n\n{fenced('A', a, tag)}\n\n{fenced('B', b, tag)}\n\n{RUBRIC}"
@@ -196,8 +220,10 @@ def judge(
     With `budget_tokens` (the served context less the reply and a safety margin) the two bundles are
     cut, each to half of what the rest of the request leaves."""
     (id_a, bundle_a), (id_b, bundle_b) = first, second
-    messages: list[dict] = [{"role": "system", "content": EVALUATOR_SYSTEM},
-                            {"role": "user", "content": verdict_request(task_prompt, bundle_a, bundle_b, budget_tokens)}]
+    messages: list[dict] = [
+        {"role": "system", "content": EVALUATOR_SYSTEM},
+        {"role": "user", "content": verdict_request(task_prompt, bundle_a, bundle_b, budget_tokens)},
+    ]
     errors: list[str] = []
     for attempt in range(retries + 1):
         reply = client.chat(
@@ -212,15 +238,27 @@ def judge(
             errors.append(f"attempt {attempt + 1}: {e}")
             messages = messages[:2] + [
                 {"role": "assistant", "content": content},
-                {"role": "user", "content": f"Your reply could not be read ({e}). Reply with the JSON object only: "
-                 '{"winner": "A" | "B" | "tie", "rationale": "..."}'},
+                {
+                    "role": "user",
+                    "content": f"Your reply could not be read ({e}). Reply with the JSON object only: "
+                    '{"winner": "A" | "B" | "tie", "rationale": "..."}',
+                },
             ]
             continue
         winner = {"A": id_a, "B": id_b, "tie": "tie"}[label]
-        return Verdict(first=id_a, second=id_b, winner=winner, valid=True, rationale=rationale,
-                       attempts=attempt + 1, errors=errors, seed=seed)
-    return Verdict(first=id_a, second=id_b, winner=None, valid=False, rationale="", attempts=retries + 1,
-                   errors=errors, seed=seed)
+        return Verdict(
+            first=id_a,
+            second=id_b,
+            winner=winner,
+            valid=True,
+            rationale=rationale,
+            attempts=attempt + 1,
+            errors=errors,
+            seed=seed,
+        )
+    return Verdict(
+        first=id_a, second=id_b, winner=None, valid=False, rationale="", attempts=retries + 1, errors=errors, seed=seed
+    )
 
 
 def blind_judge(

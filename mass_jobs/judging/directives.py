@@ -16,24 +16,27 @@ import os
 import re
 from pathlib import Path
 
-PATTERNS = [re.compile(p, re.I | re.M) for p in (
-    # addressed to a judge
-    r"\b(?:note|message|memo|instructions?|hint|reminder|request)s?\s+(?:to|for)\s+(?:the\s+|any\s+|all\s+|an?\s+)?"
-    r"(?:evaluator|reviewer|judge|grader|ranker|assessor|llm|ai)s?\b",
-    r"\b(?:dear|attention|hello|hi)\s*,?\s+(?:the\s+)?(?:evaluator|reviewer|judge|grader|ranker)s?\b",
-    r"^\W*(?:to\s+)?(?:the\s+)?(?:evaluator|reviewer|judge|grader|ranker)s?\s*:",
-    # asking for the verdict
-    r"\bignore\s+(?:all\s+|any\s+)?(?:the\s+|your\s+)?(?:previous|prior|above|earlier|other)\s+"
-    r"(?:instructions|rules|rubric|criteria)\b",
-    r"\b(?:you\s+(?:should|must|will)|please)\s+(?:prefer|choose|pick|select|favou?r|rank|rate|score)\s+"
-    r"(?:this|workspace|submission|it|me|us)\b",
-    r"\b(?:prefer|choose|pick|select)\s+(?:workspace|submission)\s+[ab]\b",
-    r"\bthis\s+(?:workspace|submission)\s+(?:is|should\s+be)\s+(?:correct|the\s+(?:best|winner)|better|superior|preferred)\b",
-    r"\"winner\"\s*:\s*\"(?:A|B|tie)\"",  # a verdict written out for the judge to copy
-    # the verdict request's own structure: a workspace that opens "its rival's" section, or the rubric
-    r"^\W*=+\s*workspace\s+[ab]\s*=+",
-    r"^\W*comparison\s+rubric\b",
-)]
+PATTERNS = [
+    re.compile(p, re.I | re.M)
+    for p in (
+        # addressed to a judge
+        r"\b(?:note|message|memo|instructions?|hint|reminder|request)s?\s+(?:to|for)\s+(?:the\s+|any\s+|all\s+|an?\s+)?"
+        r"(?:evaluator|reviewer|judge|grader|ranker|assessor|llm|ai)s?\b",
+        r"\b(?:dear|attention|hello|hi)\s*,?\s+(?:the\s+)?(?:evaluator|reviewer|judge|grader|ranker)s?\b",
+        r"^\W*(?:to\s+)?(?:the\s+)?(?:evaluator|reviewer|judge|grader|ranker)s?\s*:",
+        # asking for the verdict
+        r"\bignore\s+(?:all\s+|any\s+)?(?:the\s+|your\s+)?(?:previous|prior|above|earlier|other)\s+"
+        r"(?:instructions|rules|rubric|criteria)\b",
+        r"\b(?:you\s+(?:should|must|will)|please)\s+(?:prefer|choose|pick|select|favou?r|rank|rate|score)\s+"
+        r"(?:this|workspace|submission|it|me|us)\b",
+        r"\b(?:prefer|choose|pick|select)\s+(?:workspace|submission)\s+[ab]\b",
+        r"\bthis\s+(?:workspace|submission)\s+(?:is|should\s+be)\s+(?:correct|the\s+(?:best|winner)|better|superior|preferred)\b",
+        r"\"winner\"\s*:\s*\"(?:A|B|tie)\"",  # a verdict written out for the judge to copy
+        # the verdict request's own structure: a workspace that opens "its rival's" section, or the rubric
+        r"^\W*=+\s*workspace\s+[ab]\s*=+",
+        r"^\W*comparison\s+rubric\b",
+    )
+]
 FILE_BYTES = 256 * 1024  # read of each file: past it, what a judge's bundle shows is long cut off
 MAX_FILES = 2000
 MAX_HITS = 5

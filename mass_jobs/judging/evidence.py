@@ -25,13 +25,41 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", "node_modules", ".venv", "venv"}
-BINARY_SUFFIXES = {".parquet", ".pq", ".npy", ".npz", ".pkl", ".pickle", ".pt", ".pth", ".onnx", ".bin", ".h5",
-                   ".hdf5", ".feather", ".arrow", ".png", ".jpg", ".jpeg", ".gif", ".webp", ".pdf", ".zip", ".tar",
-                   ".gz", ".safetensors"}
+BINARY_SUFFIXES = {
+    ".parquet",
+    ".pq",
+    ".npy",
+    ".npz",
+    ".pkl",
+    ".pickle",
+    ".pt",
+    ".pth",
+    ".onnx",
+    ".bin",
+    ".h5",
+    ".hdf5",
+    ".feather",
+    ".arrow",
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".gif",
+    ".webp",
+    ".pdf",
+    ".zip",
+    ".tar",
+    ".gz",
+    ".safetensors",
+}
 TEXT_SUFFIXES = {".md", ".txt", ".py", ".json", ".csv", ".yaml", ".yml", ".toml", ".sh", ".log", ".tsv", ".cfg", ".ini"}
 CORE_FILES = ("research_report.md", "deliverables/index.json", "results/metrics.json", "requirements.txt")
-PRIORITY_FILES = ("research_report.md", "deliverables/index.json", "results/metrics.json",
-                  "results/model_comparison.json", "requirements.txt")
+PRIORITY_FILES = (
+    "research_report.md",
+    "deliverables/index.json",
+    "results/metrics.json",
+    "results/model_comparison.json",
+    "requirements.txt",
+)
 REPORT_NAMES = ("report.md", "REPORT.md", "report.txt", "README.md", "results/report.md", "deliverables/report.md")
 ENTRY_PATTERNS = ("run_*.py", "main.py", "pipeline.py")
 RESULTS_EXCLUDED = {"raw_records.json", "pilot_raw_records.json"}  # per-record dumps that swamp a prompt
@@ -96,7 +124,7 @@ def head_tail(text: str, max_chars: int) -> str:
     if len(text) <= max_chars:
         return text
     half = max_chars // 2
-    return text[:half] + OMITTED + text[len(text) - (max_chars - half):]
+    return text[:half] + OMITTED + text[len(text) - (max_chars - half) :]
 
 
 def excerpt(text: str, max_chars: int | None, max_tokens: int | None) -> tuple[str, bool]:
@@ -230,23 +258,33 @@ def excerpt_paths(root: Path, deliverables, caps: Caps = Caps()) -> list[tuple[s
     return [(rel, c, t) for rel, (c, t) in picked.items()]
 
 
-def bundle(workspace: Path, task_text: str = "", deliverables=(), status: dict | None = None,
-           caps: Caps = Caps()) -> str:
+def bundle(
+    workspace: Path, task_text: str = "", deliverables=(), status: dict | None = None, caps: Caps = Caps()
+) -> str:
     """The evidence of one workspace (deterministic for the same files)."""
     root = Path(workspace)
     sections: list[str] = []
     if status and status.get("outcome") not in (None, "success"):
-        sections.append(f"RUN NOTICE: the episode ended with outcome {status.get('outcome')!r}: {status.get('reason', '')}")
+        sections.append(
+            f"RUN NOTICE: the episode ended with outcome {status.get('outcome')!r}: {status.get('reason', '')}"
+        )
     sections += ["FILE TREE (representative):\n" + file_tree(root, caps), preflight(root, task_text, deliverables)]
     shown = []
     for rel, max_chars, max_tokens in excerpt_paths(root, deliverables, caps) if _is_dir(root) else []:
         try:
-            text, cut = excerpt(_read(root / rel, max_chars if max_tokens is None else
-                                      min(max_chars or 4 * max_tokens, 4 * max_tokens)), max_chars, max_tokens)
+            text, cut = excerpt(
+                _read(
+                    root / rel, max_chars if max_tokens is None else min(max_chars or 4 * max_tokens, 4 * max_tokens)
+                ),
+                max_chars,
+                max_tokens,
+            )
         except OSError:
             continue
         shown.append(f"FILE {rel}{' [truncated]' if cut else ''}:\n{text}")
-    sections.append("FILE EXCERPTS (size-capped; binaries omitted):" + ("\n\n" + "\n\n".join(shown) if shown else " none"))
+    sections.append(
+        "FILE EXCERPTS (size-capped; binaries omitted):" + ("\n\n" + "\n\n".join(shown) if shown else " none")
+    )
     return "\n\n".join(sections)
 
 
@@ -255,8 +293,13 @@ def results_appendix(workspace: Path, per_file_chars: int | None = 24_000, total
     results = Path(workspace) / "results"
     if not _is_dir(results):
         return "results/ is missing."
-    paths = sorted(p for p in results.rglob("*.json") if _is_file(p) and p.name not in RESULTS_EXCLUDED
-                   and not any(part.startswith(".") for part in p.relative_to(results).parts))
+    paths = sorted(
+        p
+        for p in results.rglob("*.json")
+        if _is_file(p)
+        and p.name not in RESULTS_EXCLUDED
+        and not any(part.startswith(".") for part in p.relative_to(results).parts)
+    )
     if not paths:
         return "No JSON files under results/."
     blocks, used, omitted = [], 0, []
@@ -286,4 +329,4 @@ def fit_tokens(text: str, max_tokens: int, what: str = "evidence") -> str:
     note = f"\n\n[... {what} cut to fit the served context ...]\n\n"
     keep = max(0, 4 * max_tokens - len(note))
     half = keep // 2
-    return text[:half] + note + text[len(text) - (keep - half):] if keep else note.strip()
+    return text[:half] + note + text[len(text) - (keep - half) :] if keep else note.strip()

@@ -124,8 +124,14 @@ def _proxies(e: np.ndarray, outcome: np.ndarray, verdict: np.ndarray, dof: int) 
 def analyse(generation: int, samples: list[dict], embedder) -> InformationProxy:
     """samples: [{"task", "text", "outcome": 0|1, "verdict": 0|1}, ...] of one generation."""
     n, tasks = len(samples), [s["task"] for s in samples]
-    base = {"generation": generation, "embedder": embedder.name, "samples": n, "tasks": len(set(tasks)),
-            "success_rate": None, "win_rate": None}
+    base = {
+        "generation": generation,
+        "embedder": embedder.name,
+        "samples": n,
+        "tasks": len(set(tasks)),
+        "success_rate": None,
+        "win_rate": None,
+    }
     empty = {k: None for k in ("dims", "mi_outcome", "mi_verdict", "tc")}
     if n < 3:
         return InformationProxy(**base, **empty, **{f"{k}_within": v for k, v in empty.items()})
@@ -134,8 +140,12 @@ def analyse(generation: int, samples: list[dict], embedder) -> InformationProxy:
     verdict = np.array([float(s["verdict"]) for s in samples])
     base.update(success_rate=round(float(outcome.mean()), 6), win_rate=round(float(verdict.mean()), 6))
     raw = _proxies(emb - emb.mean(axis=0), outcome, verdict, dof=n - 1)
-    within = _proxies(remove_group_means(emb, tasks), remove_group_means(outcome[:, None], tasks)[:, 0],
-                      remove_group_means(verdict[:, None], tasks)[:, 0], dof=n - len(set(tasks)))
+    within = _proxies(
+        remove_group_means(emb, tasks),
+        remove_group_means(outcome[:, None], tasks)[:, 0],
+        remove_group_means(verdict[:, None], tasks)[:, 0],
+        dof=n - len(set(tasks)),
+    )
     return InformationProxy(**base, **raw, **{f"{k}_within": v for k, v in within.items()})
 
 
@@ -152,8 +162,15 @@ def search_samples(states: dict[str, dict]) -> list[dict]:
             champion = k == 0 or state.get("selection", "champion") == "champion"
             versus = rec.get("reference_verdict") if champion else rec.get("verdict")
             won = bool(versus and versus.get("valid") and versus.get("winner") == f"iter-{k}")
-            out.append({"task": task, "k": k, "text": text_of(rec["workflow"]),
-                        "outcome": int(rec["outcome"] == "success"), "verdict": int(won)})
+            out.append(
+                {
+                    "task": task,
+                    "k": k,
+                    "text": text_of(rec["workflow"]),
+                    "outcome": int(rec["outcome"] == "success"),
+                    "verdict": int(won),
+                }
+            )
     return out
 
 

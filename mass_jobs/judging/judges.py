@@ -32,8 +32,14 @@ from mass_jobs.serving.llm import ModelError
 
 
 class ChatClient(Protocol):
-    def chat(self, messages: list[dict], tools: Any = None, seed: int | None = None,
-             max_tokens: int | None = None, headers: dict | None = None) -> dict: ...
+    def chat(
+        self,
+        messages: list[dict],
+        tools: Any = None,
+        seed: int | None = None,
+        max_tokens: int | None = None,
+        headers: dict | None = None,
+    ) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,7 @@ class PanelMember:
 # ---------------------------------------------------------------- one verdict
 
 
-def order_for(job: PairJob, judge_index: int, seed_index: int, seed: int | None = None,
-              rule: str = "balanced") -> str:
+def order_for(job: PairJob, judge_index: int, seed_index: int, seed: int | None = None, rule: str = "balanced") -> str:
     """`balanced`: alternate over seeds, start on opposite sides for consecutive judges, and let the
     pair itself pick the starting side (so position is balanced over pairs too). `seeded` (the
     paper's code): the seed alone decides, the baseline first where random.Random(seed) draws True
@@ -92,10 +97,22 @@ def ask_verdict(client: ChatClient, job: PairJob, order: str, seed: int, retries
             errors.append(f"endpoint: {type(e).__name__}: {e}"[:500])
             continue
         winner = None if not v.valid else "tie" if v.winner == "tie" else ("A" if v.winner == first[0] else "B")
-        return {"order": order, "winner": winner, "valid": v.valid, "rationale": v.rationale or None,
-                "attempts": len(errors) + v.attempts, "errors": errors + list(v.errors)}
-    return {"order": order, "winner": None, "valid": False, "rationale": None,
-            "attempts": len(errors), "errors": errors}
+        return {
+            "order": order,
+            "winner": winner,
+            "valid": v.valid,
+            "rationale": v.rationale or None,
+            "attempts": len(errors) + v.attempts,
+            "errors": errors + list(v.errors),
+        }
+    return {
+        "order": order,
+        "winner": None,
+        "valid": False,
+        "rationale": None,
+        "attempts": len(errors),
+        "errors": errors,
+    }
 
 
 # ---------------------------------------------------------------- the panel
@@ -105,9 +122,16 @@ def verdict_key(prefix: str, job: PairJob, member: PanelMember, seed: int) -> st
     return RunContext.verdict_file(prefix, job.name, f"{member.kind}-{member.name}", seed)
 
 
-def run_panel(store, prefix: str, jobs: Iterable[PairJob], members: list[PanelMember], retries: int,
-              on_verdict: Callable[[dict], None] | None = None, first_index: int = 0,
-              order: str = "balanced") -> list[dict]:
+def run_panel(
+    store,
+    prefix: str,
+    jobs: Iterable[PairJob],
+    members: list[PanelMember],
+    retries: int,
+    on_verdict: Callable[[dict], None] | None = None,
+    first_index: int = 0,
+    order: str = "balanced",
+) -> list[dict]:
     """Every member's verdicts on every job, stored under `prefix`; stored ones are reused.
 
     `first_index` is the panel position of `members[0]`, for callers that run one judge at a time
@@ -122,9 +146,17 @@ def run_panel(store, prefix: str, jobs: Iterable[PairJob], members: list[PanelMe
                     record = store.get_json(key)
                 else:
                     result = ask_verdict(member.client, job, order_for(job, ji, si, seed, order), seed, retries)
-                    record = {"task": job.task, "replicate": job.replicate, "candidate": job.candidate,
-                              "baseline": job.baseline, "judge": member.name, "kind": member.kind,
-                              "model": member.model, "seed": seed, **result}
+                    record = {
+                        "task": job.task,
+                        "replicate": job.replicate,
+                        "candidate": job.candidate,
+                        "baseline": job.baseline,
+                        "judge": member.name,
+                        "kind": member.kind,
+                        "model": member.model,
+                        "seed": seed,
+                        **result,
+                    }
                     store.put_json(key, record)
                 records.append(record)
                 if on_verdict:

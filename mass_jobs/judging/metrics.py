@@ -144,8 +144,9 @@ def compare(verdicts: Iterable[Mapping], tasks: Iterable[str]) -> Comparison:
     return comp
 
 
-def overall_interval(per_task: Mapping[str, tuple[int, int]], resamples: int, confidence: float = 0.95,
-                     seed: int = 0) -> tuple[float, float] | None:
+def overall_interval(
+    per_task: Mapping[str, tuple[int, int]], resamples: int, confidence: float = 0.95, seed: int = 0
+) -> tuple[float, float] | None:
     """The pooled win share's interval: the envelope of the bootstrap over tasks (the spread between
     tasks) and the Wilson interval of the pooled verdicts (the noise of the verdicts themselves).
 
@@ -254,9 +255,11 @@ def position_bias_note(counts: Mapping[str, int]) -> str | None:
     if n < 2 or not (counts["candidate_first"] and counts["baseline_first"]) or (counts["A"] and counts["B"]):
         return None
     label, place = ("A", "first") if counts["A"] else ("B", "second")
-    return (f"position bias: all {n} decisive verdicts chose Workspace {label} (the one shown {place}) "
-            f"although both orders were shown; this win share measures the judge's order preference, "
-            f"not the workspaces")
+    return (
+        f"position bias: all {n} decisive verdicts chose Workspace {label} (the one shown {place}) "
+        f"although both orders were shown; this win share measures the judge's order preference, "
+        f"not the workspaces"
+    )
 
 
 # ---------------------------------------------------------------- behaviour audit, tokens, search

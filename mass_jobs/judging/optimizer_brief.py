@@ -42,17 +42,32 @@ Reply with one JSON object and nothing else:
 Agent ids are lowercase letters, digits and dashes; the first agent is the orchestrator."""
 
 # the same request when a version is a free-text design block inside the task text (the paper's reply)
-UPSTREAM_SYSTEM = SYSTEM.split("Reply with one JSON object", 1)[0].replace(
-    "a workflow appended to its\nprompt",
-    "a workflow (the design block) written into its\nprompt") + f"""Reply with one JSON object and nothing else:
+UPSTREAM_SYSTEM = (
+    SYSTEM.split("Reply with one JSON object", 1)[0].replace(
+        "a workflow appended to its\nprompt", "a workflow (the design block) written into its\nprompt"
+    )
+    + f"""Reply with one JSON object and nothing else:
 {{"improved_multi_agent_design": "<the whole replacement design block>",
  "changes_from_previous": ["..."], "why_it_should_improve": ["..."], "evidence_used": ["..."],
  "expected_impact": ["..."], "verification_checks": ["..."]}}
 The design block starts with "{UPSTREAM_MARKER}" and holds the agent list and whatever
 the team must follow; it never repeats the task or the rules after it."""
+)
 
-CUES = ("fail", "missing", "inconsistent", "mismatch", "not ", "lack", "weak", "nan", "null", "error", "defect",
-        "reproducib")
+CUES = (
+    "fail",
+    "missing",
+    "inconsistent",
+    "mismatch",
+    "not ",
+    "lack",
+    "weak",
+    "nan",
+    "null",
+    "error",
+    "defect",
+    "reproducib",
+)
 ISSUES = (
     ("report and metrics disagree", r"inconsistent|mismatch|contradict|does not match|conflict"),
     ("missing deliverables or sections", r"missing|absent|not found|not present"),
@@ -174,11 +189,15 @@ def _history(inp: BriefInput) -> str:
     if inp.against_reference:
         lines += [scoreboard(inp.rows, inp.current, inp.champion)]
         if inp.champion is not None:
-            lines.append("* = the best version so far: it beat the reference, and won every direct verdict against "
-                         "later versions that beat it too.")
-        lines.append("Each entry judges that version's workspace against the same fixed bare reference: the task run "
-                     "by one agent with no workflow. The diff shows what changed in the workflow before the verdict. "
-                     "One verdict is one judgement: trust trends over single flips.")
+            lines.append(
+                "* = the best version so far: it beat the reference, and won every direct verdict against "
+                "later versions that beat it too."
+            )
+        lines.append(
+            "Each entry judges that version's workspace against the same fixed bare reference: the task run "
+            "by one agent with no workflow. The diff shows what changed in the workflow before the verdict. "
+            "One verdict is one judgement: trust trends over single flips."
+        )
         lines.append("")
     for r in inp.rows:
         lines.append(f"- v{r.version} against {r.against}: {r.outcome}" + (f" (judge: {r.model})" if r.model else ""))
@@ -207,28 +226,34 @@ def _execution(inp: BriefInput) -> str:
     text = json.dumps(meta, indent=2, ensure_ascii=False, sort_keys=True)
     failed = inp.status.get("outcome") != "success"
     if failed:
-        text += ("\n\nFAILURE NOTICE: this episode ended before a successful result (see `outcome` and `reason`; "
-                 "`last_tool_calls_most_recent_first` shows what the agents were doing when it ended). Treat the "
-                 "failure as first-order evidence and pursue two goals together: (1) make the next run finish, "
-                 "aimed at the pattern shown: give each worker's contract explicit completion and acceptance "
-                 "criteria so it returns a definite result instead of repeating equivalent tool calls; add "
-                 "orchestrator progress checks with recovery hops that send a stalled worker a narrower scope; "
-                 "say in shared rules how an agent detects and breaks a repeated call pattern (after re-reading "
-                 "the same file or re-running the same command with nothing new, change strategy or report the "
-                 "blocker to the orchestrator). (2) Still improve the hops, contracts, roles and instructions for "
-                 "the quality of the deliverables. Do not reach (1) by numeric caps on agents, hops, tool calls, "
-                 "turns or time, and do not collapse the team toward one agent: use acceptance gates, explicit "
-                 "fallbacks and re-delegation.")
+        text += (
+            "\n\nFAILURE NOTICE: this episode ended before a successful result (see `outcome` and `reason`; "
+            "`last_tool_calls_most_recent_first` shows what the agents were doing when it ended). Treat the "
+            "failure as first-order evidence and pursue two goals together: (1) make the next run finish, "
+            "aimed at the pattern shown: give each worker's contract explicit completion and acceptance "
+            "criteria so it returns a definite result instead of repeating equivalent tool calls; add "
+            "orchestrator progress checks with recovery hops that send a stalled worker a narrower scope; "
+            "say in shared rules how an agent detects and breaks a repeated call pattern (after re-reading "
+            "the same file or re-running the same command with nothing new, change strategy or report the "
+            "blocker to the orchestrator). (2) Still improve the hops, contracts, roles and instructions for "
+            "the quality of the deliverables. Do not reach (1) by numeric caps on agents, hops, tool calls, "
+            "turns or time, and do not collapse the team toward one agent: use acceptance gates, explicit "
+            "fallbacks and re-delegation."
+        )
         if inp.prior_failures:
-            text += ("\nRECURRING FAILURE: `prior_failures` shows earlier versions of this task failed too; the "
-                     "counter-measures written so far did not change how the team executes. Compare the failures "
-                     "and change the approach materially (restructure so the stall cannot arise, e.g. size long "
-                     "operations to finish within one tool call, or demand a change of strategy after any repeated "
-                     "result) rather than restating similar rules.")
+            text += (
+                "\nRECURRING FAILURE: `prior_failures` shows earlier versions of this task failed too; the "
+                "counter-measures written so far did not change how the team executes. Compare the failures "
+                "and change the approach materially (restructure so the stall cannot arise, e.g. size long "
+                "operations to finish within one tool call, or demand a change of strategy after any repeated "
+                "result) rather than restating similar rules."
+            )
     elif inp.prior_failures:
-        text += ("\n\nRESOLVED FAILURES: earlier versions of this task failed (`prior_failures`) and the current one "
-                 "finished. Find which provisions of the current workflow plausibly fixed it and keep them; do not "
-                 "weaken protections that now work. Otherwise keep improving hops, contracts, roles and instructions.")
+        text += (
+            "\n\nRESOLVED FAILURES: earlier versions of this task failed (`prior_failures`) and the current one "
+            "finished. Find which provisions of the current workflow plausibly fixed it and keep them; do not "
+            "weaken protections that now work. Otherwise keep improving hops, contracts, roles and instructions."
+        )
     return text
 
 
@@ -238,41 +263,56 @@ def _best_note(inp: BriefInput) -> str:
     if why and why[-1] not in ".!?\"'":
         why += "."
     if inp.best_case == "best_only_won":
-        lead = (f"It is shown because v{b} beat the bare reference and the current v{c} did not (see the record in "
-                f"section 3).") + (f" The judge's reasons for the reference's win over v{c}: {why}" if why else "")
+        lead = (
+            f"It is shown because v{b} beat the bare reference and the current v{c} did not (see the record in "
+            f"section 3)."
+        ) + (f" The judge's reasons for the reference's win over v{c}: {why}" if why else "")
     elif inp.best_case == "both_won":
-        lead = (f"Both v{b} and the current v{c} beat the bare reference; judged directly against each other, v{b}'s "
-                f"deliverables were better.") + (f" The judge's reasons: {why}" if why else "")
+        lead = (
+            f"Both v{b} and the current v{c} beat the bare reference; judged directly against each other, v{b}'s "
+            f"deliverables were better."
+        ) + (f" The judge's reasons: {why}" if why else "")
     else:
-        lead = (f"It is shown because the judge preferred its deliverables over the current v{c}'s."
-                + (f" The judge's reasons: {why}" if why else ""))
-    return (f"NOTE: {lead} Write v{c + 1} from both v{b} and v{c}: keep what made v{b} strong and merge in only the "
-            f"changes since that genuinely helped.")
+        lead = f"It is shown because the judge preferred its deliverables over the current v{c}'s." + (
+            f" The judge's reasons: {why}" if why else ""
+        )
+    return (
+        f"NOTE: {lead} Write v{c + 1} from both v{b} and v{c}: keep what made v{b} strong and merge in only the "
+        f"changes since that genuinely helped."
+    )
 
 
 def _instructions(inp: BriefInput) -> str:
     c, n = inp.current, inp.current + 1
-    goal = (" The goal is deliverables that clearly beat the bare reference (section 3), not merely better than "
-            f"v{c}'s." if inp.against_reference else "")
+    goal = (
+        f" The goal is deliverables that clearly beat the bare reference (section 3), not merely better than v{c}'s."
+        if inp.against_reference
+        else ""
+    )
     if inp.best is not None:
-        lead = f"Write workflow v{n} combining the strengths of the previous best v{inp.best} and the current v{c}.{goal}"
+        lead = (
+            f"Write workflow v{n} combining the strengths of the previous best v{inp.best} and the current v{c}.{goal}"
+        )
     else:
         lead = f"Improve the workflow from v{c} to v{n}, so the team gains real advantages over a single agent.{goal}"
-    return "\n".join([
-        lead,
-        "Keep the task's intent and required deliverables; fix the weaknesses the evidence shows.",
-        "Strengthen every worker's contract (what it returns to the orchestrator) so the next agent can consume it.",
-        "Add orchestrator-worker feedback loops: let the orchestrator recall a worker it called before with a "
-        "narrower follow-up and updated acceptance criteria.",
-        "Above all, prefer changes that give the team what one agent lacks: specialist parallelism, cross-agent "
-        "checking, agent-to-agent communication, conflict resolution loops.",
-        "Be specific: cite files, metrics and verdicts from the evidence; explain the mechanism of each change and "
-        "its expected effect rather than general claims.",
-        "Change only the workflow, not the task.",
-        f"Propose workflow v{n}: one JSON object with its agents and hops, nothing else." if inp.workflow_format != "upstream"
-        else f"Propose workflow v{n}: the JSON object of the reply contract; its improved_multi_agent_design starts "
-             f"with '{UPSTREAM_MARKER}' and holds the whole block.",
-    ])
+    return "\n".join(
+        [
+            lead,
+            "Keep the task's intent and required deliverables; fix the weaknesses the evidence shows.",
+            "Strengthen every worker's contract (what it returns to the orchestrator) so the next agent can consume it.",
+            "Add orchestrator-worker feedback loops: let the orchestrator recall a worker it called before with a "
+            "narrower follow-up and updated acceptance criteria.",
+            "Above all, prefer changes that give the team what one agent lacks: specialist parallelism, cross-agent "
+            "checking, agent-to-agent communication, conflict resolution loops.",
+            "Be specific: cite files, metrics and verdicts from the evidence; explain the mechanism of each change and "
+            "its expected effect rather than general claims.",
+            "Change only the workflow, not the task.",
+            f"Propose workflow v{n}: one JSON object with its agents and hops, nothing else."
+            if inp.workflow_format != "upstream"
+            else f"Propose workflow v{n}: the JSON object of the reply contract; its improved_multi_agent_design starts "
+            f"with '{UPSTREAM_MARKER}' and holds the whole block.",
+        ]
+    )
 
 
 def sections(inp: BriefInput, evidence: str, results: str) -> list[str]:
@@ -281,25 +321,31 @@ def sections(inp: BriefInput, evidence: str, results: str) -> list[str]:
     if inp.best is not None:
         out.append(f"PREVIOUS BEST WORKFLOW (v{inp.best}):\n{_best_note(inp)}\n{shown(inp.designs[inp.best])}")
     if inp.current >= 1 and inp.best != 0 and 0 in inp.designs:
-        out.append("ORIGINAL WORKFLOW (v0, where the track started):\nNOTE: the root of the versions whose changes "
-                   "the history below shows; use it to follow how the workflow evolved and to notice drift from its "
-                   "intent. The current and best workflows supersede it: do not revert to it wholesale.\n"
-                   + shown(inp.designs[0]))
+        out.append(
+            "ORIGINAL WORKFLOW (v0, where the track started):\nNOTE: the root of the versions whose changes "
+            "the history below shows; use it to follow how the workflow evolved and to notice drift from its "
+            "intent. The current and best workflows supersede it: do not revert to it wholesale.\n"
+            + shown(inp.designs[0])
+        )
     if inp.workflow_format == "upstream" and inp.rules:
         out.append(f"RULES AFTER THE DESIGN BLOCK (part of the task, kept as they are):\n{inp.rules}")
     out += [f"2. EVIDENCE: THE CURRENT VERSION'S WORKSPACE (v{inp.current})\n{evidence}"]
     if results:
         out.append(f"{RESULTS_HEAD}\n{results}")
-    out += [f"2b. EXECUTION METADATA\n{_execution(inp)}",
-            ("3. VERDICTS AGAINST THE BARE REFERENCE" if inp.against_reference else "3. VERDICTS AGAINST THE BEST VERSION")
-            + "\n" + _history(inp),
-            "3b. RECURRING ISSUES\n" + recurring_issues([r.rationale for r in inp.rows if r.rationale]),
-            "4. INSTRUCTIONS\n" + _instructions(inp)]
+    out += [
+        f"2b. EXECUTION METADATA\n{_execution(inp)}",
+        ("3. VERDICTS AGAINST THE BARE REFERENCE" if inp.against_reference else "3. VERDICTS AGAINST THE BEST VERSION")
+        + "\n"
+        + _history(inp),
+        "3b. RECURRING ISSUES\n" + recurring_issues([r.rationale for r in inp.rows if r.rationale]),
+        "4. INSTRUCTIONS\n" + _instructions(inp),
+    ]
     return out
 
 
 def build(inp: BriefInput, budget_tokens: int | None = None) -> tuple[list[dict], dict]:
     """(messages, info): info says the estimated tokens and what was cut to fit `budget_tokens`."""
+
     def render(evidence: str, results: str) -> str:
         return "\n\n".join(sections(inp, evidence, results))
 
@@ -314,9 +360,11 @@ def build(inp: BriefInput, budget_tokens: int | None = None) -> tuple[list[dict]
         fixed = total(render("", "")) + count_tokens(RESULTS_HEAD) + 1
         room = budget_tokens - fixed - 8  # each part's estimate rounds up by under one token
         if room < 64:
-            raise BriefTooLong(f"the optimizer's request without evidence takes about {fixed} tokens, over the "
-                               f"{budget_tokens} that model.sampling.context_length less max_output_tokens and "
-                               "search.evidence.safety_tokens leave")
+            raise BriefTooLong(
+                f"the optimizer's request without evidence takes about {fixed} tokens, over the "
+                f"{budget_tokens} that model.sampling.context_length less max_output_tokens and "
+                "search.evidence.safety_tokens leave"
+            )
         if results and count_tokens(evidence) + 64 < room:
             results, cut = fit_tokens(results, room - count_tokens(evidence), "results appendix"), ["results"]
         else:

@@ -72,69 +72,114 @@ def agent_container(s: ClusterSettings) -> Container:
         working_dir="/tmp",
         resources=m.ResourceRequirements(**pods.resources(s.agent, s)),
         security_context=m.SecurityContext(**container_security(pods.sandbox_security_context())),
-        volume_mounts=[m.VolumeMount(name="sandbox-tmp", mount_path="/tmp"),
-                       m.VolumeMount(name="workspace", mount_path="/workspace"),
-                       m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR)],
+        volume_mounts=[
+            m.VolumeMount(name="sandbox-tmp", mount_path="/tmp"),
+            m.VolumeMount(name="workspace", mount_path="/workspace"),
+            m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR),
+        ],
     )
     qwen = m.UserContainer(
         name="qwen",
         image=s.images.sandbox,
         image_pull_policy=s.images.pull_policy,
         command=["mass"],
-        args=["sandbox-serve", "--socket", QWEN_SOCKET, "--workspace", "/workspace/ws", "--qwen-only",
-              "--shell-socket", SANDBOX_SOCKET],
-        env=[m.EnvVar(name="HOME", value="/tmp"),
-             # qwen-code is on the sandbox image's PATH; name it so the harness never guesses.
-             m.EnvVar(name="MASS_QWEN_BIN", value="/usr/local/bin/qwen")],
+        args=[
+            "sandbox-serve",
+            "--socket",
+            QWEN_SOCKET,
+            "--workspace",
+            "/workspace/ws",
+            "--qwen-only",
+            "--shell-socket",
+            SANDBOX_SOCKET,
+        ],
+        env=[
+            m.EnvVar(name="HOME", value="/tmp"),
+            # qwen-code is on the sandbox image's PATH; name it so the harness never guesses.
+            m.EnvVar(name="MASS_QWEN_BIN", value="/usr/local/bin/qwen"),
+        ],
         working_dir="/tmp",
         resources=m.ResourceRequirements(**pods.resources(s.qwen, s)),
         security_context=m.SecurityContext(**container_security(pods.qwen_security_context())),
-        volume_mounts=[m.VolumeMount(name="qwen-tmp", mount_path="/tmp"),
-                       m.VolumeMount(name="workspace", mount_path="/workspace"),
-                       m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR),
-                       m.VolumeMount(name="qwen", mount_path=QWEN_DIR)],
+        volume_mounts=[
+            m.VolumeMount(name="qwen-tmp", mount_path="/tmp"),
+            m.VolumeMount(name="workspace", mount_path="/workspace"),
+            m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR),
+            m.VolumeMount(name="qwen", mount_path=QWEN_DIR),
+        ],
     )
     return Container(
         name=AGENT_TEMPLATE,
         image=s.images.sandbox,
         command=["mass"],
-        args=[*N.agent("/in", "/out"), "--sandbox", SANDBOX_SOCKET, "--qwen", QWEN_SOCKET,
-              "--qwen-uid", str(pods.QWEN_UID),
-              # used with execution.network only: the run's proxy knows this rollout by its key
-              "--egress-proxy", f"http://{EGRESS_IN}:{EGRESS_PORT}", "--rollout", ROLLOUT],
+        args=[
+            *N.agent("/in", "/out"),
+            "--sandbox",
+            SANDBOX_SOCKET,
+            "--qwen",
+            QWEN_SOCKET,
+            "--qwen-uid",
+            str(pods.QWEN_UID),
+            # used with execution.network only: the run's proxy knows this rollout by its key
+            "--egress-proxy",
+            f"http://{EGRESS_IN}:{EGRESS_PORT}",
+            "--rollout",
+            ROLLOUT,
+        ],
         # Key-only S3 artifacts: bucket, endpoint and credentials come from the artifact
         # repository and are used by Argo's init/wait containers only, never by `mass episode`.
-        inputs=[*input_params("gen", "task", "label", "rollout", "store-prefix", "egress"),
-                m.Artifact(name="episode-json", path="/in/episode.json", archive=no_archive(),
-                           s3=key(k.agent_input, "episode.json")),
-                m.Artifact(name="workspace-in", path="/in/workspace.tar.gz", archive=no_archive(),
-                           s3=key(k.agent_input, "workspace.tar.gz")),
-                # the rollout's signing key: input artifacts reach the main container only, never a sidecar
-                m.Artifact(name="episode-key", path=f"/in/{proof.KEY}", archive=no_archive(),
-                           s3=key(k.agent_input, proof.KEY))],
+        inputs=[
+            *input_params("gen", "task", "label", "rollout", "store-prefix", "egress"),
+            m.Artifact(
+                name="episode-json",
+                path="/in/episode.json",
+                archive=no_archive(),
+                s3=key(k.agent_input, "episode.json"),
+            ),
+            m.Artifact(
+                name="workspace-in",
+                path="/in/workspace.tar.gz",
+                archive=no_archive(),
+                s3=key(k.agent_input, "workspace.tar.gz"),
+            ),
+            # the rollout's signing key: input artifacts reach the main container only, never a sidecar
+            m.Artifact(
+                name="episode-key", path=f"/in/{proof.KEY}", archive=no_archive(), s3=key(k.agent_input, proof.KEY)
+            ),
+        ],
         # checks.json: a guard's checks job (mass_jobs/sandbox/check_job.py) writes it instead of the others;
         # proof.json signs what the harness wrote, so ingest refuses anything else Argo uploads
-        outputs=[m.Artifact(name=n.split(".")[0], path=f"/out/{n}", archive=no_archive(), optional=True,
-                            s3=key(k.agent_output, n))
-                 for n in (*proof.EPISODE_OUTPUTS, *proof.CHECK_OUTPUTS, proof.PROOF)],
+        outputs=[
+            m.Artifact(
+                name=n.split(".")[0], path=f"/out/{n}", archive=no_archive(), optional=True, s3=key(k.agent_output, n)
+            )
+            for n in (*proof.EPISODE_OUTPUTS, *proof.CHECK_OUTPUTS, proof.PROOF)
+        ],
         env=[m.EnvVar(name="HOME", value="/tmp")],
         working_dir="/tmp",
         resources=m.ResourceRequirements(**pods.resources(s.harness, s)),
         security_context=m.SecurityContext(**container_security(pods.container_security_context())),
         sidecars=[sandbox, qwen],
         # "workspace" becomes scratch.agent's volume where one is set (mass_jobs.k8s.argo)
-        volumes=[m.Volume(name=n, empty_dir=m.EmptyDirVolumeSource())
-                 for n in ("tmp", "out", "sandbox", "sandbox-tmp", "workspace", "qwen", "qwen-tmp")],
-        volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp"), m.VolumeMount(name="out", mount_path="/out"),
-                       m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR),
-                       m.VolumeMount(name="qwen", mount_path=QWEN_DIR)],
+        volumes=[
+            m.Volume(name=n, empty_dir=m.EmptyDirVolumeSource())
+            for n in ("tmp", "out", "sandbox", "sandbox-tmp", "workspace", "qwen", "qwen-tmp")
+        ],
+        volume_mounts=[
+            m.VolumeMount(name="tmp", mount_path="/tmp"),
+            m.VolumeMount(name="out", mount_path="/out"),
+            m.VolumeMount(name="sandbox", mount_path=SANDBOX_DIR),
+            m.VolumeMount(name="qwen", mount_path=QWEN_DIR),
+        ],
         # the agent-pods semaphore is the calling steps' (argo_vocab.agent_semaphore), so that this
         # template's pendingTimeout counts the scheduler's wait alone
         active_deadline_seconds=s.agent_deadline_s,
         automount_service_account_token=False,
         metrics=PM.metrics(PM.step_duration(K.AGENT_STEP)),
-        labels={**L.pod_labels(K.AGENT_STEP, gen=GEN, task=TASK, episode="{{inputs.parameters.label}}"),
-                **L.queue_labels(s, plain_pod=True)},
+        labels={
+            **L.pod_labels(K.AGENT_STEP, gen=GEN, task=TASK, episode="{{inputs.parameters.label}}"),
+            **L.queue_labels(s, plain_pod=True),
+        },
         annotations={f"{L.PREFIX}/spec": SPEC},
         retry_strategy=AGENT_RETRY,
     )

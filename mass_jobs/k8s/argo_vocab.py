@@ -61,7 +61,7 @@ STEP_RETRY = m.RetryStrategy(
     limit="3",
     retry_policy="Always",
     expression='lastRetry.status == "Error" or (lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2 '
-               'and lastRetry.message != "timeout")',
+    'and lastRetry.message != "timeout")',
     backoff=m.Backoff(duration="30s", factor="2"),  # no maxDuration: it is a deadline on every attempt
 )
 # Agent pods: `mass episode` exits 1 on infra_error (model endpoint or harness down), and a pod may be
@@ -72,11 +72,12 @@ AGENT_RETRY = m.RetryStrategy(
     limit="3",
     retry_policy="Always",
     expression='lastRetry.status == "Error" or (lastRetry.status == "Failed" and asInt(lastRetry.exitCode) != 2 '
-               'and lastRetry.message != "timeout")',
+    'and lastRetry.message != "timeout")',
     backoff=m.Backoff(duration="10s", factor="2"),
 )
-RESOURCE_RETRY = m.RetryStrategy(limit="3", retry_policy="OnTransientError",
-                                 backoff=m.Backoff(duration="30s", factor="2"))
+RESOURCE_RETRY = m.RetryStrategy(
+    limit="3", retry_policy="OnTransientError", backoff=m.Backoff(duration="30s", factor="2")
+)
 TRAIN_RETRY = m.RetryStrategy(limit="3", retry_policy="Always", backoff=m.Backoff(duration="1m", factor="2"))
 
 
@@ -95,13 +96,19 @@ def no_archive() -> m.ArchiveStrategy:
 def agent_semaphore() -> m.Synchronization:
     """The agent-pods semaphore, held by the steps around an agent pod (never by the pod's own
     template: Argo would count the wait for it as the pod's Pending time)."""
-    return m.Synchronization(semaphores=[m.SemaphoreRef(
-        config_map_key_ref=m.ConfigMapKeySelector(name=K.SEMAPHORES, key=K.AGENT_SEMAPHORE_KEY))])
+    return m.Synchronization(
+        semaphores=[
+            m.SemaphoreRef(config_map_key_ref=m.ConfigMapKeySelector(name=K.SEMAPHORES, key=K.AGENT_SEMAPHORE_KEY))
+        ]
+    )
 
 
 def gpu_semaphore() -> m.Synchronization:
-    return m.Synchronization(semaphores=[m.SemaphoreRef(
-        config_map_key_ref=m.ConfigMapKeySelector(name=K.SEMAPHORES, key=K.GPU_SEMAPHORE_KEY))])
+    return m.Synchronization(
+        semaphores=[
+            m.SemaphoreRef(config_map_key_ref=m.ConfigMapKeySelector(name=K.SEMAPHORES, key=K.GPU_SEMAPHORE_KEY))
+        ]
+    )
 
 
 def container_security(d: dict) -> dict:

@@ -44,11 +44,9 @@ def deployment(s: ClusterSettings, env: list[dict]) -> dict:
         "env": [*env, {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
         "envFrom": [{"secretRef": {"name": s.s3_secret}}],
         "ports": [{"name": "proxy", "containerPort": EGRESS_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "proxy"}, "periodSeconds": 2,
-                           "failureThreshold": 3},
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "proxy"}, "periodSeconds": 2, "failureThreshold": 3},
         # a proxy that stops answering (not only one that exits) is restarted
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "proxy"}, "periodSeconds": 10,
-                          "failureThreshold": 6},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "proxy"}, "periodSeconds": 10, "failureThreshold": 6},
         "resources": pods.resources(s.step, s),
         "securityContext": pods.container_security_context(),
         "volumeMounts": pods.mounts(tmp="/tmp"),
@@ -81,6 +79,8 @@ def service(s: ClusterSettings) -> dict:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": NAME, "labels": L.pod_labels(EGRESS_STEP, gen=GEN)},
-        "spec": {"selector": {SELECT: NAME},
-                 "ports": [{"name": "proxy", "port": EGRESS_PORT, "targetPort": "proxy", "protocol": "TCP"}]},
+        "spec": {
+            "selector": {SELECT: NAME},
+            "ports": [{"name": "proxy", "port": EGRESS_PORT, "targetPort": "proxy", "protocol": "TCP"}],
+        },
     }

@@ -40,8 +40,13 @@ def service_accounts(s: ClusterSettings) -> list[dict]:
     from mass_jobs.k8s.pods import pull_secrets
 
     def sa(name, component, **extra):
-        return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, s, component), **extra,
-                **pull_secrets(s)}
+        return {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _meta(name, s, component),
+            **extra,
+            **pull_secrets(s),
+        }
 
     return [
         sa(EXECUTOR_SA, "executor"),
@@ -55,8 +60,12 @@ def service_accounts(s: ClusterSettings) -> list[dict]:
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "kubernetes.io/service-account-token",
-            "metadata": _meta(f"{EXECUTOR_SA}.service-account-token", s, "executor",
-                              annotations={"kubernetes.io/service-account.name": EXECUTOR_SA}),
+            "metadata": _meta(
+                f"{EXECUTOR_SA}.service-account-token",
+                s,
+                "executor",
+                annotations={"kubernetes.io/service-account.name": EXECUTOR_SA},
+            ),
         },
     ]
 
@@ -88,10 +97,16 @@ def rbac(s: ClusterSettings) -> list[dict]:
 def _role(account: str, s: ClusterSettings, component: str, rules: list[dict]) -> list[dict]:
     """A Role named after the ServiceAccount it grants `rules` to, and its RoleBinding."""
     api = "rbac.authorization.k8s.io"
-    return [{"apiVersion": f"{api}/v1", "kind": "Role", "metadata": _meta(account, s, component), "rules": rules},
-            {"apiVersion": f"{api}/v1", "kind": "RoleBinding", "metadata": _meta(account, s, component),
-             "roleRef": {"apiGroup": api, "kind": "Role", "name": account},
-             "subjects": [{"kind": "ServiceAccount", "name": account}]}]
+    return [
+        {"apiVersion": f"{api}/v1", "kind": "Role", "metadata": _meta(account, s, component), "rules": rules},
+        {
+            "apiVersion": f"{api}/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(account, s, component),
+            "roleRef": {"apiGroup": api, "kind": "Role", "name": account},
+            "subjects": [{"kind": "ServiceAccount", "name": account}],
+        },
+    ]
 
 
 def agent_network_policy(s: ClusterSettings) -> dict:
@@ -100,42 +115,67 @@ def agent_network_policy(s: ClusterSettings) -> dict:
     egress of Argo's wait/init containers are separate policies (allows add up), because their
     peers are per cluster: see agent_api_server_policy, agent_api_server_cilium_policy, agent_s3_policy."""
     dns_ports = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
-    return _agent_policy(AGENT_POLICY, s, ["Ingress", "Egress"], [
-        {"to": _listish(s.dns_peers), "ports": dns_ports},
-        {"to": [{"podSelector": {"matchLabels": {L.STEP: MODEL_STEP}}}],
-         "ports": [{"port": PREDICTOR_PORT, "protocol": "TCP"}]},
-        {"to": [{"podSelector": {"matchLabels": {L.STEP: EGRESS_STEP}}}],
-         "ports": [{"port": EGRESS_PORT, "protocol": "TCP"}]},
-    ], ingress=[])
+    return _agent_policy(
+        AGENT_POLICY,
+        s,
+        ["Ingress", "Egress"],
+        [
+            {"to": _listish(s.dns_peers), "ports": dns_ports},
+            {
+                "to": [{"podSelector": {"matchLabels": {L.STEP: MODEL_STEP}}}],
+                "ports": [{"port": PREDICTOR_PORT, "protocol": "TCP"}],
+            },
+            {
+                "to": [{"podSelector": {"matchLabels": {L.STEP: EGRESS_STEP}}}],
+                "ports": [{"port": EGRESS_PORT, "protocol": "TCP"}],
+            },
+        ],
+        ingress=[],
+    )
 
 
 def agent_api_server_policy(s: ClusterSettings) -> dict:
     """Egress to the kube-apiserver's endpoint IPs (NetworkPolicies never match the `kubernetes`
     Service ClusterIP: they see the destination after NAT)."""
-    return _agent_policy(f"{AGENT_POLICY}-apiserver", s, ["Egress"], [
-        {"to": _required(s.api_server_peers, "api_server_peers"), "ports": _listish(s.api_server_ports)}])
+    return _agent_policy(
+        f"{AGENT_POLICY}-apiserver",
+        s,
+        ["Egress"],
+        [{"to": _required(s.api_server_peers, "api_server_peers"), "ports": _listish(s.api_server_ports)}],
+    )
 
 
 def agent_api_server_cilium_policy(s: ClusterSettings) -> dict:
     """The Cilium form of agent_api_server_policy: the `kube-apiserver` entity, no IPs to keep."""
-    return _cilium_policy(f"{AGENT_POLICY}-apiserver", s, [
-        {"toEntities": ["kube-apiserver"], "toPorts": [{"ports": _listish(s.api_server_cilium_ports)}]}])
+    return _cilium_policy(
+        f"{AGENT_POLICY}-apiserver",
+        s,
+        [{"toEntities": ["kube-apiserver"], "toPorts": [{"ports": _listish(s.api_server_cilium_ports)}]}],
+    )
 
 
 def agent_s3_policy(s: ClusterSettings) -> dict:
     """Egress to the S3 endpoint of Argo's artifacts."""
-    return _agent_policy(f"{AGENT_POLICY}-s3", s, ["Egress"], [
-        {"to": _required(s.s3_peers, "s3_peers"), "ports": _listish(s.s3_ports)}])
+    return _agent_policy(
+        f"{AGENT_POLICY}-s3", s, ["Egress"], [{"to": _required(s.s3_peers, "s3_peers"), "ports": _listish(s.s3_ports)}]
+    )
 
 
 def agent_s3_fqdn_policy(s: ClusterSettings) -> dict:
     """The Cilium form of agent_s3_policy: the S3 endpoint by DNS name (toFQDNs), which follows the
     endpoint's changing IPs where a CIDR list falls behind. Cilium learns a name's addresses from
     the DNS answers its proxy sees, so the policy also sends the pods' DNS through it."""
-    return _cilium_policy(f"{AGENT_POLICY}-s3", s, [
-        {"toEndpoints": _listish(s.dns_cilium_endpoints),
-         "toPorts": [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": [{"matchPattern": "*"}]}}]},
-        {"toFQDNs": _required(s.s3_fqdns, "s3_fqdns"), "toPorts": [{"ports": _listish(s.s3_cilium_ports)}]}])
+    return _cilium_policy(
+        f"{AGENT_POLICY}-s3",
+        s,
+        [
+            {
+                "toEndpoints": _listish(s.dns_cilium_endpoints),
+                "toPorts": [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": [{"matchPattern": "*"}]}}],
+            },
+            {"toFQDNs": _required(s.s3_fqdns, "s3_fqdns"), "toPorts": [{"ports": _listish(s.s3_cilium_ports)}]},
+        ],
+    )
 
 
 def _cilium_policy(name: str, s: ClusterSettings, egress: list[dict]) -> dict:
@@ -153,16 +193,17 @@ def _agent_policy(name: str, s: ClusterSettings, types: list[str], egress: list[
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _meta(name, s, "agent"),
-        "spec": {"podSelector": {"matchLabels": {L.STEP: AGENT_STEP}}, "policyTypes": types, **extra,
-                 "egress": egress},
+        "spec": {"podSelector": {"matchLabels": {L.STEP: AGENT_STEP}}, "policyTypes": types, **extra, "egress": egress},
     }
 
 
 def _required(peers, field: str):
     # An egress rule with an empty `to` allows every destination: never render one.
     if not peers:
-        raise ValueError(f"ClusterSettings.{field} is required: the NetworkPolicy peers of this cluster "
-                         "(an empty list would allow every destination)")
+        raise ValueError(
+            f"ClusterSettings.{field} is required: the NetworkPolicy peers of this cluster "
+            "(an empty list would allow every destination)"
+        )
     return _listish(peers)
 
 
@@ -193,15 +234,23 @@ def artifact_repositories(s: ClusterSettings) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(ARTIFACT_REPOSITORIES, s, "artifacts",
-                          annotations={"workflows.argoproj.io/default-artifact-repository": ARTIFACT_KEY}),
+        "metadata": _meta(
+            ARTIFACT_REPOSITORIES,
+            s,
+            "artifacts",
+            annotations={"workflows.argoproj.io/default-artifact-repository": ARTIFACT_KEY},
+        ),
         "data": {ARTIFACT_KEY: yaml.safe_dump(repo, sort_keys=True, width=10**9)},
     }
 
 
 def semaphores(s: ClusterSettings) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(SEMAPHORES, s, "semaphores"),
-            "data": {GPU_SEMAPHORE_KEY: s.gpu_jobs, AGENT_SEMAPHORE_KEY: s.agent_pods}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(SEMAPHORES, s, "semaphores"),
+        "data": {GPU_SEMAPHORE_KEY: s.gpu_jobs, AGENT_SEMAPHORE_KEY: s.agent_pods},
+    }
 
 
 def secret_templates(s: ClusterSettings) -> list[dict]:
@@ -210,13 +259,21 @@ def secret_templates(s: ClusterSettings) -> list[dict]:
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": _meta(s.s3_secret, s, "credentials", annotations={
-            # KServe's storage initializer reads these from the Secret of the model's ServiceAccount.
-            "serving.kserve.io/s3-endpoint": s.s3_endpoint,
-            "serving.kserve.io/s3-usehttps": "0" if s.s3_insecure is True else "1" if s.s3_insecure is False
-            else '@helm(ternary "0" "1" .Values.s3.insecure | quote)@',
-            "serving.kserve.io/s3-region": s.s3_region,
-        }),
+        "metadata": _meta(
+            s.s3_secret,
+            s,
+            "credentials",
+            annotations={
+                # KServe's storage initializer reads these from the Secret of the model's ServiceAccount.
+                "serving.kserve.io/s3-endpoint": s.s3_endpoint,
+                "serving.kserve.io/s3-usehttps": "0"
+                if s.s3_insecure is True
+                else "1"
+                if s.s3_insecure is False
+                else '@helm(ternary "0" "1" .Values.s3.insecure | quote)@',
+                "serving.kserve.io/s3-region": s.s3_region,
+            },
+        ),
         "stringData": {k: "" for k in S3_KEYS},
     }
     judges = {

@@ -19,8 +19,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ALLOWED_VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                        "projected", "secret"}
+ALLOWED_VOLUME_TYPES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 ALLOWED_SECCOMP = {"RuntimeDefault", "Localhost"}
 ALLOWED_ADDED_CAPABILITIES = {"NET_BIND_SERVICE"}
 ARGO_KINDS = {"Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow"}
@@ -56,8 +64,10 @@ def restricted_violations(p: PodDef) -> list[str]:
     for v in p.pod.get("volumes") or []:
         kinds = set(v) - {"name"}
         if not kinds <= ALLOWED_VOLUME_TYPES:
-            out.append(f"{p.where}: volume {v.get('name')!r} is {sorted(kinds - ALLOWED_VOLUME_TYPES)}, "
-                       f"restricted allows only {sorted(ALLOWED_VOLUME_TYPES)}")
+            out.append(
+                f"{p.where}: volume {v.get('name')!r} is {sorted(kinds - ALLOWED_VOLUME_TYPES)}, "
+                f"restricted allows only {sorted(ALLOWED_VOLUME_TYPES)}"
+            )
     if psc.get("runAsUser") == 0:
         out.append(f"{p.where}: pod securityContext.runAsUser must not be 0")
     for role, c in p.containers:
@@ -80,8 +90,9 @@ def restricted_violations(p: PodDef) -> list[str]:
             out.append(f"{at}: runAsUser must not be 0")
         seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
         if seccomp not in ALLOWED_SECCOMP:
-            out.append(f"{at}: seccompProfile.type must be RuntimeDefault or Localhost (container or pod), "
-                       f"is {seccomp!r}")
+            out.append(
+                f"{at}: seccompProfile.type must be RuntimeDefault or Localhost (container or pod), is {seccomp!r}"
+            )
         for port in c.get("ports") or []:
             if port.get("hostPort"):
                 out.append(f"{at}: hostPort {port['hostPort']} is not allowed")
@@ -90,8 +101,11 @@ def restricted_violations(p: PodDef) -> list[str]:
 
 def pod_spec_pods(where: str, spec: dict) -> list[PodDef]:
     """A plain PodSpec: init containers, containers and ephemeral containers."""
-    containers = [(f"{kind}/{c.get('name')}", c) for kind in ("initContainers", "containers", "ephemeralContainers")
-                  for c in spec.get(kind) or []]
+    containers = [
+        (f"{kind}/{c.get('name')}", c)
+        for kind in ("initContainers", "containers", "ephemeralContainers")
+        for c in spec.get(kind) or []
+    ]
     return [PodDef(where, spec, containers)]
 
 
@@ -149,7 +163,9 @@ def _argo_pods(name: str, obj: dict, executor_sc: dict | None, templates: dict) 
                 if ref_name in templates and ref_name not in seen:
                     seen.add(ref_name)
                     queue.append(templates[ref_name]["spec"])
-                    runnable += [(x, f"{name} via templateRef {ref_name}") for x in templates[ref_name]["spec"]["templates"]]
+                    runnable += [
+                        (x, f"{name} via templateRef {ref_name}") for x in templates[ref_name]["spec"]["templates"]
+                    ]
     out = []
     for t, where in runnable:
         pod = {

@@ -11,8 +11,23 @@ import re
 from mass_jobs.k8s.settings import ClusterSettings, Pod, helm_block
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E|m)?$")
-_FACTOR = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-           "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 10**-3}
+_FACTOR = {
+    None: 1,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "k": 10**3,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "m": 10**-3,
+}
 
 
 def quantity(text) -> float:
@@ -106,8 +121,12 @@ def placement(s: ClusterSettings, cls: str) -> dict:
     if s.chart:
         return {helm_block(f'include "mass-jobs.placement" .Values.scheduling.{cls}'): ""}
     p = s.scheduling[cls]
-    fields = {"nodeSelector": dict(p.node_selector), "tolerations": [dict(t) for t in p.tolerations],
-              "affinity": dict(p.affinity), "priorityClassName": p.priority_class}
+    fields = {
+        "nodeSelector": dict(p.node_selector),
+        "tolerations": [dict(t) for t in p.tolerations],
+        "affinity": dict(p.affinity),
+        "priorityClassName": p.priority_class,
+    }
     return {k: v for k, v in fields.items() if v}
 
 

@@ -33,31 +33,51 @@ GEN_LABEL = m.MetricLabel(key="generation", value="{{inputs.parameters.gen}}")
 RUN_LABEL = m.MetricLabel(key="run", value="{{workflow.parameters.run}}")
 SUCCEEDED = "{{status}} == Succeeded"
 # A step whose output parameter (a file under the step's --outputs DIR) is a generation's gauge.
-GAUGES = {"render": ("supervised-tokens", "mass_supervised_tokens", "Supervised tokens of the rendered SFT windows."),
-          "evaluate-finish": ("win-share", "mass_win_share", "Win share of a generation against its baselines, by the external judges.")}
+GAUGES = {
+    "render": ("supervised-tokens", "mass_supervised_tokens", "Supervised tokens of the rendered SFT windows."),
+    "evaluate-finish": (
+        "win-share",
+        "mass_win_share",
+        "Win share of a generation against its baselines, by the external judges.",
+    ),
+}
 OUTCOME = "outcome"  # the ingest steps' output parameter
 
 
 def step_duration(step: str) -> m.Prometheus:
-    return m.Prometheus(name="mass_step_duration_seconds", help="Duration of a step, agent pod or resource step.",
-                        labels=[RUN_LABEL, m.MetricLabel(key="step", value=step),
-                                m.MetricLabel(key="status", value="{{status}}")],
-                        histogram=m.Histogram(buckets=DURATION_BUCKETS, value="{{duration}}"))
+    return m.Prometheus(
+        name="mass_step_duration_seconds",
+        help="Duration of a step, agent pod or resource step.",
+        labels=[RUN_LABEL, m.MetricLabel(key="step", value=step), m.MetricLabel(key="status", value="{{status}}")],
+        histogram=m.Histogram(buckets=DURATION_BUCKETS, value="{{duration}}"),
+    )
 
 
 def episode_outcomes(step: str) -> m.Prometheus:
-    return m.Prometheus(name="mass_episodes_total", help="Episodes ingested, by their recorded outcome.",
-                        labels=[RUN_LABEL, m.MetricLabel(key="step", value=step),
-                                m.MetricLabel(key="outcome", value="{{outputs.parameters.%s}}" % OUTCOME)],
-                        counter=m.Counter(value="1"), when=SUCCEEDED)
+    return m.Prometheus(
+        name="mass_episodes_total",
+        help="Episodes ingested, by their recorded outcome.",
+        labels=[
+            RUN_LABEL,
+            m.MetricLabel(key="step", value=step),
+            m.MetricLabel(key="outcome", value="{{outputs.parameters.%s}}" % OUTCOME),
+        ],
+        counter=m.Counter(value="1"),
+        when=SUCCEEDED,
+    )
 
 
 def generation_gauge(step: str, with_gen: bool = True) -> m.Prometheus | None:
     if step not in GAUGES:
         return None
     param, name, help_text = GAUGES[step]
-    return m.Prometheus(name=name, help=help_text, labels=[RUN_LABEL, *([GEN_LABEL] if with_gen else [])],
-                        gauge=m.Gauge(value="{{outputs.parameters.%s}}" % param, realtime=False), when=SUCCEEDED)
+    return m.Prometheus(
+        name=name,
+        help=help_text,
+        labels=[RUN_LABEL, *([GEN_LABEL] if with_gen else [])],
+        gauge=m.Gauge(value="{{outputs.parameters.%s}}" % param, realtime=False),
+        when=SUCCEEDED,
+    )
 
 
 def metrics(*entries: m.Prometheus | None) -> m.Metrics:

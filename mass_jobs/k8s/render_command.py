@@ -23,18 +23,30 @@ from pathlib import Path
 
 def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="directory of the Argo YAML (argo/)")
-    parser.add_argument("--manifests", type=Path,
-                        help="also write the objects safe to apply as they are here (manifests/)")
-    parser.add_argument("--examples", type=Path,
-                        help="also write reference objects, Secret templates and per-cluster policies here (examples/k8s/)")
+    parser.add_argument(
+        "--manifests", type=Path, help="also write the objects safe to apply as they are here (manifests/)"
+    )
+    parser.add_argument(
+        "--examples",
+        type=Path,
+        help="also write reference objects, Secret templates and per-cluster policies here (examples/k8s/)",
+    )
     parser.add_argument("--chart", type=Path, help="also write the generated templates of this chart dir")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs")
-    parser.add_argument("--values", action="append", default=[], metavar="VALUES.yaml",
-                        help="bake these chart values (merged over the chart's defaults) into the plain YAML; "
-                             "repeatable; not with --chart (the chart reads its values at install)")
-    parser.add_argument("--pipeline", metavar="MODULE:NAME",
-                        help="compile mass-cycle from this pipeline (a sequence of StepDefs importable in the jobs "
-                             "image, e.g. one with an agent step of your own) instead of the shipped one; not with --chart")
+    parser.add_argument(
+        "--values",
+        action="append",
+        default=[],
+        metavar="VALUES.yaml",
+        help="bake these chart values (merged over the chart's defaults) into the plain YAML; "
+        "repeatable; not with --chart (the chart reads its values at install)",
+    )
+    parser.add_argument(
+        "--pipeline",
+        metavar="MODULE:NAME",
+        help="compile mass-cycle from this pipeline (a sequence of StepDefs importable in the jobs "
+        "image, e.g. one with an agent step of your own) instead of the shipped one; not with --chart",
+    )
 
 
 def check_pipeline(args) -> None:
@@ -43,8 +55,11 @@ def check_pipeline(args) -> None:
     from mass_jobs.spec.load import SpecError, SpecIssue
 
     if args.chart:
-        raise SpecError("mass render argo", [SpecIssue("--pipeline", "expected no --chart with it: the chart "
-                                                       "installs the shipped pipeline")], what="arguments")
+        raise SpecError(
+            "mass render argo",
+            [SpecIssue("--pipeline", "expected no --chart with it: the chart installs the shipped pipeline")],
+            what="arguments",
+        )
     try:
         steps(args.pipeline)
     except ValueError as err:
@@ -59,8 +74,11 @@ def values_of(args) -> tuple[dict, object]:
     from mass_jobs.spec.load import SpecError, SpecIssue
 
     if args.chart:
-        raise SpecError("mass render argo", [SpecIssue("--values", "expected no --chart with it: the chart "
-                                                       "reads its values when installed")], what="arguments")
+        raise SpecError(
+            "mass render argo",
+            [SpecIssue("--values", "expected no --chart with it: the chart reads its values when installed")],
+            what="arguments",
+        )
     try:
         values = preflight.load_values(args.values)
     except preflight.ValuesError as err:
@@ -71,8 +89,9 @@ def values_of(args) -> tuple[dict, object]:
     try:
         return values, values_settings(values)
     except (ValueError, KeyError, TypeError) as err:
-        raise SpecError("mass render argo", [SpecIssue("--values", f"expected chart values ({err})")],
-                        what="arguments") from None
+        raise SpecError(
+            "mass render argo", [SpecIssue("--values", f"expected chart values ({err})")], what="arguments"
+        ) from None
 
 
 def main(args) -> int:
@@ -102,15 +121,20 @@ def main(args) -> int:
         targets.append((args.manifests, made(codegen.manifest_files, "--manifests", args.manifests), "manifests/"))
     if settings:
         where, flag = (args.manifests, "--manifests") if args.manifests else (args.out, "--out")
-        targets.append((where, codegen.values_policy_files(settings, values, "policies/",
-                                                           f"mass render argo {flag} {where}{suffix}"), "policies/"))
+        targets.append(
+            (
+                where,
+                codegen.values_policy_files(settings, values, "policies/", f"mass render argo {flag} {where}{suffix}"),
+                "policies/",
+            )
+        )
     if args.examples:
         targets.append((args.examples, made(codegen.example_files, "--examples", args.examples), "examples/k8s/"))
     if args.chart:
         targets.append((args.chart, codegen.chart_files(), "charts/mass-jobs/"))
     stale = 0
     for root, files, prefix in targets:
-        rel = {name[len(prefix):]: text for name, text in files.items()}
+        rel = {name[len(prefix) :]: text for name, text in files.items()}
         if args.check:
             for name, text in sorted(rel.items()):
                 path = root / name

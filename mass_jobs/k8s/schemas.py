@@ -71,8 +71,9 @@ def _argo_definitions() -> dict:
 def _argo_json_validator(kind: str):
     from jsonschema import Draft202012Validator
 
-    return Draft202012Validator({"$ref": f"#/definitions/io.argoproj.workflow.v1alpha1.{kind}",
-                                 "definitions": _argo_definitions()})
+    return Draft202012Validator(
+        {"$ref": f"#/definitions/io.argoproj.workflow.v1alpha1.{kind}", "definitions": _argo_definitions()}
+    )
 
 
 # Kinds the offline folder lacks, from the package its Kubernetes schemas were generated with
@@ -143,8 +144,10 @@ def webhook_errors(doc: dict) -> list[str]:
         workers = ((spec.get("pytorchReplicaSpecs") or {}).get("Worker") or {}).get("replicas")
         for derived in replica_names(name, workers if isinstance(workers, int) else 0):
             if len(derived) > 63:
-                errors.append(f"PyTorchJob/{name}: the operator's Service {derived} would be longer than 63 "
-                              f"characters ({len(derived)}): the job would hang")
+                errors.append(
+                    f"PyTorchJob/{name}: the operator's Service {derived} would be longer than 63 "
+                    f"characters ({len(derived)}): the job would hang"
+                )
         for key in ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"):
             value = (spec.get("runPolicy") or {}).get(key)
             if isinstance(value, int) and value < 0:
@@ -156,7 +159,9 @@ def webhook_errors(doc: dict) -> list[str]:
             errors.append(f"PyTorchJob/{name}: Master replicas must be 1")
         worker = specs.get("Worker", {}).get("replicas")
         if "Worker" in specs and isinstance(worker, int) and worker < 1:
-            errors.append(f"PyTorchJob/{name}: Worker replicas must be at least 1, got {worker} (leave Worker out for one replica)")
+            errors.append(
+                f"PyTorchJob/{name}: Worker replicas must be at least 1, got {worker} (leave Worker out for one replica)"
+            )
         for rtype, rs in specs.items():
             names = [c.get("name") for c in ((rs or {}).get("template") or {}).get("spec", {}).get("containers") or []]
             if "pytorch" not in names:
@@ -198,8 +203,7 @@ def embedded_manifests(doc: dict) -> list[dict]:
 
     spec = doc.get("spec", {})
     templates = spec.get("templates") or spec.get("workflowSpec", {}).get("templates") or []
-    return [yaml.safe_load(substitute_examples(t["resource"]["manifest"]))
-            for t in templates if "resource" in t]
+    return [yaml.safe_load(substitute_examples(t["resource"]["manifest"])) for t in templates if "resource" in t]
 
 
 def all_errors(doc: dict) -> list[str]:

@@ -41,13 +41,21 @@ def runtime_args(s: ClusterSettings, name: str, dtype: str) -> list[str]:
     """The KServe HuggingFace runtime's arguments: the served name, the vLLM backend and the engine
     arguments a local `vllm serve` gets too (`mass_jobs.serving.backends.engine_args`)."""
 
-    return [f"--model_name={name}", "--backend=vllm",
-            *engine_args(tool_call_parser=s.tool_call_parser, reasoning_parser=s.reasoning_parser,
-                         max_model_len=s.max_model_len, dtype=dtype)]
+    return [
+        f"--model_name={name}",
+        "--backend=vllm",
+        *engine_args(
+            tool_call_parser=s.tool_call_parser,
+            reasoning_parser=s.reasoning_parser,
+            max_model_len=s.max_model_len,
+            dtype=dtype,
+        ),
+    ]
 
 
-def inference_service(s: ClusterSettings, name: str, storage_uri: str, labels: dict[str, str],
-                      dtype: str = "bfloat16") -> dict:
+def inference_service(
+    s: ClusterSettings, name: str, storage_uri: str, labels: dict[str, str], dtype: str = "bfloat16"
+) -> dict:
     """`dtype`: the spec's model.dtype (the cycle passes validate's `dtype` output)."""
     return {
         "apiVersion": "serving.kserve.io/v1beta1",

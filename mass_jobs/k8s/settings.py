@@ -98,14 +98,20 @@ class ClusterSettings:
     judge_keys: tuple | str = ("JUDGE_API_KEY",)  # env names the spec's judges read (api_key_env)
     gpu_resource: str = "nvidia.com/gpu"
     gpu_jobs: str = "2"  # semaphore: GPU jobs (PyTorchJobs) running at once
-    agent: Pod = Pod(cpu="1", memory="2Gi", ephemeral="5Gi")  # an agent pod's sandbox container (the agents' tools and shells)
+    agent: Pod = Pod(
+        cpu="1", memory="2Gi", ephemeral="5Gi"
+    )  # an agent pod's sandbox container (the agents' tools and shells)
     qwen: Pod = Pod(cpu="1", memory="2Gi", ephemeral="2Gi")  # its qwen-code container
-    harness: Pod = Pod(cpu="500m", memory="1Gi", ephemeral="2Gi")  # its main container (the harness loop, the recording proxy)
+    harness: Pod = Pod(
+        cpu="500m", memory="1Gi", ephemeral="2Gi"
+    )  # its main container (the harness loop, the recording proxy)
     step: Pod = Pod(cpu="1", memory="4Gi", ephemeral="20Gi", deadline_s="21600")
     # A 27B bf16 model is 54 GB: merge holds the base and the merged copy, the others one copy.
     merge: Pod = Pod(cpu="4", memory="64Gi", ephemeral="160Gi", deadline_s="21600")
     server: Pod = Pod(cpu="8", memory="64Gi", gpu="1", ephemeral="80Gi")
-    trainer: Pod = Pod(cpu="8", memory="64Gi", ephemeral="80Gi")  # per replica; replicas and GPUs come from the spec's sft
+    trainer: Pod = Pod(
+        cpu="8", memory="64Gi", ephemeral="80Gi"
+    )  # per replica; replicas and GPUs come from the spec's sft
     cluster_domain: str = "cluster.local"  # the kubelet's --cluster-domain: Service names end .svc.<it>
     dns_peers: tuple | str = ()  # NetworkPolicy peers of the cluster DNS (default: kube-dns in kube-system)
     max_model_len: str = "32768"
@@ -168,23 +174,29 @@ class ClusterSettings:
     def __post_init__(self):
         if self.chart:
             v, wait = ".Values", '(include "mass-jobs.queueWait" . | atoi)'
-            derived = {"job_deadline_s": helm(f"{v}.resources.trainer.activeDeadlineSeconds"),
-                       "train_step_deadline_s": helm(f"add {v}.resources.trainer.activeDeadlineSeconds {wait} | quote"),
-                       "serve_step_deadline_s": helm(f"add {v}.model.readyDeadlineSeconds {wait} {SERVE_WAIT_MARGIN_S} | quote"),
-                       "serve_ready_s": helm(f"add {v}.model.readyDeadlineSeconds {wait}"),
-                       "predictor_pending_s": helm('include "mass-jobs.predictorPending" .'),
-                       "pod_pending_timeout": helm('include "mass-jobs.pendingTimeout" . | quote'),
-                       "train_start_deadline_s": helm('include "mass-jobs.trainStartDeadline" . | quote')}
+            derived = {
+                "job_deadline_s": helm(f"{v}.resources.trainer.activeDeadlineSeconds"),
+                "train_step_deadline_s": helm(f"add {v}.resources.trainer.activeDeadlineSeconds {wait} | quote"),
+                "serve_step_deadline_s": helm(
+                    f"add {v}.model.readyDeadlineSeconds {wait} {SERVE_WAIT_MARGIN_S} | quote"
+                ),
+                "serve_ready_s": helm(f"add {v}.model.readyDeadlineSeconds {wait}"),
+                "predictor_pending_s": helm('include "mass-jobs.predictorPending" .'),
+                "pod_pending_timeout": helm('include "mass-jobs.pendingTimeout" . | quote'),
+                "train_start_deadline_s": helm('include "mass-jobs.trainStartDeadline" . | quote'),
+            }
         else:
             wait = int(self.queue_wait_s) if self.kueue_queue else 0
             bound = int(self.pending_timeout_s)
-            derived = {"job_deadline_s": int(self.train_deadline_s),
-                       "train_step_deadline_s": str(int(self.train_deadline_s) + wait),
-                       "serve_step_deadline_s": str(int(self.serve_deadline_s) + wait + SERVE_WAIT_MARGIN_S),
-                       "serve_ready_s": str(int(self.serve_deadline_s) + wait),
-                       "predictor_pending_s": str(bound + wait) if bound else "0",
-                       "pod_pending_timeout": str(bound + (wait if self.kueue_pods is True else 0)) if bound else "",
-                       "train_start_deadline_s": str(bound + wait) if bound else str(int(self.train_deadline_s) + wait)}
+            derived = {
+                "job_deadline_s": int(self.train_deadline_s),
+                "train_step_deadline_s": str(int(self.train_deadline_s) + wait),
+                "serve_step_deadline_s": str(int(self.serve_deadline_s) + wait + SERVE_WAIT_MARGIN_S),
+                "serve_ready_s": str(int(self.serve_deadline_s) + wait),
+                "predictor_pending_s": str(bound + wait) if bound else "0",
+                "pod_pending_timeout": str(bound + (wait if self.kueue_pods is True else 0)) if bound else "",
+                "train_start_deadline_s": str(bound + wait) if bound else str(int(self.train_deadline_s) + wait),
+            }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
         if self.s3_endpoint_url is None:
@@ -195,15 +207,20 @@ class ClusterSettings:
                 object.__setattr__(self, name, default)
         for cilium, plain in (("api_server_cilium_ports", "api_server_ports"), ("s3_cilium_ports", "s3_ports")):
             if getattr(self, cilium) == () and not isinstance(getattr(self, plain), str):
-                object.__setattr__(self, cilium, tuple({"port": str(p["port"]), "protocol": p["protocol"]}
-                                                       for p in getattr(self, plain)))
+                object.__setattr__(
+                    self,
+                    cilium,
+                    tuple({"port": str(p["port"]), "protocol": p["protocol"]} for p in getattr(self, plain)),
+                )
         if self.dns_cilium_endpoints == ():
             object.__setattr__(self, "dns_cilium_endpoints", DNS_CILIUM_ENDPOINTS)
 
 
 DNS_PEERS = (
-    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-     "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},
+    {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+    },
 )
 # kube-dns as Cilium labels its endpoints: FQDN policies need its answers to pass Cilium's DNS proxy.
 DNS_CILIUM_ENDPOINTS = ({"matchLabels": {"k8s:io.kubernetes.pod.namespace": "kube-system", "k8s:k8s-app": "kube-dns"}},)
@@ -215,10 +232,14 @@ S3_PORTS = ({"port": 443, "protocol": "TCP"}, {"port": 9000, "protocol": "TCP"})
 
 
 # `helm template` without these values fails with the message (no quotes of the other kind inside).
-_REQUIRED_API_SERVER = ('"network.apiServer.to is required (no default): the kube-apiserver endpoint IPs as ipBlock '
-                        'peers, see kubectl get endpoints kubernetes; or set network.cilium=true"')
-_REQUIRED_S3 = ('"network.s3.to is required (no default): the S3 endpoint as ipBlock peers of its IPs, '
-                'or a namespaceSelector/podSelector of an in-cluster MinIO"')
+_REQUIRED_API_SERVER = (
+    '"network.apiServer.to is required (no default): the kube-apiserver endpoint IPs as ipBlock '
+    'peers, see kubectl get endpoints kubernetes; or set network.cilium=true"'
+)
+_REQUIRED_S3 = (
+    '"network.s3.to is required (no default): the S3 endpoint as ipBlock peers of its IPs, '
+    'or a namespaceSelector/podSelector of an in-cluster MinIO"'
+)
 
 
 def helm_settings() -> ClusterSettings:
@@ -271,7 +292,9 @@ def helm_settings() -> ClusterSettings:
         cron_run=helm(f"{v}.cron.run | quote"),
         api_server_peers=helm_yaml(f"(required {_REQUIRED_API_SERVER} {v}.network.apiServer.to)"),
         api_server_ports=helm_yaml(f"{v}.network.apiServer.ports"),
-        api_server_cilium_ports=helm_yaml('(include "mass-jobs.ciliumPorts" .Values.network.apiServer.ports | fromYamlArray)'),
+        api_server_cilium_ports=helm_yaml(
+            '(include "mass-jobs.ciliumPorts" .Values.network.apiServer.ports | fromYamlArray)'
+        ),
         s3_peers=helm_yaml(f"(required {_REQUIRED_S3} {v}.network.s3.to)"),
         s3_ports=helm_yaml(f"{v}.network.s3.ports"),
         s3_fqdns=helm_yaml(f"{v}.network.s3.fqdns"),
@@ -285,7 +308,9 @@ def _helm_pod(name: str, gpu: bool | str = False, deadline: bool = False) -> Pod
     """`gpu`: True, the value's GPUs always requested; "optional", requested only when above 0 (a
     block, so that pods without one request no GPU resource a Kueue queue must cover)."""
     r = f".Values.resources.{name}"
-    gpus = helm_block(f'include "mass-jobs.gpus" (list {r}.gpu .Values.gpu.resourceName)') if gpu == "optional" else None
+    gpus = (
+        helm_block(f'include "mass-jobs.gpus" (list {r}.gpu .Values.gpu.resourceName)') if gpu == "optional" else None
+    )
     return Pod(
         cpu=helm(f"{r}.cpu | quote"),
         memory=helm(f"{r}.memory | quote"),
@@ -308,8 +333,13 @@ def values_settings(values: dict) -> ClusterSettings:
     def pod(name: str, gpu: bool = False) -> Pod:
         r = get(f"resources.{name}")
         deadline = r.get("activeDeadlineSeconds") if name in ("step", "merge") else None
-        return Pod(cpu=str(r["cpu"]), memory=str(r["memory"]), gpu=str(r["gpu"]) if gpu else "0",
-                   ephemeral=str(r["ephemeralStorage"]), deadline_s=None if deadline is None else str(deadline))
+        return Pod(
+            cpu=str(r["cpu"]),
+            memory=str(r["memory"]),
+            gpu=str(r["gpu"]) if gpu else "0",
+            ephemeral=str(r["ephemeralStorage"]),
+            deadline_s=None if deadline is None else str(deadline),
+        )
 
     net = values.get("network") or {}
     cron = values.get("cron") or {}
@@ -318,30 +348,57 @@ def values_settings(values: dict) -> ClusterSettings:
 
     def placement(cls: str) -> Placement:
         v = sched.get(cls) or {}
-        return Placement(node_selector=dict(v.get("nodeSelector") or {}), tolerations=tuple(v.get("tolerations") or ()),
-                         affinity=dict(v.get("affinity") or {}), priority_class=str(v.get("priorityClassName") or ""))
+        return Placement(
+            node_selector=dict(v.get("nodeSelector") or {}),
+            tolerations=tuple(v.get("tolerations") or ()),
+            affinity=dict(v.get("affinity") or {}),
+            priority_class=str(v.get("priorityClassName") or ""),
+        )
 
     return replace(
         base,
         namespace=values.get("namespace") or None,
-        images=Images(jobs=get("images.jobs"), sandbox=get("images.sandbox"), trainer=get("images.trainer"),
-                      server=get("images.server"), pull_policy=get("images.pullPolicy")),
-        bucket=get("s3.bucket"), s3_endpoint=get("s3.endpoint"), s3_insecure=bool(get("s3.insecure")),
-        s3_region=get("s3.region"), s3_endpoint_url=None, s3_secret=get("s3.secretName"),
-        judge_secret=get("judges.secretName"), judge_keys=tuple(get("judges.keys")),
-        gpu_resource=get("gpu.resourceName"), gpu_jobs=str(get("gpu.concurrentJobs")),
-        agent=pod("agent", gpu=True), qwen=pod("qwen"), harness=pod("harness"), step=pod("step"), merge=pod("merge"),
-        server=pod("server", gpu=True), trainer=pod("trainer"),
-        cluster_domain=str(get("clusterDomain")), dns_peers=tuple((net.get("dns") or {}).get("to") or ()),
-        max_model_len=str(get("model.maxModelLen")), tool_call_parser=get("model.toolCallParser"),
-        reasoning_parser=get("model.reasoningParser"), agent_pods=str(get("agent.parallelism")),
-        agent_deadline_s=str(get("agent.activeDeadlineSeconds")), agent_parallelism=int(get("agent.parallelism")),
+        images=Images(
+            jobs=get("images.jobs"),
+            sandbox=get("images.sandbox"),
+            trainer=get("images.trainer"),
+            server=get("images.server"),
+            pull_policy=get("images.pullPolicy"),
+        ),
+        bucket=get("s3.bucket"),
+        s3_endpoint=get("s3.endpoint"),
+        s3_insecure=bool(get("s3.insecure")),
+        s3_region=get("s3.region"),
+        s3_endpoint_url=None,
+        s3_secret=get("s3.secretName"),
+        judge_secret=get("judges.secretName"),
+        judge_keys=tuple(get("judges.keys")),
+        gpu_resource=get("gpu.resourceName"),
+        gpu_jobs=str(get("gpu.concurrentJobs")),
+        agent=pod("agent", gpu=True),
+        qwen=pod("qwen"),
+        harness=pod("harness"),
+        step=pod("step"),
+        merge=pod("merge"),
+        server=pod("server", gpu=True),
+        trainer=pod("trainer"),
+        cluster_domain=str(get("clusterDomain")),
+        dns_peers=tuple((net.get("dns") or {}).get("to") or ()),
+        max_model_len=str(get("model.maxModelLen")),
+        tool_call_parser=get("model.toolCallParser"),
+        reasoning_parser=get("model.reasoningParser"),
+        agent_pods=str(get("agent.parallelism")),
+        agent_deadline_s=str(get("agent.activeDeadlineSeconds")),
+        agent_parallelism=int(get("agent.parallelism")),
         serve_deadline_s=str(get("model.readyDeadlineSeconds")),
         train_deadline_s=str(get("resources.trainer.activeDeadlineSeconds")),
-        kueue_queue=str(get("kueue.queueName") or ""), kueue_pods=bool(get("kueue.podIntegration")),
+        kueue_queue=str(get("kueue.queueName") or ""),
+        kueue_pods=bool(get("kueue.podIntegration")),
         queue_wait_s=str(get("kueue.maxQueueSeconds")),
-        schedules=tuple(cron.get("schedules", base.schedules)), cron_timezone=cron.get("timezone", base.cron_timezone),
-        cron_suspend=bool(cron.get("suspend", base.cron_suspend)), cron_spec=cron.get("spec", base.cron_spec),
+        schedules=tuple(cron.get("schedules", base.schedules)),
+        cron_timezone=cron.get("timezone", base.cron_timezone),
+        cron_suspend=bool(cron.get("suspend", base.cron_suspend)),
+        cron_spec=cron.get("spec", base.cron_spec),
         cron_run=cron.get("run", base.cron_run),
         api_server_peers=tuple((net.get("apiServer") or {}).get("to") or ()),
         api_server_ports=tuple((net.get("apiServer") or {}).get("ports") or ()),
@@ -349,11 +406,15 @@ def values_settings(values: dict) -> ClusterSettings:
         s3_ports=tuple((net.get("s3") or {}).get("ports") or ()),
         s3_fqdns=tuple((net.get("s3") or {}).get("fqdns") or ()),
         # Cilium's port lists follow the ports above (derived again, not the defaults' own)
-        s3_cilium_ports=(), api_server_cilium_ports=(),
+        s3_cilium_ports=(),
+        api_server_cilium_ports=(),
         dns_cilium_endpoints=tuple((net.get("dns") or {}).get("ciliumEndpoints") or ()),
         scheduling={c: placement(c) for c in SCHEDULING_CLASSES},
         image_pull_secrets=tuple(p["name"] for p in values.get("imagePullSecrets") or ()),
         pending_timeout_s=str(sched.get("pendingTimeoutSeconds", base.pending_timeout_s)),
-        scratch={c: Scratch(size=str(v.get("size") or ""), storage_class=str(v.get("storageClass") or ""))
-                 for c in SCRATCH_CLASSES for v in [(values.get("scratch") or {}).get(c) or {}]},
+        scratch={
+            c: Scratch(size=str(v.get("size") or ""), storage_class=str(v.get("storageClass") or ""))
+            for c in SCRATCH_CLASSES
+            for v in [(values.get("scratch") or {}).get(c) or {}]
+        },
     )

@@ -25,8 +25,9 @@ _Dumper.add_representer(str, _str)
 
 
 def dump_docs(docs: list[dict]) -> str:
-    return "---\n".join(yaml.dump(d, Dumper=_Dumper, sort_keys=True, width=10**9, default_flow_style=False)
-                        for d in docs)
+    return "---\n".join(
+        yaml.dump(d, Dumper=_Dumper, sort_keys=True, width=10**9, default_flow_style=False) for d in docs
+    )
 
 
 def header(title: str, lines: list[str], command: str) -> str:
@@ -38,7 +39,9 @@ def header(title: str, lines: list[str], command: str) -> str:
 # Chart templates: Argo's own `{{...}}` must reach the cluster untouched, so every `{{` becomes
 # the Go-template literal `{{ "{{" }}` before the Helm placeholders are turned into actions.
 _SCALAR = re.compile(r"""(['"]?)@helm\((.+?)\)@\1""")
-_YAML_VALUE = re.compile(r"""^(?P<indent>\s*)(?P<lead>(?:- )?[^\s:'"]+:) ['"]?@helm-yaml\((?P<expr>.+?)\)@['"]?$""", re.M)
+_YAML_VALUE = re.compile(
+    r"""^(?P<indent>\s*)(?P<lead>(?:- )?[^\s:'"]+:) ['"]?@helm-yaml\((?P<expr>.+?)\)@['"]?$""", re.M
+)
 _BLOCK_KEY = re.compile(r"""^(?P<indent>\s*)(?P<dash>- )?['"]?@helm-block\((?P<expr>.+?)\)@['"]?: ['"]{2}$""", re.M)
 
 
@@ -46,15 +49,23 @@ def helmify(text: str) -> str:
     text = text.replace("{{", '{{ "{{" }}')
     # a block that is a list item's first key (its name sorts first): the item's other keys follow
     # two columns in, and so does the block (`-` alone on its line opens the item's mapping)
-    text = _BLOCK_KEY.sub(lambda m: f"{m['indent']}{m['dash'] or ''}{{{{- {m['expr']} | nindent "
-                                    f"{len(m['indent']) + (2 if m['dash'] else 0)} }}}}", text)
+    text = _BLOCK_KEY.sub(
+        lambda m: (
+            f"{m['indent']}{m['dash'] or ''}{{{{- {m['expr']} | nindent "
+            f"{len(m['indent']) + (2 if m['dash'] else 0)} }}}}"
+        ),
+        text,
+    )
     text = _YAML_VALUE.sub(
-        lambda m: f"{m['indent']}{m['lead']} {{{{- toYaml {m['expr']} | nindent {_child_indent(m)} }}}}", text)
+        lambda m: f"{m['indent']}{m['lead']} {{{{- toYaml {m['expr']} | nindent {_child_indent(m)} }}}}", text
+    )
     text = _SCALAR.sub(lambda m: "{{ " + m[2] + " }}", text)
     leftover = re.search(r"@helm[-a-z]*\(", text)
     if leftover:
         line = text[: leftover.start()].count("\n") + 1
-        raise ValueError(f"Helm placeholder on line {line} is not in a form helmify knows: {text.splitlines()[line - 1]!r}")
+        raise ValueError(
+            f"Helm placeholder on line {line} is not in a form helmify knows: {text.splitlines()[line - 1]!r}"
+        )
     return text
 
 

@@ -100,8 +100,9 @@ class InProcess:
         status = episode_runner(self.services.spec, endpoint)(*args)
         with self._lock:  # collect runs episodes concurrently
             self._now["episodes"] += 1
-            self.services.note(f"{self._now['label']}: episode {self._now['episodes']}", self._now["episodes"],
-                                self._now["of"])
+            self.services.note(
+                f"{self._now['label']}: episode {self._now['episodes']}", self._now["episodes"], self._now["of"]
+            )
         return status
 
     def _in_process(self, group: N.Group) -> None:
@@ -112,8 +113,13 @@ class InProcess:
                 s.call_local(self.services.ctx, g, None, services)
                 return
             # episodes a task may still run: search = reference + initial elite + one per iteration
-            of = self.services.spec.search.iterations + 2 if isinstance(s.shape, P.Recursion) else \
-                self.services.spec.collection.episodes if isinstance(s.shape, P.EpisodeFanout) else None
+            of = (
+                self.services.spec.search.iterations + 2
+                if isinstance(s.shape, P.Recursion)
+                else self.services.spec.collection.episodes
+                if isinstance(s.shape, P.EpisodeFanout)
+                else None
+            )
             for i, node in enumerate(group.nodes):
                 self._now.update(label=f"{s.name} task {i + 1}/{len(group.nodes)} {node.task}", episodes=0, of=of)
                 self.services.note(self._now["label"], i, len(group.nodes))
@@ -148,6 +154,7 @@ class InProcess:
             n = counts.add((kind, rec.get("gen")))
             where = " ".join(f"{k} {rec[k]}" for k in ("gen", "task", "replicate", "judge") if k in rec)
             self.services.note(f"{kind} {n}: {where}", n)
+
         return note
 
     def _cli(self, group: N.Group) -> None:
@@ -210,7 +217,9 @@ class Argv:
         def one(item: dict) -> None:
             status = self.agent(item["rollout"], label=f"{n.step.name} {item.get('label', '')}")
             with self.outputs() as out:
-                self.services.mass(*n.phases(agent_status=status, outputs=str(out), rollout=item["rollout"], **given).ingest)
+                self.services.mass(
+                    *n.phases(agent_status=status, outputs=str(out), rollout=item["rollout"], **given).ingest
+                )
 
         self.fan_out([lambda item=item: one(item) for item in items])
         if finish:
@@ -237,8 +246,12 @@ class Argv:
         for r in rounds:
             h = int(r["gen"])
             with serve_generation(h) as e:
-                self.phased(n, model=N.round_flags(h, e.base_url, e.model), rolls=r["rolls"] == "true",
-                            finish=r["judges"] == "true")
+                self.phased(
+                    n,
+                    model=N.round_flags(h, e.base_url, e.model),
+                    rolls=r["rolls"] == "true",
+                    finish=r["judges"] == "true",
+                )
         with contextlib.ExitStack() as servers:
             judges = []
             for judge in self.services.spec.judges:
@@ -259,8 +272,12 @@ class Argv:
             for name in POD_INPUTS:
                 if ctx.store.exists(key := ctx.agent_input(prefix, name)):
                     ctx.store.get_file(key, in_dir / name)
-            ok = self.services.mass(*N.agent(str(in_dir), str(out_dir)), env=without_secrets(self.services.env()), check=False,
-                             label="agent-episode")
+            ok = self.services.mass(
+                *N.agent(str(in_dir), str(out_dir)),
+                env=without_secrets(self.services.env()),
+                check=False,
+                label="agent-episode",
+            )
             for name in POD_OUTPUTS:
                 if (out_dir / name).is_file():
                     ctx.store.put_file(ctx.agent_output(prefix, name), out_dir / name)
@@ -278,7 +295,9 @@ class Argv:
 
     def fan_out(self, calls: list[Callable[[], None]]) -> None:
         """A fan-out, `execution.concurrency` at once (the cluster: the chart's agent parallelism)."""
-        with ThreadPoolExecutor(max_workers=max(1, min(self.services.spec.execution.concurrency, len(calls) or 1))) as pool:
+        with ThreadPoolExecutor(
+            max_workers=max(1, min(self.services.spec.execution.concurrency, len(calls) or 1))
+        ) as pool:
             for f in [pool.submit(c) for c in calls]:
                 f.result()
 

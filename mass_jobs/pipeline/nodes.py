@@ -57,8 +57,16 @@ def prepare(argv, model, outputs: str) -> list[str]:
 
 def ingest(argv, agent_status: str, outputs: str, rollout: str | None = None) -> list[str]:
     """One agent pod's outputs checked and stored, told how the pod ended."""
-    return [*argv, "--phase", Phase.INGEST.value, *(["--rollout", rollout] if rollout is not None else []),
-            "--agent-status", agent_status, "--outputs", outputs]
+    return [
+        *argv,
+        "--phase",
+        Phase.INGEST.value,
+        *(["--rollout", rollout] if rollout is not None else []),
+        "--agent-status",
+        agent_status,
+        "--outputs",
+        outputs,
+    ]
 
 
 def finish(argv, model=()) -> list[str]:
@@ -88,8 +96,9 @@ class Phases:
     last: list[str] | None = None  # after every episode or round: collect's summary, evaluate's panel
 
 
-def phases(shape: P.Shape, argv, *, item="", model=(), outputs: str = "", agent_status: str = "",
-           rollout: str | None = None) -> Phases:
+def phases(
+    shape: P.Shape, argv, *, item="", model=(), outputs: str = "", agent_status: str = "", rollout: str | None = None
+) -> Phases:
     """`argv`: the node's own command line; `item`: the iteration or episode it runs (a value or a
     placeholder); `model`: the flags of the model it calls (evaluate: its round's); `outputs`,
     `agent_status`, `rollout`: what a phase is told where it runs."""
@@ -101,18 +110,30 @@ def phases(shape: P.Shape, argv, *, item="", model=(), outputs: str = "", agent_
             return Phases(run=[*with_iteration(argv, item), *model])
         case P.Recursion():  # the iteration's pods are ingested by their rollout key alone
             it = with_iteration(argv, item)
-            return Phases(prepare=prepare(it, model, outputs), ingest=ingest(argv, agent_status, outputs, rollout),
-                          finish=finish(it, model))
+            return Phases(
+                prepare=prepare(it, model, outputs),
+                ingest=ingest(argv, agent_status, outputs, rollout),
+                finish=finish(it, model),
+            )
         case P.EpisodeFanout():  # one episode per prepare: its ingest needs no rollout key
             ep = with_episode(argv, item)
-            return Phases(prepare=prepare(ep, model, outputs), ingest=ingest(ep, agent_status, outputs), last=finish(argv))
+            return Phases(
+                prepare=prepare(ep, model, outputs), ingest=ingest(ep, agent_status, outputs), last=finish(argv)
+            )
         case P.TaskRollouts():
-            return Phases(prepare=prepare(argv, model, outputs), ingest=ingest(argv, agent_status, outputs, rollout),
-                          finish=finish(argv, model))
+            return Phases(
+                prepare=prepare(argv, model, outputs),
+                ingest=ingest(argv, agent_status, outputs, rollout),
+                finish=finish(argv, model),
+            )
         case P.GenerationRollouts():
-            return Phases(plan=plan_rounds(argv, outputs), prepare=prepare(argv, model, outputs),
-                          ingest=ingest(argv, agent_status, outputs, rollout), finish=finish(argv, model),
-                          last=finish(argv))
+            return Phases(
+                plan=plan_rounds(argv, outputs),
+                prepare=prepare(argv, model, outputs),
+                ingest=ingest(argv, agent_status, outputs, rollout),
+                finish=finish(argv, model),
+                last=finish(argv),
+            )
         case _:
             return Phases(run=[*argv, *model])
 
@@ -173,10 +194,19 @@ class Node:
         return phases(self.shape, self.argv, **given)
 
     def as_dict(self) -> dict:
-        return {"gen": self.gen, "step": self.step.name, "task": self.task, "shape": type(self.shape).__name__,
-                "pod": self.pod, "resources": self.resources, "credentials": self.credentials,
-                "agent_credentials": self.agent_credentials, "argv": list(self.argv), "reads": list(self.reads),
-                "writes": list(self.writes)}
+        return {
+            "gen": self.gen,
+            "step": self.step.name,
+            "task": self.task,
+            "shape": type(self.shape).__name__,
+            "pod": self.pod,
+            "resources": self.resources,
+            "credentials": self.credentials,
+            "agent_credentials": self.agent_credentials,
+            "argv": list(self.argv),
+            "reads": list(self.reads),
+            "writes": list(self.writes),
+        }
 
 
 @dataclass(frozen=True)
@@ -220,7 +250,7 @@ def compile_plan(spec_location: str, spec, pipeline=None) -> Plan:
     nodes = []
     for g in range(n):
         for sd in P.generation_steps(pipeline):
-            for t in (tasks if sd.per_task else [None]):
+            for t in tasks if sd.per_task else [None]:
                 nodes.append(Node(g, sd, t, tuple(sd.argv(spec_location, g, t))))
     for sd in P.run_steps(pipeline):
         nodes.append(Node(n, sd, None, tuple(sd.argv(spec_location, n))))
@@ -238,8 +268,20 @@ def table(ctx, pipeline=None) -> list[dict]:
     for group in compile_plan("SPEC", ctx.spec, pipeline).groups():
         s, g = group.step, group.gen
         done_nodes = sum(1 for node in group.nodes if node.done(ctx))
-        detail = ", ".join(d for d in (f"{done_nodes}/{len(group.nodes)} tasks" if s.per_task else "",
-                                        s.detail(ctx, g) if s.detail else "") if d)
-        rows.append({"gen": g, "step": s.name, "status": "done" if done_nodes == len(group.nodes) else "pending",
-                     "detail": detail})
+        detail = ", ".join(
+            d
+            for d in (
+                f"{done_nodes}/{len(group.nodes)} tasks" if s.per_task else "",
+                s.detail(ctx, g) if s.detail else "",
+            )
+            if d
+        )
+        rows.append(
+            {
+                "gen": g,
+                "step": s.name,
+                "status": "done" if done_nodes == len(group.nodes) else "pending",
+                "detail": detail,
+            }
+        )
     return rows

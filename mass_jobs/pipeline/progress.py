@@ -55,7 +55,7 @@ class Eta:
         self.finished += 1
 
     def text(self) -> str:
-        left = self.names[self.finished:]
+        left = self.names[self.finished :]
         if not left:
             return "ETA 0:00"
         eta = estimate(left, self.timed)
@@ -69,8 +69,9 @@ class Display:
     step's tasks/episodes/rollouts. `enabled=False` (`--no-progress`) prints the same as lines:
     each step's start and end, and its notes at most every `note_every_s` seconds (plus the last)."""
 
-    def __init__(self, steps: list[str], enabled: bool = True, stream: TextIO | None = None,
-                 note_every_s: float = 10.0):
+    def __init__(
+        self, steps: list[str], enabled: bool = True, stream: TextIO | None = None, note_every_s: float = 10.0
+    ):
         self.enabled, self.eta = enabled, Eta(steps)
         self.stream = stream or sys.stderr
         self.note_every_s, self._last_note = note_every_s, None
@@ -80,8 +81,14 @@ class Display:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.console = Console(stderr=True)
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), console=self.console, transient=False)
+            self.progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=False,
+            )
             self.steps = self.progress.add_task("steps", total=len(steps))
             self.detail = self.progress.add_task("", total=None)
 
@@ -159,8 +166,12 @@ def warm_printer(stream: TextIO | None = None, every: int = 50):
         if step == 1 or step % every == 0 or step == steps:
             elapsed = now - started
             eta = "unknown" if step == 1 else clock((now - first_done[0]) / (step - 1) * (steps - step))
-            print(f"warm-up step {step}/{steps}  loss {sum(window) / len(window):.3f}  "
-                  f"elapsed {clock(elapsed)}  ETA {eta}", file=out, flush=True)
+            print(
+                f"warm-up step {step}/{steps}  loss {sum(window) / len(window):.3f}  "
+                f"elapsed {clock(elapsed)}  ETA {eta}",
+                file=out,
+                flush=True,
+            )
             window.clear()
 
     return on_step

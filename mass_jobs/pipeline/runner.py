@@ -56,8 +56,6 @@ def train_tasks(spec: RunSpec) -> list[Task]:
     return spec.train_tasks()
 
 
-
-
 # ---------------------------------------------------------------- run state
 
 
@@ -113,9 +111,20 @@ class LazyServer:
 
 
 class Runner:
-    def __init__(self, spec_path: str, spec: RunSpec, store, *, work_dir: Path, progress: bool = True,
-                 python: str = sys.executable, on_step: Callable[[str], None] | None = None, pipeline=None,
-                 handler: str = "in-process", until: str | None = None):
+    def __init__(
+        self,
+        spec_path: str,
+        spec: RunSpec,
+        store,
+        *,
+        work_dir: Path,
+        progress: bool = True,
+        python: str = sys.executable,
+        on_step: Callable[[str], None] | None = None,
+        pipeline=None,
+        handler: str = "in-process",
+        until: str | None = None,
+    ):
         self.spec_path, self.spec = spec_path if isinstance(spec_path, str | SpecSource) else str(spec_path), spec
         self.ctx = RunContext(spec, store)
         self.pipeline = P.steps(pipeline)
@@ -129,8 +138,11 @@ class Runner:
         self.on_step = on_step  # test hook: called before each step starts
         self.lazy: LazyServer | None = None
         self.handler = handlers.handler(handler)
-        self.until = stop_after(until, [x for g in range(spec.generations) for x in self.compiled.generation(g)]) \
-            if until else None
+        self.until = (
+            stop_after(until, [x for g in range(spec.generations) for x in self.compiled.generation(g)])
+            if until
+            else None
+        )
 
     def plan(self) -> list[N.Group]:
         """The steps of every generation, then the run's, in the order this runner executes them
@@ -151,8 +163,20 @@ class Runner:
     def torchrun(self, argv) -> None:
         """A trainer node: its CLI entry under torchrun, one process per replica this machine holds."""
         nproc = max(1, min(self.spec.sft.replicas, os.cpu_count() or 1))
-        self._subprocess([self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                          "-m", "mass_jobs.commands.cli", *argv, "--quiet"], label=argv[0])
+        self._subprocess(
+            [
+                self.python,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={nproc}",
+                "-m",
+                "mass_jobs.commands.cli",
+                *argv,
+                "--quiet",
+            ],
+            label=argv[0],
+        )
 
     def _subprocess(self, cmd: list[str], label: str, env: dict | None = None, check: bool = True) -> bool:
         self.work.mkdir(parents=True, exist_ok=True)
@@ -167,9 +191,16 @@ class Runner:
     def services(self) -> handlers.Services:
         """What a handler gets of this run (pipeline/handlers.py): the current generation's lazily
         served model, servers, subprocesses, the work dir and the progress display."""
-        return handlers.Services(ctx=self.ctx, endpoint=self.lazy.endpoint if self.lazy else _no_model,
-                                 servers=self.servers, mass=self.mass, torchrun=self.torchrun, env=self.env,
-                                 work=self.work, note=self.display.note)
+        return handlers.Services(
+            ctx=self.ctx,
+            endpoint=self.lazy.endpoint if self.lazy else _no_model,
+            servers=self.servers,
+            mass=self.mass,
+            torchrun=self.torchrun,
+            env=self.env,
+            work=self.work,
+            note=self.display.note,
+        )
 
     def servers(self):
         """(serve_generation, serve_judge): the spec's serving backend per use, logs in the work dir."""
@@ -190,9 +221,17 @@ class Runner:
             self.state.set(status="interrupted")
             raise
         except BaseException as e:
-            self.state.set(status="failed", current=None, failed={
-                "gen": g, "step": name, "error": f"{type(e).__name__}: {e}"[:2000], "logs": self.logs_of(g, e),
-                "at": time.time()})
+            self.state.set(
+                status="failed",
+                current=None,
+                failed={
+                    "gen": g,
+                    "step": name,
+                    "error": f"{type(e).__name__}: {e}"[:2000],
+                    "logs": self.logs_of(g, e),
+                    "at": time.time(),
+                },
+            )
             raise
         seconds = time.monotonic() - started
         self.display.done(label, skipped, seconds)
@@ -215,8 +254,9 @@ class Runner:
         by execution.serving's backend. `external` serves nothing: every role has its own endpoint."""
 
         if self.spec.execution.serving == "external":
-            raise RuntimeError("execution.serving is 'external': the inner loop uses roles.<role> endpoints "
-                               "and starts no model server")
+            raise RuntimeError(
+                "execution.serving is 'external': the inner loop uses roles.<role> endpoints and starts no model server"
+            )
         serve_generation, _ = self.servers()
         with serve_generation(g) as endpoint:
             yield endpoint
@@ -276,13 +316,25 @@ def stop_after(until: str, groups) -> tuple[int, str]:
     if not gen.isdigit() or f"{int(gen)}:{name}" not in valid:
         from mass_jobs.spec.issues import SpecError, SpecIssue
 
-        raise SpecError("mass run", [SpecIssue("--until", f"expected GEN:STEP, one of {', '.join(valid)}; "
-                                                          f"found {until!r}")], what="command-line arguments")
+        raise SpecError(
+            "mass run",
+            [SpecIssue("--until", f"expected GEN:STEP, one of {', '.join(valid)}; found {until!r}")],
+            what="command-line arguments",
+        )
     return int(gen), name
 
 
-def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, on_step=None,
-        handler: str = "in-process", until: str | None = None, ctx: RunContext | None = None, pipeline=None) -> dict:
+def run(
+    spec_path: str,
+    *,
+    work_dir: Path | None = None,
+    progress: bool = True,
+    on_step=None,
+    handler: str = "in-process",
+    until: str | None = None,
+    ctx: RunContext | None = None,
+    pipeline=None,
+) -> dict:
     """Run L0 -> L_N (resuming whatever is stored), or only up to `until` (`G:STEP`): then the
     manifest-like {"stopped_after": {"gen", "step"}}. The spec is loaded and its store opened here,
     unless the caller did (`ctx`); the runner claims it once, recording it for a new run."""
@@ -294,8 +346,17 @@ def run(spec_path: str, *, work_dir: Path | None = None, progress: bool = True, 
         raise SpecError(spec_path, unfit)
     apply_sandbox(spec)  # execution.sandbox for this process and the episodes it starts
     store = ctx.store if ctx is not None else open_store(spec.store)
-    return Runner(spec_path, spec, store, work_dir=Path(work_dir or os.environ.get("MASS_WORK_DIR", ".mass-work")),
-                  progress=progress, on_step=on_step, handler=handler, until=until, pipeline=pipeline).run()
+    return Runner(
+        spec_path,
+        spec,
+        store,
+        work_dir=Path(work_dir or os.environ.get("MASS_WORK_DIR", ".mass-work")),
+        progress=progress,
+        on_step=on_step,
+        handler=handler,
+        until=until,
+        pipeline=pipeline,
+    ).run()
 
 
 # ---------------------------------------------------------------- status
@@ -334,8 +395,14 @@ def progress_summary(rows: list[dict], state: dict, now: float | None = None) ->
         elapsed = (now or time.time()) - current["started_at"]
         overrun = elapsed > mean
         eta -= min(elapsed, mean)
-    return {"done": done, "total": len(rows), "eta_s": eta, "timed_steps": sum(map(len, timed.values())),
-            "untimed_left": untimed(left, timed), "overrun": overrun}
+    return {
+        "done": done,
+        "total": len(rows),
+        "eta_s": eta,
+        "timed_steps": sum(map(len, timed.values())),
+        "untimed_left": untimed(left, timed),
+        "overrun": overrun,
+    }
 
 
 def _status(state: dict, g: int, name: str, done: bool) -> str:

@@ -107,7 +107,7 @@ class RunContext:
         """A key of this run without the run's prefix (what prepare hands the agent fan-out)."""
         if not key.startswith(self.run + "/"):
             raise ValueError(f"{key!r} is not a key of run {self.run!r}")
-        return key[len(self.run) + 1:]
+        return key[len(self.run) + 1 :]
 
     def under_run(self, rel: str) -> str:
         """The inverse of `relative` (Argo: `{{store-prefix}}/<relative key>`)."""
@@ -322,9 +322,13 @@ class RunContext:
             stored = RunSpec.model_validate(stored).model_dump(mode="json")
         except ValueError:
             pass
-        return [SpecIssue(path, f"stored run has {old!r}, this spec has {new!r} (a changed spec needs a new "
-                                f"`name` or an empty store)")
-                for path, old, new in spec_changes(stored, self.spec.model_dump(mode="json"))]
+        return [
+            SpecIssue(
+                path,
+                f"stored run has {old!r}, this spec has {new!r} (a changed spec needs a new `name` or an empty store)",
+            )
+            for path, old, new in spec_changes(stored, self.spec.model_dump(mode="json"))
+        ]
 
     def stored_spec(self):
         """The spec the run's store holds (validated), or None for a run never started."""
@@ -342,9 +346,14 @@ def served_model_name(run: str, g) -> str:
 # generations extends the chain; the serving backend is how a model is served, not what a step
 # computes, so a run started on one backend may resume on another; the embedder decides only the
 # report, whose Step hashes the spec (a changed one redoes the report alone).
-UNCHECKED_SPEC_FIELDS = ("$.generations", "$.execution.serving", "$.execution.continuous_batching",
-                         "$.execution.prefix_cache_gib",
-                         "$.execution.vllm", "$.evaluation.embedder")
+UNCHECKED_SPEC_FIELDS = (
+    "$.generations",
+    "$.execution.serving",
+    "$.execution.continuous_batching",
+    "$.execution.prefix_cache_gib",
+    "$.execution.vllm",
+    "$.evaluation.embedder",
+)
 
 
 def spec_changes(stored, current, path: str = "$") -> list[tuple[str, object, object]]:

@@ -53,8 +53,9 @@ def local_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) -> 
     if not has_stored_model(ctx.store, ctx.model(g)):
         if g == 0:
             return base_model_dir(ctx, cache_root)
-        raise FileNotFoundError(f"no model for generation {g} at store key {ctx.model(g)!r} "
-                                f"(run `mass merge --gen {g - 1}` first)")
+        raise FileNotFoundError(
+            f"no model for generation {g} at store key {ctx.model(g)!r} (run `mass merge --gen {g - 1}` first)"
+        )
     root = Path(cache_root or Path(tempfile.gettempdir()) / "mass-models")
     return fetch_stored_model(ctx.store, ctx.model(g), root / ctx.run / f"gen-{g}-{model_digest(ctx, g)[:16]}")
 
@@ -67,10 +68,18 @@ def served_model_dir(ctx: RunContext, g: int, cache_root: Path | None = None) ->
     capability = sp.local_capability() if ctx.spec.execution.serving == "vllm" else None
     choice = sp.for_local(ctx.spec, g, capability)
     if choice.weights == "fp8" and not has_stored_model(ctx.store, ctx.model_fp8(g)):
-        choice = sp.Choice("bf16", f"no FP8 export is stored under {ctx.model_fp8(g)!r} (merged before sft.fp8_export was set?)")
+        choice = sp.Choice(
+            "bf16", f"no FP8 export is stored under {ctx.model_fp8(g)!r} (merged before sft.fp8_export was set?)"
+        )
     if g > 0 or ctx.spec.model.serve:
-        ctx.store.put_json(ctx.serving(g), {**choice.as_dict(), "backend": ctx.spec.execution.serving,
-                                            "capability": list(capability) if capability else None})
+        ctx.store.put_json(
+            ctx.serving(g),
+            {
+                **choice.as_dict(),
+                "backend": ctx.spec.execution.serving,
+                "capability": list(capability) if capability else None,
+            },
+        )
     if choice.weights == "serve":
         return resolve_model(ctx.spec.model.serve, store_options=ctx.store_options())
     if choice.weights != "fp8":
@@ -104,5 +113,10 @@ def model_uri(spec, gen: int, bucket: str, run_prefix: str) -> str:
 def generation_servers(ctx: RunContext, cache_root: Path | None = None, log_dir: Path | None = None):
     """(serve_model, serve_judge) started here per use: L_g from `served_model_dir`, under the name
     its InferenceService has on the cluster (serving/servers.py)."""
-    return local_servers(ctx.spec, lambda g: served_model_dir(ctx, g, cache_root), ctx.served_model,
-                         store_options=ctx.store_options(), log_dir=log_dir)
+    return local_servers(
+        ctx.spec,
+        lambda g: served_model_dir(ctx, g, cache_root),
+        ctx.served_model,
+        store_options=ctx.store_options(),
+        log_dir=log_dir,
+    )

@@ -41,7 +41,9 @@ class ChecksFile(Closed):
 
     checks: list[CheckCommand] = Field(min_length=1)
     limits: EpisodeLimits = Field(default_factory=EpisodeLimits)
-    protected: list[str] = Field(default_factory=list, description="The task's protected paths: read-only to each check.")
+    protected: list[str] = Field(
+        default_factory=list, description="The task's protected paths: read-only to each check."
+    )
 
 
 def is_checks_file(data: Any) -> bool:
@@ -80,8 +82,12 @@ class fresh_copy:
 
         self._tmp = tempfile.TemporaryDirectory(prefix="mass-check-")
         copy = Path(self._tmp.name) / "workspace"
-        shutil.copytree(self.workspace, copy, symlinks=True,
-                        ignore=lambda d, names: [n for n in names if _is_special(Path(d) / n) or _is_bytecode(n)])
+        shutil.copytree(
+            self.workspace,
+            copy,
+            symlinks=True,
+            ignore=lambda d, names: [n for n in names if _is_special(Path(d) / n) or _is_bytecode(n)],
+        )
         return copy
 
     def __exit__(self, *exc) -> None:
@@ -109,8 +115,11 @@ def checks_digest(checks: list[CheckCommand]) -> str:
 # (an unprotected conftest.py can rewrite every report; an ini file can add options or plugins) and
 # appending test directories to sys.path rather than prepending them.
 CHECK_SITE = Path(__file__).resolve().parent / "check_site"
-CHECK_ENV = {"PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join([str(CHECK_SITE), str(POLICY_SITE)]),
-             "PYTEST_ADDOPTS": "--noconftest -c /dev/null --rootdir=. --import-mode=append -p no:cacheprovider"}
+CHECK_ENV = {
+    "PYTHONSAFEPATH": "1",
+    "PYTHONPATH": os.pathsep.join([str(CHECK_SITE), str(POLICY_SITE)]),
+    "PYTEST_ADDOPTS": "--noconftest -c /dev/null --rootdir=. --import-mode=append -p no:cacheprovider",
+}
 
 
 def run_check(check: CheckCommand, workspace: Path, limits: EpisodeLimits, protected=()) -> tuple[int, str]:
@@ -118,8 +127,13 @@ def run_check(check: CheckCommand, workspace: Path, limits: EpisodeLimits, prote
     task's `protected` paths read-only: a check never changes what it checks, and a hardened one
     (`python -I`, which ignores PYTHONPYCACHEPREFIX) leaves no bytecode there to count as a change."""
 
-    sandbox = SandboxLimits.from_episode_limits(limits, timeout_s=check.timeout_s, extra_env=dict(CHECK_ENV),
-                                                read_only=(str(CHECK_SITE),), read_only_paths=tuple(protected))
+    sandbox = SandboxLimits.from_episode_limits(
+        limits,
+        timeout_s=check.timeout_s,
+        extra_env=dict(CHECK_ENV),
+        read_only=(str(CHECK_SITE),),
+        read_only_paths=tuple(protected),
+    )
     res = run_sandboxed(check.command, workspace, sandbox)
     if res.timed_out:
         return (res.exit_code if res.exit_code not in (0, None) else 124), f"timed out after {check.timeout_s:g}s"
@@ -162,8 +176,9 @@ def validate_results(doc: Any, checks: list[CheckCommand]) -> dict[str, tuple[in
     if not isinstance(doc, dict) or doc.get("digest") != checks_digest(checks):
         raise ValueError("checks.json does not answer the task's current checks")
     rows = doc.get("checks")
-    if not isinstance(rows, list) or [r.get("name") if isinstance(r, dict) else None for r in rows] != \
-            [c.name for c in checks]:
+    if not isinstance(rows, list) or [r.get("name") if isinstance(r, dict) else None for r in rows] != [
+        c.name for c in checks
+    ]:
         raise ValueError(f"checks.json: expected results for {[c.name for c in checks]} in that order")
     out = {}
     for r in rows:

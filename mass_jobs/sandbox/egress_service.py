@@ -70,9 +70,16 @@ class EgressService:
     returns the rollout's key, or None when there is none; `allow_of(rollout)`, the rollout's own
     allow-list (its task's hosts with the spec's, as prepare stored them), or None for `allow`."""
 
-    def __init__(self, allow: list[str] | tuple[str, ...], keys: Callable[[str], bytes | None],
-                 address: tuple[str, int] = ("0.0.0.0", PORT), connect_timeout_s: float = 30,
-                 idle_timeout_s: float = 600, log=None, allow_of: Callable[[str], list[str] | None] | None = None):
+    def __init__(
+        self,
+        allow: list[str] | tuple[str, ...],
+        keys: Callable[[str], bytes | None],
+        address: tuple[str, int] = ("0.0.0.0", PORT),
+        connect_timeout_s: float = 30,
+        idle_timeout_s: float = 600,
+        log=None,
+        allow_of: Callable[[str], list[str] | None] | None = None,
+    ):
         self.allow = AllowList(allow)
         self.allow_of = allow_of or (lambda rollout: None)
         self.keys = keys
@@ -103,8 +110,11 @@ class EgressService:
         value = next((v for k, v in headers if k.lower() == "proxy-authorization"), "")
         scheme, _, cred = value.partition(" ")
         if scheme.lower() != "basic" or not cred:
-            raise _Refused(407, "expected Proxy-Authorization: Basic (the rollout's id and token)",
-                           'Proxy-Authenticate: Basic realm="mass-egress"\r\n')
+            raise _Refused(
+                407,
+                "expected Proxy-Authorization: Basic (the rollout's id and token)",
+                'Proxy-Authenticate: Basic realm="mass-egress"\r\n',
+            )
         try:
             user, _, password = base64.b64decode(cred.strip(), validate=True).decode().partition(":")
             rollout = base64.urlsafe_b64decode(user + "=" * (-len(user) % 4)).decode()

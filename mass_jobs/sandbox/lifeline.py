@@ -30,7 +30,9 @@ def spawn(cmd: list[str], **popen_kwargs: Any) -> subprocess.Popen:
     pass_fds = tuple(popen_kwargs.pop("pass_fds", ())) + (read_end,)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mass_jobs.sandbox.lifeline", str(read_end), "--", *cmd], pass_fds=pass_fds, **popen_kwargs
+            [sys.executable, "-m", "mass_jobs.sandbox.lifeline", str(read_end), "--", *cmd],
+            pass_fds=pass_fds,
+            **popen_kwargs,
         )
     except BaseException:
         os.close(write_end)

@@ -23,6 +23,8 @@ import uuid
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
+
+
 def _own_cgroups() -> dict[str, str]:
     """Controller (or '' for v2) -> this process's cgroup path."""
     out = {}
@@ -110,7 +112,11 @@ class MemoryCgroup:
 
     def oom_kills(self) -> int:
         """Processes the kernel's OOM killer ended in this cgroup."""
-        return self._stat("memory.events", "oom_kill") if self.version == 2 else self._stat("memory.oom_control", "oom_kill")
+        return (
+            self._stat("memory.events", "oom_kill")
+            if self.version == 2
+            else self._stat("memory.oom_control", "oom_kill")
+        )
 
     def peak_bytes(self) -> int:
         name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"

@@ -101,7 +101,6 @@ def over_quota(workspace: Path, limits: Any, scratch: Path | None = None) -> tup
     return None
 
 
-
 def memory_cgroup(limits: Any, notes: list[str]):
     """The call's memory cgroup (the kernel holds the whole tree to memory_mb), or None: then only
     the supervisor's samples and RLIMIT_AS hold it, and a note says so."""
@@ -116,8 +115,16 @@ def memory_cgroup(limits: Any, notes: list[str]):
     return cgroup
 
 
-def supervise(proc: Any, workspace: Path, limits: Any, t0: float, sinks: dict,
-               stop: threading.Event | None = None, cgroup=None, scratch: Path | None = None) -> tuple:
+def supervise(
+    proc: Any,
+    workspace: Path,
+    limits: Any,
+    t0: float,
+    sinks: dict,
+    stop: threading.Event | None = None,
+    cgroup=None,
+    scratch: Path | None = None,
+) -> tuple:
     """Wait for the call, sampling its tree; kill it on the wall, CPU, memory, workspace, scratch or
     output limit. Returns (reason or None, peak usage, what was over)."""
     import subprocess
@@ -141,11 +148,17 @@ def supervise(proc: Any, workspace: Path, limits: Any, t0: float, sinks: dict,
         elif cpu > limits.cpu_s + 1:  # a tree of processes each under RLIMIT_CPU
             reason, why = "cpu_limit", f"tree used {cpu:.1f} CPU s, over {limits.cpu_s}"
         elif cgroup is not None and cgroup.oom_kills():  # the kernel ended one process: end the tree
-            reason, why = "memory_limit", f"the kernel's OOM killer ended the tree at its {limits.memory_mb} MB cgroup limit"
+            reason, why = (
+                "memory_limit",
+                f"the kernel's OOM killer ended the tree at its {limits.memory_mb} MB cgroup limit",
+            )
         elif mem > limits.memory_mb:
             reason, why = "memory_limit", f"tree held {mem:.0f} MB, over {limits.memory_mb} MB"
         elif any(s.get("flood") for s in sinks.values()):
-            reason, why = "output_limit", f"output flood: over {max(FLOOD_FACTOR * limits.output_bytes, FLOOD_MIN)} bytes"
+            reason, why = (
+                "output_limit",
+                f"output flood: over {max(FLOOD_FACTOR * limits.output_bytes, FLOOD_MIN)} bytes",
+            )
         elif n % 5 == 0 and (quota := over_quota(workspace, limits, scratch)):
             reason, why = quota
         if reason:

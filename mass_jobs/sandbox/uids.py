@@ -45,7 +45,9 @@ def lease_dir() -> Path:
     d.mkdir(mode=0o700, exist_ok=True)
     st = os.lstat(d)
     if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise RuntimeError(f"{d} is not a private directory of uid {os.geteuid()}: refusing to lease sandbox uids there")
+        raise RuntimeError(
+            f"{d} is not a private directory of uid {os.geteuid()}: refusing to lease sandbox uids there"
+        )
     return d
 
 

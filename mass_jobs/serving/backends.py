@@ -29,8 +29,10 @@ from mass_jobs.serving.server_process import ServerProcess
 TOOL_CALL_PARSER = "hermes"
 REASONING_PARSER = "qwen3"
 VLLM_PYTHON_ENV = "VLLM_PYTHON"
-INSTALL_HINT = ("pip install '.[vllm]' (the optional extra), or install vLLM in its own virtual environment "
-                f"and set {VLLM_PYTHON_ENV} to that environment's python")
+INSTALL_HINT = (
+    "pip install '.[vllm]' (the optional extra), or install vLLM in its own virtual environment "
+    f"and set {VLLM_PYTHON_ENV} to that environment's python"
+)
 
 
 def engine_args(*, tool_call_parser: str, reasoning_parser: str, max_model_len, dtype: str) -> list[str]:
@@ -49,8 +51,12 @@ def spec_engine_args(spec) -> list[str]:
     """`engine_args` from a run spec: execution.vllm's parsers, its max_model_len (default: the
     spec's sampling.context_length, the longest prompt a run sends) and model.dtype."""
     v = spec.execution.vllm
-    return engine_args(tool_call_parser=v.tool_call_parser, reasoning_parser=v.reasoning_parser,
-                       max_model_len=v.max_model_len or spec.model.sampling.context_length, dtype=spec.model.dtype)
+    return engine_args(
+        tool_call_parser=v.tool_call_parser,
+        reasoning_parser=v.reasoning_parser,
+        max_model_len=v.max_model_len or spec.model.sampling.context_length,
+        dtype=spec.model.dtype,
+    )
 
 
 # vLLM's OpenAI server as a module: it needs no package metadata named "vllm", which the CPU
@@ -85,28 +91,57 @@ def vllm_missing_reason(env: dict | None = None) -> str | None:
     env = os.environ if env is None else env
     if vllm_launcher(env) is not None:
         return None
-    where = (f"{VLLM_PYTHON_ENV}={env[VLLM_PYTHON_ENV]!r} cannot import vllm" if env.get(VLLM_PYTHON_ENV)
-             else "no `vllm` executable beside this python or on PATH")
+    where = (
+        f"{VLLM_PYTHON_ENV}={env[VLLM_PYTHON_ENV]!r} cannot import vllm"
+        if env.get(VLLM_PYTHON_ENV)
+        else "no `vllm` executable beside this python or on PATH"
+    )
     return f"expected vLLM installed for 'vllm' ({where}); install it with {INSTALL_HINT}, or use 'embedded'"
 
 
-def vllm_command(launcher: list[str], model_dir, served_name: str, host: str, port: int, args: list[str],
-                 seed: int = 0) -> list[str]:
+def vllm_command(
+    launcher: list[str], model_dir, served_name: str, host: str, port: int, args: list[str], seed: int = 0
+) -> list[str]:
     """The launcher's server for MODEL on host:port under `served_name`; `seed` seeds the engine,
     each request still carries its own `seed`."""
-    return [*launcher, str(model_dir), "--served-model-name", served_name, "--host", host,
-            "--port", str(port), f"--seed={seed}", *args]
+    return [
+        *launcher,
+        str(model_dir),
+        "--served-model-name",
+        served_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        f"--seed={seed}",
+        *args,
+    ]
 
 
 class VllmServer(ServerProcess):
     """`vllm serve` as a child process for the duration of a `with` block."""
 
-    def __init__(self, model_dir, served_name: str, args: list[str], *, launcher: list[str] | None = None,
-                 host: str = "127.0.0.1", port: int | None = None, startup_timeout_s: float = 900.0,
-                 log_path=None):
+    def __init__(
+        self,
+        model_dir,
+        served_name: str,
+        args: list[str],
+        *,
+        launcher: list[str] | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        startup_timeout_s: float = 900.0,
+        log_path=None,
+    ):
         # Loading and compiling a large model takes minutes; stopping waits for its engine core to exit.
-        super().__init__(host=host, port=port, name="vllm server", startup_timeout_s=startup_timeout_s,
-                         log_path=log_path, stop_grace_s=30.0)
+        super().__init__(
+            host=host,
+            port=port,
+            name="vllm server",
+            startup_timeout_s=startup_timeout_s,
+            log_path=log_path,
+            stop_grace_s=30.0,
+        )
         self.launcher = launcher or vllm_launcher()
         if self.launcher is None:
             raise RuntimeError(f"execution.serving: vllm: {vllm_missing_reason()}")
@@ -131,8 +166,13 @@ def serve_model(spec, model_dir, served_name: str, log_path=None):
     if ex.serving == "vllm":
         server = VllmServer(model_dir, served_name, spec_engine_args(spec), log_path=log_path)
     else:
-        server = ModelServer(model_dir, served_name=served_name, dtype=spec.model.dtype,
-                             continuous_batching=ex.continuous_batching, prefix_cache_gib=ex.prefix_cache_gib,
-                             log_path=log_path)
+        server = ModelServer(
+            model_dir,
+            served_name=served_name,
+            dtype=spec.model.dtype,
+            continuous_batching=ex.continuous_batching,
+            prefix_cache_gib=ex.prefix_cache_gib,
+            log_path=log_path,
+        )
     with server as srv:
         yield srv.endpoint

@@ -73,8 +73,11 @@ class Fp8ExportError(ValueError):
 def _measure(t, q, s, block: int) -> dict:
     err = (dequantize_block_fp8(q, s.float(), block) - t.float()).abs()
     bound = error_bound(t, s.float(), block)
-    return {"max_abs_error": float(err.max()), "max_error_over_bound": float((err / bound).max()),
-            "relative_frobenius_error": float(err.norm() / t.float().norm().clamp_min(1e-30))}
+    return {
+        "max_abs_error": float(err.max()),
+        "max_error_over_bound": float((err / bound).max()),
+        "relative_frobenius_error": float(err.norm() / t.float().norm().clamp_min(1e-30)),
+    }
 
 
 def _write(src: Path, out: Path, layout: dict[str, list[str]], quantize: set[str], block: int, scale_dtype) -> dict:
@@ -105,16 +108,21 @@ def _write(src: Path, out: Path, layout: dict[str, list[str]], quantize: set[str
 def _summary(block: int, written: dict, copied: int, **extra) -> dict:
     report = written["per_tensor"]
     return {
-        "block": block, "tensors": len(report), "copied": copied,
+        "block": block,
+        "tensors": len(report),
+        "copied": copied,
         "max_error_over_bound": max((r["max_error_over_bound"] for r in report.values()), default=0.0),
         "max_relative_frobenius_error": max((r["relative_frobenius_error"] for r in report.values()), default=0.0),
-        "peak_bytes_bound": written["peak_bytes_bound"], "shards": written["shards"], **extra,
+        "peak_bytes_bound": written["peak_bytes_bound"],
+        "shards": written["shards"],
+        **extra,
         "per_tensor": report,
     }
 
 
-def export_fp8(model_dir: Path, out_dir: Path, block: int = BLOCK, rule=quantizable, scale_dtype=None,
-               report: bool = True) -> dict:
+def export_fp8(
+    model_dir: Path, out_dir: Path, block: int = BLOCK, rule=quantizable, scale_dtype=None, report: bool = True
+) -> dict:
     """Block-FP8 copy of a safetensors model dir, quantizing the tensors `rule(name, shape)` picks
     (default: the name rule, float32 scales), shard by shard as the source is laid out; the config's
     `quantization_config` lists the 2-D weights left unconverted. Returns the measured error report
@@ -129,12 +137,19 @@ def export_fp8(model_dir: Path, out_dir: Path, block: int = BLOCK, rule=quantiza
     quantize = {n for n, (_, shape) in meta.items() if rule(n, shape)}
     written = _write(model_dir, out_dir, by_shard(reader.map), quantize, block, scale_dtype or torch.float32)
     copy_side_files(model_dir, out_dir)
-    kept = sorted(n[: -len(".weight")] for n, (_, shape) in meta.items()
-                  if n not in quantize and len(shape) == 2 and n.endswith(".weight") and "norm" not in n
-                  and "embed" not in n)
+    kept = sorted(
+        n[: -len(".weight")]
+        for n, (_, shape) in meta.items()
+        if n not in quantize and len(shape) == 2 and n.endswith(".weight") and "norm" not in n and "embed" not in n
+    )
     config = json.loads((out_dir / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": [block, block], "modules_to_not_convert": kept}
+    config["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [block, block],
+        "modules_to_not_convert": kept,
+    }
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     summary = _summary(block, written, len(meta) - len(quantize), reference=None)
     if report:
@@ -156,10 +171,15 @@ def export_like(model_dir: Path, reference_dir: Path, out_dir: Path, reference: 
     src = TensorReader(model_dir).meta()
     scaled = {n[: -len("_scale_inv")] for n in ref if n.endswith("_scale_inv")}
     weights = {n for n in ref if not n.endswith("_scale_inv")}
-    problems = [f"only in the model: {sorted(set(src) - weights)[:5]}" if set(src) - weights else "",
-                f"only in the reference: {sorted(weights - set(src))[:5]}" if weights - set(src) else ""]
-    problems += [f"{n}: shape {src[n][1]} in the model, {ref[n][1]} in the reference"
-                 for n in sorted(weights & set(src)) if src[n][1] != ref[n][1]][:5]
+    problems = [
+        f"only in the model: {sorted(set(src) - weights)[:5]}" if set(src) - weights else "",
+        f"only in the reference: {sorted(weights - set(src))[:5]}" if weights - set(src) else "",
+    ]
+    problems += [
+        f"{n}: shape {src[n][1]} in the model, {ref[n][1]} in the reference"
+        for n in sorted(weights & set(src))
+        if src[n][1] != ref[n][1]
+    ][:5]
     problems = [p for p in problems if p]
     if problems:
         raise Fp8ExportError(f"{model_dir} does not match the FP8 reference {reference_dir}: " + "; ".join(problems))
@@ -169,15 +189,21 @@ def export_like(model_dir: Path, reference_dir: Path, out_dir: Path, reference: 
     import torch
 
     scale_dtype = {"BF16": torch.bfloat16, "F16": torch.float16}.get(next(iter(scale_dtypes), "F32"), torch.float32)
-    layout = {shard: [n for n in names if not n.endswith("_scale_inv")]
-              for shard, names in by_shard(ref_reader.map).items()}
+    layout = {
+        shard: [n for n in names if not n.endswith("_scale_inv")] for shard, names in by_shard(ref_reader.map).items()
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
     written = _write(model_dir, out_dir, layout, scaled, block, scale_dtype)
     copy_side_files(reference_dir, out_dir)
     if (model_dir / "chat_template.jinja").is_file():
         shutil.copy2(model_dir / "chat_template.jinja", out_dir / "chat_template.jinja")
-    summary = _summary(block, written, len(weights) - len(scaled), reference=reference or str(reference_dir),
-                       scale_dtype=str(scale_dtype).removeprefix("torch."))
+    summary = _summary(
+        block,
+        written,
+        len(weights) - len(scaled),
+        reference=reference or str(reference_dir),
+        scale_dtype=str(scale_dtype).removeprefix("torch."),
+    )
     (out_dir / "fp8_report.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     return summary
 
@@ -191,5 +217,7 @@ def load_dequantized(fp8_dir: Path) -> dict:
     for name, t in tensors.items():
         if name.endswith("_scale_inv"):
             continue
-        out[name] = dequantize_block_fp8(t, tensors[name + "_scale_inv"], block) if name + "_scale_inv" in tensors else t
+        out[name] = (
+            dequantize_block_fp8(t, tensors[name + "_scale_inv"], block) if name + "_scale_inv" in tensors else t
+        )
     return out

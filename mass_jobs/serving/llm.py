@@ -223,7 +223,11 @@ class ModelClient:
         self.close()
 
     def request_body(
-        self, messages: list[dict], tools: list[dict] | None = None, seed: int | None = None, max_tokens: int | None = None
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        seed: int | None = None,
+        max_tokens: int | None = None,
     ) -> dict:
         """The JSON body sent upstream; `top_k` travels as an extra top-level key (vLLM and transformers read it)."""
         s = self.sampling
@@ -280,8 +284,9 @@ class ModelClient:
         try:
             resp = self._http.post(url, json=body, headers=headers)
         except httpx.TimeoutException as e:
-            raise ModelError(f"timeout after {self.timeout_s}s calling {url}: {e!r}", kind="timeout",
-                             attempts=attempt) from e
+            raise ModelError(
+                f"timeout after {self.timeout_s}s calling {url}: {e!r}", kind="timeout", attempts=attempt
+            ) from e
         except httpx.HTTPError as e:
             raise ModelError(f"cannot reach {url}: {e!r}", kind="connection", attempts=attempt) from e
         if resp.status_code >= 400:

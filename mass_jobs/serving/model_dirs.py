@@ -138,7 +138,9 @@ def fetch_stored_model(store, key: str, dest, label: str | None = None, version:
 
             store.get_dir(key, tmp, MODEL_LIMITS)
         else:
-            raise ModelLocationError(f"model location {label!r}: no objects under {key + '/'!r} and no archive at {key!r}")
+            raise ModelLocationError(
+                f"model location {label!r}: no objects under {key + '/'!r} and no archive at {key!r}"
+            )
         (tmp / COMPLETE_MARKER).write_text(label + "\n" + (f"{version}\n" if version is not None else ""))
         if dest.exists():
             shutil.rmtree(dest)

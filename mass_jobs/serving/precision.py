@@ -60,17 +60,26 @@ def for_cluster(spec, gen: int) -> Choice:
         if not spec.model.serve:
             return BASE
         if spec.execution.resources.server.gpu < 1:
-            return Choice("base", "execution.resources.server.gpu is 0: vLLM's CPU backend cannot serve model.serve's "
-                                  "FP8 weights, so generation 0 is model.base")
-        return Choice("serve", f"KServe's vLLM runtime on a GPU serves generation 0 from model.serve "
-                               f"({spec.model.serve}), as the paper does")
+            return Choice(
+                "base",
+                "execution.resources.server.gpu is 0: vLLM's CPU backend cannot serve model.serve's "
+                "FP8 weights, so generation 0 is model.base",
+            )
+        return Choice(
+            "serve",
+            f"KServe's vLLM runtime on a GPU serves generation 0 from model.serve "
+            f"({spec.model.serve}), as the paper does",
+        )
     fixed = _exported(spec)
     if fixed:
         return fixed
     if spec.execution.resources.server.gpu < 1:
         return Choice("bf16", "execution.resources.server.gpu is 0: vLLM's CPU backend has no block-FP8 kernels")
-    return Choice("fp8", "KServe's vLLM runtime on a GPU serves the block-FP8 export (W8A8 from compute capability "
-                         "8.9, weight-only from 7.5)")
+    return Choice(
+        "fp8",
+        "KServe's vLLM runtime on a GPU serves the block-FP8 export (W8A8 from compute capability "
+        "8.9, weight-only from 7.5)",
+    )
 
 
 def for_local(spec, gen: int, capability: tuple[int, int] | None) -> Choice:
@@ -82,8 +91,11 @@ def for_local(spec, gen: int, capability: tuple[int, int] | None) -> Choice:
         if not spec.model.serve:
             return BASE
         if serving == "embedded":
-            return Choice("base", "execution.serving is embedded: transformers' server cannot serve model.serve's FP8 "
-                                  "weights, so generation 0 is model.base")
+            return Choice(
+                "base",
+                "execution.serving is embedded: transformers' server cannot serve model.serve's FP8 "
+                "weights, so generation 0 is model.base",
+            )
         gpu = on_gpu(capability, "this machine")
         if gpu.weights != "fp8":
             return Choice("base", f"{gpu.reason}, so generation 0 is model.base, not model.serve")
@@ -92,8 +104,11 @@ def for_local(spec, gen: int, capability: tuple[int, int] | None) -> Choice:
     if fixed:
         return fixed
     if serving == "embedded":
-        return Choice("bf16", "execution.serving is embedded: transformers' server serves the BF16 weights; the "
-                              "block-FP8 export is served by vLLM on a CUDA GPU")
+        return Choice(
+            "bf16",
+            "execution.serving is embedded: transformers' server serves the BF16 weights; the "
+            "block-FP8 export is served by vLLM on a CUDA GPU",
+        )
     return on_gpu(capability, "this machine")
 
 
@@ -121,11 +136,16 @@ def summary(spec) -> str:
     if spec.execution.mode == "argo":
         c = for_cluster(spec, 0)
     elif spec.execution.serving == "vllm":
-        c = Choice("maybe", "vLLM serves model.serve where this machine's first CUDA GPU has compute capability "
-                            ">= 7.5, else model.base; gen-0/serving.json records which and why")
+        c = Choice(
+            "maybe",
+            "vLLM serves model.serve where this machine's first CUDA GPU has compute capability "
+            ">= 7.5, else model.base; gen-0/serving.json records which and why",
+        )
     else:
         c = for_local(spec, 0, None)
-    where = {"serve": f"model.serve ({spec.model.serve})", "base": "model.base"}.get(c.weights, "model.serve or model.base")
+    where = {"serve": f"model.serve ({spec.model.serve})", "base": "model.base"}.get(
+        c.weights, "model.serve or model.base"
+    )
     return f"serving: generation 0 from {where}: {c.reason}\n{later}"
 
 
@@ -143,8 +163,10 @@ def _later(spec) -> str:
         return said(for_cluster(spec, 1))
     fixed = _exported(spec)
     if spec.execution.serving == "vllm" and fixed is None:
-        return ("serving: generations 1+ from the FP8 weights when this machine's first CUDA GPU has compute "
-                f"capability >= 7.5 (vLLM's FP8 kernels), else from the {word} weights; gen-<g>/serving.json records "
-                "which and why")
+        return (
+            "serving: generations 1+ from the FP8 weights when this machine's first CUDA GPU has compute "
+            f"capability >= 7.5 (vLLM's FP8 kernels), else from the {word} weights; gen-<g>/serving.json records "
+            "which and why"
+        )
     c = for_local(spec, 1, None)
     return said(c) if c.weights != "none" else f"serving: {c.reason}"

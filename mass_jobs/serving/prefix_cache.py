@@ -137,8 +137,11 @@ class PrefixCache:
             return
         # A stored prefix of the new state is redundant where states can be cut back.
         if croppable(state):
-            for key in [k for k, e in self.entries.items()
-                        if e.ids.shape[0] <= ids.shape[0] and common_prefix(e.ids, ids) == e.ids.shape[0]]:
+            for key in [
+                k
+                for k, e in self.entries.items()
+                if e.ids.shape[0] <= ids.shape[0] and common_prefix(e.ids, ids) == e.ids.shape[0]
+            ]:
                 self.bytes -= self.entries.pop(key).nbytes
         while self.entries and self.bytes + nbytes > self.budget_bytes:
             self.bytes -= self.entries.popitem(last=False)[1].nbytes
@@ -174,7 +177,7 @@ class PrefixCache:
                     # keep the state there too, since a recurrent state cannot be cut back to it.
                     with self._lock:
                         self._store(ids[:s], state)
-                model(input_ids=input_ids[:, s:s + self.block], cache=state, use_cache=True, logits_to_keep=1)
+                model(input_ids=input_ids[:, s : s + self.block], cache=state, use_cache=True, logits_to_keep=1)
         with self._lock:
             self.stats.prefilled_tokens += end - start
             if self.budget_bytes > 0 and end > start:
@@ -191,8 +194,13 @@ def install(model, cache: PrefixCache) -> None:
     def generate(*args, **kwargs):
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         config = kwargs.get("generation_config")
-        if (input_ids is not None and input_ids.dim() == 2 and input_ids.shape[0] == 1 and kwargs.get("cache") is None
-                and getattr(config, "cache_implementation", None) in (None, "dynamic")):
+        if (
+            input_ids is not None
+            and input_ids.dim() == 2
+            and input_ids.shape[0] == 1
+            and kwargs.get("cache") is None
+            and getattr(config, "cache_implementation", None) in (None, "dynamic")
+        ):
             state = cache.prefill(model, input_ids)
             if state is not None:
                 kwargs["cache"] = state

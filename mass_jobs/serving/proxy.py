@@ -54,8 +54,15 @@ REQUEST_DROP = {
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
     "proxy-authorization", "proxy-connection", "accept-encoding",
 }  # fmt: skip
-RESPONSE_DROP = {"content-length", "connection", "keep-alive", "transfer-encoding", "trailer", "upgrade",
-                 "content-encoding"}
+RESPONSE_DROP = {
+    "content-length",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "trailer",
+    "upgrade",
+    "content-encoding",
+}
 
 
 def _addr(hex_addr: str) -> tuple[str, int]:
@@ -64,7 +71,7 @@ def _addr(hex_addr: str) -> tuple[str, int]:
 
     ip_hex, port_hex = hex_addr.split(":")
     raw = bytes.fromhex(ip_hex)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word is host order
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word is host order
     ip = ipaddress.ip_address(words)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
         ip = ip.ipv4_mapped
@@ -213,7 +220,7 @@ class RecordingProxy:
             data = memoryview((line + "\n").encode("utf-8"))
             try:
                 while data:
-                    data = data[self._file.write(data):]
+                    data = data[self._file.write(data) :]
             except OSError as exc:  # disk full: cut the torn line off, record nothing more
                 self.write_error = exc
                 try:
@@ -245,16 +252,31 @@ class RecordingProxy:
             client = scope.get("client") or ("", 0)
             uid = peer_uid(client[0], int(client[1]), self._port)
             if uid not in self.peer_uids:
-                await _send_json(send, 403, {"error": {
-                    "message": f"this proxy serves its episode's harness only (the call came from uid {uid})"}})
+                await _send_json(
+                    send,
+                    403,
+                    {
+                        "error": {
+                            "message": f"this proxy serves its episode's harness only (the call came from uid {uid})"
+                        }
+                    },
+                )
                 return
-        if self.client_token and not hmac.compare_digest(headers.get("authorization", "").encode(),
-                                                         f"Bearer {self.client_token}".encode()):
+        if self.client_token and not hmac.compare_digest(
+            headers.get("authorization", "").encode(), f"Bearer {self.client_token}".encode()
+        ):
             await _send_json(send, 401, {"error": {"message": "this proxy serves its episode's harness only"}})
             return
         if self.write_error is not None:  # calls no trace would hold: the episode cannot be taught from
-            await _send_json(send, 507, _error_body(f"the trace could not be written ({self.write_error}); "
-                                                    "no call is served after that", "trace_unwritable", 507))
+            await _send_json(
+                send,
+                507,
+                _error_body(
+                    f"the trace could not be written ({self.write_error}); no call is served after that",
+                    "trace_unwritable",
+                    507,
+                ),
+            )
             return
         sub = path[len("/v1/") :]
         url = self.upstream.url(sub)
@@ -342,8 +364,11 @@ class RecordingProxy:
                 await _send_json(send, 502, _error_body(rec["error"]["message"], "upstream_connection_error", 502))
                 return
             if data is None:
-                rec["error"] = {"kind": "reply_too_large", "message": f"upstream reply over {self.max_reply_bytes} "
-                                "bytes (limits.reply_bytes): neither buffered nor recorded"}
+                rec["error"] = {
+                    "kind": "reply_too_large",
+                    "message": f"upstream reply over {self.max_reply_bytes} "
+                    "bytes (limits.reply_bytes): neither buffered nor recorded",
+                }
                 await _send_json(send, 502, _error_body(rec["error"]["message"], "reply_too_large", 502))
                 return
             if resp.status_code >= 300:
@@ -399,8 +424,11 @@ class RecordingProxy:
             return
         exc = task.exception() if finished else None
         if state["too_large"]:
-            rec["error"] = {"kind": "reply_too_large", "message": f"upstream stream over {self.max_reply_bytes} bytes "
-                            "(limits.reply_bytes): cut there, the rest neither relayed nor recorded"}
+            rec["error"] = {
+                "kind": "reply_too_large",
+                "message": f"upstream stream over {self.max_reply_bytes} bytes "
+                "(limits.reply_bytes): cut there, the rest neither relayed nor recorded",
+            }
         elif isinstance(exc, httpx.TimeoutException):
             rec["error"] = {"kind": "timeout", "message": f"upstream stream stalled: {exc!r}"}
         elif isinstance(exc, httpx.HTTPError):
@@ -410,7 +438,10 @@ class RecordingProxy:
         elif exc is not None:
             raise exc
         elif asm.errors:
-            rec["error"] = {"kind": "invalid_response", "message": f"error event in stream: {json.dumps(asm.errors[0])}"}
+            rec["error"] = {
+                "kind": "invalid_response",
+                "message": f"error event in stream: {json.dumps(asm.errors[0])}",
+            }
         elif not asm.saw_done and asm.finish_reason is None:
             rec["error"] = {"kind": "invalid_response", "message": "stream ended without finish_reason or [DONE]"}
 

@@ -92,8 +92,11 @@ class StreamAssembler:
 
     def _end(self, since: int) -> tuple[int, int] | None:
         """(start, stop) of the first blank line (LF LF or CR LF CR LF) at or after `since`."""
-        found = [(i, i + n) for sep, n in ((b"\n\n", 2), (b"\r\n\r\n", 4), (b"\r\n\n", 3), (b"\n\r\n", 3))
-                 if (i := self._buf.find(sep, since)) >= 0]
+        found = [
+            (i, i + n)
+            for sep, n in ((b"\n\n", 2), (b"\r\n\r\n", 4), (b"\r\n\n", 3), (b"\n\r\n", 3))
+            if (i := self._buf.find(sep, since)) >= 0
+        ]
         return min(found) if found else None
 
     def _event(self, event: bytes) -> None:

@@ -30,9 +30,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ServerProcess:
     """`command` (a list, listening on host:port) as a child process for the duration of a `with` block."""
 
-    def __init__(self, command: list[str] | None = None, *, host: str = "127.0.0.1", port: int | None = None,
-                 name: str = "model server", startup_timeout_s: float = 180.0,
-                 log_path: str | os.PathLike | None = None, stop_grace_s: float = 10.0):
+    def __init__(
+        self,
+        command: list[str] | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        name: str = "model server",
+        startup_timeout_s: float = 180.0,
+        log_path: str | os.PathLike | None = None,
+        stop_grace_s: float = 10.0,
+    ):
         self._command = command
         self.host, self.port, self.name = host, port, name
         self.startup_timeout_s, self.stop_grace_s = startup_timeout_s, stop_grace_s

@@ -20,8 +20,14 @@ ServeModel = Callable[[int], AbstractContextManager[Any]]
 ServeJudge = Callable[[Any], AbstractContextManager[Any]]
 
 
-def local_servers(spec, model_dir_of: Callable[[int], Path], name_of: Callable[[int], str], *,
-                  store_options: dict | None = None, log_dir: Path | None = None) -> tuple[ServeModel, ServeJudge]:
+def local_servers(
+    spec,
+    model_dir_of: Callable[[int], Path],
+    name_of: Callable[[int], str],
+    *,
+    store_options: dict | None = None,
+    log_dir: Path | None = None,
+) -> tuple[ServeModel, ServeJudge]:
     """Servers started here per use: L_g from `model_dir_of(g)` under `name_of(g)` (the name its
     InferenceService has on the cluster, so traces of both executors agree); a `local` judge from
     its model; any other judge at its own endpoint."""
@@ -38,8 +44,9 @@ def local_servers(spec, model_dir_of: Callable[[int], Path], name_of: Callable[[
             yield Endpoint(base_url=judge.endpoint, model=judge.model, api_key_env=judge.api_key_env)
             return
         log = (log_dir / f"serve-judge-{judge.name}.log") if log_dir else None
-        with backends.serve_model(spec, resolve_model(judge.model, store_options=store_options), judge.name,
-                                  log_path=log) as endpoint:
+        with backends.serve_model(
+            spec, resolve_model(judge.model, store_options=store_options), judge.name, log_path=log
+        ) as endpoint:
             yield endpoint
 
     return serve_model, serve_judge
@@ -52,8 +59,9 @@ def remote_servers(local_judges: dict | None = None) -> tuple[ServeModel, ServeJ
 
     @contextlib.contextmanager
     def serve_model(g: int):
-        raise ValueError(f"L_{g} is called only in its round (--phase finish --served-gen {g}), never by the "
-                         f"step's finish")
+        raise ValueError(
+            f"L_{g} is called only in its round (--phase finish --served-gen {g}), never by the step's finish"
+        )
         yield
 
     @contextlib.contextmanager
@@ -62,8 +70,10 @@ def remote_servers(local_judges: dict | None = None) -> tuple[ServeModel, ServeJ
             yield local_judges[judge.name]
             return
         if judge.endpoint == "local":
-            raise ValueError(f"judges: {judge.name!r} has endpoint 'local'; on the cluster judges are external "
-                             f"endpoints (an OpenAI-compatible URL), the evaluate pod serves no model")
+            raise ValueError(
+                f"judges: {judge.name!r} has endpoint 'local'; on the cluster judges are external "
+                f"endpoints (an OpenAI-compatible URL), the evaluate pod serves no model"
+            )
         yield Endpoint(base_url=judge.endpoint, model=judge.model, api_key_env=judge.api_key_env)
 
     return serve_model, serve_judge

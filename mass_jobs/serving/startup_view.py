@@ -50,7 +50,7 @@ def as_reminder(messages: Any) -> list[dict] | None:
     i = next((n for n, m in enumerate(messages) if m.get("role") != "system"), len(messages))
     if len(messages) < i + 3:
         return None
-    view, ack, task = messages[i:i + 3]
+    view, ack, task = messages[i : i + 3]
     if (view.get("role"), ack.get("role"), task.get("role")) != ("user", "assistant", "user"):
         return None
     if _text(ack.get("content")).strip() != ACK or ack.get("tool_calls"):
@@ -58,4 +58,4 @@ def as_reminder(messages: Any) -> list[dict] | None:
     if not _text(view.get("content")).startswith(VIEW_START):
         return None
     part = {"type": "text", "text": reminder(_text(view.get("content")))}
-    return [*messages[:i], {**task, "content": [part, *_parts(task.get("content"))]}, *messages[i + 3:]]
+    return [*messages[:i], {**task, "content": [part, *_parts(task.get("content"))]}, *messages[i + 3 :]]

@@ -15,8 +15,10 @@ import re
 from mass_jobs.config.run_spec import XML_CALL_FAMILIES
 
 READS = {"hermes": "json", "qwen3_coder": "xml", "qwen3_xml": "xml"}
-SHOWN = {"json": '<tool_call>{"name": ..., "arguments": {...}}</tool_call>',
-         "xml": "<tool_call><function=NAME><parameter=ARG>VALUE</parameter></function></tool_call>"}
+SHOWN = {
+    "json": '<tool_call>{"name": ..., "arguments": {...}}</tool_call>',
+    "xml": "<tool_call><function=NAME><parameter=ARG>VALUE</parameter></function></tool_call>",
+}
 
 
 def written_format(rendered: str, tool: str) -> str | None:
@@ -40,5 +42,7 @@ def parser_issue(parser: str, fmt: str | None, model: str) -> str | None:
     if fmt is None or reads is None or reads == fmt:
         return None
     readers = ", ".join(sorted(p for p, f in READS.items() if f == fmt))
-    return (f"expected a tool-call parser that reads what {model} writes ({SHOWN[fmt]}: {readers}), found "
-            f"{parser!r}, which reads {SHOWN[reads]}")
+    return (
+        f"expected a tool-call parser that reads what {model} writes ({SHOWN[fmt]}: {readers}), found "
+        f"{parser!r}, which reads {SHOWN[reads]}"
+    )

@@ -35,20 +35,28 @@ def _parse_kept(text: str, source: str) -> Any:
 
 def _parse(text: str, source: str) -> Any:
     if len(text) > MAX_SPEC_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
-        raise SpecError(source, [SpecIssue("$", f"expected a document of at most {MAX_SPEC_BYTES} bytes, "
-                                                f"found {len(text.encode('utf-8', 'surrogatepass'))}")])
+        raise SpecError(
+            source,
+            [
+                SpecIssue(
+                    "$",
+                    f"expected a document of at most {MAX_SPEC_BYTES} bytes, "
+                    f"found {len(text.encode('utf-8', 'surrogatepass'))}",
+                )
+            ],
+        )
     try:
         document = _bounded_load(text, source)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(source, [SpecIssue("$", f"expected valid YAML or JSON{where}: {getattr(exc, 'problem', exc)}")]) \
-            from None
+        raise SpecError(
+            source, [SpecIssue("$", f"expected valid YAML or JSON{where}: {getattr(exc, 'problem', exc)}")]
+        ) from None
     issues = _value_issues(document)
     if issues:
         raise SpecError(source, issues)
     return document
-
 
 
 # ---------------------------------------------------------------- hostile input: bounds before any work
@@ -81,14 +89,18 @@ class _SpecLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_ALIASES:
-                raise _Limit(json_path(self._path + [key] if parent is not None else self._path),
-                             f"expected at most {MAX_ALIASES} YAML aliases, found more")
+                raise _Limit(
+                    json_path(self._path + [key] if parent is not None else self._path),
+                    f"expected at most {MAX_ALIASES} YAML aliases, found more",
+                )
             return super().compose_node(parent, index)
         if parent is not None:
             self._path.append(key)
         try:
             if len(self._path) > MAX_DEPTH:
-                raise _Limit(json_path(self._path[:MAX_DEPTH]), f"expected nesting at most {MAX_DEPTH} levels deep, found deeper")
+                raise _Limit(
+                    json_path(self._path[:MAX_DEPTH]), f"expected nesting at most {MAX_DEPTH} levels deep, found deeper"
+                )
             return super().compose_node(parent, index)
         finally:
             if parent is not None:
@@ -107,11 +119,19 @@ def _node_issues(root: yaml.Node) -> list[SpecIssue]:
         node, path = stack.pop()
         seen += 1
         if seen > MAX_NODES:
-            return issues + [SpecIssue(json_path(path), f"expected at most {MAX_NODES} values after expanding "
-                                                        "YAML aliases, found more (an alias bomb)")]
+            return issues + [
+                SpecIssue(
+                    json_path(path),
+                    f"expected at most {MAX_NODES} values after expanding YAML aliases, found more (an alias bomb)",
+                )
+            ]
         if len(path) > MAX_DEPTH:  # nesting reached through aliases (or an alias cycle)
-            return issues + [SpecIssue(json_path(path[:MAX_DEPTH]), f"expected nesting at most {MAX_DEPTH} levels "
-                                                                    "deep after expanding YAML aliases, found deeper")]
+            return issues + [
+                SpecIssue(
+                    json_path(path[:MAX_DEPTH]),
+                    f"expected nesting at most {MAX_DEPTH} levels deep after expanding YAML aliases, found deeper",
+                )
+            ]
         if isinstance(node, yaml.MappingNode):
             keys: dict[str, int] = {}
             for key, value in node.value:
@@ -120,18 +140,28 @@ def _node_issues(root: yaml.Node) -> list[SpecIssue]:
                     continue
                 if not (isinstance(key, yaml.ScalarNode) and key.tag == "tag:yaml.org,2002:str"):
                     shown = key.value if isinstance(key, yaml.ScalarNode) else key.id
-                    issues.append(SpecIssue(json_path(path), f"expected string keys, found {shown!r} ({key.tag.rsplit(':', 1)[-1]})"))
+                    issues.append(
+                        SpecIssue(
+                            json_path(path), f"expected string keys, found {shown!r} ({key.tag.rsplit(':', 1)[-1]})"
+                        )
+                    )
                     continue
                 if key.value in keys:
                     again = f"line {key.start_mark.line + 1} (first at line {keys[key.value]})"
-                    issues.append(SpecIssue(json_path(path + [key.value]), f"expected each key once, found it again at {again}"))
+                    issues.append(
+                        SpecIssue(json_path(path + [key.value]), f"expected each key once, found it again at {again}")
+                    )
                 keys.setdefault(key.value, key.start_mark.line + 1)
                 stack.append((value, path + [key.value]))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((item, path + [i]) for i, item in enumerate(node.value))
         elif node.tag == "tag:yaml.org,2002:int" and len(node.value.lstrip("+-").replace("_", "")) > MAX_INT_DIGITS:
             digits = len(node.value.lstrip("+-").replace("_", ""))  # 0x / 0b / 0o prefixes count too
-            issues.append(SpecIssue(json_path(path), f"expected an integer of at most {MAX_INT_DIGITS} digits, found {digits} digits"))
+            issues.append(
+                SpecIssue(
+                    json_path(path), f"expected an integer of at most {MAX_INT_DIGITS} digits, found {digits} digits"
+                )
+            )
     return sorted(issues, key=lambda i: i.path)
 
 
@@ -182,8 +212,9 @@ def decode_bounded(data: bytes, source: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError(source, [SpecIssue("$", f"expected UTF-8 text, found byte 0x{data[exc.start]:02x} "
-                                                f"at offset {exc.start}")]) from None
+        raise SpecError(
+            source, [SpecIssue("$", f"expected UTF-8 text, found byte 0x{data[exc.start]:02x} at offset {exc.start}")]
+        ) from None
 
 
 def get_bounded(store, key: str, source: str) -> str:

@@ -68,9 +68,11 @@ def in_process_imports(task) -> list[str]:
             for name in _imported(task.files[script]):
                 if name in sys.stdlib_module_names or name == HOST or name in own or _installed(name):
                     continue
-                out.append(f"task {task.id}: check {check.name}: {script} imports {name!r} into its own process, and "
-                           f"{name!r} is no protected file of the task (the episode's code): what it does at import "
-                           f"reaches the check; run it through the policy host (mass_policy.Policy, docs/running.md)")
+                out.append(
+                    f"task {task.id}: check {check.name}: {script} imports {name!r} into its own process, and "
+                    f"{name!r} is no protected file of the task (the episode's code): what it does at import "
+                    f"reaches the check; run it through the policy host (mass_policy.Policy, docs/running.md)"
+                )
     return out
 
 

@@ -38,8 +38,13 @@ def model_issues(model, document: Any) -> list[SpecIssue]:
     try:
         model.model_validate(document)
     except ValidationError as err:
-        return [SpecIssue(json_path([p for p in e["loc"] if p not in ("Task", "TaskFile")]),
-                          f"{e['msg']}, found {found_text(e.get('input'))}") for e in err.errors()]
+        return [
+            SpecIssue(
+                json_path([p for p in e["loc"] if p not in ("Task", "TaskFile")]),
+                f"{e['msg']}, found {found_text(e.get('input'))}",
+            )
+            for e in err.errors()
+        ]
     return []
 
 
@@ -57,8 +62,10 @@ def _read_local(base: Path) -> Callable[..., str]:
         real = Path(os.path.realpath(path))
         if not outside and not real.is_relative_to(root):
             how = "a link out of it" if Path(os.path.abspath(path)).is_relative_to(root) else "a path outside it"
-            raise TaskFileRefused(f"expected a task file inside the spec's folder, found {ref!r} ({how}): copy it "
-                                  "there, or set outside_spec_folder: true next to `file:`")
+            raise TaskFileRefused(
+                f"expected a task file inside the spec's folder, found {ref!r} ({how}): copy it "
+                "there, or set outside_spec_folder: true next to `file:`"
+            )
         return read_regular(real, ref)
 
     return read
@@ -76,9 +83,17 @@ def read_regular(path: Path, ref: str) -> str:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
-                    "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                    else "a special file")
+            kind = (
+                "a directory"
+                if stat.S_ISDIR(mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a socket"
+                if stat.S_ISSOCK(mode)
+                else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a special file"
+            )
             raise TaskFileRefused(f"expected a regular task file, found {ref!r}: {kind}")
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_SPEC_BYTES + 1)
@@ -95,7 +110,9 @@ def _load_task_file(ref: TaskFile, index: int, read: Callable[..., str]) -> tupl
         return None, [SpecIssue(where, str(exc))]
     except (OSError, LookupError) as exc:  # LookupError: the store's MissingKey (a task file not uploaded)
         at = f" at {exc.filename!r}" if isinstance(exc, OSError) and exc.filename else ""
-        return None, [SpecIssue(where, f"expected a readable task file, found {ref.file!r}{at} ({exc.__class__.__name__})")]
+        return None, [
+            SpecIssue(where, f"expected a readable task file, found {ref.file!r}{at} ({exc.__class__.__name__})")
+        ]
     except SpecError as exc:  # too large or not UTF-8
         return None, [SpecIssue(where, f"{ref.file}: {i.message}") for i in exc.issues]
     if ref.format == "upstream":
@@ -107,8 +124,13 @@ def _load_task_file(ref: TaskFile, index: int, read: Callable[..., str]) -> tupl
             return None, [SpecIssue(where, f"expected an upstream MASS task ({exc})")]
         missing = [key for key in ("id", "split") if getattr(ref, key) is None]
         if missing:
-            return None, [SpecIssue(f"$.tasks[{index}].{key}", "required next to `format: upstream` (an upstream "
-                                    "task file has no id or split of its own)") for key in missing]
+            return None, [
+                SpecIssue(
+                    f"$.tasks[{index}].{key}",
+                    "required next to `format: upstream` (an upstream task file has no id or split of its own)",
+                )
+                for key in missing
+            ]
         doc: Any = {"prompt": prompt, "workflow": workflow.model_dump(mode="json"), "upstream_text": text}
     else:
         try:
@@ -116,11 +138,19 @@ def _load_task_file(ref: TaskFile, index: int, read: Callable[..., str]) -> tupl
         except SpecError as exc:
             return None, [SpecIssue(where, f"{ref.file}: {i.message}{_upstream_hint(ref, text)}") for i in exc.issues]
         if not isinstance(doc, dict) and _upstream_hint(ref, text):
-            return None, [SpecIssue(where, f"{ref.file}: expected a task document (YAML/JSON object), found "
-                                    f"{found_text(doc)}{_upstream_hint(ref, text)}")]
+            return None, [
+                SpecIssue(
+                    where,
+                    f"{ref.file}: expected a task document (YAML/JSON object), found "
+                    f"{found_text(doc)}{_upstream_hint(ref, text)}",
+                )
+            ]
     if isinstance(doc, dict):
         doc = {**doc, **task_overrides(ref)}
-    issues = [SpecIssue(f"{where} ({ref.file}) {i.path}", i.message) for i in schema_issues("task", doc) or model_issues(Task, doc)]
+    issues = [
+        SpecIssue(f"{where} ({ref.file}) {i.path}", i.message)
+        for i in schema_issues("task", doc) or model_issues(Task, doc)
+    ]
     return (None if issues else Task.model_validate(doc)), issues
 
 
@@ -134,8 +164,10 @@ def _upstream_hint(ref: TaskFile, text: str) -> str:
     """For a native task file that is really upstream MASS text: say how to load it."""
 
     if ref.format == "mass" and (ref.file.endswith(".txt") or UPSTREAM_MARKER in text):
-        return ("; an upstream MASS task (text, then an agent list) needs `format: upstream` (with `id` and "
-                "`split`) next to `file:`, or convert it: `mass import upstream DIR`")
+        return (
+            "; an upstream MASS task (text, then an agent list) needs `format: upstream` (with `id` and "
+            "`split`) next to `file:`, or convert it: `mass import upstream DIR`"
+        )
     return ""
 
 
@@ -192,12 +224,12 @@ def _parent(path: str) -> str:
     return path[:cut] if cut > 0 else "$"
 
 
-
 # ---------------------------------------------------------------- entry points
 
 
-def validate_document(document: Any, source: str = "<spec>", read: Callable[..., str] | None = None,
-                      base: Path | None = None) -> RunSpec:
+def validate_document(
+    document: Any, source: str = "<spec>", read: Callable[..., str] | None = None, base: Path | None = None
+) -> RunSpec:
     """Validate a parsed spec; raise SpecError listing every issue of every stage. `read` loads task
     files by reference; `base` (the spec's folder) is where local model directories are checked."""
     schema = schema_issues("run-spec", document)
@@ -227,7 +259,9 @@ def _typed_stages(document: Any, read: Callable[..., str] | None) -> tuple[RunSp
     for i, entry in enumerate(spec.tasks):
         if isinstance(entry, TaskFile):
             if read is None:
-                issues.append(SpecIssue(f"$.tasks[{i}].file", "expected inline tasks (no base location to read task files from)"))
+                issues.append(
+                    SpecIssue(f"$.tasks[{i}].file", "expected inline tasks (no base location to read task files from)")
+                )
                 continue
             task, task_issues = _load_task_file(entry, i, read)
             issues.extend(task_issues)
@@ -259,8 +293,10 @@ def load_spec(location: str | Path) -> RunSpec:
                 p, _, n = ref.rpartition("/")
                 return get_bounded(open_store(p), n, ref)
             if Path(ref).is_absolute() or ".." in Path(ref).parts:
-                raise TaskFileRefused(f"expected a task file relative to the spec's S3 folder {parent + '/'!r} "
-                                      f"(or an s3:// URI), found the local path {ref!r}")
+                raise TaskFileRefused(
+                    f"expected a task file relative to the spec's S3 folder {parent + '/'!r} "
+                    f"(or an s3:// URI), found the local path {ref!r}"
+                )
             return get_bounded(store, ref, ref)
 
     else:

@@ -42,13 +42,12 @@ def absolute_paths(document: Any, base: Path) -> Any:
     A relative value that does not exist there and looks like 'org/name' stays: a hub id."""
     import copy
 
-
     if not isinstance(document, dict):
         return document
     doc = copy.deepcopy(document)
     for parts, value in model_locations(doc):
         if value.startswith("file://"):
-            value = value[len("file://"):]
+            value = value[len("file://") :]
         path = Path(value).expanduser()
         if not _is_local_path(value) or path.is_absolute():
             continue
@@ -57,7 +56,11 @@ def absolute_paths(document: Any, base: Path) -> Any:
             _set(doc, parts, str(candidate))
     evaluation = doc.get("evaluation")
     embedder = evaluation.get("embedder") if isinstance(evaluation, dict) else None
-    if isinstance(embedder, str) and embedder not in ("hash", "minilm") and not Path(embedder).expanduser().is_absolute():
+    if (
+        isinstance(embedder, str)
+        and embedder not in ("hash", "minilm")
+        and not Path(embedder).expanduser().is_absolute()
+    ):
         evaluation["embedder"] = str((base / Path(embedder).expanduser()).resolve())
     model = doc.get("model")
     template = model.get("chat_template") if isinstance(model, dict) else None
@@ -69,7 +72,7 @@ def absolute_paths(document: Any, base: Path) -> Any:
 def store_in_folder(spec: RunSpec, base: Path) -> RunSpec:
     """A relative `file://` store resolved against `base` (the spec's folder), after validation so
     messages quote the URI as written."""
-    root = spec.store.uri[len("file://"):] if spec.store.uri.startswith("file://") else None
+    root = spec.store.uri[len("file://") :] if spec.store.uri.startswith("file://") else None
     if not root or Path(root).expanduser().is_absolute():
         return spec
     return spec.model_copy(update={"store": spec.store.model_copy(update={"uri": f"file://{(base / root).resolve()}"})})
@@ -90,27 +93,37 @@ def model_location_issues(document: Any, base: Path | None) -> list[SpecIssue]:
     for parts, value in model_locations(document):
         where = json_path(parts)
         if value.startswith("s3://"):
-            bucket, _, key = value[len("s3://"):].partition("/")
+            bucket, _, key = value[len("s3://") :].partition("/")
             if not bucket or not key.strip("/"):
                 out.append(SpecIssue(where, f"expected s3://bucket/key, found {value!r}"))
             continue
         if base is None or not Path(value).parts:  # "" (or "."): the schema's minLength names it
             continue
-        path = Path(value[len("file://"):] if value.startswith("file://") else value).expanduser()
+        path = Path(value[len("file://") :] if value.startswith("file://") else value).expanduser()
         if path.is_absolute():
             if path.is_dir():
                 continue
             found = "a file" if path.exists() else "nothing"
-            out.append(SpecIssue(where, f"expected a model directory, an s3:// URI or a hub id 'org/name', "
-                                        f"found {found} at {str(path)!r}"))
+            out.append(
+                SpecIssue(
+                    where,
+                    f"expected a model directory, an s3:// URI or a hub id 'org/name', found {found} at {str(path)!r}",
+                )
+            )
             continue
         first = base / Path(value).parts[0]
         if looks_like_hub_id(value) and first.is_dir():
-            out.append(SpecIssue(where, f"expected a model directory, found none at {str((base / value).resolve())!r} "
-                                        f"({str(first.resolve())!r} exists, so this is a path, not a hub id)"))
+            out.append(
+                SpecIssue(
+                    where,
+                    f"expected a model directory, found none at {str((base / value).resolve())!r} "
+                    f"({str(first.resolve())!r} exists, so this is a path, not a hub id)",
+                )
+            )
         elif not looks_like_hub_id(value):
-            out.append(SpecIssue(where, f"expected a model directory, an s3:// URI or a hub id 'org/name', "
-                                        f"found {value!r}"))
+            out.append(
+                SpecIssue(where, f"expected a model directory, an s3:// URI or a hub id 'org/name', found {value!r}")
+            )
     return out
 
 

@@ -84,8 +84,11 @@ def set_value(document: Any, assignment: str, source: str) -> Any:
     path, eq, text = assignment.partition("=")
     keys = path.split(".") if path else []
     if not eq or not keys or any(not k for k in keys):
-        raise SpecError(source, [SpecIssue("--set", f"expected PATH=VALUE with a dotted PATH (sft.parallel=fsdp), "
-                                                   f"found {assignment!r}")], what="arguments")
+        raise SpecError(
+            source,
+            [SpecIssue("--set", f"expected PATH=VALUE with a dotted PATH (sft.parallel=fsdp), found {assignment!r}")],
+            what="arguments",
+        )
     value = parse_document(text or '""', f"--set {path}")
     out = copy.deepcopy(document) if isinstance(document, (dict, list)) else {}
     node = out
@@ -93,13 +96,25 @@ def set_value(document: Any, assignment: str, source: str) -> Any:
         last, where = i == len(keys) - 1, ".".join(keys[: i + 1])
         if isinstance(node, list):
             if not key.isdigit() or int(key) >= len(node):
-                raise SpecError(source, [SpecIssue(f"--set {path}", f"expected an index below {len(node)} at {where}, "
-                                                                    f"found {key!r}")], what="arguments")
+                raise SpecError(
+                    source,
+                    [SpecIssue(f"--set {path}", f"expected an index below {len(node)} at {where}, found {key!r}")],
+                    what="arguments",
+                )
             key = int(key)
         elif not isinstance(node, dict):
-            raise SpecError(source, [SpecIssue(f"--set {path}", f"expected a mapping or a list at "
-                                                                f"{'.'.join(keys[:i]) or 'the top'}, found "
-                                                                f"{type(node).__name__}")], what="arguments")
+            raise SpecError(
+                source,
+                [
+                    SpecIssue(
+                        f"--set {path}",
+                        f"expected a mapping or a list at "
+                        f"{'.'.join(keys[:i]) or 'the top'}, found "
+                        f"{type(node).__name__}",
+                    )
+                ],
+                what="arguments",
+            )
         if last:
             node[key] = value
         else:
@@ -115,11 +130,14 @@ def apply_overrides(document: Any, location: str) -> Any:
         return document
     for f in location.overlays:
         if not Path(f).is_file():
-            raise SpecError(f, [SpecIssue("--overlay", f"expected a YAML file, found nothing at {f!r}")], what="arguments")
+            raise SpecError(
+                f, [SpecIssue("--overlay", f"expected a YAML file, found nothing at {f!r}")], what="arguments"
+            )
         overlay = parse_document(read_bounded(Path(f), f), f)
         if not isinstance(overlay, dict):
-            raise SpecError(f, [SpecIssue("--overlay", f"expected a mapping, found {type(overlay).__name__}")],
-                            what="arguments")
+            raise SpecError(
+                f, [SpecIssue("--overlay", f"expected a mapping, found {type(overlay).__name__}")], what="arguments"
+            )
         document = merge(document, overlay)
     for assignment in location.sets:
         document = set_value(document, assignment, str(location))

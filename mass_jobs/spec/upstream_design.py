@@ -26,8 +26,13 @@ from mass_jobs.spec.workflow import DEFAULT_WORKFLOW, json_candidates
 
 REPLY_KEY = "improved_multi_agent_design"
 # the explanation the paper's optimizer gives beside the block: kept in proposal.json, read by nothing
-REPLY_LISTS = ("changes_from_previous", "why_it_should_improve", "evidence_used", "expected_impact",
-               "verification_checks")
+REPLY_LISTS = (
+    "changes_from_previous",
+    "why_it_should_improve",
+    "evidence_used",
+    "expected_impact",
+    "verification_checks",
+)
 # how close to its end a block may hold the end phrase for it to be cut there (a phrase further up is
 # an instruction inside the block)
 _END_CUT_FROM = 0.7
@@ -101,8 +106,12 @@ class DesignTemplate:
 def design_of(wf: Workflow | None) -> str:
     """A structured workflow as an upstream design block (the default team when None)."""
     wf = wf or DEFAULT_WORKFLOW
-    order = [f"{n}. {h.caller} -> {h.callee}" + (f"; returns: {h.returns}" if h.returns else "")
-             + (f"; on failure: back to {h.on_failure}" if h.on_failure else "") for n, h in enumerate(wf.hops, 1)]
+    order = [
+        f"{n}. {h.caller} -> {h.callee}"
+        + (f"; returns: {h.returns}" if h.returns else "")
+        + (f"; on failure: back to {h.on_failure}" if h.on_failure else "")
+        for n, h in enumerate(wf.hops, 1)
+    ]
     items = []
     for i, a in enumerate(wf.agents):
         text = a.instruction

@@ -70,11 +70,14 @@ def import_upstream(text: str) -> tuple[str, Workflow]:
     prompt = text[:idx].strip()
     if not prompt:
         raise WorkflowError(["upstream task: the task text before the agent list is empty"])
-    rest = text[idx + len(UPSTREAM_MARKER):].strip()
+    rest = text[idx + len(UPSTREAM_MARKER) :].strip()
     try:
         items, end = json.JSONDecoder().raw_decode(rest)
     except json.JSONDecodeError as e:
-        raise WorkflowError([f"upstream task: agent list is not JSON ({e.msg} at line {e.lineno} column {e.colno})"]) from None
-    after = "\n".join(line for line in rest[end:].strip().splitlines()
-                      if not re.search(r"\bagents?\b", line, flags=re.I)).strip()
+        raise WorkflowError(
+            [f"upstream task: agent list is not JSON ({e.msg} at line {e.lineno} column {e.colno})"]
+        ) from None
+    after = "\n".join(
+        line for line in rest[end:].strip().splitlines() if not re.search(r"\bagents?\b", line, flags=re.I)
+    ).strip()
     return (f"{prompt}\n\n{after}" if after else prompt), agents_from_upstream(items, "upstream agents")

@@ -51,10 +51,18 @@ DEFAULT_WORKFLOW = Workflow.model_validate(
             },
         ],
         "hops": [
-            {"caller": "orchestrator", "callee": "implementer", "returns": "files and run log",
-             "on_failure": "implementer"},
-            {"caller": "orchestrator", "callee": "reviewer", "returns": "pass/fail per file",
-             "on_failure": "implementer"},
+            {
+                "caller": "orchestrator",
+                "callee": "implementer",
+                "returns": "files and run log",
+                "on_failure": "implementer",
+            },
+            {
+                "caller": "orchestrator",
+                "callee": "reviewer",
+                "returns": "pass/fail per file",
+                "on_failure": "implementer",
+            },
         ],
     }
 )
@@ -145,7 +153,10 @@ def workflow_json(wf: Workflow) -> dict:
 
 def render_workflow(wf: Workflow) -> str:
     """The workflow as the text appended to the task prompt (deterministic)."""
-    lines = [WORKFLOW_HEADER, "Agents (the first is the orchestrator; it calls the others through the delegation tool):"]
+    lines = [
+        WORKFLOW_HEADER,
+        "Agents (the first is the orchestrator; it calls the others through the delegation tool):",
+    ]
     for n, a in enumerate(wf.agents, 1):
         lines.append(f"{n}. {a.id} (role: {a.role})")
         lines.append(f"   Instruction: {a.instruction}")
@@ -195,7 +206,7 @@ def json_candidates(text: str):
         if m.start() < end:  # inside a value already offered: its parts are not proposals
             continue
         try:
-            obj, length = decoder.raw_decode(text[m.start():])
+            obj, length = decoder.raw_decode(text[m.start() :])
         except json.JSONDecodeError:
             continue
         end = m.start() + length

@@ -25,8 +25,10 @@ from mass_jobs.spec.workflow import (
 )
 
 DESIGN = "design"
-RETRY = {"structured": "Reply with the corrected workflow JSON object only.",
-         "upstream": "Reply with the corrected JSON object only, its design block starting with the agent-team line."}
+RETRY = {
+    "structured": "Reply with the corrected workflow JSON object only.",
+    "upstream": "Reply with the corrected JSON object only, its design block starting with the agent-team line.",
+}
 
 
 def is_design(doc: dict) -> bool:
@@ -52,8 +54,13 @@ def teacher_parts(task: Task, doc: dict, directive: str) -> PromptParts:
     if not is_design(doc):
         return teacher_prompt_parts(task.prompt, Workflow.model_validate(doc), directive)
     t = DesignTemplate.of_task(task)
-    return PromptParts(t.before.strip(), doc[DESIGN].strip(), directive.strip(),
-                       whole=t.teacher_prompt(doc[DESIGN], directive), agent_rules=t.agent_lines)
+    return PromptParts(
+        t.before.strip(),
+        doc[DESIGN].strip(),
+        directive.strip(),
+        whole=t.teacher_prompt(doc[DESIGN], directive),
+        agent_rules=t.agent_lines,
+    )
 
 
 def text_of(doc: dict) -> str:
@@ -73,8 +80,10 @@ def changes(old: dict | None, new: dict) -> list[str]:
     ops = [op for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if op[0] != "equal"]
     if not ops:
         return ["no change"]
-    return [f"design block: {sum(j2 - j1 for _, _, _, j1, j2 in ops)} line(s) added, "
-            f"{sum(i2 - i1 for _, i1, i2, _, _ in ops)} removed, in {len(ops)} place(s)"]
+    return [
+        f"design block: {sum(j2 - j1 for _, _, _, j1, j2 in ops)} line(s) added, "
+        f"{sum(i2 - i1 for _, i1, i2, _, _ in ops)} removed, in {len(ops)} place(s)"
+    ]
 
 
 def parse_reply(task: Task, fmt: str, text: str | None) -> tuple[dict, dict]:

@@ -83,7 +83,9 @@ class Collection:
         self.state = SearchState.model_validate(doc)
         self.version = self._teacher_version()
         self.workflow = next(r.workflow for r in self.state.iterations if r.k == self.version)
-        directive = self.cfg.directive if self.cfg.directive is not None else teacher_directive(ctx.spec.execution.harness)
+        directive = (
+            self.cfg.directive if self.cfg.directive is not None else teacher_directive(ctx.spec.execution.harness)
+        )
         self.parts = teacher_parts(self.task, self.workflow, directive)
 
     def _winning_version(self) -> int | None:
@@ -102,10 +104,14 @@ class Collection:
         if self.require_beats_reference and self._winning_version() is None:
             best = "champion" if self.state.selection == "champion" else "elite"
             if self.cfg.collect_when == "elite":
-                return (f"the search never produced a {best} that beat the bare reference "
-                        f"(final {best}: iteration {self.state.elite}; collection.collect_when: elite)")
-            return (f"the search never produced a version that beat the bare reference "
-                    f"(no version was preferred over it; final {best}: iteration {self.state.elite})")
+                return (
+                    f"the search never produced a {best} that beat the bare reference "
+                    f"(final {best}: iteration {self.state.elite}; collection.collect_when: elite)"
+                )
+            return (
+                f"the search never produced a version that beat the bare reference "
+                f"(no version was preferred over it; final {best}: iteration {self.state.elite})"
+            )
         return None
 
     def prefix(self, i: int) -> str:
@@ -119,16 +125,24 @@ class Collection:
 
         s = self.ctx.spec
         return {
-            "task": self.task.id, "gen": self.gen, "index": i,
+            "task": self.task.id,
+            "gen": self.gen,
+            "index": i,
             "prompt": self.parts.text,
-            "prompt_parts": {"task": self.parts.task, "workflow": self.parts.workflow, "directive": self.parts.directive,
-                             # an upstream block's rules that name agents: stripped with it (absent otherwise)
-                             **({"agent_rules": list(self.parts.agent_rules)} if self.parts.agent_rules else {})},
+            "prompt_parts": {
+                "task": self.parts.task,
+                "workflow": self.parts.workflow,
+                "directive": self.parts.directive,
+                # an upstream block's rules that name agents: stripped with it (absent otherwise)
+                **({"agent_rules": list(self.parts.agent_rules)} if self.parts.agent_rules else {}),
+            },
             "elite_iteration": self.version,
             "seed": derived_seed(s.search.seed, self.task.id, self.gen, "collect", i),
-            "files": self.task.files, "harness": s.execution.harness,
+            "files": self.task.files,
+            "harness": s.execution.harness,
             **({"network": self.task.network} if self.task.network else {}),  # the task's own hosts
-            "limits": s.execution.limits.as_input(), "sampling": s.model.sampling.model_dump(mode="json"),
+            "limits": s.execution.limits.as_input(),
+            "sampling": s.model.sampling.model_dump(mode="json"),
             # only a single-agent teacher says so: the team's episode inputs (and their manifests) stay as they were
             **({"teacher": "single"} if self.single else {}),
             **({"executor": roles_input(s)["executor"]} if s.roles.executor else {}),  # roles.executor played it
@@ -141,35 +155,60 @@ class Collection:
     # ------------------------------------------------------------ one episode, by the rollout driver
     def rollout(self, i: int) -> Rollout:
         doc = self.episode_doc(i)
-        request = EpisodeRequest(prompt=doc["prompt"], files=dict(self.task.files), seed=doc["seed"], single_agent=self.single,
-                                 network=tuple(self.task.network))
+        request = EpisodeRequest(
+            prompt=doc["prompt"],
+            files=dict(self.task.files),
+            seed=doc["seed"],
+            single_agent=self.single,
+            network=tuple(self.task.network),
+        )
         # the protected paths' hashes of the seeded workspace, before the agent sees it (guard compares)
         protect = ("protected.json", lambda ws: hash_protected(ws, self.task.guards.protected_paths))
-        return Rollout(self.prefix(i), request, self.task.id, f"ep-{i}", self.gen, manifest=self.step(i),
-                       first={"episode.json": doc}, seeded=protect)
+        return Rollout(
+            self.prefix(i),
+            request,
+            self.task.id,
+            f"ep-{i}",
+            self.gen,
+            manifest=self.step(i),
+            first={"episode.json": doc},
+            seeded=protect,
+        )
 
     # ------------------------------------------------------------ the task
     def summary_step(self):
 
-        return Step(self.store, self.ctx.collect(self.gen, self.task.id),
-                    {"episodes": self.cfg.episodes, "skip": self.skip_reason, "elite": self.workflow},
-                    name=f"collect/{self.task.id}")
+        return Step(
+            self.store,
+            self.ctx.collect(self.gen, self.task.id),
+            {"episodes": self.cfg.episodes, "skip": self.skip_reason, "elite": self.workflow},
+            name=f"collect/{self.task.id}",
+        )
 
     def summarize(self) -> dict:
         """collect/<task>/summary.json once every episode is stored (or the skip)."""
         key = self.ctx.collect_summary(self.gen, self.task.id)
         reason = self.skip_reason
-        summary: dict[str, Any] = {"task": self.task.id, "gen": self.gen, "skipped": reason is not None,
-                                   "reason": reason, "elite_iteration": self.version,
-                                   "collect_when": self.cfg.collect_when, "beat_reference": self.state.beat_reference,
-                                   "beats_reference": self.state.beats_reference, "episodes": [], "eligible": []}
+        summary: dict[str, Any] = {
+            "task": self.task.id,
+            "gen": self.gen,
+            "skipped": reason is not None,
+            "reason": reason,
+            "elite_iteration": self.version,
+            "collect_when": self.cfg.collect_when,
+            "beat_reference": self.state.beat_reference,
+            "beats_reference": self.state.beats_reference,
+            "episodes": [],
+            "eligible": [],
+        }
         if reason is None:
             for i in range(self.cfg.episodes):
                 if not self.step(i).done:
                     raise CollectError(f"task {self.task.id}: episode {i} is not collected yet")
                 status = self.store.get_json(self.file(i, "status.json"))
-                summary["episodes"].append({"id": f"ep-{i}", "outcome": status.get("outcome"),
-                                            "reason": status.get("reason", "")})
+                summary["episodes"].append(
+                    {"id": f"ep-{i}", "outcome": status.get("outcome"), "reason": status.get("reason", "")}
+                )
             summary["eligible"] = [e["id"] for e in summary["episodes"] if self.cfg.rankable(e["outcome"])]
         step = self.summary_step()
         step.start()
@@ -178,9 +217,18 @@ class Collection:
         return summary
 
 
-def run_collect(ctx: RunContext, gen: int, task_id: str, run_episode: EpisodeRunner | None, *, episode: int | None = None,
-                phase: str | Phase | None = None, endpoint=None, require_beats_reference: bool | None = None,
-                agent_status: str | None = None) -> dict:
+def run_collect(
+    ctx: RunContext,
+    gen: int,
+    task_id: str,
+    run_episode: EpisodeRunner | None,
+    *,
+    episode: int | None = None,
+    phase: str | Phase | None = None,
+    endpoint=None,
+    require_beats_reference: bool | None = None,
+    agent_status: str | None = None,
+) -> dict:
     """Library core of `mass collect` and the local runner; returns the summary (or the one episode's status)."""
     c = Collection(ctx, gen, task_id, require_beats_reference)
     phase = rollouts.phase_of(phase, step="collect")
@@ -192,16 +240,23 @@ def run_collect(ctx: RunContext, gen: int, task_id: str, run_episode: EpisodeRun
         if not 0 <= episode < c.cfg.episodes:
             raise CollectError(f"--episode must be in 0..{c.cfg.episodes - 1} (collection.episodes), got {episode}")
         if c.skip_reason:  # (prepare: no agent pod)
-            return {"skipped": True, "reason": c.skip_reason, "agent": False,
-                    **({"rollout": ctx.relative(c.prefix(episode))} if phase is Phase.PREPARE else {})}
+            return {
+                "skipped": True,
+                "reason": c.skip_reason,
+                "agent": False,
+                **({"rollout": ctx.relative(c.prefix(episode))} if phase is Phase.PREPARE else {}),
+            }
         r = c.rollout(episode)
         if phase is Phase.PREPARE:
             if endpoint is None:
                 raise CollectError("--phase prepare needs the model endpoint the agent pod will call (--endpoint)")
             # stored already (a resumed workflow): no agent pod
             item = c.driver.prepare(r, endpoint)
-            return {"prepared": c.driver.prepared(r) if item else [], "agent": item is not None,
-                    "rollout": ctx.relative(r.prefix)}
+            return {
+                "prepared": c.driver.prepared(r) if item else [],
+                "agent": item is not None,
+                "rollout": ctx.relative(r.prefix),
+            }
         if phase is Phase.INGEST:
             try:
                 return c.driver.ingest(r, agent_ended=agent_ended(agent_status))

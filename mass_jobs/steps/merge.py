@@ -39,7 +39,7 @@ def checkpoint_key(path: str, names) -> str | None:
     """The parent checkpoint's name for the weight of module `path` as the trainer named it. The
     trainer loads the causal LM; a multimodal checkpoint (Qwen3.5/3.6) keeps that text model under
     `model.language_model.`, which transformers renames on load, so both spellings are tried."""
-    tail = path[len("model."):] if path.startswith("model.") else None
+    tail = path[len("model.") :] if path.startswith("model.") else None
     for key in (f"{path}.weight", f"model.language_model.{tail}.weight" if tail is not None else None):
         if key is not None and key in names:
             return key
@@ -60,7 +60,7 @@ def _adapter_pairs(adapter_dir: Path) -> tuple[dict, float]:
         key_b = key_a.replace(".lora_A.", ".lora_B.")
         if key_b not in adapter:
             raise MergeError(f"adapter has {key_a} without {key_b}")
-        pairs[key_a[len(PREFIX): -len(".lora_A.weight")]] = (adapter[key_a], adapter[key_b])
+        pairs[key_a[len(PREFIX) : -len(".lora_A.weight")]] = (adapter[key_a], adapter[key_b])
     if not pairs:
         raise MergeError(f"{adapter_dir}: no lora_A/lora_B weights found")
     return pairs, cfg["lora_alpha"] / cfg["r"]
@@ -101,8 +101,9 @@ def merge_lora(parent_dir: Path, adapter_dir: Path, out_dir: Path) -> dict:
             with torch.no_grad():
                 delta = scaling * (b.float() @ a.float())
                 if delta.shape != weight.shape:
-                    raise MergeError(f"{targets[key]}: B @ A has shape {tuple(delta.shape)}, "
-                                     f"weight {tuple(weight.shape)}")
+                    raise MergeError(
+                        f"{targets[key]}: B @ A has shape {tuple(delta.shape)}, weight {tuple(weight.shape)}"
+                    )
                 tensors[key] = (weight.float() + delta).to(weight.dtype)
             merged[targets[key]] = scaling
         tensors = {n: t.contiguous() for n, t in tensors.items()}
@@ -147,11 +148,28 @@ def run_merge(ctx, gen: int, work_dir: Path) -> dict:
     extra = {"step": chosen["step"], "merged_layers": len(layers), "scaling": next(iter(layers.values()))}
     if ctx.spec.sft.fp8_export:
         reference = ctx.spec.sft.fp8_reference
-        report = (export_like(merged_dir, resolve_model(reference, store_options=ctx.store_options()), work / "merged-fp8",
-                              reference=reference) if reference else export_fp8(merged_dir, work / "merged-fp8"))
+        report = (
+            export_like(
+                merged_dir,
+                resolve_model(reference, store_options=ctx.store_options()),
+                work / "merged-fp8",
+                reference=reference,
+            )
+            if reference
+            else export_fp8(merged_dir, work / "merged-fp8")
+        )
         keys += store_model_dir(ctx.store, ctx.model_fp8(gen + 1), work / "merged-fp8")
-        extra["fp8"] = {k: report[k] for k in ("tensors", "copied", "max_error_over_bound",
-                                               "max_relative_frobenius_error", "peak_bytes_bound", "reference")}
+        extra["fp8"] = {
+            k: report[k]
+            for k in (
+                "tensors",
+                "copied",
+                "max_error_over_bound",
+                "max_relative_frobenius_error",
+                "peak_bytes_bound",
+                "reference",
+            )
+        }
     step.finish(keys, extra=extra)
     return extra
 
@@ -162,9 +180,15 @@ def merge_step(ctx, gen: int):
     if not ctx.store.exists(ctx.select(gen)):
         return Waiting(f"generation {gen}: no selected checkpoint at {ctx.select(gen)} (run `mass select` first)")
     chosen = ctx.store.get_json(ctx.select(gen))
-    return Step(ctx.store, ctx.merge_step(gen), inputs={
-        "checkpoint": chosen["checkpoint"], "checkpoint_sha256": ctx.store.sha256(chosen["checkpoint"]),
-        "fp8": ctx.spec.sft.fp8_export,
-        # only when set, so the hash of a merge without a reference stays what earlier runs stored
-        **({"fp8_reference": ctx.spec.sft.fp8_reference} if ctx.spec.sft.fp8_reference else {}),
-    }, owns=(ctx.model(gen + 1) + "/", ctx.model_fp8(gen + 1) + "/"))  # it writes the next generation's model
+    return Step(
+        ctx.store,
+        ctx.merge_step(gen),
+        inputs={
+            "checkpoint": chosen["checkpoint"],
+            "checkpoint_sha256": ctx.store.sha256(chosen["checkpoint"]),
+            "fp8": ctx.spec.sft.fp8_export,
+            # only when set, so the hash of a merge without a reference stays what earlier runs stored
+            **({"fp8_reference": ctx.spec.sft.fp8_reference} if ctx.spec.sft.fp8_reference else {}),
+        },
+        owns=(ctx.model(gen + 1) + "/", ctx.model_fp8(gen + 1) + "/"),
+    )  # it writes the next generation's model

@@ -38,7 +38,8 @@ class WinShare(Closed):
     per_task: dict[str, TaskShare]
     positions: dict[str, int] = Field(
         description="Decisive verdicts by the blind label chosen ('A', 'B') and by the order shown "
-                    "('candidate_first', 'baseline_first').")
+        "('candidate_first', 'baseline_first')."
+    )
     note: str | None = Field(description="Position-bias note when every decisive verdict chose one label.")
 
 
@@ -47,7 +48,8 @@ class Agreement(Closed):
     agree: int
     pairs: int = Field(description="Pairs with a valid self verdict and a panel majority.")
     no_majority: int = Field(
-        description="Pairs with a valid self verdict whose panel has no majority: neither agreement nor disagreement.")
+        description="Pairs with a valid self verdict whose panel has no majority: neither agreement nor disagreement."
+    )
     rate: float | None
 
 
@@ -61,7 +63,8 @@ class Audit(Closed):
     code_handoff_rate: float | None
     graded: int = Field(default=0, description="Episodes with a deterministic task score (tasks with deliverables).")
     task_score: float | None = Field(
-        default=None, description="Mean task score (mass_jobs.judging.grade: deliverables exist and are correct), 0..1.")
+        default=None, description="Mean task score (mass_jobs.judging.grade: deliverables exist and are correct), 0..1."
+    )
     solved: int = Field(default=0, description="Episodes whose every grader check passed.")
 
 
@@ -81,7 +84,9 @@ class NetworkCounts(Closed):
     episodes: int = Field(description="Episodes whose shell commands had the egress proxy.")
     requests: int
     allowed: int
-    denied: int = Field(description="Requests the allow-list refused (each one recorded in its episode's network.jsonl).")
+    denied: int = Field(
+        description="Requests the allow-list refused (each one recorded in its episode's network.jsonl)."
+    )
     bytes_down: int = Field(description="Bytes the allowed requests brought in.")
     hosts: list[str] = Field(description="Hosts reached, over all these episodes.")
 
@@ -90,33 +95,51 @@ class Outcomes(Closed):
     generation: int
     stage: Literal["search", "collect", "evaluate"]
     episodes: int
-    by_outcome: dict[str, int] = Field(description="Episodes per outcome (mass_jobs.episodes.harness.OUTCOMES; turn_limit: an "
-                                                   "agent used its turns, e.g. qwen-code's --max-session-turns).")
-    by_cap: dict[str, int] = Field(default_factory=dict, description="Episodes ended by each cap of execution.limits "
-                                   "(mass_jobs.episodes.harness.CAPS), zeros included: a cap ending many episodes selects for brevity.")
+    by_outcome: dict[str, int] = Field(
+        description="Episodes per outcome (mass_jobs.episodes.harness.OUTCOMES; turn_limit: an "
+        "agent used its turns, e.g. qwen-code's --max-session-turns)."
+    )
+    by_cap: dict[str, int] = Field(
+        default_factory=dict,
+        description="Episodes ended by each cap of execution.limits "
+        "(mass_jobs.episodes.harness.CAPS), zeros included: a cap ending many episodes selects for brevity.",
+    )
     tool_calls: int = Field(default=0, description="Tool calls of these episodes, all agents together.")
     tool_calls_per_episode: float | None = Field(default=None, description="tool_calls / episodes.")
-    network: NetworkCounts | None = Field(default=None, description="What these episodes' shell commands reached "
-                                          "through their egress proxies (execution.network); null when it was off.")
-    ended_by_pod: dict[str, int] = Field(default_factory=dict, description="Task -> episodes whose agent pod, not "
-                                         "their harness, ended the record (status ended_by: pod): outputs uploaded "
-                                         "unsigned, after a signal or exit-code file written in the pod (Argo's "
-                                         "emissary obeys them from any container) or an upload cut short.")
-    unsandboxed: int = Field(default=0, description="Episodes whose model-written code ran without a sandbox "
-                             "(execution.sandbox: none, their status's sandbox.boundary).")
+    network: NetworkCounts | None = Field(
+        default=None,
+        description="What these episodes' shell commands reached "
+        "through their egress proxies (execution.network); null when it was off.",
+    )
+    ended_by_pod: dict[str, int] = Field(
+        default_factory=dict,
+        description="Task -> episodes whose agent pod, not "
+        "their harness, ended the record (status ended_by: pod): outputs uploaded "
+        "unsigned, after a signal or exit-code file written in the pod (Argo's "
+        "emissary obeys them from any container) or an upload cut short.",
+    )
+    unsandboxed: int = Field(
+        default=0,
+        description="Episodes whose model-written code ran without a sandbox "
+        "(execution.sandbox: none, their status's sandbox.boundary).",
+    )
 
 
 class SftData(Closed):
     generation: int
     episodes: int = Field(description="Ranked episodes the render step read (train and val).")
     episode_errors: int = Field(
-        description="Errors found in them: teacher prompt not stripped, thread not renderable, reply too long.")
+        description="Errors found in them: teacher prompt not stripped, thread not renderable, reply too long."
+    )
     episodes_dropped: int = Field(description="Episodes left out of the SFT data for those errors (sft.strict).")
     orchestrator_windows: int = Field(description="Training windows of orchestrator threads.")
-    windows_by_role: dict[str, int] = Field(default_factory=dict, description="Training windows per thread role "
-                                            "(orchestrator, worker, auxiliary: a harness's side calls).")
-    supervised_by_role: dict[str, int] = Field(default_factory=dict, description="Supervised tokens of the training "
-                                               "windows per thread role.")
+    windows_by_role: dict[str, int] = Field(
+        default_factory=dict,
+        description="Training windows per thread role (orchestrator, worker, auxiliary: a harness's side calls).",
+    )
+    supervised_by_role: dict[str, int] = Field(
+        default_factory=dict, description="Supervised tokens of the training windows per thread role."
+    )
 
 
 def sft_data(stats: dict | None, g: int) -> SftData | None:
@@ -125,12 +148,15 @@ def sft_data(stats: dict | None, g: int) -> SftData | None:
     splits = [x for x in splits if isinstance(x, dict) and "episodes" in x]
     if not splits:
         return None
-    return SftData(generation=g, episodes=sum(x["episodes"] for x in splits),
-                   episode_errors=sum(len(x.get("episode_errors", [])) for x in splits),
-                   episodes_dropped=sum(len(x.get("episodes_dropped", [])) for x in splits),
-                   orchestrator_windows=(stats["train"].get("windows_by_role") or {}).get("orchestrator", 0),
-                   windows_by_role=dict(stats["train"].get("windows_by_role") or {}),
-                   supervised_by_role=dict(stats["train"].get("supervised_tokens_by_role") or {}))
+    return SftData(
+        generation=g,
+        episodes=sum(x["episodes"] for x in splits),
+        episode_errors=sum(len(x.get("episode_errors", [])) for x in splits),
+        episodes_dropped=sum(len(x.get("episodes_dropped", [])) for x in splits),
+        orchestrator_windows=(stats["train"].get("windows_by_role") or {}).get("orchestrator", 0),
+        windows_by_role=dict(stats["train"].get("windows_by_role") or {}),
+        supervised_by_role=dict(stats["train"].get("supervised_tokens_by_role") or {}),
+    )
 
 
 class SearchCurve(Closed):
@@ -146,15 +172,21 @@ class Veto(Closed):
     task: str
     episode: str
     reasons: list[str]
-    classes: list[str] = Field(default_factory=list, description="The guards that vetoed it (steps/guard.py guard_class).")
+    classes: list[str] = Field(
+        default_factory=list, description="The guards that vetoed it (steps/guard.py guard_class)."
+    )
 
 
 class GuardCount(Closed):
     generation: int
-    guard: str = Field(description="A guard class: archive, required output, protected path, metric, check, "
-                                   "check tampering, judge directive.")
-    episodes: int = Field(description="Episodes of the generation this guard vetoed (one may count under several); "
-                                      "for 'flagged for review', those left out of ranking and SFT for a contradicted claim.")
+    guard: str = Field(
+        description="A guard class: archive, required output, protected path, metric, check, "
+        "check tampering, judge directive."
+    )
+    episodes: int = Field(
+        description="Episodes of the generation this guard vetoed (one may count under several); "
+        "for 'flagged for review', those left out of ranking and SFT for a contradicted claim."
+    )
 
 
 class Review(Closed):
@@ -164,9 +196,14 @@ class Review(Closed):
     task: str
     episode: str
     vetoed: bool
-    held: bool = Field(default=False, description="Left out of ranking and SFT for its claims (the guard report's held).")
-    trained: bool = Field(default=False, description="Ranked and trained on all the same (eligible, neither vetoed nor "
-                                                     "held: the task's guards.train_flagged).")
+    held: bool = Field(
+        default=False, description="Left out of ranking and SFT for its claims (the guard report's held)."
+    )
+    trained: bool = Field(
+        default=False,
+        description="Ranked and trained on all the same (eligible, neither vetoed nor "
+        "held: the task's guards.train_flagged).",
+    )
     claims: list[str]
 
 
@@ -211,16 +248,21 @@ class Report(Closed):
 
     run: str
     how_to_read: list[str] = Field(description="What the numbers are and which of them, at this scale, are noise.")
-    warnings: list[str] = Field(default_factory=list, description="What makes the run unusable as evidence or as "
-                                "training data: most episodes of a stage did no work, most verdicts were invalid.")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What makes the run unusable as evidence or as "
+        "training data: most episodes of a stage did no work, most verdicts were invalid.",
+    )
     generations: int = Field(description="N of the spec.")
     evaluated: list[int] = Field(description="Generations with a finished evaluate step.")
     tasks: dict[str, list[str]] = Field(description="Task ids by split ('train', 'test').")
     confidence: float
     intervals: dict[str, str]
     judges: list[JudgeInfo]
-    verdicts: dict[str, VerdictCounts] = Field(description="'panel' and 'self' verdict counts, and 'rank': the "
-                                               "self-judged pairs of the rank steps that chose the training data.")
+    verdicts: dict[str, VerdictCounts] = Field(
+        description="'panel' and 'self' verdict counts, and 'rank': the "
+        "self-judged pairs of the rank steps that chose the training data."
+    )
     win_share: list[WinShare]
     agreement: list[Agreement]
     audit: list[Audit]
@@ -229,15 +271,20 @@ class Report(Closed):
     sft: list[SftData] = Field(description="Per generation: episodes rendered, their errors and those dropped.")
     search: list[SearchCurve]
     guard_vetoes: list[Veto]
-    guard_counts: list[GuardCount] = Field(default_factory=list, description="Per generation and guard, episodes vetoed.")
+    guard_counts: list[GuardCount] = Field(
+        default_factory=list, description="Per generation and guard, episodes vetoed."
+    )
     review: list[Review] = Field(default_factory=list, description="Episodes flagged for review.")
     training: list[Training]
     invalid_verdicts: list[InvalidVerdict]
     roles: list[RolePlayer] = Field(default_factory=list, description="Which model played which role.")
-    composition: dict[str, Any] = Field(default_factory=dict, description="The teacher and its SFT composition "
-                                        "(sft.preset or the spec's own fields; docs/composition.md).")
+    composition: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The teacher and its SFT composition (sft.preset or the spec's own fields; docs/composition.md).",
+    )
     information: list[InformationProxy] = Field(
-        default_factory=list, description="Per generation, Gaussian MI/TC proxies between workflow text and results.")
+        default_factory=list, description="Per generation, Gaussian MI/TC proxies between workflow text and results."
+    )
     files: list[str] = Field(description="Files of the report directory.")
 
 

@@ -20,7 +20,8 @@ from mass_jobs.spec.workflow_docs import changes as version_changes
 class Feedback(Closed):
     iteration: int
     result: Literal["initial", "new_elite", "elite_kept", "invalid_verdict", "proposal_failed"] = Field(
-        description="new_elite: this version became the best (elite or champion); elite_kept: it did not.")
+        description="new_elite: this version became the best (elite or champion); elite_kept: it did not."
+    )
     changes: list[str] = Field(default_factory=list, description="What changed against the previous workflow.")
     rationale: str = ""
     outcome: str | None = Field(default=None, description="Episode outcome of the rollout.")
@@ -32,12 +33,18 @@ class IterationRecord(Closed):
     proposal_attempts: int = 0
     proposal_errors: list[str] = Field(default_factory=list)
     outcome: str | None = None
-    verdict: Verdict | None = Field(default=None, description="This rollout against the best version it challenged "
-                                    "(the elite; under selection champion, the champion, only when both beat the reference).")
+    verdict: Verdict | None = Field(
+        default=None,
+        description="This rollout against the best version it challenged "
+        "(the elite; under selection champion, the champion, only when both beat the reference).",
+    )
     preferred: bool = Field(default=False, description="This version became the best version.")
     elite_after: int = Field(description="Iteration whose workflow is the best version after this one.")
-    reference_verdict: Verdict | None = Field(default=None, description="This version against the bare reference "
-                                              "(every version under selection champion; a new elite under elite).")
+    reference_verdict: Verdict | None = Field(
+        default=None,
+        description="This version against the bare reference "
+        "(every version under selection champion; a new elite under elite).",
+    )
 
 
 class SearchState(Closed):
@@ -64,8 +71,9 @@ def won(v: Verdict | None, k: int) -> bool:
     return bool(v is not None and v.valid and v.winner == f"iter-{k}")
 
 
-def judge_version(selection: str, k: int, best_beats_reference: bool,
-                  ask: Callable[[str], Verdict]) -> tuple[Verdict | None, Verdict | None, bool]:
+def judge_version(
+    selection: str, k: int, best_beats_reference: bool, ask: Callable[[str], Verdict]
+) -> tuple[Verdict | None, Verdict | None, bool]:
     """The verdicts version k is judged by and whether it becomes the best version:
     (against the best, against the reference, preferred). `ask("reference")` / `ask("best")` get one.
 
@@ -82,14 +90,27 @@ def judge_version(selection: str, k: int, best_beats_reference: bool,
     return versus_best, (ask("reference") if preferred else None), preferred
 
 
-def fold(task: str, gen: int, planned: int, records: list[IterationRecord], reference_outcome: dict | None,
-         selection: str = "champion") -> SearchState:
+def fold(
+    task: str,
+    gen: int,
+    planned: int,
+    records: list[IterationRecord],
+    reference_outcome: dict | None,
+    selection: str = "champion",
+) -> SearchState:
     """The search state as a pure function of the iteration records (so a rerun rebuilds it exactly)."""
     elite = records[0]
     beats = won(elite.reference_verdict, 0)
     beat = [0] if beats else []
-    feedback = [Feedback(iteration=0, result="initial", changes=["initial version"], outcome=elite.outcome,
-                         rationale=elite.reference_verdict.rationale if elite.reference_verdict else "")]
+    feedback = [
+        Feedback(
+            iteration=0,
+            result="initial",
+            changes=["initial version"],
+            outcome=elite.outcome,
+            rationale=elite.reference_verdict.rationale if elite.reference_verdict else "",
+        )
+    ]
     last_wf = elite.workflow
     for r in records[1:]:
         if r.workflow is None:
@@ -112,7 +133,16 @@ def fold(task: str, gen: int, planned: int, records: list[IterationRecord], refe
             beats = won(r.reference_verdict, r.k)
     assert elite.workflow is not None
     return SearchState(
-        task=task, gen=gen, selection=selection, iterations_planned=planned,
-        reference_outcome=(reference_outcome or {}).get("outcome"), elite=elite.k, elite_workflow=elite.workflow,
-        beats_reference=beats, beat_reference=beat, feedback=feedback, iterations=records, done=records[-1].k >= planned,
+        task=task,
+        gen=gen,
+        selection=selection,
+        iterations_planned=planned,
+        reference_outcome=(reference_outcome or {}).get("outcome"),
+        elite=elite.k,
+        elite_workflow=elite.workflow,
+        beats_reference=beats,
+        beat_reference=beat,
+        feedback=feedback,
+        iterations=records,
+        done=records[-1].k >= planned,
     )

@@ -29,8 +29,9 @@ def select_checkpoint(log: list[dict], saved_steps: list[int]) -> dict:
     candidates = {s: val.get(s) for s in sorted(saved_steps) if s > 0}
     finite = [(loss, s) for s, loss in candidates.items() if isinstance(loss, (int, float)) and math.isfinite(loss)]
     if not finite:
-        raise SelectError(f"no saved step > 0 has a finite validation loss (saved: {sorted(saved_steps)}, "
-                          f"val losses: {candidates})")
+        raise SelectError(
+            f"no saved step > 0 has a finite validation loss (saved: {sorted(saved_steps)}, val losses: {candidates})"
+        )
     loss, step = min(finite)  # (loss, step) order: equal losses pick the earlier step
     processed = {r["step"]: r["processed_tokens"] for r in log if r.get("kind") == "train"}
     return {
@@ -83,12 +84,24 @@ def run_select(ctx, gen: int, servers=None) -> dict:
         val = {int(s): v for s, v in chosen["candidates"].items() if isinstance(v, (int, float)) and math.isfinite(v)}
         panel = select_panel.select_by_panel(ctx, gen, val, *(servers or select_panel.default_servers(ctx, gen)))
         processed = {r["step"]: r["processed_tokens"] for r in log if r.get("kind") == "train"}
-        chosen.update(panel, val_loss_choice=chosen["step"],
-                      processed_supervised_tokens=processed.get(panel["step"], 0))
+        chosen.update(
+            panel, val_loss_choice=chosen["step"], processed_supervised_tokens=processed.get(panel["step"], 0)
+        )
     chosen["checkpoint"] = ctx.checkpoint(gen, chosen["step"])
     chosen["stored_supervised_tokens"] = (sft.get("extra") or {}).get("stored_supervised_tokens")
     ctx.store.put_json(ctx.select(gen), chosen)
-    step.finish([ctx.select(gen)], extra={k: chosen[k] for k in (
-        "step", "by", "val_loss", "stored_supervised_tokens", "processed_supervised_tokens",
-        "processed_supervised_tokens_total")})
+    step.finish(
+        [ctx.select(gen)],
+        extra={
+            k: chosen[k]
+            for k in (
+                "step",
+                "by",
+                "val_loss",
+                "stored_supervised_tokens",
+                "processed_supervised_tokens",
+                "processed_supervised_tokens_total",
+            )
+        },
+    )
     return chosen

@@ -44,8 +44,13 @@ class Thread:
     dropped_length_cut: bool = False
 
 
-def rebuild_threads(records: list[dict], harness: str | None = None, keep_length_cut: bool = False,
-                    roles: str = "tools", prompt: str | None = None) -> list[Thread]:
+def rebuild_threads(
+    records: list[dict],
+    harness: str | None = None,
+    keep_length_cut: bool = False,
+    roles: str = "tools",
+    prompt: str | None = None,
+) -> list[Thread]:
     """The trace's conversations (`threads.group_calls`, the grouping the audit measures), each with
     its final messages and role (`classify` under the `sft.thread_roles` rule; `prompt`: the one the
     episode was given, teacher or bare)."""
@@ -117,8 +122,11 @@ def carries_once(text: str, prompt: str | None) -> bool:
     as in the code; more than one occurrence is no match (the code refuses the thread)."""
     if not prompt:
         return False
-    spaced = prompt.replace("precision@k", "precision @k").replace("recall@k", "recall @k").strip() \
-        if ("precision@k" in prompt or "recall@k" in prompt) else prompt
+    spaced = (
+        prompt.replace("precision@k", "precision @k").replace("recall@k", "recall @k").strip()
+        if ("precision@k" in prompt or "recall@k" in prompt)
+        else prompt
+    )
     for form in dict.fromkeys((prompt, prompt.strip(), spaced, spaced.strip())):
         hits = text.count(form) if form else 0
         if hits:
@@ -172,8 +180,12 @@ def teacher_prompt_from_trace(records: list[dict], harness: str | None = None) -
     """The orchestrator's latest user message in its first call: harnesses send the collection prompt
     verbatim there (qwen-code after its environment-context turn)."""
     ordered = sorted(records, key=lambda r: r.get("seq", 0))
-    lead = [r for r in ordered if (r.get("agent") or {}).get("role") == "orchestrator"
-            or (not r.get("agent") and can_delegate((r.get("request") or {}).get("tools"), harness))]
+    lead = [
+        r
+        for r in ordered
+        if (r.get("agent") or {}).get("role") == "orchestrator"
+        or (not r.get("agent") and can_delegate((r.get("request") or {}).get("tools"), harness))
+    ]
     for r in lead[:1]:
         users = [m for m in (r.get("request") or {}).get("messages") or [] if m.get("role") == "user"]
         if users:

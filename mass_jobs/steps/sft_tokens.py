@@ -67,8 +67,9 @@ def _parsed_call(call: dict) -> dict:
 
 
 def _render_text(tokenizer, messages: list[dict], tools: list | None, generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(as_served(messages), tools=tools, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
+    return tokenizer.apply_chat_template(
+        as_served(messages), tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+    )
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,9 @@ class ReplyShape:
 
 def _special_strings(tokenizer) -> set[str]:
     return {s for s in tokenizer.all_special_tokens if s} | {
-        t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False) and t.content
+        t.content
+        for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+        if getattr(t, "special", False) and t.content
     }
 
 
@@ -95,7 +98,7 @@ def reply_shape(tokenizer, tools: list | None = None) -> ReplyShape:
     probe = [{"role": "user", "content": "x"}]
     bare = _render_text(tokenizer, probe, tools)
     prompted = _render_text(tokenizer, probe, tools, generation_prompt=True)
-    opener = prompted[len(bare):] if prompted.startswith(bare) else ""
+    opener = prompted[len(bare) :] if prompted.startswith(bare) else ""
     answered = _render_text(tokenizer, probe + [{"role": "assistant", "content": _PROBE_REPLY}], tools)
     at = answered.rfind(_PROBE_REPLY)
     if not answered.startswith(prompted) or at < len(prompted):
@@ -103,7 +106,7 @@ def reply_shape(tokenizer, tools: list | None = None) -> ReplyShape:
             "chat_template has no {% generation %} markers and does not render a reply right after its "
             "generation prompt, so assistant tokens cannot be found"
         )
-    after = answered[at + len(_PROBE_REPLY):]
+    after = answered[at + len(_PROBE_REPLY) :]
     cut = max((after.rfind(s) + len(s) for s in _special_strings(tokenizer) if s in after), default=len(after))
     return ReplyShape(opener=opener, close=after[:cut], tail=after[cut:])
 
@@ -159,11 +162,11 @@ def reply_spans(
         before = _render_text(tokenizer, messages[:i], tools, generation_prompt=True)
         upto = _render_text(tokenizer, messages[: i + 1], tools)
         if upto.startswith(before):
-            reply = upto[len(before):]
+            reply = upto[len(before) :]
         elif shape.opener and shape.opener in upto:
             # the previous message renders differently once it is no longer last (e.g. Qwen3's empty
             # think block on a final reply followed by another reply): the reply follows its opener
-            reply = upto[upto.rfind(shape.opener) + len(shape.opener):]
+            reply = upto[upto.rfind(shape.opener) + len(shape.opener) :]
         else:
             raise RenderError(
                 f"{where}: the chat template does not render this reply as an extension of the conversation "
@@ -187,8 +190,11 @@ def marker_spans(tokenizer, messages: list[dict], tools: list | None) -> tuple[s
     from transformers.utils.chat_template_utils import render_jinja_template
 
     rendered, spans = render_jinja_template(
-        conversations=[as_served(messages)], tools=tools, chat_template=tokenizer.get_chat_template(None, tools),
-        return_assistant_tokens_mask=True, **tokenizer.special_tokens_map,
+        conversations=[as_served(messages)],
+        tools=tools,
+        chat_template=tokenizer.get_chat_template(None, tools),
+        return_assistant_tokens_mask=True,
+        **tokenizer.special_tokens_map,
     )
     text = rendered[0]
     if text != _render_text(tokenizer, messages, tools):
@@ -227,8 +233,10 @@ def turn_opener(tokenizer) -> list[int]:
     """Tokens the template puts before an assistant reply (`add_generation_prompt`), e.g. <|im_start|>assistant\\n."""
     probe = [{"role": "user", "content": "x"}]
     bare = list(tokenizer.apply_chat_template(probe, tokenize=True, return_dict=True)["input_ids"])
-    full = list(tokenizer.apply_chat_template(probe, tokenize=True, return_dict=True, add_generation_prompt=True)["input_ids"])
-    return full[len(bare):] if full[: len(bare)] == bare else []
+    full = list(
+        tokenizer.apply_chat_template(probe, tokenize=True, return_dict=True, add_generation_prompt=True)["input_ids"]
+    )
+    return full[len(bare) :] if full[: len(bare)] == bare else []
 
 
 @dataclass
@@ -242,8 +250,13 @@ class Rendering:
 
 
 def render_masked(
-    tokenizer, messages: list[dict], tools: list | None, method: str | None = None, shape: ReplyShape | None = None,
-    from_message: int = 0, cursor: int = 0,
+    tokenizer,
+    messages: list[dict],
+    tools: list | None,
+    method: str | None = None,
+    shape: ReplyShape | None = None,
+    from_message: int = 0,
+    cursor: int = 0,
 ) -> Rendering:
     """The full rendering with the replies from message `from_message` (character `cursor`) on supervised."""
     method = method or mask_method(tokenizer)
@@ -353,8 +366,14 @@ def turn_starts(ids: list[int], header: int, opener: list[int]) -> list[int]:
 
 
 def cut_windows(
-    ids: list[int], mask: list[int], header: int, window: int, context: int, opener: list[int] | None = None,
-    query: tuple[int, int] | None = None, cut: str = "blocks",
+    ids: list[int],
+    mask: list[int],
+    header: int,
+    window: int,
+    context: int,
+    opener: list[int] | None = None,
+    query: tuple[int, int] | None = None,
+    cut: str = "blocks",
 ) -> tuple[list[tuple[list[int], list[int]]], list[tuple[int, int]]]:
     """Greedy windows; returns ([(input_ids, labels)], dropped blocks as [s, e) spans).
 

@@ -36,9 +36,25 @@ from mass_jobs.store.manifest import (
 from mass_jobs.store.s3 import S3Store
 
 __all__ = [
-    "MODEL_LIMITS", "WORKSPACE_LIMITS", "ArchiveLimits", "CorruptObject", "FileStore", "MissingKey", "S3Store",
-    "Step", "StepTakenOver", "Store", "UnreadableObject", "UnsafeArchive", "Waiting", "check_key", "formed",
-    "hash_inputs", "manifest_key", "open_store", "read_manifest",
+    "MODEL_LIMITS",
+    "WORKSPACE_LIMITS",
+    "ArchiveLimits",
+    "CorruptObject",
+    "FileStore",
+    "MissingKey",
+    "S3Store",
+    "Step",
+    "StepTakenOver",
+    "Store",
+    "UnreadableObject",
+    "UnsafeArchive",
+    "Waiting",
+    "check_key",
+    "formed",
+    "hash_inputs",
+    "manifest_key",
+    "open_store",
+    "read_manifest",
     "verify_manifest",
 ]
 
@@ -67,4 +83,3 @@ def open_store(
             raise ValueError(f"store uri {uri!r}: expected s3://bucket[/prefix]")
         return S3Store(bucket, prefix.strip("/"), endpoint_url=endpoint_url, region=region, **s3_options)
     raise ValueError(f"store uri {uri!r}: expected a file:// or s3:// URI")
-

@@ -77,10 +77,16 @@ def _walk(root: Path, limits: ArchiveLimits = WORKSPACE_LIMITS) -> Iterator[tupl
             stack.pop()
             continue
         name = f"{rel}/{entry.name}" if rel else entry.name
-        if len(stack) > limits.max_depth or len(name.encode("utf-8", "surrogateescape")) > limits.max_name \
-                or len(entry.name.encode("utf-8", "surrogateescape")) > NAME_MAX:
-            log.warning("put_dir: skipping %s... (deeper than %d levels or a name too long to extract)",
-                        name[:120], limits.max_depth)
+        if (
+            len(stack) > limits.max_depth
+            or len(name.encode("utf-8", "surrogateescape")) > limits.max_name
+            or len(entry.name.encode("utf-8", "surrogateescape")) > NAME_MAX
+        ):
+            log.warning(
+                "put_dir: skipping %s... (deeper than %d levels or a name too long to extract)",
+                name[:120],
+                limits.max_depth,
+            )
             continue
         yield name, entry
         if entry.is_dir(follow_symlinks=False):
@@ -101,9 +107,10 @@ def write_dir_archive(directory: Path, out: BinaryIO) -> None:
     directory = Path(directory)
     if not directory.is_dir():
         raise NotADirectoryError(f"put_dir: {directory} is not a directory")
-    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) as gz, tarfile.open(
-        fileobj=gz, mode="w", format=tarfile.PAX_FORMAT
-    ) as tar:
+    with (
+        gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for name, entry in _walk(directory):
             info = tarfile.TarInfo(name)
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
@@ -114,7 +121,9 @@ def write_dir_archive(directory: Path, out: BinaryIO) -> None:
             if entry.is_symlink():
                 target = os.readlink(entry.path)
                 if not _downward(target):
-                    log.warning("put_dir: skipping symlink %s -> %s (not a relative link below its folder)", name, target)
+                    log.warning(
+                        "put_dir: skipping symlink %s -> %s (not a relative link below its folder)", name, target
+                    )
                     continue
                 info.type, info.linkname = tarfile.SYMTYPE, target
                 tar.addfile(info)
@@ -145,7 +154,9 @@ class _Budget:
         if headers > lim.max_header_bytes:
             raise UnsafeArchive(f"archive headers exceed {lim.max_header_bytes} bytes (pax or long-name bomb)")
         if self.content > lim.max_bytes:
-            raise UnsafeArchive(f"archive expands to more than {lim.max_bytes} bytes of content (declared {self.content})")
+            raise UnsafeArchive(
+                f"archive expands to more than {lim.max_bytes} bytes of content (declared {self.content})"
+            )
         # Bytes really produced (not yet declared ones: a large member's header comes before its data).
         if self.expanded > lim.ratio_floor and self.expanded > lim.max_ratio * max(self.compressed, 1):
             raise UnsafeArchive(
@@ -233,8 +244,14 @@ def _open_parent(root_fd: int, parts: list[str], name: str) -> int:
         raise
 
 
-def _place(tar: tarfile.TarFile, member: tarfile.TarInfo, parts: list[str], root_fd: int,
-           budget: _Budget, dir_modes: list[tuple[list[str], int]]) -> None:
+def _place(
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    parts: list[str],
+    root_fd: int,
+    budget: _Budget,
+    dir_modes: list[tuple[list[str], int]],
+) -> None:
     if not parts:  # the archive's "." entry: the target itself
         return
     parent = _open_parent(root_fd, parts[:-1], member.name)
@@ -253,8 +270,9 @@ def _place(tar: tarfile.TarFile, member: tarfile.TarInfo, parts: list[str], root
                 raise UnsafeArchive(f"archive member {member.name!r} appears twice") from None
         else:
             try:
-                fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o600, dir_fd=parent)
+                fd = os.open(
+                    leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent
+                )
             except FileExistsError:
                 raise UnsafeArchive(f"archive member {member.name!r} appears twice") from None
             with os.fdopen(fd, "wb") as out:
@@ -288,8 +306,11 @@ def _extract_stream(archive: BinaryIO, root: Path, limits: ArchiveLimits) -> int
                 parts = _check_member(member, limits)
                 if member.isreg():
                     budget.content += member.size
-                    if total is not None and budget.content > limits.ratio_floor \
-                            and budget.content > limits.max_ratio * max(total, 1):
+                    if (
+                        total is not None
+                        and budget.content > limits.ratio_floor
+                        and budget.content > limits.max_ratio * max(total, 1)
+                    ):
                         raise UnsafeArchive(
                             f"archive declares {budget.content} bytes of content in {total} compressed bytes "
                             f"(ratio above {limits.max_ratio:g}): a decompression bomb"

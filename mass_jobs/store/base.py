@@ -36,8 +36,10 @@ def check_key(key: str, *, allow_empty: bool = False) -> str:
     if key == "" and allow_empty:
         return key
     if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:  # S3's own limit; deeper nests recursed locally
-        raise ValueError(f"store key {key[:80]!r}... is {len(key.encode('utf-8', 'surrogatepass'))} bytes, "
-                         f"over the {MAX_KEY_BYTES} bytes S3 allows a key")
+        raise ValueError(
+            f"store key {key[:80]!r}... is {len(key.encode('utf-8', 'surrogatepass'))} bytes, "
+            f"over the {MAX_KEY_BYTES} bytes S3 allows a key"
+        )
     if key.startswith("/"):
         raise ValueError(f"store key {key!r} must be relative (no leading '/')")
     if "\\" in key or "\x00" in key:
@@ -184,4 +186,3 @@ class Store(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
-

@@ -57,13 +57,29 @@ def _renew_while_alive(ref: weakref.ref[Lease], stop: threading.Event, every: fl
 
 
 class Lease:
-    def __init__(self, store: Store, key: str, what: str, *, ttl_s: float, renew_s: float, wait_s: float = 0.0,
-                 reentrant: bool = False):
+    def __init__(
+        self,
+        store: Store,
+        key: str,
+        what: str,
+        *,
+        ttl_s: float,
+        renew_s: float,
+        wait_s: float = 0.0,
+        reentrant: bool = False,
+    ):
         self.store, self.key, self.what = store, key, what
         self.ttl_s, self.renew_s, self.wait_s, self.reentrant = ttl_s, renew_s, wait_s, reentrant
         host, now = socket.gethostname(), time.time()
-        self.record = {"holder": f"{host}:{os.getpid()}", "host": host, "pid": os.getpid(), "pidns": _pid_namespace(),
-                       "token": uuid.uuid4().hex, "started": now, "renewed": now}
+        self.record = {
+            "holder": f"{host}:{os.getpid()}",
+            "host": host,
+            "pid": os.getpid(),
+            "pidns": _pid_namespace(),
+            "token": uuid.uuid4().hex,
+            "started": now,
+            "renewed": now,
+        }
         self.renewed = now
         self.active = False
         self._stop = threading.Event()
@@ -98,10 +114,12 @@ class Lease:
 
     def busy_message(self, held: dict) -> str:
         now = time.time()
-        return (f"{self.what} is being written by {held.get('holder')} (started "
-                f"{now - float(held.get('started', now)):.0f} s ago, lease renewed "
-                f"{now - float(held.get('renewed', now)):.0f} s ago): wait for it to finish, or stop it; "
-                f"a lease not renewed for {self.ttl_s:.0f} s is taken over")
+        return (
+            f"{self.what} is being written by {held.get('holder')} (started "
+            f"{now - float(held.get('started', now)):.0f} s ago, lease renewed "
+            f"{now - float(held.get('renewed', now)):.0f} s ago): wait for it to finish, or stop it; "
+            f"a lease not renewed for {self.ttl_s:.0f} s is taken over"
+        )
 
     def acquire(self) -> None:
         deadline, changes = time.monotonic() + self.wait_s, 0
@@ -122,12 +140,17 @@ class Lease:
                 time.sleep(min(1.0, self.renew_s))
                 continue
             if changes > 3:
-                raise WriterBusy(f"{self.what}: its writer lease changed hands {changes} times while this process "
-                                 "tried to take it")
+                raise WriterBusy(
+                    f"{self.what}: its writer lease changed hands {changes} times while this process tried to take it"
+                )
         self.renewed, self.active = time.time(), True
         self._stop = threading.Event()
-        threading.Thread(target=_renew_while_alive, args=(weakref.ref(self), self._stop, self.renew_s),
-                         name=f"lease {self.key}", daemon=True).start()
+        threading.Thread(
+            target=_renew_while_alive,
+            args=(weakref.ref(self), self._stop, self.renew_s),
+            name=f"lease {self.key}",
+            daemon=True,
+        ).start()
 
     def held(self) -> bool:
         """Whether the stored lease is still this holder's (not released, not taken over)."""

@@ -134,4 +134,3 @@ class FileStore(Store):
             return False
         finally:
             aside.unlink(missing_ok=True)
-

@@ -100,7 +100,9 @@ def read_manifest(store: Store, prefix: str) -> dict | None:
     """The step manifest under `prefix`, or None when the step never finished (or its manifest is broken)."""
     manifest, problem = _load(store, prefix)
     if problem:
-        log.warning("%s: manifest %s is broken (%s): the step counts as not done", store.uri, manifest_key(prefix), problem)
+        log.warning(
+            "%s: manifest %s is broken (%s): the step counts as not done", store.uri, manifest_key(prefix), problem
+        )
     return manifest
 
 
@@ -176,8 +178,15 @@ class Step:
         self.owns = (self.prefix + "/", self.prefix + ".", *owns)
         self.input_hash = hash_inputs(inputs)
         self.manifest_key = manifest_key(prefix)
-        self.lease = Lease(store, f"{self.prefix}/{WRITER_NAME}", f"step {self.name!r} in {store.uri}",
-                           ttl_s=STEP_TTL_S, renew_s=STEP_RENEW_S, wait_s=STEP_WAIT_S, reentrant=True)
+        self.lease = Lease(
+            store,
+            f"{self.prefix}/{WRITER_NAME}",
+            f"step {self.name!r} in {store.uri}",
+            ttl_s=STEP_TTL_S,
+            renew_s=STEP_RENEW_S,
+            wait_s=STEP_WAIT_S,
+            reentrant=True,
+        )
         self.started = False  # once started, a lost lease is never taken back: what was written may be mixed
 
     @property
@@ -186,7 +195,9 @@ class Step:
         if manifest is None or manifest.get("input_hash") != self.input_hash:
             return False
         foreign = foreign_outputs(self.owns, manifest["outputs"])
-        problem = f"its manifest pins other steps' objects {foreign[:3]}" if foreign else outputs_intact(self.store, manifest)
+        problem = (
+            f"its manifest pins other steps' objects {foreign[:3]}" if foreign else outputs_intact(self.store, manifest)
+        )
         if problem:
             log.warning("step %s: %s: rerunning it", self.name, problem)
         return problem is None
@@ -245,8 +256,13 @@ class Step:
         versions, hashes, sizes = self._pin(outputs)
         for _ in range(FINISH_ROUNDS):
             self._check_lease()
-            manifest = {"step": self.name, "input_hash": self.input_hash, "outputs": hashes, "sizes": sizes,
-                        "extra": extra or {}}
+            manifest = {
+                "step": self.name,
+                "input_hash": self.input_hash,
+                "outputs": hashes,
+                "sizes": sizes,
+                "extra": extra or {},
+            }
             self.store.put_json(self.manifest_key, manifest)
             self._written = self.store.stat(self.manifest_key)[1]
             if not self.lease.held():  # taken over while we wrote: withdraw ours, unless already replaced
@@ -261,9 +277,11 @@ class Step:
 
     def _check_lease(self) -> None:
         if not self.lease.held():
-            raise StepTakenOver(f"step {self.name!r} in {self.store.uri}: its writer lease was taken over by "
-                                "another writer while this one ran (it was stopped past the lease's "
-                                f"{STEP_TTL_S:.0f} s): nothing published; the other writer finishes the step")
+            raise StepTakenOver(
+                f"step {self.name!r} in {self.store.uri}: its writer lease was taken over by "
+                "another writer while this one ran (it was stopped past the lease's "
+                f"{STEP_TTL_S:.0f} s): nothing published; the other writer finishes the step"
+            )
 
     def _withdraw(self) -> None:
         """Delete the manifest this writer just wrote; one the new holder rewrote since stays (a

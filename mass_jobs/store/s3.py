@@ -175,8 +175,16 @@ class S3Store(Store):
             self.client.head_bucket(Bucket=self.bucket)
         except ClientError as err:
             if self._missing(err):
-                raise ClientError({"Error": {"Code": "NoSuchBucket", "BucketName": self.bucket,
-                                             "Message": "The specified bucket does not exist"}}, "HeadBucket") from err
+                raise ClientError(
+                    {
+                        "Error": {
+                            "Code": "NoSuchBucket",
+                            "BucketName": self.bucket,
+                            "Message": "The specified bucket does not exist",
+                        }
+                    },
+                    "HeadBucket",
+                ) from err
             raise
         self._bucket_seen = True
 
@@ -196,4 +204,3 @@ class S3Store(Store):
             if code == "NotImplemented":  # a server without conditional deletes: check, then delete
                 return super().delete_if_version(key, version)
             raise
-

@@ -97,12 +97,16 @@ TURNS_OPEN = r"""
 # calls and the closing <|im_end|>) sits in {% generation %} so assistant-token masks cover it.
 # Reasoning is kept only for assistant turns after the last user message, as Qwen3 does: earlier
 # turns' thoughts are not part of the context the model sees at inference.
-CHAT_TEMPLATE = (TEMPLATE_HEAD + r"""
+CHAT_TEMPLATE = (
+    TEMPLATE_HEAD
+    + r"""
   {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' -}}
   {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
   {%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
   {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
-""".lstrip("\n") + TURNS_OPEN + r"""
+""".lstrip("\n")
+    + TURNS_OPEN
+    + r"""
       {%- if m.reasoning_content is string and loop.index0 > ns.last_user -%}
         {{- '<think>\n' + m.reasoning_content.strip('\n') + '\n</think>\n\n' -}}
       {%- endif -%}
@@ -117,12 +121,15 @@ CHAT_TEMPLATE = (TEMPLATE_HEAD + r"""
       {{- '<|im_end|>' -}}
     {%- endgeneration -%}
     {{- '\n' -}}
-""".lstrip("\n") + TOOL_TURNS + r"""
+""".lstrip("\n")
+    + TOOL_TURNS
+    + r"""
 {%- if add_generation_prompt -%}
   {{- '<|im_start|>assistant\n' -}}
   {%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}
 {%- endif -%}
-""".lstrip("\n")).strip()
+""".lstrip("\n")
+).strip()
 
 _WORDS = (
     "the a an and or but if then else when while for to of in on at by with from into over under about "
@@ -144,13 +151,13 @@ _WORDS = (
 ).split()
 
 _CODE = [
-    "def {f}({a}, {b}):\n    \"\"\"Return the {w} of {a} and {b}.\"\"\"\n    if {a} is None:\n        return {b}\n"
+    'def {f}({a}, {b}):\n    """Return the {w} of {a} and {b}."""\n    if {a} is None:\n        return {b}\n'
     "    return {a} + {b}\n",
     "import json\nimport os\nfrom pathlib import Path\n\n\ndef {f}(path: str) -> dict:\n"
-    "    with open(path, encoding=\"utf-8\") as fh:\n        return json.load(fh)\n",
+    '    with open(path, encoding="utf-8") as fh:\n        return json.load(fh)\n',
     "class {C}:\n    def __init__(self, {a}: int = 0) -> None:\n        self.{a} = {a}\n\n"
     "    def {f}(self) -> list[int]:\n        return [i * self.{a} for i in range(10)]\n",
-    "for {a} in range(len({b})):\n    if {b}[{a}] > 0:\n        print(f\"{{{a}}}: {{{b}[{a}]}}\")\n",
+    'for {a} in range(len({b})):\n    if {b}[{a}] > 0:\n        print(f"{{{a}}}: {{{b}[{a}]}}")\n',
     "$ python -m pytest tests/test_{f}.py -q\n..F.\nFAILED tests/test_{f}.py::test_{w} - AssertionError\n",
     "$ ls -la\ntotal 12\n-rw-r--r-- 1 user user  120 main.py\n-rw-r--r-- 1 user user 2048 README.md\n",
 ]
@@ -161,8 +168,12 @@ def _pseudo_words(n: int) -> list[str]:
     rng = random.Random(99)
     onsets = "b c d f g h j k l m n p r s t v w z ch sh th st tr pl".split()
     vowels, codas = "a e i o u ai ea ou".split(), ["", "n", "r", "s", "t", "l", "nd", "ng"]
-    return sorted({"".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(1, 3)))
-                   for _ in range(n)})
+    return sorted(
+        {
+            "".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(rng.randint(1, 3)))
+            for _ in range(n)
+        }
+    )
 
 
 _PSEUDO = _pseudo_words(4000)
@@ -209,8 +220,10 @@ def training_corpus(n_docs: int = 4000) -> list[str]:
             names = {k: _identifier(rng) for k in ("f", "a", "b", "w")}
             docs.append(rng.choice(_CODE).format(C=names["f"].title().replace("_", ""), **names))
         elif kind == 2:
-            obj = {_identifier(rng): rng.choice([rng.randint(-50, 5000), _sentence(rng), True, None])
-                   for _ in range(rng.randint(1, 5))}
+            obj = {
+                _identifier(rng): rng.choice([rng.randint(-50, 5000), _sentence(rng), True, None])
+                for _ in range(rng.randint(1, 5))
+            }
             docs.append(json.dumps(obj, indent=rng.choice([None, 2])))
         else:
             docs.append(_tool_chat(rng))
@@ -312,8 +325,15 @@ HYBRID_ARCH = {
     "num_hidden_layers": 4,
 }
 # The vision tower of the multimodal variant: only there so code can be shown to leave it alone.
-HYBRID_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 4,
-                 "spatial_merge_size": 1, "temporal_patch_size": 1}
+HYBRID_VISION = {
+    "depth": 1,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "patch_size": 4,
+    "spatial_merge_size": 1,
+    "temporal_patch_size": 1,
+}
 
 
 def tiny_hybrid_model(seed: int = 0, vocab_size: int = VOCAB_SIZE, vision: bool = False):
@@ -324,16 +344,25 @@ def tiny_hybrid_model(seed: int = 0, vocab_size: int = VOCAB_SIZE, vision: bool 
     from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
 
     text = dict(
-        vocab_size=vocab_size, hidden_size=ARCH["hidden_size"], intermediate_size=ARCH["intermediate_size"],
-        num_attention_heads=ARCH["num_attention_heads"], num_key_value_heads=ARCH["num_key_value_heads"],
-        head_dim=ARCH["head_dim"], max_position_embeddings=ARCH["max_position_embeddings"],
-        tie_word_embeddings=True, dtype="float32", **HYBRID_ARCH,
+        vocab_size=vocab_size,
+        hidden_size=ARCH["hidden_size"],
+        intermediate_size=ARCH["intermediate_size"],
+        num_attention_heads=ARCH["num_attention_heads"],
+        num_key_value_heads=ARCH["num_key_value_heads"],
+        head_dim=ARCH["head_dim"],
+        max_position_embeddings=ARCH["max_position_embeddings"],
+        tie_word_embeddings=True,
+        dtype="float32",
+        **HYBRID_ARCH,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if vision:
-            config = Qwen3_5Config(text_config=text, tie_word_embeddings=True,
-                                   vision_config={**HYBRID_VISION, "out_hidden_size": ARCH["hidden_size"]})
+            config = Qwen3_5Config(
+                text_config=text,
+                tie_word_embeddings=True,
+                vision_config={**HYBRID_VISION, "out_hidden_size": ARCH["hidden_size"]},
+            )
             return Qwen3_5ForConditionalGeneration(config).to(torch.float32)
         return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**text)).to(torch.float32)
 

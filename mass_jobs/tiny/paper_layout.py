@@ -33,19 +33,35 @@ BLOCK = 128
 # too (q with its output gate 512, k/v 128, the delta-net's qkv 256 and z 128); in_proj_a/b have
 # one row per value head (4), as the real model's 48 rows, and stay bfloat16.
 PAPER_TEXT = {
-    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "full_attention_interval": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-    "linear_key_head_dim": 32, "linear_value_head_dim": 32, "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4, "max_position_embeddings": ARCH["max_position_embeddings"],
-    "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "full_attention_interval": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "max_position_embeddings": ARCH["max_position_embeddings"],
+    "mtp_num_hidden_layers": 1,
+    "mtp_use_dedicated_embeddings": False,
 }
 # The vision tower: the real one's patch grouping (2 frames, 2x2 merge) at a tiny width.
 PAPER_VISION = {**HYBRID_VISION, "spatial_merge_size": 2, "temporal_patch_size": 2}
 # The image processor's settings for the tiny vision tower (servers read them to size image inputs).
-PREPROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen3VLProcessor",
-                "patch_size": PAPER_VISION["patch_size"], "temporal_patch_size": PAPER_VISION["temporal_patch_size"],
-                "merge_size": PAPER_VISION["spatial_merge_size"], "image_mean": [0.5, 0.5, 0.5],
-                "image_std": [0.5, 0.5, 0.5], "min_pixels": 64, "max_pixels": 4096}
+PREPROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen3VLProcessor",
+    "patch_size": PAPER_VISION["patch_size"],
+    "temporal_patch_size": PAPER_VISION["temporal_patch_size"],
+    "merge_size": PAPER_VISION["spatial_merge_size"],
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "min_pixels": 64,
+    "max_pixels": 4096,
+}
 # Which tensors go to which shard: the real checkpoint spreads layers over many shards; three are
 # enough for every shard-by-shard path to cross a boundary.
 SHARDS = 3
@@ -55,13 +71,17 @@ SHARDS = 3
 # blocks, reasoning kept for the turns after the last user query, and a generation prompt that
 # opens <think> (closed and empty when thinking is off). {% generation %} marks what the model
 # writes, for assistant-token masks.
-PAPER_TEMPLATE = (TEMPLATE_HEAD + r"""
+PAPER_TEMPLATE = (
+    TEMPLATE_HEAD
+    + r"""
   {{- '# Tools\n\nThese functions are available:\n\n<tools>' -}}
   {%- for tool in tools -%}{{- '\n' + ((tool.function if tool.function is defined else tool) | tojson) -}}{%- endfor -%}
   {{- '\n</tools>\n\nTo call a function, answer with exactly this block and nothing after it:\n\n' -}}
   {{- '<tool_call>\n<function=NAME>\n<parameter=ARGUMENT>\nVALUE\n</parameter>\n</function>\n</tool_call>\n\n' -}}
   {{- 'One <parameter> block per argument; a value may span lines.<|im_end|>\n' -}}
-""".lstrip("\n") + TURNS_OPEN + r"""
+""".lstrip("\n")
+    + TURNS_OPEN
+    + r"""
       {%- if loop.index0 > ns.last_user -%}
         {{- '<think>\n' + ((m.reasoning_content or '') | string).strip('\n') + '\n</think>\n\n' -}}
       {%- endif -%}
@@ -80,13 +100,16 @@ PAPER_TEMPLATE = (TEMPLATE_HEAD + r"""
       {{- '<|im_end|>' -}}
     {%- endgeneration -%}
     {{- '\n' -}}
-""".lstrip("\n") + TOOL_TURNS + r"""
+""".lstrip("\n")
+    + TOOL_TURNS
+    + r"""
 {%- if add_generation_prompt -%}
   {{- '<|im_start|>assistant\n' -}}
   {%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\n\n</think>\n\n' -}}
   {%- else -%}{{- '<think>\n' -}}{%- endif -%}
 {%- endif -%}
-""".lstrip("\n")).strip()
+""".lstrip("\n")
+).strip()
 
 
 def paper_tokenizer():
@@ -122,11 +145,19 @@ def paper_state(seed: int, vocab_size: int, tokens: dict[str, int]):
 
     text = {k: v for k, v in PAPER_TEXT.items()}
     config = Qwen3_5Config(
-        text_config={**text, "vocab_size": vocab_size, "tie_word_embeddings": False, "dtype": "bfloat16",
-                     "eos_token_id": tokens["<|im_end|>"], "pad_token_id": tokens["<|endoftext|>"]},
+        text_config={
+            **text,
+            "vocab_size": vocab_size,
+            "tie_word_embeddings": False,
+            "dtype": "bfloat16",
+            "eos_token_id": tokens["<|im_end|>"],
+            "pad_token_id": tokens["<|endoftext|>"],
+        },
         vision_config={**PAPER_VISION, "out_hidden_size": PAPER_TEXT["hidden_size"]},
-        image_token_id=tokens["<|image_pad|>"], video_token_id=tokens["<|video_pad|>"],
-        vision_start_token_id=tokens["<|vision_start|>"], vision_end_token_id=tokens["<|vision_end|>"],
+        image_token_id=tokens["<|image_pad|>"],
+        video_token_id=tokens["<|video_pad|>"],
+        vision_start_token_id=tokens["<|vision_start|>"],
+        vision_end_token_id=tokens["<|vision_end|>"],
         tie_word_embeddings=False,
     )
     config.dtype = "bfloat16"
@@ -149,7 +180,7 @@ def write_shards(out: Path, state: dict, shards: int = SHARDS) -> dict[str, str]
     per = -(-len(names) // shards)
     mapping = {}
     for i in range(shards):
-        part = names[i * per:(i + 1) * per]
+        part = names[i * per : (i + 1) * per]
         shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         save_file({n: state[n] for n in part}, out / shard, metadata={"format": "pt"})
         mapping.update({n: shard for n in part})
@@ -169,9 +200,14 @@ def build_paper_layout_model(out_dir, seed: int = 0) -> Path:
     config.save_pretrained(out)
     write_shards(out, state)
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2) + "\n")
-    GenerationConfig(eos_token_id=[tokens["<|im_end|>"], tokens["<|endoftext|>"]],
-                     pad_token_id=tokens["<|endoftext|>"], do_sample=True, temperature=0.6, top_p=0.95,
-                     top_k=20).save_pretrained(out)
+    GenerationConfig(
+        eos_token_id=[tokens["<|im_end|>"], tokens["<|endoftext|>"]],
+        pad_token_id=tokens["<|endoftext|>"],
+        do_sample=True,
+        temperature=0.6,
+        top_p=0.95,
+        top_k=20,
+    ).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
@@ -179,8 +215,14 @@ def build_paper_layout_model(out_dir, seed: int = 0) -> Path:
 def official_fp8_rule(name: str, shape: tuple[int, ...]) -> bool:
     """Whether the official FP8 checkpoint stores this tensor in float8: a linear weight of a decoder
     layer (language model or MTP) made of whole 128x128 blocks."""
-    return (len(shape) == 2 and name.endswith(".weight") and ".layers." in name and ".visual." not in name
-            and shape[0] % BLOCK == 0 and shape[1] % BLOCK == 0)
+    return (
+        len(shape) == 2
+        and name.endswith(".weight")
+        and ".layers." in name
+        and ".visual." not in name
+        and shape[0] % BLOCK == 0
+        and shape[1] % BLOCK == 0
+    )
 
 
 def build_fp8_reference(src_dir, out_dir) -> Path:

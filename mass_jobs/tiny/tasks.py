@@ -26,11 +26,15 @@ _LIST_JOBS = {
     "total": ("adds up the numbers", "print(sum(int(x) for x in open('data/{d}.txt').read().split()))\n"),
 }
 _COUNT_JOBS = {
-    "primes": ("lists the primes below the number in data/limit.txt", "limit.txt",
-               "n = int(open('data/limit.txt').read())\nprint([p for p in range(2, n) if all(p % d for d in range(2, p))])\n"),
+    "primes": (
+        "lists the primes below the number in data/limit.txt",
+        "limit.txt",
+        "n = int(open('data/limit.txt').read())\nprint([p for p in range(2, n) if all(p % d for d in range(2, p))])\n",
+    ),
     "words": ("counts the words in data/text.txt", "text.txt", "print(len(open('data/text.txt').read().split()))\n"),
     "lines": ("counts the lines of data/log.txt", "log.txt", "print(len(open('data/log.txt').read().splitlines()))\n"),
 }
+
 
 def synthetic_task(rng: random.Random) -> dict[str, Any]:
     """A small coding task like the demo's: prompt, deliverables, seed files and a worker's answer."""
@@ -41,8 +45,13 @@ def synthetic_task(rng: random.Random) -> dict[str, Any]:
         k = rng.choice([5, 8, 10, 12, 20])
         out = f"results/{name}.json"
         prompt = f"Write {name}.py that prints the first {k} {what} and save them to {out}."
-        return {"prompt": prompt, "deliverables": [f"{name}.py", out], "files": {},
-                "script": code.format(k=k), "result": json.dumps(_sequence(name, k))}
+        return {
+            "prompt": prompt,
+            "deliverables": [f"{name}.py", out],
+            "files": {},
+            "script": code.format(k=k),
+            "result": json.dumps(_sequence(name, k)),
+        }
     if kind == 1:
         name = rng.choice(sorted(_LIST_JOBS))
         what, code = _LIST_JOBS[name]
@@ -50,16 +59,26 @@ def synthetic_task(rng: random.Random) -> dict[str, Any]:
         out = f"results/{rng.choice(['sorted', 'out', name])}.txt"
         prompt = f"Write {name}.py that {what} in data/{d}.txt and writes them to {out}."
         nums = "\n".join(str(rng.randint(0, 99)) for _ in range(rng.randint(3, 6))) + "\n"
-        return {"prompt": prompt, "deliverables": [f"{name}.py", out], "files": {f"data/{d}.txt": nums},
-                "script": code.format(d=d), "result": _list_result(name, nums.split())}
+        return {
+            "prompt": prompt,
+            "deliverables": [f"{name}.py", out],
+            "files": {f"data/{d}.txt": nums},
+            "script": code.format(d=d),
+            "result": _list_result(name, nums.split()),
+        }
     name = rng.choice(sorted(_COUNT_JOBS))
     what, src, code = _COUNT_JOBS[name]
     out = rng.choice(["results/metrics.json", f"results/{name}.json"])
     prompt = f'Write {name}.py that {what} and save the count to {out} as {{"count": N}}.'
     number = rng.randint(10, 90)
     count = sum(all(p % d for d in range(2, p)) for p in range(2, number)) if name == "primes" else 1
-    return {"prompt": prompt, "deliverables": [f"{name}.py", out], "files": {f"data/{src}": f"{number}\n"},
-            "script": code, "result": json.dumps({"count": count})}
+    return {
+        "prompt": prompt,
+        "deliverables": [f"{name}.py", out],
+        "files": {f"data/{src}": f"{number}\n"},
+        "script": code,
+        "result": json.dumps({"count": count}),
+    }
 
 
 def _sequence(name: str, k: int) -> list[int]:
@@ -67,13 +86,22 @@ def _sequence(name: str, k: int) -> list[int]:
     fib = [0, 1]
     while len(fib) < k:
         fib.append(fib[-1] + fib[-2])
-    return {"fib": fib[:k], "squares": [i * i for i in range(k)], "evens": [2 * i for i in range(k)],
-            "cubes": [i ** 3 for i in range(k)], "odds": [2 * i + 1 for i in range(k)],
-            "powers": [2 ** i for i in range(k)]}[name]
+    return {
+        "fib": fib[:k],
+        "squares": [i * i for i in range(k)],
+        "evens": [2 * i for i in range(k)],
+        "cubes": [i**3 for i in range(k)],
+        "odds": [2 * i + 1 for i in range(k)],
+        "powers": [2**i for i in range(k)],
+    }[name]
 
 
 def _list_result(name: str, nums: list[str]) -> str:
     """The true output of a list task, one value per line."""
-    out = {"sort": sorted(nums, key=int), "reverse": nums[::-1], "dedupe": sorted(set(nums), key=int),
-           "total": [str(sum(int(x) for x in nums))]}[name]
+    out = {
+        "sort": sorted(nums, key=int),
+        "reverse": nums[::-1],
+        "dedupe": sorted(set(nums), key=int),
+        "total": [str(sum(int(x) for x in nums))],
+    }[name]
     return "\n".join(out) + "\n"

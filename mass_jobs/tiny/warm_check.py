@@ -42,7 +42,7 @@ THRESHOLDS = {
 }
 DEMO_PROMPTS = (
     "Write fib.py that prints the first 10 Fibonacci numbers and save them to results/fib.json.",
-    'Write primes.py that lists the primes below the number in data/limit.txt and save the count to '
+    "Write primes.py that lists the primes below the number in data/limit.txt and save the count to "
     'results/metrics.json as {"count": N}.',
     "Write sort.py that sorts the numbers in data/nums.txt and writes them to results/sorted.txt.",
 )
@@ -72,19 +72,22 @@ class LocalChat:
 
     def __init__(self, model, tokenizer, temperature=0.6, top_p=0.95, top_k=20, max_output_tokens=128):
         self.model, self.tokenizer = model, tokenizer
-        self.sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k,
-                             max_new_tokens=max_output_tokens)
+        self.sampling = dict(
+            do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_output_tokens
+        )
 
     def chat(self, messages, tools=None, seed=None, headers=None) -> dict:
         import torch
 
-        ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                 return_dict=True, return_tensors="pt")["input_ids"]
+        ids = self.tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+        )["input_ids"]
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(0 if seed is None else seed)
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **self.sampling,
-                                      pad_token_id=self.tokenizer.pad_token_id)
-        text = self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
+            out = self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), **self.sampling, pad_token_id=self.tokenizer.pad_token_id
+            )
+        text = self.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=False)
         for marker in ("<|im_end|>", "<|endoftext|>", self.tokenizer.pad_token or ""):
             if marker:
                 text = text.split(marker)[0]
@@ -95,8 +98,9 @@ class LocalChat:
                 name, arguments = call["name"], call.get("arguments", {})
             except (ValueError, TypeError, KeyError):
                 continue
-            calls.append({"id": f"call_{i}", "type": "function",
-                          "function": {"name": name, "arguments": json.dumps(arguments)}})
+            calls.append(
+                {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+            )
         if calls:
             content = _TOOL_CALL.sub("", text).strip()
         return {"role": "assistant", "content": content, "tool_calls": calls or None}
@@ -121,15 +125,27 @@ def measure(model, tokenizer, prompts: list[str] | None = None, samples: int | N
         for s in range(samples or SAMPLES_PER_PROMPT):
             seed = 1000 * p + s
             for kind, prompt in (("bare", task), ("workflow", workflow_prompt_parts(task, DEFAULT_WORKFLOW).text)):
-                reply = chat.chat([{"role": "system", "content": ORCHESTRATOR_SYSTEM},
-                                   {"role": "user", "content": prompt}], tools=tools, seed=seed)
-                delegated = any(c.name == "delegate" and c.error is None and str(c.arguments.get("assignment", "")).strip()
-                                for c in parse_tool_calls(reply))
+                reply = chat.chat(
+                    [{"role": "system", "content": ORCHESTRATOR_SYSTEM}, {"role": "user", "content": prompt}],
+                    tools=tools,
+                    seed=seed,
+                )
+                delegated = any(
+                    c.name == "delegate" and c.error is None and str(c.arguments.get("assignment", "")).strip()
+                    for c in parse_tool_calls(reply)
+                )
                 rate = rates[f"{kind}_delegates"]
                 rate.hits, rate.n = rate.hits + delegated, rate.n + 1
-            brief, _ = ob.build(ob.BriefInput(task=task, current=0, designs={0: wf}, evidence=empty,
-                                              rows=[ob.Row(0, "the bare reference", "loss")],
-                                              status={"outcome": "failed", "reason": "no result"}))
+            brief, _ = ob.build(
+                ob.BriefInput(
+                    task=task,
+                    current=0,
+                    designs={0: wf},
+                    evidence=empty,
+                    rows=[ob.Row(0, "the bare reference", "loss")],
+                    status={"outcome": "failed", "reason": "no result"},
+                )
+            )
             reply = chat.chat(brief, seed=seed)
             try:
                 parse_proposal(reply["content"])
@@ -138,8 +154,14 @@ def measure(model, tokenizer, prompts: list[str] | None = None, samples: int | N
                 ok = False
             rates["proposals_valid"].hits += ok
             rates["proposals_valid"].n += 1
-            verdict = judge(chat, task, ("a", empty), ("b", bundle(Path("/nonexistent"), status={"outcome": "failed"})),
-                            retries=0, seed=seed)
+            verdict = judge(
+                chat,
+                task,
+                ("a", empty),
+                ("b", bundle(Path("/nonexistent"), status={"outcome": "failed"})),
+                retries=0,
+                seed=seed,
+            )
             rates["verdicts_valid"].hits += verdict.valid
             rates["verdicts_valid"].n += 1
     return rates
@@ -172,8 +194,12 @@ def machine() -> dict[str, str]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": str(torch.get_num_threads())}
+    return {
+        "cpu": cpu,
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": str(torch.get_num_threads()),
+    }
 
 
 def check(model, tokenizer, say=None, **measure_kw) -> dict[str, Rate]:

@@ -59,17 +59,24 @@ class BenchmarkError(SpecError):
 
     def __init__(self, source: str, issues: list[SpecIssue]):
         self.source, self.issues = source, issues
-        ValueError.__init__(self, f"{source}: invalid benchmark, {len(issues)} error(s):\n"
-                            + "\n".join(f"  {i}" for i in issues))
+        ValueError.__init__(
+            self, f"{source}: invalid benchmark, {len(issues)} error(s):\n" + "\n".join(f"  {i}" for i in issues)
+        )
 
 
 class Grader(Closed):
     command: str = Field(min_length=1, description="Shell command run sandboxed after each rollout; prints the score.")
     timeout_s: float = Field(default=300, gt=0)
-    network: bool = Field(default=False, description="Let the grader reach the network (an LLM-judged benchmark "
-                          "calling its judge endpoint); the rest of the sandbox stays.")
-    pass_env: list[str] = Field(default_factory=list, description="Host environment variables handed to the "
-                                "grader (e.g. a judge's API key); the sandbox passes none otherwise.")
+    network: bool = Field(
+        default=False,
+        description="Let the grader reach the network (an LLM-judged benchmark "
+        "calling its judge endpoint); the rest of the sandbox stays.",
+    )
+    pass_env: list[str] = Field(
+        default_factory=list,
+        description="Host environment variables handed to the "
+        "grader (e.g. a judge's API key); the sandbox passes none otherwise.",
+    )
 
 
 class BenchmarkFile(Closed):
@@ -115,8 +122,9 @@ def load_benchmark(root: str | Path) -> Benchmark:
     try:
         meta = BenchmarkFile.model_validate(yaml.safe_load(meta_path.read_text()) or {})
     except ValidationError as err:
-        raise BenchmarkError(str(root), [SpecIssue("benchmark.yaml." + ".".join(map(str, e["loc"])), e["msg"])
-                                         for e in err.errors()]) from None
+        raise BenchmarkError(
+            str(root), [SpecIssue("benchmark.yaml." + ".".join(map(str, e["loc"])), e["msg"]) for e in err.errors()]
+        ) from None
     tasks = []
     task_dirs = sorted(p for p in (root / "tasks").iterdir() if p.is_dir()) if (root / "tasks").is_dir() else []
     if not task_dirs:
@@ -172,13 +180,22 @@ def grade(bench: Benchmark, task: BenchTask, workspace: Path, limits) -> dict:
         scratch = Path(tmp)
         shutil.copytree(workspace, scratch / "workspace", symlinks=True)
         shutil.copytree(task.dir, scratch / "task")
-        shutil.copytree(bench.root, scratch / "bench", ignore=lambda d, names: ["tasks"] if Path(d) == bench.root else [])
-        env = {"MASS_BENCH_WORKSPACE": str(scratch / "workspace"), "MASS_BENCH_TASK": str(scratch / "task"),
-               "MASS_BENCH_DIR": str(scratch / "bench"),
-               **{k: os.environ[k] for k in bench.grader.pass_env if k in os.environ}}
-        sandbox = SandboxLimits.from_episode_limits(limits, timeout_s=bench.grader.timeout_s,
-                                                    cpu_s=max(1, int(bench.grader.timeout_s)), extra_env=env,
-                                                    isolate_network=not bench.grader.network)
+        shutil.copytree(
+            bench.root, scratch / "bench", ignore=lambda d, names: ["tasks"] if Path(d) == bench.root else []
+        )
+        env = {
+            "MASS_BENCH_WORKSPACE": str(scratch / "workspace"),
+            "MASS_BENCH_TASK": str(scratch / "task"),
+            "MASS_BENCH_DIR": str(scratch / "bench"),
+            **{k: os.environ[k] for k in bench.grader.pass_env if k in os.environ},
+        }
+        sandbox = SandboxLimits.from_episode_limits(
+            limits,
+            timeout_s=bench.grader.timeout_s,
+            cpu_s=max(1, int(bench.grader.timeout_s)),
+            extra_env=env,
+            isolate_network=not bench.grader.network,
+        )
         res = run_sandboxed(bench.grader.command, scratch, sandbox)
     out = {"score": 0.0, "error": None, "exit_code": res.exit_code, "stderr_tail": res.stderr[-2000:]}
     if res.exit_code != 0 or res.timed_out:
@@ -202,9 +219,15 @@ def rollout_seed(bench: str, task: str, rep: int) -> int:
 def _step(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, digest: str):
 
     spec = ctx.spec
-    inputs = {"model": model_ref(ctx, g), "benchmark": digest, "task": task.id, "replicate": rep,
-              "harness": spec.execution.harness, "limits": spec.execution.limits.as_input(),
-              "sampling": spec.model.sampling.model_dump(mode="json")}
+    inputs = {
+        "model": model_ref(ctx, g),
+        "benchmark": digest,
+        "task": task.id,
+        "replicate": rep,
+        "harness": spec.execution.harness,
+        "limits": spec.execution.limits.as_input(),
+        "sampling": spec.model.sampling.model_dump(mode="json"),
+    }
     prefix = ctx.benchmark_rollout(bench.name, g, task.id, rep)
     return prefix, Step(ctx.store, prefix, inputs, name=f"benchmark {bench.name} gen-{g} {task.id} rep-{rep}")
 
@@ -218,14 +241,22 @@ def run_one(ctx, bench: Benchmark, g: int, task: BenchTask, rep: int, run_episod
         return read_manifest(ctx.store, prefix)["extra"]
     step.start()
     request = EpisodeRequest(prompt=task.prompt, files=dict(task.files), seed=rollout_seed(bench.name, task.id, rep))
-    status = Driver(ctx).run(Rollout(prefix, request, task.id, f"rep-{rep}", g, first={"prompt.txt": task.prompt}), run_episode)
+    status = Driver(ctx).run(
+        Rollout(prefix, request, task.id, f"rep-{rep}", g, first={"prompt.txt": task.prompt}), run_episode
+    )
     with tempfile.TemporaryDirectory(prefix="mass-bench-ws-") as tmp:
         ctx.store.get_dir(ctx.benchmark_rollout(bench.name, g, task.id, rep, "workspace.tar.gz"), tmp)
         result = grade(bench, task, Path(tmp), spec.execution.limits)
     ctx.store.put_json(ctx.benchmark_rollout(bench.name, g, task.id, rep, "grade.json"), result)
-    extra = {"score": result["score"], "grade_error": result["error"], "outcome": status.get("outcome"),
-             "output_tokens": int((status.get("tokens") or {}).get("completion", 0))}
-    step.finish(rollout_outputs(ctx, prefix) + [ctx.benchmark_rollout(bench.name, g, task.id, rep, "grade.json")], extra=extra)
+    extra = {
+        "score": result["score"],
+        "grade_error": result["error"],
+        "outcome": status.get("outcome"),
+        "output_tokens": int((status.get("tokens") or {}).get("completion", 0)),
+    }
+    step.finish(
+        rollout_outputs(ctx, prefix) + [ctx.benchmark_rollout(bench.name, g, task.id, rep, "grade.json")], extra=extra
+    )
     return extra
 
 
@@ -239,39 +270,58 @@ def score_table(bench: Benchmark, results: dict[int, list[dict]]) -> dict:
         per_task: dict[str, list[float]] = {}
         for r in rs:
             per_task.setdefault(r["task"], []).append(r["score"])
-        rows.append({
-            "generation": g, "rollouts": len(rs), "mean_score": round(total / len(rs), 6) if rs else None,
-            "per_task": {t: round(sum(v) / len(v), 6) for t, v in sorted(per_task.items())},
-            "output_tokens": tokens, "grader_errors": sum(1 for r in rs if r["grade_error"]),
-            "score_per_1k_output_tokens": round(1000 * total / tokens, 6) if tokens else None,
-        })
+        rows.append(
+            {
+                "generation": g,
+                "rollouts": len(rs),
+                "mean_score": round(total / len(rs), 6) if rs else None,
+                "per_task": {t: round(sum(v) / len(v), 6) for t, v in sorted(per_task.items())},
+                "output_tokens": tokens,
+                "grader_errors": sum(1 for r in rs if r["grade_error"]),
+                "score_per_1k_output_tokens": round(1000 * total / tokens, 6) if tokens else None,
+            }
+        )
     first = rows[0]["score_per_1k_output_tokens"] if rows else None
     for row in rows:
         x = row["score_per_1k_output_tokens"]
         row["efficiency_vs_first"] = round(x / first, 6) if x is not None and first else None
-    return {"benchmark": bench.name, "tasks": [t.id for t in bench.tasks], "replicates": bench.replicates,
-            "generations": rows}
+    return {
+        "benchmark": bench.name,
+        "tasks": [t.id for t in bench.tasks],
+        "replicates": bench.replicates,
+        "generations": rows,
+    }
 
 
 def render_table(table: dict) -> str:
     fmt = lambda x: "–" if x is None else (f"{x:,}" if isinstance(x, int) else f"{x:.4g}")  # noqa: E731
     ratio = lambda x: "–" if x is None else f"{x:.3g}x"  # noqa: E731
-    lines = [f"# Benchmark `{table['benchmark']}`", "",
-             f"{len(table['tasks'])} tasks x {table['replicates']} bare-prompt rollouts per generation.", "",
-             "| generation | rollouts | mean score | output tokens | score / 1k output tokens | vs first | grader errors |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# Benchmark `{table['benchmark']}`",
+        "",
+        f"{len(table['tasks'])} tasks x {table['replicates']} bare-prompt rollouts per generation.",
+        "",
+        "| generation | rollouts | mean score | output tokens | score / 1k output tokens | vs first | grader errors |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in table["generations"]:
-        lines.append(f"| L{r['generation']} | {r['rollouts']} | {fmt(r['mean_score'])} | {fmt(r['output_tokens'])} "
-                     f"| {fmt(r['score_per_1k_output_tokens'])} | {ratio(r['efficiency_vs_first'])} | {r['grader_errors']} |")
-    lines += ["", "| task | " + " | ".join(f"L{r['generation']}" for r in table["generations"]) + " |",
-              "|---|" + "---:|" * len(table["generations"])]
+        lines.append(
+            f"| L{r['generation']} | {r['rollouts']} | {fmt(r['mean_score'])} | {fmt(r['output_tokens'])} "
+            f"| {fmt(r['score_per_1k_output_tokens'])} | {ratio(r['efficiency_vs_first'])} | {r['grader_errors']} |"
+        )
+    lines += [
+        "",
+        "| task | " + " | ".join(f"L{r['generation']}" for r in table["generations"]) + " |",
+        "|---|" + "---:|" * len(table["generations"]),
+    ]
     for t in table["tasks"]:
         lines.append(f"| {t} | " + " | ".join(fmt(r["per_task"].get(t)) for r in table["generations"]) + " |")
     return "\n".join(lines) + "\n"
 
 
-def run_benchmark(ctx, bench: Benchmark, generations: list[int], serve_model: ServeModel,
-                  replicates: int | None = None) -> dict:
+def run_benchmark(
+    ctx, bench: Benchmark, generations: list[int], serve_model: ServeModel, replicates: int | None = None
+) -> dict:
     """Roll out and grade every task for each generation (serving a generation only when some of its
     rollouts are missing); store and return the score table."""
 
@@ -293,4 +343,3 @@ def run_benchmark(ctx, bench: Benchmark, generations: list[int], serve_model: Se
     ctx.store.put_json(ctx.benchmark(bench.name, "scores.json"), table)
     ctx.store.put_bytes(ctx.benchmark(bench.name, "scores.md"), render_table(table).encode())
     return table
-

@@ -30,9 +30,16 @@ import time
 import traceback
 from pathlib import Path
 
-TOOLS = [{"type": "function", "function": {
-    "name": "read_file", "description": "Read a file",
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    }
+]
 MAX_MODEL_LEN = 8192
 
 
@@ -62,9 +69,12 @@ def build(work: Path) -> dict:
     bf16 = build_paper_layout_model(work / "bf16")
     reference = build_fp8_reference(bf16, work / "fp8-reference")
     report = export_like(bf16, reference, work / "fp8")
-    return {"bf16": bf16, "fp8": work / "fp8",
-            "detail": f"bf16 and its FP8 export ({report['tensors']} tensors, largest error over bound "
-                      f"{report['max_error_over_bound']:.2f})"}
+    return {
+        "bf16": bf16,
+        "fp8": work / "fp8",
+        "detail": f"bf16 and its FP8 export ({report['tensors']} tensors, largest error over bound "
+        f"{report['max_error_over_bound']:.2f})",
+    }
 
 
 def vllm_args(name: str) -> list[str]:
@@ -81,8 +91,10 @@ def needs_vllm() -> list[str]:
     from mass_jobs.serving.backends import vllm_launcher, vllm_missing_reason
 
     if not cuda():
-        raise Skip("no CUDA device: vLLM's CPU build cannot load Qwen3.5/3.6's class (it imports torchvision, "
-                   "which does not load beside the CPU torch) nor run block-FP8 weights")
+        raise Skip(
+            "no CUDA device: vLLM's CPU build cannot load Qwen3.5/3.6's class (it imports torchvision, "
+            "which does not load beside the CPU torch) nor run block-FP8 weights"
+        )
     launcher = vllm_launcher()
     if launcher is None:
         raise Skip(vllm_missing_reason())
@@ -95,14 +107,22 @@ def serve_and_ask(model_dir: Path, log: Path) -> str:
     from mass_jobs.serving.backends import VllmServer
 
     with VllmServer(model_dir, "gpu-check", vllm_args("gpu-check"), launcher=needs_vllm(), log_path=log) as srv:
-        body = {"model": "gpu-check", "max_tokens": 64, "temperature": 0.7, "seed": 1, "tools": TOOLS,
-                "messages": [{"role": "user", "content": "What is in a.txt?"}]}
+        body = {
+            "model": "gpu-check",
+            "max_tokens": 64,
+            "temperature": 0.7,
+            "seed": 1,
+            "tools": TOOLS,
+            "messages": [{"role": "user", "content": "What is in a.txt?"}],
+        }
         r = httpx.post(f"{srv.endpoint.base_url}/chat/completions", json=body, timeout=300)
         r.raise_for_status()
         choice = r.json()["choices"][0]
         usage = r.json()["usage"]
-    return (f"served with {' '.join(vllm_args('gpu-check'))}; a reply of {usage['completion_tokens']} tokens, "
-            f"finish_reason {choice['finish_reason']}, {len(choice['message'].get('tool_calls') or [])} tool calls parsed")
+    return (
+        f"served with {' '.join(vllm_args('gpu-check'))}; a reply of {usage['completion_tokens']} tokens, "
+        f"finish_reason {choice['finish_reason']}, {len(choice['message'].get('tool_calls') or [])} tool calls parsed"
+    )
 
 
 def episode(model_dir: Path, work: Path) -> str:
@@ -116,18 +136,34 @@ def episode(model_dir: Path, work: Path) -> str:
     refusal = bwrap_refusal()
     if refusal:
         raise Skip(refusal)
-    spec = RunSpec.model_validate({
-        "name": "gpu-check", "generations": 1,
-        "model": {"base": str(model_dir), "dtype": "bfloat16",
-                  "sampling": {"max_output_tokens": 256, "context_length": MAX_MODEL_LEN}},
-        "tasks": [{"id": "t1", "split": "train", "prompt": "Write report.md.", "deliverables": ["report.md"]}],
-        "store": {"uri": f"file://{work}/store"},
-        "execution": {"harness": "builtin", "serving": "vllm",
-                      "vllm": {"tool_call_parser": "qwen3_coder", "reasoning_parser": "qwen3"},
-                      "limits": {"turns_per_agent": 2, "tool_calls": 4, "wall_s": 300, "request_timeout_s": 120,
-                                 "request_retries": 0}}})
-    with VllmServer(model_dir, "gpu-check", vllm_args("gpu-check"), launcher=launcher,
-                    log_path=work / "episode-vllm.log") as srv:
+    spec = RunSpec.model_validate(
+        {
+            "name": "gpu-check",
+            "generations": 1,
+            "model": {
+                "base": str(model_dir),
+                "dtype": "bfloat16",
+                "sampling": {"max_output_tokens": 256, "context_length": MAX_MODEL_LEN},
+            },
+            "tasks": [{"id": "t1", "split": "train", "prompt": "Write report.md.", "deliverables": ["report.md"]}],
+            "store": {"uri": f"file://{work}/store"},
+            "execution": {
+                "harness": "builtin",
+                "serving": "vllm",
+                "vllm": {"tool_call_parser": "qwen3_coder", "reasoning_parser": "qwen3"},
+                "limits": {
+                    "turns_per_agent": 2,
+                    "tool_calls": 4,
+                    "wall_s": 300,
+                    "request_timeout_s": 120,
+                    "request_retries": 0,
+                },
+            },
+        }
+    )
+    with VllmServer(
+        model_dir, "gpu-check", vllm_args("gpu-check"), launcher=launcher, log_path=work / "episode-vllm.log"
+    ) as srv:
         run_episode = episode_runner(spec, srv.endpoint, executor_role=False)
         with run_here(run_episode, EpisodeRequest(prompt="Write report.md with one line.", files={}, seed=0)) as ran:
             status = ran.status
@@ -192,8 +228,7 @@ def run_checks(out: Path, work: Path) -> list[dict]:
         except Exception as exc:  # one failed check must not hide the others
             detail, result = f"{type(exc).__name__}: {exc}".strip()[-2000:], "failed"
             traceback.print_exc()
-        rows.append({"check": name, "result": result, "seconds": round(time.perf_counter() - t0, 1),
-                     "detail": detail})
+        rows.append({"check": name, "result": result, "seconds": round(time.perf_counter() - t0, 1), "detail": detail})
         print(f"gpu-check: {name}: {result} ({detail[:200]})", file=sys.stderr, flush=True)
 
     def do_build():
@@ -218,8 +253,14 @@ def run_checks(out: Path, work: Path) -> list[dict]:
 def write(out: Path, rows: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu-check.json").write_text(json.dumps({"checks": rows}, indent=2))
-    lines = ["# GPU check", "", f"Device: {rows[0]['detail'] if rows else '?'}. Regenerate: `make gpu-check`.", "",
-             "| check | result | s | detail |", "|---|---|---:|---|"]
+    lines = [
+        "# GPU check",
+        "",
+        f"Device: {rows[0]['detail'] if rows else '?'}. Regenerate: `make gpu-check`.",
+        "",
+        "| check | result | s | detail |",
+        "|---|---|---:|---|",
+    ]
     for r in rows[1:]:
         detail = r["detail"].replace("|", "/").replace("\n", " ")
         lines.append(f"| {r['check']} | {r['result']} | {r['seconds']:.0f} | {detail[:400]} |")

@@ -52,8 +52,15 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save_checkpoint(out_dir: Path, step: int, adapter_model, adapter_state: dict, optimizer_state: dict,
-                    rng_states: list[dict], meta: dict) -> Path:
+def save_checkpoint(
+    out_dir: Path,
+    step: int,
+    adapter_model,
+    adapter_state: dict,
+    optimizer_state: dict,
+    rng_states: list[dict],
+    meta: dict,
+) -> Path:
     """Write step-<n>/ beside its final place, then rename (called on rank 0 only)."""
     import torch
     from safetensors.torch import save_file

@@ -32,8 +32,10 @@ def language_model_linears(model) -> dict[str, object]:
 
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     if decoder is None or decoder is model:
-        raise ValueError(f"{type(model).__name__} exposes no decoder (get_decoder) to take LoRA targets from; "
-                         "list them in sft.lora.target_modules")
+        raise ValueError(
+            f"{type(model).__name__} exposes no decoder (get_decoder) to take LoRA targets from; "
+            "list them in sft.lora.target_modules"
+        )
     inside = {id(m) for m in decoder.modules()}
     return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) in inside}
 

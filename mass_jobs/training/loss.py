@@ -52,11 +52,12 @@ def _fused_function():
             w = weight.to(h.dtype)
             # One fp32 chunk x vocab buffer for the whole window: every chunk's logits, softmax and
             # gradient live in it, so the allocator never holds two of them.
-            buf = torch.empty(max((e - s for s, e in chunks), default=0), weight.size(0), dtype=torch.float32,
-                              device=h.device)
+            buf = torch.empty(
+                max((e - s for s, e in chunks), default=0), weight.size(0), dtype=torch.float32, device=h.device
+            )
             for start, end in chunks:
                 hc, yc = h[start:end], y[start:end]
-                logits = buf[:end - start]
+                logits = buf[: end - start]
                 if w.dtype == torch.float32:
                     torch.mm(hc, w.t(), out=logits)
                 else:  # bf16 on GPU: the head's output, then fp32 for the softmax
@@ -106,8 +107,11 @@ def chunked_loss_sum(hidden, weight, labels, chunk: int = 512, labels_host: list
     h = hidden[:, :-1, :].reshape(-1, hidden.size(-1))
     y = labels[:, 1:].reshape(-1)
     flat = labels_host[1:] if labels_host is not None and labels.size(0) == 1 else y.tolist()
-    chunks = [(s, min(s + chunk, len(flat))) for s in range(0, len(flat), chunk)
-              if any(t != IGNORE for t in flat[s:s + chunk])]
+    chunks = [
+        (s, min(s + chunk, len(flat)))
+        for s in range(0, len(flat), chunk)
+        if any(t != IGNORE for t in flat[s : s + chunk])
+    ]
     n = sum(t != IGNORE for t in flat)
     total = _FUSED[0].apply(h, weight, y, chunks)
     if n == 0:  # keep the graph connected: every rank's backward must reach the same parameters

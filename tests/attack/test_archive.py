@@ -29,8 +29,15 @@ MiB, GiB = 1 << 20, 1 << 30
 Member = tuple[tarfile.TarInfo, bytes]
 
 
-def member(name: str, *, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes = b"", mode: int = 0o644,
-           size: int | None = None) -> Member:
+def member(
+    name: str,
+    *,
+    kind: bytes = tarfile.REGTYPE,
+    link: str = "",
+    data: bytes = b"",
+    mode: int = 0o644,
+    size: int | None = None,
+) -> Member:
     info = tarfile.TarInfo(name)
     info.type, info.linkname, info.mode = kind, link, mode
     info.size = len(data) if size is None else size
@@ -96,14 +103,20 @@ ESCAPES = {
 
 @pytest.mark.parametrize("members", ESCAPES.values(), ids=ESCAPES.keys())
 def test_escaping_names_and_links_are_refused(tmp_path, members):
-    refused(tmp_path, targz(FINE, *members) if members[0] is not FINE else targz(*members),
-            "escapes|points outside|hard link|device|target directory itself")
+    refused(
+        tmp_path,
+        targz(FINE, *members) if members[0] is not FINE else targz(*members),
+        "escapes|points outside|hard link|device|target directory itself",
+    )
 
 
 THROUGH_LINKS = {
     # A link to a folder inside, then a file below the link: never written through, even inside.
-    "file-below-downward-link": [member("sub", kind=DIR), member("ln", kind=SYM, link="sub"),
-                                 member("ln/planted", data=b"x")],
+    "file-below-downward-link": [
+        member("sub", kind=DIR),
+        member("ln", kind=SYM, link="sub"),
+        member("ln/planted", data=b"x"),
+    ],
     "file-below-dot-link": [member("ln", kind=SYM, link="."), member("ln/ln/ln/planted", data=b"x")],
     "dir-below-link": [member("ln", kind=SYM, link="."), member("ln/newdir", kind=DIR)],
     "file-below-file": [member("f", data=b"x"), member("f/planted", data=b"y")],
@@ -131,8 +144,10 @@ def test_a_second_member_of_the_same_name_is_refused(tmp_path, members):
 
 
 LONG = {
-    "name-over-limit": (member("a" * 200 + "/" + "b" * 200 + "/" + "c" * 200 + "/" + "d" * 250 + "/" + "e" * 250,
-                               data=b"x"), "bytes long"),
+    "name-over-limit": (
+        member("a" * 200 + "/" + "b" * 200 + "/" + "c" * 200 + "/" + "d" * 250 + "/" + "e" * 250, data=b"x"),
+        "bytes long",
+    ),
     "component-over-255": (member("x" * 300, data=b"x"), "component over 255"),
     "too-deep": (member("/".join(["d"] * 100) + "/f", data=b"x"), "levels deep"),
     "link-target-over-limit": (member("ln", kind=SYM, link="/".join(["a"] * 600)), "target is"),
@@ -185,8 +200,10 @@ def cve_2025_4517(dest: Path) -> bytes:
     comp = "d" * ((path_max - len(str(dest)) - 1) // (len(steps) + 1))
     members, path = [], ""
     for step in steps:
-        members += [member(os.path.join(path, comp), kind=DIR, mode=0o777),
-                    member(os.path.join(path, step), kind=SYM, link=comp)]
+        members += [
+            member(os.path.join(path, comp), kind=DIR, mode=0o777),
+            member(os.path.join(path, step), kind=SYM, link=comp),
+        ]
         path = os.path.join(path, comp)
     linkpath = os.path.join(*steps, "l" * 254)
     members += [
@@ -222,8 +239,12 @@ def test_cve_2025_4517_archive_escapes_stdlib_filter_when_unpatched_and_is_refus
     (tmp_path / "cve.tar.gz").write_bytes(data)
     (tmp_path / "std").mkdir()
     (tmp_path / "std" / "flag").write_text("secret")  # same path length as box/: the same archive fits
-    proc = subprocess.run([sys.executable, "-c", STDLIB_EXTRACT, str(tmp_path / "cve.tar.gz"), str(tmp_path / "std" / "dest")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", STDLIB_EXTRACT, str(tmp_path / "cve.tar.gz"), str(tmp_path / "std" / "dest")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if hasattr(os.path, "ALLOW_MISSING"):
         assert proc.stdout.startswith("refused")
     else:
@@ -328,8 +349,12 @@ def test_pax_header_bomb_is_refused(tmp_path):
 
 
 def test_gnu_long_name_bomb_is_refused(tmp_path):
-    refused(tmp_path, targz(member("n" * (3 * MiB), data=b"x"), fmt=tarfile.GNU_FORMAT), "headers exceed|bytes long",
-            ArchiveLimits(max_header_bytes=MiB))
+    refused(
+        tmp_path,
+        targz(member("n" * (3 * MiB), data=b"x"), fmt=tarfile.GNU_FORMAT),
+        "headers exceed|bytes long",
+        ArchiveLimits(max_header_bytes=MiB),
+    )
 
 
 def test_the_same_bomb_under_model_limits_is_still_bounded_by_bytes(tmp_path):
@@ -348,8 +373,13 @@ def test_setuid_and_world_writable_modes_are_stripped(tmp_path):
 
 
 def test_downward_links_backslashes_and_odd_bytes_stay_inside(tmp_path):
-    data = targz(member("sub", kind=DIR), member("sub/f", data=b"x"), member("ln", kind=SYM, link="sub/f"),
-                 member("..\\evil", data=b"y"), member("caf\udce9", data=b"z"))
+    data = targz(
+        member("sub", kind=DIR),
+        member("sub/f", data=b"x"),
+        member("ln", kind=SYM, link="sub/f"),
+        member("..\\evil", data=b"y"),
+        member("caf\udce9", data=b"z"),
+    )
     out = extract_dir_archive(io.BytesIO(data), tmp_path / "out")
     assert sorted(os.listdir(out)) == sorted(["..\\evil", "caf\udce9", "ln", "sub"])
     assert (out / "ln").read_text() == "x" and os.readlink(out / "ln") == "sub/f"
@@ -378,7 +408,8 @@ HOSTILE_WORKSPACES = {
 
 @pytest.mark.parametrize("make", HOSTILE_WORKSPACES.values(), ids=HOSTILE_WORKSPACES.keys())
 def test_guard_vetoes_an_episode_whose_archive_is_refused_and_rank_never_shows_it(
-        make, make_store, inner_spec, judging_endpoint, tmp_path):
+    make, make_store, inner_spec, judging_endpoint, tmp_path
+):
     from mass_jobs.episodes.rollouts import episode_runner
     from mass_jobs.run.context import RunContext
     from mass_jobs.serving.llm import ModelClient
@@ -415,8 +446,9 @@ def test_a_refused_rollout_workspace_is_shown_to_the_judge_as_refused(make_store
 
     store = make_store("file")
     store.put_json("r/status.json", {"outcome": "success"})
-    store.put_bytes("r/workspace.tar.gz", targz(member("report.md", data=b"score: 9"),
-                                                 member("ln", kind=SYM, link="/etc/passwd")))
+    store.put_bytes(
+        "r/workspace.tar.gz", targz(member("report.md", data=b"score: 9"), member("ln", kind=SYM, link="/etc/passwd"))
+    )
     text, _ = stored_views(store, "r", 4096, ["report.md"])
     assert text.startswith("WORKSPACE REFUSED: the stored archive was not extracted: archive symlink 'ln'")
     assert "score: 9" not in text and "- report.md: MISSING" in text and len(text.encode()) <= 4096

@@ -76,14 +76,32 @@ def test_mass_episode_on_a_full_disk_exits_1_naming_it(small_disk, tmp_path):
 
     upstream = RawEndpoint(completion({"role": "assistant", "tool_calls": [FINISH]}))
     try:
-        inp = EpisodeInput(prompt="p", endpoint=upstream.endpoint, limits=EpisodeLimits(wall_s=60, request_retries=0),
-                           sampling=Sampling(max_output_tokens=64, context_length=4096), seed=1)
+        inp = EpisodeInput(
+            prompt="p",
+            endpoint=upstream.endpoint,
+            limits=EpisodeLimits(wall_s=60, request_retries=0),
+            sampling=Sampling(max_output_tokens=64, context_length=4096),
+            seed=1,
+        )
         in_dir = tmp_path / "in"
         in_dir.mkdir()
         (in_dir / "episode.json").write_text(json.dumps(episode_file_json(inp)))
         fill(small_disk, leave=0)
-        out = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "episode", "--in", str(in_dir), "--out",
-                              str(small_disk / "out")], capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mass_jobs.commands.cli",
+                "episode",
+                "--in",
+                str(in_dir),
+                "--out",
+                str(small_disk / "out"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         upstream.close()
     assert out.returncode == 1, out.stderr[-2000:]
@@ -99,8 +117,13 @@ def test_an_episode_whose_trace_fills_the_disk_ends_infra_error(small_disk):
     # a long reply the model keeps giving: its record does not fit in what is left
     upstream = RawEndpoint(completion({"role": "assistant", "content": "z" * 40000}))
     try:
-        inp = EpisodeInput(prompt="p", endpoint=upstream.endpoint, limits=EpisodeLimits(wall_s=60, request_retries=0),
-                           sampling=Sampling(max_output_tokens=64, context_length=4096), seed=1)
+        inp = EpisodeInput(
+            prompt="p",
+            endpoint=upstream.endpoint,
+            limits=EpisodeLimits(wall_s=60, request_retries=0),
+            sampling=Sampling(max_output_tokens=64, context_length=4096),
+            seed=1,
+        )
         fill(small_disk, leave=24000)
         result = run_episode(inp, small_disk / "ws", small_disk / "out")
     finally:

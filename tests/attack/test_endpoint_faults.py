@@ -54,7 +54,11 @@ class RawEndpoint(LoopbackEndpoint):
 
 
 def completion(message, usage=None, finish="stop", **extra) -> bytes:
-    doc = {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+    doc = {
+        "id": "x",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
     if usage is not None:
         doc["usage"] = usage
     doc.update(extra)
@@ -76,12 +80,20 @@ FAULTS = {
     "tool_calls-string": (completion({"role": "assistant", "tool_calls": "finish"}),),
     "tool_calls-number": (completion({"role": "assistant", "tool_calls": 42}),),
     "tool_calls-mixed-items": (completion({"role": "assistant", "tool_calls": [1, "x", None, [FINISH]]}),),
-    "tool_calls-function-string": (completion({"role": "assistant", "tool_calls": [{"id": "a", "function": "finish"}]}),),
-    "tool_calls-name-number": (completion({"role": "assistant", "tool_calls": [{"function": {"name": 7, "arguments": "{}"}}]}),),
-    "tool_calls-args-object": (
-        completion({"role": "assistant", "tool_calls": [{"function": {"name": "finish", "arguments": {"summary": "x"}}}]}),
+    "tool_calls-function-string": (
+        completion({"role": "assistant", "tool_calls": [{"id": "a", "function": "finish"}]}),
     ),
-    "tool_calls-args-list": (completion({"role": "assistant", "tool_calls": [{"function": {"name": "finish", "arguments": [1]}}]}),),
+    "tool_calls-name-number": (
+        completion({"role": "assistant", "tool_calls": [{"function": {"name": 7, "arguments": "{}"}}]}),
+    ),
+    "tool_calls-args-object": (
+        completion(
+            {"role": "assistant", "tool_calls": [{"function": {"name": "finish", "arguments": {"summary": "x"}}}]}
+        ),
+    ),
+    "tool_calls-args-list": (
+        completion({"role": "assistant", "tool_calls": [{"function": {"name": "finish", "arguments": [1]}}]}),
+    ),
     "tool_calls-id-object": (completion({"role": "assistant", "tool_calls": [{**FINISH, "id": {"a": 1}}]}),),
     "content-list-of-parts": (completion({"role": "assistant", "content": [{"type": "text", "text": "done"}]}),),
     "content-number": (completion({"role": "assistant", "content": 12345}),),
@@ -113,8 +125,11 @@ FAULTS = {
         200,
         SSE,
     ),
-    "stream-lone-surrogate": (b'data: {"choices": [{"delta": {"content": "\\ud800"}, "finish_reason": "stop"}]}\n\n'
-                              b'data: [DONE]\n\n', 200, SSE),
+    "stream-lone-surrogate": (
+        b'data: {"choices": [{"delta": {"content": "\\ud800"}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n',
+        200,
+        SSE,
+    ),
 }
 
 
@@ -156,8 +171,11 @@ def test_the_proxy_answers_the_upstreams_status_never_its_own_500(raw_endpoint, 
     ep = raw_endpoint(*FAULTS[fault])
     upstream_status = (FAULTS[fault][1:2] or (200,))[0]
     with RecordingProxy(upstream=ep.endpoint, trace_path=tmp_path / "trace.jsonl", timeout_s=15) as px:
-        r = httpx.post(px.endpoint.url("chat/completions"),
-                       json={"model": "raw", "messages": [{"role": "user", "content": "x"}]}, timeout=30)
+        r = httpx.post(
+            px.endpoint.url("chat/completions"),
+            json={"model": "raw", "messages": [{"role": "user", "content": "x"}]},
+            timeout=30,
+        )
     assert r.status_code == upstream_status
     (rec,) = read_trace(tmp_path / "trace.jsonl")
     assert rec["status"] == upstream_status and (rec["response"] is not None or rec["error"] is not None)
@@ -221,7 +239,9 @@ def test_a_stalling_endpoint_ends_the_episode_at_its_wall_limit(tmp_path, hang_u
     limits = EpisodeLimits(turns_per_agent=2, wall_s=3, request_timeout_s=60, request_retries=0)
     inp = EpisodeInput(prompt="x", endpoint=ep.endpoint, limits=limits, sampling=Sampling(max_output_tokens=16))
     box = {}
-    t = threading.Thread(target=lambda: box.setdefault("r", run_episode(inp, tmp_path / "ws", tmp_path / "out")), daemon=True)
+    t = threading.Thread(
+        target=lambda: box.setdefault("r", run_episode(inp, tmp_path / "ws", tmp_path / "out")), daemon=True
+    )
     try:
         t.start()
         t.join(120)
@@ -248,8 +268,10 @@ class GzipEndpoint(LoopbackEndpoint):
                 accept = self.headers.get("accept-encoding") or ""
                 seen.append(accept)
                 if body.get("stream"):
-                    data = (b'data: {"choices": [{"delta": {"content": "done"}, "finish_reason": "stop"}]}\n\n'
-                            b"data: [DONE]\n\n")
+                    data = (
+                        b'data: {"choices": [{"delta": {"content": "done"}, "finish_reason": "stop"}]}\n\n'
+                        b"data: [DONE]\n\n"
+                    )
                     ctype = SSE
                 else:
                     data, ctype = completion(TEXT), "application/json"
@@ -279,15 +301,20 @@ def test_a_gzip_answering_endpoint_is_recorded_and_relayed_as_text(tmp_path, alw
     ep = GzipEndpoint(always=always)
     try:
         with RecordingProxy(upstream=ep.endpoint, trace_path=tmp_path / "trace.jsonl", timeout_s=15) as px:
-            r = httpx.post(px.endpoint.url("chat/completions"), timeout=30, json={
-                "model": "raw", "stream": stream, "messages": [{"role": "user", "content": "x"}]})
+            r = httpx.post(
+                px.endpoint.url("chat/completions"),
+                timeout=30,
+                json={"model": "raw", "stream": stream, "messages": [{"role": "user", "content": "x"}]},
+            )
         assert r.status_code == 200 and "content-encoding" not in r.headers
         assert ("done" in r.text) if stream else r.json()["choices"][0]["message"]["content"] == "done"
         (rec,) = read_trace(tmp_path / "trace.jsonl")
         assert rec["response"]["message"]["content"] == "done" and rec["error"] is None
         assert ep.seen == ["identity"]
         if not stream:  # a whole built-in episode through it ends as the model said
-            inp = EpisodeInput(prompt="Do it.", endpoint=ep.endpoint, limits=LIMITS, sampling=Sampling(max_output_tokens=16))
+            inp = EpisodeInput(
+                prompt="Do it.", endpoint=ep.endpoint, limits=LIMITS, sampling=Sampling(max_output_tokens=16)
+            )
             res = run_episode(inp, tmp_path / "ws", tmp_path / "out")
             assert (res.outcome, res.final_report) == ("no_work", "done")  # a text answer: no tool call
     finally:
@@ -295,6 +322,7 @@ def test_a_gzip_answering_endpoint_is_recorded_and_relayed_as_text(tmp_path, alw
 
 
 # ---------------------------------------------------------------- replies without end
+
 
 class EndlessEndpoint(LoopbackEndpoint):
     """Answers every POST with a body (or an SSE stream) that never ends: `piece` forever."""
@@ -330,8 +358,11 @@ def test_a_reply_without_end_is_cut_at_its_byte_limit(tmp_path, kind):
     are read up to limits.reply_bytes, the call ends reply_too_large, and the trace line holds at
     most that much: nothing buffered or recorded past it."""
     delta = json.dumps({"choices": [{"index": 0, "delta": {"content": "x" * 900}}]})
-    piece = {"body": b"[" + b"0," * 32768, "stream": f"data: {delta}\n\n".encode(),
-             "stream-without-separators": b"data: " + b"x" * 65536}[kind]
+    piece = {
+        "body": b"[" + b"0," * 32768,
+        "stream": f"data: {delta}\n\n".encode(),
+        "stream-without-separators": b"data: " + b"x" * 65536,
+    }[kind]
     upstream = EndlessEndpoint(piece, "application/json" if kind == "body" else SSE)
     limit = 4 * 2**20
     try:
@@ -371,5 +402,5 @@ def test_the_stream_assembler_is_linear_in_what_it_is_fed():
     for _ in range(4096):
         asm.feed(piece)
     assert searched["bytes"] <= 2 * 4096 * 4096
-    asm.feed(b"\n\ndata: {\"choices\": [{\"index\": 0, \"delta\": {\"content\": \"ok\"}}]}\r\n\r\n")
+    asm.feed(b'\n\ndata: {"choices": [{"index": 0, "delta": {"content": "ok"}}]}\r\n\r\n')
     assert asm.record()["message"]["content"] == "ok" and asm.bad_events == 0

@@ -70,16 +70,25 @@ def test_agent_pod_code_cannot_forge_the_trace_or_status(executor_for, s3_env, s
     from mass_jobs.k8s.pods import SANDBOX_UID, UID
     from mass_jobs.tools.testing.scripted_endpoint import Reply
 
-    ep = scripted_endpoint({
-        "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("records tidied")],
-        "worker-1": [Reply.call("shell", command=FORGING_COMMAND),
-                     # a daemon left by the command above writes late.txt once `go` exists (the sandbox
-                     # reaps it when the command returns): none survived it
-                     Reply.call("shell", command="touch go; sleep 3; test -e late.txt && echo LATE-WROTE || echo no-late"),
-                     Reply.call("finish", summary="tidied")],
-    })
-    inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, sampling=Sampling(), files={"notes.md": "n\n"},
-                       limits=EpisodeLimits(wall_s=90, request_timeout_s=20, request_retries=0, shell_timeout_s=30))
+    ep = scripted_endpoint(
+        {
+            "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("records tidied")],
+            "worker-1": [
+                Reply.call("shell", command=FORGING_COMMAND),
+                # a daemon left by the command above writes late.txt once `go` exists (the sandbox
+                # reaps it when the command returns): none survived it
+                Reply.call("shell", command="touch go; sleep 3; test -e late.txt && echo LATE-WROTE || echo no-late"),
+                Reply.call("finish", summary="tidied"),
+            ],
+        }
+    )
+    inp = EpisodeInput(
+        prompt="Tidy up.",
+        endpoint=ep.endpoint,
+        sampling=Sampling(),
+        files={"notes.md": "n\n"},
+        limits=EpisodeLimits(wall_s=90, request_timeout_s=20, request_retries=0, shell_timeout_s=30),
+    )
     with tempfile_dir() as seed:
         wf, output = run_agent_episode(executor_for, "forge", inp, seed)
     assert wf.phase == "Succeeded", wf.summary()  # the daemon's end is checked in the episode itself (no-late)
@@ -141,12 +150,19 @@ def test_a_sidecar_that_ends_the_upload_early_leaves_outputs_ingest_refuses(exec
     from mass_jobs.episodes.rollouts import RolloutError, agent_ended, agent_result
     from mass_jobs.tools.testing.scripted_endpoint import Reply
 
-    ep = scripted_endpoint({
-        "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("records tidied")],
-        "worker-1": [Reply.call("shell", command=EARLY_EXIT_COMMAND), Reply.call("finish", summary="tidied")],
-    })
-    inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, sampling=Sampling(), files={"notes.md": "n\n"},
-                       limits=EpisodeLimits(wall_s=90, request_timeout_s=20, request_retries=0, shell_timeout_s=30))
+    ep = scripted_endpoint(
+        {
+            "orchestrator": [Reply.call("delegate", assignment="tidy the records"), Reply.text("records tidied")],
+            "worker-1": [Reply.call("shell", command=EARLY_EXIT_COMMAND), Reply.call("finish", summary="tidied")],
+        }
+    )
+    inp = EpisodeInput(
+        prompt="Tidy up.",
+        endpoint=ep.endpoint,
+        sampling=Sampling(),
+        files={"notes.md": "n\n"},
+        limits=EpisodeLimits(wall_s=90, request_timeout_s=20, request_retries=0, shell_timeout_s=30),
+    )
     with tempfile_dir() as seed:
         wf, output = run_agent_episode(executor_for, "early", inp, seed)
     assert wf.phase == "Succeeded", wf.summary()

@@ -31,16 +31,19 @@ def _held(r, limits=LIMITS) -> None:
 
 def test_a_balloon_faster_than_the_samples(ws):
     """1 GB touched in well under the 0.2 s sampling interval: RLIMIT_AS off (as for node)."""
-    r = run_sandboxed("python -c 'b = bytearray(1 << 30); b[::4096] = b\"x\" * len(b[::4096]); print(\"alive\")'",
-                      ws, LIMITS)
+    r = run_sandboxed(
+        'python -c \'b = bytearray(1 << 30); b[::4096] = b"x" * len(b[::4096]); print("alive")\'', ws, LIMITS
+    )
     _held(r)
     assert "alive" not in r.stdout
 
 
 def test_unmapped_memfds(ws):
     """Three 100 MB memfds written and never mapped: no process's RSS holds them."""
-    script = ("import os\nfds = []\nfor i in range(3):\n    fd = os.memfd_create(f'm{i}')\n"
-              "    for _ in range(100):\n        os.write(fd, b'x' * (1 << 20))\n    fds.append(fd)\nprint('alive')\n")
+    script = (
+        "import os\nfds = []\nfor i in range(3):\n    fd = os.memfd_create(f'm{i}')\n"
+        "    for _ in range(100):\n        os.write(fd, b'x' * (1 << 20))\n    fds.append(fd)\nprint('alive')\n"
+    )
     (ws / "m.py").write_text(script)
     r = run_sandboxed("python m.py", ws, LIMITS)
     _held(r)
@@ -50,10 +53,12 @@ def test_unmapped_memfds(ws):
 def test_descriptors_stop_at_rlimit_nofile(ws):
     """1,200 filled socket pairs asked for: the descriptor limit stops them long before."""
     limits = replace(LIMITS, open_files=256)
-    script = ("import socket\nn = 0\ntry:\n    for _ in range(1200):\n        a, b = socket.socketpair()\n"
-              "        a.setblocking(False)\n        try:\n            while True:\n                a.send(b'x' * 65536)\n"
-              "        except BlockingIOError:\n            pass\n        globals()[f'p{n}'] = (a, b)\n        n += 1\n"
-              "except OSError as e:\n    print('stopped', n, e.errno)\n")
+    script = (
+        "import socket\nn = 0\ntry:\n    for _ in range(1200):\n        a, b = socket.socketpair()\n"
+        "        a.setblocking(False)\n        try:\n            while True:\n                a.send(b'x' * 65536)\n"
+        "        except BlockingIOError:\n            pass\n        globals()[f'p{n}'] = (a, b)\n        n += 1\n"
+        "except OSError as e:\n    print('stopped', n, e.errno)\n"
+    )
     (ws / "s.py").write_text(script)
     r = run_sandboxed("python s.py", ws, limits)
     assert r.memory_limit in ("cgroup v1", "cgroup v2")

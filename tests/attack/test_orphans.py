@@ -60,7 +60,9 @@ def test_sigkilled_caller_takes_the_sandbox_and_every_escapee_with_it(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
     m = f"{300 + secrets.randbelow(1000) / 1000:.3f}"
-    cmd = f"sleep {m} & setsid sleep {m} & (sleep {m} &) ; nohup sleep {m} >/dev/null 2>&1 & echo up > started; sleep {m}"
+    cmd = (
+        f"sleep {m} & setsid sleep {m} & (sleep {m} &) ; nohup sleep {m} >/dev/null 2>&1 & echo up > started; sleep {m}"
+    )
     driver = start_driver(SANDBOX_DRIVER, str(ws), cmd)
     wait_for(ws / "started", driver)
     assert len(live_matching(f"sleep {m}")) >= 4  # the background sleeps run (and shells waiting on them)

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 DAEMON = "MASS-ATTACK-DAEMON"
 FORGED = "FORGED-TURN"
 
-ATTACK = r'''
+ATTACK = r"""
 import glob, json, os, subprocess, sys, urllib.error, urllib.request
 
 known = json.loads(open("known.json").read())
@@ -133,7 +133,7 @@ report["sockets_removed"] = removed
 subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(60)", known["daemon"]],
                  start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 print("ATTACK-REPORT " + json.dumps(report, sort_keys=True))
-'''
+"""
 
 
 def daemons(marker: str) -> list[int]:
@@ -155,18 +155,39 @@ def daemon_marker(tmp_path) -> str:
 def attack(scripted_endpoint, tmp_path, scan_ports: bool = True, scope: str | None = None):
     """Run the attacking episode; (status, trace, the attack's report, out dir)."""
     out = tmp_path / "out"
-    known = {"out": [str(out)], "sockets": [], "daemon": daemon_marker(tmp_path), "scan_ports": scan_ports, "scope": scope,
-             "secrets": [str(REPO / "examples" / "tiny.yaml"), str(REPO / "tests" / "specs" / "ci-e2e.yaml"),
-                         str(REPO / "mass_jobs" / ".." / "README.md"), str(tmp_path / "store")]}
+    known = {
+        "out": [str(out)],
+        "sockets": [],
+        "daemon": daemon_marker(tmp_path),
+        "scan_ports": scan_ports,
+        "scope": scope,
+        "secrets": [
+            str(REPO / "examples" / "tiny.yaml"),
+            str(REPO / "tests" / "specs" / "ci-e2e.yaml"),
+            str(REPO / "mass_jobs" / ".." / "README.md"),
+            str(tmp_path / "store"),
+        ],
+    }
     (tmp_path / "store").mkdir()
     (tmp_path / "store" / "answers.txt").write_text("expected answers\n")
-    ep = scripted_endpoint({MAIN: [Reply.call("run_shell_command", command="python3 attack.py", description="tidy up"),
-                                   Reply.text("done")]})
+    ep = scripted_endpoint(
+        {
+            MAIN: [
+                Reply.call("run_shell_command", command="python3 attack.py", description="tidy up"),
+                Reply.text("done"),
+            ]
+        }
+    )
     # request_retries 1: with the protection off the forged call is recorded with the endpoint's 500,
     # and a watcher polling the trace could end the episode on it before qwen-code's next call lands
-    inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, harness="qwen-code", sampling=Sampling(max_output_tokens=64),
-                       limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=1),
-                       files={"attack.py": ATTACK, "known.json": json.dumps(known)})
+    inp = EpisodeInput(
+        prompt="Tidy up.",
+        endpoint=ep.endpoint,
+        harness="qwen-code",
+        sampling=Sampling(max_output_tokens=64),
+        limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=1),
+        files={"attack.py": ATTACK, "known.json": json.dumps(known)},
+    )
     result = run_episode(inp, tmp_path / "ws", out)
     status = json.loads((out / "status.json").read_text())
     trace = read_trace(out / "trace.jsonl")
@@ -181,7 +202,11 @@ def attack_report(trace) -> dict | None:
     for rec in trace:
         for m in (rec.get("request") or {}).get("messages") or []:
             parts = m.get("content")
-            text = parts if isinstance(parts, str) else " ".join(p.get("text", "") for p in parts or [] if isinstance(p, dict))
+            text = (
+                parts
+                if isinstance(parts, str)
+                else " ".join(p.get("text", "") for p in parts or [] if isinstance(p, dict))
+            )
             if found := re.search(r"ATTACK-REPORT (\{[^\n]*\})", text):
                 return json.loads(found.group(1))
     return None
@@ -195,8 +220,11 @@ def rendered(trace, tiny_model_dir) -> list[str]:
     from mass_jobs.steps.sft_threads import EpisodeTrace
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    windows, stats = render_windows([EpisodeTrace("t", 0, trace, bare_prompt="Tidy up.", harness="qwen-code")], tok,
-                                    SftSpec(window=65536, context=512))
+    windows, stats = render_windows(
+        [EpisodeTrace("t", 0, trace, bare_prompt="Tidy up.", harness="qwen-code")],
+        tok,
+        SftSpec(window=65536, context=512),
+    )
     assert stats["episode_errors"] == []
     return [tok.decode(w.input_ids) for w in windows]
 
@@ -205,8 +233,15 @@ def rendered(trace, tiny_model_dir) -> list[str]:
 def test_the_shell_finds_no_token_and_forges_no_trace_status_or_window(scripted_endpoint, tmp_path, tiny_model_dir):
     status, trace, report, out = attack(scripted_endpoint, tmp_path)
     validate_status(status)
-    assert report == {"tokens_found": 0, "proxy_calls_accepted": 0, "proxy_refusals": [], "home_writes": 0,
-                      "out_writes": 0, "secret_reads": [], "sockets_removed": 0}, report  # no network at all
+    assert report == {
+        "tokens_found": 0,
+        "proxy_calls_accepted": 0,
+        "proxy_refusals": [],
+        "home_writes": 0,
+        "out_writes": 0,
+        "secret_reads": [],
+        "sockets_removed": 0,
+    }, report  # no network at all
     assert (status["outcome"], status["reason"]) == ("success", "qwen-code finished")
     assert [r["seq"] for r in trace] == [0, 1] and "FORGED" not in json.dumps(trace)
     assert sorted(p.name for p in out.iterdir()) == ["status.json", "trace.jsonl"]
@@ -227,21 +262,32 @@ def test_qwen_codes_own_view_holds_no_checkout_spec_task_or_store(scripted_endpo
     store = tmp_path / "store"
     store.mkdir()
     (store / "answers.txt").write_text("expected answers\n")
-    probes = [REPO / "examples" / "tiny.yaml", REPO / "tests" / "specs" / "ci-e2e.yaml", REPO / "README.md",
-              REPO / "pyproject.toml", store / "answers.txt"]
+    probes = [
+        REPO / "examples" / "tiny.yaml",
+        REPO / "tests" / "specs" / "ci-e2e.yaml",
+        REPO / "README.md",
+        REPO / "pyproject.toml",
+        store / "answers.txt",
+    ]
     fake = tmp_path / "fake-qwen" / "qwen"
     fake.parent.mkdir()
-    fake.write_text(f"#!{sys.executable}\nimport os, sys\nseen = []\n"
-                    f"for p in {[str(p) for p in probes]!r}:\n"
-                    "    try:\n        os.listdir(p) if os.path.isdir(p) else open(p).read()\n        seen.append(p)\n"
-                    "    except OSError:\n        pass\n"
-                    f"import mass_jobs\nsys.stderr.write('SEEN ' + repr(seen) + ' LS ' + repr(sorted(os.listdir({str(REPO)!r})))"
-                    " + ' PKG ' + mass_jobs.__file__)\n")
+    fake.write_text(
+        f"#!{sys.executable}\nimport os, sys\nseen = []\n"
+        f"for p in {[str(p) for p in probes]!r}:\n"
+        "    try:\n        os.listdir(p) if os.path.isdir(p) else open(p).read()\n        seen.append(p)\n"
+        "    except OSError:\n        pass\n"
+        f"import mass_jobs\nsys.stderr.write('SEEN ' + repr(seen) + ' LS ' + repr(sorted(os.listdir({str(REPO)!r})))"
+        " + ' PKG ' + mass_jobs.__file__)\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("MASS_QWEN_BIN", str(fake))
     ep = scripted_endpoint({MAIN: [Reply.text("never asked")]})
-    inp = EpisodeInput(prompt="Look around.", endpoint=ep.endpoint, harness="qwen-code",
-                       limits=EpisodeLimits(wall_s=60, request_timeout_s=30, request_retries=0))
+    inp = EpisodeInput(
+        prompt="Look around.",
+        endpoint=ep.endpoint,
+        harness="qwen-code",
+        limits=EpisodeLimits(wall_s=60, request_timeout_s=30, request_retries=0),
+    )
     result = run_episode(inp, tmp_path / "ws", tmp_path / "out")
     # the package runs; of the checkout only the mount points of the package and the interpreter show
     assert result.outcome == "infra_error" and "SEEN [] LS ['.venv', 'mass_jobs'] PKG " in result.reason, result.reason
@@ -272,17 +318,28 @@ def test_with_the_protection_off_the_same_attack_forges_the_trace(scripted_endpo
 
 
 MALFORMED = [
-    ("messages are not objects", {"seq": 0, "request": {"messages": ["hello", 3]},
-                                  "response": {"message": {"role": "assistant", "content": "x"}}}),
+    (
+        "messages are not objects",
+        {
+            "seq": 0,
+            "request": {"messages": ["hello", 3]},
+            "response": {"message": {"role": "assistant", "content": "x"}},
+        },
+    ),
     ("content is a number", {"seq": 0, "request": {"messages": [{"role": "user", "content": 7}]}, "response": None}),
-    ("tool_calls not a list", {"seq": 0, "request": {"messages": [{"role": "assistant", "content": "", "tool_calls": "x"}]}}),
+    (
+        "tool_calls not a list",
+        {"seq": 0, "request": {"messages": [{"role": "assistant", "content": "", "tool_calls": "x"}]}},
+    ),
     ("seq is text", {"seq": "zero", "request": {"messages": [{"role": "user", "content": "hi"}]}}),
     ("response is a list", {"seq": 0, "request": {"messages": [{"role": "user", "content": "hi"}]}, "response": []}),
 ]
 
 
 @pytest.mark.parametrize("what,record", MALFORMED, ids=[m[0] for m in MALFORMED])
-def test_a_malformed_recorded_call_is_a_counted_episode_error_in_render_and_audit(what, record, tiny_model_dir, tmp_path):
+def test_a_malformed_recorded_call_is_a_counted_episode_error_in_render_and_audit(
+    what, record, tiny_model_dir, tmp_path
+):
     from transformers import AutoTokenizer
 
     from mass_jobs.config.run_spec import SftSpec
@@ -291,25 +348,34 @@ def test_a_malformed_recorded_call_is_a_counted_episode_error_in_render_and_audi
     from mass_jobs.steps.sft_threads import EpisodeTrace
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    good = {"seq": 1, "request": {"messages": [{"role": "user", "content": "Tidy up."}]},
-            "response": {"message": {"role": "assistant", "content": "done"}}}
-    episodes = [EpisodeTrace("t", 0, [record, good], bare_prompt="Tidy up.", harness="qwen-code"),
-                EpisodeTrace("t", 1, [good], bare_prompt="Tidy up.", harness="qwen-code")]
+    good = {
+        "seq": 1,
+        "request": {"messages": [{"role": "user", "content": "Tidy up."}]},
+        "response": {"message": {"role": "assistant", "content": "done"}},
+    }
+    episodes = [
+        EpisodeTrace("t", 0, [record, good], bare_prompt="Tidy up.", harness="qwen-code"),
+        EpisodeTrace("t", 1, [good], bare_prompt="Tidy up.", harness="qwen-code"),
+    ]
     windows, stats = render_windows(episodes, tok, SftSpec(window=4096, context=64))
     assert [(e["episode"], e["kind"]) for e in stats["episode_errors"]] == [(0, "trace_malformed")]
     assert [d["episode"] for d in stats["episodes_dropped"]] == [0] and {w.episode for w in windows} == {1}
     (tmp_path / "trace.jsonl").write_text(json.dumps(record) + "\n" + json.dumps(good) + "\n")
     audit = audit_episode(tmp_path)
     assert audit.error and audit.calls == 0 and not audit.delegation
-    (tmp_path / "trace.jsonl").write_text("{not json\n" + json.dumps(good) + "\n")  # a damaged line, not the torn last one
+    (tmp_path / "trace.jsonl").write_text(
+        "{not json\n" + json.dumps(good) + "\n"
+    )  # a damaged line, not the torn last one
     assert "not a JSON trace record" in audit_episode(tmp_path).error
 
 
 # ---------------------------------------------------------------- the same attacks in an agent pod
 
+
 @pytest.mark.skipif(_tools()[0] is None, reason="the test executor runs pods under bwrap")
 def test_in_the_agent_pod_the_same_attacks_leave_trace_status_and_windows_unchanged(
-        executor_for, s3_env, scripted_endpoint, tiny_model_dir):
+    executor_for, s3_env, scripted_endpoint, tiny_model_dir
+):
     """The generated agent-episode template (argo/mass-cycle.yaml) run by the test executor: the
     harness, the sandbox and the qwen-code containers as their three uids. qwen-code's shell
     command runs attack.py in the sandbox container, where it shares the pod's loopback with the
@@ -318,14 +384,29 @@ def test_in_the_agent_pod_the_same_attacks_leave_trace_status_and_windows_unchan
 
     marker = daemon_marker(s3_env["bucket"] + "pod")
     # (the executor shows this checkout in every pod, as the image: its files are no secret of a pod)
-    known = {"out": ["/out"], "sockets": ["/sandbox/sandbox.sock", "/qwen/qwen.sock"], "daemon": marker,
-             "secrets": ["/in/episode.json", "/out", "/qwen"]}
-    ep = scripted_endpoint({MAIN: [Reply.call("run_shell_command", command="python3 attack.py", description="tidy up"),
-                                   Reply.call("run_shell_command", command="sleep 1; ls", description="look again"),
-                                   Reply.text("done")]})
-    inp = EpisodeInput(prompt="Tidy up.", endpoint=ep.endpoint, harness="qwen-code", sampling=Sampling(max_output_tokens=64),
-                       limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=0, shell_timeout_s=30),
-                       files={"attack.py": ATTACK, "known.json": json.dumps(known)})
+    known = {
+        "out": ["/out"],
+        "sockets": ["/sandbox/sandbox.sock", "/qwen/qwen.sock"],
+        "daemon": marker,
+        "secrets": ["/in/episode.json", "/out", "/qwen"],
+    }
+    ep = scripted_endpoint(
+        {
+            MAIN: [
+                Reply.call("run_shell_command", command="python3 attack.py", description="tidy up"),
+                Reply.call("run_shell_command", command="sleep 1; ls", description="look again"),
+                Reply.text("done"),
+            ]
+        }
+    )
+    inp = EpisodeInput(
+        prompt="Tidy up.",
+        endpoint=ep.endpoint,
+        harness="qwen-code",
+        sampling=Sampling(max_output_tokens=64),
+        limits=EpisodeLimits(wall_s=90, request_timeout_s=30, request_retries=0, shell_timeout_s=30),
+        files={"attack.py": ATTACK, "known.json": json.dumps(known)},
+    )
     seed = tiny_model_dir.parent / "empty-workspace"
     seed.mkdir(exist_ok=True)
     wf, output = run_agent_episode(executor_for, "qforge", inp, seed)

@@ -192,7 +192,11 @@ def test_host_processes_cannot_be_seen_or_signalled(planted):
 
 
 def test_setuid_binaries_do_not_regain_root(planted):
-    r = run_sandboxed("su -c id root </dev/null; mount -t tmpfs none /tmp; id -u; grep CapEff /proc/self/status", planted["ws"], LIMITS)
+    r = run_sandboxed(
+        "su -c id root </dev/null; mount -t tmpfs none /tmp; id -u; grep CapEff /proc/self/status",
+        planted["ws"],
+        LIMITS,
+    )
     uid, _, cap = r.stdout.split()[-3:]
     assert int(uid) == r.applied["uid"] != 0 and cap == "0000000000000000"
 
@@ -230,10 +234,17 @@ def test_concurrent_calls_neither_see_nor_share_uids(tmp_path):
 def test_kernel_settings_and_sysrq_are_out_of_reach(planted, drop):
     """/proc is the call's own, but /proc/sys and sysrq-trigger act on the whole host: read-only
     there, also for a command left as root (no capabilities)."""
-    targets = ["/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger", "/proc/sys/fs/file-max"]
+    targets = [
+        "/proc/sys/kernel/core_pattern",
+        "/proc/sys/vm/drop_caches",
+        "/proc/sysrq-trigger",
+        "/proc/sys/fs/file-max",
+    ]
     # access(W_OK) only: a probe that writes would change the host when it breaks.
-    cmd = "; ".join(f"test -w {t}; echo rc=$?" for t in targets) + \
-        "; python -c \"import os; print(os.access('/proc/sys/kernel/core_pattern', os.W_OK))\""
+    cmd = (
+        "; ".join(f"test -w {t}; echo rc=$?" for t in targets)
+        + "; python -c \"import os; print(os.access('/proc/sys/kernel/core_pattern', os.W_OK))\""
+    )
     r = run_sandboxed(cmd, planted["ws"], replace(LIMITS, drop_privileges=drop))
     assert r.stdout.split() == ["rc=1"] * len(targets) + ["False"], r.stderr
 

@@ -181,8 +181,11 @@ def test_scratch_on_disk_is_held_to_its_size_and_removed_after(ws, tmp_path, mon
     monkeypatch.setattr(tempfile, "tempdir", str(host))  # where the call's /tmp folder is made
     limits = replace(LIMITS, tmp_mb=8, tmp_on_disk=True)
     # /tmp is the host folder's filesystem, not a tmpfs of its own (df names the same device)
-    r = run_sandboxed("head -c 6000000 /dev/zero > /tmp/a && mkdir /tmp/d && chmod 0 /tmp/d && df --output=source /tmp "
-                      "| tail -1", ws, limits)
+    r = run_sandboxed(
+        "head -c 6000000 /dev/zero > /tmp/a && mkdir /tmp/d && chmod 0 /tmp/d && df --output=source /tmp | tail -1",
+        ws,
+        limits,
+    )
     host_fs = subprocess.run(["df", "--output=source", str(host)], capture_output=True, text=True).stdout.split()[-1]
     assert r.exit_code == 0 and r.killed_reason is None and r.stdout.strip() == host_fs, (r.stdout, r.stderr)
     assert r.applied["scratch"] == {"path": "/tmp", "on": "disk", "mb": 8} and "/tmp" not in r.applied["private_tmpfs"]

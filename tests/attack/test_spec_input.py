@@ -26,8 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
 TASK = "{id: t, split: train, prompt: do it}"
 
 
-def spec(*extra: str, name: str = "name: hostile\n", tasks: str = f"tasks: [{TASK}]\n",
-         model: str = "model: {base: m}\n") -> str:
+def spec(
+    *extra: str, name: str = "name: hostile\n", tasks: str = f"tasks: [{TASK}]\n", model: str = "model: {base: m}\n"
+) -> str:
     return name + model + tasks + "store: {uri: 'file://runs'}\n" + "".join(extra)
 
 
@@ -65,21 +66,42 @@ def assert_refused(tmp_path, content, capsys, *expected: str):
 # ---------------------------------------------------------------- numbers
 
 NUMBERS = {
-    "nan-float": ("model: {base: m, sampling: {temperature: .nan}}", "$.model.sampling.temperature: expected a finite number, found nan"),
-    "inf-float": ("model: {base: m, sampling: {top_p: .inf}}", "$.model.sampling.top_p: expected a finite number, found inf"),
+    "nan-float": (
+        "model: {base: m, sampling: {temperature: .nan}}",
+        "$.model.sampling.temperature: expected a finite number, found nan",
+    ),
+    "inf-float": (
+        "model: {base: m, sampling: {top_p: .inf}}",
+        "$.model.sampling.top_p: expected a finite number, found inf",
+    ),
     "minus-inf": ("ranking: {prior: -.inf}", "$.ranking.prior: expected a finite number, found -inf"),
     "nan-int-field": ("generations: .nan", "$.generations: expected a finite number, found nan"),
-    "overflowing-float": ("sft: {optimizer: {lr: 1.0e+400}}", "$.sft.optimizer.lr: expected a finite number, found inf"),
-    "nan-in-list": ("judges: [{name: j, endpoint: local, model: m, seeds: [.nan]}]", "$.judges[0].seeds[0]: expected a finite number"),
-    "huge-int-35-digits": ("search: {seed: 99999999999999999999999999999999999}", "$.search.seed: expected an integer of at most 30 digits, found 35"),
-    "huge-int-5000-digits": ("search: {seed: " + "9" * 5000 + "}", "$.search.seed: expected an integer of at most 30 digits, found 5000"),
+    "overflowing-float": (
+        "sft: {optimizer: {lr: 1.0e+400}}",
+        "$.sft.optimizer.lr: expected a finite number, found inf",
+    ),
+    "nan-in-list": (
+        "judges: [{name: j, endpoint: local, model: m, seeds: [.nan]}]",
+        "$.judges[0].seeds[0]: expected a finite number",
+    ),
+    "huge-int-35-digits": (
+        "search: {seed: 99999999999999999999999999999999999}",
+        "$.search.seed: expected an integer of at most 30 digits, found 35",
+    ),
+    "huge-int-5000-digits": (
+        "search: {seed: " + "9" * 5000 + "}",
+        "$.search.seed: expected an integer of at most 30 digits, found 5000",
+    ),
     "huge-hex-int": ("search: {seed: 0x" + "f" * 4000 + "}", "$.search.seed: expected an integer of at most 30 digits"),
     "huge-int-in-bounded-field": ("generations: 100000000000000000000", "$.generations: expected a number <= 50"),
     "float-for-int-huge": ("search: {seed: 1.0e+30}", "$.search.seed: expected a number <= 4294967295"),
     "fraction-for-int": ("generations: 1.5", "$.generations: expected integer"),
     "negative-seed": ("sft: {seed: -1}", "$.sft.seed: expected a number >= 0"),
     "seed-over-32-bits": ("search: {seed: 18446744073709551616}", "$.search.seed: expected a number <= 4294967295"),
-    "judge-seed-over-32-bits": ("judges: [{name: j, endpoint: local, model: m, seeds: [1099511627776]}]", "$.judges[0].seeds[0]: expected a number <= 4294967295"),
+    "judge-seed-over-32-bits": (
+        "judges: [{name: j, endpoint: local, model: m, seeds: [1099511627776]}]",
+        "$.judges[0].seeds[0]: expected a number <= 4294967295",
+    ),
 }
 
 
@@ -95,17 +117,35 @@ def test_numbers_the_schema_or_pydantic_cannot_take_exit_2_naming_the_path(tmp_p
 BUDGETS = {
     "billion-episodes": ("collection: {episodes: 1000000000}", "$.collection.episodes: expected a number <= 10000"),
     "concurrency-100000": ("execution: {concurrency: 100000}", "$.execution.concurrency: expected a number <= 1024"),
-    "billion-rollouts": ("evaluation: {rollouts_per_task: 1000000000}", "$.evaluation.rollouts_per_task: expected a number <= 10000"),
+    "billion-rollouts": (
+        "evaluation: {rollouts_per_task: 1000000000}",
+        "$.evaluation.rollouts_per_task: expected a number <= 10000",
+    ),
     "trillion-steps": ("sft: {steps: 1000000000000}", "$.sft.steps: expected a number <= 10000000"),
     "million-replicas": ("sft: {replicas: 1000000}", "$.sft.replicas: expected a number <= 1024"),
-    "terabyte-memory": ("execution: {limits: {memory_mb: 1000000000}}", "$.execution.limits.memory_mb: expected a number <= 1048576"),
+    "terabyte-memory": (
+        "execution: {limits: {memory_mb: 1000000000}}",
+        "$.execution.limits.memory_mb: expected a number <= 1048576",
+    ),
     "century-wall": ("execution: {limits: {wall_s: 3.0e+9}}", "$.execution.limits.wall_s: expected a number <= 604800"),
-    "million-tool-calls": ("execution: {limits: {tool_calls: 1000000}}", "$.execution.limits.tool_calls: expected a number <= 100000"),
-    "billion-retries": ("ranking: {verdict_retries: 1000000000}", "$.ranking.verdict_retries: expected a number <= 100"),
+    "million-tool-calls": (
+        "execution: {limits: {tool_calls: 1000000}}",
+        "$.execution.limits.tool_calls: expected a number <= 100000",
+    ),
+    "billion-retries": (
+        "ranking: {verdict_retries: 1000000000}",
+        "$.ranking.verdict_retries: expected a number <= 100",
+    ),
     "huge-window": ("sft: {window: 100000000000}", "$.sft.window: expected a number <= 16777216"),
     "huge-bootstrap": ("evaluation: {bootstrap: 10000000000}", "$.evaluation.bootstrap: expected a number <= 1000000"),
-    "thousand-gpus": ("execution: {resources: {trainer: {gpu: 1000}}}", "$.execution.resources.trainer.gpu: expected a number <= 64"),
-    "deep-delegation": ("execution: {limits: {delegation_depth: 1000}}", "$.execution.limits.delegation_depth: expected a number <= 16"),
+    "thousand-gpus": (
+        "execution: {resources: {trainer: {gpu: 1000}}}",
+        "$.execution.resources.trainer.gpu: expected a number <= 64",
+    ),
+    "deep-delegation": (
+        "execution: {limits: {delegation_depth: 1000}}",
+        "$.execution.limits.delegation_depth: expected a number <= 16",
+    ),
     "check-timeout-a-year": (None, "$.tasks[0].guards.checks[0].timeout_s: expected a number <= 86400"),
 }
 
@@ -123,20 +163,50 @@ def test_absurd_budgets_are_refused(tmp_path, capsys, case):
 # ---------------------------------------------------------------- paths and endpoints
 
 PATHS = {
-    "seed-file-dotdot": ("files: {'../escape.py': x}", "$.tasks[0].files.../escape.py: expected a path inside the workspace"),
-    "seed-file-absolute": ("files: {'/etc/cron.d/x': x}", "$.tasks[0].files./etc/cron.d/x: expected a path inside the workspace"),
-    "seed-file-nested-dotdot": ("files: {'a/../../x': x}", "$.tasks[0].files.a/../../x: expected a path inside the workspace"),
-    "seed-file-home": ("files: {'~/.ssh/authorized_keys': x}", "$.tasks[0].files.~/.ssh/authorized_keys: expected a path inside"),
+    "seed-file-dotdot": (
+        "files: {'../escape.py': x}",
+        "$.tasks[0].files.../escape.py: expected a path inside the workspace",
+    ),
+    "seed-file-absolute": (
+        "files: {'/etc/cron.d/x': x}",
+        "$.tasks[0].files./etc/cron.d/x: expected a path inside the workspace",
+    ),
+    "seed-file-nested-dotdot": (
+        "files: {'a/../../x': x}",
+        "$.tasks[0].files.a/../../x: expected a path inside the workspace",
+    ),
+    "seed-file-home": (
+        "files: {'~/.ssh/authorized_keys': x}",
+        "$.tasks[0].files.~/.ssh/authorized_keys: expected a path inside",
+    ),
     "seed-file-backslash-dotdot": ("files: {'..\\\\x': x}", "$.tasks[0].files"),
     "seed-file-empty": ("files: {'': x}", "$.tasks[0].files.: expected a workspace-relative path, found an empty one"),
     "seed-file-nul": ('files: {"a\\0b": x}', "$.tasks[0].files.a"),
     "seed-file-overlong": ("files: {? '" + "a/" * 600 + "x' : x}", "$.tasks[0].files.a/a/"),
-    "deliverable-absolute": ("deliverables: [/etc/passwd]", "$.tasks[0].deliverables[0]: expected a path inside the workspace"),
-    "deliverable-dotdot": ("deliverables: [ok.md, ../../out.md]", "$.tasks[0].deliverables[1]: expected a path inside the workspace"),
-    "required-output-dotdot": ("guards: {required_outputs: [..]}", "$.tasks[0].guards.required_outputs[0]: expected a path inside"),
-    "protected-path-outside": ("guards: {protected_paths: [/etc/shadow]}", "$.tasks[0].guards.protected_paths[0]: expected a path inside"),
-    "protected-path-dotdot": ("guards: {protected_paths: [sim/../../../host]}", "$.tasks[0].guards.protected_paths[0]: expected a path inside"),
-    "metric-file-outside": ("guards: {metrics: [{file: /proc/self/environ, key: a}]}", "$.tasks[0].guards.metrics[0].file: expected a path inside"),
+    "deliverable-absolute": (
+        "deliverables: [/etc/passwd]",
+        "$.tasks[0].deliverables[0]: expected a path inside the workspace",
+    ),
+    "deliverable-dotdot": (
+        "deliverables: [ok.md, ../../out.md]",
+        "$.tasks[0].deliverables[1]: expected a path inside the workspace",
+    ),
+    "required-output-dotdot": (
+        "guards: {required_outputs: [..]}",
+        "$.tasks[0].guards.required_outputs[0]: expected a path inside",
+    ),
+    "protected-path-outside": (
+        "guards: {protected_paths: [/etc/shadow]}",
+        "$.tasks[0].guards.protected_paths[0]: expected a path inside",
+    ),
+    "protected-path-dotdot": (
+        "guards: {protected_paths: [sim/../../../host]}",
+        "$.tasks[0].guards.protected_paths[0]: expected a path inside",
+    ),
+    "metric-file-outside": (
+        "guards: {metrics: [{file: /proc/self/environ, key: a}]}",
+        "$.tasks[0].guards.metrics[0].file: expected a path inside",
+    ),
 }
 
 
@@ -146,8 +216,17 @@ def test_paths_leaving_the_workspace_are_refused(tmp_path, capsys, case):
     assert_refused(tmp_path, spec(tasks=task_with(field)), capsys, expected)
 
 
-ENDPOINTS = ["not a url", "ftp://judge.example/v1", "http://", "javascript:alert(1)", "file:///etc/passwd",
-             "localhost:8000/v1", "local ", "https://judge example/v1", ""]
+ENDPOINTS = [
+    "not a url",
+    "ftp://judge.example/v1",
+    "http://",
+    "javascript:alert(1)",
+    "file:///etc/passwd",
+    "localhost:8000/v1",
+    "local ",
+    "https://judge example/v1",
+    "",
+]
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
@@ -164,9 +243,15 @@ def test_store_endpoint_must_be_a_url(tmp_path, capsys):
 # ---------------------------------------------------------------- YAML structure
 
 STRUCTURE = {
-    "duplicate-top-key": (spec("name: other\n"), "$.name: expected each key once, found it again at line 5 (first at line 1)"),
+    "duplicate-top-key": (
+        spec("name: other\n"),
+        "$.name: expected each key once, found it again at line 5 (first at line 1)",
+    ),
     "duplicate-nested-key": (spec("search: {seed: 1, seed: 2}\n"), "$.search.seed: expected each key once"),
-    "duplicate-task-key": (spec(tasks="tasks: [{id: t, split: train, prompt: a, prompt: b}]\n"), "$.tasks[0].prompt: expected each key once"),
+    "duplicate-task-key": (
+        spec(tasks="tasks: [{id: t, split: train, prompt: a, prompt: b}]\n"),
+        "$.tasks[0].prompt: expected each key once",
+    ),
     "integer-key": (spec("1: x\n"), "$: expected string keys, found '1' (int)"),
     "boolean-key": (spec("yes: x\n"), "$: expected string keys, found 'yes' (bool)"),
     "null-key": (spec("~: x\n"), "$: expected string keys"),
@@ -176,15 +261,27 @@ STRUCTURE = {
     "recursive-alias": (spec("search: {seed: 1, loop: &l [*l]}\n"), "$.search.loop"),
     "deep-sequences": (spec("x: " + "[" * 5000 + "]" * 5000 + "\n"), "$.x[0][0]"),
     "deep-mappings": (spec("x: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n"), "$.x.a.a.a"),
-    "deep-block-mappings": (spec("x:\n" + "".join(" " * i + "a:\n" for i in range(1, 200)) + " " * 200 + "a: 1\n"), "$.x.a.a"),
+    "deep-block-mappings": (
+        spec("x:\n" + "".join(" " * i + "a:\n" for i in range(1, 200)) + " " * 200 + "a: 1\n"),
+        "$.x.a.a",
+    ),
     "two-documents": (spec() + "---\nname: second\n", "$: expected valid YAML or JSON"),
-    "python-object-tag": (spec("x: !!python/object/apply:os.system ['touch PWNED']\n"), "$: expected valid YAML or JSON"),
+    "python-object-tag": (
+        spec("x: !!python/object/apply:os.system ['touch PWNED']\n"),
+        "$: expected valid YAML or JSON",
+    ),
     "unknown-tag": (spec("x: !vault secret\n"), "$: expected valid YAML or JSON"),
     "tab-indentation": ("name: a\n\tmodel: x\n", "$: expected valid YAML or JSON"),
-    "lone-surrogate": (spec(tasks='tasks: [{id: t, split: train, prompt: "do \\ud800 it"}]\n'), "$.tasks[0].prompt: expected valid Unicode text"),
+    "lone-surrogate": (
+        spec(tasks='tasks: [{id: t, split: train, prompt: "do \\ud800 it"}]\n'),
+        "$.tasks[0].prompt: expected valid Unicode text",
+    ),
     "lone-surrogate-key": (spec('"\\udc80": x\n'), "$.\\udc80: expected valid Unicode text"),
     "binary-prompt": (spec(tasks="tasks: [{id: t, split: train, prompt: !!binary aGVsbG8=}]\n"), "$.tasks[0]"),
-    "set-for-list": (spec(tasks="tasks: [{id: t, split: train, prompt: p, deliverables: !!set {a, b}}]\n"), "$.tasks[0]"),
+    "set-for-list": (
+        spec(tasks="tasks: [{id: t, split: train, prompt: p, deliverables: !!set {a, b}}]\n"),
+        "$.tasks[0]",
+    ),
     "empty-document": ("", "$: expected object"),
     "scalar-document": ("42\n", "$: expected object"),
     "list-document": ("[1, 2]\n", "$: expected object"),
@@ -202,9 +299,14 @@ ENCODINGS = {
     "latin-1-byte": (spec().encode() + b"x: caf\xe9\n", "$: expected UTF-8 text, found byte 0xe9"),
     "utf-16": (spec().encode("utf-16"), "$: expected UTF-8 text, found byte 0xff at offset 0"),
     "raw-nul-bytes": (spec().encode() + b"x: a\x00b\n", "$: expected valid YAML or JSON"),
-    "fifty-megabytes": (spec().encode() + b"# " + b"x" * (50 << 20) + b"\n", "$: expected a document of at most 4194304 bytes"),
-    "fifty-megabyte-prompt": (spec(tasks="tasks: [{id: t, split: train, prompt: '" + "p" * (50 << 20) + "'}]\n").encode(),
-                              "$: expected a document of at most"),
+    "fifty-megabytes": (
+        spec().encode() + b"# " + b"x" * (50 << 20) + b"\n",
+        "$: expected a document of at most 4194304 bytes",
+    ),
+    "fifty-megabyte-prompt": (
+        spec(tasks="tasks: [{id: t, split: train, prompt: '" + "p" * (50 << 20) + "'}]\n").encode(),
+        "$: expected a document of at most",
+    ),
 }
 
 
@@ -215,13 +317,27 @@ def test_bytes_that_are_not_a_bounded_utf8_document_exit_2(tmp_path, capsys, cas
 
 
 TASK_FILES = {
-    "not-utf8": (b"id: t\nsplit: train\nprompt: caf\xe9\n", "$.tasks[0].file: t.yaml: expected UTF-8 text, found byte 0xe9"),
-    "too-large": (b"id: t\nsplit: train\nprompt: p\n# " + b"x" * (5 << 20), "$.tasks[0].file: t.yaml: expected a document of at most"),
+    "not-utf8": (
+        b"id: t\nsplit: train\nprompt: caf\xe9\n",
+        "$.tasks[0].file: t.yaml: expected UTF-8 text, found byte 0xe9",
+    ),
+    "too-large": (
+        b"id: t\nsplit: train\nprompt: p\n# " + b"x" * (5 << 20),
+        "$.tasks[0].file: t.yaml: expected a document of at most",
+    ),
     "alias-bomb": (bomb_spec(9, 12).encode(), "$.tasks[0].file: t.yaml: expected at most 64 YAML aliases"),
-    "nan": (b"id: t\nsplit: train\nprompt: p\nguards: {metrics: [{file: m.json, key: a, min: .nan}]}\n",
-            "$.tasks[0].file: t.yaml: expected a finite number"),
-    "escaping-seed-file": (b"id: t\nsplit: train\nprompt: p\nfiles: {'../../x': y}\n", "$.tasks[0].files.../../x: expected a path inside"),
-    "duplicate-key": (b"id: t\nsplit: train\nprompt: p\nprompt: q\n", "$.tasks[0].file: t.yaml: expected each key once"),
+    "nan": (
+        b"id: t\nsplit: train\nprompt: p\nguards: {metrics: [{file: m.json, key: a, min: .nan}]}\n",
+        "$.tasks[0].file: t.yaml: expected a finite number",
+    ),
+    "escaping-seed-file": (
+        b"id: t\nsplit: train\nprompt: p\nfiles: {'../../x': y}\n",
+        "$.tasks[0].files.../../x: expected a path inside",
+    ),
+    "duplicate-key": (
+        b"id: t\nsplit: train\nprompt: p\nprompt: q\n",
+        "$.tasks[0].file: t.yaml: expected each key once",
+    ),
 }
 
 
@@ -281,8 +397,14 @@ def test_mass_validate_process_exits_2_without_traceback(tmp_path, data):
     path = tmp_path / "spec.yaml"
     (tmp_path / "m").mkdir(exist_ok=True)  # model locations are checked: the specs' model exists
     path.write_bytes(data)
-    proc = subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(path)], capture_output=True,
-                          text=True, timeout=120, preexec_fn=_limited, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mass_jobs.commands.cli", "validate", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_limited,
+        cwd=REPO,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and proc.stderr.startswith(f"{path}: invalid run spec, 1 error(s):")
     assert proc.stderr.splitlines()[1].strip().startswith("$")
@@ -334,11 +456,20 @@ def test_every_field_of_the_paper_spec_takes_any_value_without_a_crash(path):
 
 # ---------------------------------------------------------------- task files: where and what they are
 
+
 def _task_spec(tmp_path, ref: dict) -> Path:
     spec = tmp_path / "spec" / "run.yaml"
     spec.parent.mkdir(parents=True, exist_ok=True)
-    spec.write_text(yaml.safe_dump({"name": "t", "model": {"base": "org/model"}, "store": {"uri": "file://runs"},
-                                    "tasks": [ref, {"id": "b", "split": "train", "prompt": "do b"}]}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "t",
+                "model": {"base": "org/model"},
+                "store": {"uri": "file://runs"},
+                "tasks": [ref, {"id": "b", "split": "train", "prompt": "do b"}],
+            }
+        )
+    )
     return spec
 
 
@@ -393,9 +524,18 @@ def test_an_s3_spec_with_a_local_task_path_is_an_error_not_a_traceback(s3_server
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
     client = boto3.client("s3", endpoint_url=s3_server["endpoint_url"], region_name=s3_server["region"])
     bucket = s3_server["bucket"]
-    client.put_object(Bucket=bucket, Key="specs/run.yaml", Body=yaml.safe_dump({
-        "name": "t", "model": {"base": "org/model"}, "store": {"uri": f"s3://{bucket}/runs"},
-        "tasks": [{"file": "/etc/passwd"}, {"file": "../x.yaml"}]}).encode())
+    client.put_object(
+        Bucket=bucket,
+        Key="specs/run.yaml",
+        Body=yaml.safe_dump(
+            {
+                "name": "t",
+                "model": {"base": "org/model"},
+                "store": {"uri": f"s3://{bucket}/runs"},
+                "tasks": [{"file": "/etc/passwd"}, {"file": "../x.yaml"}],
+            }
+        ).encode(),
+    )
     assert mass(["validate", f"s3://{bucket}/specs/run.yaml"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("expected a task file relative to the spec's S3 folder") == 2
@@ -403,8 +543,16 @@ def test_an_s3_spec_with_a_local_task_path_is_an_error_not_a_traceback(s3_server
 
 def test_an_empty_model_base_is_named_not_a_crash(tmp_path, capsys):
     spec = tmp_path / "run.yaml"
-    spec.write_text(yaml.safe_dump({"name": "t", "model": {"base": ""}, "store": {"uri": "file://runs"},
-                                    "tasks": [{"id": "a", "split": "train", "prompt": "do a"}]}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "t",
+                "model": {"base": ""},
+                "store": {"uri": "file://runs"},
+                "tasks": [{"id": "a", "split": "train", "prompt": "do a"}],
+            }
+        )
+    )
     assert mass(["validate", str(spec)]) == 2
     err = capsys.readouterr().err
     assert "$.model.base" in err and "Traceback" not in err

@@ -78,10 +78,12 @@ TAMPER = {
     "manifest-output-hash-not-string": lambda s: _edit(s, outputs={"p/a.json": 1}),
     "manifest-sizes-not-ints": lambda s: _edit(s, sizes={"p/a.json": "9"}),
     "manifest-no-input-hash": lambda s: _edit(s, input_hash=None),
-    "manifest-lists-a-missing-output": lambda s: _edit(s, outputs={**s.get_json("p/_manifest.json")["outputs"],
-                                                                    "p/ghost": sha(b"")}),
-    "manifest-pins-another-hash": lambda s: _edit(s, outputs={**s.get_json("p/_manifest.json")["outputs"],
-                                                              "p/b.txt": sha(b"other")}),
+    "manifest-lists-a-missing-output": lambda s: _edit(
+        s, outputs={**s.get_json("p/_manifest.json")["outputs"], "p/ghost": sha(b"")}
+    ),
+    "manifest-pins-another-hash": lambda s: _edit(
+        s, outputs={**s.get_json("p/_manifest.json")["outputs"], "p/b.txt": sha(b"other")}
+    ),
     "manifest-pins-another-size": lambda s: _edit(s, sizes={**s.get_json("p/_manifest.json")["sizes"], "p/big.bin": 5}),
 }
 
@@ -142,9 +144,11 @@ def test_mass_verify_takes_a_spec_and_refuses_an_empty_run(make_store, tmp_path,
     store = make_store("file")
     spec = tmp_path / "spec.yaml"
     (tmp_path / "m").mkdir()  # model locations are checked: the model must exist
-    spec.write_text(f"name: vrun\nmodel: {{base: m}}\ntasks: [{{id: t, split: train, prompt: p}}]\n"
-                    f"store: {{uri: '{store.uri}'}}\ncollection: {{episodes: 2, train_ranks: 1, validation_rank: 2}}\n"
-                    "ranking: {comparisons_per_episode: 1}\n")
+    spec.write_text(
+        f"name: vrun\nmodel: {{base: m}}\ntasks: [{{id: t, split: train, prompt: p}}]\n"
+        f"store: {{uri: '{store.uri}'}}\ncollection: {{episodes: 2, train_ranks: 1, validation_rank: 2}}\n"
+        "ranking: {comparisons_per_episode: 1}\n"
+    )
     assert cli_main(["verify", str(spec)]) == 2
     assert "no step manifests under" in capsys.readouterr().err
     store.put_bytes("other/x", b"x")
@@ -152,7 +156,10 @@ def test_mass_verify_takes_a_spec_and_refuses_an_empty_run(make_store, tmp_path,
     store.put_bytes("vrun/gen-0/x", b"x")
     Step(store, "vrun/gen-0", {}).finish(["vrun/gen-0/x"])
     assert cli_main(["verify", str(spec)]) == 0
-    assert capsys.readouterr().out.splitlines() == ["ok     vrun/gen-0", "1 step manifest(s), 1 output(s) re-hashed: 0 broken"]
+    assert capsys.readouterr().out.splitlines() == [
+        "ok     vrun/gen-0",
+        "1 step manifest(s), 1 output(s) re-hashed: 0 broken",
+    ]
 
 
 # ---------------------------------------------------------------- concurrent finishers
@@ -160,8 +167,9 @@ def test_mass_verify_takes_a_spec_and_refuses_an_empty_run(make_store, tmp_path,
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("b_data", [b"from B, longer", b"from B"], ids=["other-size", "same-size"])
-def test_a_finisher_overtaken_between_hashing_and_writing_its_manifest_publishes_nothing(make_store, kind, b_data,
-                                                                                          monkeypatch):
+def test_a_finisher_overtaken_between_hashing_and_writing_its_manifest_publishes_nothing(
+    make_store, kind, b_data, monkeypatch
+):
     """A hashes its output; B takes the step over, rewrites the output and finishes; then A writes
     its (stale) manifest. A finds its lease gone: it withdraws that manifest and raises, so the step
     is left not done (a rerun redoes it), never pinned with A's stale hash."""
@@ -208,8 +216,15 @@ def test_concurrent_finisher_processes_leave_a_manifest_that_verifies(make_store
     script = tmp_path / "finisher.py"
     script.write_text(FINISHER)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, str(script), store.spec.model_dump_json(), str(n), "8"], env=env,
-                              stderr=subprocess.PIPE, text=True) for n in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), store.spec.model_dump_json(), str(n), "8"],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(4)
+    ]
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
     manifest = verify_manifest(store, "race")
@@ -339,11 +354,21 @@ def test_a_manifest_naming_another_steps_outputs_is_not_done_and_cannot_be_writt
     store = make_store(kind)
     store.put_bytes("run/gen-0/collect/t/ep-0/status.json", b'{"outcome": "success"}')
     x = Step(store, "run/gen-0/rank/t", {"v": 1})
-    with pytest.raises(ValueError, match=r"cannot pin objects of other steps: \['run/gen-0/collect/t/ep-0/status.json'\]"):
+    with pytest.raises(
+        ValueError, match=r"cannot pin objects of other steps: \['run/gen-0/collect/t/ep-0/status.json'\]"
+    ):
         x.finish(["run/gen-0/collect/t/ep-0/status.json"])
     key = "run/gen-0/collect/t/ep-0/status.json"
-    store.put_json(x.manifest_key, {"step": x.name, "input_hash": x.input_hash, "outputs": {key: store.sha256(key)},
-                                    "sizes": {key: store.stat(key)[0]}, "extra": {}})
+    store.put_json(
+        x.manifest_key,
+        {
+            "step": x.name,
+            "input_hash": x.input_hash,
+            "outputs": {key: store.sha256(key)},
+            "sizes": {key: store.stat(key)[0]},
+            "extra": {},
+        },
+    )
     assert not x.done
     store.put_bytes("run/gen-0/rank/t.json", b"{}")  # its own one-file output, and another step's manifest
     y = Step(store, "run/gen-0/collect/t/ep-0", {"v": 2})

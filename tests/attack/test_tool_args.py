@@ -35,7 +35,9 @@ def attack(scripted_endpoint, tmp_path, *calls: Reply) -> tuple[dict, list[str]]
     )
     inp = EpisodeInput(prompt="go", endpoint=ep.endpoint, limits=LIMITS, sampling=Sampling())
     box = {}
-    t = threading.Thread(target=lambda: box.setdefault("r", run_episode(inp, tmp_path / "ws", tmp_path / "out")), daemon=True)
+    t = threading.Thread(
+        target=lambda: box.setdefault("r", run_episode(inp, tmp_path / "ws", tmp_path / "out")), daemon=True
+    )
     t.start()
     t.join(LIMITS.wall_s + 60)
     assert not t.is_alive(), "a tool call blocked past the episode's wall limit"

@@ -28,9 +28,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def spec(iterations: int):
-    return validate_document({"name": "shared", "model": {"base": "org/model"}, "store": {"uri": "file://unused"},
-                              "search": {"iterations": iterations},
-                              "tasks": [{"id": "a", "split": "train", "prompt": "do a"}]})
+    return validate_document(
+        {
+            "name": "shared",
+            "model": {"base": "org/model"},
+            "store": {"uri": "file://unused"},
+            "search": {"iterations": iterations},
+            "tasks": [{"id": "a", "split": "train", "prompt": "do a"}],
+        }
+    )
 
 
 @pytest.mark.parametrize("kind", ["file", "s3"])
@@ -82,14 +88,24 @@ def test_a_second_writer_is_refused_naming_the_holder_until_the_first_is_done(ma
 def test_a_lease_not_renewed_or_of_a_dead_process_is_taken_over(make_store, kind):
     ctx = RunContext(spec(1), make_store(kind))
     now = time.time()
-    ctx.store.put_json(ctx.writer(), {"holder": "elsewhere:1", "host": "elsewhere", "pid": 1,
-                                      "started": now - 600, "renewed": now - 600})
+    ctx.store.put_json(
+        ctx.writer(),
+        {"holder": "elsewhere:1", "host": "elsewhere", "pid": 1, "started": now - 600, "renewed": now - 600},
+    )
     with RunLease(ctx):  # another machine's writer that stopped renewing
         assert ctx.store.get_json(ctx.writer())["pid"] == os.getpid()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    ctx.store.put_json(ctx.writer(), {"holder": f"{socket.gethostname()}:{dead.pid}", "host": socket.gethostname(),
-                                      "pid": dead.pid, "started": now, "renewed": time.time()})
+    ctx.store.put_json(
+        ctx.writer(),
+        {
+            "holder": f"{socket.gethostname()}:{dead.pid}",
+            "host": socket.gethostname(),
+            "pid": dead.pid,
+            "started": now,
+            "renewed": time.time(),
+        },
+    )
     with RunLease(ctx):  # this host's writer, killed: its pid is gone
         assert ctx.store.get_json(ctx.writer())["pid"] == os.getpid()
 
@@ -109,8 +125,13 @@ def test_two_mass_runs_of_one_run(tmp_path, tiny_model_dir):
     b.write_text(yaml.safe_dump({**doc, "search": {**search, "iterations": int(search.get("iterations", 2)) + 1}}))
     env = {**os.environ, "MASS_WORK_DIR": str(tmp_path / "work")}
     mass = [sys.executable, "-m", "mass_jobs.commands.cli"]
-    first = subprocess.Popen([*mass, "run", str(a), "--no-progress"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, start_new_session=True)
+    first = subprocess.Popen(
+        [*mass, "run", str(a), "--no-progress"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     lease = tmp_path / "store" / doc["name"] / "_writer.json"
     try:
         for _ in range(600):
@@ -118,11 +139,13 @@ def test_two_mass_runs_of_one_run(tmp_path, tiny_model_dir):
                 break
             time.sleep(0.1)
         assert lease.exists(), first.stderr.read().decode()[-2000:] if first.poll() is not None else "no lease"
-        other = subprocess.run([*mass, "run", str(b), "--no-progress"], env=env, capture_output=True, text=True,
-                               timeout=300)
+        other = subprocess.run(
+            [*mass, "run", str(b), "--no-progress"], env=env, capture_output=True, text=True, timeout=300
+        )
         assert other.returncode == 2 and "$.search.iterations: stored run has" in other.stderr, other.stderr[-2000:]
-        same = subprocess.run([*mass, "run", str(a), "--no-progress"], env=env, capture_output=True, text=True,
-                              timeout=300)
+        same = subprocess.run(
+            [*mass, "run", str(a), "--no-progress"], env=env, capture_output=True, text=True, timeout=300
+        )
         assert same.returncode == 2 and f":{first.pid} (started" in same.stderr, same.stderr[-2000:]
     finally:
         if first.poll() is None:
@@ -172,9 +195,14 @@ STEP_WRITER = textwrap.dedent("""
 def _writer(tmp_path, store, me: str, wait_s: float) -> subprocess.Popen:
     script = tmp_path / "step_writer.py"
     script.write_text(STEP_WRITER)
-    return subprocess.Popen([sys.executable, str(script), store.spec.model_dump_json(), me, str(wait_s)],
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(script), store.spec.model_dump_json(), me, str(wait_s)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _until(proc: subprocess.Popen, word: str) -> str:
@@ -192,8 +220,11 @@ def test_a_second_writer_of_a_step_waits_then_exits_naming_the_live_holder(make_
         _until(a, "READY")
         b = _writer(tmp_path, store, "B", 1.0)  # waits 1 s for A, who keeps renewing
         out, err = b.communicate(timeout=120)
-        assert b.returncode == 2 and f"step 'run/gen-0/rank/t' in {store.uri} is being written by " \
-            f"{socket.gethostname()}:{a.pid} (started" in out, out + err
+        assert (
+            b.returncode == 2
+            and f"step 'run/gen-0/rank/t' in {store.uri} is being written by {socket.gethostname()}:{a.pid} (started"
+            in out
+        ), out + err
         assert store.get_bytes("run/gen-0/rank/t/o1") == b"A"  # B wrote nothing
         a.stdin.write("\n")
         a.stdin.flush()
@@ -205,7 +236,10 @@ def test_a_second_writer_of_a_step_waits_then_exits_naming_the_live_holder(make_
 
     assert Step(store, "run/gen-0/rank/t", {"same": "inputs"}).done
     assert not store.exists("run/gen-0/rank/t/_writer.json")
-    assert verify_manifest(store, "run/gen-0/rank/t")["outputs"].keys() == {"run/gen-0/rank/t/o1", "run/gen-0/rank/t/o2"}
+    assert verify_manifest(store, "run/gen-0/rank/t")["outputs"].keys() == {
+        "run/gen-0/rank/t/o1",
+        "run/gen-0/rank/t/o2",
+    }
 
 
 @pytest.mark.parametrize("kind", ["file", "s3"])

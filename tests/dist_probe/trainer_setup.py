@@ -38,15 +38,28 @@ def main() -> None:
 
     spec, parallel, out = load_spec(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     dist.init_process_group("gloo")
-    window = {"task": "a", "role": "orchestrator", "input_ids": [21, 22, 23, 24], "labels": [-100, -100, 23, 24],
-              "n_supervised": 2}  # the sampler needs one; setup never reads it
-    trainer = Trainer(spec.model.base, [window], [], spec.sft, out / f"work-{dist.get_rank()}", parallel=parallel,
-                      progress=False)
+    window = {
+        "task": "a",
+        "role": "orchestrator",
+        "input_ids": [21, 22, 23, 24],
+        "labels": [-100, -100, 23, 24],
+        "n_supervised": 2,
+    }  # the sampler needs one; setup never reads it
+    trainer = Trainer(
+        spec.model.base, [window], [], spec.sft, out / f"work-{dist.get_rank()}", parallel=parallel, progress=False
+    )
     trainer.setup()
     params, buffers = state_digest(trainer)
-    (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps({
-        "read_weights": trainer.holds_weights, "params": params, "buffers": buffers,
-        "head": digest([("head", trainer.head_weight)])}))
+    (out / f"rank-{dist.get_rank()}.json").write_text(
+        json.dumps(
+            {
+                "read_weights": trainer.holds_weights,
+                "params": params,
+                "buffers": buffers,
+                "head": digest([("head", trainer.head_weight)]),
+            }
+        )
+    )
     dist.destroy_process_group()
 
 

@@ -40,7 +40,8 @@ def main() -> None:
             got = parser.extract_tool_calls(text, request)
             out["tools"][name][label] = {
                 "calls": [[c.function.name, json.loads(c.function.arguments)] for c in got.tool_calls],
-                "content": got.content}
+                "content": got.content,
+            }
     print(json.dumps(out))
 
 

@@ -14,8 +14,16 @@ from mass_jobs.judging.pairing import schedule
 from mass_jobs.steps.evaluate import baselines, new_rollout_generations, self_evaluators
 
 # counts a tiny run's store must equal exactly / may only stay below
-EXACT = ("search_iterations", "optimizer_proposals", "teacher_episodes", "ranking_calls", "steps",
-         "rollout_episodes", "judge_calls", "self_judge_calls")
+EXACT = (
+    "search_iterations",
+    "optimizer_proposals",
+    "teacher_episodes",
+    "ranking_calls",
+    "steps",
+    "rollout_episodes",
+    "judge_calls",
+    "self_judge_calls",
+)
 BOUNDS = ("search_rollouts", "sft_windows_max", "processed_tokens_max")
 
 
@@ -92,16 +100,19 @@ def stored_counts(ctx, g: int) -> dict:
         ranking = json.loads(store.get_bytes(ctx.rank(g, t)))
         out["ranking_calls"] += len(ranking["verdicts"])
         out["all_ranked"] &= len(ranking["episodes"]) == spec.collection.episodes
-    out["sft_windows_max"] = sum(len([x for x in store.get_bytes(ctx.sft_file(g, s)).decode().splitlines() if x.strip()])
-                                 for s in ("train", "val"))
+    out["sft_windows_max"] = sum(
+        len([x for x in store.get_bytes(ctx.sft_file(g, s)).decode().splitlines() if x.strip()])
+        for s in ("train", "val")
+    )
     log = [json.loads(x) for x in store.get_bytes(ctx.train_log(g)).decode().splitlines() if x.strip()]
     trained = [r for r in log if r["kind"] == "train"]
     out["steps"] = max((r["step"] for r in trained), default=0)
     out["processed_tokens_max"] = trained[-1]["processed_tokens"] if trained else 0
     gen = g + 1
     fresh = [gen] + ([0] if g == 0 else [])
-    out["rollout_episodes"] = sum(1 for h in fresh for k in store.list(ctx.eval(h) + "/")
-                                  if "/rep-" in k and k.endswith("/_manifest.json"))
+    out["rollout_episodes"] = sum(
+        1 for h in fresh for k in store.list(ctx.eval(h) + "/") if "/rep-" in k and k.endswith("/_manifest.json")
+    )
     verdicts = store.list(ctx.eval_verdicts(gen))
     out["judge_calls"] = sum(1 for k in verdicts if k.rsplit("/", 1)[-1].startswith("panel-"))
     out["self_judge_calls"] = sum(1 for k in verdicts if k.rsplit("/", 1)[-1].startswith("self-"))
@@ -113,6 +124,9 @@ def compare(planned: dict, stored: dict) -> list[str]:
     are exact when every teacher episode passed its guards, else bounded by the plan."""
     exact = [k for k in EXACT if k != "ranking_calls" or stored.get("all_ranked", True)]
     bad = [f"{k}: planned {planned[k]}, stored {stored[k]}" for k in exact if planned[k] != stored[k]]
-    bad += [f"{k}: bound {planned[k]}, stored {stored[k]}" for k in (*BOUNDS, "ranking_calls")
-            if k not in exact and planned[k] is not None and stored[k] > planned[k]]
+    bad += [
+        f"{k}: bound {planned[k]}, stored {stored[k]}"
+        for k in (*BOUNDS, "ranking_calls")
+        if k not in exact and planned[k] is not None and stored[k] > planned[k]
+    ]
     return bad

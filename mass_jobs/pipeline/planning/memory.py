@@ -45,8 +45,11 @@ CUDA_RUNTIME = 1 * GIB  # CUDA context, cuBLAS/NCCL workspaces: a fixed allowanc
 # Configs shipped beside the examples for hub ids a spec may name (no hub access to read theirs):
 # the paper's Qwen3.6-27B has the Qwen3.5-27B text layout.
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-SHIPPED_CONFIGS = {"Qwen/Qwen3.6-27B": "qwen3.5-27b-config.json", "Qwen/Qwen3.6-27B-FP8": "qwen3.5-27b-config.json",
-                   "Qwen/Qwen3.5-27B": "qwen3.5-27b-config.json"}
+SHIPPED_CONFIGS = {
+    "Qwen/Qwen3.6-27B": "qwen3.5-27b-config.json",
+    "Qwen/Qwen3.6-27B-FP8": "qwen3.5-27b-config.json",
+    "Qwen/Qwen3.5-27B": "qwen3.5-27b-config.json",
+}
 
 
 def shipped_config(base: str) -> Path | None:
@@ -66,9 +69,11 @@ def config_source(spec: RunSpec, config: str | None = None) -> Path:
     if config is None and (shipped := shipped_config(spec.model.base)) is not None:
         return shipped
     known = ", ".join(sorted(SHIPPED_CONFIGS))
-    raise ValueError(f"model.base {spec.model.base!r} is no local model dir with a config.json: pass --config PATH "
-                     f"with the model's config.json (a model dir works too); configs ship for {known} "
-                     f"(--config examples/qwen3.5-27b-config.json from a checkout)")
+    raise ValueError(
+        f"model.base {spec.model.base!r} is no local model dir with a config.json: pass --config PATH "
+        f"with the model's config.json (a model dir works too); configs ship for {known} "
+        f"(--config examples/qwen3.5-27b-config.json from a checkout)"
+    )
 
 
 def load_config(spec: RunSpec, config: str | None = None):
@@ -96,14 +101,16 @@ def lora_targets(model, lora) -> list[str]:
     """Full names of the adapted modules, resolved by the trainer's own rule."""
     import torch.nn as nn
 
-
     targets = resolve_targets(model, lora)
     names = list(targets.modules)
     if not targets.from_spec:
         return names
 
-    return [n for n, m in model.named_modules()
-            if isinstance(m, nn.Linear) and any(n == t or n.endswith("." + t) for t in names)]
+    return [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and any(n == t or n.endswith("." + t) for t in names)
+    ]
 
 
 @dataclass
@@ -130,8 +137,15 @@ class Memory:
     @property
     def total(self) -> float:
         # the loss's logits live while the backward starts; a checkpointed layer is rebuilt later
-        return (self.weights + self.adapter + self.gradients + self.optimizer + self.activations
-                + max(self.logits, self.recompute) + self.runtime)
+        return (
+            self.weights
+            + self.adapter
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + max(self.logits, self.recompute)
+            + self.runtime
+        )
 
     def as_dict(self) -> dict:
         return {**asdict(self), "total": self.total}
@@ -140,14 +154,23 @@ class Memory:
 def _layer_widths(text, layer_type: str) -> tuple[int, int]:
     """(query-like width q, key/value-like width kv) of one layer's token mixer."""
     if layer_type == "linear_attention":
-        return (text.linear_num_value_heads * text.linear_value_head_dim,
-                text.linear_num_key_heads * text.linear_key_head_dim)
+        return (
+            text.linear_num_value_heads * text.linear_value_head_dim,
+            text.linear_num_key_heads * text.linear_key_head_dim,
+        )
     hd = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     return text.num_attention_heads * hd, text.num_key_value_heads * hd
 
 
-def training_memory(spec: RunSpec, config, *, parallel: str = "ddp", window: int | None = None, loss_chunk="spec",
-                    device: str | None = None) -> Memory:
+def training_memory(
+    spec: RunSpec,
+    config,
+    *,
+    parallel: str = "ddp",
+    window: int | None = None,
+    loss_chunk="spec",
+    device: str | None = None,
+) -> Memory:
     """Peak bytes on one rank for one training window of `spec` (see the module docstring)."""
 
     sft = spec.sft
@@ -172,7 +195,9 @@ def training_memory(spec: RunSpec, config, *, parallel: str = "ddp", window: int
     lora_act = [0.0] * L
     for n in targets:
         parts = n.split(".")
-        idx = next((int(parts[i + 1]) for i, p in enumerate(parts[:-1]) if p == "layers" and parts[i + 1].isdigit()), None)
+        idx = next(
+            (int(parts[i + 1]) for i, p in enumerate(parts[:-1]) if p == "layers" and parts[i + 1].isdigit()), None
+        )
         if idx is None or idx >= L:
             continue
         m = modules[n]
@@ -198,13 +223,23 @@ def training_memory(spec: RunSpec, config, *, parallel: str = "ddp", window: int
     weights = params * wbytes / shard + (layer_params * wbytes if shard > 1 else 0)
     kinds = sorted({n.rsplit(".", 1)[-1] for n in targets})
     return Memory(
-        device=device, parallel=parallel, world=world, window=T, loss_chunk=chunk if chunked else None,
-        gradient_checkpointing=sft.gradient_checkpointing, parameters=params, lora_parameters=lora_params,
-        target_kinds=kinds, adapted_modules=len(targets),
-        weights=weights, adapter=4 * lora_params / shard,
+        device=device,
+        parallel=parallel,
+        world=world,
+        window=T,
+        loss_chunk=chunk if chunked else None,
+        gradient_checkpointing=sft.gradient_checkpointing,
+        parameters=params,
+        lora_parameters=lora_params,
+        target_kinds=kinds,
+        adapted_modules=len(targets),
+        weights=weights,
+        adapter=4 * lora_params / shard,
         gradients=4 * lora_params / shard * (1 if parallel == "fsdp" else 2 if world > 1 else 1),
         optimizer=8 * lora_params / shard,
-        activations=T * saved + hidden_out, recompute=float(T * recompute), logits=logits,
+        activations=T * saved + hidden_out,
+        recompute=float(T * recompute),
+        logits=logits,
         runtime=CUDA_RUNTIME if device == "cuda" else 0.0,
     )
 
@@ -214,7 +249,11 @@ def fits(mem: Memory, gpu_gib: float) -> bool:
 
 
 def refusal(mem: Memory, gpu_gib: float) -> str:
-    parts = ", ".join(f"{k} {getattr(mem, k) / GIB:.1f}" for k in
-                      ("weights", "adapter", "gradients", "optimizer", "activations", "recompute", "logits", "runtime"))
-    return (f"training will not fit: {mem.total / GIB:.1f} GiB per GPU ({parts} GiB; window {mem.window}, "
-            f"{mem.parallel} over {mem.world} ranks) > the declared {gpu_gib:g} GiB GPU")
+    parts = ", ".join(
+        f"{k} {getattr(mem, k) / GIB:.1f}"
+        for k in ("weights", "adapter", "gradients", "optimizer", "activations", "recompute", "logits", "runtime")
+    )
+    return (
+        f"training will not fit: {mem.total / GIB:.1f} GiB per GPU ({parts} GiB; window {mem.window}, "
+        f"{mem.parallel} over {mem.world} ranks) > the declared {gpu_gib:g} GiB GPU"
+    )

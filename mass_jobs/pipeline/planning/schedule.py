@@ -40,8 +40,9 @@ def stored_timings(ctx) -> dict:
             if wall:
                 walls.append(float(wall))
         elif key.endswith("/train/timing.jsonl"):
-            step_s += [r["step_s"] for r in map(json.loads, ctx.store.get_bytes(key).decode().splitlines())
-                       if "step_s" in r]
+            step_s += [
+                r["step_s"] for r in map(json.loads, ctx.store.get_bytes(key).decode().splitlines()) if "step_s" in r
+            ]
     out = dict(DEFAULTS)
     if walls:
         out["episode_s"] = sum(walls) / len(walls)
@@ -105,8 +106,14 @@ def gantt(bars: list[Bar], makespan: float, serial: float, path) -> None:
     colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
     fig, ax = plt.subplots(figsize=(11, 0.28 * len(lanes) + 1.8))
     for b in bars:
-        ax.barh(lanes.index(b.lane), (b.end - b.start) / 3600, left=b.start / 3600, color=colors[b.step],
-                edgecolor="black", linewidth=0.2)
+        ax.barh(
+            lanes.index(b.lane),
+            (b.end - b.start) / 3600,
+            left=b.start / 3600,
+            color=colors[b.step],
+            edgecolor="black",
+            linewidth=0.2,
+        )
     ax.set_yticks(range(len(lanes)), lanes, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("hours")

@@ -53,8 +53,12 @@ class Policy:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self):
-        self.proc = subprocess.Popen([self.python, "-I", "-c", CHILD, self.path, self.name], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [self.python, "-I", "-c", CHILD, self.path, self.name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         return self
 
     def __exit__(self, *exc) -> None:

@@ -59,10 +59,23 @@ def run_summary(ctx) -> dict:
             selected[str(g)] = f"{chosen.get('step')} ({SELECTION.get(chosen.get('by', 'val_loss'), '?')})"
     tokens = {str(t["generation"]): {k: t[k] for k in TOKEN_KEYS} for t in doc["tokens"]}
     # the run's total of each quantity (None when no generation has it)
-    total = {k: (sum(v[k] for v in tokens.values() if v[k] is not None)
-                 if any(v[k] is not None for v in tokens.values()) else None) for k in TOKEN_KEYS}
-    return {"run": ctx.run, "composition": composition(ctx.spec), "windows_by_role": windows, "selected": selected,
-            "tokens": tokens, "tokens_total": total, "win_share_vs_l0": win}
+    total = {
+        k: (
+            sum(v[k] for v in tokens.values() if v[k] is not None)
+            if any(v[k] is not None for v in tokens.values())
+            else None
+        )
+        for k in TOKEN_KEYS
+    }
+    return {
+        "run": ctx.run,
+        "composition": composition(ctx.spec),
+        "windows_by_role": windows,
+        "selected": selected,
+        "tokens": tokens,
+        "tokens_total": total,
+        "win_share_vs_l0": win,
+    }
 
 
 def compare_runs(contexts: list) -> dict:
@@ -71,29 +84,49 @@ def compare_runs(contexts: list) -> dict:
 
 def render_comparison(doc: dict) -> str:
     runs = doc["runs"]
-    fmt = lambda x: "–" if x is None else (f"{x:,}" if isinstance(x, int) else (f"{100 * x:.1f}%" if isinstance(x, float) else str(x)))  # noqa: E731
+
+    def fmt(x) -> str:
+        if x is None:
+            return "–"
+        return f"{x:,}" if isinstance(x, int) else f"{100 * x:.1f}%" if isinstance(x, float) else str(x)
+
     head = "| | " + " | ".join(f"`{r['run']}`" for r in runs) + " |"
     rule = "|---|" + "---|" * len(runs)
     lines = ["# Runs side by side", "", "## Composition", "", head, rule]
-    for key in ("preset", "teacher", "harness", "window_roles", "training_episodes", "episodes", "train_ranks",
-                "checkpoint_selection"):
+    for key in (
+        "preset",
+        "teacher",
+        "harness",
+        "window_roles",
+        "training_episodes",
+        "episodes",
+        "train_ranks",
+        "checkpoint_selection",
+    ):
         lines.append(f"| {key} | " + " | ".join(str(r["composition"][key]) for r in runs) + " |")
-    lines.append("| orchestrator share | " + " | ".join(f"{r['composition']['orchestrator_share']:.3f}" for r in runs) + " |")
+    lines.append(
+        "| orchestrator share | " + " | ".join(f"{r['composition']['orchestrator_share']:.3f}" for r in runs) + " |"
+    )
     for role in ("optimizer", "evaluator", "executor"):
         lines.append(f"| {role} | " + " | ".join(r["composition"]["roles"][role] for r in runs) + " |")
     gens = sorted({g for r in runs for g in (*r["tokens"], *r["windows_by_role"])}, key=int)
     lines += ["", "## Training windows by role (train split)", "", head, rule]
     for g in gens:
         for role in ("orchestrator", "worker", "auxiliary"):
-            lines.append(f"| L{g} {role} | " + " | ".join(fmt((r["windows_by_role"].get(g) or {}).get(role))
-                                                         for r in runs) + " |")
+            lines.append(
+                f"| L{g} {role} | "
+                + " | ".join(fmt((r["windows_by_role"].get(g) or {}).get(role)) for r in runs)
+                + " |"
+            )
     lines += ["", "## Selected checkpoints", "", head, rule]
     for g in sorted({g for r in runs for g in r["selected"]}, key=int):
         lines.append(f"| L{g} step | " + " | ".join(r["selected"].get(g, "–") for r in runs) + " |")
     lines += ["", "## Tokens", "", head, rule]
     for g in gens:
         for key, label in zip(TOKEN_KEYS, TOKEN_LABELS):
-            lines.append(f"| L{g} {label} | " + " | ".join(fmt((r["tokens"].get(g) or {}).get(key)) for r in runs) + " |")
+            lines.append(
+                f"| L{g} {label} | " + " | ".join(fmt((r["tokens"].get(g) or {}).get(key)) for r in runs) + " |"
+            )
     for key, label in zip(TOKEN_KEYS, TOKEN_LABELS):
         lines.append(f"| run {label} | " + " | ".join(fmt(r["tokens_total"][key]) for r in runs) + " |")
     cands = sorted({g for r in runs for g in r["win_share_vs_l0"]}, key=int)

@@ -29,7 +29,10 @@ ROOT = Path(__file__).resolve().parents[3]
 SPEC = ROOT / "examples" / "tiny.yaml"
 FIGURES = ROOT / "docs" / "demo-figures.json"
 DOC = ROOT / "docs" / "demo.md"
-START, END = "<!-- demo-figures:start (python -m mass_jobs.tools.analysis.demo_figures) -->", "<!-- demo-figures:end -->"
+START, END = (
+    "<!-- demo-figures:start (python -m mass_jobs.tools.analysis.demo_figures) -->",
+    "<!-- demo-figures:end -->",
+)
 
 
 def machine() -> dict:
@@ -45,26 +48,46 @@ def figures(report: dict, wall_s: float | None, host: dict) -> dict:
     out = []
     for g in gens:
         every, test = rows[(g, "all")], rows.get((g, "test"))
-        out.append({"generation": g, "episodes": every["episodes"], "delegation": every["delegation"],
-                    "test_episodes": test["episodes"] if test else 0, "test_delegation": test["delegation"] if test else 0,
-                    "code_handoff": every["code_handoff"], "task_score": every.get("task_score"),
-                    "solved": every.get("solved", 0)})
-    return {"run": report["run"], "generations": out, "wall_s": None if wall_s is None else round(wall_s),
-            "warnings": report.get("warnings", []), "machine": host}
+        out.append(
+            {
+                "generation": g,
+                "episodes": every["episodes"],
+                "delegation": every["delegation"],
+                "test_episodes": test["episodes"] if test else 0,
+                "test_delegation": test["delegation"] if test else 0,
+                "code_handoff": every["code_handoff"],
+                "task_score": every.get("task_score"),
+                "solved": every.get("solved", 0),
+            }
+        )
+    return {
+        "run": report["run"],
+        "generations": out,
+        "wall_s": None if wall_s is None else round(wall_s),
+        "warnings": report.get("warnings", []),
+        "machine": host,
+    }
 
 
 def table(fig: dict) -> str:
     """The markdown table docs/demo.md shows, and the line that says where it was measured."""
     m = fig["machine"]
-    lines = ["| generation | delegation D | of which test task | code handoff H | task score | solved |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| generation | delegation D | of which test task | code handoff H | task score | solved |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in fig["generations"]:
         score = "–" if r["task_score"] is None else f"{100 * r['task_score']:.1f}%"
-        lines.append(f"| L{r['generation']} | {r['delegation']}/{r['episodes']} | {r['test_delegation']}/{r['test_episodes']} "
-                     f"| {r['code_handoff']}/{r['episodes']} | {score} | {r['solved']}/{r['episodes']} |")
+        lines.append(
+            f"| L{r['generation']} | {r['delegation']}/{r['episodes']} | {r['test_delegation']}/{r['test_episodes']} "
+            f"| {r['code_handoff']}/{r['episodes']} | {score} | {r['solved']}/{r['episodes']} |"
+        )
     wall = "" if fig["wall_s"] is None else f"; the run took {fig['wall_s'] // 60}:{fig['wall_s'] % 60:02d}"
-    lines += ["", f"Measured on {m['cpu']} ({m['cores']} cores; torch {m['torch']}, CPU capability "
-                  f"{m['cpu_capability']}, {m['threads']} threads){wall}."]
+    lines += [
+        "",
+        f"Measured on {m['cpu']} ({m['cores']} cores; torch {m['torch']}, CPU capability "
+        f"{m['cpu_capability']}, {m['threads']} threads){wall}.",
+    ]
     return "\n".join(lines)
 
 
@@ -85,20 +108,32 @@ def run_demo(store: Path, work: Path) -> float:
     """`mass demo examples/tiny.yaml` into `store`; its wall time in seconds."""
     import yaml
 
-
     # the spec's model locations resolved as `mass demo` resolves them, its store moved to `store`
     doc = absolute_paths(yaml.safe_load(SPEC.read_text()), SPEC.parent.resolve())
     doc["store"]["uri"] = f"file://{store}"
     spec = work / "tiny.yaml"
     spec.write_text(yaml.safe_dump(doc))
     started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "mass_jobs.commands.cli", "demo", str(spec), "--work-dir", str(work / "scratch"),
-                    "--no-progress"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mass_jobs.commands.cli",
+            "demo",
+            str(spec),
+            "--work-dir",
+            str(work / "scratch"),
+            "--no-progress",
+        ],
+        check=True,
+    )
     return time.monotonic() - started
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mass_jobs.tools.analysis.demo_figures", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m mass_jobs.tools.analysis.demo_figures", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--store", type=Path, help="a finished demo's store (file://); default: run the demo first")
     p.add_argument("--keep", type=Path, help="run the demo in this directory and keep it (store: DIR/store)")
     p.add_argument("--out", type=Path, default=FIGURES)

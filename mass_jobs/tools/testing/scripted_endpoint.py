@@ -133,7 +133,9 @@ class ScriptedEndpoint:
     def start(self) -> ScriptedEndpoint:
         self._server = _bind(self._port, _handler_for(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="scripted-endpoint", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="scripted-endpoint", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -205,7 +207,12 @@ def _pieces(text: str, size: int) -> list[str]:
 
 def stream_chunks(body: dict, reply: Reply, n: int, model: str) -> list[dict]:
     """The chunks of a streamed answer: role, reasoning, content, tool calls in argument fragments, finish, usage."""
-    base = {"id": completion_id(n), "object": "chat.completion.chunk", "created": 0, "model": body.get("model") or model}
+    base = {
+        "id": completion_id(n),
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": body.get("model") or model,
+    }
 
     def chunk(delta: dict, finish: str | None = None) -> dict:
         return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
@@ -217,9 +224,22 @@ def stream_chunks(body: dict, reply: Reply, n: int, model: str) -> list[dict]:
     for i, tc in enumerate(_tool_calls(reply, n)):
         fn = tc["function"]
         out.append(
-            chunk({"tool_calls": [{"index": i, "id": tc["id"], "type": "function", "function": {"name": fn["name"], "arguments": ""}}]})
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": tc["id"],
+                            "type": "function",
+                            "function": {"name": fn["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
         )
-        out += [chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]}) for p in _pieces(fn["arguments"], size)]
+        out += [
+            chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]}) for p in _pieces(fn["arguments"], size)
+        ]
     out.append(chunk({}, _finish(reply)))
     if (body.get("stream_options") or {}).get("include_usage"):
         out.append({**base, "choices": [], "usage": _usage(body, reply)})
@@ -243,7 +263,9 @@ def _handler_for(ep: ScriptedEndpoint) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") == ep.base_path + "/models":
-                self._json(200, {"object": "list", "data": [{"id": ep.model, "object": "model", "owned_by": "scripted"}]})
+                self._json(
+                    200, {"object": "list", "data": [{"id": ep.model, "object": "model", "owned_by": "scripted"}]}
+                )
             else:
                 self._json(404, {"error": {"message": f"no route {self.path}"}})
 
