@@ -79,7 +79,9 @@ def reason(pod: dict) -> str:
             return f"{ended.get('reason') or 'Error'} ({c['name']}, exit code {ended.get('exitCode')})"
         before = (c.get("lastState") or {}).get("terminated")
         if before and before.get("exitCode", 0) != 0:
-            return f"restarted after {before.get('reason') or 'Error'} ({c['name']}, exit code {before.get('exitCode')})"
+            return (
+                f"restarted after {before.get('reason') or 'Error'} ({c['name']}, exit code {before.get('exitCode')})"
+            )
     return ""
 
 
@@ -89,16 +91,31 @@ def pod_row(pod: dict, now: float) -> PodRow:
     names = [c.get("name") for c in spec.get("containers") or []]
     container = next((n for n in MAIN_CONTAINERS if n in names), names[0] if names else "")
     restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
-    return PodRow(meta.get("name", ""), labels.get(L.STEP, ""), labels.get(L.GENERATION, ""),
-                  labels.get(L.TASK, ""), labels.get(L.EPISODE, ""), status.get("phase", ""), reason(pod),
-                  spec.get("nodeName", ""), restarts, _age(meta.get("creationTimestamp"), now),
-                  f"kubectl logs -n {meta.get('namespace', '')} {meta.get('name', '')} -c {container}")
+    return PodRow(
+        meta.get("name", ""),
+        labels.get(L.STEP, ""),
+        labels.get(L.GENERATION, ""),
+        labels.get(L.TASK, ""),
+        labels.get(L.EPISODE, ""),
+        status.get("phase", ""),
+        reason(pod),
+        spec.get("nodeName", ""),
+        restarts,
+        _age(meta.get("creationTimestamp"), now),
+        f"kubectl logs -n {meta.get('namespace', '')} {meta.get('name', '')} -c {container}",
+    )
 
 
 def _conditions(obj: dict) -> str:
-    found = [f"{c['type']}={c.get('status', '')}" + (f" ({c['reason']}: {c.get('message', '')})".rstrip(": )") + ")"
-                                                      if c.get("status") != "True" and c.get("reason") else "")
-             for c in (obj.get("status") or {}).get("conditions") or []]
+    found = [
+        f"{c['type']}={c.get('status', '')}"
+        + (
+            f" ({c['reason']}: {c.get('message', '')})".rstrip(": )") + ")"
+            if c.get("status") != "True" and c.get("reason")
+            else ""
+        )
+        for c in (obj.get("status") or {}).get("conditions") or []
+    ]
     return ", ".join(found) or "no conditions yet"
 
 
@@ -107,17 +124,10 @@ def view(cluster: Cluster, run: str) -> dict:
     ns, selector, now = cluster.namespace, f"{L.RUN}={run}", time.time()
     unread: list[str] = []
 
-    def items(path: str, what: str) -> list[dict]:
+    def items(path: str, what: str, fields: str | None = None) -> list[dict]:
         try:
-            return cluster.items(path, selector)
+            return cluster.items(path, field_selector=fields) if fields else cluster.items(path, selector)
         except Forbidden as err:  # shown, and the rest of the view still drawn
-            unread.append(f"{what}: {err}")
-            return []
-
-    def items_by_field(path: str, fields: str, what: str) -> list[dict]:
-        try:
-            return cluster.items(path, field_selector=fields)
-        except Forbidden as err:
             unread.append(f"{what}: {err}")
             return []
 
@@ -131,19 +141,42 @@ def view(cluster: Cluster, run: str) -> dict:
     # their events alone (kept an hour by default); the jobs are known by the run's job names
     owners = tuple(o["metadata"]["name"] + "-" for o in workflows + jobs + services)
     owners += (training.job_prefix(run),) if owners else ()
-    gone = [e for e in (items_by_field(f"/api/v1/namespaces/{ns}/events", "reason=FailedScheduling", "events")
-                        if owners else [])
-            if (e.get("involvedObject") or {}).get("name", "").startswith(owners)
-            and e["involvedObject"]["name"] not in {r.name for r in rows}]
+    events = items(f"/api/v1/namespaces/{ns}/events", "events", "reason=FailedScheduling") if owners else []
+    labels = [
+        (o["kind"], o["metadata"]["name"], (o["metadata"].get("labels") or {}).get(L.GENERATION, ""), o)
+        for o in jobs + services
+    ]
+    return {
+        "namespace": ns,
+        "run": run,
+        "workflows": [_workflow_row(w) for w in workflows],
+        "pods": [asdict(r) for r in rows],
+        "objects": [asdict(ObjectRow(kind, name, gen, _conditions(o))) for kind, name, gen, o in labels],
+        "unread": unread,
+        "unscheduled": _unscheduled(events, owners, {r.name for r in rows}),
+        "unstarted": unstarted_trainers(workflows),
+    }
+
+
+def _workflow_row(w: dict) -> dict:
+    status = w.get("status") or {}
+    return {
+        "name": w["metadata"]["name"],
+        "phase": status.get("phase", "Pending"),
+        "message": status.get("message", ""),
+    }
+
+
+def _unscheduled(events: list[dict], owners: tuple[str, ...], listed: set[str]) -> list[dict]:
+    """The pods of the run's objects that are gone (not listed) with the scheduler's last word."""
+    gone = [
+        e
+        for e in events
+        if (e.get("involvedObject") or {}).get("name", "").startswith(owners)
+        and e["involvedObject"]["name"] not in listed
+    ]
     unscheduled = sorted({e["involvedObject"]["name"]: e.get("message", "") for e in gone}.items())
-    objects = [ObjectRow(o["kind"], o["metadata"]["name"], (o["metadata"].get("labels") or {}).get(L.GENERATION, ""),
-                         _conditions(o)) for o in jobs + services]
-    return {"namespace": ns, "run": run,
-            "workflows": [{"name": w["metadata"]["name"], "phase": (w.get("status") or {}).get("phase", "Pending"),
-                           "message": (w.get("status") or {}).get("message", "")} for w in workflows],
-            "pods": [asdict(r) for r in rows], "objects": [asdict(o) for o in objects], "unread": unread,
-            "unscheduled": [{"pod": n, "message": m} for n, m in unscheduled],
-            "unstarted": unstarted_trainers(workflows)}
+    return [{"pod": n, "message": m} for n, m in unscheduled]
 
 
 def workflow_nodes(wf: dict) -> list[dict]:
@@ -160,9 +193,13 @@ def workflow_nodes(wf: dict) -> list[dict]:
 def unstarted_trainers(workflows: list[dict]) -> list[dict]:
     """The train steps' record of each trainer job deleted unstarted: the Master's scheduling
     message, read by the `train-unstarted` hook before the job went (its `scheduler` output)."""
-    return [{"node": n.get("name", ""), "message": p["value"]}
-            for w in workflows for n in workflow_nodes(w)
-            for p in (n.get("outputs") or {}).get("parameters") or [] if p.get("name") == "scheduler" and p.get("value")]
+    return [
+        {"node": n.get("name", ""), "message": p["value"]}
+        for w in workflows
+        for n in workflow_nodes(w)
+        for p in (n.get("outputs") or {}).get("parameters") or []
+        if p.get("name") == "scheduler" and p.get("value")
+    ]
 
 
 def _duration(seconds: int) -> str:
@@ -187,8 +224,20 @@ def render(v: dict) -> str:
     lines.append("")
     if v["pods"]:
         header = ("POD", "STEP", "GEN", "TASK", "EPISODE", "PHASE", "NODE", "RESTARTS", "AGE")
-        rows = [(p["name"], p["step"], p["generation"], p["task"] or "-", p["episode"] or "-", p["phase"],
-                 p["node"] or "-", p["restarts"], _duration(p["age_s"])) for p in v["pods"]]
+        rows = [
+            (
+                p["name"],
+                p["step"],
+                p["generation"],
+                p["task"] or "-",
+                p["episode"] or "-",
+                p["phase"],
+                p["node"] or "-",
+                p["restarts"],
+                _duration(p["age_s"]),
+            )
+            for p in v["pods"]
+        ]
         lines += _table(header, rows)
         trouble = [p for p in v["pods"] if p["reason"]]
         if trouble:
@@ -197,7 +246,10 @@ def render(v: dict) -> str:
     else:
         lines.append("no pods of this run (succeeded pods are deleted 10 minutes after they end)")
     if v.get("unscheduled"):
-        lines += ["", "pods deleted while Pending (their steps say \"timeout\" or \"deadline\"), the scheduler's last word:"]
+        lines += [
+            "",
+            'pods deleted while Pending (their steps say "timeout" or "deadline"), the scheduler\'s last word:',
+        ]
         lines += [f"  {u['pod']}: {u['message']}" for u in v["unscheduled"]]
     if v.get("unstarted"):
         lines += ["", "trainer jobs deleted unstarted, their Master's scheduling message:"]
@@ -205,6 +257,8 @@ def render(v: dict) -> str:
     if v.get("unread"):
         lines += ["", "not read (this account may not):"] + [f"  {u}" for u in v["unread"]]
     if v["objects"]:
-        lines += [""] + _table(("KIND", "NAME", "GEN", "CONDITIONS"),
-                               [(o["kind"], o["name"], o["generation"], o["conditions"]) for o in v["objects"]])
+        lines += [""] + _table(
+            ("KIND", "NAME", "GEN", "CONDITIONS"),
+            [(o["kind"], o["name"], o["generation"], o["conditions"]) for o in v["objects"]],
+        )
     return "\n".join(lines)

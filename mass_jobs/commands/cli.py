@@ -26,12 +26,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("mass_jobs.commands.model", "model utilities: `mass model tiny --out DIR` builds the tiny test model"),
     "proxy": ("mass_jobs.commands.proxy", "recording proxy for an OpenAI-compatible server: one trace line per call"),
     "episode": ("mass_jobs.commands.episode", "run one agent episode: --in DIR (episode.json, workspace/) --out DIR"),
-    "sandbox-serve": ("mass_jobs.commands.sandbox_serve", "an agent pod's sandbox container: workspace, tools, qwen-code"),
-    "egress-serve": ("mass_jobs.commands.egress_serve", "the run's egress proxy for agent pods (execution.network), "
-                     "recording each rollout's requests"),
+    "sandbox-serve": (
+        "mass_jobs.commands.sandbox_serve",
+        "an agent pod's sandbox container: workspace, tools, qwen-code",
+    ),
+    "egress-serve": (
+        "mass_jobs.commands.egress_serve",
+        "the run's egress proxy for agent pods (execution.network), recording each rollout's requests",
+    ),
     "audit": ("mass_jobs.commands.audit", "behaviour audit per episode: delegation D, code handoff H, revisions"),
-    "serve": ("mass_jobs.commands.serve", "serve a model over the OpenAI chat API (transformers serve) until Ctrl-C; "
-              "concurrent requests are served one after another"),
+    "serve": (
+        "mass_jobs.commands.serve",
+        "serve a model over the OpenAI chat API (transformers serve) until Ctrl-C; "
+        "concurrent requests are served one after another",
+    ),
     "render": ("mass_jobs.commands.render", "render SFT windows (`render sft`) or the Kubernetes YAML (`render argo`)"),
     "train": ("mass_jobs.commands.train", "LoRA SFT on the rendered windows; run under torchrun for data parallelism"),
     "select": ("mass_jobs.commands.select", "pick the saved checkpoint with the lowest validation loss"),
@@ -40,21 +48,47 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("mass_jobs.commands.collect", "teacher episodes of the elite workflow (one --episode; Argo --phase)"),
     "guard": ("mass_jobs.commands.guard", "deterministic guard verdicts (outputs, protected paths, metrics, checks)"),
     "rank": ("mass_jobs.commands.rank", "pairwise self-verdicts, Bradley-Terry, train/val episode manifest"),
-    "rollouts": ("mass_jobs.commands.rollouts", "an agent step declared outside the package (--step module:NAME), "
-                 "for one task; Argo --phase"),
-    "evaluate": ("mass_jobs.commands.evaluate", "bare-prompt rollouts of L_G and its baselines, judge panel, self-evaluator"),
-    "benchmark": ("mass_jobs.commands.benchmark", "score generations on an external benchmark dir (prompts + grader command)"),
-    "compare-runs": ("mass_jobs.commands.compare_runs", "runs side by side: teacher composition, windows by role, tokens, win share"),
+    "rollouts": (
+        "mass_jobs.commands.rollouts",
+        "an agent step declared outside the package (--step module:NAME), for one task; Argo --phase",
+    ),
+    "evaluate": (
+        "mass_jobs.commands.evaluate",
+        "bare-prompt rollouts of L_G and its baselines, judge panel, self-evaluator",
+    ),
+    "benchmark": (
+        "mass_jobs.commands.benchmark",
+        "score generations on an external benchmark dir (prompts + grader command)",
+    ),
+    "compare-runs": (
+        "mass_jobs.commands.compare_runs",
+        "runs side by side: teacher composition, windows by role, tokens, win share",
+    ),
     "report": ("mass_jobs.commands.report", "rebuild <run>/report/ (JSON, Markdown, plots) from stored artifacts"),
     "run": ("mass_jobs.commands.run", "run generations L0 -> L_N locally end to end; rerun to resume"),
     "status": ("mass_jobs.commands.status", "what is done, running, failed or pending in a run"),
-    "serve-wait": ("mass_jobs.commands.serve_wait", "wait for an InferenceService to serve its model, or fail naming "
-                   "why it cannot (a predictor pod no node takes, a failed load)"),
+    "serve-wait": (
+        "mass_jobs.commands.serve_wait",
+        "wait for an InferenceService to serve its model, or fail naming "
+        "why it cannot (a predictor pod no node takes, a failed load)",
+    ),
     "pods": ("mass_jobs.commands.pods", "a run's pods on the cluster: episode, phase, why Pending or ended, logs"),
-    "import": ("mass_jobs.commands.importer", "convert task files of another format: `mass import upstream DIR --out DIR`"),
-    "verify": ("mass_jobs.commands.verify", "re-hash every output of every step manifest of a run; exit 1 if any broke"),
-    "plan": ("mass_jobs.commands.plan", "counts, training memory per GPU and a simulated schedule of a spec, before a run"),
-    "demo": ("mass_jobs.commands.demo", "build the tiny model if missing, run the spec end to end, print the report path"),
+    "import": (
+        "mass_jobs.commands.importer",
+        "convert task files of another format: `mass import upstream DIR --out DIR`",
+    ),
+    "verify": (
+        "mass_jobs.commands.verify",
+        "re-hash every output of every step manifest of a run; exit 1 if any broke",
+    ),
+    "plan": (
+        "mass_jobs.commands.plan",
+        "counts, training memory per GPU and a simulated schedule of a spec, before a run",
+    ),
+    "demo": (
+        "mass_jobs.commands.demo",
+        "build the tiny model if missing, run the spec end to end, print the report path",
+    ),
 }
 
 
@@ -73,28 +107,8 @@ def environment_error(exc: BaseException) -> tuple[int, str] | None:
     for e in _chain(exc):
         mod = type(e).__module__
         name = type(e).__name__
-        if mod.startswith("botocore"):
-            if name in ("NoCredentialsError", "PartialCredentialsError"):
-                return 2, ("S3: no credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                           "(or AWS_PROFILE) in the environment of this command")
-            if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError"):
-                from urllib.parse import urlsplit
-
-                parts = urlsplit(getattr(e, "kwargs", {}).get("endpoint_url", ""))
-                url = f"{parts.scheme}://{parts.netloc}" if parts.netloc else "(unknown)"
-                return 1, (f"S3: cannot reach the endpoint {url}; check store.endpoint_url "
-                           "(or AWS_ENDPOINT_URL) and that the server is up")
-            if name == "NoRegionError":
-                return 2, "S3: no region; set store.region or AWS_REGION"
-            if any(c.__name__ == "ClientError" for c in type(e).__mro__):  # errorfactory subclasses too
-                err = getattr(e, "response", {}).get("Error", {})
-                code, bucket = err.get("Code", "?"), err.get("BucketName")
-                if code == "NoSuchBucket":
-                    where = f"{bucket!r} " if bucket else ""
-                    return 2, f"S3: the bucket {where}does not exist at this endpoint; create it or fix store.uri"
-                if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken"):
-                    return 2, (f"S3: the credentials were refused ({code}); check AWS_ACCESS_KEY_ID / "
-                               "AWS_SECRET_ACCESS_KEY and the bucket's policy")
+        if mod.startswith("botocore") and (found := _s3_error(e, name)) is not None:
+            return found
         if name == "ModelLocationError":
             return 2, str(e)
         if name == "WarmCheckFailed":  # the build's float kernels trained a model the demo cannot use
@@ -102,15 +116,56 @@ def environment_error(exc: BaseException) -> tuple[int, str] | None:
         if mod.startswith(("openai", "httpx", "requests", "urllib3")) and "Connect" in name:
             return 1, f"cannot reach a server ({name}: {e}); check the endpoint URL and that it is running"
         if mod.startswith("huggingface_hub") and name in (
-            "RepositoryNotFoundError", "LocalEntryNotFoundError", "OfflineModeIsEnabled", "GatedRepoError", "RevisionNotFoundError"
+            "RepositoryNotFoundError",
+            "LocalEntryNotFoundError",
+            "OfflineModeIsEnabled",
+            "GatedRepoError",
+            "RevisionNotFoundError",
         ):
-            return 1, (f"Hugging Face Hub: {str(e).splitlines()[0]} (a mistyped local path is taken for a hub id; "
-                       "`mass validate` says which)")
+            return 1, (
+                f"Hugging Face Hub: {str(e).splitlines()[0]} (a mistyped local path is taken for a hub id; "
+                "`mass validate` says which)"
+            )
         if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)) and e.filename:
             return 2, f"{e.strerror or name}: {e.filename}"
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # a rerun resumes once there is room
             where = f": {e.filename}" if e.filename else ""
-            return 1, f"{'no space left on the device' if e.errno == errno.ENOSPC else 'disk quota exceeded'}{where}; free room and rerun"
+            return (
+                1,
+                f"{'no space left on the device' if e.errno == errno.ENOSPC else 'disk quota exceeded'}{where}; free room and rerun",
+            )
+    return None
+
+
+def _s3_error(e: BaseException, name: str) -> tuple[int, str] | None:
+    """`environment_error` of a botocore error: credentials, endpoint, region, bucket."""
+    if name in ("NoCredentialsError", "PartialCredentialsError"):
+        return 2, (
+            "S3: no credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(or AWS_PROFILE) in the environment of this command"
+        )
+    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError"):
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(getattr(e, "kwargs", {}).get("endpoint_url", ""))
+        url = f"{parts.scheme}://{parts.netloc}" if parts.netloc else "(unknown)"
+        return 1, (
+            f"S3: cannot reach the endpoint {url}; check store.endpoint_url "
+            "(or AWS_ENDPOINT_URL) and that the server is up"
+        )
+    if name == "NoRegionError":
+        return 2, "S3: no region; set store.region or AWS_REGION"
+    if any(c.__name__ == "ClientError" for c in type(e).__mro__):  # errorfactory subclasses too
+        err = getattr(e, "response", {}).get("Error", {})
+        code, bucket = err.get("Code", "?"), err.get("BucketName")
+        if code == "NoSuchBucket":
+            where = f"{bucket!r} " if bucket else ""
+            return 2, f"S3: the bucket {where}does not exist at this endpoint; create it or fix store.uri"
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken"):
+            return 2, (
+                f"S3: the credentials were refused ({code}); check AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY and the bucket's policy"
+            )
     return None
 
 
@@ -139,10 +194,21 @@ def spec_either_way(parser: argparse.ArgumentParser) -> None:
 def overrides(parser: argparse.ArgumentParser) -> None:
     """Changes to the spec itself (spec/overrides.py): every command that reads a spec takes them, and
     they reach hashes, the run's claimed spec and manifests as the spec file's own values would."""
-    parser.add_argument("--overlay", action="append", default=[], metavar="FILE",
-                        help="a YAML mapping merged into the spec (repeat; applied in order, before --set)")
-    parser.add_argument("--set", dest="set_values", action="append", default=[], metavar="PATH=VALUE",
-                        help="one spec value, e.g. sft.parallel=fsdp or tasks.0.split=test (VALUE read as YAML; repeat)")
+    parser.add_argument(
+        "--overlay",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a YAML mapping merged into the spec (repeat; applied in order, before --set)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="set_values",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="one spec value, e.g. sft.parallel=fsdp or tasks.0.split=test (VALUE read as YAML; repeat)",
+    )
 
 
 def merge_spec(args: argparse.Namespace) -> str | None:
@@ -169,8 +235,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         mod = importlib.import_module(module)
         # the description is the command's module docstring: what it does, its forms, exit codes
-        p = sub.add_parser(name, help=help_text, description=f"{help_text}\n\n{mod.__doc__ or ''}".strip(),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=f"{help_text}\n\n{mod.__doc__ or ''}".strip(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         mod.add_arguments(p)
         spec_either_way(p)
     return parser

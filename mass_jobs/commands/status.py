@@ -22,8 +22,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
 
 
-def main(args) -> int:
+def eta_words(summary: dict) -> str:
+    if summary["done"] == summary["total"]:
+        return "all done"
+    if summary["eta_s"] is None:
+        return f"ETA unknown ({summary['untimed_left']} of the steps left have not run in this run yet)"
+    if summary["overrun"]:
+        return f"ETA at least ~{clock(summary['eta_s'])} (the running step is past its measured time)"
+    return f"ETA ~{clock(summary['eta_s'])} (each step left at its measured mean)"
 
+
+def main(args) -> int:
 
     ctx = open_run(args.spec, check_spec=False)
     # the decision `mass run` and `mass validate` take too: a changed spec is refused, so the steps
@@ -36,8 +45,18 @@ def main(args) -> int:
     state = RunState(ctx).load()
     summary = progress_summary(rows, state)
     if args.json:
-        print(json.dumps({"run": spec.name, "steps": rows, "failed": state.get("failed"), "spec_changes": changed,
-                          "progress": summary}, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "run": spec.name,
+                    "steps": rows,
+                    "failed": state.get("failed"),
+                    "spec_changes": changed,
+                    "progress": summary,
+                },
+                sort_keys=True,
+            )
+        )
         return 2 if changed else 0
     from rich.console import Console
     from rich.table import Table
@@ -48,25 +67,23 @@ def main(args) -> int:
         table.add_column(col)
     for n, r in enumerate(rows, 1):
         took = clock(r["seconds"]) if r["seconds"] is not None else ""
-        table.add_row(f"{n}/{len(rows)}", f"L{r['gen']}", r["step"], f"[{colors[r['status']]}]{r['status']}", took,
-                      r["detail"])
+        table.add_row(
+            f"{n}/{len(rows)}", f"L{r['gen']}", r["step"], f"[{colors[r['status']]}]{r['status']}", took, r["detail"]
+        )
     console = Console(width=max(100, Console().width))
     console.print(table)
-    eta = ("all done" if summary["done"] == summary["total"]
-           else f"ETA unknown ({summary['untimed_left']} of the steps left have not run in this run yet)"
-           if summary["eta_s"] is None
-           else f"ETA at least ~{clock(summary['eta_s'])} (the running step is past its measured time)"
-           if summary["overrun"]
-           else f"ETA ~{clock(summary['eta_s'])} (each step left at its measured mean)")
-    console.print(f"{summary['done']}/{summary['total']} steps done; {eta}")
+    console.print(f"{summary['done']}/{summary['total']} steps done; {eta_words(summary)}")
     if state.get("failed"):
         f = state["failed"]
         console.print(f"[red]failed: L{f['gen']} {f['step']}: {f['error']}", soft_wrap=True)
         for path in f.get("logs") or []:
             console.print(f"logs: {path}", soft_wrap=True)
     if changed:
-        console.print("[red]this spec differs from the stored run, so `mass run` and `mass validate` refuse it; "
-                      "the table is the stored run's", soft_wrap=True)
+        console.print(
+            "[red]this spec differs from the stored run, so `mass run` and `mass validate` refuse it; "
+            "the table is the stored run's",
+            soft_wrap=True,
+        )
     for line in changed:
         console.print(f"[red]spec differs from the stored run: {line}", soft_wrap=True)
     return 2 if changed else 0

@@ -20,8 +20,12 @@ SUCCEEDED = "status.replicaStatuses.Master.succeeded > 0"
 # Failed) in the order they first happened: Kueue's Suspended puts Failed at index 3. A selector key
 # cannot search a list, so Failed is matched at every index it can hold (each clause is an OR).
 CONDITION_TYPES = 6
-FAILED = ",".join([*(f"status.conditions.{i}.type == Failed" for i in range(CONDITION_TYPES)),
-                   "status.replicaStatuses.Master.failed > 0"])
+FAILED = ",".join(
+    [
+        *(f"status.conditions.{i}.type == Failed" for i in range(CONDITION_TYPES)),
+        "status.replicaStatuses.Master.failed > 0",
+    ]
+)
 
 
 def started(queued: bool) -> str:
@@ -59,14 +63,24 @@ def train_command(argv: list[str]) -> list[str]:
     return ["torchrun", "--no-python", "mass", *argv]
 
 
-def pytorch_job(s: ClusterSettings, name: str, argv: list[str], labels: dict[str, str],
-                env: list[dict] | None = None, *, workers: int | str | None, nproc: str, gpus: str) -> dict:
+def pytorch_job(
+    s: ClusterSettings,
+    name: str,
+    argv: list[str],
+    labels: dict[str, str],
+    env: list[dict] | None = None,
+    *,
+    workers: int | str | None,
+    nproc: str,
+    gpus: str,
+) -> dict:
     """The job of one training step. `workers` (Worker replicas besides the Master), `nproc`
     (processes per replica) and `gpus` (per replica) come from the spec's sft.replicas and
     gpus_per_replica (`mass validate --outputs`), so the operator's WORLD_SIZE = (1 + workers) x
     nproc (training-operator v1.9, pkg/controller.v1/pytorch/envvar.go) is the spec's world.
     `workers=None` (one replica): the Master alone, since the operator's webhook refuses a Worker
     replica spec with `replicas: 0` (pkg/webhooks/pytorch/pytorchjob_webhook.go)."""
+
     def replica(n):
         return {
             "replicas": n,
@@ -79,18 +93,7 @@ def pytorch_job(s: ClusterSettings, name: str, argv: list[str], labels: dict[str
                     "automountServiceAccountToken": False,
                     **pods.placement(s, "trainer"),
                     "securityContext": pods.pod_security_context(),
-                    "containers": [{
-                        "name": "pytorch",
-                        "image": s.images.trainer,
-                        "imagePullPolicy": s.images.pull_policy,
-                        "command": train_command(argv),
-                        "workingDir": "/tmp",
-                        "env": env or [{"name": "HOME", "value": "/tmp"}],
-                        "envFrom": [{"secretRef": {"name": s.s3_secret}}],
-                        "resources": _resources(s, gpus),
-                        "securityContext": pods.container_security_context(),
-                        "volumeMounts": pods.mounts(tmp="/tmp", shm="/dev/shm"),
-                    }],
+                    "containers": [_container(s, argv, env, gpus)],
                     "volumes": [pods.scratch_volume(s, "trainer"), {"name": "shm", "emptyDir": {"medium": "Memory"}}],
                 },
             },
@@ -111,9 +114,29 @@ def pytorch_job(s: ClusterSettings, name: str, argv: list[str], labels: dict[str
     }
 
 
+def _container(s: ClusterSettings, argv: list[str], env: list[dict] | None, gpus: str) -> dict:
+    return {
+        "name": "pytorch",
+        "image": s.images.trainer,
+        "imagePullPolicy": s.images.pull_policy,
+        "command": train_command(argv),
+        "workingDir": "/tmp",
+        "env": env or [{"name": "HOME", "value": "/tmp"}],
+        "envFrom": [{"secretRef": {"name": s.s3_secret}}],
+        "resources": _resources(s, gpus),
+        "securityContext": pods.container_security_context(),
+        "volumeMounts": pods.mounts(tmp="/tmp", shm="/dev/shm"),
+    }
+
+
 def _resources(s: ClusterSettings, gpus: str) -> dict:
     """The chart's per-replica CPU and memory; the spec's GPUs (requests = limits, Guaranteed QoS)."""
-    amounts = {"cpu": s.trainer.cpu, "memory": s.trainer.memory, "ephemeral-storage": s.trainer.ephemeral, s.gpu_resource: gpus}
+    amounts = {
+        "cpu": s.trainer.cpu,
+        "memory": s.trainer.memory,
+        "ephemeral-storage": s.trainer.ephemeral,
+        s.gpu_resource: gpus,
+    }
     return {"limits": dict(amounts), "requests": dict(amounts)}
 
 
@@ -124,12 +147,18 @@ def operator_init_container_template() -> list[dict]:
     Security "restricted" rejects. `{{.InitContainerImage}}`, `{{.MasterAddr}}` and `{{.MaxTries}}`
     (--init-container-max-tries) are the operator's own placeholders: like its built-in one it gives
     up after MaxTries lookups, so a Master that never comes fails the Worker instead of hanging it."""
-    return [{
-        "name": "init-pytorch",
-        "image": "{{.InitContainerImage}}",
-        "imagePullPolicy": "IfNotPresent",
-        "resources": {"limits": {"cpu": "100m", "memory": "20Mi"}, "requests": {"cpu": "50m", "memory": "10Mi"}},
-        "command": ["sh", "-c", "err=1; for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}}; then err=0; break; "
-                               "fi; echo waiting for master; sleep 2; done; exit $err"],
-        "securityContext": pods.executor_security_context(),
-    }]
+    return [
+        {
+            "name": "init-pytorch",
+            "image": "{{.InitContainerImage}}",
+            "imagePullPolicy": "IfNotPresent",
+            "resources": {"limits": {"cpu": "100m", "memory": "20Mi"}, "requests": {"cpu": "50m", "memory": "10Mi"}},
+            "command": [
+                "sh",
+                "-c",
+                "err=1; for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}}; then err=0; break; "
+                "fi; echo waiting for master; sleep 2; done; exit $err",
+            ],
+            "securityContext": pods.executor_security_context(),
+        }
+    ]

@@ -31,18 +31,31 @@ from mass_jobs.spec.locations import read_template
 from mass_jobs.spec.rules import vllm_serves
 
 TEMPLATE_FILE = "chat_template.jinja"
-PROBE_TOOL = {"type": "function", "function": {
-    "name": "mass_fitness_probe", "description": "A probe of the chat template.",
-    "parameters": {"type": "object", "properties": {"probe_argument": {"type": "string"}},
-                   "required": ["probe_argument"]}}}
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "mass_fitness_probe",
+        "description": "A probe of the chat template.",
+        "parameters": {
+            "type": "object",
+            "properties": {"probe_argument": {"type": "string"}},
+            "required": ["probe_argument"],
+        },
+    },
+}
 PROBE_CALL_VALUE, PROBE_RESULT = "probe-value-7431", "probe-result-9067"
 # The embedded server's parser for hermes-style calls, for model types transformers has none for.
 HERMES_RESPONSE_TEMPLATE = {
     "defaults": {"role": "assistant"},
     "start_anchor": "<|im_start|>assistant\n",
     "fields": {
-        "tool_calls": {"open_pattern": r"\s*<tool_call>", "close": "</tool_call>", "repeats": True,
-                       "content": "json", "transform": {"type": "function", "function": "{content}"}},
+        "tool_calls": {
+            "open_pattern": r"\s*<tool_call>",
+            "close": "</tool_call>",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
         "content": {"close_pattern": r"\s*(?:<\|im_end\|>|<\|endoftext\|>|<\|eot_id\|>)", "content": "text"},
     },
 }
@@ -95,16 +108,28 @@ def base_model_dir(ctx, cache_root: Path | None = None) -> Path:
 
 def _probe(tokenizer) -> tuple[str, str]:
     """(the prompt with the probe tool offered, the conversation with a tool call and its result)."""
-    offered = tokenizer.apply_chat_template([{"role": "system", "content": "You are an agent."},
-                                             {"role": "user", "content": "Call the probe."}],
-                                            tools=[PROBE_TOOL], tokenize=False, add_generation_prompt=True)
-    call = {"id": "call_0", "type": "function",
-            "function": {"name": "mass_fitness_probe", "arguments": {"probe_argument": PROBE_CALL_VALUE}}}
-    used = tokenizer.apply_chat_template([{"role": "system", "content": "You are an agent."},
-                                          {"role": "user", "content": "Call the probe."},
-                                          {"role": "assistant", "content": "", "tool_calls": [call]},
-                                          {"role": "tool", "tool_call_id": "call_0", "content": PROBE_RESULT}],
-                                         tools=[PROBE_TOOL], tokenize=False, add_generation_prompt=True)
+    offered = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Call the probe."}],
+        tools=[PROBE_TOOL],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    call = {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": "mass_fitness_probe", "arguments": {"probe_argument": PROBE_CALL_VALUE}},
+    }
+    used = tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": "Call the probe."},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": PROBE_RESULT},
+        ],
+        tools=[PROBE_TOOL],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     return offered, used
 
 
@@ -112,31 +137,56 @@ def _probe(tokenizer) -> tuple[str, str]:
 SHIPPED_TEMPLATE = Path(__file__).resolve().parents[2] / "examples" / "templates" / "chatml-tools.jinja"
 
 
+def _remedy(spec) -> str:
+    """What to do about an unfit template, where the spec gave none of its own."""
+    if spec.model.chat_template:
+        return ""
+    if SHIPPED_TEMPLATE.is_file():
+        return (
+            f" (give one with tools in model.chat_template, a path relative to the spec's folder; this "
+            f"checkout's ChatML one: {SHIPPED_TEMPLATE}; examples/smollm2.yaml uses it)"
+        )
+    return " (give one with tools in model.chat_template, a path relative to the spec's folder)"
+
+
 def fitness_issues(spec, model_dir: Path) -> list:
     """SpecIssues of a local model dir the run cannot train with (see the module docstring)."""
     from transformers import AutoConfig, AutoTokenizer
 
-
     where = "$.model.chat_template" if spec.model.chat_template else "$.model.base"
-    named = f"model {spec.model.base!r}" + (f" with chat template {spec.model.chat_template!r}"
-                                            if spec.model.chat_template else "")
-    remedy = "" if spec.model.chat_template else (
-        f" (give one with tools in model.chat_template, a path relative to the spec's folder; this checkout's "
-        f"ChatML one: {SHIPPED_TEMPLATE}; examples/smollm2.yaml uses it)" if SHIPPED_TEMPLATE.is_file() else
-        " (give one with tools in model.chat_template, a path relative to the spec's folder)")
+    named = f"model {spec.model.base!r}" + (
+        f" with chat template {spec.model.chat_template!r}" if spec.model.chat_template else ""
+    )
+    remedy = _remedy(spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(spec.model.tokenizer or model_dir)
         offered, used = _probe(tokenizer)
     except Exception as err:  # a template that raises on a tool turn is unfit, whatever it raised
-        return [SpecIssue(where, f"{named}: expected a chat template that renders tools and tool calls; "
-                                 f"rendering a tool-call conversation failed: {type(err).__name__}: {err}{remedy}")]
-    missing = [what for what, ok in (("tool definitions", "mass_fitness_probe" in offered),
-                                     ("the assistant's tool calls", PROBE_CALL_VALUE in used),
-                                     ("tool results", PROBE_RESULT in used)) if not ok]
+        return [
+            SpecIssue(
+                where,
+                f"{named}: expected a chat template that renders tools and tool calls; "
+                f"rendering a tool-call conversation failed: {type(err).__name__}: {err}{remedy}",
+            )
+        ]
+    missing = [
+        what
+        for what, ok in (
+            ("tool definitions", "mass_fitness_probe" in offered),
+            ("the assistant's tool calls", PROBE_CALL_VALUE in used),
+            ("tool results", PROBE_RESULT in used),
+        )
+        if not ok
+    ]
     issues = []
     if missing:
-        issues.append(SpecIssue(where, f"{named}: expected a chat template that renders tools, tool calls and "
-                                       f"tool results; it drops {', '.join(missing)}{remedy}"))
+        issues.append(
+            SpecIssue(
+                where,
+                f"{named}: expected a chat template that renders tools, tool calls and "
+                f"tool results; it drops {', '.join(missing)}{remedy}",
+            )
+        )
 
     fmt = written_format(used, PROBE_TOOL["function"]["name"])
     if vllm_serves(spec) and (why := parser_issue(spec.execution.vllm.tool_call_parser, fmt, f"{named}'s template")):
@@ -145,9 +195,13 @@ def fitness_issues(spec, model_dir: Path) -> list:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     positions = getattr(text, "max_position_embeddings", None)
     if positions and spec.model.sampling.context_length > positions:
-        issues.append(SpecIssue("$.model.sampling.context_length",
-                                f"expected at most the model's {positions} positions (max_position_embeddings of "
-                                f"{spec.model.base!r}), found {spec.model.sampling.context_length}"))
+        issues.append(
+            SpecIssue(
+                "$.model.sampling.context_length",
+                f"expected at most the model's {positions} positions (max_position_embeddings of "
+                f"{spec.model.base!r}), found {spec.model.sampling.context_length}",
+            )
+        )
     return issues
 
 
