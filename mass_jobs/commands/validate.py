@@ -27,36 +27,77 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
     parser.add_argument("--gen", type=int, default=0, help="generation the outputs are for (with --outputs)")
     parser.add_argument("--outputs", metavar="DIR", help="also write the Argo step outputs into DIR (records the spec)")
-    parser.add_argument("--artifact-bucket", metavar="BUCKET",
-                        help="the Argo artifact repository's bucket: the run's store must be in it (agent pods "
-                             "exchange episodes as artifacts)")
-    parser.add_argument("--pipeline", metavar="MODULE:NAME",
-                        help="with --outputs: the done flags of this pipeline's steps (one compiled with "
-                             "`mass render argo --pipeline`), not the shipped one's")
-    parser.add_argument("--run", metavar="NAME",
-                        help="the workflow's run parameter: must be the spec's name (it names the InferenceService "
-                             "and the served model)")
-    parser.add_argument("--values", action="append", default=[], metavar="VALUES.yaml",
-                        help="preflight before argo submit: check the spec against the chart's values (its defaults "
-                             "with these files merged over them, as helm -f does) and print a table of every check; "
-                             "repeatable")
-    parser.add_argument("--max-model-len", type=int, metavar="N",
-                        help="the model server's --max-model-len: the spec's sampling.context_length and "
-                             "max_output_tokens must fit it (vLLM rejects longer requests)")
-    parser.add_argument("--chart-value", action="append", default=[], metavar="KEY=VALUE",
-                        help="a chart value the cluster runs with (dotted key, e.g. model.toolCallParser=hermes; "
-                             "a list comma-separated): the preflight checks the spec against it; repeatable")
-    parser.add_argument("--cluster", action="store_true",
-                        help="with or without --values: also check the live cluster, read-only (the controllers' "
-                             "APIs and settings, RBAC, Secrets, Kueue's queues, nodes against each class of pods); "
-                             "the kubeconfig's current context, or the pod's account inside a pod")
-    parser.add_argument("--kubeconfig", metavar="PATH", help="with --cluster: the kubeconfig (default: KUBECONFIG, ~/.kube/config)")
-    parser.add_argument("--context", metavar="NAME", help="with --cluster: the kubeconfig context (default: its current one)")
-    parser.add_argument("--namespace", metavar="NS",
-                        help="with --cluster: the namespace the chart is installed in (default: the context's)")
-    parser.add_argument("--config", metavar="CONFIG.json",
-                        help="with --values: the model's config.json (or a model dir), to check the pods' "
-                             "ephemeral storage against the model's size; default: model.base when local")
+    parser.add_argument(
+        "--artifact-bucket",
+        metavar="BUCKET",
+        help="the Argo artifact repository's bucket: the run's store must be in it (agent pods "
+        "exchange episodes as artifacts)",
+    )
+    parser.add_argument(
+        "--pipeline",
+        metavar="MODULE:NAME",
+        help="with --outputs: the done flags of this pipeline's steps (one compiled with "
+        "`mass render argo --pipeline`), not the shipped one's",
+    )
+    parser.add_argument(
+        "--run",
+        metavar="NAME",
+        help="the workflow's run parameter: must be the spec's name (it names the InferenceService "
+        "and the served model)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="N",
+        help="the model server's --max-model-len: the spec's sampling.context_length and "
+        "max_output_tokens must fit it (vLLM rejects longer requests)",
+    )
+    parser.add_argument(
+        "--chart-value",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a chart value the cluster runs with (dotted key, e.g. model.toolCallParser=hermes; "
+        "a list comma-separated): the preflight checks the spec against it; repeatable",
+    )
+    add_preflight_arguments(parser)
+
+
+def add_preflight_arguments(parser) -> None:
+    """The offline preflight against chart values, and the live cluster's."""
+    parser.add_argument(
+        "--values",
+        action="append",
+        default=[],
+        metavar="VALUES.yaml",
+        help="preflight before argo submit: check the spec against the chart's values (its defaults "
+        "with these files merged over them, as helm -f does) and print a table of every check; "
+        "repeatable",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="with or without --values: also check the live cluster, read-only (the controllers' "
+        "APIs and settings, RBAC, Secrets, Kueue's queues, nodes against each class of pods); "
+        "the kubeconfig's current context, or the pod's account inside a pod",
+    )
+    parser.add_argument(
+        "--kubeconfig", metavar="PATH", help="with --cluster: the kubeconfig (default: KUBECONFIG, ~/.kube/config)"
+    )
+    parser.add_argument(
+        "--context", metavar="NAME", help="with --cluster: the kubeconfig context (default: its current one)"
+    )
+    parser.add_argument(
+        "--namespace",
+        metavar="NS",
+        help="with --cluster: the namespace the chart is installed in (default: the context's)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="CONFIG.json",
+        help="with --values: the model's config.json (or a model dir), to check the pods' "
+        "ephemeral storage against the model's size; default: model.base when local",
+    )
 
 
 def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None, chart_values=()) -> list:
@@ -78,8 +119,12 @@ def cluster_issues(spec, artifact_bucket: str | None, max_model_len: int | None,
     for field, env in (("endpoint_url", "AWS_ENDPOINT_URL"), ("region", "AWS_REGION")):
         mine, pods = getattr(spec.store, field), os.environ.get(env)
         if artifact_bucket is not None and mine and pods and mine.rstrip("/") != pods.rstrip("/"):
-            issues.append(SpecIssue(f"$.store.{field}", f"expected the cluster's {pods!r} ({env} of the step pods, "
-                                                        f"chart values s3.*), found {mine!r}"))
+            issues.append(
+                SpecIssue(
+                    f"$.store.{field}",
+                    f"expected the cluster's {pods!r} ({env} of the step pods, chart values s3.*), found {mine!r}",
+                )
+            )
     return issues
 
 
@@ -94,8 +139,10 @@ def done_outputs(ctx, gen: int, pipeline=None) -> dict[str, str]:
     done = {s.name: gen >= spec.generations or s.is_done(ctx, gen, tasks) for s in gen_steps}
     out = {P.done_output(name): _flag(flag) for name, flag in done.items()}
     out["needs-model"] = _flag(any(not done[s.name] for s in gen_steps if s.model))
-    out["run-done"] = _flag(all(s.is_done(ctx, g, tasks) for g in range(spec.generations) for s in gen_steps)
-                            and all(s.is_done(ctx, spec.generations, tasks) for s in P.run_steps(pipeline)))
+    out["run-done"] = _flag(
+        all(s.is_done(ctx, g, tasks) for g in range(spec.generations) for s in gen_steps)
+        and all(s.is_done(ctx, spec.generations, tasks) for s in P.run_steps(pipeline))
+    )
     return out
 
 
@@ -174,8 +221,11 @@ def main(args) -> int:
         issues += cluster_issues(spec, args.artifact_bucket, args.max_model_len, args.chart_value)
         issues += preflight.judge_key_issues(spec, os.environ)
         if args.run is not None and args.run != spec.name:
-            issues.append(SpecIssue("--run", f"expected the spec's name {spec.name!r} (argo submit -p run=...), "
-                                             f"found {args.run!r}"))
+            issues.append(
+                SpecIssue(
+                    "--run", f"expected the spec's name {spec.name!r} (argo submit -p run=...), found {args.run!r}"
+                )
+            )
         if issues:
             raise SpecError(args.spec, issues)
         ctx = RunContext(spec, open_store(spec.store))
@@ -189,7 +239,9 @@ def main(args) -> int:
         if args.gen >= 1 or spec.model.serve:  # what this cycle's InferenceService serves, and why
             from mass_jobs.serving.precision import for_cluster
 
-            ctx.store.put_json(ctx.serving(args.gen), {**for_cluster(spec, args.gen).as_dict(), "backend": "kserve-vllm"})
+            ctx.store.put_json(
+                ctx.serving(args.gen), {**for_cluster(spec, args.gen).as_dict(), "backend": "kserve-vllm"}
+            )
     elif args.values or args.cluster:
         from mass_jobs.k8s import preflight
         from mass_jobs.spec.load import SpecIssue
@@ -230,7 +282,8 @@ def main(args) -> int:
         print(summary(spec))
         tasks = spec.resolved_tasks()
         n_train = len(spec.train_tasks())
-        print(f"{args.spec}: valid run spec {spec.name!r}: {len(tasks)} task(s) ({n_train} train, "
-              f"{len(tasks) - n_train} test), {spec.generations} generation(s), store {spec.store.uri}")
+        print(
+            f"{args.spec}: valid run spec {spec.name!r}: {len(tasks)} task(s) ({n_train} train, "
+            f"{len(tasks) - n_train} test), {spec.generations} generation(s), store {spec.store.uri}"
+        )
     return 0
-

@@ -108,11 +108,18 @@ def render_episode(ep: EpisodeTrace, tokenizer, sft: SftSpec, method: str, opene
     out = EpisodeRender()
     where = {"task": ep.task, "episode": ep.episode}
     if problems := trace_problems(ep.records, list(ep.problems)):
-        out.errors.append({**where, "thread": None, "kind": "trace_malformed",
-                           "reason": f"the recorded calls cannot be read: {'; '.join(problems)}"[:2000]})
+        out.errors.append(
+            {
+                **where,
+                "thread": None,
+                "kind": "trace_malformed",
+                "reason": f"the recorded calls cannot be read: {'; '.join(problems)}"[:2000],
+            }
+        )
         return out
-    threads = rebuild_threads(ep.records, ep.harness, sft.keep_length_cut, sft.thread_roles,
-                              ep.teacher_prompt or ep.bare_prompt)
+    threads = rebuild_threads(
+        ep.records, ep.harness, sft.keep_length_cut, sft.thread_roles, ep.teacher_prompt or ep.bare_prompt
+    )
     conversations, stripped = [], False
     for thread in threads:
         messages = thread.messages
@@ -122,46 +129,94 @@ def render_episode(ep: EpisodeTrace, tokenizer, sft: SftSpec, method: str, opene
         conversations.append(messages)
     if ep.needs_stripping and not stripped:
         roles = ", ".join(f"{i}: {t.role}" for i, t in enumerate(threads)) or "none"
-        out.errors.append({**where, "thread": None, "kind": "teacher_prompt_not_found", "reason": (
-            f"no orchestrator thread carries the teacher prompt (or its workflow and directive) to strip; "
-            f"threads {{{roles}}} under harness {ep.harness or 'unknown'}")})
+        out.errors.append(
+            {
+                **where,
+                "thread": None,
+                "kind": "teacher_prompt_not_found",
+                "reason": (
+                    f"no orchestrator thread carries the teacher prompt (or its workflow and directive) to strip; "
+                    f"threads {{{roles}}} under harness {ep.harness or 'unknown'}"
+                ),
+            }
+        )
     for t_idx, (thread, messages) in enumerate(zip(threads, conversations)):
         out.length_cuts += int(thread.dropped_length_cut)
         if ep.needs_stripping and is_lead(thread) and not stripped:
             continue
         left = teacher_text_left(messages, ep) if ep.needs_stripping else None
         if left is not None:
-            out.errors.append({**where, "thread": t_idx, "kind": "teacher_prompt_left", "reason": (
-                f"thread {t_idx} ({thread.role}) message {left} still holds the teacher prompt's workflow or directive")})
+            out.errors.append(
+                {
+                    **where,
+                    "thread": t_idx,
+                    "kind": "teacher_prompt_left",
+                    "reason": (
+                        f"thread {t_idx} ({thread.role}) message {left} still holds the teacher prompt's workflow or directive"
+                    ),
+                }
+            )
             continue
         try:
             segments = render_segments(tokenizer, messages, thread.tools, method)
         except RenderError as err:
-            out.errors.append({**where, "thread": t_idx, "kind": "thread_not_renderable",
-                               "reason": f"thread {t_idx} ({thread.role}): {err}"})
+            out.errors.append(
+                {
+                    **where,
+                    "thread": t_idx,
+                    "kind": "thread_not_renderable",
+                    "reason": f"thread {t_idx} ({thread.role}): {err}",
+                }
+            )
             continue
         if segments and segments[0].header > HEADER_SHARE * sft.window:
-            out.errors.append({**where, "thread": t_idx, "kind": "header_over_window", "reason": (
-                f"thread {t_idx} ({thread.role}): its header (system, tools, first user message) is "
-                f"{segments[0].header} tokens, over {HEADER_SHARE:.0%} of sft.window={sft.window}")})
+            out.errors.append(
+                {
+                    **where,
+                    "thread": t_idx,
+                    "kind": "header_over_window",
+                    "reason": (
+                        f"thread {t_idx} ({thread.role}): its header (system, tools, first user message) is "
+                        f"{segments[0].header} tokens, over {HEADER_SHARE:.0%} of sft.window={sft.window}"
+                    ),
+                }
+            )
             continue
         out.threads_by_role[thread.role] += 1
         index = 0
         for seg in segments:
             out.segments += 1
-            pieces, lost = cut_windows(seg.ids, seg.mask, seg.header, sft.window, sft.context, opener, seg.query,
-                                       sft.cut)
+            pieces, lost = cut_windows(
+                seg.ids, seg.mask, seg.header, sft.window, sft.context, opener, seg.query, sft.cut
+            )
             for s, e in lost:
-                out.dropped_blocks.append({**where, "thread": t_idx, "role": thread.role, "segment": seg.index,
-                                           "block_tokens": e - s, "header_tokens": seg.header, "window": sft.window})
+                out.dropped_blocks.append(
+                    {
+                        **where,
+                        "thread": t_idx,
+                        "role": thread.role,
+                        "segment": seg.index,
+                        "block_tokens": e - s,
+                        "header_tokens": seg.header,
+                        "window": sft.window,
+                    }
+                )
             for win_ids, labels in pieces:
                 out.windows.append(Window(ep.task, ep.episode, thread.role, t_idx, index, win_ids, labels))
                 index += 1
     if out.dropped_blocks:
         first = out.dropped_blocks[0]
-        out.errors.append({**where, "thread": first["thread"], "kind": "reply_too_long", "reason": (
-            f"{len(out.dropped_blocks)} reply block(s) cannot fit sft.window={sft.window}, e.g. thread "
-            f"{first['thread']}: {first['block_tokens']} tokens after a {first['header_tokens']}-token header")})
+        out.errors.append(
+            {
+                **where,
+                "thread": first["thread"],
+                "kind": "reply_too_long",
+                "reason": (
+                    f"{len(out.dropped_blocks)} reply block(s) cannot fit sft.window={sft.window}, e.g. thread "
+                    f"{first['thread']}: {first['block_tokens']} tokens after a {first['header_tokens']}-token header"
+                ),
+            }
+        )
     return out
 
 
@@ -183,7 +238,9 @@ def render_windows(episodes: list[EpisodeTrace], tokenizer, sft: SftSpec) -> tup
         errors += r.errors
         length_cuts += r.length_cuts
         if r.errors and sft.strict:
-            episodes_dropped.append({"task": ep.task, "episode": ep.episode, "reasons": [e["reason"] for e in r.errors]})
+            episodes_dropped.append(
+                {"task": ep.task, "episode": ep.episode, "reasons": [e["reason"] for e in r.errors]}
+            )
             continue
         windows += r.windows
         threads_by_role += r.threads_by_role
@@ -193,8 +250,16 @@ def render_windows(episodes: list[EpisodeTrace], tokenizer, sft: SftSpec) -> tup
     return windows, stats
 
 
+# what `window_stats` is given of a rendering, in its order
+_RENDERED = ("dropped_blocks", "episode_errors", "threads_by_role", "length_cut_responses_dropped", "mask_method")
+
+
 def window_stats(
-    windows: list[Window], dropped: list[dict], errors: list[dict], threads_by_role: Counter, length_cuts: int,
+    windows: list[Window],
+    dropped: list[dict],
+    errors: list[dict],
+    threads_by_role: dict,
+    length_cuts: int,
     method: str | None = None,
 ) -> dict:
     tokens_by_role: Counter = Counter()
@@ -236,8 +301,10 @@ def read_jsonl(path) -> list[dict]:
 def composition_split(ranking: dict, comp, key: str = "rank manifest") -> dict[str, list[int]]:
     """The episode indices a task's rank manifest (at `key`) gives to `train` under the composition
     (its winners, or every ranked episode but the validation one) and to `val`."""
-    return {"train": _episode_ids({"train": training_episodes(ranking, comp)}, "train", key),
-            "val": _episode_ids(ranking, "val", key)}
+    return {
+        "train": _episode_ids({"train": training_episodes(ranking, comp)}, "train", key),
+        "val": _episode_ids(ranking, "val", key),
+    }
 
 
 def kept_windows(windows: list, comp) -> list:
@@ -271,11 +338,17 @@ def load_episode(ctx, gen: int, task, i: int) -> EpisodeTrace:
     parts = doc.get("prompt_parts") or {}
 
     readable = not trace_problems(records, problems)
-    return EpisodeTrace(task.id, i, records, bare_prompt=task.prompt.strip(),
-                        teacher_prompt=doc.get("prompt") or (teacher_prompt_from_trace(records, harness) if readable else None),
-                        harness=harness, strip_pieces=tuple(parts.get(k) or "" for k in ("workflow", "directive"))
-                        + tuple(parts.get("agent_rules") or ()),
-                        problems=tuple(problems))
+    return EpisodeTrace(
+        task.id,
+        i,
+        records,
+        bare_prompt=task.prompt.strip(),
+        teacher_prompt=doc.get("prompt") or (teacher_prompt_from_trace(records, harness) if readable else None),
+        harness=harness,
+        strip_pieces=tuple(parts.get(k) or "" for k in ("workflow", "directive"))
+        + tuple(parts.get("agent_rules") or ()),
+        problems=tuple(problems),
+    )
 
 
 def sft_step(ctx, gen: int):
@@ -291,16 +364,41 @@ def sft_step(ctx, gen: int):
     tokenizer = ctx.spec.model.tokenizer or (ctx.spec.model.base if gen == 0 else ctx.model(gen))
     # the roles kept enter the hash only when they differ from all, so the paper's runs keep theirs
     roles = {} if comp.roles == WINDOW_ROLES else {"roles": list(comp.roles)}
-    step = Step(ctx.store, ctx.sft(gen), inputs={
-        "episodes": split_ids, "sft": ctx.spec.sft.model_dump(mode="json", include={"window", "context", "cut", "strict",
-                                                                                    "keep_length_cut", "thread_roles"}),
-        "tokenizer": tokenizer, "prompts": {t.id: t.prompt for t in tasks}, **roles,
-    })
+    step = Step(
+        ctx.store,
+        ctx.sft(gen),
+        inputs={
+            "episodes": split_ids,
+            "sft": ctx.spec.sft.model_dump(
+                mode="json", include={"window", "context", "cut", "strict", "keep_length_cut", "thread_roles"}
+            ),
+            "tokenizer": tokenizer,
+            "prompts": {t.id: t.prompt for t in tasks},
+            **roles,
+        },
+    )
     return step, tasks, split_ids
 
 
 def render_step(ctx, gen: int):
     return sft_step(ctx, gen)[0]
+
+
+def _summary(stats: dict, comp) -> dict:
+    """The step manifest's `extra`: both splits' counts in one place."""
+    train, val = stats["train"], stats["val"]
+    return {
+        "stored_supervised_tokens": train["stored_supervised_tokens"],
+        "val_supervised_tokens": val["stored_supervised_tokens"],
+        "windows": train["windows"],
+        "windows_by_role": train["windows_by_role"],
+        "val_windows": val["windows"],
+        "dropped_blocks": len(train["dropped_blocks"]) + len(val["dropped_blocks"]),
+        "mask_method": train["mask_method"],
+        "episode_errors": len(train["episode_errors"]) + len(val["episode_errors"]),
+        "episodes_dropped": len(train["episodes_dropped"]) + len(val["episodes_dropped"]),
+        "composition": comp.to_dict(),
+    }
 
 
 def run_render(ctx, gen: int, tokenizer) -> dict:
@@ -313,7 +411,6 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
     import tempfile
     from pathlib import Path
 
-
     step, tasks, split_ids = sft_step(ctx, gen)
     if step.done:
         return ctx.store.get_json(step.manifest_key)["extra"]
@@ -325,14 +422,16 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
         windows, stats[split] = render_windows(episodes, tokenizer, ctx.spec.sft)
         # the composition's roles: windows of other roles are counted, not stored
         out[split] = kept_windows(windows, comp)
-        stats[split]["windows_left_out_by_role"] = {r: n - counts_by_role(out[split])[r]
-                                                     for r, n in counts_by_role(windows).items()}
-        stats[split].update(window_stats(out[split], stats[split]["dropped_blocks"], stats[split]["episode_errors"],
-                                         Counter(stats[split]["threads_by_role"]),
-                                         stats[split]["length_cut_responses_dropped"], stats[split]["mask_method"]))
+        stats[split]["windows_left_out_by_role"] = {
+            r: n - counts_by_role(out[split])[r] for r, n in counts_by_role(windows).items()
+        }
+        # the kept windows' counts, beside what rendering dropped
+        stats[split].update(window_stats(out[split], *(stats[split][k] for k in _RENDERED)))
     if not out["train"]:
         dropped = stats["train"]["episodes_dropped"]
-        why = f"; {len(dropped)} episode(s) dropped under sft.strict, e.g. {dropped[0]['reasons'][0]}" if dropped else ""
+        why = (
+            f"; {len(dropped)} episode(s) dropped under sft.strict, e.g. {dropped[0]['reasons'][0]}" if dropped else ""
+        )
         ranked = sorted(t.id for t in ctx.spec.resolved_tasks() if ctx.store.exists(ctx.rank(gen, t.id)))
         raise RenderError(f"generation {gen}: no training windows (tasks with rank manifests: {ranked}){why}")
     keys = []
@@ -342,18 +441,7 @@ def run_render(ctx, gen: int, tokenizer) -> dict:
             write_jsonl(path, out[split])
             keys.append(ctx.sft_file(gen, split))
             ctx.store.put_file(keys[-1], path)
-    extra = {
-        "stored_supervised_tokens": stats["train"]["stored_supervised_tokens"],
-        "val_supervised_tokens": stats["val"]["stored_supervised_tokens"],
-        "windows": stats["train"]["windows"],
-        "windows_by_role": stats["train"]["windows_by_role"],
-        "val_windows": stats["val"]["windows"],
-        "dropped_blocks": len(stats["train"]["dropped_blocks"]) + len(stats["val"]["dropped_blocks"]),
-        "mask_method": stats["train"]["mask_method"],
-        "episode_errors": len(stats["train"]["episode_errors"]) + len(stats["val"]["episode_errors"]),
-        "episodes_dropped": len(stats["train"]["episodes_dropped"]) + len(stats["val"]["episodes_dropped"]),
-        "composition": comp.to_dict(),
-    }
+    extra = _summary(stats, comp)
     keys.append(ctx.sft_file(gen, "stats"))
     ctx.store.put_json(keys[-1], {**stats, "summary": extra})
     step.finish(keys, extra=extra)

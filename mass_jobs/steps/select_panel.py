@@ -64,25 +64,36 @@ def tally(records: list[dict]) -> dict:
     won = [candidate_won(r) for r in records]
     wins, losses = won.count(True), won.count(False)
     ties = sum(1 for r in records if r.get("valid") and r.get("winner") == "tie")
-    return {"wins": wins, "losses": losses, "ties": ties, "invalid": sum(1 for r in records if not r.get("valid")),
-            "win_share": wins / (wins + losses) if wins + losses else None}
+    return {
+        "wins": wins,
+        "losses": losses,
+        "ties": ties,
+        "invalid": sum(1 for r in records if not r.get("valid")),
+        "win_share": wins / (wins + losses) if wins + losses else None,
+    }
 
 
 def choose(per_step: dict[int, dict]) -> tuple[int, str | None]:
     """(selected step, fallback reason or None) from each candidate's tally and val_loss."""
     decisive = [(s, t) for s, t in per_step.items() if t["win_share"] is not None]
     if not decisive:
-        return min(per_step, key=lambda s: (per_step[s]["val_loss"], s)), "no decisive panel verdict: lowest validation loss"
+        return min(
+            per_step, key=lambda s: (per_step[s]["val_loss"], s)
+        ), "no decisive panel verdict: lowest validation loss"
     return min(decisive, key=lambda st: (-st[1]["win_share"], st[1]["val_loss"], st[0]))[0], None
 
 
 def panel_inputs(ctx, gen: int) -> dict:
     """What panel selection depends on beyond training (enters the select step's input hash)."""
     spec = ctx.spec
-    return {"checkpoint_selection": "panel", "panel": spec.sft.panel.model_dump(mode="json"),
-            "judges": [j.model_dump(mode="json") for j in spec.judges],
-            "tasks": {t: spec.task(t).model_dump(mode="json", include={"prompt", "files"}) for t in spec.sft.panel.tasks},
-            "harness": spec.execution.harness, "sampling": spec.model.sampling.model_dump(mode="json")}
+    return {
+        "checkpoint_selection": "panel",
+        "panel": spec.sft.panel.model_dump(mode="json"),
+        "judges": [j.model_dump(mode="json") for j in spec.judges],
+        "tasks": {t: spec.task(t).model_dump(mode="json", include={"prompt", "files"}) for t in spec.sft.panel.tasks},
+        "harness": spec.execution.harness,
+        "sampling": spec.model.sampling.model_dump(mode="json"),
+    }
 
 
 def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, model_ref: str) -> None:
@@ -92,16 +103,58 @@ def run_selection_rollout(ctx, gen: int, who: str, task, rep: int, endpoint, mod
     spec = ctx.spec
     prefix = ctx.select_rollout(gen, who, task.id, rep)
     fields = {"id", "prompt", "files", *(["network"] if task.network else [])}
-    step = Step(ctx.store, prefix, {"model": model_ref, "task": task.model_dump(mode="json", include=fields),
-                                    "seed": rollout_seed(task.id, rep), "limits": spec.execution.limits.as_input(),
-                                    "sampling": spec.model.sampling.model_dump(mode="json")},
-                name=f"select-rollout gen-{gen} {who} {task.id} rep-{rep}")
+    step = Step(
+        ctx.store,
+        prefix,
+        {
+            "model": model_ref,
+            "task": task.model_dump(mode="json", include=fields),
+            "seed": rollout_seed(task.id, rep),
+            "limits": spec.execution.limits.as_input(),
+            "sampling": spec.model.sampling.model_dump(mode="json"),
+        },
+        name=f"select-rollout gen-{gen} {who} {task.id} rep-{rep}",
+    )
     r = Rollout(prefix, episode_request(task, rep), task.id, f"{who}-rep-{rep}", gen, manifest=step)
     Driver(ctx, executor_role=False).run(r, rollouts.episode_runner(spec, endpoint, executor_role=False))
 
 
-def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable[[], AbstractContextManager[Any]],
-                    serve_checkpoint: ServeCheckpoint, serve_judge) -> dict:
+def judge_pairs(ctx, gen: int, candidates: list[int], jobs: list, serve_judge) -> list[dict]:
+    """Each candidate's rollouts against the parent's, by every judge of the panel, one served at a time."""
+    spec, store = ctx.spec, ctx.store
+    pairs = [
+        CheckpointPair(
+            task=t.id,
+            replicate=r,
+            candidate=s,
+            baseline=gen,
+            task_prompt=t.judged_text,
+            candidate_bundle=task_bundle(store, ctx.select_rollout(gen, f"step-{s}", t.id, r), spec, t),
+            baseline_bundle=task_bundle(store, ctx.select_rollout(gen, "parent", t.id, r), spec, t),
+        )
+        for s in candidates
+        for t, r in jobs
+    ]
+    records: list[dict] = []
+    for i, judge in enumerate(spec.judges):
+        with serve_judge(judge) as endpoint:
+            member = PanelMember(
+                name=judge.name, model=judge.model, seeds=tuple(judge.seeds), client=client_for(spec, endpoint)
+            )
+            records += run_panel(
+                store, ctx.select_verdicts(gen), pairs, [member], spec.evaluation.verdict_retries, first_index=i
+            )
+    return records
+
+
+def select_by_panel(
+    ctx,
+    gen: int,
+    val: dict[int, float],
+    serve_parent: Callable[[], AbstractContextManager[Any]],
+    serve_checkpoint: ServeCheckpoint,
+    serve_judge,
+) -> dict:
     """Run the candidates' and the parent's rollouts and the panel; return the selection record."""
 
     spec, store, cfg = ctx.spec, ctx.store, ctx.spec.sft.panel
@@ -113,28 +166,31 @@ def select_by_panel(ctx, gen: int, val: dict[int, float], serve_parent: Callable
             run_selection_rollout(ctx, gen, "parent", t, r, endpoint, model_ref(ctx, gen))
     for s in candidates:
         with serve_checkpoint(s) as endpoint:
-            ref = f"checkpoint:{store.sha256(ctx.checkpoint(gen, s))}" if store.exists(ctx.checkpoint(gen, s)) else f"step-{s}"
+            ref = (
+                f"checkpoint:{store.sha256(ctx.checkpoint(gen, s))}"
+                if store.exists(ctx.checkpoint(gen, s))
+                else f"step-{s}"
+            )
             for t, r in jobs:
                 run_selection_rollout(ctx, gen, f"step-{s}", t, r, endpoint, ref)
-    pairs = [CheckpointPair(task=t.id, replicate=r, candidate=s, baseline=gen, task_prompt=t.judged_text,
-                            candidate_bundle=task_bundle(store, ctx.select_rollout(gen, f"step-{s}", t.id, r), spec, t),
-                            baseline_bundle=task_bundle(store, ctx.select_rollout(gen, "parent", t.id, r), spec, t))
-             for s in candidates for t, r in jobs]
-    records: list[dict] = []
-    for i, judge in enumerate(spec.judges):
-        with serve_judge(judge) as endpoint:
-            member = PanelMember(name=judge.name, model=judge.model, seeds=tuple(judge.seeds),
-                                 client=client_for(spec, endpoint))
-            records += run_panel(store, ctx.select_verdicts(gen), pairs, [member], spec.evaluation.verdict_retries,
-                                 first_index=i)
+    records = judge_pairs(ctx, gen, candidates, jobs, serve_judge)
     per_step = {s: {"val_loss": val[s], **tally([r for r in records if r["candidate"] == s])} for s in candidates}
     step, fallback = choose(per_step)
     seeds = sum(len(j.seeds) for j in spec.judges)
-    return {"step": step, "val_loss": val[step], "by": "panel", "panel": {
-        "tasks": list(cfg.tasks), "rollouts": cfg.rollouts, "judges": [j.name for j in spec.judges],
-        "candidates": {str(s): t for s, t in per_step.items()}, "fallback": fallback,
-        "budget": {"episodes": (len(candidates) + 1) * len(jobs), "verdicts": len(candidates) * len(jobs) * seeds},
-        "verdicts": len(records)}}
+    return {
+        "step": step,
+        "val_loss": val[step],
+        "by": "panel",
+        "panel": {
+            "tasks": list(cfg.tasks),
+            "rollouts": cfg.rollouts,
+            "judges": [j.name for j in spec.judges],
+            "candidates": {str(s): t for s, t in per_step.items()},
+            "fallback": fallback,
+            "budget": {"episodes": (len(candidates) + 1) * len(jobs), "verdicts": len(candidates) * len(jobs) * seeds},
+            "verdicts": len(records),
+        },
+    }
 
 
 def default_servers(ctx, gen: int, work_dir: Path | None = None):
@@ -150,8 +206,12 @@ def default_servers(ctx, gen: int, work_dir: Path | None = None):
         if not (merged / "config.json").exists():
             ctx.store.get_dir(ctx.checkpoint(gen, step), adapter, MODEL_LIMITS)
             merge_lora(local_model_dir(ctx, gen, work / "models"), adapter, merged)
-        with ModelServer(merged, served_name=f"gen-{gen}-step-{step}", dtype=ctx.spec.model.dtype,
-                         prefix_cache_gib=ctx.spec.execution.prefix_cache_gib) as srv:
+        with ModelServer(
+            merged,
+            served_name=f"gen-{gen}-step-{step}",
+            dtype=ctx.spec.model.dtype,
+            prefix_cache_gib=ctx.spec.execution.prefix_cache_gib,
+        ) as srv:
             yield srv.endpoint
 
     return (lambda: serve_model(gen)), serve_checkpoint, serve_judge

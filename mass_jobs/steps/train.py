@@ -33,7 +33,7 @@ def stored_steps(ctx: RunContext, gen: int) -> list[int]:
     prefix = ctx.train_checkpoints(gen)
     steps = set()
     for key in ctx.store.list(prefix):
-        head = key[len(prefix):].split("/", 1)[0]
+        head = key[len(prefix) :].split("/", 1)[0]
         if head.isdigit():
             steps.add(int(head))
     return sorted(steps)
@@ -86,10 +86,16 @@ def train_step(ctx: RunContext, gen: int, world_size: int):
     sft_manifest = read_manifest(ctx.store, ctx.sft(gen))
     if sft_manifest is None:
         return Waiting(f"generation {gen}: no SFT windows at {ctx.sft(gen)} (run `mass render sft` first)")
-    return Step(ctx.store, ctx.train(gen), inputs={
-        "sft": sft_manifest.get("outputs"), "sft_spec": training_settings(ctx.spec.sft),
-        "parent": ctx.spec.model.base if gen == 0 else ctx.model(gen), "world_size": world_size,
-    })
+    return Step(
+        ctx.store,
+        ctx.train(gen),
+        inputs={
+            "sft": sft_manifest.get("outputs"),
+            "sft_spec": training_settings(ctx.spec.sft),
+            "parent": ctx.spec.model.base if gen == 0 else ctx.model(gen),
+            "world_size": world_size,
+        },
+    )
 
 
 def stored_train_step(ctx: RunContext, gen: int):
@@ -115,13 +121,7 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
         from mass_jobs.steps.split_guard import check_no_test_leak
 
         check_no_test_leak(ctx, gen)
-    if dist.local_rank == 0:
-        if not resume:
-            shutil.rmtree(work / "train", ignore_errors=True)
-        inputs, parent = _fetch_inputs(ctx, gen, work, resume)
-    dist.barrier()
-    if dist.local_rank != 0:
-        inputs, parent = work / "inputs", local_model_dir(ctx, gen, work / "models")
+    inputs, parent = _node_inputs(ctx, gen, dist, work, resume)
     log_key = ctx.train_log(gen)
 
     def upload(n: int, path: Path) -> None:
@@ -131,8 +131,10 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
 
     if dist.rank == 0:
         step.claim() if resume else step.start()  # a resume keeps the stored checkpoints it continues
-    trainer = Trainer(parent, read_windows(inputs / "train.jsonl"), read_windows(inputs / "val.jsonl"),
-                      ctx.spec.sft, work / "train", parallel=parallel, on_checkpoint=upload, progress=progress)
+    windows = read_windows(inputs / "train.jsonl"), read_windows(inputs / "val.jsonl")
+    trainer = Trainer(
+        parent, *windows, ctx.spec.sft, work / "train", parallel=parallel, on_checkpoint=upload, progress=progress
+    )
     trainer.setup()
     result = trainer.train(resume=resume)
     if dist.rank == 0:
@@ -149,8 +151,10 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
         "lora": result.lora,  # target kinds, adapted modules, adapted parent and LoRA parameter counts
     }
     if not extra["checkpoints"]:  # a train step is never done without something to select
-        raise RuntimeError(f"train gen {gen}: no checkpoint was saved or stored after {result.steps} steps "
-                           f"(local checkpoints under {work / 'train'})")
+        raise RuntimeError(
+            f"train gen {gen}: no checkpoint was saved or stored after {result.steps} steps "
+            f"(local checkpoints under {work / 'train'})"
+        )
     if dist.rank == 0:
         ctx.store.put_file(log_key, work / "train" / "log.jsonl")
         _put_timing(ctx, gen, work / "train")
@@ -158,6 +162,19 @@ def run_train(ctx: RunContext, gen: int, work_dir: Path, *, resume: bool = False
         step.finish(keys, extra=extra)
     dist.barrier()
     return extra
+
+
+def _node_inputs(ctx: RunContext, gen: int, dist: Dist, work: Path, resume: bool) -> tuple[Path, Path]:
+    """(the windows' dir, the parent model's dir) on this node: fetched once per node, by its local
+    rank 0, while the others wait (every rank calls this)."""
+    if dist.local_rank == 0:
+        if not resume:
+            shutil.rmtree(work / "train", ignore_errors=True)
+        inputs, parent = _fetch_inputs(ctx, gen, work, resume)
+    dist.barrier()
+    if dist.local_rank != 0:
+        inputs, parent = work / "inputs", local_model_dir(ctx, gen, work / "models")
+    return inputs, parent
 
 
 def _upload_local_checkpoints(ctx: RunContext, gen: int, train_dir: Path, upload) -> None:
