@@ -23,8 +23,10 @@ from mass_jobs.spec.load import SpecError, SpecIssue
 from mass_jobs.spec.upstream_format import WorkflowError, import_upstream
 
 WHAT = "upstream task directory"
-DEFAULT_PATTERNS = {"task_prompt_pattern": "bare/query{task_id}.txt",
-                    "initial_workflow_pattern": "initial/query{task_id}_ourTeam.txt"}
+DEFAULT_PATTERNS = {
+    "task_prompt_pattern": "bare/query{task_id}.txt",
+    "initial_workflow_pattern": "initial/query{task_id}_ourTeam.txt",
+}
 
 
 def task_id(name: str) -> str:
@@ -38,17 +40,9 @@ def convert(src: Path) -> tuple[list[dict], list[str]]:
 
     src = Path(src)
     where = str(src / "splits.json")
-    try:
-        splits = json.loads((src / "splits.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(where, [SpecIssue("$", f"expected an upstream splits.json ({exc.__class__.__name__}: {exc})")],
-                         what=WHAT) from None
-    issues = [SpecIssue(f"$.{k}", "expected a list of task ids") for k in ("designated_train", "test")
-              if not isinstance(splits.get(k), list)] if isinstance(splits, dict) else [SpecIssue("$", "expected an object")]
-    if issues:
-        raise SpecError(where, issues, what=WHAT)
+    splits, issues = read_splits(src), []
     patterns = {k: splits.get(k, v) for k, v in DEFAULT_PATTERNS.items()}
-    docs, notes = [], []
+    docs = []
     for split, key in (("train", "designated_train"), ("test", "test")):
         for i, tid in enumerate(splits[key]):
             initial = src / patterns["initial_workflow_pattern"].format(task_id=tid)
@@ -66,22 +60,60 @@ def convert(src: Path) -> tuple[list[dict], list[str]]:
                 prompt = bare.read_text().strip()
             hosts = named_hosts(text + "\n" + prompt)
             files, review = derived_outputs(prompt)
-            docs.append({"id": task_id(bare.stem), "split": split, "prompt": prompt,
-                         **({"deliverables": files, "guards": {"required_outputs": files}} if files else {}),
-                         **({"network": hosts} if hosts else {}),  # the data hosts its prompt names
-                         "workflow": workflow.model_dump(mode="json", exclude_defaults=True), "upstream_text": text,
-                         REVIEW: [f"imported from {initial}", *review]})
+            docs.append(
+                {
+                    "id": task_id(bare.stem),
+                    "split": split,
+                    "prompt": prompt,
+                    **({"deliverables": files, "guards": {"required_outputs": files}} if files else {}),
+                    **({"network": hosts} if hosts else {}),  # the data hosts its prompt names
+                    "workflow": workflow.model_dump(mode="json", exclude_defaults=True),
+                    "upstream_text": text,
+                    REVIEW: [f"imported from {initial}", *review],
+                }
+            )
     if issues:
         raise SpecError(where, issues, what=WHAT)
+    return docs, unimported(src, splits)
+
+
+def read_splits(src: Path) -> dict:
+    """splits.json of an upstream task directory; SpecError naming what is missing or malformed."""
+    where = str(src / "splits.json")
+    try:
+        splits = json.loads((src / "splits.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(
+            where, [SpecIssue("$", f"expected an upstream splits.json ({exc.__class__.__name__}: {exc})")], what=WHAT
+        ) from None
+    if not isinstance(splits, dict):
+        raise SpecError(where, [SpecIssue("$", "expected an object")], what=WHAT)
+    issues = [
+        SpecIssue(f"$.{k}", "expected a list of task ids")
+        for k in ("designated_train", "test")
+        if not isinstance(splits.get(k), list)
+    ]
+    if issues:
+        raise SpecError(where, issues, what=WHAT)
+    return splits
+
+
+def unimported(src: Path, splits: dict) -> list[str]:
+    """Notes on what upstream's directory has that the spec expresses otherwise."""
+    notes = []
     if (src / "teacher_directive.txt").is_file():
-        notes.append("upstream's teacher_directive.txt is not imported: the teacher prompt uses the spec's "
-                     "collection.directive, whose default (null) is the built-in wording of the same seven "
-                     "requirements for the run's harness; to use upstream's text, set collection.directive to it")
+        notes.append(
+            "upstream's teacher_directive.txt is not imported: the teacher prompt uses the spec's "
+            "collection.directive, whose default (null) is the built-in wording of the same seven "
+            "requirements for the run's harness; to use upstream's text, set collection.directive to it"
+        )
     excluded = splits.get("excluded_from_teacher_collection") or {}
     if excluded:
-        notes.append(f"upstream excluded {sorted(excluded)} from teacher collection; the spec has no such "
-                     "per-task switch (collection.require_beats_reference decides per run)")
-    return docs, notes
+        notes.append(
+            f"upstream excluded {sorted(excluded)} from teacher collection; the spec has no such "
+            "per-task switch (collection.require_beats_reference decides per run)"
+        )
+    return notes
 
 
 # A deliverable: a workspace path with an extension, not part of a URL.
@@ -101,8 +133,10 @@ def derived_outputs(prompt: str) -> tuple[list[str], list[str]]:
     text = re.sub(r"https?://\S+", " ", text)
     head, found, rest = text.partition("Deliverables:")
     if not found:
-        return [], ["deliverables: the prompt has no 'Deliverables:' list; add its output files, and guards "
-                    "that check them, by hand"]
+        return [], [
+            "deliverables: the prompt has no 'Deliverables:' list; add its output files, and guards "
+            "that check them, by hand"
+        ]
     files, review = [], []
     for line in rest.splitlines():
         item = _ITEM.match(line)
@@ -115,8 +149,10 @@ def derived_outputs(prompt: str) -> tuple[list[str], list[str]]:
             files += [p for p in paths if p not in files]
         else:
             review.append(f"deliverables: item {item.group(1).strip()[:80]!r} names no file: add its path by hand")
-    review.append("guards: every listed deliverable is a required output; metrics' ranges and check commands "
-                  "are not in the prompt: add them by hand")
+    review.append(
+        "guards: every listed deliverable is a required output; metrics' ranges and check commands "
+        "are not in the prompt: add them by hand"
+    )
     return files, review
 
 
@@ -159,5 +195,10 @@ def overlay(paths: list[Path], spec: Path) -> dict:
     for p in paths:
         p = Path(p).resolve()
         inside = p.is_relative_to(folder)
-        tasks.append({"file": str(p.relative_to(folder)) if inside else str(p), **({} if inside else {"outside_spec_folder": True})})
+        tasks.append(
+            {
+                "file": str(p.relative_to(folder)) if inside else str(p),
+                **({} if inside else {"outside_spec_folder": True}),
+            }
+        )
     return {"tasks": tasks}

@@ -106,14 +106,21 @@ def exclusion_summary(excluded: dict[str, list[str]]) -> str:
     setting (a run whose agents never called a tool stops here, and should say so first)."""
     from collections import Counter
 
-    kinds = Counter(r[0].split(":", 1)[0].removeprefix("episode outcome ") if r and r[0].startswith("episode outcome ")
-                    else "flagged for review" if r and r[0].startswith(FLAGGED)
-                    else "vetoed by a guard" for r in excluded.values())
+    kinds = Counter(
+        r[0].split(":", 1)[0].removeprefix("episode outcome ")
+        if r and r[0].startswith("episode outcome ")
+        else "flagged for review"
+        if r and r[0].startswith(FLAGGED)
+        else "vetoed by a guard"
+        for r in excluded.values()
+    )
     text = f"{len(excluded)} excluded (" + ", ".join(f"{n} {k}" for k, n in kinds.most_common()) + ")"
     if kinds.get("no_work"):
-        text += (": no_work episodes ended without a workspace tool call (a model that does not call tools "
-                 "writes prose); check the model's tool-call format, or set collection.keep_no_work: true "
-                 "to rank them anyway")
+        text += (
+            ": no_work episodes ended without a workspace tool call (a model that does not call tools "
+            "writes prose); check the model's tool-call format, or set collection.keep_no_work: true "
+            "to rank them anyway"
+        )
     return text
 
 
@@ -123,11 +130,43 @@ def rank_step(ctx: RunContext, gen: int, task_id: str):
     guard_key, col, spec = ctx.guard(gen, task_id), ctx.spec.collection, ctx.spec
     if not ctx.store.exists(guard_key):
         return Waiting(f"task {task_id}: no guard report at {guard_key}; run `mass guard` first")
-    return Step(ctx.store, ctx.rank_step(gen, task_id),
-                {"guard": ctx.store.sha256(guard_key), "ranking": ctx.spec.ranking.model_dump(mode="json"),
-                 "train_ranks": col.train_ranks, "validation_rank": col.validation_rank,
-                 **({"evaluator": roles_input(spec)["evaluator"]} if spec.roles.evaluator else {})},
-                name=f"rank/{task_id}")
+    return Step(
+        ctx.store,
+        ctx.rank_step(gen, task_id),
+        {
+            "guard": ctx.store.sha256(guard_key),
+            "ranking": ctx.spec.ranking.model_dump(mode="json"),
+            "train_ranks": col.train_ranks,
+            "validation_rank": col.validation_rank,
+            **({"evaluator": roles_input(spec)["evaluator"]} if spec.roles.evaluator else {}),
+        },
+        name=f"rank/{task_id}",
+    )
+
+
+def _verdicts(ctx: RunContext, gen: int, task, episodes: list[str], plan, client, judged_by: str) -> list[Verdict]:
+    """The plan's verdicts, in its order: each stored one read, each missing one asked and stored."""
+    spec, store, cfg = ctx.spec, ctx.store, ctx.spec.ranking
+    bundles = {e: task_bundle(store, ctx.collect_episode(gen, task.id, e), spec, task) for e in episodes}
+    verdicts: list[Verdict] = []
+    for n, c in enumerate(plan):
+        a, b = episodes[c.first], episodes[c.second]
+        vkey = ctx.rank_verdict(gen, task.id, n, a, b, c.repeat)
+        if store.exists(vkey):
+            v = Verdict.model_validate(store.get_json(vkey))
+        else:
+            v = judge(
+                client,
+                task.judged_text,
+                (a, bundles[a]),
+                (b, bundles[b]),
+                retries=cfg.verdict_retries,
+                seed=derived_seed(spec.search.seed, task.id, gen, "rank", n),
+                budget_tokens=prompt_budget(spec),
+            ).model_copy(update={"model": judged_by})
+            store.put_json(vkey, v.model_dump(mode="json"))
+        verdicts.append(v)
+    return verdicts
 
 
 def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
@@ -142,15 +181,13 @@ def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
     key = ctx.rank(gen, task_id)
     if step.done:
         return Ranking.model_validate(store.get_json(key))
-    if guard.get("skipped"):
-        summary = store.get_json(ctx.collect_summary(gen, task_id))
-        result = Ranking(task=task_id, gen=gen, skipped=True, reason=summary.get("reason"))
-        store.put_json(key, result.model_dump(mode="json"))
-        step.finish([key], extra={"skipped": True})
-        return result
+    if guard.get("skipped"):  # collect skipped the task: nothing to rank, said so
+        reason = store.get_json(ctx.collect_summary(gen, task_id)).get("reason")
+        return _stored(ctx, step, key, Ranking(task=task_id, gen=gen, skipped=True, reason=reason), {"skipped": True})
 
-    episodes = sorted((e for e, g in guard["episodes"].items() if g["eligible"] and g["passed"] and not g.get("held")),
-                      key=_ep_index)
+    episodes = sorted(
+        (e for e, g in guard["episodes"].items() if g["eligible"] and g["passed"] and not g.get("held")), key=_ep_index
+    )
     excluded = {e: g["reasons"] for e, g in guard["episodes"].items() if e not in episodes}
     if len(episodes) < col.validation_rank:  # fail before asking for any verdict, unless the fallback applies
         try:
@@ -158,35 +195,42 @@ def run_rank(ctx: RunContext, gen: int, task_id: str, client: Any) -> Ranking:
         except RankError as e:
             raise RankError(f"task {task_id}: {e}; {exclusion_summary(excluded)}; excluded: {excluded}") from None
 
-    bundles = {e: task_bundle(store, ctx.collect_episode(gen, task_id, e), spec, task) for e in episodes}
-
-    plan = schedule(len(episodes), cfg.pairing, cfg.comparisons_per_episode, cfg.verdicts_per_pair,
-                    cfg.both_orders, seed=derived_seed(spec.search.seed, task_id, gen, "pairing"))
-    verdicts: list[Verdict] = []
-    for n, c in enumerate(plan):
-        a, b = episodes[c.first], episodes[c.second]
-        vkey = ctx.rank_verdict(gen, task_id, n, a, b, c.repeat)
-        if store.exists(vkey):
-            v = Verdict.model_validate(store.get_json(vkey))
-        else:
-            v = judge(client, task.judged_text, (a, bundles[a]), (b, bundles[b]), retries=cfg.verdict_retries,
-                      seed=derived_seed(spec.search.seed, task_id, gen, "rank", n),
-                      budget_tokens=prompt_budget(spec)).model_copy(update={"model": judged_by})
-            store.put_json(vkey, v.model_dump(mode="json"))
-        verdicts.append(v)
+    plan = schedule(
+        len(episodes),
+        cfg.pairing,
+        cfg.comparisons_per_episode,
+        cfg.verdicts_per_pair,
+        cfg.both_orders,
+        seed=derived_seed(spec.search.seed, task_id, gen, "pairing"),
+    )
+    verdicts = _verdicts(ctx, gen, task, episodes, plan, client, judged_by)
 
     valid = [v for v in verdicts if v.valid]
-    scores = fit(episodes, [(v.first, v.second, v.score_of_first()) for v in valid],
-                 estimator=cfg.estimator, prior=cfg.prior)
+    scores = fit(
+        episodes, [(v.first, v.second, v.score_of_first()) for v in valid], estimator=cfg.estimator, prior=cfg.prior
+    )
     order = [str(e) for e in ranking(scores)]
     train, val, fallback_used = select(order, col.train_ranks, col.validation_rank, cfg.fallback)
     result = Ranking(
-        task=task_id, gen=gen, episodes=episodes, excluded=excluded,
+        task=task_id,
+        gen=gen,
+        episodes=episodes,
+        excluded=excluded,
         schedule=[{"first": episodes[c.first], "second": episodes[c.second], "repeat": c.repeat} for c in plan],
-        verdicts=verdicts, invalid_verdicts=len(verdicts) - len(valid),
-        scores={e: round(s, 9) for e, s in scores.items()}, order=order, train=train, val=val,
+        verdicts=verdicts,
+        invalid_verdicts=len(verdicts) - len(valid),
+        scores={e: round(s, 9) for e, s in scores.items()},
+        order=order,
+        train=train,
+        val=val,
         fallback_used=fallback_used,
     )
-    store.put_json(key, result.model_dump(mode="json"))
-    step.finish([key], extra={"train": len(train), "val": val, "invalid_verdicts": result.invalid_verdicts})
+    return _stored(
+        ctx, step, key, result, {"train": len(train), "val": val, "invalid_verdicts": result.invalid_verdicts}
+    )
+
+
+def _stored(ctx: RunContext, step, key: str, result: Ranking, extra: dict) -> Ranking:
+    ctx.store.put_json(key, result.model_dump(mode="json"))
+    step.finish([key], extra=extra)
     return result

@@ -46,8 +46,13 @@ BACKENDS = {
 def one_request(base_url: str, model: str, i: int, max_tokens: int) -> int:
     import httpx
 
-    body = {"model": model, "max_tokens": max_tokens, "temperature": 0.7, "seed": i,
-            "messages": [{"role": "user", "content": f"Write a short Python function number {i} that sums a list."}]}
+    body = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0.7,
+        "seed": i,
+        "messages": [{"role": "user", "content": f"Write a short Python function number {i} that sums a list."}],
+    }
     r = httpx.post(f"{base_url}/chat/completions", json=body, timeout=600)
     r.raise_for_status()
     return int(r.json()["usage"]["completion_tokens"])
@@ -58,25 +63,49 @@ def measure(base_url: str, model: str, concurrency: int, requests: int, max_toke
     with ThreadPoolExecutor(concurrency) as pool:
         tokens = list(pool.map(lambda i: one_request(base_url, model, i, max_tokens), range(requests)))
     wall = time.perf_counter() - t0
-    return {"concurrency": concurrency, "requests": requests, "wall_s": wall, "requests_per_s": requests / wall,
-            "tokens": sum(tokens), "tokens_per_s": sum(tokens) / wall}
+    return {
+        "concurrency": concurrency,
+        "requests": requests,
+        "wall_s": wall,
+        "requests_per_s": requests / wall,
+        "tokens": sum(tokens),
+        "tokens_per_s": sum(tokens) / wall,
+    }
 
 
 def bench_spec(model_dir, store_uri: str, execution: dict, episodes: int, max_tokens: int, dtype: str):
     """A one-task spec whose collection step is small: `episodes` teacher episodes of short turns."""
 
     doc = {
-        "name": "bench", "generations": 1,
-        "model": {"base": str(model_dir), "dtype": dtype,
-                  "sampling": {"max_output_tokens": max_tokens, "context_length": 4096}},
-        "tasks": [{"id": "t1", "split": "train", "prompt": "Write sum.py that prints the sum of 1..10.",
-                   "deliverables": ["sum.py"]}],
+        "name": "bench",
+        "generations": 1,
+        "model": {
+            "base": str(model_dir),
+            "dtype": dtype,
+            "sampling": {"max_output_tokens": max_tokens, "context_length": 4096},
+        },
+        "tasks": [
+            {
+                "id": "t1",
+                "split": "train",
+                "prompt": "Write sum.py that prints the sum of 1..10.",
+                "deliverables": ["sum.py"],
+            }
+        ],
         "search": {"iterations": 0},
         "collection": {"episodes": episodes, "train_ranks": 1, "validation_rank": 2, "require_beats_reference": False},
         "ranking": {"comparisons_per_episode": 1},
         "store": {"uri": store_uri},
-        "execution": {**execution, "limits": {"turns_per_agent": 2, "tool_calls": 4, "wall_s": 300,
-                                              "request_timeout_s": 300, "request_retries": 0}},
+        "execution": {
+            **execution,
+            "limits": {
+                "turns_per_agent": 2,
+                "tool_calls": 4,
+                "wall_s": 300,
+                "request_timeout_s": 300,
+                "request_retries": 0,
+            },
+        },
     }
     return validate_document(doc)
 
@@ -95,15 +124,22 @@ def collection_walls(spec, endpoint) -> list[dict]:
         t0 = time.perf_counter()
         run_collect(ctx, 0, "t1", episode_runner(s, endpoint))
         wall = time.perf_counter() - t0
-        rows.append({"concurrency": c, "episodes": s.collection.episodes, "wall_s": wall,
-                     "episodes_per_s": s.collection.episodes / wall})
+        rows.append(
+            {
+                "concurrency": c,
+                "episodes": s.collection.episodes,
+                "wall_s": wall,
+                "episodes_per_s": s.collection.episodes / wall,
+            }
+        )
     return rows
 
 
 def run_backend(label: str, model_dir, tmp: Path, args, dtype: str) -> dict:
 
-    spec = bench_spec(model_dir, f"file://{tmp / label.replace(' ', '-')}", BACKENDS[label], args.episodes,
-                      args.max_tokens, dtype)
+    spec = bench_spec(
+        model_dir, f"file://{tmp / label.replace(' ', '-')}", BACKENDS[label], args.episodes, args.max_tokens, dtype
+    )
     with serve_model(spec, model_dir, "bench", log_path=tmp / f"{label.replace(' ', '-')}.log") as endpoint:
         one_request(endpoint.base_url, "bench", -1, 4)  # warm up: first-call compilation and caches
         chat = [measure(endpoint.base_url, "bench", c, args.requests, args.max_tokens) for c in LEVELS]
@@ -122,25 +158,54 @@ def grouped_bars(ax, groups: list[str], series: dict[str, list[float]]) -> None:
 def write(out: Path, results: list[dict], meta: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve.json").write_text(json.dumps({"meta": meta, "backends": results}, indent=2))
-    lines = ["# Serving throughput", "",
-             f"The tiny model on {meta['device']} ({meta['cpus']} CPU cores; 1-minute load average "
-             f"{meta['load_avg_1m'][0]} at the start, {meta['load_avg_1m'][1]} at the end); vLLM: {meta['vllm']}. "
-             f"Regenerate: `make bench-serve`.", "",
-             f"## Chat requests ({meta['requests']} per level, up to {meta['max_tokens']} new tokens each)", "",
-             "| backend | concurrency | wall s | requests/s | generated tokens | tokens/s |", "|---|---|---|---|---|---|"]
+    lines = [
+        "# Serving throughput",
+        "",
+        f"The tiny model on {meta['device']} ({meta['cpus']} CPU cores; 1-minute load average "
+        f"{meta['load_avg_1m'][0]} at the start, {meta['load_avg_1m'][1]} at the end); vLLM: {meta['vllm']}. "
+        f"Regenerate: `make bench-serve`.",
+        "",
+        f"## Chat requests ({meta['requests']} per level, up to {meta['max_tokens']} new tokens each)",
+        "",
+        "| backend | concurrency | wall s | requests/s | generated tokens | tokens/s |",
+        "|---|---|---|---|---|---|",
+    ]
     for b in results:
-        lines += [f"| {b['backend']} | {r['concurrency']} | {r['wall_s']:.1f} | {r['requests_per_s']:.2f} | "
-                  f"{r['tokens']} | {r['tokens_per_s']:.1f} |" for r in b["chat"]]
-    lines += ["", "Tokens/s at 8 in flight vs 1: " + ", ".join(
-        f"{b['backend']} {b['chat'][-1]['tokens_per_s'] / b['chat'][0]['tokens_per_s']:.2f}x" for b in results) + ".",
-        "", f"## A whole collection step ({meta['episodes']} teacher episodes of one task, builtin harness)", "",
-        "| backend | execution.concurrency | wall s | episodes/s |", "|---|---|---|---|"]
+        lines += [
+            f"| {b['backend']} | {r['concurrency']} | {r['wall_s']:.1f} | {r['requests_per_s']:.2f} | "
+            f"{r['tokens']} | {r['tokens_per_s']:.1f} |"
+            for r in b["chat"]
+        ]
+    lines += [
+        "",
+        "Tokens/s at 8 in flight vs 1: "
+        + ", ".join(
+            f"{b['backend']} {b['chat'][-1]['tokens_per_s'] / b['chat'][0]['tokens_per_s']:.2f}x" for b in results
+        )
+        + ".",
+        "",
+        f"## A whole collection step ({meta['episodes']} teacher episodes of one task, builtin harness)",
+        "",
+        "| backend | execution.concurrency | wall s | episodes/s |",
+        "|---|---|---|---|",
+    ]
     for b in results:
-        lines += [f"| {b['backend']} | {r['concurrency']} | {r['wall_s']:.1f} | {r['episodes_per_s']:.2f} |"
-                  for r in b["collect"]]
-    lines += ["", "Collection wall time at concurrency 4 vs 1: " + ", ".join(
-        f"{b['backend']} {b['collect'][-1]['wall_s'] / b['collect'][0]['wall_s']:.2f}x" for b in results) + "."]
+        lines += [
+            f"| {b['backend']} | {r['concurrency']} | {r['wall_s']:.1f} | {r['episodes_per_s']:.2f} |"
+            for r in b["collect"]
+        ]
+    lines += [
+        "",
+        "Collection wall time at concurrency 4 vs 1: "
+        + ", ".join(f"{b['backend']} {b['collect'][-1]['wall_s'] / b['collect'][0]['wall_s']:.2f}x" for b in results)
+        + ".",
+    ]
     (out / "serve.md").write_text("\n".join(lines) + "\n")
+    plot(out / "serve.png", results)
+
+
+def plot(path: Path, results: list[dict]) -> None:
+    """Chat throughput by requests in flight, and a collection step's wall time by concurrency."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,23 +213,29 @@ def write(out: Path, results: list[dict], meta: dict) -> None:
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.4))
     for b in results:
-        ax.plot([r["concurrency"] for r in b["chat"]], [r["tokens_per_s"] for r in b["chat"]], marker="o",
-                label=b["backend"])
+        ax.plot(
+            [r["concurrency"] for r in b["chat"]],
+            [r["tokens_per_s"] for r in b["chat"]],
+            marker="o",
+            label=b["backend"],
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("chat requests in flight")
     ax.set_ylabel("generated tokens/s")
     ax.legend(fontsize=7)
-    grouped_bars(bx, [f"concurrency {c}" for c in COLLECT_LEVELS],
-                 {b["backend"]: [r["wall_s"] for r in b["collect"]] for b in results})
+    grouped_bars(
+        bx,
+        [f"concurrency {c}" for c in COLLECT_LEVELS],
+        {b["backend"]: [r["wall_s"] for r in b["collect"]] for b in results},
+    )
     bx.set_ylabel("collection step wall s")
     fig.tight_layout()
-    fig.savefig(out / "serve.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/")
@@ -186,11 +257,18 @@ def main(argv: list[str] | None = None) -> int:
         for label in labels:
             print(f"bench-serve: {label} ...", file=sys.stderr, flush=True)
             # bf16 on an accelerator (what runs serve with); fp32 on CPU, where bf16 matmuls are slow
-            results.append(run_backend(label, model, Path(tmp), args, "bfloat16" if torch.cuda.is_available() else "float32"))
-    meta = {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpus": os.cpu_count(),
-            "load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)], "requests": args.requests,
-            "max_tokens": args.max_tokens, "episodes": args.episodes,
-            "vllm": "measured" if launcher else "not installed, so not measured (VLLM_PYTHON, or pip install '.[vllm]')"}
+            results.append(
+                run_backend(label, model, Path(tmp), args, "bfloat16" if torch.cuda.is_available() else "float32")
+            )
+    meta = {
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "cpus": os.cpu_count(),
+        "load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "episodes": args.episodes,
+        "vllm": "measured" if launcher else "not installed, so not measured (VLLM_PYTHON, or pip install '.[vllm]')",
+    }
     write(Path(args.out), results, meta)
     print((Path(args.out) / "serve.md").read_text())
     return 0
