@@ -94,8 +94,9 @@ class _Builder:
         """`pipeline`: "module:NAME" of a pipeline other than the shipped one; the cycle's validate
         step, which reads every step's done flag, is handed the same reference."""
         if pipeline is not None and not isinstance(pipeline, str):
-            raise ValueError("pipeline: expected module:NAME (the cycle's validate step imports it), "
-                             f"got {type(pipeline).__name__}")
+            raise ValueError(
+                f"pipeline: expected module:NAME (the cycle's validate step imports it), got {type(pipeline).__name__}"
+            )
         self.s, self.pipeline = s, pipeline
         self.steps = P.steps(pipeline)
         self.parallelism: dict[str, int | str] = {}  # template name -> parallelism
@@ -104,9 +105,13 @@ class _Builder:
         """Every step and trainer pod: a writable work dir and the store's S3 endpoint and region
         (the spec may leave them to the environment; boto3 reads AWS_ENDPOINT_URL / AWS_REGION)."""
         s = self.s
-        return [m.EnvVar(name="HOME", value="/tmp"), m.EnvVar(name="MASS_WORK_DIR", value=WORK_DIR),
-                m.EnvVar(name="AWS_ENDPOINT_URL", value=s.s3_endpoint_url),
-                m.EnvVar(name="AWS_REGION", value=s.s3_region), m.EnvVar(name="AWS_DEFAULT_REGION", value=s.s3_region)]
+        return [
+            m.EnvVar(name="HOME", value="/tmp"),
+            m.EnvVar(name="MASS_WORK_DIR", value=WORK_DIR),
+            m.EnvVar(name="AWS_ENDPOINT_URL", value=s.s3_endpoint_url),
+            m.EnvVar(name="AWS_REGION", value=s.s3_region),
+            m.EnvVar(name="AWS_DEFAULT_REGION", value=s.s3_region),
+        ]
 
     # -------------------------------------------------------------- containers
 
@@ -125,9 +130,21 @@ class _Builder:
             volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp")],
         )
 
-    def step(self, name: str, args: list[str], *, inputs=("gen",), task: str = "", episode: str = "",
-             outputs=None, pod=None, env_from=(), label: str | None = None, gpu_semaphore=False,
-             metrics=()) -> Container:
+    def step(
+        self,
+        name: str,
+        args: list[str],
+        *,
+        inputs=("gen",),
+        task: str = "",
+        episode: str = "",
+        outputs=None,
+        pod=None,
+        env_from=(),
+        label: str | None = None,
+        gpu_semaphore=False,
+        metrics=(),
+    ) -> Container:
         """A step pod: store credentials from the S3 Secret, the jobs image, the step retry, its
         duration metric (and `metrics`, more of them)."""
         s = self.s
@@ -143,11 +160,14 @@ class _Builder:
             args=args,
             inputs=input_params(*inputs),
             outputs=outputs or None,
-            env_from=[m.EnvFromSource(secret_ref=m.SecretEnvSource(name=n, optional=(n != s.s3_secret)))
-                      for n in secret_refs],
+            env_from=[
+                m.EnvFromSource(secret_ref=m.SecretEnvSource(name=n, optional=(n != s.s3_secret))) for n in secret_refs
+            ],
             **self.jobs_pod(pod or s.step),
-            labels={**L.pod_labels(label or name, gen=GEN if "gen" in inputs else "", task=task, episode=episode),
-                    **L.queue_labels(s, plain_pod=True)},
+            labels={
+                **L.pod_labels(label or name, gen=GEN if "gen" in inputs else "", task=task, episode=episode),
+                **L.queue_labels(s, plain_pod=True),
+            },
             annotations={f"{L.PREFIX}/spec": SPEC},
             retry_strategy=STEP_RETRY,
             synchronization=gpu_semaphore() if gpu_semaphore else None,
@@ -158,23 +178,45 @@ class _Builder:
     def ingest_metrics(step: str) -> dict:
         """An ingest step's outcome (an output parameter, "unknown" when the step wrote none: a
         checks job has no episode outcome) and the episode counter that reads it."""
-        return {"outputs": [Parameter(name=PM.OUTCOME, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{PM.OUTCOME}",
-                                                                            default="unknown"))],
-                "metrics": (PM.episode_outcomes(step),)}
+        return {
+            "outputs": [
+                Parameter(
+                    name=PM.OUTCOME, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{PM.OUTCOME}", default="unknown")
+                )
+            ],
+            "metrics": (PM.episode_outcomes(step),),
+        }
 
     def rollouts(self, sd: P.StepDef, ingest: list[str], inputs: tuple[str, ...]) -> None:
         """`<step>-ingest`, `<step>-rollout` (agent pod -> ingest) and `<step>-rollouts`, the fan-out
         over what `<step>-prepare` listed (at most `agent_parallelism` at once)."""
         task = TASK if "task" in inputs else ""
-        self.step(f"{sd.name}-ingest", ingest, inputs=(*inputs, "rollout", "agent-status"), task=task,
-                  **self.ingest_metrics(sd.name))
+        self.step(
+            f"{sd.name}-ingest",
+            ingest,
+            inputs=(*inputs, "rollout", "agent-status"),
+            task=task,
+            **self.ingest_metrics(sd.name),
+        )
         rollout_steps(sd.name, inputs)
         with Steps(name=f"{sd.name}-rollouts", inputs=input_params(*inputs, "rollouts", "store-prefix", "egress")):
             own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
-            Step(name="rollout", template=f"{sd.name}-rollout", with_param="{{inputs.parameters.rollouts}}",
-                 arguments=[*(Parameter(name=n, value=v) for n, v in own.items()),
-                            *step_args(rollout="{{item.rollout}}", model_gen="{{item.gen}}", item_task="{{item.task}}",
-                                   label="{{item.label}}", store_prefix="{{inputs.parameters.store-prefix}}", egress=EGRESS_IN)])
+            Step(
+                name="rollout",
+                template=f"{sd.name}-rollout",
+                with_param="{{inputs.parameters.rollouts}}",
+                arguments=[
+                    *(Parameter(name=n, value=v) for n, v in own.items()),
+                    *step_args(
+                        rollout="{{item.rollout}}",
+                        model_gen="{{item.gen}}",
+                        item_task="{{item.task}}",
+                        label="{{item.label}}",
+                        store_prefix="{{inputs.parameters.store-prefix}}",
+                        egress=EGRESS_IN,
+                    ),
+                ],
+            )
         self.parallelism[f"{sd.name}-rollouts"] = self.s.agent_parallelism
 
     # -------------------------------------------------------------- resources
@@ -185,8 +227,9 @@ class _Builder:
         so the wait reads the predictor's pods and fails at the pending bound naming the scheduler's
         message, not at the ready deadline."""
         labels = {**L.pod_labels(K.MODEL_STEP, gen=GEN), L.ARGO_WORKFLOW: "{{workflow.name}}", **L.queue_labels(self.s)}
-        isvc = serving.inference_service(self.s, ISVC, "{{inputs.parameters.model-uri}}", labels,
-                                         dtype="{{inputs.parameters.dtype}}")
+        isvc = serving.inference_service(
+            self.s, ISVC, "{{inputs.parameters.model-uri}}", labels, dtype="{{inputs.parameters.dtype}}"
+        )
         Resource(
             name="serve-model-apply",
             inputs=input_params("gen", "model-uri", "dtype"),
@@ -201,7 +244,12 @@ class _Builder:
         s = self.s
         Container(
             name=SERVE_WAIT,
-            args=["serve-wait", ISVC, f"--pending-timeout={s.predictor_pending_s}", f"--ready-timeout={s.serve_ready_s}"],
+            args=[
+                "serve-wait",
+                ISVC,
+                f"--pending-timeout={s.predictor_pending_s}",
+                f"--ready-timeout={s.serve_ready_s}",
+            ],
             inputs=input_params("gen"),
             # no store credentials: it reads the API server alone
             **self.jobs_pod(replace(WAIT_POD, deadline_s=s.serve_step_deadline_s)),
@@ -217,8 +265,13 @@ class _Builder:
             metrics=PM.metrics(PM.step_duration("serve-model")),
         )
         with Steps(name="serve-model", inputs=input_params("gen", "model-uri", "dtype")):
-            Step(name="apply", template="serve-model-apply", arguments=step_args(
-                gen=GEN, model_uri="{{inputs.parameters.model-uri}}", dtype="{{inputs.parameters.dtype}}"))
+            Step(
+                name="apply",
+                template="serve-model-apply",
+                arguments=step_args(
+                    gen=GEN, model_uri="{{inputs.parameters.model-uri}}", dtype="{{inputs.parameters.dtype}}"
+                ),
+            )
             Step(name="wait", template=SERVE_WAIT, arguments=step_args(gen=GEN))
 
     def delete_model(self) -> Resource:
@@ -261,14 +314,19 @@ class _Builder:
             active_deadline_seconds=self.s.step.deadline_s,  # a delete whose pods never go fails
         )
         # One replica: the Master alone (the operator's webhook refuses `Worker.replicas: 0`).
-        single = training.pytorch_job(self.s, name, sd.argv(SPEC, GEN), labels, env=_env_dicts(self.step_env()),
-                                      **{**sizes, "workers": None})
-        started = helm('include "mass-jobs.jobStarted" .') if self.s.chart else training.started(bool(self.s.kueue_queue))
+        single = training.pytorch_job(
+            self.s, name, sd.argv(SPEC, GEN), labels, env=_env_dicts(self.step_env()), **{**sizes, "workers": None}
+        )
+        started = (
+            helm('include "mass-jobs.jobStarted" .') if self.s.chart else training.started(bool(self.s.kueue_queue))
+        )
         # Created, then started: the operator's Master runs (or the job already ended). A job whose
         # pods stay Pending (taints, no free GPU, a disk no node has) never gets there and fails this
         # step at the pending bound (plus the queue's, under Kueue), not at the training deadline.
-        for suffix, text, inputs in (("job", manifest, params),
-                                     ("job-single", _manifest(single), tuple(p for p in params if p != "trainer-workers"))):
+        for suffix, text, inputs in (
+            ("job", manifest, params),
+            ("job-single", _manifest(single), tuple(p for p in params if p != "trainer-workers")),
+        ):
             Resource(
                 name=f"{sd.name}-{suffix}",
                 inputs=input_params(*inputs),
@@ -306,19 +364,33 @@ class _Builder:
             active_deadline_seconds=self.s.step.deadline_s,
         )
         with Steps(name=f"{sd.name}-unstarted", inputs=input_params("gen")):
-            Step(name="unstarted", template=f"{sd.name}-unstarted-job", arguments=step_args(gen=GEN),
-                 continue_on=m.ContinueOn(failed=True))
+            Step(
+                name="unstarted",
+                template=f"{sd.name}-unstarted-job",
+                arguments=step_args(gen=GEN),
+                continue_on=m.ContinueOn(failed=True),
+            )
             kept = "{{steps.unstarted.status}} == Succeeded"
             # no Master pod (a job Kueue never admitted) is no reason to keep the job
-            Step(name="scheduling", template=f"{sd.name}-scheduling", arguments=step_args(gen=GEN), when=kept,
-                 continue_on=m.ContinueOn(failed=True))
+            Step(
+                name="scheduling",
+                template=f"{sd.name}-scheduling",
+                arguments=step_args(gen=GEN),
+                when=kept,
+                continue_on=m.ContinueOn(failed=True),
+            )
             Step(name="delete-job", template=f"{sd.name}-delete-job", arguments=step_args(gen=GEN), when=kept)
 
         def unstarted_hook(step: str) -> dict:
             """Once the start step `step` failed (its bound passed), the unstarted job goes."""
             failed = " || ".join(f"steps['{step}'].status == '{phase}'" for phase in ("Failed", "Error"))
-            return {"exit": m.LifecycleHook(template=f"{sd.name}-unstarted", expression=failed,
-                                            arguments=m.Arguments(parameters=[m.Parameter(name="gen", value=GEN)]))}
+            return {
+                "exit": m.LifecycleHook(
+                    template=f"{sd.name}-unstarted",
+                    expression=failed,
+                    arguments=m.Arguments(parameters=[m.Parameter(name="gen", value=GEN)]),
+                )
+            }
 
         # then trained: the job's own deadline counts from its admission
         Resource(
@@ -333,16 +405,27 @@ class _Builder:
             metrics=PM.metrics(PM.step_duration(f"{sd.name}-job")),
         )
         # the GPU-jobs semaphore is held from the delete to the end of training, across attempts
-        with Steps(name=sd.name, inputs=input_params(*params), retry_strategy=TRAIN_RETRY,
-                   synchronization=gpu_semaphore()):
+        with Steps(
+            name=sd.name, inputs=input_params(*params), retry_strategy=TRAIN_RETRY, synchronization=gpu_semaphore()
+        ):
             Step(name="delete-job", template=f"{sd.name}-delete-job", arguments=step_args(gen=GEN))
             workers = "{{inputs.parameters.trainer-workers}}"
-            Step(name="job", template=f"{sd.name}-job", when=f"{workers} > 0", hooks=unstarted_hook("job"),
-                 arguments=[Parameter(name=p, value="{{inputs.parameters.%s}}" % p) for p in params])
-            Step(name="job-single", template=f"{sd.name}-job-single", when=f"{workers} == 0",
-                 hooks=unstarted_hook("job-single"),
-                 arguments=[Parameter(name=p, value="{{inputs.parameters.%s}}" % p) for p in params
-                            if p != "trainer-workers"])
+            Step(
+                name="job",
+                template=f"{sd.name}-job",
+                when=f"{workers} > 0",
+                hooks=unstarted_hook("job"),
+                arguments=[Parameter(name=p, value="{{inputs.parameters.%s}}" % p) for p in params],
+            )
+            Step(
+                name="job-single",
+                template=f"{sd.name}-job-single",
+                when=f"{workers} == 0",
+                hooks=unstarted_hook("job-single"),
+                arguments=[
+                    Parameter(name=p, value="{{inputs.parameters.%s}}" % p) for p in params if p != "trainer-workers"
+                ],
+            )
             Step(name="wait", template=f"{sd.name}-wait", arguments=step_args(gen=GEN))
 
     # -------------------------------------------------------------- the table's steps
@@ -351,50 +434,96 @@ class _Builder:
         """The run's egress proxy (`mass egress-serve`, egress_proxy.py): its Service and its Deployment,
         applied by the cycle before its first step (the Deployment's step waits for a ready pod), and
         `delete-egress`, which the cycle's last step and its exit handler run."""
-        for name, obj, ready in (("egress-service", EP.service(self.s), None),
-                                 (EGRESS_TEMPLATE, EP.deployment(self.s, _env_dicts(self.step_env())), EP.READY)):
-            Resource(name=name, inputs=input_params("gen"), action="apply", set_owner_reference=True,
-                     manifest=_manifest(obj), success_condition=ready, labels=L.pod_labels(name, gen=GEN),
-                     retry_strategy=RESOURCE_RETRY,
-                     active_deadline_seconds=EP.READY_S if ready else self.s.step.deadline_s)
+        for name, obj, ready in (
+            ("egress-service", EP.service(self.s), None),
+            (EGRESS_TEMPLATE, EP.deployment(self.s, _env_dicts(self.step_env())), EP.READY),
+        ):
+            Resource(
+                name=name,
+                inputs=input_params("gen"),
+                action="apply",
+                set_owner_reference=True,
+                manifest=_manifest(obj),
+                success_condition=ready,
+                labels=L.pod_labels(name, gen=GEN),
+                retry_strategy=RESOURCE_RETRY,
+                active_deadline_seconds=EP.READY_S if ready else self.s.step.deadline_s,
+            )
         for kind, api in (("Deployment", "apps/v1"), ("Service", "v1")):
             ref = {"apiVersion": api, "kind": kind, "metadata": {"name": EP.NAME}}
-            Resource(name=f"delete-egress-{kind.lower()}", inputs=input_params("gen"), action="delete",
-                     flags=["--ignore-not-found"], manifest=_manifest(ref), labels=L.pod_labels("delete-egress", gen=GEN),
-                     retry_strategy=RESOURCE_RETRY, active_deadline_seconds=self.s.step.deadline_s)
+            Resource(
+                name=f"delete-egress-{kind.lower()}",
+                inputs=input_params("gen"),
+                action="delete",
+                flags=["--ignore-not-found"],
+                manifest=_manifest(ref),
+                labels=L.pod_labels("delete-egress", gen=GEN),
+                retry_strategy=RESOURCE_RETRY,
+                active_deadline_seconds=self.s.step.deadline_s,
+            )
         with Steps(name="delete-egress", inputs=input_params("gen")) as st:
             with st.parallel():
                 for kind in ("deployment", "service"):
                     Step(name=kind, template=f"delete-egress-{kind}", arguments=step_args(gen=GEN))
 
     def validate(self) -> Container:
-        names = {**VALIDATE_OUTPUTS, **{P.done_output(sd.name): P.done_output(sd.name)
-                                         for sd in P.generation_steps(self.steps)}}
+        names = {
+            **VALIDATE_OUTPUTS,
+            **{P.done_output(sd.name): P.done_output(sd.name) for sd in P.generation_steps(self.steps)},
+        }
         outputs = [Parameter(name=k, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{f}")) for k, f in names.items()]
         # The chart's values the preflight checks: validate refuses a spec the cluster cannot run.
         chart = [f"--chart-value={key}={value}" for key, value in self.chart_values().items()]
         own = ["--pipeline", self.pipeline] if self.pipeline else []
-        return self.step("validate", ["validate", SPEC, "--gen", GEN, "--outputs", OUTPUTS_DIR, *own, "--run", RUN_ID,
-                                      "--artifact-bucket", self.s.bucket,
-                                      # one argument: the chart's value is an unquoted Helm action
-                                      f"--max-model-len={self.s.max_model_len}", *chart],
-                         # the judge Secret as evaluate's finish mounts it: a key it lacks fails here,
-                         # in the cycle's first minute, not at the first verdict after training
-                         outputs=outputs, env_from=(self.s.judge_secret,))
+        return self.step(
+            "validate",
+            [
+                "validate",
+                SPEC,
+                "--gen",
+                GEN,
+                "--outputs",
+                OUTPUTS_DIR,
+                *own,
+                "--run",
+                RUN_ID,
+                "--artifact-bucket",
+                self.s.bucket,
+                # one argument: the chart's value is an unquoted Helm action
+                f"--max-model-len={self.s.max_model_len}",
+                *chart,
+            ],
+            # the judge Secret as evaluate's finish mounts it: a key it lacks fails here,
+            # in the cycle's first minute, not at the first verdict after training
+            outputs=outputs,
+            env_from=(self.s.judge_secret,),
+        )
 
     def chart_values(self) -> dict[str, str]:
         """Chart values (dotted keys) the validate step hands the preflight (mass_jobs/k8s/preflight.py)."""
         s = self.s
         keys = helm('join "," .Values.judges.keys') if s.chart else ",".join(s.judge_keys)
-        return {"model.toolCallParser": s.tool_call_parser, "model.reasoningParser": s.reasoning_parser,
-                "agent.activeDeadlineSeconds": helm(".Values.agent.activeDeadlineSeconds") if s.chart
-                else s.agent_deadline_s, "judges.keys": keys}
+        return {
+            "model.toolCallParser": s.tool_call_parser,
+            "model.reasoningParser": s.reasoning_parser,
+            "agent.activeDeadlineSeconds": helm(".Values.agent.activeDeadlineSeconds")
+            if s.chart
+            else s.agent_deadline_s,
+            "judges.keys": keys,
+        }
 
     def phases(self, sd: P.StepDef, model: list[str]) -> N.Phases:
         """The step's command lines by phase, with this template's placeholders."""
         item = {P.Recursion: "{{inputs.parameters.iteration}}", P.EpisodeFanout: EPISODE}.get(type(sd.shape), "")
-        return N.phases(sd.shape, sd.argv(SPEC, GEN, TASK), item=item, model=model, outputs=OUTPUTS_DIR,
-                        agent_status="{{inputs.parameters.agent-status}}", rollout="{{inputs.parameters.rollout}}")
+        return N.phases(
+            sd.shape,
+            sd.argv(SPEC, GEN, TASK),
+            item=item,
+            model=model,
+            outputs=OUTPUTS_DIR,
+            agent_status="{{inputs.parameters.agent-status}}",
+            rollout="{{inputs.parameters.rollout}}",
+        )
 
     def templates_of(self, sd: P.StepDef) -> None:
         """The templates of one table step (they register with the enclosing WorkflowTemplate)."""
@@ -411,12 +540,25 @@ class _Builder:
                 recursion(sd.name, agent=False)
             case P.EpisodeFanout():
                 # prepare writes the agent's input in the store and says whether an agent pod must run.
-                self.step(f"{sd.name}-prepare", ph.prepare,
-                          inputs=("gen", "task", "episode"), task=TASK, episode=EPISODE,
-                          outputs=[Parameter(name=n, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{n}"))
-                                   for n in ("agent", "rollout")])
-                self.step(f"{sd.name}-ingest", ph.ingest, inputs=("gen", "task", "episode", "agent-status"), task=TASK,
-                          episode=EPISODE, **self.ingest_metrics(sd.name))
+                self.step(
+                    f"{sd.name}-prepare",
+                    ph.prepare,
+                    inputs=("gen", "task", "episode"),
+                    task=TASK,
+                    episode=EPISODE,
+                    outputs=[
+                        Parameter(name=n, value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{n}"))
+                        for n in ("agent", "rollout")
+                    ],
+                )
+                self.step(
+                    f"{sd.name}-ingest",
+                    ph.ingest,
+                    inputs=("gen", "task", "episode", "agent-status"),
+                    task=TASK,
+                    episode=EPISODE,
+                    **self.ingest_metrics(sd.name),
+                )
                 self.step(f"{sd.name}-summary", ph.last, inputs=("gen", "task"), task=TASK)
                 episode_steps(sd.name)
                 episode_fanout(sd.name, s.agent_parallelism)
@@ -442,17 +584,29 @@ class _Builder:
         by one) -> finish (step pod: works with their stored results)."""
         task = TASK if "task" in inputs else ""
         own = {n: "{{inputs.parameters.%s}}" % n for n in inputs}
-        self.step(f"{sd.name}-prepare", ph.prepare, inputs=inputs, task=task,
-                  outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{ROLLOUTS_OUTPUT}"))])
+        self.step(
+            f"{sd.name}-prepare",
+            ph.prepare,
+            inputs=inputs,
+            task=task,
+            outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{ROLLOUTS_OUTPUT}"))],
+        )
         fanout = tuple(n for n in inputs if n in ("gen", "task"))
         self.rollouts(sd, ph.ingest, fanout)
         self.step(f"{sd.name}-finish", ph.finish, inputs=inputs, task=task)
         args = step_args(**{n.replace("-", "_"): v for n, v in own.items()})
         with Steps(name=sd.name, inputs=input_params(*inputs, "store-prefix", "egress")):
             Step(name="prepare", template=f"{sd.name}-prepare", arguments=args)
-            Step(name="rollouts", template=f"{sd.name}-rollouts",
-                 arguments=step_args(**{n: own[n] for n in fanout}, rollouts=ROLLOUTS_PARAM,
-                                     store_prefix="{{inputs.parameters.store-prefix}}", egress=EGRESS_IN))
+            Step(
+                name="rollouts",
+                template=f"{sd.name}-rollouts",
+                arguments=step_args(
+                    **{n: own[n] for n in fanout},
+                    rollouts=ROLLOUTS_PARAM,
+                    store_prefix="{{inputs.parameters.store-prefix}}",
+                    egress=EGRESS_IN,
+                ),
+            )
             Step(name="finish", template=f"{sd.name}-finish", arguments=args)
 
     def generation_rollouts(self, sd: P.StepDef) -> None:
@@ -463,49 +617,101 @@ class _Builder:
         The step pods are CPU pods: the judges are external endpoints."""
         served = "{{inputs.parameters.served-gen}}"
         isvc = serving.isvc_name(RUN_ID, served)
-        ph = self.phases(sd, N.round_flags(served, serving.openai_base_url(isvc, NAMESPACE, self.s.cluster_domain), isvc))
-        self.step(f"{sd.name}-plan", ph.plan,
-                  outputs=[Parameter(name="rounds", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{ROUNDS_OUTPUT}"))])
-        self.step(f"{sd.name}-prepare", ph.prepare, inputs=("gen", "served-gen"),
-                  outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{ROLLOUTS_OUTPUT}"))])
+        ph = self.phases(
+            sd, N.round_flags(served, serving.openai_base_url(isvc, NAMESPACE, self.s.cluster_domain), isvc)
+        )
+        self.step(
+            f"{sd.name}-plan",
+            ph.plan,
+            outputs=[Parameter(name="rounds", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{ROUNDS_OUTPUT}"))],
+        )
+        self.step(
+            f"{sd.name}-prepare",
+            ph.prepare,
+            inputs=("gen", "served-gen"),
+            outputs=[Parameter(name="rollouts", value_from=m.ValueFrom(path=f"{OUTPUTS_DIR}/{ROLLOUTS_OUTPUT}"))],
+        )
         self.rollouts(sd, ph.ingest, ("gen",))
         self.step(f"{sd.name}-self-verdicts", ph.finish, inputs=("gen", "served-gen"))
         # judge API keys come from an optional Secret (the spec names them: api_key_env)
         self.step(f"{sd.name}-finish", ph.last, env_from=(self.s.judge_secret,))
+        self.rounds(sd, served)
+
+    def rounds(self, sd: P.StepDef, served: str) -> None:
+        """evaluate's Steps templates: the plan's rounds in order, each serving L_h for the part of
+        the work the plan gave it, then releasing it; then the panel."""
         where = {"store_prefix": "{{inputs.parameters.store-prefix}}", "egress": EGRESS_IN}
         round_inputs = ("gen", "served-gen", "model-uri", "dtype", "rolls", "judges", "store-prefix", "egress")
-        # prepare and its fan-out in a template of their own: a `when` on the pair skips both, where
-        # a skipped prepare beside its fan-out would leave the fan-out's reference to its output
-        # unresolved, which Argo requeues forever
-        with Steps(name=f"{sd.name}-round-rollouts", inputs=input_params("gen", "served-gen", "store-prefix", "egress")):
-            Step(name="prepare", template=f"{sd.name}-prepare", arguments=step_args(gen=GEN, served_gen=served))
-            Step(name="rollouts", template=f"{sd.name}-rollouts", arguments=step_args(gen=GEN, rollouts=ROLLOUTS_PARAM,
-                                                                                        **where))
-        # a round runs only the part the plan gave it: L_0's first round at generation 1 judges
-        # nothing yet, its second rolls nothing out
-        with Steps(name=f"{sd.name}-serving", inputs=input_params(*round_inputs)):
-            Step(name="serve", template="serve-model", arguments=step_args(
-                gen=served, model_uri="{{inputs.parameters.model-uri}}", dtype="{{inputs.parameters.dtype}}"))
-            Step(name="rollouts", template=f"{sd.name}-round-rollouts", when="{{inputs.parameters.rolls}} == true",
-                 arguments=step_args(gen=GEN, served_gen=served, **where))
-            Step(name="self-verdicts", template=f"{sd.name}-self-verdicts", when="{{inputs.parameters.judges}} == true",
-                 arguments=step_args(gen=GEN, served_gen=served))
+        self.serving(sd, served, where, round_inputs)
         # the round's model goes however its work ended; the round (and so the next one) ends after
         # its exit hook, so no two rounds' predictors overlap
-        release = m.LifecycleHook(template="delete-model", arguments=m.Arguments(parameters=[
-            m.Parameter(name="gen", value=served)]))
+        release = m.LifecycleHook(
+            template="delete-model", arguments=m.Arguments(parameters=[m.Parameter(name="gen", value=served)])
+        )
         with Steps(name=f"{sd.name}-round", inputs=input_params(*round_inputs)):
-            Step(name="serving", template=f"{sd.name}-serving", hooks={"exit": release},
-                 arguments=[Parameter(name=n, value="{{inputs.parameters.%s}}" % n) for n in round_inputs])
+            Step(
+                name="serving",
+                template=f"{sd.name}-serving",
+                hooks={"exit": release},
+                arguments=[Parameter(name=n, value="{{inputs.parameters.%s}}" % n) for n in round_inputs],
+            )
         with Steps(name=sd.name, inputs=input_params("gen", "store-prefix", "egress")):
             Step(name="plan", template=f"{sd.name}-plan", arguments=step_args(gen=GEN))
-            Step(name="round", template=f"{sd.name}-round", with_param="{{steps.plan.outputs.parameters.rounds}}",
-                 arguments=step_args(gen=GEN, served_gen="{{item.gen}}", model_uri="{{item.model-uri}}",
-                                     dtype="{{item.dtype}}", rolls="{{item.rolls}}", judges="{{item.judges}}", **where))
+            Step(
+                name="round",
+                template=f"{sd.name}-round",
+                with_param="{{steps.plan.outputs.parameters.rounds}}",
+                arguments=step_args(
+                    gen=GEN,
+                    served_gen="{{item.gen}}",
+                    model_uri="{{item.model-uri}}",
+                    dtype="{{item.dtype}}",
+                    rolls="{{item.rolls}}",
+                    judges="{{item.judges}}",
+                    **where,
+                ),
+            )
             Step(name="finish", template=f"{sd.name}-finish", arguments=step_args(gen=GEN))
         # one round at a time, in the plan's order: a steps template's parallelism counts its active
         # children, and Argo starts a group's items in their order
         self.parallelism[sd.name] = 1
+
+    def serving(self, sd: P.StepDef, served: str, where: dict, round_inputs: tuple[str, ...]) -> None:
+        """One round with L_h served: its rollouts, its self-verdicts, each only where the plan says."""
+        # prepare and its fan-out in a template of their own: a `when` on the pair skips both, where
+        # a skipped prepare beside its fan-out would leave the fan-out's reference to its output
+        # unresolved, which Argo requeues forever
+        with Steps(
+            name=f"{sd.name}-round-rollouts", inputs=input_params("gen", "served-gen", "store-prefix", "egress")
+        ):
+            Step(name="prepare", template=f"{sd.name}-prepare", arguments=step_args(gen=GEN, served_gen=served))
+            Step(
+                name="rollouts",
+                template=f"{sd.name}-rollouts",
+                arguments=step_args(gen=GEN, rollouts=ROLLOUTS_PARAM, **where),
+            )
+        # a round runs only the part the plan gave it: L_0's first round at generation 1 judges
+        # nothing yet, its second rolls nothing out
+        with Steps(name=f"{sd.name}-serving", inputs=input_params(*round_inputs)):
+            Step(
+                name="serve",
+                template="serve-model",
+                arguments=step_args(
+                    gen=served, model_uri="{{inputs.parameters.model-uri}}", dtype="{{inputs.parameters.dtype}}"
+                ),
+            )
+            Step(
+                name="rollouts",
+                template=f"{sd.name}-round-rollouts",
+                when="{{inputs.parameters.rolls}} == true",
+                arguments=step_args(gen=GEN, served_gen=served, **where),
+            )
+            Step(
+                name="self-verdicts",
+                template=f"{sd.name}-self-verdicts",
+                when="{{inputs.parameters.judges}} == true",
+                arguments=step_args(gen=GEN, served_gen=served),
+            )
 
     def cycle(self) -> Steps:
         """One generation in table order, behind a per-run mutex (one InferenceService name per run)."""
@@ -521,8 +727,12 @@ class _Builder:
             egress = EP.host(self.s)
             for i, sd in enumerate(gen_steps):
                 if i == first_model:
-                    Step(name="serve-model", template="serve-model", when=f"{V % 'needs-model'} == true",
-                         arguments=step_args(gen=GEN, model_uri=V % "model-uri", dtype=V % "dtype"))
+                    Step(
+                        name="serve-model",
+                        template="serve-model",
+                        when=f"{V % 'needs-model'} == true",
+                        arguments=step_args(gen=GEN, model_uri=V % "model-uri", dtype=V % "dtype"),
+                    )
                 cycle_step(sd, egress)
                 if i == last_model:  # its last user is done: free the GPU before training
                     Step(name="release-model", template="delete-model", arguments=step_args(gen=GEN))
@@ -554,13 +764,18 @@ def _workflow_defaults(s: ClusterSettings) -> dict:
         automount_service_account_token=False,
         executor=m.ExecutorConfig(service_account_name=K.EXECUTOR_SA),
         security_context=m.PodSecurityContext(
-            run_as_non_root=ps["runAsNonRoot"], run_as_user=ps["runAsUser"], run_as_group=ps["runAsGroup"],
-            fs_group=ps["fsGroup"], seccomp_profile=m.SeccompProfile(type="RuntimeDefault")),
+            run_as_non_root=ps["runAsNonRoot"],
+            run_as_user=ps["runAsUser"],
+            run_as_group=ps["runAsGroup"],
+            fs_group=ps["fsGroup"],
+            seccomp_profile=m.SeccompProfile(type="RuntimeDefault"),
+        ),
         artifact_repository_ref=m.ArtifactRepositoryRef(config_map=K.ARTIFACT_REPOSITORIES, key=K.ARTIFACT_KEY),
         pod_gc=m.PodGC(strategy="OnPodSuccess", delete_delay_duration="10m"),
         ttl_strategy=m.TTLStrategy(seconds_after_success=86400, seconds_after_failure=604800),
-        workflow_metadata=m.WorkflowMetadata(labels_from={
-            L.RUN: m.LabelValueFrom(expression="workflow.parameters.run")}),
+        workflow_metadata=m.WorkflowMetadata(
+            labels_from={L.RUN: m.LabelValueFrom(expression="workflow.parameters.run")}
+        ),
     )
 
 
@@ -580,9 +795,11 @@ def mass_cycle(s: ClusterSettings, pipeline: str | None = None) -> dict:
         name=CYCLE,
         entrypoint="main",
         on_exit="exit-handler",
-        arguments=[Parameter(name="spec", description="s3:// URI of the run spec"),
-                   Parameter(name="run", description="the spec's name (pod label, model name)"),
-                   Parameter(name="gen", value="0", description="generation to run: L_gen -> L_gen+1")],
+        arguments=[
+            Parameter(name="spec", description="s3:// URI of the run spec"),
+            Parameter(name="run", description="the spec's name (pod label, model name)"),
+            Parameter(name="gen", value="0", description="generation to run: L_gen -> L_gen+1"),
+        ],
         **_workflow_defaults(s),
     ) as wt:
         with Steps(name="main"):
@@ -607,7 +824,9 @@ def mass_cycle(s: ClusterSettings, pipeline: str | None = None) -> dict:
             t.update(pods.placement(s, cls))
             if cls in SCRATCH_CLASSES:
                 vol = SCRATCH_VOLUMES.get(cls, "tmp")
-                t["volumes"] = [pods.scratch_volume(s, cls, vol) if v["name"] == vol else v for v in t.get("volumes", [])]
+                t["volumes"] = [
+                    pods.scratch_volume(s, cls, vol) if v["name"] == vol else v for v in t.get("volumes", [])
+                ]
             if "readinessProbe" in t["container"]:
                 t["container"]["readinessProbe"]["httpGet"]["port"] = t["container"]["ports"][0]["name"]
         if ("container" in t or "resource" in t) and "synchronization" not in t and s.pod_pending_timeout:
@@ -627,29 +846,46 @@ def mass_run(s: ClusterSettings) -> dict:
             template_ref=m.TemplateRef(name=CYCLE, template="cycle"),
             arguments=step_args(gen=gen),
             # The model server goes away after each generation, success or not.
-            hooks={"exit": m.LifecycleHook(template_ref=m.TemplateRef(name=CYCLE, template="delete-models"),
-                                           arguments=m.Arguments(parameters=[m.Parameter(name="gen", value=gen)]))},
+            hooks={
+                "exit": m.LifecycleHook(
+                    template_ref=m.TemplateRef(name=CYCLE, template="delete-models"),
+                    arguments=m.Arguments(parameters=[m.Parameter(name="gen", value=gen)]),
+                )
+            },
         )
 
     with WorkflowTemplate(
         name=RUN,
         entrypoint="main",
-        arguments=[Parameter(name="spec", description="s3:// URI of the run spec"),
-                   Parameter(name="run", description="the spec's name (pod label, model name)")],
+        arguments=[
+            Parameter(name="spec", description="s3:// URI of the run spec"),
+            Parameter(name="run", description="the spec's name (pod label, model name)"),
+        ],
         **_workflow_defaults(s),
     ) as wt:
         with Steps(name="main"):
-            Step(name="validate", template_ref=m.TemplateRef(name=CYCLE, template="validate"),
-                 arguments=step_args(gen="0"))
+            Step(
+                name="validate",
+                template_ref=m.TemplateRef(name=CYCLE, template="validate"),
+                arguments=step_args(gen="0"),
+            )
             # A finished run (a scheduled re-submission) does nothing and starts no GPU.
-            Step(name="generations", template="chain", when=f"{V % 'run-done'} == false",
-                 arguments=step_args(gen="0", generations=V % "generations"))
+            Step(
+                name="generations",
+                template="chain",
+                when=f"{V % 'run-done'} == false",
+                arguments=step_args(gen="0", generations=V % "generations"),
+            )
         with Steps(name="chain", inputs=input_params("gen", "generations")):
             Step(name="cycle", **cycle_ref(GEN))
-            Step(name="next", template="chain",
-                 when="{{=asInt(inputs.parameters.gen) + 1 < asInt(inputs.parameters.generations)}}",
-                 arguments=step_args(gen="{{=asInt(inputs.parameters.gen) + 1}}",
-                                 generations="{{inputs.parameters.generations}}"))
+            Step(
+                name="next",
+                template="chain",
+                when="{{=asInt(inputs.parameters.gen) + 1 < asInt(inputs.parameters.generations)}}",
+                arguments=step_args(
+                    gen="{{=asInt(inputs.parameters.gen) + 1}}", generations="{{inputs.parameters.generations}}"
+                ),
+            )
     return wt.to_dict()
 
 
