@@ -94,7 +94,9 @@ def _yaml_number_hint(expected: str, value: Any) -> str:
         return ""
     if not re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
         return ""
-    return f" (YAML reads {value} as a string: write the number with a dot and a signed exponent, e.g. {float(value)!r})"
+    return (
+        f" (YAML reads {value} as a string: write the number with a dot and a signed exponent, e.g. {float(value)!r})"
+    )
 
 
 def _fit(branch: dict, instance: dict, root: dict | None) -> float:
@@ -114,63 +116,91 @@ def _fit(branch: dict, instance: dict, root: dict | None) -> float:
     return sum(k in props for k in instance) + 0.5 * len(typos)
 
 
+def _branch_issues(err: ValidationError, path: list, prefix: list, root: dict | None) -> list[SpecIssue]:
+    """An anyOf/oneOf error, told against the branch the value was meant for."""
+    # An object is reported against the branch that knows most of its keys (an inline task with
+    # a typo is a task, not a task file); otherwise against the branch that got furthest into it.
+    by_branch: dict = {}
+    for e in err.context:
+        by_branch.setdefault(e.relative_schema_path[0], []).append(e)
+    if isinstance(err.instance, dict) and len(by_branch) > 1:
+        fit = {i: _fit(err.validator_value[i], err.instance, root) for i in by_branch}
+        ranked = sorted(fit, key=fit.get, reverse=True)
+        if fit[ranked[0]] > fit[ranked[1]]:
+            return [i for e in by_branch[ranked[0]] for i in _issues_from_error(e, prefix, root)]
+    # a value given for a nullable field is reported against its non-null branch
+    context = [e for e in err.context if not (e.validator == "type" and e.validator_value == "null")]
+    context = context if err.instance is not None and context else list(err.context)
+    best = max(context, key=lambda e: (len(e.absolute_path), -len(str(e.message))))
+    deepest = len(best.absolute_path)
+    branch = [
+        e
+        for e in context
+        if len(e.absolute_path) == deepest and e.relative_schema_path[0] == best.relative_schema_path[0]
+    ]
+    if deepest > 0 or all(e.validator not in ("type",) for e in branch):
+        out: list[SpecIssue] = []
+        for e in branch:
+            out.extend(_issues_from_error(e, prefix, root))
+        return out
+    expected = " or ".join(sorted({str(s.get("type", s.get("$ref", "?")).split("/")[-1]) for s in err.validator_value}))
+    return [
+        SpecIssue(
+            json_path(path),
+            f"expected {expected}, found {found_text(err.instance)}{_yaml_number_hint(expected, err.instance)}",
+        )
+    ]
+
+
 def _issues_from_error(err: ValidationError, prefix: list, root: dict | None = None) -> list[SpecIssue]:
     path = prefix + list(err.absolute_path)
     v = err.validator
     if v in ("anyOf", "oneOf") and err.context:
-        # An object is reported against the branch that knows most of its keys (an inline task with
-        # a typo is a task, not a task file); otherwise against the branch that got furthest into it.
-        by_branch: dict = {}
-        for e in err.context:
-            by_branch.setdefault(e.relative_schema_path[0], []).append(e)
-        if isinstance(err.instance, dict) and len(by_branch) > 1:
-            fit = {i: _fit(err.validator_value[i], err.instance, root) for i in by_branch}
-            ranked = sorted(fit, key=fit.get, reverse=True)
-            if fit[ranked[0]] > fit[ranked[1]]:
-                return [i for e in by_branch[ranked[0]] for i in _issues_from_error(e, prefix, root)]
-        # a value given for a nullable field is reported against its non-null branch
-        context = [e for e in err.context if not (e.validator == "type" and e.validator_value == "null")]
-        context = context if err.instance is not None and context else list(err.context)
-        best = max(context, key=lambda e: (len(e.absolute_path), -len(str(e.message))))
-        deepest = len(best.absolute_path)
-        branch = [e for e in context if len(e.absolute_path) == deepest and e.relative_schema_path[0] == best.relative_schema_path[0]]
-        if deepest > 0 or all(e.validator not in ("type",) for e in branch):
-            out: list[SpecIssue] = []
-            for e in branch:
-                out.extend(_issues_from_error(e, prefix, root))
-            return out
-        expected = " or ".join(sorted({str(s.get("type", s.get("$ref", "?")).split("/")[-1]) for s in err.validator_value}))
-        return [SpecIssue(json_path(path), f"expected {expected}, found {found_text(err.instance)}"
-                                           f"{_yaml_number_hint(expected, err.instance)}")]
+        return _branch_issues(err, path, prefix, root)
     if v == "additionalProperties":
         allowed = sorted(err.schema.get("properties", {}))
         extra = sorted(set(err.instance) - set(allowed))
-        return [
-            SpecIssue(json_path(path + [k]), f"unknown key; expected one of: {', '.join(allowed)}") for k in extra
-        ]
+        return [SpecIssue(json_path(path + [k]), f"unknown key; expected one of: {', '.join(allowed)}") for k in extra]
     if v == "required":
         missing = [k for k in err.validator_value if k not in err.instance]
         return [SpecIssue(json_path(path + [k]), "required key is missing") for k in missing]
     if v == "type":
-        return [SpecIssue(json_path(path), f"expected {err.validator_value}, found {found_text(err.instance)}"
-                                           f"{_yaml_number_hint(str(err.validator_value), err.instance)}")]
+        return [
+            SpecIssue(
+                json_path(path),
+                f"expected {err.validator_value}, found {found_text(err.instance)}"
+                f"{_yaml_number_hint(str(err.validator_value), err.instance)}",
+            )
+        ]
     if v == "enum":
         opts = ", ".join(json.dumps(o) for o in err.validator_value)
         return [SpecIssue(json_path(path), f"expected one of {opts}, found {found_text(err.instance)}")]
     if v == "const":
-        return [SpecIssue(json_path(path), f"expected {json.dumps(err.validator_value)}, found {found_text(err.instance)}")]
+        return [
+            SpecIssue(json_path(path), f"expected {json.dumps(err.validator_value)}, found {found_text(err.instance)}")
+        ]
     bounds = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}
     if v in bounds:
-        return [SpecIssue(json_path(path), f"expected a number {bounds[v]} {err.validator_value}, found {err.instance}")]
+        return [
+            SpecIssue(json_path(path), f"expected a number {bounds[v]} {err.validator_value}, found {err.instance}")
+        ]
     if v in ("minLength", "maxLength"):
         word = "at least" if v == "minLength" else "at most"
-        return [SpecIssue(json_path(path), f"expected a string of {word} {err.validator_value} characters, "
-                                           f"found {found_text(err.instance)}")]
+        return [
+            SpecIssue(
+                json_path(path),
+                f"expected a string of {word} {err.validator_value} characters, found {found_text(err.instance)}",
+            )
+        ]
     if v in ("minItems", "maxItems"):
         word = "at least" if v == "minItems" else "at most"
         return [SpecIssue(json_path(path), f"expected {word} {err.validator_value} item(s), found {len(err.instance)}")]
     if v == "pattern":
-        return [SpecIssue(json_path(path), f"expected a string matching {err.validator_value}, found {found_text(err.instance)}")]
+        return [
+            SpecIssue(
+                json_path(path), f"expected a string matching {err.validator_value}, found {found_text(err.instance)}"
+            )
+        ]
     return [SpecIssue(json_path(path), err.message)]
 
 
