@@ -47,6 +47,32 @@ from dataclasses import dataclass
 
 from mass_jobs.config.errors import StepFailed
 from mass_jobs.episodes.agent_step import declared
+from mass_jobs.pipeline.costs import Cost, Work, collect_cost, evaluate_cost, rank_cost, search_cost, train_cost
+from mass_jobs.pipeline.shapes import (
+    SHAPES,
+    Shape,
+)
+from mass_jobs.pipeline.shapes import (
+    Container as Container,
+)
+from mass_jobs.pipeline.shapes import (
+    EpisodeFanout as EpisodeFanout,
+)
+from mass_jobs.pipeline.shapes import (
+    GenerationRollouts as GenerationRollouts,
+)
+from mass_jobs.pipeline.shapes import (
+    Recursion as Recursion,
+)
+from mass_jobs.pipeline.shapes import (
+    TaskFanout as TaskFanout,
+)
+from mass_jobs.pipeline.shapes import (
+    TaskRollouts as TaskRollouts,
+)
+from mass_jobs.pipeline.shapes import (
+    Trainer as Trainer,
+)
 from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import model_uri
 from mass_jobs.spec.overrides import spec_flags
@@ -60,83 +86,6 @@ PER_TASK = ("task", "iteration", "episode")
 # executor, servers of the generations and judges the step names itself, a progress callback
 SERVICES = ("client", "run_episode", "serve_generation", "serve_judge", "progress")
 RESOURCES = ("step", "merge")
-
-
-@dataclass(frozen=True)
-class Work:
-    """What a step's cost model sees of one generation: `planning.counts` and the timings in force."""
-
-    counts: dict
-    timings: dict
-    n_train: int
-
-    @property
-    def per_task_calls(self) -> int:
-        return self.counts["ranking_calls"] // max(self.n_train, 1)
-
-
-@dataclass(frozen=True)
-class Cost:
-    unit_s: float  # one unit (an episode, a task, the whole step)
-    units: int
-    calls: int = 0  # judge calls after the units, fanned out like them
-
-
-# ---------------------------------------------------------------- the plan's shapes
-# What one step becomes in an executor, derived once from its scope and pod (`StepDef.shape`): the
-# Argo compiler, `mass plan` and the local runner match on these types, never on a step's name.
-
-
-@dataclass(frozen=True)
-class Container:
-    """One container per generation (`run`: once, after the last generation)."""
-
-    once_per_run: bool = False
-
-
-@dataclass(frozen=True)
-class TaskFanout:
-    """A container per training task, side by side."""
-
-
-@dataclass(frozen=True)
-class Recursion:
-    """Per training task, one iteration per call, K+1 after K (`agent`: each iteration's rollouts
-    run in agent pods between its prepare and its finish)."""
-
-    agent: bool
-
-
-@dataclass(frozen=True)
-class EpisodeFanout:
-    """Per task and episode prepare -> sandboxed agent pod -> ingest, a bounded number at once, then
-    the task's summary."""
-
-
-@dataclass(frozen=True)
-class TaskRollouts:
-    """Per training task prepare -> its agent pods -> finish with their results."""
-
-
-@dataclass(frozen=True)
-class GenerationRollouts:
-    """Once per generation: serve the generations it names, prepare -> agent pods -> finish, release."""
-
-
-@dataclass(frozen=True)
-class Trainer:
-    """A multi-process GPU trainer: torchrun locally, a PyTorchJob on the cluster."""
-
-
-Shape = Container | TaskFanout | Recursion | EpisodeFanout | TaskRollouts | GenerationRollouts | Trainer
-# (scope, pod) -> shape; a pair not listed is refused when the step is declared
-SHAPES: dict[tuple[str, str], Shape] = {
-    ("run", "step"): Container(once_per_run=True), ("generation", "step"): Container(),
-    ("task", "step"): TaskFanout(), ("iteration", "step"): Recursion(agent=False),
-    ("iteration", "agent"): Recursion(agent=True), ("episode", "agent"): EpisodeFanout(),
-    ("task", "agent"): TaskRollouts(), ("generation", "agent"): GenerationRollouts(),
-    ("generation", "trainer"): Trainer(),
-}
 
 
 @dataclass(frozen=True)
@@ -164,7 +113,9 @@ class StepDef:
             raise ValueError(f"step {self.name}: pod must be one of {PODS}, got {self.pod!r}")
         if (self.scope, self.pod) not in SHAPES:
             fits = sorted(sc for sc, pod in SHAPES if pod == self.pod)
-            raise ValueError(f"step {self.name}: a {self.pod!r} pod runs at scope {' or '.join(fits)}, not {self.scope!r}")
+            raise ValueError(
+                f"step {self.name}: a {self.pod!r} pod runs at scope {' or '.join(fits)}, not {self.scope!r}"
+            )
         if self.resources not in RESOURCES:
             raise ValueError(f"step {self.name}: resources must be one of {RESOURCES}, got {self.resources!r}")
         unknown = [n for n in (self.local or ()) if n not in SERVICES]
@@ -221,7 +172,6 @@ class StepDef:
         every cycle."""
         from pydantic import ValidationError
 
-
         try:
             out = _resolve(self.steps)(*self._args(ctx, gen, task))
         except (MissingKey, UnreadableObject, ValidationError, StepFailed) as err:
@@ -242,8 +192,9 @@ def _module(name: str, flag: str):
     try:
         return importlib.import_module(name)
     except ImportError as err:
-        raise ValueError(f"{flag}: expected a module importable here (in the jobs image: on its PYTHONPATH), "
-                         f"found none: {err}") from None
+        raise ValueError(
+            f"{flag}: expected a module importable here (in the jobs image: on its PYTHONPATH), found none: {err}"
+        ) from None
 
 
 def _resolve(ref: Callable | str) -> Callable:
@@ -254,7 +205,7 @@ def _resolve(ref: Callable | str) -> Callable:
 
 
 def _checkpoints(ctx: RunContext, g: int) -> str:
-    n = len([k for k in ctx.store.list(ctx.train_checkpoints(g)) if "/" not in k[len(ctx.train_checkpoints(g)):]])
+    n = len([k for k in ctx.store.list(ctx.train_checkpoints(g)) if "/" not in k[len(ctx.train_checkpoints(g)) :]])
     return f"{n} checkpoints"
 
 
@@ -269,74 +220,124 @@ def _verdicts(ctx: RunContext, g: int) -> str:
     return f"{len(ctx.store.list(ctx.eval_verdicts(g + 1)))} verdicts"
 
 
-# ---------------------------------------------------------------- cost models (`mass plan`)
-
-
-def _search_cost(w: Work) -> Cost:
-    # per task: the reference, the initial elite and one episode per proposal; a proposal and two
-    # verdicts per iteration, and the first judging
-    k = w.counts["optimizer_proposals"] // max(w.n_train, 1)
-    t = w.timings
-    return Cost((k + 2) * t["episode_s"] + (2 * k + 1) * t["call_s"], w.n_train)
-
-
-def _collect_cost(w: Work) -> Cost:
-    return Cost(w.timings["episode_s"], w.counts["teacher_episodes"])
-
-
-def _rank_cost(w: Work) -> Cost:
-    return Cost(w.per_task_calls * w.timings["call_s"], w.n_train)
-
-
-def _train_cost(w: Work) -> Cost:
-    return Cost(w.counts["steps"] * w.timings["step_s"], 1)
-
-
-def _evaluate_cost(w: Work) -> Cost:
-    return Cost(w.timings["episode_s"], w.counts["rollout_episodes"],
-                calls=w.counts["judge_calls"] + w.counts["self_judge_calls"])
-
-
 # ---------------------------------------------------------------- the table
 
 PIPELINE: tuple[StepDef, ...] = (
-    StepDef("search", "iteration", search.run_search, ("search",),
-            search.search_steps,
-            reads=("model",), writes=("search_rollout", "agent_input", "agent_output", "search_state"),
-            pod="agent", model=True, local=("client", "run_episode"), cost=_search_cost),
-    StepDef("collect", "episode", collect.run_collect, ("collect",),
-            collect.collect_steps,
-            reads=("search_state",), writes=("episode_input", "episode_output", "collect_episode", "collect_summary"),
-            pod="agent", model=True, local=("run_episode",), cost=_collect_cost),
-    StepDef("guard", "task", guard.run_guard, ("guard",),
-            guard.guard_step,
-            reads=("collect_summary", "collect_episode"), writes=("guard_checks", "agent_input", "agent_output", "guard"),
-            pod="agent", local=()),
-    StepDef("rank", "task", rank.run_rank, ("rank",),
-            rank.rank_step,
-            reads=("guard", "collect_episode"), writes=("rank", "rank_verdicts"), model=True,
-            local=("client",), cost=_rank_cost, detail=_rank_verdicts),
-    StepDef("render", "generation", render_sft.run_render, ("render", "sft"),
-            render_sft.render_step,
-            reads=("rank", "collect_episode", "model"), writes=("sft",)),
-    StepDef("train", "generation", train.run_train, ("train",),
-            train.stored_train_step,
-            args=("--resume",), reads=("sft", "model"), writes=("train",), pod="trainer", detail=_checkpoints,
-            cost=_train_cost),
-    StepDef("select", "generation", select.run_select, ("select",),
-            select.select_step,
-            reads=("train", "model"), writes=("select", "select_step", "select_panel")),
-    StepDef("merge", "generation", merge.run_merge, ("merge",),
-            merge.merge_step,
-            reads=("select", "train", "model"), writes=("merge_step", "model"), resources="merge"),
-    StepDef("evaluate", "generation", evaluate.evaluate, ("evaluate",),
-            evaluate.evaluate_step,
-            reads=("model",), writes=("eval_rollout", "agent_input", "agent_output", "eval", "eval_verdicts"),
-            pod="agent", gen_offset=1, detail=_verdicts,
-            local=("serve_generation", "serve_judge", "progress"), cost=_evaluate_cost),
-    StepDef("report", "run", report.write_report, ("report",),
-            report.report_step,
-            reads=("eval", "select", "sft", "search_state"), writes=("report",), local=()),
+    StepDef(
+        "search",
+        "iteration",
+        search.run_search,
+        ("search",),
+        search.search_steps,
+        reads=("model",),
+        writes=("search_rollout", "agent_input", "agent_output", "search_state"),
+        pod="agent",
+        model=True,
+        local=("client", "run_episode"),
+        cost=search_cost,
+    ),
+    StepDef(
+        "collect",
+        "episode",
+        collect.run_collect,
+        ("collect",),
+        collect.collect_steps,
+        reads=("search_state",),
+        writes=("episode_input", "episode_output", "collect_episode", "collect_summary"),
+        pod="agent",
+        model=True,
+        local=("run_episode",),
+        cost=collect_cost,
+    ),
+    StepDef(
+        "guard",
+        "task",
+        guard.run_guard,
+        ("guard",),
+        guard.guard_step,
+        reads=("collect_summary", "collect_episode"),
+        writes=("guard_checks", "agent_input", "agent_output", "guard"),
+        pod="agent",
+        local=(),
+    ),
+    StepDef(
+        "rank",
+        "task",
+        rank.run_rank,
+        ("rank",),
+        rank.rank_step,
+        reads=("guard", "collect_episode"),
+        writes=("rank", "rank_verdicts"),
+        model=True,
+        local=("client",),
+        cost=rank_cost,
+        detail=_rank_verdicts,
+    ),
+    StepDef(
+        "render",
+        "generation",
+        render_sft.run_render,
+        ("render", "sft"),
+        render_sft.render_step,
+        reads=("rank", "collect_episode", "model"),
+        writes=("sft",),
+    ),
+    StepDef(
+        "train",
+        "generation",
+        train.run_train,
+        ("train",),
+        train.stored_train_step,
+        args=("--resume",),
+        reads=("sft", "model"),
+        writes=("train",),
+        pod="trainer",
+        detail=_checkpoints,
+        cost=train_cost,
+    ),
+    StepDef(
+        "select",
+        "generation",
+        select.run_select,
+        ("select",),
+        select.select_step,
+        reads=("train", "model"),
+        writes=("select", "select_step", "select_panel"),
+    ),
+    StepDef(
+        "merge",
+        "generation",
+        merge.run_merge,
+        ("merge",),
+        merge.merge_step,
+        reads=("select", "train", "model"),
+        writes=("merge_step", "model"),
+        resources="merge",
+    ),
+    StepDef(
+        "evaluate",
+        "generation",
+        evaluate.evaluate,
+        ("evaluate",),
+        evaluate.evaluate_step,
+        reads=("model",),
+        writes=("eval_rollout", "agent_input", "agent_output", "eval", "eval_verdicts"),
+        pod="agent",
+        gen_offset=1,
+        detail=_verdicts,
+        local=("serve_generation", "serve_judge", "progress"),
+        cost=evaluate_cost,
+    ),
+    StepDef(
+        "report",
+        "run",
+        report.write_report,
+        ("report",),
+        report.report_step,
+        reads=("eval", "select", "sft", "search_state"),
+        writes=("report",),
+        local=(),
+    ),
 )
 
 
@@ -352,8 +353,17 @@ def agent_step(name: str, ref: str, *, model: bool = True, cost: Callable[[Work]
     def stored(ctx: RunContext, gen: int, task: str) -> list:
         return declared(ref).steps(ctx, gen, task)
 
-    return StepDef(name, "task", core, ("rollouts", "--step", ref), stored, pod="agent", model=model,
-                   local=("run_episode",), cost=cost)
+    return StepDef(
+        name,
+        "task",
+        core,
+        ("rollouts", "--step", ref),
+        stored,
+        pod="agent",
+        model=model,
+        local=("run_episode",),
+        cost=cost,
+    )
 
 
 def steps(pipeline=None) -> tuple[StepDef, ...]:
@@ -412,7 +422,9 @@ def argo_outputs(spec, gen: int) -> dict[str, str]:
     run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
     return {
         "train-tasks.json": json.dumps(train),
-        "episodes.json": json.dumps([{"task": t, "episode": i} for t in train for i in range(spec.collection.episodes)]),
+        "episodes.json": json.dumps(
+            [{"task": t, "episode": i} for t in train for i in range(spec.collection.episodes)]
+        ),
         "search-iterations": str(spec.search.iterations + 1),  # iteration 0 runs the reference and initial workflow
         "model-uri": model_uri(spec, gen, bucket, run_prefix),
         "dtype": spec.model.dtype,

@@ -16,8 +16,9 @@ import json
 import math
 from dataclasses import dataclass
 
+from mass_jobs.pipeline.costs import Work
 from mass_jobs.pipeline.nodes import compile_plan
-from mass_jobs.pipeline.table import EpisodeFanout, GenerationRollouts, Work
+from mass_jobs.pipeline.shapes import EpisodeFanout, GenerationRollouts
 
 DEFAULTS = {"episode_s": 600.0, "call_s": 20.0, "step_s": 30.0, "fixed_s": 60.0}
 
