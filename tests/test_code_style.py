@@ -36,7 +36,7 @@ LONG_FUNCTIONS = {
     "mass_jobs/k8s/argo.py:trainer": "the PyTorchJob's fields",
     "mass_jobs/k8s/settings.py:values_settings": "one line per chart value",
     "mass_jobs/pipeline/planning/memory.py:training_memory": "the training memory formula, term by term",
-    "mass_jobs/serving/serve.py:invalid_request_reason": "one check per request field vLLM refuses",
+    "mass_jobs/serving/request_checks.py:invalid_request_reason": "one check per request field vLLM refuses",
     "mass_jobs/serving/serve.py:make_chat_handler_class": "the HTTP handler class the server serves",
     "mass_jobs/spec/rules.py:cross_field_issues": "one rule per pair of fields",
     "mass_jobs/steps/render_sft.py:render_episode": "an episode's threads rendered in order",

@@ -24,75 +24,8 @@ from pathlib import Path
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.serving.prefix_cache import DEFAULT_BUDGET_GIB, PrefixCache
 from mass_jobs.serving.prefix_cache import install as install_prefix_cache
+from mass_jobs.serving.request_checks import EXTRA_SAMPLING, invalid_request_reason
 from mass_jobs.serving.server_process import ServerProcess
-
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-# Sampling knobs our clients send that transformers' chat route rejects as "Unexpected fields".
-EXTRA_SAMPLING = {"top_k": int, "min_p": float, "repetition_penalty": float}
-
-
-def invalid_request_reason(body) -> str | None:
-    """Why a chat-completions body is unusable, or None. transformers serve answers these with a
-    500 (KeyError/TypeError deep in message conversion); clients must get a 400 they can act on."""
-    if not isinstance(body, dict):
-        return "request body must be a JSON object"
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return "'messages' must be a non-empty list of message objects"
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            return f"messages[{i}] must be an object, got {type(m).__name__}"
-        if m.get("role") not in ROLES:
-            return f"messages[{i}].role must be one of {sorted(ROLES)}, got {m.get('role')!r}"
-        content = m.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            return f"messages[{i}].content must be a string, a list of parts or null"
-        if isinstance(content, list) and not all(isinstance(p, dict) and "type" in p for p in content):
-            return f"messages[{i}].content parts must be objects with a 'type'"
-        calls = m.get("tool_calls")
-        if calls is not None and not isinstance(calls, list):
-            return f"messages[{i}].tool_calls must be a list"
-        for j, call in enumerate(calls or []):
-            fn = call.get("function") if isinstance(call, dict) else None
-            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                return f"messages[{i}].tool_calls[{j}].function.name must be a string"
-            args = fn.get("arguments", "{}")
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    return f"messages[{i}].tool_calls[{j}].function.arguments is not valid JSON"
-            if not isinstance(args, dict):
-                return f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON object"
-    tools = body.get("tools")
-    if tools is not None and (
-        not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools)
-    ):
-        return "'tools' must be a list of {'type': 'function', 'function': {...}} objects"
-    for key in ("max_tokens", "max_completion_tokens", "seed"):
-        value = body.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or (key != "seed" and value < 1)):
-            return f"'{key}' must be {'an integer' if key == 'seed' else 'a positive integer'}"
-    for key in ("temperature", "top_p", "frequency_penalty"):
-        if body.get(key) is not None and not isinstance(body[key], (int, float)):
-            return f"'{key}' must be a number"
-    config = body.get("generation_config")
-    if config is not None:
-        try:
-            if not isinstance(json.loads(config), dict):
-                raise ValueError
-        except (TypeError, ValueError):
-            return "'generation_config' must be a string holding a JSON object"
-    bias = body.get("logit_bias")
-    if bias is not None and not (
-        isinstance(bias, dict)
-        and all(str(k).isdigit() and isinstance(v, (int, float)) and -100 <= v <= 100 for k, v in bias.items())
-    ):
-        return "'logit_bias' must map token ids to numbers in [-100, 100]"
-    for key in EXTRA_SAMPLING:
-        if body.get(key) is not None and not isinstance(body[key], (int, float)):
-            return f"'{key}' must be a number"
-    return None
 
 
 def make_chat_handler_class():
@@ -128,7 +61,9 @@ def make_chat_handler_class():
         def _resolve_model(self, body: dict):
             requested = body.get("model")
             if requested not in (None, "", self.served_name, self.model_manager.force_model):
-                raise HTTPException(status_code=404, detail=f"model {requested!r} not served here; use {self.served_name!r}")
+                raise HTTPException(
+                    status_code=404, detail=f"model {requested!r} not served here; use {self.served_name!r}"
+                )
             body["model"] = None
             _model_id, model, processor = super()._resolve_model(body)
             _seed_per_request(model)
@@ -139,8 +74,9 @@ def make_chat_handler_class():
         def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
             if body.get("logit_bias"):  # upstream passes JSON ints on; its logits processor demands floats (500)
                 body["logit_bias"] = {k: float(v) for k, v in body["logit_bias"].items()}
-            config = super()._build_generation_config({k: v for k, v in body.items() if k != "seed"},
-                                                      model_generation_config, use_cb=use_cb)
+            config = super()._build_generation_config(
+                {k: v for k, v in body.items() if k != "seed"}, model_generation_config, use_cb=use_cb
+            )
             config.mass_seed = body.get("seed")  # read by _seed_per_request's generate()
             if body.get("temperature") is not None:
                 # The request decides: a model whose generation_config.json lacks do_sample (most
@@ -216,7 +152,7 @@ class TokenFilter:
     def feed(self, text: str) -> str:
         text = strip_tokens(self.held + text, self.tokens)
         keep = max((n for tok in self.tokens for n in range(1, len(tok)) if text.endswith(tok[:n])), default=0)
-        self.held = text[len(text) - keep:] if keep else ""
+        self.held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]
 
     def flush(self) -> str:
@@ -256,7 +192,9 @@ class _TolerantStream:
     def finalize(self):
         msg, events = ({}, []) if self._broken else self._parser.finalize()
         # held-back text that never became a whole token goes out before the final events
-        tail = [{"type": "region_chunk", "field": f, "text": t} for f, flt in self._filters.items() if (t := flt.flush())]
+        tail = [
+            {"type": "region_chunk", "field": f, "text": t} for f, flt in self._filters.items() if (t := flt.flush())
+        ]
         return msg, tail + self._clean(events)
 
 
@@ -278,8 +216,9 @@ def _tolerate_malformed_tool_calls() -> None:
     def parse_assistant_message(processor, model, generated_ids, input_ids, cleaned_content="", tools=None):
         tokens = tokens_of(processor, model)
         try:
-            content, reasoning, calls = parse(processor, model, generated_ids, input_ids=input_ids,
-                                              cleaned_content=cleaned_content, tools=tools)
+            content, reasoning, calls = parse(
+                processor, model, generated_ids, input_ids=input_ids, cleaned_content=cleaned_content, tools=tools
+            )
         except ValueError:
             tokenizer = getattr(processor, "tokenizer", processor)
             ids = generated_ids.tolist() if hasattr(generated_ids, "tolist") else list(generated_ids)
@@ -310,17 +249,24 @@ def text_model_manager(base):
             from transformers.cli.serving.utils import split_revision
 
             model_id, revision = split_revision(model_id_and_revision)
-            return AutoTokenizer.from_pretrained(model_id, revision=revision, gguf_file=gguf_file,
-                                                 trust_remote_code=self.trust_remote_code)
+            return AutoTokenizer.from_pretrained(
+                model_id, revision=revision, gguf_file=gguf_file, trust_remote_code=self.trust_remote_code
+            )
 
         def _load_model(self, model_id_and_revision, tqdm_class=None, progress_callback=None, gguf_file=None):
             from transformers import AutoModelForCausalLM
             from transformers.cli.serving.utils import split_revision
 
             model_id, revision = split_revision(model_id_and_revision)
-            kwargs = {"revision": revision, "attn_implementation": self.attn_implementation, "dtype": self.dtype,
-                      "device_map": self.device, "trust_remote_code": self.trust_remote_code,
-                      "tqdm_class": tqdm_class, "gguf_file": gguf_file}
+            kwargs = {
+                "revision": revision,
+                "attn_implementation": self.attn_implementation,
+                "dtype": self.dtype,
+                "device_map": self.device,
+                "trust_remote_code": self.trust_remote_code,
+                "tqdm_class": tqdm_class,
+                "gguf_file": gguf_file,
+            }
             quantization = self.get_quantization_config()
             if quantization is not None:
                 kwargs["quantization_config"] = quantization
@@ -329,8 +275,14 @@ def text_model_manager(base):
     return TextModelManager
 
 
-def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "auto", continuous_batching: bool = False,
-              prefix_cache_gib: float = DEFAULT_BUDGET_GIB):
+def build_app(
+    model_dir,
+    served_name: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    continuous_batching: bool = False,
+    prefix_cache_gib: float = DEFAULT_BUDGET_GIB,
+):
     """The FastAPI app: transformers' server wired as `transformers serve MODEL` wires it, with our
     chat handler. Loads the model before returning, so `/health` is only up once it can answer.
 
@@ -341,7 +293,6 @@ def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "a
     `continuous_batching` is upstream's `--continuous-batching`: concurrent requests share forward
     passes (paged attention), but the sampling settings of the first request hold for all of them
     and a request's `seed` is not applied, so it is off by default (docs/running.md, "Serving")."""
-    from fastapi.responses import JSONResponse
     from transformers.cli.serving.completion import CompletionHandler
     from transformers.cli.serving.model_manager import ModelManager
     from transformers.cli.serving.response import ResponseHandler
@@ -351,8 +302,9 @@ def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "a
     from transformers.cli.serving.utils import GenerationState
 
     _tolerate_malformed_tool_calls()
-    manager = text_model_manager(ModelManager)(device=device, dtype=dtype, force_model=str(model_dir),
-                                               continuous_batching=continuous_batching)
+    manager = text_model_manager(ModelManager)(
+        device=device, dtype=dtype, force_model=str(model_dir), continuous_batching=continuous_batching
+    )
     state = GenerationState(continuous_batching=continuous_batching)
     chat = make_chat_handler_class()(model_manager=manager, generation_state=state)
     chat.served_name = served_name
@@ -367,19 +319,34 @@ def build_app(model_dir, served_name: str, device: str = "auto", dtype: str = "a
         systemone_handler=SystemOneHandler(model_manager=manager, generation_state=state),
         generation_state=state,
     )
+    _own_routes(app, served_name, cache)
+    return app
+
+
+def _own_routes(app, served_name: str, cache: PrefixCache) -> None:
+    """/v1/models under the served name, and /prefix_cache's counters."""
+    from fastapi.responses import JSONResponse
+
     # Upstream lists the model under its load path; clients should see the name they must send.
     app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) != "/v1/models"]
 
     @app.get("/v1/models")
     def list_models():
-        return JSONResponse({"object": "list", "data": [{"id": served_name, "object": "model", "owned_by": "local", "created": 0}]})
+        return JSONResponse(
+            {"object": "list", "data": [{"id": served_name, "object": "model", "owned_by": "local", "created": 0}]}
+        )
 
     @app.get("/prefix_cache")
     def prefix_cache_stats():
-        return JSONResponse({**cache.stats.as_dict(), "entries": len(cache.entries), "bytes": cache.bytes,
-                             "budget_bytes": cache.budget_bytes, "block": cache.block})
-
-    return app
+        return JSONResponse(
+            {
+                **cache.stats.as_dict(),
+                "entries": len(cache.entries),
+                "bytes": cache.bytes,
+                "budget_bytes": cache.budget_bytes,
+                "block": cache.block,
+            }
+        )
 
 
 def default_served_name(location) -> str:
@@ -403,8 +370,9 @@ class ModelServer(ServerProcess):
         startup_timeout_s: float = 180.0,
         log_path: str | os.PathLike | None = None,
     ):
-        super().__init__(host=host, port=port, name="model server", startup_timeout_s=startup_timeout_s,
-                         log_path=log_path)
+        super().__init__(
+            host=host, port=port, name="model server", startup_timeout_s=startup_timeout_s, log_path=log_path
+        )
         self.model_dir = str(model_dir)
         self.served_name = served_name or default_served_name(model_dir)
         self.device, self.dtype = device, dtype
