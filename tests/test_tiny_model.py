@@ -259,7 +259,7 @@ def test_warm_corpus_delegates_on_workflow_prompts_and_mostly_works_alone_on_bar
     import json
 
     from mass_jobs.episodes.builtin import ORCHESTRATOR_SYSTEM
-    from mass_jobs.tiny.warm import BARE_DELEGATES, warm_corpus
+    from mass_jobs.tiny.warm_corpus import BARE_DELEGATES, warm_corpus
 
     seen = {"bare": [], "workflow": []}
     for messages, _ in warm_corpus(0, per_kind=60):
@@ -310,7 +310,8 @@ def test_warm_build_is_cached_by_its_key_and_rebuilt_when_the_key_differs(tmp_pa
 
 def test_warm_corpus_renders_every_role_with_supervised_replies():
     from mass_jobs.tiny.build import build_tokenizer
-    from mass_jobs.tiny.warm import encode, warm_corpus
+    from mass_jobs.tiny.warm import encode
+    from mass_jobs.tiny.warm_corpus import warm_corpus
 
     corpus = warm_corpus(0, per_kind=2)
     systems = [messages[0]["content"][:15] for messages, _ in corpus]
@@ -467,7 +468,7 @@ def test_the_shipped_warm_model_was_built_from_what_the_current_code_trains_on(w
     corpus the current code would train on (any prompt, tool, template or tokenizer change moves it)."""
     import json
 
-    from mass_jobs.tiny import warm
+    from mass_jobs.tiny import warm, warm_corpus
 
     stamp = json.loads((warm_tiny_model_dir / "warm-key.json").read_text())
     rebuild = (
@@ -477,7 +478,7 @@ def test_the_shipped_warm_model_was_built_from_what_the_current_code_trains_on(w
     assert stamp["key"] == warm.warm_key(0), rebuild
     assert stamp["inputs_sha256"] == warm.current_inputs_digest(0), rebuild
     # the digest sees a change of one system prompt
-    monkeypatch.setattr(warm, "WORKER_SYSTEM", warm.WORKER_SYSTEM + " ")
+    monkeypatch.setattr(warm_corpus, "WORKER_SYSTEM", warm_corpus.WORKER_SYSTEM + " ")
     assert warm.current_inputs_digest(0) != stamp["inputs_sha256"]
 
 

@@ -17,8 +17,8 @@ import torch
 import yaml
 
 from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
-from mass_jobs.training.checkpoint import MANIFEST, latest_checkpoint, read_checkpoint
-from mass_jobs.training.loop import Trainer, adapter_digest, finite
+from mass_jobs.training.checkpoint import MANIFEST, adapter_digest, latest_checkpoint, read_checkpoint
+from mass_jobs.training.loop import Trainer, finite
 from mass_jobs.training.sampler import WindowSampler
 from mass_jobs.training.schedule import lr_at
 from tests.fixtures.training_data import synthetic_windows

@@ -7,7 +7,7 @@ is its own. Reported: supervised tokens/s (per GPU on a GPU host), peak memory, 
 utilisation on a GPU of known peak, the loss per step and how far it fell.
 
 The windows can be learned: each is the last `--window-tokens` tokens of a harness conversation
-from the warm-up corpus (`tiny_warm.warm_corpus`: the four roles' system prompts, tools, tool calls
+from the warm-up corpus (`tiny.warm_corpus.warm_corpus`: the four roles' system prompts, tools, tool calls
 and results, rendered and masked with the model's own template). The model is the tiny model
 with its tied embedding scaled by `EMBED_SCALE`: at the stock 0.02 init a frozen random head spans
 about 2.5 nats of logits, so no adapter can move the loss far; scaled, LoRA alone takes the loss
@@ -34,7 +34,8 @@ from pathlib import Path
 
 from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
 from mass_jobs.tiny.build import build_tiny_model, build_tokenizer
-from mass_jobs.tiny.warm import encode, warm_corpus
+from mass_jobs.tiny.warm import encode
+from mass_jobs.tiny.warm_corpus import warm_corpus
 from mass_jobs.training.loop import Trainer
 from mass_jobs.training.sampler import WindowSampler
 

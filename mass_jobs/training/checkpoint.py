@@ -106,3 +106,29 @@ def load_adapter_state(path: Path) -> dict:
     from safetensors.torch import load_file
 
     return load_file(Path(path) / "adapter_model.safetensors")
+
+
+def check_resumable(path: Path, meta: dict, world: int, grad_accum: int, fingerprint: str, parallel: str) -> None:
+    """A checkpoint resumes exactly only in the run that wrote it: the same world and accumulation,
+    the same windows, the same parallel mode (ValueError naming what differs)."""
+    if meta["world_size"] != world or meta["grad_accum"] != grad_accum:
+        raise ValueError(
+            f"checkpoint {path.name} was written by world_size={meta['world_size']} grad_accum="
+            f"{meta['grad_accum']}; this run has {world}/{grad_accum}: exact resume needs the same"
+        )
+    if meta["sampler"]["fingerprint"] != fingerprint:
+        raise ValueError(f"checkpoint {path.name} was trained on other windows (sampler fingerprint differs)")
+    if meta["parallel"] != parallel:
+        raise ValueError(
+            f"checkpoint {path.name} was written with sft.parallel {meta['parallel']}, this run uses "
+            f"{parallel}: their optimizer states differ in layout, resume with the same"
+        )
+
+
+def adapter_digest(state: dict) -> str:
+    """sha256 over the adapter tensors' names and raw bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(name.encode())
+        h.update(state[name].detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()

@@ -32,6 +32,8 @@ from mass_jobs.config.composition import WINDOW_ROLES as ROLES
 from mass_jobs.config.composition import composition_of
 from mass_jobs.config.run_spec import SftSpec
 from mass_jobs.training.checkpoint import (
+    adapter_digest,
+    check_resumable,
     latest_checkpoint,
     load_adapter_state,
     read_checkpoint,
@@ -115,7 +117,10 @@ class Trainer:
         params = list(trainable_named_parameters(self.peft_model).values())
         opt = self.sft.optimizer
         self.optimizer = torch.optim.AdamW(
-            params, lr=lr_at(1, self.total_steps, opt), betas=tuple(opt.betas), eps=opt.eps,
+            params,
+            lr=lr_at(1, self.total_steps, opt),
+            betas=tuple(opt.betas),
+            eps=opt.eps,
             weight_decay=opt.weight_decay,
         )
         self.params = params
@@ -161,7 +166,9 @@ class Trainer:
 
         if not self.holds_weights:
             self.model.to_empty(device=self.device)
-        set_model_state_dict(self.model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        set_model_state_dict(
+            self.model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        )
         for buffer in self.model.buffers():
             dist.broadcast(buffer, src=0)
 
@@ -192,8 +199,9 @@ class Trainer:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             # Every rank gathers the full LoRA tensors (small); the frozen parent stays sharded.
-            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
-                                                                             ignore_frozen_params=True))
+            full = get_model_state_dict(
+                self.model, options=StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
+            )
             return get_peft_model_state_dict(self.peft_model, state_dict=full, save_embedding_layers=False)
         # LoRA never changes the (frozen) embeddings, even when it adapts a tied LM head
         return get_peft_model_state_dict(self.peft_model, save_embedding_layers=False)
@@ -216,21 +224,14 @@ class Trainer:
         path = latest_checkpoint(self.out_dir)
         steps = self.dist.gather(int(path.name[5:]) if path else 0)
         if len(set(steps)) != 1:  # they would wait on each other's collectives for ever
-            raise ValueError(f"ranks would resume from different checkpoints (steps by rank: {steps}); "
-                             "each must hold the newest stored one")
+            raise ValueError(
+                f"ranks would resume from different checkpoints (steps by rank: {steps}); "
+                "each must hold the newest stored one"
+            )
         if path is None:
             return 0, 0
         meta = read_checkpoint(path)
-        if meta["world_size"] != self.dist.world or meta["grad_accum"] != self.sft.grad_accum:
-            raise ValueError(
-                f"checkpoint {path.name} was written by world_size={meta['world_size']} grad_accum="
-                f"{meta['grad_accum']}; this run has {self.dist.world}/{self.sft.grad_accum}: exact resume needs the same"
-            )
-        if meta["sampler"]["fingerprint"] != self.sampler.fingerprint:
-            raise ValueError(f"checkpoint {path.name} was trained on other windows (sampler fingerprint differs)")
-        if meta["parallel"] != self.parallel:
-            raise ValueError(f"checkpoint {path.name} was written with sft.parallel {meta['parallel']}, this run uses "
-                             f"{self.parallel}: their optimizer states differ in layout, resume with the same")
+        check_resumable(path, meta, self.dist.world, self.sft.grad_accum, self.sampler.fingerprint, self.parallel)
         adapter = load_adapter_state(path)
         if self.sharded:
             from torch.distributed.tensor.experimental import implicit_replication
@@ -243,14 +244,17 @@ class Trainer:
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-            set_optimizer_state_dict(self.model, self.optimizer, opt_state,
-                                     options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(
+                self.model, self.optimizer, opt_state, options=StateDictOptions(full_state_dict=True)
+            )
         else:
             self.optimizer.load_state_dict(opt_state)
         set_rng_state(torch.load(path / "rng.pt", weights_only=False)[self.dist.rank])
         if self.dist.rank == 0 and self.log_path.exists():
             # Lines a killed run wrote after its last checkpoint are replayed, so drop them.
-            kept = [ln for ln in self.log_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= meta["step"]]
+            kept = [
+                ln for ln in self.log_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= meta["step"]
+            ]
             self.log_path.write_text("".join(ln + "\n" for ln in kept))
         self.dist.barrier()
         return meta["step"], meta["processed_tokens"]
@@ -355,8 +359,30 @@ class Trainer:
             return contextlib.nullcontext()
         return self.model.no_sync()
 
-    def train(self, resume: bool = False) -> TrainResult:
+    def _optimise(self, step: int) -> tuple[float, object, object, object]:
+        """One optimiser step over `grad_accum` windows per rank: (lr, summed loss, tokens, grad norm)."""
         import torch
+
+        accum = self.sft.grad_accum
+        lr = lr_at(step, self.total_steps, self.sft.optimizer)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        losses, tokens = [], 0  # the losses stay on the device: one host sync per step, at the sum
+        for micro in range(accum):
+            window = self.train_windows[self.sampler.draw(step, self.dist.rank, micro)]
+            with self._grad_sync(micro == accum - 1), autocast(self.device):
+                loss, n = self.window_loss(window)
+                loss = loss / max(n, 1)
+            (loss / accum).backward()
+            losses.append(loss.detach())
+            tokens += n
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.sft.optimizer.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_total, tokens_total = self.dist.all_sum([torch.stack(losses).double().sum(), tokens], self.device)
+        return lr, loss_total, tokens_total, grad_norm
+
+    def train(self, resume: bool = False) -> TrainResult:
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         console = None
@@ -370,8 +396,14 @@ class Trainer:
             self.timing_path.write_text("")
         val_steps = {self.total_steps} | set(range(self.sft.val_every, self.total_steps + 1, self.sft.val_every))
         save_steps = {self.total_steps} | set(range(self.sft.save_every, self.total_steps + 1, self.sft.save_every))
-        result = TrainResult(steps=self.total_steps, processed_tokens=processed, checkpoints=[], log_path=self.log_path,
-                             param_share=self.param_share, lora=self.lora_summary)
+        result = TrainResult(
+            steps=self.total_steps,
+            processed_tokens=processed,
+            checkpoints=[],
+            log_path=self.log_path,
+            param_share=self.param_share,
+            lora=self.lora_summary,
+        )
         if start == 0:
             v = self.validate()
             self._log({"kind": "val", "step": 0, **v}, console)
@@ -380,29 +412,23 @@ class Trainer:
         accum = self.sft.grad_accum
         for step in range(start + 1, self.total_steps + 1):
             t0 = time.perf_counter()
-            lr = lr_at(step, self.total_steps, self.sft.optimizer)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            losses, tokens = [], 0  # the losses stay on the device: one host sync per step, at the sum
-            for micro in range(accum):
-                window = self.train_windows[self.sampler.draw(step, self.dist.rank, micro)]
-                with self._grad_sync(micro == accum - 1), autocast(self.device):
-                    loss, n = self.window_loss(window)
-                    loss = loss / max(n, 1)
-                (loss / accum).backward()
-                losses.append(loss.detach())
-                tokens += n
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.sft.optimizer.grad_clip)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_total, tokens_total = self.dist.all_sum([torch.stack(losses).double().sum(), tokens], self.device)
+            lr, loss_total, tokens_total, grad_norm = self._optimise(step)
             processed += int(tokens_total)
             elapsed = time.perf_counter() - t0
-            self._log({
-                "kind": "train", "step": step, "loss": loss_total / (self.dist.world * accum), "lr": lr,
-                "tokens": int(tokens_total), "processed_tokens": processed, "grad_norm": float(grad_norm),
-                "step_s": elapsed, "tokens_per_s": tokens_total / elapsed if elapsed > 0 else 0.0,
-            }, console)
+            self._log(
+                {
+                    "kind": "train",
+                    "step": step,
+                    "loss": loss_total / (self.dist.world * accum),
+                    "lr": lr,
+                    "tokens": int(tokens_total),
+                    "processed_tokens": processed,
+                    "grad_norm": float(grad_norm),
+                    "step_s": elapsed,
+                    "tokens_per_s": tokens_total / elapsed if elapsed > 0 else 0.0,
+                },
+                console,
+            )
             val_loss = None
             if step in val_steps:  # a checkpoint saved between validations has no val loss: not selectable
                 v = self.validate()
@@ -417,17 +443,6 @@ class Trainer:
 
 
 TIMING_FIELDS = ("step_s", "tokens_per_s")  # written to timing.jsonl, not log.jsonl
-
-
-def adapter_digest(state: dict) -> str:
-    """sha256 over the adapter tensors' names and raw bytes, in name order."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for name in sorted(state):
-        h.update(name.encode())
-        h.update(state[name].detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def finite(x) -> bool:
