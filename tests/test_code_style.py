@@ -40,7 +40,7 @@ LONG_FUNCTIONS = {
     "mass_jobs/serving/serve.py:make_chat_handler_class": "the HTTP handler class the server serves",
     "mass_jobs/spec/rules.py:cross_field_issues": "one rule per pair of fields",
     "mass_jobs/steps/render_sft.py:render_episode": "an episode's threads rendered in order",
-    "mass_jobs/steps/report_render.py:figures": "one block per figure",
+    "mass_jobs/steps/report_figures.py:figures": "one block per figure",
     "mass_jobs/steps/sft_tokens.py:cut_windows": "the upstream window cutting, transcribed",
     "mass_jobs/tools/testing/scripted_endpoint.py:_handler_for": "the scripted endpoint's HTTP handler class",
 }

@@ -13,6 +13,7 @@ from mass_jobs.run.context import RunContext
 from mass_jobs.spec.load import validate_document
 from mass_jobs.steps import report as rp
 from mass_jobs.steps import report_document as rd
+from mass_jobs.steps import report_figures as rf
 from mass_jobs.steps import report_reading as reading
 from mass_jobs.steps import report_render as rr
 from mass_jobs.store import FileStore, read_manifest
@@ -438,7 +439,7 @@ def test_win_share_marks_position_bias_per_point_not_per_series():
     }
     import matplotlib.pyplot as plt
 
-    fig, ax = rr.win_share_figure(doc)
+    fig, ax = rf.win_share_figure(doc)
     [dots] = [c for c in ax.collections if c.get_label() == "train vs L0"]
     faces = [tuple(f) for f in dots.get_facecolors()]
     assert faces == [to_rgba("tab:blue"), to_rgba("white")]
@@ -449,7 +450,7 @@ def test_every_plot_says_its_n(biased, built):
     # win share points: (train, test) decisive verdicts of each comparison, read from the figure itself
     for ctx, n_win, n_audit in ((biased, ["n=4", "n=8"], "n=6"), (built, ["n=1", "n=2", "n=2", "n=4"], "n=2")):
         doc = rp.build_report(ctx)
-        figs = dict(rr.figures(doc))
+        figs = dict(rf.figures(doc))
         assert set(figs) == set(rr.PLOTS)
         assert sorted(t.get_text() for t in figs["win_share.png"].axes[0].texts) == n_win
         texts = {name: figure_texts(fig) for name, fig in figs.items()}
@@ -459,7 +460,7 @@ def test_every_plot_says_its_n(biased, built):
         assert "n episodes" in texts["tokens.png"] and "train tasks per generation" in texts["search.png"]
         for fig in figs.values():
             plt.close(fig)
-    figs = {name: figure_texts(fig) for name, fig in rr.figures(rp.build_report(built))}
+    figs = {name: figure_texts(fig) for name, fig in rf.figures(rp.build_report(built))}
     assert "n = 2 train tasks" in figs["search.png"] and "L0 (n=2 tasks)" in figs["search.png"]
     assert "L0 -> L1\nn = 4 steps, 2 val points, 400 tokens" in figs["loss.png"]
     assert "L0\nn=2" in figs["audit.png"] and "1/2" in figs["audit.png"] and "2/2" in figs["audit.png"]
