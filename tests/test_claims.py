@@ -4,7 +4,7 @@ import pytest
 
 from mass_jobs.config.task_spec import Guards
 from mass_jobs.judging.claims import agrees, contradictions, stated
-from mass_jobs.steps.guard import metrics_document
+from mass_jobs.steps.workspace_reads import metrics_document
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 

@@ -12,9 +12,10 @@ from mass_jobs.episodes.rollouts import episode_runner
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.llm import ModelClient
 from mass_jobs.steps.collect import run_collect
-from mass_jobs.steps.guard import check_workspace, hash_protected, run_guard, sandbox_checker
+from mass_jobs.steps.guard import check_workspace, run_guard, sandbox_checker
 from mass_jobs.steps.rank import run_rank
 from mass_jobs.steps.search import run_search
+from mass_jobs.steps.workspace_reads import hash_protected
 from tests.fixtures.inner_loop import add_episodes, episode
 
 SIM = "def push(obj, force):\n    return obj + force\n"

@@ -36,8 +36,8 @@ from mass_jobs.run.context import RunContext
 from mass_jobs.serving.roles import roles_input
 from mass_jobs.spec.workflow import teacher_directive
 from mass_jobs.spec.workflow_docs import teacher_parts
-from mass_jobs.steps.guard import hash_protected
 from mass_jobs.steps.search_state import SearchState
+from mass_jobs.steps.workspace_reads import hash_protected
 from mass_jobs.store import Step, Waiting
 
 EPISODE_FILES = ("protected.json", "episode.json", *rollouts.RECORD)

@@ -31,25 +31,33 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import tempfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from mass_jobs.config.run_spec import RunSpec
 from mass_jobs.config.task_spec import Task
 from mass_jobs.episodes import rollouts
 from mass_jobs.episodes.audit import audit_episode
 from mass_jobs.episodes.driver import Driver, Rollout
 from mass_jobs.episodes.episode import EpisodeRequest, status_text
-from mass_jobs.judging import compare
-from mass_jobs.judging.judges import PairJob, PanelMember, run_panel, verdict_key
+from mass_jobs.judging.judges import PanelMember, run_panel
 from mass_jobs.judging.metrics import outcome, win_share
 from mass_jobs.run.context import RunContext
 from mass_jobs.run.generation_model import model_ref, model_uri
 from mass_jobs.serving.model_dirs import has_stored_model
 from mass_jobs.serving.roles import client_for
 from mass_jobs.serving.servers import ServeJudge, ServeModel
+from mass_jobs.steps.evaluate_pairs import (
+    BundleCache,
+    all_stored,
+    baselines,
+    endpoint_unless_stored,
+    pair_jobs,
+    rollout_prefix,
+    self_evaluators,
+    self_verdicts,
+    verdict_keys,
+    verdict_prefix,
+)
 from mass_jobs.store import Step, Waiting, formed, read_manifest
 
 AUDITED_FILES = ("audit.json", *rollouts.RECORD)  # an evaluate rollout: its audit first
@@ -57,33 +65,16 @@ AUDITED_FILES = ("audit.json", *rollouts.RECORD)  # an evaluate rollout: its aud
 Progress = Callable[[str, dict], None]
 
 
-def verdict_prefix(ctx: RunContext) -> str:
-    return ctx.verdicts()
-
-
 def evaluate_step(ctx: RunContext, gen: int):
     """Evaluate's Step: it pins its rollouts' manifests and owns its verdicts."""
 
     if gen > 0 and not has_stored_model(ctx.store, ctx.model(gen)):
-        return Waiting(f"generation {gen}: no merged model at {ctx.model(gen)} (run `mass merge --gen {gen - 1}` first)")
-    return Step(ctx.store, ctx.eval(gen), evaluate_inputs(ctx, gen), name=f"evaluate gen-{gen}",
-                owns=(ctx.eval_verdicts(gen),))
-
-
-def rollout_prefix(ctx: RunContext, g: int, task: str, rep: int) -> str:
-    return ctx.eval_rollout(g, task, rep)
-
-
-def baselines(gen: int) -> list[int]:
-    """The generations L_G is compared with: L_0 and the previous generation."""
-    if gen < 1:
-        raise ValueError(f"evaluate --gen: expected a generation >= 1 (L_G is compared with L_0), got {gen}")
-    return sorted({0, gen - 1})
-
-
-def self_evaluators(gen: int) -> list[int]:
-    """Generations whose own model judges the pairs of this step (L_0 is judged once, at G = 1)."""
-    return [0, 1] if gen == 1 else [gen]
+        return Waiting(
+            f"generation {gen}: no merged model at {ctx.model(gen)} (run `mass merge --gen {gen - 1}` first)"
+        )
+    return Step(
+        ctx.store, ctx.eval(gen), evaluate_inputs(ctx, gen), name=f"evaluate gen-{gen}", owns=(ctx.eval_verdicts(gen),)
+    )
 
 
 def rollout_seed(task: str, rep: int) -> int:
@@ -114,8 +105,11 @@ def _audit(r: Rollout, status: dict, trace: bytes) -> tuple[dict, dict]:
         (Path(tmp) / "status.json").write_text(status_text(status))
         audit = audit_episode(Path(tmp)).to_dict()
     audit["episode"] = r.prefix  # a store key, not a temp path
-    return {"audit.json": audit}, {"outcome": status.get("outcome"), "delegation": audit["delegation"],
-                                   "code_handoff": audit["code_handoff"]}
+    return {"audit.json": audit}, {
+        "outcome": status.get("outcome"),
+        "delegation": audit["delegation"],
+        "code_handoff": audit["code_handoff"],
+    }
 
 
 def driver(ctx: RunContext) -> Driver:
@@ -126,7 +120,9 @@ def driver(ctx: RunContext) -> Driver:
 def rollout(ctx: RunContext, g: int, task: Task, rep: int) -> Rollout:
     """Replicate `rep` of the bare task by L_g: the same prompt, files and seed for every generation."""
     prefix = rollout_prefix(ctx, g, task.id, rep)
-    manifest = Step(ctx.store, prefix, rollout_inputs(ctx, g, task, rep), name=f"eval-rollout gen-{g} {task.id} rep-{rep}")
+    manifest = Step(
+        ctx.store, prefix, rollout_inputs(ctx, g, task, rep), name=f"eval-rollout gen-{g} {task.id} rep-{rep}"
+    )
     return Rollout(prefix, episode_request(task, rep), task.id, f"rep-{rep}", g, manifest=manifest)
 
 
@@ -135,8 +131,9 @@ def rollout_done(ctx: RunContext, g: int, task: Task, rep: int) -> bool:
 
 
 def episode_request(task: Task, rep: int) -> EpisodeRequest:
-    return EpisodeRequest(prompt=task.prompt, files=dict(task.files), seed=rollout_seed(task.id, rep),
-                          network=tuple(task.network))
+    return EpisodeRequest(
+        prompt=task.prompt, files=dict(task.files), seed=rollout_seed(task.id, rep), network=tuple(task.network)
+    )
 
 
 def rollout_generations(gen: int) -> list[int]:
@@ -181,8 +178,12 @@ def planned_rounds(gen: int) -> list[int]:
 
 def all_rollouts(ctx: RunContext, gen: int) -> list[Rollout]:
     """Every rollout this step reads: L_gen's and its baselines', each task, each replicate."""
-    return [rollout(ctx, h, t, r) for h in rollout_generations(gen) for t in ctx.spec.resolved_tasks()
-            for r in range(ctx.spec.evaluation.rollouts_per_task)]
+    return [
+        rollout(ctx, h, t, r)
+        for h in rollout_generations(gen)
+        for t in ctx.spec.resolved_tasks()
+        for r in range(ctx.spec.evaluation.rollouts_per_task)
+    ]
 
 
 def rounds(ctx: RunContext, gen: int) -> list[tuple[int, bool, bool]]:
@@ -202,8 +203,9 @@ def _check_round(gen: int, served: int) -> None:
 
 
 def self_judged(ctx: RunContext, gen: int, h: int) -> bool:
-    return _all_stored(ctx.store, verdict_prefix(ctx), pair_jobs(ctx, gen, None), f"gen-{h}", "self",
-                       (ctx.spec.search.seed,))
+    return all_stored(
+        ctx.store, verdict_prefix(ctx), pair_jobs(ctx, gen, None), f"gen-{h}", "self", (ctx.spec.search.seed,)
+    )
 
 
 def plan(ctx: RunContext, gen: int) -> dict:
@@ -212,8 +214,12 @@ def plan(ctx: RunContext, gen: int) -> dict:
     spec = ctx.spec
     bucket, _, prefix = spec.store.uri.removeprefix("s3://").partition("/")
     run_prefix = "/".join(p for p in (prefix.strip("/"), spec.name) if p)
-    return {"rounds": [round_item(h, rolls, judges, model_uri(spec, h, bucket, run_prefix), spec.model.dtype)
-                       for h, rolls, judges in rounds(ctx, gen)]}
+    return {
+        "rounds": [
+            round_item(h, rolls, judges, model_uri(spec, h, bucket, run_prefix), spec.model.dtype)
+            for h, rolls, judges in rounds(ctx, gen)
+        ]
+    }
 
 
 def round_item(h: int, rolls: bool, judges: bool, uri: str, dtype: str) -> dict:
@@ -227,8 +233,9 @@ def prepare(ctx: RunContext, gen: int, served: int, endpoint) -> dict:
 
     _check_round(gen, served)
     d = driver(ctx)
-    return {"rollouts": [d.prepare(r, endpoint) for r in all_rollouts(ctx, gen)
-                         if r.gen == served and not r.manifest.done]}
+    return {
+        "rollouts": [d.prepare(r, endpoint) for r in all_rollouts(ctx, gen) if r.gen == served and not r.manifest.done]
+    }
 
 
 def ingest(ctx: RunContext, gen: int, rel: str, agent_ended: bool = False) -> dict:
@@ -244,46 +251,17 @@ def run_rollouts(ctx: RunContext, g: int, endpoint, progress: Progress | None = 
     def done(r: Rollout, _status: dict) -> None:
         if progress:
             rep = int(r.label.removeprefix("rep-"))
-            progress("rollout", {"gen": g, "task": r.task, "replicate": rep, **read_manifest(ctx.store, r.prefix)["extra"]})
+            progress(
+                "rollout", {"gen": g, "task": r.task, "replicate": rep, **read_manifest(ctx.store, r.prefix)["extra"]}
+            )
 
-    rs = [rollout(ctx, g, t, r) for t in ctx.spec.resolved_tasks() for r in range(ctx.spec.evaluation.rollouts_per_task)]
+    rs = [
+        rollout(ctx, g, t, r) for t in ctx.spec.resolved_tasks() for r in range(ctx.spec.evaluation.rollouts_per_task)
+    ]
     driver(ctx).run_all(rs, rollouts.episode_runner(ctx.spec, endpoint, executor_role=False), on_done=done)
 
 
 # ---------------------------------------------------------------- pairs and verdicts
-
-
-@dataclass
-class BundleCache:
-    """Workspace bundles of stored rollouts, extracted once per step."""
-
-    ctx: RunContext
-    root: Path
-
-    def __post_init__(self):
-        self._cache: dict[tuple[int, str, int], str] = {}
-
-    def get(self, g: int, task: Task, rep: int) -> str:
-
-        key = (g, task.id, rep)
-        if key not in self._cache:
-            prefix = rollout_prefix(self.ctx, g, task.id, rep)
-            ws = self.root / f"gen-{g}" / task.id / f"rep-{rep}"
-            self._cache[key] = compare.task_bundle(self.ctx.store, prefix, self.ctx.spec, task, workspace=ws)
-        return self._cache[key]
-
-
-def pair_jobs(ctx: RunContext, gen: int, bundles: BundleCache | None) -> list:
-    """Every (L_gen rep r, baseline rep r) pair; without `bundles` only what names them (verdict keys)."""
-
-    jobs = []
-    for b in baselines(gen):
-        for t in ctx.spec.resolved_tasks():
-            for r in range(ctx.spec.evaluation.rollouts_per_task):
-                jobs.append(PairJob(task=t.id, replicate=r, candidate=gen, baseline=b, task_prompt=t.judged_text,
-                                    candidate_bundle=bundles.get(gen, t, r) if bundles else "",
-                                    baseline_bundle=bundles.get(b, t, r) if bundles else ""))
-    return jobs
 
 
 # ---------------------------------------------------------------- the step
@@ -297,13 +275,65 @@ def evaluate_inputs(ctx: RunContext, gen: int) -> dict:
         "tasks": [t.id for t in spec.resolved_tasks()],
         # the panel's order rule only when not the default, so earlier runs keep their hashes
         "evaluation": spec.evaluation.model_dump(
-            mode="json", exclude={"panel_order"} if spec.evaluation.panel_order == "balanced" else None),
+            mode="json", exclude={"panel_order"} if spec.evaluation.panel_order == "balanced" else None
+        ),
         "judges": [j.model_dump(mode="json") for j in spec.judges],
     }
 
 
-def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: ServeJudge,
-             progress: Progress | None = None, agent_pods: bool = False) -> dict:
+def _rollouts_of_every_generation(ctx: RunContext, gen: int, serve_model, progress, agent_pods: bool) -> None:
+    """1. rollouts: serve each generation only when some of its rollouts are missing (on the cluster
+    the rounds stored them: a missing one is an error)."""
+    tasks = ctx.spec.resolved_tasks()
+    reps = range(ctx.spec.evaluation.rollouts_per_task)
+    for h in sorted({gen, *baselines(gen)}):
+        if all(rollout_done(ctx, h, t, r) for t in tasks for r in reps):
+            continue
+        if agent_pods:
+            missing = [rollout_prefix(ctx, h, t.id, r) for t in tasks for r in reps if not rollout_done(ctx, h, t, r)]
+            raise RuntimeError(
+                f"evaluate gen-{gen}: rollouts not stored {missing[:4]} (run --phase prepare, "
+                f"their agent pods and --phase ingest first)"
+            )
+        with serve_model(h) as endpoint:
+            run_rollouts(ctx, h, endpoint, progress)
+
+
+def _panel(ctx: RunContext, vprefix: str, jobs: list, serve_judge, note) -> list[dict]:
+    """The external panel's verdicts, judge by judge in the spec's order (positions alternate
+    across judges); a judge whose verdicts are all stored is not served."""
+    spec, store, records = ctx.spec, ctx.store, []
+    for ji, judge in enumerate(spec.judges):
+        with endpoint_unless_stored(
+            store, vprefix, jobs, judge.name, "panel", judge.seeds, lambda judge=judge: serve_judge(judge)
+        ) as endpoint:
+            member = PanelMember(
+                name=judge.name,
+                model=judge.model,
+                seeds=tuple(judge.seeds),
+                client=client_for(spec, endpoint) if endpoint else None,
+            )
+            records += run_panel(
+                store,
+                vprefix,
+                jobs,
+                [member],
+                spec.evaluation.verdict_retries,
+                on_verdict=note,
+                first_index=ji,
+                order=spec.evaluation.panel_order,
+            )
+    return records
+
+
+def evaluate(
+    ctx: RunContext,
+    gen: int,
+    serve_model: ServeModel,
+    serve_judge: ServeJudge,
+    progress: Progress | None = None,
+    agent_pods: bool = False,
+) -> dict:
     """The whole step for L_gen; returns its manifest. Resumes from whatever is already stored.
     With `agent_pods` (the cluster) the rounds stored the rollouts (agent pods) and the self-verdicts:
     a missing one is an error, and only the panel runs here."""
@@ -316,16 +346,7 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
     tasks = spec.resolved_tasks()
     reps = range(spec.evaluation.rollouts_per_task)
 
-    # 1. rollouts: serve each generation only when some of its rollouts are missing
-    for h in sorted({gen, *baselines(gen)}):
-        if all(rollout_done(ctx, h, t, r) for t in tasks for r in reps):
-            continue
-        if agent_pods:
-            missing = [rollout_prefix(ctx, h, t.id, r) for t in tasks for r in reps if not rollout_done(ctx, h, t, r)]
-            raise RuntimeError(f"evaluate gen-{gen}: rollouts not stored {missing[:4]} (run --phase prepare, "
-                               f"their agent pods and --phase ingest first)")
-        with serve_model(h) as endpoint:
-            run_rollouts(ctx, h, endpoint, progress)
+    _rollouts_of_every_generation(ctx, gen, serve_model, progress, agent_pods)
 
     vprefix = verdict_prefix(ctx)
     with tempfile.TemporaryDirectory(prefix="mass-eval-bundles-") as tmp:
@@ -339,23 +360,23 @@ def evaluate(ctx: RunContext, gen: int, serve_model: ServeModel, serve_judge: Se
         records = []
         for h in self_evaluators(gen):
             if agent_pods and not self_judged(ctx, gen, h):
-                raise RuntimeError(f"evaluate gen-{gen}: L_{h}'s self-verdicts not stored (its round ends with "
-                                   f"--phase finish --served-gen {h})")
-            records += _self_verdicts(ctx, jobs, h, lambda h=h: serve_model(h), note)
+                raise RuntimeError(
+                    f"evaluate gen-{gen}: L_{h}'s self-verdicts not stored (its round ends with "
+                    f"--phase finish --served-gen {h})"
+                )
+            records += self_verdicts(ctx, jobs, h, lambda h=h: serve_model(h), note)
 
-        # 3. the external panel; positions alternate across judges, so keep their spec order
+        # 3. the external panel
         selves = len(records)
-        for ji, judge in enumerate(spec.judges):
-            with _endpoint_unless_stored(store, vprefix, jobs, judge.name, "panel", judge.seeds,
-                                         lambda judge=judge: serve_judge(judge)) as endpoint:
-                member = PanelMember(name=judge.name, model=judge.model, seeds=tuple(judge.seeds),
-                                     client=client_for(spec, endpoint) if endpoint else None)
-                records += run_panel(store, vprefix, jobs, [member], spec.evaluation.verdict_retries,
-                                     on_verdict=note, first_index=ji, order=spec.evaluation.panel_order)
+        records += _panel(ctx, vprefix, jobs, serve_judge, note)
 
-    outputs = [rollout_prefix(ctx, h, t.id, r) + "/_manifest.json"
-               for h in sorted({gen, *baselines(gen)}) for t in tasks for r in reps]
-    outputs += sorted(_verdict_keys(vprefix, jobs, gen, spec))
+    outputs = [
+        rollout_prefix(ctx, h, t.id, r) + "/_manifest.json"
+        for h in sorted({gen, *baselines(gen)})
+        for t in tasks
+        for r in reps
+    ]
+    outputs += sorted(verdict_keys(vprefix, jobs, gen, spec))
     invalid = sum(not r["valid"] for r in records)
     results = [outcome(r) for r in records[selves:]]  # the external panel's: what measures progress
     share = win_share(results.count("win"), results.count("loss"))
@@ -368,45 +389,19 @@ def judge_round(ctx: RunContext, gen: int, served: int, endpoint, progress: Prog
     none to give: no self-evaluator, all stored, or a pair's rollouts still missing}."""
 
     _check_round(gen, served)
-    if (served not in self_evaluators(gen) or self_judged(ctx, gen, served)
-            or not all(r.manifest.done for r in all_rollouts(ctx, gen))):
+    if (
+        served not in self_evaluators(gen)
+        or self_judged(ctx, gen, served)
+        or not all(r.manifest.done for r in all_rollouts(ctx, gen))
+    ):
         return {"self_verdicts": 0}
     with tempfile.TemporaryDirectory(prefix="mass-eval-bundles-") as tmp:
         jobs = pair_jobs(ctx, gen, BundleCache(ctx, Path(tmp)))
-        records = _self_verdicts(ctx, jobs, served, lambda: contextlib.nullcontext(endpoint),
-                                 (lambda rec: progress("verdict", rec)) if progress else None)
+        records = self_verdicts(
+            ctx,
+            jobs,
+            served,
+            lambda: contextlib.nullcontext(endpoint),
+            (lambda rec: progress("verdict", rec)) if progress else None,
+        )
     return {"self_verdicts": len(records)}
-
-
-def _self_verdicts(ctx: RunContext, jobs, h: int, serve, note) -> list[dict]:
-    """L_h's verdict on every pair (those stored are read back; no server when all are)."""
-    spec = ctx.spec
-    seeds = (spec.search.seed,)
-    with _endpoint_unless_stored(ctx.store, verdict_prefix(ctx), jobs, f"gen-{h}", "self", seeds, serve) as endpoint:
-        member = PanelMember(name=f"gen-{h}", model=f"gen-{h}", seeds=seeds, kind="self",
-                             client=client_for(spec, endpoint) if endpoint else None)
-        return run_panel(ctx.store, verdict_prefix(ctx), jobs, [member], spec.evaluation.verdict_retries, on_verdict=note)
-
-
-def _all_stored(store, prefix, jobs, name: str, kind: str, seeds) -> bool:
-
-    m = PanelMember(name=name, model="", seeds=tuple(seeds), client=None, kind=kind)
-    return all(store.exists(verdict_key(prefix, j, m, s)) for j in jobs for s in seeds)
-
-
-@contextlib.contextmanager
-def _endpoint_unless_stored(store, prefix, jobs, name: str, kind: str, seeds, serve) -> Iterator[Any]:
-    """An endpoint from `serve()`, or None when every verdict of this member is stored (no server)."""
-    if _all_stored(store, prefix, jobs, name, kind, seeds):
-        yield None
-        return
-    with serve() as endpoint:
-        yield endpoint
-
-
-def _verdict_keys(prefix, jobs, gen: int, spec: RunSpec) -> list[str]:
-
-    members = [PanelMember(name=f"gen-{h}", model="", seeds=(spec.search.seed,), client=None, kind="self")
-               for h in self_evaluators(gen)]
-    members += [PanelMember(name=j.name, model=j.model, seeds=tuple(j.seeds), client=None) for j in spec.judges]
-    return [verdict_key(prefix, job, m, s) for job in jobs for m in members for s in m.seeds]

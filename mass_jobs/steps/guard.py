@@ -19,7 +19,6 @@ lists them, an agent pod runs each (`mass episode`), `--phase ingest` stores its
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import tempfile
@@ -37,6 +36,16 @@ from mass_jobs.judging import claims, directives
 from mass_jobs.run.context import RunContext
 from mass_jobs.run.sandboxing import apply_sandbox
 from mass_jobs.sandbox.check_job import ChecksFile, checks_digest, fresh_copy, run_check, validate_results
+from mass_jobs.steps.workspace_reads import (
+    METRICS_FILE_BYTES,
+    Unreadable,
+    hash_protected,
+    lookup,
+    metrics_document,
+    output_issue,
+    regular_text,
+    strict_json,
+)
 from mass_jobs.store import Step, UnsafeArchive, Waiting, formed
 
 FLAGGED = "flagged for review, not trained"  # the reason of an episode left out for a contradicted claim
@@ -46,13 +55,21 @@ RunCheck = Callable[[CheckCommand, Path], tuple[int, str]]
 
 class EpisodeGuard(Closed):
     outcome: str | None
-    eligible: bool = Field(description="The episode ended with outcome 'success' (or 'no_work' under collection.keep_no_work).")
+    eligible: bool = Field(
+        description="The episode ended with outcome 'success' (or 'no_work' under collection.keep_no_work)."
+    )
     passed: bool = Field(description="Every guard passed.")
     reasons: list[str] = Field(default_factory=list, description="Why it is ineligible or vetoed.")
-    review: list[str] = Field(default_factory=list, description="Claims no guard can verify, for a person to read: "
-                              "numbers a deliverable states that its metrics file contradicts (mass_jobs/judging/claims.py).")
-    held: bool = Field(default=False, description="Eligible, passed, and flagged for review: so left out of ranking "
-                                                  "and SFT (the task's guards.train_flagged is false).")
+    review: list[str] = Field(
+        default_factory=list,
+        description="Claims no guard can verify, for a person to read: "
+        "numbers a deliverable states that its metrics file contradicts (mass_jobs/judging/claims.py).",
+    )
+    held: bool = Field(
+        default=False,
+        description="Eligible, passed, and flagged for review: so left out of ranking "
+        "and SFT (the task's guards.train_flagged is false).",
+    )
 
     @property
     def usable(self) -> bool:
@@ -71,150 +88,16 @@ class GuardReport(Closed):
 # ---------------------------------------------------------------- hashing protected paths
 
 
-def _sha(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _kind(path: Path) -> str:
-    """What a workspace entry is, never following a link or opening anything but a regular file
-    (a FIFO would block the reader; a link can loop or leave the workspace)."""
-    import stat
-
-    mode = path.lstat().st_mode
-    if stat.S_ISREG(mode):
-        return _sha(path)
-    return {stat.S_IFLNK: "symlink", stat.S_IFDIR: "directory", stat.S_IFIFO: "fifo",
-            stat.S_IFSOCK: "socket"}.get(stat.S_IFMT(mode), "device")
-
-
-def hash_protected(workspace: Path, paths: list[str]) -> dict[str, dict[str, str]]:
-    """{protected path: {entry under it: sha256, or what it is when not a regular file}}; an absent
-    path maps to {} and must stay absent. Whatever the episode left there (a link to itself, a
-    FIFO, a path that leaves the workspace) is recorded as such, never followed: it differs from
-    what the task seeded, so the episode is vetoed, and the guard never fails on it."""
-    import os
-
-    out: dict[str, dict[str, str]] = {}
-    root = Path(workspace)
-    for rel in paths:
-        files: dict[str, str] = {}
-        target = root / rel
-        try:
-            if os.path.lexists(target):
-                if target.is_symlink() or not target.is_dir():
-                    files[rel] = _kind(target)
-                else:
-                    for dirpath, dirnames, filenames in os.walk(target):  # never follows links
-                        for name in sorted(dirnames + filenames):
-                            entry = Path(dirpath) / name
-                            if name in filenames or entry.is_symlink():
-                                files[entry.relative_to(root).as_posix()] = _kind(entry)
-        except (OSError, RuntimeError, ValueError) as err:
-            files = {rel: f"unreadable ({type(err).__name__})"}
-        out[rel] = files
-    return out
-
-
 # ---------------------------------------------------------------- the checks
 
 
-def _lookup(doc: Any, dotted: str) -> Any:
-    cur = doc
-    for part in dotted.split("."):
-        if isinstance(cur, dict) and part in cur:
-            cur = cur[part]
-        elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
-            cur = cur[int(part)]
-        else:
-            raise KeyError(part)
-    return cur
-
-
-METRICS_FILE_BYTES = 1 << 20  # a metrics file is a few numbers; past this it is not read
-
-
-class Unreadable(ValueError):
-    """Episode content a guard will not take as it stands (a veto with this reason, never a crash)."""
-
-
-def strict_json(text: str) -> Any:
-    """JSON as a metric may be read: a key twice (the last silently won here while the evaluator
-    read the first) or an integer past exact doubles is Unreadable; NaN, Infinity and 1e400 parse
-    (as non-finite floats, which the bound check vetoes by name)."""
-    def pairs(items):
-        keys = [k for k, _ in items]
-        dup = sorted({k for k in keys if keys.count(k) > 1})
-        if dup:
-            raise Unreadable(f"duplicate key {dup[0]!r}")
-        return dict(items)
-
-    def integer(text):
-        value = int(text)
-        if abs(value) > 2 ** 53:  # past exact doubles: 10**400 passed as a huge int, then crashed the bound check
-            raise Unreadable(f"integer out of range: {text[:40]}")
-        return value
-
-    try:
-        return json.loads(text, object_pairs_hook=pairs, parse_int=integer)
-    except (json.JSONDecodeError, RecursionError) as err:
-        raise Unreadable(f"file is not JSON ({str(err)[:120]})") from None
-
-
-def _regular_text(path: Path, limit: int) -> str | None:
-    """The text of a regular file of at most `limit` bytes; None when absent; Unreadable otherwise."""
-    import os
-    import stat
-
-    if not os.path.lexists(path):
-        return None
-    mode = path.lstat().st_mode
-    if not stat.S_ISREG(mode):
-        raise Unreadable(f"not a regular file ({_kind(path)})")
-    if path.lstat().st_size > limit:
-        raise Unreadable(f"larger than {limit} bytes")
-    try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        raise Unreadable("not UTF-8 text") from None
-
-
-def metrics_document(file: str, workspace: Path) -> Any:
-    """A metrics file as the metric guard reads it (strictly), or None where that read vetoes or finds none."""
-    try:
-        text = _regular_text(workspace / file, METRICS_FILE_BYTES)
-        return None if text is None else strict_json(text)
-    except Unreadable:
-        return None
-
-
-def output_issue(workspace: Path, rel: str, seeded: dict[str, str]) -> str | None:
-    """Why a required output is no deliverable: missing, empty, a link or special file, or the seeded
-    stub left as it was (a placeholder passed when only its existence was checked)."""
-    import os
-    import stat
-
-    path = Path(workspace) / rel
-    if not os.path.lexists(path):
-        return f"required output missing: {rel}"
-    mode = path.lstat().st_mode
-    if stat.S_ISDIR(mode):
-        return None if any(path.iterdir()) else f"required output is an empty directory: {rel}"
-    if not stat.S_ISREG(mode):
-        return f"required output is not a regular file ({_kind(path)}): {rel}"
-    if path.lstat().st_size == 0:
-        return f"required output is empty: {rel}"
-    if rel in seeded and _sha(path) == hashlib.sha256(seeded[rel].encode()).hexdigest():
-        return f"required output is the seeded stub, unchanged: {rel}"
-    return None
-
-
 GUARD_CLASSES = {  # reason prefix -> the guard that vetoed (the report counts episodes per class)
-    "workspace archive refused": "archive", "required output": "required output", "protected path": "protected path",
-    "metric ": "metric", "text aimed at the judge": "judge directive", "check ": "check",
+    "workspace archive refused": "archive",
+    "required output": "required output",
+    "protected path": "protected path",
+    "metric ": "metric",
+    "text aimed at the judge": "judge directive",
+    "check ": "check",
 }
 
 
@@ -246,7 +129,7 @@ def check_workspace(
         where = f"metric {m.file}:{m.key}"
         if m.file not in docs:
             try:
-                text = _regular_text(workspace / m.file, METRICS_FILE_BYTES)
+                text = regular_text(workspace / m.file, METRICS_FILE_BYTES)
                 docs[m.file] = None if text is None else strict_json(text)
             except Unreadable as e:
                 docs[m.file] = e
@@ -255,10 +138,12 @@ def check_workspace(
             reasons.append(f"{where}: file missing")
             continue
         if isinstance(doc, Exception):
-            reasons.append(f"{where}: {doc}" if str(doc).startswith("file is not JSON") else f"{where}: file refused: {doc}")
+            reasons.append(
+                f"{where}: {doc}" if str(doc).startswith("file is not JSON") else f"{where}: file refused: {doc}"
+            )
             continue
         try:
-            value = _lookup(doc, m.key)
+            value = lookup(doc, m.key)
         except KeyError:
             reasons.append(f"{where}: key missing")
             continue
@@ -278,8 +163,7 @@ def check_workspace(
             changed = _protected_issues(guards, copy, protected_before)
         if code != 0:
             reasons.append(f"check {check.name} failed (exit {code}){': ' + detail if detail else ''}")
-        reasons += [f"check {check.name} changed what it checks: {why}" for why in changed
-                    if why not in reasons]
+        reasons += [f"check {check.name} changed what it checks: {why}" for why in changed if why not in reasons]
     return reasons
 
 
@@ -329,7 +213,6 @@ def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
     """Argo: one checks job per eligible episode whose results are not stored for the current
     checks; returns the agent fan-out items."""
 
-
     store = ctx.store
     if formed(guard_step(ctx, gen, task_id)).done:
         return []
@@ -345,8 +228,11 @@ def prepare_checks(ctx: RunContext, gen: int, task_id: str) -> list[dict]:
             continue
         job = ChecksFile(checks=checks, limits=ctx.spec.execution.limits, protected=guards.protected_paths)
         archive = store.get_bytes(ctx.rollout_file(ctx.collect_episode(gen, task_id, ep["id"]), "workspace.tar.gz"))
-        items.append(Driver(ctx).prepare_job(prefix, task_id, ep["id"], gen, job.model_dump(mode="json"), archive,
-                                             proof.CHECK_OUTPUTS))
+        items.append(
+            Driver(ctx).prepare_job(
+                prefix, task_id, ep["id"], gen, job.model_dump(mode="json"), archive, proof.CHECK_OUTPUTS
+            )
+        )
     return items
 
 
@@ -367,12 +253,16 @@ def ingest_checks(ctx: RunContext, gen: int, task_id: str, rel: str, agent_ended
     elif agent_ended:
         doc = {"lost": "not run: the checks pod failed (retries spent, past its deadline or its upload cut short)"}
     else:
-        raise rollouts.RolloutError(f"{prefix}: cannot ingest, the checks pod's output is missing "
-                                    f"(run the agent pod after --phase prepare)")
+        raise rollouts.RolloutError(
+            f"{prefix}: cannot ingest, the checks pod's output is missing (run the agent pod after --phase prepare)"
+        )
     ctx.store.put_json(ctx.rollout_file(prefix, "checks.json"), doc)
     # a checks job has no episode outcome: whether its results came back (the ingest metric's label)
-    return {"episode": where[prefix], "outcome": "lost" if "lost" in doc else "checked",
-            **({"lost": doc["lost"]} if "lost" in doc else {"checks": doc["checks"]})}
+    return {
+        "episode": where[prefix],
+        "outcome": "lost" if "lost" in doc else "checked",
+        **({"lost": doc["lost"]} if "lost" in doc else {"checks": doc["checks"]}),
+    }
 
 
 # ---------------------------------------------------------------- the step
@@ -384,13 +274,17 @@ def guard_step(ctx: RunContext, gen: int, task_id: str):
     summary_key = ctx.collect_summary(gen, task_id)
     if not ctx.store.exists(summary_key):
         return Waiting(f"task {task_id}: no collection summary at {summary_key}; run `mass collect` first")
-    return Step(ctx.store, ctx.guard(gen, task_id).removesuffix(".json"),
-                {"guards": ctx.spec.task(task_id).guards.model_dump(mode="json"),
-                 "collect": ctx.store.sha256(summary_key)}, name=f"guard/{task_id}")
+    return Step(
+        ctx.store,
+        ctx.guard(gen, task_id).removesuffix(".json"),
+        {"guards": ctx.spec.task(task_id).guards.model_dump(mode="json"), "collect": ctx.store.sha256(summary_key)},
+        name=f"guard/{task_id}",
+    )
 
 
-def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | None = None,
-              agent_pods: bool = False) -> GuardReport:
+def run_guard(
+    ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | None = None, agent_pods: bool = False
+) -> GuardReport:
     """Guard every collected episode of a task; write guard/<task>.json (skipped when done). With
     `agent_pods` (the cluster) the checks ran in agent pods and their stored results are used."""
 
@@ -418,14 +312,26 @@ def run_guard(ctx: RunContext, gen: int, task_id: str, run_check: RunCheck | Non
             except UnsafeArchive as err:  # an agent-written archive: vetoed, never extracted
                 violations, review = [f"workspace archive refused: {err}"], []
             else:
-                violations = check_workspace(task.guards, Path(tmp), store.get_json(ctx.rollout_file(prefix, "protected.json")),
-                                             checker, checks=_needs_checks(ctx, task_id, ep), seeded=task.files)
+                violations = check_workspace(
+                    task.guards,
+                    Path(tmp),
+                    store.get_json(ctx.rollout_file(prefix, "protected.json")),
+                    checker,
+                    checks=_needs_checks(ctx, task_id, ep),
+                    seeded=task.files,
+                )
                 review = claims.contradictions(task.guards, Path(tmp), metrics_document)
         held = bool(review) and eligible and not violations and not task.guards.train_flagged
         if held:  # why rank leaves it out
             reasons.append(f"{FLAGGED} (guards.train_flagged is false): {'; '.join(review)}")
-        report.episodes[ep["id"]] = EpisodeGuard(outcome=outcome, eligible=eligible, passed=not violations,
-                                                 reasons=reasons + violations, review=review, held=held)
+        report.episodes[ep["id"]] = EpisodeGuard(
+            outcome=outcome,
+            eligible=eligible,
+            passed=not violations,
+            reasons=reasons + violations,
+            review=review,
+            held=held,
+        )
     report.vetoed = [e for e, g in report.episodes.items() if not g.passed]
     report.usable = [e for e, g in report.episodes.items() if g.usable]
     store.put_json(key, report.model_dump(mode="json"))

@@ -37,26 +37,18 @@ from mass_jobs.episodes import rollouts
 from mass_jobs.episodes.driver import Driver, Rollout
 from mass_jobs.episodes.episode import EpisodeRequest
 from mass_jobs.episodes.rollouts import EpisodeRunner, Phase, agent_ended, derived_seed, rollout_outputs
-from mass_jobs.episodes.trace_shape import last_tool_calls
 from mass_jobs.judging import optimizer_brief
-from mass_jobs.judging.compare import Verdict, blind_judge, judge, task_bundle, task_views
+from mass_jobs.judging.compare import Verdict, blind_judge, judge, task_bundle
 from mass_jobs.judging.evidence import prompt_budget
 from mass_jobs.run.context import RunContext
 from mass_jobs.serving.roles import role_client, role_label, roles_input
 from mass_jobs.spec import workflow_docs
-from mass_jobs.spec.upstream_design import DesignTemplate
 from mass_jobs.spec.workflow import WorkflowError, workflow_prompt_parts
-from mass_jobs.steps.search_state import IterationRecord, SearchState, fold, judge_version, won
+from mass_jobs.steps.search_brief import brief_input, stored_json
+from mass_jobs.steps.search_state import IterationRecord, SearchState, fold, judge_version
 from mass_jobs.store import Step
 
 OPTIMIZER_ROLE = "optimizer"
-
-
-
-
-
-def _get_json(store, key: str):
-    return store.get_json(key) if store.exists(key) else None
 
 
 # ---------------------------------------------------------------- the search
@@ -72,17 +64,34 @@ def iteration_step(ctx: RunContext, gen: int, task_id: str, k: int):
     task, search = ctx.spec.task(task_id), ctx.spec.search
     # fields at their defaults that earlier versions lacked stay out, so a stored search keeps its identity
     inputs = {
-        "task": task.model_dump(mode="json", exclude={k for k, unset in (("upstream_text", task.upstream_text is None),
-                                                                         ("network", not task.network)) if unset}),
+        "task": task.model_dump(
+            mode="json",
+            exclude={
+                k
+                for k, unset in (("upstream_text", task.upstream_text is None), ("network", not task.network))
+                if unset
+            },
+        ),
         "k": k,
-        "search": search.model_dump(mode="json", exclude={"iterations"} | {
-            k for k, default in (("workflow_format", "structured"), ("judge_order", "seeded"))
-            if getattr(search, k) == default}),
+        "search": search.model_dump(
+            mode="json",
+            exclude={"iterations"}
+            | {
+                k
+                for k, default in (("workflow_format", "structured"), ("judge_order", "seeded"))
+                if getattr(search, k) == default
+            },
+        ),
         **({"roles": roles_input(ctx.spec)} if roles_input(ctx.spec) else {}),
     }
     # iteration 0 also runs the bare reference rollout
-    return Step(ctx.store, ctx.search_rollout(gen, task_id, k), inputs, name=f"search/{task_id}/iter-{k}",
-                owns=(ctx.search_rollout(gen, task_id, "reference") + "/",) if k == 0 else ())
+    return Step(
+        ctx.store,
+        ctx.search_rollout(gen, task_id, k),
+        inputs,
+        name=f"search/{task_id}/iter-{k}",
+        owns=(ctx.search_rollout(gen, task_id, "reference") + "/",) if k == 0 else (),
+    )
 
 
 def search_steps(ctx: RunContext, gen: int, task_id: str) -> list:
@@ -110,18 +119,18 @@ class Search:
         self.cfg = ctx.spec.search
 
     # ------------------------------------------------------------ keys and state
-    def _iter(self, k) -> str:
+    def iter_dir(self, k) -> str:
         """The dir of iteration k (or of the bare "reference" rollout)."""
         return self.ctx.search_rollout(self.gen, self.task.id, k)
 
-    def _file(self, k, name: str) -> str:
+    def rollout_file(self, k, name: str) -> str:
         return self.ctx.search_file(self.gen, self.task.id, k, name)
 
     def _step(self, k: int):
         return iteration_step(self.ctx, self.gen, self.task.id, k)
 
     def state(self) -> SearchState | None:
-        doc = _get_json(self.store, self.ctx.search_state(self.gen, self.task.id))
+        doc = stored_json(self.store, self.ctx.search_state(self.gen, self.task.id))
         return SearchState.model_validate(doc) if doc else None
 
     def done_through(self) -> int:
@@ -164,14 +173,18 @@ class Search:
         """The reference's rollout (the bare task), or version r's (its stored workflow.json)."""
         if r == "reference":
             prompt = workflow_prompt_parts(self.task.prompt, None).text
-        elif self.store.exists(self._file(r, "workflow.json")):
-            prompt = workflow_docs.prompt(self.task, self.store.get_json(self._file(r, "workflow.json")))
+        elif self.store.exists(self.rollout_file(r, "workflow.json")):
+            prompt = workflow_docs.prompt(self.task, self.store.get_json(self.rollout_file(r, "workflow.json")))
         else:
-            raise SearchError(f"task {self.task.id}: rollout {self._iter(r)} is not prepared (no workflow.json)")
-        request = EpisodeRequest(prompt=prompt, files=dict(self.task.files), seed=derived_seed(self.cfg.seed, self.task.id, r),
-                                 network=tuple(self.task.network))
+            raise SearchError(f"task {self.task.id}: rollout {self.iter_dir(r)} is not prepared (no workflow.json)")
+        request = EpisodeRequest(
+            prompt=prompt,
+            files=dict(self.task.files),
+            seed=derived_seed(self.cfg.seed, self.task.id, r),
+            network=tuple(self.task.network),
+        )
         label = "reference" if r == "reference" else f"iter-{r}"
-        return Rollout(self._iter(r), request, self.task.id, label, self.gen, first={"prompt.txt": prompt})
+        return Rollout(self.iter_dir(r), request, self.task.id, label, self.gen, first={"prompt.txt": prompt})
 
     def _rollouts(self, k: int) -> list[Rollout]:
         """Iteration k's rollouts: the reference and W_0 at k = 0, else W_k (the proposal is made
@@ -185,7 +198,7 @@ class Search:
             wf = self._proposal(k, state)["workflow"]
             if wf is None:
                 return []
-        self.store.put_json(self._file(k, "workflow.json"), wf)
+        self.store.put_json(self.rollout_file(k, "workflow.json"), wf)
         return [*([self._rollout("reference")] if k == 0 else []), self._rollout(k)]
 
     def prepare(self, k: int, endpoint) -> list[dict]:
@@ -198,44 +211,59 @@ class Search:
     def ingest(self, rel: str, agent_ended: bool = False) -> dict:
         """Store the agent pod's output of the rollout `rel` (a key relative to the run)."""
         names = ["reference", *range(self.cfg.iterations + 1)]
-        return self.driver.ingest_named(rel, {self._iter(r): lambda r=r: self._rollout(r) for r in names}, agent_ended)
+        return self.driver.ingest_named(
+            rel, {self.iter_dir(r): lambda r=r: self._rollout(r) for r in names}, agent_ended
+        )
 
     def _run_rollout(self, r) -> dict:
         rollout = self._rollout(r)
         if self.run_episode is None and self.driver.stored(rollout) is None:
-            raise SearchError(f"task {self.task.id}: rollout {self._iter(r)} is not stored "
-                              f"(run --phase prepare, its agent pod and --phase ingest first)")
+            raise SearchError(
+                f"task {self.task.id}: rollout {self.iter_dir(r)} is not stored "
+                f"(run --phase prepare, its agent pod and --phase ingest first)"
+            )
         return self.driver.run(rollout, self.run_episode)
 
     # ------------------------------------------------------------ iteration 0
     def _initial(self) -> tuple[IterationRecord, list[str]]:
-        ref = self._iter("reference")
+        ref = self.iter_dir("reference")
         self._run_rollout("reference")
         wf = self._initial_doc()
         status = self._rollout_once(0, wf)
-        record = IterationRecord(k=0, workflow=wf, outcome=status.get("outcome"), preferred=True,
-                                 elite_after=0, reference_verdict=self._versus_reference(0))
-        return record, rollout_outputs(self.ctx, ref) + rollout_outputs(self.ctx, self._iter(0)) + [
-            self._file(0, "workflow.json"), self._file(0, "reference_verdict.json")]
+        record = IterationRecord(
+            k=0,
+            workflow=wf,
+            outcome=status.get("outcome"),
+            preferred=True,
+            elite_after=0,
+            reference_verdict=self._versus_reference(0),
+        )
+        return record, rollout_outputs(self.ctx, ref) + rollout_outputs(self.ctx, self.iter_dir(0)) + [
+            self.rollout_file(0, "workflow.json"),
+            self.rollout_file(0, "reference_verdict.json"),
+        ]
 
     def _initial_doc(self) -> dict:
         return workflow_docs.initial(self.task, self.cfg.workflow_format)
 
     def _rollout_once(self, k: int, wf: dict) -> dict:
-        self.store.put_json(self._file(k, "workflow.json"), wf)
+        self.store.put_json(self.rollout_file(k, "workflow.json"), wf)
         return self._run_rollout(k)
 
     def _bundle(self, k) -> str:
         """The evidence of rollout k's stored workspace (with its run notice)."""
-        return task_bundle(self.store, self._iter(k), self.spec, self.task)
+        return task_bundle(self.store, self.iter_dir(k), self.spec, self.task)
 
     def _judge(self, key: str, k: int, x: tuple[str, str], y: tuple[str, str], salt: str) -> Verdict:
         """Version k (`x`) against the reference or the best version (`y`), stored once."""
-        stored = _get_json(self.store, key)
+        stored = stored_json(self.store, key)
         if stored:
             return Verdict.model_validate(stored)
-        kw = {"retries": self.spec.ranking.verdict_retries, "seed": derived_seed(self.cfg.seed, self.task.id, k, salt),
-              "budget_tokens": prompt_budget(self.spec)}
+        kw = {
+            "retries": self.spec.ranking.verdict_retries,
+            "seed": derived_seed(self.cfg.seed, self.task.id, k, salt),
+            "budget_tokens": prompt_budget(self.spec),
+        }
         if self.cfg.judge_order == "fixed":  # the paper's code: the baseline (or the champion) is A
             v = judge(self.evaluator, self.task.judged_text, y, x, **kw)
         else:
@@ -248,57 +276,71 @@ class Search:
     def _versus_reference(self, k: int) -> Verdict:
         elite = (f"iter-{k}", self._bundle(k))
         reference = ("reference", self._bundle("reference"))
-        return self._judge(self._file(k, "reference_verdict.json"), k, elite, reference, "reference")
+        return self._judge(self.rollout_file(k, "reference_verdict.json"), k, elite, reference, "reference")
 
     # ------------------------------------------------------------ iterations 1..K
     def _proposal(self, k: int, state: SearchState) -> dict:
         """W_k's proposal: stored, or asked of the optimizer and stored at once."""
         history = [r for r in state.iterations if r.k < k]
-        proposal = _get_json(self.store, self._file(k, "proposal.json")) or self._propose(k, state, history)
-        self.store.put_json(self._file(k, "proposal.json"), proposal)
+        proposal = stored_json(self.store, self.rollout_file(k, "proposal.json")) or self._propose(k, state, history)
+        self.store.put_json(self.rollout_file(k, "proposal.json"), proposal)
         return proposal
 
     def _propose_and_try(self, k: int) -> tuple[IterationRecord, list[str]]:
         state = self.state()
         if state is None:
             raise SearchError(f"task {self.task.id}: no search state; run iteration 0 first")
-        prefix = self._iter(k)
+        prefix = self.iter_dir(k)
         proposal = self._proposal(k, state)
-        outputs = [self._file(k, "proposal.json")]
+        outputs = [self.rollout_file(k, "proposal.json")]
         if proposal["workflow"] is None:
-            record = IterationRecord(k=k, workflow=None, proposal_attempts=proposal["attempts"],
-                                     proposal_errors=proposal["errors"], elite_after=state.elite)
+            record = IterationRecord(
+                k=k,
+                workflow=None,
+                proposal_attempts=proposal["attempts"],
+                proposal_errors=proposal["errors"],
+                elite_after=state.elite,
+            )
             return record, outputs
         status = self._rollout_once(k, proposal["workflow"])
-        outputs += rollout_outputs(self.ctx, prefix) + [self._file(k, "workflow.json")]
+        outputs += rollout_outputs(self.ctx, prefix) + [self.rollout_file(k, "workflow.json")]
         candidate = (f"iter-{k}", self._bundle(k))
         best = (f"iter-{state.elite}", self._bundle(state.elite))
 
         def ask(against: str) -> Verdict:
             if against == "reference":
-                outputs.append(self._file(k, "reference_verdict.json"))
+                outputs.append(self.rollout_file(k, "reference_verdict.json"))
                 return self._versus_reference(k)
-            outputs.append(self._file(k, "verdict.json"))
-            return self._judge(self._file(k, "verdict.json"), k, candidate, best, self.cfg.selection)
+            outputs.append(self.rollout_file(k, "verdict.json"))
+            return self._judge(self.rollout_file(k, "verdict.json"), k, candidate, best, self.cfg.selection)
 
         verdict, ref_verdict, preferred = judge_version(self.cfg.selection, k, state.beats_reference, ask)
         record = IterationRecord(
-            k=k, workflow=proposal["workflow"], proposal_attempts=proposal["attempts"],
-            proposal_errors=proposal["errors"], outcome=status.get("outcome"), verdict=verdict,
-            preferred=preferred, elite_after=k if preferred else state.elite, reference_verdict=ref_verdict,
+            k=k,
+            workflow=proposal["workflow"],
+            proposal_attempts=proposal["attempts"],
+            proposal_errors=proposal["errors"],
+            outcome=status.get("outcome"),
+            verdict=verdict,
+            preferred=preferred,
+            elite_after=k if preferred else state.elite,
+            reference_verdict=ref_verdict,
         )
         return record, outputs
 
     def _propose(self, k: int, state: SearchState, history: list[IterationRecord]) -> dict:
         try:
-            messages, brief = optimizer_brief.build(self._brief_input(state, history), prompt_budget(self.spec))
+            messages, brief = optimizer_brief.build(brief_input(self, state, history), prompt_budget(self.spec))
         except optimizer_brief.BriefTooLong as e:
             raise SearchError(f"task {self.task.id}: iteration {k}: {e}") from None
         errors: list[str] = []
         fmt = self.cfg.workflow_format
         for attempt in range(self.cfg.proposal_retries + 1):
-            reply = self.optimizer.chat(messages, seed=derived_seed(self.cfg.seed, self.task.id, k, "proposal", attempt),
-                                     headers={"X-Mass-Role": OPTIMIZER_ROLE, "X-Mass-Agent": OPTIMIZER_ROLE})
+            reply = self.optimizer.chat(
+                messages,
+                seed=derived_seed(self.cfg.seed, self.task.id, k, "proposal", attempt),
+                headers={"X-Mass-Role": OPTIMIZER_ROLE, "X-Mass-Agent": OPTIMIZER_ROLE},
+            )
             content = reply.get("content") or ""
             try:
                 wf, explanation = workflow_docs.parse_reply(self.task, fmt, content)
@@ -306,78 +348,61 @@ class Search:
                 errors.append(f"attempt {attempt + 1}: " + "; ".join(e.errors))
                 messages = messages[:2] + [
                     {"role": "assistant", "content": content},
-                    {"role": "user", "content": "That proposal could not be used:\n" + "\n".join(e.errors)
-                     + "\n" + workflow_docs.RETRY[fmt]},
+                    {
+                        "role": "user",
+                        "content": "That proposal could not be used:\n"
+                        + "\n".join(e.errors)
+                        + "\n"
+                        + workflow_docs.RETRY[fmt],
+                    },
                 ]
                 continue
-            return {"workflow": wf, "attempts": attempt + 1, "errors": errors,
-                    "model": self.labels["optimizer"], "brief": brief,
-                    **({"explanation": explanation} if explanation else {})}
-        return {"workflow": None, "attempts": self.cfg.proposal_retries + 1, "errors": errors,
-                "model": self.labels["optimizer"], "brief": brief}
-
-    def _brief_input(self, state: SearchState, history: list[IterationRecord]) -> optimizer_brief.BriefInput:
-        """What the optimizer is shown, gathered from the stored search (module optimizer_brief)."""
-        tried = [r for r in history if r.workflow is not None and r.outcome is not None]
-        current = tried[-1]
-        designs = {r.k: r.workflow for r in tried}
-        against_reference = self.cfg.selection == "champion"
-        rows = []
-        for r in tried:
-            if r.reference_verdict is not None:
-                rows.append(_row(r.k, "the bare reference", r.reference_verdict))
-            if not against_reference and r.verdict is not None:
-                rows.append(_row(r.k, "v" + _other(r.verdict, r.k), r.verdict))
-        best, case, why = None, "preferred", ""
-        if state.elite != current.k and state.elite in designs and (state.beats_reference or not against_reference):
-            best = state.elite
-            won_reference = won(current.reference_verdict, current.k)
-            if against_reference and not won_reference:
-                case, why = "best_only_won", (current.reference_verdict.rationale if current.reference_verdict else "")
-            else:
-                case, why = ("both_won" if against_reference else "preferred"), (current.verdict.rationale if current.verdict else "")
-        status = _get_json(self.store, self._file(current.k, "status.json"))
-        failed = status is not None and status.get("outcome") != "success"
-        prior = [{"version": r.k, "outcome": r.outcome,
-                  "reason": str((_get_json(self.store, self._file(r.k, "status.json")) or {}).get("reason", ""))[:300]}
-                 for r in tried[:-1] if r.outcome != "success"]
-        main, results = task_views(self.store, self._iter(current.k), self.spec, self.task, results=True)
-        upstream = self.cfg.workflow_format == "upstream"
-        template = DesignTemplate.of_task(self.task) if upstream else None
-        return optimizer_brief.BriefInput(
-            task=template.task_text if template else self.task.prompt, current=current.k, designs=designs, rows=rows,
-            evidence=main, results=results,
-            status=status, last_calls=last_tool_calls(self.store, self._file(current.k, "trace.jsonl")) if failed else [],
-            prior_failures=prior, best=best, best_case=case, best_rationale=why, against_reference=against_reference,
-            champion=state.elite if state.beats_reference else None,
-            workflow_format=self.cfg.workflow_format, rules=template.after.strip() if template else "")
+            return {
+                "workflow": wf,
+                "attempts": attempt + 1,
+                "errors": errors,
+                "model": self.labels["optimizer"],
+                "brief": brief,
+                **({"explanation": explanation} if explanation else {}),
+            }
+        return {
+            "workflow": None,
+            "attempts": self.cfg.proposal_retries + 1,
+            "errors": errors,
+            "model": self.labels["optimizer"],
+            "brief": brief,
+        }
 
     # ------------------------------------------------------------ state
     def _save(self, k: int, record: IterationRecord, outputs: list[str]) -> None:
         prev = self.state() if k > 0 else None
         records = ([r for r in prev.iterations if r.k < k] if prev else []) + [record]
-        state = fold(self.task.id, self.gen, self.cfg.iterations, records,
-                     reference_outcome=_get_json(self.store, self._file("reference", "status.json")),
-                     selection=self.cfg.selection)
+        state = fold(
+            self.task.id,
+            self.gen,
+            self.cfg.iterations,
+            records,
+            reference_outcome=stored_json(self.store, self.rollout_file("reference", "status.json")),
+            selection=self.cfg.selection,
+        )
         key = self.ctx.search_state(self.gen, self.task.id)
         self.store.put_json(key, state.model_dump(mode="json"))
         self._step(k).finish(outputs, extra={"elite": state.elite, "beats_reference": state.beats_reference})
 
 
-def _other(v: Verdict, k: int) -> str:
-    """The number of the version that `v` judged version k against."""
-    other = v.second if v.first == f"iter-{k}" else v.first
-    return other.removeprefix("iter-")
-
-
-def _row(k: int, against: str, v: Verdict) -> optimizer_brief.Row:
-    outcome = "invalid" if not v.valid else "tie" if v.winner == "tie" else "win" if v.winner == f"iter-{k}" else "loss"
-    return optimizer_brief.Row(version=k, against=against, outcome=outcome, rationale=v.rationale, model=v.model)
-
-
-def run_search(ctx: RunContext, gen: int, task_id: str, client: Any, run_episode: EpisodeRunner | None,
-               iteration: int | None = None, *, phase: str | Phase | None = None, endpoint=None,
-               rollout_key: str | None = None, agent_status: str | None = None) -> dict:
+def run_search(
+    ctx: RunContext,
+    gen: int,
+    task_id: str,
+    client: Any,
+    run_episode: EpisodeRunner | None,
+    iteration: int | None = None,
+    *,
+    phase: str | Phase | None = None,
+    endpoint=None,
+    rollout_key: str | None = None,
+    agent_status: str | None = None,
+) -> dict:
     """Library core used by `mass search` and the local runner: the whole loop, or one iteration.
 
     Phases (the cluster, around agent pods): `prepare` (needs `iteration` and `endpoint`) returns
@@ -388,7 +413,9 @@ def run_search(ctx: RunContext, gen: int, task_id: str, client: Any, run_episode
     if phase in (Phase.PREPARE, Phase.INGEST):
         if phase is Phase.PREPARE:
             if iteration is None or endpoint is None:
-                raise SearchError("--phase prepare needs --iteration and the model endpoint the agent pods call (--endpoint)")
+                raise SearchError(
+                    "--phase prepare needs --iteration and the model endpoint the agent pods call (--endpoint)"
+                )
             return {"rollouts": search.prepare(iteration, endpoint)}
         if not rollout_key:
             raise SearchError("--phase ingest needs --rollout (a key the prepare phase listed)")
@@ -399,5 +426,9 @@ def run_search(ctx: RunContext, gen: int, task_id: str, client: Any, run_episode
         return {"continue": False, "elite": state.elite, "beats_reference": state.beats_reference}
     more = search.iteration(iteration)
     state = search.state()
-    return {"continue": more, "next": iteration + 1 if more else None, "elite": state.elite if state else None,
-            "beats_reference": state.beats_reference if state else False}
+    return {
+        "continue": more,
+        "next": iteration + 1 if more else None,
+        "elite": state.elite if state else None,
+        "beats_reference": state.beats_reference if state else False,
+    }

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from mass_jobs.config.task_spec import CheckCommand, Guards
-from mass_jobs.steps.guard import check_workspace, hash_protected
+from mass_jobs.steps.guard import check_workspace
+from mass_jobs.steps.workspace_reads import hash_protected
 
 SIM = "def push(obj, force):\n    return obj + force\n"
 STUB = "# Report\n\n(to be written)\n"
