@@ -15,6 +15,7 @@ import random
 
 import pytest
 
+from mass_jobs.k8s import workflow_nodes as WN
 from mass_jobs.k8s import workflow_size as W
 
 # NodeStatus's fields in declaration order (json names), and Outputs' and NodeFlag's.
@@ -107,7 +108,7 @@ def _nodes(n: int, seed: int = 0) -> dict:
     for i in range(n):
         name = f"{wf}[0].cycle(0:gen:{i % 3})[{i % 5}].search-task(task:t-{i}&<x>)"
         kind = rng.choice(["Pod", "Retry", "Steps", "StepGroup", "Skipped"])
-        node = W.node_status(
+        node = WN.node_status(
             wf,
             name,
             kind,
@@ -117,11 +118,11 @@ def _nodes(n: int, seed: int = 0) -> dict:
             inputs={"task": f"t-{i}", "json": '{"a": "<b>"}'},
             outputs={"rollouts": "[]"},
             artifacts=[
-                W.log_artifact(
-                    "argo-artifacts/{{workflow.name}}/{{pod.name}}", wf, W.pod_name(wf, "search-prepare", name)
+                WN.log_artifact(
+                    "argo-artifacts/{{workflow.name}}/{{pod.name}}", wf, WN.pod_name(wf, "search-prepare", name)
                 )
             ],
-            children=[W.node_id(wf, name + "(0)")] if kind in ("Retry", "Steps") else (),
+            children=[WN.node_id(wf, name + "(0)")] if kind in ("Retry", "Steps") else (),
             retried=kind == "Pod" and i % 2 == 0,
         )
         out[node["id"]] = node
@@ -133,14 +134,14 @@ def _nodes(n: int, seed: int = 0) -> dict:
 @pytest.mark.unit
 def test_the_node_map_is_marshalled_as_go_does():
     nodes = _nodes(200)
-    assert W.nodes_json(nodes) == go_marshal_nodes(nodes)
-    assert b"\\u003cx\\u003e" in W.nodes_json(nodes) and b"<" not in W.nodes_json(nodes)
+    assert WN.nodes_json(nodes) == go_marshal_nodes(nodes)
+    assert b"\\u003cx\\u003e" in WN.nodes_json(nodes) and b"<" not in WN.nodes_json(nodes)
 
 
 @pytest.mark.unit
 def test_each_node_carries_what_the_controller_writes_for_its_kind():
     wf = "mass-run-x7k2p"
-    pod = W.node_status(
+    pod = WN.node_status(
         wf,
         "a(0)",
         "Pod",
@@ -148,7 +149,7 @@ def test_each_node_carries_what_the_controller_writes_for_its_kind():
         outputs={"rollout": "r"},
         retried=True,
         artifacts=[
-            W.log_artifact("argo-artifacts/{{workflow.name}}/{{pod.name}}", wf, W.pod_name(wf, "collect", "a(0)"))
+            WN.log_artifact("argo-artifacts/{{workflow.name}}/{{pod.name}}", wf, WN.pod_name(wf, "collect", "a(0)"))
         ],
     )
     assert pod["nodeFlag"] == {"retried": True} and pod["hostNodeName"] and pod["resourcesDuration"]
@@ -158,9 +159,9 @@ def test_each_node_carries_what_the_controller_writes_for_its_kind():
         "name": "main-logs",
         "s3": {"key": f"argo-artifacts/{wf}/{wf}-collect-{pod['id'].rsplit('-', 1)[1]}/main.log"},
     }
-    retry = W.node_status(wf, "a", "Retry", "collect", outputs={"rollout": "r"}, artifacts=[log], children=[pod["id"]])
+    retry = WN.node_status(wf, "a", "Retry", "collect", outputs={"rollout": "r"}, artifacts=[log], children=[pod["id"]])
     assert retry["outputs"] == pod["outputs"] and "hostNodeName" not in retry and "nodeFlag" not in retry
-    group = W.node_status(wf, "a[0]", "StepGroup", "cycle", children=[retry["id"]])
+    group = WN.node_status(wf, "a[0]", "StepGroup", "cycle", children=[retry["id"]])
     assert "outputs" not in group and "resourcesDuration" not in group
 
 
@@ -175,8 +176,8 @@ def test_compressed_size_errs_high_of_the_exact_gzip_in_id_order():
         for n in nodes.values()
         if "children" in n
     )
-    est = W.compressed_size(nodes)
-    assert exact <= est <= exact * W.DEFLATE_MARGIN + children + 1
+    est = WN.compressed_size(nodes)
+    assert exact <= est <= exact * WN.DEFLATE_MARGIN + children + 1
 
 
 def test_the_papers_spec_fits_five_generations_and_not_six():

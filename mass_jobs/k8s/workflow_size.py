@@ -18,11 +18,8 @@ every step succeeding at its first attempt, and sizes the nodes in Argo's NodeSt
 
 from __future__ import annotations
 
-import base64
 import functools
-import gzip
 import json
-import math
 import re
 from dataclasses import dataclass
 
@@ -31,108 +28,20 @@ from mass_jobs.episodes import rollouts
 from mass_jobs.k8s import argo
 from mass_jobs.k8s.manifests import ARTIFACT_KEY_FORMAT
 from mass_jobs.k8s.settings import ClusterSettings
+from mass_jobs.k8s.workflow_nodes import (
+    compressed_size,
+    json_size,
+    log_artifact,
+    node_id,
+    node_status,
+    nodes_json,
+    pod_name,
+)
 from mass_jobs.pipeline.table import argo_outputs
 from mass_jobs.run.context import RunContext
 from mass_jobs.steps import evaluate
 
 MAX_WORKFLOW_SIZE = 1024 * 1024  # the controller's MAX_WORKFLOW_SIZE default
-HOST = "ip-10-0-128-200.ec2.internal"  # a node name of typical length (pods' hostNodeName)
-START = 1_767_225_600  # 2026-01-01: the run's first second; node times follow from each id
-
-
-def _time(seconds: int) -> str:
-    import time
-
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
-def node_id(workflow: str, name: str) -> str:
-    """Argo's node id: the workflow name and the FNV-1a (32-bit) hash of the node's name."""
-    h = 0x811C9DC5
-    for b in name.encode():
-        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
-    return f"{workflow}-{h}"
-
-
-def node_status(workflow: str, name: str, kind: str, template: str, *, display: str = "", phase: str = "Succeeded",
-                inputs: dict | None = None, outputs: dict | None = None, artifacts: list | None = None,
-                boundary: str = "", children: list[str] = (), message: str = "", retried: bool = False,
-                exit_code: str | None = None) -> dict:
-    """One entry of `status.nodes` as the controller writes it: the fields it sets for a finished node
-    of this kind, in NodeStatus's field order (Go marshals a struct's fields in declaration order).
-    A Pod node, and a Retry node (which takes its last attempt's outputs), carries `outputs`;
-    an attempt under a Retry node is flagged `retried`."""
-    nid = node_id(workflow, name)
-    # times as distinct as a real run's (they compress as poorly): spread over a week by the id's hash
-    h = int(nid.rsplit("-", 1)[1])
-    started, took = START + h % 604_800, 5 + h % 3_600
-    node = {"id": nid, "name": name, "displayName": display or name.rsplit(".", 1)[-1],
-            "type": kind, "templateName": template, "templateScope": "local/", "phase": phase}
-    if boundary:
-        node["boundaryID"] = boundary
-    if message:
-        node["message"] = message
-    node |= {"startedAt": _time(started), "finishedAt": _time(started + took), "progress": "1/1"}
-    if kind == "Pod":
-        node["resourcesDuration"] = {"cpu": took, "memory": 4 * took}
-    if retried:
-        node["nodeFlag"] = {"retried": True}
-    if inputs:
-        node["inputs"] = {"parameters": [{"name": k, "value": str(v)} for k, v in inputs.items()]}
-    if kind in ("Pod", "Retry") and (outputs or artifacts or exit_code is not None or kind == "Pod"):
-        out = {}  # Outputs' field order: parameters, artifacts, result, exitCode
-        if outputs:
-            out["parameters"] = [{"name": k, "value": str(v)} for k, v in outputs.items()]
-        if artifacts:
-            out["artifacts"] = list(artifacts)
-        out["exitCode"] = "0" if exit_code is None else exit_code
-        node["outputs"] = out
-    if children:
-        node["children"] = list(children)
-    if kind == "Pod":
-        node["hostNodeName"] = HOST
-    return node
-
-
-def pod_name(workflow: str, template: str, node_name: str) -> str:
-    """The pod's name (POD_NAMES=v2, the controller's default): workflow-template-hash of the node's name."""
-    return f"{workflow}-{template}-{node_id(workflow, node_name).rsplit('-', 1)[1]}"
-
-
-def log_artifact(key_format: str, workflow: str, pod: str) -> dict:
-    """The `main-logs` artifact the executor saves for each pod when the repository archives logs."""
-    folder = key_format.replace("{{workflow.name}}", workflow).replace("{{pod.name}}", pod)
-    return {"name": "main-logs", "s3": {"key": f"{folder}/main.log"}}
-
-
-def nodes_json(nodes: dict) -> bytes:
-    """`json.Marshal(status.nodes)` as Go writes it: the map's keys (node ids) sorted, each struct's
-    fields in their order, `<`, `>` and `&` escaped, UTF-8 as is."""
-    return _go_json({k: nodes[k] for k in sorted(nodes)})
-
-
-# The controller's gzip is Go's (compress/flate, or klauspost's pgzip) at the default level, not
-# zlib's: the two differ by a few percent on the same bytes, so the estimate adds this much.
-DEFLATE_MARGIN = 1.05
-
-
-def compressed_size(nodes: dict) -> int:
-    """Bytes of `status.compressedNodes` for these nodes (the controller's CompressEncodeString: gzip
-    of their JSON, then base64), with DEFLATE_MARGIN for the compressor's implementation. Children
-    lists (node ids: hashes, which hardly compress) are counted at their full size: the bound errs high."""
-    bare = {i: {k: v for k, v in n.items() if k != "children"} for i, n in nodes.items()}
-    ids = sum(json_size(n["children"]) + len('"children":,') for n in nodes.values() if "children" in n)
-    return math.ceil(len(base64.b64encode(gzip.compress(nodes_json(bare), compresslevel=6))) * DEFLATE_MARGIN) + ids
-
-
-def json_size(obj) -> int:
-    """Bytes of `obj` as Go's json.Marshal writes it (the object's own key order)."""
-    return len(_go_json(obj))
-
-
-def _go_json(obj) -> bytes:
-    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
 
 
 _REF = re.compile(r"\{\{\s*(=?[^}]+?)\s*\}\}")
@@ -145,6 +54,7 @@ def _sub(text: str, scope: dict) -> str:
         if (p := _PLUS.match(expr)) and p.group(1) in scope:
             return str(int(scope[p.group(1)]) + int(p.group(2)))
         return str(scope.get(expr, m.group(0)))
+
     return _REF.sub(one, str(text))
 
 
@@ -168,7 +78,9 @@ class _Walk:
         self.generation[node["id"]] = self.gen
         return node["id"]
 
-    def run(self, wft: str, tmpl_name: str, inputs: dict, name: str, boundary: str, display: str = "") -> tuple[str, dict]:
+    def run(
+        self, wft: str, tmpl_name: str, inputs: dict, name: str, boundary: str, display: str = ""
+    ) -> tuple[str, dict]:
         """A template invoked as node `name`: (its node id, its output parameters)."""
         tmpl = self.template(wft, tmpl_name)
         if tmpl_name == "chain":
@@ -176,22 +88,47 @@ class _Walk:
         if "retryStrategy" in tmpl:
             child, outputs = self.once(wft, tmpl, inputs, f"{name}(0)", boundary, retried=True)
             done = self.nodes[child].get("outputs") or {}  # the Retry node takes its last attempt's outputs
-            return self.add(name, "Retry", tmpl_name, boundary, display=display, inputs=inputs, children=[child],
-                            outputs=outputs, artifacts=done.get("artifacts"), exit_code=done.get("exitCode")), outputs
+            return self.add(
+                name,
+                "Retry",
+                tmpl_name,
+                boundary,
+                display=display,
+                inputs=inputs,
+                children=[child],
+                outputs=outputs,
+                artifacts=done.get("artifacts"),
+                exit_code=done.get("exitCode"),
+            ), outputs
         return self.once(wft, tmpl, inputs, name, boundary, display)
 
-    def once(self, wft: str, tmpl: dict, inputs: dict, name: str, boundary: str, display: str = "",
-             retried: bool = False) -> tuple[str, dict]:
+    def once(
+        self, wft: str, tmpl: dict, inputs: dict, name: str, boundary: str, display: str = "", retried: bool = False
+    ) -> tuple[str, dict]:
         if "steps" in tmpl:
             return self.steps(wft, tmpl, inputs, name, boundary, display)
         scope = {f"inputs.parameters.{k}": v for k, v in inputs.items()}
         outputs = self.outputs(tmpl["name"], inputs) if "container" in tmpl else {}
-        artifacts = [{"name": a["name"], "path": a["path"], "s3": {"key": _sub(a["s3"]["key"], scope)}}
-                     for a in (tmpl.get("outputs") or {}).get("artifacts", []) if "s3" in a]
+        artifacts = [
+            {"name": a["name"], "path": a["path"], "s3": {"key": _sub(a["s3"]["key"], scope)}}
+            for a in (tmpl.get("outputs") or {}).get("artifacts", [])
+            if "s3" in a
+        ]
         if "container" in tmpl:  # the artifact repository archives every container's log
-            artifacts.append(log_artifact(ARTIFACT_KEY_FORMAT, self.workflow, pod_name(self.workflow, tmpl["name"], name)))
-        return self.add(name, "Pod", tmpl["name"], boundary, display=display, inputs=inputs, outputs=outputs,
-                        artifacts=artifacts, retried=retried), outputs
+            artifacts.append(
+                log_artifact(ARTIFACT_KEY_FORMAT, self.workflow, pod_name(self.workflow, tmpl["name"], name))
+            )
+        return self.add(
+            name,
+            "Pod",
+            tmpl["name"],
+            boundary,
+            display=display,
+            inputs=inputs,
+            outputs=outputs,
+            artifacts=artifacts,
+            retried=retried,
+        ), outputs
 
     def steps(self, wft: str, tmpl: dict, inputs: dict, name: str, boundary: str, display: str) -> tuple[str, dict]:
         me = node_id(self.workflow, name)
@@ -208,8 +145,10 @@ class _Walk:
                 for i, item in enumerate(items):
                     item_scope = dict(scope, **self.item_scope(item))
                     child = f"{gname}.{step['name']}" + ("" if item is None else f"({i}:{self.item_text(item)})")
-                    args = {p["name"]: _sub(p.get("value", ""), item_scope)
-                            for p in (step.get("arguments") or {}).get("parameters", [])}
+                    args = {
+                        p["name"]: _sub(p.get("value", ""), item_scope)
+                        for p in (step.get("arguments") or {}).get("parameters", [])
+                    }
                     if "when" in step and not self.when(tmpl["name"], step["name"], args, item_scope):
                         children.append(self.add(child, "Skipped", target, me, message="when evaluated false"))
                         continue
@@ -218,11 +157,20 @@ class _Walk:
                     for k, v in outputs.items():
                         scope[f"steps.{step['name']}.outputs.parameters.{k}"] = v
                     if (hook := (step.get("hooks") or {}).get("exit")) is not None:
-                        hargs = {p["name"]: _sub(p.get("value", ""), item_scope)
-                                 for p in (hook.get("arguments") or {}).get("parameters", [])}
+                        hargs = {
+                            p["name"]: _sub(p.get("value", ""), item_scope)
+                            for p in (hook.get("arguments") or {}).get("parameters", [])
+                        }
                         ref = hook.get("templateRef") or {}
-                        children.append(self.run(ref.get("name", wft), ref.get("template") or hook["template"],
-                                                 hargs, f"{child}.onExit", me)[0])
+                        children.append(
+                            self.run(
+                                ref.get("name", wft),
+                                ref.get("template") or hook["template"],
+                                hargs,
+                                f"{child}.onExit",
+                                me,
+                            )[0]
+                        )
             groups.append(self.add(gname, "StepGroup", tmpl["name"], me, display=f"[{gi}]", children=children))
         self.add(name, "Steps", tmpl["name"], boundary, display=display, inputs=inputs, children=groups)
         return me, {}
@@ -243,8 +191,9 @@ class _Walk:
     # -- what the pods answer, on the success path with the counts of `mass plan`
     def when(self, template: str, step: str, args: dict, scope: dict) -> bool:
         if (template, step) == ("search-task", "iteration"):
-            return int(args.get("iteration", scope.get("inputs.parameters.iteration", 0))) < \
-                int(scope["inputs.parameters.iterations"])
+            return int(args.get("iteration", scope.get("inputs.parameters.iteration", 0))) < int(
+                scope["inputs.parameters.iterations"]
+            )
         if (template, step) == ("search-task", "next"):
             return int(scope["inputs.parameters.iteration"]) + 1 < int(scope["inputs.parameters.iterations"])
         if (template, step) == ("chain", "next"):
@@ -259,44 +208,79 @@ class _Walk:
         return True  # validate's flags on a run with nothing stored: every step runs
 
     def outputs(self, template: str, inputs: dict) -> dict:
-
+        """A step's output parameters as its pod would write them (the fan-outs at their bounds)."""
         spec, ctx = self.spec, self.ctx
         g = int(inputs.get("gen", 0))
+
+        def fan(items: list[tuple]) -> dict:
+            return {"rollouts": json.dumps([rollouts.fanout_item(ctx, *item) for item in items])}
+
         if template == "validate":
-            o = argo_outputs(spec, g)
-            return {"tasks": o["train-tasks.json"], "episodes": o["episodes.json"], "iterations": o["search-iterations"],
-                    "model-uri": o["model-uri"], "dtype": o["dtype"], "generations": o["generations"],
-                    "store-prefix": o["store-prefix"], "trainer-workers": o["trainer-workers"],
-                    "trainer-nproc": o["trainer-nproc"], "trainer-gpus": o["trainer-gpus"], "needs-model": "true",
-                    "run-done": "false", **{f"done-{s}": "false" for s in ("search", "collect", "guard", "rank", "render",
-                                                                          "train", "select", "merge", "evaluate")}}
+            return validate_outputs(spec, g)
         if template == "search-prepare":
             task, k = inputs["task"], int(inputs["iteration"])
             ks = ["reference", 0] if k == 0 else [k]
-            return {"rollouts": json.dumps([rollouts.fanout_item(ctx, ctx.search_rollout(g, task, r), task,
-                                                                 "reference" if r == "reference" else f"iter-{r}", g)
-                                            for r in ks])}
+            return fan(
+                [
+                    (ctx.search_rollout(g, task, r), task, "reference" if r == "reference" else f"iter-{r}", g)
+                    for r in ks
+                ]
+            )
         if template == "collect-prepare":
-            return {"agent": "true", "rollout": ctx.relative(ctx.collect_episode(g, inputs["task"], inputs["episode"]))}
+            episode = ctx.collect_episode(g, inputs["task"], inputs["episode"])
+            return {"agent": "true", "rollout": ctx.relative(episode)}
         if template == "guard-prepare":
             task = inputs["task"]
-            checked = spec.task(task).guards.checks
-            return {"rollouts": json.dumps([rollouts.fanout_item(ctx, ctx.guard_checks(g, task, f"ep-{i}"), task,
-                                                                 f"ep-{i}", g)
-                                            for i in range(spec.collection.episodes if checked else 0)])}
+            n = spec.collection.episodes if spec.task(task).guards.checks else 0
+            return fan([(ctx.guard_checks(g, task, f"ep-{i}"), task, f"ep-{i}", g) for i in range(n)])
         if template == "evaluate-plan":
             new = g + 1
             o = argo_outputs(spec, new)
             # what the plan names, the earlier evaluations stored
-            return {"rounds": json.dumps([evaluate.round_item(h, rolls, judges, o["model-uri"].replace(f"gen-{new}", f"gen-{h}"),
-                                                              o["dtype"]) for h, rolls, judges in evaluate.planned_work(new)])}
+            return {
+                "rounds": json.dumps(
+                    [
+                        evaluate.round_item(
+                            h, rolls, judges, o["model-uri"].replace(f"gen-{new}", f"gen-{h}"), o["dtype"]
+                        )
+                        for h, rolls, judges in evaluate.planned_work(new)
+                    ]
+                )
+            }
         if template == "evaluate-prepare":
             h = int(inputs["served-gen"])  # a round that rolls out: its generation's every rollout
-            return {"rollouts": json.dumps([rollouts.fanout_item(ctx, evaluate.rollout_prefix(ctx, h, t.id, r), t.id,
-                                                                 f"rep-{r}", h)
-                                            for t in spec.resolved_tasks()
-                                            for r in range(spec.evaluation.rollouts_per_task)])}
+            reps = range(spec.evaluation.rollouts_per_task)
+            return fan(
+                [
+                    (evaluate.rollout_prefix(ctx, h, t.id, r), t.id, f"rep-{r}", h)
+                    for t in spec.resolved_tasks()
+                    for r in reps
+                ]
+            )
         return {}
+
+
+def validate_outputs(spec, g: int) -> dict:
+    """The validate step's outputs at generation g, nothing stored yet (every step to run)."""
+    o = argo_outputs(spec, g)
+    return {
+        "tasks": o["train-tasks.json"],
+        "episodes": o["episodes.json"],
+        "iterations": o["search-iterations"],
+        "model-uri": o["model-uri"],
+        "dtype": o["dtype"],
+        "generations": o["generations"],
+        "store-prefix": o["store-prefix"],
+        "trainer-workers": o["trainer-workers"],
+        "trainer-nproc": o["trainer-nproc"],
+        "trainer-gpus": o["trainer-gpus"],
+        "needs-model": "true",
+        "run-done": "false",
+        **{
+            f"done-{s}": "false"
+            for s in ("search", "collect", "guard", "rank", "render", "train", "select", "merge", "evaluate")
+        },
+    }
 
 
 @dataclass
@@ -332,13 +316,26 @@ def _estimate(spec_json: str, workflow: str) -> tuple[dict, ...]:
 
     s = ClusterSettings()
     docs = {"mass-run": argo.mass_run(s), "mass-cycle": argo.mass_cycle(s)}
-    fixed = json_size({"metadata": {"name": workflow, "namespace": "mass-jobs", "labels": {}},
-                       "spec": {"workflowTemplateRef": {"name": "mass-run"},
-                                "arguments": {"parameters": [{"name": "spec", "value": f"{spec.store.uri}/spec.yaml"},
-                                                             {"name": "run", "value": spec.name}]}},
-                       "status": {"storedTemplates": {f"namespaced/{w}/{t['name']}": t for w, d in docs.items()
-                                                      for t in d["spec"]["templates"]},
-                                  "storedWorkflowTemplateSpec": docs["mass-run"]["spec"]}})
+    fixed = json_size(
+        {
+            "metadata": {"name": workflow, "namespace": "mass-jobs", "labels": {}},
+            "spec": {
+                "workflowTemplateRef": {"name": "mass-run"},
+                "arguments": {
+                    "parameters": [
+                        {"name": "spec", "value": f"{spec.store.uri}/spec.yaml"},
+                        {"name": "run", "value": spec.name},
+                    ]
+                },
+            },
+            "status": {
+                "storedTemplates": {
+                    f"namespaced/{w}/{t['name']}": t for w, d in docs.items() for t in d["spec"]["templates"]
+                },
+                "storedWorkflowTemplateSpec": docs["mass-run"]["spec"],
+            },
+        }
+    )
     walk = _Walk(spec, workflow, docs)
     walk.run("mass-run", "main", {}, workflow, "")
     per_gen: dict[int, dict] = {}
@@ -350,6 +347,14 @@ def _estimate(spec_json: str, workflow: str) -> tuple[dict, ...]:
     for g in range(spec.generations):
         so_far |= per_gen.get(g, {})
         raw, packed = len(nodes_json(so_far)), compressed_size(so_far)
-        out.append(dict(generation=g, nodes=len(so_far), nodes_bytes=raw, compressed_bytes=packed, fixed_bytes=fixed,
-                        stored_bytes=stored_bytes(fixed, raw, packed)))
+        out.append(
+            dict(
+                generation=g,
+                nodes=len(so_far),
+                nodes_bytes=raw,
+                compressed_bytes=packed,
+                fixed_bytes=fixed,
+                stored_bytes=stored_bytes(fixed, raw, packed),
+            )
+        )
     return tuple(out)
