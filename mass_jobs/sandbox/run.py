@@ -85,8 +85,10 @@ OUTER_BOUNDARIES = {
     "pod": "an agent pod's container (a uid of its own, no capabilities, seccomp RuntimeDefault, the NetworkPolicy)",
     "none": "execution.sandbox: none (a machine its user trusts: the host's filesystem and network)",
 }
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; "
-                "`make setup` does it as root), or set execution.sandbox: none on a machine you trust")
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; "
+    "`make setup` does it as root), or set execution.sandbox: none on a machine you trust"
+)
 
 
 def outer_boundary() -> str | None:
@@ -297,8 +299,20 @@ def _tools() -> tuple[str | None, str | None]:
         return None, "setpriv (util-linux) is not installed under /usr"
     # The mounts every call makes, too: in a container a new PID namespace may be allowed while
     # mounting its /proc is not, and every command would then fail instead of falling back.
-    probe = [bwrap, *_namespace_flags(os.geteuid() == 0, True), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-             "--tmpfs", "/tmp", "true"]
+    probe = [
+        bwrap,
+        *_namespace_flags(os.geteuid() == 0, True),
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "true",
+    ]
     try:
         out = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -399,8 +413,9 @@ def _visible_path(path: str, visible_dirs: list[str]) -> str:
     return os.pathsep.join(keep)
 
 
-def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None,
-                  stop: threading.Event | None = None) -> SandboxResult:
+def run_sandboxed(
+    cmd: str, cwd: str | Path, limits: SandboxLimits | None = None, stop: threading.Event | None = None
+) -> SandboxResult:
     """Run `/bin/sh -c cmd` in workspace `cwd` under `limits`; see the module docstring. Setting
     `stop` kills the tree at the next sample (killed_reason "stopped")."""
     import tempfile
@@ -414,8 +429,11 @@ def run_sandboxed(cmd: str, cwd: str | Path, limits: SandboxLimits | None = None
     as_root = os.geteuid() == 0
     # Without namespaces a leased uid runs the host's paths as they are: one that cannot enter the
     # interpreter's folders (a venv under a 0700 home) would fail every command with 126.
-    drop = as_root and limits.drop_privileges and (
-        _tools()[0] is not None or (_open_to_others(sys.executable) and _open_to_others(str(workspace.parent))))
+    drop = (
+        as_root
+        and limits.drop_privileges
+        and (_tools()[0] is not None or (_open_to_others(sys.executable) and _open_to_others(str(workspace.parent))))
+    )
     uid = lease_uid(str(workspace), limits) if drop else None
     host_tmp = None
     try:
@@ -484,8 +502,9 @@ def _run(
     # set up
     launch = _launch(cmd, workspace, limits, uid, bwrap, tool, host_tmp)
     cgroup = memory_cgroup(limits, launch.notes)
-    launcher = [sys.executable, "-I", "-S", str(LAUNCHER.resolve()), "--launch", json.dumps(
-        {"argv": launch.argv, "rlimits": launch.rlimits, "uid": None if bwrap else uid, "cwd": str(workspace)})]
+    # the launcher applies the rlimits (and, without bwrap, the uid) in the child, then execs argv
+    order = {"argv": launch.argv, "rlimits": launch.rlimits, "uid": None if bwrap else uid, "cwd": str(workspace)}
+    launcher = [sys.executable, "-I", "-S", str(LAUNCHER.resolve()), "--launch", json.dumps(order)]
     # run
     t0 = time.monotonic()
     try:
@@ -513,7 +532,10 @@ def _run(
     reason, peak, why = supervise(proc, workspace, limits, t0, sinks, stop, cgroup, host_tmp)
     if cgroup is not None:
         if cgroup.oom_kills() and reason is None:
-            reason, why = "memory_limit", f"the kernel's OOM killer ended the tree at its {limits.memory_mb} MB cgroup limit"
+            reason, why = (
+                "memory_limit",
+                f"the kernel's OOM killer ended the tree at its {limits.memory_mb} MB cgroup limit",
+            )
         peak["mem"] = max(peak["mem"], cgroup.peak_bytes() / (1024 * 1024))
         cgroup.remove()  # and with it anything of the tree still alive
     if why:
@@ -525,12 +547,20 @@ def _run(
         for t in readers:
             t.join(timeout=2)
     # record
-    return _record(launch, proc.returncode, reason, peak, sinks, time.monotonic() - t0, workspace, limits, uid, cgroup,
-                   host_tmp)
+    return _record(
+        launch, proc.returncode, reason, peak, sinks, time.monotonic() - t0, workspace, limits, uid, cgroup, host_tmp
+    )
 
 
-def _launch(cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, bwrap: str | None, tool: str | None,
-            host_tmp: Path | None) -> _Launch:
+def _launch(
+    cmd: str,
+    workspace: Path,
+    limits: SandboxLimits,
+    uid: int | None,
+    bwrap: str | None,
+    tool: str | None,
+    host_tmp: Path | None,
+) -> _Launch:
     """The command's argv (under bwrap, or a plain shell where none may be built), environment and
     rlimits, and the record of what they apply."""
     as_root = os.geteuid() == 0
@@ -544,14 +574,13 @@ def _launch(cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, b
     assert tmp is not None
     env = sandbox_env(workspace, tmp, limits.extra_env, python.get("path_first"))
     notes: list[str] = []
-    applied: dict[str, Any] = {"backend": "bwrap" if bwrap else "none", "boundary": "bwrap" if bwrap else outer_boundary()}
+    applied: dict[str, Any] = {
+        "backend": "bwrap" if bwrap else "none",
+        "boundary": "bwrap" if bwrap else outer_boundary(),
+    }
     egress = bool(bwrap and limits.egress_socket and limits.isolate_network)
     if egress:  # the relay first; the command starts once it listens (it is the command's only way out)
-        import shlex
-
-        relay = shlex.join([sys.executable if limits.python == "project" else "python3", "-I", "-S", "-c", FORWARDER,
-                            str(SANDBOX_PORT), SANDBOX_SOCKET])
-        cmd = f"{relay} </dev/null >/dev/null 2>&1 || {{ echo 'the egress relay did not start' >&2; exit 125; }}\n{cmd}"
+        cmd = _behind_relay(cmd, limits)
         env.update(sandbox_proxy_env())
     elif limits.egress_socket:
         notes.append("egress proxy not used: the command's network is not isolated here")
@@ -573,12 +602,27 @@ def _launch(cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, b
         argv = ["/bin/sh", "-c", cmd]
         _seal(workspace, limits.read_only_paths)
         applied.update(pid_namespace=False, mount_namespace=False, network_namespace=False)
-        notes.append(f"no sandbox namespaces ({tool}): network reachable, host filesystem visible; "
-                     f"bounded by {OUTER_BOUNDARIES[outer_boundary() or 'none']}")
+        notes.append(
+            f"no sandbox namespaces ({tool}): network reachable, host filesystem visible; "
+            f"bounded by {OUTER_BOUNDARIES[outer_boundary() or 'none']}"
+        )
     if not limits.isolate_network and not limits.egress_url:
         notes.append("network isolation switched off by the limits")
+    return _Launch(argv, env, _rlimits(limits), applied, notes, python)
+
+
+def _behind_relay(cmd: str, limits: SandboxLimits) -> str:
+    """`cmd` started once the egress relay listens in the sandbox: its one way out is the socket."""
+    import shlex
+
+    python = sys.executable if limits.python == "project" else "python3"
+    relay = shlex.join([python, "-I", "-S", "-c", FORWARDER, str(SANDBOX_PORT), SANDBOX_SOCKET])
+    return f"{relay} </dev/null >/dev/null 2>&1 || {{ echo 'the egress relay did not start' >&2; exit 125; }}\n{cmd}"
+
+
+def _rlimits(limits: SandboxLimits) -> dict[str, list[int]]:
     mb = 1024 * 1024
-    rlimits = {
+    return {
         "RLIMIT_CPU": [limits.cpu_s, limits.cpu_s + 1],  # SIGXCPU first, SIGKILL a second later
         "RLIMIT_AS": [limits.memory_mb * mb if limits.limit_address_space else -1] * 2,  # -1: RLIM_INFINITY
         "RLIMIT_FSIZE": [limits.file_size_mb * mb] * 2,
@@ -586,11 +630,21 @@ def _launch(cmd: str, workspace: Path, limits: SandboxLimits, uid: int | None, b
         "RLIMIT_NOFILE": [limits.open_files] * 2,
         "RLIMIT_CORE": [0, 0],
     }
-    return _Launch(argv, env, rlimits, applied, notes, python)
 
 
-def _record(launch: _Launch, code: int, reason: str | None, peak: dict, sinks: dict, duration: float, workspace: Path,
-            limits: SandboxLimits, uid: int | None, cgroup, host_tmp: Path | None) -> SandboxResult:
+def _record(
+    launch: _Launch,
+    code: int,
+    reason: str | None,
+    peak: dict,
+    sinks: dict,
+    duration: float,
+    workspace: Path,
+    limits: SandboxLimits,
+    uid: int | None,
+    cgroup,
+    host_tmp: Path | None,
+) -> SandboxResult:
     """The command's result, with what was applied and what it used."""
     applied, notes, rlimits = launch.applied, launch.notes, launch.rlimits
     killed = reason is not None
@@ -607,7 +661,11 @@ def _record(launch: _Launch, code: int, reason: str | None, peak: dict, sinks: d
     applied["usage"] = {"cpu_s": round(peak["cpu"], 3), "max_memory_mb": round(peak["mem"], 1)}
     as_root = os.geteuid() == 0
     if as_root and uid is None:
-        why = "drop_privileges off" if not limits.drop_privileges else "no other uid can reach the interpreter or the workspace"
+        why = (
+            "drop_privileges off"
+            if not limits.drop_privileges
+            else "no other uid can reach the interpreter or the workspace"
+        )
         notes.append(f"ran as root ({why}): NPROC not enforced, files outside the workspace writable")
     elif not as_root:
         notes.append(f"ran as the caller's uid {os.getuid()}: its process budget is shared with the caller")
