@@ -31,7 +31,7 @@ LONG_FUNCTIONS = {
     "mass_jobs/commands/plan.py:main": "a command's table of rows",
     "mass_jobs/commands/validate.py:main": "the offline and live preflight and the outputs Argo reads",
     "mass_jobs/episodes/audit.py:audit_records": "one pass over a trace's records",
-    "mass_jobs/episodes/sandbox_service.py:local_sandbox": "the sandbox container's start-up in order",
+    "mass_jobs/episodes/sandbox_local.py:local_sandbox": "the sandbox container's start-up in order",
     "mass_jobs/k8s/agent_template.py:agent_container": "the agent pod's containers, field by field",
     "mass_jobs/k8s/argo.py:trainer": "the PyTorchJob's fields",
     "mass_jobs/k8s/settings.py:values_settings": "one line per chart value",

@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from mass_jobs.config.run_spec import MACHINE_FIELDS, SANDBOX_ENV, EpisodeLimits
-from mass_jobs.sandbox.egress import sandbox_proxy_env
+from mass_jobs.sandbox.egress_relay import sandbox_proxy_env
 from mass_jobs.sandbox.run import SandboxLimits, run_sandboxed, sandbox_env
 from mass_jobs.spec.load import SpecError, load_spec
 

@@ -77,7 +77,7 @@ def run_episode(
         if inp.network is not None and egress is None and sandbox is None:
             egress = around.enter_context(_egress_proxy(inp.network, out_dir))
         if sandbox is None and inp.harness == "qwen-code":
-            from mass_jobs.episodes.sandbox_service import local_sandbox
+            from mass_jobs.episodes.sandbox_local import local_sandbox
 
             sandbox = around.enter_context(local_sandbox(workspace, inp.limits, egress.way if egress else None))
             if sandbox is not None:  # a pod's qwen-code container and uid belong to a pod's sandbox
@@ -137,7 +137,7 @@ def _run_harness(
             result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, qwen or sandbox)
         else:  # qwen-code started here: its shell commands still go to a shell-only service
             from mass_jobs.episodes.qwen_code import run_qwen_code
-            from mass_jobs.episodes.sandbox_service import shell_service
+            from mass_jobs.episodes.sandbox_local import shell_service
 
             with shell_service(workspace, inp.limits, egress_socket) as shells:
                 result = run_qwen_code(inp, proxy.endpoint, workspace, trace_path, shells=shells)

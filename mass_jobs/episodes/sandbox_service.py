@@ -40,7 +40,6 @@ import signal
 import socketserver
 import threading
 import time
-from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -50,11 +49,10 @@ from mass_jobs.config.run_spec import EpisodeLimits
 from mass_jobs.config.task_spec import CheckCommand
 from mass_jobs.episodes import tools as T
 from mass_jobs.episodes.episode import episode_input
-from mass_jobs.episodes.qwen_code import QwenRun, qwen_binary, sandbox_home
+from mass_jobs.episodes.qwen_code import QwenRun, sandbox_home
 from mass_jobs.episodes.qwen_shell import run_shell
-from mass_jobs.episodes.sandbox_client import ARCHIVE_LIMIT, REQUEST_LIMIT, SandboxClient
+from mass_jobs.episodes.sandbox_client import ARCHIVE_LIMIT, REQUEST_LIMIT
 from mass_jobs.sandbox.check_job import fresh_copy, run_check
-from mass_jobs.sandbox.run import SandboxLimits, SandboxUnavailable, _tools, run_sandboxed, sandbox_refusal
 from mass_jobs.sandbox.tree import tree_pids
 from mass_jobs.serving.llm import Endpoint
 from mass_jobs.store.archive import extract_dir_archive, write_dir_archive
@@ -64,16 +62,21 @@ REAP_ROUNDS = 50  # walks of the tree after a command, until one finds no stray 
 KEEP_SOCKET_S = 0.2  # how often a service checks that its socket file is still its own
 
 
-
-
 # ---------------------------------------------------------------- the service (sandbox container)
 
 
 class SandboxService:
     """The sandbox side: its own workspace, the tools run in it, qwen-code runs started in it."""
 
-    def __init__(self, workspace: Path, reap: bool = False, shell_socket: Path | None = None,
-                 routes: frozenset[str] | None = None, limits: EpisodeLimits | None = None, egress: str | None = None):
+    def __init__(
+        self,
+        workspace: Path,
+        reap: bool = False,
+        shell_socket: Path | None = None,
+        routes: frozenset[str] | None = None,
+        limits: EpisodeLimits | None = None,
+        egress: str | None = None,
+    ):
         self.workspace = Path(workspace)
         self.server: Any = None
         self.reap = reap  # only in its own process (the pod's sidecar): it kills its whole subtree
@@ -111,8 +114,9 @@ class SandboxService:
 
         limits = EpisodeLimits.model_validate(body["limits"])
         try:
-            out = T.run_workspace_tool(self.workspace, str(body["name"]), body["args"], limits, float(body["timeout_s"]),
-                                       self.egress)
+            out = T.run_workspace_tool(
+                self.workspace, str(body["name"]), body["args"], limits, float(body["timeout_s"]), self.egress
+            )
         except T.ToolError as exc:
             return {"tool_error": str(exc)}
         finally:
@@ -125,13 +129,16 @@ class SandboxService:
         the forwarder names (an agent pod's sandbox, whose qwen-code runs in another container)."""
         from pydantic import ValidationError
 
-
         limits = self.limits or next((run.limits for run in self._runs.values()), None)
         if limits is None:
             try:
                 limits = EpisodeLimits.model_validate(body.get("limits"))
             except ValidationError as exc:
-                return {"exit_code": 126, "stdout": "", "stderr": f"bash: the request's limits are invalid: {exc}\n"[:2000]}
+                return {
+                    "exit_code": 126,
+                    "stdout": "",
+                    "stderr": f"bash: the request's limits are invalid: {exc}\n"[:2000],
+                }
         with self._lock:
             self._shells += 1
         try:
@@ -186,8 +193,13 @@ class SandboxService:
 
         inp = episode_input(body["episode"])
         p = body["proxy"]
-        run = QwenRun(inp, Endpoint(p["base_url"], p["model"], key=p.get("key")), self.workspace,
-                      shell_socket=self.shell_socket or self.socket_path, home=sandbox_home(self.workspace))
+        run = QwenRun(
+            inp,
+            Endpoint(p["base_url"], p["model"], key=p.get("key")),
+            self.workspace,
+            shell_socket=self.shell_socket or self.socket_path,
+            home=sandbox_home(self.workspace),
+        )
         run.limits = inp.limits
         with self._lock:
             run_id = str(next(self._ids))
@@ -223,12 +235,12 @@ def _group_writable(root: Path) -> None:
         path.chmod((mode | 0o020 | (0o2000 if path.is_dir() else 0)) & 0o7777)
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class ServiceServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+class ServiceHandler(BaseHTTPRequestHandler):
+    server: ServiceServer
     protocol_version = "HTTP/1.1"
 
     def address_string(self) -> str:  # a Unix socket peer has no address
@@ -299,8 +311,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._route("POST")
 
 
-def serve(socket_path: Path, workspace: Path, ready=None, reap: bool = False, shell_socket: Path | None = None,
-          routes: frozenset[str] | None = None) -> None:
+def serve(
+    socket_path: Path,
+    workspace: Path,
+    ready=None,
+    reap: bool = False,
+    shell_socket: Path | None = None,
+    routes: frozenset[str] | None = None,
+) -> None:
     """Serve until killed (Argo ends a sidecar when the main container exits). The socket is made
     connectable by the harness's uid; the workspace is this uid's own. With `reap` this process
     becomes the subreaper of all it starts (see the module docstring). `shell_socket`: a shell-only
@@ -312,7 +330,7 @@ def serve(socket_path: Path, workspace: Path, ready=None, reap: bool = False, sh
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    server = _Server(str(socket_path), _Handler)
+    server = ServiceServer(str(socket_path), ServiceHandler)
     os.chmod(socket_path, 0o666)
     server.service = SandboxService(workspace, reap=reap, shell_socket=shell_socket, routes=routes)
     server.service.server = server
@@ -324,10 +342,11 @@ def serve(socket_path: Path, workspace: Path, ready=None, reap: bool = False, sh
         server.serve_forever(poll_interval=0.2)
 
 
-def _keep_socket(server: _Server, path: Path) -> None:
+def _keep_socket(server: ServiceServer, path: Path) -> None:
     """Bind the socket again whenever its file is gone or replaced: in a pod the agent's code runs
     as this service's uid in a folder it may write, and removing the socket must not cut the
     harness off (its clients retry a connect for a few seconds). Ends with the process."""
+
     def inode() -> int | None:
         try:
             return os.lstat(path).st_ino
@@ -341,104 +360,10 @@ def _keep_socket(server: _Server, path: Path) -> None:
             continue
         try:
             path.unlink(missing_ok=True)
-            again = _Server(str(path), _Handler)
+            again = ServiceServer(str(path), ServiceHandler)
         except OSError:
             continue
         os.chmod(path, 0o666)
         again.service = server.service
         threading.Thread(target=again.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
         bound = inode()
-
-
-# ---------------------------------------------------------------- the same split on one machine
-
-
-@contextmanager
-def local_sandbox(workspace: Path, limits: EpisodeLimits, egress: str | None = None):
-    """The sandbox container on one machine, for qwen-code: the same service, started through
-    `run_sandboxed` in the episode's workspace (bwrap: the workspace and the sockets' folder
-    writable; read-only only what it needs to run, the `mass_jobs` package, the interpreter and the
-    qwen-code install, never the checkout, a store, the spec or task files; a leased uid; rlimits
-    over the episode) with the network shared, since qwen-code must reach the recording proxy on
-    loopback. qwen-code's shell commands come back out through a shell-only service of this process
-    (`shell.sock`) and each runs sandboxed on its own, as the built-in harness's do: namespaces of
-    its own and no network (with `egress`, only the episode's egress proxy), so none of them sees
-    qwen-code, its environment or the recording proxy. The
-    trace and the status are outside every view. On leaving, whatever the sandbox still runs is
-    killed within seconds. Where bwrap cannot run it raises SandboxUnavailable, unless this process
-    declared an outer boundary (execution.sandbox: none): then it yields None and qwen-code runs in
-    this process, as the status's sandbox note says."""
-    import shlex
-    import shutil
-    import tempfile
-
-
-    if _tools()[0] is None:
-        if (refusal := sandbox_refusal()) is not None:
-            raise SandboxUnavailable(refusal)
-        yield None
-        return
-    sockdir = Path(tempfile.mkdtemp(prefix="mass-sandbox-"))
-    sock, shell_sock = sockdir / "sandbox.sock", sockdir / "shell.sock"
-    shells = _shell_server(shell_sock, workspace, limits, egress)
-    try:
-        qwen = qwen_binary()
-    except FileNotFoundError:
-        qwen = None  # qwen-code's start then fails in the sandbox and says so
-    # the install the binary belongs to: .../node_modules/.bin/qwen -> the folder holding node_modules
-    shown = [str(Path(__file__).resolve().parents[1])]  # the mass_jobs package
-    if qwen is not None:
-        real = Path(os.path.realpath(qwen))
-        shown.append(str(next((p.parent for p in real.parents if p.name == "node_modules"), real.parent)))
-    sl = SandboxLimits.from_episode_limits(
-        limits, timeout_s=limits.wall_bound_s + 120, cpu_s=int(limits.wall_bound_s) + 120, processes=max(limits.processes, 256),
-        isolate_network=False, limit_address_space=False, read_only=tuple(shown), writable=(str(sockdir),),
-        extra_env={"MASS_QWEN_BIN": str(qwen)} if qwen else {})
-    cmd = (f"exec python -m mass_jobs.commands.cli sandbox-serve --socket {shlex.quote(str(sock))} "
-           f"--workspace {shlex.quote(str(Path(workspace).resolve()))} --in-place "
-           f"--shell-socket {shlex.quote(str(shell_sock))}")
-    ended: dict = {}
-    stop = threading.Event()
-    runner = threading.Thread(target=lambda: ended.update(result=run_sandboxed(cmd, workspace, sl, stop=stop)), daemon=True)
-    runner.start()
-    client = SandboxClient(sock, ready_s=60, shares_workspace=True)
-    try:
-        yield client
-    finally:
-        try:
-            client._json("POST", "/shutdown", timeout_s=5)
-        except SandboxError:
-            pass
-        runner.join(timeout=5)
-        stop.set()  # a sandbox that lost its socket or would not stop: its whole tree is killed
-        runner.join(timeout=10)
-        shells.shutdown()
-        shells.server_close()
-        shutil.rmtree(sockdir, ignore_errors=True)
-
-
-def _shell_server(path: Path, workspace: Path, limits: EpisodeLimits, egress: str | None = None) -> _Server:
-    """A shell-only service at `path`, served by a thread of this process (shutdown() ends it)."""
-    server = _Server(str(path), _Handler)
-    os.chmod(path, 0o666)
-    server.service = SandboxService(workspace, routes=frozenset({"shell", "health"}), limits=limits, egress=egress)
-    server.service.server = server
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
-    return server
-
-
-@contextmanager
-def shell_service(workspace: Path, limits: EpisodeLimits, egress: str | None = None):
-    """The socket of a shell-only service in this process, for a qwen-code run started here (where
-    bwrap cannot run): its shell commands still leave qwen-code's process tree and environment."""
-    import shutil
-    import tempfile
-
-    sockdir = Path(tempfile.mkdtemp(prefix="mass-shell-"))
-    server = _shell_server(sockdir / "shell.sock", workspace, limits, egress)
-    try:
-        yield sockdir / "shell.sock"
-    finally:
-        server.shutdown()
-        server.server_close()
-        shutil.rmtree(sockdir, ignore_errors=True)

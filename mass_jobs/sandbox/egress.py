@@ -3,7 +3,7 @@
 A sandboxed command has no network of its own (its own network namespace, loopback only). With
 `execution.network` set to a list of hosts, the episode's harness starts an `EgressProxy` on a
 Unix socket outside the sandbox; the socket is bound into each sandboxed command, where a small
-relay (`FORWARDER`, started before the command) listens on the namespace's loopback, and
+relay (`egress_relay.FORWARDER`, started before the command) listens on the namespace's loopback, and
 `HTTP(S)_PROXY` point there. So the only way out is the proxy, which:
 - serves HTTP CONNECT tunnels (https, what pip, uv and curl use) and plain-HTTP requests in
   absolute form, to hosts on the allow-list only (`host`, `host:port`, `*.domain`; without a port,
@@ -36,8 +36,6 @@ from pathlib import Path
 from mass_jobs.config.hosts import host_rule_error, is_address, split_entry
 
 DEFAULT_PORTS = (80, 443)
-SANDBOX_PORT = 3128  # where the relay listens on the sandbox's own loopback
-SANDBOX_SOCKET = "/run/mass-egress.sock"  # where the proxy's socket shows inside the sandbox
 HEAD_LIMIT = 64 * 1024  # request line and headers
 MAX_REQUESTS = 10_000  # per episode: past it requests are refused and only counted
 CHUNK = 64 * 1024
@@ -96,8 +94,14 @@ class AllowList:
 class EgressProxy:
     """The proxy of one episode, on a Unix socket; `with EgressProxy(...) as p:` serves until the block ends."""
 
-    def __init__(self, allow: list[str] | tuple[str, ...], record_path: Path, socket_path: Path,
-                 connect_timeout_s: float = 30, idle_timeout_s: float = 600):
+    def __init__(
+        self,
+        allow: list[str] | tuple[str, ...],
+        record_path: Path,
+        socket_path: Path,
+        connect_timeout_s: float = 30,
+        idle_timeout_s: float = 600,
+    ):
         self.record_path = Path(record_path)
         self.socket_path = Path(socket_path)
         self.connect_timeout_s, self.idle_timeout_s = connect_timeout_s, idle_timeout_s
@@ -187,8 +191,11 @@ class Ledger:
 
     def over_cap(self) -> str | None:
         """Why the record is not whole (requests past the cap), or None."""
-        return (f"the episode's code made over {self.cap} network requests ({self.overflow} more were refused "
-                "unrecorded)") if self.overflow else None
+        return (
+            (f"the episode's code made over {self.cap} network requests ({self.overflow} more were refused unrecorded)")
+            if self.overflow
+            else None
+        )
 
     def close(self, rec: dict) -> None:
         with self._lock:
@@ -216,8 +223,17 @@ class _Handler(socketserver.BaseRequestHandler):
         client: socket.socket = self.request
         client.settimeout(server.idle_timeout_s)  # type: ignore[attr-defined]
         started = time.time()
-        rec: dict = {"seq": 0, "t": round(started, 3), "method": "", "host": "", "port": 0, "allowed": False,
-                     "status": 0, "bytes_up": 0, "bytes_down": 0}
+        rec: dict = {
+            "seq": 0,
+            "t": round(started, 3),
+            "method": "",
+            "host": "",
+            "port": 0,
+            "allowed": False,
+            "status": 0,
+            "bytes_up": 0,
+            "bytes_down": 0,
+        }
         ledger: Ledger | None = None
         try:
             head, rest = _read_head(client)
@@ -245,8 +261,17 @@ class _Handler(socketserver.BaseRequestHandler):
                 ledger.close(rec)
 
 
-def _forward(server, allow: AllowList, client: socket.socket, rec: dict, method: str, target: str, version: str,
-             headers: list[tuple[str, str]], rest: bytes) -> None:
+def _forward(
+    server,
+    allow: AllowList,
+    client: socket.socket,
+    rec: dict,
+    method: str,
+    target: str,
+    version: str,
+    headers: list[tuple[str, str]],
+    rest: bytes,
+) -> None:
     if method == "CONNECT":
         host, port = _split_host(target, 443)
         path = ""
@@ -272,8 +297,11 @@ def _forward(server, allow: AllowList, client: socket.socket, rec: dict, method:
             rec["status"] = 200
             up, down = _relay(client, upstream, rest)
         else:
-            kept = [(k, v) for k, v in headers if not k.lower().startswith("proxy-")
-                    and k.lower() not in ("connection", "keep-alive")]
+            kept = [
+                (k, v)
+                for k, v in headers
+                if not k.lower().startswith("proxy-") and k.lower() not in ("connection", "keep-alive")
+            ]
             out = f"{method} {path} {version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in kept)
             sent = (out + "Connection: close\r\n\r\n").encode("latin-1")
             upstream.sendall(sent)
@@ -286,8 +314,11 @@ def _forward(server, allow: AllowList, client: socket.socket, rec: dict, method:
 
 def _send(client: socket.socket, status: int, body: bytes, ctype: str, extra: str = "") -> None:
     try:
-        client.sendall(f"HTTP/1.1 {status} {'OK' if status == 200 else 'Refused'}\r\nContent-Type: {ctype}\r\n"
-                       f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n".encode() + body)
+        client.sendall(
+            f"HTTP/1.1 {status} {'OK' if status == 200 else 'Refused'}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n".encode()
+            + body
+        )
     except OSError:
         pass
 
@@ -336,8 +367,9 @@ def _status_of(first: bytes) -> int:
     return int(m.group(1)) if m else 0
 
 
-def _relay(client: socket.socket, upstream: socket.socket, up_first: bytes,
-           first_reply: list[bytes] | None = None) -> tuple[int, int]:
+def _relay(
+    client: socket.socket, upstream: socket.socket, up_first: bytes, first_reply: list[bytes] | None = None
+) -> tuple[int, int]:
     """Copy both ways until both sides are done; (bytes to upstream, bytes to the client)."""
     up = down = 0
     if up_first:
@@ -366,59 +398,3 @@ def _relay(client: socket.socket, upstream: socket.socket, up_first: bytes,
                     first_reply.append(data)
                 down += len(data)
     return up, down
-
-
-# The relay inside the sandbox (stdlib only; run with `python -I -S -c`): the namespace's loopback
-# port -> the proxy's socket. It forks once it listens, so the command starts after it is ready.
-FORWARDER = r"""
-import os, selectors, socket, sys
-port, path = int(sys.argv[1]), sys.argv[2]
-srv = socket.socket()
-srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", port))
-srv.listen(64)
-if os.fork():
-    os._exit(0)
-sel = selectors.DefaultSelector()
-sel.register(srv, selectors.EVENT_READ)
-peer = {}
-def close(s):
-    for x in (s, peer.pop(s, None)):
-        if x is not None:
-            peer.pop(x, None)
-            try:
-                sel.unregister(x)
-            except Exception:
-                pass
-            x.close()
-while True:
-    for key, _ in sel.select():
-        s = key.fileobj
-        if s is srv:
-            c, _ = srv.accept()
-            u = socket.socket(socket.AF_UNIX)
-            try:
-                u.connect(path)
-            except OSError:
-                c.close(); u.close(); continue
-            peer[c], peer[u] = u, c
-            sel.register(c, selectors.EVENT_READ); sel.register(u, selectors.EVENT_READ)
-            continue
-        try:
-            data = s.recv(65536)
-        except OSError:
-            data = b""
-        if not data:
-            close(s); continue
-        try:
-            peer[s].sendall(data)
-        except (OSError, KeyError):
-            close(s)
-"""
-
-
-def sandbox_proxy_env(url: str | None = None) -> dict[str, str]:
-    """The proxy variables a sandboxed command gets (curl reads the lower-case ones, most tools either):
-    the relay on its own loopback, or `url` (the run's proxy on a cluster)."""
-    url = url or f"http://127.0.0.1:{SANDBOX_PORT}"
-    return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url, "NO_PROXY": "", "no_proxy": ""}

@@ -51,7 +51,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mass_jobs.sandbox.egress import FORWARDER, SANDBOX_PORT, SANDBOX_SOCKET, sandbox_proxy_env
+from mass_jobs.sandbox.egress_relay import FORWARDER, SANDBOX_PORT, SANDBOX_SOCKET, sandbox_proxy_env
 from mass_jobs.sandbox.tree import kill_tree, memory_cgroup, over_quota, read_capped, signal_reason, supervise
 from mass_jobs.sandbox.uids import identity_files, lease_uid, own_tree, release_uid
 

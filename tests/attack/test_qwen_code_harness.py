@@ -300,7 +300,7 @@ def test_with_the_protection_off_the_same_attack_forges_the_trace(scripted_endpo
     from contextlib import contextmanager
 
     import mass_jobs.episodes.qwen_code as qwen_code
-    import mass_jobs.episodes.sandbox_service as service
+    import mass_jobs.episodes.sandbox_local as service
 
     @contextmanager
     def no_sandbox(workspace, limits, egress=None):
