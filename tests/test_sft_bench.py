@@ -9,7 +9,7 @@ import json
 import pytest
 
 from mass_jobs.steps.sft_tokens import IGNORE
-from mass_jobs.tools import bench
+from mass_jobs.tools import bench, bench_report
 
 pytestmark = pytest.mark.unit  # no process, no server, no sandbox (tests/fixtures/unit.py)
 
@@ -29,7 +29,7 @@ def test_windows_are_masked_harness_conversations_of_every_role():
 
 def test_loss_fall_compares_the_first_and_last_steps():
     losses = [9.0] * 10 + [7.0] * 20 + [6.0] * 10
-    first, last, fall = bench.loss_fall(losses, k=10)
+    first, last, fall = bench_report.loss_fall(losses, k=10)
     assert (first, last) == (9.0, 6.0) and fall == pytest.approx(1 / 3)
 
 

@@ -36,17 +36,14 @@ from mass_jobs.config.run_spec import LoraSpec, OptimizerSpec, SftSpec
 from mass_jobs.tiny.build import build_tiny_model, build_tokenizer
 from mass_jobs.tiny.warm import encode
 from mass_jobs.tiny.warm_corpus import warm_corpus
+from mass_jobs.tools.bench_report import write_long_rows, write_profile, write_results
 from mass_jobs.training.loop import Trainer
 from mass_jobs.training.sampler import WindowSampler
 
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
 OPT = {"lr": 1e-3, "warmup_steps": 5, "min_lr_ratio": 0.1}
 EMBED_SCALE = 3.0
-FALL_STEPS = 10  # the loss fall compares the mean of the first and of the last this many steps
 # Dense bf16 peak of the GPUs the bench knows, for model FLOPs utilisation (vendor datasheets).
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "L40S": 362e12,
-                   "B200": 2250e12}
-PAPER_TOKENS_PER_S_PER_GPU = 39.47e6 / (19 * 3600 * 6)  # 39.47M supervised tokens, about 19 h on 6 H100s
 
 
 def corpus_windows(n: int, length: int, seed: int) -> list[dict]:
@@ -57,8 +54,15 @@ def corpus_windows(n: int, length: int, seed: int) -> list[dict]:
     out = []
     for i, (ids, labels) in enumerate(examples):
         ids, labels = ids[-length:], labels[-length:]
-        out.append({"task": f"t{i % 3}", "role": roles[i % len(roles)], "input_ids": ids, "labels": labels,
-                    "n_supervised": sum(1 for x in labels[1:] if x != -100)})
+        out.append(
+            {
+                "task": f"t{i % 3}",
+                "role": roles[i % len(roles)],
+                "input_ids": ids,
+                "labels": labels,
+                "n_supervised": sum(1 for x in labels[1:] if x != -100),
+            }
+        )
     return out
 
 
@@ -66,7 +70,6 @@ def bench_model(out: Path) -> Path:
     """The tiny model (seed 0) with its tied embedding scaled by EMBED_SCALE (see the docstring)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
 
     base = build_tiny_model(out / "tiny", seed=0)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
@@ -98,8 +101,15 @@ def make_windows(n: int, length: int, seed: int) -> list[dict]:
     for i in range(n):
         ids = [rng.randrange(20, 5900) for _ in range(length)]
         header = rng.randrange(length // 4, length // 2)
-        out.append({"task": f"t{i % 3}", "role": ("orchestrator", "worker", "auxiliary")[i % 3], "input_ids": ids,
-                    "labels": [-100] * header + ids[header:], "n_supervised": length - header})
+        out.append(
+            {
+                "task": f"t{i % 3}",
+                "role": ("orchestrator", "worker", "auxiliary")[i % 3],
+                "input_ids": ids,
+                "labels": [-100] * header + ids[header:],
+                "n_supervised": length - header,
+            }
+        )
     return out
 
 
@@ -122,10 +132,17 @@ def _peak_memory_mb(device) -> float:
 def run_mass(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dict:
     import torch
 
-
-    sft = SftSpec(window=max(4096, *(len(w["input_ids"]) for w in windows)), context=0, steps=steps, val_every=10**6,
-                  save_every=10**6, seed=0,
-                  gradient_checkpointing=True, lora=LoraSpec(**LORA), optimizer=OptimizerSpec(**OPT))
+    sft = SftSpec(
+        window=max(4096, *(len(w["input_ids"]) for w in windows)),
+        context=0,
+        steps=steps,
+        val_every=10**6,
+        save_every=10**6,
+        seed=0,
+        gradient_checkpointing=True,
+        lora=LoraSpec(**LORA),
+        optimizer=OptimizerSpec(**OPT),
+    )
     trainer = Trainer(model_dir, windows, windows[:1], sft, out, progress=False)
     trainer.setup()
     t0 = time.perf_counter()
@@ -134,24 +151,66 @@ def run_mass(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dic
     wall = time.perf_counter() - t0
     prof.write()
     log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
-    return {"losses": [r["loss"] for r in log if r["kind"] == "train"], "tokens": result.processed_tokens,
-            "wall_s": wall, "peak_mb": _peak_memory_mb("cuda" if torch.cuda.is_available() else "cpu"),
-            "processed_tokens": sum(len(windows[trainer.sampler.draw(s, 0)]["input_ids"]) for s in range(1, steps + 1))}
+    return {
+        "losses": [r["loss"] for r in log if r["kind"] == "train"],
+        "tokens": result.processed_tokens,
+        "wall_s": wall,
+        "peak_mb": _peak_memory_mb("cuda" if torch.cuda.is_available() else "cpu"),
+        "processed_tokens": sum(len(windows[trainer.sampler.draw(s, 0)]["input_ids"]) for s in range(1, steps + 1)),
+    }
+
+
+def _trl_config(out: Path, steps: int):
+    """(SFTConfig, LoraConfig) of the TRL baseline: the same recipe as mass train's (LORA, OPT)."""
+    import torch
+    from peft import LoraConfig
+    from trl import SFTConfig
+
+    cfg = SFTConfig(
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=1,
+        learning_rate=OPT["lr"],
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        warmup_steps=OPT["warmup_steps"],
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": OPT["min_lr_ratio"]},
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        completion_only_loss=True,
+        max_length=None,
+        gradient_checkpointing=True,
+        bf16=torch.cuda.is_available(),
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    lora = LoraConfig(
+        r=LORA["r"],
+        lora_alpha=LORA["alpha"],
+        lora_dropout=LORA["dropout"],
+        task_type="CAUSAL_LM",
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
+    return cfg, lora
 
 
 def run_trl(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dict:
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
     from torch.utils.data import SequentialSampler
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import SFTConfig, SFTTrainer
-
+    from trl import SFTTrainer
 
     sampler = WindowSampler(windows, SftSpec().orchestrator_share, seed=0)
     drawn = [windows[sampler.draw(s, 0)] for s in range(1, steps + 1)]  # the exact sequence mass train sees
-    data = Dataset.from_list([{"input_ids": w["input_ids"], "completion_mask": [int(x != -100) for x in w["labels"]]}
-                              for w in drawn])
+    data = Dataset.from_list(
+        [{"input_ids": w["input_ids"], "completion_mask": [int(x != -100) for x in w["labels"]]} for w in drawn]
+    )
     losses: list[float] = []
 
     class Losses(TrainerCallback):
@@ -165,27 +224,28 @@ def run_trl(model_dir: Path, windows: list[dict], steps: int, out: Path) -> dict
 
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    cfg = SFTConfig(
-        output_dir=str(out), max_steps=steps, per_device_train_batch_size=1, learning_rate=OPT["lr"],
-        adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0, warmup_steps=OPT["warmup_steps"],
-        lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": OPT["min_lr_ratio"]},
-        logging_steps=1, save_strategy="no", report_to=[], completion_only_loss=True, max_length=None,
-        gradient_checkpointing=True, bf16=torch.cuda.is_available(), seed=0, dataloader_num_workers=0,
-        disable_tqdm=True,
+    cfg, lora = _trl_config(out, steps)
+    trainer = InOrder(
+        model=model,
+        args=cfg,
+        train_dataset=data,
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        peft_config=lora,
+        callbacks=[Losses()],
     )
-    lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"], task_type="CAUSAL_LM",
-                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    trainer = InOrder(model=model, args=cfg, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(model_dir),
-                      peft_config=lora, callbacks=[Losses()])
     t0 = time.perf_counter()
     with _maybe_profile() as prof:
         trainer.train()
     wall = time.perf_counter() - t0
     prof.write()
     tokens = sum(sum(w["completion_mask"][1:]) for w in data)
-    return {"losses": losses, "tokens": tokens, "wall_s": wall,
-            "peak_mb": _peak_memory_mb("cuda" if torch.cuda.is_available() else "cpu"),
-            "processed_tokens": sum(len(w["input_ids"]) for w in data)}
+    return {
+        "losses": losses,
+        "tokens": tokens,
+        "wall_s": wall,
+        "peak_mb": _peak_memory_mb("cuda" if torch.cuda.is_available() else "cpu"),
+        "processed_tokens": sum(len(w["input_ids"]) for w in data),
+    }
 
 
 class _maybe_profile:
@@ -214,7 +274,9 @@ class _maybe_profile:
 
     def write(self) -> None:
         if self.prof is not None:
-            table = self.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=48)
+            table = self.prof.key_averages().table(
+                sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=48
+            )
             Path(self.target).write_text(table)
 
 
@@ -224,74 +286,6 @@ def _child(args) -> int:
     res = fn(Path(args.model), windows, args.steps, Path(args.scratch))
     Path(args.result).write_text(json.dumps(res))
     return 0
-
-
-def loss_fall(losses: list[float], k: int = FALL_STEPS) -> tuple[float, float, float]:
-    """(mean of the first k losses, mean of the last k, the share by which the loss fell)."""
-    first, last = sum(losses[:k]) / len(losses[:k]), sum(losses[-k:]) / len(losses[-k:])
-    return first, last, 1 - last / first
-
-
-def write_results(out: Path, results: dict, meta: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    trl = results["trl SFTTrainer"]
-    peak_flops = next((v for k, v in PEAK_BF16_FLOPS.items() if k in meta["device_name"]), None)
-    for r in results.values():
-        r["tokens_per_s"] = r["tokens"] / r["wall_s"] if r["wall_s"] else 0.0
-        r["first_loss"], r["last_loss"], r["loss_fall"] = loss_fall(r["losses"])
-        r["model_tflops_per_s"] = meta["flops_per_token"] * r["processed_tokens"] / r["wall_s"] / 1e12
-        r["mfu"] = r["model_tflops_per_s"] * 1e12 / peak_flops if peak_flops else None
-    rows = []
-    for name, r in results.items():
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "–"
-        rows.append(f"| {name} | {r['tokens']} | {r['wall_s']:.1f} | {r['tokens_per_s']:.0f} | "
-                    f"{r['tokens_per_s'] / trl['tokens_per_s']:.2f}x | {r['peak_mb']:.0f} | {r['peak_mb'] / trl['peak_mb']:.2f}x | "
-                    f"{r['first_loss']:.3f} | {r['last_loss']:.3f} | {100 * r['loss_fall']:.0f}% | "
-                    f"{r['model_tflops_per_s']:.3f} | {mfu} |")
-    a, b = results["mass train"]["losses"], trl["losses"]
-    gap = max(abs(x - y) for x, y in zip(a, b)) if a and b else float("nan")
-    mean_gap = sum(abs(x - y) for x, y in zip(a, b)) / min(len(a), len(b)) if a and b else float("nan")
-    unit = "tokens/s/GPU" if meta["device"] == "cuda" else "tokens/s"
-    paper = (f" The paper's run: about {PAPER_TOKENS_PER_S_PER_GPU:.0f} supervised tokens/s/GPU (39.47M tokens in about "
-             "19 h on 6 H100s, 27B model, 49,152-token windows)." if meta["device"] == "cuda" else "")
-    (out / "results.json").write_text(json.dumps({"meta": meta, "results": results, "max_loss_gap": gap,
-                                                  "mean_loss_gap": mean_gap}, indent=2))
-    (out / "results.md").write_text("\n".join([
-        "# mass train vs TRL SFTTrainer",
-        "",
-        f"The tiny model (embedding x{EMBED_SCALE:g}), {meta['windows']} windows of the last {meta['window_tokens']} tokens of "
-        f"warm-corpus harness conversations (the template's masks), the same {meta['steps']} sampled windows in the same "
-        f"order, LoRA r={LORA['r']} alpha={LORA['alpha']}, AdamW (0.9, 0.95) lr {OPT['lr']:g}, warmup {OPT['warmup_steps']} "
-        f"+ cosine to {OPT['min_lr_ratio']}x, clip 1.0, gradient checkpointing, batch 1. "
-        f"Device: {meta['device_name']} (torch {meta['torch']}, {meta['threads']} threads).",
-        "",
-        f"| trainer | supervised tokens | wall s | {unit} | vs TRL | peak memory MB | vs TRL | loss, first {FALL_STEPS} "
-        f"| loss, last {FALL_STEPS} | fall | model TFLOP/s | MFU |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *rows,
-        "",
-        f"Per-step loss difference between the two: largest {gap:.4f}, mean {mean_gap:.4f} (the same windows in the same "
-        "order; the schedules differ by how each counts warmup steps). mass train's wall time includes its validation "
-        "passes and its checkpoint. Model FLOPs per processed token: "
-        f"{meta['flops_per_token'] / 1e6:.2f} M (`model_flops_per_token`); MFU against the GPU's dense bf16 peak.{paper}",
-        "Regenerate: `make bench`.",
-    ]) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for name, r in results.items():
-            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=name, linewidth=1)
-        ax.set_xlabel("step")
-        ax.set_ylabel("window loss")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "loss.png", dpi=120)
-    except ImportError:
-        pass
 
 
 def widen_vocab(model_dir: Path, vocab: int, out: Path) -> Path:
@@ -316,23 +310,31 @@ def run_pair(model: str, windows_path: Path, steps: int, tmp: Path, tag: str, pr
     for label, child in (("mass train", "mass"), ("trl SFTTrainer", "trl")):
         res = tmp / f"{child}-{tag}.json"
         env = {**os.environ, **({"MASS_BENCH_PROFILE": str(tmp / f"profile-{child}.txt")} if profile else {})}
-        subprocess.run([sys.executable, "-m", "mass_jobs.tools.bench", "--child", child, "--model", model,
-                        "--windows-file", str(windows_path), "--steps", str(steps), "--scratch",
-                        str(tmp / f"scratch-{child}-{tag}"), "--result", str(res)], check=True, env=env)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mass_jobs.tools.bench",
+                "--child",
+                child,
+                "--model",
+                model,
+                "--windows-file",
+                str(windows_path),
+                "--steps",
+                str(steps),
+                "--scratch",
+                str(tmp / f"scratch-{child}-{tag}"),
+                "--result",
+                str(res),
+            ],
+            check=True,
+            env=env,
+        )
         results[label] = json.loads(res.read_text())
         if profile:
             results[label]["profile"] = (tmp / f"profile-{child}.txt").read_text()
     return results
-
-
-def write_profile(out: Path, results: dict, meta: dict) -> None:
-    parts = ["# Where the time goes: mass train and TRL SFTTrainer under torch.profiler", "",
-             f"The bench's {meta['steps']} steps (see results.md), each trainer in its own process, top ops by self "
-             f"time. Device: {meta['device_name']}. Profiled runs are slower than the timed ones.", ""]
-    for name, r in results.items():
-        parts += [f"## {name}", "", "```", r.pop("profile").rstrip(), "```", ""]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "profile.md").write_text("\n".join(parts))
 
 
 def long_window_rows(model: str, window: int, vocabs: list[int], steps: int, tmp: Path) -> list[dict]:
@@ -342,29 +344,17 @@ def long_window_rows(model: str, window: int, vocabs: list[int], steps: int, tmp
     for v in vocabs:
         wide = str(widen_vocab(Path(model), v, tmp / f"model-v{v}"))
         for label, r in run_pair(wide, path, steps, tmp, f"v{v}").items():
-            rows.append({"trainer": label, "vocab": v, "window": window, "peak_mb": r["peak_mb"],
-                         "tokens": r["tokens"], "wall_s": r["wall_s"]})
+            rows.append(
+                {
+                    "trainer": label,
+                    "vocab": v,
+                    "window": window,
+                    "peak_mb": r["peak_mb"],
+                    "tokens": r["tokens"],
+                    "wall_s": r["wall_s"],
+                }
+            )
     return rows
-
-
-def write_long_rows(out: Path, rows: list[dict], meta: dict) -> None:
-    """Append the long-window table to results.md and results.json."""
-    doc = json.loads((out / "results.json").read_text())
-    doc["long_window"] = rows
-    (out / "results.json").write_text(json.dumps(doc, indent=2))
-    vocabs = sorted({r["vocab"] for r in rows})
-    peak = {(r["trainer"], r["vocab"]): r["peak_mb"] for r in rows}
-    lines = ["", f"## One window of {rows[0]['window']} tokens, vocabulary widened", "",
-             f"The same model with its output layer widened to each vocabulary (new rows random), {meta['long_steps']} "
-             f"steps on the same window, gradient checkpointing. mass train's loss chunk: "
-             f"{meta['loss_chunk'] or 'none (whole-window logits)'}.", "",
-             "| trainer | " + " | ".join(f"peak MB, vocab {v}" for v in vocabs) + " | growth MB |",
-             "|---|" + "---|" * (len(vocabs) + 1)]
-    for trainer in dict.fromkeys(r["trainer"] for r in rows):
-        vals = [peak[(trainer, v)] for v in vocabs]
-        lines.append(f"| {trainer} | " + " | ".join(f"{x:.0f}" for x in vals) + f" | {vals[-1] - vals[0]:.0f} |")
-    with open(out / "results.md", "a") as f:
-        f.write("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,20 +377,29 @@ def main(argv: list[str] | None = None) -> int:
         return _child(args)
     import torch
 
-
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = args.model or str(bench_model(tmp / "model"))
         windows_path = tmp / "windows.json"
         windows_path.write_text(json.dumps(corpus_windows(args.windows, args.window_tokens, seed=7)))
-        meta = {"device": "cuda" if torch.cuda.is_available() else "cpu", "device_name": _device_name(),
-                "torch": torch.__version__, "threads": torch.get_num_threads(), "steps": args.steps,
-                "windows": args.windows, "window_tokens": args.window_tokens, "long_steps": args.long_steps,
-                "loss_chunk": SftSpec().loss_chunk,
-                "flops_per_token": model_flops_per_token(Path(model), args.window_tokens)}
+        meta = {
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "device_name": _device_name(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "steps": args.steps,
+            "windows": args.windows,
+            "window_tokens": args.window_tokens,
+            "long_steps": args.long_steps,
+            "loss_chunk": SftSpec().loss_chunk,
+            "flops_per_token": model_flops_per_token(Path(model), args.window_tokens),
+            "recipe": {"lora": LORA, "optimizer": OPT, "embed_scale": EMBED_SCALE},  # what both trainers ran
+        }
         results = run_pair(model, windows_path, args.steps, tmp, "short")
         if args.profile:
-            write_profile(Path(args.out), run_pair(model, windows_path, args.steps, tmp, "profiled", profile=True), meta)
+            write_profile(
+                Path(args.out), run_pair(model, windows_path, args.steps, tmp, "profiled", profile=True), meta
+            )
         vocabs = [int(v) for v in args.vocabs.split(",")]
         long_rows = long_window_rows(model, args.long_window, vocabs, args.long_steps, tmp) if args.long_window else []
     write_results(Path(args.out), results, meta)
