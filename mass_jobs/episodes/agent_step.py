@@ -11,11 +11,11 @@ declaration writes no phase of its own.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mass_jobs.config.references import referenced
 from mass_jobs.episodes.driver import Driver, Reading, Rollout, outcome_only
 from mass_jobs.episodes.rollouts import EpisodeRunner, Phase, RolloutError
 from mass_jobs.run.context import RunContext
@@ -90,15 +90,7 @@ class AgentStep:
 
 def declared(ref: str) -> AgentStep:
     """The AgentStep `module:NAME` names; a clear error when it names none."""
-    module, _, attr = ref.partition(":")
-    if not module or not attr:
-        raise ValueError(f"--step: expected module:NAME, got {ref!r}")
-    try:
-        found = getattr(importlib.import_module(module), attr, None)
-    except ImportError as err:
-        raise ValueError(
-            f"--step {ref}: expected a module importable here (in the jobs image: on its PYTHONPATH), found none: {err}"
-        ) from None
+    found = referenced(ref, "--step")
     if not isinstance(found, AgentStep):
         raise ValueError(f"--step {ref}: expected an AgentStep, found {type(found).__name__}")
     return found

@@ -274,18 +274,22 @@ class _Builder:
             )
             Step(name="wait", template=SERVE_WAIT, arguments=step_args(gen=GEN))
 
-    def delete_model(self) -> Resource:
-        ref = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": {"name": ISVC}}
+    def deletion(self, name: str, api: str, kind: str, obj: str, label: str) -> Resource:
+        """A resource template deleting one object of the cycle; an absent one is no error."""
+        ref = {"apiVersion": api, "kind": kind, "metadata": {"name": obj}}
         return Resource(
-            name="delete-model",
+            name=name,
             inputs=input_params("gen"),
             action="delete",
             flags=["--ignore-not-found"],
             manifest=_manifest(ref),
-            labels=L.pod_labels("delete-model", gen=GEN),
+            labels=L.pod_labels(label, gen=GEN),
             retry_strategy=RESOURCE_RETRY,
             active_deadline_seconds=self.s.step.deadline_s,
         )
+
+    def delete_model(self) -> Resource:
+        return self.deletion("delete-model", "serving.kserve.io/v1beta1", "InferenceService", ISVC, "delete-model")
 
     def trainer(self, sd: P.StepDef) -> None:
         """A trainer step: delete any job of an earlier attempt, then create one (a retry of the
@@ -450,17 +454,7 @@ class _Builder:
                 active_deadline_seconds=EP.READY_S if ready else self.s.step.deadline_s,
             )
         for kind, api in (("Deployment", "apps/v1"), ("Service", "v1")):
-            ref = {"apiVersion": api, "kind": kind, "metadata": {"name": EP.NAME}}
-            Resource(
-                name=f"delete-egress-{kind.lower()}",
-                inputs=input_params("gen"),
-                action="delete",
-                flags=["--ignore-not-found"],
-                manifest=_manifest(ref),
-                labels=L.pod_labels("delete-egress", gen=GEN),
-                retry_strategy=RESOURCE_RETRY,
-                active_deadline_seconds=self.s.step.deadline_s,
-            )
+            self.deletion(f"delete-egress-{kind.lower()}", api, kind, EP.NAME, "delete-egress")
         with Steps(name="delete-egress", inputs=input_params("gen")) as st:
             with st.parallel():
                 for kind in ("deployment", "service"):

@@ -40,12 +40,12 @@ from `PIPELINE`, and the local runner (`mass run`), `mass status`, `mass plan` a
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from mass_jobs.config.errors import StepFailed
+from mass_jobs.config.references import referenced
 from mass_jobs.episodes.agent_step import declared
 from mass_jobs.pipeline.costs import Cost, Work, collect_cost, evaluate_cost, rank_cost, search_cost, train_cost
 from mass_jobs.pipeline.shapes import (
@@ -187,21 +187,12 @@ class StepDef:
         return self.done(ctx, gen)
 
 
-def _module(name: str, flag: str):
-    """The module a reference names, or a ValueError saying it is not importable here."""
-    try:
-        return importlib.import_module(name)
-    except ImportError as err:
-        raise ValueError(
-            f"{flag}: expected a module importable here (in the jobs image: on its PYTHONPATH), found none: {err}"
-        ) from None
-
-
 def _resolve(ref: Callable | str) -> Callable:
     if callable(ref):
         return ref
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    if not callable(found := referenced(ref, f"step function {ref}")):
+        raise ValueError(f"step function {ref}: expected a function, found {type(found).__name__}")
+    return found
 
 
 def _checkpoints(ctx: RunContext, g: int) -> str:
@@ -377,10 +368,7 @@ def steps(pipeline=None) -> tuple[StepDef, ...]:
 
 def pipeline_at(ref: str) -> tuple[StepDef, ...]:
     """The pipeline `module:NAME` names (`--pipeline`): a sequence of StepDefs."""
-    module, _, attr = ref.partition(":")
-    if not module or not attr:
-        raise ValueError(f"--pipeline: expected module:NAME, got {ref!r}")
-    found = getattr(_module(module, "--pipeline"), attr, None)
+    found = referenced(ref, "--pipeline")
     if not isinstance(found, list | tuple) or not found or not all(isinstance(s, StepDef) for s in found):
         raise ValueError(f"--pipeline {ref}: expected a sequence of StepDefs, found {type(found).__name__}")
     return tuple(found)
